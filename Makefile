@@ -10,10 +10,10 @@ CC ?= cc
 
 SAN ?= 0
 ifeq ($(SAN),1)
-BUILD := build-san
+BUILD ?= build-san
 SANFLAGS := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
 else
-BUILD := build
+BUILD ?= build
 SANFLAGS :=
 endif
 

@@ -177,5 +177,9 @@ dj_cpu_state *cpu_state_new(const dj_model *m, int64_t max_seq, dj_err *e);
 void cpu_state_free(dj_cpu_state *s);
 // Runs tokens (T) at positions pos .. pos+T-1, filling the KV cache; logits (T, vocab) if not NULL.
 int cpu_forward(dj_cpu_state *s, const int32_t *tokens, int64_t T, int64_t pos, float *logits, dj_err *e);
+// Worker threads for the CPU path (a pool started on first use). cpu_set_threads only has an effect before
+// that; n <= 0: one per online core. cpu_threads starts the pool and returns its size (caller included).
+void cpu_set_threads(int n);
+int cpu_threads(void);
 
 #endif

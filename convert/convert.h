@@ -1,0 +1,17 @@
+// convert.h: a HuggingFace Llama checkpoint folder -> model.bin (format in model.h).
+#ifndef DJINN_CONVERT_H
+#define DJINN_CONVERT_H
+
+#include "../util.h"
+
+typedef struct {
+    const char *hf_dir;    // config.json + model.safetensors or sharded model-*-of-*.safetensors with index
+    const char *out_path;  // written as out_path.tmp, renamed at the end
+    const char *tok_dir;   // folder holding tokenizer.json etc.; NULL: hf_dir
+    int dtype;             // DJ_F32/DJ_F16/DJ_BF16, or -1: BF16 stays BF16, F16 stays F16, F32 becomes F16
+    int quiet;             // no progress on stderr
+} convert_opts;
+
+int convert_run(const convert_opts *o, dj_err *e);
+
+#endif

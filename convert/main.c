@@ -1,0 +1,76 @@
+// main.c: the ./convert/convert command line.
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "../model.h"
+#include "convert.h"
+
+static const char usage[] =
+    "usage: convert HF_DIR OUT.bin [--dtype f16|bf16|f32] [--tokenizer DIR] [-q]\n"
+    "  HF_DIR         a HuggingFace LlamaForCausalLM folder: config.json, model.safetensors (or sharded\n"
+    "                 model-*-of-*.safetensors + model.safetensors.index.json), tokenizer.json\n"
+    "  --dtype T      weight dtype in OUT.bin (default: BF16 stays bf16, F16 stays f16, F32 becomes f16);\n"
+    "                 norm weights are always f32\n"
+    "  --tokenizer D  read tokenizer.json / tokenizer_config.json / generation_config.json from D\n"
+    "                 (default: HF_DIR)\n"
+    "  -q             no progress on stderr\n"
+    "OUT.bin is written as OUT.bin.tmp and renamed when complete; a failed conversion leaves nothing.\n";
+
+static char tmp_path[4200];
+
+// Ctrl-C / kill: remove the partial output, then die of the same signal.
+static void on_signal(int sig) {
+    if (tmp_path[0]) unlink(tmp_path);
+    signal(sig, SIG_DFL);
+    raise(sig);
+}
+
+int main(int argc, char **argv) {
+    convert_opts o = {.dtype = -1};
+    const char *pos[2] = {0};
+    int npos = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            fputs(usage, stdout);
+            return 0;
+        } else if (!strcmp(a, "--dtype") && i + 1 < argc) {
+            const char *t = argv[++i];
+            o.dtype = !strcmp(t, "f32") ? DJ_F32 : !strcmp(t, "f16") ? DJ_F16 : !strcmp(t, "bf16") ? DJ_BF16 : -2;
+            if (o.dtype == -2) {
+                fprintf(stderr, "convert: --dtype must be f16, bf16 or f32, not '%s'\n", t);
+                return 2;
+            }
+        } else if (!strcmp(a, "--tokenizer") && i + 1 < argc) {
+            o.tok_dir = argv[++i];
+        } else if (!strcmp(a, "-q")) {
+            o.quiet = 1;
+        } else if (a[0] == '-') {
+            fprintf(stderr, "convert: unknown or incomplete option '%s'\n%s", a, usage);
+            return 2;
+        } else if (npos < 2) {
+            pos[npos++] = a;
+        } else {
+            fprintf(stderr, "convert: too many arguments ('%s')\n%s", a, usage);
+            return 2;
+        }
+    }
+    if (npos != 2) {
+        fprintf(stderr, "convert: need HF_DIR and OUT.bin\n%s", usage);
+        return 2;
+    }
+    o.hf_dir = pos[0], o.out_path = pos[1];
+    snprintf(tmp_path, sizeof tmp_path, "%s.tmp", o.out_path);
+    signal(SIGINT, on_signal);
+    signal(SIGTERM, on_signal);
+    signal(SIGHUP, on_signal);
+    dj_err e;
+    if (convert_run(&o, &e)) {
+        fprintf(stderr, "convert: %s\n", e.msg);
+        return 1;
+    }
+    return 0;
+}

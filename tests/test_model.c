@@ -1,0 +1,277 @@
+// test_model.c: the model.bin format: layout, header round trip, and model_parse on damaged input.
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "../model.h"
+
+// A small GQA config with untied head.
+static dj_config small_config(void) {
+    dj_config c = {.dim = 64, .n_layers = 3, .n_heads = 8, .n_kv_heads = 4, .head_dim = 8, .hidden_dim = 172,
+                   .vocab_size = 512, .max_seq_len = 256, .wtype = DJ_F16, .tied = 0, .norm_eps = 1e-5f,
+                   .rope_theta = 10000.f, .rope_type = DJ_ROPE_DEFAULT};
+    return c;
+}
+
+// A whole file image: header written by the real writer, sections filled with a byte pattern.
+static uint8_t *make_image(const dj_config *c, uint64_t tok_size, dj_model_info *info) {
+    dj_err e;
+    cr_assert_eq(model_plan(c, tok_size, info, &e), 0, "%s", e.msg);
+    uint8_t *img = malloc(info->file_size);
+    cr_assert(img);
+    for (uint64_t i = 0; i < info->file_size; i++) img[i] = (uint8_t)(i * 131 + 7);
+    uint64_t hb = model_header_bytes(c->n_layers);
+    cr_assert_eq(model_write_header(info, img, hb, &e), 0, "%s", e.msg);
+    return img;
+}
+
+// Recomputes the header CRC after a deliberate edit, so that the structural checks are what is tested.
+// The table length is clamped to the image's real table (edits of n_sections fail before the CRC).
+static void fix_crc(uint8_t *img, uint32_t real_sections) {
+    dj_disk_header h;
+    memcpy(&h, img, sizeof h);
+    h.crc = 0;
+    memcpy(img, &h, sizeof h);
+    uint32_t crc = dj_crc32(0, img, DJ_HEADER_SIZE);
+    uint32_t ns = h.n_sections < real_sections ? h.n_sections : real_sections;
+    crc = dj_crc32(crc, img + DJ_HEADER_SIZE, (size_t)ns * sizeof(dj_disk_section));
+    h.crc = crc;
+    memcpy(img, &h, sizeof h);
+}
+
+static dj_disk_section *section(uint8_t *img, uint32_t i) {
+    return (dj_disk_section *)(img + DJ_HEADER_SIZE) + i;
+}
+
+static void expect_parse_error(const uint8_t *img, size_t n, uint64_t file_size, const char *needle) {
+    dj_model_info m;
+    dj_err e = {{0}};
+    int rc = model_parse(img, n, file_size, &m, &e);
+    cr_assert_eq(rc, -1, "parse accepted a damaged file (expected error containing '%s')", needle);
+    cr_assert(strlen(e.msg) > 0 && !strchr(e.msg, '\n'), "error must be one non-empty line: '%s'", e.msg);
+    if (needle) cr_assert(strstr(e.msg, needle), "error '%s' should mention '%s'", e.msg, needle);
+}
+
+Test(model_format, layout_alignment_and_fusion) {
+    dj_config c = small_config();
+    dj_layer_layout L;
+    dj_head_layout H;
+    dj_err e;
+    cr_assert_eq(dj_layout(&c, &L, &H, &e), 0, "%s", e.msg);
+    uint64_t offs[] = {L.attn_norm, L.ffn_norm, L.wq, L.wk, L.wv, L.wo, L.w_gate, L.w_up, L.w_down};
+    for (int i = 0; i < 9; i++) cr_assert_eq(offs[i] % DJ_TENSOR_ALIGN, 0);
+    for (int i = 1; i < 9; i++) cr_assert_gt(offs[i], offs[i - 1]);
+    cr_assert_eq(L.size % DJ_SECTION_ALIGN, 0);
+    cr_assert_geq(L.size, L.w_down + (uint64_t)c.dim * c.hidden_dim * 2);
+    // 64*64*2 bytes is a multiple of 256: q, k, v are one fused matrix
+    cr_assert_eq(L.wk, L.wq + 64ull * 64 * 2);
+    cr_assert_eq(L.wv, L.wk + 32ull * 64 * 2);
+    cr_assert_eq(H.lm_head % DJ_TENSOR_ALIGN, 0);
+    cr_assert_geq(H.size, H.lm_head + 512ull * 64 * 2);
+    c.tied = 1;
+    cr_assert_eq(dj_layout(&c, &L, &H, &e), 0);
+    cr_assert_eq(H.size, DJ_SECTION_ALIGN);
+}
+
+Test(model_format, config_limits) {
+    dj_err e;
+    dj_config c = small_config();
+    cr_assert_eq(dj_config_validate(&c, &e), 0, "%s", e.msg);
+    dj_config bad[12];
+    for (int i = 0; i < 12; i++) bad[i] = c;
+    bad[0].dim = 0;
+    bad[1].n_kv_heads = 3;          // does not divide 8
+    bad[2].head_dim = 7;            // odd
+    bad[3].n_layers = 0;
+    bad[4].vocab_size = 1u << 30;
+    bad[5].wtype = 9;
+    bad[6].norm_eps = 0;
+    bad[7].rope_type = 5;
+    bad[8].rope_type = DJ_ROPE_LLAMA3;  // without its parameters
+    bad[9].tied = 2;
+    bad[10].hidden_dim = 0;
+    bad[11].n_kv_heads = 16;        // more kv heads than heads
+    for (int i = 0; i < 12; i++) {
+        e.msg[0] = 0;
+        cr_assert_eq(dj_config_validate(&bad[i], &e), -1, "bad config %d accepted", i);
+        cr_assert(e.msg[0], "bad config %d: no message", i);
+    }
+}
+
+Test(model_format, header_round_trip) {
+    dj_config c = small_config();
+    c.rope_type = DJ_ROPE_LLAMA3, c.rope_factor = 8, c.rope_low_freq = 1, c.rope_high_freq = 4, c.rope_orig_max = 64;
+    dj_model_info plan, got;
+    uint8_t *img = make_image(&c, 5000, &plan);
+    dj_err e;
+    cr_assert_eq(model_parse(img, plan.file_size, plan.file_size, &got, &e), 0, "%s", e.msg);
+    cr_assert_eq(memcmp(&got.config, &c, sizeof c), 0);
+    cr_assert_eq(got.tok_off, plan.tok_off);
+    cr_assert_eq(got.tok_size, 5000);
+    cr_assert_eq(got.embed_off, plan.embed_off);
+    cr_assert_eq(got.head_off, plan.head_off);
+    for (uint32_t l = 0; l < c.n_layers; l++) {
+        cr_assert_eq(got.layer_off[l], plan.layer_off[l]);
+        cr_assert_eq(got.layer_off[l] % DJ_SECTION_ALIGN, 0);
+    }
+    dj_info_free(&got);
+    // Only the header and the table need to be in memory.
+    cr_assert_eq(model_parse(img, model_header_bytes(c.n_layers), plan.file_size, &got, &e), 0, "%s", e.msg);
+    dj_info_free(&got);
+    dj_info_free(&plan);
+    free(img);
+}
+
+Test(model_format, truncated_at_many_cut_points) {
+    dj_config c = small_config();
+    dj_model_info plan;
+    uint8_t *img = make_image(&c, 100, &plan);
+    uint64_t size = plan.file_size;
+    for (uint64_t cut = 0; cut < size; cut += (cut < 8192 ? 61 : 4093)) {
+        // The file is shorter than its header says, whatever part of it is in memory.
+        expect_parse_error(img, (size_t)(cut < model_header_bytes(3) ? cut : model_header_bytes(3)), cut, NULL);
+    }
+    expect_parse_error(img, (size_t)size - 1, size - 1, "truncated");
+    dj_info_free(&plan);
+    free(img);
+}
+
+Test(model_format, every_flipped_header_byte_is_caught) {
+    dj_config c = small_config();
+    dj_model_info plan;
+    uint8_t *img = make_image(&c, 100, &plan);
+    size_t hb = DJ_HEADER_SIZE + (c.n_layers + 3) * sizeof(dj_disk_section);
+    for (size_t i = 0; i < hb; i++) {
+        for (int bit = 0; bit < 8; bit += 3) {
+            img[i] ^= (uint8_t)(1u << bit);
+            expect_parse_error(img, plan.file_size, plan.file_size, NULL);
+            img[i] ^= (uint8_t)(1u << bit);
+        }
+    }
+    dj_info_free(&plan);
+    free(img);
+}
+
+Test(model_format, structural_errors_with_valid_crc) {
+    dj_config c = small_config();
+    dj_model_info plan;
+    uint8_t *img = make_image(&c, 100, &plan);
+    uint64_t size = plan.file_size;
+    uint8_t *copy = malloc(size);
+
+#define CASE(edit, needle)                                  \
+    do {                                                    \
+        memcpy(copy, img, size);                            \
+        {                                                   \
+            uint8_t *im = copy;                             \
+            dj_disk_header h;                               \
+            memcpy(&h, im, sizeof h);                       \
+            edit;                                           \
+            memcpy(im, &h, sizeof h);                       \
+            (void)section;                                  \
+            fix_crc(im, c.n_layers + 3);                     \
+        }                                                   \
+        expect_parse_error(copy, size, size, needle);       \
+    } while (0)
+
+    CASE(memcpy(h.magic, "GGUFxxxx", 8), "magic");
+    CASE(h.version = 2, "version");
+    CASE(h.header_size = 8192, "header size");
+    CASE(h.config.dim = 1u << 30, "dim");
+    CASE(h.config.n_layers = 100000, "n_layers");
+    CASE(h.config.n_heads = 7, "n_kv_heads");
+    CASE(h.config.vocab_size = 513, "embedding");       // section sizes no longer match the config
+    CASE(h.config.hidden_dim = 100, "layer");
+    CASE(h.config.tied = 1, "head");
+    CASE(h.n_sections = 2, "sections");
+    CASE(h.n_sections = 0xffffffffu, "sections");
+    CASE(section(im, 3)->offset = size, "outside the file");                        // offset past the end
+    CASE(section(im, 3)->offset = 0xfffffffffffff000ull, "outside the file");       // offset + size overflows
+    CASE(section(im, 3)->offset += 1, "misaligned");
+    CASE(section(im, 3)->offset = section(im, 2)->offset, "overlaps");              // two layers on one slab
+    CASE(section(im, 0)->offset = 0, "outside");                                    // over the header
+    CASE(section(im, 3)->index = 0, "duplicate");
+    CASE(section(im, 3)->index = 77, "index");
+    CASE(section(im, 3)->kind = 9, "unknown kind");
+    CASE(section(im, 0)->size = 0, "empty");
+    CASE(section(im, 1)->size += 4096, "bytes");
+    CASE(im[200] = 1, "padding");
+#undef CASE
+    free(copy);
+    dj_info_free(&plan);
+    free(img);
+}
+
+Test(model_format, load_errors) {
+    dj_model m;
+    dj_load_opts o = {.quiet = 1};
+    dj_err e;
+    cr_assert_eq(model_load("/nonexistent/model.bin", &o, &m, &e), -1);
+    cr_assert(strstr(e.msg, "cannot open"), "%s", e.msg);
+    cr_assert_eq(model_load("/tmp", &o, &m, &e), -1);
+    cr_assert(strstr(e.msg, "regular file"), "%s", e.msg);
+
+    // A real file, then the same file truncated.
+    dj_config c = small_config();
+    dj_model_info plan;
+    uint8_t *img = make_image(&c, 100, &plan);
+    char path[] = "/tmp/djinn_test_model_XXXXXX";
+    int fd = mkstemp(path);
+    cr_assert_geq(fd, 0);
+    cr_assert_eq(write(fd, img, plan.file_size), (ssize_t)plan.file_size);
+    close(fd);
+    cr_assert_eq(model_load(path, &o, &m, &e), 0, "%s", e.msg);
+    cr_assert_eq(memcmp(m.data, img, plan.file_size), 0);
+    cr_assert_eq(dj_layer_ptr(&m, 1), m.data + plan.layer_off[1]);
+    cr_assert_eq(dj_lm_head_ptr(&m), m.data + plan.head_off + plan.head.lm_head);
+    model_free(&m);
+    cr_assert_eq(truncate(path, (off_t)plan.file_size - 4096), 0);
+    cr_assert_eq(model_load(path, &o, &m, &e), -1);
+    cr_assert(strstr(e.msg, "truncated"), "%s", e.msg);
+    cr_assert(strstr(e.msg, path), "error should name the file: %s", e.msg);
+    unlink(path);
+    dj_info_free(&plan);
+    free(img);
+}
+
+// ---- dtype conversions
+Test(dtype, f16_round_trip_all_values) {
+    for (uint32_t h = 0; h < 65536; h++) {
+        float f = dj_f16_to_f32((uint16_t)h);
+        if (f != f) {
+            cr_assert_eq(dj_f32_to_f16(f) & 0x7c00, 0x7c00);
+            continue;
+        }
+        cr_assert_eq(dj_f32_to_f16(f), h, "f16 0x%04x -> %g -> 0x%04x", h, f, dj_f32_to_f16(f));
+    }
+}
+
+Test(dtype, f16_rounds_to_nearest_even) {
+    // Midpoints between neighbouring f16 values round to the even one; just above rounds up.
+    for (uint32_t h = 0; h < 0x7bff; h += 37) {
+        float a = dj_f16_to_f32((uint16_t)h), b = dj_f16_to_f32((uint16_t)(h + 1));
+        double mid = ((double)a + (double)b) / 2;
+        uint16_t even = (h & 1) ? (uint16_t)(h + 1) : (uint16_t)h;
+        cr_assert_eq(dj_f32_to_f16((float)mid), even, "midpoint of 0x%04x", h);
+        cr_assert_eq(dj_f32_to_f16(nextafterf((float)mid, 1e9f)), h + 1, "above midpoint of 0x%04x", h);
+        cr_assert_eq(dj_f32_to_f16(nextafterf((float)mid, -1e9f)), h, "below midpoint of 0x%04x", h);
+    }
+    cr_assert_eq(dj_f32_to_f16(65504.f), 0x7bff);
+    cr_assert_eq(dj_f32_to_f16(65520.f), 0x7c00);  // rounds to inf
+    cr_assert_eq(dj_f32_to_f16(-1e10f), 0xfc00);
+    cr_assert_eq(dj_f32_to_f16(1e-10f), 0);
+}
+
+Test(dtype, bf16_round_trip_and_rounding) {
+    for (uint32_t h = 0; h < 65536; h++) {
+        float f = dj_bf16_to_f32((uint16_t)h);
+        if (f != f) continue;
+        cr_assert_eq(dj_f32_to_bf16(f), h);
+    }
+    cr_assert_eq(dj_f32_to_bf16(1.0f + 1.0f / 256), 0x3f80);  // tie -> even
+    cr_assert_eq(dj_f32_to_bf16(1.0f + 3.0f / 256), 0x3f82);  // tie -> even (up)
+    cr_assert_eq(dj_f32_to_bf16(1.0f + 1.0f / 200), 0x3f81);
+}

@@ -67,6 +67,7 @@ int main(int argc, char **argv) {
     signal(SIGINT, on_signal);
     signal(SIGTERM, on_signal);
     signal(SIGHUP, on_signal);
+    signal(SIGXFSZ, SIG_IGN);  // a file-size limit: let write() fail with EFBIG so the cleanup runs
     dj_err e;
     if (convert_run(&o, &e)) {
         fprintf(stderr, "convert: %s\n", e.msg);

@@ -1,0 +1,428 @@
+// test_convert.c: ./convert on the real stories260K checkpoint (f32 and f16, single file and sharded) and on
+// damaged checkpoints. Needs $DJINN_DATA (the shared test data); skips visibly without it.
+#include <criterion/criterion.h>
+#include <dirent.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "../convert/convert.h"
+#include "../convert/safetensors.h"
+#include "../model.h"
+
+// ---- helpers
+static char stories[4096];
+
+static void need_stories(void) {
+    const char *d = getenv("DJINN_DATA");
+    if (!d || !*d) cr_skip_test("DJINN_DATA is not set: run through 'make test' (DATA=../shared)");
+    snprintf(stories, sizeof stories, "%s/models/stories260K", d);
+    char p[4200];
+    snprintf(p, sizeof p, "%s/model.safetensors", stories);
+    if (access(p, R_OK)) cr_skip_test("shared data missing: %s not found", p);
+}
+
+static char *make_tmpdir(void) {
+    char *d = strdup("/tmp/djinn_conv_XXXXXX");
+    cr_assert(mkdtemp(d));
+    return d;
+}
+
+static void rm_rf(const char *dir) {
+    DIR *dp = opendir(dir);
+    if (!dp) return;
+    struct dirent *de;
+    char p[4200];
+    while ((de = readdir(dp))) {
+        if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, "..")) continue;
+        snprintf(p, sizeof p, "%s/%s", dir, de->d_name);
+        unlink(p);
+    }
+    closedir(dp);
+    rmdir(dir);
+}
+
+static uint8_t *slurp(const char *path, size_t *n) {
+    FILE *f = fopen(path, "rb");
+    cr_assert(f, "cannot open %s", path);
+    fseek(f, 0, SEEK_END);
+    long sz = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    uint8_t *b = malloc((size_t)sz + 1);
+    cr_assert_eq(fread(b, 1, (size_t)sz, f), (size_t)sz);
+    fclose(f);
+    b[sz] = 0;
+    *n = (size_t)sz;
+    return b;
+}
+
+static void spit(const char *path, const void *p, size_t n) {
+    FILE *f = fopen(path, "wb");
+    cr_assert(f, "cannot create %s", path);
+    cr_assert_eq(fwrite(p, 1, n, f), n);
+    fclose(f);
+}
+
+static int run_convert(const char *hf, const char *out, int dtype, const char *tok, dj_err *e) {
+    convert_opts o = {.hf_dir = hf, .out_path = out, .tok_dir = tok, .dtype = dtype, .quiet = 1};
+    return convert_run(&o, e);
+}
+
+static int exists(const char *p) { return access(p, F_OK) == 0; }
+
+// Writes a safetensors file holding `idx` tensors of `src` (in that order).
+static void write_safetensors(const char *path, const st_file *src, const size_t *idx, size_t n) {
+    size_t cap = 1 << 20, len = 0;
+    char *h = malloc(cap);
+    len += (size_t)snprintf(h + len, cap - len, "{\"__metadata__\":{\"format\":\"pt\"}");
+    uint64_t off = 0;
+    for (size_t i = 0; i < n; i++) {
+        const st_tensor *t = &src->tensors[idx[i]];
+        len += (size_t)snprintf(h + len, cap - len, ",\"%s\":{\"dtype\":\"%s\",\"shape\":[", t->name,
+                                st_dtype_name(t->dtype));
+        for (int d = 0; d < t->ndim; d++) len += (size_t)snprintf(h + len, cap - len, "%s%lld", d ? "," : "", (long long)t->shape[d]);
+        len += (size_t)snprintf(h + len, cap - len, "],\"data_offsets\":[%llu,%llu]}", (unsigned long long)off,
+                                (unsigned long long)(off + t->nbytes));
+        off += t->nbytes;
+    }
+    len += (size_t)snprintf(h + len, cap - len, "}");
+    while (len % 8) h[len++] = ' ';
+    FILE *f = fopen(path, "wb");
+    uint64_t hl = len;
+    fwrite(&hl, 8, 1, f);
+    fwrite(h, 1, len, f);
+    for (size_t i = 0; i < n; i++) fwrite(src->tensors[idx[i]].data, 1, src->tensors[idx[i]].nbytes, f);
+    fclose(f);
+    free(h);
+}
+
+// The expected bytes of one source tensor in the output dtype.
+static void expect_tensor(const dj_model *m, const st_file *st, const char *name, uint64_t off, uint32_t dtype) {
+    const st_tensor *t = st_find(st, name);
+    cr_assert(t, "source lacks %s", name);
+    cr_assert_eq(t->dtype, ST_F32);  // stories260K is f32
+    uint64_t n = t->nbytes / 4;
+    const uint8_t *got = m->data + off;
+    for (uint64_t i = 0; i < n; i++) {
+        float f;
+        memcpy(&f, t->data + 4 * i, 4);
+        if (dtype == DJ_F32) {
+            float g;
+            memcpy(&g, got + 4 * i, 4);
+            cr_assert(memcmp(&f, &g, 4) == 0, "%s[%llu]: %g != %g", name, (unsigned long long)i, f, g);
+        } else {
+            uint16_t g, want = dtype == DJ_F16 ? dj_f32_to_f16(f) : dj_f32_to_bf16(f);
+            memcpy(&g, got + 2 * i, 2);
+            cr_assert_eq(g, want, "%s[%llu]: 0x%04x != 0x%04x", name, (unsigned long long)i, g, want);
+        }
+    }
+}
+
+static void check_against_source(const char *bin, uint32_t dtype) {
+    dj_model m;
+    dj_load_opts lo = {.quiet = 1};
+    dj_err e;
+    cr_assert_eq(model_load(bin, &lo, &m, &e), 0, "%s", e.msg);
+    const dj_config *c = &m.info.config;
+    cr_assert_eq(c->dim, 64);
+    cr_assert_eq(c->n_layers, 5);
+    cr_assert_eq(c->n_heads, 8);
+    cr_assert_eq(c->n_kv_heads, 4);
+    cr_assert_eq(c->head_dim, 8);
+    cr_assert_eq(c->hidden_dim, 172);
+    cr_assert_eq(c->vocab_size, 512);
+    cr_assert_eq(c->max_seq_len, 512);
+    cr_assert_eq(c->tied, 1);
+    cr_assert_eq(c->wtype, dtype);
+    cr_assert_float_eq(c->norm_eps, 1e-5f, 1e-12f);
+    cr_assert_float_eq(c->rope_theta, 10000.f, 1e-3f);
+    cr_assert_eq(c->rope_type, DJ_ROPE_DEFAULT);
+
+    char p[4200];
+    snprintf(p, sizeof p, "%s/model.safetensors", stories);
+    size_t n;
+    uint8_t *raw = slurp(p, &n);
+    st_file st;
+    cr_assert_eq(st_parse(raw, n, &st, &e), 0, "%s", e.msg);
+    expect_tensor(&m, &st, "model.embed_tokens.weight", m.info.embed_off, dtype);
+    for (uint32_t l = 0; l < c->n_layers; l++) {
+        const dj_layer_layout *L = &m.info.layer;
+        uint64_t b = m.info.layer_off[l];
+        struct { const char *fmt; uint64_t off; int norm; } ts[] = {
+            {"model.layers.%u.input_layernorm.weight", L->attn_norm, 1},
+            {"model.layers.%u.post_attention_layernorm.weight", L->ffn_norm, 1},
+            {"model.layers.%u.self_attn.q_proj.weight", L->wq, 0},
+            {"model.layers.%u.self_attn.k_proj.weight", L->wk, 0},
+            {"model.layers.%u.self_attn.v_proj.weight", L->wv, 0},
+            {"model.layers.%u.self_attn.o_proj.weight", L->wo, 0},
+            {"model.layers.%u.mlp.gate_proj.weight", L->w_gate, 0},
+            {"model.layers.%u.mlp.up_proj.weight", L->w_up, 0},
+            {"model.layers.%u.mlp.down_proj.weight", L->w_down, 0},
+        };
+        for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++) {
+            char name[128];
+            snprintf(name, sizeof name, ts[i].fmt, l);
+            expect_tensor(&m, &st, name, b + ts[i].off, ts[i].norm ? DJ_F32 : dtype);
+        }
+    }
+    expect_tensor(&m, &st, "model.norm.weight", m.info.head_off + m.info.head.norm, DJ_F32);
+    cr_assert_eq(dj_lm_head_ptr(&m), dj_embed_ptr(&m));
+    st_free(&st);
+    free(raw);
+    model_free(&m);
+}
+
+// ---- the real checkpoint
+Test(convert, stories_f32_and_f16_match_source) {
+    need_stories();
+    char *dir = make_tmpdir(), out[4200];
+    dj_err e;
+    uint32_t dts[] = {DJ_F32, DJ_F16, DJ_BF16};
+    for (int i = 0; i < 3; i++) {
+        snprintf(out, sizeof out, "%s/stories_%d.bin", dir, i);
+        cr_assert_eq(run_convert(stories, out, (int)dts[i], NULL, &e), 0, "%s", e.msg);
+        check_against_source(out, dts[i]);
+        char tmp[4300];
+        snprintf(tmp, sizeof tmp, "%s.tmp", out);
+        cr_assert(!exists(tmp), "temporary file left behind");
+    }
+    // Default: F32 becomes F16.
+    snprintf(out, sizeof out, "%s/stories_auto.bin", dir);
+    cr_assert_eq(run_convert(stories, out, -1, NULL, &e), 0, "%s", e.msg);
+    check_against_source(out, DJ_F16);
+    rm_rf(dir);
+    free(dir);
+}
+
+Test(convert, sharded_checkpoint_is_byte_identical) {
+    need_stories();
+    char *dir = make_tmpdir(), p[4200], single[4200], sharded[4200];
+    dj_err e;
+    snprintf(single, sizeof single, "%s/single.bin", dir);
+    cr_assert_eq(run_convert(stories, single, DJ_F16, NULL, &e), 0, "%s", e.msg);
+
+    char *hf = make_tmpdir();
+    snprintf(p, sizeof p, "%s/model.safetensors", stories);
+    size_t n;
+    uint8_t *raw = slurp(p, &n);
+    st_file st;
+    cr_assert_eq(st_parse(raw, n, &st, &e), 0, "%s", e.msg);
+    // Shard 1 takes every other tensor, shard 2 the rest; the index maps each name to its file.
+    size_t *a = calloc(st.n, sizeof *a), *b = calloc(st.n, sizeof *b), na = 0, nb = 0;
+    for (size_t i = 0; i < st.n; i++) {
+        if (i % 2) a[na++] = i;
+        else b[nb++] = i;
+    }
+    snprintf(p, sizeof p, "%s/model-00001-of-00002.safetensors", hf);
+    write_safetensors(p, &st, a, na);
+    snprintf(p, sizeof p, "%s/model-00002-of-00002.safetensors", hf);
+    write_safetensors(p, &st, b, nb);
+    size_t cap = 1 << 20, len = 0;
+    char *idx = malloc(cap);
+    len += (size_t)snprintf(idx, cap, "{\"metadata\":{\"total_size\":%zu},\"weight_map\":{", n);
+    for (size_t i = 0; i < st.n; i++)
+        len += (size_t)snprintf(idx + len, cap - len, "%s\"%s\":\"model-0000%d-of-00002.safetensors\"", i ? "," : "",
+                                st.tensors[i].name, i % 2 ? 1 : 2);
+    len += (size_t)snprintf(idx + len, cap - len, "}}");
+    snprintf(p, sizeof p, "%s/model.safetensors.index.json", hf);
+    spit(p, idx, len);
+    const char *copy[] = {"config.json"};
+    for (int i = 0; i < 1; i++) {
+        char src[4200];
+        snprintf(src, sizeof src, "%s/%s", stories, copy[i]);
+        size_t cn;
+        uint8_t *cb = slurp(src, &cn);
+        snprintf(p, sizeof p, "%s/%s", hf, copy[i]);
+        spit(p, cb, cn);
+        free(cb);
+    }
+    snprintf(sharded, sizeof sharded, "%s/sharded.bin", dir);
+    cr_assert_eq(run_convert(hf, sharded, DJ_F16, stories, &e), 0, "%s", e.msg);
+    size_t n1, n2;
+    uint8_t *b1 = slurp(single, &n1), *b2 = slurp(sharded, &n2);
+    cr_assert_eq(n1, n2);
+    cr_assert_eq(memcmp(b1, b2, n1), 0, "sharded conversion differs from single-file conversion");
+
+    // An index naming a tensor that its shard lacks is an error that names the tensor.
+    idx[len - 2] = 0;
+    char *bad = malloc(len + 200);
+    snprintf(bad, len + 200, "%s,\"model.extra.weight\":\"model-00001-of-00002.safetensors\"}}", idx);
+    snprintf(p, sizeof p, "%s/model.safetensors.index.json", hf);
+    spit(p, bad, strlen(bad));
+    cr_assert_eq(run_convert(hf, sharded, DJ_F16, stories, &e), -1);
+    cr_assert(strstr(e.msg, "model.extra.weight"), "%s", e.msg);
+
+    free(bad), free(b1), free(b2), free(idx), free(a), free(b), free(raw);
+    st_free(&st);
+    rm_rf(hf);
+    rm_rf(dir);
+    free(hf), free(dir);
+}
+
+// ---- damaged checkpoints: each a clear error naming the problem, and no output left behind
+typedef struct {
+    const char *what;
+    const char *find, *replace;  // edit of config.json; find == NULL: leave it
+    int weights;                 // 0 keep, 1 drop a tensor, 2 wrong shape, 3 add a bias, 4 bad dtype, 5 header > file
+    const char *needle;          // expected in the error
+} bad_case;
+
+static const bad_case bad_cases[] = {
+    {"malformed json", "\"hidden_act\": \"silu\",", "\"hidden_act\": \"silu\"", 0, "config.json: json: line"},
+    {"other architecture", "LlamaForCausalLM", "MistralForCausalLM", 0, "MistralForCausalLM"},
+    {"other activation", "\"silu\"", "\"gelu\"", 0, "gelu"},
+    {"attention bias", "\"attention_bias\": false", "\"attention_bias\": true", 0, "bias"},
+    {"rope type", "\"rope_type\": \"default\"", "\"rope_type\": \"yarn\"", 0, "yarn"},
+    {"heads not dividing", "\"num_key_value_heads\": 4", "\"num_key_value_heads\": 3", 0, "n_kv_heads"},
+    {"missing key", "\"hidden_size\": 64,", "", 0, "hidden_size"},
+    {"negative size", "\"intermediate_size\": 172", "\"intermediate_size\": -172", 0, "intermediate_size"},
+    {"wrong vocab", "\"vocab_size\": 512", "\"vocab_size\": 600", 0, "model.embed_tokens.weight"},
+    {"missing tensor", NULL, NULL, 1, "model.layers.3.mlp.up_proj.weight"},
+    {"wrong shape", NULL, NULL, 2, "expected [172, 64]"},
+    {"bias tensor", NULL, NULL, 3, "bias"},
+    {"integer dtype", NULL, NULL, 4, "I32"},
+    {"header longer than file", NULL, NULL, 5, "safetensors"},
+};
+
+static void make_bad_dir(const char *hf, const bad_case *bc) {
+    char p[4200];
+    size_t n;
+    snprintf(p, sizeof p, "%s/config.json", stories);
+    char *cfg = (char *)slurp(p, &n);
+    if (bc->find) {
+        char *at = strstr(cfg, bc->find);
+        cr_assert(at, "%s: test edit '%s' not found in config.json", bc->what, bc->find);
+        size_t fl = strlen(bc->find), rl = strlen(bc->replace);
+        char *nc = malloc(n + rl + 1);
+        memcpy(nc, cfg, (size_t)(at - cfg));
+        memcpy(nc + (at - cfg), bc->replace, rl);
+        strcpy(nc + (at - cfg) + rl, at + fl);
+        free(cfg);
+        cfg = nc;
+    }
+    // An extra "attention_bias" edit needs the key present: stories260K's config has it.
+    snprintf(p, sizeof p, "%s/config.json", hf);
+    spit(p, cfg, strlen(cfg));
+    free(cfg);
+
+    snprintf(p, sizeof p, "%s/model.safetensors", stories);
+    uint8_t *raw = slurp(p, &n);
+    dj_err e;
+    st_file st;
+    cr_assert_eq(st_parse(raw, n, &st, &e), 0, "%s", e.msg);
+    size_t *idx = calloc(st.n + 1, sizeof *idx), k = 0;
+    for (size_t i = 0; i < st.n; i++)
+        if (!(bc->weights == 1 && !strcmp(st.tensors[i].name, "model.layers.3.mlp.up_proj.weight"))) idx[k++] = i;
+    snprintf(p, sizeof p, "%s/model.safetensors", hf);
+    if (bc->weights == 2 || bc->weights == 4) {
+        // Edit the metadata in the written header: a shape or a dtype.
+        st_tensor *t = (st_tensor *)st_find(&st, "model.layers.1.mlp.gate_proj.weight");
+        if (bc->weights == 2) t->shape[0] = 64, t->shape[1] = 172;
+        if (bc->weights == 4) t->dtype = ST_I32;
+        write_safetensors(p, &st, idx, k);
+    } else if (bc->weights == 3) {
+        // Every real tensor plus a bias vector (reusing some data bytes).
+        st_tensor *all = calloc(st.n + 1, sizeof *all);
+        memcpy(all, st.tensors, st.n * sizeof *all);
+        all[st.n] = *st_find(&st, "model.norm.weight");
+        all[st.n].name = "model.layers.1.mlp.gate_proj.bias";
+        st_file ext = {.tensors = all, .n = st.n + 1};
+        for (size_t i = 0; i <= st.n; i++) idx[i] = i;
+        write_safetensors(p, &ext, idx, st.n + 1);
+        free(all);
+    } else {
+        write_safetensors(p, &st, idx, k);
+    }
+    if (bc->weights == 5) {
+        size_t wn;
+        uint8_t *w = slurp(p, &wn);
+        uint64_t huge = wn;  // header length = whole file: runs past the end
+        memcpy(w, &huge, 8);
+        spit(p, w, wn);
+        free(w);
+    }
+    st_free(&st);
+    free(idx);
+    free(raw);
+}
+
+Test(convert, damaged_checkpoints_fail_clearly) {
+    need_stories();
+    for (size_t i = 0; i < sizeof bad_cases / sizeof bad_cases[0]; i++) {
+        const bad_case *bc = &bad_cases[i];
+        char *hf = make_tmpdir(), out[4200], tmp[4300];
+        make_bad_dir(hf, bc);
+        snprintf(out, sizeof out, "%s/out.bin", hf);
+        snprintf(tmp, sizeof tmp, "%s.tmp", out);
+        dj_err e = {{0}};
+        int rc = run_convert(hf, out, -1, stories, &e);
+        cr_expect_eq(rc, -1, "%s: conversion succeeded", bc->what);
+        cr_expect(strstr(e.msg, bc->needle), "%s: error '%s' should mention '%s'", bc->what, e.msg, bc->needle);
+        cr_expect(!strchr(e.msg, '\n'), "%s: error is more than one line", bc->what);
+        cr_expect(!exists(out) && !exists(tmp), "%s: output left behind", bc->what);
+        rm_rf(hf);
+        free(hf);
+    }
+}
+
+// The binary: one line on stderr, exit 1 (bad input) or 2 (bad usage), nothing left behind.
+static int run_cmd(const char *cmd, char *err, size_t errn) {
+    char full[8192], ef[] = "/tmp/djinn_conv_err_XXXXXX";
+    int fd = mkstemp(ef);
+    close(fd);
+    snprintf(full, sizeof full, "%s 2>%s >/dev/null", cmd, ef);
+    int st = system(full);
+    FILE *f = fopen(ef, "r");
+    size_t k = fread(err, 1, errn - 1, f);
+    err[k] = 0;
+    fclose(f);
+    unlink(ef);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+static int count_lines(const char *s) {
+    int n = 0;
+    for (; *s; s++) n += *s == '\n';
+    return n;
+}
+
+Test(convert, cli_errors) {
+    const char *bin = getenv("DJINN_BIN");
+    if (!bin) cr_skip_test("DJINN_BIN is not set: run through 'make test'");
+    need_stories();
+    char cmd[8192], err[8192], *dir = make_tmpdir();
+    snprintf(cmd, sizeof cmd, "%s/convert", bin);
+    if (access(cmd, X_OK)) cr_skip_test("%s/convert not built", bin);
+
+    snprintf(cmd, sizeof cmd, "%s/convert /nonexistent %s/o.bin", bin, dir);
+    cr_assert_eq(run_cmd(cmd, err, sizeof err), 1, "%s", err);
+    cr_assert_eq(count_lines(err), 1, "want one line: %s", err);
+    cr_assert(strstr(err, "/nonexistent"), "%s", err);
+
+    snprintf(cmd, sizeof cmd, "%s/convert %s %s/o.bin --dtype f8", bin, stories, dir);
+    cr_assert_eq(run_cmd(cmd, err, sizeof err), 2, "%s", err);
+    cr_assert(strstr(err, "f8"), "%s", err);
+    snprintf(cmd, sizeof cmd, "%s/convert %s %s/o.bin --bogus", bin, stories, dir);
+    cr_assert_eq(run_cmd(cmd, err, sizeof err), 2, "%s", err);
+    cr_assert(strstr(err, "--bogus"), "%s", err);
+    snprintf(cmd, sizeof cmd, "%s/convert %s", bin, stories);
+    cr_assert_eq(run_cmd(cmd, err, sizeof err), 2, "%s", err);
+
+    // Disk full (a file-size limit on the process): no output, a clear line.
+    snprintf(cmd, sizeof cmd, "ulimit -f 64; %s/convert -q %s %s/o.bin --dtype f32", bin, stories, dir);
+    int rc = run_cmd(cmd, err, sizeof err);
+    cr_assert_neq(rc, 0);
+    char o[4200], t[4300];
+    snprintf(o, sizeof o, "%s/o.bin", dir);
+    snprintf(t, sizeof t, "%s/o.bin.tmp", dir);
+    cr_assert(!exists(o) && !exists(t), "output left behind after a write error");
+
+    snprintf(cmd, sizeof cmd, "%s/convert -q %s %s/o.bin", bin, stories, dir);
+    cr_assert_eq(run_cmd(cmd, err, sizeof err), 0, "%s", err);
+    cr_assert(exists(o));
+    rm_rf(dir);
+    free(dir);
+}

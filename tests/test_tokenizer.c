@@ -1,0 +1,462 @@
+// test_tokenizer.c: the tokenizer against HF `tokenizers` (the *_cases.json dumps), loaded the way the engine
+// loads it: tokjson on the real HF folder, then tok_load on the section.
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../convert/json.h"
+#include "../convert/tokjson.h"
+#include "../tokenizer.h"
+
+// ---- helpers
+static const char *tt_data(void) {
+    const char *d = getenv("DJINN_DATA");
+    if (!d || !*d) cr_skip_test("DJINN_DATA is not set: the shared test data is needed");
+    return d;
+}
+
+static char *tt_slurp(const char *path, size_t *n) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    fseek(f, 0, SEEK_END);
+    long len = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *buf = malloc((size_t)len + 1);
+    cr_assert(buf);
+    *n = fread(buf, 1, (size_t)len, f);
+    buf[*n] = 0;
+    fclose(f);
+    return buf;
+}
+
+// tokjson on DATA/rel, then tok_load: skips when the folder is absent.
+static dj_tokenizer *tt_load_dir(const char *rel) {
+    char dir[4096], probe[4200];
+    snprintf(dir, sizeof dir, "%s/%s", tt_data(), rel);
+    snprintf(probe, sizeof probe, "%s/tokenizer.json", dir);
+    FILE *f = fopen(probe, "rb");
+    if (!f) cr_skip_test("%s is missing", probe);
+    fclose(f);
+    uint8_t *blob;
+    size_t n;
+    dj_err e = {{0}};
+    cr_assert_eq(tokjson_build_dir(dir, &blob, &n, &e), 0, "tokjson on %s: %s", dir, e.msg);
+    dj_tokenizer *t = tok_load(blob, n, &e);
+    free(blob);
+    cr_assert(t, "tok_load: %s", e.msg);
+    return t;
+}
+
+static char *tt_stream_all(const dj_tokenizer *t, const int32_t *ids, size_t n, size_t *len) {
+    dj_tok_stream *s = tok_stream_new(t);
+    cr_assert(s);
+    size_t cap = 64, at = 0;
+    char *out = malloc(cap);
+    for (size_t i = 0; i <= n; i++) {
+        size_t k;
+        const char *p = i < n ? tok_stream_push(s, ids[i], &k) : tok_stream_flush(s, &k);
+        // never part of a character: every chunk is valid UTF-8 on its own
+        for (size_t j = 0; j < k;) {
+            unsigned char c = (unsigned char)p[j];
+            size_t w = c < 0x80 ? 1 : c < 0xE0 ? 2 : c < 0xF0 ? 3 : 4;
+            cr_assert(c < 0x80 || (c >= 0xC2 && c <= 0xF4), "stream chunk starts inside a character");
+            cr_assert(j + w <= k, "stream chunk ends inside a character (id %zu)", i);
+            for (size_t q = 1; q < w; q++) cr_assert(((unsigned char)p[j + q] & 0xC0) == 0x80);
+            j += w;
+        }
+        while (at + k + 1 > cap) cap *= 2, out = realloc(out, cap);
+        memcpy(out + at, p, k);
+        at += k;
+    }
+    out[at] = 0;
+    tok_stream_free(s);
+    *len = at;
+    return out;
+}
+
+// Every case of DATA/tokenizers/<cases>: ids exactly, decode exactly, stream == decode.
+static void tt_run_cases(const char *rel_dir, const char *cases) {
+    dj_tokenizer *t = tt_load_dir(rel_dir);
+    char path[4096];
+    snprintf(path, sizeof path, "%s/tokenizers/%s", tt_data(), cases);
+    size_t n;
+    char *text = tt_slurp(path, &n);
+    if (!text) cr_skip_test("%s is missing", path);
+    dj_err e = {{0}};
+    json_doc *d = json_parse(text, n, &e);
+    cr_assert(d, "%s: %s", path, e.msg);
+    const json_value *root = json_root(d);
+    cr_assert(root->type == JSON_ARRAY && root->u.arr.n > 0);
+    for (size_t c = 0; c < root->u.arr.n; c++) {
+        const json_value *cs = &root->u.arr.items[c], *want = json_get(cs, "ids"), *in = json_get(cs, "text");
+        const char *dec_want = json_str(json_get(cs, "decoded"));
+        cr_assert(want && in && dec_want);
+        int32_t *ids;
+        size_t k;
+        cr_assert_eq(tok_encode(t, in->u.str.s, in->u.str.len, 1, &ids, &k, &e), 0, "%s", e.msg);
+        cr_expect_eq(k, want->u.arr.n, "%s case %zu \"%s\": %zu ids, HF gives %zu", cases, c, in->u.str.s, k, want->u.arr.n);
+        for (size_t i = 0; i < k && i < want->u.arr.n; i++) {
+            int64_t w;
+            json_int(&want->u.arr.items[i], &w);
+            cr_expect_eq(ids[i], w, "%s case %zu \"%s\": id %zu is %d, HF gives %lld", cases, c, in->u.str.s, i, ids[i], (long long)w);
+        }
+        // decode HF's ids, so a decode bug is not masked by an encode bug
+        int32_t *hf = malloc(sizeof(int32_t) * (want->u.arr.n + 1));
+        for (size_t i = 0; i < want->u.arr.n; i++) {
+            int64_t w;
+            json_int(&want->u.arr.items[i], &w);
+            hf[i] = (int32_t)w;
+        }
+        size_t dl, sl;
+        char *dec = tok_decode(t, hf, want->u.arr.n, &dl);
+        cr_assert(dec);
+        cr_expect_str_eq(dec, dec_want, "%s case %zu: decode", cases, c);
+        char *st = tt_stream_all(t, hf, want->u.arr.n, &sl);
+        cr_expect(sl == dl && memcmp(st, dec, dl) == 0, "%s case %zu: stream \"%s\" != decode \"%s\"", cases, c, st, dec);
+        free(dec), free(st), free(hf), free(ids);
+    }
+    json_free(d);
+    free(text);
+    tok_free(t);
+}
+
+// ---- HF parity
+Test(tokenizer, llama2_cases) { tt_run_cases("tokenizers/llama2", "llama2_cases.json"); }
+Test(tokenizer, llama3_cases) { tt_run_cases("tokenizers/llama3", "llama3_cases.json"); }
+Test(tokenizer, tok512_cases) { tt_run_cases("models/stories260K", "tok512_cases.json"); }
+
+Test(tokenizer, llama3_meta_vector_and_specials) {
+    dj_tokenizer *t = tt_load_dir("tokenizers/llama3");
+    const int32_t want[] = {128000, 2028, 374, 264, 1296, 11914, 13};
+    int32_t *ids;
+    size_t k;
+    dj_err e;
+    const char *s = "This is a test sentence.";
+    cr_assert_eq(tok_encode(t, s, strlen(s), 1, &ids, &k, &e), 0);
+    cr_assert_eq(k, 7);
+    for (size_t i = 0; i < k; i++) cr_expect_eq(ids[i], want[i]);
+    free(ids);
+    // special tokens written in the text are matched; add_special 0 adds no BOS
+    s = "<|start_header_id|>user<|end_header_id|>";
+    cr_assert_eq(tok_encode(t, s, strlen(s), 0, &ids, &k, &e), 0);
+    cr_assert_eq(k, 3);
+    cr_expect_eq(ids[0], 128006);
+    cr_expect_eq(ids[2], 128007);
+    free(ids);
+    cr_expect_eq(tok_bos(t), 128000);
+    cr_expect(tok_is_eos(t, 128009), "<|eot_id|> (tokenizer_config eos_token) is an eos");
+    cr_expect(!tok_is_eos(t, 128000));
+    cr_expect_eq(tok_vocab_size(t), 128256);
+    tok_free(t);
+}
+
+Test(tokenizer, stories_eos_bos) {
+    dj_tokenizer *t = tt_load_dir("models/stories260K");
+    cr_expect_eq(tok_bos(t), 1);
+    cr_expect(tok_is_eos(t, 2));
+    cr_expect(!tok_is_eos(t, 1));
+    cr_expect_str_eq(tok_chat_template(t), "");
+    tok_free(t);
+}
+
+// ---- round trips and bad input
+static uint64_t tt_rng = 0x9E3779B97F4A7C15ull;
+static uint32_t tt_rand(void) {
+    tt_rng ^= tt_rng << 13, tt_rng ^= tt_rng >> 7, tt_rng ^= tt_rng << 17;
+    return (uint32_t)(tt_rng >> 11);
+}
+static size_t tt_put_cp(char *o, uint32_t cp) {
+    if (cp < 0x80) { o[0] = (char)cp; return 1; }
+    if (cp < 0x800) { o[0] = (char)(0xC0 | cp >> 6), o[1] = (char)(0x80 | (cp & 63)); return 2; }
+    if (cp < 0x10000) {
+        o[0] = (char)(0xE0 | cp >> 12), o[1] = (char)(0x80 | (cp >> 6 & 63)), o[2] = (char)(0x80 | (cp & 63));
+        return 3;
+    }
+    o[0] = (char)(0xF0 | cp >> 18), o[1] = (char)(0x80 | (cp >> 12 & 63)), o[2] = (char)(0x80 | (cp >> 6 & 63));
+    o[3] = (char)(0x80 | (cp & 63));
+    return 4;
+}
+// Random valid UTF-8 mixing ASCII (no '<', so no special token appears), spaces/newlines, and any code point
+// except U+2581 "▁", which SentencePiece-style tokenizers decode as a space (HF does the same).
+static size_t tt_random_utf8(char *o, size_t max_chars) {
+    size_t n = 0, chars = tt_rand() % max_chars;
+    static const char ws[] = " \t\n\r  ";
+    for (size_t i = 0; i < chars; i++) {
+        uint32_t r = tt_rand() % 10, cp;
+        if (r < 4) { do cp = 0x20 + tt_rand() % 95; while (cp == '<'); }
+        else if (r < 6) cp = (uint32_t)ws[tt_rand() % 6];
+        else if (r < 8) { do cp = 0x80 + tt_rand() % 0x3000; while (cp == 0x2581); }
+        else { do cp = 1 + tt_rand() % 0x10FFFF; while ((cp >= 0xD800 && cp <= 0xDFFF) || cp == 0x2581); }
+        n += tt_put_cp(o + n, cp);
+    }
+    o[n] = 0;
+    return n;
+}
+
+static void tt_roundtrip(const char *rel, int iters) {
+    dj_tokenizer *t = tt_load_dir(rel);
+    char buf[64 * 4 + 1];
+    for (int it = 0; it < iters; it++) {
+        size_t n = tt_random_utf8(buf, 64), k, dl, sl;
+        int32_t *ids;
+        dj_err e;
+        cr_assert_eq(tok_encode(t, buf, n, 1, &ids, &k, &e), 0, "%s", e.msg);
+        char *dec = tok_decode(t, ids, k, &dl);
+        cr_assert(dl == n && memcmp(dec, buf, n) == 0, "%s: round trip of \"%s\" gave \"%s\"", rel, buf, dec);
+        char *st = tt_stream_all(t, ids, k, &sl);
+        cr_assert(sl == dl && memcmp(st, dec, dl) == 0, "stream differs from decode for \"%s\"", buf);
+        free(dec), free(st), free(ids);
+    }
+    tok_free(t);
+}
+Test(tokenizer, llama3_random_roundtrip) { tt_roundtrip("tokenizers/llama3", 3000); }
+Test(tokenizer, llama2_random_roundtrip) { tt_roundtrip("tokenizers/llama2", 1000); }
+Test(tokenizer, tok512_random_roundtrip) { tt_roundtrip("models/stories260K", 1000); }
+
+Test(tokenizer, malformed_utf8_is_an_error) {
+    dj_tokenizer *t = tt_load_dir("tokenizers/llama3");
+    static const char *const bad[] = {"\xff", "ab\xc3", "a\xed\xa0\x80" "b", "\xc0\xaf", "\xf4\x90\x80\x80", "x\x80y",
+                                      "\xe2\x82"};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        int32_t *ids = (int32_t *)1;
+        size_t k;
+        dj_err e = {{0}};
+        cr_expect_eq(tok_encode(t, bad[i], strlen(bad[i]), 1, &ids, &k, &e), -1, "case %zu accepted", i);
+        cr_expect(strstr(e.msg, "UTF-8"), "message: %s", e.msg);
+        cr_expect_null(ids);
+    }
+    tok_free(t);
+}
+
+// Decoding token sequences that split or break characters, as HF does.
+Test(tokenizer, decode_partial_characters) {
+    dj_tokenizer *t = tt_load_dir("tokenizers/llama3");
+    size_t l;
+    int32_t half[] = {9468, 236};  // "😀" minus its last byte: one maximal subpart -> one U+FFFD
+    char *s = tok_decode(t, half, 2, &l);
+    cr_expect_str_eq(s, "\xEF\xBF\xBD");
+    free(s);
+    int32_t whole[] = {128000, 9468, 128009, 236, 231};  // specials skipped, the bytes around them joined
+    s = tok_decode(t, whole, 5, &l);
+    cr_expect_str_eq(s, "\xF0\x9F\x8E\x89");  // 🎉
+    free(s);
+    tok_free(t);
+    t = tt_load_dir("tokenizers/llama2");
+    int32_t run[] = {68, 230, 13};  // <0x41> <0xE3> <0x0A>: an invalid run -> one U+FFFD per byte
+    s = tok_decode(t, run, 3, &l);
+    cr_expect_str_eq(s, "\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD");
+    free(s);
+    int32_t ok[] = {1, 243, 162, 155, 131, 2};  // <s> 😀 </s>
+    s = tok_decode(t, ok, 6, &l);
+    cr_expect_str_eq(s, "\xF0\x9F\x98\x80");
+    free(s);
+    size_t sl;
+    s = tt_stream_all(t, run, 3, &sl);
+    cr_expect_str_eq(s, "\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD");
+    free(s);
+    tok_free(t);
+}
+
+// ---- the converter refuses what the engine does not implement, by name
+static char *tt_replace(const char *s, const char *from, const char *to) {
+    const char *p = strstr(s, from);
+    cr_assert(p, "pattern %s not found", from);
+    size_t a = (size_t)(p - s), lf = strlen(from), lt = strlen(to), n = strlen(s);
+    char *o = malloc(n - lf + lt + 1);
+    memcpy(o, s, a), memcpy(o + a, to, lt), memcpy(o + a + lt, p + lf, n - a - lf + 1);
+    return o;
+}
+static char *tt_stories_json(size_t *n) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/models/stories260K/tokenizer.json", tt_data());
+    char *s = tt_slurp(path, n);
+    if (!s) cr_skip_test("%s is missing", path);
+    return s;
+}
+static void tt_expect_refused(const char *from, const char *to, const char *name) {
+    size_t n;
+    char *s = tt_stories_json(&n), *m = tt_replace(s, from, to);
+    uint8_t *blob;
+    size_t bn;
+    dj_err e = {{0}};
+    cr_expect_eq(tokjson_build(m, strlen(m), NULL, 0, NULL, 0, NULL, 0, &blob, &bn, &e), -1, "accepted %s", to);
+    cr_expect(strstr(e.msg, name), "message \"%s\" does not name %s", e.msg, name);
+    free(s), free(m);
+}
+Test(tokjson, refuses_by_name) {
+    tt_expect_refused("\"type\": \"BPE\"", "\"type\": \"Unigram\"", "Unigram");
+    tt_expect_refused("\"lstrip\": false", "\"lstrip\": true", "lstrip");
+    tt_expect_refused("\"single_word\": false", "\"single_word\": true", "single_word");
+    tt_expect_refused("\"normalized\": false", "\"normalized\": true", "normalized");
+    tt_expect_refused("{\"type\": \"Fuse\"}", "{\"type\": \"Strip\", \"content\": \"x\", \"start\": 1, \"stop\": 0}", "Strip");
+    tt_expect_refused("\"pre_tokenizer\": null", "\"pre_tokenizer\": {\"type\": \"Whitespace\"}", "Whitespace");
+    tt_expect_refused("{\"type\": \"Prepend\", \"prepend\": \"\xE2\x96\x81\"}", "{\"type\": \"NFKC\"}", "NFKC");
+    tt_expect_refused("\"post_processor\": {\"type\": \"TemplateProcessing\"", "\"post_processor\": {\"type\": \"RobertaProcessing\"",
+                      "RobertaProcessing");
+    tt_expect_refused("\"dropout\": null", "\"dropout\": 0.1", "dropout");
+}
+
+// generation_config eos lists, config ids, tokenizer_config chat templates and add_bos_token
+Test(tokjson, side_configs) {
+    size_t n;
+    char *s = tt_stories_json(&n);
+    const char *tc = "{\"eos_token\": {\"content\": \"</s>\"}, \"add_bos_token\": false, "
+                     "\"chat_template\": [{\"name\": \"tool\", \"template\": \"T\"}, {\"name\": \"default\", \"template\": \"{{ x }}\"}]}";
+    const char *gc = "{\"eos_token_id\": [0, 2]}";
+    const char *cc = "{\"bos_token_id\": 1, \"eos_token_id\": 3}";
+    uint8_t *blob;
+    size_t bn;
+    dj_err e = {{0}};
+    cr_assert_eq(tokjson_build(s, n, tc, strlen(tc), gc, strlen(gc), cc, strlen(cc), &blob, &bn, &e), 0, "%s", e.msg);
+    dj_tokenizer *t = tok_load(blob, bn, &e);
+    cr_assert(t, "%s", e.msg);
+    size_t ne;
+    const int32_t *eos = tok_eos_ids(t, &ne);
+    cr_expect_eq(ne, 3);
+    cr_expect(tok_is_eos(t, 0) && tok_is_eos(t, 2) && tok_is_eos(t, 3) && !tok_is_eos(t, 1), "eos %d", eos[0]);
+    cr_expect_str_eq(tok_chat_template(t), "{{ x }}");
+    int32_t *ids;
+    size_t k;
+    cr_assert_eq(tok_encode(t, "a", 1, 1, &ids, &k, &e), 0);
+    cr_expect_eq(k, 1, "add_bos_token false: no BOS");
+    free(ids);
+    tok_free(t);
+    free(blob);
+    const char *bad = "{\"eos_token_id\": \"x\"}";
+    cr_expect_eq(tokjson_build(s, n, NULL, 0, bad, strlen(bad), NULL, 0, &blob, &bn, &e), -1);
+    free(s);
+}
+
+// The Metaspace pre-tokenizer (newer conversions): prepend_scheme "first" adds "▁" only at the very start of the
+// text and not where the text already starts with a space, so " x" encodes as the legacy form of "x".
+Test(tokjson, metaspace_variant) {
+    size_t n;
+    char *s = tt_stories_json(&n);
+    char *a = tt_replace(s, "{\"type\": \"Sequence\", \"normalizers\": [{\"type\": \"Prepend\", \"prepend\": \"\xE2\x96\x81\"}, "
+                            "{\"type\": \"Replace\", \"pattern\": {\"String\": \" \"}, \"content\": \"\xE2\x96\x81\"}]}", "null");
+    char *m = tt_replace(a, "\"pre_tokenizer\": null",
+                         "\"pre_tokenizer\": {\"type\": \"Metaspace\", \"replacement\": \"\xE2\x96\x81\", "
+                         "\"prepend_scheme\": \"first\", \"split\": false}");
+    uint8_t *b1, *b2;
+    size_t n1, n2;
+    dj_err e = {{0}};
+    cr_assert_eq(tokjson_build(m, strlen(m), NULL, 0, NULL, 0, NULL, 0, &b1, &n1, &e), 0, "%s", e.msg);
+    cr_assert_eq(tokjson_build(s, n, NULL, 0, NULL, 0, NULL, 0, &b2, &n2, &e), 0, "%s", e.msg);
+    dj_tokenizer *meta = tok_load(b1, n1, &e), *legacy = tok_load(b2, n2, &e);
+    cr_assert(meta && legacy);
+    int32_t *x, *y;
+    size_t nx, ny;
+    cr_assert_eq(tok_encode(meta, " Once upon a time", 17, 1, &x, &nx, &e), 0);
+    cr_assert_eq(tok_encode(legacy, "Once upon a time", 16, 1, &y, &ny, &e), 0);
+    cr_assert_eq(nx, ny);
+    for (size_t i = 0; i < nx; i++) cr_expect_eq(x[i], y[i]);
+    free(x), free(y);
+    // after a special token the segment does not start the text: no "▁" (legacy Prepend adds one)
+    cr_assert_eq(tok_encode(meta, "<s>a", 4, 0, &x, &nx, &e), 0);
+    cr_assert_eq(tok_encode(legacy, "<s>a", 4, 0, &y, &ny, &e), 0);
+    cr_expect_eq(nx, 2);
+    cr_expect_eq(ny, 2);
+    size_t pl = 0;
+    const char *px = tok_piece(meta, x[1], &pl);
+    cr_expect(pl == 1 && px[0] == 'a', "Metaspace first: \"a\" after <s> has no ▁");
+    px = tok_piece(legacy, y[1], &pl);
+    cr_expect(pl == 4 && memcmp(px, "\xE2\x96\x81" "a", 4) == 0, "legacy Prepend: \"▁a\" after <s>");
+    free(x), free(y);
+    tok_free(meta), tok_free(legacy);
+    free(b1), free(b2), free(a), free(m), free(s);
+}
+
+// ---- tok_load never crashes on a corrupt section
+Test(tokenizer, corrupt_sections) {
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s/models/stories260K", tt_data());
+    uint8_t *blob;
+    size_t n;
+    dj_err e;
+    if (tokjson_build_dir(dir, &blob, &n, &e)) cr_skip_test("stories260K: %s", e.msg);
+    cr_expect_null(tok_load(blob, TOK_HEADER_SIZE - 1, &e));
+    for (size_t cut = 0; cut < n; cut += 97) {  // truncations
+        dj_tokenizer *t = tok_load(blob, cut, &e);
+        cr_expect_null(t, "a section cut at %zu of %zu loaded", cut, n);
+        tok_free(t);
+    }
+    uint8_t *c = malloc(n);
+    for (int it = 0; it < 3000; it++) {  // random corruption, mostly in the header and the tables
+        memcpy(c, blob, n);
+        for (int f = 0; f < 1 + (int)(tt_rand() % 4); f++) {
+            size_t at = tt_rand() % 2 ? tt_rand() % TOK_HEADER_SIZE : tt_rand() % n;
+            c[at] = (uint8_t)(tt_rand() % 3 ? c[at] ^ (1u << (tt_rand() % 8)) : tt_rand());
+        }
+        dj_tokenizer *t = tok_load(c, n, &e);
+        if (!t) continue;
+        int32_t *ids, junk[] = {0, 1, 5, 300, 511, -3, 100000};
+        size_t k, l;
+        if (tok_encode(t, "Once upon a time, <s>x 😀", 28, 1, &ids, &k, &e) == 0) free(ids);
+        free(tok_decode(t, junk, 7, &l));
+        tok_free(t);
+    }
+    free(c);
+    free(blob);
+}
+
+// Whatever the converter accepts, tok_load accepts; mangled JSON never crashes either.
+Test(tokjson, mangled_json) {
+    size_t n;
+    char *s = tt_stories_json(&n), *m = malloc(n);
+    int built = 0;
+    for (int it = 0; it < 400; it++) {
+        memcpy(m, s, n);
+        for (int f = 0; f < 1 + (int)(tt_rand() % 3); f++) {
+            size_t at = tt_rand() % n;
+            m[at] = (char)(tt_rand() % 2 ? "{}[]\",:0123456789 ntfa<>\\"[tt_rand() % 25] : (char)tt_rand());
+        }
+        uint8_t *blob;
+        size_t bn;
+        dj_err e;
+        if (tokjson_build(m, n, NULL, 0, NULL, 0, NULL, 0, &blob, &bn, &e)) continue;
+        built++;
+        dj_tokenizer *t = tok_load(blob, bn, &e);
+        cr_expect(t, "tok_load refused a section tokjson built: %s", e.msg);
+        int32_t *ids;
+        size_t k;
+        if (t && tok_encode(t, "Once upon a time", 16, 1, &ids, &k, &e) == 0) free(ids);
+        tok_free(t);
+        free(blob);
+    }
+    cr_log_info("tokjson built %d of 400 mangled files", built);
+    free(m), free(s);
+}
+
+// The tiny model's reference generation: prompt ids, and the decoded text (HF printed it with "<s> " in front,
+// i.e. without skipping special tokens; skipping it drops exactly that prefix).
+Test(tokenizer, stories_reference_greedy) {
+    dj_tokenizer *t = tt_load_dir("models/stories260K");
+    char path[4096];
+    snprintf(path, sizeof path, "%s/models/stories260K/reference_greedy.json", tt_data());
+    size_t n;
+    char *text = tt_slurp(path, &n);
+    if (!text) cr_skip_test("%s is missing", path);
+    dj_err e;
+    json_doc *d = json_parse(text, n, &e);
+    cr_assert(d, "%s", e.msg);
+    const json_value *r = json_root(d), *pids = json_get(r, "prompt_ids"), *gids = json_get(r, "greedy_ids");
+    const char *prompt = json_str(json_get(r, "prompt")), *want = json_str(json_get(r, "greedy_text"));
+    cr_assert(prompt && want && pids && gids && strncmp(want, "<s> ", 4) == 0);
+    int32_t *ids;
+    size_t k;
+    cr_assert_eq(tok_encode(t, prompt, strlen(prompt), 1, &ids, &k, &e), 0);
+    cr_assert_eq(k, pids->u.arr.n);
+    for (size_t i = 0; i < k; i++) cr_expect_eq(ids[i], pids->u.arr.items[i].u.number.i);
+    free(ids);
+    int32_t *g = malloc(sizeof(int32_t) * gids->u.arr.n);
+    for (size_t i = 0; i < gids->u.arr.n; i++) g[i] = (int32_t)gids->u.arr.items[i].u.number.i;
+    size_t dl, sl;
+    char *dec = tok_decode(t, g, gids->u.arr.n, &dl), *st = tt_stream_all(t, g, gids->u.arr.n, &sl);
+    cr_expect_str_eq(dec, want + 4);
+    cr_expect_str_eq(st, want + 4);
+    free(dec), free(st), free(g);
+    json_free(d);
+    free(text);
+    tok_free(t);
+}

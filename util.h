@@ -7,6 +7,10 @@
 #include <stdint.h>
 #include <string.h>
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 // ---- errors
 // Every fallible function takes a dj_err* and returns 0 on success, -1 on failure with
 // e->msg set to one human-readable line (no trailing newline). e may be NULL.
@@ -22,9 +26,10 @@ typedef struct {
 
 int dj_fail(dj_err *e, const char *fmt, ...) DJ_PRINTF(2, 3);  // sets e->msg, returns -1
 void dj_die(const char *fmt, ...) DJ_PRINTF(1, 2);            // "djinn: <msg>\n" to stderr, exit(1)
+double dj_now(void);                                          // monotonic seconds
+uint32_t dj_crc32(uint32_t crc, const void *data, size_t n);  // zlib CRC-32; start with crc = 0
 
-// ---- time and progress (stderr)
-double dj_now(void);  // monotonic seconds
+// ---- progress (stderr)
 typedef struct {
     const char *what;    // "converting", "loading"
     uint64_t total;      // bytes expected
@@ -34,9 +39,6 @@ typedef struct {
 void dj_progress_start(dj_progress *p, const char *what, uint64_t total, int enabled);
 void dj_progress_update(dj_progress *p, uint64_t done);  // at most ~4 lines/s: GB done, GB/s, ETA
 void dj_progress_end(dj_progress *p, uint64_t done);     // final line with total time and GB/s
-
-// ---- checksums
-uint32_t dj_crc32(uint32_t crc, const void *data, size_t n);  // zlib CRC-32; start with crc = 0
 
 // ---- overflow-checked size arithmetic: return 0 on success, -1 on overflow
 static inline int dj_mul_u64(uint64_t a, uint64_t b, uint64_t *out) {
@@ -98,5 +100,9 @@ static inline uint16_t dj_f32_to_bf16(float f) {
     if ((x & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((x >> 16) | 0x40);  // quiet NaN
     return (uint16_t)((x + 0x7fffu + ((x >> 16) & 1)) >> 16);
 }
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

@@ -1,0 +1,692 @@
+// djinn.c: the command line: argument parsing, the engine choice, the generate loop with its sampler and
+// statistics, the --logits dump and the --check comparison against a reference file from tools/reference.py.
+#include <errno.h>
+#include <inttypes.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "kernels.h"
+#include "model.h"
+#include "tokenizer.h"
+#include "util.h"
+
+// Exit codes: 1 runtime error (missing model, bad prompt...), 2 usage error, 3 --check above tolerance.
+enum { EXIT_ERR = 1, EXIT_USAGE = 2, EXIT_CHECK = 3 };
+
+// ---- options
+typedef struct {
+    const char *model_path;
+    const char *prompt;
+    int64_t n_new;       // new tokens
+    double temp;         // 0: greedy
+    double top_p;
+    uint64_t seed;
+    int seed_given;
+    int64_t ctx;         // 0: the model's max_seq_len
+    double ring_gb;      // GPU memory for weights, GB; 0: automatic
+    int force_cpu;
+    int stream_all;      // ablation: nothing resident
+    int sync_copy;       // ablation: no copy/compute overlap
+    int no_graph;        // all-resident decode launch by launch
+    const char *stats_path;
+    const char *logits_path;
+    const char *check_path;
+    double tol;          // <0: per-dtype default
+    int tokenize;
+} dj_opts;
+
+static void usage(FILE *f) {
+    fprintf(f,
+            "usage: djinn MODEL [-p PROMPT] [options]\n"
+            "  MODEL            a model.bin written by ./convert/convert\n"
+            "  -p PROMPT        prompt text (default: empty, i.e. BOS only)\n"
+            "  -n N             new tokens to generate (default 256; 0: prefill only)\n"
+            "  -t TEMP          temperature (default 1.0; 0: greedy)\n"
+            "  --top-p P        nucleus sampling mass in [0, 1] (default 0.9; 0: greedy)\n"
+            "  -s SEED          RNG seed (default: from the clock); same seed, same text\n"
+            "  -c CTX           context size in tokens (default: the model's max_seq_len)\n"
+            "  --ring-gb G      GPU memory for weights, in GB (1e9 bytes): layers that fit stay resident, the rest\n"
+            "                   stream over PCIe every token (default: free GPU memory minus the KV cache,\n"
+            "                   activations and a margin; the plan is printed on stderr)\n"
+            "  --stream-all     ablation: keep no layer resident, stream every layer every token\n"
+            "  --sync-copy      ablation: copy a layer, wait, compute it (no overlap)\n"
+            "  --no-graph       ablation: run the all-resident decode step kernel by kernel, not as a CUDA graph\n"
+            "  --cpu            run on the CPU even when a GPU is present\n"
+            "  --stats-json F   write the run's statistics (load, prefill, decode, streaming) to F as JSON\n"
+            "  --logits FILE    write float32 logits (vocab values per row), one row per processed position:\n"
+            "                   every prompt position (BOS included), then every generated token's position\n"
+            "  --check REF      teacher-force REF's token ids (from tools/reference.py) and compare logits;\n"
+            "                   exits 3 when the worst position's relative L2 error is above the tolerance\n"
+            "  --tol X          --check tolerance on relative L2 error (default: 1e-4 on the CPU; on the GPU\n"
+            "                   1e-4 for f32 weights, 5e-3 for f16, 1e-2 for bf16)\n"
+            "  --tokenize       print the prompt's token ids and exit\n"
+            "  --help           this text\n"
+            "stdout carries only the text (prompt + generation); statistics go to stderr.\n");
+}
+
+static int usage_error(const char *fmt, const char *arg) {
+    fputs("djinn: ", stderr);
+    fprintf(stderr, fmt, arg);
+    fputc('\n', stderr);
+    usage(stderr);
+    return EXIT_USAGE;
+}
+
+// Strict number parsing: the whole string must be a number.
+static int parse_i64(const char *s, int64_t *out) {
+    char *end;
+    errno = 0;
+    long long v = strtoll(s, &end, 10);
+    if (errno || end == s || *end) return -1;
+    *out = v;
+    return 0;
+}
+static int parse_f64(const char *s, double *out) {
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || end == s || *end || !isfinite(v)) return -1;
+    *out = v;
+    return 0;
+}
+
+// Returns 0 when parsed, else the exit code (EXIT_USAGE, or -1 for --help).
+static int parse_args(int argc, char **argv, dj_opts *o) {
+    *o = (dj_opts){.prompt = "", .n_new = 256, .temp = 1.0, .top_p = 0.9, .tol = -1};
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) return -1;
+        if (!strcmp(a, "--cpu")) { o->force_cpu = 1; continue; }
+        if (!strcmp(a, "--tokenize")) { o->tokenize = 1; continue; }
+        if (!strcmp(a, "--stream-all")) { o->stream_all = 1; continue; }
+        if (!strcmp(a, "--sync-copy")) { o->sync_copy = 1; continue; }
+        if (!strcmp(a, "--no-graph")) { o->no_graph = 1; continue; }
+        if (a[0] != '-' || a[1] == 0) {
+            if (o->model_path) return usage_error("unexpected argument '%s'", a);
+            o->model_path = a;
+            continue;
+        }
+        static const char *with_value[] = {"-p", "-n", "-t", "--top-p", "-s", "-c", "--ring-gb", "--logits",
+                                           "--check", "--tol", "--stats-json"};
+        int known = 0;
+        for (size_t k = 0; k < sizeof with_value / sizeof *with_value; k++) known |= !strcmp(a, with_value[k]);
+        if (!known) return usage_error("unknown option '%s'", a);
+        if (i + 1 >= argc) return usage_error("option '%s' needs a value", a);
+        const char *v = argv[++i];
+        int64_t n;
+        double d;
+        if (!strcmp(a, "-p")) {
+            o->prompt = v;
+        } else if (!strcmp(a, "-n")) {
+            if (parse_i64(v, &n) || n < 0) return usage_error("-n needs a count >= 0, not '%s'", v);
+            o->n_new = n;
+        } else if (!strcmp(a, "-t")) {
+            if (parse_f64(v, &d) || d < 0) return usage_error("-t needs a temperature >= 0, not '%s'", v);
+            o->temp = d;
+        } else if (!strcmp(a, "--top-p")) {
+            if (parse_f64(v, &d) || d < 0 || d > 1) return usage_error("--top-p needs a value in [0, 1], not '%s'", v);
+            o->top_p = d;
+        } else if (!strcmp(a, "-s")) {
+            if (parse_i64(v, &n) || n < 0) return usage_error("-s needs a non-negative integer seed, not '%s'", v);
+            o->seed = (uint64_t)n;
+            o->seed_given = 1;
+        } else if (!strcmp(a, "-c")) {
+            if (parse_i64(v, &n) || n <= 0) return usage_error("-c needs a positive context size, not '%s'", v);
+            o->ctx = n;
+        } else if (!strcmp(a, "--ring-gb")) {
+            if (parse_f64(v, &d) || d <= 0) return usage_error("--ring-gb needs a positive number of GB, not '%s'", v);
+            o->ring_gb = d;
+        } else if (!strcmp(a, "--logits")) {
+            o->logits_path = v;
+        } else if (!strcmp(a, "--stats-json")) {
+            o->stats_path = v;
+        } else if (!strcmp(a, "--check")) {
+            o->check_path = v;
+        } else if (!strcmp(a, "--tol")) {
+            if (parse_f64(v, &d) || d < 0) return usage_error("--tol needs a non-negative number, not '%s'", v);
+            o->tol = d;
+        }
+    }
+    if (!o->model_path) return usage_error("%s", "no MODEL given");
+    return 0;
+}
+
+// ---- engines
+// The generate loop sees the model only through this interface, so the GPU engine slots in beside the CPU one.
+typedef struct {
+    const char *name;  // "cpu", "gpu"
+    int is_gpu;
+    void *ctx;
+    // Runs tokens (T) at positions pos .. pos+T-1, filling the KV cache. logits: (T, vocab) when all, else
+    // (vocab) for the last token; NULL for none. (The signature of gpu_forward, so a GPU engine plugs in as is.)
+    int (*forward)(void *ctx, const int32_t *tokens, int64_t T, int64_t pos, float *logits, int all, dj_err *e);
+    void (*free)(void *ctx);
+} dj_engine;
+
+static int engine_cpu_forward(void *ctx, const int32_t *tokens, int64_t T, int64_t pos, float *logits, int all,
+                              dj_err *e) {
+    if (all || !logits || T <= 1) return cpu_forward(ctx, tokens, T, pos, logits, e);
+    // only the last row: the head runs for one position
+    if (cpu_forward(ctx, tokens, T - 1, pos, NULL, e)) return -1;
+    return cpu_forward(ctx, tokens + T - 1, 1, pos + T - 1, logits, e);
+}
+static void engine_cpu_free(void *ctx) { cpu_state_free(ctx); }
+
+static int engine_cpu_new(dj_engine *eng, const dj_model *m, int64_t ctx, dj_err *e) {
+    dj_cpu_state *s = cpu_state_new(m, ctx, e);
+    if (!s) return -1;
+    *eng = (dj_engine){"cpu", 0, s, engine_cpu_forward, engine_cpu_free};
+    return 0;
+}
+
+static int engine_gpu_forward(void *ctx, const int32_t *tokens, int64_t T, int64_t pos, float *logits, int all,
+                              dj_err *e) {
+    return gpu_forward(ctx, tokens, T, pos, logits, all, e);
+}
+static void engine_gpu_free(void *ctx) { gpu_state_free(ctx); }
+
+// The engine follows how the model was loaded: page-locked (a GPU is present and --cpu not given) runs on
+// the GPU, otherwise the CPU; main() says which and why.
+static int engine_open(dj_engine *eng, const dj_model *m, const dj_opts *o, int64_t ctx, dj_err *e) {
+    if (!m->pinned) return engine_cpu_new(eng, m, ctx, e);
+    dj_gpu_opts go = {.ring_gb = o->ring_gb, .max_seq = ctx, .stream_all = o->stream_all,
+                      .sync_copy = o->sync_copy, .no_graph = o->no_graph};
+    dj_gpu_state *s = gpu_state_new(m, &go, e);
+    if (!s) return -1;
+    *eng = (dj_engine){"gpu", 1, s, engine_gpu_forward, engine_gpu_free};
+    return 0;
+}
+
+// ---- sampling
+typedef struct {
+    uint64_t state;
+} dj_rng;
+
+static uint32_t rng_u32(dj_rng *r) {  // xorshift64*
+    r->state ^= r->state >> 12;
+    r->state ^= r->state << 25;
+    r->state ^= r->state >> 27;
+    return (uint32_t)((r->state * 0x2545F4914F6CDD1Dull) >> 32);
+}
+static float rng_f32(dj_rng *r) { return (float)(rng_u32(r) >> 8) / 16777216.0f; }  // [0, 1)
+
+static int32_t argmax(const float *x, int64_t n) {
+    int64_t best = 0;
+    for (int64_t i = 1; i < n; i++)
+        if (x[i] > x[best]) best = i;
+    return (int32_t)best;
+}
+
+typedef struct {
+    float p;
+    int32_t id;
+} dj_prob;
+
+// Descending probability; ties by ascending id, so top-p 0 picks exactly argmax's token.
+static int prob_cmp(const void *a, const void *b) {
+    const dj_prob *x = a, *y = b;
+    if (x->p != y->p) return x->p > y->p ? -1 : 1;
+    return x->id < y->id ? -1 : x->id > y->id;
+}
+
+typedef struct {
+    double temp, top_p;
+    dj_rng rng;
+    dj_prob *buf;  // (vocab)
+    float *probs;  // (vocab)
+} dj_sampler;
+
+// Greedy when temp == 0; else softmax(logits / temp), keep the smallest set of most likely tokens whose mass
+// reaches top_p (at least one), and draw from it.
+static int32_t sample(dj_sampler *s, const float *logits, int64_t vocab) {
+    if (s->temp == 0) return argmax(logits, vocab);
+    float mx = logits[argmax(logits, vocab)];
+    double sum = 0;
+    for (int64_t i = 0; i < vocab; i++) {
+        s->probs[i] = expf((float)((logits[i] - mx) / s->temp));
+        sum += s->probs[i];
+    }
+    // Tokens below (1 - top_p) / (vocab - 1) of the mass can never be in the nucleus: skip sorting them.
+    double cutoff = vocab > 1 ? (1.0 - s->top_p) / (double)(vocab - 1) * sum : 0;
+    int64_t n = 0;
+    for (int64_t i = 0; i < vocab; i++)
+        if (s->probs[i] >= cutoff) s->buf[n++] = (dj_prob){s->probs[i], (int32_t)i};
+    qsort(s->buf, (size_t)n, sizeof *s->buf, prob_cmp);
+    double target = s->top_p * sum, cum = 0;
+    int64_t keep = n;
+    for (int64_t i = 0; i < n; i++) {
+        cum += s->buf[i].p;
+        if (cum >= target) {
+            keep = i + 1;
+            break;
+        }
+    }
+    double mass = 0;
+    for (int64_t i = 0; i < keep; i++) mass += s->buf[i].p;
+    double r = rng_f32(&s->rng) * mass, acc = 0;
+    for (int64_t i = 0; i < keep; i++) {
+        acc += s->buf[i].p;
+        if (r < acc) return s->buf[i].id;
+    }
+    return s->buf[keep - 1].id;
+}
+
+// ---- output helpers
+static void emit(const char *text, size_t len) {
+    if (len) {
+        fwrite(text, 1, len, stdout);
+        fflush(stdout);
+    }
+}
+
+static int write_rows(FILE *f, const float *rows, int64_t n_rows, int64_t vocab, const char *path, dj_err *e) {
+    if (!f) return 0;
+    if (fwrite(rows, sizeof(float), (size_t)(n_rows * vocab), f) != (size_t)(n_rows * vocab))
+        return dj_fail(e, "cannot write logits to %s: %s", path, strerror(errno));
+    return 0;
+}
+
+// ---- --check: compare against a reference file
+// Reference file (little-endian), written by tools/reference.py:
+//   char magic[8] "DJINNREF"; u32 version (1); u32 n_tokens; u32 n_prompt; u32 vocab;
+//   i32 ids[n_tokens]; f32 logits[n_tokens][vocab]   (logits of every position, from HF in float64)
+#define REF_MAGIC "DJINNREF"
+#define REF_HEADER 24
+
+typedef struct {
+    uint32_t n_tokens, n_prompt, vocab;
+    int32_t *ids;    // (n_tokens)
+    float *logits;   // (n_tokens, vocab)
+} dj_ref;
+
+static int ref_load(const char *path, dj_ref *r, dj_err *e) {
+    memset(r, 0, sizeof *r);
+    FILE *f = fopen(path, "rb");
+    if (!f) return dj_fail(e, "cannot open reference %s: %s", path, strerror(errno));
+    uint8_t h[REF_HEADER];
+    uint32_t version;
+    int rc = -1;
+    if (fread(h, 1, REF_HEADER, f) != REF_HEADER || memcmp(h, REF_MAGIC, 8)) {
+        dj_fail(e, "%s is not a reference file (expected magic %s; write it with tools/reference.py)", path,
+                REF_MAGIC);
+        goto out;
+    }
+    memcpy(&version, h + 8, 4);
+    memcpy(&r->n_tokens, h + 12, 4);
+    memcpy(&r->n_prompt, h + 16, 4);
+    memcpy(&r->vocab, h + 20, 4);
+    if (version != 1) {
+        dj_fail(e, "%s: reference version %u, expected 1 (re-run tools/reference.py)", path, version);
+        goto out;
+    }
+    if (r->n_tokens == 0 || r->n_tokens > (1u << 24) || r->vocab == 0 || r->vocab > (1u << 22) ||
+        r->n_prompt > r->n_tokens) {
+        dj_fail(e, "%s: corrupt reference header (%u tokens, %u prompt, vocab %u)", path, r->n_tokens, r->n_prompt,
+                r->vocab);
+        goto out;
+    }
+    uint64_t want = REF_HEADER + 4ull * r->n_tokens + 4ull * r->n_tokens * r->vocab;
+    if (fseeko(f, 0, SEEK_END) || (uint64_t)ftello(f) != want) {
+        dj_fail(e, "%s: %" PRIu64 " bytes expected for %u tokens x vocab %u (file truncated or corrupt)", path,
+                want, r->n_tokens, r->vocab);
+        goto out;
+    }
+    fseeko(f, REF_HEADER, SEEK_SET);
+    r->ids = malloc(4ull * r->n_tokens);
+    r->logits = malloc(4ull * r->n_tokens * r->vocab);
+    if (!r->ids || !r->logits) {
+        dj_fail(e, "out of memory reading %s", path);
+        goto out;
+    }
+    if (fread(r->ids, 4, r->n_tokens, f) != r->n_tokens ||
+        fread(r->logits, 4, (size_t)r->n_tokens * r->vocab, f) != (size_t)r->n_tokens * r->vocab) {
+        dj_fail(e, "%s: read error", path);
+        goto out;
+    }
+    rc = 0;
+out:
+    fclose(f);
+    if (rc) {
+        free(r->ids);
+        free(r->logits);
+        r->ids = NULL, r->logits = NULL;
+    }
+    return rc;
+}
+
+typedef struct {
+    double max_abs, rel_l2, kl;
+    int top1;
+} dj_row_cmp;
+
+static dj_row_cmp compare_row(const float *ref, const float *got, int64_t n) {
+    dj_row_cmp c = {0};
+    double num = 0, den = 0, mr = -INFINITY, mg = -INFINITY;
+    for (int64_t i = 0; i < n; i++) {
+        double d = (double)got[i] - ref[i];
+        if (fabs(d) > c.max_abs || isnan(d)) c.max_abs = isnan(d) ? NAN : fmax(c.max_abs, fabs(d));
+        num += d * d;
+        den += (double)ref[i] * ref[i];
+        mr = fmax(mr, ref[i]);
+        mg = fmax(mg, got[i]);
+    }
+    c.rel_l2 = den > 0 ? sqrt(num / den) : sqrt(num);
+    c.top1 = argmax(ref, n) == argmax(got, n);
+    double zr = 0, zg = 0;
+    for (int64_t i = 0; i < n; i++) {
+        zr += exp(ref[i] - mr);
+        zg += exp(got[i] - mg);
+    }
+    double lzr = log(zr) + mr, lzg = log(zg) + mg;
+    for (int64_t i = 0; i < n; i++) {
+        double lpr = ref[i] - lzr, lpg = got[i] - lzg;
+        c.kl += exp(lpr) * (lpr - lpg);
+    }
+    return c;
+}
+
+static double default_tol(const dj_engine *eng, uint32_t wtype) {
+    if (!eng->is_gpu) return 1e-4;  // the CPU widens weights exactly and computes in f32
+    return wtype == DJ_F32 ? 1e-4 : wtype == DJ_F16 ? 5e-3 : 1e-2;
+}
+
+static int run_check(const dj_model *m, const dj_opts *o, dj_err *e) {
+    const dj_config *c = &m->info.config;
+    dj_ref r;
+    if (ref_load(o->check_path, &r, e)) return EXIT_ERR;
+    int rc = EXIT_ERR;
+    dj_engine eng = {0};
+    float *logits = NULL;
+    if (r.vocab != c->vocab_size) {
+        dj_fail(e, "reference %s has vocab %u but the model has %u: not the same model", o->check_path, r.vocab,
+                c->vocab_size);
+        goto out;
+    }
+    if (engine_open(&eng, m, o, r.n_tokens, e)) goto out;
+    logits = malloc(4ull * r.n_tokens * r.vocab);
+    if (!logits) {
+        dj_fail(e, "out of memory for %u x %u logits", r.n_tokens, r.vocab);
+        goto out;
+    }
+    double t0 = dj_now();
+    if (eng.forward(eng.ctx, r.ids, r.n_tokens, 0, logits, 1, e)) goto out;
+    double dt = dj_now() - t0;
+    fprintf(stderr, "djinn: check: %u positions (%u prompt) in %.3f s on the %s\n", r.n_tokens, r.n_prompt, dt,
+            eng.name);
+
+    double tol = o->tol >= 0 ? o->tol : default_tol(&eng, c->wtype);
+    double worst_abs = 0, worst_rel = 0, sum_kl = 0, max_kl = 0, num = 0, den = 0;
+    int64_t agree = 0, worst_pos = 0;
+    printf("%5s %7s %12s %12s %5s %12s\n", "pos", "id", "max|dlogit|", "rel_l2", "top1", "KL(ref|dj)");
+    for (uint32_t t = 0; t < r.n_tokens; t++) {
+        const float *ref = r.logits + (size_t)t * r.vocab, *got = logits + (size_t)t * r.vocab;
+        dj_row_cmp rc_ = compare_row(ref, got, r.vocab);
+        printf("%5u %7d %12.4e %12.4e %5s %12.4e\n", t, r.ids[t], rc_.max_abs, rc_.rel_l2, rc_.top1 ? "yes" : "NO",
+               rc_.kl);
+        if (!(rc_.max_abs <= worst_abs)) worst_abs = rc_.max_abs;
+        if (!(rc_.rel_l2 <= worst_rel)) worst_rel = rc_.rel_l2, worst_pos = t;
+        sum_kl += rc_.kl;
+        max_kl = fmax(max_kl, rc_.kl);
+        agree += rc_.top1;
+        for (uint32_t i = 0; i < r.vocab; i++) {
+            double d = (double)got[i] - ref[i];
+            num += d * d;
+            den += (double)ref[i] * ref[i];
+        }
+    }
+    int pass = worst_rel <= tol;  // false for NaN too
+    printf("overall: positions %u, max|dlogit| %.4e, rel_l2 %.4e (worst %.4e at position %" PRId64
+           "), top1 %" PRId64 "/%u, KL mean %.4e max %.4e\n",
+           r.n_tokens, worst_abs, den > 0 ? sqrt(num / den) : sqrt(num), worst_rel, worst_pos, agree, r.n_tokens,
+           sum_kl / r.n_tokens, max_kl);
+    printf("check %s: worst rel_l2 %.4e %s tolerance %.1e (%s weights, %s engine)\n", pass ? "PASSED" : "FAILED",
+           worst_rel, pass ? "<=" : ">", tol, dj_dtype_name(c->wtype), eng.name);
+    rc = pass ? 0 : EXIT_CHECK;
+out:
+    if (eng.free) eng.free(eng.ctx);
+    free(logits);
+    free(r.ids);
+    free(r.logits);
+    return rc;
+}
+
+// ---- generation
+// Statistics of one run, for stderr and --stats-json.
+typedef struct {
+    double load_s, prefill_s, ttft_ms, decode_s;
+    int64_t prompt_tokens, decode_tokens;
+} dj_run_stats;
+
+// Writes the run's figures as one JSON object (the benchmark reads it).
+static int write_stats(const char *path, const dj_model *m, const dj_engine *eng, const dj_opts *o,
+                       const dj_run_stats *r, dj_err *e) {
+    FILE *f = fopen(path, "w");
+    if (!f) return dj_fail(e, "cannot create %s: %s", path, strerror(errno));
+    double gb = (double)m->data_size / 1e9, dec_ms = r->decode_tokens > 0 ? r->decode_s * 1e3 / r->decode_tokens : 0;
+    fprintf(f, "{\"engine\": \"%s\", \"model_gb\": %.6f, \"wtype\": \"%s\", \"load_s\": %.6f, \"load_gb_s\": %.4f,\n",
+            eng->name, gb, dj_dtype_name(m->info.config.wtype), r->load_s, gb / fmax(r->load_s, 1e-9));
+    fprintf(f, " \"prompt_tokens\": %" PRId64 ", \"prefill_s\": %.6f, \"prefill_tok_s\": %.4f, \"ttft_ms\": %.4f,\n",
+            r->prompt_tokens, r->prefill_s, (double)r->prompt_tokens / fmax(r->prefill_s, 1e-9), r->ttft_ms);
+    fprintf(f, " \"decode_tokens\": %" PRId64 ", \"decode_ms_per_token\": %.6f, \"decode_tok_s\": %.4f",
+            r->decode_tokens, dec_ms, dec_ms > 0 ? 1e3 / dec_ms : 0.0);
+    if (eng->is_gpu) {
+        dj_gpu_stats g;
+        gpu_state_stats(eng->ctx, &g);
+        fprintf(f, ",\n \"ring_gb\": %.4f, \"stream_all\": %d, \"sync_copy\": %d, \"resident_units\": %d, "
+                   "\"streamed_units\": %d,\n \"streamed_gb_per_token\": %.6f, \"h2d_gb_s\": %.4f, "
+                   "\"wait_ms_per_token\": %.6f, \"passes\": %" PRId64,
+                o->ring_gb, o->stream_all, o->sync_copy, g.n_resident, g.n_streamed, (double)g.bytes_per_token / 1e9,
+                g.copy_ms > 0 ? (double)g.copied_bytes / 1e6 / g.copy_ms : 0.0,
+                g.passes > 0 ? g.wait_ms / (double)g.passes : 0.0, g.passes);
+    }
+    fprintf(f, "}\n");
+    if (fclose(f)) return dj_fail(e, "cannot write %s: %s", path, strerror(errno));
+    return 0;
+}
+
+static int run_generate(const dj_model *m, const dj_tokenizer *tok, const dj_opts *o, double load_s, dj_err *e) {
+    dj_run_stats rs = {.load_s = load_s};
+    const dj_config *c = &m->info.config;
+    int64_t vocab = c->vocab_size;
+    int32_t *ids = NULL;
+    size_t n_prompt = 0;
+    if (tok_encode(tok, o->prompt, strlen(o->prompt), 1, &ids, &n_prompt, e)) return EXIT_ERR;
+    if (o->tokenize) {
+        for (size_t i = 0; i < n_prompt; i++) printf("%s%d", i ? " " : "", ids[i]);
+        printf("\n");
+        free(ids);
+        return 0;
+    }
+    int64_t ctx = o->ctx ? o->ctx : (int64_t)c->max_seq_len;
+    int rc = EXIT_ERR;
+    dj_engine eng = {0};
+    float *logits = NULL;
+    FILE *lf = NULL;
+    dj_tok_stream *stream = NULL;
+    dj_sampler smp = {0};
+    if (n_prompt == 0) {
+        dj_fail(e, "the prompt is empty and the model has no BOS token: give a prompt with -p");
+        goto out;
+    }
+    if ((int64_t)n_prompt > ctx) {
+        dj_fail(e, "the prompt is %zu tokens, longer than the context of %" PRId64 " tokens (-c)", n_prompt, ctx);
+        goto out;
+    }
+    int64_t cap = o->n_new < ctx ? (int64_t)n_prompt + o->n_new : ctx;  // ids: prompt + new tokens, <= ctx
+    int32_t *grown = realloc(ids, (size_t)(cap + 1) * sizeof *ids);
+    logits = malloc((o->logits_path ? n_prompt : 1) * (size_t)vocab * sizeof(float));  // (rows, vocab)
+    smp.buf = malloc((size_t)vocab * sizeof *smp.buf);
+    smp.probs = malloc((size_t)vocab * sizeof(float));
+    if (!grown || !logits || !smp.buf || !smp.probs) {
+        if (grown) ids = grown;
+        dj_fail(e, "out of memory");
+        goto out;
+    }
+    ids = grown;
+    if (o->logits_path && !(lf = fopen(o->logits_path, "wb"))) {
+        dj_fail(e, "cannot create %s: %s", o->logits_path, strerror(errno));
+        goto out;
+    }
+    if (engine_open(&eng, m, o, ctx, e)) goto out;
+    smp.temp = o->top_p == 0 ? 0 : o->temp;  // top-p 0 keeps only the most likely token: greedy
+    smp.top_p = o->top_p;
+    uint64_t seed = o->seed_given ? o->seed : (uint64_t)time(NULL);
+    if (!o->seed_given && smp.temp > 0) fprintf(stderr, "djinn: seed %" PRIu64 " (-s to repeat)\n", seed);
+    smp.rng.state = (seed + 1) * 0x9E3779B97F4A7C15ull;
+    if (!smp.rng.state) smp.rng.state = 1;  // 0 is xorshift's fixed point
+
+    // Prompt text first: stdout is decode(all ids), so the prompt goes through the same stream.
+    stream = tok_stream_new(tok);
+    if (!stream) {
+        dj_fail(e, "out of memory");
+        goto out;
+    }
+    size_t len;
+    for (size_t i = 0; i < n_prompt; i++) {
+        const char *s = tok_stream_push(stream, ids[i], &len);
+        emit(s, len);
+    }
+
+    // Prefill: every row when --logits wants them, otherwise only the last position's.
+    double t_start = dj_now();
+    const float *last;
+    if (eng.forward(eng.ctx, ids, (int64_t)n_prompt, 0, logits, lf != NULL, e)) goto out;
+    if (write_rows(lf, logits, (int64_t)n_prompt, vocab, o->logits_path, e)) goto out;
+    last = lf ? logits + (n_prompt - 1) * (size_t)vocab : logits;
+    double t_prefill = dj_now() - t_start;
+    rs.prompt_tokens = (int64_t)n_prompt, rs.prefill_s = t_prefill;
+    fprintf(stderr, "djinn: prompt %zu tokens, prefill %.1f tokens/s (%.3f s)\n", n_prompt,
+            (double)n_prompt / fmax(t_prefill, 1e-9), t_prefill);
+
+    // Decode: sample from the last row, feed the token back. The last token is fed only when its logits row
+    // is wanted (--logits), so the file has one row per token of the output.
+    int64_t n = (int64_t)n_prompt, n_gen = 0;
+    double t_first = 0, t_decode0 = 0;
+    const char *stop = NULL;
+    while (n_gen < o->n_new) {
+        if (n >= ctx) {
+            stop = "context full";
+            break;
+        }
+        int32_t next = sample(&smp, last, vocab);
+        if (n_gen == 0) t_first = t_decode0 = dj_now();
+        ids[n++] = next;
+        n_gen++;
+        const char *s = tok_stream_push(stream, next, &len);
+        emit(s, len);
+        int eos = tok_is_eos(tok, next);
+        if (lf || (n_gen < o->n_new && !eos)) {  // position n-1 < ctx: always fits
+            if (eng.forward(eng.ctx, &next, 1, n - 1, logits, 0, e)) goto out;
+            if (write_rows(lf, logits, 1, vocab, o->logits_path, e)) goto out;
+            last = logits;
+        }
+        if (eos) {
+            stop = "end of sequence";
+            break;
+        }
+    }
+    const char *tail = tok_stream_flush(stream, &len);
+    emit(tail, len);
+    fputc('\n', stdout);
+    fflush(stdout);
+
+    if (stop && !strcmp(stop, "context full"))
+        fprintf(stderr, "djinn: stopped after %" PRId64 " of %" PRId64 " new tokens: the context of %" PRId64
+                        " tokens is full (-c)\n", n_gen, o->n_new, ctx);
+    else if (stop)
+        fprintf(stderr, "djinn: stopped at the end-of-sequence token after %" PRId64 " new tokens\n", n_gen);
+    if (n_gen > 0) {
+        double t_end = dj_now(), t_dec = t_end - t_decode0;
+        fprintf(stderr, "djinn: time to first token %.1f ms\n", (t_first - t_start) * 1e3);
+        rs.ttft_ms = (t_first - t_start) * 1e3, rs.decode_s = t_dec, rs.decode_tokens = n_gen - 1;
+        if (n_gen > 1)
+            fprintf(stderr, "djinn: decode %" PRId64 " tokens, %.1f tokens/s, %.2f ms/token\n", n_gen - 1,
+                    (double)(n_gen - 1) / fmax(t_dec, 1e-9), t_dec * 1e3 / (double)(n_gen - 1));
+    }
+    if (eng.is_gpu) {
+        dj_gpu_stats g;
+        gpu_state_stats(eng.ctx, &g);
+        if (g.n_streamed)
+            fprintf(stderr, "djinn: streamed %d units, %.3f GB per pass over PCIe at %.2f GB/s achieved; compute "
+                            "waited %.2f ms per pass for copies (%" PRId64 " passes)\n", g.n_streamed,
+                    (double)g.bytes_per_token / 1e9, g.copy_ms > 0 ? (double)g.copied_bytes / 1e6 / g.copy_ms : 0.0,
+                    g.passes ? g.wait_ms / (double)g.passes : 0.0, g.passes);
+    }
+    if (o->stats_path && write_stats(o->stats_path, m, &eng, o, &rs, e)) goto out;
+    if (lf) {
+        FILE *f = lf;
+        lf = NULL;
+        if (fclose(f)) {
+            dj_fail(e, "cannot write logits to %s: %s", o->logits_path, strerror(errno));
+            goto out;
+        }
+    }
+    rc = 0;
+out:
+    if (lf) fclose(lf);
+    if (stream) tok_stream_free(stream);
+    if (eng.free) eng.free(eng.ctx);
+    free(smp.buf);
+    free(smp.probs);
+    free(logits);
+    free(ids);
+    return rc;
+}
+
+// ---- main
+int main(int argc, char **argv) {
+    dj_opts o;
+    int prc = parse_args(argc, argv, &o);
+    if (prc == -1) {
+        usage(stdout);
+        return 0;
+    }
+    if (prc) return prc;
+
+    dj_err e = {{0}};
+    dj_model m;
+    int use_gpu = !o.force_cpu && !o.tokenize && gpu_count() > 0;
+    if (o.force_cpu) fprintf(stderr, "djinn: running on the CPU (--cpu), %d threads\n", cpu_threads());
+    else if (!o.tokenize && !use_gpu)
+        fprintf(stderr, "djinn: warning: no GPU found: running on the CPU, %d threads\n", cpu_threads());
+    if (!use_gpu && (o.stream_all || o.sync_copy || o.ring_gb > 0))
+        fprintf(stderr, "djinn: warning: --ring-gb, --stream-all and --sync-copy apply to the GPU engine only\n");
+    dj_load_opts lo = {.want_pinned = use_gpu, .quiet = 0};
+    double t0 = dj_now();
+    if (model_load(o.model_path, &lo, &m, &e)) {
+        fprintf(stderr, "djinn: %s\n", e.msg);
+        return EXIT_ERR;
+    }
+    double dt = dj_now() - t0;
+    const dj_config *c = &m.info.config;
+    fprintf(stderr,
+            "djinn: loaded %s: %.3f GB in %.3f s (%.2f GB/s); dim %u, %u layers, %u/%u heads, head_dim %u, "
+            "vocab %u, %s weights\n",
+            o.model_path, (double)m.data_size / 1e9, dt, (double)m.data_size / 1e9 / fmax(dt, 1e-9), c->dim,
+            c->n_layers, c->n_heads, c->n_kv_heads, c->head_dim, c->vocab_size, dj_dtype_name(c->wtype));
+    if (o.ctx > (int64_t)c->max_seq_len) {
+        fprintf(stderr, "djinn: -c %" PRId64 " is beyond the model's max_seq_len of %u\n", o.ctx, c->max_seq_len);
+        model_free(&m);
+        return EXIT_USAGE;
+    }
+
+    int rc;
+    if (o.check_path) {
+        rc = run_check(&m, &o, &e);
+    } else {
+        dj_tokenizer *tok = tok_load(m.data + m.info.tok_off, (size_t)m.info.tok_size, &e);
+        if (!tok) {
+            fprintf(stderr, "djinn: %s\n", e.msg);
+            model_free(&m);
+            return EXIT_ERR;
+        }
+        rc = run_generate(&m, tok, &o, dt, &e);
+        tok_free(tok);
+    }
+    if (rc && rc != EXIT_CHECK) fprintf(stderr, "djinn: %s\n", e.msg);
+    model_free(&m);
+    return rc;
+}

@@ -1,0 +1,425 @@
+// test_cli.c: the real ./djinn and ./convert binaries (from $DJINN_BIN) run as subprocesses on the tiny real
+// model from $DJINN_DATA: greedy text byte for byte, sampling determinism, exit codes and messages for bad
+// input, the --logits file, and --check against a reference (built here, and the committed ones in tests/ref).
+#include <criterion/criterion.h>
+#include <dirent.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "../convert/json.h"
+
+typedef struct {
+    char bin[1024], data[1024];
+    char dir[256];        // temp folder, removed at the end
+    char model[512];      // stories260K converted with --dtype f32
+    char out[512], err[512];
+} tcli_ctx;
+
+// ---- helpers
+static char *tcli_read(const char *path, size_t *len) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *buf = malloc((size_t)n + 1);
+    size_t got = fread(buf, 1, (size_t)n, f);
+    fclose(f);
+    buf[got] = 0;
+    if (len) *len = got;
+    return buf;
+}
+
+static void tcli_write(const char *path, const void *data, size_t n) {
+    FILE *f = fopen(path, "wb");
+    cr_assert(f, "cannot write %s", path);
+    cr_assert_eq(fwrite(data, 1, n, f), n);
+    fclose(f);
+}
+
+// Runs argv (argv[0] is a path) with stdout and stderr to the context's files; returns the exit status.
+static int tcli_run(tcli_ctx *c, char *const argv[]) {
+    pid_t pid = fork();
+    cr_assert(pid >= 0, "fork failed");
+    if (pid == 0) {
+        int in = open("/dev/null", O_RDONLY), o = open(c->out, O_WRONLY | O_CREAT | O_TRUNC, 0644),
+            e = open(c->err, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        if (in < 0 || o < 0 || e < 0) _exit(126);
+        dup2(in, 0), dup2(o, 1), dup2(e, 2);
+        execv(argv[0], argv);
+        _exit(127);
+    }
+    int st;
+    cr_assert_eq(waitpid(pid, &st, 0), pid);
+    cr_assert(WIFEXITED(st), "%s killed by signal %d", argv[0], WIFSIGNALED(st) ? WTERMSIG(st) : 0);
+    cr_assert_neq(WEXITSTATUS(st), 127, "cannot exec %s", argv[0]);
+    return WEXITSTATUS(st);
+}
+
+static char *tcli_stdout(tcli_ctx *c, size_t *len) { return tcli_read(c->out, len); }
+static char *tcli_stderr(tcli_ctx *c) { return tcli_read(c->err, NULL); }
+
+static char tcli_djinn_path[1100], tcli_convert_path[1100];
+
+// Finds the binaries and data (skipping with the reason when the environment lacks them) and converts
+// stories260K into a fresh temp folder.
+static void tcli_setup(tcli_ctx *c) {
+    memset(c, 0, sizeof *c);
+    const char *bin = getenv("DJINN_BIN"), *data = getenv("DJINN_DATA");
+    if (!bin || !*bin) cr_skip_test("DJINN_BIN is not set (run through `make test`): the CLI tests need the binaries");
+    if (!data || !*data) cr_skip_test("DJINN_DATA is not set (run through `make test`): no stories260K model");
+    snprintf(c->bin, sizeof c->bin, "%s", bin);
+    snprintf(c->data, sizeof c->data, "%s", data);
+    char probe[1200];
+    snprintf(probe, sizeof probe, "%s/models/stories260K/model.safetensors", data);
+    if (access(probe, R_OK)) cr_skip_test("%s is missing: no stories260K model to run", probe);
+    snprintf(tcli_djinn_path, sizeof tcli_djinn_path, "%s/djinn", bin);
+    snprintf(tcli_convert_path, sizeof tcli_convert_path, "%s/convert", bin);
+    cr_assert(!access(tcli_djinn_path, X_OK), "%s is not built", tcli_djinn_path);
+    cr_assert(!access(tcli_convert_path, X_OK), "%s is not built", tcli_convert_path);
+    snprintf(c->dir, sizeof c->dir, "/tmp/djinn_cli_XXXXXX");
+    cr_assert(mkdtemp(c->dir), "mkdtemp failed");
+    snprintf(c->model, sizeof c->model, "%s/stories.bin", c->dir);
+    snprintf(c->out, sizeof c->out, "%s/stdout", c->dir);
+    snprintf(c->err, sizeof c->err, "%s/stderr", c->dir);
+    char src[1200];
+    snprintf(src, sizeof src, "%s/models/stories260K", data);
+    char *argv[] = {tcli_convert_path, src, c->model, "--dtype", "f32", "-q", NULL};
+    int rc = tcli_run(c, argv);
+    cr_assert_eq(rc, 0, "convert failed: %s", tcli_stderr(c));
+}
+
+static void tcli_teardown(tcli_ctx *c) {
+    if (!c->dir[0]) return;
+    DIR *d = opendir(c->dir);
+    if (d) {
+        struct dirent *ent;
+        char p[800];
+        while ((ent = readdir(d)))
+            if (strcmp(ent->d_name, ".") && strcmp(ent->d_name, "..")) {
+                snprintf(p, sizeof p, "%s/%s", c->dir, ent->d_name);
+                unlink(p);
+            }
+        closedir(d);
+    }
+    rmdir(c->dir);
+}
+
+// reference_greedy.json: greedy_text and greedy_ids (prompt ids included).
+typedef struct {
+    char *text;  // decode(ids) with special tokens kept: starts "<s> "
+    int32_t ids[1024];
+    size_t n_ids;
+} tcli_greedy;
+
+static void tcli_load_greedy(tcli_ctx *c, tcli_greedy *g) {
+    char path[1200];
+    snprintf(path, sizeof path, "%s/models/stories260K/reference_greedy.json", c->data);
+    size_t n;
+    char *txt = tcli_read(path, &n);
+    if (!txt) cr_skip_test("%s is missing", path);
+    dj_err e;
+    json_doc *d = json_parse(txt, n, &e);
+    cr_assert(d, "%s: %s", path, e.msg);
+    const json_value *r = json_root(d), *ids = json_get(r, "greedy_ids");
+    const char *t = json_str(json_get(r, "greedy_text"));
+    cr_assert(t && ids && ids->type == JSON_ARRAY && ids->u.arr.n <= 1024, "%s: unexpected layout", path);
+    g->text = strdup(t);
+    g->n_ids = ids->u.arr.n;
+    for (size_t i = 0; i < g->n_ids; i++) {
+        int64_t v;
+        cr_assert_eq(json_int(&ids->u.arr.items[i], &v), 0);
+        g->ids[i] = (int32_t)v;
+    }
+    json_free(d);
+    free(txt);
+}
+
+// What djinn must print: HF decode(ids, skip_special_tokens=True) + "\n". greedy_text was decoded with the
+// special tokens kept ("<s> Once upon..."); skipping BOS also lets the decoder's Strip take the space after it.
+static char *tcli_expected_text(const tcli_greedy *g) {
+    cr_assert(!strncmp(g->text, "<s> ", 4), "greedy_text does not start with '<s> ': %.20s", g->text);
+    size_t n = strlen(g->text + 4);
+    char *s = malloc(n + 2);
+    memcpy(s, g->text + 4, n);
+    s[n] = '\n', s[n + 1] = 0;
+    return s;
+}
+
+// ---- generation
+Test(cli, greedy_text_byte_exact) {
+    tcli_ctx c;
+    tcli_setup(&c);
+    tcli_greedy g;
+    tcli_load_greedy(&c, &g);
+    char *argv[] = {tcli_djinn_path, c.model, "-p", "Once upon a time", "-n", "200", "-t", "0", "--cpu", NULL};
+    int rc = tcli_run(&c, argv);
+    char *err = tcli_stderr(&c);
+    cr_assert_eq(rc, 0, "djinn failed: %s", err);
+    size_t n;
+    char *out = tcli_stdout(&c, &n), *want = tcli_expected_text(&g);
+    cr_assert_eq(n, strlen(want), "stdout is %zu bytes, expected %zu:\n%s", n, strlen(want), out);
+    cr_assert(!memcmp(out, want, n), "stdout differs from greedy_text:\n%s\n---- expected:\n%s", out, want);
+    cr_assert(strstr(err, "CPU"), "stderr does not say it runs on the CPU: %s", err);
+    cr_assert(strstr(err, "tokens/s") && strstr(err, "ms/token") && strstr(err, "GB/s"), "stats missing: %s", err);
+    free(out), free(want), free(err), free(g.text);
+    tcli_teardown(&c);
+}
+
+Test(cli, says_cpu_without_flag) {
+    tcli_ctx c;
+    tcli_setup(&c);
+    char *argv[] = {tcli_djinn_path, c.model, "-p", "Hi", "-n", "3", "-t", "0", NULL};
+    cr_assert_eq(tcli_run(&c, argv), 0);
+    char *err = tcli_stderr(&c);
+    cr_assert(strstr(err, "CPU"), "must say on stderr that it runs on the CPU: %s", err);
+    free(err);
+    tcli_teardown(&c);
+}
+
+static char *tcli_sample(tcli_ctx *c, const char *temp, const char *top_p, const char *seed) {
+    char *argv[] = {tcli_djinn_path, c->model, "-p", "Once upon a time", "-n", "60", "-t", (char *)temp,
+                    "--top-p", (char *)top_p, "-s", (char *)seed, "--cpu", NULL};
+    int rc = tcli_run(c, argv);
+    cr_assert_eq(rc, 0, "djinn failed: %s", tcli_stderr(c));
+    return tcli_stdout(c, NULL);
+}
+
+Test(cli, sampling_is_seeded) {
+    tcli_ctx c;
+    tcli_setup(&c);
+    char *a = tcli_sample(&c, "1.0", "0.95", "42"), *b = tcli_sample(&c, "1.0", "0.95", "42");
+    char *d = tcli_sample(&c, "1.0", "0.95", "43");
+    cr_assert_str_eq(a, b, "same seed, different text");
+    cr_assert_str_neq(a, d, "different seeds gave the same 60 tokens");
+    char *greedy = tcli_sample(&c, "0", "0.9", "1"), *p0 = tcli_sample(&c, "1.5", "0", "7");
+    cr_assert_str_eq(p0, greedy, "top-p 0 is not greedy");
+    cr_assert_str_neq(a, greedy, "sampling at temperature 1 gave the greedy text");
+    free(a), free(b), free(d), free(greedy), free(p0);
+    tcli_teardown(&c);
+}
+
+Test(cli, tokenize_prints_ids) {
+    tcli_ctx c;
+    tcli_setup(&c);
+    char *argv[] = {tcli_djinn_path, c.model, "-p", "Once upon a time", "--tokenize", NULL};
+    cr_assert_eq(tcli_run(&c, argv), 0);
+    char *out = tcli_stdout(&c, NULL);
+    cr_assert_str_eq(out, "1 403 407 261 378\n");  // reference_greedy.json's prompt_ids
+    free(out);
+    tcli_teardown(&c);
+}
+
+Test(cli, context_full_stops_with_note) {
+    tcli_ctx c;
+    tcli_setup(&c);
+    tcli_greedy g;
+    tcli_load_greedy(&c, &g);
+    char *argv[] = {tcli_djinn_path, c.model, "-p", "Once upon a time", "-n", "50", "-t", "0", "-c", "12", NULL};
+    cr_assert_eq(tcli_run(&c, argv), 0, "%s", tcli_stderr(&c));
+    char *out = tcli_stdout(&c, NULL), *err = tcli_stderr(&c), *want = tcli_expected_text(&g);
+    cr_assert(strstr(err, "context"), "no note about the full context: %s", err);
+    size_t n = strlen(out);
+    cr_assert(n > 1 && out[n - 1] == '\n');
+    cr_assert(n - 1 < strlen(want) - 1 && !strncmp(out, want, n - 1), "not a prefix of the greedy text: %s", out);
+    cr_assert(n - 1 > strlen("Once upon a time"), "nothing generated: %s", out);
+    free(out), free(err), free(want), free(g.text);
+    tcli_teardown(&c);
+}
+
+// ---- bad input
+static void tcli_expect_fail(tcli_ctx *c, char *const argv[], int code, const char *in_stderr) {
+    int rc = tcli_run(c, argv);
+    size_t n;
+    char *out = tcli_stdout(c, &n), *err = tcli_stderr(c);
+    cr_assert_eq(rc, code, "%s %s: exit %d, expected %d; stderr: %s", argv[1], argv[2] ? argv[2] : "", rc, code, err);
+    cr_assert_eq(n, 0, "stdout must stay empty on error: %s", out);
+    cr_assert(strstr(err, in_stderr), "stderr lacks '%s': %s", in_stderr, err);
+    free(out), free(err);
+}
+
+Test(cli, bad_flags_give_usage) {
+    tcli_ctx c;
+    tcli_setup(&c);
+    char *m = c.model, *d = tcli_djinn_path;
+    tcli_expect_fail(&c, (char *[]){d, m, "--bogus", NULL}, 2, "usage");
+    tcli_expect_fail(&c, (char *[]){d, m, "-n", "abc", NULL}, 2, "usage");
+    tcli_expect_fail(&c, (char *[]){d, m, "-n", NULL}, 2, "usage");
+    tcli_expect_fail(&c, (char *[]){d, m, "-t", "-1", NULL}, 2, "usage");
+    tcli_expect_fail(&c, (char *[]){d, m, "--top-p", "1.5", NULL}, 2, "usage");
+    tcli_expect_fail(&c, (char *[]){d, m, "--ring-gb", "0", NULL}, 2, "--ring-gb");
+    tcli_expect_fail(&c, (char *[]){d, m, "--ring-gb", "lots", NULL}, 2, "--ring-gb");
+    tcli_expect_fail(&c, (char *[]){d, m, "-c", "0", NULL}, 2, "usage");
+    tcli_expect_fail(&c, (char *[]){d, "-p", "x", NULL}, 2, "usage");
+    tcli_expect_fail(&c, (char *[]){d, m, "-c", "100000", NULL}, 2, "max_seq_len");
+    // --help lists every option on stdout
+    cr_assert_eq(tcli_run(&c, (char *[]){d, "--help", NULL}), 0);
+    char *out = tcli_stdout(&c, NULL);
+    const char *opts[] = {"-p", "-n", "-t", "--top-p", "-s", "-c", "--ring-gb", "--cpu", "--logits", "--check",
+                          "--tol", "--tokenize"};
+    for (size_t i = 0; i < sizeof opts / sizeof *opts; i++) cr_assert(strstr(out, opts[i]), "--help lacks %s", opts[i]);
+    // a valid --ring-gb is accepted
+    cr_assert_eq(tcli_run(&c, (char *[]){d, m, "--ring-gb", "1.5", "-n", "1", "-t", "0", NULL}), 0);
+    free(out);
+    tcli_teardown(&c);
+}
+
+Test(cli, prompt_longer_than_context) {
+    tcli_ctx c;
+    tcli_setup(&c);
+    tcli_expect_fail(&c, (char *[]){tcli_djinn_path, c.model, "-p", "Once upon a time there was a dog", "-c", "4", NULL},
+                     1, "longer than the context");
+    tcli_teardown(&c);
+}
+
+Test(cli, missing_or_corrupt_model) {
+    tcli_ctx c;
+    tcli_setup(&c);
+    char path[600];
+    tcli_expect_fail(&c, (char *[]){tcli_djinn_path, "/nonexistent/model.bin", "-p", "x", NULL}, 1, "djinn: ");
+    snprintf(path, sizeof path, "%s/garbage.bin", c.dir);
+    char junk[8192];
+    memset(junk, 'x', sizeof junk);
+    tcli_write(path, junk, sizeof junk);
+    tcli_expect_fail(&c, (char *[]){tcli_djinn_path, path, "-p", "x", NULL}, 1, "djinn: ");
+    size_t n;
+    char *whole = tcli_read(c.model, &n);
+    snprintf(path, sizeof path, "%s/truncated.bin", c.dir);
+    tcli_write(path, whole, n / 2);
+    tcli_expect_fail(&c, (char *[]){tcli_djinn_path, path, "-p", "x", NULL}, 1, "djinn: ");
+    free(whole);
+    tcli_teardown(&c);
+}
+
+// ---- --logits and --check
+#define TCLI_VOCAB 512
+
+Test(cli, logits_file_rows) {
+    tcli_ctx c;
+    tcli_setup(&c);
+    tcli_greedy g;
+    tcli_load_greedy(&c, &g);
+    char lp[600];
+    snprintf(lp, sizeof lp, "%s/logits.f32", c.dir);
+    // prefill only: one row per prompt position, BOS included; stdout is the prompt
+    cr_assert_eq(tcli_run(&c, (char *[]){tcli_djinn_path, c.model, "-p", "Once upon a time", "-n", "0", "--logits", lp, NULL}), 0);
+    size_t n;
+    char *out = tcli_stdout(&c, NULL);
+    cr_assert_str_eq(out, "Once upon a time\n");
+    free(tcli_read(lp, &n));
+    cr_assert_eq(n, 5 * TCLI_VOCAB * sizeof(float), "-n 0: %zu bytes", n);
+    // 20 greedy tokens: 25 rows, and each row's argmax is the next greedy id
+    cr_assert_eq(tcli_run(&c, (char *[]){tcli_djinn_path, c.model, "-p", "Once upon a time", "-n", "20", "-t", "0",
+                                         "--logits", lp, NULL}), 0);
+    float *rows = (float *)tcli_read(lp, &n);
+    cr_assert_eq(n, 25 * TCLI_VOCAB * sizeof(float), "-n 20: %zu bytes", n);
+    for (int t = 4; t < 24; t++) {
+        int best = 0;
+        for (int i = 1; i < TCLI_VOCAB; i++)
+            if (rows[t * TCLI_VOCAB + i] > rows[t * TCLI_VOCAB + best]) best = i;
+        cr_assert_eq(best, g.ids[t + 1], "row %d: argmax %d, greedy id %d", t, best, g.ids[t + 1]);
+    }
+    free(rows), free(out), free(g.text);
+    tcli_teardown(&c);
+}
+
+// Writes a reference file (format in djinn.c / tools/reference.py).
+static void tcli_write_ref(const char *path, const int32_t *ids, uint32_t n, uint32_t n_prompt, const float *logits,
+                           uint32_t vocab) {
+    FILE *f = fopen(path, "wb");
+    cr_assert(f);
+    uint32_t h[4] = {1, n, n_prompt, vocab};
+    fwrite("DJINNREF", 1, 8, f);
+    fwrite(h, 4, 4, f);
+    fwrite(ids, 4, n, f);
+    fwrite(logits, 4, (size_t)n * vocab, f);
+    fclose(f);
+}
+
+Test(cli, check_against_own_logits) {
+    tcli_ctx c;
+    tcli_setup(&c);
+    tcli_greedy g;
+    tcli_load_greedy(&c, &g);
+    char lp[600], rp[600];
+    snprintf(lp, sizeof lp, "%s/logits.f32", c.dir);
+    snprintf(rp, sizeof rp, "%s/ref.bin", c.dir);
+    cr_assert_eq(tcli_run(&c, (char *[]){tcli_djinn_path, c.model, "-p", "Once upon a time", "-n", "200", "-t", "0",
+                                         "--logits", lp, NULL}), 0);
+    size_t n;
+    float *rows = (float *)tcli_read(lp, &n);
+    uint32_t T = (uint32_t)g.n_ids;
+    cr_assert_eq(n, (size_t)T * TCLI_VOCAB * 4);
+    // The same ids teacher-forced in one prefill give the logits generation gave, up to rounding.
+    tcli_write_ref(rp, g.ids, T, 5, rows, TCLI_VOCAB);
+    int rc = tcli_run(&c, (char *[]){tcli_djinn_path, c.model, "--check", rp, "--cpu", "--tol", "1e-5", NULL});
+    char *out = tcli_stdout(&c, NULL);
+    cr_assert_eq(rc, 0, "check failed: %s %s", out, tcli_stderr(&c));
+    cr_assert(strstr(out, "PASSED") && strstr(out, "top1 205/205"), "%s", out);
+    free(out);
+    // One wrong logit in the middle: above tolerance, exit 3.
+    rows[100 * TCLI_VOCAB + 17] += 5.0f;
+    tcli_write_ref(rp, g.ids, T, 5, rows, TCLI_VOCAB);
+    rc = tcli_run(&c, (char *[]){tcli_djinn_path, c.model, "--check", rp, NULL});
+    out = tcli_stdout(&c, NULL);
+    cr_assert_eq(rc, 3, "a perturbed reference passed: %s", out);
+    cr_assert(strstr(out, "FAILED") && strstr(out, "position 100"), "%s", out);
+    free(out);
+    // Another vocabulary, a bad magic, a truncated file: errors, exit 1.
+    tcli_write_ref(rp, g.ids, 3, 1, rows, 100);
+    tcli_expect_fail(&c, (char *[]){tcli_djinn_path, c.model, "--check", rp, NULL}, 1, "vocab");
+    tcli_write(rp, "NOTAREF!", 8);
+    tcli_expect_fail(&c, (char *[]){tcli_djinn_path, c.model, "--check", rp, NULL}, 1, "reference");
+    tcli_write_ref(rp, g.ids, T, 5, rows, TCLI_VOCAB);
+    cr_assert_eq(truncate(rp, 1000), 0);
+    tcli_expect_fail(&c, (char *[]){tcli_djinn_path, c.model, "--check", rp, NULL}, 1, "truncated");
+    free(rows), free(g.text);
+    tcli_teardown(&c);
+}
+
+// The references made with tools/make_refs.sh on the GPU machine (HF in float64), committed under tests/ref,
+// with their random-weight checkpoints under tests/fixtures. The CPU must be within 1e-4 relative L2 everywhere.
+Test(cli, check_committed_references, .timeout = 300) {
+    tcli_ctx c;
+    tcli_setup(&c);
+    DIR *d = opendir("tests/ref");
+    if (!d) {
+        tcli_teardown(&c);
+        cr_skip_test("no tests/ref folder (run from the repository root; references come from tools/make_refs.sh)");
+    }
+    struct dirent *ent;
+    int checked = 0;
+    while ((ent = readdir(d))) {
+        size_t len = strlen(ent->d_name);
+        if (len < 5 || strcmp(ent->d_name + len - 4, ".bin")) continue;
+        char name[256], ref[600], model[600], src[1300];
+        snprintf(name, sizeof name, "%.*s", (int)(len - 4), ent->d_name);
+        snprintf(ref, sizeof ref, "tests/ref/%s", ent->d_name);
+        if (!strcmp(name, "stories260K")) {
+            snprintf(model, sizeof model, "%s", c.model);
+        } else {
+            snprintf(src, sizeof src, "tests/fixtures/%s", name);
+            snprintf(model, sizeof model, "%s/%s.bin", c.dir, name);
+            char tok[1300];
+            snprintf(tok, sizeof tok, "%s/models/stories260K", c.data);
+            int rc = tcli_run(&c, (char *[]){tcli_convert_path, src, model, "--tokenizer", tok, "-q", NULL});
+            cr_assert_eq(rc, 0, "converting %s failed: %s", src, tcli_stderr(&c));
+        }
+        int rc = tcli_run(&c, (char *[]){tcli_djinn_path, model, "--check", ref, "--cpu", "--tol", "1e-4", NULL});
+        char *out = tcli_stdout(&c, NULL);
+        const char *summary = strstr(out, "overall:");
+        cr_assert_eq(rc, 0, "%s: CPU logits off the HF reference: %s\n%s", name, summary ? summary : out,
+                     tcli_stderr(&c));
+        cr_log_info("%s: %s", name, summary ? summary : "");
+        free(out);
+        checked++;
+    }
+    closedir(d);
+    tcli_teardown(&c);
+    if (!checked) cr_skip_test("tests/ref holds no reference (make them with tools/make_refs.sh on the GPU machine)");
+}

@@ -1,0 +1,506 @@
+// test_cpu.c: the CPU reference kernels and forward pass against straightforward double-precision
+// implementations written here, on random inputs at several sizes.
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../model.h"
+
+// ---- helpers
+static uint64_t tcpu_rng = 0x1234567887654321ull;
+static void tcpu_seed(uint64_t s) { tcpu_rng = s * 0x9E3779B97F4A7C15ull + 1; }
+static float tcpu_uniform(float lo, float hi) {  // xorshift64*
+    tcpu_rng ^= tcpu_rng >> 12;
+    tcpu_rng ^= tcpu_rng << 25;
+    tcpu_rng ^= tcpu_rng >> 27;
+    uint32_t r = (uint32_t)((tcpu_rng * 0x2545F4914F6CDD1Dull) >> 40);
+    return lo + (hi - lo) * (float)r / 16777216.0f;
+}
+static void tcpu_fill(float *x, int64_t n, float lo, float hi) {
+    for (int64_t i = 0; i < n; i++) x[i] = tcpu_uniform(lo, hi);
+}
+
+// Stores x (n) into dst in wtype, and returns in x the values actually stored (rounded).
+static void tcpu_store(void *dst, float *x, int64_t n, uint32_t wtype) {
+    for (int64_t i = 0; i < n; i++) {
+        if (wtype == DJ_F32) {
+            ((float *)dst)[i] = x[i];
+        } else if (wtype == DJ_F16) {
+            uint16_t h = dj_f32_to_f16(x[i]);
+            ((uint16_t *)dst)[i] = h;
+            x[i] = dj_f16_to_f32(h);
+        } else {
+            uint16_t h = dj_f32_to_bf16(x[i]);
+            ((uint16_t *)dst)[i] = h;
+            x[i] = dj_bf16_to_f32(h);
+        }
+    }
+}
+static double tcpu_load(const void *w, uint32_t wtype, int64_t i) {
+    if (wtype == DJ_F32) return ((const float *)w)[i];
+    uint16_t h = ((const uint16_t *)w)[i];
+    return wtype == DJ_F16 ? dj_f16_to_f32(h) : dj_bf16_to_f32(h);
+}
+
+static double tcpu_rel_l2(const float *got, const double *want, int64_t n) {
+    double num = 0, den = 0;
+    for (int64_t i = 0; i < n; i++) {
+        double d = got[i] - want[i];
+        num += d * d;
+        den += want[i] * want[i];
+    }
+    return den > 0 ? sqrt(num / den) : sqrt(num);
+}
+
+// ---- matmul
+static void tcpu_matmul_case(uint32_t wtype, int64_t T, int64_t n_in, int64_t n_out) {
+    float *x = malloc(sizeof(float) * T * n_in), *wf = malloc(sizeof(float) * n_in * n_out);
+    void *w = malloc(4 * n_in * n_out);
+    float *y = malloc(sizeof(float) * T * n_out);
+    tcpu_fill(x, T * n_in, -1, 1);
+    tcpu_fill(wf, n_in * n_out, -1, 1);
+    tcpu_store(w, wf, n_in * n_out, wtype);
+    cpu_matmul(y, x, w, wtype, T, n_in, n_out);
+    for (int64_t t = 0; t < T; t++)
+        for (int64_t o = 0; o < n_out; o++) {
+            double want = 0, mag = 0;
+            for (int64_t i = 0; i < n_in; i++) {
+                want += (double)x[t * n_in + i] * tcpu_load(w, wtype, o * n_in + i);
+                mag += fabs((double)x[t * n_in + i] * tcpu_load(w, wtype, o * n_in + i));
+            }
+            double got = y[t * n_out + o];
+            cr_assert(fabs(got - want) <= 1e-6 * mag + 1e-30, "%s T=%ld n_in=%ld n_out=%ld (%ld,%ld): %g vs %g",
+                      dj_dtype_name(wtype), (long)T, (long)n_in, (long)n_out, (long)t, (long)o, got, want);
+        }
+    free(x), free(wf), free(w), free(y);
+}
+
+Test(cpu_kernels, matmul_all_dtypes_and_sizes) {
+    static const int64_t sizes[][3] = {{1, 1, 1}, {1, 7, 5}, {3, 64, 130}, {17, 257, 31}, {2, 300, 700}, {5, 96, 1000}};
+    uint32_t types[] = {DJ_F32, DJ_F16, DJ_BF16};
+    tcpu_seed(1);
+    for (int k = 0; k < 3; k++)
+        for (size_t s = 0; s < sizeof sizes / sizeof *sizes; s++)
+            tcpu_matmul_case(types[k], sizes[s][0], sizes[s][1], sizes[s][2]);
+}
+
+Test(cpu_kernels, matmul_f16_widening_exact) {
+    // Every finite f16 as a weight against x = 1: y must be exactly the widened value.
+    uint16_t *w = malloc(2 * 65536);
+    int64_t n = 0;
+    for (uint32_t h = 0; h < 65536; h++)
+        if (((h >> 10) & 0x1f) != 0x1f) w[n++] = (uint16_t)h;
+    float x = 1.0f, *y = malloc(sizeof(float) * n);
+    cpu_matmul(y, &x, w, DJ_F16, 1, 1, n);
+    for (int64_t i = 0; i < n; i++) cr_assert_eq(y[i], dj_f16_to_f32(w[i]), "f16 %#x", w[i]);
+    free(w), free(y);
+}
+
+// ---- rmsnorm, swiglu
+Test(cpu_kernels, rmsnorm_matches_double_and_aliases) {
+    tcpu_seed(2);
+    int64_t sizes[] = {1, 8, 64, 1001};
+    for (int k = 0; k < 4; k++) {
+        int64_t n = sizes[k];
+        float *x = malloc(sizeof(float) * n), *w = malloc(sizeof(float) * n), *out = malloc(sizeof(float) * n);
+        double *want = malloc(sizeof(double) * n);
+        tcpu_fill(x, n, -3, 3);
+        tcpu_fill(w, n, 0.5f, 1.5f);
+        double ss = 0;
+        for (int64_t i = 0; i < n; i++) ss += (double)x[i] * x[i];
+        double r = 1.0 / sqrt(ss / n + 1e-5);
+        for (int64_t i = 0; i < n; i++) want[i] = x[i] * r * w[i];
+        cpu_rmsnorm(out, x, w, n, 1e-5f);
+        cr_assert_lt(tcpu_rel_l2(out, want, n), 1e-6, "n=%ld", (long)n);
+        cpu_rmsnorm(x, x, w, n, 1e-5f);  // in place
+        cr_assert_lt(tcpu_rel_l2(x, want, n), 1e-6, "in place, n=%ld", (long)n);
+        free(x), free(w), free(out), free(want);
+    }
+}
+
+Test(cpu_kernels, swiglu_matches_double) {
+    tcpu_seed(3);
+    enum { N = 513 };
+    float g[N], u[N], out[N];
+    double want[N];
+    tcpu_fill(g, N, -8, 8);
+    tcpu_fill(u, N, -2, 2);
+    for (int i = 0; i < N; i++) want[i] = g[i] / (1.0 + exp(-(double)g[i])) * u[i];
+    cpu_swiglu(out, g, u, N);
+    cr_assert_lt(tcpu_rel_l2(out, want, N), 1e-6);
+    cpu_swiglu(g, g, u, N);  // out aliasing gate
+    cr_assert_lt(tcpu_rel_l2(g, want, N), 1e-6);
+}
+
+// ---- RoPE
+static dj_config tcpu_rope_config(uint32_t head_dim, float theta, int llama3) {
+    dj_config c = {0};
+    c.head_dim = head_dim;
+    c.rope_theta = theta;
+    if (llama3) {
+        c.rope_type = DJ_ROPE_LLAMA3;
+        c.rope_factor = 8, c.rope_low_freq = 1, c.rope_high_freq = 4, c.rope_orig_max = 32;
+    }
+    return c;
+}
+
+Test(cpu_kernels, rope_freqs_default) {
+    dj_config c = tcpu_rope_config(64, 10000, 0);
+    float f[32];
+    cpu_rope_freqs(&c, f);
+    for (int i = 0; i < 32; i++) {
+        double want = 1.0 / pow(10000.0, 2.0 * i / 64.0);
+        cr_assert(fabs(f[i] - want) <= 1e-6 * want, "inv_freq[%d] %g vs %g", i, f[i], want);
+    }
+}
+
+Test(cpu_kernels, rope_freqs_llama3) {
+    dj_config c = tcpu_rope_config(32, 500000, 1), d = tcpu_rope_config(32, 500000, 0);
+    float f[16], base[16];
+    cpu_rope_freqs(&c, f);
+    cpu_rope_freqs(&d, base);
+    int high = 0, low = 0, mid = 0;
+    for (int i = 0; i < 16; i++) {
+        // double-precision transcription of transformers' _compute_llama3_parameters
+        double inv = base[i], wavelen = 2 * M_PI / inv, want;
+        if (wavelen < 32.0 / 4) {
+            want = inv, high++;
+        } else if (wavelen > 32.0 / 1) {
+            want = inv / 8, low++;
+        } else {
+            double s = (32.0 / wavelen - 1) / (4 - 1);
+            want = (1 - s) * inv / 8 + s * inv, mid++;
+        }
+        cr_assert(fabs(f[i] - want) <= 1e-6 * want, "inv_freq[%d] %g vs %g", i, f[i], want);
+    }
+    cr_assert(high > 0 && low > 0 && mid > 0, "all three bands exercised (%d/%d/%d)", high, mid, low);
+}
+
+Test(cpu_kernels, rope_rotate_half) {
+    tcpu_seed(4);
+    enum { H = 3, HD = 24 };
+    dj_config c = tcpu_rope_config(HD, 10000, 0);
+    float f[HD / 2], x[H * HD], x0[H * HD];
+    cpu_rope_freqs(&c, f);
+    int64_t positions[] = {0, 1, 7, 300, 4095};
+    for (int k = 0; k < 5; k++) {
+        int64_t pos = positions[k];
+        tcpu_fill(x0, H * HD, -1, 1);
+        memcpy(x, x0, sizeof x);
+        cpu_rope(x, H, HD, pos, f);
+        double want[H * HD];
+        for (int h = 0; h < H; h++)
+            for (int i = 0; i < HD / 2; i++) {
+                double a = x0[h * HD + i], b = x0[h * HD + i + HD / 2], ang = (double)((float)pos * f[i]);
+                want[h * HD + i] = a * cos(ang) - b * sin(ang);
+                want[h * HD + i + HD / 2] = b * cos(ang) + a * sin(ang);
+            }
+        cr_assert_lt(tcpu_rel_l2(x, want, H * HD), 1e-6, "pos %ld", (long)pos);
+        if (pos == 0) cr_assert(!memcmp(x, x0, sizeof x), "position 0 is the identity");
+    }
+}
+
+Test(cpu_kernels, rope_scores_depend_on_relative_position) {
+    tcpu_seed(5);
+    enum { HD = 16 };
+    dj_config c = tcpu_rope_config(HD, 10000, 0);
+    float f[HD / 2], q[HD], k[HD], qa[HD], ka[HD];
+    cpu_rope_freqs(&c, f);
+    tcpu_fill(q, HD, -1, 1);
+    tcpu_fill(k, HD, -1, 1);
+    double first = 0;
+    for (int shift = 0; shift < 40; shift += 13) {
+        memcpy(qa, q, sizeof q), memcpy(ka, k, sizeof k);
+        cpu_rope(qa, 1, HD, 10 + shift, f);
+        cpu_rope(ka, 1, HD, 3 + shift, f);
+        double dot = 0;
+        for (int i = 0; i < HD; i++) dot += (double)qa[i] * ka[i];
+        if (shift == 0) first = dot;
+        cr_assert(fabs(dot - first) < 1e-4, "q.k at distance 7 changes with the shift %d: %g vs %g", shift, dot, first);
+    }
+}
+
+// ---- attention
+Test(cpu_kernels, attention_gqa_matches_double) {
+    tcpu_seed(6);
+    enum { NH = 6, NKV = 2, HD = 12, MAXS = 40 };
+    float *kc = malloc(sizeof(float) * NKV * MAXS * HD), *vc = malloc(sizeof(float) * NKV * MAXS * HD);
+    float q[NH * HD], out[NH * HD];
+    double want[NH * HD];
+    tcpu_fill(kc, NKV * MAXS * HD, -2, 2);
+    tcpu_fill(vc, NKV * MAXS * HD, -1, 1);
+    int64_t positions[] = {0, 1, 17, MAXS - 1};
+    for (int p = 0; p < 4; p++) {
+        int64_t pos = positions[p];
+        tcpu_fill(q, NH * HD, -2, 2);
+        cpu_attention(out, q, kc, vc, NH, NKV, HD, pos, MAXS);
+        for (int h = 0; h < NH; h++) {
+            const float *k = kc + (h / (NH / NKV)) * MAXS * HD, *v = vc + (h / (NH / NKV)) * MAXS * HD;
+            double s[MAXS], mx = -INFINITY, sum = 0;
+            for (int t = 0; t <= pos; t++) {
+                s[t] = 0;
+                for (int i = 0; i < HD; i++) s[t] += (double)q[h * HD + i] * k[t * HD + i];
+                s[t] /= sqrt((double)HD);
+                mx = fmax(mx, s[t]);
+            }
+            for (int t = 0; t <= pos; t++) sum += s[t] = exp(s[t] - mx);
+            for (int i = 0; i < HD; i++) {
+                want[h * HD + i] = 0;
+                for (int t = 0; t <= pos; t++) want[h * HD + i] += s[t] / sum * v[t * HD + i];
+            }
+        }
+        cr_assert_lt(tcpu_rel_l2(out, want, NH * HD), 1e-6, "pos %ld", (long)pos);
+        if (pos == 0)  // one key: the output is that key's value
+            for (int h = 0; h < NH; h++)
+                for (int i = 0; i < HD; i++)
+                    cr_assert_float_eq(out[h * HD + i], vc[(h / (NH / NKV)) * MAXS * HD + i], 1e-6);
+    }
+    free(kc), free(vc);
+}
+
+// ---- forward pass: a random model built in memory against a naive double-precision forward
+typedef struct {
+    dj_model m;
+    float *embed;                // (vocab, dim) as stored (rounded)
+    float **wq, **wk, **wv, **wo, **wg, **wu, **wd, **an, **fn;  // per layer, as stored
+    float *norm, *head;          // (dim), (vocab, dim)
+} tcpu_model;
+
+static float *tcpu_put(tcpu_model *tm, uint64_t off, int64_t n, float scale, uint32_t wtype) {
+    float *v = malloc(sizeof(float) * n);
+    tcpu_fill(v, n, -scale, scale);
+    tcpu_store(tm->m.data + off, v, n, wtype);
+    return v;
+}
+static float *tcpu_put_norm(tcpu_model *tm, uint64_t off, int64_t n) {
+    float *v = malloc(sizeof(float) * n);
+    tcpu_fill(v, n, 0.5f, 1.5f);
+    memcpy(tm->m.data + off, v, sizeof(float) * n);
+    return v;
+}
+
+static void tcpu_build(tcpu_model *tm, const dj_config *c) {
+    memset(tm, 0, sizeof *tm);
+    dj_err e;
+    cr_assert_eq(model_plan(c, 4096, &tm->m.info, &e), 0, "%s", e.msg);
+    tm->m.data_size = tm->m.info.file_size;
+    tm->m.data = aligned_alloc(4096, dj_align_up(tm->m.data_size, 4096));
+    memset(tm->m.data, 0, tm->m.data_size);
+    const dj_model_info *I = &tm->m.info;
+    int64_t dim = c->dim, q = (int64_t)c->n_heads * c->head_dim, kv = (int64_t)c->n_kv_heads * c->head_dim;
+    int64_t hid = c->hidden_dim;
+    uint32_t wt = c->wtype;
+    tm->embed = tcpu_put(tm, I->embed_off, (int64_t)c->vocab_size * dim, 1.0f, wt);
+    int L = c->n_layers;
+    float ***all[] = {&tm->wq, &tm->wk, &tm->wv, &tm->wo, &tm->wg, &tm->wu, &tm->wd, &tm->an, &tm->fn};
+    for (int k = 0; k < 9; k++) *all[k] = calloc(L, sizeof(float *));
+    for (int l = 0; l < L; l++) {
+        uint64_t b = I->layer_off[l];
+        const dj_layer_layout *y = &I->layer;
+        tm->an[l] = tcpu_put_norm(tm, b + y->attn_norm, dim);
+        tm->fn[l] = tcpu_put_norm(tm, b + y->ffn_norm, dim);
+        tm->wq[l] = tcpu_put(tm, b + y->wq, q * dim, 3.0f / sqrtf(dim), wt);
+        tm->wk[l] = tcpu_put(tm, b + y->wk, kv * dim, 3.0f / sqrtf(dim), wt);
+        tm->wv[l] = tcpu_put(tm, b + y->wv, kv * dim, 1.7f / sqrtf(dim), wt);
+        tm->wo[l] = tcpu_put(tm, b + y->wo, dim * q, 1.7f / sqrtf(q), wt);
+        tm->wg[l] = tcpu_put(tm, b + y->w_gate, hid * dim, 1.7f / sqrtf(dim), wt);
+        tm->wu[l] = tcpu_put(tm, b + y->w_up, hid * dim, 1.7f / sqrtf(dim), wt);
+        tm->wd[l] = tcpu_put(tm, b + y->w_down, dim * hid, 1.7f / sqrtf(hid), wt);
+    }
+    tm->norm = tcpu_put_norm(tm, I->head_off + I->head.norm, dim);
+    tm->head = c->tied ? tm->embed
+                       : tcpu_put(tm, I->head_off + I->head.lm_head, (int64_t)c->vocab_size * dim, 1.7f / sqrtf(dim), wt);
+}
+
+static void tcpu_free(tcpu_model *tm) {
+    int L = tm->m.info.config.n_layers;
+    float ***all[] = {&tm->wq, &tm->wk, &tm->wv, &tm->wo, &tm->wg, &tm->wu, &tm->wd, &tm->an, &tm->fn};
+    for (int k = 0; k < 9; k++) {
+        for (int l = 0; l < L; l++) free((*all[k])[l]);
+        free(*all[k]);
+    }
+    if (tm->head != tm->embed) free(tm->head);
+    free(tm->embed), free(tm->norm);
+    free(tm->m.data);
+    dj_info_free(&tm->m.info);
+}
+
+// y (n_out) = W (n_out, n_in) x, in double
+static void tcpu_mv(double *y, const float *w, const double *x, int64_t n_in, int64_t n_out) {
+    for (int64_t o = 0; o < n_out; o++) {
+        double s = 0;
+        for (int64_t i = 0; i < n_in; i++) s += (double)w[o * n_in + i] * x[i];
+        y[o] = s;
+    }
+}
+static void tcpu_norm(double *y, const double *x, const float *w, int64_t n, double eps) {
+    double ss = 0;
+    for (int64_t i = 0; i < n; i++) ss += x[i] * x[i];
+    double r = 1.0 / sqrt(ss / n + eps);
+    for (int64_t i = 0; i < n; i++) y[i] = x[i] * r * w[i];
+}
+
+// Whole-sequence forward, the textbook way: logits (T, vocab). RoPE angles in double from double inv_freq.
+static void tcpu_ref_forward(const tcpu_model *tm, const int32_t *tok, int64_t T, double *logits) {
+    const dj_config *c = &tm->m.info.config;
+    int64_t dim = c->dim, hd = c->head_dim, nh = c->n_heads, nkv = c->n_kv_heads, hid = c->hidden_dim;
+    int64_t qd = nh * hd, kvd = nkv * hd, V = c->vocab_size;
+    double *x = calloc(T * dim, 8), *xb = calloc(dim, 8), *q = calloc(T * qd, 8), *k = calloc(T * kvd, 8),
+           *v = calloc(T * kvd, 8), *att = calloc(qd, 8), *o = calloc(dim, 8), *g = calloc(hid, 8),
+           *u = calloc(hid, 8), *sc = calloc(T, 8), *freq = calloc(hd / 2, 8);
+    for (int64_t i = 0; i < hd / 2; i++) {
+        double f = 1.0 / pow(c->rope_theta, 2.0 * i / hd);
+        if (c->rope_type == DJ_ROPE_LLAMA3) {
+            double wl = 2 * M_PI / f, lw = c->rope_orig_max / c->rope_low_freq, hw = c->rope_orig_max / c->rope_high_freq;
+            if (wl > lw) {
+                f /= c->rope_factor;
+            } else if (wl >= hw) {
+                double s = (c->rope_orig_max / wl - c->rope_low_freq) / (c->rope_high_freq - c->rope_low_freq);
+                f = (1 - s) * f / c->rope_factor + s * f;
+            }
+        }
+        freq[i] = f;
+    }
+    for (int64_t t = 0; t < T; t++)
+        for (int64_t i = 0; i < dim; i++) x[t * dim + i] = tm->embed[tok[t] * dim + i];
+    for (uint32_t l = 0; l < c->n_layers; l++) {
+        for (int64_t t = 0; t < T; t++) {
+            tcpu_norm(xb, x + t * dim, tm->an[l], dim, c->norm_eps);
+            tcpu_mv(q + t * qd, tm->wq[l], xb, dim, qd);
+            tcpu_mv(k + t * kvd, tm->wk[l], xb, dim, kvd);
+            tcpu_mv(v + t * kvd, tm->wv[l], xb, dim, kvd);
+            for (int64_t h = 0; h < nh + nkv; h++) {
+                double *r = h < nh ? q + t * qd + h * hd : k + t * kvd + (h - nh) * hd;
+                for (int64_t i = 0; i < hd / 2; i++) {
+                    double a = r[i], b = r[i + hd / 2], ang = t * freq[i];
+                    r[i] = a * cos(ang) - b * sin(ang);
+                    r[i + hd / 2] = b * cos(ang) + a * sin(ang);
+                }
+            }
+        }
+        for (int64_t t = 0; t < T; t++) {
+            for (int64_t h = 0; h < nh; h++) {
+                int64_t kh = h / (nh / nkv);
+                double mx = -INFINITY, sum = 0;
+                for (int64_t s = 0; s <= t; s++) {
+                    double d = 0;
+                    for (int64_t i = 0; i < hd; i++) d += q[t * qd + h * hd + i] * k[s * kvd + kh * hd + i];
+                    sc[s] = d / sqrt((double)hd);
+                    mx = fmax(mx, sc[s]);
+                }
+                for (int64_t s = 0; s <= t; s++) sum += sc[s] = exp(sc[s] - mx);
+                for (int64_t i = 0; i < hd; i++) {
+                    double a = 0;
+                    for (int64_t s = 0; s <= t; s++) a += sc[s] / sum * v[s * kvd + kh * hd + i];
+                    att[h * hd + i] = a;
+                }
+            }
+            tcpu_mv(o, tm->wo[l], att, qd, dim);
+            for (int64_t i = 0; i < dim; i++) x[t * dim + i] += o[i];
+            tcpu_norm(xb, x + t * dim, tm->fn[l], dim, c->norm_eps);
+            tcpu_mv(g, tm->wg[l], xb, dim, hid);
+            tcpu_mv(u, tm->wu[l], xb, dim, hid);
+            for (int64_t i = 0; i < hid; i++) g[i] = g[i] / (1 + exp(-g[i])) * u[i];
+            tcpu_mv(o, tm->wd[l], g, hid, dim);
+            for (int64_t i = 0; i < dim; i++) x[t * dim + i] += o[i];
+        }
+    }
+    for (int64_t t = 0; t < T; t++) {
+        tcpu_norm(xb, x + t * dim, tm->norm, dim, c->norm_eps);
+        tcpu_mv(logits + t * V, tm->head, xb, dim, V);
+    }
+    free(x), free(xb), free(q), free(k), free(v), free(att), free(o), free(g), free(u), free(sc), free(freq);
+}
+
+static dj_config tcpu_config(uint32_t wtype, int tied, int llama3) {
+    dj_config c = {0};
+    c.dim = 48, c.n_layers = 2, c.n_heads = 4, c.n_kv_heads = 2, c.head_dim = 16;  // head_dim != dim / n_heads
+    c.hidden_dim = 72, c.vocab_size = 97, c.max_seq_len = 128, c.wtype = wtype, c.tied = (uint32_t)tied;
+    c.norm_eps = 1e-5f, c.rope_theta = 10000;
+    if (llama3) {
+        c.rope_type = DJ_ROPE_LLAMA3, c.rope_theta = 500000;
+        c.rope_factor = 8, c.rope_low_freq = 1, c.rope_high_freq = 4, c.rope_orig_max = 16;
+    }
+    return c;
+}
+
+// Prefill of T tokens in one call, then the same tokens one at a time; both against the double reference.
+static void tcpu_forward_case(uint32_t wtype, int tied, int llama3, int64_t T) {
+    dj_config c = tcpu_config(wtype, tied, llama3);
+    tcpu_model tm;
+    tcpu_build(&tm, &c);
+    int64_t V = c.vocab_size;
+    int32_t *tok = malloc(sizeof(int32_t) * T);
+    for (int64_t t = 0; t < T; t++) tok[t] = (int32_t)tcpu_uniform(0, (float)V - 0.01f);
+    double *want = malloc(sizeof(double) * T * V);
+    float *got = malloc(sizeof(float) * T * V), *one = malloc(sizeof(float) * V);
+    tcpu_ref_forward(&tm, tok, T, want);
+    dj_err e;
+    dj_cpu_state *s = cpu_state_new(&tm.m, T, &e);
+    cr_assert(s, "%s", e.msg);
+    cr_assert_eq(cpu_forward(s, tok, T, 0, got, &e), 0, "%s", e.msg);
+    for (int64_t t = 0; t < T; t++) {
+        double err = tcpu_rel_l2(got + t * V, want + t * V, V);
+        cr_assert_lt(err, 2e-5, "%s tied=%d llama3=%d: position %ld rel L2 %g", dj_dtype_name(wtype), tied, llama3,
+                     (long)t, err);
+    }
+    dj_cpu_state *s1 = cpu_state_new(&tm.m, T, &e);
+    cr_assert(s1, "%s", e.msg);
+    for (int64_t t = 0; t < T; t++) {
+        cr_assert_eq(cpu_forward(s1, tok + t, 1, t, one, &e), 0, "%s", e.msg);
+        double err = tcpu_rel_l2(one, want + t * V, V);
+        cr_assert_lt(err, 2e-5, "token by token: position %ld rel L2 %g", (long)t, err);
+    }
+    cpu_state_free(s);
+    cpu_state_free(s1);
+    free(tok), free(want), free(got), free(one);
+    tcpu_free(&tm);
+}
+
+Test(cpu_forward, f32_untied_default_rope) { tcpu_forward_case(DJ_F32, 0, 0, 45); }
+Test(cpu_forward, f16_tied_default_rope) { tcpu_forward_case(DJ_F16, 1, 0, 20); }
+Test(cpu_forward, bf16_untied_llama3_rope) { tcpu_forward_case(DJ_BF16, 0, 1, 70); }
+
+Test(cpu_forward, llama3_scaling_changes_logits) {
+    // The llama3 case above would pass vacuously if scaling had no effect at these positions.
+    dj_config a = tcpu_config(DJ_F32, 0, 1), b = a;
+    b.rope_type = DJ_ROPE_DEFAULT;
+    tcpu_model ta, tb;
+    tcpu_seed(9);
+    tcpu_build(&ta, &a);
+    tcpu_seed(9);
+    tcpu_build(&tb, &b);
+    enum { T = 40 };
+    int32_t tok[T];
+    for (int t = 0; t < T; t++) tok[t] = (t * 37) % 97;
+    double *la = malloc(sizeof(double) * T * 97), *lb = malloc(sizeof(double) * T * 97);
+    tcpu_ref_forward(&ta, tok, T, la);
+    tcpu_ref_forward(&tb, tok, T, lb);
+    float *fa = malloc(sizeof(float) * T * 97);
+    for (int i = 0; i < T * 97; i++) fa[i] = (float)la[i];
+    cr_assert_gt(tcpu_rel_l2(fa + (T - 1) * 97, lb + (T - 1) * 97, 97), 1e-2);
+    free(la), free(lb), free(fa);
+    tcpu_free(&ta);
+    tcpu_free(&tb);
+}
+
+Test(cpu_forward, rejects_bad_tokens_and_positions) {
+    dj_config c = tcpu_config(DJ_F32, 1, 0);
+    tcpu_model tm;
+    tcpu_build(&tm, &c);
+    dj_err e;
+    dj_cpu_state *s = cpu_state_new(&tm.m, 8, &e);
+    cr_assert(s);
+    float logits[97];
+    int32_t bad = 97, neg = -1, ok = 5;
+    cr_assert_eq(cpu_forward(s, &bad, 1, 0, logits, &e), -1);
+    cr_assert(strstr(e.msg, "out of range"), "%s", e.msg);
+    cr_assert_eq(cpu_forward(s, &neg, 1, 0, logits, &e), -1);
+    cr_assert_eq(cpu_forward(s, &ok, 1, 8, logits, &e), -1);
+    cr_assert(strstr(e.msg, "context"), "%s", e.msg);
+    cr_assert_eq(cpu_forward(s, &ok, 1, 7, logits, &e), 0, "%s", e.msg);
+    cr_assert_null(cpu_state_new(&tm.m, 0, &e));
+    cpu_state_free(s);
+    tcpu_free(&tm);
+}

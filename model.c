@@ -13,7 +13,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <cuda_runtime_api.h>
+#include "kernels.h"
+#include "ringbuf.h"
 
 _Static_assert(sizeof(dj_config) == 80, "dj_config is 80 bytes on disk");
 _Static_assert(sizeof(dj_disk_header) == 128, "dj_disk_header is 128 bytes on disk");
@@ -356,11 +357,11 @@ static void *load_worker(void *arg) {
             done += (uint64_t)got;
             c->done_bytes += (uint64_t)got;
         }
-        cudaError_t ce;
-        if (c->pin && pin && (ce = cudaHostRegister(c->base + off, size, cudaHostRegisterPortable)) != cudaSuccess) {
-            char msg[256];
-            snprintf(msg, sizeof msg, "cannot page-lock %.2f GB at offset %llu: cudaHostRegister: %s",
-                     (double)size / 1e9, (unsigned long long)off, cudaGetErrorName(ce));
+        dj_err ge;
+        if (c->pin && pin && gpu_host_register(c->base + off, size, 0, &ge)) {
+            char msg[600];
+            snprintf(msg, sizeof msg, "cannot page-lock %.2f GB at offset %llu: %s", (double)size / 1e9,
+                     (unsigned long long)off, ge.msg);
             load_fail(c, msg);
             return NULL;
         }
@@ -449,8 +450,7 @@ void model_free(dj_model *m) {
                 uint64_t off, size;
                 int pin;
                 job_span(&m->info, j, &off, &size, &pin);
-                if (pin && cudaHostUnregister(m->data + off) != cudaSuccess)
-                    cudaGetLastError();  // a section whose registration never happened (failed load)
+                if (pin) gpu_host_unregister(m->data + off, NULL);  // fails harmlessly where it never registered
             }
         }
         munmap(m->data, m->data_size);
@@ -458,6 +458,459 @@ void model_free(dj_model *m) {
     dj_info_free(&m->info);
     memset(m, 0, sizeof *m);
 }
+
+// ---- GPU forward: resident units and the streaming ring
+// Units are layer 0..n_layers-1 and the head (n_layers). The plan (ringbuf.h) keeps as many resident as
+// the budget allows; the rest stream through the skip-end ring every forward pass: H2D copies on the copy
+// stream, kernels on the compute stream, per-slot events copied[] (copy done) and freed[] (slot's
+// compute done). Streamed copies form one endless sequence (seq s -> unit stream_order[s % n_streamed]),
+// so the next pass's first streamed layers are already copying while this pass's resident layers, the
+// head and sampling run. A copy may be issued only once the freed[] record it waits on has been enqueued
+// (cudaStreamWaitEvent binds to the latest record at call time), which the ring's live >= 2 guarantees
+// for the copy ahead of the unit computing now.
+#define GPU_ALIGN 4096u
+#define GPU_MAX_BATCH 4096  // most tokens one pass processes (prefill of a longer prompt takes several)
+#define GPU_LOGIT_ROWS 64   // head rows computed per chunk when every position's logits are wanted
+
+struct dj_gpu_state {
+    const dj_model *m;
+    dj_gpu_opts opts;
+    dj_gpu *g;
+    cudaStream_t compute, copy;
+    rb_plan *plan;
+    rb_ring ring;
+    uint8_t *d_w;                    // (plan->weight_bytes): resident units, then the ring
+    uint64_t head_lm_off;            // lm_head offset inside the head unit on the device
+    int fused_qkv, fused_gate_up;    // wq|wk|wv and w_gate|w_up adjacent in the slab: one matmul each
+    int64_t max_seq, max_batch;
+    float *d_inv_freq;               // (head_dim/2)
+    float *d_k, *d_v;                // (n_layers, n_kv_heads, max_seq, head_dim) each
+    float *d_x, *d_xb, *d_delta;     // (max_batch, dim)
+    float *d_qkv;                    // (max_batch, q_dim + 2 kv_dim)
+    float *d_att;                    // (max_batch, q_dim)
+    float *d_ffn;                    // (max_batch, 2 hidden)
+    float *d_hb;                     // (max_batch, hidden)
+    float *d_logits;                 // (GPU_LOGIT_ROWS, vocab)
+    int32_t *d_pos;                  // (1) position of the pass's first token
+    float *h_x;                      // pinned (max_batch, dim): gathered embedding rows
+    float *h_logits;                 // pinned (GPU_LOGIT_ROWS, vocab)
+    int32_t *h_pos;                  // pinned (1)
+    // streaming state
+    cudaEvent_t copied[RB_MAX_SLOTS], freed[RB_MAX_SLOTS], prev_done;
+    int n_tev;                       // timing event pairs, indexed by seq % n_tev
+    cudaEvent_t *c0, *c1, *w0, *w1;  // copy start/end (copy stream), wait start/end (compute stream)
+    rb_alloc pend;                   // allocated in the ring, copy not issued yet (have_pend)
+    int have_pend;
+    int64_t issued, computed, harvested;  // streamed seqs: copies issued; computes enqueued; stats taken
+    uint64_t *seq_off;               // (n_tev) ring offset of seq s at [s % n_tev]
+    int *seq_slot;                   // (n_tev)
+    cudaGraphExec_t graph;           // the all-resident decode step, captured on first use
+    dj_gpu_stats st;
+};
+
+static uint64_t unit_bytes(const dj_model *m, int u, uint64_t *lm_off) {
+    const dj_model_info *in = &m->info;
+    if (u < (int)in->config.n_layers) return in->layer.size;
+    // Head: its slab, then (tied) the embedding table copied in as the lm_head.
+    *lm_off = in->config.tied ? in->head.size : in->head.lm_head;
+    return in->config.tied ? in->head.size + dj_align_up(in->embed_size, GPU_ALIGN) : in->head.size;
+}
+
+// One unit host -> device: one copy for a layer, two for a tied head.
+static int unit_copy(dj_gpu_state *s, int u, uint8_t *dst, cudaStream_t st, dj_err *e) {
+    const dj_model *m = s->m;
+    if (u < (int)m->info.config.n_layers)
+        return gpu_h2d_async(dst, dj_layer_ptr(m, (uint32_t)u), m->info.layer.size, st, e);
+    if (gpu_h2d_async(dst, dj_head_ptr(m), m->info.head.size, st, e)) return -1;
+    if (m->info.config.tied) return gpu_h2d_async(dst + s->head_lm_off, dj_embed_ptr(m), m->info.embed_size, st, e);
+    return 0;
+}
+
+void gpu_state_free(dj_gpu_state *s) {
+    if (!s) return;
+    if (s->compute) gpu_stream_sync(s->compute, NULL);
+    if (s->copy) gpu_stream_sync(s->copy, NULL);
+    for (int i = 0; i < RB_MAX_SLOTS; i++) {
+        if (s->copied[i]) gpu_event_destroy(s->copied[i]);
+        if (s->freed[i]) gpu_event_destroy(s->freed[i]);
+    }
+    if (s->prev_done) gpu_event_destroy(s->prev_done);
+    if (s->graph) gpu_graph_destroy(s->graph);
+    for (int i = 0; i < s->n_tev; i++) {
+        cudaEvent_t *evs[] = {s->c0, s->c1, s->w0, s->w1};
+        for (int k = 0; k < 4; k++)
+            if (evs[k] && evs[k][i]) gpu_event_destroy(evs[k][i]);
+    }
+    free(s->c0), free(s->c1), free(s->w0), free(s->w1), free(s->seq_off), free(s->seq_slot);
+    void *dev[] = {s->d_w, s->d_inv_freq, s->d_k, s->d_v, s->d_x, s->d_xb, s->d_delta, s->d_qkv,
+                   s->d_att, s->d_ffn, s->d_hb, s->d_logits, s->d_pos};
+    for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) gpu_free(dev[i]);
+    gpu_host_free(s->h_x), gpu_host_free(s->h_logits), gpu_host_free(s->h_pos);
+    if (s->compute) gpu_stream_destroy(s->compute);
+    if (s->copy) gpu_stream_destroy(s->copy);
+    gpu_close(s->g);
+    free(s->plan);
+    free(s);
+}
+
+dj_gpu_state *gpu_state_new(const dj_model *m, const dj_gpu_opts *o, dj_err *e) {
+    const dj_config *c = &m->info.config;
+    if (!m->pinned) {
+        dj_fail(e, "the GPU engine needs the model loaded into page-locked memory");
+        return NULL;
+    }
+    dj_gpu_state *s = calloc(1, sizeof *s);
+    if (!s || !(s->plan = calloc(1, sizeof *s->plan))) {
+        free(s);
+        dj_fail(e, "out of memory");
+        return NULL;
+    }
+    s->m = m;
+    s->opts = *o;
+    if (gpu_open(&s->g, 0, e) || gpu_stream_create(&s->compute, e) || gpu_stream_create(&s->copy, e)) goto fail;
+
+    int64_t dim = c->dim, hd = c->head_dim, q = (int64_t)c->n_heads * hd, kv = (int64_t)c->n_kv_heads * hd,
+            hid = c->hidden_dim, vocab = c->vocab_size, nl = c->n_layers, ws = (int64_t)dj_dtype_size(c->wtype);
+    const dj_layer_layout *L = &m->info.layer;
+    s->fused_qkv = L->wk == L->wq + (uint64_t)(q * dim * ws) && L->wv == L->wk + (uint64_t)(kv * dim * ws);
+    s->fused_gate_up = L->w_up == L->w_gate + (uint64_t)(hid * dim * ws);
+    s->max_seq = o->max_seq;
+    s->max_batch = o->max_batch > 0 ? o->max_batch : GPU_MAX_BATCH;
+    if (s->max_batch > s->max_seq) s->max_batch = s->max_seq;
+
+    // Everything outside the weight budget, so that the automatic budget and the free-memory check see it.
+    uint64_t kv_bytes = 2ull * (uint64_t)nl * (uint64_t)c->n_kv_heads * (uint64_t)s->max_seq * (uint64_t)hd * 4;
+    uint64_t mb = (uint64_t)s->max_batch;
+    uint64_t act_bytes = 4 * (mb * (uint64_t)(3 * dim + q + 2 * kv + q + 3 * hid) + GPU_LOGIT_ROWS * (uint64_t)vocab);
+    uint64_t scratch = gpu_matmul_scratch(c->wtype, s->max_batch, hid > dim ? hid : (q > dim ? q : dim));
+    uint64_t att_scratch = gpu_attention_scratch(c->n_heads, hd, s->max_seq);
+    if (att_scratch > scratch) scratch = att_scratch;
+    uint64_t other = kv_bytes + act_bytes + scratch + (64ull << 20);  // + cuBLAS workspace and slack
+    size_t free_b, total_b;
+    if (gpu_mem_info(&free_b, &total_b, e)) goto fail;
+    uint64_t margin = 512ull << 20;
+    uint64_t budget;
+    if (o->ring_gb > 0) {
+        budget = rb_gb_bytes(o->ring_gb);
+    } else {
+        if (free_b < other + margin) {
+            dj_fail(e, "GPU has %.2f GB free, not enough for the KV cache (%.2f GB for -c %lld) and activations "
+                       "(%.2f GB): lower -c", (double)free_b / 1e9, (double)kv_bytes / 1e9, (long long)s->max_seq,
+                    (double)(act_bytes + scratch) / 1e9);
+            goto fail;
+        }
+        budget = free_b - other - margin;
+    }
+
+    // The plan: units in forward order, the head last.
+    uint64_t sizes[RB_MAX_UNITS];
+    for (int u = 0; u <= nl; u++) sizes[u] = unit_bytes(m, u, &s->head_lm_off);
+    if (rb_plan_make(s->plan, sizes, (int)nl + 1, budget, 0, GPU_ALIGN, o->stream_all, e)) goto fail;
+    rb_plan *p = s->plan;
+    if (p->weight_bytes + other > free_b) {
+        dj_fail(e, "--ring-gb %.2f needs %.2f GB of GPU memory for weights plus %.2f GB for the KV cache (-c %lld) "
+                   "and activations, but only %.2f GB are free", (double)budget / 1e9, (double)p->weight_bytes / 1e9,
+                (double)other / 1e9, (long long)s->max_seq, (double)free_b / 1e9);
+        goto fail;
+    }
+    if (!o->quiet) {
+        fprintf(stderr, "gpu: %s\n", gpu_name(s->g));
+        fprintf(stderr, "gpu: weight budget %.2f GB%s: %d of %d layers + head resident (%.2f GB), %d units streamed "
+                        "(%.2f GB per token over PCIe, ring %.2f GB, %d slots)%s%s\n",
+                (double)budget / 1e9, o->ring_gb > 0 ? " (--ring-gb)" : " (free memory minus KV cache and activations)",
+                p->n_resident - (p->resident[nl] ? 1 : 0), (int)nl, (double)p->resident_bytes / 1e9, p->n_streamed,
+                (double)p->streamed_bytes / 1e9, (double)p->ring_size / 1e9, p->slots,
+                o->stream_all ? ", --stream-all" : "", o->sync_copy ? ", --sync-copy" : "");
+        fprintf(stderr, "gpu: KV cache %.2f GB (context %lld, f32), activations %.2f GB\n", (double)kv_bytes / 1e9,
+                (long long)s->max_seq, (double)(act_bytes + scratch) / 1e9);
+    }
+    s->st.bytes_per_token = p->streamed_bytes;
+    s->st.n_resident = p->n_resident;
+    s->st.n_streamed = p->n_streamed;
+
+    // Device memory, each allocation named so that an out-of-memory error says what did not fit.
+    if (gpu_malloc((void **)&s->d_w, p->weight_bytes, "weights (resident layers and the ring)", e) ||
+        gpu_malloc((void **)&s->d_k, kv_bytes / 2, "KV cache (keys)", e) ||
+        gpu_malloc((void **)&s->d_v, kv_bytes / 2, "KV cache (values)", e) ||
+        gpu_malloc((void **)&s->d_inv_freq, (size_t)hd / 2 * 4, "rope table", e) ||
+        gpu_malloc((void **)&s->d_x, mb * (uint64_t)dim * 4, "activations", e) ||
+        gpu_malloc((void **)&s->d_xb, mb * (uint64_t)dim * 4, "activations", e) ||
+        gpu_malloc((void **)&s->d_delta, mb * (uint64_t)dim * 4, "activations", e) ||
+        gpu_malloc((void **)&s->d_qkv, mb * (uint64_t)(q + 2 * kv) * 4, "activations", e) ||
+        gpu_malloc((void **)&s->d_att, mb * (uint64_t)q * 4, "activations", e) ||
+        gpu_malloc((void **)&s->d_ffn, mb * (uint64_t)(2 * hid) * 4, "activations", e) ||
+        gpu_malloc((void **)&s->d_hb, mb * (uint64_t)hid * 4, "activations", e) ||
+        gpu_malloc((void **)&s->d_logits, GPU_LOGIT_ROWS * (uint64_t)vocab * 4, "logits", e) ||
+        gpu_malloc((void **)&s->d_pos, 4, "position", e) || gpu_reserve(s->g, scratch, e) ||
+        gpu_host_alloc((void **)&s->h_x, mb * (uint64_t)dim * 4, "embedding staging", e) ||
+        gpu_host_alloc((void **)&s->h_logits, GPU_LOGIT_ROWS * (uint64_t)vocab * 4, "logits staging", e) ||
+        gpu_host_alloc((void **)&s->h_pos, 4, "position staging", e))
+        goto fail;
+    float *inv = malloc((size_t)hd / 2 * 4);
+    if (!inv) {
+        dj_fail(e, "out of memory");
+        goto fail;
+    }
+    cpu_rope_freqs(c, inv);
+    int rc = gpu_h2d(s->d_inv_freq, inv, (size_t)hd / 2 * 4, e);
+    free(inv);
+    if (rc) goto fail;
+
+    // Resident units: copied once.
+    for (int u = 0; u <= nl; u++)
+        if (p->resident[u] && unit_copy(s, u, s->d_w + p->offset[u], s->copy, e)) goto fail;
+    if (gpu_stream_sync(s->copy, e)) goto fail;
+
+    // Streaming: events and the ring.
+    if (p->n_streamed) {
+        if (rb_ring_init(&s->ring, p->ring_size, GPU_ALIGN, p->slots, e)) goto fail;
+        for (int i = 0; i < p->slots; i++)
+            if (gpu_event_create(&s->copied[i], 0, e) || gpu_event_create(&s->freed[i], 0, e)) goto fail;
+        if (gpu_event_create(&s->prev_done, 0, e)) goto fail;
+        s->n_tev = p->n_streamed + RB_MAX_SLOTS + 1;
+        s->c0 = calloc((size_t)s->n_tev, sizeof(cudaEvent_t)), s->c1 = calloc((size_t)s->n_tev, sizeof(cudaEvent_t));
+        s->w0 = calloc((size_t)s->n_tev, sizeof(cudaEvent_t)), s->w1 = calloc((size_t)s->n_tev, sizeof(cudaEvent_t));
+        s->seq_off = calloc((size_t)s->n_tev, sizeof *s->seq_off);
+        s->seq_slot = calloc((size_t)s->n_tev, sizeof *s->seq_slot);
+        if (!s->c0 || !s->c1 || !s->w0 || !s->w1 || !s->seq_off || !s->seq_slot) {
+            dj_fail(e, "out of memory");
+            goto fail;
+        }
+        for (int i = 0; i < s->n_tev; i++)
+            if (gpu_event_create(&s->c0[i], 1, e) || gpu_event_create(&s->c1[i], 1, e) ||
+                gpu_event_create(&s->w0[i], 1, e) || gpu_event_create(&s->w1[i], 1, e))
+                goto fail;
+    }
+    return s;
+fail:
+    gpu_state_free(s);
+    return NULL;
+}
+
+static int stream_unit(const dj_gpu_state *s, int64_t seq) { return s->plan->stream_order[seq % s->plan->n_streamed]; }
+
+// Issues every streamed copy whose slot is known to be free once the compute stream gets there: its wait
+// (the freed[] record of the slab it displaces) must already be enqueued. --sync-copy issues only the copy
+// the compute stream needs next, after everything enqueued so far (no overlap).
+static int issue_copies(dj_gpu_state *s, dj_err *e) {
+    rb_plan *p = s->plan;
+    if (!p->n_streamed) return 0;
+    for (;;) {
+        if (s->opts.sync_copy && s->issued > s->computed) return 0;
+        if (s->issued - s->harvested >= s->n_tev - 1) return 0;  // timing records still unread
+        if (!s->have_pend) {
+            int u = stream_unit(s, s->issued);
+            if (rb_ring_alloc(&s->ring, p->footprint[u], &s->pend, e)) return -1;
+            s->have_pend = 1;
+        }
+        if (s->pend.wait_seq >= s->computed) return 0;  // the slab it displaces is not computed yet
+        int64_t seq = s->issued, i = seq % s->n_tev;
+        int u = stream_unit(s, seq);
+        if (s->opts.sync_copy &&
+            (gpu_event_record(s->prev_done, s->compute, e) || gpu_stream_wait(s->copy, s->prev_done, e)))
+            return -1;
+        if (s->pend.wait_slot >= 0 && gpu_stream_wait(s->copy, s->freed[s->pend.wait_slot], e)) return -1;
+        uint8_t *dst = s->d_w + p->ring_off + s->pend.off;
+        if (gpu_event_record(s->c0[i], s->copy, e) || unit_copy(s, u, dst, s->copy, e) ||
+            gpu_event_record(s->c1[i], s->copy, e) || gpu_event_record(s->copied[s->pend.slot], s->copy, e))
+            return -1;
+        s->seq_off[i] = s->pend.off;
+        s->seq_slot[i] = s->pend.slot;
+        s->issued++;
+        s->have_pend = 0;
+    }
+}
+
+// Device pointer to unit u's weights for this pass; for a streamed unit, the compute stream waits for its copy.
+static int unit_begin(dj_gpu_state *s, int u, const uint8_t **w, dj_err *e) {
+    rb_plan *p = s->plan;
+    if (p->resident[u]) {
+        *w = s->d_w + p->offset[u];
+        return 0;
+    }
+    if (issue_copies(s, e)) return -1;
+    int64_t seq = s->computed, i = seq % s->n_tev;
+    if (stream_unit(s, seq) != u || s->issued <= seq)
+        return dj_fail(e, "internal error: streaming schedule out of step at unit %d", u);
+    *w = s->d_w + p->ring_off + s->seq_off[i];
+    return gpu_event_record(s->w0[i], s->compute, e) || gpu_stream_wait(s->compute, s->copied[s->seq_slot[i]], e) ||
+                   gpu_event_record(s->w1[i], s->compute, e)
+               ? -1
+               : 0;
+}
+
+// After unit u's kernels: a streamed unit's slot is free once they finish.
+static int unit_end(dj_gpu_state *s, int u, dj_err *e) {
+    if (s->plan->resident[u]) return 0;
+    int64_t i = s->computed % s->n_tev;
+    if (gpu_event_record(s->freed[s->seq_slot[i]], s->compute, e)) return -1;
+    s->computed++;
+    return issue_copies(s, e);
+}
+
+// Reads the timing of every streamed unit computed so far (their copies and waits are complete after the
+// pass's final synchronisation).
+static int harvest(dj_gpu_state *s, dj_err *e) {
+    for (; s->harvested < s->computed; s->harvested++) {
+        int64_t i = s->harvested % s->n_tev;
+        float cm, wm;
+        if (gpu_event_ms(&cm, s->c0[i], s->c1[i], e) || gpu_event_ms(&wm, s->w0[i], s->w1[i], e)) return -1;
+        s->st.copy_ms += cm;
+        s->st.wait_ms += wm;
+        s->st.copied_bytes += s->plan->size[stream_unit(s, s->harvested)];
+    }
+    return 0;
+}
+
+// One transformer layer on T rows of s->d_x (the residual stream). `pending`: the previous layer's output
+// delta (in d_delta) still has to be added, fused with this layer's first norm.
+static int gpu_layer(dj_gpu_state *s, const uint8_t *w, int l, int64_t T, int pending, dj_err *e) {
+    const dj_config *c = &s->m->info.config;
+    const dj_layer_layout *L = &s->m->info.layer;
+    cudaStream_t st = s->compute;
+    dj_gpu *g = s->g;
+    int64_t dim = c->dim, hd = c->head_dim, q = (int64_t)c->n_heads * hd, kv = (int64_t)c->n_kv_heads * hd,
+            hid = c->hidden_dim;
+    uint32_t wt = c->wtype;
+    const float *attn_norm = (const float *)(w + L->attn_norm), *ffn_norm = (const float *)(w + L->ffn_norm);
+    float *kc = s->d_k + (size_t)l * c->n_kv_heads * s->max_seq * hd;
+    float *vc = s->d_v + (size_t)l * c->n_kv_heads * s->max_seq * hd;
+
+    if (pending ? gpu_add_rmsnorm(s->d_x, s->d_delta, s->d_xb, attn_norm, T, dim, c->norm_eps, st, e)
+                : gpu_rmsnorm(s->d_xb, s->d_x, attn_norm, T, dim, c->norm_eps, st, e))
+        return -1;
+    // q, k, v: one fused matmul into rows [q | k | v], or three into separate (T, n) blocks of d_qkv.
+    float *qp, *kp, *vp;
+    int64_t ldq, ldkv;
+    if (s->fused_qkv) {
+        qp = s->d_qkv, kp = qp + q, vp = kp + kv, ldq = ldkv = q + 2 * kv;
+        if (gpu_matmul(g, s->d_qkv, s->d_xb, w + L->wq, wt, T, dim, q + 2 * kv, st, e)) return -1;
+    } else {
+        qp = s->d_qkv, kp = qp + T * q, vp = kp + T * kv, ldq = q, ldkv = kv;
+        if (gpu_matmul(g, qp, s->d_xb, w + L->wq, wt, T, dim, q, st, e) ||
+            gpu_matmul(g, kp, s->d_xb, w + L->wk, wt, T, dim, kv, st, e) ||
+            gpu_matmul(g, vp, s->d_xb, w + L->wv, wt, T, dim, kv, st, e))
+            return -1;
+    }
+    if (gpu_rope(qp, T, c->n_heads, hd, ldq, s->d_inv_freq, s->d_pos, st, e) ||
+        gpu_rope(kp, T, c->n_kv_heads, hd, ldkv, s->d_inv_freq, s->d_pos, st, e) ||
+        gpu_kv_write(kc, vc, kp, vp, ldkv, T, c->n_kv_heads, hd, s->max_seq, s->d_pos, st, e))
+        return -1;
+    if (T == 1 ? gpu_attention_decode(g, s->d_att, qp, kc, vc, c->n_heads, c->n_kv_heads, hd, s->max_seq, s->d_pos,
+                                      st, e)
+               : gpu_attention_prefill(g, s->d_att, q, qp, ldq, kc, vc, T, c->n_heads, c->n_kv_heads, hd,
+                                       s->max_seq, s->d_pos, st, e))
+        return -1;
+    if (gpu_matmul(g, s->d_delta, s->d_att, w + L->wo, wt, T, q, dim, st, e) ||
+        gpu_add_rmsnorm(s->d_x, s->d_delta, s->d_xb, ffn_norm, T, dim, c->norm_eps, st, e))
+        return -1;
+    // MLP: silu(gate) * up, then down.
+    if (s->fused_gate_up) {
+        if (gpu_matmul(g, s->d_ffn, s->d_xb, w + L->w_gate, wt, T, dim, 2 * hid, st, e) ||
+            gpu_swiglu(s->d_hb, s->d_ffn, s->d_ffn + hid, T, hid, 2 * hid, st, e))
+            return -1;
+    } else {
+        float *gate = s->d_ffn, *up = s->d_ffn + T * hid;
+        if (gpu_matmul(g, gate, s->d_xb, w + L->w_gate, wt, T, dim, hid, st, e) ||
+            gpu_matmul(g, up, s->d_xb, w + L->w_up, wt, T, dim, hid, st, e) ||
+            gpu_swiglu(s->d_hb, gate, up, T, hid, hid, st, e))
+            return -1;
+    }
+    return gpu_matmul(g, s->d_delta, s->d_hb, w + L->w_down, wt, T, hid, dim, st, e);
+}
+
+// Every layer, then the head's final norm (fused with the last residual add) into d_xb; *lm: the lm_head.
+static int gpu_body(dj_gpu_state *s, int64_t T, const uint8_t **lm, dj_err *e) {
+    const dj_config *c = &s->m->info.config;
+    int nl = (int)c->n_layers;
+    for (int l = 0; l < nl; l++) {
+        const uint8_t *w;
+        if (unit_begin(s, l, &w, e) || gpu_layer(s, w, l, T, l > 0, e) || unit_end(s, l, e)) return -1;
+    }
+    const uint8_t *w;
+    if (unit_begin(s, nl, &w, e)) return -1;
+    *lm = w + s->head_lm_off;
+    return gpu_add_rmsnorm(s->d_x, s->d_delta, s->d_xb, (const float *)w, T, c->dim, c->norm_eps, s->compute, e);
+}
+
+// One pass over T <= max_batch tokens. logits: (T, vocab) when all, else (vocab) for the last token.
+static int gpu_pass(dj_gpu_state *s, const int32_t *tokens, int64_t T, int64_t pos, float *logits, int all,
+                    dj_err *e) {
+    const dj_model *m = s->m;
+    const dj_config *c = &m->info.config;
+    int64_t dim = c->dim, vocab = c->vocab_size;
+    int nl = (int)c->n_layers;
+    size_t es = dj_dtype_size(c->wtype);
+    // Embedding rows gathered on the host, widened to f32.
+    for (int64_t t = 0; t < T; t++) {
+        const uint8_t *row = dj_embed_ptr(m) + (size_t)tokens[t] * (size_t)dim * es;
+        float *dst = s->h_x + t * dim;
+        for (int64_t i = 0; i < dim; i++) {
+            uint16_t h;
+            if (c->wtype == DJ_F32) memcpy(&dst[i], row + 4 * i, 4);
+            else memcpy(&h, row + 2 * i, 2), dst[i] = c->wtype == DJ_F16 ? dj_f16_to_f32(h) : dj_bf16_to_f32(h);
+        }
+    }
+    *s->h_pos = (int32_t)pos;
+    if (gpu_h2d_async(s->d_x, s->h_x, (size_t)(T * dim) * 4, s->compute, e) ||
+        gpu_h2d_async(s->d_pos, s->h_pos, 4, s->compute, e))
+        return -1;
+    // All resident and one token: the whole step is one CUDA graph, captured on first use (the position
+    // is read from d_pos, so every step replays the same graph).
+    const uint8_t *lm;
+    int graphed = T == 1 && !s->plan->n_streamed && logits && !s->opts.no_graph;
+    if (graphed) {
+        if (!s->graph) {
+            if (gpu_graph_begin(s->compute, e)) return -1;
+            int rc = gpu_body(s, T, &lm, e) ||
+                     gpu_matmul(s->g, s->d_logits, s->d_xb, lm, c->wtype, 1, dim, vocab, s->compute, e);
+            dj_err ge;
+            if (gpu_graph_end(s->compute, &s->graph, rc ? &ge : e) || rc) return -1;
+        }
+        if (gpu_graph_launch(s->graph, s->compute, e) ||
+            gpu_d2h_async(s->h_logits, s->d_logits, (size_t)vocab * 4, s->compute, e) ||
+            gpu_stream_sync(s->compute, e))
+            return -1;
+        memcpy(logits, s->h_logits, (size_t)vocab * 4);
+        s->st.passes++;
+        return 0;
+    }
+    if (gpu_body(s, T, &lm, e)) return -1;
+    // The head's slot is released (and the next pass's first copies issued) before the final wait.
+    int64_t first = all ? 0 : T - 1;
+    for (int64_t r0 = first; r0 < T; r0 += GPU_LOGIT_ROWS) {
+        int64_t rows = T - r0 < GPU_LOGIT_ROWS ? T - r0 : GPU_LOGIT_ROWS, last = r0 + rows >= T;
+        if (logits && (gpu_matmul(s->g, s->d_logits, s->d_xb + r0 * dim, lm, c->wtype, rows, dim, vocab, s->compute, e) ||
+                       gpu_d2h_async(s->h_logits, s->d_logits, (size_t)(rows * vocab) * 4, s->compute, e)))
+            return -1;
+        if (last && unit_end(s, nl, e)) return -1;
+        if (gpu_stream_sync(s->compute, e)) return -1;
+        if (logits) memcpy(logits + (r0 - first) * vocab, s->h_logits, (size_t)(rows * vocab) * 4);
+    }
+    if (harvest(s, e)) return -1;
+    s->st.passes++;
+    return 0;
+}
+
+int gpu_forward(dj_gpu_state *s, const int32_t *tokens, int64_t T, int64_t pos, float *logits, int all,
+                dj_err *e) {
+    const dj_config *c = &s->m->info.config;
+    if (T < 1 || pos < 0 || pos + T > s->max_seq)
+        return dj_fail(e, "positions %lld..%lld outside the context of %lld", (long long)pos, (long long)(pos + T - 1),
+                       (long long)s->max_seq);
+    for (int64_t t = 0; t < T; t++)
+        if (tokens[t] < 0 || (uint32_t)tokens[t] >= c->vocab_size)
+            return dj_fail(e, "token id %d outside the vocabulary (%u)", tokens[t], c->vocab_size);
+    // A prompt longer than one pass takes several; each streams the weights once.
+    for (int64_t t0 = 0; t0 < T; t0 += s->max_batch) {
+        int64_t n = T - t0 < s->max_batch ? T - t0 : s->max_batch, last = t0 + n == T;
+        float *out = !logits ? NULL : all ? logits + t0 * (int64_t)c->vocab_size : last ? logits : NULL;
+        if (gpu_pass(s, tokens + t0, n, pos + t0, out, all, e)) return -1;
+    }
+    return 0;
+}
+
+void gpu_state_stats(const dj_gpu_state *s, dj_gpu_stats *out) { *out = s->st; }
 
 // ---- CPU reference
 // (everything below this banner belongs to the CPU forward pass)
@@ -821,9 +1274,8 @@ static void cpu_attn_task(void *ctx, int64_t begin, int64_t end) {
 // The embedding row of `token`, widened: out (dim).
 static void cpu_embed(const dj_model *m, int32_t token, float *out) {
     const dj_config *c = &m->info.config;
-    float *tmp = out;
-    const float *row = cpu_widen_row(tmp, dj_embed_ptr(m), c->wtype, token, c->dim);
-    if (row != out) memcpy(out, row, (size_t)c->dim * sizeof(float));
+    const float *row = cpu_widen_row(out, dj_embed_ptr(m), c->wtype, token, c->dim);
+    if (row != out) memcpy(out, row, (size_t)c->dim * sizeof(float));  // f32: widen_row returned the table's row
 }
 
 // Runs one chunk of T <= CPU_CHUNK tokens through every layer; logits (T, vocab) if not NULL.

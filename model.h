@@ -182,4 +182,34 @@ int cpu_forward(dj_cpu_state *s, const int32_t *tokens, int64_t T, int64_t pos, 
 void cpu_set_threads(int n);
 int cpu_threads(void);
 
+// ---- GPU forward: all layers resident when they fit in the weight budget, the rest streamed over PCIe
+// through the skip-end ring (ringbuf.h). Needs a model loaded with want_pinned.
+typedef struct {
+    double ring_gb;     // GPU memory for weights, in GB (1e9 bytes); <= 0: free memory minus KV cache,
+                        // activations and a margin
+    int64_t max_seq;    // context: KV cache length
+    int64_t max_batch;  // most tokens per pass (0: 4096); longer prompts take several passes
+    int stream_all;     // nothing resident: every layer cycles through the ring every pass (ablation)
+    int sync_copy;      // copy, wait, compute: no overlap (ablation)
+    int no_graph;       // all-resident decode without the CUDA graph (launch by launch)
+    int quiet;          // no plan on stderr
+} dj_gpu_opts;
+
+typedef struct {
+    uint64_t bytes_per_token;  // streamed bytes per pass
+    int n_resident, n_streamed;  // units (layers and the head)
+    uint64_t copied_bytes;     // streamed bytes copied so far
+    double copy_ms;            // time the copy engine spent on them
+    double wait_ms;            // time the compute stream waited for copies
+    int64_t passes;
+} dj_gpu_stats;
+
+typedef struct dj_gpu_state dj_gpu_state;
+dj_gpu_state *gpu_state_new(const dj_model *m, const dj_gpu_opts *o, dj_err *e);
+void gpu_state_free(dj_gpu_state *s);
+// Runs tokens (T) at positions pos .. pos+T-1. logits: (T, vocab) when all, else (vocab) for the last
+// token; NULL for none. Host memory.
+int gpu_forward(dj_gpu_state *s, const int32_t *tokens, int64_t T, int64_t pos, float *logits, int all, dj_err *e);
+void gpu_state_stats(const dj_gpu_state *s, dj_gpu_stats *out);
+
 #endif

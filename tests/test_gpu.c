@@ -1,0 +1,192 @@
+// test_gpu.c: the GPU forward pass against the CPU reference, the streamed paths against the all-resident
+// one (bitwise), and greedy text on the real stories260K model. Needs a GPU and $DJINN_DATA; skips
+// visibly without them.
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "../convert/convert.h"
+#include "../convert/json.h"
+#include "../kernels.h"
+#include "../model.h"
+#include "../ringbuf.h"
+
+static char g_dir[] = "/tmp/djinn_gpu_XXXXXX";
+
+static void need_gpu_and_data(char *stories, size_t n) {
+    if (gpu_count() == 0) cr_skip_test("no GPU: cudaGetDeviceCount found no usable device (GPU tests run on the GPU machine)");
+    const char *d = getenv("DJINN_DATA");
+    if (!d || !*d) cr_skip_test("DJINN_DATA is not set: run through 'make test'");
+    snprintf(stories, n, "%s/models/stories260K", d);
+    char p[4200];
+    snprintf(p, sizeof p, "%s/model.safetensors", stories);
+    if (access(p, R_OK)) cr_skip_test("shared data missing: %s", p);
+}
+
+// Converts stories260K to `dtype` in a fresh temp dir and loads it page-locked.
+static void load_stories(dj_model *m, int dtype) {
+    char stories[4096], out[4200];
+    need_gpu_and_data(stories, sizeof stories);
+    cr_assert(mkdtemp(g_dir));
+    snprintf(out, sizeof out, "%s/s.bin", g_dir);
+    convert_opts co = {.hf_dir = stories, .out_path = out, .dtype = dtype, .quiet = 1};
+    dj_err e;
+    cr_assert_eq(convert_run(&co, &e), 0, "%s", e.msg);
+    dj_load_opts lo = {.want_pinned = 1, .quiet = 1};
+    cr_assert_eq(model_load(out, &lo, m, &e), 0, "%s", e.msg);
+    unlink(out);
+    rmdir(g_dir);
+}
+
+static double rel_l2(const float *a, const float *ref, int64_t n) {
+    double num = 0, den = 0;
+    for (int64_t i = 0; i < n; i++) {
+        double d = (double)a[i] - ref[i];
+        num += d * d, den += (double)ref[i] * ref[i];
+    }
+    return sqrt(num / (den > 0 ? den : 1));
+}
+
+// A pseudo-random prompt of n ids below vocab, then n_dec decode steps feeding fixed ids; all logits.
+static float *run_gpu(const dj_model *m, const dj_gpu_opts *o, const int32_t *ids, int64_t n, int64_t n_dec) {
+    int64_t V = m->info.config.vocab_size;
+    float *lg = malloc((size_t)((n + n_dec) * V) * 4);
+    for (int64_t i = 0; i < (n + n_dec) * V; i++) lg[i] = NAN;  // poison: every row must be written
+    dj_err e;
+    dj_gpu_state *s = gpu_state_new(m, o, &e);
+    cr_assert(s, "%s", e.msg);
+    cr_assert_eq(gpu_forward(s, ids, n, 0, lg, 1, &e), 0, "%s", e.msg);
+    for (int64_t t = 0; t < n_dec; t++)
+        cr_assert_eq(gpu_forward(s, ids + n + t, 1, n + t, lg + (n + t) * V, 0, &e), 0, "%s", e.msg);
+    gpu_state_free(s);
+    for (int64_t i = 0; i < (n + n_dec) * V; i++) cr_assert(!isnan(lg[i]), "logit %lld not written", (long long)i);
+    return lg;
+}
+
+static void make_ids(int32_t *ids, int64_t n, int64_t vocab, unsigned seed) {
+    srand(seed);
+    ids[0] = 1;
+    for (int64_t i = 1; i < n; i++) ids[i] = (int32_t)(rand() % vocab);
+}
+
+static void gpu_vs_cpu(int dtype, double tol) {
+    dj_model m;
+    load_stories(&m, dtype);
+    int64_t V = m.info.config.vocab_size, n = 40, nd = 24;
+    int32_t ids[64];
+    unsigned seed = (unsigned)time(NULL);
+    make_ids(ids, n + nd, V, seed);
+    dj_gpu_opts o = {.max_seq = 128, .quiet = 1};
+    float *g = run_gpu(&m, &o, ids, n, nd);
+    dj_err e;
+    dj_cpu_state *cs = cpu_state_new(&m, 128, &e);
+    cr_assert(cs, "%s", e.msg);
+    float *c = malloc((size_t)((n + nd) * V) * 4);
+    cr_assert_eq(cpu_forward(cs, ids, n + nd, 0, c, &e), 0, "%s", e.msg);
+    for (int64_t t = 0; t < n + nd; t++) {
+        double r = rel_l2(g + t * V, c + t * V, V);
+        cr_assert(r <= tol, "%s: position %lld: rel L2 %.3e > %.1e (seed %u)", dj_dtype_name((uint32_t)dtype),
+                  (long long)t, r, tol, seed);
+    }
+    cpu_state_free(cs);
+    free(g), free(c);
+    model_free(&m);
+}
+
+Test(gpu_forward, matches_cpu_f32) { gpu_vs_cpu(DJ_F32, 1e-4); }
+Test(gpu_forward, matches_cpu_f16) { gpu_vs_cpu(DJ_F16, 5e-3); }
+Test(gpu_forward, matches_cpu_bf16) { gpu_vs_cpu(DJ_BF16, 1e-2); }
+
+// Streaming must not change a single bit: the same kernels run on the same bytes, wherever they sit.
+Test(gpu_forward, streamed_bitwise_equal_to_resident) {
+    dj_model m;
+    load_stories(&m, DJ_F16);
+    int64_t V = m.info.config.vocab_size, n = 33, nd = 20;
+    int32_t ids[64];
+    make_ids(ids, n + nd, V, 7);
+    dj_gpu_opts o = {.max_seq = 128, .quiet = 1, .ring_gb = 1.0};
+    float *ref = run_gpu(&m, &o, ids, n, nd);
+
+    // Unit sizes as the engine sees them, for the minimum budget.
+    uint64_t sizes[RB_MAX_UNITS], minb, total = 0;
+    int nl = (int)m.info.config.n_layers;
+    for (int u = 0; u < nl; u++) sizes[u] = m.info.layer.size;
+    sizes[nl] = m.info.head.size + dj_align_up(m.info.embed_size, 4096);
+    for (int u = 0; u <= nl; u++) total += sizes[u];
+    dj_err e;
+    cr_assert_eq(rb_min_budget(sizes, nl + 1, 0, 4096, 0, &minb, &e), 0, "%s", e.msg);
+    // Budgets from the minimum (everything streams but what fits) up to nearly everything resident,
+    // including sizes where slabs wrap unevenly; then the two ablations.
+    double budgets[] = {(double)minb, minb + 4096.0, minb + m.info.layer.size / 2.0, minb + 1.5 * m.info.layer.size,
+                        (double)total - m.info.layer.size, (double)total - 4096};
+    for (size_t b = 0; b < sizeof budgets / sizeof budgets[0] + 3; b++) {
+        dj_gpu_opts ob = o;
+        if (b < sizeof budgets / sizeof budgets[0]) ob.ring_gb = budgets[b] / 1e9;
+        else ob.stream_all = 1, ob.sync_copy = b == 7, ob.ring_gb = b == 8 ? (double)minb / 1e9 * 2 : 1.0;
+        float *got = run_gpu(&m, &ob, ids, n, nd);
+        for (int64_t t = 0; t < n + nd; t++)
+            cr_assert_eq(memcmp(got + t * V, ref + t * V, (size_t)V * 4), 0,
+                         "budget case %zu (%.0f bytes, stream_all %d, sync %d): logits differ at position %lld", b,
+                         ob.ring_gb * 1e9, ob.stream_all, ob.sync_copy, (long long)t);
+        free(got);
+    }
+    // Below the minimum: a clear error naming the minimum.
+    dj_gpu_opts ob = o;
+    ob.ring_gb = (double)(minb - 4096) / 1e9;
+    cr_assert_null(gpu_state_new(&m, &ob, &e));
+    cr_assert(strstr(e.msg, "--ring-gb") && strstr(e.msg, "at least"), "%s", e.msg);
+    free(ref);
+    model_free(&m);
+}
+
+// Greedy decode on the GPU reproduces HF's 200-token continuation, token for token.
+Test(gpu_forward, stories_greedy_matches_reference) {
+    dj_model m;
+    load_stories(&m, DJ_F32);
+    char p[4200];
+    snprintf(p, sizeof p, "%s/models/stories260K/reference_greedy.json", getenv("DJINN_DATA"));
+    FILE *f = fopen(p, "rb");
+    cr_assert(f, "cannot open %s", p);
+    char *buf = malloc(1 << 20);
+    size_t n = fread(buf, 1, 1 << 20, f);
+    fclose(f);
+    dj_err e;
+    json_doc *doc = json_parse(buf, n, &e);
+    cr_assert(doc, "%s", e.msg);
+    const json_value *pr = json_get(json_root(doc), "prompt_ids"), *gr = json_get(json_root(doc), "greedy_ids");
+    cr_assert(pr && gr && pr->type == JSON_ARRAY && gr->type == JSON_ARRAY);
+    int64_t np = (int64_t)pr->u.arr.n, ng = (int64_t)gr->u.arr.n, V = m.info.config.vocab_size;
+    int32_t *ids = malloc((size_t)ng * 4);
+    for (int64_t i = 0; i < ng; i++) {
+        int64_t v;
+        cr_assert_eq(json_int(&gr->u.arr.items[i], &v), 0);
+        ids[i] = (int32_t)v;
+    }
+    // A budget that streams part of the model, so the greedy text is checked on the streaming path too.
+    double budgets[] = {1.0, 0.0};
+    for (int b = 0; b < 2; b++) {
+        dj_gpu_opts o = {.max_seq = 512, .quiet = 1, .ring_gb = budgets[b], .stream_all = b == 1};
+        if (b == 1) o.ring_gb = 1.0;
+        dj_gpu_state *s = gpu_state_new(&m, &o, &e);
+        cr_assert(s, "%s", e.msg);
+        float *lg = malloc((size_t)V * 4);
+        cr_assert_eq(gpu_forward(s, ids, np, 0, lg, 0, &e), 0, "%s", e.msg);
+        for (int64_t t = np; t < ng; t++) {
+            int32_t best = 0;
+            for (int64_t v = 1; v < V; v++)
+                if (lg[v] > lg[best]) best = (int32_t)v;
+            cr_assert_eq(best, ids[t], "stream_all %d: token %lld: got %d, reference %d", b, (long long)t, best, ids[t]);
+            if (t + 1 < ng) cr_assert_eq(gpu_forward(s, &best, 1, t, lg, 0, &e), 0, "%s", e.msg);
+        }
+        free(lg);
+        gpu_state_free(s);
+    }
+    free(ids);
+    json_free(doc);
+    free(buf);
+    model_free(&m);
+}

@@ -91,3 +91,28 @@ clean:
 	rm -rf build build-san djinn convert/convert stories260K.bin
 
 -include $(shell find build build-san -name '*.d' 2>/dev/null)
+
+# ---- bench
+# Tokenizer throughput (MB/s) on ~1 MB of generated English with the real Llama tokenizers from $(DATA).
+.PHONY: bench-tokenizer
+bench-tokenizer: $(BUILD)/bin/bench_tokenizer
+	$(BUILD)/bin/bench_tokenizer $(abspath $(DATA)) $(BUILD)/bench_tokenizer.json
+
+$(BUILD)/bin/bench_tokenizer: $(BUILD)/bench/bench_tokenizer.o $(BUILD)/tokenizer.o $(BUILD)/util.o \
+                              $(BUILD)/convert/tokjson.o $(BUILD)/convert/json.o
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) $^ -o $@ -lm -lpthread
+
+# ---- bench: the hardware ceilings (HBM, PCIe, tensor cores) and the decode GEMV against them; GPU machine only
+CEILINGS_JSON ?= $(BUILD)/ceilings.json
+.PHONY: bench-ceilings
+$(BUILD)/bench/ceilings.o: bench/ceilings.cu kernels.h util.h model.h
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVFLAGS) -c $< -o $@
+
+$(BUILD)/bin/ceilings: $(BUILD)/bench/ceilings.o $(BUILD)/kernels.o $(BUILD)/util.o
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS)
+
+bench-ceilings: $(BUILD)/bin/ceilings
+	$(BUILD)/bin/ceilings $(CEILINGS_JSON)

@@ -1,7 +1,62 @@
 // kernels.cu: Djinn's GPU kernels and cuBLAS/cuBLASLt calls, behind the C API in kernels.h.
+// Built without fast-math: expf, sinf/cosf and division are the accurate ones, so results stay within
+// rounding of the CPU reference in model.c.
+#include <cublasLt.h>
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
 #include "kernels.h"
+extern "C" {  // model.h has no C++ guard of its own
+#include "model.h"
+}
+
+// ---- error checking
+// Each macro needs `dj_err *e` in scope and is used in functions returning int.
+#define CUDA_CHECK(call)                                                                                  \
+    do {                                                                                                  \
+        cudaError_t err_ = (call);                                                                        \
+        if (err_ != cudaSuccess)                                                                          \
+            return dj_fail(e, "cuda: %s failed at %s:%d: %s (%s)", #call, __FILE__, __LINE__,            \
+                           cudaGetErrorName(err_), cudaGetErrorString(err_));                             \
+    } while (0)
+
+#define CUBLAS_CHECK(call)                                                                                \
+    do {                                                                                                  \
+        cublasStatus_t st_ = (call);                                                                      \
+        if (st_ != CUBLAS_STATUS_SUCCESS)                                                                 \
+            return dj_fail(e, "cublas: %s failed at %s:%d: %s", #call, __FILE__, __LINE__,                \
+                           cublasGetStatusName(st_));                                                     \
+    } while (0)
+
+// After every launch: the launch error (bad configuration, too much shared memory), and in -DDJINN_DEBUG
+// builds the kernel's own error, by synchronising (skipped while the stream is being captured).
+static int launch_check(const char *kernel, cudaStream_t s, const char *file, int line, dj_err *e) {
+    cudaError_t err = cudaGetLastError();
+#ifdef DJINN_DEBUG
+    if (err == cudaSuccess) {
+        cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+        err = cudaStreamIsCapturing(s, &cs);
+        if (err == cudaSuccess && cs == cudaStreamCaptureStatusNone) err = cudaStreamSynchronize(s);
+    }
+#else
+    (void)s;
+#endif
+    if (err != cudaSuccess)
+        return dj_fail(e, "cuda: kernel %s failed at %s:%d: %s (%s)", kernel, file, line, cudaGetErrorName(err),
+                       cudaGetErrorString(err));
+    return 0;
+}
+#define LAUNCH_CHECK(kernel, s)                                                                           \
+    do {                                                                                                  \
+        if (launch_check(kernel, s, __FILE__, __LINE__, e)) return -1;                                    \
+    } while (0)
 
 // ---- device discovery
 extern "C" int gpu_count(void) {
@@ -11,4 +66,1237 @@ extern "C" int gpu_count(void) {
         return 0;
     }
     return n;
+}
+
+// ---- small device helpers
+__device__ __forceinline__ float warp_sum(float v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+__device__ __forceinline__ unsigned long long warp_sum_u64(unsigned long long v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+// Sum over the block; every thread gets the result. PRECOND: blockDim.x a multiple of 32, <= 1024.
+__device__ float block_sum(float v) {
+    __shared__ float part[32];
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    v = warp_sum(v);
+    __syncthreads();  // part may still be read by a previous call
+    if (lane == 0) part[warp] = v;
+    __syncthreads();
+    v = lane < nw ? part[lane] : 0.0f;
+    return warp_sum(v);
+}
+__device__ float block_max(float v) {
+    __shared__ float part[32];
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    v = warp_max(v);
+    __syncthreads();
+    if (lane == 0) part[warp] = v;
+    __syncthreads();
+    v = lane < nw ? part[lane] : -INFINITY;
+    return warp_max(v);
+}
+__device__ unsigned long long block_sum_u64(unsigned long long v) {
+    __shared__ unsigned long long part[32];
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    v = warp_sum_u64(v);
+    __syncthreads();
+    if (lane == 0) part[warp] = v;
+    __syncthreads();
+    v = lane < nw ? part[lane] : 0ull;
+    return warp_sum_u64(v);
+}
+// Inclusive prefix sum over the block in thread order. PRECOND: as block_sum.
+__device__ unsigned long long block_scan_u64(unsigned long long v) {
+    __shared__ unsigned long long part[32];
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    for (int o = 1; o < 32; o <<= 1) {
+        unsigned long long n = __shfl_up_sync(0xffffffffu, v, o);
+        if (lane >= o) v += n;
+    }
+    __syncthreads();
+    if (lane == 31) part[warp] = v;
+    __syncthreads();
+    if (warp == 0) {
+        unsigned long long w = lane < nw ? part[lane] : 0ull;
+        for (int o = 1; o < 32; o <<= 1) {
+            unsigned long long n = __shfl_up_sync(0xffffffffu, w, o);
+            if (lane >= o) w += n;
+        }
+        part[lane] = w;  // inclusive over warps
+    }
+    __syncthreads();
+    if (warp > 0) v += part[warp - 1];
+    return v;
+}
+
+// ---- context
+#define GPU_WORKSPACE (32u << 20)  // cuBLAS/cuBLASLt workspace: the size NVIDIA recommends for Hopper
+#define LT_CACHE 32                // cuBLASLt plans kept, keyed by shape and dtype
+
+typedef struct {
+    int used;
+    uint32_t wtype;
+    int64_t T, n_in, n_out;
+    cublasLtMatmulDesc_t op;
+    cublasLtMatrixLayout_t a, b, c;
+    cublasLtMatmulAlgo_t algo;
+} lt_plan;
+
+struct dj_gpu {
+    int device;
+    char name[320];
+    int n_sm;
+    cublasHandle_t blas;
+    cublasLtHandle_t lt;
+    void *workspace;        // GPU_WORKSPACE bytes, shared by cuBLAS and cuBLASLt (stream-ordered)
+    void *scratch;          // scratch_size bytes: x in wtype for cuBLAS, split-KV partials
+    size_t scratch_size;
+    cudaStream_t blas_stream;
+    lt_plan plans[LT_CACHE];
+    int next_plan;
+    int prefill_max_hd;     // largest head_dim whose prefill tiles fit the device's shared memory
+};
+
+static int attention_setup(dj_gpu *g, dj_err *e);
+
+static void lt_plan_drop(lt_plan *p) {
+    if (!p->used) return;
+    cublasLtMatmulDescDestroy(p->op);
+    if (p->a) cublasLtMatrixLayoutDestroy(p->a);
+    if (p->b) cublasLtMatrixLayoutDestroy(p->b);
+    if (p->c) cublasLtMatrixLayoutDestroy(p->c);
+    memset(p, 0, sizeof *p);
+}
+
+extern "C" int gpu_open(dj_gpu **out, int device, dj_err *e) {
+    *out = NULL;
+    int n = gpu_count();
+    if (n == 0) return dj_fail(e, "cuda: no GPU found (cudaGetDeviceCount reports none or no driver)");
+    if (device < 0 || device >= n) return dj_fail(e, "cuda: device %d does not exist (%d found)", device, n);
+    dj_gpu *g = (dj_gpu *)calloc(1, sizeof *g);
+    if (!g) return dj_fail(e, "out of host memory for the GPU context");
+    g->device = device;
+    int rc = -1;
+    do {
+        cudaDeviceProp p;
+        if (cudaSetDevice(device) != cudaSuccess || cudaGetDeviceProperties(&p, device) != cudaSuccess) {
+            dj_fail(e, "cuda: cannot select device %d: %s", device, cudaGetErrorName(cudaGetLastError()));
+            break;
+        }
+        g->n_sm = p.multiProcessorCount;
+        snprintf(g->name, sizeof g->name, "%s, sm_%d%d, %d SMs, %.1f GiB", p.name, p.major, p.minor,
+                 p.multiProcessorCount, (double)p.totalGlobalMem / (1 << 30));
+        if (p.major < 8) {
+            dj_fail(e, "cuda: %s is too old: Djinn's kernels need compute capability 8.0 or newer", g->name);
+            break;
+        }
+        cublasStatus_t st = cublasCreate(&g->blas);
+        if (st != CUBLAS_STATUS_SUCCESS) {
+            dj_fail(e, "cublas: cublasCreate failed: %s", cublasGetStatusName(st));
+            break;
+        }
+        st = cublasLtCreate(&g->lt);
+        if (st != CUBLAS_STATUS_SUCCESS) {
+            dj_fail(e, "cublas: cublasLtCreate failed: %s", cublasGetStatusName(st));
+            break;
+        }
+        if (gpu_malloc(&g->workspace, GPU_WORKSPACE, "cuBLAS workspace", e)) break;
+        st = cublasSetWorkspace(g->blas, g->workspace, GPU_WORKSPACE);
+        if (st != CUBLAS_STATUS_SUCCESS) {
+            dj_fail(e, "cublas: cublasSetWorkspace failed: %s", cublasGetStatusName(st));
+            break;
+        }
+        if (attention_setup(g, e)) break;
+        rc = 0;
+    } while (0);
+    if (rc) {
+        gpu_close(g);
+        return -1;
+    }
+    *out = g;
+    return 0;
+}
+
+extern "C" void gpu_close(dj_gpu *g) {
+    if (!g) return;
+    for (int i = 0; i < LT_CACHE; i++) {
+        lt_plan_drop(&g->plans[i]);
+    }
+    if (g->lt) cublasLtDestroy(g->lt);
+    if (g->blas) cublasDestroy(g->blas);
+    gpu_free(g->workspace);
+    gpu_free(g->scratch);
+    free(g);
+}
+
+extern "C" const char *gpu_name(const dj_gpu *g) { return g->name; }
+
+extern "C" int gpu_reserve(dj_gpu *g, size_t bytes, dj_err *e) {
+    if (bytes <= g->scratch_size) return 0;
+    bytes = (size_t)dj_align_up(bytes, 1u << 20);
+    CUDA_CHECK(cudaDeviceSynchronize());  // work in flight may still use the old scratch
+    gpu_free(g->scratch);
+    g->scratch = NULL;
+    g->scratch_size = 0;
+    if (gpu_malloc(&g->scratch, bytes, "GPU scratch (activations in the weight dtype, attention partials)", e))
+        return -1;
+    g->scratch_size = bytes;
+    return 0;
+}
+
+// Scratch for a call on stream s: grows outside a capture, refuses inside one (the graph would keep a
+// pointer to memory freed here).
+static int scratch_need(dj_gpu *g, size_t bytes, cudaStream_t s, dj_err *e) {
+    if (bytes <= g->scratch_size) return 0;
+    cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+    CUDA_CHECK(cudaStreamIsCapturing(s, &cs));
+    if (cs != cudaStreamCaptureStatusNone)
+        return dj_fail(e, "cuda: GPU scratch too small during graph capture (%zu bytes, need %zu): call "
+                          "gpu_reserve before capturing", g->scratch_size, bytes);
+    return gpu_reserve(g, bytes, e);
+}
+
+// ---- memory
+extern "C" int gpu_malloc(void **p, size_t bytes, const char *what, dj_err *e) {
+    *p = NULL;
+    cudaError_t err = cudaMalloc(p, bytes ? bytes : 1);
+    if (err == cudaSuccess) return 0;
+    *p = NULL;
+    cudaGetLastError();  // an allocation failure is not sticky; clear it for the next call
+    size_t fr = 0, tot = 0;
+    if (err == cudaErrorMemoryAllocation && cudaMemGetInfo(&fr, &tot) == cudaSuccess)
+        return dj_fail(e, "GPU out of memory: %s needs %.1f MiB, %.1f MiB free of %.1f MiB", what,
+                       (double)bytes / (1 << 20), (double)fr / (1 << 20), (double)tot / (1 << 20));
+    return dj_fail(e, "cuda: cudaMalloc of %zu bytes for %s failed: %s (%s)", bytes, what, cudaGetErrorName(err),
+                   cudaGetErrorString(err));
+}
+
+extern "C" void gpu_free(void *p) {
+    if (p) cudaFree(p);
+}
+
+extern "C" int gpu_mem_info(size_t *free_bytes, size_t *total_bytes, dj_err *e) {
+    CUDA_CHECK(cudaMemGetInfo(free_bytes, total_bytes));
+    return 0;
+}
+
+extern "C" int gpu_memset(void *p, int byte, size_t bytes, cudaStream_t s, dj_err *e) {
+    CUDA_CHECK(cudaMemsetAsync(p, byte, bytes, s));
+    return 0;
+}
+
+extern "C" int gpu_h2d(void *dst, const void *src, size_t bytes, dj_err *e) {
+    CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice));
+    return 0;
+}
+extern "C" int gpu_d2h(void *dst, const void *src, size_t bytes, dj_err *e) {
+    CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost));
+    return 0;
+}
+extern "C" int gpu_h2d_async(void *dst, const void *src, size_t bytes, cudaStream_t s, dj_err *e) {
+    CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, s));
+    return 0;
+}
+extern "C" int gpu_d2h_async(void *dst, const void *src, size_t bytes, cudaStream_t s, dj_err *e) {
+    CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, s));
+    return 0;
+}
+extern "C" int gpu_d2d_async(void *dst, const void *src, size_t bytes, cudaStream_t s, dj_err *e) {
+    CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, s));
+    return 0;
+}
+
+extern "C" int gpu_host_alloc(void **p, size_t bytes, const char *what, dj_err *e) {
+    *p = NULL;
+    cudaError_t err = cudaHostAlloc(p, bytes ? bytes : 1, cudaHostAllocPortable);
+    if (err == cudaSuccess) return 0;
+    *p = NULL;
+    cudaGetLastError();
+    return dj_fail(e, "cuda: cannot pin %.1f MiB of host memory for %s: %s (%s)", (double)bytes / (1 << 20), what,
+                   cudaGetErrorName(err), cudaGetErrorString(err));
+}
+
+extern "C" void gpu_host_free(void *p) {
+    if (p) cudaFreeHost(p);
+}
+
+extern "C" int gpu_host_register(void *p, size_t bytes, int read_only, dj_err *e) {
+    unsigned flags = cudaHostRegisterPortable | (read_only ? cudaHostRegisterReadOnly : 0u);
+    cudaError_t err = cudaHostRegister(p, bytes, flags);
+    if (err == cudaSuccess) return 0;
+    cudaGetLastError();
+    return dj_fail(e, "cuda: cudaHostRegister of %.1f MiB failed: %s (%s)", (double)bytes / (1 << 20),
+                   cudaGetErrorName(err), cudaGetErrorString(err));
+}
+
+extern "C" int gpu_host_unregister(void *p, dj_err *e) {
+    CUDA_CHECK(cudaHostUnregister(p));
+    return 0;
+}
+
+// ---- streams, events, graphs
+extern "C" int gpu_stream_create(cudaStream_t *s, dj_err *e) {
+    CUDA_CHECK(cudaStreamCreateWithFlags(s, cudaStreamNonBlocking));
+    return 0;
+}
+extern "C" void gpu_stream_destroy(cudaStream_t s) {
+    if (s) cudaStreamDestroy(s);
+}
+extern "C" int gpu_stream_sync(cudaStream_t s, dj_err *e) {
+    CUDA_CHECK(cudaStreamSynchronize(s));
+    return 0;
+}
+extern "C" int gpu_sync(dj_err *e) {
+    CUDA_CHECK(cudaDeviceSynchronize());
+    return 0;
+}
+extern "C" int gpu_event_create(cudaEvent_t *ev, int timing, dj_err *e) {
+    CUDA_CHECK(cudaEventCreateWithFlags(ev, timing ? cudaEventDefault : cudaEventDisableTiming));
+    return 0;
+}
+extern "C" void gpu_event_destroy(cudaEvent_t ev) {
+    if (ev) cudaEventDestroy(ev);
+}
+extern "C" int gpu_event_record(cudaEvent_t ev, cudaStream_t s, dj_err *e) {
+    CUDA_CHECK(cudaEventRecord(ev, s));
+    return 0;
+}
+extern "C" int gpu_stream_wait(cudaStream_t s, cudaEvent_t ev, dj_err *e) {
+    CUDA_CHECK(cudaStreamWaitEvent(s, ev, 0));
+    return 0;
+}
+extern "C" int gpu_event_sync(cudaEvent_t ev, dj_err *e) {
+    CUDA_CHECK(cudaEventSynchronize(ev));
+    return 0;
+}
+extern "C" int gpu_event_ms(float *ms, cudaEvent_t start, cudaEvent_t end, dj_err *e) {
+    CUDA_CHECK(cudaEventElapsedTime(ms, start, end));
+    return 0;
+}
+extern "C" int gpu_graph_begin(cudaStream_t s, dj_err *e) {
+    CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+    return 0;
+}
+extern "C" int gpu_graph_end(cudaStream_t s, cudaGraphExec_t *exec, dj_err *e) {
+    cudaGraph_t graph = NULL;
+    *exec = NULL;
+    CUDA_CHECK(cudaStreamEndCapture(s, &graph));
+    cudaError_t err = cudaGraphInstantiate(exec, graph, 0);
+    cudaGraphDestroy(graph);
+    if (err != cudaSuccess) {
+        *exec = NULL;
+        return dj_fail(e, "cuda: cudaGraphInstantiate failed at %s:%d: %s (%s)", __FILE__, __LINE__,
+                       cudaGetErrorName(err), cudaGetErrorString(err));
+    }
+    return 0;
+}
+extern "C" int gpu_graph_launch(cudaGraphExec_t exec, cudaStream_t s, dj_err *e) {
+    CUDA_CHECK(cudaGraphLaunch(exec, s));
+    return 0;
+}
+extern "C" void gpu_graph_destroy(cudaGraphExec_t exec) {
+    if (exec) cudaGraphExecDestroy(exec);
+}
+
+// ---- matmul
+// Weight dtypes: a 16-byte chunk of W holds VEC elements, unpacked to floats.
+template <int WT> struct wtraits;
+template <> struct wtraits<DJ_F32> { static constexpr int VEC = 4, SIZE = 4; };
+template <> struct wtraits<DJ_F16> { static constexpr int VEC = 8, SIZE = 2; };
+template <> struct wtraits<DJ_BF16> { static constexpr int VEC = 8, SIZE = 2; };
+
+template <int WT> __device__ __forceinline__ void unpack16(uint4 v, float *f);
+template <> __device__ __forceinline__ void unpack16<DJ_F32>(uint4 v, float *f) {
+    f[0] = __uint_as_float(v.x), f[1] = __uint_as_float(v.y), f[2] = __uint_as_float(v.z), f[3] = __uint_as_float(v.w);
+}
+template <> __device__ __forceinline__ void unpack16<DJ_F16>(uint4 v, float *f) {
+    const uint32_t u[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        __half2 h;
+        memcpy(&h, &u[i], 4);
+        float2 p = __half22float2(h);
+        f[2 * i] = p.x, f[2 * i + 1] = p.y;
+    }
+}
+template <> __device__ __forceinline__ void unpack16<DJ_BF16>(uint4 v, float *f) {
+    const uint32_t u[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        __nv_bfloat162 h;
+        memcpy(&h, &u[i], 4);
+        float2 p = __bfloat1622float2(h);
+        f[2 * i] = p.x, f[2 * i + 1] = p.y;
+    }
+}
+
+template <int WT> __device__ __forceinline__ float wload(const void *w, int64_t i);
+template <> __device__ __forceinline__ float wload<DJ_F32>(const void *w, int64_t i) { return ((const float *)w)[i]; }
+template <> __device__ __forceinline__ float wload<DJ_F16>(const void *w, int64_t i) {
+    return __half2float(((const __half *)w)[i]);
+}
+template <> __device__ __forceinline__ float wload<DJ_BF16>(const void *w, int64_t i) {
+    return __bfloat162float(((const __nv_bfloat16 *)w)[i]);
+}
+
+// W is read exactly once: stream it past L1 so x stays cached there.
+__device__ __forceinline__ uint4 ld_stream(const uint4 *p) {
+    uint4 v;
+    asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+        : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+        : "l"(p));
+    return v;
+}
+
+#define GEMV_WARPS 8   // rows per block: one warp per row
+#define GEMV_UNROLL 4  // 16-byte loads in flight per lane
+
+// y (T, n_out) = x (T, n_in) . W^T for NT rows of x per block (blockIdx.y), one row of W per warp.
+// PRECOND: n_in % VEC == 0, W and x 16-byte aligned (so every row of both is).
+template <int WT, int NT>
+__global__ __launch_bounds__(GEMV_WARPS * 32) void gemv_vec_kernel(float *y, const float *x, const void *w,
+                                                                  int64_t T, int64_t n_in, int64_t n_out) {
+    constexpr int VEC = wtraits<WT>::VEC;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int64_t row = (int64_t)blockIdx.x * GEMV_WARPS + warp;
+    if (row >= n_out) return;  // whole warp
+    const int64_t t0 = (int64_t)blockIdx.y * NT;
+    const int nt = (int)min((int64_t)NT, T - t0);
+    const uint4 *wr = (const uint4 *)((const char *)w + row * n_in * wtraits<WT>::SIZE);
+    const int64_t nchunk = n_in / VEC;
+    float acc[NT];
+#pragma unroll
+    for (int t = 0; t < NT; t++) acc[t] = 0.0f;
+    for (int64_t c0 = lane; c0 < nchunk; c0 += 32 * GEMV_UNROLL) {
+        uint4 wv[GEMV_UNROLL];
+#pragma unroll
+        for (int u = 0; u < GEMV_UNROLL; u++) {
+            wv[u] = make_uint4(0, 0, 0, 0);
+            if (c0 + 32 * u < nchunk) wv[u] = ld_stream(wr + c0 + 32 * u);
+        }
+#pragma unroll
+        for (int u = 0; u < GEMV_UNROLL; u++) {
+            const int64_t c = c0 + 32 * u;
+            if (c >= nchunk) break;
+            float wf[VEC];
+            unpack16<WT>(wv[u], wf);
+#pragma unroll
+            for (int t = 0; t < NT; t++) {
+                if (t >= nt) break;
+                const float4 *xr = (const float4 *)(x + (t0 + t) * n_in) + c * (VEC / 4);
+#pragma unroll
+                for (int q = 0; q < VEC / 4; q++) {
+                    float4 xv = __ldg(xr + q);
+                    acc[t] += wf[4 * q] * xv.x + wf[4 * q + 1] * xv.y + wf[4 * q + 2] * xv.z + wf[4 * q + 3] * xv.w;
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int t = 0; t < NT; t++) {
+        float v = warp_sum(acc[t]);
+        if (lane == 0 && t < nt) y[(t0 + t) * n_out + row] = v;
+    }
+}
+
+// Any n_in and alignment (e.g. n_in = 172 in f16): element loads, one row of x per blockIdx.y.
+template <int WT>
+__global__ __launch_bounds__(GEMV_WARPS * 32) void gemv_scalar_kernel(float *y, const float *x, const void *w,
+                                                                     int64_t n_in, int64_t n_out) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int64_t row = (int64_t)blockIdx.x * GEMV_WARPS + warp, t = blockIdx.y;
+    if (row >= n_out) return;
+    const float *xr = x + t * n_in;
+    float acc = 0.0f;
+    for (int64_t i = lane; i < n_in; i += 32) acc += wload<WT>(w, row * n_in + i) * xr[i];
+    acc = warp_sum(acc);
+    if (lane == 0) y[t * n_out + row] = acc;
+}
+
+// xb (n) in wtype = x (n) f32, round to nearest even.
+template <int WT>
+__global__ void to_wtype_kernel(void *xb, const float *x, int64_t n) {
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+        if (WT == DJ_F16)
+            ((__half *)xb)[i] = __float2half_rn(x[i]);
+        else
+            ((__nv_bfloat16 *)xb)[i] = __float2bfloat16_rn(x[i]);
+    }
+}
+
+static int grid_1d(int64_t n, int threads) {  // blocks for a grid-stride loop: enough to fill the GPU
+    int64_t b = (n + threads - 1) / threads;
+    return (int)(b < 1 ? 1 : b > 8192 ? 8192 : b);
+}
+
+template <int WT, int NT>
+static void launch_gemv_vec(float *y, const float *x, const void *w, int64_t T, int64_t n_in, int64_t n_out,
+                            cudaStream_t s) {
+    dim3 grid((unsigned)((n_out + GEMV_WARPS - 1) / GEMV_WARPS), (unsigned)((T + NT - 1) / NT));
+    gemv_vec_kernel<WT, NT><<<grid, GEMV_WARPS * 32, 0, s>>>(y, x, w, T, n_in, n_out);
+}
+
+template <int WT>
+static int gemv_typed(float *y, const float *x, const void *w, int64_t T, int64_t n_in, int64_t n_out,
+                      cudaStream_t s, dj_err *e) {
+    constexpr int VEC = wtraits<WT>::VEC;
+    const int vec_ok = n_in % VEC == 0 && ((uintptr_t)w & 15) == 0 && ((uintptr_t)x & 15) == 0;
+    if (vec_ok && T == 1) {
+        launch_gemv_vec<WT, 1>(y, x, w, T, n_in, n_out, s);
+        LAUNCH_CHECK("gemv_vec<1>", s);
+    } else if (vec_ok) {
+        if ((T + 3) / 4 > 65535) return dj_fail(e, "gemv: T = %lld too large", (long long)T);
+        launch_gemv_vec<WT, 4>(y, x, w, T, n_in, n_out, s);
+        LAUNCH_CHECK("gemv_vec<4>", s);
+    } else {
+        if (T > 65535) return dj_fail(e, "gemv: T = %lld too large", (long long)T);
+        dim3 grid((unsigned)((n_out + GEMV_WARPS - 1) / GEMV_WARPS), (unsigned)T);
+        gemv_scalar_kernel<WT><<<grid, GEMV_WARPS * 32, 0, s>>>(y, x, w, n_in, n_out);
+        LAUNCH_CHECK("gemv_scalar", s);
+    }
+    return 0;
+}
+
+static const char *wtype_name(uint32_t wtype) {  // as dj_dtype_name, without linking model.o
+    return wtype == DJ_F32 ? "f32" : wtype == DJ_F16 ? "f16" : wtype == DJ_BF16 ? "bf16" : "?";
+}
+
+static cudaDataType_t cuda_dtype(uint32_t wtype) {
+    return wtype == DJ_F16 ? CUDA_R_16F : wtype == DJ_BF16 ? CUDA_R_16BF : CUDA_R_32F;
+}
+
+// x in the operand dtype cuBLAS multiplies W with: x itself for f32, else a rounded copy in scratch.
+static int blas_operand(dj_gpu *g, const void **xb, const float *x, uint32_t wtype, int64_t T, int64_t n_in,
+                        cudaStream_t s, dj_err *e) {
+    *xb = x;
+    if (wtype == DJ_F32) return 0;
+    if (scratch_need(g, gpu_matmul_scratch(wtype, T, n_in), s, e)) return -1;
+    int64_t n = T * n_in;
+    if (wtype == DJ_F16)
+        to_wtype_kernel<DJ_F16><<<grid_1d(n, 256), 256, 0, s>>>(g->scratch, x, n);
+    else
+        to_wtype_kernel<DJ_BF16><<<grid_1d(n, 256), 256, 0, s>>>(g->scratch, x, n);
+    LAUNCH_CHECK("to_wtype", s);
+    *xb = g->scratch;
+    return 0;
+}
+
+static int blas_use_stream(dj_gpu *g, cudaStream_t s, dj_err *e) {
+    // cublasSetStream resets the workspace to cuBLAS's own pool: set ours again after it.
+    CUBLAS_CHECK(cublasSetStream(g->blas, s));
+    CUBLAS_CHECK(cublasSetWorkspace(g->blas, g->workspace, GPU_WORKSPACE));
+    g->blas_stream = s;
+    return 0;
+}
+
+// Row-major y (T, n_out) = x (T, n_in) . W^T is, in cuBLAS's column-major terms, y^T (n_out x T) =
+// op_T(W_cm (n_in x n_out)) . x^T_cm (n_in x T): A = W with lda = n_in transposed, B = x with ldb = n_in.
+static int matmul_cublas(dj_gpu *g, float *y, const float *x, const void *w, uint32_t wtype, int64_t T,
+                         int64_t n_in, int64_t n_out, cudaStream_t s, dj_err *e) {
+    const void *xb;
+    if (blas_operand(g, &xb, x, wtype, T, n_in, s, e)) return -1;
+    if (blas_use_stream(g, s, e)) return -1;
+    const float alpha = 1.0f, beta = 0.0f;
+    cudaDataType_t dt = cuda_dtype(wtype);
+    CUBLAS_CHECK(cublasGemmEx(g->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)n_out, (int)T, (int)n_in, &alpha, w, dt,
+                              (int)n_in, xb, dt, (int)n_in, &beta, y, CUDA_R_32F, (int)n_out, CUBLAS_COMPUTE_32F,
+                              CUBLAS_GEMM_DEFAULT));
+    return 0;
+}
+
+// cuBLASLt with a small cache of plans (descriptors + heuristic's algorithm), so repeated shapes cost no
+// host-side heuristic query.
+static int lt_plan_get(dj_gpu *g, lt_plan **out, uint32_t wtype, int64_t T, int64_t n_in, int64_t n_out,
+                       dj_err *e) {
+    for (int i = 0; i < LT_CACHE; i++) {
+        lt_plan *p = &g->plans[i];
+        if (p->used && p->wtype == wtype && p->T == T && p->n_in == n_in && p->n_out == n_out) {
+            *out = p;
+            return 0;
+        }
+    }
+    lt_plan *p = &g->plans[g->next_plan];
+    g->next_plan = (g->next_plan + 1) % LT_CACHE;
+    lt_plan_drop(p);
+    cudaDataType_t dt = cuda_dtype(wtype);
+    cublasOperation_t ta = CUBLAS_OP_T;
+    p->a = p->b = p->c = NULL;
+    CUBLAS_CHECK(cublasLtMatmulDescCreate(&p->op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    p->used = 1;  // from here on lt_plan_drop destroys whatever exists
+    p->wtype = 0xffffffffu;  // matches no lookup until complete
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->a, dt, (uint64_t)n_in, (uint64_t)n_out, n_in));
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->b, dt, (uint64_t)n_in, (uint64_t)T, n_in));
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->c, CUDA_R_32F, (uint64_t)n_out, (uint64_t)T, n_out));
+    cublasLtMatmulPreference_t pref;
+    CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+    uint64_t ws = GPU_WORKSPACE;
+    cublasStatus_t st =
+        cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws);
+    cublasLtMatmulHeuristicResult_t res;
+    int nres = 0;
+    if (st == CUBLAS_STATUS_SUCCESS)
+        st = cublasLtMatmulAlgoGetHeuristic(g->lt, p->op, p->a, p->b, p->c, p->c, pref, 1, &res, &nres);
+    cublasLtMatmulPreferenceDestroy(pref);
+    if (st != CUBLAS_STATUS_SUCCESS || nres == 0) {
+        return dj_fail(e, "cublasLt: no algorithm for %s T=%lld n_in=%lld n_out=%lld: %s", wtype_name(wtype),
+                       (long long)T, (long long)n_in, (long long)n_out, cublasGetStatusName(st));
+    }
+    p->algo = res.algo;
+    p->wtype = wtype, p->T = T, p->n_in = n_in, p->n_out = n_out;
+    *out = p;
+    return 0;
+}
+
+static int matmul_cublaslt(dj_gpu *g, float *y, const float *x, const void *w, uint32_t wtype, int64_t T,
+                           int64_t n_in, int64_t n_out, cudaStream_t s, dj_err *e) {
+    const void *xb;
+    if (blas_operand(g, &xb, x, wtype, T, n_in, s, e)) return -1;
+    lt_plan *p = NULL;
+    if (lt_plan_get(g, &p, wtype, T, n_in, n_out, e)) return -1;
+    const float alpha = 1.0f, beta = 0.0f;
+    CUBLAS_CHECK(cublasLtMatmul(g->lt, p->op, &alpha, w, p->a, xb, p->b, &beta, y, p->c, y, p->c, &p->algo,
+                                g->workspace, GPU_WORKSPACE, s));
+    return 0;
+}
+
+extern "C" size_t gpu_matmul_scratch(uint32_t wtype, int64_t T, int64_t n_in) {
+    return wtype == DJ_F32 ? 0 : (size_t)T * (size_t)n_in * 2;
+}
+
+extern "C" int gpu_matmul_path(dj_gpu *g, int path, float *y, const float *x, const void *w, uint32_t wtype,
+                               int64_t T, int64_t n_in, int64_t n_out, cudaStream_t s, dj_err *e) {
+    if (wtype != DJ_F32 && wtype != DJ_F16 && wtype != DJ_BF16)
+        return dj_fail(e, "gpu_matmul: unknown weight dtype %u", wtype);
+    if (T < 0 || n_in < 1 || n_out < 1 || T > INT32_MAX || n_in > INT32_MAX || n_out > INT32_MAX)
+        return dj_fail(e, "gpu_matmul: bad shape T=%lld n_in=%lld n_out=%lld", (long long)T, (long long)n_in,
+                       (long long)n_out);
+    if (T == 0) return 0;
+    if (path == GPU_MM_AUTO) path = T == 1 ? GPU_MM_GEMV : GPU_MM_CUBLAS;
+    switch (path) {
+    case GPU_MM_GEMV:
+        if (wtype == DJ_F32) return gemv_typed<DJ_F32>(y, x, w, T, n_in, n_out, s, e);
+        if (wtype == DJ_F16) return gemv_typed<DJ_F16>(y, x, w, T, n_in, n_out, s, e);
+        return gemv_typed<DJ_BF16>(y, x, w, T, n_in, n_out, s, e);
+    case GPU_MM_CUBLAS:
+        return matmul_cublas(g, y, x, w, wtype, T, n_in, n_out, s, e);
+    case GPU_MM_CUBLASLT:
+        return matmul_cublaslt(g, y, x, w, wtype, T, n_in, n_out, s, e);
+    default:
+        return dj_fail(e, "gpu_matmul: unknown path %d", path);
+    }
+}
+
+extern "C" int gpu_matmul(dj_gpu *g, float *y, const float *x, const void *w, uint32_t wtype, int64_t T,
+                          int64_t n_in, int64_t n_out, cudaStream_t s, dj_err *e) {
+    return gpu_matmul_path(g, GPU_MM_AUTO, y, x, w, wtype, T, n_in, n_out, s, e);
+}
+
+// ---- normalisation and activations
+// One block per row. ADD: x += delta first (the residual add), then out = rmsnorm(x) * w.
+template <bool ADD>
+__global__ void rmsnorm_kernel(float *out, float *x, const float *delta, const float *w, int64_t n, float eps) {
+    const int64_t off = (int64_t)blockIdx.x * n;
+    float *xr = x + off;
+    float ss = 0.0f;
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+        float v = xr[i];
+        if (ADD) {
+            v += delta[off + i];
+            xr[i] = v;
+        }
+        ss += v * v;
+    }
+    ss = block_sum(ss);
+    const float scale = 1.0f / sqrtf(ss / (float)n + eps);
+    // The same thread reads back what it wrote above, so no barrier is needed; out may alias x or delta.
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) out[off + i] = xr[i] * scale * w[i];
+}
+
+static int norm_threads(int64_t n) { return n >= 4096 ? 1024 : n >= 1024 ? 512 : 128; }
+
+extern "C" int gpu_rmsnorm(float *out, const float *x, const float *w, int64_t T, int64_t n, float eps,
+                           cudaStream_t s, dj_err *e) {
+    if (T < 0 || n < 1 || T > INT32_MAX) return dj_fail(e, "gpu_rmsnorm: bad shape T=%lld n=%lld", (long long)T, (long long)n);
+    if (T == 0) return 0;
+    rmsnorm_kernel<false><<<(unsigned)T, norm_threads(n), 0, s>>>(out, (float *)x, NULL, w, n, eps);
+    LAUNCH_CHECK("rmsnorm", s);
+    return 0;
+}
+
+extern "C" int gpu_add_rmsnorm(float *x, const float *delta, float *out, const float *w, int64_t T, int64_t n,
+                               float eps, cudaStream_t s, dj_err *e) {
+    if (T < 0 || n < 1 || T > INT32_MAX)
+        return dj_fail(e, "gpu_add_rmsnorm: bad shape T=%lld n=%lld", (long long)T, (long long)n);
+    if (T == 0) return 0;
+    rmsnorm_kernel<true><<<(unsigned)T, norm_threads(n), 0, s>>>(out, x, delta, w, n, eps);
+    LAUNCH_CHECK("add_rmsnorm", s);
+    return 0;
+}
+
+__global__ void swiglu_kernel(float *out, const float *gate, const float *up, int64_t T, int64_t n, int64_t ld) {
+    for (int64_t k = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; k < T * n; k += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t t = k / n, i = k - t * n;
+        const float g = gate[t * ld + i];
+        out[k] = g / (1.0f + expf(-g)) * up[t * ld + i];
+    }
+}
+
+extern "C" int gpu_swiglu(float *out, const float *gate, const float *up, int64_t T, int64_t n, int64_t ld,
+                          cudaStream_t s, dj_err *e) {
+    if (T < 0 || n < 1 || ld < n) return dj_fail(e, "gpu_swiglu: bad shape T=%lld n=%lld ld=%lld", (long long)T, (long long)n, (long long)ld);
+    if (T == 0) return 0;
+    swiglu_kernel<<<grid_1d(T * n, 256), 256, 0, s>>>(out, gate, up, T, n, ld);
+    LAUNCH_CHECK("swiglu", s);
+    return 0;
+}
+
+// ---- RoPE
+// One thread per rotated pair (t, head, i). The products and the difference are rounded separately
+// (no FMA contraction), as the CPU reference computes them.
+__global__ void rope_kernel(float *x, int64_t T, int64_t n_heads, int64_t head_dim, int64_t ld, const float *inv_freq,
+                            const int32_t *d_pos) {
+    const int64_t half = head_dim / 2, per_t = n_heads * half;
+    const int32_t pos0 = *d_pos;
+    for (int64_t k = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; k < T * per_t; k += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t t = k / per_t, r = k - t * per_t, h = r / half, i = r - h * half;
+        float *xr = x + t * ld + h * head_dim;
+        const float ang = __fmul_rn((float)(pos0 + t), inv_freq[i]);
+        float sn, cs;
+        sincosf(ang, &sn, &cs);
+        const float a = xr[i], b = xr[i + half];
+        xr[i] = __fsub_rn(__fmul_rn(a, cs), __fmul_rn(b, sn));
+        xr[i + half] = __fadd_rn(__fmul_rn(a, sn), __fmul_rn(b, cs));
+    }
+}
+
+extern "C" int gpu_rope(float *x, int64_t T, int64_t n_heads, int64_t head_dim, int64_t ld, const float *inv_freq,
+                        const int32_t *d_pos, cudaStream_t s, dj_err *e) {
+    if (T < 0 || n_heads < 1 || head_dim < 2 || head_dim % 2 || ld < n_heads * head_dim)
+        return dj_fail(e, "gpu_rope: bad shape T=%lld n_heads=%lld head_dim=%lld ld=%lld (head_dim must be even)",
+                       (long long)T, (long long)n_heads, (long long)head_dim, (long long)ld);
+    if (T == 0) return 0;
+    rope_kernel<<<grid_1d(T * n_heads * head_dim / 2, 256), 256, 0, s>>>(x, T, n_heads, head_dim, ld, inv_freq, d_pos);
+    LAUNCH_CHECK("rope", s);
+    return 0;
+}
+
+// ---- KV cache
+__global__ void kv_write_kernel(float *k_cache, float *v_cache, const float *k, const float *v, int64_t ld, int64_t T,
+                                int64_t n_kv_heads, int64_t head_dim, int64_t max_seq, const int32_t *d_pos) {
+    const int64_t per_t = n_kv_heads * head_dim;
+    const int64_t pos0 = *d_pos;
+    for (int64_t j = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; j < T * per_t; j += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t t = j / per_t, r = j - t * per_t, h = r / head_dim, d = r - h * head_dim;
+        const int64_t pos = pos0 + t;
+        if (pos < 0 || pos >= max_seq) continue;
+        const int64_t dst = (h * max_seq + pos) * head_dim + d;
+        k_cache[dst] = k[t * ld + r];
+        v_cache[dst] = v[t * ld + r];
+    }
+}
+
+extern "C" int gpu_kv_write(float *k_cache, float *v_cache, const float *k, const float *v, int64_t ld, int64_t T,
+                            int64_t n_kv_heads, int64_t head_dim, int64_t max_seq, const int32_t *d_pos,
+                            cudaStream_t s, dj_err *e) {
+    if (T < 0 || n_kv_heads < 1 || head_dim < 1 || max_seq < 1 || ld < n_kv_heads * head_dim)
+        return dj_fail(e, "gpu_kv_write: bad shape T=%lld n_kv_heads=%lld head_dim=%lld ld=%lld", (long long)T,
+                       (long long)n_kv_heads, (long long)head_dim, (long long)ld);
+    if (T == 0) return 0;
+    kv_write_kernel<<<grid_1d(T * n_kv_heads * head_dim, 256), 256, 0, s>>>(k_cache, v_cache, k, v, ld, T, n_kv_heads,
+                                                                           head_dim, max_seq, d_pos);
+    LAUNCH_CHECK("kv_write", s);
+    return 0;
+}
+
+// ---- attention: decode (split-KV, then combine)
+#define DEC_CHUNK 256   // keys per split
+#define DEC_G 8         // query heads of one kv head handled per block (more: blockIdx.z)
+#define DEC_THREADS 128
+#define DEC_KU 2        // keys per warp per step: more loads in flight
+#define HD_MAX 256
+
+// One block per (split, kv head, group of <= 8 query heads). Scores for the chunk go to shared memory,
+// then softmax per head, then P.V; writes the unnormalised partial output with its max and sum:
+//   part_o (n_heads, n_splits, head_dim), part_ml (n_heads, n_splits, 2) = (max score, sum of exp).
+// PRECOND: head_dim even, <= 256; blockDim.x == DEC_THREADS.
+__global__ __launch_bounds__(DEC_THREADS) void attn_decode_split_kernel(
+    float *part_o, float *part_ml, const float *q, const float *k_cache, const float *v_cache, int n_heads,
+    int group, int head_dim, int max_seq, int n_splits, float scale, const int32_t *d_pos) {
+    __shared__ float sc[DEC_G * DEC_CHUNK];      // scores, then probabilities (g, key)
+    __shared__ float red[DEC_THREADS * DEC_G];   // P.V partials across key slices
+    __shared__ float ml[DEC_G * 2];
+    const int split = blockIdx.x, kvh = blockIdx.y, g0 = blockIdx.z * DEC_G;
+    const int ng = min(DEC_G, group - g0), hd = head_dim;
+    const int pos = min(*d_pos, max_seq - 1);
+    const int k0 = split * DEC_CHUNK;
+    if (k0 > pos) return;  // whole block: this split is beyond the context
+    const int nk = min(DEC_CHUNK, pos + 1 - k0);
+    const int h0 = kvh * group + g0;  // first query head of this block
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const float *kb = k_cache + ((int64_t)kvh * max_seq + k0) * hd;
+    const float *vb = v_cache + ((int64_t)kvh * max_seq + k0) * hd;
+
+    // q in registers: lane holds dims lane + 32 i of each head
+    float qr[DEC_G][HD_MAX / 32];
+#pragma unroll
+    for (int g = 0; g < DEC_G; g++)
+#pragma unroll
+        for (int i = 0; i < HD_MAX / 32; i++) {
+            const int d = lane + 32 * i;
+            qr[g][i] = (g < ng && d < hd) ? q[(int64_t)(h0 + g) * hd + d] : 0.0f;
+        }
+
+    // scores: warp per key, lanes across head_dim
+    for (int j0 = warp; j0 < nk; j0 += 4 * DEC_KU) {
+        float kv[DEC_KU][HD_MAX / 32];
+#pragma unroll
+        for (int u = 0; u < DEC_KU; u++) {
+            const int j = j0 + 4 * u;
+#pragma unroll
+            for (int i = 0; i < HD_MAX / 32; i++) {
+                const int d = lane + 32 * i;
+                kv[u][i] = (j < nk && d < hd) ? kb[(int64_t)j * hd + d] : 0.0f;
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < DEC_KU; u++) {
+            const int j = j0 + 4 * u;
+            if (j >= nk) break;  // warp-uniform
+#pragma unroll
+            for (int g = 0; g < DEC_G; g++) {
+                if (g >= ng) break;  // block-uniform
+                float p = 0.0f;
+#pragma unroll
+                for (int i = 0; i < HD_MAX / 32; i++) p += qr[g][i] * kv[u][i];
+                p = warp_sum(p);
+                if (lane == 0) sc[g * DEC_CHUNK + j] = p * scale;
+            }
+        }
+    }
+    __syncthreads();
+
+    // softmax over the chunk, warp per query head
+    for (int g = warp; g < ng; g += 4) {
+        float m = -INFINITY;
+        for (int j = lane; j < nk; j += 32) m = fmaxf(m, sc[g * DEC_CHUNK + j]);
+        m = warp_max(m);
+        float l = 0.0f;
+        for (int j = lane; j < nk; j += 32) {
+            const float p = expf(sc[g * DEC_CHUNK + j] - m);
+            sc[g * DEC_CHUNK + j] = p;
+            l += p;
+        }
+        l = warp_sum(l);
+        if (lane == 0) ml[2 * g] = m, ml[2 * g + 1] = l;
+    }
+    __syncthreads();
+
+    // P.V: thread (slice, d) sums keys slice, slice + nsl, ... for dims d and d + 128
+    const int dpt = hd >= DEC_THREADS ? DEC_THREADS : hd;  // threads per slice
+    const int nsl = DEC_THREADS / dpt;                     // key slices
+    const int sl = tid / dpt, dd = tid - sl * dpt;
+    float acc[2][DEC_G];
+#pragma unroll
+    for (int g = 0; g < DEC_G; g++) acc[0][g] = acc[1][g] = 0.0f;
+    if (sl < nsl) {
+        const bool two = dd + DEC_THREADS < hd;
+#pragma unroll 4
+        for (int j = sl; j < nk; j += nsl) {
+            const float v0 = vb[(int64_t)j * hd + dd];
+            const float v1 = two ? vb[(int64_t)j * hd + dd + DEC_THREADS] : 0.0f;
+#pragma unroll
+            for (int g = 0; g < DEC_G; g++) {
+                if (g >= ng) break;
+                const float p = sc[g * DEC_CHUNK + j];
+                acc[0][g] += p * v0;
+                acc[1][g] += p * v1;
+            }
+        }
+    }
+    if (nsl > 1) {  // then hd <= 64... < 128: one dim per thread, reduce the slices in shared memory
+        if (sl < nsl)
+#pragma unroll
+            for (int g = 0; g < DEC_G; g++) red[(sl * DEC_G + g) * dpt + dd] = acc[0][g];
+        __syncthreads();
+        if (tid < dpt)
+#pragma unroll
+            for (int g = 0; g < DEC_G; g++) {
+                float o = 0.0f;
+                for (int k = 0; k < nsl; k++) o += red[(k * DEC_G + g) * dpt + tid];
+                acc[0][g] = o;
+            }
+    }
+    if (sl == 0) {
+        for (int g = 0; g < ng; g++) {
+            const int64_t base = ((int64_t)(h0 + g) * n_splits + split);
+            part_o[base * hd + dd] = acc[0][g];
+            if (dd + DEC_THREADS < hd) part_o[base * hd + dd + DEC_THREADS] = acc[1][g];
+            if (dd == 0) part_ml[2 * base] = ml[2 * g], part_ml[2 * base + 1] = ml[2 * g + 1];
+        }
+    }
+}
+
+// out (n_heads, head_dim) from the partials of the splits that hold keys 0..pos. One block per query head.
+__global__ void attn_decode_combine_kernel(float *out, const float *part_o, const float *part_ml, int head_dim,
+                                           int max_seq, int n_splits, const int32_t *d_pos) {
+    const int h = blockIdx.x;
+    const int pos = min(*d_pos, max_seq - 1);
+    const int ns = pos / DEC_CHUNK + 1;
+    const float *mlh = part_ml + (int64_t)h * n_splits * 2;
+    float m = -INFINITY;
+    for (int s = 0; s < ns; s++) m = fmaxf(m, mlh[2 * s]);
+    float l = 0.0f;
+    for (int s = 0; s < ns; s++) l += mlh[2 * s + 1] * expf(mlh[2 * s] - m);
+    const float inv = 1.0f / l;
+    for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
+        float o = 0.0f;
+        for (int s = 0; s < ns; s++) o += part_o[((int64_t)h * n_splits + s) * head_dim + d] * expf(mlh[2 * s] - m);
+        out[(int64_t)h * head_dim + d] = o * inv;
+    }
+}
+
+static int64_t dec_splits(int64_t max_seq) { return (max_seq + DEC_CHUNK - 1) / DEC_CHUNK; }
+
+extern "C" size_t gpu_attention_scratch(int64_t n_heads, int64_t head_dim, int64_t max_seq) {
+    return (size_t)n_heads * (size_t)dec_splits(max_seq) * (size_t)(head_dim + 2) * sizeof(float);
+}
+
+static int attn_check(const char *fn, int64_t n_heads, int64_t n_kv_heads, int64_t head_dim, int64_t max_seq,
+                      dj_err *e) {
+    if (n_heads < 1 || n_kv_heads < 1 || n_heads % n_kv_heads || head_dim < 2 || head_dim % 2 ||
+        head_dim > HD_MAX || max_seq < 1 || max_seq > INT32_MAX / 2 || n_heads > 65535)
+        return dj_fail(e, "%s: unsupported shape n_heads=%lld n_kv_heads=%lld head_dim=%lld max_seq=%lld "
+                          "(need n_heads %% n_kv_heads == 0, head_dim even and <= %d)",
+                       fn, (long long)n_heads, (long long)n_kv_heads, (long long)head_dim, (long long)max_seq, HD_MAX);
+    return 0;
+}
+
+extern "C" int gpu_attention_decode(dj_gpu *g, float *out, const float *q, const float *k_cache, const float *v_cache,
+                                    int64_t n_heads, int64_t n_kv_heads, int64_t head_dim, int64_t max_seq,
+                                    const int32_t *d_pos, cudaStream_t s, dj_err *e) {
+    if (attn_check("gpu_attention_decode", n_heads, n_kv_heads, head_dim, max_seq, e)) return -1;
+    if (scratch_need(g, gpu_attention_scratch(n_heads, head_dim, max_seq), s, e)) return -1;
+    const int64_t ns = dec_splits(max_seq), group = n_heads / n_kv_heads;
+    float *part_o = (float *)g->scratch, *part_ml = part_o + n_heads * ns * head_dim;
+    dim3 grid((unsigned)ns, (unsigned)n_kv_heads, (unsigned)((group + DEC_G - 1) / DEC_G));
+    const float scale = 1.0f / sqrtf((float)head_dim);
+    attn_decode_split_kernel<<<grid, DEC_THREADS, 0, s>>>(part_o, part_ml, q, k_cache, v_cache, (int)n_heads,
+                                                          (int)group, (int)head_dim, (int)max_seq, (int)ns, scale,
+                                                          d_pos);
+    LAUNCH_CHECK("attn_decode_split", s);
+    attn_decode_combine_kernel<<<(unsigned)n_heads, 128, 0, s>>>(out, part_o, part_ml, (int)head_dim, (int)max_seq,
+                                                                 (int)ns, d_pos);
+    LAUNCH_CHECK("attn_decode_combine", s);
+    return 0;
+}
+
+// ---- attention: prefill (tiled, causal, online softmax)
+#define PF_BQ 64       // query rows per block (one query head)
+#define PF_BK 32       // keys per tile
+#define PF_THREADS 128 // two threads per query row
+
+static size_t prefill_smem(int hd) {
+    return sizeof(float) * ((size_t)PF_BQ * (hd + 1) + (size_t)PF_BK * (hd + 1) + (size_t)PF_BK * hd +
+                            (size_t)PF_BQ * (PF_BK + 1));
+}
+
+// Block (query tile, query head). Thread pair (2r, 2r+1) owns query row r: each computes the scores of
+// alternate keys of a tile and alternate output dims (so the pair's shared-memory reads hit different
+// banks). Shared memory: Qs (BQ, hd+1), Ks (BK, hd+1), Vs (BK, hd), Ps (BQ, BK+1); the +1 pads keep
+// the 16 rows a warp reads at once in distinct banks.
+// PRECOND: head_dim even, <= HD; blockDim.x == PF_THREADS.
+template <int HD>
+__global__ __launch_bounds__(PF_THREADS) void attn_prefill_kernel(float *out, int64_t ldo, const float *q, int64_t ldq,
+                                                                 const float *k_cache, const float *v_cache, int T,
+                                                                 int group, int hd, int max_seq, float scale,
+                                                                 const int32_t *d_pos) {
+    extern __shared__ float smem[];
+    const int hs = hd + 1;
+    float *Qs = smem, *Ks = Qs + PF_BQ * hs, *Vs = Ks + PF_BK * hs, *Ps = Vs + PF_BK * hd;
+    // the longest tiles (latest queries) start first, so the short ones fill the tail
+    const int h = blockIdx.y, kvh = h / group, t0 = (gridDim.x - 1 - blockIdx.x) * PF_BQ;
+    const int tid = threadIdx.x, r = tid >> 1, half = tid & 1;
+    const int pos0 = *d_pos;
+    for (int idx = tid; idx < PF_BQ * hd; idx += PF_THREADS) {
+        const int rr = idx / hd, d = idx - rr * hd, t = t0 + rr;
+        Qs[rr * hs + d] = t < T ? q[(int64_t)t * ldq + (int64_t)h * hd + d] : 0.0f;
+    }
+    const int t = t0 + r;
+    const int last_key = min(pos0 + min(t0 + PF_BQ - 1, T - 1), max_seq - 1);
+    const int my_last = min(pos0 + min(t, T - 1), last_key);  // rows past T mirror the last row, unwritten
+    const float *kb = k_cache + (int64_t)kvh * max_seq * hd, *vb = v_cache + (int64_t)kvh * max_seq * hd;
+
+    float m = -INFINITY, l = 0.0f;
+    float acc[HD / 2];
+#pragma unroll
+    for (int i = 0; i < HD / 2; i++) acc[i] = 0.0f;
+
+    for (int k0 = 0; k0 <= last_key; k0 += PF_BK) {
+        __syncthreads();  // the previous tile's Ks/Vs are no longer read (and Qs is complete, first time)
+        for (int idx = tid; idx < PF_BK * hd; idx += PF_THREADS) {
+            const int j = idx / hd, d = idx - j * hd, key = k0 + j;
+            const bool ok = key <= last_key;
+            Ks[j * hs + d] = ok ? kb[(int64_t)key * hd + d] : 0.0f;
+            Vs[j * hd + d] = ok ? vb[(int64_t)key * hd + d] : 0.0f;
+        }
+        __syncthreads();
+
+        float sj[PF_BK / 2];
+#pragma unroll
+        for (int jj = 0; jj < PF_BK / 2; jj++) sj[jj] = 0.0f;
+        for (int d = 0; d < hd; d++) {
+            const float qd = Qs[r * hs + d];
+#pragma unroll
+            for (int jj = 0; jj < PF_BK / 2; jj++) sj[jj] += qd * Ks[(2 * jj + half) * hs + d];
+        }
+        float mt = -INFINITY;
+#pragma unroll
+        for (int jj = 0; jj < PF_BK / 2; jj++) {
+            const int key = k0 + 2 * jj + half;
+            sj[jj] = key <= my_last ? sj[jj] * scale : -INFINITY;
+            mt = fmaxf(mt, sj[jj]);
+        }
+        mt = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, 1));
+        const float mn = fmaxf(m, mt);
+        // Tile 0 always holds key 0 <= my_last, so mn is finite from the first tile on.
+        const float alpha = expf(m - mn);  // m = -inf on the first tile: 0
+        float ls = 0.0f;
+#pragma unroll
+        for (int jj = 0; jj < PF_BK / 2; jj++) {
+            const float p = expf(sj[jj] - mn);  // masked: exp(-inf) = 0
+            Ps[r * (PF_BK + 1) + 2 * jj + half] = p;
+            ls += p;
+        }
+        ls += __shfl_xor_sync(0xffffffffu, ls, 1);
+        l = l * alpha + ls;
+        m = mn;
+        __syncwarp();  // row r's probabilities come from this thread pair, in this warp
+#pragma unroll
+        for (int i = 0; i < HD / 2; i++) acc[i] *= alpha;
+        for (int j = 0; j < PF_BK; j++) {
+            const float p = Ps[r * (PF_BK + 1) + j];
+#pragma unroll
+            for (int i = 0; i < HD / 2; i++) {
+                const int d = 2 * i + half;
+                if (d < hd) acc[i] += p * Vs[j * hd + d];
+            }
+        }
+        __syncwarp();  // Ps row is rewritten by the next tile
+    }
+    if (t < T) {
+        const float inv = 1.0f / l;
+        float *o = out + (int64_t)t * ldo + (int64_t)h * hd;
+#pragma unroll
+        for (int i = 0; i < HD / 2; i++) {
+            const int d = 2 * i + half;
+            if (d < hd) o[d] = acc[i] * inv;
+        }
+    }
+}
+
+// Raises the dynamic shared-memory limit of each prefill instantiation to what its largest head_dim needs,
+// as far as the device allows (H100: 227 KB, all of them); records the largest head_dim that fits.
+static int attention_setup(dj_gpu *g, dj_err *e) {
+    int optin = 0;
+    CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, g->device));
+    g->prefill_max_hd = 0;
+    if (prefill_smem(64) > (size_t)optin) return 0;
+    CUDA_CHECK(cudaFuncSetAttribute(attn_prefill_kernel<64>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    (int)prefill_smem(64)));
+    g->prefill_max_hd = 64;
+    if (prefill_smem(128) > (size_t)optin) return 0;
+    CUDA_CHECK(cudaFuncSetAttribute(attn_prefill_kernel<128>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    (int)prefill_smem(128)));
+    g->prefill_max_hd = 128;
+    if (prefill_smem(256) > (size_t)optin) {
+        g->prefill_max_hd = (int)((optin / sizeof(float) - PF_BQ * (PF_BK + 1) - PF_BQ - PF_BK) / (PF_BQ + 2 * PF_BK)) & ~1;
+        if (g->prefill_max_hd > HD_MAX) g->prefill_max_hd = HD_MAX;
+    } else {
+        g->prefill_max_hd = HD_MAX;
+    }
+    if (g->prefill_max_hd > 128)
+        CUDA_CHECK(cudaFuncSetAttribute(attn_prefill_kernel<256>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        (int)prefill_smem(g->prefill_max_hd)));
+    return 0;
+}
+
+extern "C" int gpu_attention_prefill(dj_gpu *g, float *out, int64_t ldo, const float *q, int64_t ldq,
+                                     const float *k_cache, const float *v_cache, int64_t T, int64_t n_heads,
+                                     int64_t n_kv_heads, int64_t head_dim, int64_t max_seq, const int32_t *d_pos,
+                                     cudaStream_t s, dj_err *e) {
+    if (attn_check("gpu_attention_prefill", n_heads, n_kv_heads, head_dim, max_seq, e)) return -1;
+    if (head_dim > g->prefill_max_hd)
+        return dj_fail(e, "gpu_attention_prefill: head_dim %lld needs %zu bytes of shared memory per block; "
+                          "this GPU allows head_dim <= %d", (long long)head_dim, prefill_smem((int)head_dim),
+                       g->prefill_max_hd);
+    if (T < 0 || T > max_seq || ldq < n_heads * head_dim || ldo < n_heads * head_dim)
+        return dj_fail(e, "gpu_attention_prefill: bad T=%lld ldq=%lld ldo=%lld", (long long)T, (long long)ldq,
+                       (long long)ldo);
+    if (T == 0) return 0;
+    const int group = (int)(n_heads / n_kv_heads), hd = (int)head_dim;
+    const float scale = 1.0f / sqrtf((float)head_dim);
+    dim3 grid((unsigned)((T + PF_BQ - 1) / PF_BQ), (unsigned)n_heads);
+    const size_t sm = prefill_smem(hd);
+    if (hd <= 64)
+        attn_prefill_kernel<64><<<grid, PF_THREADS, sm, s>>>(out, ldo, q, ldq, k_cache, v_cache, (int)T, group, hd,
+                                                             (int)max_seq, scale, d_pos);
+    else if (hd <= 128)
+        attn_prefill_kernel<128><<<grid, PF_THREADS, sm, s>>>(out, ldo, q, ldq, k_cache, v_cache, (int)T, group, hd,
+                                                              (int)max_seq, scale, d_pos);
+    else
+        attn_prefill_kernel<256><<<grid, PF_THREADS, sm, s>>>(out, ldo, q, ldq, k_cache, v_cache, (int)T, group, hd,
+                                                              (int)max_seq, scale, d_pos);
+    LAUNCH_CHECK("attn_prefill", s);
+    return 0;
+}
+
+// ---- sampling
+#define SAMPLE_THREADS 1024
+
+// The first index of the largest non-NaN value over the block (-1 when there is none); every thread gets it.
+__device__ void block_argmax(const float *z, int64_t n, float *best_v, int64_t *best_i) {
+    __shared__ float sv[32];
+    __shared__ long long si[32];
+    float bv = -INFINITY;
+    long long bi = -1;
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+        const float v = z[i];
+        if (v == v && (bi < 0 || v > bv)) bv = v, bi = i;  // increasing i: the first of equal values stays
+    }
+    for (int o = 16; o > 0; o >>= 1) {
+        const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+        const long long oi = __shfl_xor_sync(0xffffffffu, bi, o);
+        if (oi >= 0 && (bi < 0 || ov > bv || (ov == bv && oi < bi))) bv = ov, bi = oi;
+    }
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    __syncthreads();
+    if (lane == 0) sv[warp] = bv, si[warp] = bi;
+    __syncthreads();
+    bv = lane < nw ? sv[lane] : -INFINITY;
+    bi = lane < nw ? si[lane] : -1;
+    for (int o = 16; o > 0; o >>= 1) {
+        const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+        const long long oi = __shfl_xor_sync(0xffffffffu, bi, o);
+        if (oi >= 0 && (bi < 0 || ov > bv || (ov == bv && oi < bi))) bv = ov, bi = oi;
+    }
+    *best_v = bv;
+    *best_i = bi;
+}
+
+__global__ __launch_bounds__(SAMPLE_THREADS) void argmax_kernel(int32_t *out, const float *z, int64_t n) {
+    float bv;
+    int64_t bi;
+    block_argmax(z, n, &bv, &bi);
+    if (threadIdx.x == 0) *out = (int32_t)(bi < 0 ? 0 : bi);
+}
+
+// Integer weight of a logit (kernels.h gives the semantics); NaN weighs 0.
+__device__ __forceinline__ unsigned long long topp_weight(float z, float m, float temp) {
+    const float v = expf((z - m) / temp);
+    return v >= 0.0f ? (unsigned long long)(v * 4294967296.0f) : 0ull;
+}
+
+#define RADIX_BITS 11
+#define RADIX_BINS (1 << RADIX_BITS)
+
+// One block. Weights fit in 33 bits (<= 2^32), selected 11 bits at a time from the top. Histograms hold
+// weight mass per digit; integer atomics make them exact and independent of order.
+__global__ __launch_bounds__(SAMPLE_THREADS) void top_p_kernel(int32_t *out, const float *z, int64_t n, float temp,
+                                                               float top_p, float u) {
+    __shared__ unsigned long long hist[RADIX_BINS];
+    __shared__ unsigned long long sel[3];  // prefix, mass above the prefix, mass at or above the prefix
+    const int tid = threadIdx.x;
+    float zmax;
+    int64_t imax;
+    block_argmax(z, n, &zmax, &imax);
+    unsigned long long part = 0;
+    for (int64_t i = tid; i < n; i += SAMPLE_THREADS) part += topp_weight(z[i], zmax, temp);
+    const unsigned long long W = block_sum_u64(part);
+    if (W == 0) {  // all NaN or infinite logits: fall back to argmax
+        if (tid == 0) *out = (int32_t)(imax < 0 ? 0 : imax);
+        return;
+    }
+    const double tg = ceil((double)top_p * (double)W);
+    const unsigned long long target = tg < 1.0 ? 1ull : tg >= (double)W ? W : (unsigned long long)tg;
+
+    unsigned long long prefix = 0, above = 0, at_or_above = W;
+    for (int pass = 0; pass < 3; pass++) {
+        const int shift = 2 * RADIX_BITS - RADIX_BITS * pass;  // 22, 11, 0
+        for (int b = tid; b < RADIX_BINS; b += SAMPLE_THREADS) hist[b] = 0;
+        __syncthreads();
+        unsigned long long zero_digit = 0;  // the crowded bin, summed in registers first
+        for (int64_t i = tid; i < n; i += SAMPLE_THREADS) {
+            const unsigned long long w = topp_weight(z[i], zmax, temp);
+            if ((w >> (shift + RADIX_BITS)) != prefix) continue;
+            const unsigned digit = (unsigned)(w >> shift) & (RADIX_BINS - 1);
+            if (digit == 0)
+                zero_digit += w;
+            else
+                atomicAdd(&hist[digit], w);
+        }
+        zero_digit = warp_sum_u64(zero_digit);
+        if ((tid & 31) == 0 && zero_digit) atomicAdd(&hist[0], zero_digit);
+        __syncthreads();
+        // Thread j holds bins hi = 2047 - 2j and lo = hi - 1; the scan in thread order gives suffix sums.
+        const int hi = RADIX_BINS - 1 - 2 * tid, lo = hi - 1;
+        const unsigned long long mh = hist[hi], mlo = hist[lo];
+        const unsigned long long incl = block_scan_u64(mh + mlo);  // mass of bins >= lo
+        const unsigned long long s_lo = above + incl, s_hi = s_lo - mlo, s_up = s_hi - mh;  // >= lo, >= hi, > hi
+        // The chosen digit is the largest b with above + mass(bins >= b) >= target: exactly one thread sees it.
+        if (s_hi >= target && s_up < target) sel[0] = (prefix << RADIX_BITS) | (unsigned)hi, sel[1] = s_up, sel[2] = s_hi;
+        else if (s_lo >= target && s_hi < target) sel[0] = (prefix << RADIX_BITS) | (unsigned)lo, sel[1] = s_hi, sel[2] = s_lo;
+        __syncthreads();
+        prefix = sel[0], above = sel[1], at_or_above = sel[2];
+        __syncthreads();  // sel and hist are rewritten by the next pass
+    }
+    const unsigned long long thr = prefix, M = at_or_above;
+    double rd = floor((double)u * (double)M);
+    const unsigned long long r = rd <= 0.0 ? 0ull : rd >= (double)M ? M - 1 : (unsigned long long)rd;
+
+    // Pick: contiguous index segments per thread, so thread order is index order.
+    const int64_t seg = (n + SAMPLE_THREADS - 1) / SAMPLE_THREADS;
+    const int64_t b0 = min((int64_t)tid * seg, n), b1 = min(b0 + seg, n);
+    unsigned long long mine = 0;
+    for (int64_t i = b0; i < b1; i++) {
+        const unsigned long long w = topp_weight(z[i], zmax, temp);
+        if (w >= thr) mine += w;
+    }
+    const unsigned long long incl = block_scan_u64(mine), excl = incl - mine;
+    if (mine > 0 && excl <= r && r < incl) {
+        unsigned long long c = excl;
+        for (int64_t i = b0; i < b1; i++) {
+            const unsigned long long w = topp_weight(z[i], zmax, temp);
+            if (w < thr) continue;
+            c += w;
+            if (c > r) {
+                *out = (int32_t)i;
+                break;
+            }
+        }
+    }
+}
+
+extern "C" int gpu_argmax(int32_t *d_out, const float *logits, int64_t n, cudaStream_t s, dj_err *e) {
+    if (n < 1 || n > INT32_MAX) return dj_fail(e, "gpu_argmax: bad n=%lld", (long long)n);
+    argmax_kernel<<<1, SAMPLE_THREADS, 0, s>>>(d_out, logits, n);
+    LAUNCH_CHECK("argmax", s);
+    return 0;
+}
+
+extern "C" int gpu_sample_top_p(int32_t *d_out, const float *logits, int64_t n, float temp, float top_p, float u,
+                                cudaStream_t s, dj_err *e) {
+    if (n < 1 || n > INT32_MAX) return dj_fail(e, "gpu_sample_top_p: bad n=%lld", (long long)n);
+    if (!(temp > 0.0f) || !(top_p > 0.0f)) return gpu_argmax(d_out, logits, n, s, e);
+    top_p_kernel<<<1, SAMPLE_THREADS, 0, s>>>(d_out, logits, n, temp, top_p, u);
+    LAUNCH_CHECK("top_p", s);
+    return 0;
 }

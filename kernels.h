@@ -1,16 +1,164 @@
 // kernels.h: every GPU kernel and the cuBLAS/cuBLASLt calls behind a plain C API (implemented in kernels.cu).
+//
+// Conventions
+// - Activations on the GPU are f32: residual stream, q/k/v, attention output, logits. Matrices stay in the
+//   model's wtype (DJ_F32/DJ_F16/DJ_BF16 from model.h); arithmetic accumulates in fp32.
+// - Pointers named d_* or documented as device live in GPU memory; sizes and counts are int64_t.
+// - Every function that can fail takes a dj_err* and returns 0, or -1 with one line such as
+//   "cuda: cudaMalloc(...) failed at kernels.cu:123: cudaErrorMemoryAllocation (out of memory)".
+//   Kernel launches are checked with cudaGetLastError(); a build with -DDJINN_DEBUG also synchronises the
+//   stream after every launch (outside graph capture) so an asynchronous fault names its kernel.
+// - Positions come from device memory (const int32_t *d_pos, one int: the position of the first token),
+//   so a decode step can be captured once as a CUDA graph and replayed with only *d_pos changing.
+//   Kernels never write outside the KV cache: positions >= max_seq are clamped/skipped, so the caller must
+//   check pos + T <= max_seq on the host.
+// - KV cache, per layer: k_cache, v_cache each (n_kv_heads, max_seq, head_dim) f32, the layout of
+//   cpu_attention. f32 keeps attention exact against the CPU reference and needs no conversion on write;
+//   it costs twice the memory and decode bandwidth of f16 (a later change can store the weight dtype).
+// - A dj_gpu serves one compute stream at a time: its scratch buffer (f16/bf16 copies of x for cuBLAS,
+//   split-KV partials for decode attention) is reused by successive calls in stream order.
 #ifndef DJINN_KERNELS_H
 #define DJINN_KERNELS_H
 
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
+
+#include <cuda_runtime_api.h>
 
 #ifdef __cplusplus
-extern "C" {
+extern "C" {  // util.h has no C++ guard of its own; its system headers are already included above
 #endif
+
+#include "util.h"
 
 // Number of usable CUDA devices; 0 when there is no GPU or no driver (any error from cudaGetDeviceCount).
 int gpu_count(void);
+
+// ---- context: device, cuBLAS/cuBLASLt handles, workspace and scratch
+typedef struct dj_gpu dj_gpu;
+
+// Selects `device`, creates the cuBLAS and cuBLASLt handles, a 32 MiB cuBLAS workspace, and raises the
+// shared-memory limit of the attention kernels.
+int gpu_open(dj_gpu **out, int device, dj_err *e);
+void gpu_close(dj_gpu *g);  // NULL is fine
+// One line naming the device: "NVIDIA H100 80GB HBM3, sm_90, 132 SMs, 79.1 GiB".
+const char *gpu_name(const dj_gpu *g);
+// Grows the scratch buffer to at least `bytes` (synchronises the device when it grows). Call it before a
+// graph capture with the largest of gpu_matmul_scratch / gpu_attention_scratch the captured calls need:
+// growing inside a capture is refused with an error.
+int gpu_reserve(dj_gpu *g, size_t bytes, dj_err *e);
+size_t gpu_matmul_scratch(uint32_t wtype, int64_t T, int64_t n_in);          // bytes gpu_matmul needs
+size_t gpu_attention_scratch(int64_t n_heads, int64_t head_dim, int64_t max_seq);  // bytes decode needs
+
+// ---- memory
+// cudaMalloc; on failure the message names `what`, the size, and the free/total device memory.
+int gpu_malloc(void **p, size_t bytes, const char *what, dj_err *e);
+void gpu_free(void *p);  // NULL is fine
+int gpu_mem_info(size_t *free_bytes, size_t *total_bytes, dj_err *e);
+int gpu_memset(void *p, int byte, size_t bytes, cudaStream_t s, dj_err *e);  // async on s
+// Copies: the *_async ones are ordered on s (and truly asynchronous only for pinned host memory);
+// the others are synchronous.
+int gpu_h2d(void *dst, const void *src, size_t bytes, dj_err *e);
+int gpu_d2h(void *dst, const void *src, size_t bytes, dj_err *e);
+int gpu_h2d_async(void *dst, const void *src, size_t bytes, cudaStream_t s, dj_err *e);
+int gpu_d2h_async(void *dst, const void *src, size_t bytes, cudaStream_t s, dj_err *e);
+int gpu_d2d_async(void *dst, const void *src, size_t bytes, cudaStream_t s, dj_err *e);
+// Page-locked host memory for the loader and the streaming ring: cudaHostAlloc (portable) or
+// cudaHostRegister of existing memory (read_only: the pages are only read by the GPU, e.g. an mmap).
+int gpu_host_alloc(void **p, size_t bytes, const char *what, dj_err *e);
+void gpu_host_free(void *p);  // NULL is fine
+int gpu_host_register(void *p, size_t bytes, int read_only, dj_err *e);
+int gpu_host_unregister(void *p, dj_err *e);
+
+// ---- streams, events, graphs
+int gpu_stream_create(cudaStream_t *s, dj_err *e);  // non-blocking with respect to the legacy stream
+void gpu_stream_destroy(cudaStream_t s);
+int gpu_stream_sync(cudaStream_t s, dj_err *e);
+int gpu_sync(dj_err *e);  // the whole device
+int gpu_event_create(cudaEvent_t *ev, int timing, dj_err *e);  // timing 0: cheaper, no elapsed time
+void gpu_event_destroy(cudaEvent_t ev);
+int gpu_event_record(cudaEvent_t ev, cudaStream_t s, dj_err *e);
+int gpu_stream_wait(cudaStream_t s, cudaEvent_t ev, dj_err *e);  // s waits for ev (no host block)
+int gpu_event_sync(cudaEvent_t ev, dj_err *e);
+int gpu_event_ms(float *ms, cudaEvent_t start, cudaEvent_t end, dj_err *e);
+// Capture the work issued on s into a graph (thread-local capture mode), instantiate it, replay it.
+int gpu_graph_begin(cudaStream_t s, dj_err *e);
+int gpu_graph_end(cudaStream_t s, cudaGraphExec_t *exec, dj_err *e);
+int gpu_graph_launch(cudaGraphExec_t exec, cudaStream_t s, dj_err *e);
+void gpu_graph_destroy(cudaGraphExec_t exec);
+
+// ---- matmul: y (T, n_out) f32 = x (T, n_in) f32 . W^T, W (n_out, n_in) row-major in wtype
+// GPU_MM_AUTO: our GEMV for T == 1 (reads W once with 16-byte loads, fp32 accumulation; the decode path),
+// cublasGemmEx for T > 1. cuBLAS paths, f16/bf16: x is rounded to wtype in scratch and multiplied on the
+// tensor cores with fp32 accumulation (CUBLAS_COMPUTE_32F), output f32. f32 weights use CUBLAS_COMPUTE_32F
+// with the default math mode, which is plain fp32, not TF32: it keeps the f32 path within ~1e-5 of the CPU.
+// The GEMV reads W once per 4 rows of x, so it is also correct (if slower) for any T.
+enum gpu_mm_path { GPU_MM_AUTO = 0, GPU_MM_GEMV = 1, GPU_MM_CUBLAS = 2, GPU_MM_CUBLASLT = 3 };
+int gpu_matmul(dj_gpu *g, float *y, const float *x, const void *w, uint32_t wtype, int64_t T, int64_t n_in,
+               int64_t n_out, cudaStream_t s, dj_err *e);
+int gpu_matmul_path(dj_gpu *g, int path, float *y, const float *x, const void *w, uint32_t wtype, int64_t T,
+                    int64_t n_in, int64_t n_out, cudaStream_t s, dj_err *e);
+
+// ---- normalisation and activations (rows of n f32 values, T rows back to back)
+// out (T, n) = x / sqrt(mean(x^2) + eps) * w; w (n) f32. out may alias x.
+int gpu_rmsnorm(float *out, const float *x, const float *w, int64_t T, int64_t n, float eps, cudaStream_t s,
+                dj_err *e);
+// Residual add fused with the next norm: x (T, n) += delta (T, n); out (T, n) = rmsnorm(x) * w.
+// out may alias delta (not x).
+int gpu_add_rmsnorm(float *x, const float *delta, float *out, const float *w, int64_t T, int64_t n, float eps,
+                    cudaStream_t s, dj_err *e);
+// out (T, n) = silu(gate) * up, gate and up rows `ld` floats apart (ld = n for separate buffers, 2n for
+// one (T, 2n) buffer holding [gate | up] per row, then up = gate + n). out may alias gate only when ld == n.
+int gpu_swiglu(float *out, const float *gate, const float *up, int64_t T, int64_t n, int64_t ld, cudaStream_t s,
+               dj_err *e);
+
+// ---- RoPE: x rows (T rows `ld` floats apart, each n_heads * head_dim), rotated in place for positions
+// *d_pos + t, HF rotate-half pairs (i, i + head_dim/2), angle = (float)pos * inv_freq[i] in f32 (cpu_rope).
+// inv_freq (head_dim/2) f32 in device memory, from cpu_rope_freqs. With the fused [q | k | v] matmul
+// output, q and k are adjacent: one call with n_heads + n_kv_heads rotates both.
+// PRECOND: head_dim even.
+int gpu_rope(float *x, int64_t T, int64_t n_heads, int64_t head_dim, int64_t ld, const float *inv_freq,
+             const int32_t *d_pos, cudaStream_t s, dj_err *e);
+
+// ---- KV cache and attention
+// Writes k, v rows (T rows `ld` floats apart, each n_kv_heads * head_dim) into the caches at positions
+// *d_pos + t (rows whose position is >= max_seq are skipped).
+int gpu_kv_write(float *k_cache, float *v_cache, const float *k, const float *v, int64_t ld, int64_t T,
+                 int64_t n_kv_heads, int64_t head_dim, int64_t max_seq, const int32_t *d_pos, cudaStream_t s,
+                 dj_err *e);
+// Decode: one query per head at position pos = *d_pos over keys 0..pos, GQA (query head h reads kv head
+// h / (n_heads / n_kv_heads)), scale 1/sqrt(head_dim), f32 softmax. q, out (n_heads, head_dim).
+// Split across the KV length in chunks of 256 keys (flash-decoding), then a combine pass; the grid is sized
+// by max_seq so a captured graph serves every pos. Needs gpu_attention_scratch() bytes of scratch.
+// PRECOND: head_dim even, <= 256; n_heads % n_kv_heads == 0.
+int gpu_attention_decode(dj_gpu *g, float *out, const float *q, const float *k_cache, const float *v_cache,
+                         int64_t n_heads, int64_t n_kv_heads, int64_t head_dim, int64_t max_seq,
+                         const int32_t *d_pos, cudaStream_t s, dj_err *e);
+// Prefill: queries t = 0..T-1 at positions *d_pos + t, each over keys 0..*d_pos + t (causal; the cache
+// already holds this chunk's keys, so chunked prefill works). q rows `ldq` floats apart, out rows `ldo`
+// apart, each (n_heads, head_dim). Tiled flash-attention (online softmax in registers and shared memory):
+// no T x T matrix in global memory. PRECOND as for decode.
+int gpu_attention_prefill(dj_gpu *g, float *out, int64_t ldo, const float *q, int64_t ldq, const float *k_cache,
+                          const float *v_cache, int64_t T, int64_t n_heads, int64_t n_kv_heads, int64_t head_dim,
+                          int64_t max_seq, const int32_t *d_pos, cudaStream_t s, dj_err *e);
+
+// ---- sampling over logits (n) f32 in device memory; the chosen index goes to *d_out (device int32)
+// Argmax: the first index of the largest value (NaNs ignored; all-NaN gives 0).
+int gpu_argmax(int32_t *d_out, const float *logits, int64_t n, cudaStream_t s, dj_err *e);
+// Top-p (nucleus) sampling with temperature, sort-free and deterministic. Exact semantics (the test has a
+// CPU version of the same):
+//   m = max(logits); w_i = (uint64)(expf((logits[i] - m) / temp) * 2^32)   (truncated; integer weights)
+//   W = sum w_i; target = clamp(ceil(top_p * W), 1, W)                    (in double)
+//   t = the largest value among the w_i with sum_{w_j >= t} w_j >= target  (the nucleus is {i : w_i >= t};
+//       tied weights at the boundary are all in)
+//   M = sum_{w_j >= t} w_j; r = floor(u * M) (clamped to M - 1)
+//   pick the first i in index order among the nucleus whose running sum of w over the nucleus exceeds r.
+// Integer weights make the sums exact and order-free, so GPU and CPU agree bit for bit given the same
+// w_i. temp <= 0 or top_p <= 0 means argmax. u in [0, 1) comes from the host's generator.
+// One block of 1024 threads: a max pass, a sum pass, three 11-bit radix-select passes and a pick pass.
+int gpu_sample_top_p(int32_t *d_out, const float *logits, int64_t n, float temp, float top_p, float u,
+                     cudaStream_t s, dj_err *e);
 
 #ifdef __cplusplus
 }

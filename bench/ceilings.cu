@@ -1,0 +1,225 @@
+// bench/ceilings.cu: the hardware ceilings Djinn's numbers are reported against, measured on this GPU, and
+// the decode GEMV against them.
+//   HBM: device-to-device copy, bytes read + bytes written per second (1 GiB buffers).
+//   PCIe: pinned host-to-device copy in 64 MiB chunks (the streaming engine's transfer size).
+//   Tensor cores: cuBLAS f16 GEMM 8192^3 with fp32 accumulation, TFLOP/s.
+//   GEMV: gpu_matmul's T = 1 paths (ours, cuBLAS, cuBLASLt) on the Llama-2-7B shapes in f16 and bf16,
+//   GB/s of weights + activations moved and the fraction of the measured D2D bandwidth. The weights rotate
+//   over copies totalling > 4x the L2 size so each call reads HBM, not cache.
+// Usage: ceilings [out.json]. Prints a table; writes JSON when given a path. GPU machine only.
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <stdio.h>
+#include <stdlib.h>
+#include <vector>
+
+#include "../kernels.h"
+extern "C" {
+#include "../model.h"  // dtype enum only
+}
+
+static size_t dt_size(uint32_t dt) { return dt == DJ_F32 ? 4 : 2; }
+static const char *dt_name(uint32_t dt) { return dt == DJ_F32 ? "f32" : dt == DJ_F16 ? "f16" : "bf16"; }
+
+#define CK(call)                                                                                          \
+    do {                                                                                                  \
+        cudaError_t err_ = (call);                                                                        \
+        if (err_ != cudaSuccess) {                                                                        \
+            fprintf(stderr, "ceilings: %s failed at %s:%d: %s\n", #call, __FILE__, __LINE__,              \
+                    cudaGetErrorName(err_));                                                              \
+            exit(1);                                                                                      \
+        }                                                                                                 \
+    } while (0)
+#define CKB(call)                                                                                         \
+    do {                                                                                                  \
+        cublasStatus_t st_ = (call);                                                                      \
+        if (st_ != CUBLAS_STATUS_SUCCESS) {                                                               \
+            fprintf(stderr, "ceilings: %s failed at %s:%d: %s\n", #call, __FILE__, __LINE__,              \
+                    cublasGetStatusName(st_));                                                            \
+            exit(1);                                                                                      \
+        }                                                                                                 \
+    } while (0)
+#define CKD(call)                                                                                         \
+    do {                                                                                                  \
+        dj_err e_;                                                                                        \
+        if ((call) != 0) {                                                                                \
+            fprintf(stderr, "ceilings: %s\n", e_.msg);                                                    \
+            exit(1);                                                                                      \
+        }                                                                                                 \
+    } while (0)
+
+// Pseudo-random values in [-0.5, 0.5) of any element type: never time on zeros.
+template <typename T>
+__global__ void fill_kernel(T *p, size_t n, uint32_t seed) {
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        uint32_t h = (uint32_t)i * 2654435761u ^ seed;
+        h ^= h >> 15, h *= 2246822519u, h ^= h >> 13;
+        p[i] = (T)((float)(h & 0xffffff) / 16777216.0f - 0.5f);
+    }
+}
+__global__ void fill_u16_kernel(uint16_t *p, size_t n, uint32_t seed, int bf16) {
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        uint32_t h = (uint32_t)i * 2654435761u ^ seed;
+        h ^= h >> 15, h *= 2246822519u, h ^= h >> 13;
+        float f = (float)(h & 0xffffff) / 16777216.0f - 0.5f;
+        p[i] = bf16 ? __bfloat16_as_ushort(__float2bfloat16(f)) : __half_as_ushort(__float2half(f));
+    }
+}
+
+// Median milliseconds per call of fn over `reps` timed groups of `iters` calls, after a warm-up group.
+template <typename F>
+static double time_ms(cudaStream_t s, int iters, int reps, F fn) {
+    cudaEvent_t a, b;
+    CK(cudaEventCreate(&a));
+    CK(cudaEventCreate(&b));
+    for (int i = 0; i < iters; i++) fn(i);
+    CK(cudaStreamSynchronize(s));
+    std::vector<double> t;
+    for (int r = 0; r < reps; r++) {
+        CK(cudaEventRecord(a, s));
+        for (int i = 0; i < iters; i++) fn(i);
+        CK(cudaEventRecord(b, s));
+        CK(cudaEventSynchronize(b));
+        float ms;
+        CK(cudaEventElapsedTime(&ms, a, b));
+        t.push_back(ms / iters);
+    }
+    CK(cudaEventDestroy(a));
+    CK(cudaEventDestroy(b));
+    std::sort(t.begin(), t.end());
+    return t[t.size() / 2];
+}
+
+int main(int argc, char **argv) {
+    if (gpu_count() == 0) {
+        fprintf(stderr, "ceilings: no GPU found\n");
+        return 1;
+    }
+    dj_gpu *g;
+    CKD(gpu_open(&g, 0, &e_));
+    cudaStream_t s;
+    CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    cudaDeviceProp prop;
+    CK(cudaGetDeviceProperties(&prop, 0));
+    printf("device: %s, L2 %.0f MiB\n", gpu_name(g), prop.l2CacheSize / 1048576.0);
+
+    // ---- HBM: D2D copy
+    const size_t big = (size_t)1 << 30;
+    void *src, *dst;
+    CK(cudaMalloc(&src, big));
+    CK(cudaMalloc(&dst, big));
+    fill_kernel<float><<<4096, 256, 0, s>>>((float *)src, big / 4, 1);
+    CK(cudaGetLastError());
+    double d2d_ms = time_ms(s, 5, 11, [&](int) { CK(cudaMemcpyAsync(dst, src, big, cudaMemcpyDeviceToDevice, s)); });
+    const double d2d_gbs = 2.0 * big / (d2d_ms * 1e-3) / 1e9;
+    CK(cudaFree(dst));
+
+    // ---- PCIe: pinned H2D in 64 MiB chunks
+    const size_t chunk = (size_t)64 << 20, n_chunks = 16;
+    void *host;
+    CK(cudaHostAlloc(&host, chunk * n_chunks, cudaHostAllocDefault));
+    for (size_t i = 0; i < chunk * n_chunks / 4; i++) ((float *)host)[i] = (float)(i % 1000) * 0.001f;
+    double h2d_ms = time_ms(s, (int)n_chunks, 5, [&](int i) {
+        CK(cudaMemcpyAsync((char *)src + (size_t)i * chunk, (char *)host + (size_t)i * chunk, chunk,
+                           cudaMemcpyHostToDevice, s));
+    });
+    const double h2d_gbs = (double)chunk / (h2d_ms * 1e-3) / 1e9;
+    CK(cudaFreeHost(host));
+    CK(cudaFree(src));
+
+    // ---- tensor cores: cuBLAS f16 GEMM, fp32 accumulation
+    const int N = 8192;
+    __half *A, *B, *C;
+    CK(cudaMalloc(&A, (size_t)N * N * 2));
+    CK(cudaMalloc(&B, (size_t)N * N * 2));
+    CK(cudaMalloc(&C, (size_t)N * N * 2));
+    fill_u16_kernel<<<4096, 256, 0, s>>>((uint16_t *)A, (size_t)N * N, 2, 0);
+    fill_u16_kernel<<<4096, 256, 0, s>>>((uint16_t *)B, (size_t)N * N, 3, 0);
+    CK(cudaGetLastError());
+    cublasHandle_t blas;
+    CKB(cublasCreate(&blas));
+    CKB(cublasSetStream(blas, s));
+    const float one = 1.0f, zero = 0.0f;
+    double gemm_ms = time_ms(s, 3, 7, [&](int) {
+        CKB(cublasGemmEx(blas, CUBLAS_OP_T, CUBLAS_OP_N, N, N, N, &one, A, CUDA_R_16F, N, B, CUDA_R_16F, N, &zero, C,
+                         CUDA_R_16F, N, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    });
+    const double gemm_tflops = 2.0 * N * (double)N * N / (gemm_ms * 1e-3) / 1e12;
+    CKB(cublasDestroy(blas));
+    CK(cudaFree(A));
+    CK(cudaFree(B));
+    CK(cudaFree(C));
+
+    printf("\n%-40s %12s\n", "ceiling", "value");
+    printf("%-40s %9.1f GB/s\n", "HBM D2D copy (read+write, 1 GiB)", d2d_gbs);
+    printf("%-40s %9.2f GB/s\n", "PCIe pinned H2D (64 MiB chunks)", h2d_gbs);
+    printf("%-40s %7.1f TFLOP/s\n", "cuBLAS f16 GEMM 8192^3 (fp32 acc)", gemm_tflops);
+
+    // ---- GEMV on the 7B shapes: (n_out, n_in)
+    static const int64_t shapes[][2] = {{4096, 4096}, {11008, 4096}, {4096, 11008}, {32000, 4096}};
+    static const uint32_t dtypes[] = {DJ_F16, DJ_BF16, DJ_F32};
+    static const int paths[] = {GPU_MM_GEMV, GPU_MM_CUBLAS, GPU_MM_CUBLASLT};
+    static const char *pnames[] = {"gemv", "cublas", "cublaslt"};
+    struct row { const char *dt, *path; int64_t n_out, n_in; double us, gbs, frac; };
+    std::vector<row> rows;
+    printf("\n%-6s %-9s %14s %10s %10s %8s\n", "dtype", "path", "shape", "us", "GB/s", "of D2D");
+    for (uint32_t dt : dtypes)
+        for (auto &sh : shapes) {
+            const int64_t n_out = sh[0], n_in = sh[1];
+            const size_t wbytes = (size_t)(n_out * n_in) * dt_size(dt);
+            const int copies = (int)std::max<size_t>(2, (4 * (size_t)prop.l2CacheSize) / wbytes + 1);
+            std::vector<void *> w(copies);
+            for (int c = 0; c < copies; c++) {
+                CK(cudaMalloc(&w[c], wbytes));
+                if (dt == DJ_F32)
+                    fill_kernel<float><<<4096, 256, 0, s>>>((float *)w[c], wbytes / 4, 10 + c);
+                else
+                    fill_u16_kernel<<<4096, 256, 0, s>>>((uint16_t *)w[c], wbytes / 2, 10 + c, dt == DJ_BF16);
+                CK(cudaGetLastError());
+            }
+            float *x, *y;
+            CK(cudaMalloc(&x, (size_t)n_in * 4));
+            CK(cudaMalloc(&y, (size_t)n_out * 4));
+            fill_kernel<float><<<64, 256, 0, s>>>(x, (size_t)n_in, 7);
+            CK(cudaGetLastError());
+            for (size_t p = 0; p < sizeof paths / sizeof paths[0]; p++) {
+                double ms = time_ms(s, 4 * copies, 9, [&](int i) {
+                    CKD(gpu_matmul_path(g, paths[p], y, x, w[i % copies], dt, 1, n_in, n_out, s, &e_));
+                });
+                const double bytes = (double)wbytes + 4.0 * (n_in + n_out);
+                const double gbs = bytes / (ms * 1e-3) / 1e9;
+                rows.push_back({dt_name(dt), pnames[p], n_out, n_in, ms * 1e3, gbs, gbs / d2d_gbs});
+                printf("%-6s %-9s %6lldx%-7lld %10.1f %10.1f %7.1f%%\n", dt_name(dt), pnames[p],
+                       (long long)n_out, (long long)n_in, ms * 1e3, gbs, 100.0 * gbs / d2d_gbs);
+            }
+            for (void *p : w) CK(cudaFree(p));
+            CK(cudaFree(x));
+            CK(cudaFree(y));
+        }
+
+    if (argc > 1) {
+        FILE *f = fopen(argv[1], "w");
+        if (!f) {
+            perror(argv[1]);
+            return 1;
+        }
+        fprintf(f, "{\n  \"device\": \"%s\",\n  \"hbm_d2d_gbs\": %.2f,\n  \"pcie_h2d_pinned_64mib_gbs\": %.3f,\n"
+                   "  \"cublas_f16_gemm_8192_tflops\": %.2f,\n  \"gemv\": [\n",
+                gpu_name(g), d2d_gbs, h2d_gbs, gemm_tflops);
+        for (size_t i = 0; i < rows.size(); i++)
+            fprintf(f, "    {\"dtype\": \"%s\", \"path\": \"%s\", \"n_out\": %lld, \"n_in\": %lld, \"us\": %.2f, "
+                       "\"gbs\": %.1f, \"fraction_of_d2d\": %.3f}%s\n",
+                    rows[i].dt, rows[i].path, (long long)rows[i].n_out, (long long)rows[i].n_in, rows[i].us,
+                    rows[i].gbs, rows[i].frac, i + 1 < rows.size() ? "," : "");
+        fprintf(f, "  ]\n}\n");
+        fclose(f);
+        printf("\nwrote %s\n", argv[1]);
+    }
+    CK(cudaStreamDestroy(s));
+    gpu_close(g);
+    return 0;
+}

@@ -1,0 +1,607 @@
+// test_kernels.c: every GPU kernel in kernels.cu against the CPU reference in model.c (or, for sampling,
+// a CPU version of the same semantics written here), on fresh random inputs at several sizes.
+// Outputs are poisoned with NaN (0xff bytes) before each run so an unwritten element fails the check.
+// The seed comes from the clock and is printed; DJINN_SEED=<n> replays a run. Without a GPU every test
+// skips with the reason.
+//
+// Tolerances (relative L2 error against the reference):
+//   f32 arithmetic on both sides (norms, RoPE, attention, SwiGLU, our GEMV for every dtype, cuBLAS with
+//   f32 weights in plain fp32): 1e-5, i.e. summation-order rounding only.
+//   cuBLAS/cuBLASLt with f16 weights: 1e-3 (x is rounded to f16, 11-bit significand, for the tensor cores).
+//   cuBLAS/cuBLASLt with bf16 weights: 1e-2 (x rounded to bf16, 8-bit significand).
+//   KV writes, argmax and top-p sampling: exact.
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "../kernels.h"
+#include "../model.h"
+
+// ---- fixtures: seed, RNG, GPU context
+static uint64_t tk_rng;
+static unsigned tk_seed;
+static dj_gpu *tk_g;
+static cudaStream_t tk_s;
+static double tk_worst;  // largest error seen in the current test, printed at the end
+
+static void tk_start(const char *name) {
+    if (gpu_count() == 0)
+        cr_skip_test("no GPU: cudaGetDeviceCount found no usable device (kernel tests run on the GPU machine)");
+    const char *env = getenv("DJINN_SEED");
+    tk_seed = env && *env ? (unsigned)strtoul(env, NULL, 10) : (unsigned)time(NULL) ^ ((unsigned)getpid() << 16);
+    tk_rng = 0x9E3779B97F4A7C15ull ^ tk_seed;
+    tk_worst = 0;
+    fprintf(stderr, "[kernels.%s] seed %u (DJINN_SEED=%u replays it)\n", name, tk_seed, tk_seed);
+    dj_err e;
+    cr_assert_eq(gpu_open(&tk_g, 0, &e), 0, "gpu_open: %s", e.msg);
+    cr_assert_eq(gpu_stream_create(&tk_s, &e), 0, "%s", e.msg);
+}
+
+static void tk_end(const char *name) {
+    fprintf(stderr, "[kernels.%s] worst relative error %.3e\n", name, tk_worst);
+    gpu_stream_destroy(tk_s);
+    gpu_close(tk_g);
+    tk_g = NULL;
+}
+
+static uint64_t tk_next(void) {  // xorshift64*
+    tk_rng ^= tk_rng >> 12, tk_rng ^= tk_rng << 25, tk_rng ^= tk_rng >> 27;
+    return tk_rng * 2685821657736338717ull;
+}
+static float tk_unif(void) { return (float)((tk_next() >> 40) * (1.0 / 16777216.0)); }  // [0, 1)
+static float tk_sym(void) { return 2.0f * tk_unif() - 1.0f; }                            // [-1, 1)
+static float tk_normal(void) {
+    float u1 = tk_unif(), u2 = tk_unif();
+    return sqrtf(-2.0f * logf(u1 + 1e-12f)) * cosf(6.2831853f * u2);
+}
+static void tk_fill(float *x, int64_t n, float scale) {
+    for (int64_t i = 0; i < n; i++) x[i] = scale * tk_sym();
+}
+
+// ---- device helpers (every failure stops the test with the API's message)
+static void *tk_dev(size_t bytes) {
+    void *p;
+    dj_err e;
+    cr_assert_eq(gpu_malloc(&p, bytes, "test buffer", &e), 0, "%s", e.msg);
+    return p;
+}
+static void *tk_up(const void *host, size_t bytes) {
+    void *p = tk_dev(bytes);
+    dj_err e;
+    cr_assert_eq(gpu_h2d(p, host, bytes, &e), 0, "%s", e.msg);
+    return p;
+}
+static void tk_down(void *host, const void *dev, size_t bytes) {
+    dj_err e;
+    cr_assert_eq(gpu_stream_sync(tk_s, &e), 0, "kernel failed: %s", e.msg);
+    cr_assert_eq(gpu_d2h(host, dev, bytes, &e), 0, "%s", e.msg);
+}
+static void tk_poison(void *dev, size_t bytes) {  // 0xffffffff is a NaN
+    dj_err e;
+    cr_assert_eq(gpu_memset(dev, 0xff, bytes, tk_s, &e), 0, "%s", e.msg);
+}
+static int32_t *tk_pos(int32_t pos) { return tk_up(&pos, sizeof pos); }
+
+// Relative L2 error of got against ref over n values; NaNs in got (unwritten or broken) fail by name.
+static int tk_close(const float *got, const float *ref, int64_t n, double tol, const char *what) {
+    double num = 0, den = 0;
+    for (int64_t i = 0; i < n; i++) {
+        if (isnan(got[i])) {
+            cr_expect(0, "%s: element %lld is NaN (not written?) (seed %u)", what, (long long)i, tk_seed);
+            return 0;
+        }
+        double d = (double)got[i] - ref[i];
+        num += d * d, den += (double)ref[i] * ref[i];
+    }
+    double r = sqrt(num / (den > 0 ? den : 1));
+    if (r > tk_worst) tk_worst = r;
+    cr_expect(r <= tol, "%s: relative L2 error %.3e > %.1e (seed %u)", what, r, tol, tk_seed);
+    return r <= tol;
+}
+
+// ---- matmul
+static void tk_store_w(void *dst, const float *w, int64_t n, uint32_t wtype) {
+    for (int64_t i = 0; i < n; i++) {
+        if (wtype == DJ_F32) ((float *)dst)[i] = w[i];
+        else if (wtype == DJ_F16) ((uint16_t *)dst)[i] = dj_f32_to_f16(w[i]);
+        else ((uint16_t *)dst)[i] = dj_f32_to_bf16(w[i]);
+    }
+}
+
+Test(kernels, matmul) {
+    tk_start("matmul");
+    static const int64_t Ts[] = {1, 2, 7, 64, 300};
+    static const int64_t shapes[][2] = {{172, 64}, {172, 512}, {512, 4096}, {4096, 300}, {11008, 64}, {36, 4096}};
+    static const int paths[] = {GPU_MM_AUTO, GPU_MM_GEMV, GPU_MM_CUBLAS, GPU_MM_CUBLASLT};
+    static const char *path_names[] = {"auto", "gemv", "cublas", "cublaslt"};
+    dj_err e;
+    for (uint32_t wt = DJ_F32; wt <= DJ_BF16; wt++) {
+        for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+            const int64_t n_in = shapes[si][0], n_out = shapes[si][1], Tmax = 300;
+            float *wf = malloc((size_t)(n_in * n_out) * 4), *x = malloc((size_t)(Tmax * n_in) * 4);
+            void *wh = malloc((size_t)(n_in * n_out) * 4);
+            float *ref = malloc((size_t)(Tmax * n_out) * 4), *got = malloc((size_t)(Tmax * n_out) * 4);
+            tk_fill(wf, n_in * n_out, 1.0f / sqrtf((float)n_in));
+            tk_store_w(wh, wf, n_in * n_out, wt);
+            void *dw = tk_up(wh, (size_t)(n_in * n_out) * dj_dtype_size(wt));
+            float *dx = tk_dev((size_t)(Tmax * n_in) * 4), *dy = tk_dev((size_t)(Tmax * n_out) * 4);
+            for (size_t ti = 0; ti < sizeof Ts / sizeof Ts[0]; ti++) {
+                const int64_t T = Ts[ti];
+                tk_fill(x, T * n_in, 1.0f);
+                cr_assert_eq(gpu_h2d(dx, x, (size_t)(T * n_in) * 4, &e), 0, "%s", e.msg);
+                cpu_matmul(ref, x, wh, wt, T, n_in, n_out);
+                for (size_t pi = 0; pi < sizeof paths / sizeof paths[0]; pi++) {
+                    const int path = paths[pi];
+                    const int blas = path == GPU_MM_CUBLAS || path == GPU_MM_CUBLASLT || (path == GPU_MM_AUTO && T > 1);
+                    const double tol = wt == DJ_F32 || !blas ? 1e-5 : wt == DJ_F16 ? 1e-3 : 1e-2;
+                    tk_poison(dy, (size_t)(T * n_out) * 4);
+                    int rc = gpu_matmul_path(tk_g, path, dy, dx, dw, wt, T, n_in, n_out, tk_s, &e);
+                    cr_expect_eq(rc, 0, "matmul %s %s T=%lld n_in=%lld n_out=%lld: %s", dj_dtype_name(wt),
+                                 path_names[pi], (long long)T, (long long)n_in, (long long)n_out, e.msg);
+                    if (rc) continue;
+                    tk_down(got, dy, (size_t)(T * n_out) * 4);
+                    char what[160];
+                    snprintf(what, sizeof what, "matmul %s %s T=%lld n_in=%lld n_out=%lld", dj_dtype_name(wt),
+                             path_names[pi], (long long)T, (long long)n_in, (long long)n_out);
+                    tk_close(got, ref, T * n_out, tol, what);
+                }
+            }
+            gpu_free(dw), gpu_free(dx), gpu_free(dy);
+            free(wf), free(x), free(wh), free(ref), free(got);
+        }
+    }
+    tk_end("matmul");
+}
+
+// ---- rmsnorm, fused residual add + rmsnorm, swiglu
+Test(kernels, rmsnorm) {
+    tk_start("rmsnorm");
+    static const int64_t ns[] = {8, 48, 64, 172, 4096, 8192};
+    static const int64_t Ts[] = {1, 5};
+    dj_err e;
+    for (size_t ni = 0; ni < sizeof ns / sizeof ns[0]; ni++)
+        for (size_t ti = 0; ti < 2; ti++) {
+            const int64_t n = ns[ni], T = Ts[ti];
+            const float eps = ni % 2 ? 1e-5f : 1e-6f;
+            float *x = malloc((size_t)(T * n) * 4), *d = malloc((size_t)(T * n) * 4), *w = malloc((size_t)n * 4);
+            float *ref = malloc((size_t)(T * n) * 4), *got = malloc((size_t)(T * n) * 4);
+            float *xs = malloc((size_t)(T * n) * 4);
+            tk_fill(x, T * n, 2.0f), tk_fill(d, T * n, 1.0f), tk_fill(w, n, 1.5f);
+            float *dx = tk_up(x, (size_t)(T * n) * 4), *dd = tk_up(d, (size_t)(T * n) * 4), *dw = tk_up(w, (size_t)n * 4);
+            float *dout = tk_dev((size_t)(T * n) * 4);
+            char what[128];
+
+            // plain, out separate and then in place (out == x)
+            for (int inplace = 0; inplace < 2; inplace++) {
+                float *o = inplace ? dx : dout;
+                if (!inplace) tk_poison(dout, (size_t)(T * n) * 4);
+                cr_assert_eq(gpu_rmsnorm(o, dx, dw, T, n, eps, tk_s, &e), 0, "%s", e.msg);
+                tk_down(got, o, (size_t)(T * n) * 4);
+                for (int64_t t = 0; t < T; t++) cpu_rmsnorm(ref + t * n, x + t * n, w, n, eps);
+                snprintf(what, sizeof what, "rmsnorm n=%lld T=%lld%s", (long long)n, (long long)T, inplace ? " in place" : "");
+                tk_close(got, ref, T * n, 1e-5, what);
+            }
+
+            // fused: x += delta; out = rmsnorm(x) * w; then with out == delta
+            for (int alias = 0; alias < 2; alias++) {
+                cr_assert_eq(gpu_h2d(dx, x, (size_t)(T * n) * 4, &e), 0, "%s", e.msg);
+                cr_assert_eq(gpu_h2d(dd, d, (size_t)(T * n) * 4, &e), 0, "%s", e.msg);
+                float *o = alias ? dd : dout;
+                if (!alias) tk_poison(dout, (size_t)(T * n) * 4);
+                cr_assert_eq(gpu_add_rmsnorm(dx, dd, o, dw, T, n, eps, tk_s, &e), 0, "%s", e.msg);
+                for (int64_t i = 0; i < T * n; i++) xs[i] = x[i] + d[i];
+                for (int64_t t = 0; t < T; t++) cpu_rmsnorm(ref + t * n, xs + t * n, w, n, eps);
+                tk_down(got, o, (size_t)(T * n) * 4);
+                snprintf(what, sizeof what, "add_rmsnorm out n=%lld T=%lld%s", (long long)n, (long long)T, alias ? " out=delta" : "");
+                tk_close(got, ref, T * n, 1e-5, what);
+                tk_down(got, dx, (size_t)(T * n) * 4);
+                for (int64_t i = 0; i < T * n; i++)
+                    if (got[i] != xs[i]) {
+                        cr_expect(0, "add_rmsnorm residual n=%lld T=%lld: x[%lld] = %g, want %g (seed %u)", (long long)n,
+                                  (long long)T, (long long)i, got[i], xs[i], tk_seed);
+                        break;
+                    }
+            }
+            gpu_free(dx), gpu_free(dd), gpu_free(dw), gpu_free(dout);
+            free(x), free(d), free(w), free(ref), free(got), free(xs);
+        }
+    tk_end("rmsnorm");
+}
+
+Test(kernels, swiglu) {
+    tk_start("swiglu");
+    static const int64_t ns[] = {8, 172, 11008};
+    static const int64_t Ts[] = {1, 3};
+    dj_err e;
+    for (size_t ni = 0; ni < 3; ni++)
+        for (size_t ti = 0; ti < 2; ti++)
+            for (int fused = 0; fused < 3; fused++) {  // 0: separate, 1: one [gate | up] buffer, 2: out == gate
+                const int64_t n = ns[ni], T = Ts[ti], ld = fused == 1 ? 2 * n : n;
+                float *gu = malloc((size_t)(T * 2 * n) * 4), *ref = malloc((size_t)(T * n) * 4), *got = malloc((size_t)(T * n) * 4);
+                tk_fill(gu, T * 2 * n, 6.0f);
+                // separate layouts: gate rows in the first T*n floats, up rows in the next T*n
+                float *dgu = tk_up(gu, (size_t)(T * 2 * n) * 4), *dout = tk_dev((size_t)(T * n) * 4);
+                const float *hg = gu, *hu = fused == 1 ? gu + n : gu + T * n;
+                float *dg = dgu, *du = fused == 1 ? dgu + n : dgu + T * n;
+                float *o = fused == 2 ? dg : dout;
+                if (fused != 2) tk_poison(dout, (size_t)(T * n) * 4);
+                cr_assert_eq(gpu_swiglu(o, dg, du, T, n, ld, tk_s, &e), 0, "%s", e.msg);
+                tk_down(got, o, (size_t)(T * n) * 4);
+                for (int64_t t = 0; t < T; t++) cpu_swiglu(ref + t * n, hg + t * ld, hu + t * ld, n);
+                char what[96];
+                snprintf(what, sizeof what, "swiglu n=%lld T=%lld layout=%d", (long long)n, (long long)T, fused);
+                tk_close(got, ref, T * n, 1e-5, what);
+                gpu_free(dgu), gpu_free(dout);
+                free(gu), free(ref), free(got);
+            }
+    tk_end("swiglu");
+}
+
+// ---- RoPE
+Test(kernels, rope) {
+    tk_start("rope");
+    static const int64_t hds[] = {8, 48, 64, 128};
+    static const int64_t Ts[] = {1, 7, 33};
+    dj_err e;
+    for (int type = 0; type < 2; type++)
+        for (size_t hi = 0; hi < sizeof hds / sizeof hds[0]; hi++)
+            for (size_t ti = 0; ti < 3; ti++)
+                for (int pi = 0; pi < 3; pi++) {
+                    const int64_t hd = hds[hi], T = Ts[ti], nh = 3, ld = nh * hd + 5;
+                    const int64_t pos0 = pi == 0 ? 0 : pi == 1 ? 1000 : 4096 - T;  // last case ends at 4095
+                    dj_config c = {0};
+                    c.head_dim = (uint32_t)hd;
+                    c.rope_theta = type ? 500000.0f : 10000.0f;
+                    c.rope_type = type ? DJ_ROPE_LLAMA3 : DJ_ROPE_DEFAULT;
+                    c.rope_factor = 8.0f, c.rope_low_freq = 1.0f, c.rope_high_freq = 4.0f, c.rope_orig_max = 8192;
+                    float *inv = malloc((size_t)hd / 2 * 4), *x = malloc((size_t)(T * ld) * 4), *got = malloc((size_t)(T * ld) * 4);
+                    cpu_rope_freqs(&c, inv);
+                    tk_fill(x, T * ld, 2.0f);
+                    float *dx = tk_up(x, (size_t)(T * ld) * 4), *dinv = tk_up(inv, (size_t)hd / 2 * 4);
+                    int32_t *dpos = tk_pos((int32_t)pos0);
+                    cr_assert_eq(gpu_rope(dx, T, nh, hd, ld, dinv, dpos, tk_s, &e), 0, "%s", e.msg);
+                    tk_down(got, dx, (size_t)(T * ld) * 4);
+                    for (int64_t t = 0; t < T; t++) cpu_rope(x + t * ld, nh, hd, pos0 + t, inv);  // x becomes the reference
+                    char what[128];
+                    snprintf(what, sizeof what, "rope %s head_dim=%lld T=%lld pos0=%lld", type ? "llama3" : "default",
+                             (long long)hd, (long long)T, (long long)pos0);
+                    tk_close(got, x, T * ld, 1e-5, what);  // includes the ld padding, which must stay untouched
+                    gpu_free(dx), gpu_free(dinv), gpu_free(dpos);
+                    free(inv), free(x), free(got);
+                }
+    tk_end("rope");
+}
+
+// ---- KV cache writes
+Test(kernels, kv_write) {
+    tk_start("kv_write");
+    dj_err e;
+    const int64_t n_kv = 3, hd = 48, max_seq = 70, kv_dim = n_kv * hd, ld = 3 * kv_dim + 16;  // fused [q|k|v] rows
+    const int64_t cache_n = n_kv * max_seq * hd;
+    static const int64_t cases[][2] = {{1, 0}, {1, 69}, {5, 10}, {64, 6}};  // (T, pos0)
+    float *kc = malloc((size_t)cache_n * 4), *vc = malloc((size_t)cache_n * 4);
+    float *got = malloc((size_t)cache_n * 4), *rows = malloc((size_t)(64 * ld) * 4);
+    for (size_t ci = 0; ci < 4; ci++) {
+        const int64_t T = cases[ci][0], pos0 = cases[ci][1];
+        tk_fill(kc, cache_n, 1.0f), tk_fill(vc, cache_n, 1.0f), tk_fill(rows, T * ld, 3.0f);
+        float *dk = tk_up(kc, (size_t)cache_n * 4), *dv = tk_up(vc, (size_t)cache_n * 4);
+        float *dr = tk_up(rows, (size_t)(T * ld) * 4);
+        int32_t *dpos = tk_pos((int32_t)pos0);
+        cr_assert_eq(gpu_kv_write(dk, dv, dr + kv_dim, dr + 2 * kv_dim, ld, T, n_kv, hd, max_seq, dpos, tk_s, &e), 0,
+                     "%s", e.msg);
+        for (int64_t t = 0; t < T; t++)
+            for (int64_t h = 0; h < n_kv; h++)
+                for (int64_t d = 0; d < hd; d++) {
+                    kc[(h * max_seq + pos0 + t) * hd + d] = rows[t * ld + kv_dim + h * hd + d];
+                    vc[(h * max_seq + pos0 + t) * hd + d] = rows[t * ld + 2 * kv_dim + h * hd + d];
+                }
+        for (int which = 0; which < 2; which++) {
+            tk_down(got, which ? dv : dk, (size_t)cache_n * 4);
+            const float *want = which ? vc : kc;
+            for (int64_t i = 0; i < cache_n; i++)
+                if (got[i] != want[i]) {
+                    cr_expect(0, "kv_write %s T=%lld pos0=%lld: cache element %lld (head %lld, pos %lld, dim %lld) is %g, want %g",
+                              which ? "v" : "k", (long long)T, (long long)pos0, (long long)i, (long long)(i / (max_seq * hd)),
+                              (long long)(i / hd % max_seq), (long long)(i % hd), got[i], want[i]);
+                    break;
+                }
+        }
+        gpu_free(dk), gpu_free(dv), gpu_free(dr), gpu_free(dpos);
+    }
+    free(kc), free(vc), free(got), free(rows);
+    tk_end("kv_write");
+}
+
+// ---- attention
+// Random caches (n_kv, max_seq, hd) valid up to position `last`, NaN after it: any read past the context
+// poisons the result.
+static void tk_cache(float *c, int64_t n_kv, int64_t max_seq, int64_t hd, int64_t last) {
+    for (int64_t h = 0; h < n_kv; h++)
+        for (int64_t p = 0; p < max_seq; p++)
+            for (int64_t d = 0; d < hd; d++) c[(h * max_seq + p) * hd + d] = p <= last ? tk_sym() : NAN;
+}
+
+static void tk_decode_case(int64_t group, int64_t n_kv, int64_t hd, int64_t len) {
+    dj_err e;
+    const int64_t nh = group * n_kv, pos = len - 1, max_seq = len + 37;  // a max_seq that is no multiple of anything
+    const int64_t cn = n_kv * max_seq * hd;
+    float *kc = malloc((size_t)cn * 4), *vc = malloc((size_t)cn * 4), *q = malloc((size_t)(nh * hd) * 4);
+    float *ref = malloc((size_t)(nh * hd) * 4), *got = malloc((size_t)(nh * hd) * 4);
+    tk_cache(kc, n_kv, max_seq, hd, pos), tk_cache(vc, n_kv, max_seq, hd, pos);
+    tk_fill(q, nh * hd, 3.0f);  // scores of order 1: a softmax that is neither flat nor one-hot
+    float *dk = tk_up(kc, (size_t)cn * 4), *dv = tk_up(vc, (size_t)cn * 4), *dq = tk_up(q, (size_t)(nh * hd) * 4);
+    float *dout = tk_dev((size_t)(nh * hd) * 4);
+    int32_t *dpos = tk_pos((int32_t)pos);
+    tk_poison(dout, (size_t)(nh * hd) * 4);
+    int rc = gpu_attention_decode(tk_g, dout, dq, dk, dv, nh, n_kv, hd, max_seq, dpos, tk_s, &e);
+    char what[128];
+    snprintf(what, sizeof what, "attention decode group=%lld n_kv=%lld head_dim=%lld len=%lld", (long long)group,
+             (long long)n_kv, (long long)hd, (long long)len);
+    cr_expect_eq(rc, 0, "%s: %s", what, e.msg);
+    if (!rc) {
+        tk_down(got, dout, (size_t)(nh * hd) * 4);
+        cpu_attention(ref, q, kc, vc, nh, n_kv, hd, pos, max_seq);
+        tk_close(got, ref, nh * hd, 1e-5, what);
+    }
+    gpu_free(dk), gpu_free(dv), gpu_free(dq), gpu_free(dout), gpu_free(dpos);
+    free(kc), free(vc), free(q), free(ref), free(got);
+}
+
+Test(kernels, attention_decode) {
+    tk_start("attention_decode");
+    static const int64_t groups[] = {1, 2, 4, 8};
+    static const int64_t hds[] = {64, 128, 8, 48};
+    static const int64_t lens[] = {1, 17, 512, 4096};
+    for (size_t gi = 0; gi < 4; gi++)
+        for (size_t hi = 0; hi < 4; hi++)
+            for (size_t li = 0; li < 4; li++) tk_decode_case(groups[gi], 2, hds[hi], lens[li]);
+    tk_decode_case(12, 1, 64, 300);   // more query heads per kv head than one block takes
+    tk_decode_case(3, 2, 256, 1000);  // the largest head_dim, two dims per thread
+    tk_decode_case(1, 1, 24, 257);    // tiny odd head_dim, a split with one key
+    tk_end("attention_decode");
+}
+
+// Prefill of T queries at pos0.. against cpu_attention row by row (every row when T <= 512, else a
+// sample of rows that includes the first and the last).
+static void tk_prefill_case(int64_t group, int64_t n_kv, int64_t hd, int64_t T, int64_t pos0) {
+    dj_err e;
+    const int64_t nh = group * n_kv, last = pos0 + T - 1, max_seq = last + 1 + 19;
+    const int64_t cn = n_kv * max_seq * hd, qd = nh * hd, ldq = qd + 2 * n_kv * hd;  // q rows as in a fused [q|k|v]
+    float *kc = malloc((size_t)cn * 4), *vc = malloc((size_t)cn * 4), *q = malloc((size_t)(T * ldq) * 4);
+    float *ref = malloc((size_t)qd * 4), *got = malloc((size_t)(T * qd) * 4);
+    tk_cache(kc, n_kv, max_seq, hd, last), tk_cache(vc, n_kv, max_seq, hd, last);
+    tk_fill(q, T * ldq, 3.0f);
+    float *dk = tk_up(kc, (size_t)cn * 4), *dv = tk_up(vc, (size_t)cn * 4), *dq = tk_up(q, (size_t)(T * ldq) * 4);
+    float *dout = tk_dev((size_t)(T * qd) * 4);
+    int32_t *dpos = tk_pos((int32_t)pos0);
+    tk_poison(dout, (size_t)(T * qd) * 4);
+    int rc = gpu_attention_prefill(tk_g, dout, qd, dq, ldq, dk, dv, T, nh, n_kv, hd, max_seq, dpos, tk_s, &e);
+    char what[160];
+    snprintf(what, sizeof what, "attention prefill group=%lld n_kv=%lld head_dim=%lld T=%lld pos0=%lld", (long long)group,
+             (long long)n_kv, (long long)hd, (long long)T, (long long)pos0);
+    cr_expect_eq(rc, 0, "%s: %s", what, e.msg);
+    if (!rc) {
+        tk_down(got, dout, (size_t)(T * qd) * 4);
+        const int64_t step = T <= 512 ? 1 : 61;
+        for (int64_t t = 0;; t = t + step < T ? t + step : T - 1) {
+            cpu_attention(ref, q + t * ldq, kc, vc, nh, n_kv, hd, pos0 + t, max_seq);
+            char row[200];
+            snprintf(row, sizeof row, "%s, row %lld", what, (long long)t);
+            if (!tk_close(got + t * qd, ref, qd, 1e-5, row) || t == T - 1) break;
+        }
+    }
+    gpu_free(dk), gpu_free(dv), gpu_free(dq), gpu_free(dout), gpu_free(dpos);
+    free(kc), free(vc), free(q), free(ref), free(got);
+}
+
+Test(kernels, attention_prefill, .timeout = 600) {
+    tk_start("attention_prefill");
+    static const int64_t groups[] = {1, 2, 4, 8};
+    static const int64_t hds[] = {64, 128, 8, 48};
+    static const int64_t Ts[] = {1, 17, 512};
+    for (size_t gi = 0; gi < 4; gi++)
+        for (size_t hi = 0; hi < 4; hi++)
+            for (size_t ti = 0; ti < 3; ti++) {
+                tk_prefill_case(groups[gi], 2, hds[hi], Ts[ti], 0);
+                tk_prefill_case(groups[gi], 2, hds[hi], Ts[ti], 100);  // chunked prefill: a context before it
+            }
+    tk_prefill_case(4, 1, 64, 4096, 0);
+    tk_prefill_case(1, 2, 128, 4096, 0);
+    tk_prefill_case(2, 2, 128, 300, 3796);  // last query at 4095
+    tk_prefill_case(3, 2, 256, 100, 37);    // the largest head_dim
+    tk_prefill_case(1, 1, 24, 65, 5);       // tiny odd head_dim, a second partial query tile
+    tk_end("attention_prefill");
+}
+
+// Decode captured once as a graph (RoPE on q and k, KV write, attention), replayed with only the
+// position changing on the device: the graph-friendliness the engine relies on.
+Test(kernels, decode_graph_replay) {
+    tk_start("decode_graph_replay");
+    dj_err e;
+    const int64_t n_kv = 2, group = 4, nh = n_kv * group, hd = 64, max_seq = 600, qd = nh * hd, kvd = n_kv * hd;
+    const int64_t ld = qd + 2 * kvd, cn = n_kv * max_seq * hd;
+    dj_config c = {0};
+    c.head_dim = (uint32_t)hd, c.rope_theta = 10000.0f;
+    float inv[32];
+    cpu_rope_freqs(&c, inv);
+    float *kc = calloc((size_t)cn, 4), *vc = calloc((size_t)cn, 4), *row = malloc((size_t)ld * 4);
+    float *ref = malloc((size_t)qd * 4), *got = malloc((size_t)qd * 4);
+    float *dk = tk_dev((size_t)cn * 4), *dv = tk_dev((size_t)cn * 4), *drow = tk_dev((size_t)ld * 4);
+    float *dout = tk_dev((size_t)qd * 4), *dinv = tk_up(inv, sizeof inv);
+    int32_t *dpos = tk_pos(0);
+    cr_assert_eq(gpu_memset(dk, 0, (size_t)cn * 4, tk_s, &e), 0, "%s", e.msg);
+    cr_assert_eq(gpu_memset(dv, 0, (size_t)cn * 4, tk_s, &e), 0, "%s", e.msg);
+    cr_assert_eq(gpu_reserve(tk_g, gpu_attention_scratch(nh, hd, max_seq), &e), 0, "%s", e.msg);
+    cudaGraphExec_t exec;
+    cr_assert_eq(gpu_graph_begin(tk_s, &e), 0, "%s", e.msg);
+    cr_assert_eq(gpu_rope(drow, 1, nh + n_kv, hd, ld, dinv, dpos, tk_s, &e), 0, "%s", e.msg);
+    cr_assert_eq(gpu_kv_write(dk, dv, drow + qd, drow + qd + kvd, ld, 1, n_kv, hd, max_seq, dpos, tk_s, &e), 0, "%s", e.msg);
+    cr_assert_eq(gpu_attention_decode(tk_g, dout, drow, dk, dv, nh, n_kv, hd, max_seq, dpos, tk_s, &e), 0, "%s", e.msg);
+    cr_assert_eq(gpu_graph_end(tk_s, &exec, &e), 0, "%s", e.msg);
+    for (int32_t pos = 0; pos < 520; pos++) {
+        tk_fill(row, ld, 2.0f);
+        cr_assert_eq(gpu_h2d(drow, row, (size_t)ld * 4, &e), 0, "%s", e.msg);
+        cr_assert_eq(gpu_h2d(dpos, &pos, sizeof pos, &e), 0, "%s", e.msg);
+        cr_assert_eq(gpu_graph_launch(exec, tk_s, &e), 0, "%s", e.msg);
+        cpu_rope(row, nh + n_kv, hd, pos, inv);
+        for (int64_t h = 0; h < n_kv; h++)
+            for (int64_t d = 0; d < hd; d++) {
+                kc[(h * max_seq + pos) * hd + d] = row[qd + h * hd + d];
+                vc[(h * max_seq + pos) * hd + d] = row[qd + kvd + h * hd + d];
+            }
+        if (pos % 37 != 0 && pos != 519) continue;
+        tk_down(got, dout, (size_t)qd * 4);
+        cpu_attention(ref, row, kc, vc, nh, n_kv, hd, pos, max_seq);
+        char what[64];
+        snprintf(what, sizeof what, "graph replay at pos %d", pos);
+        if (!tk_close(got, ref, qd, 1e-5, what)) break;
+    }
+    gpu_graph_destroy(exec);
+    gpu_free(dk), gpu_free(dv), gpu_free(drow), gpu_free(dout), gpu_free(dinv), gpu_free(dpos);
+    free(kc), free(vc), free(row), free(ref), free(got);
+    tk_end("decode_graph_replay");
+}
+
+// ---- sampling
+static int32_t tk_argmax_ref(const float *z, int64_t n) {
+    int64_t bi = -1;
+    for (int64_t i = 0; i < n; i++)
+        if (z[i] == z[i] && (bi < 0 || z[i] > z[bi])) bi = i;
+    return (int32_t)(bi < 0 ? 0 : bi);
+}
+
+static uint64_t tk_weight(float z, float m, float temp) {
+    float v = expf((z - m) / temp);
+    return v >= 0.0f ? (uint64_t)(v * 4294967296.0f) : 0;
+}
+
+static int tk_desc_u64(const void *a, const void *b) {
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? 1 : x > y ? -1 : 0;
+}
+
+// The semantics documented at gpu_sample_top_p, the straightforward way: sort the weights.
+static int32_t tk_top_p_ref(const float *z, int64_t n, float temp, float top_p, float u) {
+    int32_t am = tk_argmax_ref(z, n);
+    if (!(temp > 0.0f) || !(top_p > 0.0f)) return am;
+    uint64_t *w = malloc((size_t)n * 8), *sorted = malloc((size_t)n * 8), W = 0;
+    for (int64_t i = 0; i < n; i++) W += (w[i] = tk_weight(z[i], z[am], temp));
+    int32_t pick = am;
+    if (W > 0) {
+        double tg = ceil((double)top_p * (double)W);
+        uint64_t target = tg < 1.0 ? 1 : tg >= (double)W ? W : (uint64_t)tg, thr = 0, M = 0;
+        memcpy(sorted, w, (size_t)n * 8);
+        qsort(sorted, (size_t)n, 8, tk_desc_u64);
+        for (int64_t i = 0; i < n;) {  // whole groups of equal weights
+            int64_t j = i;
+            while (j < n && sorted[j] == sorted[i]) M += sorted[j++];
+            if (M >= target) {
+                thr = sorted[i];
+                break;
+            }
+            i = j;
+        }
+        double rd = floor((double)u * (double)M);
+        uint64_t r = rd <= 0.0 ? 0 : rd >= (double)M ? M - 1 : (uint64_t)rd, cum = 0;
+        for (int64_t i = 0; i < n; i++) {
+            if (w[i] < thr) continue;
+            cum += w[i];
+            if (cum > r) {
+                pick = (int32_t)i;
+                break;
+            }
+        }
+    }
+    free(w), free(sorted);
+    return pick;
+}
+
+Test(kernels, argmax) {
+    tk_start("argmax");
+    static const int64_t ns[] = {1, 7, 1000, 32000, 128256};
+    dj_err e;
+    for (size_t ni = 0; ni < 5; ni++)
+        for (int variant = 0; variant < 3; variant++) {  // random, tied maxima, a NaN among them
+            const int64_t n = ns[ni];
+            float *z = malloc((size_t)n * 4);
+            for (int64_t i = 0; i < n; i++) z[i] = variant == 1 ? roundf(2.0f * tk_normal()) : 10.0f * tk_normal();
+            if (variant == 2) z[tk_next() % (uint64_t)n] = NAN;
+            float *dz = tk_up(z, (size_t)n * 4);
+            int32_t *dout = tk_dev(4), got;
+            tk_poison(dout, 4);
+            cr_assert_eq(gpu_argmax(dout, dz, n, tk_s, &e), 0, "%s", e.msg);
+            tk_down(&got, dout, 4);
+            int32_t want = tk_argmax_ref(z, n);
+            cr_expect_eq(got, want, "argmax n=%lld variant=%d: got %d, want %d (seed %u)", (long long)n, variant, got,
+                         want, tk_seed);
+            gpu_free(dz), gpu_free(dout);
+            free(z);
+        }
+    tk_end("argmax");
+}
+
+Test(kernels, top_p) {
+    tk_start("top_p");
+    static const int64_t ns[] = {1, 7, 300, 5000, 32000, 128256};
+    static const float temps[] = {0.6f, 1.0f, 1.7f};
+    static const float tops[] = {0.05f, 0.5f, 0.9f, 1.0f};
+    dj_err e;
+    int32_t *dout = tk_dev(4);
+    int checked = 0, distinct_nonargmax = 0;
+    for (size_t ni = 0; ni < 6; ni++)
+        for (int quant = 0; quant < 2; quant++) {  // quantised logits: ties at the nucleus boundary
+            const int64_t n = ns[ni];
+            float *z = malloc((size_t)n * 4);
+            for (int64_t i = 0; i < n; i++) z[i] = quant ? roundf(1.5f * tk_normal()) : 3.0f * tk_normal();
+            float *dz = tk_up(z, (size_t)n * 4);
+            for (size_t ti = 0; ti < 3; ti++)
+                for (size_t pi = 0; pi < 4; pi++)
+                    for (int k = 0; k < 5; k++) {
+                        const float u = k == 0 ? 0.0f : k == 1 ? 0.9999999f : tk_unif();
+                        int32_t got;
+                        tk_poison(dout, 4);
+                        cr_assert_eq(gpu_sample_top_p(dout, dz, n, temps[ti], tops[pi], u, tk_s, &e), 0, "%s", e.msg);
+                        tk_down(&got, dout, 4);
+                        int32_t want = tk_top_p_ref(z, n, temps[ti], tops[pi], u);
+                        cr_expect_eq(got, want, "top_p n=%lld quant=%d temp=%g top_p=%g u=%.9g: got %d, want %d (seed %u)",
+                                     (long long)n, quant, temps[ti], tops[pi], u, got, want, tk_seed);
+                        checked++;
+                        distinct_nonargmax += want != tk_argmax_ref(z, n);
+                    }
+            // temp 0 and top_p 0 mean argmax
+            for (int which = 0; which < 2; which++) {
+                int32_t got;
+                tk_poison(dout, 4);
+                cr_assert_eq(gpu_sample_top_p(dout, dz, n, which ? 1.0f : 0.0f, which ? 0.0f : 0.9f, 0.5f, tk_s, &e), 0,
+                             "%s", e.msg);
+                tk_down(&got, dout, 4);
+                cr_expect_eq(got, tk_argmax_ref(z, n), "top_p n=%lld %s: got %d, want argmax %d (seed %u)", (long long)n,
+                             which ? "top_p=0" : "temp=0", got, tk_argmax_ref(z, n), tk_seed);
+            }
+            gpu_free(dz);
+            free(z);
+        }
+    // the cases must exercise sampling, not only the argmax
+    cr_expect(distinct_nonargmax > checked / 10, "top_p: only %d of %d samples differ from argmax", distinct_nonargmax, checked);
+    gpu_free(dout);
+    tk_end("top_p");
+}
+
+// ---- errors
+Test(kernels, oom_names_what) {
+    tk_start("oom_names_what");
+    void *p = NULL;
+    dj_err e = {{0}};
+    cr_expect_eq(gpu_malloc(&p, (size_t)1 << 50, "the KV cache", &e), -1, "a 1 PiB allocation succeeded");
+    cr_expect(p == NULL);
+    cr_expect(strstr(e.msg, "GPU out of memory") && strstr(e.msg, "the KV cache"), "unclear OOM message: %s", e.msg);
+    fprintf(stderr, "[kernels.oom_names_what] %s\n", e.msg);
+    // the failed allocation must not poison later calls
+    cr_expect_eq(gpu_malloc(&p, 1 << 20, "a small buffer", &e), 0, "%s", e.msg);
+    gpu_free(p);
+    tk_end("oom_names_what");
+}

@@ -60,8 +60,18 @@ convert/convert: $(BUILD)/bin/convert
 	cp $< $@
 
 # ---- tests
+# CRITERION=DIR: a Criterion unpacked in DIR (include/, lib/) instead of the system's, for machines that
+# cannot install packages (the GPU machine).
+CRITERION ?=
+ifneq ($(CRITERION),)
+TEST_CFLAGS := -I$(abspath $(CRITERION))/include
+TEST_LIBS := -L$(abspath $(CRITERION))/lib -Wl,-rpath,$(abspath $(CRITERION))/lib
+endif
+
 criterion:
-	@if [ ! -f /usr/include/criterion/criterion.h ]; then \
+	@if [ -n "$(CRITERION)" ]; then \
+	  [ -f "$(CRITERION)/include/criterion/criterion.h" ] || { echo "make: no Criterion in $(CRITERION)" >&2; exit 1; }; \
+	elif [ ! -f /usr/include/criterion/criterion.h ]; then \
 	  if [ "$$(id -u)" = 0 ]; then \
 	    echo "make: installing libcriterion-dev" >&2; \
 	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libcriterion-dev) >&2 || exit 1; \
@@ -71,16 +81,17 @@ criterion:
 	fi
 
 $(BUILD)/run_tests: $(TEST_OBJ) $(CONVERT_OBJ) $(ENGINE_OBJ)
-	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS) -lcriterion
+	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS) $(TEST_LIBS) -lcriterion
 
 $(TEST_OBJ): | criterion
+$(TEST_OBJ): CFLAGS += $(TEST_CFLAGS)
 
 # Tests find the shared data and the binaries under test through the environment.
 test: criterion
 	$(MAKE) $(BUILD)/run_tests $(BUILD)/bin/djinn $(BUILD)/bin/convert
 	DJINN_DATA=$(abspath $(DATA)) DJINN_BIN=$(abspath $(BUILD))/bin \
 	ASAN_OPTIONS=protect_shadow_gap=0:detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
-	$(BUILD)/run_tests $(TESTFLAGS)
+	$(BUILD)/run_tests --verbose $(TESTFLAGS)
 
 # ---- the README's first command: convert the tiny real model and generate from it
 demo: djinn convert/convert

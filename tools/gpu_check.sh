@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# On the GPU machine, in one call: build for sm_90, run the whole suite (GPU tests included), make the HF
+# reference logits if they are missing (tools/make_refs.sh), check both engines against every reference,
+# and measure the hardware ceilings. Logs go to $OUT (default ./out). DATA defaults to .shared, a copy of
+# ../shared carried along with the working tree.
+set -uo pipefail
+export DATA=${DATA:-.shared}
+CRIT=${CRIT:-$([ -d .crit ] && echo .crit)}
+OUT=${OUT:-out}
+mkdir -p "$OUT"
+nvidia-smi --query-gpu=name,memory.total,pcie.link.gen.current,pcie.link.width.current,driver_version \
+    --format=csv > "$OUT/gpu.txt" 2>&1
+cat "$OUT/gpu.txt"
+step() { echo "== $* ($(date +%T))"; }
+
+step build
+make -j16 DATA="$DATA" all > "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
+
+step "make test"
+make test DATA="$DATA" ${CRIT:+CRITERION=$CRIT} TESTFLAGS="-j8" > "$OUT/test.log" 2>&1
+grep -E "^\[(FAIL|SKIP)\]|Synthesis|Assertion|^\[----\]" "$OUT/test.log" | head -60
+
+if [ ! -f tests/ref/stories260K.bin ] && [ "${REFS:-1}" = 1 ]; then
+    step "references"
+    PYTHONUNBUFFERED=1 sh tools/make_refs.sh tests > "$OUT/refs.log" 2>&1 || tail -20 "$OUT/refs.log"
+    tail -5 "$OUT/refs.log"
+    tar cf "$OUT/refs.tar" tests/fixtures tests/ref 2>/dev/null
+fi
+
+step "--check against the references"
+mkdir -p /tmp/djinn_check
+for ref in tests/ref/*.bin; do
+    [ -f "$ref" ] || continue
+    name=$(basename "$ref" .bin)
+    if [ "$name" = stories260K ]; then src="$DATA/models/stories260K"; tok=""; dt="--dtype f32"
+    else src="tests/fixtures/$name"; tok="--tokenizer $DATA/models/stories260K"; dt=""; fi
+    ./convert/convert -q "$src" "/tmp/djinn_check/$name.bin" $tok $dt || continue
+    for eng in "" "--cpu"; do
+        ./djinn "/tmp/djinn_check/$name.bin" --check "$ref" $eng 2>>"$OUT/check.log" > /tmp/djinn_check/out.txt
+        { echo "=== $name ${eng:-gpu}"; cat /tmp/djinn_check/out.txt; } >> "$OUT/checks.txt"
+        tail -1 /tmp/djinn_check/out.txt | sed "s/^/$name ${eng:-gpu}: /"
+    done
+done
+
+if [ "${CEILINGS:-1}" = 1 ]; then
+    step ceilings
+    make bench-ceilings DATA="$DATA" CEILINGS_JSON="$OUT/ceilings.json" 2>&1 | tail -25
+fi
+step done

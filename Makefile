@@ -65,7 +65,7 @@ convert/convert: $(BUILD)/bin/convert
 CRITERION ?=
 ifneq ($(CRITERION),)
 TEST_CFLAGS := -I$(abspath $(CRITERION))/include
-TEST_LIBS := -L$(abspath $(CRITERION))/lib -Wl,-rpath,$(abspath $(CRITERION))/lib
+TEST_LIBS := -L$(abspath $(CRITERION))/lib -Wl,--disable-new-dtags,-rpath,$(abspath $(CRITERION))/lib
 endif
 
 criterion:

@@ -159,7 +159,6 @@ struct dj_gpu {
     void *workspace;        // GPU_WORKSPACE bytes, shared by cuBLAS and cuBLASLt (stream-ordered)
     void *scratch;          // scratch_size bytes: x in wtype for cuBLAS, split-KV partials
     size_t scratch_size;
-    cudaStream_t blas_stream;
     lt_plan plans[LT_CACHE];
     int next_plan;
     int prefill_max_hd;     // largest head_dim whose prefill tiles fit the device's shared memory
@@ -293,8 +292,11 @@ extern "C" int gpu_memset(void *p, int byte, size_t bytes, cudaStream_t s, dj_er
     return 0;
 }
 
+// cudaMemcpy from pageable memory may return before the DMA lands, and work on non-blocking streams does
+// not wait for the legacy stream: synchronise so the data is on the device when this returns.
 extern "C" int gpu_h2d(void *dst, const void *src, size_t bytes, dj_err *e) {
-    CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, cudaStreamLegacy));
+    CUDA_CHECK(cudaStreamSynchronize(cudaStreamLegacy));
     return 0;
 }
 extern "C" int gpu_d2h(void *dst, const void *src, size_t bytes, dj_err *e) {
@@ -521,14 +523,19 @@ __global__ __launch_bounds__(GEMV_WARPS * 32) void gemv_scalar_kernel(float *y, 
     if (lane == 0) y[t * n_out + row] = acc;
 }
 
-// xb (n) in wtype = x (n) f32, round to nearest even.
+// xb (n) in wtype = x (n) f32, round to nearest even. For bf16 also xlo (n) = bf16(x - xb): bf16's 8-bit
+// mantissa alone loses ~2e-3 of each activation, which compounds past the 1e-2 logit tolerance over a
+// model; hi + lo carries 16 bits, at the price of a second GEMM.
 template <int WT>
-__global__ void to_wtype_kernel(void *xb, const float *x, int64_t n) {
+__global__ void to_wtype_kernel(void *xb, void *xlo, const float *x, int64_t n) {
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
-        if (WT == DJ_F16)
+        if (WT == DJ_F16) {
             ((__half *)xb)[i] = __float2half_rn(x[i]);
-        else
-            ((__nv_bfloat16 *)xb)[i] = __float2bfloat16_rn(x[i]);
+        } else {
+            __nv_bfloat16 hi = __float2bfloat16_rn(x[i]);
+            ((__nv_bfloat16 *)xb)[i] = hi;
+            ((__nv_bfloat16 *)xlo)[i] = __float2bfloat16_rn(x[i] - __bfloat162float(hi));
+        }
     }
 }
 
@@ -573,19 +580,22 @@ static cudaDataType_t cuda_dtype(uint32_t wtype) {
     return wtype == DJ_F16 ? CUDA_R_16F : wtype == DJ_BF16 ? CUDA_R_16BF : CUDA_R_32F;
 }
 
-// x in the operand dtype cuBLAS multiplies W with: x itself for f32, else a rounded copy in scratch.
-static int blas_operand(dj_gpu *g, const void **xb, const float *x, uint32_t wtype, int64_t T, int64_t n_in,
-                        cudaStream_t s, dj_err *e) {
-    *xb = x;
+// x in the operand dtype cuBLAS multiplies W with: x itself for f32, else a rounded copy in scratch; for
+// bf16 also *xlo, the rounding residual (NULL otherwise).
+static int blas_operand(dj_gpu *g, const void **xb, const void **xlo, const float *x, uint32_t wtype, int64_t T,
+                        int64_t n_in, cudaStream_t s, dj_err *e) {
+    *xb = x, *xlo = NULL;
     if (wtype == DJ_F32) return 0;
     if (scratch_need(g, gpu_matmul_scratch(wtype, T, n_in), s, e)) return -1;
     int64_t n = T * n_in;
+    void *lo = (char *)g->scratch + (size_t)n * 2;
     if (wtype == DJ_F16)
-        to_wtype_kernel<DJ_F16><<<grid_1d(n, 256), 256, 0, s>>>(g->scratch, x, n);
+        to_wtype_kernel<DJ_F16><<<grid_1d(n, 256), 256, 0, s>>>(g->scratch, NULL, x, n);
     else
-        to_wtype_kernel<DJ_BF16><<<grid_1d(n, 256), 256, 0, s>>>(g->scratch, x, n);
+        to_wtype_kernel<DJ_BF16><<<grid_1d(n, 256), 256, 0, s>>>(g->scratch, lo, x, n);
     LAUNCH_CHECK("to_wtype", s);
     *xb = g->scratch;
+    if (wtype == DJ_BF16) *xlo = lo;
     return 0;
 }
 
@@ -593,7 +603,6 @@ static int blas_use_stream(dj_gpu *g, cudaStream_t s, dj_err *e) {
     // cublasSetStream resets the workspace to cuBLAS's own pool: set ours again after it.
     CUBLAS_CHECK(cublasSetStream(g->blas, s));
     CUBLAS_CHECK(cublasSetWorkspace(g->blas, g->workspace, GPU_WORKSPACE));
-    g->blas_stream = s;
     return 0;
 }
 
@@ -601,14 +610,18 @@ static int blas_use_stream(dj_gpu *g, cudaStream_t s, dj_err *e) {
 // op_T(W_cm (n_in x n_out)) . x^T_cm (n_in x T): A = W with lda = n_in transposed, B = x with ldb = n_in.
 static int matmul_cublas(dj_gpu *g, float *y, const float *x, const void *w, uint32_t wtype, int64_t T,
                          int64_t n_in, int64_t n_out, cudaStream_t s, dj_err *e) {
-    const void *xb;
-    if (blas_operand(g, &xb, x, wtype, T, n_in, s, e)) return -1;
+    const void *xb, *xlo;
+    if (blas_operand(g, &xb, &xlo, x, wtype, T, n_in, s, e)) return -1;
     if (blas_use_stream(g, s, e)) return -1;
-    const float alpha = 1.0f, beta = 0.0f;
+    const float alpha = 1.0f, beta = 0.0f, one = 1.0f;
     cudaDataType_t dt = cuda_dtype(wtype);
     CUBLAS_CHECK(cublasGemmEx(g->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)n_out, (int)T, (int)n_in, &alpha, w, dt,
                               (int)n_in, xb, dt, (int)n_in, &beta, y, CUDA_R_32F, (int)n_out, CUBLAS_COMPUTE_32F,
                               CUBLAS_GEMM_DEFAULT));
+    if (xlo)  // y += W . lo (bf16 residual)
+        CUBLAS_CHECK(cublasGemmEx(g->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)n_out, (int)T, (int)n_in, &alpha, w, dt,
+                                  (int)n_in, xlo, dt, (int)n_in, &one, y, CUDA_R_32F, (int)n_out,
+                                  CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
     return 0;
 }
 
@@ -658,18 +671,21 @@ static int lt_plan_get(dj_gpu *g, lt_plan **out, uint32_t wtype, int64_t T, int6
 
 static int matmul_cublaslt(dj_gpu *g, float *y, const float *x, const void *w, uint32_t wtype, int64_t T,
                            int64_t n_in, int64_t n_out, cudaStream_t s, dj_err *e) {
-    const void *xb;
-    if (blas_operand(g, &xb, x, wtype, T, n_in, s, e)) return -1;
+    const void *xb, *xlo;
+    if (blas_operand(g, &xb, &xlo, x, wtype, T, n_in, s, e)) return -1;
     lt_plan *p = NULL;
     if (lt_plan_get(g, &p, wtype, T, n_in, n_out, e)) return -1;
-    const float alpha = 1.0f, beta = 0.0f;
+    const float alpha = 1.0f, beta = 0.0f, one = 1.0f;
     CUBLAS_CHECK(cublasLtMatmul(g->lt, p->op, &alpha, w, p->a, xb, p->b, &beta, y, p->c, y, p->c, &p->algo,
                                 g->workspace, GPU_WORKSPACE, s));
+    if (xlo)  // y += W . lo (bf16 residual); the heuristic's algorithm is valid for beta != 0 as well
+        CUBLAS_CHECK(cublasLtMatmul(g->lt, p->op, &alpha, w, p->a, xlo, p->b, &one, y, p->c, y, p->c, &p->algo,
+                                    g->workspace, GPU_WORKSPACE, s));
     return 0;
 }
 
 extern "C" size_t gpu_matmul_scratch(uint32_t wtype, int64_t T, int64_t n_in) {
-    return wtype == DJ_F32 ? 0 : (size_t)T * (size_t)n_in * 2;
+    return wtype == DJ_F32 ? 0 : (size_t)T * (size_t)n_in * (wtype == DJ_BF16 ? 4 : 2);
 }
 
 extern "C" int gpu_matmul_path(dj_gpu *g, int path, float *y, const float *x, const void *w, uint32_t wtype,

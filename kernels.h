@@ -58,7 +58,8 @@ void gpu_free(void *p);  // NULL is fine
 int gpu_mem_info(size_t *free_bytes, size_t *total_bytes, dj_err *e);
 int gpu_memset(void *p, int byte, size_t bytes, cudaStream_t s, dj_err *e);  // async on s
 // Copies: the *_async ones are ordered on s (and truly asynchronous only for pinned host memory);
-// the others are synchronous.
+// the others are synchronous (the data has landed when they return) and ordered after nothing: call
+// gpu_stream_sync first when a stream is still writing what gpu_d2h reads.
 int gpu_h2d(void *dst, const void *src, size_t bytes, dj_err *e);
 int gpu_d2h(void *dst, const void *src, size_t bytes, dj_err *e);
 int gpu_h2d_async(void *dst, const void *src, size_t bytes, cudaStream_t s, dj_err *e);
@@ -91,7 +92,8 @@ void gpu_graph_destroy(cudaGraphExec_t exec);
 // ---- matmul: y (T, n_out) f32 = x (T, n_in) f32 . W^T, W (n_out, n_in) row-major in wtype
 // GPU_MM_AUTO: our GEMV for T == 1 (reads W once with 16-byte loads, fp32 accumulation; the decode path),
 // cublasGemmEx for T > 1. cuBLAS paths, f16/bf16: x is rounded to wtype in scratch and multiplied on the
-// tensor cores with fp32 accumulation (CUBLAS_COMPUTE_32F), output f32. f32 weights use CUBLAS_COMPUTE_32F
+// tensor cores with fp32 accumulation (CUBLAS_COMPUTE_32F), output f32; for bf16, whose 8-bit significand
+// alone puts whole-model logits ~2e-2 off, x is split into bf16 hi + lo and multiplied twice. f32 weights use CUBLAS_COMPUTE_32F
 // with the default math mode, which is plain fp32, not TF32: it keeps the f32 path within ~1e-5 of the CPU.
 // The GEMV reads W once per 4 rows of x, so it is also correct (if slower) for any T.
 enum gpu_mm_path { GPU_MM_AUTO = 0, GPU_MM_GEMV = 1, GPU_MM_CUBLAS = 2, GPU_MM_CUBLASLT = 3 };
@@ -139,6 +141,8 @@ int gpu_attention_decode(dj_gpu *g, float *out, const float *q, const float *k_c
 // already holds this chunk's keys, so chunked prefill works). q rows `ldq` floats apart, out rows `ldo`
 // apart, each (n_heads, head_dim). Tiled flash-attention (online softmax in registers and shared memory):
 // no T x T matrix in global memory. PRECOND as for decode.
+// Performance: fp32 FMAs from shared memory (no tensor cores, to stay exact against the f32 CPU reference),
+// one block per (64 queries, head): a small T after a long context (chunked prefill) has little parallelism.
 int gpu_attention_prefill(dj_gpu *g, float *out, int64_t ldo, const float *q, int64_t ldq, const float *k_cache,
                           const float *v_cache, int64_t T, int64_t n_heads, int64_t n_kv_heads, int64_t head_dim,
                           int64_t max_seq, const int32_t *d_pos, cudaStream_t s, dj_err *e);

@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "../convert/json.h"
+#include "../kernels.h"
 
 typedef struct {
     char bin[1024], data[1024];
@@ -171,14 +172,44 @@ Test(cli, greedy_text_byte_exact) {
     tcli_teardown(&c);
 }
 
-Test(cli, says_cpu_without_flag) {
+// Without --cpu the engine follows the hardware, and stderr says which one runs.
+Test(cli, announces_the_engine) {
     tcli_ctx c;
     tcli_setup(&c);
     char *argv[] = {tcli_djinn_path, c.model, "-p", "Hi", "-n", "3", "-t", "0", NULL};
     cr_assert_eq(tcli_run(&c, argv), 0);
     char *err = tcli_stderr(&c);
-    cr_assert(strstr(err, "CPU"), "must say on stderr that it runs on the CPU: %s", err);
+    if (gpu_count() > 0)
+        cr_assert(strstr(err, "gpu: ") && strstr(err, "resident"), "must describe the GPU plan on stderr: %s", err);
+    else
+        cr_assert(strstr(err, "no GPU") && strstr(err, "CPU"), "must say on stderr that it runs on the CPU: %s", err);
     free(err);
+    tcli_teardown(&c);
+}
+
+// The same 200 greedy tokens from the GPU engine, all resident and with every layer streamed.
+Test(cli, greedy_text_byte_exact_gpu) {
+    if (gpu_count() == 0) cr_skip_test("no GPU: cudaGetDeviceCount found no usable device (runs on the GPU machine)");
+    tcli_ctx c;
+    tcli_setup(&c);
+    tcli_greedy g;
+    tcli_load_greedy(&c, &g);
+    char *want = tcli_expected_text(&g);
+    for (int stream = 0; stream < 2; stream++) {
+        char *argv[] = {tcli_djinn_path, c.model, "-p", "Once upon a time", "-n", "200", "-t", "0",
+                        stream ? "--stream-all" : "-s", stream ? "--sync-copy" : "1", NULL};
+        int rc = tcli_run(&c, argv);
+        char *err = tcli_stderr(&c);
+        cr_assert_eq(rc, 0, "djinn failed: %s", err);
+        size_t n;
+        char *out = tcli_stdout(&c, &n);
+        cr_assert(n == strlen(want) && !memcmp(out, want, n), "stream %d: stdout differs from greedy_text:\n%s", stream,
+                  out);
+        cr_assert(strstr(err, "gpu: "), "stderr does not describe the GPU engine: %s", err);
+        if (stream) cr_assert(strstr(err, "streamed"), "no streaming statistics: %s", err);
+        free(out), free(err);
+    }
+    free(want), free(g.text);
     tcli_teardown(&c);
 }
 

@@ -8,7 +8,7 @@
 //   f32 arithmetic on both sides (norms, RoPE, attention, SwiGLU, our GEMV for every dtype, cuBLAS with
 //   f32 weights in plain fp32): 1e-5, i.e. summation-order rounding only.
 //   cuBLAS/cuBLASLt with f16 weights: 1e-3 (x is rounded to f16, 11-bit significand, for the tensor cores).
-//   cuBLAS/cuBLASLt with bf16 weights: 1e-2 (x rounded to bf16, 8-bit significand).
+//   cuBLAS/cuBLASLt with bf16 weights: 1e-4 (x split into bf16 hi + lo, two GEMMs: ~16 significant bits).
 //   KV writes, argmax and top-p sampling: exact.
 #include <criterion/criterion.h>
 #include <math.h>
@@ -137,7 +137,7 @@ Test(kernels, matmul) {
                 for (size_t pi = 0; pi < sizeof paths / sizeof paths[0]; pi++) {
                     const int path = paths[pi];
                     const int blas = path == GPU_MM_CUBLAS || path == GPU_MM_CUBLASLT || (path == GPU_MM_AUTO && T > 1);
-                    const double tol = wt == DJ_F32 || !blas ? 1e-5 : wt == DJ_F16 ? 1e-3 : 1e-2;
+                    const double tol = wt == DJ_F32 || !blas ? 1e-5 : wt == DJ_F16 ? 1e-3 : 1e-4;
                     tk_poison(dy, (size_t)(T * n_out) * 4);
                     int rc = gpu_matmul_path(tk_g, path, dy, dx, dw, wt, T, n_in, n_out, tk_s, &e);
                     cr_expect_eq(rc, 0, "matmul %s %s T=%lld n_in=%lld n_out=%lld: %s", dj_dtype_name(wt),
@@ -444,6 +444,7 @@ Test(kernels, decode_graph_replay) {
     cr_assert_eq(gpu_graph_end(tk_s, &exec, &e), 0, "%s", e.msg);
     for (int32_t pos = 0; pos < 520; pos++) {
         tk_fill(row, ld, 2.0f);
+        cr_assert_eq(gpu_stream_sync(tk_s, &e), 0, "replay failed: %s", e.msg);  // the last replay reads drow, dpos
         cr_assert_eq(gpu_h2d(drow, row, (size_t)ld * 4, &e), 0, "%s", e.msg);
         cr_assert_eq(gpu_h2d(dpos, &pos, sizeof pos, &e), 0, "%s", e.msg);
         cr_assert_eq(gpu_graph_launch(exec, tk_s, &e), 0, "%s", e.msg);

@@ -3,6 +3,7 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <math.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -13,8 +14,17 @@
 #include "tokenizer.h"
 #include "util.h"
 
-// Exit codes: 1 runtime error (missing model, bad prompt...), 2 usage error, 3 --check above tolerance.
-enum { EXIT_ERR = 1, EXIT_USAGE = 2, EXIT_CHECK = 3 };
+// Exit codes: 1 runtime error (missing model, bad prompt...), 2 usage error, 3 --check above tolerance,
+// 130 interrupted (Ctrl-C) after printing what was generated and the statistics so far.
+enum { EXIT_ERR = 1, EXIT_USAGE = 2, EXIT_CHECK = 3, EXIT_INTERRUPTED = 130 };
+#define DEFAULT_CTX 4096  // a KV cache for Llama 3.1's 131072 positions would not fit most GPUs
+
+// Ctrl-C during generation stops after the current token; a second one kills at once.
+static volatile sig_atomic_t interrupted;
+static void on_sigint(int sig) {
+    interrupted = 1;
+    signal(sig, SIG_DFL);
+}
 
 // ---- options
 typedef struct {
@@ -25,12 +35,13 @@ typedef struct {
     double top_p;
     uint64_t seed;
     int seed_given;
-    int64_t ctx;         // 0: the model's max_seq_len
+    int64_t ctx;         // 0: the model's max_seq_len, at most DEFAULT_CTX
     double ring_gb;      // GPU memory for weights, GB; 0: automatic
     int force_cpu;
     int stream_all;      // ablation: nothing resident
     int sync_copy;       // ablation: no copy/compute overlap
     int no_graph;        // all-resident decode launch by launch
+    int no_pin;          // pageable host memory for the weights
     const char *stats_path;
     const char *logits_path;
     const char *check_path;
@@ -47,13 +58,16 @@ static void usage(FILE *f) {
             "  -t TEMP          temperature (default 1.0; 0: greedy)\n"
             "  --top-p P        nucleus sampling mass in [0, 1] (default 0.9; 0: greedy)\n"
             "  -s SEED          RNG seed (default: from the clock); same seed, same text\n"
-            "  -c CTX           context size in tokens (default: the model's max_seq_len)\n"
+            "  -c CTX           context size in tokens: the KV cache length (default: the model's\n"
+            "                   max_position_embeddings, at most 4096)\n"
             "  --ring-gb G      GPU memory for weights, in GB (1e9 bytes): layers that fit stay resident, the rest\n"
             "                   stream over PCIe every token (default: free GPU memory minus the KV cache,\n"
             "                   activations and a margin; the plan is printed on stderr)\n"
             "  --stream-all     ablation: keep no layer resident, stream every layer every token\n"
             "  --sync-copy      ablation: copy a layer, wait, compute it (no overlap)\n"
             "  --no-graph       ablation: run the all-resident decode step kernel by kernel, not as a CUDA graph\n"
+            "  --no-pin         keep the weights in pageable memory (where page-locking is limited; copies\n"
+            "                   then run at ~7 GB/s instead of ~50 and do not overlap compute)\n"
             "  --cpu            run on the CPU even when a GPU is present\n"
             "  --stats-json F   write the run's statistics (load, prefill, decode, streaming) to F as JSON\n"
             "  --logits FILE    write float32 logits (vocab values per row), one row per processed position:\n"
@@ -104,6 +118,7 @@ static int parse_args(int argc, char **argv, dj_opts *o) {
         if (!strcmp(a, "--stream-all")) { o->stream_all = 1; continue; }
         if (!strcmp(a, "--sync-copy")) { o->sync_copy = 1; continue; }
         if (!strcmp(a, "--no-graph")) { o->no_graph = 1; continue; }
+        if (!strcmp(a, "--no-pin")) { o->no_pin = 1; continue; }
         if (a[0] != '-' || a[1] == 0) {
             if (o->model_path) return usage_error("unexpected argument '%s'", a);
             o->model_path = a;
@@ -191,7 +206,7 @@ static void engine_gpu_free(void *ctx) { gpu_state_free(ctx); }
 // The engine follows how the model was loaded: page-locked (a GPU is present and --cpu not given) runs on
 // the GPU, otherwise the CPU; main() says which and why.
 static int engine_open(dj_engine *eng, const dj_model *m, const dj_opts *o, int64_t ctx, dj_err *e) {
-    if (!m->pinned) return engine_cpu_new(eng, m, ctx, e);
+    if (!m->for_gpu) return engine_cpu_new(eng, m, ctx, e);
     dj_gpu_opts go = {.ring_gb = o->ring_gb, .max_seq = ctx, .stream_all = o->stream_all,
                       .sync_copy = o->sync_copy, .no_graph = o->no_graph};
     dj_gpu_state *s = gpu_state_new(m, &go, e);
@@ -500,7 +515,7 @@ static int run_generate(const dj_model *m, const dj_tokenizer *tok, const dj_opt
         free(ids);
         return 0;
     }
-    int64_t ctx = o->ctx ? o->ctx : (int64_t)c->max_seq_len;
+    int64_t ctx = o->ctx ? o->ctx : c->max_seq_len < DEFAULT_CTX ? (int64_t)c->max_seq_len : DEFAULT_CTX;
     int rc = EXIT_ERR;
     dj_engine eng = {0};
     float *logits = NULL;
@@ -566,7 +581,15 @@ static int run_generate(const dj_model *m, const dj_tokenizer *tok, const dj_opt
     int64_t n = (int64_t)n_prompt, n_gen = 0;
     double t_first = 0, t_decode0 = 0;
     const char *stop = NULL;
+    // Tests deliver Ctrl-C at an exact token through this variable (a real SIGINT, through the handler).
+    const char *raise_at = getenv("DJINN_TEST_SIGINT_AFTER");
+    int64_t sigint_after = raise_at ? atoll(raise_at) : -1;
     while (n_gen < o->n_new) {
+        if (n_gen == sigint_after) raise(SIGINT);
+        if (interrupted) {
+            stop = "interrupted";
+            break;
+        }
         if (n >= ctx) {
             stop = "context full";
             break;
@@ -596,6 +619,8 @@ static int run_generate(const dj_model *m, const dj_tokenizer *tok, const dj_opt
     if (stop && !strcmp(stop, "context full"))
         fprintf(stderr, "djinn: stopped after %" PRId64 " of %" PRId64 " new tokens: the context of %" PRId64
                         " tokens is full (-c)\n", n_gen, o->n_new, ctx);
+    else if (stop && !strcmp(stop, "interrupted"))
+        fprintf(stderr, "djinn: interrupted after %" PRId64 " new tokens\n", n_gen);
     else if (stop)
         fprintf(stderr, "djinn: stopped at the end-of-sequence token after %" PRId64 " new tokens\n", n_gen);
     if (n_gen > 0) {
@@ -624,7 +649,7 @@ static int run_generate(const dj_model *m, const dj_tokenizer *tok, const dj_opt
             goto out;
         }
     }
-    rc = 0;
+    rc = interrupted ? EXIT_INTERRUPTED : 0;
 out:
     if (lf) fclose(lf);
     if (stream) tok_stream_free(stream);
@@ -646,6 +671,7 @@ int main(int argc, char **argv) {
     }
     if (prc) return prc;
 
+    signal(SIGINT, on_sigint);
     dj_err e = {{0}};
     dj_model m;
     int use_gpu = !o.force_cpu && !o.tokenize && gpu_count() > 0;
@@ -654,7 +680,7 @@ int main(int argc, char **argv) {
         fprintf(stderr, "djinn: warning: no GPU found: running on the CPU, %d threads\n", cpu_threads());
     if (!use_gpu && (o.stream_all || o.sync_copy || o.ring_gb > 0))
         fprintf(stderr, "djinn: warning: --ring-gb, --stream-all and --sync-copy apply to the GPU engine only\n");
-    dj_load_opts lo = {.want_pinned = use_gpu, .quiet = 0};
+    dj_load_opts lo = {.want_pinned = use_gpu, .no_pin = o.no_pin, .quiet = 0};
     double t0 = dj_now();
     if (model_load(o.model_path, &lo, &m, &e)) {
         fprintf(stderr, "djinn: %s\n", e.msg);
@@ -686,7 +712,7 @@ int main(int argc, char **argv) {
         rc = run_generate(&m, tok, &o, dt, &e);
         tok_free(tok);
     }
-    if (rc && rc != EXIT_CHECK) fprintf(stderr, "djinn: %s\n", e.msg);
+    if (rc && rc != EXIT_CHECK && rc != EXIT_INTERRUPTED) fprintf(stderr, "djinn: %s\n", e.msg);
     model_free(&m);
     return rc;
 }

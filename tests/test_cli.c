@@ -187,7 +187,7 @@ Test(cli, announces_the_engine) {
     tcli_teardown(&c);
 }
 
-// The same 200 greedy tokens from the GPU engine, all resident and with every layer streamed.
+// The same 200 greedy tokens from the GPU engine: all resident, and with every layer streamed.
 Test(cli, greedy_text_byte_exact_gpu) {
     if (gpu_count() == 0) cr_skip_test("no GPU: cudaGetDeviceCount found no usable device (runs on the GPU machine)");
     tcli_ctx c;
@@ -195,9 +195,11 @@ Test(cli, greedy_text_byte_exact_gpu) {
     tcli_greedy g;
     tcli_load_greedy(&c, &g);
     char *want = tcli_expected_text(&g);
-    for (int stream = 0; stream < 2; stream++) {
+    // 0: all resident; 1: everything streamed, no overlap; 2: everything streamed from pageable memory.
+    for (int stream = 0; stream < 3; stream++) {
         char *argv[] = {tcli_djinn_path, c.model, "-p", "Once upon a time", "-n", "200", "-t", "0",
-                        stream ? "--stream-all" : "-s", stream ? "--sync-copy" : "1", NULL};
+                        stream ? "--stream-all" : "-s", stream == 1 ? "--sync-copy" : stream == 2 ? "--no-pin" : "1",
+                        NULL};
         int rc = tcli_run(&c, argv);
         char *err = tcli_stderr(&c);
         cr_assert_eq(rc, 0, "djinn failed: %s", err);
@@ -207,9 +209,29 @@ Test(cli, greedy_text_byte_exact_gpu) {
                   out);
         cr_assert(strstr(err, "gpu: "), "stderr does not describe the GPU engine: %s", err);
         if (stream) cr_assert(strstr(err, "streamed"), "no streaming statistics: %s", err);
+        if (stream == 2) cr_assert(strstr(err, "pageable"), "no warning about pageable memory: %s", err);
         free(out), free(err);
     }
     free(want), free(g.text);
+    tcli_teardown(&c);
+}
+
+// Ctrl-C during generation: the text so far and the statistics, then exit 130.
+Test(cli, ctrl_c_prints_stats_and_exits_cleanly) {
+    tcli_ctx c;
+    tcli_setup(&c);
+    setenv("DJINN_TEST_SIGINT_AFTER", "5", 1);
+    char *argv[] = {tcli_djinn_path, c.model, "-p", "Once upon a time", "-n", "100", "-t", "0", "--cpu", NULL};
+    int rc = tcli_run(&c, argv);
+    unsetenv("DJINN_TEST_SIGINT_AFTER");
+    char *err = tcli_stderr(&c);
+    cr_assert_eq(rc, 130, "exit %d, expected 130: %s", rc, err);
+    cr_assert(strstr(err, "interrupted after 5 new tokens"), "%s", err);
+    cr_assert(strstr(err, "ms/token"), "no statistics after the interrupt: %s", err);
+    size_t n;
+    char *out = tcli_stdout(&c, &n);
+    cr_assert(n > 17 && out[n - 1] == '\n', "the text so far, ended by a newline: '%s'", out);
+    free(out), free(err);
     tcli_teardown(&c);
 }
 

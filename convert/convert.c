@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "../model.h"
+#include "../tokenizer.h"
 #include "hfconfig.h"
 #include "json.h"
 #include "safetensors.h"
@@ -332,6 +333,21 @@ int convert_run(const convert_opts *o, dj_err *e) {
     c.wtype = o->dtype >= 0 ? (uint32_t)o->dtype : auto_dtype(ws[0].t->dtype);
 
     if (tokjson_build_dir(o->tok_dir ? o->tok_dir : o->hf_dir, &blob, &blob_size, e)) goto out;
+    {  // The section must load, and every id it can produce must have an embedding row.
+        dj_err te;
+        dj_tokenizer *t = tok_load(blob, blob_size, &te);
+        if (!t) {
+            dj_fail(e, "internal error: the tokenizer section does not load: %s", te.msg);
+            goto out;
+        }
+        int32_t tv = tok_vocab_size(t);
+        tok_free(t);
+        if (tv > (int32_t)c.vocab_size) {
+            dj_fail(e, "the tokenizer has %d tokens but the model's vocab_size is %u: wrong tokenizer for this model",
+                    tv, c.vocab_size);
+            goto out;
+        }
+    }
     if (model_plan(&c, blob_size, &info, e)) goto out;
     // Destination offsets, from the one layout the loader also uses.
     k = 0;

@@ -285,6 +285,7 @@ static const bad_case bad_cases[] = {
     {"bias tensor", NULL, NULL, 3, "bias"},
     {"integer dtype", NULL, NULL, 4, "I32"},
     {"header longer than file", NULL, NULL, 5, "safetensors"},
+    {"tokenizer larger than vocab", "\"vocab_size\": 512", "\"vocab_size\": 500", 0, "500"},
 };
 
 static void make_bad_dir(const char *hf, const bad_case *bc) {

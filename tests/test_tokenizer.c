@@ -75,11 +75,13 @@ static char *tt_stream_all(const dj_tokenizer *t, const int32_t *ids, size_t n, 
     return out;
 }
 
-// Every case of DATA/tokenizers/<cases>: ids exactly, decode exactly, stream == decode.
+// Every case of a cases file (DATA/tokenizers/<cases>, or a path under tests/): ids exactly, decode exactly,
+// stream == decode.
 static void tt_run_cases(const char *rel_dir, const char *cases) {
     dj_tokenizer *t = tt_load_dir(rel_dir);
     char path[4096];
-    snprintf(path, sizeof path, "%s/tokenizers/%s", tt_data(), cases);
+    if (!strncmp(cases, "tests/", 6)) snprintf(path, sizeof path, "%s", cases);
+    else snprintf(path, sizeof path, "%s/tokenizers/%s", tt_data(), cases);
     size_t n;
     char *text = tt_slurp(path, &n);
     if (!text) cr_skip_test("%s is missing", path);
@@ -125,6 +127,11 @@ static void tt_run_cases(const char *rel_dir, const char *cases) {
 Test(tokenizer, llama2_cases) { tt_run_cases("tokenizers/llama2", "llama2_cases.json"); }
 Test(tokenizer, llama3_cases) { tt_run_cases("tokenizers/llama3", "llama3_cases.json"); }
 Test(tokenizer, tok512_cases) { tt_run_cases("models/stories260K", "tok512_cases.json"); }
+// Random texts (many scripts, emoji, whitespace runs, digits, special-token strings) encoded by HF
+// `tokenizers` 0.23 on the GPU machine with tools/tok_cases.py and committed.
+Test(tokenizer, llama2_random_cases) { tt_run_cases("tokenizers/llama2", "tests/tok/llama2_random.json"); }
+Test(tokenizer, llama3_random_cases) { tt_run_cases("tokenizers/llama3", "tests/tok/llama3_random.json"); }
+Test(tokenizer, tok512_random_cases) { tt_run_cases("models/stories260K", "tests/tok/tok512_random.json"); }
 
 Test(tokenizer, llama3_meta_vector_and_specials) {
     dj_tokenizer *t = tt_load_dir("tokenizers/llama3");

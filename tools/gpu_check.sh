@@ -42,6 +42,22 @@ for ref in tests/ref/*.bin; do
     done
 done
 
+if [ "${SANITIZE:-0}" = 1 ]; then
+    # compute-sanitizer on the GPU tests and on a short streamed generation; each tool's summary line.
+    step compute-sanitizer
+    CS=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+    ./convert/convert -q "$DATA/models/stories260K" /tmp/djinn_check/s16.bin --dtype f16
+    for tool in memcheck racecheck synccheck; do
+        DJINN_DATA=$PWD/$DATA DJINN_BIN=$PWD/build/bin timeout 300 "$CS" --tool $tool --error-exitcode 9 \
+            build/run_tests -j1 --filter "${SAN_FILTER:-gpu_forward/*}" > "/tmp/djinn_check/cs_$tool.log" 2>&1
+        echo "$tool tests: exit $? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|Synthesis' /tmp/djinn_check/cs_$tool.log | tr '\n' ' ')"
+        timeout 300 "$CS" --tool $tool --error-exitcode 9 ./djinn /tmp/djinn_check/s16.bin -p "Once upon a time" \
+            -n 20 -t 0 --stream-all > "/tmp/djinn_check/cs_gen_$tool.log" 2>&1
+        echo "$tool streamed generation: exit $? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' /tmp/djinn_check/cs_gen_$tool.log | tr '\n' ' ')"
+    done
+    cat /tmp/djinn_check/cs_*.log > "$OUT/sanitizer.log"
+fi
+
 if [ "${CEILINGS:-1}" = 1 ]; then
     step ceilings
     make bench-ceilings DATA="$DATA" CEILINGS_JSON="$OUT/ceilings.json" 2>&1 | tail -25

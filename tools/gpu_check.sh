@@ -27,6 +27,14 @@ if [ ! -f tests/ref/stories260K.bin ] && [ "${REFS:-1}" = 1 ]; then
     tar cf "$OUT/refs.tar" tests/fixtures tests/ref 2>/dev/null
 fi
 
+if [ "${TOKCASES:-0}" = 1 ]; then
+    step "tokenizer cases from HF tokenizers"
+    python3 tools/tok_cases.py "$DATA" tests/tok 400 && tar cf "$OUT/tok.tar" tests/tok
+    # and run the new cases right away
+    make test DATA="$DATA" ${CRIT:+CRITERION=$CRIT} TESTFLAGS="--filter tokenizer/*_random_cases" 2>&1 \
+        | grep -E "^\[(FAIL|PASS)\]|Synthesis|Assertion" | head -20
+fi
+
 step "--check against the references"
 mkdir -p /tmp/djinn_check
 for ref in tests/ref/*.bin; do

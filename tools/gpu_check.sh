@@ -29,7 +29,7 @@ fi
 
 if [ "${TOKCASES:-0}" = 1 ]; then
     step "tokenizer cases from HF tokenizers"
-    python3 tools/tok_cases.py "$DATA" tests/tok 400 && tar cf "$OUT/tok.tar" tests/tok
+    mkdir -p tests/tok && python3 tools/tok_cases.py "$DATA" tests/tok 400 && tar cf "$OUT/tok.tar" tests/tok
     # and run the new cases right away
     make test DATA="$DATA" ${CRIT:+CRITERION=$CRIT} TESTFLAGS="--filter tokenizer/*_random_cases" 2>&1 \
         | grep -E "^\[(FAIL|PASS)\]|Synthesis|Assertion" | head -20

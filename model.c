@@ -605,6 +605,13 @@ dj_gpu_state *gpu_state_new(const dj_model *m, const dj_gpu_opts *o, dj_err *e) 
     uint64_t budget;
     if (o->ring_gb > 0) {
         budget = rb_gb_bytes(o->ring_gb);
+        if (budget + other > free_b) {
+            dj_fail(e, "--ring-gb %.2f is more than the GPU can give: %.2f GB free, of which %.2f GB go to the KV "
+                       "cache (-c %lld) and activations; use --ring-gb %.2f or less", o->ring_gb, (double)free_b / 1e9,
+                    (double)other / 1e9, (long long)s->max_seq,
+                    free_b > other + margin ? (double)(free_b - other - margin) / 1e9 : 0.0);
+            goto fail;
+        }
     } else {
         if (free_b < other + margin) {
             dj_fail(e, "GPU has %.2f GB free, not enough for the KV cache (%.2f GB for -c %lld) and activations "

@@ -190,3 +190,20 @@ Test(gpu_forward, stories_greedy_matches_reference) {
     free(buf);
     model_free(&m);
 }
+
+// Asking for more than the GPU has: one clear line with the free amount, for the weights and for the KV cache.
+Test(gpu_forward, budget_and_kv_cache_beyond_gpu_memory) {
+    dj_model m;
+    load_stories(&m, DJ_F16);
+    dj_err e = {{0}};
+    dj_gpu_opts o = {.max_seq = 256, .quiet = 1, .ring_gb = 100000};
+    cr_assert_null(gpu_state_new(&m, &o, &e));
+    cr_assert(strstr(e.msg, "--ring-gb") && strstr(e.msg, "GB free"), "%s", e.msg);
+    // A context whose f32 KV cache (5 layers x 2 x 4 heads x 8 x 4 bytes = 1280 bytes per position) is
+    // larger than any GPU: 2^30 positions, 1.4 TB.
+    dj_gpu_opts k = {.max_seq = 1 << 30, .max_batch = 64, .quiet = 1};
+    e.msg[0] = 0;
+    cr_assert_null(gpu_state_new(&m, &k, &e));
+    cr_assert(strstr(e.msg, "KV cache") && strstr(e.msg, "free"), "%s", e.msg);
+    model_free(&m);
+}

@@ -99,7 +99,7 @@ demo: djinn convert/convert
 	./djinn stories260K.bin -p "Once upon a time" -n 200 -t 0
 
 clean:
-	rm -rf build build-san djinn convert/convert stories260K.bin
+	rm -rf build build-san build-fuzz djinn convert/convert stories260K.bin
 
 -include $(shell find build build-san -name '*.d' 2>/dev/null)
 
@@ -127,3 +127,82 @@ $(BUILD)/bin/ceilings: $(BUILD)/bench/ceilings.o $(BUILD)/kernels.o $(BUILD)/uti
 
 bench-ceilings: $(BUILD)/bin/ceilings
 	$(BUILD)/bin/ceilings $(CEILINGS_JSON)
+
+# ---- fuzz: libFuzzer targets (clang, ASan+UBSan) for every parser of untrusted bytes; sources in tests/fuzz/.
+# `make fuzz` builds them into $(FUZZ_BUILD)/bin; `make fuzz-run FUZZ_SECONDS=600` (add -j2 for two at once)
+# runs each on a scratch copy of its committed corpus tests/fuzz/corpus/<target>/, merges the inputs that
+# add coverage back into it (minimised, -merge=1) and prints executions and coverage. Crashes are saved in
+# $(FUZZ_BUILD)/crashes/. `make fuzz-seeds` rewrites the generated seeds (seed_*).
+FUZZ_CC ?= clang
+FUZZ_BUILD ?= build-fuzz
+FUZZ_SECONDS ?= 60
+FUZZ_FLAGS ?=
+FUZZ_SAN := -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer
+FUZZ_CFLAGS := -std=c11 -O1 -g -Wall -Wextra -Werror -Wno-unused-parameter -D_GNU_SOURCE -pthread \
+               -I$(CUDA)/include -MMD -MP $(FUZZ_SAN)
+FUZZ_TARGETS := fuzz_model fuzz_safetensors fuzz_json fuzz_tokenizer
+FUZZ_CUDA_LIBS := $(FUZZ_BUILD)/kernels.o -L$(CUDA)/lib64 -Wl,-rpath,$(CUDA)/lib64 -lcublasLt -lcublas -lcudart \
+                  -lstdc++ -lm -ldl
+# model.c carries the GPU path too, so fuzz_model links kernels.o (built by nvcc, not instrumented).
+FUZZ_DEPS_fuzz_model := model.o ringbuf.o tokenizer.o util.o
+FUZZ_DEPS_fuzz_safetensors := convert/safetensors.o convert/json.o util.o
+FUZZ_DEPS_fuzz_json := convert/json.o util.o
+FUZZ_DEPS_fuzz_tokenizer := tokenizer.o convert/tokjson.o convert/json.o util.o
+FUZZ_LIBS_fuzz_model := $(FUZZ_CUDA_LIBS)
+# Longest input per target: keeps the committed corpus small (model inputs are in fuzz_model's compact form).
+FUZZ_MAXLEN_fuzz_model := 1024
+FUZZ_MAXLEN_fuzz_safetensors := 4096
+FUZZ_MAXLEN_fuzz_json := 4096
+FUZZ_MAXLEN_fuzz_tokenizer := 2048
+
+.PHONY: fuzz fuzz-run fuzz-seeds $(addprefix fuzz-run-,$(FUZZ_TARGETS))
+.SECONDARY: $(addprefix $(FUZZ_BUILD)/tests/fuzz/,$(addsuffix .o,$(FUZZ_TARGETS) gen_seeds)) \
+            $(addprefix $(FUZZ_BUILD)/,$(sort $(foreach t,$(FUZZ_TARGETS),$(FUZZ_DEPS_$(t)))))
+fuzz: $(addprefix $(FUZZ_BUILD)/bin/,$(FUZZ_TARGETS))
+
+# Library sources get coverage instrumentation without libFuzzer's main; the targets link it.
+$(FUZZ_BUILD)/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer-no-link -c $< -o $@
+
+$(FUZZ_BUILD)/kernels.o: kernels.cu
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVFLAGS) -c $< -o $@
+
+.SECONDEXPANSION:
+$(FUZZ_BUILD)/bin/%: $(FUZZ_BUILD)/tests/fuzz/%.o $$(addprefix $(FUZZ_BUILD)/,$$(FUZZ_DEPS_$$*)) \
+                     $$(if $$(FUZZ_LIBS_$$*),$(FUZZ_BUILD)/kernels.o)
+	@mkdir -p $(dir $@)
+	$(FUZZ_CC) $(FUZZ_SAN) -fsanitize=fuzzer $(filter-out $(FUZZ_BUILD)/kernels.o,$(filter %.o,$^)) -o $@ \
+	  $(FUZZ_LIBS_$*) -lm -lpthread
+
+$(FUZZ_BUILD)/bin/gen_seeds: $(FUZZ_BUILD)/tests/fuzz/gen_seeds.o $(addprefix $(FUZZ_BUILD)/,model.o ringbuf.o \
+                             tokenizer.o util.o) $(FUZZ_BUILD)/kernels.o
+	@mkdir -p $(dir $@)
+	$(FUZZ_CC) $(FUZZ_SAN) -fsanitize=fuzzer-no-link $(filter-out $(FUZZ_BUILD)/kernels.o,$^) -o $@ \
+	  $(FUZZ_CUDA_LIBS) -lpthread
+
+fuzz-seeds: $(FUZZ_BUILD)/bin/gen_seeds
+	mkdir -p $(addprefix tests/fuzz/corpus/,$(FUZZ_TARGETS))
+	$< tests/fuzz/corpus
+
+fuzz-run: $(addprefix fuzz-run-,$(FUZZ_TARGETS))
+
+# Per target: fuzz a scratch corpus (new units land there, the committed one is only read), then merge.
+$(addprefix fuzz-run-,$(FUZZ_TARGETS)): fuzz-run-%: $(FUZZ_BUILD)/bin/%
+	@rm -rf $(FUZZ_BUILD)/run/$* && mkdir -p $(FUZZ_BUILD)/run/$* $(FUZZ_BUILD)/crashes tests/fuzz/corpus/$*
+	@echo "fuzz: $* for $(FUZZ_SECONDS) s, log in $(FUZZ_BUILD)/run/$*.log"
+	@DJINN_DATA=$(abspath $(DATA)) ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
+	  $< $(FUZZ_BUILD)/run/$* tests/fuzz/corpus/$* -max_total_time=$(FUZZ_SECONDS) -timeout=10 -max_len=$(FUZZ_MAXLEN_$*) \
+	  -print_final_stats=1 -artifact_prefix=$(FUZZ_BUILD)/crashes/$*- \
+	  $(if $(wildcard tests/fuzz/$*.dict),-dict=tests/fuzz/$*.dict) $(FUZZ_FLAGS) \
+	  > $(FUZZ_BUILD)/run/$*.log 2>&1; rc=$$?; \
+	  DJINN_DATA=$(abspath $(DATA)) $< -merge=1 tests/fuzz/corpus/$* $(FUZZ_BUILD)/run/$* \
+	  > $(FUZZ_BUILD)/run/$*.merge.log 2>&1 || rc=1; \
+	  echo "fuzz: $*: $$(grep -E '^#[0-9]+' $(FUZZ_BUILD)/run/$*.log | tail -1)"; \
+	  grep -E '^stat::(number_of_executed_units|average_exec_per_sec|new_units_added|peak_rss_mb)' \
+	    $(FUZZ_BUILD)/run/$*.log | sed 's/^/fuzz: $*: /'; \
+	  echo "fuzz: $*: committed corpus $$(ls tests/fuzz/corpus/$* | wc -l) files, $$(cat tests/fuzz/corpus/$*/* | wc -c) bytes"; \
+	  if [ $$rc != 0 ]; then echo "fuzz: $*: FAILED (crash or error): see $(FUZZ_BUILD)/run/$*.log" >&2; exit 1; fi
+
+-include $(shell find $(FUZZ_BUILD) -name '*.d' 2>/dev/null)

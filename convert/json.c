@@ -367,7 +367,7 @@ static int open_child(jparser *ps, const jframe *f) { return f->is_obj ? parse_k
 // Moves the children of the innermost container out of tmp into the arena.
 static int close_container(jparser *ps, const jframe *f, json_value *v) {
     size_t n = ps->ntmp - f->base;
-    json_member *kids = ps->tmp + f->base;
+    json_member *kids = n ? ps->tmp + f->base : NULL;  // tmp is NULL until the first child: no NULL + 0
     // n * sizeof cannot overflow: tmp already holds n members, and a value is smaller than a member
     void *dst = NULL;
     if (n && !(dst = arena_alloc(ps->doc, n * (f->is_obj ? sizeof(json_member) : sizeof(json_value)))))

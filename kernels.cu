@@ -834,7 +834,7 @@ extern "C" int gpu_kv_write(float *k_cache, float *v_cache, const float *k, cons
 }
 
 // ---- attention: decode (split-KV, then combine)
-#define DEC_CHUNK 256   // keys per split
+#define DEC_CHUNK 64    // keys per split: small, so that even one kv head at a short context fills the GPU
 #define DEC_G 8         // query heads of one kv head handled per block (more: blockIdx.z)
 #define DEC_THREADS 128
 #define DEC_KU 2        // keys per warp per step: more loads in flight

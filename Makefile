@@ -19,7 +19,8 @@ endif
 
 CFLAGS := -std=c11 -O2 -g -Wall -Wextra -Werror -Wno-unused-parameter -D_GNU_SOURCE -pthread \
           -I$(CUDA)/include -MMD -MP $(SANFLAGS)
-NVFLAGS := -O3 -std=c++17 -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=compute_90 \
+NVEXTRA ?=
+NVFLAGS := $(NVEXTRA) -O3 -std=c++17 -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=compute_90 \
            -Xcompiler -Wall,-Werror -MMD -MP
 LDLIBS := -L$(CUDA)/lib64 -Wl,-rpath,$(CUDA)/lib64 -lcublasLt -lcublas -lcudart -lstdc++ -lm -lpthread -ldl
 LDFLAGS := $(SANFLAGS)

@@ -458,8 +458,12 @@ __device__ __forceinline__ uint4 ld_stream(const uint4 *p) {
     return v;
 }
 
+#ifndef GEMV_WARPS
 #define GEMV_WARPS 8   // rows per block: one warp per row
+#endif
+#ifndef GEMV_UNROLL
 #define GEMV_UNROLL 4  // 16-byte loads in flight per lane
+#endif
 
 // y (T, n_out) = x (T, n_in) . W^T for NT rows of x per block (blockIdx.y), one row of W per warp.
 // PRECOND: n_in % VEC == 0, W and x 16-byte aligned (so every row of both is).

@@ -484,6 +484,8 @@ void model_free(dj_model *m) {
 #define GPU_ALIGN 4096u
 #define GPU_MAX_BATCH 4096  // most tokens one pass processes (prefill of a longer prompt takes several)
 #define GPU_LOGIT_ROWS 64   // head rows computed per chunk when every position's logits are wanted
+#define PROF_CATS 10
+#define PROF_EVENTS 1024
 
 struct dj_gpu_state {
     const dj_model *m;
@@ -519,9 +521,52 @@ struct dj_gpu_state {
     int *seq_slot;                   // (n_tev)
     cudaGraphExec_t graph;           // the all-resident decode step, captured on first use
     dj_gpu_stats st;
+    // DJINN_PROFILE=1: events between the kernels of each layer, summed per phase (prefill and decode apart)
+    // and printed when the state is freed. Off by default: the events cost a little and block graphs.
+    int prof, prof_n, prof_last;
+    cudaEvent_t prof_ev[PROF_EVENTS];
+    int prof_cat[PROF_EVENTS];
+    double prof_ms[2][PROF_CATS];
+    int64_t prof_passes[2];
 };
 
+static const char *prof_names[PROF_CATS] = {"norms", "qkv matmul", "rope+kv write", "attention", "wo matmul",
+                                            "gate/up matmul", "swiglu", "down matmul", "head", "other"};
+
 static int gpu_warm_up(dj_gpu_state *s, dj_err *e);
+
+// ---- profiling (DJINN_PROFILE=1)
+// Marks the end of a kernel group of category cat on the compute stream.
+static void prof_mark(dj_gpu_state *s, int cat) {
+    if (!s->prof || s->prof_n >= PROF_EVENTS) return;
+    if (gpu_event_record(s->prof_ev[s->prof_n], s->compute, NULL) == 0) s->prof_cat[s->prof_n++] = cat;
+}
+
+// After the pass's synchronisation: time between consecutive marks goes to the later mark's category.
+static void prof_collect(dj_gpu_state *s, int decode) {
+    if (!s->prof) return;
+    for (int i = 1; i < s->prof_n; i++) {
+        float ms;
+        if (gpu_event_ms(&ms, s->prof_ev[i - 1], s->prof_ev[i], NULL) == 0) s->prof_ms[decode][s->prof_cat[i]] += ms;
+    }
+    s->prof_passes[decode]++;
+    s->prof_n = 0;
+}
+
+static void prof_print(const dj_gpu_state *s) {
+    for (int d = 0; d < 2; d++) {
+        if (!s->prof_passes[d]) continue;
+        double tot = 0;
+        for (int c = 0; c < PROF_CATS; c++) tot += s->prof_ms[d][c];
+        fprintf(stderr, "profile (%s, %lld passes, %.3f ms per pass):", d ? "decode" : "prefill",
+                (long long)s->prof_passes[d], tot / (double)s->prof_passes[d]);
+        for (int c = 0; c < PROF_CATS; c++)
+            if (s->prof_ms[d][c] > 0)
+                fprintf(stderr, " %s %.3f ms (%.0f%%);", prof_names[c], s->prof_ms[d][c] / (double)s->prof_passes[d],
+                        100 * s->prof_ms[d][c] / tot);
+        fputc('\n', stderr);
+    }
+}
 
 static uint64_t unit_bytes(const dj_model *m, int u, uint64_t *lm_off) {
     const dj_model_info *in = &m->info;
@@ -551,6 +596,9 @@ void gpu_state_free(dj_gpu_state *s) {
     }
     if (s->prev_done) gpu_event_destroy(s->prev_done);
     if (s->graph) gpu_graph_destroy(s->graph);
+    if (s->prof) prof_print(s);
+    for (int i = 0; i < PROF_EVENTS; i++)
+        if (s->prof_ev[i]) gpu_event_destroy(s->prof_ev[i]);
     for (int i = 0; i < s->n_tev; i++) {
         cudaEvent_t *evs[] = {s->c0, s->c1, s->w0, s->w1};
         for (int k = 0; k < 4; k++)
@@ -703,6 +751,12 @@ dj_gpu_state *gpu_state_new(const dj_model *m, const dj_gpu_opts *o, dj_err *e) 
                 gpu_event_create(&s->w0[i], 1, e) || gpu_event_create(&s->w1[i], 1, e))
                 goto fail;
     }
+    const char *pe = getenv("DJINN_PROFILE");
+    if (pe && *pe == '1') {
+        for (int i = 0; i < PROF_EVENTS; i++)
+            if (gpu_event_create(&s->prof_ev[i], 1, e)) goto fail;
+        s->prof = 1;
+    }
     if (gpu_warm_up(s, e)) goto fail;
     return s;
 fail:
@@ -799,9 +853,11 @@ static int gpu_layer(dj_gpu_state *s, const uint8_t *w, int l, int64_t T, int pe
     float *kc = s->d_k + (size_t)l * c->n_kv_heads * s->max_seq * hd;
     float *vc = s->d_v + (size_t)l * c->n_kv_heads * s->max_seq * hd;
 
+    prof_mark(s, 9);  // streaming waits, embeddings: "other"
     if (pending ? gpu_add_rmsnorm(s->d_x, s->d_delta, s->d_xb, attn_norm, T, dim, c->norm_eps, st, e)
                 : gpu_rmsnorm(s->d_xb, s->d_x, attn_norm, T, dim, c->norm_eps, st, e))
         return -1;
+    prof_mark(s, 0);
     // q, k, v: one fused matmul into rows [q | k | v], or three into separate (T, n) blocks of d_qkv.
     float *qp, *kp, *vp;
     int64_t ldq, ldkv;
@@ -815,23 +871,27 @@ static int gpu_layer(dj_gpu_state *s, const uint8_t *w, int l, int64_t T, int pe
             gpu_matmul(g, vp, s->d_xb, w + L->wv, wt, T, dim, kv, st, e))
             return -1;
     }
+    prof_mark(s, 1);
     if (gpu_rope(qp, T, c->n_heads, hd, ldq, s->d_inv_freq, s->d_pos, st, e) ||
         gpu_rope(kp, T, c->n_kv_heads, hd, ldkv, s->d_inv_freq, s->d_pos, st, e) ||
         gpu_kv_write(kc, vc, kp, vp, ldkv, T, c->n_kv_heads, hd, s->max_seq, s->d_pos, st, e))
         return -1;
+    prof_mark(s, 2);
     if (T == 1 ? gpu_attention_decode(g, s->d_att, qp, kc, vc, c->n_heads, c->n_kv_heads, hd, s->max_seq, s->d_pos,
                                       st, e)
                : gpu_attention_prefill(g, s->d_att, q, qp, ldq, kc, vc, T, c->n_heads, c->n_kv_heads, hd,
                                        s->max_seq, s->d_pos, st, e))
         return -1;
-    if (gpu_matmul(g, s->d_delta, s->d_att, w + L->wo, wt, T, q, dim, st, e) ||
-        gpu_add_rmsnorm(s->d_x, s->d_delta, s->d_xb, ffn_norm, T, dim, c->norm_eps, st, e))
-        return -1;
+    prof_mark(s, 3);
+    if (gpu_matmul(g, s->d_delta, s->d_att, w + L->wo, wt, T, q, dim, st, e)) return -1;
+    prof_mark(s, 4);
+    if (gpu_add_rmsnorm(s->d_x, s->d_delta, s->d_xb, ffn_norm, T, dim, c->norm_eps, st, e)) return -1;
+    prof_mark(s, 0);
     // MLP: silu(gate) * up, then down.
     if (s->fused_gate_up) {
-        if (gpu_matmul(g, s->d_ffn, s->d_xb, w + L->w_gate, wt, T, dim, 2 * hid, st, e) ||
-            gpu_swiglu(s->d_hb, s->d_ffn, s->d_ffn + hid, T, hid, 2 * hid, st, e))
-            return -1;
+        if (gpu_matmul(g, s->d_ffn, s->d_xb, w + L->w_gate, wt, T, dim, 2 * hid, st, e)) return -1;
+        prof_mark(s, 5);
+        if (gpu_swiglu(s->d_hb, s->d_ffn, s->d_ffn + hid, T, hid, 2 * hid, st, e)) return -1;
     } else {
         float *gate = s->d_ffn, *up = s->d_ffn + T * hid;
         if (gpu_matmul(g, gate, s->d_xb, w + L->w_gate, wt, T, dim, hid, st, e) ||
@@ -839,7 +899,10 @@ static int gpu_layer(dj_gpu_state *s, const uint8_t *w, int l, int64_t T, int pe
             gpu_swiglu(s->d_hb, gate, up, T, hid, hid, st, e))
             return -1;
     }
-    return gpu_matmul(g, s->d_delta, s->d_hb, w + L->w_down, wt, T, hid, dim, st, e);
+    prof_mark(s, 6);
+    if (gpu_matmul(g, s->d_delta, s->d_hb, w + L->w_down, wt, T, hid, dim, st, e)) return -1;
+    prof_mark(s, 7);
+    return 0;
 }
 
 // Every layer, then the head's final norm (fused with the last residual add) into d_xb; *lm: the lm_head.
@@ -881,7 +944,7 @@ static int gpu_pass(dj_gpu_state *s, const int32_t *tokens, int64_t T, int64_t p
     // All resident and one token: the whole step is one CUDA graph, captured on first use (the position
     // is read from d_pos, so every step replays the same graph).
     const uint8_t *lm;
-    int graphed = T == 1 && !s->plan->n_streamed && logits && !s->opts.no_graph;
+    int graphed = T == 1 && !s->plan->n_streamed && logits && !s->opts.no_graph && !s->prof;
     if (graphed) {
         if (!s->graph) {
             if (gpu_graph_begin(s->compute, e)) return -1;
@@ -906,11 +969,13 @@ static int gpu_pass(dj_gpu_state *s, const int32_t *tokens, int64_t T, int64_t p
         if (logits && (gpu_matmul(s->g, s->d_logits, s->d_xb + r0 * dim, lm, c->wtype, rows, dim, vocab, s->compute, e) ||
                        gpu_d2h_async(s->h_logits, s->d_logits, (size_t)(rows * vocab) * 4, s->compute, e)))
             return -1;
+        prof_mark(s, 8);
         if (last && unit_end(s, nl, e)) return -1;
         if (gpu_stream_sync(s->compute, e)) return -1;
         if (logits) memcpy(logits + (r0 - first) * vocab, s->h_logits, (size_t)(rows * vocab) * 4);
     }
     if (harvest(s, e)) return -1;
+    prof_collect(s, T == 1);
     s->st.passes++;
     return 0;
 }
@@ -926,6 +991,8 @@ static int gpu_warm_up(dj_gpu_state *s, dj_err *e) {
     int rc = gpu_forward(s, toks, T, 0, lg, 0, e);
     if (!rc && !s->plan->n_streamed && s->max_seq > T) rc = gpu_forward(s, toks, 1, T, lg, 0, e);
     free(lg);
+    memset(s->prof_ms, 0, sizeof s->prof_ms);
+    memset(s->prof_passes, 0, sizeof s->prof_passes);
     dj_gpu_stats keep = s->st;
     memset(&s->st, 0, sizeof s->st);
     s->st.bytes_per_token = keep.bytes_per_token, s->st.n_resident = keep.n_resident;

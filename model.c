@@ -1,14 +1,16 @@
-// model.c: the model.bin format (layout, pure parser, header writer), the loader, and the CPU reference
-// forward pass.
+// model.c: the model.bin format (layout, pure parser, header writer), the loader, the GPU forward pass
+// (resident units and the streaming schedule) and the CPU reference forward pass.
 #include "model.h"
 
-#include <stdlib.h>
-#include <string.h>
-
+#include <assert.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <inttypes.h>
+#include <math.h>
 #include <pthread.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -1019,13 +1021,6 @@ int gpu_forward(dj_gpu_state *s, const int32_t *tokens, int64_t T, int64_t pos, 
 }
 
 void gpu_state_stats(const dj_gpu_state *s, dj_gpu_stats *out) { *out = s->st; }
-
-// ---- CPU reference
-// (everything below this banner belongs to the CPU forward pass)
-
-#include <assert.h>
-#include <inttypes.h>
-#include <math.h>
 
 // ---- CPU reference: thread pool
 // A fixed set of workers, started on first use, that split a range [0, n) into equal contiguous parts; the

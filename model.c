@@ -300,11 +300,10 @@ out:
 }
 
 // ---- loading
-// CPU path: the file is mapped read-only; pages come in as the forward pass touches them.
-// GPU path: the sections that travel to the GPU (layers, head, and the embeddings when they are the tied
-// head) are read by several threads into anonymous memory and page-locked section by section with
-// cudaHostRegister, so every H2D copy of a slab runs at full PCIe speed. A slab never spans two
-// registrations, so each copy stays on the pinned path.
+// Every section is read by several threads into anonymous memory. For the GPU the sections that travel
+// (layers, head, and the embeddings when they are the tied head) are page-locked one by one with
+// cudaHostRegister as they land, so every H2D copy of a slab runs at full PCIe speed; a slab never spans
+// two registrations, so each copy stays on the pinned path.
 #define LOAD_CHUNK (64ull << 20)
 
 typedef struct {
@@ -323,12 +322,14 @@ typedef struct {
     pthread_mutex_t err_lock;
 } load_ctx;
 
-// Job j: section j of the canonical order tokenizer, embed, layers..., head.
+// Job j of LOAD_JOBS: the header and section table, then the sections: tokenizer, embed, layers..., head.
+#define LOAD_JOBS(m) ((m)->config.n_layers + 4)
 static void job_span(const dj_model_info *m, uint32_t j, uint64_t *off, uint64_t *size, int *pin) {
     uint32_t nl = m->config.n_layers;
-    if (j == 0) *off = m->tok_off, *size = m->tok_size, *pin = 0;
-    else if (j == 1) *off = m->embed_off, *size = m->embed_size, *pin = m->config.tied;
-    else if (j < 2 + nl) *off = m->layer_off[j - 2], *size = m->layer.size, *pin = 1;
+    if (j == 0) *off = 0, *size = model_header_bytes(nl), *pin = 0;
+    else if (j == 1) *off = m->tok_off, *size = m->tok_size, *pin = 0;
+    else if (j == 2) *off = m->embed_off, *size = m->embed_size, *pin = m->config.tied;
+    else if (j < 3 + nl) *off = m->layer_off[j - 3], *size = m->layer.size, *pin = 1;
     else *off = m->head_off, *size = m->head_size, *pin = 1;
 }
 
@@ -344,22 +345,25 @@ static void *load_worker(void *arg) {
     for (;;) {
         uint32_t j = c->next_job++;
         if (j >= c->n_jobs || c->failed) return NULL;
-        uint64_t off, size;
-        int pin;
+        uint64_t off, size, prev_off, prev_size;
+        int pin, prev_pin;
         job_span(c->info, j, &off, &size, &pin);
-        for (uint64_t done = 0; done < size && !c->failed;) {
-            size_t want = (size_t)(size - done < LOAD_CHUNK ? size - done : LOAD_CHUNK);
-            ssize_t got = pread(c->fd, c->base + off + done, want, (off_t)(off + done));
+        // The read also takes the padding before the section, so the buffer is the whole file.
+        uint64_t from = 0;
+        if (j > 0) job_span(c->info, j - 1, &prev_off, &prev_size, &prev_pin), from = prev_off + prev_size;
+        for (uint64_t at = from; at < off + size && !c->failed;) {
+            size_t want = (size_t)(off + size - at < LOAD_CHUNK ? off + size - at : LOAD_CHUNK);
+            ssize_t got = pread(c->fd, c->base + at, want, (off_t)at);
             if (got <= 0) {
                 char msg[256];
-                if (got < 0) snprintf(msg, sizeof msg, "read error at byte %llu: %s", (unsigned long long)(off + done),
+                if (got < 0) snprintf(msg, sizeof msg, "read error at byte %llu: %s", (unsigned long long)at,
                                       strerror(errno));
                 else snprintf(msg, sizeof msg, "the file shrank to %llu bytes while loading (changed on disk?)",
-                              (unsigned long long)(off + done));
+                              (unsigned long long)at);
                 load_fail(c, msg);
                 return NULL;
             }
-            done += (uint64_t)got;
+            at += (uint64_t)got;
             c->done_bytes += (uint64_t)got;
         }
         // Page-locking refused (a locked-memory limit, a busy system): the section stays pageable; the
@@ -402,19 +406,9 @@ int model_load(const char *path, const dj_load_opts *o, dj_model *m, dj_err *e) 
         close(fd);
         return dj_fail(e, "%s: %s", path, pe.msg);
     }
-    if (!o->want_pinned) {
-        void *p = mmap(NULL, size, PROT_READ, MAP_PRIVATE, fd, 0);
-        close(fd);
-        if (p == MAP_FAILED) {
-            dj_info_free(&m->info);
-            return dj_fail(e, "cannot map %s: %s", path, strerror(errno));
-        }
-        madvise(p, size, MADV_WILLNEED);
-        m->data = p, m->data_size = size, m->mapped = 1;
-        return 0;
-    }
-
-    // GPU path: anonymous memory, read in parallel, each travelling section registered as it lands.
+    // Anonymous memory, read in parallel; for the GPU each travelling section is registered as it lands. (Not
+    // an mmap of the file: a file truncated under a mapping kills the process with SIGBUS mid-generation,
+    // where a read reports it.)
     void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (p == MAP_FAILED) {
         close(fd);
@@ -422,7 +416,8 @@ int model_load(const char *path, const dj_load_opts *o, dj_model *m, dj_err *e) 
         return dj_fail(e, "cannot allocate %.2f GB of host memory for %s", (double)size / 1e9, path);
     }
     madvise(p, size, MADV_HUGEPAGE);
-    load_ctx c = {.fd = fd, .base = p, .info = &m->info, .pin = !o->no_pin, .n_jobs = m->info.config.n_layers + 3};
+    load_ctx c = {.fd = fd, .base = p, .info = &m->info, .pin = o->want_pinned && !o->no_pin,
+                  .n_jobs = LOAD_JOBS(&m->info)};
     pthread_mutex_init(&c.err_lock, NULL);
     int nt = o->threads > 0 ? o->threads : 8;
     pthread_t th[64];
@@ -438,9 +433,13 @@ int model_load(const char *path, const dj_load_opts *o, dj_model *m, dj_err *e) 
         usleep(50000);
     }
     for (int i = 0; i < started; i++) pthread_join(th[i], NULL);
+    struct stat st2;  // a file rewritten or resized while it was read is not the file that was validated
+    if (!c.failed && (fstat(fd, &st2) || (uint64_t)st2.st_size != size || st2.st_mtim.tv_sec != st.st_mtim.tv_sec ||
+                      st2.st_mtim.tv_nsec != st.st_mtim.tv_nsec))
+        load_fail(&c, "the file changed on disk while it was loading: load it again once it is complete");
     close(fd);
     pthread_mutex_destroy(&c.err_lock);
-    m->data = p, m->data_size = size, m->for_gpu = 1, m->pinned = c.pin && !c.pin_failed;
+    m->data = p, m->data_size = size, m->for_gpu = o->want_pinned, m->pinned = c.pin && !c.pin_failed;
     m->pin_tried = c.pin;
     if (c.failed) {
         model_free(m);
@@ -451,7 +450,7 @@ int model_load(const char *path, const dj_load_opts *o, dj_model *m, dj_err *e) 
         fprintf(stderr, "djinn: warning: could not page-lock %.2f GB of weights (%s): those layers are copied from "
                         "pageable memory, about 7 GB/s instead of ~50 GB/s, and without overlap\n",
                 (double)c.pin_failed_bytes / 1e9, c.pin_err.msg);
-    else if (!c.pin)
+    else if (o->want_pinned && !c.pin)
         fprintf(stderr, "djinn: warning: --no-pin: weights are copied from pageable memory, about 7 GB/s instead "
                         "of ~50 GB/s, and without overlap\n");
     return 0;
@@ -460,8 +459,7 @@ int model_load(const char *path, const dj_load_opts *o, dj_model *m, dj_err *e) 
 void model_free(dj_model *m) {
     if (m->data) {
         if (m->pin_tried) {
-            uint32_t nl = m->info.config.n_layers;
-            for (uint32_t j = 0; j < nl + 3; j++) {
+            for (uint32_t j = 0; j < LOAD_JOBS(&m->info); j++) {
                 uint64_t off, size;
                 int pin;
                 job_span(&m->info, j, &off, &size, &pin);

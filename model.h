@@ -129,17 +129,16 @@ int model_plan(const dj_config *c, uint64_t tok_size, dj_model_info *out, dj_err
 // ---- loading
 typedef struct {
     dj_model_info info;
-    uint8_t *data;     // the whole file in host memory (page-locked when `pinned`)
+    uint8_t *data;     // the whole file in host memory (read, not mapped; travelling sections page-locked
+                       // when `pinned`)
     size_t data_size;
     int for_gpu;       // 1: loaded for the GPU engine (anonymous memory, travelling sections registered)
     int pinned;        // 1: every travelling section (layers, head, tied embeddings) is page-locked
     int pin_tried;     // page-locking was attempted (sections to unregister on free)
-    int mapped;        // 1: data is an mmap of the file
 } dj_model;
 
 typedef struct {
-    int want_pinned;   // 1: load for the GPU: read into memory and page-lock what travels (requires a GPU);
-                       // 0: mmap for the CPU path
+    int want_pinned;   // 1: load for the GPU: page-lock what travels (requires a GPU); 0: the CPU path
     int no_pin;        // with want_pinned: skip page-locking (pageable copies: slower, no overlap)
     int quiet;         // no progress on stderr
     int threads;       // read threads (0: default)

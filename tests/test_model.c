@@ -1,6 +1,7 @@
 // test_model.c: the model.bin format: layout, header round trip, and model_parse on damaged input.
 #include <criterion/criterion.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -274,4 +275,49 @@ Test(dtype, bf16_round_trip_and_rounding) {
     cr_assert_eq(dj_f32_to_bf16(1.0f + 1.0f / 256), 0x3f80);  // tie -> even
     cr_assert_eq(dj_f32_to_bf16(1.0f + 3.0f / 256), 0x3f82);  // tie -> even (up)
     cr_assert_eq(dj_f32_to_bf16(1.0f + 1.0f / 200), 0x3f81);
+}
+
+// A file cut short while it loads: the loader reports it (a mapping would have died of SIGBUS later).
+typedef struct {
+    const char *path;
+    off_t to;
+} trunc_job;
+
+static void *truncate_soon(void *arg) {
+    const trunc_job *j = arg;
+    usleep(20000);
+    if (truncate(j->path, j->to)) perror("truncate");
+    return NULL;
+}
+
+Test(model_format, file_truncated_while_loading) {
+    // ~3.2 GB of layers, stored sparse (holes read as zeros), so the load takes far longer than 20 ms.
+    dj_config c = {.dim = 4096, .n_layers = 16, .n_heads = 32, .n_kv_heads = 8, .head_dim = 128, .hidden_dim = 8192,
+                   .vocab_size = 1000, .max_seq_len = 256, .wtype = DJ_F16, .tied = 1, .norm_eps = 1e-5f,
+                   .rope_theta = 10000.f};
+    dj_model_info plan;
+    dj_err e;
+    cr_assert_eq(model_plan(&c, 100, &plan, &e), 0, "%s", e.msg);
+    uint64_t hb = model_header_bytes(c.n_layers);
+    uint8_t *hdr = calloc(1, hb);
+    cr_assert_eq(model_write_header(&plan, hdr, hb, &e), 0, "%s", e.msg);
+    char path[] = "/tmp/djinn_test_trunc_XXXXXX";
+    int fd = mkstemp(path);
+    cr_assert_geq(fd, 0);
+    cr_assert_eq(write(fd, hdr, hb), (ssize_t)hb);
+    cr_assert_eq(ftruncate(fd, (off_t)plan.file_size), 0);
+    close(fd);
+    trunc_job j = {path, (off_t)(plan.file_size / 4)};
+    pthread_t th;
+    cr_assert_eq(pthread_create(&th, NULL, truncate_soon, &j), 0);
+    dj_model m;
+    dj_load_opts lo = {.quiet = 1};
+    int rc = model_load(path, &lo, &m, &e);
+    pthread_join(th, NULL);
+    unlink(path);
+    if (rc == 0) model_free(&m);
+    cr_assert_eq(rc, -1, "a file truncated while loading was accepted");
+    cr_assert(strstr(e.msg, "shrank") || strstr(e.msg, "changed"), "%s", e.msg);
+    free(hdr);
+    dj_info_free(&plan);
 }

@@ -39,6 +39,7 @@ void dj_progress_start(dj_progress *p, const char *what, uint64_t total, int ena
     p->total = total;
     p->t0 = p->last = dj_now();
     p->enabled = enabled;
+    p->shown = 0;
 }
 
 void dj_progress_update(dj_progress *p, uint64_t done) {
@@ -51,6 +52,7 @@ void dj_progress_update(dj_progress *p, uint64_t done) {
     fprintf(stderr, "\r%s: %.2f / %.2f GB, %.2f GB/s, ETA %.0f s   ", p->what, (double)done / 1e9,
             (double)p->total / 1e9, rate / 1e9, eta);
     fflush(stderr);
+    p->shown = 1;
 }
 
 void dj_progress_end(dj_progress *p, uint64_t done) {
@@ -58,6 +60,12 @@ void dj_progress_end(dj_progress *p, uint64_t done) {
     double dt = dj_now() - p->t0;
     fprintf(stderr, "\r%s: %.2f GB in %.2f s (%.2f GB/s)              \n", p->what, (double)done / 1e9, dt,
             dt > 0 ? (double)done / dt / 1e9 : 0.0);
+    p->shown = 0;
+}
+
+void dj_progress_abort(dj_progress *p) {
+    if (p->enabled && p->shown) fputc('\n', stderr);
+    p->shown = 0;
 }
 
 // ---- CRC-32 (IEEE 802.3 polynomial, reflected), table built on first use

@@ -35,10 +35,13 @@ typedef struct {
     uint64_t total;      // bytes expected
     double t0, last;     // start time, last print time
     int enabled;         // 0: silent (tests)
+    int shown;           // a progress line is on screen without its newline
 } dj_progress;
 void dj_progress_start(dj_progress *p, const char *what, uint64_t total, int enabled);
 void dj_progress_update(dj_progress *p, uint64_t done);  // at most ~4 lines/s: GB done, GB/s, ETA
 void dj_progress_end(dj_progress *p, uint64_t done);     // final line with total time and GB/s
+// On failure, before the error line: ends an unfinished progress line so the error starts a line of its own.
+void dj_progress_abort(dj_progress *p);
 
 // ---- overflow-checked size arithmetic: return 0 on success, -1 on overflow
 static inline int dj_mul_u64(uint64_t a, uint64_t b, uint64_t *out) {

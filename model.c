@@ -74,7 +74,12 @@ int dj_config_validate(const dj_config *c, dj_err *e) {
         if (c->rope_orig_max == 0) return dj_fail(e, "llama3 rope needs original_max_position_embeddings > 0");
     } else if (c->rope_type != DJ_ROPE_DEFAULT) {
         return dj_fail(e, "unknown rope type %u", c->rope_type);
+    } else if (c->rope_factor != 0 || c->rope_low_freq != 0 || c->rope_high_freq != 0 || c->rope_orig_max != 0) {
+        // Fields a reader of this version ignores must be zero, so that a later version can give them meaning.
+        return dj_fail(e, "llama3 rope fields are set but the rope type is default");
     }
+    for (int i = 0; i < 3; i++)
+        if (c->reserved[i]) return dj_fail(e, "reserved config word %d is %u, not zero", i, c->reserved[i]);
     return 0;
 }
 
@@ -200,7 +205,7 @@ int model_parse(const void *data, size_t n, uint64_t file_size, dj_model_info *m
     if (h.file_size != file_size)
         return dj_fail(e, "file is %llu bytes but its header says %llu: truncated or damaged, " FIX_HINT,
                        (unsigned long long)file_size, (unsigned long long)h.file_size);
-    for (size_t i = sizeof h; i < DJ_HEADER_SIZE; i++)
+    for (size_t i = offsetof(dj_disk_header, pad); i < DJ_HEADER_SIZE; i++)
         if (p[i]) return dj_fail(e, "header padding byte %zu is not zero: damaged file, " FIX_HINT, i);
     const dj_config *c = &h.config;
     dj_err ce;
@@ -229,6 +234,11 @@ int model_parse(const void *data, size_t n, uint64_t file_size, dj_model_info *m
         dj_disk_section s;
         memcpy(&s, tp + (size_t)i * sizeof s, sizeof s);
         uint64_t end;
+        if (s.reserved) {
+            dj_fail(e, "%s section %u: reserved field is %llu, not zero: damaged file, " FIX_HINT, section_name(s.kind),
+                    s.index, (unsigned long long)s.reserved);
+            goto out;
+        }
         if (s.offset % DJ_SECTION_ALIGN || s.offset < DJ_HEADER_SIZE + table_bytes ||
             dj_add_u64(s.offset, s.size, &end) || end > file_size) {
             dj_fail(e, "%s section %u: offset %llu size %llu is outside the file (%llu bytes) or misaligned: " FIX_HINT,
@@ -264,6 +274,10 @@ int model_parse(const void *data, size_t n, uint64_t file_size, dj_model_info *m
             break;
         default:
             dj_fail(e, "section %u has unknown kind %u: " FIX_HINT, i, s.kind);
+            goto out;
+        }
+        if (s.kind != DJ_SEC_LAYER && s.index) {
+            dj_fail(e, "%s section has index %u, expected 0: damaged file, " FIX_HINT, section_name(s.kind), s.index);
             goto out;
         }
         if ((s.kind == DJ_SEC_TOKENIZER && have_tok > 1) || (s.kind == DJ_SEC_EMBED && have_embed > 1) ||
@@ -442,6 +456,7 @@ int model_load(const char *path, const dj_load_opts *o, dj_model *m, dj_err *e) 
     m->data = p, m->data_size = size, m->for_gpu = o->want_pinned, m->pinned = c.pin && !c.pin_failed;
     m->pin_tried = c.pin;
     if (c.failed) {
+        dj_progress_abort(&pr);
         model_free(m);
         return dj_fail(e, "%s: %s", path, c.err.msg);
     }
@@ -653,22 +668,21 @@ dj_gpu_state *gpu_state_new(const dj_model *m, const dj_gpu_opts *o, dj_err *e) 
     if (gpu_mem_info(&free_b, &total_b, e)) goto fail;
     uint64_t margin = 512ull << 20;
     uint64_t budget;
+    if (free_b < other + margin) {
+        dj_fail(e, "GPU has %.2f GB free, not enough for the KV cache (%.2f GB for -c %lld) and activations "
+                   "(%.2f GB): lower -c", (double)free_b / 1e9, (double)kv_bytes / 1e9, (long long)s->max_seq,
+                (double)(act_bytes + scratch) / 1e9);
+        goto fail;
+    }
     if (o->ring_gb > 0) {
         budget = rb_gb_bytes(o->ring_gb);
         if (budget + other > free_b) {
             dj_fail(e, "--ring-gb %.2f is more than the GPU can give: %.2f GB free, of which %.2f GB go to the KV "
                        "cache (-c %lld) and activations; use --ring-gb %.2f or less", o->ring_gb, (double)free_b / 1e9,
-                    (double)other / 1e9, (long long)s->max_seq,
-                    free_b > other + margin ? (double)(free_b - other - margin) / 1e9 : 0.0);
+                    (double)other / 1e9, (long long)s->max_seq, (double)(free_b - other - margin) / 1e9);
             goto fail;
         }
     } else {
-        if (free_b < other + margin) {
-            dj_fail(e, "GPU has %.2f GB free, not enough for the KV cache (%.2f GB for -c %lld) and activations "
-                       "(%.2f GB): lower -c", (double)free_b / 1e9, (double)kv_bytes / 1e9, (long long)s->max_seq,
-                    (double)(act_bytes + scratch) / 1e9);
-            goto fail;
-        }
         budget = free_b - other - margin;
     }
 

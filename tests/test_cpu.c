@@ -465,7 +465,8 @@ Test(cpu_forward, bf16_untied_llama3_rope) { tcpu_forward_case(DJ_BF16, 0, 1, 70
 Test(cpu_forward, llama3_scaling_changes_logits) {
     // The llama3 case above would pass vacuously if scaling had no effect at these positions.
     dj_config a = tcpu_config(DJ_F32, 0, 1), b = a;
-    b.rope_type = DJ_ROPE_DEFAULT;
+    b.rope_type = DJ_ROPE_DEFAULT;  // and no llama3 fields, which a default-RoPE config must leave zero
+    b.rope_factor = b.rope_low_freq = b.rope_high_freq = 0, b.rope_orig_max = 0;
     tcpu_model ta, tb;
     tcpu_seed(9);
     tcpu_build(&ta, &a);

@@ -38,6 +38,7 @@ static void load_stories(dj_model *m, int dtype) {
     cr_assert_eq(convert_run(&co, &e), 0, "%s", e.msg);
     dj_load_opts lo = {.want_pinned = 1, .quiet = 1};
     cr_assert_eq(model_load(out, &lo, m, &e), 0, "%s", e.msg);
+    cr_assert(m->pinned, "the weights were not page-locked: the streamed tests would not use the pinned path");
     unlink(out);
     rmdir(g_dir);
 }
@@ -205,5 +206,10 @@ Test(gpu_forward, budget_and_kv_cache_beyond_gpu_memory) {
     e.msg[0] = 0;
     cr_assert_null(gpu_state_new(&m, &k, &e));
     cr_assert(strstr(e.msg, "KV cache") && strstr(e.msg, "free"), "%s", e.msg);
+    // With a --ring-gb too: the KV cache is what does not fit, and no --ring-gb can help.
+    k.ring_gb = 1;
+    e.msg[0] = 0;
+    cr_assert_null(gpu_state_new(&m, &k, &e));
+    cr_assert(strstr(e.msg, "KV cache") && strstr(e.msg, "lower -c"), "%s", e.msg);
     model_free(&m);
 }

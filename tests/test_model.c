@@ -1,12 +1,16 @@
 // test_model.c: the model.bin format: layout, header round trip, and model_parse on damaged input.
 #include <criterion/criterion.h>
+#include <criterion/redirect.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <fcntl.h>
 #include <unistd.h>
 
+#include "../kernels.h"
 #include "../model.h"
 
 // A small GQA config with untied head.
@@ -26,6 +30,16 @@ static uint8_t *make_image(const dj_config *c, uint64_t tok_size, dj_model_info 
     for (uint64_t i = 0; i < info->file_size; i++) img[i] = (uint8_t)(i * 131 + 7);
     uint64_t hb = model_header_bytes(c->n_layers);
     cr_assert_eq(model_write_header(info, img, hb, &e), 0, "%s", e.msg);
+    return img;
+}
+
+// Writes a small model image (make_image) to a fresh temp file named in path (a mkstemp template).
+static uint8_t *write_image(const dj_config *c, char *path, dj_model_info *plan) {
+    uint8_t *img = make_image(c, 100, plan);
+    int fd = mkstemp(path);
+    cr_assert_geq(fd, 0);
+    cr_assert_eq(write(fd, img, plan->file_size), (ssize_t)plan->file_size);
+    close(fd);
     return img;
 }
 
@@ -200,6 +214,12 @@ Test(model_format, structural_errors_with_valid_crc) {
     CASE(section(im, 0)->size = 0, "empty");
     CASE(section(im, 1)->size += 4096, "bytes");
     CASE(im[200] = 1, "padding");
+    CASE(h.pad[15] = 1, "padding");                                                  // inside the 128-byte struct
+    CASE(h.config.reserved[2] = 7, "reserved config word");
+    CASE(h.config.rope_factor = 8, "llama3 rope fields");                           // ignored under default RoPE
+    CASE(h.config.rope_orig_max = 64, "llama3 rope fields");
+    CASE(section(im, 3)->reserved = 1, "reserved field");
+    CASE(section(im, 0)->index = 5, "expected 0");                                  // tokenizer section
 #undef CASE
     free(copy);
     dj_info_free(&plan);
@@ -218,12 +238,8 @@ Test(model_format, load_errors) {
     // A real file, then the same file truncated.
     dj_config c = small_config();
     dj_model_info plan;
-    uint8_t *img = make_image(&c, 100, &plan);
     char path[] = "/tmp/djinn_test_model_XXXXXX";
-    int fd = mkstemp(path);
-    cr_assert_geq(fd, 0);
-    cr_assert_eq(write(fd, img, plan.file_size), (ssize_t)plan.file_size);
-    close(fd);
+    uint8_t *img = write_image(&c, path, &plan);
     cr_assert_eq(model_load(path, &o, &m, &e), 0, "%s", e.msg);
     cr_assert_eq(memcmp(m.data, img, plan.file_size), 0);
     cr_assert_eq(dj_layer_ptr(&m, 1), m.data + plan.layer_off[1]);
@@ -277,47 +293,101 @@ Test(dtype, bf16_round_trip_and_rounding) {
     cr_assert_eq(dj_f32_to_bf16(1.0f + 1.0f / 200), 0x3f81);
 }
 
-// A file cut short while it loads: the loader reports it (a mapping would have died of SIGBUS later).
+// Loading for the GPU page-locks the travelling sections. Where that is refused (here: no driver on the CPU
+// machines), the load still succeeds, pageable, with one warning that names the cost; on the GPU machine
+// the same load must come out pinned.
+Test(model_format, page_locking_refused_falls_back_with_warning, .init = cr_redirect_stderr) {
+    dj_config c = small_config();
+    dj_model_info plan;
+    char path[] = "/tmp/djinn_test_pin_XXXXXX";
+    uint8_t *img = write_image(&c, path, &plan);
+    dj_model m;
+    dj_load_opts o = {.want_pinned = 1, .quiet = 1};
+    dj_err e;
+    int rc = model_load(path, &o, &m, &e);
+    unlink(path);
+    cr_assert_eq(rc, 0, "%s", e.msg);
+    cr_assert_eq(memcmp(m.data, img, plan.file_size), 0);
+    cr_assert(m.pin_tried);
+    fflush(stderr);
+    char err[2048] = {0};
+    size_t n = fread(err, 1, sizeof err - 1, cr_get_redirected_stderr());
+    err[n] = 0;
+    if (gpu_count() > 0) {
+        cr_assert(m.pinned, "page-locking failed on a GPU machine: %s", err);
+        cr_assert_eq(n, 0, "unexpected output: %s", err);
+    } else {
+        cr_assert(!m.pinned);
+        cr_assert(strstr(err, "warning: could not page-lock") && strstr(err, "7 GB/s instead of ~50 GB/s"), "%s", err);
+        cr_assert_eq(strchr(err, '\n'), err + n - 1, "want exactly one line: %s", err);
+    }
+    model_free(&m);
+    dj_info_free(&plan);
+    free(img);
+}
+
+// A file cut short or rewritten while it loads: the loader reports it (a mapping would have died of SIGBUS
+// later, or computed with a mix of two files).
 typedef struct {
     const char *path;
-    off_t to;
-} trunc_job;
+    off_t to;  // truncate to this size; -1: overwrite bytes in the middle, same size
+} change_job;
 
-static void *truncate_soon(void *arg) {
-    const trunc_job *j = arg;
+static void *change_soon(void *arg) {
+    const change_job *j = arg;
     usleep(20000);
-    if (truncate(j->path, j->to)) perror("truncate");
+    if (j->to >= 0) {
+        if (truncate(j->path, j->to)) perror("truncate");
+        return NULL;
+    }
+    int fd = open(j->path, O_WRONLY);
+    struct stat st;
+    static const char junk[4096] = {1};
+    if (fd < 0 || fstat(fd, &st) || pwrite(fd, junk, sizeof junk, st.st_size / 2 / 4096 * 4096) != sizeof junk)
+        perror("rewrite");
+    if (fd >= 0) close(fd);
     return NULL;
 }
 
-Test(model_format, file_truncated_while_loading) {
-    // ~3.2 GB of layers, stored sparse (holes read as zeros), so the load takes far longer than 20 ms.
+// Loads a ~3.2 GB model, stored sparse (holes read as zeros, so the load takes far longer than 20 ms), while
+// a thread changes it as `to` says; returns model_load's result, the message in *e.
+static int load_while_changing(off_t to, dj_err *e) {
     dj_config c = {.dim = 4096, .n_layers = 16, .n_heads = 32, .n_kv_heads = 8, .head_dim = 128, .hidden_dim = 8192,
                    .vocab_size = 1000, .max_seq_len = 256, .wtype = DJ_F16, .tied = 1, .norm_eps = 1e-5f,
                    .rope_theta = 10000.f};
     dj_model_info plan;
-    dj_err e;
-    cr_assert_eq(model_plan(&c, 100, &plan, &e), 0, "%s", e.msg);
+    cr_assert_eq(model_plan(&c, 100, &plan, e), 0, "%s", e->msg);
     uint64_t hb = model_header_bytes(c.n_layers);
     uint8_t *hdr = calloc(1, hb);
-    cr_assert_eq(model_write_header(&plan, hdr, hb, &e), 0, "%s", e.msg);
-    char path[] = "/tmp/djinn_test_trunc_XXXXXX";
+    cr_assert_eq(model_write_header(&plan, hdr, hb, e), 0, "%s", e->msg);
+    char path[] = "/tmp/djinn_test_change_XXXXXX";
     int fd = mkstemp(path);
     cr_assert_geq(fd, 0);
     cr_assert_eq(write(fd, hdr, hb), (ssize_t)hb);
     cr_assert_eq(ftruncate(fd, (off_t)plan.file_size), 0);
     close(fd);
-    trunc_job j = {path, (off_t)(plan.file_size / 4)};
+    change_job j = {path, to == 0 ? (off_t)(plan.file_size / 4) : -1};
     pthread_t th;
-    cr_assert_eq(pthread_create(&th, NULL, truncate_soon, &j), 0);
+    cr_assert_eq(pthread_create(&th, NULL, change_soon, &j), 0);
     dj_model m;
     dj_load_opts lo = {.quiet = 1};
-    int rc = model_load(path, &lo, &m, &e);
+    int rc = model_load(path, &lo, &m, e);
     pthread_join(th, NULL);
     unlink(path);
     if (rc == 0) model_free(&m);
-    cr_assert_eq(rc, -1, "a file truncated while loading was accepted");
-    cr_assert(strstr(e.msg, "shrank") || strstr(e.msg, "changed"), "%s", e.msg);
     free(hdr);
     dj_info_free(&plan);
+    return rc;
+}
+
+Test(model_format, file_truncated_while_loading) {
+    dj_err e;
+    cr_assert_eq(load_while_changing(0, &e), -1, "a file truncated while loading was accepted");
+    cr_assert(strstr(e.msg, "shrank") || strstr(e.msg, "changed"), "%s", e.msg);
+}
+
+Test(model_format, file_rewritten_while_loading) {
+    dj_err e;
+    cr_assert_eq(load_while_changing(-1, &e), -1, "a file rewritten in place while loading was accepted");
+    cr_assert(strstr(e.msg, "changed on disk"), "%s", e.msg);
 }

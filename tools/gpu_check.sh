@@ -12,12 +12,13 @@ nvidia-smi --query-gpu=name,memory.total,pcie.link.gen.current,pcie.link.width.c
     --format=csv > "$OUT/gpu.txt" 2>&1
 cat "$OUT/gpu.txt"
 step() { echo "== $* ($(date +%T))"; }
+FAILED=0  # any failing test, --check over tolerance or sanitizer error: the script exits 1 at the end
 
 step build
 make -j16 DATA="$DATA" all > "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
 
 step "make test"
-make test DATA="$DATA" ${CRIT:+CRITERION=$CRIT} TESTFLAGS="-j8" > "$OUT/test.log" 2>&1
+make test DATA="$DATA" ${CRIT:+CRITERION=$CRIT} TESTFLAGS="-j8" > "$OUT/test.log" 2>&1 || FAILED=1
 grep -E "^\[(FAIL|SKIP)\]|Synthesis|Assertion|^\[----\]" "$OUT/test.log" | head -60
 
 if [ ! -f tests/ref/stories260K.bin ] && [ "${REFS:-1}" = 1 ]; then
@@ -44,30 +45,41 @@ for ref in tests/ref/*.bin; do
     else src="tests/fixtures/$name"; tok="--tokenizer $DATA/models/stories260K"; dt=""; fi
     ./convert/convert -q "$src" "/tmp/djinn_check/$name.bin" $tok $dt || continue
     for eng in "" "--cpu"; do
-        ./djinn "/tmp/djinn_check/$name.bin" --check "$ref" $eng 2>>"$OUT/check.log" > /tmp/djinn_check/out.txt
+        ./djinn "/tmp/djinn_check/$name.bin" --check "$ref" $eng 2>>"$OUT/check.log" > /tmp/djinn_check/out.txt \
+            || FAILED=1
         { echo "=== $name ${eng:-gpu}"; cat /tmp/djinn_check/out.txt; } >> "$OUT/checks.txt"
         tail -1 /tmp/djinn_check/out.txt | sed "s/^/$name ${eng:-gpu}: /"
     done
 done
 
 if [ "${SANITIZE:-0}" = 1 ]; then
-    # compute-sanitizer on the GPU tests and on a short streamed generation; each tool's summary line.
+    # compute-sanitizer on every GPU test (kernels, engine, CLI) and on a short streamed generation; each
+    # tool's summary line. Any error, or a tool that did not finish, makes the script fail.
     step compute-sanitizer
     CS=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
     ./convert/convert -q "$DATA/models/stories260K" /tmp/djinn_check/s16.bin --dtype f16
     for tool in memcheck racecheck synccheck; do
-        DJINN_DATA=$PWD/$DATA DJINN_BIN=$PWD/build/bin timeout 300 "$CS" --tool $tool --error-exitcode 9 \
-            build/run_tests -j1 --filter "${SAN_FILTER:-gpu_forward/*}" > "/tmp/djinn_check/cs_$tool.log" 2>&1
-        echo "$tool tests: exit $? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|Synthesis' /tmp/djinn_check/cs_$tool.log | tr '\n' ' ')"
+        for filter in ${SAN_FILTERS:-"kernels/*" "gpu_forward/*" "cli/*gpu*"}; do
+            log=/tmp/djinn_check/cs_${tool}_$(echo "$filter" | tr -c 'a-z' _).log
+            DJINN_DATA=$PWD/$DATA DJINN_BIN=$PWD/build/bin timeout 400 "$CS" --tool $tool --error-exitcode 9 \
+                build/run_tests -j1 --filter "$filter" > "$log" 2>&1
+            rc=$?
+            echo "$tool $filter: exit $rc $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|Synthesis' "$log" | tr '\n' ' ')"
+            [ $rc = 0 ] || FAILED=1
+        done
         timeout 300 "$CS" --tool $tool --error-exitcode 9 ./djinn /tmp/djinn_check/s16.bin -p "Once upon a time" \
             -n 20 -t 0 --stream-all > "/tmp/djinn_check/cs_gen_$tool.log" 2>&1
-        echo "$tool streamed generation: exit $? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' /tmp/djinn_check/cs_gen_$tool.log | tr '\n' ' ')"
+        rc=$?
+        echo "$tool streamed generation: exit $rc $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' /tmp/djinn_check/cs_gen_$tool.log | tr '\n' ' ')"
+        [ $rc = 0 ] || FAILED=1
     done
     cat /tmp/djinn_check/cs_*.log > "$OUT/sanitizer.log"
+    echo "commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)" >> "$OUT/sanitizer.log"
 fi
 
 if [ "${CEILINGS:-1}" = 1 ]; then
     step ceilings
     make bench-ceilings DATA="$DATA" CEILINGS_JSON="$OUT/ceilings.json" 2>&1 | tail -25
 fi
-step done
+step "done ($([ $FAILED = 0 ] && echo all passed || echo FAILURES above))"
+exit $FAILED

@@ -58,6 +58,24 @@ static int launch_check(const char *kernel, cudaStream_t s, const char *file, in
         if (launch_check(kernel, s, __FILE__, __LINE__, e)) return -1;                                    \
     } while (0)
 
+// Launches kernel k (grid, block, dynamic shared memory smem) on s, with the programmatic-dependent-launch
+// attribute when pdl is set, and checks the launch.
+template <typename... P, typename... A>
+static int launch_k(const char *name, void (*k)(P...), dim3 grid, dim3 block, size_t smem, cudaStream_t s, int pdl,
+                    dj_err *e, A... args) {
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid, cfg.blockDim = block, cfg.dynamicSmemBytes = smem, cfg.stream = s;
+    cfg.attrs = attr, cfg.numAttrs = pdl ? 1 : 0;
+    cudaError_t err = cudaLaunchKernelEx(&cfg, k, ((P)args)...);
+    if (err != cudaSuccess)
+        return dj_fail(e, "cuda: launching kernel %s failed: %s (%s)", name, cudaGetErrorName(err),
+                       cudaGetErrorString(err));
+    return launch_check(name, s, __FILE__, __LINE__, e);
+}
+
 // ---- device discovery
 extern "C" int gpu_count(void) {
     int n = 0;
@@ -69,6 +87,15 @@ extern "C" int gpu_count(void) {
 }
 
 // ---- small device helpers
+// Programmatic dependent launch (sm_90): a kernel launched with the PDL attribute (launch_k with pdl set) may
+// start while the kernel before it in the stream is still running. Such a kernel may only read constant data
+// (weights, norm weights, rope table) before pdl_wait(), which returns once the previous kernel has finished
+// and its writes are visible; every kernel of the fused decode chain calls pdl_wait() before it reads or writes
+// anything else, and pdl_trigger() early so that the next one can be scheduled as its own blocks retire.
+// Launched without the attribute, both are no-ops.
+__device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+__device__ __forceinline__ void pdl_trigger() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
+
 __device__ __forceinline__ float warp_sum(float v) {
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
     return v;
@@ -162,9 +189,12 @@ struct dj_gpu {
     lt_plan plans[LT_CACHE];
     int next_plan;
     int prefill_max_hd;     // largest head_dim whose prefill tiles fit the device's shared memory
+    int pdl;                // fused decode kernels and decode attention launch with the PDL attribute
+    int fused_blocks;       // persistent grid of the fused decode GEMV: blocks per SM x SMs
 };
 
 static int attention_setup(dj_gpu *g, dj_err *e);
+static int fused_setup(dj_gpu *g, dj_err *e);
 
 static void lt_plan_drop(lt_plan *p) {
     if (!p->used) return;
@@ -213,7 +243,7 @@ extern "C" int gpu_open(dj_gpu **out, int device, dj_err *e) {
             dj_fail(e, "cublas: cublasSetWorkspace failed: %s", cublasGetStatusName(st));
             break;
         }
-        if (attention_setup(g, e)) break;
+        if (attention_setup(g, e) || fused_setup(g, e)) break;
         rc = 0;
     } while (0);
     if (rc) {
@@ -854,6 +884,8 @@ __global__ __launch_bounds__(DEC_THREADS) void attn_decode_split_kernel(
     __shared__ float sc[DEC_G * DEC_CHUNK];      // scores, then probabilities (g, key)
     __shared__ float red[DEC_THREADS * DEC_G];   // P.V partials across key slices
     __shared__ float ml[DEC_G * 2];
+    pdl_wait();
+    pdl_trigger();
     const int split = blockIdx.x, kvh = blockIdx.y, g0 = blockIdx.z * DEC_G;
     const int ng = min(DEC_G, group - g0), hd = head_dim;
     const int pos = min(*d_pos, max_seq - 1);
@@ -968,6 +1000,8 @@ __global__ __launch_bounds__(DEC_THREADS) void attn_decode_split_kernel(
 // out (n_heads, head_dim) from the partials of the splits that hold keys 0..pos. One block per query head.
 __global__ void attn_decode_combine_kernel(float *out, const float *part_o, const float *part_ml, int head_dim,
                                            int max_seq, int n_splits, const int32_t *d_pos) {
+    pdl_wait();
+    pdl_trigger();
     const int h = blockIdx.x;
     const int pos = min(*d_pos, max_seq - 1);
     const int ns = pos / DEC_CHUNK + 1;
@@ -1009,14 +1043,215 @@ extern "C" int gpu_attention_decode(dj_gpu *g, float *out, const float *q, const
     float *part_o = (float *)g->scratch, *part_ml = part_o + n_heads * ns * head_dim;
     dim3 grid((unsigned)ns, (unsigned)n_kv_heads, (unsigned)((group + DEC_G - 1) / DEC_G));
     const float scale = 1.0f / sqrtf((float)head_dim);
-    attn_decode_split_kernel<<<grid, DEC_THREADS, 0, s>>>(part_o, part_ml, q, k_cache, v_cache, (int)n_heads,
-                                                          (int)group, (int)head_dim, (int)max_seq, (int)ns, scale,
-                                                          d_pos);
-    LAUNCH_CHECK("attn_decode_split", s);
-    attn_decode_combine_kernel<<<(unsigned)n_heads, 128, 0, s>>>(out, part_o, part_ml, (int)head_dim, (int)max_seq,
-                                                                 (int)ns, d_pos);
-    LAUNCH_CHECK("attn_decode_combine", s);
+    if (launch_k("attn_decode_split", attn_decode_split_kernel, grid, dim3(DEC_THREADS), 0, s, g->pdl, e, part_o,
+                 part_ml, q, k_cache, v_cache, (int)n_heads, (int)group, (int)head_dim, (int)max_seq, (int)ns, scale,
+                 d_pos))
+        return -1;
+    return launch_k("attn_decode_combine", attn_decode_combine_kernel, dim3((unsigned)n_heads), dim3(128), 0, s,
+                    g->pdl, e, out, (const float *)part_o, (const float *)part_ml, (int)head_dim, (int)max_seq, (int)ns,
+                    d_pos);
+}
+
+// ---- fused decode (T = 1)
+// A decode step of a layer in seven launches instead of twelve, for models whose shapes allow it
+// (gpu_fused_supported): the norms move into the matmuls that read their output, the residual adds into the
+// matmuls that produce them, SwiGLU into the gate/up matmul, and RoPE of q and k into the KV-cache write:
+//   qkv = Wqkv . rmsnorm(x)          (FUSE_NORM)     rope + KV write      attention split, combine
+//   x += Wo . att                    (FUSE_RES)      hb = silu(Wg . n) * (Wu . n), n = rmsnorm(x)  (FUSE_SWIGLU)
+//   x += Wdown . hb                  (FUSE_RES)      and for the head: logits = Wlm . rmsnorm(x)   (FUSE_NORM)
+// With g->pdl each launch may overlap the previous one's tail: its first weight loads are issued before
+// pdl_wait(). The arithmetic is that of the unfused kernels (f32, the same formulas), so results differ from
+// them by summation order only.
+#define FD_WARPS 8                  // warps per block, one row of W at a time each
+#define FD_BLOCKS_PER_SM 4          // persistent grid: blocks per SM (32 warps), each normalises x once
+#define FD_MAX_NORM_DIM 16384       // FUSE_NORM/SWIGLU: rmsnorm(x) lives in shared memory (64 KiB)
+
+// 16-byte weight loads per lane per step: 8 (4 KiB per warp in flight), 4 per matrix for SwiGLU's two.
+template <int MODE> struct fd_steps { static constexpr int U = MODE == GPU_FUSE_SWIGLU ? 4 : 8; };
+
+// y (n_out) from W (n_out, n_in) row-major in WT (SWIGLU: W is [Wg; Wu], (2 n_out, n_in)), rows strided over a
+// persistent grid, one warp per row. x (n_in) f32; nw (n_in) f32 norm weights (NORM, SWIGLU).
+// PRECOND: n_in % VEC == 0; W and x 16-byte aligned; NORM/SWIGLU: n_in <= FD_MAX_NORM_DIM and n_in * 4 bytes of
+// dynamic shared memory; blockDim.x == FD_WARPS * 32.
+template <int WT, int MODE>
+__global__ __launch_bounds__(FD_WARPS * 32, FD_BLOCKS_PER_SM) void fused_gemv_kernel(
+    float *y, const float *x, const float *nw, float eps, const void *w, int n_in, int n_out) {
+    constexpr int VEC = wtraits<WT>::VEC, SZ = wtraits<WT>::SIZE, U = fd_steps<MODE>::U;
+    constexpr int NM = MODE == GPU_FUSE_SWIGLU ? 2 : 1;  // matrices read per output row
+    extern __shared__ float4 fd_smem[];                  // NORM, SWIGLU: rmsnorm(x) * nw (n_in)
+    float *xs = (float *)fd_smem;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int nchunk = n_in / VEC, iters = (nchunk + 32 * U - 1) / (32 * U);  // 16-byte chunks; steps per row
+    const int rstride = gridDim.x * FD_WARPS;
+    const size_t row_bytes = (size_t)n_in * SZ, mat_bytes = (size_t)n_out * row_bytes;
+    uint4 wv[NM][U];
+    // Step `it` of row r: chunks lane + it * 32 U + 32 u of each matrix.
+    auto load = [&](int r, int it) {
+#pragma unroll
+        for (int m = 0; m < NM; m++) {
+            const uint4 *wr = (const uint4 *)((const char *)w + m * mat_bytes + (size_t)r * row_bytes);
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                const int c = lane + it * 32 * U + 32 * u;
+                wv[m][u] = c < nchunk ? ld_stream(wr + c) : make_uint4(0, 0, 0, 0);
+            }
+        }
+    };
+    int row = blockIdx.x * FD_WARPS + warp, it = 0;
+    if (row < n_out) load(row, 0);  // weights are constant: fetched before the previous kernel has finished
+    pdl_wait();
+    pdl_trigger();
+    if (MODE != GPU_FUSE_RES) {  // rmsnorm(x) * nw, as rmsnorm_kernel computes it
+        float ss = 0.0f;
+        for (int i = threadIdx.x; i < n_in; i += blockDim.x) {
+            const float v = x[i];
+            xs[i] = v;
+            ss += v * v;
+        }
+        ss = block_sum(ss);
+        const float scale = 1.0f / sqrtf(ss / (float)n_in + eps);
+        for (int i = threadIdx.x; i < n_in; i += blockDim.x) xs[i] = xs[i] * scale * nw[i];  // own writes only
+        __syncthreads();
+    }
+    float acc[NM];
+#pragma unroll
+    for (int m = 0; m < NM; m++) acc[m] = 0.0f;
+    while (row < n_out) {
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int c = lane + it * 32 * U + 32 * u;
+            if (c >= nchunk) break;
+            float4 xv[VEC / 4];
+#pragma unroll
+            for (int q = 0; q < VEC / 4; q++)
+                xv[q] = MODE == GPU_FUSE_RES ? __ldg((const float4 *)x + c * (VEC / 4) + q) : fd_smem[c * (VEC / 4) + q];
+#pragma unroll
+            for (int m = 0; m < NM; m++) {
+                float wf[VEC];
+                unpack16<WT>(wv[m][u], wf);
+#pragma unroll
+                for (int q = 0; q < VEC / 4; q++)
+                    acc[m] += wf[4 * q] * xv[q].x + wf[4 * q + 1] * xv[q].y + wf[4 * q + 2] * xv[q].z +
+                              wf[4 * q + 3] * xv[q].w;
+            }
+        }
+        const int done_row = row;
+        if (++it == iters) it = 0, row += rstride;
+        if (row < n_out) load(row, it);  // the next step's loads go out before this row's reduction
+        if (it == 0) {
+            const float a = warp_sum(acc[0]), b = NM > 1 ? warp_sum(acc[NM - 1]) : 0.0f;
+            if (lane == 0) {
+                if (MODE == GPU_FUSE_NORM) y[done_row] = a;
+                else if (MODE == GPU_FUSE_RES) y[done_row] += a;
+                else y[done_row] = a / (1.0f + expf(-a)) * b;
+            }
+#pragma unroll
+            for (int m = 0; m < NM; m++) acc[m] = 0.0f;
+        }
+    }
+}
+
+// Decode: rotates the q (n_heads) and k (n_kv_heads) heads of qkv = [q | k | v] in place for position *d_pos
+// (as rope_kernel) and writes k and v into the caches there (as kv_write_kernel), in one launch.
+__global__ void rope_kv_kernel(float *qkv, float *k_cache, float *v_cache, int n_heads, int n_kv_heads, int head_dim,
+                               int max_seq, const float *inv_freq, const int32_t *d_pos) {
+    pdl_wait();
+    pdl_trigger();
+    const int half = head_dim / 2, nrot = (n_heads + n_kv_heads) * half, kvd = n_kv_heads * head_dim;
+    const int pos = *d_pos;
+    const bool store = pos >= 0 && pos < max_seq;
+    const float *v = qkv + (int64_t)(n_heads + n_kv_heads) * head_dim;
+    for (int j = blockIdx.x * blockDim.x + threadIdx.x; j < nrot + kvd; j += gridDim.x * blockDim.x) {
+        if (j < nrot) {
+            const int h = j / half, i = j - h * half;
+            float *xr = qkv + (int64_t)h * head_dim;
+            const float ang = __fmul_rn((float)pos, inv_freq[i]);
+            float sn, cs;
+            sincosf(ang, &sn, &cs);
+            const float a = xr[i], b = xr[i + half];
+            const float ra = __fsub_rn(__fmul_rn(a, cs), __fmul_rn(b, sn));
+            const float rb = __fadd_rn(__fmul_rn(a, sn), __fmul_rn(b, cs));
+            xr[i] = ra, xr[i + half] = rb;
+            if (h >= n_heads && store) {
+                float *kc = k_cache + ((int64_t)(h - n_heads) * max_seq + pos) * head_dim;
+                kc[i] = ra, kc[i + half] = rb;
+            }
+        } else if (store) {
+            const int r = j - nrot, h = r / head_dim, d = r - h * head_dim;
+            v_cache[((int64_t)h * max_seq + pos) * head_dim + d] = v[r];
+        }
+    }
+}
+
+template <int WT>
+static int fused_setup_typed(dj_err *e) {
+    const int sm = FD_MAX_NORM_DIM * (int)sizeof(float);
+    CUDA_CHECK(cudaFuncSetAttribute(fused_gemv_kernel<WT, GPU_FUSE_NORM>, cudaFuncAttributeMaxDynamicSharedMemorySize, sm));
+    CUDA_CHECK(cudaFuncSetAttribute(fused_gemv_kernel<WT, GPU_FUSE_SWIGLU>, cudaFuncAttributeMaxDynamicSharedMemorySize, sm));
     return 0;
+}
+
+// Raises the fused GEMV's shared-memory limit; a device that cannot give FD_MAX_NORM_DIM floats per block gets
+// no fused decode (fused_blocks 0, gpu_fused_supported says no).
+static int fused_setup(dj_gpu *g, dj_err *e) {
+    int optin = 0;
+    CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, g->device));
+    g->fused_blocks = 0;
+    if (optin < FD_MAX_NORM_DIM * (int)sizeof(float)) return 0;
+    if (fused_setup_typed<DJ_F32>(e) || fused_setup_typed<DJ_F16>(e) || fused_setup_typed<DJ_BF16>(e)) return -1;
+    g->fused_blocks = g->n_sm * FD_BLOCKS_PER_SM;
+    return 0;
+}
+
+static int64_t fused_vec(uint32_t wtype) {
+    return wtype == DJ_F32 ? wtraits<DJ_F32>::VEC : wtype == DJ_F16 ? wtraits<DJ_F16>::VEC : wtraits<DJ_BF16>::VEC;
+}
+
+extern "C" int gpu_fused_supported(const dj_gpu *g, uint32_t wtype, int64_t n_in, int64_t n_out, int mode) {
+    if (!g->fused_blocks || !dj_dtype_size(wtype) || n_in < 1 || n_out < 1 || n_in > INT32_MAX / 2 ||
+        n_out > INT32_MAX / 2 || n_in % fused_vec(wtype))
+        return 0;
+    return mode == GPU_FUSE_RES || ((mode == GPU_FUSE_NORM || mode == GPU_FUSE_SWIGLU) && n_in <= FD_MAX_NORM_DIM);
+}
+
+extern "C" void gpu_set_pdl(dj_gpu *g, int on) { g->pdl = on; }
+
+template <int WT>
+static int fused_typed(dj_gpu *g, int mode, float *y, const float *x, const float *nw, float eps, const void *w,
+                       int n_in, int n_out, cudaStream_t s, dj_err *e) {
+    const int rows_per_block = FD_WARPS;
+    dim3 grid((unsigned)min((n_out + rows_per_block - 1) / rows_per_block, g->fused_blocks)), block(FD_WARPS * 32);
+    const size_t sm = mode == GPU_FUSE_RES ? 0 : (size_t)n_in * sizeof(float);
+    if (mode == GPU_FUSE_NORM)
+        return launch_k("fused_gemv<norm>", fused_gemv_kernel<WT, GPU_FUSE_NORM>, grid, block, sm, s, g->pdl, e, y, x,
+                        nw, eps, w, n_in, n_out);
+    if (mode == GPU_FUSE_RES)
+        return launch_k("fused_gemv<res>", fused_gemv_kernel<WT, GPU_FUSE_RES>, grid, block, sm, s, g->pdl, e, y, x,
+                        nw, eps, w, n_in, n_out);
+    return launch_k("fused_gemv<swiglu>", fused_gemv_kernel<WT, GPU_FUSE_SWIGLU>, grid, block, sm, s, g->pdl, e, y, x,
+                    nw, eps, w, n_in, n_out);
+}
+
+extern "C" int gpu_fused_matmul(dj_gpu *g, int mode, float *y, const float *x, const float *nw, float eps,
+                                const void *w, uint32_t wtype, int64_t n_in, int64_t n_out, cudaStream_t s,
+                                dj_err *e) {
+    if (!gpu_fused_supported(g, wtype, n_in, n_out, mode))
+        return dj_fail(e, "gpu_fused_matmul: mode %d, %s, n_in=%lld n_out=%lld is not supported here", mode,
+                       wtype_name(wtype), (long long)n_in, (long long)n_out);
+    if (((uintptr_t)w & 15) || ((uintptr_t)x & 15) || (mode != GPU_FUSE_RES && !nw))
+        return dj_fail(e, "gpu_fused_matmul: W and x must be 16-byte aligned, and the norm needs its weights");
+    if (wtype == DJ_F32) return fused_typed<DJ_F32>(g, mode, y, x, nw, eps, w, (int)n_in, (int)n_out, s, e);
+    if (wtype == DJ_F16) return fused_typed<DJ_F16>(g, mode, y, x, nw, eps, w, (int)n_in, (int)n_out, s, e);
+    return fused_typed<DJ_BF16>(g, mode, y, x, nw, eps, w, (int)n_in, (int)n_out, s, e);
+}
+
+extern "C" int gpu_rope_kv(dj_gpu *g, float *qkv, float *k_cache, float *v_cache, int64_t n_heads, int64_t n_kv_heads,
+                           int64_t head_dim, int64_t max_seq, const float *inv_freq, const int32_t *d_pos,
+                           cudaStream_t s, dj_err *e) {
+    if (attn_check("gpu_rope_kv", n_heads, n_kv_heads, head_dim, max_seq, e)) return -1;
+    const int64_t n = (n_heads + n_kv_heads) * (head_dim / 2) + n_kv_heads * head_dim;
+    return launch_k("rope_kv", rope_kv_kernel, dim3((unsigned)((n + 255) / 256)), dim3(256), 0, s, g->pdl, e, qkv,
+                    k_cache, v_cache, (int)n_heads, (int)n_kv_heads, (int)head_dim, (int)max_seq, inv_freq, d_pos);
 }
 
 // ---- attention: prefill (tiled, causal, online softmax)

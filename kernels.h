@@ -102,6 +102,27 @@ int gpu_matmul(dj_gpu *g, float *y, const float *x, const void *w, uint32_t wtyp
 int gpu_matmul_path(dj_gpu *g, int path, float *y, const float *x, const void *w, uint32_t wtype, int64_t T,
                     int64_t n_in, int64_t n_out, cudaStream_t s, dj_err *e);
 
+// ---- fused decode (T = 1): a layer's decode step in seven launches instead of twelve (kernels.cu says how)
+//   GPU_FUSE_NORM:   y (n_out) = W . (rmsnorm(x) * nw)                       (qkv, lm_head; x (n_in) untouched)
+//   GPU_FUSE_RES:    y (n_out) += W . x                                      (wo, w_down: the residual add)
+//   GPU_FUSE_SWIGLU: y (n_out) = silu(Wg . n) * (Wu . n), n = rmsnorm(x) * nw, W = [Wg; Wu] (2 n_out, n_in)
+// nw (n_in) f32 and eps for NORM and SWIGLU (ignored for RES). Same arithmetic as gpu_rmsnorm, gpu_matmul's
+// GEMV and gpu_swiglu, up to summation order. gpu_fused_supported says whether a shape can use it (n_in a
+// multiple of 16 bytes of weights; NORM/SWIGLU: n_in <= 16384); gpu_fused_matmul refuses the others.
+enum gpu_fuse_mode { GPU_FUSE_NORM = 0, GPU_FUSE_RES = 1, GPU_FUSE_SWIGLU = 2 };
+int gpu_fused_supported(const dj_gpu *g, uint32_t wtype, int64_t n_in, int64_t n_out, int mode);
+int gpu_fused_matmul(dj_gpu *g, int mode, float *y, const float *x, const float *nw, float eps, const void *w,
+                     uint32_t wtype, int64_t n_in, int64_t n_out, cudaStream_t s, dj_err *e);
+// Decode RoPE + KV write: qkv (n_heads + 2 n_kv_heads, head_dim) = [q | k | v] of one token; q and k rotated in
+// place for position *d_pos (as gpu_rope), then k and v written into the caches there (as gpu_kv_write).
+int gpu_rope_kv(dj_gpu *g, float *qkv, float *k_cache, float *v_cache, int64_t n_heads, int64_t n_kv_heads,
+                int64_t head_dim, int64_t max_seq, const float *inv_freq, const int32_t *d_pos, cudaStream_t s,
+                dj_err *e);
+// Programmatic dependent launch for the fused decode kernels and decode attention (on: each may start while
+// the previous one finishes, fetching its weights early). Only for a stream whose consecutive launches are
+// these kernels and nothing else in between (the all-resident decode graph); off by default.
+void gpu_set_pdl(dj_gpu *g, int on);
+
 // ---- normalisation and activations (rows of n f32 values, T rows back to back)
 // out (T, n) = x / sqrt(mean(x^2) + eps) * w; w (n) f32. out may alias x.
 int gpu_rmsnorm(float *out, const float *x, const float *w, int64_t T, int64_t n, float eps, cudaStream_t s,

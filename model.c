@@ -512,6 +512,7 @@ struct dj_gpu_state {
     uint8_t *d_w;                    // (plan->weight_bytes): resident units, then the ring
     uint64_t head_lm_off;            // lm_head offset inside the head unit on the device
     int fused_qkv, fused_gate_up;    // wq|wk|wv and w_gate|w_up adjacent in the slab: one matmul each
+    int fused_decode;                // T = 1 passes use the fused kernels (dj_gpu_opts.fused, shapes allow)
     int64_t max_seq, max_batch;
     float *d_inv_freq;               // (head_dim/2)
     float *d_k, *d_v;                // (n_layers, n_kv_heads, max_seq, head_dim) each
@@ -652,6 +653,21 @@ dj_gpu_state *gpu_state_new(const dj_model *m, const dj_gpu_opts *o, dj_err *e) 
     const dj_layer_layout *L = &m->info.layer;
     s->fused_qkv = L->wk == L->wq + (uint64_t)(q * dim * ws) && L->wv == L->wk + (uint64_t)(kv * dim * ws);
     s->fused_gate_up = L->w_up == L->w_gate + (uint64_t)(hid * dim * ws);
+    const char *fe = getenv("DJINN_FUSED");
+    if (o->fused || (fe && *fe == '1')) {
+        dj_gpu *g = s->g;
+        uint32_t wt = c->wtype;
+        s->fused_decode = s->fused_qkv && s->fused_gate_up &&
+                          gpu_fused_supported(g, wt, dim, q + 2 * kv, GPU_FUSE_NORM) &&
+                          gpu_fused_supported(g, wt, q, dim, GPU_FUSE_RES) &&
+                          gpu_fused_supported(g, wt, dim, hid, GPU_FUSE_SWIGLU) &&
+                          gpu_fused_supported(g, wt, hid, dim, GPU_FUSE_RES) &&
+                          gpu_fused_supported(g, wt, dim, vocab, GPU_FUSE_NORM);
+        if (!o->quiet)
+            fprintf(stderr, "gpu: decode: %s\n", s->fused_decode ? "fused kernels (experimental)"
+                                                                : "fused kernels asked for, but this model's shapes "
+                                                                  "do not allow them: unfused");
+    }
     s->max_seq = o->max_seq;
     s->max_batch = o->max_batch > 0 ? o->max_batch : GPU_MAX_BATCH;
     if (s->max_batch > s->max_seq) s->max_batch = s->max_seq;
@@ -854,7 +870,8 @@ static int harvest(dj_gpu_state *s, dj_err *e) {
 }
 
 // One transformer layer on T rows of s->d_x (the residual stream). `pending`: the previous layer's output
-// delta (in d_delta) still has to be added, fused with this layer's first norm.
+// delta (in d_delta) still has to be added, fused with this layer's first norm. A fused decode step (T = 1,
+// s->fused_decode) leaves nothing pending: the residual adds and the norms happen inside its matmuls.
 static int gpu_layer(dj_gpu_state *s, const uint8_t *w, int l, int64_t T, int pending, dj_err *e) {
     const dj_config *c = &s->m->info.config;
     const dj_layer_layout *L = &s->m->info.layer;
@@ -866,6 +883,19 @@ static int gpu_layer(dj_gpu_state *s, const uint8_t *w, int l, int64_t T, int pe
     const float *attn_norm = (const float *)(w + L->attn_norm), *ffn_norm = (const float *)(w + L->ffn_norm);
     float *kc = s->d_k + (size_t)l * c->n_kv_heads * s->max_seq * hd;
     float *vc = s->d_v + (size_t)l * c->n_kv_heads * s->max_seq * hd;
+    if (T == 1 && s->fused_decode)
+        return gpu_fused_matmul(g, GPU_FUSE_NORM, s->d_qkv, s->d_x, attn_norm, c->norm_eps, w + L->wq, wt, dim,
+                                q + 2 * kv, st, e) ||
+                       gpu_rope_kv(g, s->d_qkv, kc, vc, c->n_heads, c->n_kv_heads, hd, s->max_seq, s->d_inv_freq,
+                                   s->d_pos, st, e) ||
+                       gpu_attention_decode(g, s->d_att, s->d_qkv, kc, vc, c->n_heads, c->n_kv_heads, hd,
+                                            s->max_seq, s->d_pos, st, e) ||
+                       gpu_fused_matmul(g, GPU_FUSE_RES, s->d_x, s->d_att, NULL, 0, w + L->wo, wt, q, dim, st, e) ||
+                       gpu_fused_matmul(g, GPU_FUSE_SWIGLU, s->d_hb, s->d_x, ffn_norm, c->norm_eps, w + L->w_gate, wt,
+                                        dim, hid, st, e) ||
+                       gpu_fused_matmul(g, GPU_FUSE_RES, s->d_x, s->d_hb, NULL, 0, w + L->w_down, wt, hid, dim, st, e)
+                   ? -1
+                   : 0;
 
     prof_mark(s, 9);  // streaming waits, embeddings: "other"
     if (pending ? gpu_add_rmsnorm(s->d_x, s->d_delta, s->d_xb, attn_norm, T, dim, c->norm_eps, st, e)
@@ -919,18 +949,31 @@ static int gpu_layer(dj_gpu_state *s, const uint8_t *w, int l, int64_t T, int pe
     return 0;
 }
 
-// Every layer, then the head's final norm (fused with the last residual add) into d_xb; *lm: the lm_head.
-static int gpu_body(dj_gpu_state *s, int64_t T, const uint8_t **lm, dj_err *e) {
+// Every layer, then the head's final norm (fused with the last residual add) into d_xb; *head: the head unit
+// (the final norm at its start), *lm: the lm_head. Fused decode: the norm is left to head_logits.
+static int gpu_body(dj_gpu_state *s, int64_t T, const uint8_t **head, const uint8_t **lm, dj_err *e) {
     const dj_config *c = &s->m->info.config;
-    int nl = (int)c->n_layers;
+    int nl = (int)c->n_layers, fused = T == 1 && s->fused_decode;
     for (int l = 0; l < nl; l++) {
         const uint8_t *w;
-        if (unit_begin(s, l, &w, e) || gpu_layer(s, w, l, T, l > 0, e) || unit_end(s, l, e)) return -1;
+        if (unit_begin(s, l, &w, e) || gpu_layer(s, w, l, T, l > 0 && !fused, e) || unit_end(s, l, e)) return -1;
     }
-    const uint8_t *w;
-    if (unit_begin(s, nl, &w, e)) return -1;
-    *lm = w + s->head_lm_off;
-    return gpu_add_rmsnorm(s->d_x, s->d_delta, s->d_xb, (const float *)w, T, c->dim, c->norm_eps, s->compute, e);
+    if (unit_begin(s, nl, head, e)) return -1;
+    *lm = *head + s->head_lm_off;
+    return fused ? 0
+                 : gpu_add_rmsnorm(s->d_x, s->d_delta, s->d_xb, (const float *)*head, T, c->dim, c->norm_eps,
+                                   s->compute, e);
+}
+
+// Logits (rows, vocab) into d_logits for rows r0.. of the pass, from the head gpu_body left ready.
+static int head_logits(dj_gpu_state *s, int64_t T, int64_t r0, int64_t rows, const uint8_t *head, const uint8_t *lm,
+                       dj_err *e) {
+    const dj_config *c = &s->m->info.config;
+    if (T == 1 && s->fused_decode)
+        return gpu_fused_matmul(s->g, GPU_FUSE_NORM, s->d_logits, s->d_x, (const float *)head, c->norm_eps, lm,
+                                c->wtype, c->dim, c->vocab_size, s->compute, e);
+    return gpu_matmul(s->g, s->d_logits, s->d_xb + r0 * c->dim, lm, c->wtype, rows, c->dim, c->vocab_size, s->compute,
+                      e);
 }
 
 // One pass over T <= max_batch tokens. logits: (T, vocab) when all, else (vocab) for the last token.
@@ -957,13 +1000,15 @@ static int gpu_pass(dj_gpu_state *s, const int32_t *tokens, int64_t T, int64_t p
         return -1;
     // All resident and one token: the whole step is one CUDA graph, captured on first use (the position
     // is read from d_pos, so every step replays the same graph).
-    const uint8_t *lm;
+    const uint8_t *head, *lm;
     int graphed = T == 1 && !s->plan->n_streamed && logits && !s->opts.no_graph && !s->prof;
     if (graphed) {
         if (!s->graph) {
+            // Inside the graph the fused kernels follow each other with nothing in between: PDL is safe there.
             if (gpu_graph_begin(s->compute, e)) return -1;
-            int rc = gpu_body(s, T, &lm, e) ||
-                     gpu_matmul(s->g, s->d_logits, s->d_xb, lm, c->wtype, 1, dim, vocab, s->compute, e);
+            gpu_set_pdl(s->g, s->fused_decode);
+            int rc = gpu_body(s, T, &head, &lm, e) || head_logits(s, T, 0, 1, head, lm, e);
+            gpu_set_pdl(s->g, 0);
             dj_err ge;
             if (gpu_graph_end(s->compute, &s->graph, rc ? &ge : e) || rc) return -1;
         }
@@ -975,12 +1020,12 @@ static int gpu_pass(dj_gpu_state *s, const int32_t *tokens, int64_t T, int64_t p
         s->st.passes++;
         return 0;
     }
-    if (gpu_body(s, T, &lm, e)) return -1;
+    if (gpu_body(s, T, &head, &lm, e)) return -1;
     // The head's slot is released (and the next pass's first copies issued) before the final wait.
     int64_t first = all ? 0 : T - 1;
     for (int64_t r0 = first; r0 < T; r0 += GPU_LOGIT_ROWS) {
         int64_t rows = T - r0 < GPU_LOGIT_ROWS ? T - r0 : GPU_LOGIT_ROWS, last = r0 + rows >= T;
-        if (logits && (gpu_matmul(s->g, s->d_logits, s->d_xb + r0 * dim, lm, c->wtype, rows, dim, vocab, s->compute, e) ||
+        if (logits && (head_logits(s, T, r0, rows, head, lm, e) ||
                        gpu_d2h_async(s->h_logits, s->d_logits, (size_t)(rows * vocab) * 4, s->compute, e)))
             return -1;
         prof_mark(s, 8);
@@ -1011,6 +1056,7 @@ static int gpu_warm_up(dj_gpu_state *s, dj_err *e) {
     memset(&s->st, 0, sizeof s->st);
     s->st.bytes_per_token = keep.bytes_per_token, s->st.n_resident = keep.n_resident;
     s->st.n_streamed = keep.n_streamed;
+    s->st.fused_decode = s->fused_decode;
     return rc;
 }
 

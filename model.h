@@ -195,6 +195,9 @@ typedef struct {
     int stream_all;     // nothing resident: every layer cycles through the ring every pass (ablation)
     int sync_copy;      // copy, wait, compute: no overlap (ablation)
     int no_graph;       // all-resident decode without the CUDA graph (launch by launch)
+    int fused;          // decode (T = 1) with the fused kernels (gpu_fused_matmul) where the model's shapes allow,
+                        // and all-resident with programmatic dependent launch in the graph. Experimental: also
+                        // switched on by DJINN_FUSED=1 in the environment
     int quiet;          // no plan on stderr
 } dj_gpu_opts;
 
@@ -205,6 +208,7 @@ typedef struct {
     double copy_ms;            // time the copy engine spent on them
     double wait_ms;            // time the compute stream waited for copies
     int64_t passes;
+    int fused_decode;          // decode passes use the fused kernels (dj_gpu_opts.fused and the shapes allow)
 } dj_gpu_stats;
 
 typedef struct dj_gpu_state dj_gpu_state;

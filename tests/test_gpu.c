@@ -27,13 +27,13 @@ static void need_gpu_and_data(char *stories, size_t n) {
     if (access(p, R_OK)) cr_skip_test("shared data missing: %s", p);
 }
 
-// Converts stories260K to `dtype` in a fresh temp dir and loads it page-locked.
-static void load_stories(dj_model *m, int dtype) {
-    char stories[4096], out[4200];
-    need_gpu_and_data(stories, sizeof stories);
+// Converts the HF checkpoint in src (tokenizer from tok; NULL: src) to `dtype` (-1: as stored) in a fresh temp
+// dir and loads it page-locked.
+static void load_converted(dj_model *m, const char *src, const char *tok, int dtype) {
+    char out[4200];
     cr_assert(mkdtemp(g_dir));
     snprintf(out, sizeof out, "%s/s.bin", g_dir);
-    convert_opts co = {.hf_dir = stories, .out_path = out, .dtype = dtype, .quiet = 1};
+    convert_opts co = {.hf_dir = src, .out_path = out, .tok_dir = tok, .dtype = dtype, .quiet = 1};
     dj_err e;
     cr_assert_eq(convert_run(&co, &e), 0, "%s", e.msg);
     dj_load_opts lo = {.want_pinned = 1, .quiet = 1};
@@ -41,6 +41,23 @@ static void load_stories(dj_model *m, int dtype) {
     cr_assert(m->pinned, "the weights were not page-locked: the streamed tests would not use the pinned path");
     unlink(out);
     rmdir(g_dir);
+}
+
+static void load_stories(dj_model *m, int dtype) {
+    char stories[4096];
+    need_gpu_and_data(stories, sizeof stories);
+    load_converted(m, stories, NULL, dtype);
+}
+
+// One of the committed random fixtures (tests/fixtures/NAME, HF format), in its own dtype, with stories260K's
+// tokenizer (the fixtures have none).
+static void load_fixture(dj_model *m, const char *name) {
+    char stories[4096], src[4300];
+    need_gpu_and_data(stories, sizeof stories);
+    const char *tests = getenv("DJINN_TESTS");
+    snprintf(src, sizeof src, "%s/fixtures/%s", tests && *tests ? tests : "tests", name);
+    cr_assert_eq(access(src, R_OK), 0, "fixture %s missing (run from the repository root, or set DJINN_TESTS)", src);
+    load_converted(m, src, stories, -1);
 }
 
 static double rel_l2(const float *a, const float *ref, int64_t n) {
@@ -74,14 +91,25 @@ static void make_ids(int32_t *ids, int64_t n, int64_t vocab, unsigned seed) {
     for (int64_t i = 1; i < n; i++) ids[i] = (int32_t)(rand() % vocab);
 }
 
-static void gpu_vs_cpu(int dtype, double tol) {
-    dj_model m;
-    load_stories(&m, dtype);
+// Prefill of 40 tokens, then 24 decode steps (fused: with the fused decode kernels), against the CPU at every
+// position.
+static void gpu_vs_cpu_model(dj_model *mp, int fused, double tol) {
+    dj_model m = *mp;
+    int dtype = (int)m.info.config.wtype;
     int64_t V = m.info.config.vocab_size, n = 40, nd = 24;
     int32_t ids[64];
     unsigned seed = (unsigned)time(NULL);
     make_ids(ids, n + nd, V, seed);
-    dj_gpu_opts o = {.max_seq = 128, .quiet = 1};
+    dj_gpu_opts o = {.max_seq = 128, .quiet = 1, .fused = fused};
+    if (fused) {  // the fused path must really be the one taken
+        dj_err fe;
+        dj_gpu_state *s = gpu_state_new(&m, &o, &fe);
+        cr_assert(s, "%s", fe.msg);
+        dj_gpu_stats st;
+        gpu_state_stats(s, &st);
+        gpu_state_free(s);
+        cr_assert(st.fused_decode, "%s: the fused decode kernels were not used", dj_dtype_name((uint32_t)dtype));
+    }
     float *g = run_gpu(&m, &o, ids, n, nd);
     dj_err e;
     dj_cpu_state *cs = cpu_state_new(&m, 128, &e);
@@ -95,12 +123,59 @@ static void gpu_vs_cpu(int dtype, double tol) {
     }
     cpu_state_free(cs);
     free(g), free(c);
+}
+
+static void gpu_vs_cpu(int dtype, double tol) {
+    dj_model m;
+    load_stories(&m, dtype);
+    gpu_vs_cpu_model(&m, 0, tol);
     model_free(&m);
 }
 
 Test(gpu_forward, matches_cpu_f32) { gpu_vs_cpu(DJ_F32, 1e-4); }
 Test(gpu_forward, matches_cpu_f16) { gpu_vs_cpu(DJ_F16, 5e-3); }
 Test(gpu_forward, matches_cpu_bf16) { gpu_vs_cpu(DJ_BF16, 1e-2); }
+
+// The fused decode kernels (DJINN_FUSED=1), on every model shape they serve: stories260K in f32 (its hidden
+// size 172 is no multiple of 8, so f16 and bf16 take the unfused path) and the three fixtures (GQA and MHA,
+// tied and untied, head_dim 16/32/48, f16 and bf16).
+Test(gpu_forward, fused_decode_matches_cpu) {
+    dj_model m;
+    load_stories(&m, DJ_F32);
+    gpu_vs_cpu_model(&m, 1, 1e-4);
+    model_free(&m);
+    static const char *fixtures[] = {"tied_gqa_f16", "mha_untied_f16", "llama3_gqa_bf16"};
+    for (int i = 0; i < 3; i++) {
+        load_fixture(&m, fixtures[i]);
+        gpu_vs_cpu_model(&m, 1, m.info.config.wtype == DJ_BF16 ? 1e-2 : 5e-3);
+        model_free(&m);
+    }
+}
+
+// With the fused kernels too, streaming changes no bit: the resident decode graph (with programmatic dependent
+// launch) and the streamed passes (without) compute the same logits.
+Test(gpu_forward, fused_streamed_bitwise_equal_to_resident) {
+    dj_model m;
+    load_fixture(&m, "tied_gqa_f16");
+    int64_t V = m.info.config.vocab_size, n = 17, nd = 40;
+    int32_t ids[64];
+    make_ids(ids, n + nd, V, 11);
+    dj_gpu_opts o = {.max_seq = 128, .quiet = 1, .ring_gb = 1.0, .fused = 1};
+    float *ref = run_gpu(&m, &o, ids, n, nd);
+    dj_gpu_opts cases[] = {o, o, o};
+    cases[0].stream_all = 1;                 // everything streams
+    cases[1].no_graph = 1;                   // resident, launch by launch (no PDL)
+    cases[2].stream_all = 1, cases[2].sync_copy = 1;
+    for (int c = 0; c < 3; c++) {
+        float *got = run_gpu(&m, &cases[c], ids, n, nd);
+        for (int64_t t = 0; t < n + nd; t++)
+            cr_assert_eq(memcmp(got + t * V, ref + t * V, (size_t)V * 4), 0, "case %d: logits differ at position %lld",
+                         c, (long long)t);
+        free(got);
+    }
+    free(ref);
+    model_free(&m);
+}
 
 // Streaming must not change a single bit: the same kernels run on the same bytes, wherever they sit.
 Test(gpu_forward, streamed_bitwise_equal_to_resident) {

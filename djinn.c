@@ -264,8 +264,11 @@ static int32_t sample(dj_sampler *s, const float *logits, int64_t vocab) {
         s->probs[i] = expf((float)((logits[i] - mx) / s->temp));
         sum += s->probs[i];
     }
-    // Tokens below (1 - top_p) / (vocab - 1) of the mass can never be in the nucleus: skip sorting them.
-    double cutoff = vocab > 1 ? (1.0 - s->top_p) / (double)(vocab - 1) * sum : 0;
+    // A token below (1 - top_p) / (vocab - 1) of the mass can never be in the nucleus, unless it is the most
+    // likely one (the tokens after it in order would lack the 1 - top_p the nucleus leaves out): skip sorting them.
+    // The cutoff stops at the top token's weight, exactly 1 here, so the nucleus is never empty even when
+    // top_p < 1/vocab and the distribution is nearly flat.
+    double cutoff = vocab > 1 ? fmin((1.0 - s->top_p) / (double)(vocab - 1) * sum, 1.0) : 0;
     int64_t n = 0;
     for (int64_t i = 0; i < vocab; i++)
         if (s->probs[i] >= cutoff) s->buf[n++] = (dj_prob){s->probs[i], (int32_t)i};

@@ -235,12 +235,16 @@ Test(cli, ctrl_c_prints_stats_and_exits_cleanly) {
     tcli_teardown(&c);
 }
 
-static char *tcli_sample(tcli_ctx *c, const char *temp, const char *top_p, const char *seed) {
-    char *argv[] = {tcli_djinn_path, c->model, "-p", "Once upon a time", "-n", "60", "-t", (char *)temp,
-                    "--top-p", (char *)top_p, "-s", (char *)seed, "--cpu", NULL};
+// Runs argv, which must succeed, and returns its stdout.
+static char *tcli_text(tcli_ctx *c, char *const argv[]) {
     int rc = tcli_run(c, argv);
     cr_assert_eq(rc, 0, "djinn failed: %s", tcli_stderr(c));
     return tcli_stdout(c, NULL);
+}
+
+static char *tcli_sample(tcli_ctx *c, const char *temp, const char *top_p, const char *seed) {
+    return tcli_text(c, (char *[]){tcli_djinn_path, c->model, "-p", "Once upon a time", "-n", "60", "-t",
+                                   (char *)temp, "--top-p", (char *)top_p, "-s", (char *)seed, "--cpu", NULL});
 }
 
 Test(cli, sampling_is_seeded) {
@@ -254,6 +258,29 @@ Test(cli, sampling_is_seeded) {
     cr_assert_str_eq(p0, greedy, "top-p 0 is not greedy");
     cr_assert_str_neq(a, greedy, "sampling at temperature 1 gave the greedy text");
     free(a), free(b), free(d), free(greedy), free(p0);
+    tcli_teardown(&c);
+}
+
+// top-p below 1/vocab on a nearly flat distribution: the nucleus is the top token alone. The sampler's cutoff
+// once exceeded every weight there, kept no token and read before its buffer (under SAN=1, ASan stops the first
+// run below).
+Test(cli, tiny_top_p_keeps_the_top_token) {
+    tcli_ctx c;
+    tcli_setup(&c);
+    char *d = tcli_djinn_path, *m = c.model;
+    // Temperature 1e9: every weight rounds to exactly 1, all tie, and the lowest id is the top token.
+    int rc = tcli_run(&c, (char *[]){d, m, "-p", "Once", "-n", "10", "-t", "1e9", "--top-p", "0.001", "-s", "1",
+                                     "--cpu", NULL});
+    char *err = tcli_stderr(&c);
+    cr_assert_eq(rc, 0, "djinn failed: %s", err);
+    cr_assert(strstr(err, "decode 9 tokens"), "10 tokens not generated: %s", err);
+    // Temperature 3e4: the weights are still within 0.1% of 1 (the cutoff still above them all) but distinct,
+    // so the top token is greedy's.
+    char *flat = tcli_text(&c, (char *[]){d, m, "-p", "Once", "-n", "10", "-t", "3e4", "--top-p", "0.001", "-s",
+                                          "1", "--cpu", NULL});
+    char *greedy = tcli_text(&c, (char *[]){d, m, "-p", "Once", "-n", "10", "-t", "0", "--cpu", NULL});
+    cr_assert_str_eq(flat, greedy, "top-p 0.001 at temperature 3e4 is not greedy");
+    free(err), free(flat), free(greedy);
     tcli_teardown(&c);
 }
 

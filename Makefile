@@ -90,7 +90,7 @@ $(TEST_OBJ): CFLAGS += $(TEST_CFLAGS)
 # Tests find the shared data and the binaries under test through the environment.
 test: criterion
 	$(MAKE) $(BUILD)/run_tests $(BUILD)/bin/djinn $(BUILD)/bin/convert
-	DJINN_DATA=$(abspath $(DATA)) DJINN_BIN=$(abspath $(BUILD))/bin \
+	DJINN_DATA=$(abspath $(DATA)) DJINN_BIN=$(abspath $(BUILD))/bin DJINN_TESTS=$(abspath tests) \
 	ASAN_OPTIONS=protect_shadow_gap=0:detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
 	$(BUILD)/run_tests --verbose $(TESTFLAGS)
 

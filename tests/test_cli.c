@@ -1,6 +1,7 @@
 // test_cli.c: the real ./djinn and ./convert binaries (from $DJINN_BIN) run as subprocesses on the tiny real
-// model from $DJINN_DATA: greedy text byte for byte, sampling determinism, exit codes and messages for bad
-// input, the --logits file, and --check against a reference (built here, and the committed ones in tests/ref).
+// model from $DJINN_DATA and the fixtures in $DJINN_TESTS (this folder): greedy text byte for byte, sampling
+// determinism, exit codes and messages for bad input, the --logits file, and --check against a reference
+// (built here, and the committed ones in tests/ref).
 #include <criterion/criterion.h>
 #include <dirent.h>
 #include <fcntl.h>
@@ -16,6 +17,7 @@
 
 typedef struct {
     char bin[1024], data[1024];
+    char tests[1024];     // $DJINN_TESTS: this folder, with fixtures/ and ref/ ("" when not set)
     char dir[256];        // temp folder, removed at the end
     char model[512];      // stories260K converted with --dtype f32
     char out[512], err[512];
@@ -76,6 +78,8 @@ static void tcli_setup(tcli_ctx *c) {
     if (!data || !*data) cr_skip_test("DJINN_DATA is not set (run through `make test`): no stories260K model");
     snprintf(c->bin, sizeof c->bin, "%s", bin);
     snprintf(c->data, sizeof c->data, "%s", data);
+    const char *tests = getenv("DJINN_TESTS");
+    snprintf(c->tests, sizeof c->tests, "%s", tests ? tests : "");
     char probe[1200];
     snprintf(probe, sizeof probe, "%s/models/stories260K/model.safetensors", data);
     if (access(probe, R_OK)) cr_skip_test("%s is missing: no stories260K model to run", probe);
@@ -109,6 +113,25 @@ static void tcli_teardown(tcli_ctx *c) {
         closedir(d);
     }
     rmdir(c->dir);
+}
+
+// Skips when $DJINN_TESTS does not say where tests/ (fixtures/, ref/) is.
+static void tcli_need_tests(tcli_ctx *c) {
+    if (c->tests[0]) return;
+    tcli_teardown(c);
+    cr_skip_test("DJINN_TESTS is not set (run through `make test`): no tests/fixtures or tests/ref");
+}
+
+// Converts the random-weight checkpoint tests/fixtures/NAME (with stories260K's tokenizer) to DIR/NAME.bin
+// and puts that path in model.
+static void tcli_convert_fixture(tcli_ctx *c, const char *name, char *model, size_t size) {
+    tcli_need_tests(c);
+    char src[1300], tok[1300];
+    snprintf(src, sizeof src, "%s/fixtures/%s", c->tests, name);
+    snprintf(tok, sizeof tok, "%s/models/stories260K", c->data);
+    snprintf(model, size, "%s/%s.bin", c->dir, name);
+    int rc = tcli_run(c, (char *[]){tcli_convert_path, src, model, "--tokenizer", tok, "-q", NULL});
+    cr_assert_eq(rc, 0, "converting %s failed: %s", src, tcli_stderr(c));
 }
 
 // reference_greedy.json: greedy_text and greedy_ids (prompt ids included).
@@ -463,43 +486,28 @@ Test(cli, check_against_own_logits) {
 }
 
 // The references made with tools/make_refs.sh on the GPU machine (HF in float64), committed under tests/ref,
-// with their random-weight checkpoints under tests/fixtures. The CPU must be within 1e-4 relative L2 everywhere.
+// with their random-weight checkpoints under tests/fixtures. Each must be there, and the CPU within 1e-4
+// relative L2 of it at every position.
 Test(cli, check_committed_references, .timeout = 300) {
+    static const char *names[] = {"stories260K", "llama3_gqa_bf16", "tied_gqa_f16", "mha_untied_f16"};
     tcli_ctx c;
     tcli_setup(&c);
-    DIR *d = opendir("tests/ref");
-    if (!d) {
-        tcli_teardown(&c);
-        cr_skip_test("no tests/ref folder (run from the repository root; references come from tools/make_refs.sh)");
-    }
-    struct dirent *ent;
-    int checked = 0;
-    while ((ent = readdir(d))) {
-        size_t len = strlen(ent->d_name);
-        if (len < 5 || strcmp(ent->d_name + len - 4, ".bin")) continue;
-        char name[256], ref[600], model[600], src[1300];
-        snprintf(name, sizeof name, "%.*s", (int)(len - 4), ent->d_name);
-        snprintf(ref, sizeof ref, "tests/ref/%s", ent->d_name);
-        if (!strcmp(name, "stories260K")) {
+    tcli_need_tests(&c);
+    for (size_t i = 0; i < sizeof names / sizeof *names; i++) {
+        char ref[1300], model[600];
+        if (!strcmp(names[i], "stories260K"))
             snprintf(model, sizeof model, "%s", c.model);
-        } else {
-            snprintf(src, sizeof src, "tests/fixtures/%s", name);
-            snprintf(model, sizeof model, "%s/%s.bin", c.dir, name);
-            char tok[1300];
-            snprintf(tok, sizeof tok, "%s/models/stories260K", c.data);
-            int rc = tcli_run(&c, (char *[]){tcli_convert_path, src, model, "--tokenizer", tok, "-q", NULL});
-            cr_assert_eq(rc, 0, "converting %s failed: %s", src, tcli_stderr(&c));
-        }
+        else
+            tcli_convert_fixture(&c, names[i], model, sizeof model);
+        snprintf(ref, sizeof ref, "%s/ref/%s.bin", c.tests, names[i]);
+        cr_assert(!access(ref, R_OK), "%s is missing (tools/make_refs.sh makes it on the GPU machine)", ref);
         int rc = tcli_run(&c, (char *[]){tcli_djinn_path, model, "--check", ref, "--cpu", "--tol", "1e-4", NULL});
         char *out = tcli_stdout(&c, NULL);
         const char *summary = strstr(out, "overall:");
-        cr_assert_eq(rc, 0, "%s: CPU logits off the HF reference: %s\n%s", name, summary ? summary : out,
-                     tcli_stderr(&c));
-        cr_log_info("%s: %s", name, summary ? summary : "");
+        cr_assert(rc == 0 && strstr(out, "check PASSED"), "%s: CPU logits off the HF reference (exit %d): %s\n%s",
+                  names[i], rc, summary ? summary : out, tcli_stderr(&c));
+        cr_log_info("%s: %s", names[i], summary ? summary : "");
         free(out);
-        checked++;
     }
-    closedir(d);
     tcli_teardown(&c);
-    if (!checked) cr_skip_test("tests/ref holds no reference (make them with tools/make_refs.sh on the GPU machine)");
 }

@@ -191,6 +191,9 @@ Test(cli, greedy_text_byte_exact) {
     cr_assert(!memcmp(out, want, n), "stdout differs from greedy_text:\n%s\n---- expected:\n%s", out, want);
     cr_assert(strstr(err, "CPU"), "stderr does not say it runs on the CPU: %s", err);
     cr_assert(strstr(err, "tokens/s") && strstr(err, "ms/token") && strstr(err, "GB/s"), "stats missing: %s", err);
+    cr_assert(strstr(err, "djinn: prompt 5 tokens, prefill "), "no prompt/prefill line: %s", err);
+    cr_assert(strstr(err, "djinn: time to first token "), "no time to first token: %s", err);
+    cr_assert(strstr(err, "djinn: decode 199 tokens, "), "no decode line for the 199 tokens after the first: %s", err);
     free(out), free(want), free(err), free(g.text);
     tcli_teardown(&c);
 }

@@ -23,6 +23,8 @@ typedef struct {
     char out[512], err[512];
 } tcli_ctx;
 
+#define TCLI_VOCAB 512  // stories260K's, and the fixtures' (converted with its tokenizer)
+
 // ---- helpers
 static char *tcli_read(const char *path, size_t *len) {
     FILE *f = fopen(path, "rb");
@@ -338,6 +340,38 @@ Test(cli, context_full_stops_with_note) {
     tcli_teardown(&c);
 }
 
+// Greedy from "She was happy." on the mha_untied_f16 fixture reaches eos (id 2) as new token 19. Greedy, not a
+// seed: along the way the top logit leads the second by 0.036 or more, while the CPU is within 3e-6 relative
+// L2 of HF (tests/ref/mha_untied_f16.bin), so only a real change to the forward pass moves it.
+Test(cli, stops_at_end_of_sequence) {
+    tcli_ctx c;
+    tcli_setup(&c);
+    char model[600], lp[600];
+    tcli_convert_fixture(&c, "mha_untied_f16", model, sizeof model);
+    snprintf(lp, sizeof lp, "%s/logits.f32", c.dir);
+    char *d = tcli_djinn_path, *p = "She was happy.";
+    int rc = tcli_run(&c, (char *[]){d, model, "-p", p, "-n", "100", "-t", "0", "--cpu", "--logits", lp, NULL});
+    char *err = tcli_stderr(&c);
+    cr_assert_eq(rc, 0, "djinn failed: %s", err);
+    cr_assert(strstr(err, "djinn: stopped at the end-of-sequence token after 19 new tokens\n"), "%s", err);
+    // The text is the 18 tokens before eos, eos itself adds nothing: the same as stopping at -n 18.
+    char *out = tcli_stdout(&c, NULL);
+    char *upto = tcli_text(&c, (char *[]){d, model, "-p", p, "-n", "18", "-t", "0", "--cpu", NULL});
+    cr_assert_str_eq(out, upto, "the eos run's text differs from the 18 tokens before it");
+    cr_assert(!strstr(out, "</s>"), "eos printed: %s", out);
+    // One row per position: 5 prompt tokens (BOS included) + 19 generated; the next-to-last row chose eos.
+    size_t n;
+    float *rows = (float *)tcli_read(lp, &n);
+    cr_assert_eq(n, (5 + 19) * TCLI_VOCAB * sizeof(float), "--logits: %zu bytes", n);
+    const float *r = rows + 22 * TCLI_VOCAB;
+    int best = 0;
+    for (int i = 1; i < TCLI_VOCAB; i++)
+        if (r[i] > r[best]) best = i;
+    cr_assert_eq(best, 2, "row 22 picks %d, not eos", best);
+    free(rows), free(upto), free(out), free(err);
+    tcli_teardown(&c);
+}
+
 // ---- bad input
 static void tcli_expect_fail(tcli_ctx *c, char *const argv[], int code, const char *in_stderr) {
     int rc = tcli_run(c, argv);
@@ -403,7 +437,6 @@ Test(cli, missing_or_corrupt_model) {
 }
 
 // ---- --logits and --check
-#define TCLI_VOCAB 512
 
 Test(cli, logits_file_rows) {
     tcli_ctx c;

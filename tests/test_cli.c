@@ -417,6 +417,23 @@ Test(cli, prompt_longer_than_context) {
     tcli_teardown(&c);
 }
 
+// A prompt that is not UTF-8: one error line that says so, exit 1, nothing on stdout, with or without --tokenize.
+Test(cli, malformed_utf8_prompt) {
+    tcli_ctx c;
+    tcli_setup(&c);
+    for (int tokenize = 0; tokenize < 2; tokenize++) {
+        char *argv[] = {tcli_djinn_path, c.model, "-p", "ab\xff" "cd", tokenize ? "--tokenize" : NULL, NULL};
+        tcli_expect_fail(&c, argv, 1, "UTF-8");
+        char *err = tcli_stderr(&c);
+        int hits = 0;
+        for (const char *h = err; (h = strstr(h, "UTF-8")); h++) hits++;
+        cr_assert_eq(hits, 1, "--tokenize %d: UTF-8 mentioned %d times, not in one error line: %s", tokenize, hits,
+                     err);
+        free(err);
+    }
+    tcli_teardown(&c);
+}
+
 Test(cli, missing_or_corrupt_model) {
     tcli_ctx c;
     tcli_setup(&c);

@@ -59,7 +59,8 @@ static void usage(FILE *f) {
             "  --top-p P        nucleus sampling mass in [0, 1] (default 0.9; 0: greedy)\n"
             "  -s SEED          RNG seed (default: from the clock); same seed, same text\n"
             "  -c CTX           context size in tokens: the KV cache length (default: the model's\n"
-            "                   max_position_embeddings, at most 4096)\n"
+            "                   max_position_embeddings, capped at %d; an explicit -c may go up to\n"
+            "                   max_position_embeddings)\n"
             "  --ring-gb G      GPU memory for weights, in GB (1e9 bytes): layers that fit stay resident, the rest\n"
             "                   stream over PCIe every token (default: free GPU memory minus the KV cache,\n"
             "                   activations and a margin; the plan is printed on stderr)\n"
@@ -78,7 +79,8 @@ static void usage(FILE *f) {
             "                   1e-4 for f32 weights, 5e-3 for f16, 1e-2 for bf16)\n"
             "  --tokenize       print the prompt's token ids and exit\n"
             "  --help           this text\n"
-            "stdout carries only the text (prompt + generation); statistics go to stderr.\n");
+            "stdout carries only the text (prompt + generation); statistics go to stderr.\n",
+            DEFAULT_CTX);
 }
 
 static int usage_error(const char *fmt, const char *arg) {

@@ -403,6 +403,7 @@ Test(cli, bad_flags_give_usage) {
     const char *opts[] = {"-p", "-n", "-t", "--top-p", "-s", "-c", "--ring-gb", "--cpu", "--logits", "--check",
                           "--tol", "--tokenize"};
     for (size_t i = 0; i < sizeof opts / sizeof *opts; i++) cr_assert(strstr(out, opts[i]), "--help lacks %s", opts[i]);
+    cr_assert(strstr(out, "max_position_embeddings, capped at 4096"), "--help does not state -c's cap: %s", out);
     // a valid --ring-gb is accepted
     cr_assert_eq(tcli_run(&c, (char *[]){d, m, "--ring-gb", "1.5", "-n", "1", "-t", "0", NULL}), 0);
     free(out);

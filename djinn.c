@@ -19,11 +19,26 @@
 enum { EXIT_ERR = 1, EXIT_USAGE = 2, EXIT_CHECK = 3, EXIT_INTERRUPTED = 130 };
 #define DEFAULT_CTX 4096  // a KV cache for Llama 3.1's 131072 positions would not fit most GPUs
 
-// Ctrl-C during generation stops after the current token; a second one kills at once.
+// Ctrl-C during generation stops after the current token, during loading or prefill as that phase ends (a phase
+// itself runs to its end); a second one kills at once.
 static volatile sig_atomic_t interrupted;
 static void on_sigint(int sig) {
     interrupted = 1;
     signal(sig, SIG_DFL);
+}
+
+// Tests deliver Ctrl-C at an exact point through DJINN_TEST_SIGINT_AT (a real SIGINT, through the handler):
+// "load" or "prefill" as that phase starts, as if it came while the phase ran, or N before new token N+1.
+static const char *test_sigint_at(void) { return getenv("DJINN_TEST_SIGINT_AT"); }
+static void test_sigint_before(const char *phase) {
+    const char *at = test_sigint_at();
+    if (at && !strcmp(at, phase)) raise(SIGINT);
+}
+
+// Between phases: says so and returns 1 when Ctrl-C came during the one that just ended.
+static int interrupted_during(const char *phase) {
+    if (interrupted) fprintf(stderr, "djinn: interrupted during %s\n", phase);
+    return interrupted;
 }
 
 // ---- options
@@ -426,6 +441,10 @@ static int run_check(const dj_model *m, const dj_opts *o, dj_err *e) {
         goto out;
     }
     if (engine_open(&eng, m, o, r.n_tokens, e)) goto out;
+    if (interrupted_during("the engine's setup")) {
+        rc = EXIT_INTERRUPTED;
+        goto out;
+    }
     logits = malloc(4ull * r.n_tokens * r.vocab);
     if (!logits) {
         dj_fail(e, "out of memory for %u x %u logits", r.n_tokens, r.vocab);
@@ -551,6 +570,10 @@ static int run_generate(const dj_model *m, const dj_tokenizer *tok, const dj_opt
         goto out;
     }
     if (engine_open(&eng, m, o, ctx, e)) goto out;
+    if (interrupted_during("the engine's setup")) {
+        rc = EXIT_INTERRUPTED;
+        goto out;
+    }
     smp.temp = o->top_p == 0 ? 0 : o->temp;  // top-p 0 keeps only the most likely token: greedy
     smp.top_p = o->top_p;
     uint64_t seed = o->seed_given ? o->seed : (uint64_t)time(NULL);
@@ -573,6 +596,7 @@ static int run_generate(const dj_model *m, const dj_tokenizer *tok, const dj_opt
     // Prefill: every row when --logits wants them, otherwise only the last position's.
     double t_start = dj_now();
     const float *last;
+    test_sigint_before("prefill");
     if (eng.forward(eng.ctx, ids, (int64_t)n_prompt, 0, logits, lf != NULL, e)) goto out;
     if (write_rows(lf, logits, (int64_t)n_prompt, vocab, o->logits_path, e)) goto out;
     last = lf ? logits + (n_prompt - 1) * (size_t)vocab : logits;
@@ -586,10 +610,10 @@ static int run_generate(const dj_model *m, const dj_tokenizer *tok, const dj_opt
     int64_t n = (int64_t)n_prompt, n_gen = 0;
     double t_first = 0, t_decode0 = 0;
     const char *stop = NULL;
-    // Tests deliver Ctrl-C at an exact token through this variable (a real SIGINT, through the handler).
-    const char *raise_at = getenv("DJINN_TEST_SIGINT_AFTER");
-    int64_t sigint_after = raise_at ? atoll(raise_at) : -1;
-    while (n_gen < o->n_new) {
+    const char *at = test_sigint_at();
+    int64_t sigint_after = -1;
+    if (at && parse_i64(at, &sigint_after)) sigint_after = -1;
+    while (n_gen < o->n_new) {  // a Ctrl-C during prefill stops it before the first token is sampled
         if (n_gen == sigint_after) raise(SIGINT);
         if (interrupted) {
             stop = "interrupted";
@@ -616,6 +640,7 @@ static int run_generate(const dj_model *m, const dj_tokenizer *tok, const dj_opt
             break;
         }
     }
+    if (!stop && interrupted) stop = "interrupted";  // during the prefill of -n 0, or the last token's pass
     const char *tail = tok_stream_flush(stream, &len);
     emit(tail, len);
     fputc('\n', stdout);
@@ -687,6 +712,7 @@ int main(int argc, char **argv) {
         fprintf(stderr, "djinn: warning: --ring-gb, --stream-all and --sync-copy apply to the GPU engine only\n");
     dj_load_opts lo = {.want_pinned = use_gpu, .no_pin = o.no_pin, .quiet = 0};
     double t0 = dj_now();
+    test_sigint_before("load");
     if (model_load(o.model_path, &lo, &m, &e)) {
         fprintf(stderr, "djinn: %s\n", e.msg);
         return EXIT_ERR;
@@ -698,6 +724,10 @@ int main(int argc, char **argv) {
             "vocab %u, %s weights\n",
             o.model_path, (double)m.data_size / 1e9, dt, (double)m.data_size / 1e9 / fmax(dt, 1e-9), c->dim,
             c->n_layers, c->n_heads, c->n_kv_heads, c->head_dim, c->vocab_size, dj_dtype_name(c->wtype));
+    if (interrupted_during("loading")) {
+        model_free(&m);
+        return EXIT_INTERRUPTED;
+    }
     if (o.ctx > (int64_t)c->max_seq_len) {
         fprintf(stderr, "djinn: -c %" PRId64 " is beyond the model's max_seq_len of %u\n", o.ctx, c->max_seq_len);
         model_free(&m);

@@ -244,21 +244,42 @@ Test(cli, greedy_text_byte_exact_gpu) {
     tcli_teardown(&c);
 }
 
-// Ctrl-C during generation: the text so far and the statistics, then exit 130.
+// Runs a greedy generation with a Ctrl-C delivered at `at` (DJINN_TEST_SIGINT_AT in djinn.c): it must exit 130;
+// returns stderr, and stdout in *out.
+static char *tcli_interrupted_run(tcli_ctx *c, const char *at, char **out) {
+    setenv("DJINN_TEST_SIGINT_AT", at, 1);
+    int rc = tcli_run(c, (char *[]){tcli_djinn_path, c->model, "-p", "Once upon a time", "-n", "100", "-t", "0",
+                                    "--cpu", NULL});
+    unsetenv("DJINN_TEST_SIGINT_AT");
+    char *err = tcli_stderr(c);
+    cr_assert_eq(rc, 130, "Ctrl-C at %s: exit %d, expected 130: %s", at, rc, err);
+    *out = tcli_stdout(c, NULL);
+    return err;
+}
+
+// Ctrl-C during generation: the text so far and the statistics, then exit 130. During loading or prefill: no
+// token is generated, and what was measured so far is on stderr.
 Test(cli, ctrl_c_prints_stats_and_exits_cleanly) {
     tcli_ctx c;
     tcli_setup(&c);
-    setenv("DJINN_TEST_SIGINT_AFTER", "5", 1);
-    char *argv[] = {tcli_djinn_path, c.model, "-p", "Once upon a time", "-n", "100", "-t", "0", "--cpu", NULL};
-    int rc = tcli_run(&c, argv);
-    unsetenv("DJINN_TEST_SIGINT_AFTER");
-    char *err = tcli_stderr(&c);
-    cr_assert_eq(rc, 130, "exit %d, expected 130: %s", rc, err);
+    char *out, *err = tcli_interrupted_run(&c, "5", &out);
     cr_assert(strstr(err, "interrupted after 5 new tokens"), "%s", err);
     cr_assert(strstr(err, "ms/token"), "no statistics after the interrupt: %s", err);
-    size_t n;
-    char *out = tcli_stdout(&c, &n);
+    size_t n = strlen(out);
     cr_assert(n > 17 && out[n - 1] == '\n', "the text so far, ended by a newline: '%s'", out);
+    free(out), free(err);
+
+    err = tcli_interrupted_run(&c, "load", &out);
+    cr_assert(strstr(err, "djinn: loaded ") && strstr(err, "djinn: interrupted during loading\n"), "%s", err);
+    cr_assert(!strstr(err, "prefill"), "went on to prefill after Ctrl-C during loading: %s", err);
+    cr_assert_str_eq(out, "", "text printed after Ctrl-C during loading");
+    free(out), free(err);
+
+    err = tcli_interrupted_run(&c, "prefill", &out);
+    cr_assert(strstr(err, "djinn: prompt 5 tokens, prefill ") && strstr(err, "interrupted after 0 new tokens"), "%s",
+              err);
+    cr_assert(!strstr(err, "time to first token"), "decoded after Ctrl-C during prefill: %s", err);
+    cr_assert_str_eq(out, "Once upon a time\n");
     free(out), free(err);
     tcli_teardown(&c);
 }

@@ -578,6 +578,23 @@ static int grid_1d(int64_t n, int threads) {  // blocks for a grid-stride loop: 
     return (int)(b < 1 ? 1 : b > 8192 ? 8192 : b);
 }
 
+template <int WT>
+__global__ void widen_kernel(float *out, const void *in, int64_t n) {
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+        out[i] = wload<WT>(in, i);
+}
+
+extern "C" int gpu_widen(float *out, const void *in, uint32_t wtype, int64_t n, cudaStream_t s, dj_err *e) {
+    if (n < 0 || (wtype != DJ_F16 && wtype != DJ_BF16 && wtype != DJ_F32))
+        return dj_fail(e, "gpu_widen: bad n=%lld or dtype %u", (long long)n, wtype);
+    if (n == 0) return 0;
+    if (wtype == DJ_F32) widen_kernel<DJ_F32><<<grid_1d(n, 256), 256, 0, s>>>(out, in, n);
+    else if (wtype == DJ_F16) widen_kernel<DJ_F16><<<grid_1d(n, 256), 256, 0, s>>>(out, in, n);
+    else widen_kernel<DJ_BF16><<<grid_1d(n, 256), 256, 0, s>>>(out, in, n);
+    LAUNCH_CHECK("widen", s);
+    return 0;
+}
+
 template <int WT, int NT>
 static void launch_gemv_vec(float *y, const float *x, const void *w, int64_t T, int64_t n_in, int64_t n_out,
                             cudaStream_t s) {

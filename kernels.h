@@ -123,6 +123,10 @@ int gpu_rope_kv(dj_gpu *g, float *qkv, float *k_cache, float *v_cache, int64_t n
 // these kernels and nothing else in between (the all-resident decode graph); off by default.
 void gpu_set_pdl(dj_gpu *g, int on);
 
+// out (n) f32 = in (n) in wtype, exactly (f16 and bf16 widen without rounding): token embedding rows arrive in
+// the model's dtype, half the bytes of f32 over PCIe and no conversion loop on the host. out and in must not overlap.
+int gpu_widen(float *out, const void *in, uint32_t wtype, int64_t n, cudaStream_t s, dj_err *e);
+
 // ---- normalisation and activations (rows of n f32 values, T rows back to back)
 // out (T, n) = x / sqrt(mean(x^2) + eps) * w; w (n) f32. out may alias x.
 int gpu_rmsnorm(float *out, const float *x, const float *w, int64_t T, int64_t n, float eps, cudaStream_t s,

@@ -949,11 +949,13 @@ static int gpu_layer(dj_gpu_state *s, const uint8_t *w, int l, int64_t T, int pe
     return 0;
 }
 
-// Every layer, then the head's final norm (fused with the last residual add) into d_xb; *head: the head unit
+// The embedding rows (in d_delta unless f32) widened into d_x, every layer, then the head's final norm (fused
+// with the last residual add) into d_xb; *head: the head unit
 // (the final norm at its start), *lm: the lm_head. Fused decode: the norm is left to head_logits.
 static int gpu_body(dj_gpu_state *s, int64_t T, const uint8_t **head, const uint8_t **lm, dj_err *e) {
     const dj_config *c = &s->m->info.config;
     int nl = (int)c->n_layers, fused = T == 1 && s->fused_decode;
+    if (c->wtype != DJ_F32 && gpu_widen(s->d_x, s->d_delta, c->wtype, T * (int64_t)c->dim, s->compute, e)) return -1;
     for (int l = 0; l < nl; l++) {
         const uint8_t *w;
         if (unit_begin(s, l, &w, e) || gpu_layer(s, w, l, T, l > 0 && !fused, e) || unit_end(s, l, e)) return -1;
@@ -983,19 +985,15 @@ static int gpu_pass(dj_gpu_state *s, const int32_t *tokens, int64_t T, int64_t p
     const dj_config *c = &m->info.config;
     int64_t dim = c->dim, vocab = c->vocab_size;
     int nl = (int)c->n_layers;
-    size_t es = dj_dtype_size(c->wtype);
-    // Embedding rows gathered on the host, widened to f32.
-    for (int64_t t = 0; t < T; t++) {
-        const uint8_t *row = dj_embed_ptr(m) + (size_t)tokens[t] * (size_t)dim * es;
-        float *dst = s->h_x + t * dim;
-        for (int64_t i = 0; i < dim; i++) {
-            uint16_t h;
-            if (c->wtype == DJ_F32) memcpy(&dst[i], row + 4 * i, 4);
-            else memcpy(&h, row + 2 * i, 2), dst[i] = c->wtype == DJ_F16 ? dj_f16_to_f32(h) : dj_bf16_to_f32(h);
-        }
-    }
+    size_t row_bytes = (size_t)dim * dj_dtype_size(c->wtype);
+    // Embedding rows gathered on the host as stored (a copy per row; h_x holds them as bytes), uploaded to d_x
+    // for f32, else to d_delta, free at the start of a pass, which gpu_body widens into d_x.
+    uint8_t *stage = (uint8_t *)s->h_x;
+    for (int64_t t = 0; t < T; t++)
+        memcpy(stage + (size_t)t * row_bytes, dj_embed_ptr(m) + (size_t)tokens[t] * row_bytes, row_bytes);
     *s->h_pos = (int32_t)pos;
-    if (gpu_h2d_async(s->d_x, s->h_x, (size_t)(T * dim) * 4, s->compute, e) ||
+    if (gpu_h2d_async(c->wtype == DJ_F32 ? (void *)s->d_x : (void *)s->d_delta, stage, (size_t)T * row_bytes,
+                      s->compute, e) ||
         gpu_h2d_async(s->d_pos, s->h_pos, 4, s->compute, e))
         return -1;
     // All resident and one token: the whole step is one CUDA graph, captured on first use (the position

@@ -309,6 +309,33 @@ Test(kernels, rope_kv) {
     tk_end("rope_kv");
 }
 
+// ---- widening (embedding rows): every f16 and bf16 bit pattern, exactly as the host converts it
+Test(kernels, widen) {
+    tk_start("widen");
+    const int64_t n = 65536;
+    uint16_t *h = malloc((size_t)n * 2);
+    float *got = malloc((size_t)n * 4);
+    for (int64_t i = 0; i < n; i++) h[i] = (uint16_t)i;
+    uint16_t *dh = tk_up(h, (size_t)n * 2);
+    float *dout = tk_dev((size_t)n * 4);
+    dj_err e;
+    for (uint32_t wt = DJ_F16; wt <= DJ_BF16; wt++) {
+        tk_poison(dout, (size_t)n * 4);
+        cr_assert_eq(gpu_widen(dout, dh, wt, n, tk_s, &e), 0, "%s", e.msg);
+        tk_down(got, dout, (size_t)n * 4);
+        for (int64_t i = 0; i < n; i++) {
+            const float want = wt == DJ_F16 ? dj_f16_to_f32(h[i]) : dj_bf16_to_f32(h[i]);
+            if (!(got[i] == want || (isnan(got[i]) && isnan(want)))) {
+                cr_expect(0, "widen %s: 0x%04x gives %g, want %g", dj_dtype_name(wt), (unsigned)i, got[i], want);
+                break;
+            }
+        }
+    }
+    gpu_free(dh), gpu_free(dout);
+    free(h), free(got);
+    tk_end("widen");
+}
+
 // ---- rmsnorm, fused residual add + rmsnorm, swiglu
 Test(kernels, rmsnorm) {
     tk_start("rmsnorm");

@@ -401,6 +401,7 @@ int convert_run(const convert_opts *o, dj_err *e) {
     dj_progress_end(&wr.prog, wr.pos);
     rc = 0;
 out:
+    if (rc) dj_progress_abort(&wr.prog);  // the caller's error line must not land on the progress line
     if (wr.fd >= 0) close(wr.fd);
     if (rc) unlink(tmp);  // a failed conversion leaves nothing behind
     free(text);

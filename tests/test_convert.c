@@ -412,10 +412,12 @@ Test(convert, cli_errors) {
     snprintf(cmd, sizeof cmd, "%s/convert %s", bin, stories);
     cr_assert_eq(run_cmd(cmd, err, sizeof err), 2, "%s", err);
 
-    // Disk full (a file-size limit on the process): no output, a clear line.
+    // Disk full (a file-size limit on the process): no output, one clear line, exit 1.
     snprintf(cmd, sizeof cmd, "ulimit -f 64; %s/convert -q %s %s/o.bin --dtype f32", bin, stories, dir);
     int rc = run_cmd(cmd, err, sizeof err);
-    cr_assert_neq(rc, 0);
+    cr_assert_eq(rc, 1, "exit %d: %s", rc, err);
+    cr_assert_eq(count_lines(err), 1, "want one line: %s", err);
+    cr_assert(!strncmp(err, "convert: writing ", 17) && strstr(err, "o.bin.tmp"), "%s", err);
     char o[4200], t[4300];
     snprintf(o, sizeof o, "%s/o.bin", dir);
     snprintf(t, sizeof t, "%s/o.bin.tmp", dir);

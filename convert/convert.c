@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -266,6 +267,17 @@ static int write_tensor(writer *w, const want *x, uint32_t out, dj_err *e) {
     return 0;
 }
 
+// The signals whose handler (main.c) removes OUT.bin.tmp are held while the file and the flag that says this
+// run made it change together, so the handler never sees one without the other.
+static void hold_signals(sigset_t *old) {
+    sigset_t s;
+    sigemptyset(&s);
+    sigaddset(&s, SIGINT), sigaddset(&s, SIGTERM), sigaddset(&s, SIGHUP);
+    pthread_sigmask(SIG_BLOCK, &s, old);
+}
+
+static void release_signals(const sigset_t *old) { pthread_sigmask(SIG_SETMASK, old, NULL); }
+
 // ---- the conversion
 // BF16 stays BF16; F16 stays F16; F32 becomes F16 (half the bytes to stream; --dtype f32 keeps it).
 static uint32_t auto_dtype(st_dtype t) { return t == ST_BF16 ? DJ_BF16 : DJ_F16; }
@@ -281,7 +293,7 @@ int convert_run(const convert_opts *o, dj_err *e) {
     size_t blob_size = 0;
     dj_model_info info = {0};
     writer wr = {.fd = -1, .path = tmp};
-    int rc = -1;
+    int rc = -1, made = 0;  // made: this run created tmp
     snprintf(tmp, sizeof tmp, "%s.tmp", o->out_path);
 
     path_join(path, sizeof path, o->hf_dir, "config.json");
@@ -369,9 +381,21 @@ int convert_run(const convert_opts *o, dj_err *e) {
         goto out;
     }
     if (model_write_header(&info, hdr, hb, e)) goto out;
-    wr.fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (wr.fd < 0) {
-        dj_fail(e, "cannot create %s: %s", tmp, strerror(errno));
+    // O_EXCL: an existing OUT.bin.tmp belongs to another conversion still writing it, or to one that was
+    // killed; either way it is not ours to overwrite or delete.
+    sigset_t held;
+    hold_signals(&held);
+    wr.fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    int err = errno;
+    made = wr.fd >= 0;
+    if (made && o->tmp_made) *o->tmp_made = 1;
+    release_signals(&held);
+    if (!made) {
+        if (err == EEXIST)
+            dj_fail(e, "%s already exists (a conversion still running, or one that was killed): remove it and run "
+                    "again", tmp);
+        else
+            dj_fail(e, "cannot create %s: %s", tmp, strerror(err));
         goto out;
     }
     if (!o->quiet)
@@ -394,16 +418,25 @@ int convert_run(const convert_opts *o, dj_err *e) {
         dj_fail(e, "writing %s: %s", tmp, strerror(errno));
         goto out;
     }
+    hold_signals(&held);
     if (rename(tmp, o->out_path)) {
-        dj_fail(e, "cannot rename %s to %s: %s", tmp, o->out_path, strerror(errno));
+        err = errno;
+        release_signals(&held);
+        dj_fail(e, "cannot rename %s to %s: %s", tmp, o->out_path, strerror(err));
         goto out;
     }
+    made = 0;
+    if (o->tmp_made) *o->tmp_made = 0;
+    release_signals(&held);
     dj_progress_end(&wr.prog, wr.pos);
     rc = 0;
 out:
     if (rc) dj_progress_abort(&wr.prog);  // the caller's error line must not land on the progress line
     if (wr.fd >= 0) close(wr.fd);
-    if (rc) unlink(tmp);  // a failed conversion leaves nothing behind
+    if (made) {  // a failed conversion leaves nothing behind, and removes only what it made
+        unlink(tmp);
+        if (o->tmp_made) *o->tmp_made = 0;
+    }
     free(text);
     free(ws);
     free(blob);

@@ -2,6 +2,8 @@
 #ifndef DJINN_CONVERT_H
 #define DJINN_CONVERT_H
 
+#include <signal.h>
+
 #include "../util.h"
 
 typedef struct {
@@ -10,6 +12,8 @@ typedef struct {
     const char *tok_dir;   // folder holding tokenizer.json etc.; NULL: hf_dir
     int dtype;             // DJ_F32/DJ_F16/DJ_BF16, or -1: BF16 stays BF16, F16 stays F16, F32 becomes F16
     int quiet;             // no progress on stderr
+    volatile sig_atomic_t *tmp_made;  // set to 1 while out_path.tmp exists because this run created it (a signal
+                                      // handler removes it only then); NULL: not wanted
 } convert_opts;
 
 int convert_run(const convert_opts *o, dj_err *e);

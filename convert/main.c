@@ -17,19 +17,21 @@ static const char usage[] =
     "  --tokenizer D  read tokenizer.json / tokenizer_config.json / generation_config.json from D\n"
     "                 (default: HF_DIR)\n"
     "  -q             no progress on stderr\n"
-    "OUT.bin is written as OUT.bin.tmp and renamed when complete; a failed conversion leaves nothing.\n";
+    "OUT.bin is written as OUT.bin.tmp and renamed when complete; a failed conversion leaves nothing. An\n"
+    "existing OUT.bin.tmp (a conversion running, or one killed) is refused, never overwritten or deleted.\n";
 
 static char tmp_path[4200];
+static volatile sig_atomic_t tmp_made;  // set by convert_run while tmp_path is this run's own file
 
-// Ctrl-C / kill: remove the partial output, then die of the same signal.
+// Ctrl-C / kill: remove the partial output (only if this run created it), then die of the same signal.
 static void on_signal(int sig) {
-    if (tmp_path[0]) unlink(tmp_path);
+    if (tmp_made) unlink(tmp_path);
     signal(sig, SIG_DFL);
     raise(sig);
 }
 
 int main(int argc, char **argv) {
-    convert_opts o = {.dtype = -1};
+    convert_opts o = {.dtype = -1, .tmp_made = &tmp_made};
     const char *pos[2] = {0};
     int npos = 0;
     for (int i = 1; i < argc; i++) {

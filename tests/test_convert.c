@@ -429,3 +429,43 @@ Test(convert, cli_errors) {
     rm_rf(dir);
     free(dir);
 }
+
+// ---- OUT.bin.tmp that this run did not make: refused by name, never overwritten or deleted
+static void expect_stale(const char *tmp, const char *what) {
+    size_t n;
+    uint8_t *b = slurp(tmp, &n);
+    cr_assert(n == 5 && !memcmp(b, "stale", 5), "%s: the existing %s was overwritten", what, tmp);
+    free(b);
+}
+
+Test(convert, existing_tmp_is_left_alone) {
+    need_stories();
+    char *dir = make_tmpdir(), out[4200], tmp[4300];
+    snprintf(out, sizeof out, "%s/o.bin", dir);
+    snprintf(tmp, sizeof tmp, "%s.tmp", out);
+    spit(tmp, "stale", 5);
+    dj_err e;
+    cr_assert_eq(run_convert(stories, out, -1, NULL, &e), -1, "converted over an existing %s", tmp);
+    cr_assert(strstr(e.msg, tmp) && strstr(e.msg, "already exists") && !strchr(e.msg, '\n'), "%s", e.msg);
+    cr_assert(!exists(out));
+    expect_stale(tmp, "refused conversion");
+    // A failure before the output is opened must not delete it either.
+    cr_assert_eq(run_convert("/nonexistent", out, -1, NULL, &e), -1);
+    expect_stale(tmp, "early failure");
+
+    const char *bin = getenv("DJINN_BIN");
+    if (bin) {
+        char cmd[16384], err[8192];
+        snprintf(cmd, sizeof cmd, "%s/convert -q %s %s", bin, stories, out);
+        cr_assert_eq(run_cmd(cmd, err, sizeof err), 1, "%s", err);
+        cr_assert(count_lines(err) == 1 && strstr(err, "already exists"), "%s", err);
+        expect_stale(tmp, "./convert");
+    } else {
+        cr_log_warn("DJINN_BIN is not set: ./convert not run");
+    }
+    unlink(tmp);
+    cr_assert_eq(run_convert(stories, out, -1, NULL, &e), 0, "%s", e.msg);
+    cr_assert(exists(out) && !exists(tmp));
+    rm_rf(dir);
+    free(dir);
+}

@@ -344,7 +344,9 @@ int convert_run(const convert_opts *o, dj_err *e) {
         }
     c.wtype = o->dtype >= 0 ? (uint32_t)o->dtype : auto_dtype(ws[0].t->dtype);
 
-    if (tokjson_build_dir(o->tok_dir ? o->tok_dir : o->hf_dir, &blob, &blob_size, e)) goto out;
+    // --tokenizer DIR lends the tokenizer only; the bos/eos ids of config.json and generation_config.json are
+    // the model's own (precedence in tokjson.c).
+    if (tokjson_build_dirs(o->tok_dir ? o->tok_dir : o->hf_dir, o->hf_dir, &blob, &blob_size, e)) goto out;
     {  // The section must load, and every id it can produce must have an embedding row.
         dj_err te;
         dj_tokenizer *t = tok_load(blob, blob_size, &te);

@@ -9,7 +9,7 @@
 typedef struct {
     const char *hf_dir;    // config.json + model.safetensors or sharded model-*-of-*.safetensors with index
     const char *out_path;  // written as out_path.tmp, renamed at the end
-    const char *tok_dir;   // folder holding tokenizer.json etc.; NULL: hf_dir
+    const char *tok_dir;   // folder holding tokenizer.json and tokenizer_config.json; NULL: hf_dir
     int dtype;             // DJ_F32/DJ_F16/DJ_BF16, or -1: BF16 stays BF16, F16 stays F16, F32 becomes F16
     int quiet;             // no progress on stderr
     volatile sig_atomic_t *tmp_made;  // set to 1 while out_path.tmp exists because this run created it (a signal

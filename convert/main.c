@@ -14,8 +14,8 @@ static const char usage[] =
     "                 model-*-of-*.safetensors + model.safetensors.index.json), tokenizer.json\n"
     "  --dtype T      weight dtype in OUT.bin (default: BF16 stays bf16, F16 stays f16, F32 becomes f16);\n"
     "                 norm weights are always f32\n"
-    "  --tokenizer D  read tokenizer.json / tokenizer_config.json / generation_config.json from D\n"
-    "                 (default: HF_DIR)\n"
+    "  --tokenizer D  read tokenizer.json / tokenizer_config.json from D (default: HF_DIR); the bos/eos\n"
+    "                 ids of HF_DIR's config.json and generation_config.json are still the model's\n"
     "  -q             no progress on stderr\n"
     "OUT.bin is written as OUT.bin.tmp and renamed when complete; a failed conversion leaves nothing. An\n"
     "existing OUT.bin.tmp (a conversion running, or one killed) is refused, never overwritten or deleted.\n";

@@ -581,13 +581,24 @@ static int read_file(const char *dir, const char *name, int required, char **dat
     return 0;
 }
 
-int tokjson_build_dir(const char *hf_dir, uint8_t **blob, size_t *blob_size, dj_err *e) {
+// Which folder each file comes from. tokenizer.json and tokenizer_config.json describe the tokenizer (vocabulary,
+// the bos/eos strings, add_bos_token, the chat template): from tok_dir. config.json and generation_config.json
+// describe the model (the ids it was trained to start with and to stop on): from model_dir, so a tokenizer
+// borrowed from another folder never replaces the model's own ids. read_configs then combines them: the eos
+// ids are the union of generation_config's, config.json's and tokenizer_config's eos_token; bos is the
+// post-processor's, else config.json's bos_token_id, else tokenizer_config's bos_token.
+int tokjson_build_dirs(const char *tok_dir, const char *model_dir, uint8_t **blob, size_t *blob_size, dj_err *e) {
     static const char *const names[4] = {"tokenizer.json", "tokenizer_config.json", "generation_config.json", "config.json"};
+    const char *dirs[4] = {tok_dir, tok_dir, model_dir, model_dir};
     char *d[4] = {0};
     size_t n[4] = {0};
     int rc = 0;
-    for (int i = 0; i < 4 && !rc; i++) rc = read_file(hf_dir, names[i], i == 0, &d[i], &n[i], e);
+    for (int i = 0; i < 4 && !rc; i++) rc = read_file(dirs[i], names[i], i == 0, &d[i], &n[i], e);
     if (!rc) rc = tokjson_build(d[0], n[0], d[1], n[1], d[2], n[2], d[3], n[3], blob, blob_size, e);
     for (int i = 0; i < 4; i++) free(d[i]);
     return rc;
+}
+
+int tokjson_build_dir(const char *hf_dir, uint8_t **blob, size_t *blob_size, dj_err *e) {
+    return tokjson_build_dirs(hf_dir, hf_dir, blob, blob_size, e);
 }

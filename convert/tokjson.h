@@ -16,5 +16,9 @@ int tokjson_build(const char *tokenizer_json, size_t tokenizer_json_len, const c
 
 // Reads the tokenizer files of a HuggingFace model directory; *blob is malloc'd.
 int tokjson_build_dir(const char *hf_dir, uint8_t **blob, size_t *blob_size, dj_err *e);
+// The same with the tokenizer taken from another folder (./convert --tokenizer): tokenizer.json and
+// tokenizer_config.json from tok_dir, the model's config.json and generation_config.json (its bos/eos ids)
+// from model_dir.
+int tokjson_build_dirs(const char *tok_dir, const char *model_dir, uint8_t **blob, size_t *blob_size, dj_err *e);
 
 #endif

@@ -12,6 +12,7 @@
 #include "../convert/convert.h"
 #include "../convert/safetensors.h"
 #include "../model.h"
+#include "../tokenizer.h"
 
 // ---- helpers
 static char stories[4096];
@@ -288,26 +289,33 @@ static const bad_case bad_cases[] = {
     {"tokenizer larger than vocab", "\"vocab_size\": 512", "\"vocab_size\": 500", 0, "500"},
 };
 
-static void make_bad_dir(const char *hf, const bad_case *bc) {
+// Writes stories260K's config.json into dir with `find` replaced by `replace` (find NULL: unchanged).
+static void write_config(const char *dir, const char *find, const char *replace, const char *what) {
     char p[4200];
     size_t n;
     snprintf(p, sizeof p, "%s/config.json", stories);
     char *cfg = (char *)slurp(p, &n);
-    if (bc->find) {
-        char *at = strstr(cfg, bc->find);
-        cr_assert(at, "%s: test edit '%s' not found in config.json", bc->what, bc->find);
-        size_t fl = strlen(bc->find), rl = strlen(bc->replace);
+    if (find) {
+        char *at = strstr(cfg, find);
+        cr_assert(at, "%s: test edit '%s' not found in config.json", what, find);
+        size_t fl = strlen(find), rl = strlen(replace);
         char *nc = malloc(n + rl + 1);
         memcpy(nc, cfg, (size_t)(at - cfg));
-        memcpy(nc + (at - cfg), bc->replace, rl);
+        memcpy(nc + (at - cfg), replace, rl);
         strcpy(nc + (at - cfg) + rl, at + fl);
         free(cfg);
         cfg = nc;
     }
-    // An extra "attention_bias" edit needs the key present: stories260K's config has it.
-    snprintf(p, sizeof p, "%s/config.json", hf);
+    snprintf(p, sizeof p, "%s/config.json", dir);
     spit(p, cfg, strlen(cfg));
     free(cfg);
+}
+
+static void make_bad_dir(const char *hf, const bad_case *bc) {
+    char p[4200];
+    size_t n;
+    // An "attention_bias" edit needs the key present: stories260K's config has it.
+    write_config(hf, bc->find, bc->replace, bc->what);
 
     snprintf(p, sizeof p, "%s/model.safetensors", stories);
     uint8_t *raw = slurp(p, &n);
@@ -468,4 +476,54 @@ Test(convert, existing_tmp_is_left_alone) {
     cr_assert(exists(out) && !exists(tmp));
     rm_rf(dir);
     free(dir);
+}
+
+// ---- --tokenizer DIR lends the tokenizer; the bos/eos ids stay the model's
+// Links dir/name to stories260K's file of that name.
+static void link_stories(const char *dir, const char *name) {
+    char src[4200], dst[4200];
+    snprintf(src, sizeof src, "%s/%s", stories, name);
+    snprintf(dst, sizeof dst, "%s/%s", dir, name);
+    cr_assert_eq(symlink(src, dst), 0, "symlink %s", dst);
+}
+
+Test(convert, tokenizer_dir_keeps_model_eos_ids) {
+    need_stories();
+    char *model = make_tmpdir(), *tok = make_tmpdir(), p[4200], out[4200];
+    // The model says eos 5 (config.json) and 5, 7 (generation_config.json); the lent folder's own model files
+    // say 9 and 11, which must not count. tokenizer_config's eos_token "</s>" (id 2) does.
+    write_config(model, "\"eos_token_id\": 2", "\"eos_token_id\": 5", "model eos");
+    snprintf(p, sizeof p, "%s/generation_config.json", model);
+    const char *gen = "{\"eos_token_id\": [5, 7]}";
+    spit(p, gen, strlen(gen));
+    link_stories(model, "model.safetensors");
+    write_config(tok, "\"eos_token_id\": 2", "\"eos_token_id\": 9", "tokenizer eos");
+    snprintf(p, sizeof p, "%s/generation_config.json", tok);
+    gen = "{\"eos_token_id\": 11}";
+    spit(p, gen, strlen(gen));
+    link_stories(tok, "tokenizer.json");
+    link_stories(tok, "tokenizer_config.json");
+    snprintf(out, sizeof out, "%s/o.bin", model);
+    dj_err e;
+    cr_assert_eq(run_convert(model, out, DJ_F32, tok, &e), 0, "%s", e.msg);
+
+    dj_model m;
+    dj_load_opts lo = {.quiet = 1};
+    cr_assert_eq(model_load(out, &lo, &m, &e), 0, "%s", e.msg);
+    dj_tokenizer *t = tok_load(m.data + m.info.tok_off, m.info.tok_size, &e);
+    cr_assert(t, "%s", e.msg);
+    size_t n;
+    const int32_t *ids = tok_eos_ids(t, &n);
+    int seen[16] = {0};
+    for (size_t i = 0; i < n; i++) {
+        cr_assert(ids[i] >= 0 && ids[i] < 16, "eos id %d", ids[i]);
+        seen[ids[i]]++;
+    }
+    cr_expect(n == 3 && seen[2] == 1 && seen[5] == 1 && seen[7] == 1, "eos ids: want {2, 5, 7}, got %zu ids", n);
+    cr_expect(!seen[9] && !seen[11], "eos ids taken from the tokenizer folder's model files");
+    cr_expect_eq(tok_bos(t), 1);  // the post-processor's <s>
+    tok_free(t);
+    model_free(&m);
+    rm_rf(model), rm_rf(tok);
+    free(model), free(tok);
 }

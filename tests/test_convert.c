@@ -100,16 +100,33 @@ static void write_safetensors(const char *path, const st_file *src, const size_t
     free(h);
 }
 
-// The expected bytes of one source tensor in the output dtype.
+static float source_elem(const st_tensor *t, uint64_t i) {
+    uint16_t h;
+    float f;
+    if (t->dtype == ST_F32) {
+        memcpy(&f, t->data + 4 * i, 4);
+        return f;
+    }
+    memcpy(&h, t->data + 2 * i, 2);
+    return t->dtype == ST_F16 ? dj_f16_to_f32(h) : dj_bf16_to_f32(h);
+}
+
+// One source tensor in model.bin: byte-for-byte the source where the dtype is kept, else the source value
+// rounded to the output dtype (f16/bf16 -> f32 is exact).
 static void expect_tensor(const dj_model *m, const st_file *st, const char *name, uint64_t off, uint32_t dtype) {
     const st_tensor *t = st_find(st, name);
     cr_assert(t, "source lacks %s", name);
-    cr_assert_eq(t->dtype, ST_F32);  // stories260K is f32
-    uint64_t n = t->nbytes / 4;
     const uint8_t *got = m->data + off;
+    int kept = (t->dtype == ST_F32 && dtype == DJ_F32) || (t->dtype == ST_F16 && dtype == DJ_F16) ||
+               (t->dtype == ST_BF16 && dtype == DJ_BF16);
+    if (kept) {
+        cr_assert(memcmp(got, t->data, t->nbytes) == 0, "%s differs from the source (%s kept)", name,
+                  dj_dtype_name(dtype));
+        return;
+    }
+    uint64_t n = t->nbytes / st_dtype_size(t->dtype);
     for (uint64_t i = 0; i < n; i++) {
-        float f;
-        memcpy(&f, t->data + 4 * i, 4);
+        float f = source_elem(t, i);
         if (dtype == DJ_F32) {
             float g;
             memcpy(&g, got + 4 * i, 4);
@@ -120,6 +137,42 @@ static void expect_tensor(const dj_model *m, const st_file *st, const char *name
             cr_assert_eq(g, want, "%s[%llu]: 0x%04x != 0x%04x", name, (unsigned long long)i, g, want);
         }
     }
+}
+
+// Every tensor of a loaded model.bin against the safetensors file it came from.
+static void expect_all_tensors(const dj_model *m, const char *safetensors) {
+    const dj_config *c = &m->info.config;
+    size_t n;
+    uint8_t *raw = slurp(safetensors, &n);
+    st_file st;
+    dj_err e;
+    cr_assert_eq(st_parse(raw, n, &st, &e), 0, "%s", e.msg);
+    expect_tensor(m, &st, "model.embed_tokens.weight", m->info.embed_off, c->wtype);
+    for (uint32_t l = 0; l < c->n_layers; l++) {
+        const dj_layer_layout *L = &m->info.layer;
+        uint64_t b = m->info.layer_off[l];
+        struct { const char *fmt; uint64_t off; int norm; } ts[] = {
+            {"model.layers.%u.input_layernorm.weight", L->attn_norm, 1},
+            {"model.layers.%u.post_attention_layernorm.weight", L->ffn_norm, 1},
+            {"model.layers.%u.self_attn.q_proj.weight", L->wq, 0},
+            {"model.layers.%u.self_attn.k_proj.weight", L->wk, 0},
+            {"model.layers.%u.self_attn.v_proj.weight", L->wv, 0},
+            {"model.layers.%u.self_attn.o_proj.weight", L->wo, 0},
+            {"model.layers.%u.mlp.gate_proj.weight", L->w_gate, 0},
+            {"model.layers.%u.mlp.up_proj.weight", L->w_up, 0},
+            {"model.layers.%u.mlp.down_proj.weight", L->w_down, 0},
+        };
+        for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++) {
+            char name[128];
+            snprintf(name, sizeof name, ts[i].fmt, l);
+            expect_tensor(m, &st, name, b + ts[i].off, ts[i].norm ? DJ_F32 : c->wtype);
+        }
+    }
+    expect_tensor(m, &st, "model.norm.weight", m->info.head_off + m->info.head.norm, DJ_F32);
+    if (c->tied) cr_assert_eq(dj_lm_head_ptr(m), dj_embed_ptr(m));
+    else expect_tensor(m, &st, "lm_head.weight", m->info.head_off + m->info.head.lm_head, c->wtype);
+    st_free(&st);
+    free(raw);
 }
 
 static void check_against_source(const char *bin, uint32_t dtype) {
@@ -141,38 +194,9 @@ static void check_against_source(const char *bin, uint32_t dtype) {
     cr_assert_float_eq(c->norm_eps, 1e-5f, 1e-12f);
     cr_assert_float_eq(c->rope_theta, 10000.f, 1e-3f);
     cr_assert_eq(c->rope_type, DJ_ROPE_DEFAULT);
-
     char p[4200];
     snprintf(p, sizeof p, "%s/model.safetensors", stories);
-    size_t n;
-    uint8_t *raw = slurp(p, &n);
-    st_file st;
-    cr_assert_eq(st_parse(raw, n, &st, &e), 0, "%s", e.msg);
-    expect_tensor(&m, &st, "model.embed_tokens.weight", m.info.embed_off, dtype);
-    for (uint32_t l = 0; l < c->n_layers; l++) {
-        const dj_layer_layout *L = &m.info.layer;
-        uint64_t b = m.info.layer_off[l];
-        struct { const char *fmt; uint64_t off; int norm; } ts[] = {
-            {"model.layers.%u.input_layernorm.weight", L->attn_norm, 1},
-            {"model.layers.%u.post_attention_layernorm.weight", L->ffn_norm, 1},
-            {"model.layers.%u.self_attn.q_proj.weight", L->wq, 0},
-            {"model.layers.%u.self_attn.k_proj.weight", L->wk, 0},
-            {"model.layers.%u.self_attn.v_proj.weight", L->wv, 0},
-            {"model.layers.%u.self_attn.o_proj.weight", L->wo, 0},
-            {"model.layers.%u.mlp.gate_proj.weight", L->w_gate, 0},
-            {"model.layers.%u.mlp.up_proj.weight", L->w_up, 0},
-            {"model.layers.%u.mlp.down_proj.weight", L->w_down, 0},
-        };
-        for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++) {
-            char name[128];
-            snprintf(name, sizeof name, ts[i].fmt, l);
-            expect_tensor(&m, &st, name, b + ts[i].off, ts[i].norm ? DJ_F32 : dtype);
-        }
-    }
-    expect_tensor(&m, &st, "model.norm.weight", m.info.head_off + m.info.head.norm, DJ_F32);
-    cr_assert_eq(dj_lm_head_ptr(&m), dj_embed_ptr(&m));
-    st_free(&st);
-    free(raw);
+    expect_all_tensors(&m, p);
     model_free(&m);
 }
 
@@ -194,6 +218,42 @@ Test(convert, stories_f32_and_f16_match_source) {
     snprintf(out, sizeof out, "%s/stories_auto.bin", dir);
     cr_assert_eq(run_convert(stories, out, -1, NULL, &e), 0, "%s", e.msg);
     check_against_source(out, DJ_F16);
+    rm_rf(dir);
+    free(dir);
+}
+
+// The committed F16 and BF16 fixtures with the default dtype: F16 stays f16, BF16 stays bf16, every weight
+// byte-for-byte the source's (norms widened to f32 exactly). Run from the repository root.
+Test(convert, f16_and_bf16_sources_keep_their_dtype) {
+    need_stories();
+    struct { const char *dir; st_dtype src; uint32_t out; uint32_t tied; } fx[] = {
+        {"tests/fixtures/tied_gqa_f16", ST_F16, DJ_F16, 1},
+        {"tests/fixtures/llama3_gqa_bf16", ST_BF16, DJ_BF16, 0},
+    };
+    char *dir = make_tmpdir(), out[4200], src[4200];
+    for (size_t i = 0; i < sizeof fx / sizeof fx[0]; i++) {
+        snprintf(src, sizeof src, "%s/model.safetensors", fx[i].dir);
+        if (access(src, R_OK)) cr_skip_test("%s not found: run from the repository root", src);
+        snprintf(out, sizeof out, "%s/fixture_%zu.bin", dir, i);
+        dj_err e;
+        cr_assert_eq(run_convert(fx[i].dir, out, -1, stories, &e), 0, "%s: %s", fx[i].dir, e.msg);
+        dj_model m;
+        dj_load_opts lo = {.quiet = 1};
+        cr_assert_eq(model_load(out, &lo, &m, &e), 0, "%s", e.msg);
+        cr_assert_eq(m.info.config.wtype, fx[i].out, "%s: wtype %s", fx[i].dir, dj_dtype_name(m.info.config.wtype));
+        cr_assert_eq(m.info.config.tied, fx[i].tied, "%s", fx[i].dir);
+        size_t n;
+        uint8_t *raw = slurp(src, &n);  // the fixture really is in the dtype this test is about
+        st_file st;
+        cr_assert_eq(st_parse(raw, n, &st, &e), 0, "%s", e.msg);
+        for (size_t k = 0; k < st.n; k++)
+            cr_assert_eq(st.tensors[k].dtype, fx[i].src, "%s: %s is %s", fx[i].dir, st.tensors[k].name,
+                         st_dtype_name(st.tensors[k].dtype));
+        st_free(&st);
+        free(raw);
+        expect_all_tensors(&m, src);
+        model_free(&m);
+    }
     rm_rf(dir);
     free(dir);
 }
@@ -267,7 +327,8 @@ Test(convert, sharded_checkpoint_is_byte_identical) {
 typedef struct {
     const char *what;
     const char *find, *replace;  // edit of config.json; find == NULL: leave it
-    int weights;                 // 0 keep, 1 drop a tensor, 2 wrong shape, 3 add a bias, 4 bad dtype, 5 header > file
+    int weights;                 // 0 keep, 1 drop a tensor, 2 wrong shape, 3 add a bias, 4 bad dtype, 5 header > file,
+                                 // 6 an F32 value beyond f16's range (the default output is f16)
     const char *needle;          // expected in the error
 } bad_case;
 
@@ -287,6 +348,7 @@ static const bad_case bad_cases[] = {
     {"integer dtype", NULL, NULL, 4, "I32"},
     {"header longer than file", NULL, NULL, 5, "safetensors"},
     {"tokenizer larger than vocab", "\"vocab_size\": 512", "\"vocab_size\": 500", 0, "500"},
+    {"f16 overflow", NULL, NULL, 6, "tensor 'model.layers.2.mlp.down_proj.weight' holds 1e+06, beyond f16's range"},
 };
 
 // Writes stories260K's config.json into dir with `find` replaced by `replace` (find NULL: unchanged).
@@ -326,6 +388,11 @@ static void make_bad_dir(const char *hf, const bad_case *bc) {
     for (size_t i = 0; i < st.n; i++)
         if (!(bc->weights == 1 && !strcmp(st.tensors[i].name, "model.layers.3.mlp.up_proj.weight"))) idx[k++] = i;
     snprintf(p, sizeof p, "%s/model.safetensors", hf);
+    if (bc->weights == 6) {
+        const st_tensor *t = st_find(&st, "model.layers.2.mlp.down_proj.weight");
+        float big = 1e6f;  // f16's largest finite value is 65504
+        memcpy((uint8_t *)t->data + 4 * 100, &big, 4);
+    }
     if (bc->weights == 2 || bc->weights == 4) {
         // Edit the metadata in the written header: a shape or a dtype.
         st_tensor *t = (st_tensor *)st_find(&st, "model.layers.1.mlp.gate_proj.weight");

@@ -150,10 +150,13 @@ out:
 // Finds a tensor in any shard; a tensor present in two shards is an error.
 static int find_tensor(const weights *w, const char *name, const st_tensor **out, dj_err *e) {
     *out = NULL;
+    int first = -1;
     for (int k = 0; k < w->n; k++) {
         const st_tensor *t = st_find(&w->shards[k].st, name);
-        if (t && *out) return dj_fail(e, "tensor '%s' appears in two shards", name);
-        if (t) *out = t;
+        if (t && *out)
+            return dj_fail(e, "tensor '%s' appears in two shards: %s and %s", name, w->shards[first].path,
+                           w->shards[k].path);
+        if (t) *out = t, first = k;
     }
     return 0;
 }

@@ -74,6 +74,49 @@ static int run_convert(const char *hf, const char *out, int dtype, const char *t
 
 static int exists(const char *p) { return access(p, F_OK) == 0; }
 
+// Writes stories260K's config.json into dir with `find` replaced by `replace` (find NULL: unchanged).
+static void write_config(const char *dir, const char *find, const char *replace, const char *what) {
+    char p[4200];
+    size_t n;
+    snprintf(p, sizeof p, "%s/config.json", stories);
+    char *cfg = (char *)slurp(p, &n);
+    if (find) {
+        char *at = strstr(cfg, find);
+        cr_assert(at, "%s: test edit '%s' not found in config.json", what, find);
+        size_t fl = strlen(find), rl = strlen(replace);
+        char *nc = malloc(n + rl + 1);
+        memcpy(nc, cfg, (size_t)(at - cfg));
+        memcpy(nc + (at - cfg), replace, rl);
+        strcpy(nc + (at - cfg) + rl, at + fl);
+        free(cfg);
+        cfg = nc;
+    }
+    snprintf(p, sizeof p, "%s/config.json", dir);
+    spit(p, cfg, strlen(cfg));
+    free(cfg);
+}
+
+// Runs a shell command; its stderr in err; the exit status (128 + signal when killed).
+static int run_cmd(const char *cmd, char *err, size_t errn) {
+    char full[17000], ef[] = "/tmp/djinn_conv_err_XXXXXX";
+    int fd = mkstemp(ef);
+    close(fd);
+    snprintf(full, sizeof full, "%s 2>%s >/dev/null", cmd, ef);
+    int st = system(full);
+    FILE *f = fopen(ef, "r");
+    size_t k = fread(err, 1, errn - 1, f);
+    err[k] = 0;
+    fclose(f);
+    unlink(ef);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+static int count_lines(const char *s) {
+    int n = 0;
+    for (; *s; s++) n += *s == '\n';
+    return n;
+}
+
 // Writes a safetensors file holding `idx` tensors of `src` (in that order).
 static void write_safetensors(const char *path, const st_file *src, const size_t *idx, size_t n) {
     size_t cap = 1 << 20, len = 0;
@@ -258,69 +301,153 @@ Test(convert, f16_and_bf16_sources_keep_their_dtype) {
     free(dir);
 }
 
-Test(convert, sharded_checkpoint_is_byte_identical) {
-    need_stories();
-    char *dir = make_tmpdir(), p[4200], single[4200], sharded[4200];
-    dj_err e;
-    snprintf(single, sizeof single, "%s/single.bin", dir);
-    cr_assert_eq(run_convert(stories, single, DJ_F16, NULL, &e), 0, "%s", e.msg);
-
-    char *hf = make_tmpdir();
-    snprintf(p, sizeof p, "%s/model.safetensors", stories);
-    size_t n;
-    uint8_t *raw = slurp(p, &n);
+// ---- sharded checkpoints
+// stories260K's tensors (parsed from `raw`, which st points into).
+typedef struct {
+    uint8_t *raw;
     st_file st;
-    cr_assert_eq(st_parse(raw, n, &st, &e), 0, "%s", e.msg);
-    // Shard 1 takes every other tensor, shard 2 the rest; the index maps each name to its file.
-    size_t *a = calloc(st.n, sizeof *a), *b = calloc(st.n, sizeof *b), na = 0, nb = 0;
-    for (size_t i = 0; i < st.n; i++) {
+} source;
+
+static void source_open(source *src) {
+    char p[4200];
+    size_t n;
+    dj_err e;
+    snprintf(p, sizeof p, "%s/model.safetensors", stories);
+    src->raw = slurp(p, &n);
+    cr_assert_eq(st_parse(src->raw, n, &src->st, &e), 0, "%s", e.msg);
+}
+
+static void source_close(source *src) {
+    st_free(&src->st);
+    free(src->raw);
+}
+
+// Shard 1 takes the odd-numbered tensors, shard 2 the even ones (and, with `dup`, shard 1's first tensor too),
+// beside stories260K's config.json.
+static void write_shards(const char *hf, const st_file *st, int dup) {
+    char p[4200];
+    size_t *a = calloc(st->n, sizeof *a), *b = calloc(st->n + 1, sizeof *b), na = 0, nb = 0;
+    for (size_t i = 0; i < st->n; i++) {
         if (i % 2) a[na++] = i;
         else b[nb++] = i;
     }
+    if (dup) b[nb++] = a[0];
     snprintf(p, sizeof p, "%s/model-00001-of-00002.safetensors", hf);
-    write_safetensors(p, &st, a, na);
+    write_safetensors(p, st, a, na);
     snprintf(p, sizeof p, "%s/model-00002-of-00002.safetensors", hf);
-    write_safetensors(p, &st, b, nb);
+    write_safetensors(p, st, b, nb);
+    write_config(hf, NULL, NULL, "shards");
+    free(a), free(b);
+}
+
+// Writes hf/model.safetensors.index.json mapping each name to its shard; the entry of `name` (if any) maps to
+// the raw JSON `value` instead, and `extra` (if any) is one more raw member.
+static void write_index(const char *hf, const st_file *st, const char *name, const char *value, const char *extra) {
     size_t cap = 1 << 20, len = 0;
-    char *idx = malloc(cap);
-    len += (size_t)snprintf(idx, cap, "{\"metadata\":{\"total_size\":%zu},\"weight_map\":{", n);
-    for (size_t i = 0; i < st.n; i++)
-        len += (size_t)snprintf(idx + len, cap - len, "%s\"%s\":\"model-0000%d-of-00002.safetensors\"", i ? "," : "",
-                                st.tensors[i].name, i % 2 ? 1 : 2);
-    len += (size_t)snprintf(idx + len, cap - len, "}}");
+    char *idx = malloc(cap), p[4200];
+    len += (size_t)snprintf(idx, cap, "{\"metadata\":{\"total_size\":1},\"weight_map\":{");
+    for (size_t i = 0; i < st->n; i++) {
+        char file[64];
+        snprintf(file, sizeof file, "\"model-0000%d-of-00002.safetensors\"", i % 2 ? 1 : 2);
+        const char *v = name && !strcmp(st->tensors[i].name, name) ? value : file;
+        len += (size_t)snprintf(idx + len, cap - len, "%s\"%s\":%s", i ? "," : "", st->tensors[i].name, v);
+    }
+    len += (size_t)snprintf(idx + len, cap - len, "%s%s}}", extra ? "," : "", extra ? extra : "");
     snprintf(p, sizeof p, "%s/model.safetensors.index.json", hf);
     spit(p, idx, len);
-    const char *copy[] = {"config.json"};
-    for (int i = 0; i < 1; i++) {
-        char src[4200];
-        snprintf(src, sizeof src, "%s/%s", stories, copy[i]);
-        size_t cn;
-        uint8_t *cb = slurp(src, &cn);
-        snprintf(p, sizeof p, "%s/%s", hf, copy[i]);
-        spit(p, cb, cn);
-        free(cb);
-    }
+    free(idx);
+}
+
+Test(convert, sharded_checkpoint_is_byte_identical) {
+    need_stories();
+    char *dir = make_tmpdir(), *hf = make_tmpdir(), single[4200], sharded[4200];
+    dj_err e;
+    snprintf(single, sizeof single, "%s/single.bin", dir);
+    cr_assert_eq(run_convert(stories, single, DJ_F16, NULL, &e), 0, "%s", e.msg);
+    source src;
+    source_open(&src);
+    write_shards(hf, &src.st, 0);
+    write_index(hf, &src.st, NULL, NULL, NULL);
     snprintf(sharded, sizeof sharded, "%s/sharded.bin", dir);
     cr_assert_eq(run_convert(hf, sharded, DJ_F16, stories, &e), 0, "%s", e.msg);
     size_t n1, n2;
     uint8_t *b1 = slurp(single, &n1), *b2 = slurp(sharded, &n2);
     cr_assert_eq(n1, n2);
     cr_assert_eq(memcmp(b1, b2, n1), 0, "sharded conversion differs from single-file conversion");
-
-    // An index naming a tensor that its shard lacks is an error that names the tensor.
-    idx[len - 2] = 0;
-    char *bad = malloc(len + 200);
-    snprintf(bad, len + 200, "%s,\"model.extra.weight\":\"model-00001-of-00002.safetensors\"}}", idx);
-    snprintf(p, sizeof p, "%s/model.safetensors.index.json", hf);
-    spit(p, bad, strlen(bad));
-    cr_assert_eq(run_convert(hf, sharded, DJ_F16, stories, &e), -1);
-    cr_assert(strstr(e.msg, "model.extra.weight"), "%s", e.msg);
-
-    free(bad), free(b1), free(b2), free(idx), free(a), free(b), free(raw);
-    st_free(&st);
-    rm_rf(hf);
-    rm_rf(dir);
+    free(b1), free(b2);
+    source_close(&src);
+    rm_rf(hf), rm_rf(dir);
     free(hf), free(dir);
+}
+
+// Broken indexes and shards: one clear line naming the problem, exit 1 from ./convert, no output left.
+typedef struct {
+    const char *what;
+    const char *index;          // the whole index text; NULL: generated, with the edits below
+    const char *value;          // raw JSON for model.norm.weight's entry (NULL: its shard)
+    const char *extra;          // one more raw weight_map member
+    int dup;                    // shard 2 also holds a tensor of shard 1
+    const char *needle;         // expected in the error
+} shard_case;
+
+static const shard_case shard_cases[] = {
+    {"malformed index", "{\"weight_map\": {", .needle = "model.safetensors.index.json: json: line 1"},
+    {"index not an object", "[1, 2]", .needle = "missing or empty \"weight_map\""},
+    {"no weight_map", "{\"metadata\": {\"total_size\": 1}}", .needle = "missing or empty \"weight_map\""},
+    {"empty weight_map", "{\"weight_map\": {}}", .needle = "missing or empty \"weight_map\""},
+    {"weight_map an array", "{\"weight_map\": [\"model-00001-of-00002.safetensors\"]}",
+     .needle = "missing or empty \"weight_map\""},
+    {"shard in a subfolder", NULL, "\"sub/model-00001-of-00002.safetensors\"",
+     .needle = "entry \"model.norm.weight\" must name a file in the same folder"},
+    {"shard in the parent folder", NULL, "\"../model-00001-of-00002.safetensors\"",
+     .needle = "entry \"model.norm.weight\" must name a file in the same folder"},
+    {"shard named ..", NULL, "\"..\"", .needle = "entry \"model.norm.weight\" must name a file in the same folder"},
+    {"absolute shard path", NULL, "\"/etc/passwd\"", .needle = "must name a file in the same folder"},
+    {"empty shard name", NULL, "\"\"", .needle = "must name a file in the same folder"},
+    {"shard name not a string", NULL, "3", .needle = "must name a file in the same folder"},
+    {"missing shard file", NULL, "\"model-00003-of-00003.safetensors\"",
+     .needle = "model-00003-of-00003.safetensors: No such file"},
+    {"index names a tensor its shard lacks", .extra = "\"model.extra.weight\":\"model-00001-of-00002.safetensors\"",
+     .needle = "tensor 'model.extra.weight' is not in"},
+    {"tensor in two shards", .dup = 1, .needle = "appears in two shards: /tmp/djinn_conv_"},
+};
+
+Test(convert, broken_shards_fail_clearly) {
+    need_stories();
+    const char *bin = getenv("DJINN_BIN");
+    if (!bin) cr_log_warn("DJINN_BIN is not set: ./convert's exit status not checked");
+    source src;
+    source_open(&src);
+    for (size_t i = 0; i < sizeof shard_cases / sizeof shard_cases[0]; i++) {
+        const shard_case *sc = &shard_cases[i];
+        char *hf = make_tmpdir(), out[4200], tmp[4300], p[4200];
+        write_shards(hf, &src.st, sc->dup);
+        if (sc->index) {
+            snprintf(p, sizeof p, "%s/model.safetensors.index.json", hf);
+            spit(p, sc->index, strlen(sc->index));
+        } else {
+            write_index(hf, &src.st, sc->value ? "model.norm.weight" : NULL, sc->value, sc->extra);
+        }
+        snprintf(out, sizeof out, "%s/out.bin", hf);
+        snprintf(tmp, sizeof tmp, "%s.tmp", out);
+        dj_err e = {{0}};
+        cr_expect_eq(run_convert(hf, out, -1, stories, &e), -1, "%s: conversion succeeded", sc->what);
+        cr_expect(strstr(e.msg, sc->needle), "%s: error '%s' should mention '%s'", sc->what, e.msg, sc->needle);
+        cr_expect(!strchr(e.msg, '\n'), "%s: error is more than one line", sc->what);
+        cr_expect(!exists(out) && !exists(tmp), "%s: output left behind", sc->what);
+        if (bin) {
+            char cmd[16384], err[8192];
+            snprintf(cmd, sizeof cmd, "%s/convert -q %s %s --tokenizer %s", bin, hf, out, stories);
+            int rc = run_cmd(cmd, err, sizeof err);
+            cr_expect_eq(rc, 1, "%s: ./convert exit %d: %s", sc->what, rc, err);
+            cr_expect(count_lines(err) == 1 && strstr(err, sc->needle), "%s: want one line with '%s': %s", sc->what,
+                      sc->needle, err);
+            cr_expect(!exists(out) && !exists(tmp), "%s: ./convert left output behind", sc->what);
+        }
+        rm_rf(hf);
+        free(hf);
+    }
+    source_close(&src);
 }
 
 // ---- damaged checkpoints: each a clear error naming the problem, and no output left behind
@@ -351,27 +478,6 @@ static const bad_case bad_cases[] = {
     {"f16 overflow", NULL, NULL, 6, "tensor 'model.layers.2.mlp.down_proj.weight' holds 1e+06, beyond f16's range"},
 };
 
-// Writes stories260K's config.json into dir with `find` replaced by `replace` (find NULL: unchanged).
-static void write_config(const char *dir, const char *find, const char *replace, const char *what) {
-    char p[4200];
-    size_t n;
-    snprintf(p, sizeof p, "%s/config.json", stories);
-    char *cfg = (char *)slurp(p, &n);
-    if (find) {
-        char *at = strstr(cfg, find);
-        cr_assert(at, "%s: test edit '%s' not found in config.json", what, find);
-        size_t fl = strlen(find), rl = strlen(replace);
-        char *nc = malloc(n + rl + 1);
-        memcpy(nc, cfg, (size_t)(at - cfg));
-        memcpy(nc + (at - cfg), replace, rl);
-        strcpy(nc + (at - cfg) + rl, at + fl);
-        free(cfg);
-        cfg = nc;
-    }
-    snprintf(p, sizeof p, "%s/config.json", dir);
-    spit(p, cfg, strlen(cfg));
-    free(cfg);
-}
 
 static void make_bad_dir(const char *hf, const bad_case *bc) {
     char p[4200];
@@ -445,26 +551,6 @@ Test(convert, damaged_checkpoints_fail_clearly) {
 }
 
 // The binary: one line on stderr, exit 1 (bad input) or 2 (bad usage), nothing left behind.
-static int run_cmd(const char *cmd, char *err, size_t errn) {
-    char full[8192], ef[] = "/tmp/djinn_conv_err_XXXXXX";
-    int fd = mkstemp(ef);
-    close(fd);
-    snprintf(full, sizeof full, "%s 2>%s >/dev/null", cmd, ef);
-    int st = system(full);
-    FILE *f = fopen(ef, "r");
-    size_t k = fread(err, 1, errn - 1, f);
-    err[k] = 0;
-    fclose(f);
-    unlink(ef);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-}
-
-static int count_lines(const char *s) {
-    int n = 0;
-    for (; *s; s++) n += *s == '\n';
-    return n;
-}
-
 Test(convert, cli_errors) {
     const char *bin = getenv("DJINN_BIN");
     if (!bin) cr_skip_test("DJINN_BIN is not set: run through 'make test'");

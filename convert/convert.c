@@ -24,16 +24,24 @@
 #define STAGE_BYTES (16u << 20)
 
 // ---- small files
+// Allocates what the file holds, not the limit: the buffer counts against a process's memory limit even
+// where its pages are never touched.
 static int read_small(const char *path, char **buf, size_t *n, dj_err *e) {
     FILE *f = fopen(path, "rb");
     if (!f) return dj_fail(e, "cannot open %s: %s", path, strerror(errno));
-    char *b = malloc(MAX_SMALL_FILE);
-    size_t got = b ? fread(b, 1, MAX_SMALL_FILE, f) : 0;
-    int bad = !b || ferror(f) || got == MAX_SMALL_FILE;
+    struct stat st;
+    if (fstat(fileno(f), &st) || st.st_size < 0 || st.st_size >= (off_t)MAX_SMALL_FILE) {
+        fclose(f);
+        return dj_fail(e, "cannot read %s (unreadable or larger than %u MB)", path, MAX_SMALL_FILE >> 20);
+    }
+    size_t size = (size_t)st.st_size;
+    char *b = malloc(size + 1);
+    size_t got = b ? fread(b, 1, size + 1, f) : 0;
+    int bad = !b || ferror(f) || got != size;  // size + 1 asked: a file that grew is caught too
     fclose(f);
     if (bad) {
         free(b);
-        return dj_fail(e, "cannot read %s (unreadable or larger than %u MB)", path, MAX_SMALL_FILE >> 20);
+        return dj_fail(e, "cannot read %s (unreadable, out of memory, or changed while read)", path);
     }
     *buf = b, *n = got;
     return 0;
@@ -302,6 +310,8 @@ int convert_run(const convert_opts *o, dj_err *e) {
     path_join(path, sizeof path, o->hf_dir, "config.json");
     if (read_small(path, &text, &n, e)) goto out;
     if (hf_config_parse(text, n, &c, e)) goto out;
+    free(text);
+    text = NULL;
     if (weights_open(o->hf_dir, &w, e)) goto out;
 
     // Every tensor the engine needs, with its expected shape, in output order.

@@ -1,10 +1,14 @@
-// test_convert.c: ./convert on the real stories260K checkpoint (f32 and f16, single file and sharded) and on
-// damaged checkpoints. Needs $DJINN_DATA (the shared test data); skips visibly without it.
+// test_convert.c: ./convert on the real stories260K checkpoint (f32 and f16, single file and sharded), on the
+// committed F16/BF16 fixtures, on damaged checkpoints, and on a sparse 1.8 GB one (bounded memory, progress, a
+// write error, Ctrl-C). Needs $DJINN_DATA (the shared test data); skips visibly without it.
 #include <criterion/criterion.h>
 #include <dirent.h>
+#include <fcntl.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -679,4 +683,222 @@ Test(convert, tokenizer_dir_keeps_model_eos_ids) {
     model_free(&m);
     rm_rf(model), rm_rf(tok);
     free(model), free(tok);
+}
+
+// ---- a big checkpoint: bounded memory, progress, a write error after progress started, Ctrl-C
+// A sparse F32 checkpoint, all zeros: 4 layers of dim 2048 and ffn 16384 (448 MiB of F32 each; the MLP
+// matrices are 128 MiB apiece), tied, the stories260K vocabulary size. Its data is a hole made with ftruncate,
+// so it costs no disk; the f16 output (0.9 GB) is real and deleted by each test.
+#define BIG_DIM 2048
+#define BIG_FFN 16384
+#define BIG_LAYERS 4
+
+static void write_sparse_checkpoint(const char *dir) {
+    char p[4200];
+    snprintf(p, sizeof p, "%s/config.json", dir);
+    FILE *f = fopen(p, "w");
+    cr_assert(f);
+    fprintf(f, "{\"architectures\": [\"LlamaForCausalLM\"], \"model_type\": \"llama\", \"hidden_size\": %d, "
+               "\"intermediate_size\": %d, \"num_hidden_layers\": %d, \"num_attention_heads\": 16, "
+               "\"num_key_value_heads\": 16, \"vocab_size\": 512, \"max_position_embeddings\": 512, "
+               "\"tie_word_embeddings\": true}", BIG_DIM, BIG_FFN, BIG_LAYERS);
+    fclose(f);
+    size_t cap = 1 << 16, len = 0;
+    char *h = malloc(cap);
+    uint64_t off = 0;
+#define TENSOR(rows, cols, ...) do {                                                                         \
+        uint64_t nb = 4ull * (rows) * ((cols) ? (cols) : 1);                                              \
+        len += (size_t)snprintf(h + len, cap - len, "%s\"", len ? "," : "{");                             \
+        len += (size_t)snprintf(h + len, cap - len, __VA_ARGS__);                                         \
+        if (cols) len += (size_t)snprintf(h + len, cap - len, "\":{\"dtype\":\"F32\",\"shape\":[%d,%d]",   \
+                                          (int)(rows), (int)(cols));                                      \
+        else len += (size_t)snprintf(h + len, cap - len, "\":{\"dtype\":\"F32\",\"shape\":[%d]", (int)(rows)); \
+        len += (size_t)snprintf(h + len, cap - len, ",\"data_offsets\":[%llu,%llu]}", (unsigned long long)off, \
+                                (unsigned long long)(off + nb));                                          \
+        off += nb;                                                                                        \
+    } while (0)
+    TENSOR(512, BIG_DIM, "model.embed_tokens.weight");
+    for (int l = 0; l < BIG_LAYERS; l++) {
+        TENSOR(BIG_DIM, 0, "model.layers.%d.input_layernorm.weight", l);
+        TENSOR(BIG_DIM, 0, "model.layers.%d.post_attention_layernorm.weight", l);
+        const char *attn[] = {"q", "k", "v", "o"};
+        for (int i = 0; i < 4; i++) TENSOR(BIG_DIM, BIG_DIM, "model.layers.%d.self_attn.%s_proj.weight", l, attn[i]);
+        TENSOR(BIG_FFN, BIG_DIM, "model.layers.%d.mlp.gate_proj.weight", l);
+        TENSOR(BIG_FFN, BIG_DIM, "model.layers.%d.mlp.up_proj.weight", l);
+        TENSOR(BIG_DIM, BIG_FFN, "model.layers.%d.mlp.down_proj.weight", l);
+    }
+    TENSOR(BIG_DIM, 0, "model.norm.weight");
+#undef TENSOR
+    len += (size_t)snprintf(h + len, cap - len, "}");
+    while (len % 8) h[len++] = ' ';
+    snprintf(p, sizeof p, "%s/model.safetensors", dir);
+    int fd = open(p, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    cr_assert(fd >= 0);
+    uint64_t hl = len;
+    cr_assert(write(fd, &hl, 8) == 8 && write(fd, h, len) == (ssize_t)len);
+    cr_assert_eq(ftruncate(fd, (off_t)(8 + len + off)), 0);
+    close(fd);
+    free(h);
+}
+
+// Starts DJINN_BIN/convert HF OUT --tokenizer stories [-q] with resource `res` limited to `lim` (res < 0: none)
+// and its stderr on a pipe (*err_fd). Exit 120/121: the limit or the exec failed in the child.
+static pid_t spawn_convert(const char *hf, const char *out, int quiet, int res, rlim_t lim, int *err_fd) {
+    char bin[4200];
+    snprintf(bin, sizeof bin, "%s/convert", getenv("DJINN_BIN"));
+    int fds[2];
+    cr_assert_eq(pipe(fds), 0);
+    pid_t pid = fork();
+    cr_assert(pid >= 0);
+    if (pid == 0) {
+        dup2(fds[1], 2);
+        close(fds[0]), close(fds[1]);
+        int null = open("/dev/null", O_WRONLY);
+        dup2(null, 1);
+        if (res >= 0) {
+            struct rlimit rl = {lim, lim};
+            if (setrlimit(res, &rl)) _exit(120);
+        }
+        char *argv[] = {bin, (char *)hf, (char *)out, "--tokenizer", stories, quiet ? "-q" : NULL, NULL};
+        execv(bin, argv);
+        _exit(121);
+    }
+    close(fds[1]);
+    *err_fd = fds[0];
+    return pid;
+}
+
+// Appends the child's stderr to buf until `want` shows up (1) or the pipe ends (0); want NULL: to the end.
+static int read_err(int fd, char *buf, size_t cap, size_t *len, const char *want) {
+    for (;;) {
+        buf[*len] = 0;
+        if (want && strstr(buf, want)) return 1;
+        ssize_t k = read(fd, buf + *len, cap - 1 - *len);
+        if (k <= 0) return 0;
+        *len += (size_t)k;
+    }
+}
+
+// Runs a conversion to the end: its exit status (128 + the signal that killed it), its stderr in buf.
+static int convert_child(const char *hf, const char *out, int quiet, int res, rlim_t lim, char *buf, size_t cap) {
+    int fd, st;
+    size_t len = 0;
+    pid_t pid = spawn_convert(hf, out, quiet, res, lim, &fd);
+    read_err(fd, buf, cap, &len, NULL);
+    close(fd);
+    cr_assert_eq(waitpid(pid, &st, 0), pid);
+    if (!WIFEXITED(st)) return 128 + WTERMSIG(st);
+    cr_assert(WEXITSTATUS(st) != 120 && WEXITSTATUS(st) != 121, "./convert could not be started: %s", buf);
+    return WEXITSTATUS(st);
+}
+
+// A temporary folder holding the sparse checkpoint, and the output paths in it.
+typedef struct {
+    char *dir;
+    char out[4200], tmp[4300];
+} big_ckpt;
+
+static void big_setup(big_ckpt *b) {
+    need_stories();
+    const char *bin = getenv("DJINN_BIN");
+    if (!bin) cr_skip_test("DJINN_BIN is not set: run through 'make test'");
+    char p[4200];
+    snprintf(p, sizeof p, "%s/convert", bin);
+    if (access(p, X_OK)) cr_skip_test("%s not built", p);
+    b->dir = make_tmpdir();
+    write_sparse_checkpoint(b->dir);
+    snprintf(b->out, sizeof b->out, "%s/big.bin", b->dir);
+    snprintf(b->tmp, sizeof b->tmp, "%s.tmp", b->out);
+}
+
+static void big_teardown(big_ckpt *b) {
+    rm_rf(b->dir);
+    free(b->dir);
+}
+
+// RLIMIT_DATA counts malloc (brk and private writable mappings) but not read-only mappings of the inputs. The
+// limit is what converting the 1 MB stories260K checkpoint needs (the binary's own libraries take most of it:
+// CUDA's, some 200 MiB) plus 32 MiB: converting 1.8 GB must not need more, so neither the model, nor a layer,
+// nor one of its 64 MiB output tensors can be held in memory.
+Test(convert_big, bounded_memory, .timeout = 120) {
+#if defined(__SANITIZE_ADDRESS__)
+    cr_skip_test("ASan build: its shadow memory makes a memory limit meaningless (runs in the plain 'make test')");
+#endif
+    big_ckpt b;
+    big_setup(&b);
+    char out[4200], err[1 << 16];
+    snprintf(out, sizeof out, "%s/tiny.bin", b.dir);
+    // The smallest limit (8 MiB steps) under which stories260K converts. Below it the converter fails; so may
+    // the CUDA libraries it links, in their loader or their static constructors (even a crash): all count as
+    // "too little" here.
+    rlim_t lo = 32u << 20, hi = 1u << 30;
+    cr_assert_eq(convert_child(stories, out, 1, RLIMIT_DATA, hi, err, sizeof err), 0, "even 1 GiB is too little: %s",
+                 err);
+    while (hi - lo > (8u << 20)) {
+        rlim_t mid = lo + (hi - lo) / 2;
+        unlink(out);
+        if (convert_child(stories, out, 1, RLIMIT_DATA, mid, err, sizeof err) == 0) hi = mid;
+        else lo = mid;
+    }
+    unlink(out);
+    rlim_t limit = hi + (32u << 20);
+    cr_log_info("stories260K converts in %llu MiB of data; the 1.8 GB checkpoint gets %llu MiB",
+                (unsigned long long)(hi >> 20), (unsigned long long)(limit >> 20));
+
+    int rc = convert_child(b.dir, b.out, 0, RLIMIT_DATA, limit, err, sizeof err);
+    cr_assert_eq(rc, 0, "exit %d under a %llu MiB data limit: %s", rc, (unsigned long long)(limit >> 20), err);
+    // Progress on stderr: GB done of the total, GB/s, ETA; then the summary.
+    cr_expect(strstr(err, " / 0.9") && strstr(err, "GB/s, ETA"), "no progress line: %s", err);
+    cr_expect(strstr(err, " GB in "), "no summary line: %s", err);
+    // The output's header and section table check out against its size.
+    struct stat sb;
+    cr_assert_eq(stat(b.out, &sb), 0);
+    int fd = open(b.out, O_RDONLY);
+    uint8_t *head = malloc(1 << 20);
+    cr_assert_eq(read(fd, head, 1 << 20), 1 << 20);
+    close(fd);
+    dj_model_info info;
+    dj_err e;
+    cr_assert_eq(model_parse(head, 1 << 20, (uint64_t)sb.st_size, &info, &e), 0, "%s", e.msg);
+    cr_expect(info.config.n_layers == BIG_LAYERS && info.config.hidden_dim == BIG_FFN && info.config.wtype == DJ_F16);
+    dj_info_free(&info);
+    free(head);
+    big_teardown(&b);
+}
+
+// A write error once progress is on screen: the error is a line of its own, the only one after the progress.
+Test(convert_big, write_error_after_progress, .timeout = 120) {
+    big_ckpt b;
+    big_setup(&b);
+    char err[1 << 16];
+    int rc = convert_child(b.dir, b.out, 0, RLIMIT_FSIZE, 300u << 20, err, sizeof err);
+    cr_assert_eq(rc, 1, "exit %d: %s", rc, err);
+    const char *at = strstr(err, "convert: writing ");
+    cr_assert(at, "no write error: %s", err);
+    cr_assert(strstr(err, "GB/s, ETA") && strstr(err, "GB/s, ETA") < at, "no progress before the error: %s", err);
+    cr_assert(at[-1] == '\n', "the error does not start a line: ...%.80s", at - 80 > err ? at - 80 : err);
+    cr_assert(strstr(at, "big.bin.tmp: File too large\n") && !strchr(at, '\n')[1], "want one error line: %s", at);
+    cr_assert(!exists(b.out) && !exists(b.tmp), "output left behind after a write error");
+    big_teardown(&b);
+}
+
+// Ctrl-C mid-conversion: the partial output is removed and the converter dies of SIGINT.
+Test(convert_big, sigint_leaves_nothing, .timeout = 120) {
+    big_ckpt b;
+    big_setup(&b);
+    char err[1 << 16];
+    int fd, st;
+    size_t len = 0;
+    pid_t pid = spawn_convert(b.dir, b.out, 0, -1, 0, &fd);
+    // The first progress line comes 0.25 s into writing, with most of the 0.9 GB still to go.
+    int shown = read_err(fd, err, sizeof err, &len, "GB/s, ETA");
+    cr_assert(shown, "no progress line before the end: %s", err);
+    cr_assert(exists(b.tmp), "%s not there mid-conversion", b.tmp);
+    kill(pid, SIGINT);
+    read_err(fd, err, sizeof err, &len, NULL);
+    close(fd);
+    cr_assert_eq(waitpid(pid, &st, 0), pid);
+    cr_assert(WIFSIGNALED(st) && WTERMSIG(st) == SIGINT, "want death by SIGINT, got status 0x%x: %s", st, err);
+    cr_assert(!exists(b.out) && !exists(b.tmp), "output left behind after Ctrl-C");
+    big_teardown(&b);
 }

@@ -14,6 +14,8 @@
 #   hf7b        HF transformers on the same weights: on the GPU, device_map=auto at 8 GB, cpu_offload
 #   clean7b     delete the 7B model (the disk is 64 GiB)
 #   make13b, stream13b (--ring-gb 16), hf13b (auto at 16 GB, cpu_offload capped at 4 tokens), clean13b
+#   load        bench/load_speed.sh 12 with page-locking: cold and warm load of a 12 GB model against the disk
+#               read speed measured in the same run -> $RAW/load_speed.json
 #   report      bench/report.py: bench/results/gpu_bench.json, gpu_bench.md, *.png; prints the tables
 #   smoke       the whole pipeline on a tiny random model (~90 MB) into bench/results/raw_smoke and
 #               bench/results/smoke: a dry run of every script and flag in about a minute (runs ceilings too)
@@ -391,6 +393,12 @@ run_stage() {
         stream13b) stage_stream 13b 16 ;;
         hf13b) stage_hf 13b ;;
         clean13b) stage_clean 13b ;;
+        load)
+            say load
+            if [ -f "$RAW/load_speed.json" ]; then echo "  load: done before"
+            else need_disk 32 && LOAD_ARGS= OUT_JSON="$RAW/load_speed.json" bench/load_speed.sh 12 "$WORK/load" || FAILED=1
+            fi
+            sync_out ;;
         report) stage_report "$REPORT_DIR" ;;
         smoke)
             stage_ceilings

@@ -8,6 +8,7 @@
 #include "../convert/json.h"
 #include "../convert/tokjson.h"
 #include "../tokenizer.h"
+#include "../unicode_tables.h"
 
 // ---- helpers
 static const char *tt_data(void) {
@@ -132,6 +133,53 @@ Test(tokenizer, tok512_cases) { tt_run_cases("models/stories260K", "tok512_cases
 Test(tokenizer, llama2_random_cases) { tt_run_cases("tokenizers/llama2", "tests/tok/llama2_random.json"); }
 Test(tokenizer, llama3_random_cases) { tt_run_cases("tokenizers/llama3", "tests/tok/llama3_random.json"); }
 Test(tokenizer, tok512_random_cases) { tt_run_cases("models/stories260K", "tests/tok/tok512_random.json"); }
+
+// ---- the generated Unicode tables: the version HF `tokenizers` 0.23 uses, as tools/gen_unicode.mjs made them (it
+// also checks every code point against HF's own regex engine), and not edited since
+static int tt_uc_class(uint32_t cp) {  // a linear scan: the obvious reference for tokenizer.c's binary search
+    for (size_t i = 0; i < UC_N_RANGES; i++)
+        if (cp >= uc_ranges[i].lo && cp <= uc_ranges[i].hi) return uc_ranges[i].cls;
+    return 0;
+}
+Test(tokenizer, unicode_tables) {
+    cr_assert_str_eq(UNICODE_TABLES_VERSION, "16.0.0");
+    uint64_t count[UC_S + 1] = {0};
+    for (size_t i = 0; i < UC_N_RANGES; i++) {
+        const uc_range *r = &uc_ranges[i];
+        cr_assert(r->lo <= r->hi && r->hi < 0x110000 && r->cls >= UC_L && r->cls <= UC_S, "range %zu", i);
+        cr_assert(i == 0 || r->lo > uc_ranges[i - 1].hi, "range %zu is out of order", i);
+        count[r->cls] += r->hi - r->lo + 1;
+    }
+    // the figures gen_unicode.mjs prints for the Unicode 16.0.0 data
+    cr_expect_eq(UC_N_RANGES, 831);
+    cr_expect_eq(count[UC_L], 141028);
+    cr_expect_eq(count[UC_N], 1911);
+    cr_expect_eq(count[UC_S], 25);
+    static const struct { uint32_t cp; int cls; } probe[] = {
+        {'A', UC_L}, {'7', UC_N}, {' ', UC_S}, {0x3000, UC_S}, {0x4E00, UC_L}, {0x0301, 0},
+        {0x1C89, UC_L},   // Cyrillic capital TJE (16.0)
+        {0xA7DC, UC_L},   // Latin capital lambda with stroke (16.0)
+        {0x1E4D0, UC_L},  // Nag Mundari letter (15.0)
+        {0x1E4F0, UC_N},  // Nag Mundari digit zero (15.0)
+        {0x31350, UC_L},  // CJK Extension H (15.0)
+        {0x2EBF0, UC_L},  // CJK Extension I (15.1)
+        {0x11F04, UC_L},  // Kawi letter (15.0)
+        {0x11F50, UC_N},  // Kawi digit zero (15.0)
+        {0x1D2C0, UC_N},  // Kaktovik numeral zero (15.0, No)
+        {0x10D40, UC_N},  // Garay digit zero (16.0)
+        {0x10D50, UC_L},  // Garay capital letter (16.0)
+        {0x1CCF0, UC_N},  // outlined digit zero (16.0)
+        {0x13460, UC_L},  // Egyptian hieroglyph, Extension A (16.0)
+        {0x11B00, 0},     // Devanagari Extended-A punctuation (15.0)
+        {0x11241, 0},     // Khojki vowel sign (15.0, a mark)
+        {0x2FFC, 0},      // ideographic description character (15.1, a symbol)
+        {0x323B0, 0},     // CJK Extension J (17.0): unassigned in 16.0, no class for HF 0.23 either
+        {0x10940, 0},     // Sidetic (17.0)
+    };
+    for (size_t i = 0; i < sizeof probe / sizeof *probe; i++)
+        cr_expect_eq(tt_uc_class(probe[i].cp), probe[i].cls, "U+%04X: class %d, expected %d", probe[i].cp,
+                     tt_uc_class(probe[i].cp), probe[i].cls);
+}
 
 Test(tokenizer, llama3_meta_vector_and_specials) {
     dj_tokenizer *t = tt_load_dir("tokenizers/llama3");

@@ -133,6 +133,10 @@ Test(tokenizer, tok512_cases) { tt_run_cases("models/stories260K", "tok512_cases
 Test(tokenizer, llama2_random_cases) { tt_run_cases("tokenizers/llama2", "tests/tok/llama2_random.json"); }
 Test(tokenizer, llama3_random_cases) { tt_run_cases("tokenizers/llama3", "tests/tok/llama3_random.json"); }
 Test(tokenizer, tok512_random_cases) { tt_run_cases("models/stories260K", "tests/tok/tok512_random.json"); }
+// Letters and digits of Unicode 15.0-16.0 (and 17.0, which HF 0.23 does not class), hand-picked (the audit's
+// examples first) and random: from HF `tokenizers` 0.23.2 (npm) with tools/tok_cases.mjs.
+Test(tokenizer, llama3_unicode16_cases) { tt_run_cases("tokenizers/llama3", "tests/tok/llama3_unicode16.json"); }
+Test(tokenizer, llama3_unicode16_random_cases) { tt_run_cases("tokenizers/llama3", "tests/tok/llama3_unicode16_random.json"); }
 
 // ---- the generated Unicode tables: the version HF `tokenizers` 0.23 uses, as tools/gen_unicode.mjs made them (it
 // also checks every code point against HF's own regex engine), and not edited since

@@ -77,9 +77,8 @@ static char *tt_stream_all(const dj_tokenizer *t, const int32_t *ids, size_t n, 
 }
 
 // Every case of a cases file (DATA/tokenizers/<cases>, or a path under tests/): ids exactly, decode exactly,
-// stream == decode.
-static void tt_run_cases(const char *rel_dir, const char *cases) {
-    dj_tokenizer *t = tt_load_dir(rel_dir);
+// stream == decode. Frees t.
+static void tt_run_cases_tok(dj_tokenizer *t, const char *cases) {
     char path[4096];
     if (!strncmp(cases, "tests/", 6)) snprintf(path, sizeof path, "%s", cases);
     else snprintf(path, sizeof path, "%s/tokenizers/%s", tt_data(), cases);
@@ -123,6 +122,44 @@ static void tt_run_cases(const char *rel_dir, const char *cases) {
     free(text);
     tok_free(t);
 }
+static void tt_run_cases(const char *rel_dir, const char *cases) { tt_run_cases_tok(tt_load_dir(rel_dir), cases); }
+
+// A variant of Llama 2's tokenizer.json built here from DATA's copy: no normalizer, and the pre-tokenizer in the
+// committed fragment tests/tok/<name>.pretok.json (written with the cases by tools/tok_cases.mjs). The edit is
+// textual, so the variant costs 80 bytes in the repository instead of 1.8 MB.
+static dj_tokenizer *tt_load_llama2_variant(const char *name) {
+    char path[4096], frag_path[4096];
+    snprintf(path, sizeof path, "%s/tokenizers/llama2/tokenizer.json", tt_data());
+    snprintf(frag_path, sizeof frag_path, "tests/tok/%s.pretok.json", name);
+    size_t n, fn;
+    char *s = tt_slurp(path, &n), *frag = tt_slurp(frag_path, &fn);
+    if (!s) cr_skip_test("%s is missing", path);
+    cr_assert(frag, "%s is missing", frag_path);
+    // HF writes the normalizer right before the pre-tokenizer: replace both values in one splice
+    const char *from = strstr(s, "\"normalizer\":"), *to = strstr(s, "\"pre_tokenizer\": null");
+    cr_assert(from && to && from < to, "%s: no normalizer followed by \"pre_tokenizer\": null", path);
+    static const char head[] = "\"normalizer\": null, \"pre_tokenizer\": ";
+    size_t a = (size_t)(from - s), b = (size_t)(to - s) + strlen("\"pre_tokenizer\": null");
+    char *m = malloc(n + fn + sizeof head);
+    size_t mn = a;
+    memcpy(m, s, a);
+    memcpy(m + mn, head, sizeof head - 1), mn += sizeof head - 1;
+    memcpy(m + mn, frag, fn), mn += fn;
+    memcpy(m + mn, s + b, n - b), mn += n - b;
+    uint8_t *blob;
+    size_t bn;
+    dj_err e = {{0}};
+    cr_assert_eq(tokjson_build(m, mn, NULL, 0, NULL, 0, NULL, 0, &blob, &bn, &e), 0, "%s: %s", name, e.msg);
+    dj_tokenizer *t = tok_load(blob, bn, &e);
+    cr_assert(t, "tok_load: %s", e.msg);
+    free(blob), free(m), free(frag), free(s);
+    return t;
+}
+static void tt_run_variant_cases(const char *name) {
+    char cases[256];
+    snprintf(cases, sizeof cases, "tests/tok/%s.json", name);
+    tt_run_cases_tok(tt_load_llama2_variant(name), cases);
+}
 
 // ---- HF parity
 Test(tokenizer, llama2_cases) { tt_run_cases("tokenizers/llama2", "llama2_cases.json"); }
@@ -134,9 +171,16 @@ Test(tokenizer, llama2_random_cases) { tt_run_cases("tokenizers/llama2", "tests/
 Test(tokenizer, llama3_random_cases) { tt_run_cases("tokenizers/llama3", "tests/tok/llama3_random.json"); }
 Test(tokenizer, tok512_random_cases) { tt_run_cases("models/stories260K", "tests/tok/tok512_random.json"); }
 // Letters and digits of Unicode 15.0-16.0 (and 17.0, which HF 0.23 does not class), hand-picked (the audit's
-// examples first) and random: from HF `tokenizers` 0.23.2 (npm) with tools/tok_cases.mjs.
+// examples first) and random, and Llama 2 with the Metaspace pre-tokenizer in every form the engine supports
+// (prepend_scheme first/always/never, split false/true): from HF `tokenizers` 0.23.2 (npm) with tools/tok_cases.mjs.
 Test(tokenizer, llama3_unicode16_cases) { tt_run_cases("tokenizers/llama3", "tests/tok/llama3_unicode16.json"); }
 Test(tokenizer, llama3_unicode16_random_cases) { tt_run_cases("tokenizers/llama3", "tests/tok/llama3_unicode16_random.json"); }
+Test(tokenizer, llama2_metaspace_first) { tt_run_variant_cases("llama2_metaspace_first"); }
+Test(tokenizer, llama2_metaspace_first_split) { tt_run_variant_cases("llama2_metaspace_first_split"); }
+Test(tokenizer, llama2_metaspace_always) { tt_run_variant_cases("llama2_metaspace_always"); }
+Test(tokenizer, llama2_metaspace_always_split) { tt_run_variant_cases("llama2_metaspace_always_split"); }
+Test(tokenizer, llama2_metaspace_never) { tt_run_variant_cases("llama2_metaspace_never"); }
+Test(tokenizer, llama2_metaspace_never_split) { tt_run_variant_cases("llama2_metaspace_never_split"); }
 
 // ---- the generated Unicode tables: the version HF `tokenizers` 0.23 uses, as tools/gen_unicode.mjs made them (it
 // also checks every code point against HF's own regex engine), and not edited since

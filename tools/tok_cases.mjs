@@ -12,7 +12,10 @@
 //   llama3_unicode16.json         hand-picked texts with letters and digits added in Unicode 15.0-16.0 (which
 //                                 HF's regex engine classes as \p{L}/\p{N}) and 17.0 (which it does not)
 //   llama3_unicode16_random.json  random texts drawing on the same blocks, mixed with English and punctuation
-import { writeFileSync } from 'node:fs';
+//   llama2_metaspace_<v>.json     Llama 2's tokenizer.json with the normalizer removed and the pre-tokenizer
+//                                 llama2_metaspace_<v>.pretok.json (Metaspace, as transformers' non-legacy Llama
+//                                 conversion writes it), for every prepend_scheme and split the engine supports
+import { readFileSync, writeFileSync } from 'node:fs';
 import { createRequire } from 'node:module';
 import { resolve } from 'node:path';
 
@@ -58,6 +61,7 @@ const WORDS = ('the a of and to in is you that it he was for on are as with his 
 const PUNCT = [...'.,;:!?\'"()[]{}<>-_=+*/\\|@#$%^&~`', '...', '--', '’', '“', '”', "'s", "'T", "'ll", "'RE"];
 const SPACES = [' ', '  ', '   ', '\t', '\n', '\n\n', ' \n ', '\r\n', '\u3000'];
 const LLAMA3_SPECIALS = ['<|begin_of_text|>', '<|eot_id|>', '<|start_header_id|>', '<|end_header_id|>'];
+const LLAMA2_SPECIALS = ['<s>', '</s>', '<unk>'];
 
 let seed = 0;
 function rand() {  // mulberry32
@@ -120,3 +124,19 @@ await writeCases(llama3, HAND, `${out}/llama3_unicode16.json`);
 seed = 16;
 await writeCases(llama3, Array.from({ length: 400 }, () => randText(LLAMA3_SPECIALS, 0.3)), `${out}/llama3_unicode16_random.json`);
 
+// Metaspace variants: edge cases of the prepend scheme (leading spaces, special tokens first or in the middle, a
+// literal "▁" in the text), then random texts.
+const EDGES = ['', ' ', 'a', ' a', '  a', 'a ', 'a  b', '<s>', '<s>a', '<s> a', 'a<s>b', 'a <s> b', ' <s>', '</s>x',
+               '\n', 'x\ny', '\u2581', '\u2581a', 'a\u2581b', '\u2581 a', 'Hello world', ' Hello world', 'é ü 😀'];
+const base = JSON.parse(readFileSync(`${data}/tokenizers/llama2/tokenizer.json`, 'utf8'));
+for (const scheme of ['first', 'always', 'never']) {
+    for (const split of [false, true]) {
+        const name = `llama2_metaspace_${scheme}${split ? '_split' : ''}`;
+        const pretok = { type: 'Metaspace', replacement: '\u2581', prepend_scheme: scheme, split };
+        writeFileSync(`${out}/${name}.pretok.json`, JSON.stringify(pretok) + '\n');
+        const tok = Tokenizer.fromString(JSON.stringify({ ...base, normalizer: null, pre_tokenizer: pretok }));
+        seed = 2;
+        const texts = EDGES.concat(Array.from({ length: 150 }, () => randText(LLAMA2_SPECIALS, 0.05)));
+        await writeCases(tok, texts, `${out}/${name}.json`);
+    }
+}

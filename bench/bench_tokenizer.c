@@ -1,4 +1,5 @@
-// bench_tokenizer.c: encode/decode throughput (MB/s) of the real Llama tokenizers on ~1 MB of generated English.
+// bench_tokenizer.c: encode/decode throughput (MB/s) of the real Llama tokenizers on ~1 MB of generated English, and
+// on 1 MB worst cases (below) so that the slowest input is known too.
 // Usage: bench_tokenizer DATA_DIR [OUT.json]. Prints a table; writes the same numbers as JSON when OUT is given.
 #include <stdio.h>
 #include <stdlib.h>
@@ -54,17 +55,33 @@ static char *make_text(size_t n, size_t *len) {
     return t;
 }
 
+// The inputs: generated English, then worst cases: one 1 MB word that BPE must merge whole (the same letter, or
+// random letters), the first byte of every special token ('<') at every position, and one 1 MB whitespace run.
+enum { IN_ENGLISH, IN_SAME, IN_LETTERS, IN_LT, IN_SPACES, N_INPUTS };
+static const char *const INPUTS[N_INPUTS] = {"english", "'a' x 1M", "random a-z", "'<' x 1M", "spaces x 1M"};
+static char *make_input(int kind, size_t *len) {
+    if (kind == IN_ENGLISH) return make_text(1 << 20, len);
+    size_t n = 1 << 20;
+    char *t = malloc(n);
+    for (size_t i = 0; i < n; i++)
+        t[i] = kind == IN_SAME ? 'a' : kind == IN_LETTERS ? (char)('a' + next_rand() % 26) : kind == IN_LT ? '<' : ' ';
+    *len = n;
+    return t;
+}
+
 int main(int argc, char **argv) {
     if (argc < 2) {
         fprintf(stderr, "usage: %s DATA_DIR [OUT.json]\n", argv[0]);
         return 2;
     }
     static const char *const dirs[] = {"tokenizers/llama3", "tokenizers/llama2", "models/stories260K"};
-    size_t len;
-    char *text = make_text(1 << 20, &len);
+    size_t lens[N_INPUTS];
+    char *texts[N_INPUTS];
+    for (int in = 0; in < N_INPUTS; in++) texts[in] = make_input(in, &lens[in]);
     FILE *js = argc > 2 ? fopen(argv[2], "w") : NULL;
-    if (js) fprintf(js, "{\"text_bytes\": %zu, \"results\": [", len);
-    printf("%-20s %10s %10s %12s %12s %10s\n", "tokenizer", "MB", "tokens", "encode MB/s", "decode MB/s", "load ms");
+    if (js) fprintf(js, "{\"text_bytes\": %zu, \"results\": [", lens[IN_ENGLISH]);
+    printf("%-20s %-12s %8s %9s %12s %12s %8s\n", "tokenizer", "input", "MB", "tokens", "encode MB/s", "decode MB/s",
+           "load ms");
     int first = 1;
     for (size_t d = 0; d < sizeof dirs / sizeof *dirs; d++) {
         char dir[4096];
@@ -80,32 +97,37 @@ int main(int argc, char **argv) {
         dj_tokenizer *t = tok_load(blob, n, &e);
         double load = dj_now() - t0;
         if (!t) dj_die("%s", e.msg);
-        int32_t *ids;
-        size_t k, dl;
-        double best_enc = 1e9, best_dec = 1e9;
-        for (int rep = 0; rep < 3; rep++) {
-            t0 = dj_now();
-            if (tok_encode(t, text, len, 1, &ids, &k, &e)) dj_die("%s", e.msg);
-            double t1 = dj_now();
-            char *s = tok_decode(t, ids, k, &dl);
-            double t2 = dj_now();
-            if (!s || dl != len || memcmp(s, text, len) != 0) dj_die("%s: decode(encode(text)) != text", dirs[d]);
-            if (t1 - t0 < best_enc) best_enc = t1 - t0;
-            if (t2 - t1 < best_dec) best_dec = t2 - t1;
-            free(s);
-            if (rep < 2) free(ids);
+        for (int in = 0; in < N_INPUTS; in++) {
+            const char *text = texts[in];
+            size_t len = lens[in], k = 0, dl;
+            int32_t *ids;
+            double best_enc = 1e9, best_dec = 1e9;
+            for (int rep = 0; rep < 3; rep++) {
+                t0 = dj_now();
+                if (tok_encode(t, text, len, 1, &ids, &k, &e)) dj_die("%s", e.msg);
+                double t1 = dj_now();
+                char *s = tok_decode(t, ids, k, &dl);
+                double t2 = dj_now();
+                if (!s || dl != len || memcmp(s, text, len) != 0)
+                    dj_die("%s, %s: decode(encode(text)) != text", dirs[d], INPUTS[in]);
+                if (t1 - t0 < best_enc) best_enc = t1 - t0;
+                if (t2 - t1 < best_dec) best_dec = t2 - t1;
+                free(s), free(ids);
+            }
+            double mb = (double)len / 1e6;
+            printf("%-20s %-12s %8.3f %9zu %12.2f %12.2f %8.1f\n", dirs[d], INPUTS[in], mb, k, mb / best_enc,
+                   mb / best_dec, load * 1e3);
+            fflush(stdout);
+            if (js)
+                fprintf(js, "%s{\"tokenizer\": \"%s\", \"input\": \"%s\", \"bytes\": %zu, \"tokens\": %zu, "
+                            "\"encode_mb_s\": %.3f, \"decode_mb_s\": %.3f, \"load_ms\": %.2f}",
+                        first ? "" : ", ", dirs[d], INPUTS[in], len, k, mb / best_enc, mb / best_dec, load * 1e3);
+            first = 0;
         }
-        double mb = (double)len / 1e6;
-        printf("%-20s %10.3f %10zu %12.2f %12.2f %10.1f\n", dirs[d], mb, k, mb / best_enc, mb / best_dec, load * 1e3);
-        if (js)
-            fprintf(js, "%s{\"tokenizer\": \"%s\", \"tokens\": %zu, \"encode_mb_s\": %.3f, \"decode_mb_s\": %.3f, \"load_ms\": %.2f}",
-                    first ? "" : ", ", dirs[d], k, mb / best_enc, mb / best_dec, load * 1e3);
-        first = 0;
-        free(ids);
         tok_free(t);
         free(blob);
     }
     if (js) fprintf(js, "]}\n"), fclose(js);
-    free(text);
+    for (int in = 0; in < N_INPUTS; in++) free(texts[in]);
     return 0;
 }

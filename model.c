@@ -883,21 +883,30 @@ static int gpu_layer(dj_gpu_state *s, const uint8_t *w, int l, int64_t T, int pe
     const float *attn_norm = (const float *)(w + L->attn_norm), *ffn_norm = (const float *)(w + L->ffn_norm);
     float *kc = s->d_k + (size_t)l * c->n_kv_heads * s->max_seq * hd;
     float *vc = s->d_v + (size_t)l * c->n_kv_heads * s->max_seq * hd;
-    if (T == 1 && s->fused_decode)
-        return gpu_fused_matmul(g, GPU_FUSE_NORM, s->d_qkv, s->d_x, attn_norm, c->norm_eps, w + L->wq, wt, dim,
-                                q + 2 * kv, st, e) ||
-                       gpu_rope_kv(g, s->d_qkv, kc, vc, c->n_heads, c->n_kv_heads, hd, s->max_seq, s->d_inv_freq,
-                                   s->d_pos, st, e) ||
-                       gpu_attention_decode(g, s->d_att, s->d_qkv, kc, vc, c->n_heads, c->n_kv_heads, hd,
-                                            s->max_seq, s->d_pos, st, e) ||
-                       gpu_fused_matmul(g, GPU_FUSE_RES, s->d_x, s->d_att, NULL, 0, w + L->wo, wt, q, dim, st, e) ||
-                       gpu_fused_matmul(g, GPU_FUSE_SWIGLU, s->d_hb, s->d_x, ffn_norm, c->norm_eps, w + L->w_gate, wt,
-                                        dim, hid, st, e) ||
-                       gpu_fused_matmul(g, GPU_FUSE_RES, s->d_x, s->d_hb, NULL, 0, w + L->w_down, wt, hid, dim, st, e)
-                   ? -1
-                   : 0;
 
     prof_mark(s, 9);  // streaming waits, embeddings: "other"
+    if (T == 1 && s->fused_decode) {  // the profile's categories: qkv includes its norm, gate/up its norm and SwiGLU
+        if (gpu_fused_matmul(g, GPU_FUSE_NORM, s->d_qkv, s->d_x, attn_norm, c->norm_eps, w + L->wq, wt, dim, q + 2 * kv,
+                             st, e))
+            return -1;
+        prof_mark(s, 1);
+        if (gpu_rope_kv(g, s->d_qkv, kc, vc, c->n_heads, c->n_kv_heads, hd, s->max_seq, s->d_inv_freq, s->d_pos, st, e))
+            return -1;
+        prof_mark(s, 2);
+        if (gpu_attention_decode(g, s->d_att, s->d_qkv, kc, vc, c->n_heads, c->n_kv_heads, hd, s->max_seq, s->d_pos,
+                                 st, e))
+            return -1;
+        prof_mark(s, 3);
+        if (gpu_fused_matmul(g, GPU_FUSE_RES, s->d_x, s->d_att, NULL, 0, w + L->wo, wt, q, dim, st, e)) return -1;
+        prof_mark(s, 4);
+        if (gpu_fused_matmul(g, GPU_FUSE_SWIGLU, s->d_hb, s->d_x, ffn_norm, c->norm_eps, w + L->w_gate, wt, dim, hid,
+                             st, e))
+            return -1;
+        prof_mark(s, 5);
+        if (gpu_fused_matmul(g, GPU_FUSE_RES, s->d_x, s->d_hb, NULL, 0, w + L->w_down, wt, hid, dim, st, e)) return -1;
+        prof_mark(s, 7);
+        return 0;
+    }
     if (pending ? gpu_add_rmsnorm(s->d_x, s->d_delta, s->d_xb, attn_norm, T, dim, c->norm_eps, st, e)
                 : gpu_rmsnorm(s->d_xb, s->d_x, attn_norm, T, dim, c->norm_eps, st, e))
         return -1;

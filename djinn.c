@@ -712,8 +712,9 @@ int main(int argc, char **argv) {
     if (o.force_cpu) fprintf(stderr, "djinn: running on the CPU (--cpu), %d threads\n", cpu_threads());
     else if (!o.tokenize && !use_gpu)
         fprintf(stderr, "djinn: warning: no GPU found: running on the CPU, %d threads\n", cpu_threads());
-    if (!use_gpu && (o.stream_all || o.sync_copy || o.ring_gb > 0))
-        fprintf(stderr, "djinn: warning: --ring-gb, --stream-all and --sync-copy apply to the GPU engine only\n");
+    if (!use_gpu && (o.stream_all || o.sync_copy || o.ring_gb > 0 || o.no_graph || o.fused))
+        fprintf(stderr, "djinn: warning: --ring-gb, --stream-all, --sync-copy, --no-graph and --fused apply to the GPU "
+                        "engine only\n");
     dj_load_opts lo = {.want_pinned = use_gpu, .no_pin = o.no_pin, .quiet = 0};
     double t0 = dj_now();
     test_sigint_before("load");

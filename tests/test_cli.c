@@ -215,6 +215,19 @@ Test(cli, announces_the_engine) {
     tcli_teardown(&c);
 }
 
+// GPU-only flags on the CPU engine: the run goes on, with one warning naming them.
+Test(cli, gpu_flags_on_the_cpu_warn) {
+    tcli_ctx c;
+    tcli_setup(&c);
+    char *argv[] = {tcli_djinn_path, c.model, "-p", "Hi", "-n", "2", "-t", "0", "--cpu", "--fused", NULL};
+    cr_assert_eq(tcli_run(&c, argv), 0);
+    char *err = tcli_stderr(&c);
+    cr_assert(strstr(err, "warning: --ring-gb, --stream-all, --sync-copy, --no-graph and --fused apply to the GPU "
+                          "engine only"), "%s", err);
+    free(err);
+    tcli_teardown(&c);
+}
+
 // The same 200 greedy tokens from the GPU engine: all resident, and with every layer streamed.
 Test(cli, greedy_text_byte_exact_gpu) {
     if (gpu_count() == 0) cr_skip_test("no GPU: cudaGetDeviceCount found no usable device (runs on the GPU machine)");

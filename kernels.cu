@@ -1077,8 +1077,9 @@ extern "C" int gpu_attention_decode(dj_gpu *g, float *out, const float *q, const
 //   x += Wo . att                    (FUSE_RES)      hb = silu(Wg . n) * (Wu . n), n = rmsnorm(x)  (FUSE_SWIGLU)
 //   x += Wdown . hb                  (FUSE_RES)      and for the head: logits = Wlm . rmsnorm(x)   (FUSE_NORM)
 // With g->pdl each launch may overlap the previous one's tail: its first weight loads are issued before
-// pdl_wait(). The arithmetic is that of the unfused kernels (f32, the same formulas), so results differ from
-// them by summation order only.
+// pdl_wait(). Activations written by the kernel before are read with __ldcg (from L2, never the read-only
+// path that __ldg takes, which is only valid for data no running kernel writes). The arithmetic is that of
+// the unfused kernels (f32, the same formulas), so results differ from them by summation order only.
 #define FD_WARPS 8                  // warps per block, one row of W at a time each
 #define FD_BLOCKS_PER_SM 4          // persistent grid: blocks per SM (32 warps), each normalises x once
 #define FD_MAX_NORM_DIM 16384       // FUSE_NORM/SWIGLU: rmsnorm(x) lives in shared memory (64 KiB)
@@ -1121,7 +1122,7 @@ __global__ __launch_bounds__(FD_WARPS * 32, FD_BLOCKS_PER_SM) void fused_gemv_ke
     if (MODE != GPU_FUSE_RES) {  // rmsnorm(x) * nw, as rmsnorm_kernel computes it
         float ss = 0.0f;
         for (int i = threadIdx.x; i < n_in; i += blockDim.x) {
-            const float v = x[i];
+            const float v = __ldcg(x + i);
             xs[i] = v;
             ss += v * v;
         }
@@ -1141,7 +1142,7 @@ __global__ __launch_bounds__(FD_WARPS * 32, FD_BLOCKS_PER_SM) void fused_gemv_ke
             float4 xv[VEC / 4];
 #pragma unroll
             for (int q = 0; q < VEC / 4; q++)
-                xv[q] = MODE == GPU_FUSE_RES ? __ldg((const float4 *)x + c * (VEC / 4) + q) : fd_smem[c * (VEC / 4) + q];
+                xv[q] = MODE == GPU_FUSE_RES ? __ldcg((const float4 *)x + c * (VEC / 4) + q) : fd_smem[c * (VEC / 4) + q];
 #pragma unroll
             for (int m = 0; m < NM; m++) {
                 float wf[VEC];

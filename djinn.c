@@ -57,6 +57,7 @@ typedef struct {
     int sync_copy;       // ablation: no copy/compute overlap
     int no_graph;        // all-resident decode launch by launch
     int fused;           // experimental fused decode kernels
+    int tc_attn;         // experimental tensor-core prefill attention
     int no_pin;          // pageable host memory for the weights
     const char *stats_path;
     const char *logits_path;
@@ -85,6 +86,8 @@ static void usage(FILE *f) {
             "  --no-graph       ablation: run the all-resident decode step kernel by kernel, not as a CUDA graph\n"
             "  --fused          experimental: decode with the fused kernels (7 launches a layer instead of 12;\n"
             "                   also DJINN_FUSED=1), where the model's shapes allow; the plan says if used\n"
+            "  --tc-attn        experimental: prefill attention on the tensor cores (3xTF32, f32 accuracy; also\n"
+            "                   DJINN_TC_ATTN=1) for head_dim 16/32/48/64/96/128; the plan says if used\n"
             "  --no-pin         keep the weights in pageable memory (where page-locking is limited; copies\n"
             "                   then run at ~7 GB/s instead of ~50 and do not overlap compute)\n"
             "  --cpu            run on the CPU even when a GPU is present\n"
@@ -139,6 +142,7 @@ static int parse_args(int argc, char **argv, dj_opts *o) {
         if (!strcmp(a, "--sync-copy")) { o->sync_copy = 1; continue; }
         if (!strcmp(a, "--no-graph")) { o->no_graph = 1; continue; }
         if (!strcmp(a, "--fused")) { o->fused = 1; continue; }
+        if (!strcmp(a, "--tc-attn")) { o->tc_attn = 1; continue; }
         if (!strcmp(a, "--no-pin")) { o->no_pin = 1; continue; }
         if (a[0] != '-' || a[1] == 0) {
             if (o->model_path) return usage_error("unexpected argument '%s'", a);
@@ -229,7 +233,8 @@ static void engine_gpu_free(void *ctx) { gpu_state_free(ctx); }
 static int engine_open(dj_engine *eng, const dj_model *m, const dj_opts *o, int64_t ctx, dj_err *e) {
     if (!m->for_gpu) return engine_cpu_new(eng, m, ctx, e);
     dj_gpu_opts go = {.ring_gb = o->ring_gb, .max_seq = ctx, .stream_all = o->stream_all,
-                      .sync_copy = o->sync_copy, .no_graph = o->no_graph, .fused = o->fused};
+                      .sync_copy = o->sync_copy, .no_graph = o->no_graph, .fused = o->fused,
+                      .tc_attn = o->tc_attn};
     dj_gpu_state *s = gpu_state_new(m, &go, e);
     if (!s) return -1;
     *eng = (dj_engine){"gpu", 1, s, engine_gpu_forward, engine_gpu_free};
@@ -520,10 +525,10 @@ static int write_stats(const char *path, const dj_model *m, const dj_engine *eng
         gpu_state_stats(eng->ctx, &g);
         fprintf(f, ",\n \"ring_gb\": %.4f, \"stream_all\": %d, \"sync_copy\": %d, \"resident_units\": %d, "
                    "\"streamed_units\": %d,\n \"streamed_gb_per_token\": %.6f, \"h2d_gb_s\": %.4f, "
-                   "\"wait_ms_per_token\": %.6f, \"passes\": %" PRId64 ", \"fused_decode\": %d",
+                   "\"wait_ms_per_token\": %.6f, \"passes\": %" PRId64 ", \"fused_decode\": %d, \"tc_attn\": %d",
                 o->ring_gb, o->stream_all, o->sync_copy, g.n_resident, g.n_streamed, (double)g.bytes_per_token / 1e9,
                 g.copy_ms > 0 ? (double)g.copied_bytes / 1e6 / g.copy_ms : 0.0,
-                g.passes > 0 ? g.wait_ms / (double)g.passes : 0.0, g.passes, g.fused_decode);
+                g.passes > 0 ? g.wait_ms / (double)g.passes : 0.0, g.passes, g.fused_decode, g.tc_attn);
     }
     fprintf(f, "}\n");
     if (fclose(f)) return dj_fail(e, "cannot write %s: %s", path, strerror(errno));
@@ -712,9 +717,9 @@ int main(int argc, char **argv) {
     if (o.force_cpu) fprintf(stderr, "djinn: running on the CPU (--cpu), %d threads\n", cpu_threads());
     else if (!o.tokenize && !use_gpu)
         fprintf(stderr, "djinn: warning: no GPU found: running on the CPU, %d threads\n", cpu_threads());
-    if (!use_gpu && (o.stream_all || o.sync_copy || o.ring_gb > 0 || o.no_graph || o.fused))
-        fprintf(stderr, "djinn: warning: --ring-gb, --stream-all, --sync-copy, --no-graph and --fused apply to the GPU "
-                        "engine only\n");
+    if (!use_gpu && (o.stream_all || o.sync_copy || o.ring_gb > 0 || o.no_graph || o.fused || o.tc_attn))
+        fprintf(stderr, "djinn: warning: --ring-gb, --stream-all, --sync-copy, --no-graph, --fused and --tc-attn "
+                        "apply to the GPU engine only\n");
     dj_load_opts lo = {.want_pinned = use_gpu, .no_pin = o.no_pin, .quiet = 0};
     double t0 = dj_now();
     test_sigint_before("load");

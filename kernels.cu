@@ -6,6 +6,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
+#include <mma.h>
 
 #include <math.h>
 #include <stdio.h>
@@ -190,11 +191,14 @@ struct dj_gpu {
     int next_plan;
     int prefill_max_hd;     // largest head_dim whose prefill tiles fit the device's shared memory
     int pdl;                // fused decode kernels and decode attention launch with the PDL attribute
+    int tc_attn;            // prefill attention on the tensor cores (3xTF32) where the shape allows
+    int tc_optin;           // the device's opt-in shared memory per block
     int fused_blocks;       // persistent grid of the fused decode GEMV: blocks per SM x SMs
 };
 
 static int attention_setup(dj_gpu *g, dj_err *e);
 static int fused_setup(dj_gpu *g, dj_err *e);
+static int tc_setup(dj_gpu *g, dj_err *e);
 
 static void lt_plan_drop(lt_plan *p) {
     if (!p->used) return;
@@ -243,7 +247,7 @@ extern "C" int gpu_open(dj_gpu **out, int device, dj_err *e) {
             dj_fail(e, "cublas: cublasSetWorkspace failed: %s", cublasGetStatusName(st));
             break;
         }
-        if (attention_setup(g, e) || fused_setup(g, e)) break;
+        if (attention_setup(g, e) || fused_setup(g, e) || tc_setup(g, e)) break;
         rc = 0;
     } while (0);
     if (rc) {
@@ -1402,6 +1406,214 @@ static int attention_setup(dj_gpu *g, dj_err *e) {
     return 0;
 }
 
+// ---- attention: prefill on the tensor cores (3xTF32, experimental)
+// The same tiled, causal, online-softmax attention as attn_prefill_kernel, with both products (S = Q K^T and
+// O += P V) on the tensor cores in TF32 with the 3xTF32 split: each f32 operand a = big + small, both TF32,
+// and a.b = big.big + big.small + small.big, fp32 accumulation. The dropped small.small term and the rounding
+// of small are ~2^-21 of each product: f32 accuracy (the kernel test holds it to the same 1e-5 as the FMA
+// kernel), at three tensor-core products per one. Used when g->tc_attn is set (gpu_set_tc_attn) and head_dim
+// is one of 16, 32, 48, 64, 96, 128.
+// Block (64 queries, query head), 4 warps; warp w owns query rows 16w..16w+15 of S, P and O throughout, so only
+// the K/V tiles need block barriers. Shared memory (floats): Qs, Ks, Vs, Os each 64 x (HD + 8), Ss 64 x 72,
+// alpha 64; rows padded by 8 floats keep every fragment 32-byte aligned.
+#define TC_BQ 64
+#define TC_BK 64
+#define TC_THREADS 128
+
+static size_t tc_smem(int hd) { return sizeof(float) * ((size_t)4 * TC_BQ * (hd + 8) + (size_t)TC_BQ * (TC_BK + 8) + TC_BQ); }
+
+namespace tcw = nvcuda::wmma;
+typedef tcw::fragment<tcw::matrix_a, 16, 16, 8, tcw::precision::tf32, tcw::row_major> tc_a;
+typedef tcw::fragment<tcw::matrix_b, 16, 16, 8, tcw::precision::tf32, tcw::col_major> tc_bt;  // B = X^T
+typedef tcw::fragment<tcw::matrix_b, 16, 16, 8, tcw::precision::tf32, tcw::row_major> tc_b;
+typedef tcw::fragment<tcw::accumulator, 16, 16, 8, float> tc_c;
+
+// f = big (in place), small = f - big, both rounded to TF32.
+template <typename F>
+__device__ __forceinline__ void tc_split(F &f, F &small) {
+#pragma unroll
+    for (int i = 0; i < f.num_elements; i++) {
+        const float v = f.x[i], big = tcw::__float_to_tf32(v);
+        f.x[i] = big;
+        small.x[i] = tcw::__float_to_tf32(v - big);
+    }
+}
+
+template <typename A, typename B>
+__device__ __forceinline__ void tc_mma3(tc_c &c, const A &ab, const A &as, const B &bb, const B &bs) {
+    tcw::mma_sync(c, as, bb, c);  // small terms first: they are the smallest addends
+    tcw::mma_sync(c, ab, bs, c);
+    tcw::mma_sync(c, ab, bb, c);
+}
+
+// PRECOND: HD % 16 == 0, head_dim == HD; blockDim.x == TC_THREADS; tc_smem(HD) bytes of dynamic shared memory;
+// q, k_cache, v_cache 16-byte aligned and ldq % 4 == 0.
+template <int HD>
+__global__ __launch_bounds__(TC_THREADS) void attn_prefill_tc_kernel(float *out, int64_t ldo, const float *q,
+                                                                    int64_t ldq, const float *k_cache,
+                                                                    const float *v_cache, int T, int group,
+                                                                    int max_seq, float scale, const int32_t *d_pos) {
+    extern __shared__ __align__(128) float tc_sm[];
+    constexpr int LD = HD + 8, LS = TC_BK + 8;
+    float *Qs = tc_sm, *Ks = Qs + TC_BQ * LD, *Vs = Ks + TC_BK * LD, *Os = Vs + TC_BK * LD, *Ss = Os + TC_BQ * LD;
+    float *alpha_s = Ss + TC_BQ * LS;
+    const int h = blockIdx.y, kvh = h / group, t0 = (gridDim.x - 1 - blockIdx.x) * TC_BQ;  // longest tiles first
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int pos0 = *d_pos;
+    for (int idx = tid; idx < TC_BQ * HD / 4; idx += TC_THREADS) {  // Q rows (zero past T), O = 0
+        const int rr = idx / (HD / 4), d = (idx - rr * (HD / 4)) * 4, t = t0 + rr;
+        const float4 v = t < T ? *(const float4 *)(q + (int64_t)t * ldq + (int64_t)h * HD + d) : make_float4(0, 0, 0, 0);
+        *(float4 *)(Qs + rr * LD + d) = v;
+        *(float4 *)(Os + rr * LD + d) = make_float4(0, 0, 0, 0);
+    }
+    const int last_key = min(pos0 + min(t0 + TC_BQ - 1, T - 1), max_seq - 1);
+    // Softmax state: lane pair (2i, 2i+1) of warp w holds row r = 16w + i; each lane takes alternate keys.
+    const int r = 16 * warp + (lane >> 1), half = lane & 1, t = t0 + r;
+    const int my_last = min(pos0 + min(t, T - 1), last_key);  // rows past T mirror the last row, unwritten
+    float m = -INFINITY, l = 0.0f;
+    const float *kb = k_cache + (int64_t)kvh * max_seq * HD, *vb = v_cache + (int64_t)kvh * max_seq * HD;
+
+    for (int k0 = 0; k0 <= last_key; k0 += TC_BK) {
+        __syncthreads();  // every warp is done with the previous tile's Ks/Vs (and Qs/Os are complete)
+        for (int idx = tid; idx < TC_BK * HD / 4; idx += TC_THREADS) {
+            const int j = idx / (HD / 4), d = (idx - j * (HD / 4)) * 4, key = k0 + j;
+            const bool ok = key <= last_key;  // never read past the context (the cache may hold anything there)
+            *(float4 *)(Ks + j * LD + d) = ok ? *(const float4 *)(kb + (int64_t)key * HD + d) : make_float4(0, 0, 0, 0);
+            *(float4 *)(Vs + j * LD + d) = ok ? *(const float4 *)(vb + (int64_t)key * HD + d) : make_float4(0, 0, 0, 0);
+        }
+        __syncthreads();
+
+        // S (this warp's 16 rows x 64 keys) = Q K^T
+        {
+            tc_c s[TC_BK / 16];
+#pragma unroll
+            for (int n = 0; n < TC_BK / 16; n++) tcw::fill_fragment(s[n], 0.0f);
+#pragma unroll
+            for (int kk = 0; kk < HD / 8; kk++) {
+                tc_a ab, as;
+                tcw::load_matrix_sync(ab, Qs + 16 * warp * LD + 8 * kk, LD);
+                tc_split(ab, as);
+#pragma unroll
+                for (int n = 0; n < TC_BK / 16; n++) {
+                    tc_bt bb, bs;
+                    tcw::load_matrix_sync(bb, Ks + 16 * n * LD + 8 * kk, LD);  // K rows: columns of K^T
+                    tc_split(bb, bs);
+                    tc_mma3(s[n], ab, as, bb, bs);
+                }
+            }
+#pragma unroll
+            for (int n = 0; n < TC_BK / 16; n++)
+                tcw::store_matrix_sync(Ss + 16 * warp * LS + 16 * n, s[n], LS, tcw::mem_row_major);
+        }
+        __syncwarp();
+
+        // Online softmax of row r over this tile: scores -> probabilities in place, alpha for the rescale.
+        float mt = -INFINITY;
+        for (int j = half; j < TC_BK; j += 2) {
+            const int key = k0 + j;
+            const float v = key <= my_last ? Ss[r * LS + j] * scale : -INFINITY;
+            Ss[r * LS + j] = v;
+            mt = fmaxf(mt, v);
+        }
+        mt = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, 1));
+        const float mn = fmaxf(m, mt);  // finite from the first tile on: key 0 <= my_last
+        const float alpha = expf(m - mn);
+        float ls = 0.0f;
+        for (int j = half; j < TC_BK; j += 2) {
+            const float p = expf(Ss[r * LS + j] - mn);
+            Ss[r * LS + j] = p;
+            ls += p;
+        }
+        ls += __shfl_xor_sync(0xffffffffu, ls, 1);
+        l = l * alpha + ls;
+        m = mn;
+        if (!half) alpha_s[r] = alpha;
+        __syncwarp();
+        for (int idx = lane; idx < 16 * HD; idx += 32) {  // O rows *= alpha
+            const int rr = 16 * warp + idx / HD, d = idx % HD;
+            Os[rr * LD + d] *= alpha_s[rr];
+        }
+        __syncwarp();
+
+        // O (16 rows x HD) += P (16 x 64) V (64 x HD)
+#pragma unroll
+        for (int nd = 0; nd < HD / 16; nd++) {
+            tc_c o;
+            tcw::load_matrix_sync(o, Os + 16 * warp * LD + 16 * nd, LD, tcw::mem_row_major);
+#pragma unroll
+            for (int kk = 0; kk < TC_BK / 8; kk++) {
+                tc_a pb, ps;
+                tc_b vb_, vs_;
+                tcw::load_matrix_sync(pb, Ss + 16 * warp * LS + 8 * kk, LS);
+                tcw::load_matrix_sync(vb_, Vs + 8 * kk * LD + 16 * nd, LD);
+                tc_split(pb, ps);
+                tc_split(vb_, vs_);
+                tc_mma3(o, pb, ps, vb_, vs_);
+            }
+            tcw::store_matrix_sync(Os + 16 * warp * LD + 16 * nd, o, LD, tcw::mem_row_major);
+        }
+        __syncwarp();
+    }
+    if (t < T) {
+        const float inv = 1.0f / l;
+        float *o = out + (int64_t)t * ldo + (int64_t)h * HD;
+        for (int d = half; d < HD; d += 2) o[d] = Os[r * LD + d] * inv;
+    }
+}
+
+template <int HD>
+static int tc_setup_one(int optin, dj_err *e) {
+    if (tc_smem(HD) > (size_t)optin) return 0;
+    CUDA_CHECK(cudaFuncSetAttribute(attn_prefill_tc_kernel<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    (int)tc_smem(HD)));
+    return 0;
+}
+
+// Raises the tensor-core kernels' shared-memory limits (H100: all fit; elsewhere the ones that do).
+static int tc_setup(dj_gpu *g, dj_err *e) {
+    int optin = 0;
+    CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, g->device));
+    g->tc_optin = optin;
+    return tc_setup_one<16>(optin, e) || tc_setup_one<32>(optin, e) || tc_setup_one<48>(optin, e) ||
+           tc_setup_one<64>(optin, e) || tc_setup_one<96>(optin, e) || tc_setup_one<128>(optin, e);
+}
+
+extern "C" void gpu_set_tc_attn(dj_gpu *g, int on) { g->tc_attn = on; }
+
+extern "C" int gpu_tc_attn_supported(const dj_gpu *g, int64_t head_dim) {
+    return head_dim >= 16 && head_dim <= 128 && head_dim % 16 == 0 && head_dim != 80 && head_dim != 112 &&
+           tc_smem((int)head_dim) <= (size_t)g->tc_optin;
+}
+
+// The tensor-core prefill for this call, if switched on and the shape is one it has: launches it and sets
+// *done, else leaves the call to the FMA kernel.
+static int attn_prefill_tc(dj_gpu *g, int *done, float *out, int64_t ldo, const float *q, int64_t ldq,
+                           const float *k_cache, const float *v_cache, int T, int group, int hd, int max_seq,
+                           float scale, const int32_t *d_pos, int n_heads, cudaStream_t s, dj_err *e) {
+    *done = 0;
+    if (!g->tc_attn || !gpu_tc_attn_supported(g, hd) || ldq % 4 || ((uintptr_t)q & 15) || ((uintptr_t)k_cache & 15) || ((uintptr_t)v_cache & 15))
+        return 0;
+    *done = 1;
+    dim3 grid((unsigned)((T + TC_BQ - 1) / TC_BQ), (unsigned)n_heads);
+    const size_t sm = tc_smem(hd);
+#define TC_LAUNCH(HDV)                                                                                             \
+    case HDV:                                                                                                      \
+        attn_prefill_tc_kernel<HDV><<<grid, TC_THREADS, sm, s>>>(out, ldo, q, ldq, k_cache, v_cache, T, group,    \
+                                                                 max_seq, scale, d_pos);                          \
+        break;
+    switch (hd) {
+        TC_LAUNCH(16)
+        TC_LAUNCH(32)
+        TC_LAUNCH(48)
+        TC_LAUNCH(64)
+        TC_LAUNCH(96)
+        TC_LAUNCH(128)
+    }
+#undef TC_LAUNCH
+    LAUNCH_CHECK("attn_prefill_tc", s);
+    return 0;
+}
+
 extern "C" int gpu_attention_prefill(dj_gpu *g, float *out, int64_t ldo, const float *q, int64_t ldq,
                                      const float *k_cache, const float *v_cache, int64_t T, int64_t n_heads,
                                      int64_t n_kv_heads, int64_t head_dim, int64_t max_seq, const int32_t *d_pos,
@@ -1417,6 +1629,11 @@ extern "C" int gpu_attention_prefill(dj_gpu *g, float *out, int64_t ldo, const f
     if (T == 0) return 0;
     const int group = (int)(n_heads / n_kv_heads), hd = (int)head_dim;
     const float scale = 1.0f / sqrtf((float)head_dim);
+    int done;
+    if (attn_prefill_tc(g, &done, out, ldo, q, ldq, k_cache, v_cache, (int)T, group, hd, (int)max_seq, scale, d_pos,
+                        (int)n_heads, s, e))
+        return -1;
+    if (done) return 0;
     dim3 grid((unsigned)((T + PF_BQ - 1) / PF_BQ), (unsigned)n_heads);
     const size_t sm = prefill_smem(hd);
     if (hd <= 64)

@@ -172,6 +172,12 @@ int gpu_attention_prefill(dj_gpu *g, float *out, int64_t ldo, const float *q, in
                           const float *v_cache, int64_t T, int64_t n_heads, int64_t n_kv_heads, int64_t head_dim,
                           int64_t max_seq, const int32_t *d_pos, cudaStream_t s, dj_err *e);
 
+// Prefill attention on the tensor cores (experimental, off by default): TF32 products with the 3xTF32 split
+// (each operand as a TF32 high part plus a TF32 residual, three products), which keeps f32 accuracy; for
+// head_dim 16, 32, 48, 64, 96 and 128 (others keep the FMA kernel). Applies to later gpu_attention_prefill calls.
+void gpu_set_tc_attn(dj_gpu *g, int on);
+int gpu_tc_attn_supported(const dj_gpu *g, int64_t head_dim);  // 1: that head_dim has the tensor-core kernel
+
 // ---- sampling over logits (n) f32 in device memory; the chosen index goes to *d_out (device int32)
 // Argmax: the first index of the largest value (NaNs ignored; all-NaN gives 0).
 int gpu_argmax(int32_t *d_out, const float *logits, int64_t n, cudaStream_t s, dj_err *e);

@@ -513,6 +513,7 @@ struct dj_gpu_state {
     uint64_t head_lm_off;            // lm_head offset inside the head unit on the device
     int fused_qkv, fused_gate_up;    // wq|wk|wv and w_gate|w_up adjacent in the slab: one matmul each
     int fused_decode;                // T = 1 passes use the fused kernels (dj_gpu_opts.fused, shapes allow)
+    int tc_attn;                     // prefill attention on the tensor cores (dj_gpu_opts.tc_attn, head_dim allows)
     int64_t max_seq, max_batch;
     float *d_inv_freq;               // (head_dim/2)
     float *d_k, *d_v;                // (n_layers, n_kv_heads, max_seq, head_dim) each
@@ -653,6 +654,15 @@ dj_gpu_state *gpu_state_new(const dj_model *m, const dj_gpu_opts *o, dj_err *e) 
     const dj_layer_layout *L = &m->info.layer;
     s->fused_qkv = L->wk == L->wq + (uint64_t)(q * dim * ws) && L->wv == L->wk + (uint64_t)(kv * dim * ws);
     s->fused_gate_up = L->w_up == L->w_gate + (uint64_t)(hid * dim * ws);
+    const char *te = getenv("DJINN_TC_ATTN");
+    if (o->tc_attn || (te && *te == '1')) {
+        s->tc_attn = gpu_tc_attn_supported(s->g, hd);
+        gpu_set_tc_attn(s->g, s->tc_attn);
+        if (!o->quiet)
+            fprintf(stderr, "gpu: prefill attention: %s\n", s->tc_attn ? "tensor cores, 3xTF32 (experimental)"
+                                                                      : "tensor cores asked for, but this head_dim "
+                                                                        "has no such kernel: FMA kernel");
+    }
     const char *fe = getenv("DJINN_FUSED");
     if (o->fused || (fe && *fe == '1')) {
         dj_gpu *g = s->g;
@@ -1064,6 +1074,7 @@ static int gpu_warm_up(dj_gpu_state *s, dj_err *e) {
     s->st.bytes_per_token = keep.bytes_per_token, s->st.n_resident = keep.n_resident;
     s->st.n_streamed = keep.n_streamed;
     s->st.fused_decode = s->fused_decode;
+    s->st.tc_attn = s->tc_attn;
     return rc;
 }
 

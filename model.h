@@ -198,6 +198,8 @@ typedef struct {
     int fused;          // decode (T = 1) with the fused kernels (gpu_fused_matmul) where the model's shapes allow,
                         // and all-resident with programmatic dependent launch in the graph. Experimental: also
                         // switched on by DJINN_FUSED=1 in the environment
+    int tc_attn;        // prefill attention on the tensor cores (3xTF32; gpu_set_tc_attn) where head_dim allows.
+                        // Experimental: also switched on by DJINN_TC_ATTN=1 in the environment
     int quiet;          // no plan on stderr
 } dj_gpu_opts;
 
@@ -209,6 +211,7 @@ typedef struct {
     double wait_ms;            // time the compute stream waited for copies
     int64_t passes;
     int fused_decode;          // decode passes use the fused kernels (dj_gpu_opts.fused and the shapes allow)
+    int tc_attn;               // prefill attention runs on the tensor cores (dj_gpu_opts.tc_attn, head_dim allows)
 } dj_gpu_stats;
 
 typedef struct dj_gpu_state dj_gpu_state;

@@ -8,9 +8,9 @@
 #   ceilings    build; machine info; make bench-ceilings: D2D copy, pinned H2D, cuBLAS GEMM (the ceilings)
 #   make7b      random Llama-2-7B-shaped f16 HF checkpoint (tools/make_random_llama.py), ./convert it
 #   resident7b  djinn all resident: 512-token prompt (prefill, TTFT, decode) and a short prompt (decode); both
-#               again with --fused (the fused decode kernels)
-#   profile7b   DJINN_PROFILE=1 runs, unfused and --fused: per-phase GPU time of prefill and decode
-#   stream7b    djinn --ring-gb min (all streamed), 4, 8; --stream-all, --sync-copy and --fused at 8
+#               again with the experimental kernels (--fused --tc-attn: cases fits_exp, fits_short_exp)
+#   profile7b   DJINN_PROFILE=1 runs, default and experimental kernels: per-phase GPU time of prefill and decode
+#   stream7b    djinn --ring-gb min (all streamed), 4, 8; --stream-all, --sync-copy and experimental (exp_8) at 8
 #   hf7b        HF transformers on the same weights: on the GPU, device_map=auto at 8 GB, cpu_offload
 #   clean7b     delete the 7B model (the disk is 64 GiB)
 #   make13b, stream13b (--ring-gb 16), hf13b (auto at 16 GB, cpu_offload capped at 4 tokens), clean13b
@@ -302,12 +302,12 @@ stage_resident() {  # tag
     prepare "$tag"
     djinn_case "$tag" fits long -n "$N_RESIDENT"
     djinn_case "$tag" fits_short short -n "$N_RESIDENT"
-    djinn_case "$tag" fits_fused long -n "$N_RESIDENT" --fused
-    djinn_case "$tag" fits_short_fused short -n "$N_RESIDENT" --fused
+    djinn_case "$tag" fits_exp long -n "$N_RESIDENT" --fused --tc-attn
+    djinn_case "$tag" fits_short_exp short -n "$N_RESIDENT" --fused --tc-attn
 }
 
 # Where the time of a prefill pass and of a decode step goes (DJINN_PROFILE=1: events between the kernels of
-# each layer, per phase), resident, unfused and fused: $RAW/profile_<tag>_<case>.txt. Profiled passes run
+# each layer, per phase), resident, default and with the experimental kernels: $RAW/profile_<tag>_<case>.txt. Profiled passes run
 # without the decode graph, so their decode times are not the benchmark's.
 stage_profile() {  # tag
     local tag=$1 bin c out
@@ -315,11 +315,11 @@ stage_profile() {  # tag
     prepare "$tag"
     bin=$(bin_of "$tag")
     [ -f "$bin" ] || { echo "  profile $tag: SKIPPED, no $bin (run make$tag)"; FAILED=1; return 1; }
-    for c in unfused fused; do
+    for c in default exp; do
         out="$RAW/profile_${tag}_$c.txt"
         [ -f "$out" ] && { echo "  profile $tag $c: done before"; continue; }
         DJINN_PROFILE=1 timeout "$CASE_TIMEOUT" ./djinn "$bin" -p "$PROMPT" -t 0 -c "$CTX" -n 16 \
-            $([ $c = fused ] && echo --fused) > /dev/null 2> "$LOGS/profile_${tag}_$c.log" ||
+            $([ $c = exp ] && echo --fused --tc-attn) > /dev/null 2> "$LOGS/profile_${tag}_$c.log" ||
             { echo "  profile $tag $c: FAILED"; tail -3 "$LOGS/profile_${tag}_$c.log"; FAILED=1; continue; }
         grep -E '^(profile|gpu:|prefill|decode|time to first)' "$LOGS/profile_${tag}_$c.log" | tee "$out" | sed 's/^/    /'
     done
@@ -338,7 +338,7 @@ stage_stream() {  # tag ring...   ring: G | min (the smallest) | stream_all=G | 
             min) djinn_case "$tag" ring_min long -n "$N_STREAM" --ring-gb @min ;;
             stream_all=*) djinn_case "$tag" "stream_all_$nm" long -n "$N_STREAM" --ring-gb "$v" --stream-all ;;
             sync_copy=*) djinn_case "$tag" "sync_copy_$nm" long -n "$N_STREAM" --ring-gb "$v" --sync-copy ;;
-            fused=*) djinn_case "$tag" "fused_$nm" long -n "$N_STREAM" --ring-gb "$v" --fused ;;
+            exp=*) djinn_case "$tag" "exp_$nm" long -n "$N_STREAM" --ring-gb "$v" --fused --tc-attn ;;
             *) djinn_case "$tag" "ring_$r" long -n "$N_STREAM" --ring-gb "$r" ;;
         esac
     done
@@ -386,7 +386,7 @@ run_stage() {
         make7b) stage_make 7b ;;
         resident7b) stage_resident 7b ;;
         profile7b) stage_profile 7b ;;
-        stream7b) stage_stream 7b min 4 8 stream_all=8 sync_copy=8 fused=8 ;;
+        stream7b) stage_stream 7b min 4 8 stream_all=8 sync_copy=8 exp=8 ;;
         hf7b) stage_hf 7b ;;
         clean7b) stage_clean 7b ;;
         make13b) stage_make 13b ;;
@@ -408,7 +408,7 @@ run_stage() {
             stage_make tiny
             stage_resident tiny
             stage_profile tiny
-            stage_stream tiny min stream_all=0.2 sync_copy=@min fused=@min
+            stage_stream tiny min stream_all=0.2 sync_copy=@min exp=@min
             stage_hf tiny
             stage_report bench/results/smoke
             set_raw "$real"

@@ -596,6 +596,31 @@ Test(kernels, attention_prefill, .timeout = 600) {
     tk_end("attention_prefill");
 }
 
+// The same cases on the tensor-core kernel (3xTF32), held to the same 1e-5: it must be as exact as the FMA
+// kernel, not merely close. Every head_dim it has, every GQA ratio, chunked prefill, the longest context.
+Test(kernels, attention_prefill_tc, .timeout = 600) {
+    tk_start("attention_prefill_tc");
+    static const int64_t groups[] = {1, 2, 4, 8};
+    static const int64_t hds[] = {64, 128, 16, 32, 48, 96};
+    static const int64_t Ts[] = {1, 17, 512};
+    for (size_t hi = 0; hi < 6; hi++) cr_assert(gpu_tc_attn_supported(tk_g, hds[hi]), "head_dim %lld", (long long)hds[hi]);
+    cr_assert(!gpu_tc_attn_supported(tk_g, 8) && !gpu_tc_attn_supported(tk_g, 80) && !gpu_tc_attn_supported(tk_g, 256));
+    gpu_set_tc_attn(tk_g, 1);
+    for (size_t gi = 0; gi < 4; gi++)
+        for (size_t hi = 0; hi < 6; hi++)
+            for (size_t ti = 0; ti < 3; ti++) {
+                tk_prefill_case(groups[gi], 2, hds[hi], Ts[ti], 0);
+                tk_prefill_case(groups[gi], 2, hds[hi], Ts[ti], 100);
+            }
+    tk_prefill_case(4, 1, 64, 4096, 0);
+    tk_prefill_case(1, 2, 128, 4096, 0);
+    tk_prefill_case(2, 2, 128, 300, 3796);  // last query at 4095
+    tk_prefill_case(1, 1, 48, 65, 5);       // a second, partial query tile
+    tk_prefill_case(1, 2, 8, 40, 3);        // a head_dim it has no kernel for: the FMA kernel serves it
+    gpu_set_tc_attn(tk_g, 0);
+    tk_end("attention_prefill_tc");
+}
+
 // Decode captured once as a graph (RoPE on q and k, KV write, attention), replayed with only the
 // position changing on the device: the graph-friendliness the engine relies on.
 Test(kernels, decode_graph_replay) {

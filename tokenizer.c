@@ -32,6 +32,7 @@ struct dj_tokenizer {
     struct tok_added { int32_t id; const char *s; size_t len; } *added;  // (n_added) by first byte, longest first
     size_t n_added;
     uint32_t added_lo[257];  // added[added_lo[b] .. added_lo[b+1]) start with byte b
+    uint64_t added_2nd[256][4];  // bit c of row b: some added token starts with bytes b, c (or is just b)
     int split_at_mark;     // SPM: no model piece has "▁" after another character, so merges never cross the start
                            // of a "▁" run and a long segment may be cut there (exact, and keeps the heap small)
     int32_t *eos;          // (n_eos)
@@ -304,6 +305,11 @@ dj_tokenizer *tok_load(const void *blob, size_t n, dj_err *e) {
         t->added_lo[c] = (uint32_t)j;
     }
     t->added_lo[256] = (uint32_t)n_added;
+    for (size_t j = 0; j < n_added; j++) {  // a one-byte token matches whatever follows: all bits of its row
+        const uint8_t b0 = (uint8_t)t->added[j].s[0];
+        if (t->added[j].len == 1) memset(t->added_2nd[b0], 0xff, sizeof t->added_2nd[b0]);
+        else t->added_2nd[b0][(uint8_t)t->added[j].s[1] >> 6] |= 1ull << ((uint8_t)t->added[j].s[1] & 63);
+    }
     // eos ids, chat template
     t->n_eos = n_eos;
     t->eos = malloc(4ull * (n_eos ? n_eos : 1));
@@ -612,6 +618,11 @@ int tok_encode(const dj_tokenizer *t, const char *text, size_t len, int add_spec
     size_t seg = 0;
     for (size_t i = 0; i < len && rc == 0;) {
         const struct tok_added *hit = NULL;
+        // Two bytes rule out most positions at once (1 MB of '<' against Llama 3's 256 "<|...|>" tokens).
+        if (i + 1 < len && !(t->added_2nd[s[i]][s[i + 1] >> 6] >> (s[i + 1] & 63) & 1)) {
+            i++;
+            continue;
+        }
         for (uint32_t a = t->added_lo[s[i]]; a < t->added_lo[s[i] + 1]; a++) {
             const struct tok_added *x = &t->added[a];
             if (x->len <= len - i && memcmp(s + i, x->s, x->len) == 0) { hit = x; break; }

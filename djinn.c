@@ -86,7 +86,7 @@ static void usage(FILE *f) {
             "  --no-graph       ablation: run the all-resident decode step kernel by kernel, not as a CUDA graph\n"
             "  --fused          experimental: decode with the fused kernels (7 launches a layer instead of 12;\n"
             "                   also DJINN_FUSED=1), where the model's shapes allow; the plan says if used\n"
-            "  --tc-attn        experimental: prefill attention on the tensor cores (3xTF32, f32 accuracy; also\n"
+            "  --tc-attn        experimental: prefill attention on the tensor cores (3xTF32, ~f32 accuracy; also\n"
             "                   DJINN_TC_ATTN=1) for head_dim 16/32/48/64/96/128; the plan says if used\n"
             "  --no-pin         keep the weights in pageable memory (where page-locking is limited; copies\n"
             "                   then run at ~7 GB/s instead of ~50 and do not overlap compute)\n"

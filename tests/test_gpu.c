@@ -31,6 +31,7 @@ static void need_gpu_and_data(char *stories, size_t n) {
 // dir and loads it page-locked.
 static void load_converted(dj_model *m, const char *src, const char *tok, int dtype) {
     char out[4200];
+    snprintf(g_dir, sizeof g_dir, "/tmp/djinn_gpu_XXXXXX");  // mkdtemp consumed the template of a previous call
     cr_assert(mkdtemp(g_dir));
     snprintf(out, sizeof out, "%s/s.bin", g_dir);
     convert_opts co = {.hf_dir = src, .out_path = out, .tok_dir = tok, .dtype = dtype, .quiet = 1};

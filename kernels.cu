@@ -6,6 +6,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
+#include <cuda_pipeline.h>
 #include <mma.h>
 
 #include <math.h>
@@ -892,7 +893,6 @@ extern "C" int gpu_kv_write(float *k_cache, float *v_cache, const float *k, cons
 #define DEC_CHUNK 64    // keys per split: small, so that even one kv head at a short context fills the GPU
 #define DEC_G 8         // query heads of one kv head handled per block (more: blockIdx.z)
 #define DEC_THREADS 128
-#define DEC_KU 2        // keys per warp per step: more loads in flight
 #define HD_MAX 256
 
 // One block per (split, kv head, group of <= 8 query heads). Scores for the chunk go to shared memory,
@@ -905,6 +905,7 @@ __global__ __launch_bounds__(DEC_THREADS) void attn_decode_split_kernel(
     __shared__ float sc[DEC_G * DEC_CHUNK];      // scores, then probabilities (g, key)
     __shared__ float red[DEC_THREADS * DEC_G];   // P.V partials across key slices
     __shared__ float ml[DEC_G * 2];
+    extern __shared__ __align__(16) float dec_kv[];  // the chunk's keys, then its values: (2, DEC_CHUNK, hd)
     pdl_wait();
     pdl_trigger();
     const int split = blockIdx.x, kvh = blockIdx.y, g0 = blockIdx.z * DEC_G;
@@ -917,6 +918,24 @@ __global__ __launch_bounds__(DEC_THREADS) void attn_decode_split_kernel(
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const float *kb = k_cache + ((int64_t)kvh * max_seq + k0) * hd;
     const float *vb = v_cache + ((int64_t)kvh * max_seq + k0) * hd;
+    float *Ks = dec_kv, *Vs = dec_kv + DEC_CHUNK * hd;
+
+    // The chunk's keys and values (nk rows, contiguous in the cache) into shared memory with every copy in
+    // flight at once (cp.async): one memory round trip, where loads inside the loops below would be one per
+    // step. Rows past nk are never read, here or below.
+    const int n = nk * hd;
+    if (hd % 4 == 0) {
+        for (int i = 4 * tid; i < n; i += 4 * DEC_THREADS) {
+            __pipeline_memcpy_async(Ks + i, kb + i, 16);
+            __pipeline_memcpy_async(Vs + i, vb + i, 16);
+        }
+    } else {
+        for (int i = tid; i < n; i += DEC_THREADS) {
+            __pipeline_memcpy_async(Ks + i, kb + i, 4);
+            __pipeline_memcpy_async(Vs + i, vb + i, 4);
+        }
+    }
+    __pipeline_commit();
 
     // q in registers: lane holds dims lane + 32 i of each head
     float qr[DEC_G][HD_MAX / 32];
@@ -927,32 +946,25 @@ __global__ __launch_bounds__(DEC_THREADS) void attn_decode_split_kernel(
             const int d = lane + 32 * i;
             qr[g][i] = (g < ng && d < hd) ? q[(int64_t)(h0 + g) * hd + d] : 0.0f;
         }
+    __pipeline_wait_prior(0);
+    __syncthreads();
 
     // scores: warp per key, lanes across head_dim
-    for (int j0 = warp; j0 < nk; j0 += 4 * DEC_KU) {
-        float kv[DEC_KU][HD_MAX / 32];
+    for (int j = warp; j < nk; j += DEC_THREADS / 32) {
+        float kv[HD_MAX / 32];
 #pragma unroll
-        for (int u = 0; u < DEC_KU; u++) {
-            const int j = j0 + 4 * u;
-#pragma unroll
-            for (int i = 0; i < HD_MAX / 32; i++) {
-                const int d = lane + 32 * i;
-                kv[u][i] = (j < nk && d < hd) ? kb[(int64_t)j * hd + d] : 0.0f;
-            }
+        for (int i = 0; i < HD_MAX / 32; i++) {
+            const int d = lane + 32 * i;
+            kv[i] = d < hd ? Ks[j * hd + d] : 0.0f;
         }
 #pragma unroll
-        for (int u = 0; u < DEC_KU; u++) {
-            const int j = j0 + 4 * u;
-            if (j >= nk) break;  // warp-uniform
+        for (int g = 0; g < DEC_G; g++) {
+            if (g >= ng) break;  // block-uniform
+            float p = 0.0f;
 #pragma unroll
-            for (int g = 0; g < DEC_G; g++) {
-                if (g >= ng) break;  // block-uniform
-                float p = 0.0f;
-#pragma unroll
-                for (int i = 0; i < HD_MAX / 32; i++) p += qr[g][i] * kv[u][i];
-                p = warp_sum(p);
-                if (lane == 0) sc[g * DEC_CHUNK + j] = p * scale;
-            }
+            for (int i = 0; i < HD_MAX / 32; i++) p += qr[g][i] * kv[i];
+            p = warp_sum(p);
+            if (lane == 0) sc[g * DEC_CHUNK + j] = p * scale;
         }
     }
     __syncthreads();
@@ -984,8 +996,8 @@ __global__ __launch_bounds__(DEC_THREADS) void attn_decode_split_kernel(
         const bool two = dd + DEC_THREADS < hd;
 #pragma unroll 4
         for (int j = sl; j < nk; j += nsl) {
-            const float v0 = vb[(int64_t)j * hd + dd];
-            const float v1 = two ? vb[(int64_t)j * hd + dd + DEC_THREADS] : 0.0f;
+            const float v0 = Vs[j * hd + dd];
+            const float v1 = two ? Vs[j * hd + dd + DEC_THREADS] : 0.0f;
 #pragma unroll
             for (int g = 0; g < DEC_G; g++) {
                 if (g >= ng) break;
@@ -1040,6 +1052,7 @@ __global__ void attn_decode_combine_kernel(float *out, const float *part_o, cons
 }
 
 static int64_t dec_splits(int64_t max_seq) { return (max_seq + DEC_CHUNK - 1) / DEC_CHUNK; }
+static size_t dec_smem(int hd) { return 2 * sizeof(float) * DEC_CHUNK * (size_t)hd; }  // a chunk's K and V
 
 extern "C" size_t gpu_attention_scratch(int64_t n_heads, int64_t head_dim, int64_t max_seq) {
     return (size_t)n_heads * (size_t)dec_splits(max_seq) * (size_t)(head_dim + 2) * sizeof(float);
@@ -1064,7 +1077,8 @@ extern "C" int gpu_attention_decode(dj_gpu *g, float *out, const float *q, const
     float *part_o = (float *)g->scratch, *part_ml = part_o + n_heads * ns * head_dim;
     dim3 grid((unsigned)ns, (unsigned)n_kv_heads, (unsigned)((group + DEC_G - 1) / DEC_G));
     const float scale = 1.0f / sqrtf((float)head_dim);
-    if (launch_k("attn_decode_split", attn_decode_split_kernel, grid, dim3(DEC_THREADS), 0, s, g->pdl, e, part_o,
+    if (launch_k("attn_decode_split", attn_decode_split_kernel, grid, dim3(DEC_THREADS), dec_smem((int)head_dim), s,
+                 g->pdl, e, part_o,
                  part_ml, q, k_cache, v_cache, (int)n_heads, (int)group, (int)head_dim, (int)max_seq, (int)ns, scale,
                  d_pos))
         return -1;
@@ -1081,26 +1095,28 @@ extern "C" int gpu_attention_decode(dj_gpu *g, float *out, const float *q, const
 //   x += Wo . att                    (FUSE_RES)      hb = silu(Wg . n) * (Wu . n), n = rmsnorm(x)  (FUSE_SWIGLU)
 //   x += Wdown . hb                  (FUSE_RES)      and for the head: logits = Wlm . rmsnorm(x)   (FUSE_NORM)
 // With g->pdl each launch may overlap the previous one's tail: its first weight loads are issued before
-// pdl_wait(). Activations written by the kernel before are read with __ldcg (from L2, never the read-only
-// path that __ldg takes, which is only valid for data no running kernel writes). The arithmetic is that of
+// pdl_wait(). Each block copies its input vector into shared memory once (__ldcg: from L2, never the read-only
+// path that __ldg takes, which is only valid for data no running kernel writes): read from L2 for every row,
+// it cost twice the time of the weights (measured on the H100). The arithmetic is that of
 // the unfused kernels (f32, the same formulas), so results differ from them by summation order only.
 #define FD_WARPS 8                  // warps per block, one row of W at a time each
 #define FD_BLOCKS_PER_SM 4          // persistent grid: blocks per SM (32 warps), each normalises x once
 #define FD_MAX_NORM_DIM 16384       // FUSE_NORM/SWIGLU: rmsnorm(x) lives in shared memory (64 KiB)
+#define FD_MAX_RES_DIM 32768        // FUSE_RES: x lives in shared memory (128 KiB)
 
 // 16-byte weight loads per lane per step: 8 (4 KiB per warp in flight), 4 per matrix for SwiGLU's two.
 template <int MODE> struct fd_steps { static constexpr int U = MODE == GPU_FUSE_SWIGLU ? 4 : 8; };
 
 // y (n_out) from W (n_out, n_in) row-major in WT (SWIGLU: W is [Wg; Wu], (2 n_out, n_in)), rows strided over a
 // persistent grid, one warp per row. x (n_in) f32; nw (n_in) f32 norm weights (NORM, SWIGLU).
-// PRECOND: n_in % VEC == 0; W and x 16-byte aligned; NORM/SWIGLU: n_in <= FD_MAX_NORM_DIM and n_in * 4 bytes of
-// dynamic shared memory; blockDim.x == FD_WARPS * 32.
+// PRECOND: n_in % VEC == 0; W and x 16-byte aligned; n_in <= FD_MAX_NORM_DIM (RES: FD_MAX_RES_DIM) and n_in * 4
+// bytes of dynamic shared memory; blockDim.x == FD_WARPS * 32.
 template <int WT, int MODE>
 __global__ __launch_bounds__(FD_WARPS * 32, FD_BLOCKS_PER_SM) void fused_gemv_kernel(
     float *y, const float *x, const float *nw, float eps, const void *w, int n_in, int n_out) {
     constexpr int VEC = wtraits<WT>::VEC, SZ = wtraits<WT>::SIZE, U = fd_steps<MODE>::U;
     constexpr int NM = MODE == GPU_FUSE_SWIGLU ? 2 : 1;  // matrices read per output row
-    extern __shared__ float4 fd_smem[];                  // NORM, SWIGLU: rmsnorm(x) * nw (n_in)
+    extern __shared__ float4 fd_smem[];                  // x (n_in); NORM, SWIGLU: rmsnorm(x) * nw
     float *xs = (float *)fd_smem;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int nchunk = n_in / VEC, iters = (nchunk + 32 * U - 1) / (32 * U);  // 16-byte chunks; steps per row
@@ -1123,7 +1139,10 @@ __global__ __launch_bounds__(FD_WARPS * 32, FD_BLOCKS_PER_SM) void fused_gemv_ke
     if (row < n_out) load(row, 0);  // weights are constant: fetched before the previous kernel has finished
     pdl_wait();
     pdl_trigger();
-    if (MODE != GPU_FUSE_RES) {  // rmsnorm(x) * nw, as rmsnorm_kernel computes it
+    if (MODE == GPU_FUSE_RES) {  // x once per block into shared memory: every warp reads all of it, every row
+        for (int i = 4 * threadIdx.x; i < n_in; i += 4 * blockDim.x) fd_smem[i / 4] = __ldcg((const float4 *)(x + i));
+        __syncthreads();
+    } else {  // rmsnorm(x) * nw, as rmsnorm_kernel computes it
         float ss = 0.0f;
         for (int i = threadIdx.x; i < n_in; i += blockDim.x) {
             const float v = __ldcg(x + i);
@@ -1146,7 +1165,7 @@ __global__ __launch_bounds__(FD_WARPS * 32, FD_BLOCKS_PER_SM) void fused_gemv_ke
             float4 xv[VEC / 4];
 #pragma unroll
             for (int q = 0; q < VEC / 4; q++)
-                xv[q] = MODE == GPU_FUSE_RES ? __ldcg((const float4 *)x + c * (VEC / 4) + q) : fd_smem[c * (VEC / 4) + q];
+                xv[q] = fd_smem[c * (VEC / 4) + q];
 #pragma unroll
             for (int m = 0; m < NM; m++) {
                 float wf[VEC];
@@ -1210,6 +1229,8 @@ static int fused_setup_typed(dj_err *e) {
     const int sm = FD_MAX_NORM_DIM * (int)sizeof(float);
     CUDA_CHECK(cudaFuncSetAttribute(fused_gemv_kernel<WT, GPU_FUSE_NORM>, cudaFuncAttributeMaxDynamicSharedMemorySize, sm));
     CUDA_CHECK(cudaFuncSetAttribute(fused_gemv_kernel<WT, GPU_FUSE_SWIGLU>, cudaFuncAttributeMaxDynamicSharedMemorySize, sm));
+    CUDA_CHECK(cudaFuncSetAttribute(fused_gemv_kernel<WT, GPU_FUSE_RES>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    FD_MAX_RES_DIM * (int)sizeof(float)));
     return 0;
 }
 
@@ -1219,7 +1240,7 @@ static int fused_setup(dj_gpu *g, dj_err *e) {
     int optin = 0;
     CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, g->device));
     g->fused_blocks = 0;
-    if (optin < FD_MAX_NORM_DIM * (int)sizeof(float)) return 0;
+    if (optin < FD_MAX_RES_DIM * (int)sizeof(float)) return 0;
     if (fused_setup_typed<DJ_F32>(e) || fused_setup_typed<DJ_F16>(e) || fused_setup_typed<DJ_BF16>(e)) return -1;
     g->fused_blocks = g->n_sm * FD_BLOCKS_PER_SM;
     return 0;
@@ -1233,7 +1254,8 @@ extern "C" int gpu_fused_supported(const dj_gpu *g, uint32_t wtype, int64_t n_in
     if (!g->fused_blocks || (wtype != DJ_F32 && wtype != DJ_F16 && wtype != DJ_BF16) || n_in < 1 || n_out < 1 || n_in > INT32_MAX / 2 ||
         n_out > INT32_MAX / 2 || n_in % fused_vec(wtype))
         return 0;
-    return mode == GPU_FUSE_RES || ((mode == GPU_FUSE_NORM || mode == GPU_FUSE_SWIGLU) && n_in <= FD_MAX_NORM_DIM);
+    return (mode == GPU_FUSE_RES && n_in <= FD_MAX_RES_DIM) ||
+           ((mode == GPU_FUSE_NORM || mode == GPU_FUSE_SWIGLU) && n_in <= FD_MAX_NORM_DIM);
 }
 
 extern "C" void gpu_set_pdl(dj_gpu *g, int on) { g->pdl = on; }
@@ -1243,7 +1265,7 @@ static int fused_typed(dj_gpu *g, int mode, float *y, const float *x, const floa
                        int n_in, int n_out, cudaStream_t s, dj_err *e) {
     const int rows_per_block = FD_WARPS;
     dim3 grid((unsigned)min((n_out + rows_per_block - 1) / rows_per_block, g->fused_blocks)), block(FD_WARPS * 32);
-    const size_t sm = mode == GPU_FUSE_RES ? 0 : (size_t)n_in * sizeof(float);
+    const size_t sm = (size_t)n_in * sizeof(float);
     if (mode == GPU_FUSE_NORM)
         return launch_k("fused_gemv<norm>", fused_gemv_kernel<WT, GPU_FUSE_NORM>, grid, block, sm, s, g->pdl, e, y, x,
                         nw, eps, w, n_in, n_out);
@@ -1385,6 +1407,12 @@ __global__ __launch_bounds__(PF_THREADS) void attn_prefill_kernel(float *out, in
 static int attention_setup(dj_gpu *g, dj_err *e) {
     int optin = 0;
     CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, g->device));
+    // Decode stages a chunk's keys and values: 128 KiB at head_dim 256 (every device Djinn runs on has that).
+    if (dec_smem(HD_MAX) + 8 * 1024 > (size_t)optin)
+        return dj_fail(e, "cuda: %s allows %d bytes of shared memory per block; decode attention needs %zu",
+                       g->name, optin, dec_smem(HD_MAX) + 8 * 1024);
+    CUDA_CHECK(cudaFuncSetAttribute(attn_decode_split_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    (int)dec_smem(HD_MAX)));
     g->prefill_max_hd = 0;
     if (prefill_smem(64) > (size_t)optin) return 0;
     CUDA_CHECK(cudaFuncSetAttribute(attn_prefill_kernel<64>, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -1536,11 +1564,14 @@ __global__ __launch_bounds__(TC_THREADS) void attn_prefill_tc_kernel(float *out,
         }
         __syncwarp();
 
-        // O (16 rows x HD) += P (16 x 64) V (64 x HD)
+        // O (16 rows x HD) += P (16 x 64) V (64 x HD). The tile's product starts from zero and is added to O in
+        // f32 outside the tensor cores, whose accumulation is not IEEE: inside them over the whole context it
+        // drifted to 5.7e-5 from the CPU at 3797 keys (H100).
 #pragma unroll
         for (int nd = 0; nd < HD / 16; nd++) {
-            tc_c o;
-            tcw::load_matrix_sync(o, Os + 16 * warp * LD + 16 * nd, LD, tcw::mem_row_major);
+            tc_c o, acc;
+            tcw::fill_fragment(o, 0.0f);
+            tcw::load_matrix_sync(acc, Os + 16 * warp * LD + 16 * nd, LD, tcw::mem_row_major);
 #pragma unroll
             for (int kk = 0; kk < TC_BK / 8; kk++) {
                 tc_a pb, ps;
@@ -1551,7 +1582,9 @@ __global__ __launch_bounds__(TC_THREADS) void attn_prefill_tc_kernel(float *out,
                 tc_split(vb_, vs_);
                 tc_mma3(o, pb, ps, vb_, vs_);
             }
-            tcw::store_matrix_sync(Os + 16 * warp * LD + 16 * nd, o, LD, tcw::mem_row_major);
+#pragma unroll
+            for (int i = 0; i < acc.num_elements; i++) acc.x[i] += o.x[i];  // same layout: elementwise is exact
+            tcw::store_matrix_sync(Os + 16 * warp * LD + 16 * nd, acc, LD, tcw::mem_row_major);
         }
         __syncwarp();
     }

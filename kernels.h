@@ -108,7 +108,8 @@ int gpu_matmul_path(dj_gpu *g, int path, float *y, const float *x, const void *w
 //   GPU_FUSE_SWIGLU: y (n_out) = silu(Wg . n) * (Wu . n), n = rmsnorm(x) * nw, W = [Wg; Wu] (2 n_out, n_in)
 // nw (n_in) f32 and eps for NORM and SWIGLU (ignored for RES). Same arithmetic as gpu_rmsnorm, gpu_matmul's
 // GEMV and gpu_swiglu, up to summation order. gpu_fused_supported says whether a shape can use it (n_in a
-// multiple of 16 bytes of weights; NORM/SWIGLU: n_in <= 16384); gpu_fused_matmul refuses the others.
+// multiple of 16 bytes of weights; NORM/SWIGLU: n_in <= 16384, RES: n_in <= 32768); gpu_fused_matmul refuses the
+// others.
 enum gpu_fuse_mode { GPU_FUSE_NORM = 0, GPU_FUSE_RES = 1, GPU_FUSE_SWIGLU = 2 };
 int gpu_fused_supported(const dj_gpu *g, uint32_t wtype, int64_t n_in, int64_t n_out, int mode);
 int gpu_fused_matmul(dj_gpu *g, int mode, float *y, const float *x, const float *nw, float eps, const void *w,

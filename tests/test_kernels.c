@@ -178,12 +178,17 @@ static void tk_fused_ref(int mode, float *y, const float *x, const float *nw, fl
 Test(kernels, fused_decode_matmul) {
     tk_start("fused_decode_matmul");
     static const int64_t shapes[][2] = {{64, 512}, {96, 7}, {128, 300}, {64, 1}, {4096, 4100}, {11008, 640}, {16384, 96}};
+    // and RES alone up to its own limit
+    static const int64_t res_shapes[][2] = {{28672, 200}, {32768, 33}};
     static const char *names[] = {"norm", "res", "swiglu"};
     dj_err e;
+    const size_t n_shapes = sizeof shapes / sizeof shapes[0], n_res = sizeof res_shapes / sizeof res_shapes[0];
     for (uint32_t wt = DJ_F32; wt <= DJ_BF16; wt++)
-        for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++)
+        for (size_t si = 0; si < n_shapes + n_res; si++)
             for (int mode = GPU_FUSE_NORM; mode <= GPU_FUSE_SWIGLU; mode++) {
-                const int64_t n_in = shapes[si][0], n_out = shapes[si][1], rows = mode == GPU_FUSE_SWIGLU ? 2 * n_out : n_out;
+                if (si >= n_shapes && mode != GPU_FUSE_RES) continue;
+                const int64_t *sh = si < n_shapes ? shapes[si] : res_shapes[si - n_shapes];
+                const int64_t n_in = sh[0], n_out = sh[1], rows = mode == GPU_FUSE_SWIGLU ? 2 * n_out : n_out;
                 cr_assert(gpu_fused_supported(tk_g, wt, n_in, n_out, mode), "%s %s n_in=%lld n_out=%lld unsupported",
                           names[mode], dj_dtype_name(wt), (long long)n_in, (long long)n_out);
                 const float eps = 1e-5f;
@@ -217,6 +222,7 @@ Test(kernels, fused_decode_matmul) {
     cr_assert(!gpu_fused_supported(tk_g, DJ_F32, 66, 64, GPU_FUSE_NORM));
     cr_assert(!gpu_fused_supported(tk_g, DJ_F16, 16392, 64, GPU_FUSE_NORM));
     cr_assert(gpu_fused_supported(tk_g, DJ_F16, 16392, 64, GPU_FUSE_RES));
+    cr_assert(!gpu_fused_supported(tk_g, DJ_F16, 32776, 64, GPU_FUSE_RES));
     cr_assert_eq(gpu_fused_matmul(tk_g, GPU_FUSE_RES, NULL, NULL, NULL, 0, NULL, DJ_F16, 172, 64, tk_s, &e), -1);
     cr_assert(strstr(e.msg, "not supported"), "%s", e.msg);
     tk_end("fused_decode_matmul");

@@ -935,9 +935,11 @@ static int gpu_layer(dj_gpu_state *s, const uint8_t *w, int l, int64_t T, int pe
             return -1;
     }
     prof_mark(s, 1);
-    if (gpu_rope(qp, T, c->n_heads, hd, ldq, s->d_inv_freq, s->d_pos, st, e) ||
-        gpu_rope(kp, T, c->n_kv_heads, hd, ldkv, s->d_inv_freq, s->d_pos, st, e) ||
-        gpu_kv_write(kc, vc, kp, vp, ldkv, T, c->n_kv_heads, hd, s->max_seq, s->d_pos, st, e))
+    // One token's q, k, v are adjacent in either layout: RoPE and the KV write in one launch instead of three.
+    if (T == 1 ? gpu_rope_kv(g, qp, kc, vc, c->n_heads, c->n_kv_heads, hd, s->max_seq, s->d_inv_freq, s->d_pos, st, e)
+               : gpu_rope(qp, T, c->n_heads, hd, ldq, s->d_inv_freq, s->d_pos, st, e) ||
+                     gpu_rope(kp, T, c->n_kv_heads, hd, ldkv, s->d_inv_freq, s->d_pos, st, e) ||
+                     gpu_kv_write(kc, vc, kp, vp, ldkv, T, c->n_kv_heads, hd, s->max_seq, s->d_pos, st, e))
         return -1;
     prof_mark(s, 2);
     if (T == 1 ? gpu_attention_decode(g, s->d_att, qp, kc, vc, c->n_heads, c->n_kv_heads, hd, s->max_seq, s->d_pos,

@@ -500,37 +500,33 @@ __device__ __forceinline__ uint4 ld_stream(const uint4 *p) {
 #define GEMV_UNROLL 4  // 16-byte loads in flight per lane
 #endif
 
-// y (T, n_out) = x (T, n_in) . W^T for NT rows of x per block (blockIdx.y); each row of W is read by SPLIT warps of
-// one block, each over a contiguous 1/SPLIT of the row, their sums added in a fixed order (deterministic). SPLIT 2
-// serves short matrices (wo, w_down: 4096 rows fill only half the warp slots of an H100 with one warp a row).
-// PRECOND: n_in % VEC == 0, W and x 16-byte aligned (so every row of both is); GEMV_WARPS % SPLIT == 0.
-template <int WT, int NT, int SPLIT>
+// y (T, n_out) = x (T, n_in) . W^T for NT rows of x per block (blockIdx.y), one row of W per warp.
+// PRECOND: n_in % VEC == 0, W and x 16-byte aligned (so every row of both is).
+template <int WT, int NT>
 __global__ __launch_bounds__(GEMV_WARPS * 32) void gemv_vec_kernel(float *y, const float *x, const void *w,
                                                                   int64_t T, int64_t n_in, int64_t n_out) {
     constexpr int VEC = wtraits<WT>::VEC;
-    __shared__ float part[SPLIT > 1 ? GEMV_WARPS * NT : 1];
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, piece = warp % SPLIT;
-    const int64_t row = (int64_t)blockIdx.x * (GEMV_WARPS / SPLIT) + warp / SPLIT;
-    const bool valid = row < n_out;  // no early return: the SPLIT > 1 reduction below has a block barrier
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int64_t row = (int64_t)blockIdx.x * GEMV_WARPS + warp;
+    if (row >= n_out) return;  // whole warp
     const int64_t t0 = (int64_t)blockIdx.y * NT;
     const int nt = (int)min((int64_t)NT, T - t0);
-    const uint4 *wr = (const uint4 *)((const char *)w + (valid ? row : 0) * n_in * wtraits<WT>::SIZE);
-    const int64_t nchunk = n_in / VEC, per = (nchunk + SPLIT - 1) / SPLIT;
-    const int64_t cbeg = piece * per, cend = min(nchunk, cbeg + per);
+    const uint4 *wr = (const uint4 *)((const char *)w + row * n_in * wtraits<WT>::SIZE);
+    const int64_t nchunk = n_in / VEC;
     float acc[NT];
 #pragma unroll
     for (int t = 0; t < NT; t++) acc[t] = 0.0f;
-    for (int64_t c0 = cbeg + lane; valid && c0 < cend; c0 += 32 * GEMV_UNROLL) {
+    for (int64_t c0 = lane; c0 < nchunk; c0 += 32 * GEMV_UNROLL) {
         uint4 wv[GEMV_UNROLL];
 #pragma unroll
         for (int u = 0; u < GEMV_UNROLL; u++) {
             wv[u] = make_uint4(0, 0, 0, 0);
-            if (c0 + 32 * u < cend) wv[u] = ld_stream(wr + c0 + 32 * u);
+            if (c0 + 32 * u < nchunk) wv[u] = ld_stream(wr + c0 + 32 * u);
         }
 #pragma unroll
         for (int u = 0; u < GEMV_UNROLL; u++) {
             const int64_t c = c0 + 32 * u;
-            if (c >= cend) break;
+            if (c >= nchunk) break;
             float wf[VEC];
             unpack16<WT>(wv[u], wf);
 #pragma unroll
@@ -548,20 +544,7 @@ __global__ __launch_bounds__(GEMV_WARPS * 32) void gemv_vec_kernel(float *y, con
 #pragma unroll
     for (int t = 0; t < NT; t++) {
         float v = warp_sum(acc[t]);
-        if (SPLIT == 1) {
-            if (lane == 0 && t < nt && valid) y[(t0 + t) * n_out + row] = v;
-        } else if (lane == 0) {
-            part[warp * NT + t] = v;
-        }
-    }
-    if (SPLIT > 1) {
-        __syncthreads();
-        if (piece == 0 && lane == 0 && valid)
-            for (int t = 0; t < nt; t++) {
-                float v = part[warp * NT + t];
-                for (int p = 1; p < SPLIT; p++) v += part[(warp + p) * NT + t];
-                y[(t0 + t) * n_out + row] = v;
-            }
+        if (lane == 0 && t < nt) y[(t0 + t) * n_out + row] = v;
     }
 }
 
@@ -617,30 +600,24 @@ extern "C" int gpu_widen(float *out, const void *in, uint32_t wtype, int64_t n, 
     return 0;
 }
 
-template <int WT, int NT, int SPLIT>
+template <int WT, int NT>
 static void launch_gemv_vec(float *y, const float *x, const void *w, int64_t T, int64_t n_in, int64_t n_out,
                             cudaStream_t s) {
-    const int rows = GEMV_WARPS / SPLIT;
-    dim3 grid((unsigned)((n_out + rows - 1) / rows), (unsigned)((T + NT - 1) / NT));
-    gemv_vec_kernel<WT, NT, SPLIT><<<grid, GEMV_WARPS * 32, 0, s>>>(y, x, w, T, n_in, n_out);
+    dim3 grid((unsigned)((n_out + GEMV_WARPS - 1) / GEMV_WARPS), (unsigned)((T + NT - 1) / NT));
+    gemv_vec_kernel<WT, NT><<<grid, GEMV_WARPS * 32, 0, s>>>(y, x, w, T, n_in, n_out);
 }
 
-// n_sm: the device's SMs. A one-token product whose rows would fill less than half the warp slots (64 a SM) at
-// one warp a row gets two warps a row (measured on the H100: w_o and w_down, 4096 rows).
 template <int WT>
-static int gemv_typed(float *y, const float *x, const void *w, int64_t T, int64_t n_in, int64_t n_out, int n_sm,
+static int gemv_typed(float *y, const float *x, const void *w, int64_t T, int64_t n_in, int64_t n_out,
                       cudaStream_t s, dj_err *e) {
     constexpr int VEC = wtraits<WT>::VEC;
     const int vec_ok = n_in % VEC == 0 && ((uintptr_t)w & 15) == 0 && ((uintptr_t)x & 15) == 0;
-    if (vec_ok && T == 1 && n_out * 2 <= (int64_t)n_sm * 64) {
-        launch_gemv_vec<WT, 1, 2>(y, x, w, T, n_in, n_out, s);
-        LAUNCH_CHECK("gemv_vec<1, split 2>", s);
-    } else if (vec_ok && T == 1) {
-        launch_gemv_vec<WT, 1, 1>(y, x, w, T, n_in, n_out, s);
+    if (vec_ok && T == 1) {
+        launch_gemv_vec<WT, 1>(y, x, w, T, n_in, n_out, s);
         LAUNCH_CHECK("gemv_vec<1>", s);
     } else if (vec_ok) {
         if ((T + 3) / 4 > 65535) return dj_fail(e, "gemv: T = %lld too large", (long long)T);
-        launch_gemv_vec<WT, 4, 1>(y, x, w, T, n_in, n_out, s);
+        launch_gemv_vec<WT, 4>(y, x, w, T, n_in, n_out, s);
         LAUNCH_CHECK("gemv_vec<4>", s);
     } else {
         if (T > 65535) return dj_fail(e, "gemv: T = %lld too large", (long long)T);
@@ -778,9 +755,9 @@ extern "C" int gpu_matmul_path(dj_gpu *g, int path, float *y, const float *x, co
     if (path == GPU_MM_AUTO) path = T == 1 ? GPU_MM_GEMV : GPU_MM_CUBLAS;
     switch (path) {
     case GPU_MM_GEMV:
-        if (wtype == DJ_F32) return gemv_typed<DJ_F32>(y, x, w, T, n_in, n_out, g->n_sm, s, e);
-        if (wtype == DJ_F16) return gemv_typed<DJ_F16>(y, x, w, T, n_in, n_out, g->n_sm, s, e);
-        return gemv_typed<DJ_BF16>(y, x, w, T, n_in, n_out, g->n_sm, s, e);
+        if (wtype == DJ_F32) return gemv_typed<DJ_F32>(y, x, w, T, n_in, n_out, s, e);
+        if (wtype == DJ_F16) return gemv_typed<DJ_F16>(y, x, w, T, n_in, n_out, s, e);
+        return gemv_typed<DJ_BF16>(y, x, w, T, n_in, n_out, s, e);
     case GPU_MM_CUBLAS:
         return matmul_cublas(g, y, x, w, wtype, T, n_in, n_out, s, e);
     case GPU_MM_CUBLASLT:

@@ -6,7 +6,11 @@
 //   GEMV: gpu_matmul's T = 1 paths (ours, cuBLAS, cuBLASLt) on the Llama-2-7B shapes in f16 and bf16,
 //   GB/s of weights + activations moved and the fraction of the measured D2D bandwidth. The weights rotate
 //   over copies totalling > 4x the L2 size so each call reads HBM, not cache.
+//   Prefill GEMMs: gpu_matmul's cuBLAS and cuBLASLt paths (the f32 -> f16 rounding of x included) on the
+//   fused 7B shapes at T = 512, TFLOP/s and the fraction of the GEMM ceiling; and, for cuBLASLt, every
+//   algorithm its heuristic offers for the shape timed alone (which one Djinn's top-1 choice is, and the best).
 // Usage: ceilings [out.json]. Prints a table; writes JSON when given a path. GPU machine only.
+#include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -201,6 +205,88 @@ int main(int argc, char **argv) {
             CK(cudaFree(y));
         }
 
+    // ---- prefill GEMMs on the fused 7B shapes, T = 512: (n_out, n_in)
+    static const int64_t pshapes[][2] = {{12288, 4096}, {4096, 4096}, {22016, 4096}, {4096, 11008}, {32000, 4096}};
+    const int64_t PT = 512;
+    struct grow { int64_t n_out, n_in; double cublas_us, lt_us, lt_best_us; int lt_best, lt_n; };
+    std::vector<grow> grows;
+    cublasLtHandle_t lt;
+    CKB(cublasLtCreate(&lt));
+    const size_t lt_ws = (size_t)32 << 20;
+    void *lt_work;
+    CK(cudaMalloc(&lt_work, lt_ws));
+    printf("\nprefill GEMM, f16 weights, T = %lld (TFLOP/s; of the GEMM ceiling)\n", (long long)PT);
+    printf("%14s %18s %18s %24s\n", "shape", "cublas", "cublaslt top-1", "cublaslt best of n");
+    for (auto &sh : pshapes) {
+        const int64_t n_out = sh[0], n_in = sh[1];
+        const size_t wbytes = (size_t)(n_out * n_in) * 2;
+        const int copies = (int)std::max<size_t>(2, (4 * (size_t)prop.l2CacheSize) / wbytes + 1);
+        std::vector<void *> w(copies);
+        for (int c = 0; c < copies; c++) {
+            CK(cudaMalloc(&w[c], wbytes));
+            fill_u16_kernel<<<4096, 256, 0, s>>>((uint16_t *)w[c], wbytes / 2, 20 + c, 0);
+            CK(cudaGetLastError());
+        }
+        float *x, *y;
+        __half *xh;
+        CK(cudaMalloc(&x, (size_t)(PT * n_in) * 4));
+        CK(cudaMalloc(&xh, (size_t)(PT * n_in) * 2));
+        CK(cudaMalloc(&y, (size_t)(PT * n_out) * 4));
+        fill_kernel<float><<<4096, 256, 0, s>>>(x, (size_t)(PT * n_in), 8);
+        fill_u16_kernel<<<4096, 256, 0, s>>>((uint16_t *)xh, (size_t)(PT * n_in), 9, 0);
+        CK(cudaGetLastError());
+        const double flop = 2.0 * PT * n_in * n_out;
+        grow r = {n_out, n_in, 0, 0, 0, -1, 0};
+        r.cublas_us = 1e3 * time_ms(s, 2 * copies, 7, [&](int i) {
+            CKD(gpu_matmul_path(g, GPU_MM_CUBLAS, y, x, w[i % copies], DJ_F16, PT, n_in, n_out, s, &e_));
+        });
+        r.lt_us = 1e3 * time_ms(s, 2 * copies, 7, [&](int i) {
+            CKD(gpu_matmul_path(g, GPU_MM_CUBLASLT, y, x, w[i % copies], DJ_F16, PT, n_in, n_out, s, &e_));
+        });
+        // the same product as Djinn's cuBLASLt plan (W^T . x, f16 in, f32 out), each candidate alone
+        cublasLtMatmulDesc_t op;
+        cublasLtMatrixLayout_t la, lb, lc;
+        cublasOperation_t ta = CUBLAS_OP_T;
+        CKB(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+        CKB(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
+        CKB(cublasLtMatrixLayoutCreate(&la, CUDA_R_16F, (uint64_t)n_in, (uint64_t)n_out, n_in));
+        CKB(cublasLtMatrixLayoutCreate(&lb, CUDA_R_16F, (uint64_t)n_in, (uint64_t)PT, n_in));
+        CKB(cublasLtMatrixLayoutCreate(&lc, CUDA_R_32F, (uint64_t)n_out, (uint64_t)PT, n_out));
+        cublasLtMatmulPreference_t pref;
+        CKB(cublasLtMatmulPreferenceCreate(&pref));
+        uint64_t wsz = lt_ws;
+        CKB(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsz, sizeof wsz));
+        cublasLtMatmulHeuristicResult_t res[16];
+        int nres = 0;
+        CKB(cublasLtMatmulAlgoGetHeuristic(lt, op, la, lb, lc, lc, pref, 16, res, &nres));
+        r.lt_n = nres;
+        const float one = 1.0f, zero = 0.0f;
+        for (int k = 0; k < nres; k++) {
+            double us = 1e3 * time_ms(s, 2 * copies, 5, [&](int i) {
+                CKB(cublasLtMatmul(lt, op, &one, w[i % copies], la, xh, lb, &zero, y, lc, y, lc, &res[k].algo,
+                                   lt_work, lt_ws, s));
+            });
+            if (r.lt_best < 0 || us < r.lt_best_us) r.lt_best_us = us, r.lt_best = k;
+        }
+        CKB(cublasLtMatmulPreferenceDestroy(pref));
+        CKB(cublasLtMatrixLayoutDestroy(la));
+        CKB(cublasLtMatrixLayoutDestroy(lb));
+        CKB(cublasLtMatrixLayoutDestroy(lc));
+        CKB(cublasLtMatmulDescDestroy(op));
+        const double pk = gemm_tflops;
+        printf("%6lldx%-7lld %8.1f us %5.1f%% %8.1f us %5.1f%% %8.1f us %5.1f%% (#%d of %d)\n", (long long)n_out,
+               (long long)n_in, r.cublas_us, 100 * flop / (r.cublas_us * 1e-6) / 1e12 / pk, r.lt_us,
+               100 * flop / (r.lt_us * 1e-6) / 1e12 / pk, r.lt_best_us,
+               100 * flop / (r.lt_best_us * 1e-6) / 1e12 / pk, r.lt_best, r.lt_n);
+        grows.push_back(r);
+        for (void *p : w) CK(cudaFree(p));
+        CK(cudaFree(x));
+        CK(cudaFree(xh));
+        CK(cudaFree(y));
+    }
+    CK(cudaFree(lt_work));
+    CKB(cublasLtDestroy(lt));
+
     if (argc > 1) {
         FILE *f = fopen(argv[1], "w");
         if (!f) {
@@ -215,6 +301,17 @@ int main(int argc, char **argv) {
                        "\"gbs\": %.1f, \"fraction_of_d2d\": %.3f}%s\n",
                     rows[i].dt, rows[i].path, (long long)rows[i].n_out, (long long)rows[i].n_in, rows[i].us,
                     rows[i].gbs, rows[i].frac, i + 1 < rows.size() ? "," : "");
+        fprintf(f, "  ],\n  \"prefill_gemm_f16_t512\": [\n");
+        for (size_t i = 0; i < grows.size(); i++) {
+            const grow &r = grows[i];
+            const double flop = 2.0 * PT * r.n_in * r.n_out;
+            fprintf(f, "    {\"n_out\": %lld, \"n_in\": %lld, \"cublas_us\": %.2f, \"cublaslt_us\": %.2f, "
+                       "\"cublaslt_best_us\": %.2f, \"cublaslt_best_index\": %d, \"cublaslt_candidates\": %d, "
+                       "\"cublas_tflops\": %.1f, \"cublaslt_best_tflops\": %.1f}%s\n",
+                    (long long)r.n_out, (long long)r.n_in, r.cublas_us, r.lt_us, r.lt_best_us, r.lt_best, r.lt_n,
+                    flop / (r.cublas_us * 1e-6) / 1e12, flop / (r.lt_best_us * 1e-6) / 1e12,
+                    i + 1 < grows.size() ? "," : "");
+        }
         fprintf(f, "  ]\n}\n");
         fclose(f);
         printf("\nwrote %s\n", argv[1]);

@@ -57,7 +57,7 @@ typedef struct {
     int sync_copy;       // ablation: no copy/compute overlap
     int no_graph;        // all-resident decode launch by launch
     int fused;           // experimental fused decode kernels
-    int tc_attn;         // experimental tensor-core prefill attention
+    int fma_attn;        // prefill attention on the fp32 FMA kernel, not the tensor cores
     int no_pin;          // pageable host memory for the weights
     const char *stats_path;
     const char *logits_path;
@@ -86,8 +86,8 @@ static void usage(FILE *f) {
             "  --no-graph       ablation: run the all-resident decode step kernel by kernel, not as a CUDA graph\n"
             "  --fused          experimental: decode with the fused kernels (7 launches a layer instead of 12;\n"
             "                   also DJINN_FUSED=1), where the model's shapes allow; the plan says if used\n"
-            "  --tc-attn        experimental: prefill attention on the tensor cores (3xTF32, ~f32 accuracy; also\n"
-            "                   DJINN_TC_ATTN=1) for head_dim 16/32/48/64/96/128; the plan says if used\n"
+            "  --fma-attn       comparison: prefill attention on the fp32 FMA kernel instead of the tensor cores\n"
+            "                   (bf16x3, f32-class accuracy; used for head_dim a multiple of 16 up to 256)\n"
             "  --no-pin         keep the weights in pageable memory (where page-locking is limited; copies\n"
             "                   then run at ~7 GB/s instead of ~50 and do not overlap compute)\n"
             "  --cpu            run on the CPU even when a GPU is present\n"
@@ -142,7 +142,7 @@ static int parse_args(int argc, char **argv, dj_opts *o) {
         if (!strcmp(a, "--sync-copy")) { o->sync_copy = 1; continue; }
         if (!strcmp(a, "--no-graph")) { o->no_graph = 1; continue; }
         if (!strcmp(a, "--fused")) { o->fused = 1; continue; }
-        if (!strcmp(a, "--tc-attn")) { o->tc_attn = 1; continue; }
+        if (!strcmp(a, "--fma-attn")) { o->fma_attn = 1; continue; }
         if (!strcmp(a, "--no-pin")) { o->no_pin = 1; continue; }
         if (a[0] != '-' || a[1] == 0) {
             if (o->model_path) return usage_error("unexpected argument '%s'", a);
@@ -230,11 +230,12 @@ static void engine_gpu_free(void *ctx) { gpu_state_free(ctx); }
 
 // The engine follows how the model was loaded: page-locked (a GPU is present and --cpu not given) runs on
 // the GPU, otherwise the CPU; main() says which and why.
-static int engine_open(dj_engine *eng, const dj_model *m, const dj_opts *o, int64_t ctx, dj_err *e) {
+// warm: the length of the first pass to come (the GPU engine warms up on that shape)
+static int engine_open(dj_engine *eng, const dj_model *m, const dj_opts *o, int64_t ctx, int64_t warm, dj_err *e) {
     if (!m->for_gpu) return engine_cpu_new(eng, m, ctx, e);
     dj_gpu_opts go = {.ring_gb = o->ring_gb, .max_seq = ctx, .stream_all = o->stream_all,
                       .sync_copy = o->sync_copy, .no_graph = o->no_graph, .fused = o->fused,
-                      .tc_attn = o->tc_attn};
+                      .fma_attn = o->fma_attn, .warm_rows = warm};
     dj_gpu_state *s = gpu_state_new(m, &go, e);
     if (!s) return -1;
     *eng = (dj_engine){"gpu", 1, s, engine_gpu_forward, engine_gpu_free};
@@ -449,7 +450,7 @@ static int run_check(const dj_model *m, const dj_opts *o, dj_err *e) {
                 c->vocab_size);
         goto out;
     }
-    if (engine_open(&eng, m, o, r.n_tokens, e)) goto out;
+    if (engine_open(&eng, m, o, r.n_tokens, r.n_tokens, e)) goto out;
     if (interrupted_during("the engine's setup")) {
         rc = EXIT_INTERRUPTED;
         goto out;
@@ -504,7 +505,7 @@ out:
 // ---- generation
 // Statistics of one run, for stderr and --stats-json.
 typedef struct {
-    double load_s, prefill_s, ttft_ms, decode_s;
+    double load_s, setup_s, prefill_s, ttft_ms, decode_s;
     int64_t prompt_tokens, decode_tokens;
 } dj_run_stats;
 
@@ -514,8 +515,8 @@ static int write_stats(const char *path, const dj_model *m, const dj_engine *eng
     FILE *f = fopen(path, "w");
     if (!f) return dj_fail(e, "cannot create %s: %s", path, strerror(errno));
     double gb = (double)m->data_size / 1e9, dec_ms = r->decode_tokens > 0 ? r->decode_s * 1e3 / r->decode_tokens : 0;
-    fprintf(f, "{\"engine\": \"%s\", \"model_gb\": %.6f, \"wtype\": \"%s\", \"load_s\": %.6f, \"load_gb_s\": %.4f,\n",
-            eng->name, gb, dj_dtype_name(m->info.config.wtype), r->load_s, gb / fmax(r->load_s, 1e-9));
+    fprintf(f, "{\"engine\": \"%s\", \"model_gb\": %.6f, \"wtype\": \"%s\", \"load_s\": %.6f, \"load_gb_s\": %.4f,\n \"setup_s\": %.6f,",
+            eng->name, gb, dj_dtype_name(m->info.config.wtype), r->load_s, gb / fmax(r->load_s, 1e-9), r->setup_s);
     fprintf(f, " \"prompt_tokens\": %" PRId64 ", \"prefill_s\": %.6f, \"prefill_tok_s\": %.4f, \"ttft_ms\": %.4f,\n",
             r->prompt_tokens, r->prefill_s, (double)r->prompt_tokens / fmax(r->prefill_s, 1e-9), r->ttft_ms);
     fprintf(f, " \"decode_tokens\": %" PRId64 ", \"decode_ms_per_token\": %.6f, \"decode_tok_s\": %.4f",
@@ -578,7 +579,11 @@ static int run_generate(const dj_model *m, const dj_tokenizer *tok, const dj_opt
         dj_fail(e, "cannot create %s: %s", o->logits_path, strerror(errno));
         goto out;
     }
-    if (engine_open(&eng, m, o, ctx, e)) goto out;
+    double t_setup = dj_now();
+    if (engine_open(&eng, m, o, ctx, (int64_t)n_prompt, e)) goto out;
+    rs.setup_s = dj_now() - t_setup;
+    fprintf(stderr, "djinn: %s engine set up in %.3f s%s\n", eng.name, rs.setup_s,
+            eng.is_gpu ? " (buffers, a warm-up pass of the prompt's length, the decode graph)" : "");
     if (interrupted_during("the engine's setup")) {
         rc = EXIT_INTERRUPTED;
         goto out;
@@ -717,8 +722,8 @@ int main(int argc, char **argv) {
     if (o.force_cpu) fprintf(stderr, "djinn: running on the CPU (--cpu), %d threads\n", cpu_threads());
     else if (!o.tokenize && !use_gpu)
         fprintf(stderr, "djinn: warning: no GPU found: running on the CPU, %d threads\n", cpu_threads());
-    if (!use_gpu && (o.stream_all || o.sync_copy || o.ring_gb > 0 || o.no_graph || o.fused || o.tc_attn))
-        fprintf(stderr, "djinn: warning: --ring-gb, --stream-all, --sync-copy, --no-graph, --fused and --tc-attn "
+    if (!use_gpu && (o.stream_all || o.sync_copy || o.ring_gb > 0 || o.no_graph || o.fused || o.fma_attn))
+        fprintf(stderr, "djinn: warning: --ring-gb, --stream-all, --sync-copy, --no-graph, --fused and --fma-attn "
                         "apply to the GPU engine only\n");
     dj_load_opts lo = {.want_pinned = use_gpu, .no_pin = o.no_pin, .quiet = 0};
     double t0 = dj_now();

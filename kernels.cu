@@ -7,7 +7,6 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <cuda_pipeline.h>
-#include <mma.h>
 
 #include <math.h>
 #include <stdio.h>
@@ -192,7 +191,7 @@ struct dj_gpu {
     int next_plan;
     int prefill_max_hd;     // largest head_dim whose prefill tiles fit the device's shared memory
     int pdl;                // fused decode kernels and decode attention launch with the PDL attribute
-    int tc_attn;            // prefill attention on the tensor cores (3xTF32) where the shape allows
+    int tc_attn;            // prefill attention on the tensor cores (bf16x3) where head_dim allows; default on
     int tc_optin;           // the device's opt-in shared memory per block
     int fused_blocks;       // persistent grid of the fused decode GEMV: blocks per SM x SMs
 };
@@ -1192,15 +1191,17 @@ __global__ __launch_bounds__(FD_WARPS * 32, FD_BLOCKS_PER_SM) void fused_gemv_ke
     }
 }
 
-// Decode: rotates the q (n_heads) and k (n_kv_heads) heads of qkv = [q | k | v] in place for position *d_pos
-// (as rope_kernel) and writes k and v into the caches there (as kv_write_kernel), in one launch.
-__global__ void rope_kv_kernel(float *qkv, float *k_cache, float *v_cache, int n_heads, int n_kv_heads, int head_dim,
-                               int max_seq, const float *inv_freq, const int32_t *d_pos) {
+// Row t = blockIdx.y of qkv (rows ld floats apart, each [q | k | v]): rotates its q (n_heads) and k
+// (n_kv_heads) heads in place for position *d_pos + t (as rope_kernel) and writes k and v into the caches there
+// (as kv_write_kernel), in one launch.
+__global__ void rope_kv_kernel(float *qkv, int64_t ld, float *k_cache, float *v_cache, int n_heads, int n_kv_heads,
+                               int head_dim, int max_seq, const float *inv_freq, const int32_t *d_pos) {
     pdl_wait();
     pdl_trigger();
     const int half = head_dim / 2, nrot = (n_heads + n_kv_heads) * half, kvd = n_kv_heads * head_dim;
-    const int pos = *d_pos;
+    const int pos = *d_pos + (int)blockIdx.y;
     const bool store = pos >= 0 && pos < max_seq;
+    qkv += (int64_t)blockIdx.y * ld;
     const float *v = qkv + (int64_t)(n_heads + n_kv_heads) * head_dim;
     for (int j = blockIdx.x * blockDim.x + threadIdx.x; j < nrot + kvd; j += gridDim.x * blockDim.x) {
         if (j < nrot) {
@@ -1289,13 +1290,17 @@ extern "C" int gpu_fused_matmul(dj_gpu *g, int mode, float *y, const float *x, c
     return fused_typed<DJ_BF16>(g, mode, y, x, nw, eps, w, (int)n_in, (int)n_out, s, e);
 }
 
-extern "C" int gpu_rope_kv(dj_gpu *g, float *qkv, float *k_cache, float *v_cache, int64_t n_heads, int64_t n_kv_heads,
-                           int64_t head_dim, int64_t max_seq, const float *inv_freq, const int32_t *d_pos,
-                           cudaStream_t s, dj_err *e) {
+extern "C" int gpu_rope_kv(dj_gpu *g, float *qkv, int64_t ld, int64_t T, float *k_cache, float *v_cache,
+                           int64_t n_heads, int64_t n_kv_heads, int64_t head_dim, int64_t max_seq,
+                           const float *inv_freq, const int32_t *d_pos, cudaStream_t s, dj_err *e) {
     if (attn_check("gpu_rope_kv", n_heads, n_kv_heads, head_dim, max_seq, e)) return -1;
+    if (T < 0 || T > 65535 || (T > 1 && ld < (n_heads + 2 * n_kv_heads) * head_dim))
+        return dj_fail(e, "gpu_rope_kv: bad T=%lld ld=%lld", (long long)T, (long long)ld);
+    if (T == 0) return 0;
     const int64_t n = (n_heads + n_kv_heads) * (head_dim / 2) + n_kv_heads * head_dim;
-    return launch_k("rope_kv", rope_kv_kernel, dim3((unsigned)((n + 255) / 256)), dim3(256), 0, s, g->pdl, e, qkv,
-                    k_cache, v_cache, (int)n_heads, (int)n_kv_heads, (int)head_dim, (int)max_seq, inv_freq, d_pos);
+    return launch_k("rope_kv", rope_kv_kernel, dim3((unsigned)((n + 255) / 256), (unsigned)T), dim3(256), 0, s, g->pdl,
+                    e, qkv, ld, k_cache, v_cache, (int)n_heads, (int)n_kv_heads, (int)head_dim, (int)max_seq, inv_freq,
+                    d_pos);
 }
 
 // ---- attention: prefill (tiled, causal, online softmax)
@@ -1434,198 +1439,226 @@ static int attention_setup(dj_gpu *g, dj_err *e) {
     return 0;
 }
 
-// ---- attention: prefill on the tensor cores (3xTF32, experimental)
+// ---- attention: prefill on the tensor cores (bf16x3)
 // The same tiled, causal, online-softmax attention as attn_prefill_kernel, with both products (S = Q K^T and
-// O += P V) on the tensor cores in TF32 with the 3xTF32 split: each f32 operand a = big + small, both TF32,
-// and a.b = big.big + big.small + small.big, fp32 accumulation. The dropped small.small term and the rounding
-// of small are ~2^-21 of each product; with the tensor cores' own (not IEEE) accumulation the rows measured up
-// to 1.3e-5 from the CPU on the H100, against < 1e-5 for the FMA kernel (the kernel test holds it to 3e-5; plain
-// TF32 would be ~3e-4), at three tensor-core products per one. Used when g->tc_attn is set (gpu_set_tc_attn) and head_dim
-// is one of 16, 32, 48, 64, 96, 128.
-// Block (64 queries, query head), 4 warps; warp w owns query rows 16w..16w+15 of S, P and O throughout, so only
-// the K/V tiles need block barriers. Shared memory (floats): Qs, Ks, Vs, Os each 64 x (HD + 8), Ss 64 x 72,
-// alpha 64; rows padded by 8 floats keep every fragment 32-byte aligned.
+// O += P V) on the tensor cores (mma.sync m16n8k16, bf16 operands, f32 accumulation) in the bf16x3 split:
+// each f32 operand a = hi + lo, both bf16 (|a - hi - lo| <= 2^-17 |a|), and a.b = lo.hi + hi.lo + hi.hi.
+// The dropped lo.lo term is ~2^-18 of each product: f32-class attention for every weight dtype, with the
+// range of f32 (bf16 has its exponent), at three tensor-core products per one. Each tile's P.V starts from
+// zero and is added to O in f32 outside the tensor cores, whose own accumulation is not IEEE (over a long
+// context inside them it drifts to ~6e-5 from the CPU).
+// Block (64 queries, query head), 4 warps; warp w owns query rows 16w..16w+15: its Q fragments (scaled by
+// 1/sqrt(head_dim)), its S and P, its O accumulators and softmax state all stay in registers, in the mma
+// fragment layout (lane = 4 g + c: rows g and g + 8, columns 2c and 2c + 1 of each 8-wide tile). P goes from
+// the S accumulators to A fragments without leaving the registers. Only the K/V tiles (64 keys, as bf16 hi and
+// lo in shared memory, rows padded by 8 so fragment loads hit distinct banks) need block barriers.
 #define TC_BQ 64
 #define TC_BK 64
 #define TC_THREADS 128
 
-static size_t tc_smem(int hd) { return sizeof(float) * ((size_t)4 * TC_BQ * (hd + 8) + (size_t)TC_BQ * (TC_BK + 8) + TC_BQ); }
+static size_t tc_smem(int hd) { return (size_t)4 * TC_BK * (hd + 8) * sizeof(__nv_bfloat16); }
 
-namespace tcw = nvcuda::wmma;
-typedef tcw::fragment<tcw::matrix_a, 16, 16, 8, tcw::precision::tf32, tcw::row_major> tc_a;
-typedef tcw::fragment<tcw::matrix_b, 16, 16, 8, tcw::precision::tf32, tcw::col_major> tc_bt;  // B = X^T
-typedef tcw::fragment<tcw::matrix_b, 16, 16, 8, tcw::precision::tf32, tcw::row_major> tc_b;
-typedef tcw::fragment<tcw::accumulator, 16, 16, 8, float> tc_c;
+__device__ __forceinline__ uint32_t bf2_bits(__nv_bfloat162 v) { return *(uint32_t *)&v; }
 
-// f = big (in place), small = f - big, both rounded to TF32.
-template <typename F>
-__device__ __forceinline__ void tc_split(F &f, F &small) {
-#pragma unroll
-    for (int i = 0; i < f.num_elements; i++) {
-        const float v = f.x[i], big = tcw::__float_to_tf32(v);
-        f.x[i] = big;
-        small.x[i] = tcw::__float_to_tf32(v - big);
-    }
+// (a, b) -> hi = bf16(a, b), lo = bf16 of what hi missed; a in the low half, as the fragments want it.
+__device__ __forceinline__ void split_bf16x2(float a, float b, uint32_t *hi, uint32_t *lo) {
+    const __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
+    const float2 hf = __bfloat1622float2(h);
+    *hi = bf2_bits(h);
+    *lo = bf2_bits(__floats2bfloat162_rn(a - hf.x, b - hf.y));
 }
 
-template <typename A, typename B>
-__device__ __forceinline__ void tc_mma3(tc_c &c, const A &ab, const A &as, const B &bb, const B &bs) {
-    tcw::mma_sync(c, as, bb, c);  // small terms first: they are the smallest addends
-    tcw::mma_sync(c, ab, bs, c);
-    tcw::mma_sync(c, ab, bb, c);
+__device__ __forceinline__ void mma_bf16(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// c += a.b in bf16x3, the small terms first.
+__device__ __forceinline__ void mma_bf16x3(float c[4], const uint32_t ah[4], const uint32_t al[4], uint32_t bh0,
+                                           uint32_t bh1, uint32_t bl0, uint32_t bl1) {
+    mma_bf16(c, al, bh0, bh1);
+    mma_bf16(c, ah, bl0, bl1);
+    mma_bf16(c, ah, bh0, bh1);
+}
+
+// Two B fragments (k 16 x n 8, n-tiles n0 and n0 + 8) of V^T from row-major V (keys x dims) in shared memory.
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t r[4], const __nv_bfloat16 *p) {
+    const unsigned a = (unsigned)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a));
 }
 
 // PRECOND: HD % 16 == 0, head_dim == HD; blockDim.x == TC_THREADS; tc_smem(HD) bytes of dynamic shared memory;
-// q, k_cache, v_cache 16-byte aligned and ldq % 4 == 0.
+// k_cache, v_cache 16-byte aligned.
 template <int HD>
 __global__ __launch_bounds__(TC_THREADS) void attn_prefill_tc_kernel(float *out, int64_t ldo, const float *q,
                                                                     int64_t ldq, const float *k_cache,
                                                                     const float *v_cache, int T, int group,
                                                                     int max_seq, float scale, const int32_t *d_pos) {
-    extern __shared__ __align__(128) float tc_sm[];
-    constexpr int LD = HD + 8, LS = TC_BK + 8;
-    float *Qs = tc_sm, *Ks = Qs + TC_BQ * LD, *Vs = Ks + TC_BK * LD, *Os = Vs + TC_BK * LD, *Ss = Os + TC_BQ * LD;
-    float *alpha_s = Ss + TC_BQ * LS;
+    extern __shared__ __align__(128) __nv_bfloat16 tc_sm[];
+    constexpr int LD = HD + 8, KS = HD / 16, ND = HD / 8;
+    __nv_bfloat16 *Kh = tc_sm, *Kl = Kh + TC_BK * LD, *Vh = Kl + TC_BK * LD, *Vl = Vh + TC_BK * LD;
     const int h = blockIdx.y, kvh = h / group, t0 = (gridDim.x - 1 - blockIdx.x) * TC_BQ;  // longest tiles first
-    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, c = lane & 3;
     const int pos0 = *d_pos;
-    for (int idx = tid; idx < TC_BQ * HD / 4; idx += TC_THREADS) {  // Q rows (zero past T), O = 0
-        const int rr = idx / (HD / 4), d = (idx - rr * (HD / 4)) * 4, t = t0 + rr;
-        const float4 v = t < T ? *(const float4 *)(q + (int64_t)t * ldq + (int64_t)h * HD + d) : make_float4(0, 0, 0, 0);
-        *(float4 *)(Qs + rr * LD + d) = v;
-        *(float4 *)(Os + rr * LD + d) = make_float4(0, 0, 0, 0);
-    }
     const int last_key = min(pos0 + min(t0 + TC_BQ - 1, T - 1), max_seq - 1);
-    // Softmax state: lane pair (2i, 2i+1) of warp w holds row r = 16w + i; each lane takes alternate keys.
-    const int r = 16 * warp + (lane >> 1), half = lane & 1, t = t0 + r;
-    const int my_last = min(pos0 + min(t, T - 1), last_key);  // rows past T mirror the last row, unwritten
-    float m = -INFINITY, l = 0.0f;
+    // this thread's two rows; rows past T compute the last row's keys (unwritten)
+    const int ta = t0 + 16 * warp + g, tb = ta + 8;
+    const int last_a = min(pos0 + min(ta, T - 1), last_key), last_b = min(pos0 + min(tb, T - 1), last_key);
+
+    // Q fragments (rows ta, tb), scaled, split: k-step s covers dims 16s..16s+15.
+    uint32_t qh[KS][4], ql[KS][4];
+    {
+        const float *qa = q + (int64_t)ta * ldq + (int64_t)h * HD, *qb = q + (int64_t)tb * ldq + (int64_t)h * HD;
+        const bool oka = ta < T, okb = tb < T;
+#pragma unroll
+        for (int s = 0; s < KS; s++) {
+            const int d0 = 16 * s + 2 * c, d1 = d0 + 8;
+            split_bf16x2(oka ? qa[d0] * scale : 0.0f, oka ? qa[d0 + 1] * scale : 0.0f, &qh[s][0], &ql[s][0]);
+            split_bf16x2(okb ? qb[d0] * scale : 0.0f, okb ? qb[d0 + 1] * scale : 0.0f, &qh[s][1], &ql[s][1]);
+            split_bf16x2(oka ? qa[d1] * scale : 0.0f, oka ? qa[d1 + 1] * scale : 0.0f, &qh[s][2], &ql[s][2]);
+            split_bf16x2(okb ? qb[d1] * scale : 0.0f, okb ? qb[d1 + 1] * scale : 0.0f, &qh[s][3], &ql[s][3]);
+        }
+    }
+    float o[ND][4];
+#pragma unroll
+    for (int n = 0; n < ND; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+    float ma = -INFINITY, mb = -INFINITY, la = 0.0f, lb = 0.0f;  // this thread's partial row sums
     const float *kb = k_cache + (int64_t)kvh * max_seq * HD, *vb = v_cache + (int64_t)kvh * max_seq * HD;
 
     for (int k0 = 0; k0 <= last_key; k0 += TC_BK) {
-        __syncthreads();  // every warp is done with the previous tile's Ks/Vs (and Qs/Os are complete)
+        __syncthreads();  // every warp is done with the previous tile
         for (int idx = tid; idx < TC_BK * HD / 4; idx += TC_THREADS) {
             const int j = idx / (HD / 4), d = (idx - j * (HD / 4)) * 4, key = k0 + j;
             const bool ok = key <= last_key;  // never read past the context (the cache may hold anything there)
-            *(float4 *)(Ks + j * LD + d) = ok ? *(const float4 *)(kb + (int64_t)key * HD + d) : make_float4(0, 0, 0, 0);
-            *(float4 *)(Vs + j * LD + d) = ok ? *(const float4 *)(vb + (int64_t)key * HD + d) : make_float4(0, 0, 0, 0);
+            const float4 kv4 = ok ? *(const float4 *)(kb + (int64_t)key * HD + d) : make_float4(0, 0, 0, 0);
+            const float4 vv4 = ok ? *(const float4 *)(vb + (int64_t)key * HD + d) : make_float4(0, 0, 0, 0);
+            uint2 hi, lo;
+            split_bf16x2(kv4.x, kv4.y, &hi.x, &lo.x), split_bf16x2(kv4.z, kv4.w, &hi.y, &lo.y);
+            *(uint2 *)(Kh + j * LD + d) = hi, *(uint2 *)(Kl + j * LD + d) = lo;
+            split_bf16x2(vv4.x, vv4.y, &hi.x, &lo.x), split_bf16x2(vv4.z, vv4.w, &hi.y, &lo.y);
+            *(uint2 *)(Vh + j * LD + d) = hi, *(uint2 *)(Vl + j * LD + d) = lo;
         }
         __syncthreads();
 
-        // S (this warp's 16 rows x 64 keys) = Q K^T
-        {
-            tc_c s[TC_BK / 16];
+        // S (16 rows x 64 keys): n-tile n holds keys k0 + 8n .. k0 + 8n + 7
+        float sc[TC_BK / 8][4];
 #pragma unroll
-            for (int n = 0; n < TC_BK / 16; n++) tcw::fill_fragment(s[n], 0.0f);
+        for (int n = 0; n < TC_BK / 8; n++) {
+            sc[n][0] = sc[n][1] = sc[n][2] = sc[n][3] = 0.0f;
+            const int row = (8 * n + g) * LD + 2 * c;
 #pragma unroll
-            for (int kk = 0; kk < HD / 8; kk++) {
-                tc_a ab, as;
-                tcw::load_matrix_sync(ab, Qs + 16 * warp * LD + 8 * kk, LD);
-                tc_split(ab, as);
+            for (int s = 0; s < KS; s++) {
+                const uint32_t bh0 = *(const uint32_t *)(Kh + row + 16 * s), bh1 = *(const uint32_t *)(Kh + row + 16 * s + 8);
+                const uint32_t bl0 = *(const uint32_t *)(Kl + row + 16 * s), bl1 = *(const uint32_t *)(Kl + row + 16 * s + 8);
+                mma_bf16x3(sc[n], qh[s], ql[s], bh0, bh1, bl0, bl1);
+            }
+        }
+        // causal mask and the online softmax of rows ta (sc[.][0..1]) and tb (sc[.][2..3])
+        float mta = -INFINITY, mtb = -INFINITY;
 #pragma unroll
-                for (int n = 0; n < TC_BK / 16; n++) {
-                    tc_bt bb, bs;
-                    tcw::load_matrix_sync(bb, Ks + 16 * n * LD + 8 * kk, LD);  // K rows: columns of K^T
-                    tc_split(bb, bs);
-                    tc_mma3(s[n], ab, as, bb, bs);
-                }
+        for (int n = 0; n < TC_BK / 8; n++) {
+            const int key = k0 + 8 * n + 2 * c;
+            sc[n][0] = key <= last_a ? sc[n][0] : -INFINITY;
+            sc[n][1] = key + 1 <= last_a ? sc[n][1] : -INFINITY;
+            sc[n][2] = key <= last_b ? sc[n][2] : -INFINITY;
+            sc[n][3] = key + 1 <= last_b ? sc[n][3] : -INFINITY;
+            mta = fmaxf(mta, fmaxf(sc[n][0], sc[n][1]));
+            mtb = fmaxf(mtb, fmaxf(sc[n][2], sc[n][3]));
+        }
+        mta = fmaxf(mta, __shfl_xor_sync(0xffffffffu, mta, 1));
+        mta = fmaxf(mta, __shfl_xor_sync(0xffffffffu, mta, 2));
+        mtb = fmaxf(mtb, __shfl_xor_sync(0xffffffffu, mtb, 1));
+        mtb = fmaxf(mtb, __shfl_xor_sync(0xffffffffu, mtb, 2));
+        // finite from the first tile on: key 0 <= last_a, last_b
+        const float mna = fmaxf(ma, mta), mnb = fmaxf(mb, mtb);
+        const float aa = expf(ma - mna), ab = expf(mb - mnb);  // m = -inf on the first tile: 0
+        ma = mna, mb = mnb;
+        float sa = 0.0f, sb = 0.0f;
+#pragma unroll
+        for (int n = 0; n < TC_BK / 8; n++) {
+            sc[n][0] = expf(sc[n][0] - mna), sc[n][1] = expf(sc[n][1] - mna);  // masked: exp(-inf) = 0
+            sc[n][2] = expf(sc[n][2] - mnb), sc[n][3] = expf(sc[n][3] - mnb);
+            sa += sc[n][0] + sc[n][1], sb += sc[n][2] + sc[n][3];
+        }
+        la = la * aa + sa, lb = lb * ab + sb;
+#pragma unroll
+        for (int n = 0; n < ND; n++) o[n][0] *= aa, o[n][1] *= aa, o[n][2] *= ab, o[n][3] *= ab;
+
+        // P as A fragments: k-step s (keys 16s..16s+15) is S n-tiles 2s and 2s + 1
+        uint32_t ph[TC_BK / 16][4], pl[TC_BK / 16][4];
+#pragma unroll
+        for (int s = 0; s < TC_BK / 16; s++) {
+            split_bf16x2(sc[2 * s][0], sc[2 * s][1], &ph[s][0], &pl[s][0]);
+            split_bf16x2(sc[2 * s][2], sc[2 * s][3], &ph[s][1], &pl[s][1]);
+            split_bf16x2(sc[2 * s + 1][0], sc[2 * s + 1][1], &ph[s][2], &pl[s][2]);
+            split_bf16x2(sc[2 * s + 1][2], sc[2 * s + 1][3], &ph[s][3], &pl[s][3]);
+        }
+        // O += P V, two 8-wide dim tiles at a time; ldmatrix lane l addresses row (l & 7) + 8 ((l >> 3) & 1) of
+        // the k-step and column 8 (l >> 4) of the pair
+        const int lrow = (lane & 7) + 8 * ((lane >> 3) & 1), lcol = 8 * (lane >> 4);
+#pragma unroll
+        for (int n2 = 0; n2 < ND / 2; n2++) {
+            float pv[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
+#pragma unroll
+            for (int s = 0; s < TC_BK / 16; s++) {
+                uint32_t vh[4], vl[4];
+                ldmatrix_x4_trans(vh, Vh + (16 * s + lrow) * LD + 16 * n2 + lcol);
+                ldmatrix_x4_trans(vl, Vl + (16 * s + lrow) * LD + 16 * n2 + lcol);
+                mma_bf16x3(pv[0], ph[s], pl[s], vh[0], vh[1], vl[0], vl[1]);
+                mma_bf16x3(pv[1], ph[s], pl[s], vh[2], vh[3], vl[2], vl[3]);
             }
 #pragma unroll
-            for (int n = 0; n < TC_BK / 16; n++)
-                tcw::store_matrix_sync(Ss + 16 * warp * LS + 16 * n, s[n], LS, tcw::mem_row_major);
+            for (int i = 0; i < 4; i++) o[2 * n2][i] += pv[0][i], o[2 * n2 + 1][i] += pv[1][i];
         }
-        __syncwarp();
-
-        // Online softmax of row r over this tile: scores -> probabilities in place, alpha for the rescale.
-        float mt = -INFINITY;
-        for (int j = half; j < TC_BK; j += 2) {
-            const int key = k0 + j;
-            const float v = key <= my_last ? Ss[r * LS + j] * scale : -INFINITY;
-            Ss[r * LS + j] = v;
-            mt = fmaxf(mt, v);
-        }
-        mt = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, 1));
-        const float mn = fmaxf(m, mt);  // finite from the first tile on: key 0 <= my_last
-        const float alpha = expf(m - mn);
-        float ls = 0.0f;
-        for (int j = half; j < TC_BK; j += 2) {
-            const float p = expf(Ss[r * LS + j] - mn);
-            Ss[r * LS + j] = p;
-            ls += p;
-        }
-        ls += __shfl_xor_sync(0xffffffffu, ls, 1);
-        l = l * alpha + ls;
-        m = mn;
-        if (!half) alpha_s[r] = alpha;
-        __syncwarp();
-        for (int idx = lane; idx < 16 * HD; idx += 32) {  // O rows *= alpha
-            const int rr = 16 * warp + idx / HD, d = idx % HD;
-            Os[rr * LD + d] *= alpha_s[rr];
-        }
-        __syncwarp();
-
-        // O (16 rows x HD) += P (16 x 64) V (64 x HD). The tile's product starts from zero and is added to O in
-        // f32 outside the tensor cores, whose accumulation is not IEEE: inside them over the whole context it
-        // drifted to 5.7e-5 from the CPU at 3797 keys (H100).
-#pragma unroll
-        for (int nd = 0; nd < HD / 16; nd++) {
-            tc_c o, acc;
-            tcw::fill_fragment(o, 0.0f);
-            tcw::load_matrix_sync(acc, Os + 16 * warp * LD + 16 * nd, LD, tcw::mem_row_major);
-#pragma unroll
-            for (int kk = 0; kk < TC_BK / 8; kk++) {
-                tc_a pb, ps;
-                tc_b vb_, vs_;
-                tcw::load_matrix_sync(pb, Ss + 16 * warp * LS + 8 * kk, LS);
-                tcw::load_matrix_sync(vb_, Vs + 8 * kk * LD + 16 * nd, LD);
-                tc_split(pb, ps);
-                tc_split(vb_, vs_);
-                tc_mma3(o, pb, ps, vb_, vs_);
-            }
-#pragma unroll
-            for (int i = 0; i < acc.num_elements; i++) acc.x[i] += o.x[i];  // same layout: elementwise is exact
-            tcw::store_matrix_sync(Os + 16 * warp * LD + 16 * nd, acc, LD, tcw::mem_row_major);
-        }
-        __syncwarp();
     }
-    if (t < T) {
-        const float inv = 1.0f / l;
-        float *o = out + (int64_t)t * ldo + (int64_t)h * HD;
-        for (int d = half; d < HD; d += 2) o[d] = Os[r * LD + d] * inv;
+    la += __shfl_xor_sync(0xffffffffu, la, 1);
+    la += __shfl_xor_sync(0xffffffffu, la, 2);
+    lb += __shfl_xor_sync(0xffffffffu, lb, 1);
+    lb += __shfl_xor_sync(0xffffffffu, lb, 2);
+    const float ia = 1.0f / la, ib = 1.0f / lb;
+    float *oa = out + (int64_t)ta * ldo + (int64_t)h * HD, *ob = out + (int64_t)tb * ldo + (int64_t)h * HD;
+#pragma unroll
+    for (int n = 0; n < ND; n++) {
+        const int d = 8 * n + 2 * c;
+        if (ta < T) oa[d] = o[n][0] * ia, oa[d + 1] = o[n][1] * ia;
+        if (tb < T) ob[d] = o[n][2] * ib, ob[d + 1] = o[n][3] * ib;
     }
 }
 
-template <int HD>
-static int tc_setup_one(int optin, dj_err *e) {
-    if (tc_smem(HD) > (size_t)optin) return 0;
-    CUDA_CHECK(cudaFuncSetAttribute(attn_prefill_tc_kernel<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    (int)tc_smem(HD)));
-    return 0;
-}
+#define TC_HDS(X) X(16) X(32) X(48) X(64) X(80) X(96) X(112) X(128) X(144) X(160) X(176) X(192) X(208) X(224) X(240) X(256)
 
 // Raises the tensor-core kernels' shared-memory limits (H100: all fit; elsewhere the ones that do).
 static int tc_setup(dj_gpu *g, dj_err *e) {
     int optin = 0;
     CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, g->device));
     g->tc_optin = optin;
-    return tc_setup_one<16>(optin, e) || tc_setup_one<32>(optin, e) || tc_setup_one<48>(optin, e) ||
-           tc_setup_one<64>(optin, e) || tc_setup_one<96>(optin, e) || tc_setup_one<128>(optin, e);
+    g->tc_attn = 1;
+#define TC_SET(HDV)                                                                                              \
+    if (tc_smem(HDV) <= (size_t)optin)                                                                           \
+        CUDA_CHECK(cudaFuncSetAttribute(attn_prefill_tc_kernel<HDV>, cudaFuncAttributeMaxDynamicSharedMemorySize, \
+                                        (int)tc_smem(HDV)));
+    TC_HDS(TC_SET)
+#undef TC_SET
+    return 0;
 }
 
 extern "C" void gpu_set_tc_attn(dj_gpu *g, int on) { g->tc_attn = on; }
 
 extern "C" int gpu_tc_attn_supported(const dj_gpu *g, int64_t head_dim) {
-    return head_dim >= 16 && head_dim <= 128 && head_dim % 16 == 0 && head_dim != 80 && head_dim != 112 &&
-           tc_smem((int)head_dim) <= (size_t)g->tc_optin;
+    return head_dim >= 16 && head_dim <= 256 && head_dim % 16 == 0 && tc_smem((int)head_dim) <= (size_t)g->tc_optin;
 }
 
-// The tensor-core prefill for this call, if switched on and the shape is one it has: launches it and sets
-// *done, else leaves the call to the FMA kernel.
+// The tensor-core prefill for this call, if switched on (the default) and the shape is one it has: launches it
+// and sets *done, else leaves the call to the FMA kernel.
 static int attn_prefill_tc(dj_gpu *g, int *done, float *out, int64_t ldo, const float *q, int64_t ldq,
                            const float *k_cache, const float *v_cache, int T, int group, int hd, int max_seq,
                            float scale, const int32_t *d_pos, int n_heads, cudaStream_t s, dj_err *e) {
     *done = 0;
-    if (!g->tc_attn || !gpu_tc_attn_supported(g, hd) || ldq % 4 || ((uintptr_t)q & 15) || ((uintptr_t)k_cache & 15) || ((uintptr_t)v_cache & 15))
+    if (!g->tc_attn || !gpu_tc_attn_supported(g, hd) || ((uintptr_t)k_cache & 15) || ((uintptr_t)v_cache & 15))
         return 0;
     *done = 1;
     dim3 grid((unsigned)((T + TC_BQ - 1) / TC_BQ), (unsigned)n_heads);
@@ -1635,14 +1668,7 @@ static int attn_prefill_tc(dj_gpu *g, int *done, float *out, int64_t ldo, const 
         attn_prefill_tc_kernel<HDV><<<grid, TC_THREADS, sm, s>>>(out, ldo, q, ldq, k_cache, v_cache, T, group,    \
                                                                  max_seq, scale, d_pos);                          \
         break;
-    switch (hd) {
-        TC_LAUNCH(16)
-        TC_LAUNCH(32)
-        TC_LAUNCH(48)
-        TC_LAUNCH(64)
-        TC_LAUNCH(96)
-        TC_LAUNCH(128)
-    }
+    switch (hd) { TC_HDS(TC_LAUNCH) }
 #undef TC_LAUNCH
     LAUNCH_CHECK("attn_prefill_tc", s);
     return 0;

@@ -114,11 +114,12 @@ enum gpu_fuse_mode { GPU_FUSE_NORM = 0, GPU_FUSE_RES = 1, GPU_FUSE_SWIGLU = 2 };
 int gpu_fused_supported(const dj_gpu *g, uint32_t wtype, int64_t n_in, int64_t n_out, int mode);
 int gpu_fused_matmul(dj_gpu *g, int mode, float *y, const float *x, const float *nw, float eps, const void *w,
                      uint32_t wtype, int64_t n_in, int64_t n_out, cudaStream_t s, dj_err *e);
-// Decode RoPE + KV write: qkv (n_heads + 2 n_kv_heads, head_dim) = [q | k | v] of one token; q and k rotated in
-// place for position *d_pos (as gpu_rope), then k and v written into the caches there (as gpu_kv_write).
-int gpu_rope_kv(dj_gpu *g, float *qkv, float *k_cache, float *v_cache, int64_t n_heads, int64_t n_kv_heads,
-                int64_t head_dim, int64_t max_seq, const float *inv_freq, const int32_t *d_pos, cudaStream_t s,
-                dj_err *e);
+// RoPE + KV write in one launch: T rows of qkv, `ld` floats apart (ignored for T = 1), each
+// (n_heads + 2 n_kv_heads, head_dim) = [q | k | v]; row t's q and k rotated in place for position *d_pos + t
+// (as gpu_rope), then its k and v written into the caches there (as gpu_kv_write): the same values. T <= 65535.
+int gpu_rope_kv(dj_gpu *g, float *qkv, int64_t ld, int64_t T, float *k_cache, float *v_cache, int64_t n_heads,
+                int64_t n_kv_heads, int64_t head_dim, int64_t max_seq, const float *inv_freq, const int32_t *d_pos,
+                cudaStream_t s, dj_err *e);
 // Programmatic dependent launch for the fused decode kernels and decode attention (on: each may start while
 // the previous one finishes, fetching its weights early). Only for a stream whose consecutive launches are
 // these kernels and nothing else in between (the all-resident decode graph); off by default.
@@ -166,17 +167,18 @@ int gpu_attention_decode(dj_gpu *g, float *out, const float *q, const float *k_c
 // Prefill: queries t = 0..T-1 at positions *d_pos + t, each over keys 0..*d_pos + t (causal; the cache
 // already holds this chunk's keys, so chunked prefill works). q rows `ldq` floats apart, out rows `ldo`
 // apart, each (n_heads, head_dim). Tiled flash-attention (online softmax in registers and shared memory):
-// no T x T matrix in global memory. PRECOND as for decode.
-// Performance: fp32 FMAs from shared memory (no tensor cores, to stay exact against the f32 CPU reference),
-// one block per (64 queries, head): a small T after a long context (chunked prefill) has little parallelism.
+// no T x T matrix in global memory. PRECOND as for decode. Two kernels, one block per (64 queries, head) each
+// (a small T after a long context, as in chunked prefill, has little parallelism):
+//   tensor cores (the default where head_dim is a multiple of 16 up to 256): mma.sync with bf16 operands in the
+//   bf16x3 split (each f32 operand as a bf16 high part plus a bf16 residual, three products), fp32
+//   accumulation: f32-class accuracy (rows within ~3e-5 of the f32 CPU reference) at tensor-core speed;
+//   fp32 FMAs from shared memory: every other head_dim, or when gpu_set_tc_attn(g, 0) (rows within 1e-5).
 int gpu_attention_prefill(dj_gpu *g, float *out, int64_t ldo, const float *q, int64_t ldq, const float *k_cache,
                           const float *v_cache, int64_t T, int64_t n_heads, int64_t n_kv_heads, int64_t head_dim,
                           int64_t max_seq, const int32_t *d_pos, cudaStream_t s, dj_err *e);
 
-// Prefill attention on the tensor cores (experimental, off by default): TF32 products with the 3xTF32 split
-// (each operand as a TF32 high part plus a TF32 residual, three products): about f32 accuracy (rows within ~1e-5
-// of the f32 CPU reference, the FMA kernel somewhat closer); for
-// head_dim 16, 32, 48, 64, 96 and 128 (others keep the FMA kernel). Applies to later gpu_attention_prefill calls.
+// The tensor-core prefill kernel on (the default) or off (the FMA kernel for every head_dim); applies to later
+// gpu_attention_prefill calls.
 void gpu_set_tc_attn(dj_gpu *g, int on);
 int gpu_tc_attn_supported(const dj_gpu *g, int64_t head_dim);  // 1: that head_dim has the tensor-core kernel
 

@@ -513,7 +513,7 @@ struct dj_gpu_state {
     uint64_t head_lm_off;            // lm_head offset inside the head unit on the device
     int fused_qkv, fused_gate_up;    // wq|wk|wv and w_gate|w_up adjacent in the slab: one matmul each
     int fused_decode;                // T = 1 passes use the fused kernels (dj_gpu_opts.fused, shapes allow)
-    int tc_attn;                     // prefill attention on the tensor cores (dj_gpu_opts.tc_attn, head_dim allows)
+    int tc_attn;                     // prefill attention on the tensor cores (head_dim allows, no fma_attn)
     int64_t max_seq, max_batch;
     float *d_inv_freq;               // (head_dim/2)
     float *d_k, *d_v;                // (n_layers, n_kv_heads, max_seq, head_dim) each
@@ -654,15 +654,14 @@ dj_gpu_state *gpu_state_new(const dj_model *m, const dj_gpu_opts *o, dj_err *e) 
     const dj_layer_layout *L = &m->info.layer;
     s->fused_qkv = L->wk == L->wq + (uint64_t)(q * dim * ws) && L->wv == L->wk + (uint64_t)(kv * dim * ws);
     s->fused_gate_up = L->w_up == L->w_gate + (uint64_t)(hid * dim * ws);
-    const char *te = getenv("DJINN_TC_ATTN");
-    if (o->tc_attn || (te && *te == '1')) {
-        s->tc_attn = gpu_tc_attn_supported(s->g, hd);
-        gpu_set_tc_attn(s->g, s->tc_attn);
-        if (!o->quiet)
-            fprintf(stderr, "gpu: prefill attention: %s\n", s->tc_attn ? "tensor cores, 3xTF32 (experimental)"
-                                                                      : "tensor cores asked for, but this head_dim "
-                                                                        "has no such kernel: FMA kernel");
-    }
+    s->tc_attn = !o->fma_attn && gpu_tc_attn_supported(s->g, hd);
+    gpu_set_tc_attn(s->g, s->tc_attn);
+    if (!o->quiet)
+        fprintf(stderr, "gpu: prefill attention: %s\n",
+                s->tc_attn ? "tensor cores (bf16x3)"
+                           : o->fma_attn ? "fp32 FMA kernel (--fma-attn)"
+                                         : "fp32 FMA kernel (the tensor-core kernel needs head_dim a multiple of 16 "
+                                           "up to 256)");
     const char *fe = getenv("DJINN_FUSED");
     if (o->fused || (fe && *fe == '1')) {
         dj_gpu *g = s->g;
@@ -900,7 +899,7 @@ static int gpu_layer(dj_gpu_state *s, const uint8_t *w, int l, int64_t T, int pe
                              st, e))
             return -1;
         prof_mark(s, 1);
-        if (gpu_rope_kv(g, s->d_qkv, kc, vc, c->n_heads, c->n_kv_heads, hd, s->max_seq, s->d_inv_freq, s->d_pos, st, e))
+        if (gpu_rope_kv(g, s->d_qkv, 0, 1, kc, vc, c->n_heads, c->n_kv_heads, hd, s->max_seq, s->d_inv_freq, s->d_pos, st, e))
             return -1;
         prof_mark(s, 2);
         if (gpu_attention_decode(g, s->d_att, s->d_qkv, kc, vc, c->n_heads, c->n_kv_heads, hd, s->max_seq, s->d_pos,
@@ -935,8 +934,11 @@ static int gpu_layer(dj_gpu_state *s, const uint8_t *w, int l, int64_t T, int pe
             return -1;
     }
     prof_mark(s, 1);
-    // One token's q, k, v are adjacent in either layout: RoPE and the KV write in one launch instead of three.
-    if (T == 1 ? gpu_rope_kv(g, qp, kc, vc, c->n_heads, c->n_kv_heads, hd, s->max_seq, s->d_inv_freq, s->d_pos, st, e)
+    // RoPE and the KV write in one launch instead of three where each row is [q | k | v]: the fused layout, or
+    // one token (its q, k, v are adjacent in either layout).
+    if (T == 1 || s->fused_qkv
+            ? gpu_rope_kv(g, qp, ldq, T, kc, vc, c->n_heads, c->n_kv_heads, hd, s->max_seq, s->d_inv_freq, s->d_pos,
+                          st, e)
                : gpu_rope(qp, T, c->n_heads, hd, ldq, s->d_inv_freq, s->d_pos, st, e) ||
                      gpu_rope(kp, T, c->n_kv_heads, hd, ldkv, s->d_inv_freq, s->d_pos, st, e) ||
                      gpu_kv_write(kc, vc, kp, vp, ldkv, T, c->n_kv_heads, hd, s->max_seq, s->d_pos, st, e))
@@ -1058,17 +1060,24 @@ static int gpu_pass(dj_gpu_state *s, const int32_t *tokens, int64_t T, int64_t p
     return 0;
 }
 
-// One short prefill pass (and, all resident, one decode step, which captures the graph): module loading,
-// cuBLAS's first-call set-up and the graph capture happen here, not in the user's time to first token.
-// The KV cache rows it writes are overwritten by the real prompt.
+// One prefill pass of opts.warm_rows tokens (2 when not given; at most a pass and the context) and, all
+// resident, one decode step, which captures the graph: module loading (CUDA loads each kernel at its first
+// launch, and cuBLAS picks its kernels by shape: on the H100 the 7B's first 512-token pass took 32 ms, the
+// next ones 17), cuBLAS's first-call set-up and the graph capture happen here, not in the user's time to first
+// token. The KV cache rows it writes are overwritten by the real prompt.
 static int gpu_warm_up(dj_gpu_state *s, dj_err *e) {
-    int32_t toks[2] = {0, 0};
+    int64_t T = s->opts.warm_rows > 0 ? s->opts.warm_rows : 2;
+    if (T > s->max_batch) T = s->max_batch;
+    if (T > s->max_seq) T = s->max_seq;
+    int32_t *toks = calloc((size_t)T, sizeof *toks);
     float *lg = malloc((size_t)s->m->info.config.vocab_size * 4);
-    if (!lg) return dj_fail(e, "out of memory");
-    int64_t T = s->max_batch >= 2 ? 2 : 1;
+    if (!lg || !toks) {
+        free(toks), free(lg);
+        return dj_fail(e, "out of memory");
+    }
     int rc = gpu_forward(s, toks, T, 0, lg, 0, e);
     if (!rc && !s->plan->n_streamed && s->max_seq > T) rc = gpu_forward(s, toks, 1, T, lg, 0, e);
-    free(lg);
+    free(toks), free(lg);
     memset(s->prof_ms, 0, sizeof s->prof_ms);
     memset(s->prof_passes, 0, sizeof s->prof_passes);
     dj_gpu_stats keep = s->st;

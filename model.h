@@ -192,14 +192,16 @@ typedef struct {
                         // activations and a margin
     int64_t max_seq;    // context: KV cache length
     int64_t max_batch;  // most tokens per pass (0: 4096); longer prompts take several passes
+    int64_t warm_rows;  // rows of the set-up's warm-up prefill (0: 2): the prompt length, so that its first
+                        // pass finds its cuBLAS kernels loaded (lazy module loading: ~5 ms per new kernel)
     int stream_all;     // nothing resident: every layer cycles through the ring every pass (ablation)
     int sync_copy;      // copy, wait, compute: no overlap (ablation)
     int no_graph;       // all-resident decode without the CUDA graph (launch by launch)
     int fused;          // decode (T = 1) with the fused kernels (gpu_fused_matmul) where the model's shapes allow,
                         // and all-resident with programmatic dependent launch in the graph. Experimental: also
                         // switched on by DJINN_FUSED=1 in the environment
-    int tc_attn;        // prefill attention on the tensor cores (3xTF32; gpu_set_tc_attn) where head_dim allows.
-                        // Experimental: also switched on by DJINN_TC_ATTN=1 in the environment
+    int fma_attn;       // prefill attention on the fp32 FMA kernel even where head_dim has the tensor-core one
+                        // (bf16x3, gpu_set_tc_attn), for comparison
     int quiet;          // no plan on stderr
 } dj_gpu_opts;
 
@@ -211,7 +213,7 @@ typedef struct {
     double wait_ms;            // time the compute stream waited for copies
     int64_t passes;
     int fused_decode;          // decode passes use the fused kernels (dj_gpu_opts.fused and the shapes allow)
-    int tc_attn;               // prefill attention runs on the tensor cores (dj_gpu_opts.tc_attn, head_dim allows)
+    int tc_attn;               // prefill attention runs on the tensor cores (head_dim allows, no fma_attn)
 } dj_gpu_stats;
 
 typedef struct dj_gpu_state dj_gpu_state;

@@ -145,7 +145,7 @@ def derive(ceil, models, cases):
                 c.get("mode"), f"{c.get('max_memory_gpu_bytes', 0) / 1e9:g}")
 
 
-RESIDENT = ("fits", "fits_short", "fits_exp", "fits_short_exp")  # all resident (_exp: --fused --tc-attn)
+RESIDENT = ("fits", "fits_short", "fits_exp", "fits_short_exp")  # all resident (_exp: --fused --fma-attn, the alternative kernels)
 
 
 def order_key(c):
@@ -171,7 +171,7 @@ def targets(cases, ceil):
 
     for tag in ("7b", "13b", "tiny"):
         for short, exp in (("fits_short", "fits_short_exp"), ("fits", "fits_exp")):
-            for case in (short, exp):  # the default engine, then the experimental kernels
+            for case in (short, exp):  # the default engine, then the alternative kernels (--fused --fma-attn)
                 fits = by.get((tag, case))
                 if fits:
                     add(f"{tag} resident decode weight GB/s of D2D ({case})", fits["weight_of_d2d"], ">= 0.80",

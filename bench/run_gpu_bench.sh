@@ -8,9 +8,9 @@
 #   ceilings    build; machine info; make bench-ceilings: D2D copy, pinned H2D, cuBLAS GEMM (the ceilings)
 #   make7b      random Llama-2-7B-shaped f16 HF checkpoint (tools/make_random_llama.py), ./convert it
 #   resident7b  djinn all resident: 512-token prompt (prefill, TTFT, decode) and a short prompt (decode); both
-#               again with the experimental kernels (--fused --tc-attn: cases fits_exp, fits_short_exp)
-#   profile7b   DJINN_PROFILE=1 runs, default and experimental kernels: per-phase GPU time of prefill and decode
-#   stream7b    djinn --ring-gb min (all streamed), 4, 8; --stream-all, --sync-copy and experimental (exp_8) at 8
+#               again with the alternative kernels (--fused --fma-attn: fused decode, FMA prefill attention; fits_exp, fits_short_exp)
+#   profile7b   DJINN_PROFILE=1 runs, default and alternative kernels: per-phase GPU time of prefill and decode
+#   stream7b    djinn --ring-gb min (all streamed), 4, 8; --stream-all, --sync-copy and alternative kernels (exp_8) at 8
 #   hf7b        HF transformers on the same weights: on the GPU, device_map=auto at 8 GB, cpu_offload
 #   clean7b     delete the 7B model (the disk is 64 GiB)
 #   make13b, stream13b (--ring-gb 16), hf13b (auto at 16 GB, cpu_offload capped at 4 tokens), clean13b
@@ -302,12 +302,12 @@ stage_resident() {  # tag
     prepare "$tag"
     djinn_case "$tag" fits long -n "$N_RESIDENT"
     djinn_case "$tag" fits_short short -n "$N_RESIDENT"
-    djinn_case "$tag" fits_exp long -n "$N_RESIDENT" --fused --tc-attn
-    djinn_case "$tag" fits_short_exp short -n "$N_RESIDENT" --fused --tc-attn
+    djinn_case "$tag" fits_exp long -n "$N_RESIDENT" --fused --fma-attn
+    djinn_case "$tag" fits_short_exp short -n "$N_RESIDENT" --fused --fma-attn
 }
 
 # Where the time of a prefill pass and of a decode step goes (DJINN_PROFILE=1: events between the kernels of
-# each layer, per phase), resident, default and with the experimental kernels: $RAW/profile_<tag>_<case>.txt. Profiled passes run
+# each layer, per phase), resident, default and with the alternative kernels (--fused --fma-attn): $RAW/profile_<tag>_<case>.txt. Profiled passes run
 # without the decode graph, so their decode times are not the benchmark's.
 stage_profile() {  # tag
     local tag=$1 bin c out
@@ -319,7 +319,7 @@ stage_profile() {  # tag
         out="$RAW/profile_${tag}_$c.txt"
         [ -f "$out" ] && { echo "  profile $tag $c: done before"; continue; }
         DJINN_PROFILE=1 timeout "$CASE_TIMEOUT" ./djinn "$bin" -p "$PROMPT" -t 0 -c "$CTX" -n 16 \
-            $([ $c = exp ] && echo --fused --tc-attn) > /dev/null 2> "$LOGS/profile_${tag}_$c.log" ||
+            $([ $c = exp ] && echo --fused --fma-attn) > /dev/null 2> "$LOGS/profile_${tag}_$c.log" ||
             { echo "  profile $tag $c: FAILED"; tail -3 "$LOGS/profile_${tag}_$c.log"; FAILED=1; continue; }
         grep -E '^(profile|gpu:|prefill|decode|time to first)' "$LOGS/profile_${tag}_$c.log" | tee "$out" | sed 's/^/    /'
     done
@@ -338,7 +338,7 @@ stage_stream() {  # tag ring...   ring: G | min (the smallest) | stream_all=G | 
             min) djinn_case "$tag" ring_min long -n "$N_STREAM" --ring-gb @min ;;
             stream_all=*) djinn_case "$tag" "stream_all_$nm" long -n "$N_STREAM" --ring-gb "$v" --stream-all ;;
             sync_copy=*) djinn_case "$tag" "sync_copy_$nm" long -n "$N_STREAM" --ring-gb "$v" --sync-copy ;;
-            exp=*) djinn_case "$tag" "exp_$nm" long -n "$N_STREAM" --ring-gb "$v" --fused --tc-attn ;;
+            exp=*) djinn_case "$tag" "exp_$nm" long -n "$N_STREAM" --ring-gb "$v" --fused --fma-attn ;;
             *) djinn_case "$tag" "ring_$r" long -n "$N_STREAM" --ring-gb "$r" ;;
         esac
     done

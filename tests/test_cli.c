@@ -222,7 +222,7 @@ Test(cli, gpu_flags_on_the_cpu_warn) {
     char *argv[] = {tcli_djinn_path, c.model, "-p", "Hi", "-n", "2", "-t", "0", "--cpu", "--fused", NULL};
     cr_assert_eq(tcli_run(&c, argv), 0);
     char *err = tcli_stderr(&c);
-    cr_assert(strstr(err, "warning: --ring-gb, --stream-all, --sync-copy, --no-graph, --fused and --tc-attn apply "
+    cr_assert(strstr(err, "warning: --ring-gb, --stream-all, --sync-copy, --no-graph, --fused and --fma-attn apply "
                           "to the GPU engine only"), "%s", err);
     free(err);
     tcli_teardown(&c);
@@ -439,7 +439,7 @@ Test(cli, bad_flags_give_usage) {
     char *out = tcli_stdout(&c, NULL);
     const char *opts[] = {"-p", "-n", "-t", "--top-p", "-s", "-c", "--ring-gb", "--cpu", "--logits", "--check",
                           "--tol", "--tokenize", "--stream-all", "--sync-copy", "--no-graph", "--fused", "--no-pin",
-                          "--stats-json", "--tc-attn"};
+                          "--stats-json", "--fma-attn"};
     for (size_t i = 0; i < sizeof opts / sizeof *opts; i++) cr_assert(strstr(out, opts[i]), "--help lacks %s", opts[i]);
     cr_assert(strstr(out, "max_position_embeddings, capped at 4096"), "--help does not state -c's cap: %s", out);
     // a valid --ring-gb is accepted

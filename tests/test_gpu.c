@@ -92,17 +92,17 @@ static void make_ids(int32_t *ids, int64_t n, int64_t vocab, unsigned seed) {
     for (int64_t i = 1; i < n; i++) ids[i] = (int32_t)(rand() % vocab);
 }
 
-// Prefill of 40 tokens, then 24 decode steps (fused: with the fused decode kernels; tc: prefill attention on the
-// tensor cores), against the CPU at every position.
-static void gpu_vs_cpu_opts(dj_model *mp, int fused, int tc, double tol) {
+// Prefill of 40 tokens, then 24 decode steps (fused: with the fused decode kernels; fma: prefill attention on the
+// FMA kernel, not the tensor cores), against the CPU at every position.
+static void gpu_vs_cpu_opts(dj_model *mp, int fused, int fma, double tol) {
     dj_model m = *mp;
     int dtype = (int)m.info.config.wtype;
     int64_t V = m.info.config.vocab_size, n = 40, nd = 24;
     int32_t ids[64];
     unsigned seed = (unsigned)time(NULL);
     make_ids(ids, n + nd, V, seed);
-    dj_gpu_opts o = {.max_seq = 128, .quiet = 1, .fused = fused, .tc_attn = tc};
-    if (fused || tc) {  // the experimental paths must really be the ones taken
+    dj_gpu_opts o = {.max_seq = 128, .quiet = 1, .fused = fused, .fma_attn = fma};
+    {  // the paths asked for must really be the ones taken
         dj_err fe;
         dj_gpu_state *s = gpu_state_new(&m, &o, &fe);
         cr_assert(s, "%s", fe.msg);
@@ -110,7 +110,9 @@ static void gpu_vs_cpu_opts(dj_model *mp, int fused, int tc, double tol) {
         gpu_state_stats(s, &st);
         gpu_state_free(s);
         cr_assert(!fused || st.fused_decode, "%s: the fused decode kernels were not used", dj_dtype_name((uint32_t)dtype));
-        cr_assert(!tc || st.tc_attn, "%s: the tensor-core prefill attention was not used", dj_dtype_name((uint32_t)dtype));
+        const int64_t hd = m.info.config.head_dim;
+        cr_assert_eq(st.tc_attn, !fma && hd % 16 == 0, "%s: head_dim %lld: tensor-core prefill attention %d",
+                     dj_dtype_name((uint32_t)dtype), (long long)hd, st.tc_attn);
     }
     float *g = run_gpu(&m, &o, ids, n, nd);
     dj_err e;
@@ -156,9 +158,9 @@ Test(gpu_forward, fused_decode_matches_cpu) {
     }
 }
 
-// Prefill attention on the tensor cores (DJINN_TC_ATTN=1) on the fixtures, whose head_dims (16, 32, 48) it has,
-// with the fused decode as well: the experimental paths together, against the CPU.
-Test(gpu_forward, tc_attention_matches_cpu) {
+// The fixtures' head_dims (16, 32, 48) take the tensor-core prefill attention by default: here the FMA kernel
+// instead (--fma-attn), with the fused decode as well, against the CPU.
+Test(gpu_forward, fma_attention_matches_cpu) {
     static const char *fixtures[] = {"tied_gqa_f16", "mha_untied_f16", "llama3_gqa_bf16"};
     for (int i = 0; i < 3; i++)
         for (int fused = 0; fused < 2; fused++) {

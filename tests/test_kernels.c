@@ -275,14 +275,20 @@ Test(kernels, fused_decode_chain_with_pdl) {
     tk_end("fused_decode_chain_with_pdl");
 }
 
-// RoPE of q and k plus the KV write for one token: the same values as gpu_rope and gpu_kv_write.
+// RoPE of q and k plus the KV write, for one token and for T rows ld floats apart (prefill, fused [q|k|v] rows):
+// the same values as the CPU's RoPE, the caches holding exactly the rotated k and the v of each row (positions past
+// the cache: nothing).
 Test(kernels, rope_kv) {
     tk_start("rope_kv");
-    static const int64_t cases[][4] = {{8, 4, 64, 0}, {6, 2, 16, 99}, {4, 4, 128, 37}, {4, 2, 48, 5000}};  // nh, nkv, hd, pos
+    // nh, nkv, hd, pos, T, row padding
+    static const int64_t cases[][6] = {{8, 4, 64, 0, 1, 0},  {6, 2, 16, 99, 1, 0},  {4, 4, 128, 37, 1, 0},
+                                       {4, 2, 48, 5000, 1, 0}, {8, 2, 64, 0, 17, 0}, {4, 4, 128, 30, 80, 8},
+                                       {6, 3, 32, 90, 20, 4}};
     dj_err e;
     for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
-        const int64_t nh = cases[ci][0], nkv = cases[ci][1], hd = cases[ci][2], pos = cases[ci][3], max_seq = 100;
-        const int64_t n = (nh + 2 * nkv) * hd, cache_n = nkv * max_seq * hd;
+        const int64_t nh = cases[ci][0], nkv = cases[ci][1], hd = cases[ci][2], pos = cases[ci][3], T = cases[ci][4];
+        const int64_t row = (nh + 2 * nkv) * hd, ld = row + cases[ci][5], n = T * ld, max_seq = 100;
+        const int64_t cache_n = nkv * max_seq * hd;
         dj_config c = {0};
         c.head_dim = (uint32_t)hd, c.rope_theta = 10000.0f;
         float *inv = malloc((size_t)hd / 2 * 4), *qkv = malloc((size_t)n * 4), *got = malloc((size_t)cache_n * 4);
@@ -292,21 +298,23 @@ Test(kernels, rope_kv) {
         float *dqkv = tk_up(qkv, (size_t)n * 4), *dinv = tk_up(inv, (size_t)hd / 2 * 4);
         float *dk = tk_up(kc, (size_t)cache_n * 4), *dv = tk_up(vc, (size_t)cache_n * 4);
         int32_t *dpos = tk_pos((int32_t)pos);
-        cr_assert_eq(gpu_rope_kv(tk_g, dqkv, dk, dv, nh, nkv, hd, max_seq, dinv, dpos, tk_s, &e), 0, "%s", e.msg);
+        cr_assert_eq(gpu_rope_kv(tk_g, dqkv, ld, T, dk, dv, nh, nkv, hd, max_seq, dinv, dpos, tk_s, &e), 0, "%s", e.msg);
         float *gq = malloc((size_t)n * 4);
         tk_down(gq, dqkv, (size_t)n * 4);
-        cpu_rope(qkv, nh, hd, pos, inv);
-        cpu_rope(qkv + nh * hd, nkv, hd, pos, inv);
-        char what[128];
-        snprintf(what, sizeof what, "rope_kv n_heads=%lld n_kv=%lld head_dim=%lld pos=%lld", (long long)nh,
-                 (long long)nkv, (long long)hd, (long long)pos);
-        tk_close(gq, qkv, n, 1e-5, what);  // v included: it must come through untouched
-        // The caches hold exactly the rotated k and the v of the row (a position past the cache: nothing).
-        if (pos < max_seq)
-            for (int64_t h = 0; h < nkv; h++) {
-                memcpy(kc + (h * max_seq + pos) * hd, gq + (nh + h) * hd, (size_t)hd * 4);
-                memcpy(vc + (h * max_seq + pos) * hd, gq + (nh + nkv + h) * hd, (size_t)hd * 4);
-            }
+        for (int64_t t = 0; t < T; t++) {
+            cpu_rope(qkv + t * ld, nh, hd, pos + t, inv);
+            cpu_rope(qkv + t * ld + nh * hd, nkv, hd, pos + t, inv);
+        }
+        char what[160];
+        snprintf(what, sizeof what, "rope_kv n_heads=%lld n_kv=%lld head_dim=%lld pos=%lld T=%lld ld=%lld",
+                 (long long)nh, (long long)nkv, (long long)hd, (long long)pos, (long long)T, (long long)ld);
+        tk_close(gq, qkv, n, 1e-5, what);  // v and the padding included: they must come through untouched
+        for (int64_t t = 0; t < T; t++)
+            if (pos + t < max_seq)
+                for (int64_t h = 0; h < nkv; h++) {
+                    memcpy(kc + (h * max_seq + pos + t) * hd, gq + t * ld + (nh + h) * hd, (size_t)hd * 4);
+                    memcpy(vc + (h * max_seq + pos + t) * hd, gq + t * ld + (nh + nkv + h) * hd, (size_t)hd * 4);
+                }
         free(gq);
         for (int which = 0; which < 2; which++) {
             tk_down(got, which ? dv : dk, (size_t)cache_n * 4);
@@ -591,8 +599,10 @@ static void tk_prefill_case(int64_t group, int64_t n_kv, int64_t hd, int64_t T, 
     tk_prefill_case_tol(group, n_kv, hd, T, pos0, 1e-5);
 }
 
+// The fp32 FMA kernel (gpu_set_tc_attn off), on every shape, the largest head_dim included.
 Test(kernels, attention_prefill, .timeout = 600) {
     tk_start("attention_prefill");
+    gpu_set_tc_attn(tk_g, 0);
     static const int64_t groups[] = {1, 2, 4, 8};
     static const int64_t hds[] = {64, 128, 8, 48};
     static const int64_t Ts[] = {1, 17, 512};
@@ -607,13 +617,14 @@ Test(kernels, attention_prefill, .timeout = 600) {
     tk_prefill_case(2, 2, 128, 300, 3796);  // last query at 4095
     tk_prefill_case(3, 2, 256, 100, 37);    // the largest head_dim
     tk_prefill_case(1, 1, 24, 65, 5);       // tiny odd head_dim, a second partial query tile
+    gpu_set_tc_attn(tk_g, 1);
     tk_end("attention_prefill");
 }
 
-// The same cases on the tensor-core kernel (3xTF32). Its products are f32-class but the tensor cores' own
-// accumulation is not IEEE f32: measured on the H100 (2026-11-23) up to 1.3e-5 where the FMA kernel stays under
-// 1e-5, so it is held to 3e-5 (a plain-TF32 kernel lands near 3e-4). Every head_dim it has, every GQA ratio,
-// chunked prefill, the longest context.
+// The same cases on the tensor-core kernel (bf16x3, the default). Its products are f32-class (operands to
+// 2^-17) but the tensor cores' own accumulation is not IEEE f32, so it is held to 3e-5 where the FMA kernel stays
+// under 1e-5 (one bf16 product per term would land near 3e-3). Every GQA ratio, head_dims 16 to 256, chunked
+// prefill, the longest context.
 static void tk_prefill_case_tc(int64_t group, int64_t n_kv, int64_t hd, int64_t T, int64_t pos0) {
     tk_prefill_case_tol(group, n_kv, hd, T, pos0, 3e-5);
 }
@@ -621,11 +632,10 @@ static void tk_prefill_case_tc(int64_t group, int64_t n_kv, int64_t hd, int64_t 
 Test(kernels, attention_prefill_tc, .timeout = 600) {
     tk_start("attention_prefill_tc");
     static const int64_t groups[] = {1, 2, 4, 8};
-    static const int64_t hds[] = {64, 128, 16, 32, 48, 96};
+    static const int64_t hds[] = {64, 128, 16, 32, 48, 80};
     static const int64_t Ts[] = {1, 17, 512};
-    for (size_t hi = 0; hi < 6; hi++) cr_assert(gpu_tc_attn_supported(tk_g, hds[hi]), "head_dim %lld", (long long)hds[hi]);
-    cr_assert(!gpu_tc_attn_supported(tk_g, 8) && !gpu_tc_attn_supported(tk_g, 80) && !gpu_tc_attn_supported(tk_g, 256));
-    gpu_set_tc_attn(tk_g, 1);
+    for (int64_t hd = 16; hd <= 256; hd += 16) cr_assert(gpu_tc_attn_supported(tk_g, hd), "head_dim %lld", (long long)hd);
+    cr_assert(!gpu_tc_attn_supported(tk_g, 8) && !gpu_tc_attn_supported(tk_g, 24) && !gpu_tc_attn_supported(tk_g, 272));
     for (size_t gi = 0; gi < 4; gi++)
         for (size_t hi = 0; hi < 6; hi++)
             for (size_t ti = 0; ti < 3; ti++) {
@@ -636,8 +646,9 @@ Test(kernels, attention_prefill_tc, .timeout = 600) {
     tk_prefill_case_tc(1, 2, 128, 4096, 0);
     tk_prefill_case_tc(2, 2, 128, 300, 3796);  // last query at 4095
     tk_prefill_case_tc(1, 1, 48, 65, 5);       // a second, partial query tile
+    tk_prefill_case_tc(3, 2, 256, 100, 37);    // the largest head_dim
+    tk_prefill_case_tc(2, 1, 176, 70, 0);
     tk_prefill_case_tc(1, 2, 8, 40, 3);        // a head_dim it has no kernel for: the FMA kernel serves it
-    gpu_set_tc_attn(tk_g, 0);
     tk_end("attention_prefill_tc");
 }
 

@@ -44,7 +44,7 @@ for ref in tests/ref/*.bin; do
     if [ "$name" = stories260K ]; then src="$DATA/models/stories260K"; tok=""; dt="--dtype f32"
     else src="tests/fixtures/$name"; tok="--tokenizer $DATA/models/stories260K"; dt=""; fi
     ./convert/convert -q "$src" "/tmp/djinn_check/$name.bin" $tok $dt || continue
-    for eng in "" "--fused --tc-attn" "--cpu"; do  # the GPU engine, again with its experimental kernels, the CPU
+    for eng in "" "--fused --fma-attn" "--cpu"; do  # the GPU engine, again with the alternative kernels (fused decode, FMA prefill attention), the CPU
         ./djinn "/tmp/djinn_check/$name.bin" --check "$ref" $eng 2>>"$OUT/check.log" > /tmp/djinn_check/out.txt \
             || FAILED=1
         { echo "=== $name ${eng:-gpu}"; cat /tmp/djinn_check/out.txt; } >> "$OUT/checks.txt"
@@ -58,16 +58,17 @@ if [ "${SANITIZE:-0}" = 1 ]; then
     step compute-sanitizer
     CS=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
     ./convert/convert -q "$DATA/models/stories260K" /tmp/djinn_check/s16.bin --dtype f16
-    for tool in memcheck racecheck synccheck; do
+    # SAN_TOOLS, SAN_FILTERS (Criterion filters) and SAN_TIMEOUT (seconds per run) narrow it to fit a call.
+    for tool in ${SAN_TOOLS:-memcheck racecheck synccheck}; do
         for filter in ${SAN_FILTERS:-"kernels/*" "gpu_forward/*" "cli/*gpu*"}; do
             log=/tmp/djinn_check/cs_${tool}_$(echo "$filter" | tr -c 'a-z' _).log
-            DJINN_DATA=$PWD/$DATA DJINN_BIN=$PWD/build/bin timeout 400 "$CS" --tool $tool --error-exitcode 9 \
+            DJINN_DATA=$PWD/$DATA DJINN_BIN=$PWD/build/bin timeout "${SAN_TIMEOUT:-400}" "$CS" --tool $tool --error-exitcode 9 \
                 build/run_tests -j1 --filter "$filter" > "$log" 2>&1
             rc=$?
             echo "$tool $filter: exit $rc $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|Synthesis' "$log" | tr '\n' ' ')"
             [ $rc = 0 ] || FAILED=1
         done
-        timeout 300 "$CS" --tool $tool --error-exitcode 9 ./djinn /tmp/djinn_check/s16.bin -p "Once upon a time" \
+        timeout "${SAN_TIMEOUT:-300}" "$CS" --tool $tool --error-exitcode 9 ./djinn /tmp/djinn_check/s16.bin -p "Once upon a time" \
             -n 20 -t 0 --stream-all > "/tmp/djinn_check/cs_gen_$tool.log" 2>&1
         rc=$?
         echo "$tool streamed generation: exit $rc $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' /tmp/djinn_check/cs_gen_$tool.log | tr '\n' ' ')"

@@ -306,8 +306,12 @@ def charts(out_dir, ceil, models, cases):
             written.append(p)
         res = [c for c in dj if c["case"] in RESIDENT] + [c for c in hf if c.get("mode") == "gpu"]
         if res:
-            fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 4.5))
-            names = [f"{c['engine']} {c['case']}\n(prompt {c.get('prompt_tokens')})" for c in res]
+            fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 5))
+            def label(c):  # engine, what it ran with, prompt length: one short line each
+                how = {"fits": "default", "fits_short": "default", "fits_exp": "--fused\n--fma-attn",
+                       "fits_short_exp": "--fused\n--fma-attn"}.get(c["case"], c["case"])
+                return f"{c['engine']}\n{how}\nprompt {c.get('prompt_tokens')}"
+            names = [label(c) for c in res]
             bars = a1.bar(names, [c["decode_ms_per_token"] for c in res],
                           color=["C0" if c["engine"] == "djinn" else "C4" for c in res])
             a1.bar_label(bars, fmt="%.2f", fontsize=8)
@@ -318,7 +322,7 @@ def charts(out_dir, ceil, models, cases):
             a1.set_ylabel("decode ms/token")
             a1.set_title("decode, all resident")
             pre = [c for c in res if c.get("prefill_tflops") and not c["case"].startswith("fits_short")]
-            bars = a2.bar([f"{c['engine']}\n({c.get('prompt_tokens')} tokens)" for c in pre],
+            bars = a2.bar([label(c) for c in pre],
                           [c["prefill_tflops"] for c in pre],
                           color=["C0" if c["engine"] == "djinn" else "C4" for c in pre])
             a2.bar_label(bars, fmt="%.0f", fontsize=8)

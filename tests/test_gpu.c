@@ -71,7 +71,9 @@ static double rel_l2(const float *a, const float *ref, int64_t n) {
 }
 
 // A pseudo-random prompt of n ids below vocab, then n_dec decode steps feeding fixed ids; all logits.
-static float *run_gpu(const dj_model *m, const dj_gpu_opts *o, const int32_t *ids, int64_t n, int64_t n_dec) {
+// The logits of a prefill of n tokens, then n_dec decode steps; *st (when given): the engine's statistics.
+static float *run_gpu_stats(const dj_model *m, const dj_gpu_opts *o, const int32_t *ids, int64_t n, int64_t n_dec,
+                            dj_gpu_stats *st) {
     int64_t V = m->info.config.vocab_size;
     float *lg = malloc((size_t)((n + n_dec) * V) * 4);
     for (int64_t i = 0; i < (n + n_dec) * V; i++) lg[i] = NAN;  // poison: every row must be written
@@ -81,9 +83,14 @@ static float *run_gpu(const dj_model *m, const dj_gpu_opts *o, const int32_t *id
     cr_assert_eq(gpu_forward(s, ids, n, 0, lg, 1, &e), 0, "%s", e.msg);
     for (int64_t t = 0; t < n_dec; t++)
         cr_assert_eq(gpu_forward(s, ids + n + t, 1, n + t, lg + (n + t) * V, 0, &e), 0, "%s", e.msg);
+    if (st) gpu_state_stats(s, st);
     gpu_state_free(s);
     for (int64_t i = 0; i < (n + n_dec) * V; i++) cr_assert(!isnan(lg[i]), "logit %lld not written", (long long)i);
     return lg;
+}
+
+static float *run_gpu(const dj_model *m, const dj_gpu_opts *o, const int32_t *ids, int64_t n, int64_t n_dec) {
+    return run_gpu_stats(m, o, ids, n, n_dec, NULL);
 }
 
 static void make_ids(int32_t *ids, int64_t n, int64_t vocab, unsigned seed) {
@@ -102,19 +109,13 @@ static void gpu_vs_cpu_opts(dj_model *mp, int fused, int fma, double tol) {
     unsigned seed = (unsigned)time(NULL);
     make_ids(ids, n + nd, V, seed);
     dj_gpu_opts o = {.max_seq = 128, .quiet = 1, .fused = fused, .fma_attn = fma};
-    {  // the paths asked for must really be the ones taken
-        dj_err fe;
-        dj_gpu_state *s = gpu_state_new(&m, &o, &fe);
-        cr_assert(s, "%s", fe.msg);
-        dj_gpu_stats st;
-        gpu_state_stats(s, &st);
-        gpu_state_free(s);
-        cr_assert(!fused || st.fused_decode, "%s: the fused decode kernels were not used", dj_dtype_name((uint32_t)dtype));
-        const int64_t hd = m.info.config.head_dim;
-        cr_assert_eq(st.tc_attn, !fma && hd % 16 == 0, "%s: head_dim %lld: tensor-core prefill attention %d",
-                     dj_dtype_name((uint32_t)dtype), (long long)hd, st.tc_attn);
-    }
-    float *g = run_gpu(&m, &o, ids, n, nd);
+    dj_gpu_stats st;
+    float *g = run_gpu_stats(&m, &o, ids, n, nd, &st);
+    // the paths asked for must really be the ones taken
+    cr_assert(!fused || st.fused_decode, "%s: the fused decode kernels were not used", dj_dtype_name((uint32_t)dtype));
+    const int64_t hd = m.info.config.head_dim;
+    cr_assert_eq(st.tc_attn, !fma && hd % 16 == 0, "%s: head_dim %lld: tensor-core prefill attention %d",
+                 dj_dtype_name((uint32_t)dtype), (long long)hd, st.tc_attn);
     dj_err e;
     dj_cpu_state *cs = cpu_state_new(&m, 128, &e);
     cr_assert(cs, "%s", e.msg);

@@ -58,6 +58,8 @@ typedef struct {
     int no_graph;        // all-resident decode launch by launch
     int fused;           // experimental fused decode kernels
     int fma_attn;        // prefill attention on the fp32 FMA kernel, not the tensor cores
+    double cpu_share;    // dj_gpu_opts.cpu_share: < 0 automatic (the default), 0 off
+    int cpu_share_given;
     int no_pin;          // pageable host memory for the weights
     const char *stats_path;
     const char *logits_path;
@@ -88,6 +90,10 @@ static void usage(FILE *f) {
             "                   also DJINN_FUSED=1), where the model's shapes allow; the plan says if used\n"
             "  --fma-attn       comparison: prefill attention on the fp32 FMA kernel instead of the tensor cores\n"
             "                   (bf16x3, f32-class accuracy; used for head_dim a multiple of 16 up to 256)\n"
+            "  --cpu-share F    while layers stream, the CPU computes fraction F (0 to 0.95) of every streamed\n"
+            "                   matrix's rows from host memory in each decode step, so those bytes never cross\n"
+            "                   PCIe; 'auto' (the default) balances the CPU's measured rate against the link's,\n"
+            "                   0 turns it off (then streamed logits are bitwise those of the all-resident path)\n"
             "  --no-pin         keep the weights in pageable memory (where page-locking is limited; copies\n"
             "                   then run at ~7 GB/s instead of ~50 and do not overlap compute)\n"
             "  --cpu            run on the CPU even when a GPU is present\n"
@@ -132,7 +138,7 @@ static int parse_f64(const char *s, double *out) {
 
 // Returns 0 when parsed, else the exit code (EXIT_USAGE, or -1 for --help).
 static int parse_args(int argc, char **argv, dj_opts *o) {
-    *o = (dj_opts){.prompt = "", .n_new = 256, .temp = 1.0, .top_p = 0.9, .tol = -1};
+    *o = (dj_opts){.prompt = "", .n_new = 256, .temp = 1.0, .top_p = 0.9, .tol = -1, .cpu_share = -1};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) return -1;
@@ -150,7 +156,7 @@ static int parse_args(int argc, char **argv, dj_opts *o) {
             continue;
         }
         static const char *with_value[] = {"-p", "-n", "-t", "--top-p", "-s", "-c", "--ring-gb", "--logits",
-                                           "--check", "--tol", "--stats-json"};
+                                           "--check", "--tol", "--stats-json", "--cpu-share"};
         int known = 0;
         for (size_t k = 0; k < sizeof with_value / sizeof *with_value; k++) known |= !strcmp(a, with_value[k]);
         if (!known) return usage_error("unknown option '%s'", a);
@@ -179,6 +185,12 @@ static int parse_args(int argc, char **argv, dj_opts *o) {
         } else if (!strcmp(a, "--ring-gb")) {
             if (parse_f64(v, &d) || d <= 0) return usage_error("--ring-gb needs a positive number of GB, not '%s'", v);
             o->ring_gb = d;
+        } else if (!strcmp(a, "--cpu-share")) {
+            if (!strcmp(v, "auto")) d = -1;
+            else if (parse_f64(v, &d) || d < 0 || d > 0.95)
+                return usage_error("--cpu-share needs 'auto' or a fraction from 0 to 0.95, not '%s'", v);
+            o->cpu_share = d;
+            o->cpu_share_given = 1;
         } else if (!strcmp(a, "--logits")) {
             o->logits_path = v;
         } else if (!strcmp(a, "--stats-json")) {
@@ -235,7 +247,7 @@ static int engine_open(dj_engine *eng, const dj_model *m, const dj_opts *o, int6
     if (!m->for_gpu) return engine_cpu_new(eng, m, ctx, e);
     dj_gpu_opts go = {.ring_gb = o->ring_gb, .max_seq = ctx, .stream_all = o->stream_all,
                       .sync_copy = o->sync_copy, .no_graph = o->no_graph, .fused = o->fused,
-                      .fma_attn = o->fma_attn, .warm_rows = warm};
+                      .fma_attn = o->fma_attn, .warm_rows = warm, .cpu_share = o->cpu_share};
     dj_gpu_state *s = gpu_state_new(m, &go, e);
     if (!s) return -1;
     *eng = (dj_engine){"gpu", 1, s, engine_gpu_forward, engine_gpu_free};
@@ -526,10 +538,12 @@ static int write_stats(const char *path, const dj_model *m, const dj_engine *eng
         gpu_state_stats(eng->ctx, &g);
         fprintf(f, ",\n \"ring_gb\": %.4f, \"stream_all\": %d, \"sync_copy\": %d, \"resident_units\": %d, "
                    "\"streamed_units\": %d,\n \"streamed_gb_per_token\": %.6f, \"h2d_gb_s\": %.4f, "
-                   "\"wait_ms_per_token\": %.6f, \"passes\": %" PRId64 ", \"fused_decode\": %d, \"tc_attn\": %d",
+                   "\"wait_ms_per_token\": %.6f, \"passes\": %" PRId64 ", \"fused_decode\": %d, \"tc_attn\": %d,\n"
+                   " \"cpu_share\": %.4f, \"cpu_gb_per_token\": %.6f, \"cpu_threads\": %d",
                 o->ring_gb, o->stream_all, o->sync_copy, g.n_resident, g.n_streamed, (double)g.bytes_per_token / 1e9,
                 g.copy_ms > 0 ? (double)g.copied_bytes / 1e6 / g.copy_ms : 0.0,
-                g.passes > 0 ? g.wait_ms / (double)g.passes : 0.0, g.passes, g.fused_decode, g.tc_attn);
+                g.passes > 0 ? g.wait_ms / (double)g.passes : 0.0, g.passes, g.fused_decode, g.tc_attn, g.cpu_share,
+                (double)g.cpu_bytes_per_token / 1e9, cpu_threads());
     }
     fprintf(f, "}\n");
     if (fclose(f)) return dj_fail(e, "cannot write %s: %s", path, strerror(errno));
@@ -683,6 +697,9 @@ static int run_generate(const dj_model *m, const dj_tokenizer *tok, const dj_opt
                             "waited %.2f ms per pass for copies (%" PRId64 " passes)\n", g.n_streamed,
                     (double)g.bytes_per_token / 1e9, g.copy_ms > 0 ? (double)g.copied_bytes / 1e6 / g.copy_ms : 0.0,
                     g.passes ? g.wait_ms / (double)g.passes : 0.0, g.passes);
+        if (g.cpu_share > 0)
+            fprintf(stderr, "djinn: CPU share %.2f: %.3f GB per decode token read by the CPU from host memory\n",
+                    g.cpu_share, (double)g.cpu_bytes_per_token / 1e9);
     }
     if (o->stats_path && write_stats(o->stats_path, m, &eng, o, &rs, e)) goto out;
     if (lf) {
@@ -722,9 +739,10 @@ int main(int argc, char **argv) {
     if (o.force_cpu) fprintf(stderr, "djinn: running on the CPU (--cpu), %d threads\n", cpu_threads());
     else if (!o.tokenize && !use_gpu)
         fprintf(stderr, "djinn: warning: no GPU found: running on the CPU, %d threads\n", cpu_threads());
-    if (!use_gpu && (o.stream_all || o.sync_copy || o.ring_gb > 0 || o.no_graph || o.fused || o.fma_attn))
-        fprintf(stderr, "djinn: warning: --ring-gb, --stream-all, --sync-copy, --no-graph, --fused and --fma-attn "
-                        "apply to the GPU engine only\n");
+    if (!use_gpu &&
+        (o.stream_all || o.sync_copy || o.ring_gb > 0 || o.no_graph || o.fused || o.fma_attn || o.cpu_share_given))
+        fprintf(stderr, "djinn: warning: --ring-gb, --stream-all, --sync-copy, --no-graph, --fused, --fma-attn and "
+                        "--cpu-share apply to the GPU engine only\n");
     dj_load_opts lo = {.want_pinned = use_gpu, .no_pin = o.no_pin, .quiet = 0};
     double t0 = dj_now();
     test_sigint_before("load");

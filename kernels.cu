@@ -352,12 +352,18 @@ extern "C" int gpu_d2d_async(void *dst, const void *src, size_t bytes, cudaStrea
 
 extern "C" int gpu_host_alloc(void **p, size_t bytes, const char *what, dj_err *e) {
     *p = NULL;
-    cudaError_t err = cudaHostAlloc(p, bytes ? bytes : 1, cudaHostAllocPortable);
+    cudaError_t err = cudaHostAlloc(p, bytes ? bytes : 1, cudaHostAllocPortable | cudaHostAllocMapped);
     if (err == cudaSuccess) return 0;
     *p = NULL;
     cudaGetLastError();
     return dj_fail(e, "cuda: cannot pin %.1f MiB of host memory for %s: %s (%s)", (double)bytes / (1 << 20), what,
                    cudaGetErrorName(err), cudaGetErrorString(err));
+}
+
+extern "C" int gpu_host_device_ptr(void **dev, void *host, dj_err *e) {
+    *dev = NULL;
+    CUDA_CHECK(cudaHostGetDevicePointer(dev, host, 0));
+    return 0;
 }
 
 extern "C" void gpu_host_free(void *p) {

@@ -65,9 +65,11 @@ int gpu_d2h(void *dst, const void *src, size_t bytes, dj_err *e);
 int gpu_h2d_async(void *dst, const void *src, size_t bytes, cudaStream_t s, dj_err *e);
 int gpu_d2h_async(void *dst, const void *src, size_t bytes, cudaStream_t s, dj_err *e);
 int gpu_d2d_async(void *dst, const void *src, size_t bytes, cudaStream_t s, dj_err *e);
-// Page-locked host memory for the loader and the streaming ring: cudaHostAlloc (portable) or
+// Page-locked host memory for the loader and the streaming ring: cudaHostAlloc (portable, mapped) or
 // cudaHostRegister of existing memory (read_only: the pages are only read by the GPU, e.g. an mmap).
+// gpu_host_device_ptr: the address kernels use to read or write gpu_host_alloc's memory directly over PCIe.
 int gpu_host_alloc(void **p, size_t bytes, const char *what, dj_err *e);
+int gpu_host_device_ptr(void **dev, void *host, dj_err *e);
 void gpu_host_free(void *p);  // NULL is fine
 int gpu_host_register(void *p, size_t bytes, int read_only, dj_err *e);
 int gpu_host_unregister(void *p, dj_err *e);
@@ -127,6 +129,7 @@ void gpu_set_pdl(dj_gpu *g, int on);
 
 // out (n) f32 = in (n) in wtype, exactly (f16 and bf16 widen without rounding): token embedding rows arrive in
 // the model's dtype, half the bytes of f32 over PCIe and no conversion loop on the host. out and in must not overlap.
+// With DJ_F32 it is a copy; `in` may be mapped host memory (gpu_host_device_ptr).
 int gpu_widen(float *out, const void *in, uint32_t wtype, int64_t n, cudaStream_t s, dj_err *e);
 
 // ---- normalisation and activations (rows of n f32 values, T rows back to back)

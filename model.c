@@ -8,6 +8,7 @@
 #include <inttypes.h>
 #include <math.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -502,6 +503,13 @@ void model_free(dj_model *m) {
 #define PROF_CATS 10
 #define PROF_EVENTS 1024
 
+// A matrix of a unit, for the CPU share: at byte offset `off` of its region, (n_out, n_in) in wtype; rows
+// [0, gpu_rows) are the GPU's, the rest the CPU's in decode passes.
+typedef struct {
+    uint64_t off;
+    int64_t n_in, n_out, gpu_rows;
+} sp_mat;
+
 struct dj_gpu_state {
     const dj_model *m;
     dj_gpu_opts opts;
@@ -537,6 +545,21 @@ struct dj_gpu_state {
     uint64_t *seq_off;               // (n_tev) ring offset of seq s at [s % n_tev]
     int *seq_slot;                   // (n_tev)
     cudaGraphExec_t graph;           // the all-resident decode step, captured on first use
+    // CPU share (dj_gpu_opts.cpu_share): in a decode pass the CPU computes the last rows of every streamed
+    // matrix from host memory (cpu_matvec) while the GPU computes the others; those rows never cross PCIe.
+    double share;                    // fraction in effect; 0: off
+    sp_mat lmats[7];                 // a layer's matrices in slab order (fused q|k|v and gate|up: one each)
+    int n_lmats;
+    sp_mat hmat;                     // the lm_head, in its region (the head slab; tied: the embedding table)
+    uint64_t part_bytes[2], cpu_bytes[2];  // a layer [0], the head [1]: bytes a decode copy moves; the CPU's
+    float *h_cx, *h_cy, *d_cy;       // pinned: x for the CPU; its rows' results (d_cy: the GPU's mapped view)
+    cudaEvent_t x_ready;             // h_cx has landed
+    uint8_t *seq_part;               // (n_tev) seq s's copy left out the CPU's rows
+    uint64_t *seq_bytes;             // (n_tev) bytes seq s's copy moved
+    int64_t pass_T, pass_end;        // the pass running: its tokens; streamed seqs below pass_end are its units
+    int warming;                     // in gpu_warm_up: the copies issued ahead for the next pass are whole
+    double warm_h2d;                 // GB/s of the warm-up's copies (the automatic share's H2D rate)
+    const uint8_t *cur_host;         // the unit computing now is split: its host slab; NULL: all on the GPU
     dj_gpu_stats st;
     // DJINN_PROFILE=1: events between the kernels of each layer, summed per phase (prefill and decode apart)
     // and printed when the state is freed. Off by default: the events cost a little and block graphs.
@@ -551,6 +574,8 @@ static const char *prof_names[PROF_CATS] = {"norms", "qkv matmul", "rope+kv writ
                                             "gate/up matmul", "swiglu", "down matmul", "head", "other"};
 
 static int gpu_warm_up(dj_gpu_state *s, dj_err *e);
+static void share_auto(dj_gpu_state *s);
+static void share_stats(dj_gpu_state *s);
 
 // ---- profiling (DJINN_PROFILE=1)
 // Marks the end of a kernel group of category cat on the compute stream.
@@ -593,14 +618,81 @@ static uint64_t unit_bytes(const dj_model *m, int u, uint64_t *lm_off) {
     return in->config.tied ? in->head.size + dj_align_up(in->embed_size, GPU_ALIGN) : in->head.size;
 }
 
-// One unit host -> device: one copy for a layer, two for a tied head.
-static int unit_copy(dj_gpu_state *s, int u, uint8_t *dst, cudaStream_t st, dj_err *e) {
-    const dj_model *m = s->m;
-    if (u < (int)m->info.config.n_layers)
-        return gpu_h2d_async(dst, dj_layer_ptr(m, (uint32_t)u), m->info.layer.size, st, e);
-    if (gpu_h2d_async(dst, dj_head_ptr(m), m->info.head.size, st, e)) return -1;
-    if (m->info.config.tied) return gpu_h2d_async(dst + s->head_lm_off, dj_embed_ptr(m), m->info.embed_size, st, e);
+// Copies a region of `size` bytes holding the matrices `mats` (slab order) from src to dst: whole (part 0);
+// everything but the CPU's rows of each matrix (part 1: what a decode pass needs on the GPU); only those rows
+// (part 2: what completes a part-1 copy). *bytes += the bytes moved.
+static int region_copy(uint8_t *dst, const uint8_t *src, uint64_t size, const sp_mat *mats, int n, size_t ws,
+                       int part, uint64_t *bytes, cudaStream_t st, dj_err *e) {
+    if (part == 0) {
+        *bytes += size;
+        return gpu_h2d_async(dst, src, size, st, e);
+    }
+    uint64_t start = 0;
+    for (int i = 0; i <= n; i++) {
+        uint64_t cut = size, end = size;
+        if (i < n) {
+            uint64_t rb = (uint64_t)mats[i].n_in * ws;
+            cut = mats[i].off + (uint64_t)mats[i].gpu_rows * rb, end = mats[i].off + (uint64_t)mats[i].n_out * rb;
+        }
+        uint64_t b = part == 1 ? start : cut, x = part == 1 ? cut : end;
+        if (x > b) {
+            if (gpu_h2d_async(dst + b, src + b, x - b, st, e)) return -1;
+            *bytes += x - b;
+        }
+        start = end;
+    }
     return 0;
+}
+
+// One unit host -> device (part: as region_copy): a layer's slab; the head's slab, and for a tied head the
+// embedding table after it as the lm_head.
+static int unit_copy(dj_gpu_state *s, int u, uint8_t *dst, cudaStream_t st, int part, uint64_t *bytes, dj_err *e) {
+    const dj_model *m = s->m;
+    size_t ws = dj_dtype_size(m->info.config.wtype);
+    if (u < (int)m->info.config.n_layers)
+        return region_copy(dst, dj_layer_ptr(m, (uint32_t)u), m->info.layer.size, s->lmats, s->n_lmats, ws, part,
+                           bytes, st, e);
+    if (!m->info.config.tied)
+        return region_copy(dst, dj_head_ptr(m), m->info.head.size, &s->hmat, 1, ws, part, bytes, st, e);
+    if (part != 2 && region_copy(dst, dj_head_ptr(m), m->info.head.size, NULL, 0, ws, 0, bytes, st, e)) return -1;
+    return region_copy(dst + s->head_lm_off, dj_embed_ptr(m), m->info.embed_size, &s->hmat, 1, ws, part, bytes, st, e);
+}
+
+// The matrices as split with `share` of each one's rows on the CPU (0: none), and the bytes each kind of unit
+// moves in a decode pass.
+static void split_setup(dj_gpu_state *s, double share) {
+    const dj_config *c = &s->m->info.config;
+    const dj_layer_layout *L = &s->m->info.layer;
+    int64_t dim = c->dim, q = (int64_t)c->n_heads * c->head_dim, kv = (int64_t)c->n_kv_heads * c->head_dim,
+            hid = c->hidden_dim;
+    uint64_t ws = dj_dtype_size(c->wtype);
+    int n = 0;
+    s->share = share;
+#define MAT(o, ni, no) (s->lmats[n++] = (sp_mat){(o), (ni), (no), (no) - (int64_t)((double)(no) * share)})
+    if (s->fused_qkv) {
+        MAT(L->wq, dim, q + 2 * kv);
+    } else {
+        MAT(L->wq, dim, q), MAT(L->wk, dim, kv), MAT(L->wv, dim, kv);
+    }
+    MAT(L->wo, q, dim);
+    if (s->fused_gate_up) {
+        MAT(L->w_gate, dim, 2 * hid);
+    } else {
+        MAT(L->w_gate, dim, hid), MAT(L->w_up, dim, hid);
+    }
+    MAT(L->w_down, hid, dim);
+#undef MAT
+    s->n_lmats = n;
+    int64_t vocab = c->vocab_size;
+    s->hmat = (sp_mat){c->tied ? 0 : s->m->info.head.lm_head, dim, vocab, vocab - (int64_t)((double)vocab * share)};
+    uint64_t tot[2] = {s->m->info.layer.size, s->m->info.head.size + (c->tied ? s->m->info.embed_size : 0)};
+    for (int k = 0; k < 2; k++) {
+        uint64_t cpu = 0;
+        const sp_mat *mats = k ? &s->hmat : s->lmats;
+        for (int i = 0; i < (k ? 1 : n); i++)
+            cpu += (uint64_t)(mats[i].n_out - mats[i].gpu_rows) * (uint64_t)mats[i].n_in * ws;
+        s->cpu_bytes[k] = cpu, s->part_bytes[k] = tot[k] - cpu;
+    }
 }
 
 void gpu_state_free(dj_gpu_state *s) {
@@ -612,6 +704,7 @@ void gpu_state_free(dj_gpu_state *s) {
         if (s->freed[i]) gpu_event_destroy(s->freed[i]);
     }
     if (s->prev_done) gpu_event_destroy(s->prev_done);
+    if (s->x_ready) gpu_event_destroy(s->x_ready);
     if (s->graph) gpu_graph_destroy(s->graph);
     if (s->prof) prof_print(s);
     for (int i = 0; i < PROF_EVENTS; i++)
@@ -621,11 +714,13 @@ void gpu_state_free(dj_gpu_state *s) {
         for (int k = 0; k < 4; k++)
             if (evs[k] && evs[k][i]) gpu_event_destroy(evs[k][i]);
     }
-    free(s->c0), free(s->c1), free(s->w0), free(s->w1), free(s->seq_off), free(s->seq_slot);
+    free(s->c0), free(s->c1), free(s->w0), free(s->w1), free(s->seq_off), free(s->seq_slot), free(s->seq_part);
+    free(s->seq_bytes);
     void *dev[] = {s->d_w, s->d_inv_freq, s->d_k, s->d_v, s->d_x, s->d_xb, s->d_delta, s->d_qkv,
                    s->d_att, s->d_ffn, s->d_hb, s->d_logits, s->d_pos};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) gpu_free(dev[i]);
-    gpu_host_free(s->h_x), gpu_host_free(s->h_logits), gpu_host_free(s->h_pos);
+    gpu_host_free(s->h_x), gpu_host_free(s->h_logits), gpu_host_free(s->h_pos), gpu_host_free(s->h_cx);
+    gpu_host_free(s->h_cy);
     if (s->compute) gpu_stream_destroy(s->compute);
     if (s->copy) gpu_stream_destroy(s->copy);
     gpu_close(s->g);
@@ -736,6 +831,14 @@ dj_gpu_state *gpu_state_new(const dj_model *m, const dj_gpu_opts *o, dj_err *e) 
     s->st.bytes_per_token = p->streamed_bytes;
     s->st.n_resident = p->n_resident;
     s->st.n_streamed = p->n_streamed;
+    split_setup(s, 0);
+    int want_share = o->cpu_share != 0 && p->n_streamed;
+    if (o->cpu_share != 0 && !p->n_streamed && !o->quiet)
+        fprintf(stderr, "gpu: --cpu-share: every layer is resident, so the GPU computes everything\n");
+    if (want_share && s->fused_decode) {
+        s->fused_decode = 0;
+        if (!o->quiet) fprintf(stderr, "gpu: decode: the fused kernels do not split with the CPU: unfused\n");
+    }
 
     // Device memory, each allocation named so that an out-of-memory error says what did not fit.
     if (gpu_malloc((void **)&s->d_w, p->weight_bytes, "weights (resident layers and the ring)", e) ||
@@ -755,6 +858,16 @@ dj_gpu_state *gpu_state_new(const dj_model *m, const dj_gpu_opts *o, dj_err *e) 
         gpu_host_alloc((void **)&s->h_logits, GPU_LOGIT_ROWS * (uint64_t)vocab * 4, "logits staging", e) ||
         gpu_host_alloc((void **)&s->h_pos, 4, "position staging", e))
         goto fail;
+    if (want_share) {
+        int64_t most_in = hid > dim ? hid : dim, most_out = 2 * hid;
+        if (q > most_in) most_in = q;
+        if (q + 2 * kv > most_out) most_out = q + 2 * kv;
+        if (vocab > most_out) most_out = vocab;
+        if (gpu_host_alloc((void **)&s->h_cx, (size_t)most_in * 4, "the CPU share's input", e) ||
+            gpu_host_alloc((void **)&s->h_cy, (size_t)most_out * 4, "the CPU share's output", e) ||
+            gpu_host_device_ptr((void **)&s->d_cy, s->h_cy, e) || gpu_event_create(&s->x_ready, 0, e))
+            goto fail;
+    }
     float *inv = malloc((size_t)hd / 2 * 4);
     if (!inv) {
         dj_fail(e, "out of memory");
@@ -767,7 +880,7 @@ dj_gpu_state *gpu_state_new(const dj_model *m, const dj_gpu_opts *o, dj_err *e) 
 
     // Resident units: copied once.
     for (int u = 0; u <= nl; u++)
-        if (p->resident[u] && unit_copy(s, u, s->d_w + p->offset[u], s->copy, e)) goto fail;
+        if (p->resident[u] && unit_copy(s, u, s->d_w + p->offset[u], s->copy, 0, &(uint64_t){0}, e)) goto fail;
     if (gpu_stream_sync(s->copy, e)) goto fail;
 
     // Streaming: events and the ring.
@@ -781,7 +894,9 @@ dj_gpu_state *gpu_state_new(const dj_model *m, const dj_gpu_opts *o, dj_err *e) 
         s->w0 = calloc((size_t)s->n_tev, sizeof(cudaEvent_t)), s->w1 = calloc((size_t)s->n_tev, sizeof(cudaEvent_t));
         s->seq_off = calloc((size_t)s->n_tev, sizeof *s->seq_off);
         s->seq_slot = calloc((size_t)s->n_tev, sizeof *s->seq_slot);
-        if (!s->c0 || !s->c1 || !s->w0 || !s->w1 || !s->seq_off || !s->seq_slot) {
+        s->seq_part = calloc((size_t)s->n_tev, sizeof *s->seq_part);
+        s->seq_bytes = calloc((size_t)s->n_tev, sizeof *s->seq_bytes);
+        if (!s->c0 || !s->c1 || !s->w0 || !s->w1 || !s->seq_off || !s->seq_slot || !s->seq_part || !s->seq_bytes) {
             dj_fail(e, "out of memory");
             goto fail;
         }
@@ -796,7 +911,15 @@ dj_gpu_state *gpu_state_new(const dj_model *m, const dj_gpu_opts *o, dj_err *e) 
             if (gpu_event_create(&s->prof_ev[i], 1, e)) goto fail;
         s->prof = 1;
     }
+    if (want_share && o->cpu_share > 0) split_setup(s, o->cpu_share < 0.95 ? o->cpu_share : 0.95);
     if (gpu_warm_up(s, e)) goto fail;
+    if (want_share && o->cpu_share < 0) share_auto(s);
+    share_stats(s);
+    if (s->share > 0 && !o->quiet)
+        fprintf(stderr, "gpu: CPU share %.2f%s: in decode the CPU computes that part of every streamed matrix from "
+                        "host memory: %.2f GB per token over PCIe, %.2f GB read by the CPU (%d threads)\n",
+                s->share, o->cpu_share < 0 ? " (automatic)" : "", (double)s->st.bytes_per_token / 1e9,
+                (double)s->st.cpu_bytes_per_token / 1e9, cpu_threads());
     return s;
 fail:
     gpu_state_free(s);
@@ -827,9 +950,14 @@ static int issue_copies(dj_gpu_state *s, dj_err *e) {
             return -1;
         if (s->pend.wait_slot >= 0 && gpu_stream_wait(s->copy, s->freed[s->pend.wait_slot], e)) return -1;
         uint8_t *dst = s->d_w + p->ring_off + s->pend.off;
-        if (gpu_event_record(s->c0[i], s->copy, e) || unit_copy(s, u, dst, s->copy, e) ||
+        // With a CPU share, a decode pass's copies leave out the CPU's rows; so do the ones issued ahead for the
+        // next pass (a decode step, most likely), except during the warm-up (the prompt's prefill follows).
+        int part = s->share > 0 && (seq < s->pass_end ? s->pass_T == 1 : !s->warming);
+        s->seq_bytes[i] = 0;
+        if (gpu_event_record(s->c0[i], s->copy, e) || unit_copy(s, u, dst, s->copy, part, &s->seq_bytes[i], e) ||
             gpu_event_record(s->c1[i], s->copy, e) || gpu_event_record(s->copied[s->pend.slot], s->copy, e))
             return -1;
+        s->seq_part[i] = (uint8_t)part;
         s->seq_off[i] = s->pend.off;
         s->seq_slot[i] = s->pend.slot;
         s->issued++;
@@ -840,6 +968,7 @@ static int issue_copies(dj_gpu_state *s, dj_err *e) {
 // Device pointer to unit u's weights for this pass; for a streamed unit, the compute stream waits for its copy.
 static int unit_begin(dj_gpu_state *s, int u, const uint8_t **w, dj_err *e) {
     rb_plan *p = s->plan;
+    s->cur_host = NULL;
     if (p->resident[u]) {
         *w = s->d_w + p->offset[u];
         return 0;
@@ -849,6 +978,15 @@ static int unit_begin(dj_gpu_state *s, int u, const uint8_t **w, dj_err *e) {
     if (stream_unit(s, seq) != u || s->issued <= seq)
         return dj_fail(e, "internal error: streaming schedule out of step at unit %d", u);
     *w = s->d_w + p->ring_off + s->seq_off[i];
+    if (s->seq_part[i] && s->pass_T == 1) {
+        s->cur_host = u < (int)s->m->info.config.n_layers ? dj_layer_ptr(s->m, (uint32_t)u) : dj_head_ptr(s->m);
+    } else if (s->seq_part[i]) {  // a prefill where a decode step was expected: the CPU's rows follow
+        uint64_t extra = 0;
+        if (unit_copy(s, u, s->d_w + p->ring_off + s->seq_off[i], s->copy, 2, &extra, e) ||
+            gpu_event_record(s->copied[s->seq_slot[i]], s->copy, e))
+            return -1;
+        s->seq_part[i] = 0;
+    }
     return gpu_event_record(s->w0[i], s->compute, e) || gpu_stream_wait(s->compute, s->copied[s->seq_slot[i]], e) ||
                    gpu_event_record(s->w1[i], s->compute, e)
                ? -1
@@ -873,9 +1011,36 @@ static int harvest(dj_gpu_state *s, dj_err *e) {
         if (gpu_event_ms(&cm, s->c0[i], s->c1[i], e) || gpu_event_ms(&wm, s->w0[i], s->w1[i], e)) return -1;
         s->st.copy_ms += cm;
         s->st.wait_ms += wm;
-        s->st.copied_bytes += s->plan->size[stream_unit(s, s->harvested)];
+        s->st.copied_bytes += s->seq_bytes[i];
     }
     return 0;
+}
+
+// y (n_out) = W x for one token, split: rows [0, gpu_rows) by the GPU from the slot (w), the rest by the CPU from
+// host memory (hw) while the GPU works, landing in y through mapped memory. The host waits for x, so the
+// compute stream runs dry meanwhile; the copy stream does not (its next copy is already issued).
+static int split_matvec(dj_gpu_state *s, float *y, const float *x, const uint8_t *w, const uint8_t *hw,
+                        const sp_mat *mt, dj_err *e) {
+    uint32_t wt = s->m->info.config.wtype;
+    int64_t nc = mt->n_out - mt->gpu_rows;
+    if (nc && (gpu_d2h_async(s->h_cx, x, (size_t)mt->n_in * 4, s->compute, e) ||
+               gpu_event_record(s->x_ready, s->compute, e)))
+        return -1;
+    if (mt->gpu_rows && gpu_matmul(s->g, y, x, w, wt, 1, mt->n_in, mt->gpu_rows, s->compute, e)) return -1;
+    if (!nc) return 0;
+    // h_cy is free: the previous split's read of it precedes x_ready on the stream.
+    if (gpu_event_sync(s->x_ready, e)) return -1;
+    cpu_matvec(s->h_cy, s->h_cx, hw + (size_t)mt->gpu_rows * (size_t)mt->n_in * dj_dtype_size(wt), wt, mt->n_in, nc);
+    return gpu_widen(y + mt->gpu_rows, s->d_cy, DJ_F32, nc, s->compute, e);
+}
+
+// The k-th of the layer's matmuls (s->lmats) on T rows: on the GPU, or split with the CPU when the layer is
+// (hw: its host slab).
+static int layer_mm(dj_gpu_state *s, const uint8_t *w, const uint8_t *hw, int k, float *y, const float *x, int64_t T,
+                    dj_err *e) {
+    const sp_mat *mt = &s->lmats[k];
+    if (hw && T == 1) return split_matvec(s, y, x, w + mt->off, hw + mt->off, mt, e);
+    return gpu_matmul(s->g, y, x, w + mt->off, s->m->info.config.wtype, T, mt->n_in, mt->n_out, s->compute, e);
 }
 
 // One transformer layer on T rows of s->d_x (the residual stream). `pending`: the previous layer's output
@@ -889,6 +1054,8 @@ static int gpu_layer(dj_gpu_state *s, const uint8_t *w, int l, int64_t T, int pe
     int64_t dim = c->dim, hd = c->head_dim, q = (int64_t)c->n_heads * hd, kv = (int64_t)c->n_kv_heads * hd,
             hid = c->hidden_dim;
     uint32_t wt = c->wtype;
+    const uint8_t *hw = s->cur_host;  // split with the CPU (decode, CPU share)
+    int k = 0;                        // the next of s->lmats
     const float *attn_norm = (const float *)(w + L->attn_norm), *ffn_norm = (const float *)(w + L->ffn_norm);
     float *kc = s->d_k + (size_t)l * c->n_kv_heads * s->max_seq * hd;
     float *vc = s->d_v + (size_t)l * c->n_kv_heads * s->max_seq * hd;
@@ -925,12 +1092,11 @@ static int gpu_layer(dj_gpu_state *s, const uint8_t *w, int l, int64_t T, int pe
     int64_t ldq, ldkv;
     if (s->fused_qkv) {
         qp = s->d_qkv, kp = qp + q, vp = kp + kv, ldq = ldkv = q + 2 * kv;
-        if (gpu_matmul(g, s->d_qkv, s->d_xb, w + L->wq, wt, T, dim, q + 2 * kv, st, e)) return -1;
+        if (layer_mm(s, w, hw, k++, s->d_qkv, s->d_xb, T, e)) return -1;
     } else {
         qp = s->d_qkv, kp = qp + T * q, vp = kp + T * kv, ldq = q, ldkv = kv;
-        if (gpu_matmul(g, qp, s->d_xb, w + L->wq, wt, T, dim, q, st, e) ||
-            gpu_matmul(g, kp, s->d_xb, w + L->wk, wt, T, dim, kv, st, e) ||
-            gpu_matmul(g, vp, s->d_xb, w + L->wv, wt, T, dim, kv, st, e))
+        if (layer_mm(s, w, hw, k++, qp, s->d_xb, T, e) || layer_mm(s, w, hw, k++, kp, s->d_xb, T, e) ||
+            layer_mm(s, w, hw, k++, vp, s->d_xb, T, e))
             return -1;
     }
     prof_mark(s, 1);
@@ -950,24 +1116,23 @@ static int gpu_layer(dj_gpu_state *s, const uint8_t *w, int l, int64_t T, int pe
                                        s->max_seq, s->d_pos, st, e))
         return -1;
     prof_mark(s, 3);
-    if (gpu_matmul(g, s->d_delta, s->d_att, w + L->wo, wt, T, q, dim, st, e)) return -1;
+    if (layer_mm(s, w, hw, k++, s->d_delta, s->d_att, T, e)) return -1;
     prof_mark(s, 4);
     if (gpu_add_rmsnorm(s->d_x, s->d_delta, s->d_xb, ffn_norm, T, dim, c->norm_eps, st, e)) return -1;
     prof_mark(s, 0);
     // MLP: silu(gate) * up, then down.
     if (s->fused_gate_up) {
-        if (gpu_matmul(g, s->d_ffn, s->d_xb, w + L->w_gate, wt, T, dim, 2 * hid, st, e)) return -1;
+        if (layer_mm(s, w, hw, k++, s->d_ffn, s->d_xb, T, e)) return -1;
         prof_mark(s, 5);
         if (gpu_swiglu(s->d_hb, s->d_ffn, s->d_ffn + hid, T, hid, 2 * hid, st, e)) return -1;
     } else {
         float *gate = s->d_ffn, *up = s->d_ffn + T * hid;
-        if (gpu_matmul(g, gate, s->d_xb, w + L->w_gate, wt, T, dim, hid, st, e) ||
-            gpu_matmul(g, up, s->d_xb, w + L->w_up, wt, T, dim, hid, st, e) ||
+        if (layer_mm(s, w, hw, k++, gate, s->d_xb, T, e) || layer_mm(s, w, hw, k++, up, s->d_xb, T, e) ||
             gpu_swiglu(s->d_hb, gate, up, T, hid, hid, st, e))
             return -1;
     }
     prof_mark(s, 6);
-    if (gpu_matmul(g, s->d_delta, s->d_hb, w + L->w_down, wt, T, hid, dim, st, e)) return -1;
+    if (layer_mm(s, w, hw, k++, s->d_delta, s->d_hb, T, e)) return -1;
     prof_mark(s, 7);
     return 0;
 }
@@ -997,6 +1162,8 @@ static int head_logits(dj_gpu_state *s, int64_t T, int64_t r0, int64_t rows, con
     if (T == 1 && s->fused_decode)
         return gpu_fused_matmul(s->g, GPU_FUSE_NORM, s->d_logits, s->d_x, (const float *)head, c->norm_eps, lm,
                                 c->wtype, c->dim, c->vocab_size, s->compute, e);
+    if (T == 1 && s->cur_host)
+        return split_matvec(s, s->d_logits, s->d_xb + r0 * c->dim, lm, dj_lm_head_ptr(s->m), &s->hmat, e);
     return gpu_matmul(s->g, s->d_logits, s->d_xb + r0 * c->dim, lm, c->wtype, rows, c->dim, c->vocab_size, s->compute,
                       e);
 }
@@ -1009,6 +1176,7 @@ static int gpu_pass(dj_gpu_state *s, const int32_t *tokens, int64_t T, int64_t p
     int64_t dim = c->dim, vocab = c->vocab_size;
     int nl = (int)c->n_layers;
     size_t row_bytes = (size_t)dim * dj_dtype_size(c->wtype);
+    s->pass_T = T, s->pass_end = s->computed + s->plan->n_streamed;
     // Embedding rows gathered on the host as stored (a copy per row; h_x holds them as bytes), uploaded to d_x
     // for f32, else to d_delta, free at the start of a pass, which gpu_body widens into d_x.
     uint8_t *stage = (uint8_t *)s->h_x;
@@ -1066,6 +1234,7 @@ static int gpu_pass(dj_gpu_state *s, const int32_t *tokens, int64_t T, int64_t p
 // next ones 17), cuBLAS's first-call set-up and the graph capture happen here, not in the user's time to first
 // token. The KV cache rows it writes are overwritten by the real prompt.
 static int gpu_warm_up(dj_gpu_state *s, dj_err *e) {
+    s->warming = 1;
     int64_t T = s->opts.warm_rows > 0 ? s->opts.warm_rows : 2;
     if (T > s->max_batch) T = s->max_batch;
     if (T > s->max_seq) T = s->max_seq;
@@ -1081,12 +1250,65 @@ static int gpu_warm_up(dj_gpu_state *s, dj_err *e) {
     memset(s->prof_ms, 0, sizeof s->prof_ms);
     memset(s->prof_passes, 0, sizeof s->prof_passes);
     dj_gpu_stats keep = s->st;
+    s->warm_h2d = keep.copy_ms > 0 ? (double)keep.copied_bytes / 1e6 / keep.copy_ms : 0;
+    s->warming = 0;
     memset(&s->st, 0, sizeof s->st);
     s->st.bytes_per_token = keep.bytes_per_token, s->st.n_resident = keep.n_resident;
     s->st.n_streamed = keep.n_streamed;
     s->st.fused_decode = s->fused_decode;
     s->st.tc_attn = s->tc_attn;
     return rc;
+}
+
+// --cpu-share auto: the fraction that makes the CPU's rows take as long as the GPU's copies, from the warm-up's
+// H2D rate and the CPU's matvec rate over one streamed unit's matrices (best of three; its first touch warms).
+// Each split matmul also costs a round trip (x to the host, the result back: ~SPLIT_COST_S); where those would
+// eat most of the gain (small models), the share stays off.
+#define SPLIT_COST_S 50e-6
+static void share_auto(dj_gpu_state *s) {
+    const rb_plan *p = s->plan;
+    int u = p->stream_order[0], nl = (int)s->m->info.config.n_layers;
+    uint32_t wt = s->m->info.config.wtype;
+    const sp_mat *mats = u < nl ? s->lmats : &s->hmat;
+    const uint8_t *base = u < nl ? dj_layer_ptr(s->m, (uint32_t)u)
+                                 : s->m->info.config.tied ? dj_embed_ptr(s->m) : dj_head_ptr(s->m);
+    int n = u < nl ? s->n_lmats : 1;
+    double best = 0;
+    uint64_t bytes = 0;
+    for (int i = 0; i < n; i++) bytes += (uint64_t)mats[i].n_out * (uint64_t)mats[i].n_in * dj_dtype_size(wt);
+    for (int r = 0; r < 3; r++) {
+        double t0 = dj_now();
+        for (int i = 0; i < n; i++) {
+            memset(s->h_cx, 0, (size_t)mats[i].n_in * 4);
+            cpu_matvec(s->h_cy, s->h_cx, base + mats[i].off, wt, mats[i].n_in, mats[i].n_out);
+        }
+        double t = dj_now() - t0;
+        if (t > 0 && (best == 0 || t < best)) best = t;
+    }
+    double cpu = best > 0 ? (double)bytes / best / 1e9 : 0, h2d = s->warm_h2d;
+    double share = cpu > 0 && h2d > 0 ? cpu / (cpu + h2d) : 0;
+    if (share > 0.95) share = 0.95;
+    double streamed = (double)p->streamed_bytes, splits = 0;
+    for (int k = 0; k < p->n_streamed; k++) splits += p->stream_order[k] == nl ? 1 : s->n_lmats;
+    double t_pure = h2d > 0 ? streamed / (h2d * 1e9) : 0, t_split = t_pure * (1 - share) + splits * SPLIT_COST_S;
+    int worth = share > 0 && t_split < 0.9 * t_pure;
+    if (!s->opts.quiet)
+        fprintf(stderr, "gpu: CPU share, automatic: the CPU's matvec reads %.1f GB/s, the copies ran at %.1f GB/s: "
+                        "%s\n", cpu, h2d, worth ? "sharing" : "not worth the round trips for this model: off");
+    split_setup(s, worth ? share : 0);
+}
+
+// The statistics' share figures: bytes per decode token over PCIe and read by the CPU.
+static void share_stats(dj_gpu_state *s) {
+    const rb_plan *p = s->plan;
+    int nl = (int)s->m->info.config.n_layers;
+    if (s->share <= 0) return;
+    uint64_t pcie = 0, cpu = 0;
+    for (int k = 0; k < p->n_streamed; k++) {
+        int h = p->stream_order[k] == nl;
+        pcie += s->part_bytes[h], cpu += s->cpu_bytes[h];
+    }
+    s->st.bytes_per_token = pcie, s->st.cpu_bytes_per_token = cpu, s->st.cpu_share = s->share;
 }
 
 int gpu_forward(dj_gpu_state *s, const int32_t *tokens, int64_t T, int64_t pos, float *logits, int all,
@@ -1111,23 +1333,33 @@ void gpu_state_stats(const dj_gpu_state *s, dj_gpu_stats *out) { *out = s->st; }
 
 // ---- CPU reference: thread pool
 // A fixed set of workers, started on first use, that split a range [0, n) into equal contiguous parts; the
-// caller takes part 0. Calls are serialised, so the pool is safe to use from several threads.
+// caller takes part 0. Calls are serialised, so the pool is safe to use from several threads. Between calls a
+// worker spins for POOL_SPIN_S before it sleeps, and the caller spins for the last parts: the GPU engine's CPU
+// share makes ~130 calls per token, a few tens of microseconds apart, where a sleep and wake-up per call would
+// cost about as much as the work.
 typedef void (*cpu_task_fn)(void *ctx, int64_t begin, int64_t end);
+#define POOL_SPIN_S 5e-4
 
 static struct {
     pthread_once_t once;
     pthread_mutex_t call_mu;  // one parallel_for at a time
-    pthread_mutex_t mu;
-    pthread_cond_t start, done;
+    pthread_mutex_t mu;       // with `start`: sleeping workers
+    pthread_cond_t start;
     int n_threads;            // workers + the caller
-    uint64_t generation;      // bumped per call: workers wait for a new value
-    int pending;              // workers still running the current call
+    _Atomic uint64_t generation;  // bumped per call (after fn, ctx, n are set): workers wait for a new value
+    _Atomic int pending;          // workers still running the current call
     cpu_task_fn fn;
     void *ctx;
     int64_t n;
 } cpu_pool = {.once = PTHREAD_ONCE_INIT, .call_mu = PTHREAD_MUTEX_INITIALIZER, .mu = PTHREAD_MUTEX_INITIALIZER,
-              .start = PTHREAD_COND_INITIALIZER, .done = PTHREAD_COND_INITIALIZER};
+              .start = PTHREAD_COND_INITIALIZER};
 static int cpu_threads_wanted;  // 0: one per online core
+
+static inline void cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#endif
+}
 
 static void cpu_pool_range(int part, int parts, int64_t n, int64_t *b, int64_t *e) {
     *b = n * part / parts;
@@ -1137,18 +1369,20 @@ static void cpu_pool_range(int part, int parts, int64_t n, int64_t *b, int64_t *
 static void *cpu_pool_worker(void *arg) {
     int part = (int)(intptr_t)arg;
     uint64_t seen = 0;
-    pthread_mutex_lock(&cpu_pool.mu);
     for (;;) {
-        while (cpu_pool.generation == seen) pthread_cond_wait(&cpu_pool.start, &cpu_pool.mu);
-        seen = cpu_pool.generation;
-        cpu_task_fn fn = cpu_pool.fn;
-        void *ctx = cpu_pool.ctx;
+        uint64_t g = atomic_load(&cpu_pool.generation);
+        for (double t0 = dj_now(); g == seen; g = atomic_load(&cpu_pool.generation)) {
+            for (int i = 0; i < 64 && g == seen; i++, g = atomic_load(&cpu_pool.generation)) cpu_relax();
+            if (g != seen || dj_now() - t0 < POOL_SPIN_S) continue;
+            pthread_mutex_lock(&cpu_pool.mu);  // the caller bumps the generation under mu: no lost wake-up
+            while ((g = atomic_load(&cpu_pool.generation)) == seen) pthread_cond_wait(&cpu_pool.start, &cpu_pool.mu);
+            pthread_mutex_unlock(&cpu_pool.mu);
+        }
+        seen = g;
         int64_t b, e;
         cpu_pool_range(part, cpu_pool.n_threads, cpu_pool.n, &b, &e);
-        pthread_mutex_unlock(&cpu_pool.mu);
-        if (b < e) fn(ctx, b, e);
-        pthread_mutex_lock(&cpu_pool.mu);
-        if (--cpu_pool.pending == 0) pthread_cond_signal(&cpu_pool.done);
+        if (b < e) cpu_pool.fn(cpu_pool.ctx, b, e);
+        atomic_fetch_sub(&cpu_pool.pending, 1);
     }
     return NULL;
 }
@@ -1186,20 +1420,18 @@ static void cpu_parallel_for(int64_t n, double cost, cpu_task_fn fn, void *ctx) 
         return;
     }
     pthread_mutex_lock(&cpu_pool.call_mu);
-    pthread_mutex_lock(&cpu_pool.mu);
     cpu_pool.fn = fn;
     cpu_pool.ctx = ctx;
     cpu_pool.n = n;
-    cpu_pool.pending = cpu_pool.n_threads - 1;
-    cpu_pool.generation++;
+    atomic_store(&cpu_pool.pending, cpu_pool.n_threads - 1);
+    pthread_mutex_lock(&cpu_pool.mu);
+    atomic_fetch_add(&cpu_pool.generation, 1);
     pthread_cond_broadcast(&cpu_pool.start);
     pthread_mutex_unlock(&cpu_pool.mu);
     int64_t b, e;
     cpu_pool_range(0, cpu_pool.n_threads, n, &b, &e);
     if (b < e) fn(ctx, b, e);
-    pthread_mutex_lock(&cpu_pool.mu);
-    while (cpu_pool.pending > 0) pthread_cond_wait(&cpu_pool.done, &cpu_pool.mu);
-    pthread_mutex_unlock(&cpu_pool.mu);
+    while (atomic_load(&cpu_pool.pending) > 0) cpu_relax();
     pthread_mutex_unlock(&cpu_pool.call_mu);
 }
 
@@ -1261,6 +1493,110 @@ void cpu_matmul(float *y, const float *x, const void *w, uint32_t wtype, int64_t
     if (wtype == DJ_F16) pthread_once(&cpu_f16_once, cpu_f16_table_init);
     cpu_matmul_job j = {y, x, w, wtype, T, n_in, n_out};
     cpu_parallel_for(n_out, (double)T * (double)n_in * (double)n_out, cpu_matmul_task, &j);
+}
+
+// ---- CPU matvec for the GPU engine's CPU share (dj_gpu_opts.cpu_share)
+// y (n_out) = W x, for one token, at the host's memory bandwidth: on x86 with AVX2, FMA and F16C, eight f16, bf16
+// or f32 weights are widened per instruction and summed in four fused multiply-add accumulators; elsewhere, the
+// portable loop of cpu_dot. Rows are split over the thread pool.
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+#define CPU_SIMD 1
+#define SIMD_FN __attribute__((target("avx2,fma,f16c")))
+SIMD_FN static inline __m256 simd_load8(const void *w, uint32_t wtype, int64_t i) {
+    if (wtype == DJ_F16) return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)w + i)));
+    if (wtype == DJ_BF16) {
+        __m256i v = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)((const uint16_t *)w + i)));
+        return _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
+    }
+    return _mm256_loadu_ps((const float *)w + i);
+}
+
+SIMD_FN static float simd_dot_row(const float *x, const void *w, uint32_t wtype, int64_t n) {
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    int64_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+        a0 = _mm256_fmadd_ps(simd_load8(w, wtype, i), _mm256_loadu_ps(x + i), a0);
+        a1 = _mm256_fmadd_ps(simd_load8(w, wtype, i + 8), _mm256_loadu_ps(x + i + 8), a1);
+        a2 = _mm256_fmadd_ps(simd_load8(w, wtype, i + 16), _mm256_loadu_ps(x + i + 16), a2);
+        a3 = _mm256_fmadd_ps(simd_load8(w, wtype, i + 24), _mm256_loadu_ps(x + i + 24), a3);
+    }
+    for (; i + 8 <= n; i += 8) a0 = _mm256_fmadd_ps(simd_load8(w, wtype, i), _mm256_loadu_ps(x + i), a0);
+    __m256 a = _mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3));
+    __m128 h = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+    h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_add_ss(h, _mm_movehdup_ps(h));
+    float r = _mm_cvtss_f32(h);
+    for (; i < n; i++) {
+        const uint16_t *h = (const uint16_t *)w;
+        float wi = wtype == DJ_F32 ? ((const float *)w)[i] : wtype == DJ_F16 ? dj_f16_to_f32(h[i]) : dj_bf16_to_f32(h[i]);
+        r += x[i] * wi;
+    }
+    return r;
+}
+
+static int cpu_simd_ok(void) {
+    static int ok = -1;
+    if (ok < 0) ok = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+    return ok;
+}
+#endif
+static int cpu_simd_off;  // cpu_set_simd(0): the portable loop even where the vector one runs
+
+int cpu_set_simd(int on) {
+    cpu_simd_off = !on;
+#ifdef CPU_SIMD
+    return on && cpu_simd_ok();
+#else
+    return 0;
+#endif
+}
+
+typedef struct {
+    float *y;
+    const float *x;
+    const void *w;
+    uint32_t wtype;
+    int64_t n_in, n_out, chunk;
+    _Atomic int64_t next;  // the next chunk of rows to claim: a thread the OS delays takes fewer
+} cpu_matvec_job;
+
+static void cpu_matvec_rows(const cpu_matvec_job *j, int64_t begin, int64_t end) {
+    size_t ws = dj_dtype_size(j->wtype);
+#ifdef CPU_SIMD
+    if (!cpu_simd_off && cpu_simd_ok()) {
+        for (int64_t o = begin; o < end; o++)
+            j->y[o] = simd_dot_row(j->x, (const uint8_t *)j->w + (size_t)o * (size_t)j->n_in * ws, j->wtype, j->n_in);
+        return;
+    }
+#endif
+    float row[1024];  // widened in chunks: cpu_dot on each
+    for (int64_t o = begin; o < end; o++) {
+        float acc = 0.0f;
+        for (int64_t c = 0; c < j->n_in; c += 1024) {
+            int64_t n = j->n_in - c < 1024 ? j->n_in - c : 1024;
+            const void *wr = (const uint8_t *)j->w + ((size_t)o * (size_t)j->n_in + (size_t)c) * ws;
+            const float *wf = j->wtype == DJ_F32 ? (const float *)wr : cpu_widen_row(row, wr, j->wtype, 0, n);
+            acc += cpu_dot(j->x + c, wf, n);
+        }
+        j->y[o] = acc;
+    }
+}
+
+static void cpu_matvec_task(void *ctx, int64_t part, int64_t parts_end) {
+    cpu_matvec_job *j = ctx;
+    (void)part, (void)parts_end;
+    for (int64_t b; (b = atomic_fetch_add(&j->next, j->chunk)) < j->n_out;)
+        cpu_matvec_rows(j, b, b + j->chunk < j->n_out ? b + j->chunk : j->n_out);
+}
+
+void cpu_matvec(float *y, const float *x, const void *w, uint32_t wtype, int64_t n_in, int64_t n_out) {
+    assert(wtype == DJ_F32 || wtype == DJ_F16 || wtype == DJ_BF16);
+    if (wtype == DJ_F16) pthread_once(&cpu_f16_once, cpu_f16_table_init);
+    int64_t parts = cpu_threads(), chunk = n_out / (8 * parts);
+    if (chunk < 16) chunk = 16;
+    cpu_matvec_job j = {y, x, w, wtype, n_in, n_out, chunk, 0};
+    cpu_parallel_for(parts, (double)n_in * (double)n_out, cpu_matvec_task, &j);
 }
 
 // ---- CPU reference: norm, RoPE, attention, SwiGLU

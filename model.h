@@ -159,6 +159,12 @@ static inline const uint8_t *dj_lm_head_ptr(const dj_model *m) {
 // fp32 arithmetic throughout; weights stay in their stored dtype and are widened on the fly.
 // y (T, n_out) = x (T, n_in) . W^T, with W (n_out, n_in) in wtype; multithreaded.
 void cpu_matmul(float *y, const float *x, const void *w, uint32_t wtype, int64_t T, int64_t n_in, int64_t n_out);
+// y (n_out) = W x for one token (W (n_out, n_in) in wtype): cpu_matmul's result up to summation order, at the
+// host's memory bandwidth (AVX2 + FMA + F16C where the CPU has them, detected at run time); multithreaded. The
+// GPU engine's CPU share (dj_gpu_opts.cpu_share) runs on it.
+void cpu_matvec(float *y, const float *x, const void *w, uint32_t wtype, int64_t n_in, int64_t n_out);
+// For tests: on = 0 makes cpu_matvec take its portable loop. Returns 1 when the vector path is in use.
+int cpu_set_simd(int on);
 // out (n) = x / sqrt(mean(x^2) + eps) * w; w (n) f32. out may alias x.
 void cpu_rmsnorm(float *out, const float *x, const float *w, int64_t n, float eps);
 // inv_freq (head_dim/2): HF's rotary inverse frequencies, llama3 scaling applied, in f32 as HF computes them.
@@ -202,11 +208,17 @@ typedef struct {
                         // switched on by DJINN_FUSED=1 in the environment
     int fma_attn;       // prefill attention on the fp32 FMA kernel even where head_dim has the tensor-core one
                         // (bf16x3, gpu_set_tc_attn), for comparison
+    double cpu_share;   // decode passes: this fraction (up to 0.95) of the rows of every streamed matrix is computed
+                        // by the CPU from host memory (cpu_matvec), so never crosses PCIe; < 0: automatic (the
+                        // CPU's and the link's measured rates balanced); 0: off. Nothing changes while all is
+                        // resident. Logits match the unsplit path up to summation order (not bitwise).
     int quiet;          // no plan on stderr
 } dj_gpu_opts;
 
 typedef struct {
-    uint64_t bytes_per_token;  // streamed bytes per pass
+    uint64_t bytes_per_token;  // streamed bytes per pass (with a CPU share: per decode pass)
+    uint64_t cpu_bytes_per_token;  // CPU share: bytes of streamed matrices the CPU reads per decode pass
+    double cpu_share;          // the CPU share in effect (0: off)
     int n_resident, n_streamed;  // units (layers and the head)
     uint64_t copied_bytes;     // streamed bytes copied so far
     double copy_ms;            // time the copy engine spent on them

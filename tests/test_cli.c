@@ -222,8 +222,15 @@ Test(cli, gpu_flags_on_the_cpu_warn) {
     char *argv[] = {tcli_djinn_path, c.model, "-p", "Hi", "-n", "2", "-t", "0", "--cpu", "--fused", NULL};
     cr_assert_eq(tcli_run(&c, argv), 0);
     char *err = tcli_stderr(&c);
-    cr_assert(strstr(err, "warning: --ring-gb, --stream-all, --sync-copy, --no-graph, --fused and --fma-attn apply "
-                          "to the GPU engine only"), "%s", err);
+    const char *warning = "warning: --ring-gb, --stream-all, --sync-copy, --no-graph, --fused, --fma-attn and "
+                          "--cpu-share apply to the GPU engine only";
+    cr_assert(strstr(err, warning), "%s", err);
+    free(err);
+    // --cpu-share too, even at its default value
+    char *argv2[] = {tcli_djinn_path, c.model, "-p", "Hi", "-n", "2", "-t", "0", "--cpu", "--cpu-share", "auto", NULL};
+    cr_assert_eq(tcli_run(&c, argv2), 0);
+    err = tcli_stderr(&c);
+    cr_assert(strstr(err, warning), "%s", err);
     free(err);
     tcli_teardown(&c);
 }
@@ -431,6 +438,9 @@ Test(cli, bad_flags_give_usage) {
     tcli_expect_fail(&c, (char *[]){d, m, "--top-p", "1.5", NULL}, 2, "usage");
     tcli_expect_fail(&c, (char *[]){d, m, "--ring-gb", "0", NULL}, 2, "--ring-gb");
     tcli_expect_fail(&c, (char *[]){d, m, "--ring-gb", "lots", NULL}, 2, "--ring-gb");
+    tcli_expect_fail(&c, (char *[]){d, m, "--cpu-share", "0.96", NULL}, 2, "--cpu-share");
+    tcli_expect_fail(&c, (char *[]){d, m, "--cpu-share", "-0.1", NULL}, 2, "--cpu-share");
+    tcli_expect_fail(&c, (char *[]){d, m, "--cpu-share", "half", NULL}, 2, "--cpu-share");
     tcli_expect_fail(&c, (char *[]){d, m, "-c", "0", NULL}, 2, "usage");
     tcli_expect_fail(&c, (char *[]){d, "-p", "x", NULL}, 2, "usage");
     tcli_expect_fail(&c, (char *[]){d, m, "-c", "100000", NULL}, 2, "max_seq_len");
@@ -439,7 +449,7 @@ Test(cli, bad_flags_give_usage) {
     char *out = tcli_stdout(&c, NULL);
     const char *opts[] = {"-p", "-n", "-t", "--top-p", "-s", "-c", "--ring-gb", "--cpu", "--logits", "--check",
                           "--tol", "--tokenize", "--stream-all", "--sync-copy", "--no-graph", "--fused", "--no-pin",
-                          "--stats-json", "--fma-attn"};
+                          "--stats-json", "--fma-attn", "--cpu-share"};
     for (size_t i = 0; i < sizeof opts / sizeof *opts; i++) cr_assert(strstr(out, opts[i]), "--help lacks %s", opts[i]);
     cr_assert(strstr(out, "max_position_embeddings, capped at 4096"), "--help does not state -c's cap: %s", out);
     // a valid --ring-gb is accepted

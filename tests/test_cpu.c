@@ -54,14 +54,16 @@ static double tcpu_rel_l2(const float *got, const double *want, int64_t n) {
 }
 
 // ---- matmul
-static void tcpu_matmul_case(uint32_t wtype, int64_t T, int64_t n_in, int64_t n_out) {
+// vec: cpu_matvec (T = 1) instead of cpu_matmul; held to the same bound.
+static void tcpu_mm_case(uint32_t wtype, int64_t T, int64_t n_in, int64_t n_out, int vec) {
     float *x = malloc(sizeof(float) * T * n_in), *wf = malloc(sizeof(float) * n_in * n_out);
     void *w = malloc(4 * n_in * n_out);
     float *y = malloc(sizeof(float) * T * n_out);
     tcpu_fill(x, T * n_in, -1, 1);
     tcpu_fill(wf, n_in * n_out, -1, 1);
     tcpu_store(w, wf, n_in * n_out, wtype);
-    cpu_matmul(y, x, w, wtype, T, n_in, n_out);
+    if (vec) cpu_matvec(y, x, w, wtype, n_in, n_out);
+    else cpu_matmul(y, x, w, wtype, T, n_in, n_out);
     for (int64_t t = 0; t < T; t++)
         for (int64_t o = 0; o < n_out; o++) {
             double want = 0, mag = 0;
@@ -70,10 +72,14 @@ static void tcpu_matmul_case(uint32_t wtype, int64_t T, int64_t n_in, int64_t n_
                 mag += fabs((double)x[t * n_in + i] * tcpu_load(w, wtype, o * n_in + i));
             }
             double got = y[t * n_out + o];
-            cr_assert(fabs(got - want) <= 1e-6 * mag + 1e-30, "%s T=%ld n_in=%ld n_out=%ld (%ld,%ld): %g vs %g",
-                      dj_dtype_name(wtype), (long)T, (long)n_in, (long)n_out, (long)t, (long)o, got, want);
+            cr_assert(fabs(got - want) <= 1e-6 * mag + 1e-30, "%s%s T=%ld n_in=%ld n_out=%ld (%ld,%ld): %g vs %g",
+                      vec ? "matvec " : "", dj_dtype_name(wtype), (long)T, (long)n_in, (long)n_out, (long)t, (long)o,
+                      got, want);
         }
     free(x), free(wf), free(w), free(y);
+}
+static void tcpu_matmul_case(uint32_t wtype, int64_t T, int64_t n_in, int64_t n_out) {
+    tcpu_mm_case(wtype, T, n_in, n_out, 0);
 }
 
 Test(cpu_kernels, matmul_all_dtypes_and_sizes) {
@@ -83,6 +89,52 @@ Test(cpu_kernels, matmul_all_dtypes_and_sizes) {
     for (int k = 0; k < 3; k++)
         for (size_t s = 0; s < sizeof sizes / sizeof *sizes; s++)
             tcpu_matmul_case(types[k], sizes[s][0], sizes[s][1], sizes[s][2]);
+}
+
+// cpu_matvec (the GPU engine's CPU share): vector bodies of 32 and 8 and scalar tails, every dtype, rows split
+// over the pool.
+Test(cpu_kernels, matvec_all_dtypes_and_sizes) {
+    static const int64_t sizes[][2] = {{1, 1}, {7, 5}, {8, 3}, {31, 9}, {32, 64}, {33, 130}, {257, 31}, {4099, 600}};
+    uint32_t types[] = {DJ_F32, DJ_F16, DJ_BF16};
+    tcpu_seed(2);
+    for (int simd = 1; simd >= 0; simd--) {  // the vector path where the CPU has it, then the portable one
+        if (simd && !cpu_set_simd(1)) cr_log_warn("this CPU lacks AVX2/FMA/F16C: only cpu_matvec's portable loop runs");
+        cpu_set_simd(simd);
+        for (int k = 0; k < 3; k++)
+            for (size_t s = 0; s < sizeof sizes / sizeof *sizes; s++)
+                tcpu_mm_case(types[k], 1, sizes[s][0], sizes[s][1], 1);
+    }
+    cpu_set_simd(1);
+}
+
+// Every finite f16 and bf16 widened by cpu_matvec's vector path (rows of 8 and 32, one nonzero weight each, in
+// every lane) and by its tail (rows of 1), against x = 1: exactly the widened value.
+Test(cpu_kernels, matvec_widening_exact) {
+    static const uint32_t types[] = {DJ_F16, DJ_BF16};
+    static const int64_t widths[] = {1, 8, 32};
+    for (int c = 0; c < 12; c++) {  // vector path (where the CPU has it), then the portable loop; each dtype and width
+        const int simd = c < 6, k = c / 3 % 2;
+        const int64_t n_in = widths[c % 3];
+        int64_t n = 0;
+        uint16_t *vals = malloc(2 * 65536);
+        for (uint32_t h = 0; h < 65536; h++) {
+            int finite = types[k] == DJ_F16 ? ((h >> 10) & 0x1f) != 0x1f : ((h >> 7) & 0xff) != 0xff;
+            if (finite) vals[n++] = (uint16_t)h;
+        }
+        uint16_t *w = calloc((size_t)(n * n_in), 2);
+        float *x = malloc(sizeof(float) * n_in), *y = malloc(sizeof(float) * n);
+        for (int64_t i = 0; i < n_in; i++) x[i] = 1.0f;
+        for (int64_t r = 0; r < n; r++) w[r * n_in + r % n_in] = vals[r];
+        cpu_set_simd(simd);
+        cpu_matvec(y, x, w, types[k], n_in, n);
+        cpu_set_simd(1);
+        for (int64_t r = 0; r < n; r++) {
+            float want = types[k] == DJ_F16 ? dj_f16_to_f32(vals[r]) : dj_bf16_to_f32(vals[r]);
+            cr_assert_eq(y[r], want, "%s %#x, row width %ld, %s", dj_dtype_name(types[k]), vals[r], (long)n_in,
+                         simd ? "vector path" : "portable loop");
+        }
+        free(vals), free(w), free(x), free(y);
+    }
 }
 
 Test(cpu_kernels, matmul_f16_widening_exact) {

@@ -239,6 +239,96 @@ Test(gpu_forward, streamed_bitwise_equal_to_resident) {
     model_free(&m);
 }
 
+// A prefill of n, nd decode steps, a second prefill of n2 (a prompt that continues the conversation) and 3 more
+// decode steps: every position's logits (n + nd + n2 + 3 rows).
+static float *run_turns(const dj_model *m, const dj_gpu_opts *o, const int32_t *ids, int64_t n, int64_t nd, int64_t n2,
+                        dj_gpu_stats *st) {
+    int64_t V = m->info.config.vocab_size, rows = n + nd + n2 + 3, pos = 0;
+    float *lg = malloc((size_t)(rows * V) * 4);
+    for (int64_t i = 0; i < rows * V; i++) lg[i] = NAN;
+    dj_err e;
+    dj_gpu_state *s = gpu_state_new(m, o, &e);
+    cr_assert(s, "%s", e.msg);
+    int64_t chunks[][2] = {{n, 1}, {1, nd}, {n2, 1}, {1, 3}};  // {tokens per pass, passes}
+    for (int c = 0; c < 4; c++)
+        for (int64_t k = 0; k < chunks[c][1]; k++, pos += chunks[c][0])
+            cr_assert_eq(gpu_forward(s, ids + pos, chunks[c][0], pos, lg + pos * V, 1, &e), 0, "%s", e.msg);
+    if (st) gpu_state_stats(s, st);
+    gpu_state_free(s);
+    for (int64_t i = 0; i < rows * V; i++) cr_assert(!isnan(lg[i]), "logit %lld not written", (long long)i);
+    return lg;
+}
+
+// The CPU share: decode steps compute the last rows of every streamed matrix on the CPU. Against the
+// all-resident logits: the first prefill bitwise (the share never touches a prefill); decode steps up to
+// summation order (1e-5: f32 throughout); the second prefill, whose slabs were copied for decode and are
+// completed on the fly, to 1e-3: it attends to the decode steps' keys and values, and its cuBLAS matmuls round
+// activations to the weights' dtype, where a difference in the last f32 bits can flip a rounding (~5e-4 for f16).
+// A stale or misplaced row would be off by O(1). At the minimum budget
+// and with everything streaming, at several shares (odd row counts, the largest), with --sync-copy, tied and
+// untied heads, fused and separate q|k|v, f16 and bf16.
+static void share_cases(const char *fixture) {
+    dj_model m;
+    if (fixture) load_fixture(&m, fixture);
+    else load_stories(&m, DJ_F16);
+    int64_t V = m.info.config.vocab_size, n = 21, nd = 9, n2 = 6, rows = n + nd + n2 + 3;
+    int32_t ids[64];
+    make_ids(ids, rows, V, 5);
+    dj_gpu_opts o = {.max_seq = 128, .quiet = 1, .ring_gb = 1.0};
+    float *ref = run_turns(&m, &o, ids, n, nd, n2, NULL);
+    uint64_t sizes[RB_MAX_UNITS], minb;
+    int nl = (int)m.info.config.n_layers;
+    for (int u = 0; u < nl; u++) sizes[u] = m.info.layer.size;
+    sizes[nl] = m.info.head.size + (m.info.config.tied ? dj_align_up(m.info.embed_size, 4096) : 0);
+    dj_err e;
+    cr_assert_eq(rb_min_budget(sizes, nl + 1, 0, 4096, 0, &minb, &e), 0, "%s", e.msg);
+    dj_gpu_stats plain;
+    dj_gpu_opts op = o;
+    op.stream_all = 1;
+    free(run_turns(&m, &op, ids, n, nd, n2, &plain));
+    static const struct { double share; int stream_all, sync_copy; } cases[] = {
+        {0.5, 0, 0}, {0.37, 1, 0}, {0.95, 1, 0}, {0.37, 0, 0}, {0.5, 1, 1}};  // stream_all 0: the minimum budget
+    for (int c = 0; c < 5; c++) {
+        dj_gpu_opts oc = o;
+        oc.cpu_share = cases[c].share, oc.stream_all = cases[c].stream_all, oc.sync_copy = cases[c].sync_copy;
+        if (!oc.stream_all) oc.ring_gb = (double)minb / 1e9;
+        dj_gpu_stats st;
+        float *got = run_turns(&m, &oc, ids, n, nd, n2, &st);
+        const char *name = fixture ? fixture : "stories260K f16";
+        cr_assert(st.cpu_share == oc.cpu_share && st.cpu_bytes_per_token > 0 &&
+                      st.bytes_per_token + st.cpu_bytes_per_token <= plain.bytes_per_token,
+                  "%s case %d: share %.2f, %llu bytes over PCIe + %llu by the CPU vs %llu unshared", name, c,
+                  st.cpu_share,
+                  (unsigned long long)st.bytes_per_token, (unsigned long long)st.cpu_bytes_per_token,
+                  (unsigned long long)plain.bytes_per_token);
+        for (int64_t t = 0; t < rows; t++) {
+            int prefill = t < n || (t >= n + nd && t < n + nd + n2);
+            if (t < n)
+                cr_assert_eq(memcmp(got + t * V, ref + t * V, (size_t)V * 4), 0,
+                             "%s case %d: prefill logits differ at %lld", name, c, (long long)t);
+            double r = rel_l2(got + t * V, ref + t * V, V), tol = prefill ? 1e-3 : 1e-5;
+            cr_assert(r <= tol, "%s case %d (share %.2f, %s): position %lld (%s): rel L2 %.3e > %.0e", name, c,
+                      oc.cpu_share, oc.stream_all ? "stream-all" : "minimum budget", (long long)t,
+                      prefill ? "prefill" : "decode", r, tol);
+        }
+        free(got);
+    }
+    // automatic: on a model this small the round trips would cost more than the copies they save: off, bitwise
+    dj_gpu_opts oa = o;
+    oa.cpu_share = -1, oa.stream_all = 1;
+    dj_gpu_stats st;
+    float *got = run_turns(&m, &oa, ids, n, nd, n2, &st);
+    cr_assert(st.cpu_share == 0, "automatic share %.2f on a tiny model", st.cpu_share);
+    cr_assert_eq(memcmp(got, ref, (size_t)(rows * V) * 4), 0, "automatic share: logits differ");
+    free(got);
+    free(ref);
+    model_free(&m);
+}
+
+Test(gpu_forward, cpu_share_stories_tied) { share_cases(NULL); }
+Test(gpu_forward, cpu_share_untied) { share_cases("mha_untied_f16"); }
+Test(gpu_forward, cpu_share_bf16_gqa) { share_cases("llama3_gqa_bf16"); }
+
 // Greedy decode on the GPU reproduces HF's 200-token continuation, token for token.
 Test(gpu_forward, stories_greedy_matches_reference) {
     dj_model m;

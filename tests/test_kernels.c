@@ -780,11 +780,14 @@ Test(kernels, argmax) {
     tk_end("argmax");
 }
 
+// DJINN_SANITIZER_QUICK=1 (compute-sanitizer's racecheck, ~1 s a launch here): every size, fewer draws per size.
 Test(kernels, top_p) {
     tk_start("top_p");
     static const int64_t ns[] = {1, 7, 300, 5000, 32000, 128256};
     static const float temps[] = {0.6f, 1.0f, 1.7f};
     static const float tops[] = {0.05f, 0.5f, 0.9f, 1.0f};
+    const char *quick_env = getenv("DJINN_SANITIZER_QUICK");
+    const int quick = quick_env && *quick_env == '1';
     dj_err e;
     int32_t *dout = tk_dev(4);
     int checked = 0, distinct_nonargmax = 0;
@@ -794,9 +797,9 @@ Test(kernels, top_p) {
             float *z = malloc((size_t)n * 4);
             for (int64_t i = 0; i < n; i++) z[i] = quant ? roundf(1.5f * tk_normal()) : 3.0f * tk_normal();
             float *dz = tk_up(z, (size_t)n * 4);
-            for (size_t ti = 0; ti < 3; ti++)
-                for (size_t pi = 0; pi < 4; pi++)
-                    for (int k = 0; k < 5; k++) {
+            for (size_t ti = quick ? 1 : 0; ti < (quick ? 2u : 3u); ti++)
+                for (size_t pi = quick ? 1 : 0; pi < (quick ? 3u : 4u); pi++)
+                    for (int k = 0; k < (quick ? 3 : 5); k++) {
                         const float u = k == 0 ? 0.0f : k == 1 ? 0.9999999f : tk_unif();
                         int32_t got;
                         tk_poison(dout, 4);

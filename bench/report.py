@@ -14,6 +14,9 @@ Definitions (also written into the JSON):
                     table is gathered one row per token and not counted); from the model's config, f16
   streamed GB/token bytes copied host-to-device per decode token (djinn's plan; HF: the weights not on the GPU,
                     all of them for cpu_offload, embedding included)
+  CPU GB/token      djinn's CPU share (share_* cases, --cpu-share): bytes of the streamed matrices the CPU reads
+                    from host memory per decode token instead of copying them; their bound counts the link's part
+                    only (the CPU's runs alongside)
   effective GB/s    resident: weight GB/token / s per token (vs the D2D copy ceiling);
                     streamed: streamed GB/token / s per token (vs the pinned H2D ceiling)
   bound ms          max(streamed GB / H2D peak, weight GB / D2D peak): copies and compute overlap, so the
@@ -120,6 +123,7 @@ def derive(ceil, models, cases):
             sgb = c.get("weight_gb_streamed") or 0.0
         c["weight_gb_per_token"] = wgb
         c["streamed_gb_per_token"] = sgb
+        c["cpu_gb_per_token"] = c.get("cpu_gb_per_token") or 0.0
         c["effective_weight_gb_s"] = wgb / sec if wgb and sec else None
         c["weight_of_d2d"] = ratio(c["effective_weight_gb_s"], d2d)
         c["effective_h2d_gb_s"] = sgb / sec if sgb and sec else None
@@ -156,7 +160,7 @@ def order_key(c):
     elif name in RESIDENT + ("ring_min",):
         k = (RESIDENT + ("ring_min",)).index(name)
     else:  # ring_<G>, then stream_all_<G>, then sync_copy_<G>, then exp_<G>, each by G
-        pre = ("ring_", "stream_all_", "sync_copy_", "exp_")
+        pre = ("ring_", "stream_all_", "sync_copy_", "exp_", "share_", "share")
         k = 10 * (1 + [name.startswith(p) for p in pre].index(True)) if any(name.startswith(p) for p in pre) else 90
         k += min((c.get("ring_gb") or 0) / 1000, 9)
     return (t, k, name)
@@ -185,8 +189,11 @@ def targets(cases, ceil):
         if by.get((tag, "ring_min")):
             c = by[(tag, "ring_min")]
             add(f"{tag} all-streamed effective H2D of peak", c["h2d_of_peak"], ">= 0.90", lambda v: v >= 0.9)
-            add(f"{tag} all-streamed speedup vs HF cpu_offload", c["speedup_vs_cpu_offload"], ">= 7",
-                lambda v: v >= 7)
+            add(f"{tag} all-streamed, link only (--cpu-share 0), speedup vs HF cpu_offload",
+                c["speedup_vs_cpu_offload"], ">= 7", lambda v: v >= 7)
+        if by.get((tag, "share_min")):
+            add(f"{tag} minimum ring, default engine (CPU share auto), speedup vs HF cpu_offload",
+                by[(tag, "share_min")]["speedup_vs_cpu_offload"], ">= 7", lambda v: v >= 7)
         for name in ("ring_4", "ring_8", "ring_16"):
             c = by.get((tag, name))
             if c and c.get("streamed_units"):
@@ -233,14 +240,15 @@ def tables(ceil, models, cases, tg):
         lines.append("")
     st = [c for c in cases if c not in res or c["case"] == "fits"]
     if st:
-        lines.append("| model | engine | case | ring GB | units res/str | streamed GB/token | ms/token | eff GB/s | "
-                     "of H2D | bound ms | of bound | vs cpu_offload | TTFT ms | load s (GB/s) |")
-        lines.append("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+        lines.append("| model | engine | case | ring GB | units res/str | streamed GB/token | CPU GB/token | ms/token | "
+                     "eff GB/s | of H2D | bound ms | of bound | vs cpu_offload | TTFT ms | load s (GB/s) |")
+        lines.append("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
         for c in st:
             units = f"{c['resident_units']}/{c['streamed_units']}" if "resident_units" in c else "-"
             lines.append(
                 f"| {c['tag']} | {c['engine']} | {c['case']} | {c['ring_label']} | {units} | "
-                f"{f(c['streamed_gb_per_token'])} | {f(c.get('decode_ms_per_token'), '{:.1f}')} | "
+                f"{f(c['streamed_gb_per_token'])} | {f(c['cpu_gb_per_token']) if c['cpu_gb_per_token'] else '-'} | "
+                f"{f(c.get('decode_ms_per_token'), '{:.1f}')} | "
                 f"{f(c['effective_h2d_gb_s'], '{:.1f}')} | {pct(c['h2d_of_peak'])} | {f(c['bound_ms'], '{:.1f}')} | "
                 f"{pct(c['of_bound'])} | {f(c['speedup_vs_cpu_offload'], '{:.1f}x')} | "
                 f"{f(c.get('ttft_ms'), '{:.0f}')} | {f(c.get('load_s'), '{:.1f}')} ({f(c.get('load_gb_s'), '{:.1f}')}) |")
@@ -271,18 +279,26 @@ def charts(out_dir, ceil, models, cases):
         dj = [c for c in mine if c["engine"] == "djinn" and c.get("decode_ms_per_token")]
         hf = [c for c in mine if c["engine"] == "hf" and c.get("decode_ms_per_token")]
         plain = [c for c in dj if not c.get("stream_all") and not c.get("sync_copy") and c["case"] != "fits_short"
-                 and not c["case"].endswith("_exp") and not c["case"].startswith("exp_")]
+                 and not c["case"].endswith("_exp") and not c["case"].startswith("exp_")
+                 and not c["case"].startswith("share")]
+        shared = sorted(((c.get("ring_gb") or 0), c) for c in dj if c["case"].startswith("share_"))
         if any(c.get("streamed_units") for c in dj):
             fig, ax = plt.subplots(figsize=(8, 5))
             pts = sorted(((c.get("ring_gb") or s["weight_gb_per_token"]), c) for c in plain)
             xs = [x for x, _ in pts]
-            ax.plot(xs, [c["decode_ms_per_token"] for _, c in pts], "o-", color="C0", label="djinn")
+            ax.plot(xs, [c["decode_ms_per_token"] for _, c in pts], "o-", color="C0", label="djinn, link only (--cpu-share 0)")
             for x, c in pts:
                 ax.annotate(c["case"], (x, c["decode_ms_per_token"]), textcoords="offset points", xytext=(4, 6),
                             fontsize=8)
             if all(c["bound_ms"] for _, c in pts) and pts:
                 ax.plot(xs, [c["bound_ms"] for _, c in pts], "k--", marker="_", label="bound: max(streamed/H2D, "
                         "weights/D2D)")
+            if shared:
+                ax.plot([x for x, _ in shared], [c["decode_ms_per_token"] for _, c in shared], "D-", color="C1",
+                        label="djinn, default CPU share (auto): part of each streamed matrix computed by the CPU")
+                for x, c in shared:
+                    ax.annotate(f"share {c.get('cpu_share', 0):.2f}", (x, c["decode_ms_per_token"]),
+                                textcoords="offset points", xytext=(4, -12), fontsize=8, color="C1")
             for c, m, lab in [(c, "^", "djinn --stream-all") for c in dj if c.get("stream_all")] + \
                              [(c, "s", "djinn --sync-copy") for c in dj if c.get("sync_copy")]:
                 ax.plot([c.get("ring_gb") or 0], [c["decode_ms_per_token"]], m, color="C3" if m == "s" else "C2",

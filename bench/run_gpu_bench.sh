@@ -10,10 +10,12 @@
 #   resident7b  djinn all resident: 512-token prompt (prefill, TTFT, decode) and a short prompt (decode); both
 #               again with the alternative kernels (--fused --fma-attn: fused decode, FMA prefill attention; fits_exp, fits_short_exp)
 #   profile7b   DJINN_PROFILE=1 runs, default and alternative kernels: per-phase GPU time of prefill and decode
-#   stream7b    djinn --ring-gb min (all streamed), 4, 8; --stream-all, --sync-copy and alternative kernels (exp_8) at 8
+#   stream7b    djinn --ring-gb min (all streamed), 4, 8; --stream-all, --sync-copy and alternative kernels (exp_8) at 8,
+#               all with --cpu-share 0 (the link alone); then the default --cpu-share auto at min, 4, 8 (share_*)
+#   sweep7b     --cpu-share 0.3, 0.45, 0.6 at the minimum ring: how near the automatic share is to the best
 #   hf7b        HF transformers on the same weights: on the GPU, device_map=auto at 8 GB, cpu_offload
 #   clean7b     delete the 7B model (the disk is 64 GiB)
-#   make13b, stream13b (--ring-gb 16), hf13b (auto at 16 GB, cpu_offload capped at 4 tokens), clean13b
+#   make13b, stream13b (--ring-gb 16, with and without the CPU share), hf13b (auto at 16 GB, cpu_offload capped at 4 tokens), clean13b
 #   load        bench/load_speed.sh 12 with page-locking: cold and warm load of a 12 GB model against the disk
 #               read speed measured in the same run -> $RAW/load_speed.json
 #   report      bench/report.py: bench/results/gpu_bench.json, gpu_bench.md, *.png; prints the tables
@@ -326,7 +328,9 @@ stage_profile() {  # tag
     sync_out
 }
 
-stage_stream() {  # tag ring...   ring: G | min (the smallest) | stream_all=G | sync_copy=G (G may be @min)
+# ring: G | min (the smallest) | stream_all=G | sync_copy=G | exp=G | share=G (the default, automatic CPU share) |
+# share=F,G (--cpu-share F); G may be @min. All but share* run with --cpu-share 0: the link alone.
+stage_stream() {  # tag ring...
     local tag=$1 r
     shift
     say "stream$tag"
@@ -335,11 +339,14 @@ stage_stream() {  # tag ring...   ring: G | min (the smallest) | stream_all=G | 
         local v=${r#*=}
         local nm=${v#@}  # '@min' (resolved by djinn_case) is named 'min'
         case $r in
-            min) djinn_case "$tag" ring_min long -n "$N_STREAM" --ring-gb @min ;;
-            stream_all=*) djinn_case "$tag" "stream_all_$nm" long -n "$N_STREAM" --ring-gb "$v" --stream-all ;;
-            sync_copy=*) djinn_case "$tag" "sync_copy_$nm" long -n "$N_STREAM" --ring-gb "$v" --sync-copy ;;
-            exp=*) djinn_case "$tag" "exp_$nm" long -n "$N_STREAM" --ring-gb "$v" --fused --fma-attn ;;
-            *) djinn_case "$tag" "ring_$r" long -n "$N_STREAM" --ring-gb "$r" ;;
+            min) djinn_case "$tag" ring_min long -n "$N_STREAM" --ring-gb @min --cpu-share 0 ;;
+            stream_all=*) djinn_case "$tag" "stream_all_$nm" long -n "$N_STREAM" --ring-gb "$v" --stream-all --cpu-share 0 ;;
+            sync_copy=*) djinn_case "$tag" "sync_copy_$nm" long -n "$N_STREAM" --ring-gb "$v" --sync-copy --cpu-share 0 ;;
+            exp=*) djinn_case "$tag" "exp_$nm" long -n "$N_STREAM" --ring-gb "$v" --fused --fma-attn --cpu-share 0 ;;
+            share=*,*) local g=${v#*,}
+                djinn_case "$tag" "share${v%%,*}_${g#@}" long -n "$N_STREAM" --ring-gb "$g" --cpu-share "${v%%,*}" ;;
+            share=*) djinn_case "$tag" "share_$nm" long -n "$N_STREAM" --ring-gb "$v" ;;
+            *) djinn_case "$tag" "ring_$r" long -n "$N_STREAM" --ring-gb "$r" --cpu-share 0 ;;
         esac
     done
 }
@@ -386,11 +393,12 @@ run_stage() {
         make7b) stage_make 7b ;;
         resident7b) stage_resident 7b ;;
         profile7b) stage_profile 7b ;;
-        stream7b) stage_stream 7b min 4 8 stream_all=8 sync_copy=8 exp=8 ;;
+        stream7b) stage_stream 7b min 4 8 stream_all=8 sync_copy=8 exp=8 share=@min share=4 share=8 ;;
+        sweep7b) stage_stream 7b share=0.3,@min share=0.45,@min share=0.6,@min ;;
         hf7b) stage_hf 7b ;;
         clean7b) stage_clean 7b ;;
         make13b) stage_make 13b ;;
-        stream13b) stage_stream 13b 16 ;;
+        stream13b) stage_stream 13b 16 share=16 ;;
         hf13b) stage_hf 13b ;;
         clean13b) stage_clean 13b ;;
         load)
@@ -408,7 +416,7 @@ run_stage() {
             stage_make tiny
             stage_resident tiny
             stage_profile tiny
-            stage_stream tiny min stream_all=0.2 sync_copy=@min exp=@min
+            stage_stream tiny min stream_all=0.2 sync_copy=@min exp=@min share=@min share=0.5,@min
             stage_hf tiny
             stage_report bench/results/smoke
             set_raw "$real"

@@ -1500,6 +1500,7 @@ void cpu_matmul(float *y, const float *x, const void *w, uint32_t wtype, int64_t
 // or f32 weights are widened per instruction and summed in four fused multiply-add accumulators; elsewhere, the
 // portable loop of cpu_dot. Rows are split over the thread pool.
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <cpuid.h>
 #include <immintrin.h>
 #define CPU_SIMD 1
 #define SIMD_FN __attribute__((target("avx2,fma,f16c")))
@@ -1535,9 +1536,15 @@ SIMD_FN static float simd_dot_row(const float *x, const void *w, uint32_t wtype,
     return r;
 }
 
+// AVX2 and FMA through the compiler's builtin (which also checks that the OS saves the AVX state); F16C
+// through CPUID leaf 1 (ECX bit 29), which not every compiler's builtin knows.
 static int cpu_simd_ok(void) {
     static int ok = -1;
-    if (ok < 0) ok = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+    if (ok < 0) {
+        unsigned a, b, c, d;
+        int f16c = __get_cpuid(1, &a, &b, &c, &d) && (c >> 29 & 1u);
+        ok = f16c && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    }
     return ok;
 }
 #endif

@@ -658,6 +658,19 @@ static int unit_copy(dj_gpu_state *s, int u, uint8_t *dst, cudaStream_t st, int 
     return region_copy(dst + s->head_lm_off, dj_embed_ptr(m), m->info.embed_size, &s->hmat, 1, ws, part, bytes, st, e);
 }
 
+// A matrix at `off`, (n_out, n_in), with `share` of its rows (rounded down) on the CPU.
+static sp_mat sp_split(uint64_t off, int64_t n_in, int64_t n_out, double share) {
+    return (sp_mat){off, n_in, n_out, n_out - (int64_t)((double)n_out * share)};
+}
+
+// Bytes of the matrices' rows: all of them, or (cpu_only) the CPU's.
+static uint64_t sp_bytes(const sp_mat *mats, int n, size_t ws, int cpu_only) {
+    uint64_t b = 0;
+    for (int i = 0; i < n; i++)
+        b += (uint64_t)(mats[i].n_out - (cpu_only ? mats[i].gpu_rows : 0)) * (uint64_t)mats[i].n_in * ws;
+    return b;
+}
+
 // The matrices as split with `share` of each one's rows on the CPU (0: none), and the bytes each kind of unit
 // moves in a decode pass.
 static void split_setup(dj_gpu_state *s, double share) {
@@ -668,7 +681,7 @@ static void split_setup(dj_gpu_state *s, double share) {
     uint64_t ws = dj_dtype_size(c->wtype);
     int n = 0;
     s->share = share;
-#define MAT(o, ni, no) (s->lmats[n++] = (sp_mat){(o), (ni), (no), (no) - (int64_t)((double)(no) * share)})
+#define MAT(o, ni, no) (s->lmats[n++] = sp_split((o), (ni), (no), share))
     if (s->fused_qkv) {
         MAT(L->wq, dim, q + 2 * kv);
     } else {
@@ -684,15 +697,10 @@ static void split_setup(dj_gpu_state *s, double share) {
 #undef MAT
     s->n_lmats = n;
     int64_t vocab = c->vocab_size;
-    s->hmat = (sp_mat){c->tied ? 0 : s->m->info.head.lm_head, dim, vocab, vocab - (int64_t)((double)vocab * share)};
+    s->hmat = sp_split(c->tied ? 0 : s->m->info.head.lm_head, dim, vocab, share);
     uint64_t tot[2] = {s->m->info.layer.size, s->m->info.head.size + (c->tied ? s->m->info.embed_size : 0)};
-    for (int k = 0; k < 2; k++) {
-        uint64_t cpu = 0;
-        const sp_mat *mats = k ? &s->hmat : s->lmats;
-        for (int i = 0; i < (k ? 1 : n); i++)
-            cpu += (uint64_t)(mats[i].n_out - mats[i].gpu_rows) * (uint64_t)mats[i].n_in * ws;
-        s->cpu_bytes[k] = cpu, s->part_bytes[k] = tot[k] - cpu;
-    }
+    s->cpu_bytes[0] = sp_bytes(s->lmats, n, ws, 1), s->cpu_bytes[1] = sp_bytes(&s->hmat, 1, ws, 1);
+    for (int k = 0; k < 2; k++) s->part_bytes[k] = tot[k] - s->cpu_bytes[k];
 }
 
 void gpu_state_free(dj_gpu_state *s) {
@@ -977,12 +985,13 @@ static int unit_begin(dj_gpu_state *s, int u, const uint8_t **w, dj_err *e) {
     int64_t seq = s->computed, i = seq % s->n_tev;
     if (stream_unit(s, seq) != u || s->issued <= seq)
         return dj_fail(e, "internal error: streaming schedule out of step at unit %d", u);
-    *w = s->d_w + p->ring_off + s->seq_off[i];
+    uint8_t *slot = s->d_w + p->ring_off + s->seq_off[i];
+    *w = slot;
     if (s->seq_part[i] && s->pass_T == 1) {
         s->cur_host = u < (int)s->m->info.config.n_layers ? dj_layer_ptr(s->m, (uint32_t)u) : dj_head_ptr(s->m);
     } else if (s->seq_part[i]) {  // a prefill where a decode step was expected: the CPU's rows follow
         uint64_t extra = 0;
-        if (unit_copy(s, u, s->d_w + p->ring_off + s->seq_off[i], s->copy, 2, &extra, e) ||
+        if (unit_copy(s, u, slot, s->copy, 2, &extra, e) ||
             gpu_event_record(s->copied[s->seq_slot[i]], s->copy, e))
             return -1;
         s->seq_part[i] = 0;
@@ -1274,8 +1283,7 @@ static void share_auto(dj_gpu_state *s) {
                                  : s->m->info.config.tied ? dj_embed_ptr(s->m) : dj_head_ptr(s->m);
     int n = u < nl ? s->n_lmats : 1;
     double best = 0;
-    uint64_t bytes = 0;
-    for (int i = 0; i < n; i++) bytes += (uint64_t)mats[i].n_out * (uint64_t)mats[i].n_in * dj_dtype_size(wt);
+    uint64_t bytes = sp_bytes(mats, n, dj_dtype_size(wt), 0);
     for (int r = 0; r < 3; r++) {
         double t0 = dj_now();
         for (int i = 0; i < n; i++) {
@@ -1528,11 +1536,11 @@ SIMD_FN static float simd_dot_row(const float *x, const void *w, uint32_t wtype,
     h = _mm_add_ps(h, _mm_movehl_ps(h, h));
     h = _mm_add_ss(h, _mm_movehdup_ps(h));
     float r = _mm_cvtss_f32(h);
-    for (; i < n; i++) {
-        const uint16_t *h = (const uint16_t *)w;
-        float wi = wtype == DJ_F32 ? ((const float *)w)[i] : wtype == DJ_F16 ? dj_f16_to_f32(h[i]) : dj_bf16_to_f32(h[i]);
-        r += x[i] * wi;
-    }
+    const uint16_t *w16 = (const uint16_t *)w;
+    for (; i < n; i++)
+        r += x[i] * (wtype == DJ_F32   ? ((const float *)w)[i]
+                     : wtype == DJ_F16 ? dj_f16_to_f32(w16[i])
+                                       : dj_bf16_to_f32(w16[i]));
     return r;
 }
 

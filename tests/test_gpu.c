@@ -93,6 +93,20 @@ static float *run_gpu(const dj_model *m, const dj_gpu_opts *o, const int32_t *id
     return run_gpu_stats(m, o, ids, n, n_dec, NULL);
 }
 
+// The smallest budget the engine accepts, from the unit sizes as it sees them (a tied head carries the embedding
+// table as its lm_head); *total: every unit's bytes.
+static uint64_t min_budget(const dj_model *m, uint64_t *total) {
+    uint64_t sizes[RB_MAX_UNITS], minb;
+    int nl = (int)m->info.config.n_layers;
+    for (int u = 0; u < nl; u++) sizes[u] = m->info.layer.size;
+    sizes[nl] = m->info.head.size + (m->info.config.tied ? dj_align_up(m->info.embed_size, 4096) : 0);
+    *total = 0;
+    for (int u = 0; u <= nl; u++) *total += sizes[u];
+    dj_err e;
+    cr_assert_eq(rb_min_budget(sizes, nl + 1, 0, 4096, 0, &minb, &e), 0, "%s", e.msg);
+    return minb;
+}
+
 static void make_ids(int32_t *ids, int64_t n, int64_t vocab, unsigned seed) {
     srand(seed);
     ids[0] = 1;
@@ -207,14 +221,8 @@ Test(gpu_forward, streamed_bitwise_equal_to_resident) {
     dj_gpu_opts o = {.max_seq = 128, .quiet = 1, .ring_gb = 1.0};
     float *ref = run_gpu(&m, &o, ids, n, nd);
 
-    // Unit sizes as the engine sees them, for the minimum budget.
-    uint64_t sizes[RB_MAX_UNITS], minb, total = 0;
-    int nl = (int)m.info.config.n_layers;
-    for (int u = 0; u < nl; u++) sizes[u] = m.info.layer.size;
-    sizes[nl] = m.info.head.size + dj_align_up(m.info.embed_size, 4096);
-    for (int u = 0; u <= nl; u++) total += sizes[u];
+    uint64_t total, minb = min_budget(&m, &total);  // stories260K is tied
     dj_err e;
-    cr_assert_eq(rb_min_budget(sizes, nl + 1, 0, 4096, 0, &minb, &e), 0, "%s", e.msg);
     // Budgets from the minimum (everything streams but what fits) up to nearly everything resident,
     // including sizes where slabs wrap unevenly; then the two ablations.
     double budgets[] = {(double)minb, minb + 4096.0, minb + m.info.layer.size / 2.0, minb + 1.5 * m.info.layer.size,
@@ -276,12 +284,7 @@ static void share_cases(const char *fixture) {
     make_ids(ids, rows, V, 5);
     dj_gpu_opts o = {.max_seq = 128, .quiet = 1, .ring_gb = 1.0};
     float *ref = run_turns(&m, &o, ids, n, nd, n2, NULL);
-    uint64_t sizes[RB_MAX_UNITS], minb;
-    int nl = (int)m.info.config.n_layers;
-    for (int u = 0; u < nl; u++) sizes[u] = m.info.layer.size;
-    sizes[nl] = m.info.head.size + (m.info.config.tied ? dj_align_up(m.info.embed_size, 4096) : 0);
-    dj_err e;
-    cr_assert_eq(rb_min_budget(sizes, nl + 1, 0, 4096, 0, &minb, &e), 0, "%s", e.msg);
+    uint64_t total, minb = min_budget(&m, &total);
     dj_gpu_stats plain;
     dj_gpu_opts op = o;
     op.stream_all = 1;

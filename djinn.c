@@ -56,7 +56,6 @@ typedef struct {
     int stream_all;      // ablation: nothing resident
     int sync_copy;       // ablation: no copy/compute overlap
     int no_graph;        // all-resident decode launch by launch
-    int fused;           // experimental fused decode kernels
     int fma_attn;        // prefill attention on the fp32 FMA kernel, not the tensor cores
     double cpu_share;    // dj_gpu_opts.cpu_share: < 0 automatic (the default), 0 off
     int cpu_share_given;
@@ -86,8 +85,6 @@ static void usage(FILE *f) {
             "  --stream-all     ablation: keep no layer resident, stream every layer every token\n"
             "  --sync-copy      ablation: copy a layer, wait, compute it (no overlap)\n"
             "  --no-graph       ablation: run the all-resident decode step kernel by kernel, not as a CUDA graph\n"
-            "  --fused          experimental: decode with the fused kernels (7 launches a layer instead of 12;\n"
-            "                   also DJINN_FUSED=1), where the model's shapes allow; the plan says if used\n"
             "  --fma-attn       comparison: prefill attention on the fp32 FMA kernel instead of the tensor cores\n"
             "                   (bf16x3, f32-class accuracy; used for head_dim a multiple of 16 up to 256)\n"
             "  --cpu-share F    while layers stream, the CPU computes fraction F (0 to 0.95) of every streamed\n"
@@ -147,7 +144,6 @@ static int parse_args(int argc, char **argv, dj_opts *o) {
         if (!strcmp(a, "--stream-all")) { o->stream_all = 1; continue; }
         if (!strcmp(a, "--sync-copy")) { o->sync_copy = 1; continue; }
         if (!strcmp(a, "--no-graph")) { o->no_graph = 1; continue; }
-        if (!strcmp(a, "--fused")) { o->fused = 1; continue; }
         if (!strcmp(a, "--fma-attn")) { o->fma_attn = 1; continue; }
         if (!strcmp(a, "--no-pin")) { o->no_pin = 1; continue; }
         if (a[0] != '-' || a[1] == 0) {
@@ -246,7 +242,7 @@ static void engine_gpu_free(void *ctx) { gpu_state_free(ctx); }
 static int engine_open(dj_engine *eng, const dj_model *m, const dj_opts *o, int64_t ctx, int64_t warm, dj_err *e) {
     if (!m->for_gpu) return engine_cpu_new(eng, m, ctx, e);
     dj_gpu_opts go = {.ring_gb = o->ring_gb, .max_seq = ctx, .stream_all = o->stream_all,
-                      .sync_copy = o->sync_copy, .no_graph = o->no_graph, .fused = o->fused,
+                      .sync_copy = o->sync_copy, .no_graph = o->no_graph,
                       .fma_attn = o->fma_attn, .warm_rows = warm, .cpu_share = o->cpu_share};
     dj_gpu_state *s = gpu_state_new(m, &go, e);
     if (!s) return -1;
@@ -538,11 +534,11 @@ static int write_stats(const char *path, const dj_model *m, const dj_engine *eng
         gpu_state_stats(eng->ctx, &g);
         fprintf(f, ",\n \"ring_gb\": %.4f, \"stream_all\": %d, \"sync_copy\": %d, \"resident_units\": %d, "
                    "\"streamed_units\": %d,\n \"streamed_gb_per_token\": %.6f, \"h2d_gb_s\": %.4f, "
-                   "\"wait_ms_per_token\": %.6f, \"passes\": %" PRId64 ", \"fused_decode\": %d, \"tc_attn\": %d,\n"
+                   "\"wait_ms_per_token\": %.6f, \"passes\": %" PRId64 ", \"tc_attn\": %d,\n"
                    " \"cpu_share\": %.4f, \"cpu_gb_per_token\": %.6f, \"cpu_threads\": %d",
                 o->ring_gb, o->stream_all, o->sync_copy, g.n_resident, g.n_streamed, (double)g.bytes_per_token / 1e9,
                 g.copy_ms > 0 ? (double)g.copied_bytes / 1e6 / g.copy_ms : 0.0,
-                g.passes > 0 ? g.wait_ms / (double)g.passes : 0.0, g.passes, g.fused_decode, g.tc_attn, g.cpu_share,
+                g.passes > 0 ? g.wait_ms / (double)g.passes : 0.0, g.passes, g.tc_attn, g.cpu_share,
                 (double)g.cpu_bytes_per_token / 1e9, cpu_threads());
     }
     fprintf(f, "}\n");
@@ -740,8 +736,8 @@ int main(int argc, char **argv) {
     else if (!o.tokenize && !use_gpu)
         fprintf(stderr, "djinn: warning: no GPU found: running on the CPU, %d threads\n", cpu_threads());
     if (!use_gpu &&
-        (o.stream_all || o.sync_copy || o.ring_gb > 0 || o.no_graph || o.fused || o.fma_attn || o.cpu_share_given))
-        fprintf(stderr, "djinn: warning: --ring-gb, --stream-all, --sync-copy, --no-graph, --fused, --fma-attn and "
+        (o.stream_all || o.sync_copy || o.ring_gb > 0 || o.no_graph || o.fma_attn || o.cpu_share_given))
+        fprintf(stderr, "djinn: warning: --ring-gb, --stream-all, --sync-copy, --no-graph, --fma-attn and "
                         "--cpu-share apply to the GPU engine only\n");
     dj_load_opts lo = {.want_pinned = use_gpu, .no_pin = o.no_pin, .quiet = 0};
     double t0 = dj_now();

@@ -520,7 +520,6 @@ struct dj_gpu_state {
     uint8_t *d_w;                    // (plan->weight_bytes): resident units, then the ring
     uint64_t head_lm_off;            // lm_head offset inside the head unit on the device
     int fused_qkv, fused_gate_up;    // wq|wk|wv and w_gate|w_up adjacent in the slab: one matmul each
-    int fused_decode;                // T = 1 passes use the fused kernels (dj_gpu_opts.fused, shapes allow)
     int tc_attn;                     // prefill attention on the tensor cores (head_dim allows, no fma_attn)
     int64_t max_seq, max_batch;
     float *d_inv_freq;               // (head_dim/2)
@@ -765,21 +764,6 @@ dj_gpu_state *gpu_state_new(const dj_model *m, const dj_gpu_opts *o, dj_err *e) 
                            : o->fma_attn ? "fp32 FMA kernel (--fma-attn)"
                                          : "fp32 FMA kernel (the tensor-core kernel needs head_dim a multiple of 16 "
                                            "up to 256)");
-    const char *fe = getenv("DJINN_FUSED");
-    if (o->fused || (fe && *fe == '1')) {
-        dj_gpu *g = s->g;
-        uint32_t wt = c->wtype;
-        s->fused_decode = s->fused_qkv && s->fused_gate_up &&
-                          gpu_fused_supported(g, wt, dim, q + 2 * kv, GPU_FUSE_NORM) &&
-                          gpu_fused_supported(g, wt, q, dim, GPU_FUSE_RES) &&
-                          gpu_fused_supported(g, wt, dim, hid, GPU_FUSE_SWIGLU) &&
-                          gpu_fused_supported(g, wt, hid, dim, GPU_FUSE_RES) &&
-                          gpu_fused_supported(g, wt, dim, vocab, GPU_FUSE_NORM);
-        if (!o->quiet)
-            fprintf(stderr, "gpu: decode: %s\n", s->fused_decode ? "fused kernels (experimental)"
-                                                                : "fused kernels asked for, but this model's shapes "
-                                                                  "do not allow them: unfused");
-    }
     s->max_seq = o->max_seq;
     s->max_batch = o->max_batch > 0 ? o->max_batch : GPU_MAX_BATCH;
     if (s->max_batch > s->max_seq) s->max_batch = s->max_seq;
@@ -843,10 +827,6 @@ dj_gpu_state *gpu_state_new(const dj_model *m, const dj_gpu_opts *o, dj_err *e) 
     int want_share = o->cpu_share != 0 && p->n_streamed;
     if (o->cpu_share != 0 && !p->n_streamed && !o->quiet)
         fprintf(stderr, "gpu: --cpu-share: every layer is resident, so the GPU computes everything\n");
-    if (want_share && s->fused_decode) {
-        s->fused_decode = 0;
-        if (!o->quiet) fprintf(stderr, "gpu: decode: the fused kernels do not split with the CPU: unfused\n");
-    }
 
     // Device memory, each allocation named so that an out-of-memory error says what did not fit.
     if (gpu_malloc((void **)&s->d_w, p->weight_bytes, "weights (resident layers and the ring)", e) ||
@@ -1053,8 +1033,7 @@ static int layer_mm(dj_gpu_state *s, const uint8_t *w, const uint8_t *hw, int k,
 }
 
 // One transformer layer on T rows of s->d_x (the residual stream). `pending`: the previous layer's output
-// delta (in d_delta) still has to be added, fused with this layer's first norm. A fused decode step (T = 1,
-// s->fused_decode) leaves nothing pending: the residual adds and the norms happen inside its matmuls.
+// delta (in d_delta) still has to be added, fused with this layer's first norm.
 static int gpu_layer(dj_gpu_state *s, const uint8_t *w, int l, int64_t T, int pending, dj_err *e) {
     const dj_config *c = &s->m->info.config;
     const dj_layer_layout *L = &s->m->info.layer;
@@ -1062,7 +1041,6 @@ static int gpu_layer(dj_gpu_state *s, const uint8_t *w, int l, int64_t T, int pe
     dj_gpu *g = s->g;
     int64_t dim = c->dim, hd = c->head_dim, q = (int64_t)c->n_heads * hd, kv = (int64_t)c->n_kv_heads * hd,
             hid = c->hidden_dim;
-    uint32_t wt = c->wtype;
     const uint8_t *hw = s->cur_host;  // split with the CPU (decode, CPU share)
     int k = 0;                        // the next of s->lmats
     const float *attn_norm = (const float *)(w + L->attn_norm), *ffn_norm = (const float *)(w + L->ffn_norm);
@@ -1070,28 +1048,6 @@ static int gpu_layer(dj_gpu_state *s, const uint8_t *w, int l, int64_t T, int pe
     float *vc = s->d_v + (size_t)l * c->n_kv_heads * s->max_seq * hd;
 
     prof_mark(s, 9);  // streaming waits, embeddings: "other"
-    if (T == 1 && s->fused_decode) {  // the profile's categories: qkv includes its norm, gate/up its norm and SwiGLU
-        if (gpu_fused_matmul(g, GPU_FUSE_NORM, s->d_qkv, s->d_x, attn_norm, c->norm_eps, w + L->wq, wt, dim, q + 2 * kv,
-                             st, e))
-            return -1;
-        prof_mark(s, 1);
-        if (gpu_rope_kv(g, s->d_qkv, 0, 1, kc, vc, c->n_heads, c->n_kv_heads, hd, s->max_seq, s->d_inv_freq, s->d_pos, st, e))
-            return -1;
-        prof_mark(s, 2);
-        if (gpu_attention_decode(g, s->d_att, s->d_qkv, kc, vc, c->n_heads, c->n_kv_heads, hd, s->max_seq, s->d_pos,
-                                 st, e))
-            return -1;
-        prof_mark(s, 3);
-        if (gpu_fused_matmul(g, GPU_FUSE_RES, s->d_x, s->d_att, NULL, 0, w + L->wo, wt, q, dim, st, e)) return -1;
-        prof_mark(s, 4);
-        if (gpu_fused_matmul(g, GPU_FUSE_SWIGLU, s->d_hb, s->d_x, ffn_norm, c->norm_eps, w + L->w_gate, wt, dim, hid,
-                             st, e))
-            return -1;
-        prof_mark(s, 5);
-        if (gpu_fused_matmul(g, GPU_FUSE_RES, s->d_x, s->d_hb, NULL, 0, w + L->w_down, wt, hid, dim, st, e)) return -1;
-        prof_mark(s, 7);
-        return 0;
-    }
     if (pending ? gpu_add_rmsnorm(s->d_x, s->d_delta, s->d_xb, attn_norm, T, dim, c->norm_eps, st, e)
                 : gpu_rmsnorm(s->d_xb, s->d_x, attn_norm, T, dim, c->norm_eps, st, e))
         return -1;
@@ -1151,26 +1107,21 @@ static int gpu_layer(dj_gpu_state *s, const uint8_t *w, int l, int64_t T, int pe
 // (the final norm at its start), *lm: the lm_head. Fused decode: the norm is left to head_logits.
 static int gpu_body(dj_gpu_state *s, int64_t T, const uint8_t **head, const uint8_t **lm, dj_err *e) {
     const dj_config *c = &s->m->info.config;
-    int nl = (int)c->n_layers, fused = T == 1 && s->fused_decode;
+    int nl = (int)c->n_layers;
     if (c->wtype != DJ_F32 && gpu_widen(s->d_x, s->d_delta, c->wtype, T * (int64_t)c->dim, s->compute, e)) return -1;
     for (int l = 0; l < nl; l++) {
         const uint8_t *w;
-        if (unit_begin(s, l, &w, e) || gpu_layer(s, w, l, T, l > 0 && !fused, e) || unit_end(s, l, e)) return -1;
+        if (unit_begin(s, l, &w, e) || gpu_layer(s, w, l, T, l > 0, e) || unit_end(s, l, e)) return -1;
     }
     if (unit_begin(s, nl, head, e)) return -1;
     *lm = *head + s->head_lm_off;
-    return fused ? 0
-                 : gpu_add_rmsnorm(s->d_x, s->d_delta, s->d_xb, (const float *)*head, T, c->dim, c->norm_eps,
-                                   s->compute, e);
+    return gpu_add_rmsnorm(s->d_x, s->d_delta, s->d_xb, (const float *)*head, T, c->dim, c->norm_eps, s->compute, e);
 }
 
 // Logits (rows, vocab) into d_logits for rows r0.. of the pass, from the head gpu_body left ready.
 static int head_logits(dj_gpu_state *s, int64_t T, int64_t r0, int64_t rows, const uint8_t *head, const uint8_t *lm,
                        dj_err *e) {
     const dj_config *c = &s->m->info.config;
-    if (T == 1 && s->fused_decode)
-        return gpu_fused_matmul(s->g, GPU_FUSE_NORM, s->d_logits, s->d_x, (const float *)head, c->norm_eps, lm,
-                                c->wtype, c->dim, c->vocab_size, s->compute, e);
     if (T == 1 && s->cur_host)
         return split_matvec(s, s->d_logits, s->d_xb + r0 * c->dim, lm, dj_lm_head_ptr(s->m), &s->hmat, e);
     return gpu_matmul(s->g, s->d_logits, s->d_xb + r0 * c->dim, lm, c->wtype, rows, c->dim, c->vocab_size, s->compute,
@@ -1202,11 +1153,8 @@ static int gpu_pass(dj_gpu_state *s, const int32_t *tokens, int64_t T, int64_t p
     int graphed = T == 1 && !s->plan->n_streamed && logits && !s->opts.no_graph && !s->prof;
     if (graphed) {
         if (!s->graph) {
-            // Inside the graph the fused kernels follow each other with nothing in between: PDL is safe there.
             if (gpu_graph_begin(s->compute, e)) return -1;
-            gpu_set_pdl(s->g, s->fused_decode);
             int rc = gpu_body(s, T, &head, &lm, e) || head_logits(s, T, 0, 1, head, lm, e);
-            gpu_set_pdl(s->g, 0);
             dj_err ge;
             if (gpu_graph_end(s->compute, &s->graph, rc ? &ge : e) || rc) return -1;
         }
@@ -1264,7 +1212,6 @@ static int gpu_warm_up(dj_gpu_state *s, dj_err *e) {
     memset(&s->st, 0, sizeof s->st);
     s->st.bytes_per_token = keep.bytes_per_token, s->st.n_resident = keep.n_resident;
     s->st.n_streamed = keep.n_streamed;
-    s->st.fused_decode = s->fused_decode;
     s->st.tc_attn = s->tc_attn;
     return rc;
 }

@@ -203,9 +203,6 @@ typedef struct {
     int stream_all;     // nothing resident: every layer cycles through the ring every pass (ablation)
     int sync_copy;      // copy, wait, compute: no overlap (ablation)
     int no_graph;       // all-resident decode without the CUDA graph (launch by launch)
-    int fused;          // decode (T = 1) with the fused kernels (gpu_fused_matmul) where the model's shapes allow,
-                        // and all-resident with programmatic dependent launch in the graph. Experimental: also
-                        // switched on by DJINN_FUSED=1 in the environment
     int fma_attn;       // prefill attention on the fp32 FMA kernel even where head_dim has the tensor-core one
                         // (bf16x3, gpu_set_tc_attn), for comparison
     double cpu_share;   // decode passes: this fraction (up to 0.95) of the rows of every streamed matrix is computed
@@ -224,7 +221,6 @@ typedef struct {
     double copy_ms;            // time the copy engine spent on them
     double wait_ms;            // time the compute stream waited for copies
     int64_t passes;
-    int fused_decode;          // decode passes use the fused kernels (dj_gpu_opts.fused and the shapes allow)
     int tc_attn;               // prefill attention runs on the tensor cores (head_dim allows, no fma_attn)
 } dj_gpu_stats;
 

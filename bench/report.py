@@ -149,7 +149,7 @@ def derive(ceil, models, cases):
                 c.get("mode"), f"{c.get('max_memory_gpu_bytes', 0) / 1e9:g}")
 
 
-RESIDENT = ("fits", "fits_short", "fits_exp", "fits_short_exp")  # all resident (_exp: --fused --fma-attn, the alternative kernels)
+RESIDENT = ("fits", "fits_short", "fits_fma")  # all resident (_fma: prefill attention on the FMA kernel)
 
 
 def order_key(c):
@@ -159,8 +159,8 @@ def order_key(c):
         k = 100 + (HF_ORDER.index(c.get("mode")) if c.get("mode") in HF_ORDER else 9)
     elif name in RESIDENT + ("ring_min",):
         k = (RESIDENT + ("ring_min",)).index(name)
-    else:  # ring_<G>, then stream_all_<G>, then sync_copy_<G>, then exp_<G>, each by G
-        pre = ("ring_", "stream_all_", "sync_copy_", "exp_", "share_", "share")
+    else:  # ring_<G>, then stream_all_<G>, then sync_copy_<G>, then share_<G>, each by G
+        pre = ("ring_", "stream_all_", "sync_copy_", "share_", "share")
         k = 10 * (1 + [name.startswith(p) for p in pre].index(True)) if any(name.startswith(p) for p in pre) else 90
         k += min((c.get("ring_gb") or 0) / 1000, 9)
     return (t, k, name)
@@ -174,15 +174,13 @@ def targets(cases, ceil):
         out.append(dict(target=name, value=value, want=want, passed=None if value is None else ok(value)))
 
     for tag in ("7b", "13b", "tiny"):
-        for short, exp in (("fits_short", "fits_short_exp"), ("fits", "fits_exp")):
-            for case in (short, exp):  # the default engine, then the alternative kernels (--fused --fma-attn)
-                fits = by.get((tag, case))
-                if fits:
-                    add(f"{tag} resident decode weight GB/s of D2D ({case})", fits["weight_of_d2d"], ">= 0.80",
-                        lambda v: v >= 0.8)
-            if by.get((tag, short)) or by.get((tag, exp)):
+        for case in ("fits_short", "fits"):
+            fits = by.get((tag, case))
+            if fits:
+                add(f"{tag} resident decode weight GB/s of D2D ({case})", fits["weight_of_d2d"], ">= 0.80",
+                    lambda v: v >= 0.8)
                 break
-        for case in ("fits", "fits_exp"):
+        for case in ("fits", "fits_fma"):
             if by.get((tag, case)):
                 add(f"{tag} prefill 512 TFLOP/s of GEMM peak ({case})", by[(tag, case)]["prefill_of_gemm"], ">= 0.50",
                     lambda v: v >= 0.5)
@@ -279,7 +277,7 @@ def charts(out_dir, ceil, models, cases):
         dj = [c for c in mine if c["engine"] == "djinn" and c.get("decode_ms_per_token")]
         hf = [c for c in mine if c["engine"] == "hf" and c.get("decode_ms_per_token")]
         plain = [c for c in dj if not c.get("stream_all") and not c.get("sync_copy") and c["case"] != "fits_short"
-                 and not c["case"].endswith("_exp") and not c["case"].startswith("exp_")
+                 and not c["case"].endswith("_fma")
                  and not c["case"].startswith("share")]
         shared = sorted(((c.get("ring_gb") or 0), c) for c in dj if c["case"].startswith("share_"))
         if any(c.get("streamed_units") for c in dj):
@@ -324,8 +322,7 @@ def charts(out_dir, ceil, models, cases):
         if res:
             fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 5))
             def label(c):  # engine, what it ran with, prompt length: one short line each
-                how = {"fits": "default", "fits_short": "default", "fits_exp": "--fused\n--fma-attn",
-                       "fits_short_exp": "--fused\n--fma-attn"}.get(c["case"], c["case"])
+                how = {"fits": "default", "fits_short": "default", "fits_fma": "--fma-attn"}.get(c["case"], c["case"])
                 return f"{c['engine']}\n{how}\nprompt {c.get('prompt_tokens')}"
             names = [label(c) for c in res]
             bars = a1.bar(names, [c["decode_ms_per_token"] for c in res],

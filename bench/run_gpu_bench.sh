@@ -7,10 +7,10 @@
 #
 #   ceilings    build; machine info; make bench-ceilings: D2D copy, pinned H2D, cuBLAS GEMM (the ceilings)
 #   make7b      random Llama-2-7B-shaped f16 HF checkpoint (tools/make_random_llama.py), ./convert it
-#   resident7b  djinn all resident: 512-token prompt (prefill, TTFT, decode) and a short prompt (decode); both
-#               again with the alternative kernels (--fused --fma-attn: fused decode, FMA prefill attention; fits_exp, fits_short_exp)
-#   profile7b   DJINN_PROFILE=1 runs, default and alternative kernels: per-phase GPU time of prefill and decode
-#   stream7b    djinn --ring-gb min (all streamed), 4, 8; --stream-all, --sync-copy and alternative kernels (exp_8) at 8,
+#   resident7b  djinn all resident: 512-token prompt (prefill, TTFT, decode) and a short prompt (decode); the long
+#               one again with prefill attention on the FMA kernel (--fma-attn: fits_fma)
+#   profile7b   DJINN_PROFILE=1 runs, default and --fma-attn: per-phase GPU time of prefill and decode
+#   stream7b    djinn --ring-gb min (all streamed), 4, 8; --stream-all and --sync-copy at 8,
 #               all with --cpu-share 0 (the link alone); then the default --cpu-share auto at min, 4, 8 (share_*)
 #   sweep7b     --cpu-share 0.3, 0.45, 0.6 at the minimum ring: how near the automatic share is to the best
 #   hf7b        HF transformers on the same weights: on the GPU, device_map=auto at 8 GB, cpu_offload
@@ -304,12 +304,11 @@ stage_resident() {  # tag
     prepare "$tag"
     djinn_case "$tag" fits long -n "$N_RESIDENT"
     djinn_case "$tag" fits_short short -n "$N_RESIDENT"
-    djinn_case "$tag" fits_exp long -n "$N_RESIDENT" --fused --fma-attn
-    djinn_case "$tag" fits_short_exp short -n "$N_RESIDENT" --fused --fma-attn
+    djinn_case "$tag" fits_fma long -n "$N_RESIDENT" --fma-attn
 }
 
 # Where the time of a prefill pass and of a decode step goes (DJINN_PROFILE=1: events between the kernels of
-# each layer, per phase), resident, default and with the alternative kernels (--fused --fma-attn): $RAW/profile_<tag>_<case>.txt. Profiled passes run
+# each layer, per phase), resident, default and with --fma-attn: $RAW/profile_<tag>_<case>.txt. Profiled passes run
 # without the decode graph, so their decode times are not the benchmark's.
 stage_profile() {  # tag
     local tag=$1 bin c out
@@ -317,18 +316,18 @@ stage_profile() {  # tag
     prepare "$tag"
     bin=$(bin_of "$tag")
     [ -f "$bin" ] || { echo "  profile $tag: SKIPPED, no $bin (run make$tag)"; FAILED=1; return 1; }
-    for c in default exp; do
+    for c in default fma; do
         out="$RAW/profile_${tag}_$c.txt"
         [ -f "$out" ] && { echo "  profile $tag $c: done before"; continue; }
         DJINN_PROFILE=1 timeout "$CASE_TIMEOUT" ./djinn "$bin" -p "$PROMPT" -t 0 -c "$CTX" -n 16 \
-            $([ $c = exp ] && echo --fused --fma-attn) > /dev/null 2> "$LOGS/profile_${tag}_$c.log" ||
+            $([ $c = fma ] && echo --fma-attn) > /dev/null 2> "$LOGS/profile_${tag}_$c.log" ||
             { echo "  profile $tag $c: FAILED"; tail -3 "$LOGS/profile_${tag}_$c.log"; FAILED=1; continue; }
         grep -E '^(profile|gpu:|prefill|decode|time to first)' "$LOGS/profile_${tag}_$c.log" | tee "$out" | sed 's/^/    /'
     done
     sync_out
 }
 
-# ring: G | min (the smallest) | stream_all=G | sync_copy=G | exp=G | share=G (the default, automatic CPU share) |
+# ring: G | min (the smallest) | stream_all=G | sync_copy=G | share=G (the default, automatic CPU share) |
 # share=F,G (--cpu-share F); G may be @min. All but share* run with --cpu-share 0: the link alone.
 stage_stream() {  # tag ring...
     local tag=$1 r
@@ -342,7 +341,6 @@ stage_stream() {  # tag ring...
             min) djinn_case "$tag" ring_min long -n "$N_STREAM" --ring-gb @min --cpu-share 0 ;;
             stream_all=*) djinn_case "$tag" "stream_all_$nm" long -n "$N_STREAM" --ring-gb "$v" --stream-all --cpu-share 0 ;;
             sync_copy=*) djinn_case "$tag" "sync_copy_$nm" long -n "$N_STREAM" --ring-gb "$v" --sync-copy --cpu-share 0 ;;
-            exp=*) djinn_case "$tag" "exp_$nm" long -n "$N_STREAM" --ring-gb "$v" --fused --fma-attn --cpu-share 0 ;;
             share=*,*) local g=${v#*,}
                 djinn_case "$tag" "share${v%%,*}_${g#@}" long -n "$N_STREAM" --ring-gb "$g" --cpu-share "${v%%,*}" ;;
             share=*) djinn_case "$tag" "share_$nm" long -n "$N_STREAM" --ring-gb "$v" ;;
@@ -393,7 +391,7 @@ run_stage() {
         make7b) stage_make 7b ;;
         resident7b) stage_resident 7b ;;
         profile7b) stage_profile 7b ;;
-        stream7b) stage_stream 7b min 4 8 stream_all=8 sync_copy=8 exp=8 share=@min share=4 share=8 ;;
+        stream7b) stage_stream 7b min 4 8 stream_all=8 sync_copy=8 share=@min share=4 share=8 ;;
         sweep7b) stage_stream 7b share=0.3,@min share=0.45,@min share=0.6,@min ;;
         hf7b) stage_hf 7b ;;
         clean7b) stage_clean 7b ;;
@@ -416,7 +414,7 @@ run_stage() {
             stage_make tiny
             stage_resident tiny
             stage_profile tiny
-            stage_stream tiny min stream_all=0.2 sync_copy=@min exp=@min share=@min share=0.5,@min
+            stage_stream tiny min stream_all=0.2 sync_copy=@min share=@min share=0.5,@min
             stage_hf tiny
             stage_report bench/results/smoke
             set_raw "$real"

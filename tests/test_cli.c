@@ -219,10 +219,10 @@ Test(cli, announces_the_engine) {
 Test(cli, gpu_flags_on_the_cpu_warn) {
     tcli_ctx c;
     tcli_setup(&c);
-    char *argv[] = {tcli_djinn_path, c.model, "-p", "Hi", "-n", "2", "-t", "0", "--cpu", "--fused", NULL};
+    char *argv[] = {tcli_djinn_path, c.model, "-p", "Hi", "-n", "2", "-t", "0", "--cpu", "--no-graph", NULL};
     cr_assert_eq(tcli_run(&c, argv), 0);
     char *err = tcli_stderr(&c);
-    const char *warning = "warning: --ring-gb, --stream-all, --sync-copy, --no-graph, --fused, --fma-attn and "
+    const char *warning = "warning: --ring-gb, --stream-all, --sync-copy, --no-graph, --fma-attn and "
                           "--cpu-share apply to the GPU engine only";
     cr_assert(strstr(err, warning), "%s", err);
     free(err);
@@ -244,12 +244,12 @@ Test(cli, greedy_text_byte_exact_gpu) {
     tcli_load_greedy(&c, &g);
     char *want = tcli_expected_text(&g);
     // 0: all resident; 1: everything streamed, no overlap; 2: everything streamed from pageable memory;
-    // 3: all resident with the fused decode kernels (experimental).
+    // 3: all resident, launch by launch, prefill attention on the FMA kernel.
     for (int stream = 0; stream < 4; stream++) {
         static char *const extra[][2] = {{"-s", "1"}, {"--stream-all", "--sync-copy"}, {"--stream-all", "--no-pin"},
-                                         {"--fused", "-s"}};
+                                         {"--no-graph", "--fma-attn"}};
         char *argv[] = {tcli_djinn_path, c.model, "-p", "Once upon a time", "-n", "200", "-t", "0",
-                        extra[stream][0], extra[stream][1], stream == 3 ? "1" : NULL, NULL};
+                        extra[stream][0], extra[stream][1], NULL};
         int rc = tcli_run(&c, argv);
         char *err = tcli_stderr(&c);
         cr_assert_eq(rc, 0, "djinn failed: %s", err);
@@ -260,7 +260,7 @@ Test(cli, greedy_text_byte_exact_gpu) {
         cr_assert(strstr(err, "gpu: "), "stderr does not describe the GPU engine: %s", err);
         if (stream) cr_assert(strstr(err, "streamed"), "no streaming statistics: %s", err);
         if (stream == 2) cr_assert(strstr(err, "pageable"), "no warning about pageable memory: %s", err);
-        if (stream == 3) cr_assert(strstr(err, "decode: fused kernels"), "fused kernels not used: %s", err);
+        if (stream == 3) cr_assert(strstr(err, "fp32 FMA kernel (--fma-attn)"), "FMA attention not used: %s", err);
         free(out), free(err);
     }
     free(want), free(g.text);
@@ -448,7 +448,7 @@ Test(cli, bad_flags_give_usage) {
     cr_assert_eq(tcli_run(&c, (char *[]){d, "--help", NULL}), 0);
     char *out = tcli_stdout(&c, NULL);
     const char *opts[] = {"-p", "-n", "-t", "--top-p", "-s", "-c", "--ring-gb", "--cpu", "--logits", "--check",
-                          "--tol", "--tokenize", "--stream-all", "--sync-copy", "--no-graph", "--fused", "--no-pin",
+                          "--tol", "--tokenize", "--stream-all", "--sync-copy", "--no-graph", "--no-pin",
                           "--stats-json", "--fma-attn", "--cpu-share"};
     for (size_t i = 0; i < sizeof opts / sizeof *opts; i++) cr_assert(strstr(out, opts[i]), "--help lacks %s", opts[i]);
     cr_assert(strstr(out, "max_position_embeddings, capped at 4096"), "--help does not state -c's cap: %s", out);

@@ -113,20 +113,19 @@ static void make_ids(int32_t *ids, int64_t n, int64_t vocab, unsigned seed) {
     for (int64_t i = 1; i < n; i++) ids[i] = (int32_t)(rand() % vocab);
 }
 
-// Prefill of 40 tokens, then 24 decode steps (fused: with the fused decode kernels; fma: prefill attention on the
-// FMA kernel, not the tensor cores), against the CPU at every position.
-static void gpu_vs_cpu_opts(dj_model *mp, int fused, int fma, double tol) {
+// Prefill of 40 tokens, then 24 decode steps (fma: prefill attention on the FMA kernel, not the tensor cores),
+// against the CPU at every position.
+static void gpu_vs_cpu_opts(dj_model *mp, int fma, double tol) {
     dj_model m = *mp;
     int dtype = (int)m.info.config.wtype;
     int64_t V = m.info.config.vocab_size, n = 40, nd = 24;
     int32_t ids[64];
     unsigned seed = (unsigned)time(NULL);
     make_ids(ids, n + nd, V, seed);
-    dj_gpu_opts o = {.max_seq = 128, .quiet = 1, .fused = fused, .fma_attn = fma};
+    dj_gpu_opts o = {.max_seq = 128, .quiet = 1, .fma_attn = fma};
     dj_gpu_stats st;
     float *g = run_gpu_stats(&m, &o, ids, n, nd, &st);
-    // the paths asked for must really be the ones taken
-    cr_assert(!fused || st.fused_decode, "%s: the fused decode kernels were not used", dj_dtype_name((uint32_t)dtype));
+    // the path asked for must really be the one taken
     const int64_t hd = m.info.config.head_dim;
     cr_assert_eq(st.tc_attn, !fma && hd % 16 == 0, "%s: head_dim %lld: tensor-core prefill attention %d",
                  dj_dtype_name((uint32_t)dtype), (long long)hd, st.tc_attn);
@@ -144,12 +143,10 @@ static void gpu_vs_cpu_opts(dj_model *mp, int fused, int fma, double tol) {
     free(g), free(c);
 }
 
-static void gpu_vs_cpu_model(dj_model *mp, int fused, double tol) { gpu_vs_cpu_opts(mp, fused, 0, tol); }
-
 static void gpu_vs_cpu(int dtype, double tol) {
     dj_model m;
     load_stories(&m, dtype);
-    gpu_vs_cpu_model(&m, 0, tol);
+    gpu_vs_cpu_opts(&m, 0, tol);
     model_free(&m);
 }
 
@@ -157,58 +154,17 @@ Test(gpu_forward, matches_cpu_f32) { gpu_vs_cpu(DJ_F32, 1e-4); }
 Test(gpu_forward, matches_cpu_f16) { gpu_vs_cpu(DJ_F16, 5e-3); }
 Test(gpu_forward, matches_cpu_bf16) { gpu_vs_cpu(DJ_BF16, 1e-2); }
 
-// The fused decode kernels (DJINN_FUSED=1), on every model shape they serve: stories260K in f32 (its hidden
-// size 172 is no multiple of 8, so f16 and bf16 take the unfused path) and the three fixtures (GQA and MHA,
-// tied and untied, head_dim 16/32/48, f16 and bf16).
-Test(gpu_forward, fused_decode_matches_cpu) {
-    dj_model m;
-    load_stories(&m, DJ_F32);
-    gpu_vs_cpu_model(&m, 1, 1e-4);
-    model_free(&m);
-    static const char *fixtures[] = {"tied_gqa_f16", "mha_untied_f16", "llama3_gqa_bf16"};
-    for (int i = 0; i < 3; i++) {
-        load_fixture(&m, fixtures[i]);
-        gpu_vs_cpu_model(&m, 1, m.info.config.wtype == DJ_BF16 ? 1e-2 : 5e-3);
-        model_free(&m);
-    }
-}
-
-// The fixtures' head_dims (16, 32, 48) take the tensor-core prefill attention by default: here the FMA kernel
-// instead (--fma-attn), with the fused decode as well, against the CPU.
-Test(gpu_forward, fma_attention_matches_cpu) {
+// The three fixtures (GQA and MHA, tied and untied, head_dim 16/32/48, f16 and bf16), with the tensor-core
+// prefill attention their head_dims take by default, and with the FMA kernel instead (--fma-attn).
+Test(gpu_forward, fixtures_match_cpu) {
     static const char *fixtures[] = {"tied_gqa_f16", "mha_untied_f16", "llama3_gqa_bf16"};
     for (int i = 0; i < 3; i++)
-        for (int fused = 0; fused < 2; fused++) {
+        for (int fma = 0; fma < 2; fma++) {
             dj_model m;
             load_fixture(&m, fixtures[i]);
-            gpu_vs_cpu_opts(&m, fused, 1, m.info.config.wtype == DJ_BF16 ? 1e-2 : 5e-3);
+            gpu_vs_cpu_opts(&m, fma, m.info.config.wtype == DJ_BF16 ? 1e-2 : 5e-3);
             model_free(&m);
         }
-}
-
-// With the fused kernels too, streaming changes no bit: the resident decode graph (with programmatic dependent
-// launch) and the streamed passes (without) compute the same logits.
-Test(gpu_forward, fused_streamed_bitwise_equal_to_resident) {
-    dj_model m;
-    load_fixture(&m, "tied_gqa_f16");
-    int64_t V = m.info.config.vocab_size, n = 17, nd = 40;
-    int32_t ids[64];
-    make_ids(ids, n + nd, V, 11);
-    dj_gpu_opts o = {.max_seq = 128, .quiet = 1, .ring_gb = 1.0, .fused = 1};
-    float *ref = run_gpu(&m, &o, ids, n, nd);
-    dj_gpu_opts cases[] = {o, o, o};
-    cases[0].stream_all = 1;                 // everything streams
-    cases[1].no_graph = 1;                   // resident, launch by launch (no PDL)
-    cases[2].stream_all = 1, cases[2].sync_copy = 1;
-    for (int c = 0; c < 3; c++) {
-        float *got = run_gpu(&m, &cases[c], ids, n, nd);
-        for (int64_t t = 0; t < n + nd; t++)
-            cr_assert_eq(memcmp(got + t * V, ref + t * V, (size_t)V * 4), 0, "case %d: logits differ at position %lld",
-                         c, (long long)t);
-        free(got);
-    }
-    free(ref);
-    model_free(&m);
 }
 
 // Streaming must not change a single bit: the same kernels run on the same bytes, wherever they sit.

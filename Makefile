@@ -25,9 +25,12 @@ NVFLAGS := $(NVEXTRA) -O3 -std=c++17 -gencode arch=compute_90,code=sm_90 -gencod
 LDLIBS := -L$(CUDA)/lib64 -Wl,-rpath,$(CUDA)/lib64 -lcublasLt -lcublas -lcudart -lstdc++ -lm -lpthread -ldl
 LDFLAGS := $(SANFLAGS)
 
-# Engine objects: every top-level .c except the CLI's main, plus kernels.cu.
+# GPU objects: every top-level .cu (kernels.cu and the op families beside it, one C API: kernels.h).
+KERNEL_SRC := $(wildcard *.cu)
+KERNEL_OBJ := $(KERNEL_SRC:%.cu=$(BUILD)/%.o)
+# Engine objects: every top-level .c except the CLI's main, plus the GPU objects.
 ENGINE_SRC := $(filter-out djinn.c,$(wildcard *.c))
-ENGINE_OBJ := $(ENGINE_SRC:%.c=$(BUILD)/%.o) $(BUILD)/kernels.o
+ENGINE_OBJ := $(ENGINE_SRC:%.c=$(BUILD)/%.o) $(KERNEL_OBJ)
 # Converter objects: everything in convert/ except its main.
 CONVERT_SRC := $(filter-out convert/main.c,$(wildcard convert/*.c))
 CONVERT_OBJ := $(CONVERT_SRC:%.c=$(BUILD)/%.o)
@@ -42,7 +45,7 @@ $(BUILD)/%.o: %.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -c $< -o $@
 
-$(BUILD)/kernels.o: kernels.cu
+$(BUILD)/%.o: %.cu
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVFLAGS) -c $< -o $@
 
@@ -122,7 +125,7 @@ $(BUILD)/bench/ceilings.o: bench/ceilings.cu kernels.h util.h model.h
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVFLAGS) -c $< -o $@
 
-$(BUILD)/bin/ceilings: $(BUILD)/bench/ceilings.o $(BUILD)/kernels.o $(BUILD)/util.o
+$(BUILD)/bin/ceilings: $(BUILD)/bench/ceilings.o $(KERNEL_OBJ) $(BUILD)/util.o
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS)
 

@@ -23,6 +23,8 @@ NVEXTRA ?=
 NVFLAGS := $(NVEXTRA) -O3 -std=c++17 -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=compute_90 \
            -Xcompiler -Wall,-Werror -MMD -MP
 LDLIBS := -L$(CUDA)/lib64 -Wl,-rpath,$(CUDA)/lib64 -lcublasLt -lcublas -lcudart -lstdc++ -lm -lpthread -ldl
+# What reads and writes model.bin without running it (the converter, the fuzz targets): no CUDA.
+FORMAT_OBJ := $(BUILD)/model.o $(BUILD)/tokenizer.o $(BUILD)/util.o
 LDFLAGS := $(SANFLAGS)
 
 # GPU objects: every top-level .cu (kernels.cu and the op families beside it, one C API: kernels.h).
@@ -53,9 +55,9 @@ $(BUILD)/bin/djinn: $(BUILD)/djinn.o $(ENGINE_OBJ)
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS)
 
-$(BUILD)/bin/convert: $(BUILD)/convert/main.o $(CONVERT_OBJ) $(ENGINE_OBJ)
+$(BUILD)/bin/convert: $(BUILD)/convert/main.o $(CONVERT_OBJ) $(FORMAT_OBJ)
 	@mkdir -p $(dir $@)
-	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS)
+	$(CC) $(LDFLAGS) $^ -o $@ -lm -lpthread
 
 djinn: $(BUILD)/bin/djinn
 	cp $< $@
@@ -145,14 +147,10 @@ FUZZ_SAN := -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-om
 FUZZ_CFLAGS := -std=c11 -O1 -g -Wall -Wextra -Werror -Wno-unused-parameter -D_GNU_SOURCE -pthread \
                -I$(CUDA)/include -MMD -MP $(FUZZ_SAN)
 FUZZ_TARGETS := fuzz_model fuzz_safetensors fuzz_json fuzz_tokenizer
-FUZZ_CUDA_LIBS := $(FUZZ_BUILD)/kernels.o -L$(CUDA)/lib64 -Wl,-rpath,$(CUDA)/lib64 -lcublasLt -lcublas -lcudart \
-                  -lstdc++ -lm -ldl
-# model.c carries the GPU path too, so fuzz_model links kernels.o (built by nvcc, not instrumented).
-FUZZ_DEPS_fuzz_model := model.o ringbuf.o tokenizer.o util.o
+FUZZ_DEPS_fuzz_model := model.o tokenizer.o util.o
 FUZZ_DEPS_fuzz_safetensors := convert/safetensors.o convert/json.o util.o
 FUZZ_DEPS_fuzz_json := convert/json.o util.o
 FUZZ_DEPS_fuzz_tokenizer := tokenizer.o convert/tokjson.o convert/json.o util.o
-FUZZ_LIBS_fuzz_model := $(FUZZ_CUDA_LIBS)
 # Longest input per target: keeps the committed corpus small (model inputs are in fuzz_model's compact form).
 FUZZ_MAXLEN_fuzz_model := 1024
 FUZZ_MAXLEN_fuzz_safetensors := 4096
@@ -195,22 +193,14 @@ $(FUZZ_BUILD)/%.o: %.c
 	@mkdir -p $(dir $@)
 	$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer-no-link -c $< -o $@
 
-$(FUZZ_BUILD)/kernels.o: $(BUILD)/kernels.o  # nvcc's object is not instrumented: the plain build's serves
-	@mkdir -p $(dir $@)
-	cp $< $@
-
 .SECONDEXPANSION:
-$(FUZZ_BUILD)/bin/%: $(FUZZ_BUILD)/tests/fuzz/%.o $$(addprefix $(FUZZ_BUILD)/,$$(FUZZ_DEPS_$$*)) \
-                     $$(if $$(FUZZ_LIBS_$$*),$(FUZZ_BUILD)/kernels.o)
+$(FUZZ_BUILD)/bin/%: $(FUZZ_BUILD)/tests/fuzz/%.o $$(addprefix $(FUZZ_BUILD)/,$$(FUZZ_DEPS_$$*))
 	@mkdir -p $(dir $@)
-	$(FUZZ_CC) $(FUZZ_SAN) -fsanitize=fuzzer $(filter-out $(FUZZ_BUILD)/kernels.o,$(filter %.o,$^)) -o $@ \
-	  $(FUZZ_LIBS_$*) -lm -lpthread
+	$(FUZZ_CC) $(FUZZ_SAN) -fsanitize=fuzzer $(filter %.o,$^) -o $@ -lm -lpthread
 
-$(FUZZ_BUILD)/bin/gen_seeds: $(FUZZ_BUILD)/tests/fuzz/gen_seeds.o $(addprefix $(FUZZ_BUILD)/,model.o ringbuf.o \
-                             tokenizer.o util.o) $(FUZZ_BUILD)/kernels.o
+$(FUZZ_BUILD)/bin/gen_seeds: $(FUZZ_BUILD)/tests/fuzz/gen_seeds.o $(addprefix $(FUZZ_BUILD)/,model.o tokenizer.o util.o)
 	@mkdir -p $(dir $@)
-	$(FUZZ_CC) $(FUZZ_SAN) -fsanitize=fuzzer-no-link $(filter-out $(FUZZ_BUILD)/kernels.o,$^) -o $@ \
-	  $(FUZZ_CUDA_LIBS) -lpthread
+	$(FUZZ_CC) $(FUZZ_SAN) -fsanitize=fuzzer-no-link $^ -o $@ -lm -lpthread
 
 fuzz-seeds: $(FUZZ_BUILD)/bin/gen_seeds
 	mkdir -p $(addprefix tests/fuzz/corpus/,$(FUZZ_TARGETS))

@@ -1,5 +1,5 @@
-// djinn.c: the command line: argument parsing, the engine choice, the generate loop with its sampler and
-// statistics, the --logits dump and the --check comparison against a reference file from tools/reference.py.
+// djinn.c: the command line: options, loading, then either generation (the prompt's prefill, the decode loop
+// streaming text to stdout, the statistics, the --logits dump) or --check against a reference file.
 #include <errno.h>
 #include <inttypes.h>
 #include <math.h>
@@ -9,8 +9,12 @@
 #include <string.h>
 #include <time.h>
 
+#include "check.h"
+#include "cpu.h"
+#include "engine.h"
 #include "kernels.h"
-#include "model.h"
+#include "loader.h"
+#include "sampler.h"
 #include "tokenizer.h"
 #include "util.h"
 
@@ -203,128 +207,12 @@ static int parse_args(int argc, char **argv, dj_opts *o) {
 }
 
 // ---- engines
-// The generate loop sees the model only through this interface, so the GPU engine slots in beside the CPU one.
-typedef struct {
-    const char *name;  // "cpu", "gpu"
-    int is_gpu;
-    void *ctx;
-    // Runs tokens (T) at positions pos .. pos+T-1, filling the KV cache. logits: (T, vocab) when all, else
-    // (vocab) for the last token; NULL for none. (The signature of gpu_forward, so a GPU engine plugs in as is.)
-    int (*forward)(void *ctx, const int32_t *tokens, int64_t T, int64_t pos, float *logits, int all, dj_err *e);
-    void (*free)(void *ctx);
-} dj_engine;
-
-static int engine_cpu_forward(void *ctx, const int32_t *tokens, int64_t T, int64_t pos, float *logits, int all,
-                              dj_err *e) {
-    if (all || !logits || T <= 1) return cpu_forward(ctx, tokens, T, pos, logits, e);
-    // only the last row: the head runs for one position
-    if (cpu_forward(ctx, tokens, T - 1, pos, NULL, e)) return -1;
-    return cpu_forward(ctx, tokens + T - 1, 1, pos + T - 1, logits, e);
-}
-static void engine_cpu_free(void *ctx) { cpu_state_free(ctx); }
-
-static int engine_cpu_new(dj_engine *eng, const dj_model *m, int64_t ctx, dj_err *e) {
-    dj_cpu_state *s = cpu_state_new(m, ctx, e);
-    if (!s) return -1;
-    *eng = (dj_engine){"cpu", 0, s, engine_cpu_forward, engine_cpu_free};
-    return 0;
-}
-
-static int engine_gpu_forward(void *ctx, const int32_t *tokens, int64_t T, int64_t pos, float *logits, int all,
-                              dj_err *e) {
-    return gpu_forward(ctx, tokens, T, pos, logits, all, e);
-}
-static void engine_gpu_free(void *ctx) { gpu_state_free(ctx); }
-
-// The engine follows how the model was loaded: page-locked (a GPU is present and --cpu not given) runs on
-// the GPU, otherwise the CPU; main() says which and why.
 // warm: the length of the first pass to come (the GPU engine warms up on that shape)
-static int engine_open(dj_engine *eng, const dj_model *m, const dj_opts *o, int64_t ctx, int64_t warm, dj_err *e) {
-    if (!m->for_gpu) return engine_cpu_new(eng, m, ctx, e);
+static int open_engine(dj_engine *eng, const dj_model *m, const dj_opts *o, int64_t ctx, int64_t warm, dj_err *e) {
     dj_gpu_opts go = {.ring_gb = o->ring_gb, .max_seq = ctx, .stream_all = o->stream_all,
-                      .sync_copy = o->sync_copy, .no_graph = o->no_graph,
-                      .fma_attn = o->fma_attn, .warm_rows = warm, .cpu_share = o->cpu_share};
-    dj_gpu_state *s = gpu_state_new(m, &go, e);
-    if (!s) return -1;
-    *eng = (dj_engine){"gpu", 1, s, engine_gpu_forward, engine_gpu_free};
-    return 0;
-}
-
-// ---- sampling
-typedef struct {
-    uint64_t state;
-} dj_rng;
-
-static uint32_t rng_u32(dj_rng *r) {  // xorshift64*
-    r->state ^= r->state >> 12;
-    r->state ^= r->state << 25;
-    r->state ^= r->state >> 27;
-    return (uint32_t)((r->state * 0x2545F4914F6CDD1Dull) >> 32);
-}
-static float rng_f32(dj_rng *r) { return (float)(rng_u32(r) >> 8) / 16777216.0f; }  // [0, 1)
-
-static int32_t argmax(const float *x, int64_t n) {
-    int64_t best = 0;
-    for (int64_t i = 1; i < n; i++)
-        if (x[i] > x[best]) best = i;
-    return (int32_t)best;
-}
-
-typedef struct {
-    float p;
-    int32_t id;
-} dj_prob;
-
-// Descending probability; ties by ascending id, so top-p 0 picks exactly argmax's token.
-static int prob_cmp(const void *a, const void *b) {
-    const dj_prob *x = a, *y = b;
-    if (x->p != y->p) return x->p > y->p ? -1 : 1;
-    return x->id < y->id ? -1 : x->id > y->id;
-}
-
-typedef struct {
-    double temp, top_p;
-    dj_rng rng;
-    dj_prob *buf;  // (vocab)
-    float *probs;  // (vocab)
-} dj_sampler;
-
-// Greedy when temp == 0; else softmax(logits / temp), keep the smallest set of most likely tokens whose mass
-// reaches top_p (at least one), and draw from it.
-static int32_t sample(dj_sampler *s, const float *logits, int64_t vocab) {
-    if (s->temp == 0) return argmax(logits, vocab);
-    float mx = logits[argmax(logits, vocab)];
-    double sum = 0;
-    for (int64_t i = 0; i < vocab; i++) {
-        s->probs[i] = expf((float)((logits[i] - mx) / s->temp));
-        sum += s->probs[i];
-    }
-    // A token below (1 - top_p) / (vocab - 1) of the mass can never be in the nucleus, unless it is the most
-    // likely one (the tokens after it in order would lack the 1 - top_p the nucleus leaves out): skip sorting them.
-    // The cutoff stops at the top token's weight, exactly 1 here, so the nucleus is never empty even when
-    // top_p < 1/vocab and the distribution is nearly flat.
-    double cutoff = vocab > 1 ? fmin((1.0 - s->top_p) / (double)(vocab - 1) * sum, 1.0) : 0;
-    int64_t n = 0;
-    for (int64_t i = 0; i < vocab; i++)
-        if (s->probs[i] >= cutoff) s->buf[n++] = (dj_prob){s->probs[i], (int32_t)i};
-    qsort(s->buf, (size_t)n, sizeof *s->buf, prob_cmp);
-    double target = s->top_p * sum, cum = 0;
-    int64_t keep = n;
-    for (int64_t i = 0; i < n; i++) {
-        cum += s->buf[i].p;
-        if (cum >= target) {
-            keep = i + 1;
-            break;
-        }
-    }
-    double mass = 0;
-    for (int64_t i = 0; i < keep; i++) mass += s->buf[i].p;
-    double r = rng_f32(&s->rng) * mass, acc = 0;
-    for (int64_t i = 0; i < keep; i++) {
-        acc += s->buf[i].p;
-        if (r < acc) return s->buf[i].id;
-    }
-    return s->buf[keep - 1].id;
+                      .sync_copy = o->sync_copy, .no_graph = o->no_graph, .fma_attn = o->fma_attn,
+                      .warm_rows = warm, .cpu_share = o->cpu_share};
+    return engine_open(eng, m, &go, e);
 }
 
 // ---- output helpers
@@ -342,110 +230,7 @@ static int write_rows(FILE *f, const float *rows, int64_t n_rows, int64_t vocab,
     return 0;
 }
 
-// ---- --check: compare against a reference file
-// Reference file (little-endian), written by tools/reference.py:
-//   char magic[8] "DJINNREF"; u32 version (1); u32 n_tokens; u32 n_prompt; u32 vocab;
-//   i32 ids[n_tokens]; f32 logits[n_tokens][vocab]   (logits of every position, from HF in float64)
-#define REF_MAGIC "DJINNREF"
-#define REF_HEADER 24
-
-typedef struct {
-    uint32_t n_tokens, n_prompt, vocab;
-    int32_t *ids;    // (n_tokens)
-    float *logits;   // (n_tokens, vocab)
-} dj_ref;
-
-static int ref_load(const char *path, dj_ref *r, dj_err *e) {
-    memset(r, 0, sizeof *r);
-    FILE *f = fopen(path, "rb");
-    if (!f) return dj_fail(e, "cannot open reference %s: %s", path, strerror(errno));
-    uint8_t h[REF_HEADER];
-    uint32_t version;
-    int rc = -1;
-    if (fread(h, 1, REF_HEADER, f) != REF_HEADER || memcmp(h, REF_MAGIC, 8)) {
-        dj_fail(e, "%s is not a reference file (expected magic %s; write it with tools/reference.py)", path,
-                REF_MAGIC);
-        goto out;
-    }
-    memcpy(&version, h + 8, 4);
-    memcpy(&r->n_tokens, h + 12, 4);
-    memcpy(&r->n_prompt, h + 16, 4);
-    memcpy(&r->vocab, h + 20, 4);
-    if (version != 1) {
-        dj_fail(e, "%s: reference version %u, expected 1 (re-run tools/reference.py)", path, version);
-        goto out;
-    }
-    if (r->n_tokens == 0 || r->n_tokens > (1u << 24) || r->vocab == 0 || r->vocab > (1u << 22) ||
-        r->n_prompt > r->n_tokens) {
-        dj_fail(e, "%s: corrupt reference header (%u tokens, %u prompt, vocab %u)", path, r->n_tokens, r->n_prompt,
-                r->vocab);
-        goto out;
-    }
-    uint64_t want = REF_HEADER + 4ull * r->n_tokens + 4ull * r->n_tokens * r->vocab;
-    if (fseeko(f, 0, SEEK_END) || (uint64_t)ftello(f) != want) {
-        dj_fail(e, "%s: %" PRIu64 " bytes expected for %u tokens x vocab %u (file truncated or corrupt)", path,
-                want, r->n_tokens, r->vocab);
-        goto out;
-    }
-    fseeko(f, REF_HEADER, SEEK_SET);
-    r->ids = malloc(4ull * r->n_tokens);
-    r->logits = malloc(4ull * r->n_tokens * r->vocab);
-    if (!r->ids || !r->logits) {
-        dj_fail(e, "out of memory reading %s", path);
-        goto out;
-    }
-    if (fread(r->ids, 4, r->n_tokens, f) != r->n_tokens ||
-        fread(r->logits, 4, (size_t)r->n_tokens * r->vocab, f) != (size_t)r->n_tokens * r->vocab) {
-        dj_fail(e, "%s: read error", path);
-        goto out;
-    }
-    rc = 0;
-out:
-    fclose(f);
-    if (rc) {
-        free(r->ids);
-        free(r->logits);
-        r->ids = NULL, r->logits = NULL;
-    }
-    return rc;
-}
-
-typedef struct {
-    double max_abs, rel_l2, kl;
-    int top1;
-} dj_row_cmp;
-
-static dj_row_cmp compare_row(const float *ref, const float *got, int64_t n) {
-    dj_row_cmp c = {0};
-    double num = 0, den = 0, mr = -INFINITY, mg = -INFINITY;
-    for (int64_t i = 0; i < n; i++) {
-        double d = (double)got[i] - ref[i];
-        if (fabs(d) > c.max_abs || isnan(d)) c.max_abs = isnan(d) ? NAN : fmax(c.max_abs, fabs(d));
-        num += d * d;
-        den += (double)ref[i] * ref[i];
-        mr = fmax(mr, ref[i]);
-        mg = fmax(mg, got[i]);
-    }
-    c.rel_l2 = den > 0 ? sqrt(num / den) : sqrt(num);
-    c.top1 = argmax(ref, n) == argmax(got, n);
-    double zr = 0, zg = 0;
-    for (int64_t i = 0; i < n; i++) {
-        zr += exp(ref[i] - mr);
-        zg += exp(got[i] - mg);
-    }
-    double lzr = log(zr) + mr, lzg = log(zg) + mg;
-    for (int64_t i = 0; i < n; i++) {
-        double lpr = ref[i] - lzr, lpg = got[i] - lzg;
-        c.kl += exp(lpr) * (lpr - lpg);
-    }
-    return c;
-}
-
-static double default_tol(const dj_engine *eng, uint32_t wtype) {
-    if (!eng->is_gpu) return 1e-4;  // the CPU widens weights exactly and computes in f32
-    return wtype == DJ_F32 ? 1e-4 : wtype == DJ_F16 ? 5e-3 : 1e-2;
-}
-
+// ---- --check: teacher-force the reference's ids, compare every position's logits
 static int run_check(const dj_model *m, const dj_opts *o, dj_err *e) {
     const dj_config *c = &m->info.config;
     dj_ref r;
@@ -458,7 +243,7 @@ static int run_check(const dj_model *m, const dj_opts *o, dj_err *e) {
                 c->vocab_size);
         goto out;
     }
-    if (engine_open(&eng, m, o, r.n_tokens, r.n_tokens, e)) goto out;
+    if (open_engine(&eng, m, o, r.n_tokens, r.n_tokens, e)) goto out;
     if (interrupted_during("the engine's setup")) {
         rc = EXIT_INTERRUPTED;
         goto out;
@@ -473,40 +258,17 @@ static int run_check(const dj_model *m, const dj_opts *o, dj_err *e) {
     double dt = dj_now() - t0;
     fprintf(stderr, "djinn: check: %u positions (%u prompt) in %.3f s on the %s\n", r.n_tokens, r.n_prompt, dt,
             eng.name);
-
-    double tol = o->tol >= 0 ? o->tol : default_tol(&eng, c->wtype);
-    double worst_abs = 0, worst_rel = 0, sum_kl = 0, max_kl = 0, num = 0, den = 0;
-    int64_t agree = 0, worst_pos = 0;
-    printf("%5s %7s %12s %12s %5s %12s\n", "pos", "id", "max|dlogit|", "rel_l2", "top1", "KL(ref|dj)");
-    for (uint32_t t = 0; t < r.n_tokens; t++) {
-        const float *ref = r.logits + (size_t)t * r.vocab, *got = logits + (size_t)t * r.vocab;
-        dj_row_cmp rc_ = compare_row(ref, got, r.vocab);
-        printf("%5u %7d %12.4e %12.4e %5s %12.4e\n", t, r.ids[t], rc_.max_abs, rc_.rel_l2, rc_.top1 ? "yes" : "NO",
-               rc_.kl);
-        if (!(rc_.max_abs <= worst_abs)) worst_abs = rc_.max_abs;
-        if (!(rc_.rel_l2 <= worst_rel)) worst_rel = rc_.rel_l2, worst_pos = t;
-        sum_kl += rc_.kl;
-        max_kl = fmax(max_kl, rc_.kl);
-        agree += rc_.top1;
-        for (uint32_t i = 0; i < r.vocab; i++) {
-            double d = (double)got[i] - ref[i];
-            num += d * d;
-            den += (double)ref[i] * ref[i];
-        }
-    }
-    int pass = worst_rel <= tol;  // false for NaN too
-    printf("overall: positions %u, max|dlogit| %.4e, rel_l2 %.4e (worst %.4e at position %" PRId64
-           "), top1 %" PRId64 "/%u, KL mean %.4e max %.4e\n",
-           r.n_tokens, worst_abs, den > 0 ? sqrt(num / den) : sqrt(num), worst_rel, worst_pos, agree, r.n_tokens,
-           sum_kl / r.n_tokens, max_kl);
+    double tol = o->tol >= 0 ? o->tol : check_default_tol(eng.is_gpu, c->wtype);
+    dj_check ck;
+    check_logits(&r, logits, stdout, &ck);
+    int pass = ck.worst_rel <= tol;  // false for NaN too
     printf("check %s: worst rel_l2 %.4e %s tolerance %.1e (%s weights, %s engine)\n", pass ? "PASSED" : "FAILED",
-           worst_rel, pass ? "<=" : ">", tol, dj_dtype_name(c->wtype), eng.name);
+           ck.worst_rel, pass ? "<=" : ">", tol, dj_dtype_name(c->wtype), eng.name);
     rc = pass ? 0 : EXIT_CHECK;
 out:
-    if (eng.free) eng.free(eng.ctx);
+    engine_close(&eng);
     free(logits);
-    free(r.ids);
-    free(r.logits);
+    ref_free(&r);
     return rc;
 }
 
@@ -565,7 +327,7 @@ static int run_generate(const dj_model *m, const dj_tokenizer *tok, const dj_opt
     float *logits = NULL;
     FILE *lf = NULL;
     dj_tok_stream *stream = NULL;
-    dj_sampler smp = {0};
+    dj_sampler *smp = NULL;
     if (n_prompt == 0) {
         dj_fail(e, "the prompt is empty and the model has no BOS token: give a prompt with -p");
         goto out;
@@ -577,9 +339,7 @@ static int run_generate(const dj_model *m, const dj_tokenizer *tok, const dj_opt
     int64_t cap = o->n_new < ctx ? (int64_t)n_prompt + o->n_new : ctx;  // ids: prompt + new tokens, <= ctx
     int32_t *grown = realloc(ids, (size_t)(cap + 1) * sizeof *ids);
     logits = malloc((o->logits_path ? n_prompt : 1) * (size_t)vocab * sizeof(float));  // (rows, vocab)
-    smp.buf = malloc((size_t)vocab * sizeof *smp.buf);
-    smp.probs = malloc((size_t)vocab * sizeof(float));
-    if (!grown || !logits || !smp.buf || !smp.probs) {
+    if (!grown || !logits) {
         if (grown) ids = grown;
         dj_fail(e, "out of memory");
         goto out;
@@ -590,7 +350,7 @@ static int run_generate(const dj_model *m, const dj_tokenizer *tok, const dj_opt
         goto out;
     }
     double t_setup = dj_now();
-    if (engine_open(&eng, m, o, ctx, (int64_t)n_prompt, e)) goto out;
+    if (open_engine(&eng, m, o, ctx, (int64_t)n_prompt, e)) goto out;
     rs.setup_s = dj_now() - t_setup;
     fprintf(stderr, "djinn: %s engine set up in %.3f s%s\n", eng.name, rs.setup_s,
             eng.is_gpu ? " (buffers, a warm-up pass of the prompt's length, the decode graph)" : "");
@@ -598,12 +358,9 @@ static int run_generate(const dj_model *m, const dj_tokenizer *tok, const dj_opt
         rc = EXIT_INTERRUPTED;
         goto out;
     }
-    smp.temp = o->top_p == 0 ? 0 : o->temp;  // top-p 0 keeps only the most likely token: greedy
-    smp.top_p = o->top_p;
     uint64_t seed = o->seed_given ? o->seed : (uint64_t)time(NULL);
-    if (!o->seed_given && smp.temp > 0) fprintf(stderr, "djinn: seed %" PRIu64 " (-s to repeat)\n", seed);
-    smp.rng.state = (seed + 1) * 0x9E3779B97F4A7C15ull;
-    if (!smp.rng.state) smp.rng.state = 1;  // 0 is xorshift's fixed point
+    if (!(smp = sampler_new(vocab, o->temp, o->top_p, seed, e))) goto out;
+    if (!o->seed_given && !sampler_is_greedy(smp)) fprintf(stderr, "djinn: seed %" PRIu64 " (-s to repeat)\n", seed);
 
     // Prompt text first: stdout is decode(all ids), so the prompt goes through the same stream.
     stream = tok_stream_new(tok);
@@ -647,7 +404,7 @@ static int run_generate(const dj_model *m, const dj_tokenizer *tok, const dj_opt
             stop = "context full";
             break;
         }
-        int32_t next = sample(&smp, last, vocab);
+        int32_t next = sampler_next(smp, last);
         if (n_gen == 0) t_first = t_decode0 = dj_now();
         ids[n++] = next;
         n_gen++;
@@ -710,9 +467,8 @@ static int run_generate(const dj_model *m, const dj_tokenizer *tok, const dj_opt
 out:
     if (lf) fclose(lf);
     if (stream) tok_stream_free(stream);
-    if (eng.free) eng.free(eng.ctx);
-    free(smp.buf);
-    free(smp.probs);
+    engine_close(&eng);
+    sampler_free(smp);
     free(logits);
     free(ids);
     return rc;

@@ -16,6 +16,7 @@
 #include "../convert/convert.h"
 #include "../convert/safetensors.h"
 #include "../model.h"
+#include "../loader.h"
 #include "../tokenizer.h"
 
 // ---- helpers

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "../model.h"
+#include "../cpu.h"
 
 // ---- helpers
 static uint64_t tcpu_rng = 0x1234567887654321ull;

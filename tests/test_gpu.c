@@ -13,6 +13,8 @@
 #include "../convert/json.h"
 #include "../kernels.h"
 #include "../model.h"
+#include "../cpu.h"
+#include "../gpu.h"
 #include "../ringbuf.h"
 
 static char g_dir[] = "/tmp/djinn_gpu_XXXXXX";

@@ -20,6 +20,7 @@
 
 #include "../kernels.h"
 #include "../model.h"
+#include "../cpu.h"
 
 // ---- fixtures: seed, RNG, GPU context
 static uint64_t tk_rng;

@@ -12,6 +12,7 @@
 
 #include "../kernels.h"
 #include "../model.h"
+#include "../loader.h"
 
 // A small GQA config with untied head.
 static dj_config small_config(void) {

@@ -1,0 +1,451 @@
+// cpu.c: the CPU side of the engine (cpu.h): reference ops in fp32 with weights widened on the fly, the SIMD
+// matvec of the GPU engine's CPU share, and the CPU forward pass, all parallel over the pool (pool.h).
+#include "cpu.h"
+
+#include <assert.h>
+#include <inttypes.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+// ---- widening and the reference matmul
+// f16 -> f32 through a 64K-entry table: the conversion's branches would otherwise dominate the inner loop.
+static float cpu_f16_table[65536];
+static pthread_once_t cpu_f16_once = PTHREAD_ONCE_INIT;
+static void cpu_f16_table_init(void) {
+    for (uint32_t i = 0; i < 65536; i++) cpu_f16_table[i] = dj_f16_to_f32((uint16_t)i);
+}
+
+// dst (n) = row `r` of w (rows of n elements in wtype), widened to f32. Returns dst, or w's own row for f32.
+static const float *cpu_widen_row(float *dst, const void *w, uint32_t wtype, int64_t r, int64_t n) {
+    if (wtype == DJ_F32) return (const float *)w + r * n;
+    const uint16_t *src = (const uint16_t *)w + r * n;
+    if (wtype == DJ_F16) {
+        for (int64_t i = 0; i < n; i++) dst[i] = cpu_f16_table[src[i]];
+    } else {
+        for (int64_t i = 0; i < n; i++) dst[i] = dj_bf16_to_f32(src[i]);
+    }
+    return dst;
+}
+
+// Eight independent partial sums: lets the compiler vectorise without reassociating (no -ffast-math).
+static float cpu_dot(const float *a, const float *b, int64_t n) {
+    float s[8] = {0};
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int k = 0; k < 8; k++) s[k] += a[i + k] * b[i + k];
+    float r = ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
+    for (; i < n; i++) r += a[i] * b[i];
+    return r;
+}
+
+typedef struct {
+    float *y;        // (T, n_out)
+    const float *x;  // (T, n_in)
+    const void *w;   // (n_out, n_in) wtype
+    uint32_t wtype;
+    int64_t T, n_in, n_out;
+} cpu_matmul_job;
+
+static void cpu_matmul_task(void *ctx, int64_t begin, int64_t end) {
+    const cpu_matmul_job *j = ctx;
+    float *row = NULL;
+    if (j->wtype != DJ_F32) {
+        row = malloc((size_t)j->n_in * sizeof(float));
+        assert(row && "out of memory in cpu_matmul");
+    }
+    for (int64_t o = begin; o < end; o++) {
+        const float *wr = cpu_widen_row(row, j->w, j->wtype, o, j->n_in);
+        for (int64_t t = 0; t < j->T; t++) j->y[t * j->n_out + o] = cpu_dot(j->x + t * j->n_in, wr, j->n_in);
+    }
+    free(row);
+}
+
+void cpu_matmul(float *y, const float *x, const void *w, uint32_t wtype, int64_t T, int64_t n_in, int64_t n_out) {
+    assert(wtype == DJ_F32 || wtype == DJ_F16 || wtype == DJ_BF16);
+    if (wtype == DJ_F16) pthread_once(&cpu_f16_once, cpu_f16_table_init);
+    cpu_matmul_job j = {y, x, w, wtype, T, n_in, n_out};
+    cpu_parallel_for(n_out, (double)T * (double)n_in * (double)n_out, cpu_matmul_task, &j);
+}
+
+// ---- matvec at the host's memory bandwidth: the GPU engine's CPU share (dj_gpu_opts.cpu_share)
+// y (n_out) = W x, for one token, at the host's memory bandwidth: on x86 with AVX2, FMA and F16C, eight f16, bf16
+// or f32 weights are widened per instruction and summed in four fused multiply-add accumulators; elsewhere, the
+// portable loop of cpu_dot. Rows are split over the thread pool.
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <cpuid.h>
+#include <immintrin.h>
+#define CPU_SIMD 1
+#define SIMD_FN __attribute__((target("avx2,fma,f16c")))
+SIMD_FN static inline __m256 simd_load8(const void *w, uint32_t wtype, int64_t i) {
+    if (wtype == DJ_F16) return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)w + i)));
+    if (wtype == DJ_BF16) {
+        __m256i v = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)((const uint16_t *)w + i)));
+        return _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
+    }
+    return _mm256_loadu_ps((const float *)w + i);
+}
+
+SIMD_FN static float simd_dot_row(const float *x, const void *w, uint32_t wtype, int64_t n) {
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    int64_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+        a0 = _mm256_fmadd_ps(simd_load8(w, wtype, i), _mm256_loadu_ps(x + i), a0);
+        a1 = _mm256_fmadd_ps(simd_load8(w, wtype, i + 8), _mm256_loadu_ps(x + i + 8), a1);
+        a2 = _mm256_fmadd_ps(simd_load8(w, wtype, i + 16), _mm256_loadu_ps(x + i + 16), a2);
+        a3 = _mm256_fmadd_ps(simd_load8(w, wtype, i + 24), _mm256_loadu_ps(x + i + 24), a3);
+    }
+    for (; i + 8 <= n; i += 8) a0 = _mm256_fmadd_ps(simd_load8(w, wtype, i), _mm256_loadu_ps(x + i), a0);
+    __m256 a = _mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3));
+    __m128 h = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+    h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_add_ss(h, _mm_movehdup_ps(h));
+    float r = _mm_cvtss_f32(h);
+    const uint16_t *w16 = (const uint16_t *)w;
+    for (; i < n; i++)
+        r += x[i] * (wtype == DJ_F32   ? ((const float *)w)[i]
+                     : wtype == DJ_F16 ? dj_f16_to_f32(w16[i])
+                                       : dj_bf16_to_f32(w16[i]));
+    return r;
+}
+
+// AVX2 and FMA through the compiler's builtin (which also checks that the OS saves the AVX state); F16C
+// through CPUID leaf 1 (ECX bit 29), which not every compiler's builtin knows.
+static int cpu_simd_ok(void) {
+    static int ok = -1;
+    if (ok < 0) {
+        unsigned a, b, c, d;
+        int f16c = __get_cpuid(1, &a, &b, &c, &d) && (c >> 29 & 1u);
+        ok = f16c && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    }
+    return ok;
+}
+#endif
+static int cpu_simd_off;  // cpu_set_simd(0): the portable loop even where the vector one runs
+
+int cpu_set_simd(int on) {
+    cpu_simd_off = !on;
+#ifdef CPU_SIMD
+    return on && cpu_simd_ok();
+#else
+    return 0;
+#endif
+}
+
+typedef struct {
+    float *y;
+    const float *x;
+    const void *w;
+    uint32_t wtype;
+    int64_t n_in, n_out, chunk;
+    _Atomic int64_t next;  // the next chunk of rows to claim: a thread the OS delays takes fewer
+} cpu_matvec_job;
+
+static void cpu_matvec_rows(const cpu_matvec_job *j, int64_t begin, int64_t end) {
+    size_t ws = dj_dtype_size(j->wtype);
+#ifdef CPU_SIMD
+    if (!cpu_simd_off && cpu_simd_ok()) {
+        for (int64_t o = begin; o < end; o++)
+            j->y[o] = simd_dot_row(j->x, (const uint8_t *)j->w + (size_t)o * (size_t)j->n_in * ws, j->wtype, j->n_in);
+        return;
+    }
+#endif
+    float row[1024];  // widened in chunks: cpu_dot on each
+    for (int64_t o = begin; o < end; o++) {
+        float acc = 0.0f;
+        for (int64_t c = 0; c < j->n_in; c += 1024) {
+            int64_t n = j->n_in - c < 1024 ? j->n_in - c : 1024;
+            const void *wr = (const uint8_t *)j->w + ((size_t)o * (size_t)j->n_in + (size_t)c) * ws;
+            const float *wf = j->wtype == DJ_F32 ? (const float *)wr : cpu_widen_row(row, wr, j->wtype, 0, n);
+            acc += cpu_dot(j->x + c, wf, n);
+        }
+        j->y[o] = acc;
+    }
+}
+
+static void cpu_matvec_task(void *ctx, int64_t part, int64_t parts_end) {
+    cpu_matvec_job *j = ctx;
+    (void)part, (void)parts_end;
+    for (int64_t b; (b = atomic_fetch_add(&j->next, j->chunk)) < j->n_out;)
+        cpu_matvec_rows(j, b, b + j->chunk < j->n_out ? b + j->chunk : j->n_out);
+}
+
+void cpu_matvec(float *y, const float *x, const void *w, uint32_t wtype, int64_t n_in, int64_t n_out) {
+    assert(wtype == DJ_F32 || wtype == DJ_F16 || wtype == DJ_BF16);
+    if (wtype == DJ_F16) pthread_once(&cpu_f16_once, cpu_f16_table_init);
+    int64_t parts = cpu_threads(), chunk = n_out / (8 * parts);
+    if (chunk < 16) chunk = 16;
+    cpu_matvec_job j = {y, x, w, wtype, n_in, n_out, chunk, 0};
+    cpu_parallel_for(parts, (double)n_in * (double)n_out, cpu_matvec_task, &j);
+}
+
+// ---- norm, RoPE, attention, SwiGLU
+void cpu_rmsnorm(float *out, const float *x, const float *w, int64_t n, float eps) {
+    float ss = 0.0f;
+    for (int64_t i = 0; i < n; i++) ss += x[i] * x[i];
+    float scale = 1.0f / sqrtf(ss / (float)n + eps);
+    for (int64_t i = 0; i < n; i++) out[i] = x[i] * scale * w[i];
+}
+
+void cpu_rope_freqs(const dj_config *c, float *inv_freq) {
+    int64_t hd = c->head_dim;
+    for (int64_t i = 0; i < hd / 2; i++) {
+        // HF: 1.0 / (base ** (arange(0, hd, 2).float() / hd)), every step in f32
+        float expo = (float)(2 * i) / (float)hd;
+        inv_freq[i] = 1.0f / powf(c->rope_theta, expo);
+    }
+    if (c->rope_type != DJ_ROPE_LLAMA3) return;
+    // transformers' _compute_llama3_parameters: keep high frequencies, divide low ones by `factor`, and blend
+    // smoothly in between, with wavelength thresholds taken from the original context length.
+    float factor = c->rope_factor, lf = c->rope_low_freq, hf = c->rope_high_freq;
+    float old_len = (float)c->rope_orig_max;
+    float low_wavelen = old_len / lf, high_wavelen = old_len / hf;
+    for (int64_t i = 0; i < hd / 2; i++) {
+        float f = inv_freq[i];
+        float wavelen = (float)(2.0 * M_PI) / f;
+        float scaled = wavelen > low_wavelen ? f / factor : f;
+        if (!(wavelen < high_wavelen) && !(wavelen > low_wavelen)) {
+            float smooth = (old_len / wavelen - lf) / (hf - lf);
+            scaled = (1.0f - smooth) * scaled / factor + smooth * scaled;
+        }
+        inv_freq[i] = scaled;
+    }
+}
+
+void cpu_rope(float *x, int64_t n_heads, int64_t head_dim, int64_t pos, const float *inv_freq) {
+    int64_t half = head_dim / 2;
+    for (int64_t i = 0; i < half; i++) {
+        float angle = (float)pos * inv_freq[i];
+        float c = cosf(angle), s = sinf(angle);
+        for (int64_t h = 0; h < n_heads; h++) {
+            float *v = x + h * head_dim;
+            float a = v[i], b = v[i + half];
+            v[i] = a * c - b * s;
+            v[i + half] = b * c + a * s;
+        }
+    }
+}
+
+// One query head over keys 0..pos; scores (pos+1) is scratch.
+static void cpu_attention_head(float *out, const float *q, const float *k, const float *v, int64_t head_dim,
+                               int64_t pos, float *scores) {
+    float scale = 1.0f / sqrtf((float)head_dim), mx = -INFINITY;
+    for (int64_t t = 0; t <= pos; t++) {
+        scores[t] = cpu_dot(q, k + t * head_dim, head_dim) * scale;
+        if (scores[t] > mx) mx = scores[t];
+    }
+    float sum = 0.0f;
+    for (int64_t t = 0; t <= pos; t++) {
+        scores[t] = expf(scores[t] - mx);
+        sum += scores[t];
+    }
+    float inv = 1.0f / sum;
+    for (int64_t i = 0; i < head_dim; i++) out[i] = 0.0f;
+    for (int64_t t = 0; t <= pos; t++) {
+        float p = scores[t] * inv;
+        const float *vt = v + t * head_dim;
+        for (int64_t i = 0; i < head_dim; i++) out[i] += p * vt[i];
+    }
+}
+
+void cpu_attention(float *out, const float *q, const float *k_cache, const float *v_cache, int64_t n_heads,
+                   int64_t n_kv_heads, int64_t head_dim, int64_t pos, int64_t max_seq) {
+    assert(n_kv_heads > 0 && n_heads % n_kv_heads == 0 && pos < max_seq);
+    float *scores = malloc((size_t)(pos + 1) * sizeof(float));
+    assert(scores && "out of memory in cpu_attention");
+    int64_t group = n_heads / n_kv_heads;
+    for (int64_t h = 0; h < n_heads; h++) {
+        int64_t kvh = h / group;
+        cpu_attention_head(out + h * head_dim, q + h * head_dim, k_cache + kvh * max_seq * head_dim,
+                           v_cache + kvh * max_seq * head_dim, head_dim, pos, scores);
+    }
+    free(scores);
+}
+
+void cpu_swiglu(float *out, const float *gate, const float *up, int64_t n) {
+    for (int64_t i = 0; i < n; i++) {
+        float g = gate[i];
+        out[i] = g / (1.0f + expf(-g)) * up[i];
+    }
+}
+
+// ---- the forward pass
+#define CPU_CHUNK 32  // tokens per pass through the layers: bounds the activation buffers
+
+struct dj_cpu_state {
+    const dj_model *m;
+    dj_config c;
+    int64_t max_seq;
+    int64_t q_dim, kv_dim;
+    float *inv_freq;   // (head_dim/2)
+    float *x;          // (CPU_CHUNK, dim) residual stream
+    float *xb;         // (CPU_CHUNK, dim) normed input / block output
+    float *q;          // (CPU_CHUNK, q_dim)
+    float *k, *v;      // (CPU_CHUNK, kv_dim)
+    float *att;        // (CPU_CHUNK, q_dim)
+    float *hb, *hb2;   // (CPU_CHUNK, hidden_dim)
+    float *k_cache;    // (n_layers, n_kv_heads, max_seq, head_dim)
+    float *v_cache;    // (n_layers, n_kv_heads, max_seq, head_dim)
+};
+
+void cpu_state_free(dj_cpu_state *s) {
+    if (!s) return;
+    free(s->inv_freq);
+    free(s->x);
+    free(s->xb);
+    free(s->q);
+    free(s->k);
+    free(s->v);
+    free(s->att);
+    free(s->hb);
+    free(s->hb2);
+    free(s->k_cache);
+    free(s->v_cache);
+    free(s);
+}
+
+static float *cpu_alloc_floats(uint64_t n, const char *what, dj_err *e) {
+    uint64_t bytes;
+    if (dj_mul_u64(n, sizeof(float), &bytes) || bytes > SIZE_MAX) {
+        dj_fail(e, "cpu: %s of %" PRIu64 " floats is too large", what, n);
+        return NULL;
+    }
+    float *p = calloc(1, bytes ? (size_t)bytes : 1);
+    if (!p) dj_fail(e, "cpu: cannot allocate %.2f GB for the %s", (double)bytes / 1e9, what);
+    return p;
+}
+
+dj_cpu_state *cpu_state_new(const dj_model *m, int64_t max_seq, dj_err *e) {
+    const dj_config *c = &m->info.config;
+    if (max_seq <= 0) {
+        dj_fail(e, "cpu: context size must be positive (got %" PRId64 ")", max_seq);
+        return NULL;
+    }
+    dj_cpu_state *s = calloc(1, sizeof *s);
+    if (!s) {
+        dj_fail(e, "cpu: out of memory");
+        return NULL;
+    }
+    s->m = m;
+    s->c = *c;
+    s->max_seq = max_seq;
+    s->q_dim = (int64_t)c->n_heads * c->head_dim;
+    s->kv_dim = (int64_t)c->n_kv_heads * c->head_dim;
+    uint64_t cache;
+    if (dj_mul_u64((uint64_t)c->n_layers * (uint64_t)s->kv_dim, (uint64_t)max_seq, &cache)) {
+        dj_fail(e, "cpu: KV cache size overflows");
+        cpu_state_free(s);
+        return NULL;
+    }
+    if (!(s->inv_freq = cpu_alloc_floats(c->head_dim / 2 + 1, "rope table", e)) ||
+        !(s->x = cpu_alloc_floats((uint64_t)CPU_CHUNK * c->dim, "activations", e)) ||
+        !(s->xb = cpu_alloc_floats((uint64_t)CPU_CHUNK * c->dim, "activations", e)) ||
+        !(s->q = cpu_alloc_floats((uint64_t)CPU_CHUNK * s->q_dim, "activations", e)) ||
+        !(s->k = cpu_alloc_floats((uint64_t)CPU_CHUNK * s->kv_dim, "activations", e)) ||
+        !(s->v = cpu_alloc_floats((uint64_t)CPU_CHUNK * s->kv_dim, "activations", e)) ||
+        !(s->att = cpu_alloc_floats((uint64_t)CPU_CHUNK * s->q_dim, "activations", e)) ||
+        !(s->hb = cpu_alloc_floats((uint64_t)CPU_CHUNK * c->hidden_dim, "activations", e)) ||
+        !(s->hb2 = cpu_alloc_floats((uint64_t)CPU_CHUNK * c->hidden_dim, "activations", e)) ||
+        !(s->k_cache = cpu_alloc_floats(cache, "KV cache", e)) ||
+        !(s->v_cache = cpu_alloc_floats(cache, "KV cache", e))) {
+        cpu_state_free(s);
+        return NULL;
+    }
+    cpu_rope_freqs(c, s->inv_freq);
+    return s;
+}
+
+typedef struct {
+    dj_cpu_state *s;
+    int64_t layer, pos, T;  // queries pos .. pos+T-1
+} cpu_attn_job;
+
+// Parallel over (token, head) pairs; each task has its own scores scratch.
+static void cpu_attn_task(void *ctx, int64_t begin, int64_t end) {
+    const cpu_attn_job *j = ctx;
+    const dj_cpu_state *s = j->s;
+    int64_t nh = s->c.n_heads, hd = s->c.head_dim, group = nh / s->c.n_kv_heads;
+    size_t layer_off = (size_t)j->layer * (size_t)s->kv_dim * (size_t)s->max_seq;
+    float *scores = malloc((size_t)(j->pos + j->T) * sizeof(float));
+    assert(scores && "out of memory in cpu attention");
+    for (int64_t i = begin; i < end; i++) {
+        int64_t t = i / nh, h = i % nh, kvh = h / group;
+        size_t kv_off = layer_off + (size_t)kvh * (size_t)s->max_seq * (size_t)hd;
+        cpu_attention_head(s->att + t * s->q_dim + h * hd, s->q + t * s->q_dim + h * hd, s->k_cache + kv_off,
+                           s->v_cache + kv_off, hd, j->pos + t, scores);
+    }
+    free(scores);
+}
+
+// The embedding row of `token`, widened: out (dim).
+static void cpu_embed(const dj_model *m, int32_t token, float *out) {
+    const dj_config *c = &m->info.config;
+    const float *row = cpu_widen_row(out, dj_embed_ptr(m), c->wtype, token, c->dim);
+    if (row != out) memcpy(out, row, (size_t)c->dim * sizeof(float));  // f32: widen_row returned the table's row
+}
+
+// Runs one chunk of T <= CPU_CHUNK tokens through every layer; logits (T, vocab) if not NULL.
+static void cpu_forward_chunk(dj_cpu_state *s, const int32_t *tokens, int64_t T, int64_t pos, float *logits) {
+    const dj_model *m = s->m;
+    const dj_config *c = &s->c;
+    const dj_layer_layout *L = &m->info.layer;
+    int64_t dim = c->dim, hd = c->head_dim, hidden = c->hidden_dim, qd = s->q_dim, kvd = s->kv_dim;
+    uint32_t wt = c->wtype;
+    if (wt == DJ_F16) pthread_once(&cpu_f16_once, cpu_f16_table_init);
+    for (int64_t t = 0; t < T; t++) cpu_embed(m, tokens[t], s->x + t * dim);
+
+    for (uint32_t l = 0; l < c->n_layers; l++) {
+        const uint8_t *slab = dj_layer_ptr(m, l);
+        // attention block
+        for (int64_t t = 0; t < T; t++)
+            cpu_rmsnorm(s->xb + t * dim, s->x + t * dim, (const float *)(slab + L->attn_norm), dim, c->norm_eps);
+        cpu_matmul(s->q, s->xb, slab + L->wq, wt, T, dim, qd);
+        cpu_matmul(s->k, s->xb, slab + L->wk, wt, T, dim, kvd);
+        cpu_matmul(s->v, s->xb, slab + L->wv, wt, T, dim, kvd);
+        size_t layer_off = (size_t)l * (size_t)kvd * (size_t)s->max_seq;
+        for (int64_t t = 0; t < T; t++) {
+            cpu_rope(s->q + t * qd, c->n_heads, hd, pos + t, s->inv_freq);
+            cpu_rope(s->k + t * kvd, c->n_kv_heads, hd, pos + t, s->inv_freq);
+            // k, v stored (head, pos, head_dim): each head's keys are contiguous for the attention loop
+            for (int64_t h = 0; h < c->n_kv_heads; h++) {
+                size_t off = layer_off + ((size_t)h * (size_t)s->max_seq + (size_t)(pos + t)) * (size_t)hd;
+                memcpy(s->k_cache + off, s->k + t * kvd + h * hd, (size_t)hd * sizeof(float));
+                memcpy(s->v_cache + off, s->v + t * kvd + h * hd, (size_t)hd * sizeof(float));
+            }
+        }
+        cpu_attn_job aj = {s, l, pos, T};
+        cpu_parallel_for(T * c->n_heads, (double)T * (double)qd * (double)(pos + T) * 2.0, cpu_attn_task, &aj);
+        cpu_matmul(s->xb, s->att, slab + L->wo, wt, T, qd, dim);
+        for (int64_t i = 0; i < T * dim; i++) s->x[i] += s->xb[i];
+
+        // feed-forward block
+        for (int64_t t = 0; t < T; t++)
+            cpu_rmsnorm(s->xb + t * dim, s->x + t * dim, (const float *)(slab + L->ffn_norm), dim, c->norm_eps);
+        cpu_matmul(s->hb, s->xb, slab + L->w_gate, wt, T, dim, hidden);
+        cpu_matmul(s->hb2, s->xb, slab + L->w_up, wt, T, dim, hidden);
+        cpu_swiglu(s->hb, s->hb, s->hb2, T * hidden);
+        cpu_matmul(s->xb, s->hb, slab + L->w_down, wt, T, hidden, dim);
+        for (int64_t i = 0; i < T * dim; i++) s->x[i] += s->xb[i];
+    }
+
+    if (!logits) return;
+    const float *norm = (const float *)(dj_head_ptr(m) + m->info.head.norm);
+    for (int64_t t = 0; t < T; t++) cpu_rmsnorm(s->xb + t * dim, s->x + t * dim, norm, dim, c->norm_eps);
+    cpu_matmul(logits, s->xb, dj_lm_head_ptr(m), wt, T, dim, c->vocab_size);
+}
+
+int cpu_forward(dj_cpu_state *s, const int32_t *tokens, int64_t T, int64_t pos, float *logits, dj_err *e) {
+    if (T < 0 || pos < 0 || pos > s->max_seq - T)
+        return dj_fail(e, "cpu: positions %" PRId64 "..%" PRId64 " exceed the context of %" PRId64 " tokens", pos,
+                       pos + T - 1, s->max_seq);
+    for (int64_t t = 0; t < T; t++)
+        if (tokens[t] < 0 || (uint32_t)tokens[t] >= s->c.vocab_size)
+            return dj_fail(e, "cpu: token id %d out of range (vocab %u)", tokens[t], s->c.vocab_size);
+    for (int64_t t0 = 0; t0 < T; t0 += CPU_CHUNK) {
+        int64_t n = T - t0 < CPU_CHUNK ? T - t0 : CPU_CHUNK;
+        cpu_forward_chunk(s, tokens + t0, n, pos + t0, logits ? logits + t0 * (int64_t)s->c.vocab_size : NULL);
+    }
+    return 0;
+}

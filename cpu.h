@@ -1,0 +1,43 @@
+// cpu.h: the CPU side of the engine: the reference ops (the oracle every GPU kernel is tested against), the
+// SIMD matvec the GPU engine's CPU share runs on, and the CPU forward pass (the engine where no GPU is present).
+#ifndef DJINN_CPU_H
+#define DJINN_CPU_H
+
+#include <stdint.h>
+
+#include "loader.h"
+#include "pool.h"
+
+// ---- ops: fp32 arithmetic throughout; weights stay in their stored dtype and are widened on the fly.
+// y (T, n_out) = x (T, n_in) . W^T, with W (n_out, n_in) in wtype; multithreaded.
+void cpu_matmul(float *y, const float *x, const void *w, uint32_t wtype, int64_t T, int64_t n_in, int64_t n_out);
+// y (n_out) = W x for one token (W (n_out, n_in) in wtype): cpu_matmul's result up to summation order, at the
+// host's memory bandwidth (AVX2 + FMA + F16C where the CPU has them, detected at run time); multithreaded. The
+// GPU engine's CPU share (dj_gpu_opts.cpu_share) runs on it.
+void cpu_matvec(float *y, const float *x, const void *w, uint32_t wtype, int64_t n_in, int64_t n_out);
+// For tests: on = 0 makes cpu_matvec take its portable loop. Returns 1 when the vector path is in use.
+int cpu_set_simd(int on);
+// out (n) = x / sqrt(mean(x^2) + eps) * w; w (n) f32. out may alias x.
+void cpu_rmsnorm(float *out, const float *x, const float *w, int64_t n, float eps);
+// inv_freq (head_dim/2): HF's rotary inverse frequencies, llama3 scaling applied, in f32 as HF computes them.
+void cpu_rope_freqs(const dj_config *c, float *inv_freq);
+// x (n_heads, head_dim) rotated in place for position pos, HF rotate-half style: pairs (i, i + head_dim/2),
+// angle = (float)pos * inv_freq[i] in f32.
+void cpu_rope(float *x, int64_t n_heads, int64_t head_dim, int64_t pos, const float *inv_freq);
+// Causal GQA attention of one query at position pos over keys 0..pos; query head h reads kv head
+// h / (n_heads / n_kv_heads). q, out (n_heads, head_dim); k_cache, v_cache (n_kv_heads, max_seq, head_dim).
+// Scale 1/sqrt(head_dim), softmax in f32.
+void cpu_attention(float *out, const float *q, const float *k_cache, const float *v_cache, int64_t n_heads,
+                   int64_t n_kv_heads, int64_t head_dim, int64_t pos, int64_t max_seq);
+// out (n) = silu(gate) * up. out may alias gate.
+void cpu_swiglu(float *out, const float *gate, const float *up, int64_t n);
+
+// ---- the forward pass
+// A forward-pass state: activations and the KV cache (n_layers, n_kv_heads, max_seq, head_dim) in f32.
+typedef struct dj_cpu_state dj_cpu_state;
+dj_cpu_state *cpu_state_new(const dj_model *m, int64_t max_seq, dj_err *e);
+void cpu_state_free(dj_cpu_state *s);
+// Runs tokens (T) at positions pos .. pos+T-1, filling the KV cache; logits (T, vocab) if not NULL.
+int cpu_forward(dj_cpu_state *s, const int32_t *tokens, int64_t T, int64_t pos, float *logits, dj_err *e);
+
+#endif

@@ -1,0 +1,520 @@
+// gpu.c: the GPU forward pass (gpu.h). Set-up sizes the weight budget, plans which units (layers, then the head)
+// stay resident (ringbuf.h), allocates the activations and the KV cache and runs a warm-up; a pass gathers the
+// embedding rows, runs every layer on the units' weights wherever they sit (resident, or a ring slot stream.c
+// fills), then the head. An all-resident decode step is one CUDA graph. Activations, the KV cache and all
+// accumulation are f32; matrices stay in the model's dtype.
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cpu.h"
+#include "gpu_impl.h"
+
+// ---- profiling (DJINN_PROFILE=1)
+enum {
+    PROF_NORM, PROF_QKV, PROF_ROPE_KV, PROF_ATTENTION, PROF_WO, PROF_GATE_UP, PROF_SWIGLU, PROF_DOWN, PROF_HEAD,
+    PROF_OTHER
+};
+static const char *prof_names[PROF_CATS] = {"norms", "qkv matmul", "rope+kv write", "attention", "wo matmul",
+                                            "gate/up matmul", "swiglu", "down matmul", "head", "other"};
+
+static int prof_init(dj_gpu_state *s, dj_err *e) {
+    const char *pe = getenv("DJINN_PROFILE");
+    if (!pe || *pe != '1') return 0;
+    for (int i = 0; i < PROF_EVENTS; i++)
+        if (gpu_event_create(&s->prof.ev[i], 1, e)) return -1;
+    s->prof.on = 1;
+    return 0;
+}
+
+// Marks the end of a kernel group of category cat on the compute stream.
+static void prof_mark(dj_gpu_state *s, int cat) {
+    gpu_prof *p = &s->prof;
+    if (!p->on || p->n >= PROF_EVENTS) return;
+    if (gpu_event_record(p->ev[p->n], s->compute, NULL) == 0) p->cat[p->n++] = cat;
+}
+
+// After the pass's synchronisation: time between consecutive marks goes to the later mark's category.
+static void prof_collect(dj_gpu_state *s, int decode) {
+    gpu_prof *p = &s->prof;
+    if (!p->on) return;
+    for (int i = 1; i < p->n; i++) {
+        float ms;
+        if (gpu_event_ms(&ms, p->ev[i - 1], p->ev[i], NULL) == 0) p->ms[decode][p->cat[i]] += ms;
+    }
+    p->passes[decode]++;
+    p->n = 0;
+}
+
+static void prof_free(dj_gpu_state *s) {
+    const gpu_prof *p = &s->prof;
+    for (int d = 0; p->on && d < 2; d++) {
+        if (!p->passes[d]) continue;
+        double tot = 0;
+        for (int c = 0; c < PROF_CATS; c++) tot += p->ms[d][c];
+        fprintf(stderr, "profile (%s, %lld passes, %.3f ms per pass):", d ? "decode" : "prefill",
+                (long long)p->passes[d], tot / (double)p->passes[d]);
+        for (int c = 0; c < PROF_CATS; c++)
+            if (p->ms[d][c] > 0)
+                fprintf(stderr, " %s %.3f ms (%.0f%%);", prof_names[c], p->ms[d][c] / (double)p->passes[d],
+                        100 * p->ms[d][c] / tot);
+        fputc('\n', stderr);
+    }
+    for (int i = 0; i < PROF_EVENTS; i++) gpu_event_destroy(p->ev[i]);
+}
+
+// ---- the layer
+// One step of a layer: its kernels, then (profiling) the mark of its category.
+#define STEP(cat, call)                  \
+    do {                                 \
+        if (call) return -1;             \
+        prof_mark(s, PROF_##cat);        \
+    } while (0)
+
+// q, k and v of T rows in d_qkv: one fused matmul into rows [q | k | v], or three into separate (T, n) blocks.
+typedef struct {
+    float *q, *k, *v;
+    int64_t ldq, ldkv;  // floats between rows
+} qkv_rows;
+
+// gate and up of T rows in d_ffn: one fused matmul into rows [gate | up], or two into separate blocks.
+typedef struct {
+    float *gate, *up;
+    int64_t ld;
+} ffn_rows;
+
+// The k-th of the layer's matmuls (s->sh.lmats) on T rows: on the GPU, or split with the CPU when the unit is (a
+// decode step, CPU share).
+static int layer_mm(dj_gpu_state *s, const uint8_t *w, int k, float *y, const float *x, int64_t T, dj_err *e) {
+    const sp_mat *mt = &s->sh.lmats[k];
+    const uint8_t *hw = s->sh.cur_host;
+    if (hw && T == 1) return share_matvec(s, y, x, w + mt->off, hw + mt->off, mt, e);
+    return gpu_matmul(s->g, y, x, w + mt->off, s->m->info.config.wtype, T, mt->n_in, mt->n_out, s->compute, e);
+}
+
+static int qkv_matmul(dj_gpu_state *s, const uint8_t *w, int64_t T, qkv_rows *r, dj_err *e) {
+    const dj_config *c = &s->m->info.config;
+    int64_t q = (int64_t)c->n_heads * c->head_dim, kv = (int64_t)c->n_kv_heads * c->head_dim;
+    float *xb = s->b.xb;
+    if (s->fused_qkv) {
+        *r = (qkv_rows){s->b.qkv, s->b.qkv + q, s->b.qkv + q + kv, q + 2 * kv, q + 2 * kv};
+        return layer_mm(s, w, 0, r->q, xb, T, e);
+    }
+    *r = (qkv_rows){s->b.qkv, s->b.qkv + T * q, s->b.qkv + T * (q + kv), q, kv};
+    return layer_mm(s, w, 0, r->q, xb, T, e) || layer_mm(s, w, 1, r->k, xb, T, e) ||
+                   layer_mm(s, w, 2, r->v, xb, T, e)
+               ? -1
+               : 0;
+}
+
+// RoPE on q and k, and k, v into the cache: one launch where each row is [q | k | v] (the fused layout, or one
+// token, whose q, k, v are adjacent in either layout), three otherwise.
+static int rope_kv_write(dj_gpu_state *s, const qkv_rows *r, float *kc, float *vc, int64_t T, dj_err *e) {
+    const dj_config *c = &s->m->info.config;
+    const gpu_bufs *b = &s->b;
+    int64_t nh = c->n_heads, nkv = c->n_kv_heads, hd = c->head_dim;
+    cudaStream_t st = s->compute;
+    if (T == 1 || s->fused_qkv)
+        return gpu_rope_kv(s->g, r->q, r->ldq, T, kc, vc, nh, nkv, hd, s->max_seq, b->inv_freq, b->pos, st, e);
+    return gpu_rope(r->q, T, nh, hd, r->ldq, b->inv_freq, b->pos, st, e) ||
+                   gpu_rope(r->k, T, nkv, hd, r->ldkv, b->inv_freq, b->pos, st, e) ||
+                   gpu_kv_write(kc, vc, r->k, r->v, r->ldkv, T, nkv, hd, s->max_seq, b->pos, st, e)
+               ? -1
+               : 0;
+}
+
+// Causal attention of the T queries over the cache into d_att (T, q_dim).
+static int attention(dj_gpu_state *s, const qkv_rows *r, const float *kc, const float *vc, int64_t T, dj_err *e) {
+    const dj_config *c = &s->m->info.config;
+    int64_t nh = c->n_heads, nkv = c->n_kv_heads, hd = c->head_dim;
+    if (T == 1)
+        return gpu_attention_decode(s->g, s->b.att, r->q, kc, vc, nh, nkv, hd, s->max_seq, s->b.pos, s->compute, e);
+    return gpu_attention_prefill(s->g, s->b.att, nh * hd, r->q, r->ldq, kc, vc, T, nh, nkv, hd, s->max_seq, s->b.pos,
+                                 s->compute, e);
+}
+
+static int gate_up_matmul(dj_gpu_state *s, const uint8_t *w, int64_t T, ffn_rows *r, dj_err *e) {
+    int64_t hid = s->m->info.config.hidden_dim;
+    int k = s->fused_qkv ? 2 : 4;  // after q|k|v and wo
+    if (s->fused_gate_up) {
+        *r = (ffn_rows){s->b.ffn, s->b.ffn + hid, 2 * hid};
+        return layer_mm(s, w, k, r->gate, s->b.xb, T, e);
+    }
+    *r = (ffn_rows){s->b.ffn, s->b.ffn + T * hid, hid};
+    return layer_mm(s, w, k, r->gate, s->b.xb, T, e) || layer_mm(s, w, k + 1, r->up, s->b.xb, T, e) ? -1 : 0;
+}
+
+// One transformer layer on T rows of the residual stream d_x; w: the layer's slab on the device. `pending`: the
+// previous layer's output (in d_delta) still has to be added, fused with this layer's first norm.
+static int gpu_layer(dj_gpu_state *s, const uint8_t *w, int l, int64_t T, int pending, dj_err *e) {
+    const dj_config *c = &s->m->info.config;
+    const dj_layer_layout *L = &s->m->info.layer;
+    gpu_bufs *b = &s->b;
+    cudaStream_t st = s->compute;
+    int64_t dim = c->dim, hid = c->hidden_dim;
+    float eps = c->norm_eps;
+    const float *attn_norm = (const float *)(w + L->attn_norm), *ffn_norm = (const float *)(w + L->ffn_norm);
+    size_t layer_kv = (size_t)l * c->n_kv_heads * (size_t)s->max_seq * c->head_dim;
+    float *kc = b->k + layer_kv, *vc = b->v + layer_kv;
+    int k_wo = s->fused_qkv ? 1 : 3, k_down = s->sh.n_lmats - 1;
+    qkv_rows qkv;
+    ffn_rows ffn;
+
+    prof_mark(s, PROF_OTHER);  // what came before: streaming waits, the embeddings
+    // attention block: x += wo . attention(rope(wq|wk|wv . rmsnorm(x)))
+    STEP(NORM, pending ? gpu_add_rmsnorm(b->x, b->delta, b->xb, attn_norm, T, dim, eps, st, e)
+                       : gpu_rmsnorm(b->xb, b->x, attn_norm, T, dim, eps, st, e));
+    STEP(QKV, qkv_matmul(s, w, T, &qkv, e));
+    STEP(ROPE_KV, rope_kv_write(s, &qkv, kc, vc, T, e));
+    STEP(ATTENTION, attention(s, &qkv, kc, vc, T, e));
+    STEP(WO, layer_mm(s, w, k_wo, b->delta, b->att, T, e));
+    // MLP block: x += w_down . (silu(w_gate . n) * (w_up . n)), n = rmsnorm(x)
+    STEP(NORM, gpu_add_rmsnorm(b->x, b->delta, b->xb, ffn_norm, T, dim, eps, st, e));
+    STEP(GATE_UP, gate_up_matmul(s, w, T, &ffn, e));
+    STEP(SWIGLU, gpu_swiglu(b->hb, ffn.gate, ffn.up, T, hid, ffn.ld, st, e));
+    STEP(DOWN, layer_mm(s, w, k_down, b->delta, b->hb, T, e));
+    return 0;
+}
+
+// ---- the pass
+// The embedding rows (in d_delta unless f32) widened into d_x, every layer, then the head's final norm (fused with
+// the last residual add) into d_xb. *head: the head unit (the final norm at its start), *lm: the lm_head.
+static int gpu_body(dj_gpu_state *s, int64_t T, const uint8_t **head, const uint8_t **lm, dj_err *e) {
+    const dj_config *c = &s->m->info.config;
+    gpu_bufs *b = &s->b;
+    int nl = (int)c->n_layers;
+    if (c->wtype != DJ_F32 && gpu_widen(b->x, b->delta, c->wtype, T * (int64_t)c->dim, s->compute, e)) return -1;
+    for (int l = 0; l < nl; l++) {
+        const uint8_t *w;
+        if (unit_begin(s, l, &w, e) || gpu_layer(s, w, l, T, l > 0, e) || unit_end(s, l, e)) return -1;
+    }
+    if (unit_begin(s, nl, head, e)) return -1;
+    *lm = *head + s->sc.head_lm_off;
+    return gpu_add_rmsnorm(b->x, b->delta, b->xb, (const float *)*head, T, c->dim, c->norm_eps, s->compute, e);
+}
+
+// Logits (rows, vocab) into d_logits for rows r0.. of the pass, from the head gpu_body left ready.
+static int head_logits(dj_gpu_state *s, int64_t T, int64_t r0, int64_t rows, const uint8_t *lm, dj_err *e) {
+    const dj_config *c = &s->m->info.config;
+    const float *x = s->b.xb + r0 * c->dim;
+    if (T == 1 && s->sh.cur_host) return share_matvec(s, s->b.logits, x, lm, dj_lm_head_ptr(s->m), &s->sh.hmat, e);
+    return gpu_matmul(s->g, s->b.logits, x, lm, c->wtype, rows, c->dim, c->vocab_size, s->compute, e);
+}
+
+// The embedding rows of the pass's tokens and its position, uploaded on the compute stream. The rows are gathered
+// on the host as stored (a copy per row) and land in d_x for f32, else in d_delta (free at the start of a pass),
+// which gpu_body widens into d_x.
+static int upload_tokens(dj_gpu_state *s, const int32_t *tokens, int64_t T, int64_t pos, dj_err *e) {
+    const dj_config *c = &s->m->info.config;
+    gpu_bufs *b = &s->b;
+    size_t row_bytes = (size_t)c->dim * dj_dtype_size(c->wtype);
+    for (int64_t t = 0; t < T; t++)
+        memcpy(b->h_x + (size_t)t * row_bytes, dj_embed_ptr(s->m) + (size_t)tokens[t] * row_bytes, row_bytes);
+    *b->h_pos = (int32_t)pos;
+    void *dst = c->wtype == DJ_F32 ? (void *)b->x : (void *)b->delta;
+    return gpu_h2d_async(dst, b->h_x, (size_t)T * row_bytes, s->compute, e) ||
+                   gpu_h2d_async(b->pos, b->h_pos, 4, s->compute, e)
+               ? -1
+               : 0;
+}
+
+// All resident and one token: the whole step is one CUDA graph, captured on first use (the position is read from
+// d_pos, so every step replays the same graph).
+static int graph_step(dj_gpu_state *s, float *logits, dj_err *e) {
+    int64_t vocab = s->m->info.config.vocab_size;
+    if (!s->graph) {
+        const uint8_t *head, *lm;
+        if (gpu_graph_begin(s->compute, e)) return -1;
+        int rc = gpu_body(s, 1, &head, &lm, e) || head_logits(s, 1, 0, 1, lm, e);
+        dj_err ge;
+        if (gpu_graph_end(s->compute, &s->graph, rc ? &ge : e) || rc) return -1;
+    }
+    if (gpu_graph_launch(s->graph, s->compute, e) ||
+        gpu_d2h_async(s->b.h_logits, s->b.logits, (size_t)vocab * 4, s->compute, e) || gpu_stream_sync(s->compute, e))
+        return -1;
+    memcpy(logits, s->b.h_logits, (size_t)vocab * 4);
+    s->st.passes++;
+    return 0;
+}
+
+// One pass over T <= max_batch tokens. logits: (T, vocab) when all, else (vocab) for the last token.
+static int gpu_pass(dj_gpu_state *s, const int32_t *tokens, int64_t T, int64_t pos, float *logits, int all,
+                    dj_err *e) {
+    int64_t vocab = s->m->info.config.vocab_size;
+    int nl = (int)s->m->info.config.n_layers;
+    sched_pass_begin(s, T);
+    if (upload_tokens(s, tokens, T, pos, e)) return -1;
+    if (T == 1 && !s->sc.plan->n_streamed && logits && !s->opts.no_graph && !s->prof.on)
+        return graph_step(s, logits, e);
+    const uint8_t *head, *lm;
+    if (gpu_body(s, T, &head, &lm, e)) return -1;
+    // The head's logits in chunks of GPU_LOGIT_ROWS; its slot is released (and the next pass's first copies
+    // issued) before the final wait.
+    int64_t first = all ? 0 : T - 1;
+    for (int64_t r0 = first; r0 < T; r0 += GPU_LOGIT_ROWS) {
+        int64_t rows = T - r0 < GPU_LOGIT_ROWS ? T - r0 : GPU_LOGIT_ROWS, last = r0 + rows >= T;
+        if (logits && (head_logits(s, T, r0, rows, lm, e) ||
+                       gpu_d2h_async(s->b.h_logits, s->b.logits, (size_t)(rows * vocab) * 4, s->compute, e)))
+            return -1;
+        prof_mark(s, PROF_HEAD);
+        if (last && unit_end(s, nl, e)) return -1;
+        if (gpu_stream_sync(s->compute, e)) return -1;
+        if (logits) memcpy(logits + (r0 - first) * vocab, s->b.h_logits, (size_t)(rows * vocab) * 4);
+    }
+    if (sched_harvest(s, e)) return -1;
+    prof_collect(s, T == 1);
+    s->st.passes++;
+    return 0;
+}
+
+int gpu_forward(dj_gpu_state *s, const int32_t *tokens, int64_t T, int64_t pos, float *logits, int all,
+                dj_err *e) {
+    const dj_config *c = &s->m->info.config;
+    if (T < 1 || pos < 0 || pos + T > s->max_seq)
+        return dj_fail(e, "positions %lld..%lld outside the context of %lld", (long long)pos, (long long)(pos + T - 1),
+                       (long long)s->max_seq);
+    for (int64_t t = 0; t < T; t++)
+        if (tokens[t] < 0 || (uint32_t)tokens[t] >= c->vocab_size)
+            return dj_fail(e, "token id %d outside the vocabulary (%u)", tokens[t], c->vocab_size);
+    // A prompt longer than one pass takes several; each streams the weights once.
+    for (int64_t t0 = 0; t0 < T; t0 += s->max_batch) {
+        int64_t n = T - t0 < s->max_batch ? T - t0 : s->max_batch, last = t0 + n == T;
+        float *out = !logits ? NULL : all ? logits + t0 * (int64_t)c->vocab_size : last ? logits : NULL;
+        if (gpu_pass(s, tokens + t0, n, pos + t0, out, all, e)) return -1;
+    }
+    return 0;
+}
+
+void gpu_state_stats(const dj_gpu_state *s, dj_gpu_stats *out) { *out = s->st; }
+
+// ---- set-up
+// The device, its streams, and the kernels this model's shapes take.
+static int open_device(dj_gpu_state *s, dj_err *e) {
+    const dj_config *c = &s->m->info.config;
+    const dj_layer_layout *L = &s->m->info.layer;
+    if (gpu_open(&s->g, 0, e) || gpu_stream_create(&s->compute, e) || gpu_stream_create(&s->copy, e)) return -1;
+    uint64_t dim = c->dim, q = (uint64_t)c->n_heads * c->head_dim, kv = (uint64_t)c->n_kv_heads * c->head_dim,
+             ws = dj_dtype_size(c->wtype);
+    s->fused_qkv = L->wk == L->wq + q * dim * ws && L->wv == L->wk + kv * dim * ws;
+    s->fused_gate_up = L->w_up == L->w_gate + (uint64_t)c->hidden_dim * dim * ws;
+    s->tc_attn = !s->opts.fma_attn && gpu_tc_attn_supported(s->g, c->head_dim);
+    gpu_set_tc_attn(s->g, s->tc_attn);
+    if (!s->opts.quiet)
+        fprintf(stderr, "gpu: prefill attention: %s\n",
+                s->tc_attn            ? "tensor cores (bf16x3)"
+                : s->opts.fma_attn    ? "fp32 FMA kernel (--fma-attn)"
+                                      : "fp32 FMA kernel (the tensor-core kernel needs head_dim a multiple of 16 up "
+                                        "to 256)");
+    s->max_seq = s->opts.max_seq;
+    s->max_batch = s->opts.max_batch > 0 ? s->opts.max_batch : GPU_MAX_BATCH;
+    if (s->max_batch > s->max_seq) s->max_batch = s->max_seq;
+    return 0;
+}
+
+// Device memory outside the weights, so that the automatic budget and the free-memory check see it.
+typedef struct {
+    uint64_t kv, act, scratch;
+    uint64_t other;  // all of it, with the cuBLAS workspace and some slack
+} gpu_sizes;
+
+static gpu_sizes buffer_sizes(const dj_gpu_state *s) {
+    const dj_config *c = &s->m->info.config;
+    uint64_t dim = c->dim, hd = c->head_dim, q = (uint64_t)c->n_heads * hd, kv = (uint64_t)c->n_kv_heads * hd,
+             hid = c->hidden_dim, mb = (uint64_t)s->max_batch;
+    gpu_sizes z;
+    z.kv = 2ull * c->n_layers * c->n_kv_heads * (uint64_t)s->max_seq * hd * 4;
+    z.act = 4 * (mb * (3 * dim + q + 2 * kv + q + 3 * hid) + GPU_LOGIT_ROWS * (uint64_t)c->vocab_size);
+    int64_t widest = (int64_t)(hid > dim ? hid : (q > dim ? q : dim));
+    z.scratch = gpu_matmul_scratch(c->wtype, s->max_batch, widest);
+    uint64_t att = gpu_attention_scratch(c->n_heads, (int64_t)hd, s->max_seq);
+    if (att > z.scratch) z.scratch = att;
+    z.other = z.kv + z.act + z.scratch + (64ull << 20);
+    return z;
+}
+
+// The weight budget: --ring-gb, or the free memory minus everything else and a margin.
+#define GPU_MARGIN (512ull << 20)
+static int weight_budget(const dj_gpu_state *s, const gpu_sizes *z, uint64_t *budget, size_t *free_b, dj_err *e) {
+    size_t total_b;
+    if (gpu_mem_info(free_b, &total_b, e)) return -1;
+    if (*free_b < z->other + GPU_MARGIN)
+        return dj_fail(e, "GPU has %.2f GB free, not enough for the KV cache (%.2f GB for -c %lld) and activations "
+                          "(%.2f GB): lower -c", (double)*free_b / 1e9, (double)z->kv / 1e9, (long long)s->max_seq,
+                       (double)(z->act + z->scratch) / 1e9);
+    if (s->opts.ring_gb <= 0) {
+        *budget = *free_b - z->other - GPU_MARGIN;
+        return 0;
+    }
+    *budget = rb_gb_bytes(s->opts.ring_gb);
+    if (*budget + z->other > *free_b)
+        return dj_fail(e, "--ring-gb %.2f is more than the GPU can give: %.2f GB free, of which %.2f GB go to the KV "
+                          "cache (-c %lld) and activations; use --ring-gb %.2f or less", s->opts.ring_gb,
+                       (double)*free_b / 1e9, (double)z->other / 1e9, (long long)s->max_seq,
+                       (double)(*free_b - z->other - GPU_MARGIN) / 1e9);
+    return 0;
+}
+
+// The plan: units in forward order, the head last; as many resident as the budget allows, a ring for the rest.
+static int make_plan(dj_gpu_state *s, const gpu_sizes *z, uint64_t budget, size_t free_b, dj_err *e) {
+    const dj_gpu_opts *o = &s->opts;
+    int nl = (int)s->m->info.config.n_layers;
+    uint64_t sizes[RB_MAX_UNITS];
+    for (int u = 0; u <= nl; u++) sizes[u] = unit_bytes(s->m, u, &s->sc.head_lm_off);
+    if (rb_plan_make(s->sc.plan, sizes, nl + 1, budget, 0, GPU_ALIGN, o->stream_all, e)) return -1;
+    const rb_plan *p = s->sc.plan;
+    if (p->weight_bytes + z->other > free_b)
+        return dj_fail(e, "--ring-gb %.2f needs %.2f GB of GPU memory for weights plus %.2f GB for the KV cache (-c "
+                          "%lld) and activations, but only %.2f GB are free", (double)budget / 1e9,
+                       (double)p->weight_bytes / 1e9, (double)z->other / 1e9, (long long)s->max_seq,
+                       (double)free_b / 1e9);
+    s->st.bytes_per_token = p->streamed_bytes;
+    s->st.n_resident = p->n_resident;
+    s->st.n_streamed = p->n_streamed;
+    if (o->quiet) return 0;
+    fprintf(stderr, "gpu: %s\n", gpu_name(s->g));
+    fprintf(stderr, "gpu: weight budget %.2f GB%s: %d of %d layers + head resident (%.2f GB), %d units streamed "
+                    "(%.2f GB per token over PCIe, ring %.2f GB, %d slots)%s%s\n",
+            (double)budget / 1e9, o->ring_gb > 0 ? " (--ring-gb)" : " (free memory minus KV cache and activations)",
+            p->n_resident - (p->resident[nl] ? 1 : 0), nl, (double)p->resident_bytes / 1e9, p->n_streamed,
+            (double)p->streamed_bytes / 1e9, (double)p->ring_size / 1e9, p->slots,
+            o->stream_all ? ", --stream-all" : "", o->sync_copy ? ", --sync-copy" : "");
+    fprintf(stderr, "gpu: KV cache %.2f GB (context %lld, f32), activations %.2f GB\n", (double)z->kv / 1e9,
+            (long long)s->max_seq, (double)(z->act + z->scratch) / 1e9);
+    return 0;
+}
+
+// Device memory, each allocation named so that an out-of-memory error says what did not fit; pinned staging; the
+// RoPE table.
+static int alloc_buffers(dj_gpu_state *s, const gpu_sizes *z, dj_err *e) {
+    const dj_config *c = &s->m->info.config;
+    gpu_bufs *b = &s->b;
+    uint64_t dim = c->dim, hd = c->head_dim, q = (uint64_t)c->n_heads * hd, kv = (uint64_t)c->n_kv_heads * hd,
+             hid = c->hidden_dim, mb = (uint64_t)s->max_batch, vocab = c->vocab_size;
+    if (gpu_malloc((void **)&s->sc.d_w, s->sc.plan->weight_bytes, "weights (resident layers and the ring)", e) ||
+        gpu_malloc((void **)&b->k, z->kv / 2, "KV cache (keys)", e) ||
+        gpu_malloc((void **)&b->v, z->kv / 2, "KV cache (values)", e) ||
+        gpu_malloc((void **)&b->inv_freq, hd / 2 * 4, "rope table", e) ||
+        gpu_malloc((void **)&b->x, mb * dim * 4, "activations", e) ||
+        gpu_malloc((void **)&b->xb, mb * dim * 4, "activations", e) ||
+        gpu_malloc((void **)&b->delta, mb * dim * 4, "activations", e) ||
+        gpu_malloc((void **)&b->qkv, mb * (q + 2 * kv) * 4, "activations", e) ||
+        gpu_malloc((void **)&b->att, mb * q * 4, "activations", e) ||
+        gpu_malloc((void **)&b->ffn, mb * 2 * hid * 4, "activations", e) ||
+        gpu_malloc((void **)&b->hb, mb * hid * 4, "activations", e) ||
+        gpu_malloc((void **)&b->logits, GPU_LOGIT_ROWS * vocab * 4, "logits", e) ||
+        gpu_malloc((void **)&b->pos, 4, "position", e) || gpu_reserve(s->g, z->scratch, e) ||
+        gpu_host_alloc((void **)&b->h_x, mb * dim * 4, "embedding staging", e) ||
+        gpu_host_alloc((void **)&b->h_logits, GPU_LOGIT_ROWS * vocab * 4, "logits staging", e) ||
+        gpu_host_alloc((void **)&b->h_pos, 4, "position staging", e))
+        return -1;
+    float *inv = malloc((size_t)hd / 2 * 4);
+    if (!inv) return dj_fail(e, "out of memory");
+    cpu_rope_freqs(c, inv);
+    int rc = gpu_h2d(b->inv_freq, inv, (size_t)hd / 2 * 4, e);
+    free(inv);
+    return rc;
+}
+
+// Resident units: copied once.
+static int copy_resident(dj_gpu_state *s, dj_err *e) {
+    const rb_plan *p = s->sc.plan;
+    for (int u = 0; u <= (int)s->m->info.config.n_layers; u++)
+        if (p->resident[u] && unit_copy(s, u, s->sc.d_w + p->offset[u], s->copy, 0, &(uint64_t){0}, e)) return -1;
+    return gpu_stream_sync(s->copy, e);
+}
+
+// One prefill pass of opts.warm_rows tokens (2 when not given; at most a pass and the context) and, all resident,
+// one decode step, which captures the graph: module loading (CUDA loads each kernel at its first launch, and
+// cuBLAS picks its kernels by shape: on the H100 the 7B's first 512-token pass took 32 ms, the next ones 17),
+// cuBLAS's first-call set-up and the graph capture happen here, not in the user's time to first token. The KV
+// cache rows it writes are overwritten by the real prompt. Its copies measure the link for --cpu-share auto.
+static int warm_up(dj_gpu_state *s, dj_err *e) {
+    s->sc.warming = 1;
+    int64_t T = s->opts.warm_rows > 0 ? s->opts.warm_rows : 2;
+    if (T > s->max_batch) T = s->max_batch;
+    if (T > s->max_seq) T = s->max_seq;
+    int32_t *toks = calloc((size_t)T, sizeof *toks);
+    float *lg = malloc((size_t)s->m->info.config.vocab_size * 4);
+    if (!lg || !toks) {
+        free(toks), free(lg);
+        return dj_fail(e, "out of memory");
+    }
+    int rc = gpu_forward(s, toks, T, 0, lg, 0, e);
+    if (!rc && !s->sc.plan->n_streamed && s->max_seq > T) rc = gpu_forward(s, toks, 1, T, lg, 0, e);
+    free(toks), free(lg);
+    memset(s->prof.ms, 0, sizeof s->prof.ms);
+    memset(s->prof.passes, 0, sizeof s->prof.passes);
+    dj_gpu_stats keep = s->st;
+    s->sh.warm_h2d = keep.copy_ms > 0 ? (double)keep.copied_bytes / 1e6 / keep.copy_ms : 0;
+    s->sc.warming = 0;
+    memset(&s->st, 0, sizeof s->st);
+    s->st.bytes_per_token = keep.bytes_per_token, s->st.n_resident = keep.n_resident;
+    s->st.n_streamed = keep.n_streamed;
+    s->st.tc_attn = s->tc_attn;
+    return rc;
+}
+
+dj_gpu_state *gpu_state_new(const dj_model *m, const dj_gpu_opts *o, dj_err *e) {
+    if (!m->for_gpu) {
+        dj_fail(e, "internal error: the model was not loaded for the GPU (model_load with want_pinned)");
+        return NULL;
+    }
+    dj_gpu_state *s = calloc(1, sizeof *s);
+    if (!s || !(s->sc.plan = calloc(1, sizeof *s->sc.plan))) {
+        free(s);
+        dj_fail(e, "out of memory");
+        return NULL;
+    }
+    s->m = m;
+    s->opts = *o;
+    gpu_sizes z;
+    uint64_t budget = 0;
+    size_t free_b = 0;
+    if (open_device(s, e)) goto fail;
+    z = buffer_sizes(s);
+    if (weight_budget(s, &z, &budget, &free_b, e) ||  // what the weights may use
+        make_plan(s, &z, budget, free_b, e) ||        // which units stay resident; the ring for the rest
+        alloc_buffers(s, &z, e) ||                    // activations, KV cache, staging
+        copy_resident(s, e) ||                        // resident units, copied once
+        sched_init(s, e) ||                           // the ring's events and the copy records
+        prof_init(s, e))
+        goto fail;
+    // The CPU share: a fixed one from now on, an automatic one once the warm-up has measured the copies.
+    int want_share = o->cpu_share != 0 && s->sc.plan->n_streamed;
+    if (o->cpu_share != 0 && !s->sc.plan->n_streamed && !o->quiet)
+        fprintf(stderr, "gpu: --cpu-share: every layer is resident, so the GPU computes everything\n");
+    if (want_share && share_init(s, e)) goto fail;
+    share_split(s, want_share && o->cpu_share > 0 ? fmin(o->cpu_share, 0.95) : 0);
+    if (warm_up(s, e)) goto fail;
+    if (want_share && o->cpu_share < 0) share_auto(s);
+    share_stats(s);
+    if (s->sh.share > 0 && !o->quiet)
+        fprintf(stderr, "gpu: CPU share %.2f%s: in decode the CPU computes that part of every streamed matrix from "
+                        "host memory: %.2f GB per token over PCIe, %.2f GB read by the CPU (%d threads)\n",
+                s->sh.share, o->cpu_share < 0 ? " (automatic)" : "", (double)s->st.bytes_per_token / 1e9,
+                (double)s->st.cpu_bytes_per_token / 1e9, cpu_threads());
+    return s;
+fail:
+    gpu_state_free(s);
+    return NULL;
+}
+
+void gpu_state_free(dj_gpu_state *s) {
+    if (!s) return;
+    if (s->compute) gpu_stream_sync(s->compute, NULL);
+    if (s->copy) gpu_stream_sync(s->copy, NULL);
+    sched_free(s);
+    share_free(s);
+    if (s->graph) gpu_graph_destroy(s->graph);
+    prof_free(s);
+    gpu_bufs *b = &s->b;
+    void *dev[] = {s->sc.d_w, b->inv_freq, b->k, b->v, b->x, b->xb, b->delta, b->qkv, b->att, b->ffn, b->hb,
+                   b->logits, b->pos};
+    for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) gpu_free(dev[i]);
+    gpu_host_free(b->h_x), gpu_host_free(b->h_logits), gpu_host_free(b->h_pos);
+    if (s->compute) gpu_stream_destroy(s->compute);
+    if (s->copy) gpu_stream_destroy(s->copy);
+    gpu_close(s->g);
+    free(s);
+}

@@ -1,0 +1,51 @@
+// gpu.h: the GPU forward pass. The transformer layers (and the head) that fit in the weight budget stay resident
+// on the GPU; the rest stream over PCIe every pass through the skip-end ring (ringbuf.h places them, stream.c copies
+// them), and while they stream the CPU computes part of every streamed matrix from host memory (share.c).
+#ifndef DJINN_GPU_H
+#define DJINN_GPU_H
+
+#include <stdint.h>
+
+#include "loader.h"
+
+typedef struct {
+    double ring_gb;     // GPU memory for weights, in GB (1e9 bytes); <= 0: free memory minus KV cache,
+                        // activations and a margin
+    int64_t max_seq;    // context: KV cache length
+    int64_t max_batch;  // most tokens per pass (0: 4096); longer prompts take several passes
+    int64_t warm_rows;  // rows of the set-up's warm-up prefill (0: 2): the prompt length, so that its first
+                        // pass finds its cuBLAS kernels loaded (lazy module loading: ~5 ms per new kernel)
+    int stream_all;     // nothing resident: every layer cycles through the ring every pass (ablation)
+    int sync_copy;      // copy, wait, compute: no overlap (ablation)
+    int no_graph;       // all-resident decode without the CUDA graph (launch by launch)
+    int fma_attn;       // prefill attention on the fp32 FMA kernel even where head_dim has the tensor-core one
+                        // (bf16x3, gpu_set_tc_attn), for comparison
+    double cpu_share;   // decode passes: this fraction (up to 0.95) of the rows of every streamed matrix is computed
+                        // by the CPU from host memory (cpu_matvec), so never crosses PCIe; < 0: automatic (the
+                        // CPU's and the link's measured rates balanced); 0: off. Nothing changes while all is
+                        // resident. Logits match the unsplit path up to summation order (not bitwise).
+    int quiet;          // no plan on stderr
+} dj_gpu_opts;
+
+typedef struct {
+    uint64_t bytes_per_token;  // streamed bytes per pass (with a CPU share: per decode pass)
+    uint64_t cpu_bytes_per_token;  // CPU share: bytes of streamed matrices the CPU reads per decode pass
+    double cpu_share;          // the CPU share in effect (0: off)
+    int n_resident, n_streamed;  // units (layers and the head)
+    uint64_t copied_bytes;     // streamed bytes copied so far
+    double copy_ms;            // time the copy engine spent on them
+    double wait_ms;            // time the compute stream waited for copies
+    int64_t passes;
+    int tc_attn;               // prefill attention runs on the tensor cores (head_dim allows, no fma_attn)
+} dj_gpu_stats;
+
+typedef struct dj_gpu_state dj_gpu_state;
+// Needs a model loaded with want_pinned (loader.h).
+dj_gpu_state *gpu_state_new(const dj_model *m, const dj_gpu_opts *o, dj_err *e);
+void gpu_state_free(dj_gpu_state *s);
+// Runs tokens (T) at positions pos .. pos+T-1. logits: (T, vocab) when all, else (vocab) for the last
+// token; NULL for none. Host memory.
+int gpu_forward(dj_gpu_state *s, const int32_t *tokens, int64_t T, int64_t pos, float *logits, int all, dj_err *e);
+void gpu_state_stats(const dj_gpu_state *s, dj_gpu_stats *out);
+
+#endif

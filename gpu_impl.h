@@ -1,0 +1,138 @@
+// gpu_impl.h: the GPU engine's state, shared by its three files and nothing else:
+//   gpu.c     set-up (device, budget, plan, buffers, warm-up), the layer, the pass
+//   stream.c  the copy schedule: streamed units through the ring's slots, copy and compute streams in step
+//   share.c   the CPU share: the rows of streamed matrices the CPU computes from host memory in decode
+#ifndef DJINN_GPU_IMPL_H
+#define DJINN_GPU_IMPL_H
+
+#include "gpu.h"
+#include "kernels.h"
+#include "ringbuf.h"
+
+#define GPU_ALIGN 4096u     // units in device memory
+#define GPU_MAX_BATCH 4096  // most tokens one pass processes (prefill of a longer prompt takes several)
+#define GPU_LOGIT_ROWS 64   // head rows computed per chunk when every position's logits are wanted
+#define PROF_CATS 10
+#define PROF_EVENTS 1024
+
+// A matrix of a unit, for the CPU share: at byte offset `off` of its region, (n_out, n_in) in wtype; rows
+// [0, gpu_rows) are the GPU's, the rest the CPU's in decode passes.
+typedef struct {
+    uint64_t off;
+    int64_t n_in, n_out, gpu_rows;
+} sp_mat;
+
+// Device activations, the KV cache and pinned staging, sized for max_batch rows.
+typedef struct {
+    float *x, *xb, *delta;  // (max_batch, dim): residual stream, normed input, a block's output (or embeddings
+                            // in the weight dtype at the start of a pass)
+    float *qkv;             // (max_batch, q_dim + 2 kv_dim)
+    float *att;             // (max_batch, q_dim)
+    float *ffn;             // (max_batch, 2 hidden)
+    float *hb;              // (max_batch, hidden)
+    float *logits;          // (GPU_LOGIT_ROWS, vocab)
+    float *k, *v;           // (n_layers, n_kv_heads, max_seq, head_dim) each
+    float *inv_freq;        // (head_dim/2)
+    int32_t *pos;           // (1) position of the pass's first token
+    uint8_t *h_x;           // pinned (max_batch, dim) f32 bytes: gathered embedding rows as stored
+    float *h_logits;        // pinned (GPU_LOGIT_ROWS, vocab)
+    int32_t *h_pos;         // pinned (1)
+} gpu_bufs;
+
+// One streamed copy (seq s lives at [s % n_seq]): where it went and what it cost.
+typedef struct {
+    cudaEvent_t c0, c1;  // copy start/end (copy stream)
+    cudaEvent_t w0, w1;  // wait start/end (compute stream)
+    uint64_t off;        // ring offset
+    uint64_t bytes;      // bytes the copy moved
+    int slot;            // ring slot
+    uint8_t part;        // the copy left out the CPU's rows
+} gpu_seq;
+
+// The copy schedule (stream.c). Streamed copies form one endless sequence (seq s -> unit
+// stream_order[s % n_streamed]), so the next pass's first streamed layers are already copying while this pass's
+// resident layers, the head and sampling run.
+typedef struct {
+    rb_plan *plan;
+    rb_ring ring;
+    uint8_t *d_w;                     // (plan->weight_bytes): resident units, then the ring
+    uint64_t head_lm_off;             // lm_head offset inside the head unit on the device
+    cudaEvent_t copied[RB_MAX_SLOTS];  // a slot's copy is done (copy stream)
+    cudaEvent_t freed[RB_MAX_SLOTS];   // a slot's compute is done (compute stream)
+    cudaEvent_t prev_done;            // --sync-copy: everything enqueued on the compute stream so far
+    rb_alloc pend;                    // allocated in the ring, copy not issued yet (have_pend)
+    int have_pend;
+    int64_t issued, computed, harvested;  // streamed seqs: copies issued; computes enqueued; timings read
+    int n_seq;                        // records kept, indexed by seq % n_seq
+    gpu_seq *seq;                     // (n_seq)
+    int64_t pass_T, pass_end;         // the pass running: its tokens; streamed seqs below pass_end are its units
+    int warming;                      // in the warm-up: the copies issued ahead for the next pass are whole
+} gpu_sched;
+
+// The CPU share (share.c): in a decode pass the CPU computes the last rows of every streamed matrix from host
+// memory (cpu_matvec) while the GPU computes the others; those rows never cross PCIe.
+typedef struct {
+    double share;                     // fraction in effect; 0: off
+    sp_mat lmats[7];                  // a layer's matrices in slab order (fused q|k|v and gate|up: one each)
+    int n_lmats;
+    sp_mat hmat;                      // the lm_head, in its region (the head slab; tied: the embedding table)
+    uint64_t part_bytes[2], cpu_bytes[2];  // a layer [0], the head [1]: bytes a decode copy moves; the CPU's
+    float *h_cx, *h_cy, *d_cy;        // pinned: x for the CPU; its rows' results (d_cy: the GPU's mapped view)
+    cudaEvent_t x_ready;              // h_cx has landed
+    double warm_h2d;                  // GB/s of the warm-up's copies (the automatic share's H2D rate)
+    const uint8_t *cur_host;          // the unit computing now is split: its host slab; NULL: all on the GPU
+} gpu_share;
+
+// DJINN_PROFILE=1: events between the kernels of each layer, summed per phase (prefill and decode apart) and
+// printed when the state is freed. Off by default: the events cost a little and block graphs.
+typedef struct {
+    int on, n;
+    cudaEvent_t ev[PROF_EVENTS];
+    int cat[PROF_EVENTS];
+    double ms[2][PROF_CATS];
+    int64_t passes[2];
+} gpu_prof;
+
+struct dj_gpu_state {
+    const dj_model *m;
+    dj_gpu_opts opts;
+    dj_gpu *g;
+    cudaStream_t compute, copy;
+    int fused_qkv, fused_gate_up;  // wq|wk|wv and w_gate|w_up adjacent in the slab: one matmul each
+    int tc_attn;                   // prefill attention on the tensor cores (head_dim allows, no fma_attn)
+    int64_t max_seq, max_batch;
+    gpu_bufs b;
+    gpu_sched sc;
+    gpu_share sh;
+    cudaGraphExec_t graph;         // the all-resident decode step, captured on first use
+    dj_gpu_stats st;
+    gpu_prof prof;
+};
+
+// ---- stream.c: the copy schedule
+// Bytes of unit u (a layer, or the head: its slab, and for a tied model the embedding table after it as the
+// lm_head, whose offset goes to *lm_off).
+uint64_t unit_bytes(const dj_model *m, int u, uint64_t *lm_off);
+// Unit u host -> device at dst on stream st: whole (part 0), all but the CPU's rows (1), only those rows (2).
+// *bytes += the bytes moved.
+int unit_copy(dj_gpu_state *s, int u, uint8_t *dst, cudaStream_t st, int part, uint64_t *bytes, dj_err *e);
+int sched_init(dj_gpu_state *s, dj_err *e);  // the ring and its events; nothing when no unit streams
+void sched_free(dj_gpu_state *s);
+void sched_pass_begin(dj_gpu_state *s, int64_t T);  // a pass of T tokens starts
+// Device pointer to unit u's weights for this pass (a streamed unit: the compute stream waits for its copy);
+// unit_end after its kernels releases a streamed unit's slot and issues the copies that were waiting for it.
+int unit_begin(dj_gpu_state *s, int u, const uint8_t **w, dj_err *e);
+int unit_end(dj_gpu_state *s, int u, dj_err *e);
+int sched_harvest(dj_gpu_state *s, dj_err *e);  // after the pass's last sync: copy and wait times into s->st
+
+// ---- share.c: the CPU share
+void share_split(dj_gpu_state *s, double share);  // the matrices with `share` of each one's rows on the CPU
+int share_init(dj_gpu_state *s, dj_err *e);       // pinned buffers and the event
+void share_free(dj_gpu_state *s);
+void share_auto(dj_gpu_state *s);                 // --cpu-share auto, after the warm-up measured the copies
+void share_stats(dj_gpu_state *s);                // bytes per decode token over PCIe and read by the CPU
+// y (n_out) = W x for one token, rows [0, gpu_rows) by the GPU from w, the rest by the CPU from hw.
+int share_matvec(dj_gpu_state *s, float *y, const float *x, const uint8_t *w, const uint8_t *hw, const sp_mat *mt,
+                 dj_err *e);
+
+#endif

@@ -1,0 +1,39 @@
+// loader.h: a model.bin from disk into host memory, validated (model.h's parser), read by several threads; for the
+// GPU engine the sections that travel over PCIe (layers, head, tied embeddings) page-locked as they land.
+#ifndef DJINN_LOADER_H
+#define DJINN_LOADER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "model.h"
+
+typedef struct {
+    dj_model_info info;
+    uint8_t *data;     // the whole file in host memory (read, not mapped; travelling sections page-locked
+                       // when `pinned`)
+    size_t data_size;
+    int for_gpu;       // 1: loaded for the GPU engine (anonymous memory, travelling sections registered)
+    int pinned;        // 1: every travelling section (layers, head, tied embeddings) is page-locked
+    int pin_tried;     // page-locking was attempted (sections to unregister on free)
+} dj_model;
+
+typedef struct {
+    int want_pinned;   // 1: load for the GPU: page-lock what travels (requires a GPU); 0: the CPU path
+    int no_pin;        // with want_pinned: skip page-locking (pageable copies: slower, no overlap)
+    int quiet;         // no progress on stderr
+    int threads;       // read threads (0: default)
+} dj_load_opts;
+
+int model_load(const char *path, const dj_load_opts *o, dj_model *m, dj_err *e);
+void model_free(dj_model *m);
+
+// Typed views into a loaded model.
+static inline const uint8_t *dj_layer_ptr(const dj_model *m, uint32_t l) { return m->data + m->info.layer_off[l]; }
+static inline const uint8_t *dj_embed_ptr(const dj_model *m) { return m->data + m->info.embed_off; }
+static inline const uint8_t *dj_head_ptr(const dj_model *m) { return m->data + m->info.head_off; }
+static inline const uint8_t *dj_lm_head_ptr(const dj_model *m) {
+    return m->info.config.tied ? dj_embed_ptr(m) : dj_head_ptr(m) + m->info.head.lm_head;
+}
+
+#endif

@@ -1,0 +1,107 @@
+// pool.c: the CPU's worker threads (pool.h). A fixed set of workers, started on first use, that split a range
+// [0, n) into equal contiguous parts; the caller takes part 0. Calls are serialised, so the pool is safe to use
+// from several threads. Between calls a worker spins for POOL_SPIN_S before it sleeps, and the caller spins for
+// the last parts: the GPU engine's CPU share makes ~130 calls per token, a few tens of microseconds apart, where a
+// sleep and wake-up per call would cost about as much as the work.
+#include "pool.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <unistd.h>
+
+#include "util.h"
+
+#define POOL_SPIN_S 5e-4
+
+static struct {
+    pthread_once_t once;
+    pthread_mutex_t call_mu;  // one parallel_for at a time
+    pthread_mutex_t mu;       // with `start`: sleeping workers
+    pthread_cond_t start;
+    int n_threads;            // workers + the caller
+    _Atomic uint64_t generation;  // bumped per call (after fn, ctx, n are set): workers wait for a new value
+    _Atomic int pending;          // workers still running the current call
+    cpu_task_fn fn;
+    void *ctx;
+    int64_t n;
+} cpu_pool = {.once = PTHREAD_ONCE_INIT, .call_mu = PTHREAD_MUTEX_INITIALIZER, .mu = PTHREAD_MUTEX_INITIALIZER,
+              .start = PTHREAD_COND_INITIALIZER};
+static int cpu_threads_wanted;  // 0: one per online core
+
+static inline void cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#endif
+}
+
+static void cpu_pool_range(int part, int parts, int64_t n, int64_t *b, int64_t *e) {
+    *b = n * part / parts;
+    *e = n * (part + 1) / parts;
+}
+
+static void *cpu_pool_worker(void *arg) {
+    int part = (int)(intptr_t)arg;
+    uint64_t seen = 0;
+    for (;;) {
+        uint64_t g = atomic_load(&cpu_pool.generation);
+        for (double t0 = dj_now(); g == seen; g = atomic_load(&cpu_pool.generation)) {
+            for (int i = 0; i < 64 && g == seen; i++, g = atomic_load(&cpu_pool.generation)) cpu_relax();
+            if (g != seen || dj_now() - t0 < POOL_SPIN_S) continue;
+            pthread_mutex_lock(&cpu_pool.mu);  // the caller bumps the generation under mu: no lost wake-up
+            while ((g = atomic_load(&cpu_pool.generation)) == seen) pthread_cond_wait(&cpu_pool.start, &cpu_pool.mu);
+            pthread_mutex_unlock(&cpu_pool.mu);
+        }
+        seen = g;
+        int64_t b, e;
+        cpu_pool_range(part, cpu_pool.n_threads, cpu_pool.n, &b, &e);
+        if (b < e) cpu_pool.fn(cpu_pool.ctx, b, e);
+        atomic_fetch_sub(&cpu_pool.pending, 1);
+    }
+    return NULL;
+}
+
+static void cpu_pool_init(void) {
+    long n = cpu_threads_wanted > 0 ? cpu_threads_wanted : sysconf(_SC_NPROCESSORS_ONLN);
+    if (n < 1) n = 1;
+    if (n > 256) n = 256;
+    cpu_pool.n_threads = 1;
+    for (long i = 1; i < n; i++) {
+        pthread_t th;
+        pthread_attr_t attr;
+        pthread_attr_init(&attr);
+        pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+        int rc = pthread_create(&th, &attr, cpu_pool_worker, (void *)(intptr_t)i);
+        pthread_attr_destroy(&attr);
+        if (rc != 0) break;  // fewer threads: slower, still correct
+        cpu_pool.n_threads++;
+    }
+}
+
+void cpu_set_threads(int n) { cpu_threads_wanted = n; }
+
+int cpu_threads(void) {
+    pthread_once(&cpu_pool.once, cpu_pool_init);
+    return cpu_pool.n_threads;
+}
+
+void cpu_parallel_for(int64_t n, double cost, cpu_task_fn fn, void *ctx) {
+    if (n <= 0) return;
+    if (n == 1 || cost < 65536.0 || cpu_threads() == 1) {
+        fn(ctx, 0, n);
+        return;
+    }
+    pthread_mutex_lock(&cpu_pool.call_mu);
+    cpu_pool.fn = fn;
+    cpu_pool.ctx = ctx;
+    cpu_pool.n = n;
+    atomic_store(&cpu_pool.pending, cpu_pool.n_threads - 1);
+    pthread_mutex_lock(&cpu_pool.mu);
+    atomic_fetch_add(&cpu_pool.generation, 1);
+    pthread_cond_broadcast(&cpu_pool.start);
+    pthread_mutex_unlock(&cpu_pool.mu);
+    int64_t b, e;
+    cpu_pool_range(0, cpu_pool.n_threads, n, &b, &e);
+    if (b < e) fn(ctx, b, e);
+    while (atomic_load(&cpu_pool.pending) > 0) cpu_relax();
+    pthread_mutex_unlock(&cpu_pool.call_mu);
+}

@@ -1,0 +1,19 @@
+// pool.h: the CPU's worker threads: one parallel loop at a time over a range, split between every core.
+// The CPU reference forward pass (cpu.c) and the GPU engine's CPU share (cpu_matvec) run on it.
+#ifndef DJINN_POOL_H
+#define DJINN_POOL_H
+
+#include <stdint.h>
+
+// fn(ctx, begin, end) computes [begin, end) of a range.
+typedef void (*cpu_task_fn)(void *ctx, int64_t begin, int64_t end);
+
+// Runs fn over [0, n), split into one contiguous part per thread (the caller takes part 0); inline when the work
+// (`cost`, roughly flops) is too small to be worth waking threads. Calls are serialised.
+void cpu_parallel_for(int64_t n, double cost, cpu_task_fn fn, void *ctx);
+// Worker threads (a pool started on first use). cpu_set_threads only has an effect before that; n <= 0: one per
+// online core. cpu_threads starts the pool and returns its size (caller included).
+void cpu_set_threads(int n);
+int cpu_threads(void);
+
+#endif

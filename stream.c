@@ -1,0 +1,193 @@
+// stream.c: the copy schedule of the GPU engine: the units (layers, head) that are not resident travel from
+// page-locked host memory into the ring's slots on the copy stream while the compute stream runs the unit before
+// them. ringbuf.c decides where each copy lands (a slab never straddles the wrap point) and which earlier copy it
+// displaces; this file issues the copies and keeps the two streams in step with per-slot events:
+//   copied[slot]  recorded on the copy stream after a slot's copy; the compute stream waits on it before the unit
+//   freed[slot]   recorded on the compute stream after the unit's kernels; the copy that displaces it waits on it
+// A copy is issued only once the freed[] record it waits on has been enqueued (cudaStreamWaitEvent binds to the
+// latest record at call time), which the ring's live >= 2 guarantees for the copy ahead of the unit computing now.
+#include <stdlib.h>
+
+#include "gpu_impl.h"
+
+// ---- units and their copies
+uint64_t unit_bytes(const dj_model *m, int u, uint64_t *lm_off) {
+    const dj_model_info *in = &m->info;
+    if (u < (int)in->config.n_layers) return in->layer.size;
+    // Head: its slab, then (tied) the embedding table copied in as the lm_head.
+    *lm_off = in->config.tied ? in->head.size : in->head.lm_head;
+    return in->config.tied ? in->head.size + dj_align_up(in->embed_size, GPU_ALIGN) : in->head.size;
+}
+
+// Copies a region of `size` bytes holding the matrices `mats` (slab order) from src to dst: whole (part 0);
+// everything but the CPU's rows of each matrix (part 1: what a decode pass needs on the GPU); only those rows
+// (part 2: what completes a part-1 copy). *bytes += the bytes moved.
+static int region_copy(uint8_t *dst, const uint8_t *src, uint64_t size, const sp_mat *mats, int n, size_t ws,
+                       int part, uint64_t *bytes, cudaStream_t st, dj_err *e) {
+    if (part == 0) {
+        *bytes += size;
+        return gpu_h2d_async(dst, src, size, st, e);
+    }
+    uint64_t start = 0;
+    for (int i = 0; i <= n; i++) {
+        uint64_t cut = size, end = size;
+        if (i < n) {
+            uint64_t rb = (uint64_t)mats[i].n_in * ws;
+            cut = mats[i].off + (uint64_t)mats[i].gpu_rows * rb, end = mats[i].off + (uint64_t)mats[i].n_out * rb;
+        }
+        uint64_t b = part == 1 ? start : cut, x = part == 1 ? cut : end;
+        if (x > b) {
+            if (gpu_h2d_async(dst + b, src + b, x - b, st, e)) return -1;
+            *bytes += x - b;
+        }
+        start = end;
+    }
+    return 0;
+}
+
+int unit_copy(dj_gpu_state *s, int u, uint8_t *dst, cudaStream_t st, int part, uint64_t *bytes, dj_err *e) {
+    const dj_model *m = s->m;
+    size_t ws = dj_dtype_size(m->info.config.wtype);
+    const gpu_share *sh = &s->sh;
+    if (u < (int)m->info.config.n_layers)
+        return region_copy(dst, dj_layer_ptr(m, (uint32_t)u), m->info.layer.size, sh->lmats, sh->n_lmats, ws, part,
+                           bytes, st, e);
+    if (!m->info.config.tied)
+        return region_copy(dst, dj_head_ptr(m), m->info.head.size, &sh->hmat, 1, ws, part, bytes, st, e);
+    if (part != 2 && region_copy(dst, dj_head_ptr(m), m->info.head.size, NULL, 0, ws, 0, bytes, st, e)) return -1;
+    return region_copy(dst + s->sc.head_lm_off, dj_embed_ptr(m), m->info.embed_size, &sh->hmat, 1, ws, part, bytes,
+                       st, e);
+}
+
+// ---- set-up
+int sched_init(dj_gpu_state *s, dj_err *e) {
+    gpu_sched *sc = &s->sc;
+    const rb_plan *p = sc->plan;
+    if (!p->n_streamed) return 0;
+    if (rb_ring_init(&sc->ring, p->ring_size, GPU_ALIGN, p->slots, e)) return -1;
+    for (int i = 0; i < p->slots; i++)
+        if (gpu_event_create(&sc->copied[i], 0, e) || gpu_event_create(&sc->freed[i], 0, e)) return -1;
+    if (gpu_event_create(&sc->prev_done, 0, e)) return -1;
+    sc->n_seq = p->n_streamed + RB_MAX_SLOTS + 1;
+    sc->seq = calloc((size_t)sc->n_seq, sizeof *sc->seq);
+    if (!sc->seq) return dj_fail(e, "out of memory");
+    for (int i = 0; i < sc->n_seq; i++) {
+        gpu_seq *q = &sc->seq[i];
+        if (gpu_event_create(&q->c0, 1, e) || gpu_event_create(&q->c1, 1, e) || gpu_event_create(&q->w0, 1, e) ||
+            gpu_event_create(&q->w1, 1, e))
+            return -1;
+    }
+    return 0;
+}
+
+void sched_free(dj_gpu_state *s) {
+    gpu_sched *sc = &s->sc;
+    for (int i = 0; i < RB_MAX_SLOTS; i++) gpu_event_destroy(sc->copied[i]), gpu_event_destroy(sc->freed[i]);
+    gpu_event_destroy(sc->prev_done);
+    for (int i = 0; sc->seq && i < sc->n_seq; i++) {
+        gpu_seq *q = &sc->seq[i];
+        gpu_event_destroy(q->c0), gpu_event_destroy(q->c1), gpu_event_destroy(q->w0), gpu_event_destroy(q->w1);
+    }
+    free(sc->seq);
+    free(sc->plan);
+}
+
+// ---- the schedule
+static int stream_unit(const gpu_sched *sc, int64_t seq) {
+    return sc->plan->stream_order[seq % sc->plan->n_streamed];
+}
+
+void sched_pass_begin(dj_gpu_state *s, int64_t T) {
+    s->sc.pass_T = T;
+    s->sc.pass_end = s->sc.computed + s->sc.plan->n_streamed;
+}
+
+// Issues every streamed copy whose slot is known to be free once the compute stream gets there: its wait
+// (the freed[] record of the slab it displaces) must already be enqueued. --sync-copy issues only the copy
+// the compute stream needs next, after everything enqueued so far (no overlap).
+static int issue_copies(dj_gpu_state *s, dj_err *e) {
+    gpu_sched *sc = &s->sc;
+    const rb_plan *p = sc->plan;
+    if (!p->n_streamed) return 0;
+    for (;;) {
+        if (s->opts.sync_copy && sc->issued > sc->computed) return 0;
+        if (sc->issued - sc->harvested >= sc->n_seq - 1) return 0;  // timing records still unread
+        if (!sc->have_pend) {
+            int u = stream_unit(sc, sc->issued);
+            if (rb_ring_alloc(&sc->ring, p->footprint[u], &sc->pend, e)) return -1;
+            sc->have_pend = 1;
+        }
+        if (sc->pend.wait_seq >= sc->computed) return 0;  // the slab it displaces is not computed yet
+        int64_t seq = sc->issued;
+        gpu_seq *q = &sc->seq[seq % sc->n_seq];
+        if (s->opts.sync_copy &&
+            (gpu_event_record(sc->prev_done, s->compute, e) || gpu_stream_wait(s->copy, sc->prev_done, e)))
+            return -1;
+        if (sc->pend.wait_slot >= 0 && gpu_stream_wait(s->copy, sc->freed[sc->pend.wait_slot], e)) return -1;
+        uint8_t *dst = sc->d_w + p->ring_off + sc->pend.off;
+        // With a CPU share, a decode pass's copies leave out the CPU's rows; so do the ones issued ahead for the
+        // next pass (a decode step, most likely), except during the warm-up (the prompt's prefill follows).
+        int part = s->sh.share > 0 && (seq < sc->pass_end ? sc->pass_T == 1 : !sc->warming);
+        q->bytes = 0;
+        if (gpu_event_record(q->c0, s->copy, e) || unit_copy(s, stream_unit(sc, seq), dst, s->copy, part, &q->bytes, e) ||
+            gpu_event_record(q->c1, s->copy, e) || gpu_event_record(sc->copied[sc->pend.slot], s->copy, e))
+            return -1;
+        q->part = (uint8_t)part;
+        q->off = sc->pend.off;
+        q->slot = sc->pend.slot;
+        sc->issued++;
+        sc->have_pend = 0;
+    }
+}
+
+int unit_begin(dj_gpu_state *s, int u, const uint8_t **w, dj_err *e) {
+    gpu_sched *sc = &s->sc;
+    const rb_plan *p = sc->plan;
+    s->sh.cur_host = NULL;
+    if (p->resident[u]) {
+        *w = sc->d_w + p->offset[u];
+        return 0;
+    }
+    if (issue_copies(s, e)) return -1;
+    int64_t seq = sc->computed;
+    gpu_seq *q = &sc->seq[seq % sc->n_seq];
+    if (stream_unit(sc, seq) != u || sc->issued <= seq)
+        return dj_fail(e, "internal error: streaming schedule out of step at unit %d", u);
+    uint8_t *slot = sc->d_w + p->ring_off + q->off;
+    *w = slot;
+    if (q->part && sc->pass_T == 1) {  // a decode step split with the CPU: its rows come from the host slab
+        s->sh.cur_host = u < (int)s->m->info.config.n_layers ? dj_layer_ptr(s->m, (uint32_t)u) : dj_head_ptr(s->m);
+    } else if (q->part) {  // a prefill where a decode step was expected: the CPU's rows follow
+        uint64_t extra = 0;
+        if (unit_copy(s, u, slot, s->copy, 2, &extra, e) || gpu_event_record(sc->copied[q->slot], s->copy, e))
+            return -1;
+        q->part = 0;
+    }
+    return gpu_event_record(q->w0, s->compute, e) || gpu_stream_wait(s->compute, sc->copied[q->slot], e) ||
+                   gpu_event_record(q->w1, s->compute, e)
+               ? -1
+               : 0;
+}
+
+int unit_end(dj_gpu_state *s, int u, dj_err *e) {
+    gpu_sched *sc = &s->sc;
+    if (sc->plan->resident[u]) return 0;
+    if (gpu_event_record(sc->freed[sc->seq[sc->computed % sc->n_seq].slot], s->compute, e)) return -1;
+    sc->computed++;
+    return issue_copies(s, e);
+}
+
+// The timing of every streamed unit computed so far (their copies and waits are complete after the pass's final
+// synchronisation).
+int sched_harvest(dj_gpu_state *s, dj_err *e) {
+    gpu_sched *sc = &s->sc;
+    for (; sc->harvested < sc->computed; sc->harvested++) {
+        const gpu_seq *q = &sc->seq[sc->harvested % sc->n_seq];
+        float cm, wm;
+        if (gpu_event_ms(&cm, q->c0, q->c1, e) || gpu_event_ms(&wm, q->w0, q->w1, e)) return -1;
+        s->st.copy_ms += cm;
+        s->st.wait_ms += wm;
+        s->st.copied_bytes += q->bytes;
+    }
+    return 0;
+}

@@ -1,6 +1,7 @@
 // ringbuf.h: how a model larger than its GPU budget is laid out in that budget, and the skip-end ring
 // through which the layers that do not fit are streamed every forward pass. Pure C, no CUDA: the GPU
-// engine drives its copy stream, compute stream and per-slot events from what these functions return.
+// engine's copy schedule (stream.c) drives its copy stream, compute stream and per-slot events from what these
+// functions return.
 //
 // ---- units
 // A forward pass touches "units" in a fixed order: layer 0 .. n_layers-1, then the output head (final
@@ -14,7 +15,7 @@
 //   [ring_off, ring_off+ring_size)  the streaming ring: streamed units cycle through it, each placed by
 //                                   rb_ring_alloc at a ring-relative offset
 //
-// ---- the streaming schedule (what the engine does with a plan)
+// ---- the streaming schedule (what the engine does with a plan: stream.c issues it)
 // Streamed units are copied in forward order, cyclically across tokens: after the last streamed unit of
 // token t comes the first streamed unit of token t+1 (rb_plan_next). For each streamed unit, in that order:
 //   a = rb_ring_alloc(ring, footprint[u])    offset, slot, and the slab that had to be retired for it

@@ -36,7 +36,7 @@ ENGINE_OBJ := $(ENGINE_SRC:%.c=$(BUILD)/%.o) $(KERNEL_OBJ)
 # Converter objects: everything in convert/ except its main.
 CONVERT_SRC := $(filter-out convert/main.c,$(wildcard convert/*.c))
 CONVERT_OBJ := $(CONVERT_SRC:%.c=$(BUILD)/%.o)
-TEST_SRC := $(wildcard tests/test_*.c)
+TEST_SRC := $(wildcard tests/test_*.c) tests/common.c
 TEST_OBJ := $(TEST_SRC:%.c=$(BUILD)/%.o)
 
 .PHONY: all test demo clean criterion fuzz

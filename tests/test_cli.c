@@ -14,6 +14,7 @@
 
 #include "../convert/json.h"
 #include "../kernels.h"
+#include "common.h"
 
 typedef struct {
     char bin[1024], data[1024];
@@ -26,27 +27,6 @@ typedef struct {
 #define TCLI_VOCAB 512  // stories260K's, and the fixtures' (converted with its tokenizer)
 
 // ---- helpers
-static char *tcli_read(const char *path, size_t *len) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *buf = malloc((size_t)n + 1);
-    size_t got = fread(buf, 1, (size_t)n, f);
-    fclose(f);
-    buf[got] = 0;
-    if (len) *len = got;
-    return buf;
-}
-
-static void tcli_write(const char *path, const void *data, size_t n) {
-    FILE *f = fopen(path, "wb");
-    cr_assert(f, "cannot write %s", path);
-    cr_assert_eq(fwrite(data, 1, n, f), n);
-    fclose(f);
-}
-
 // Runs argv (argv[0] is a path) with stdout and stderr to the context's files; returns the exit status.
 static int tcli_run(tcli_ctx *c, char *const argv[]) {
     pid_t pid = fork();
@@ -66,8 +46,8 @@ static int tcli_run(tcli_ctx *c, char *const argv[]) {
     return WEXITSTATUS(st);
 }
 
-static char *tcli_stdout(tcli_ctx *c, size_t *len) { return tcli_read(c->out, len); }
-static char *tcli_stderr(tcli_ctx *c) { return tcli_read(c->err, NULL); }
+static char *tcli_stdout(tcli_ctx *c, size_t *len) { return tc_read(c->out, len); }
+static char *tcli_stderr(tcli_ctx *c) { return tc_read(c->err, NULL); }
 
 static char tcli_djinn_path[1100], tcli_convert_path[1100];
 
@@ -147,7 +127,7 @@ static void tcli_load_greedy(tcli_ctx *c, tcli_greedy *g) {
     char path[1200];
     snprintf(path, sizeof path, "%s/models/stories260K/reference_greedy.json", c->data);
     size_t n;
-    char *txt = tcli_read(path, &n);
+    char *txt = tc_read(path, &n);
     if (!txt) cr_skip_test("%s is missing", path);
     dj_err e;
     json_doc *d = json_parse(txt, n, &e);
@@ -405,7 +385,7 @@ Test(cli, stops_at_end_of_sequence) {
     cr_assert(!strstr(out, "</s>"), "eos printed: %s", out);
     // One row per position: 5 prompt tokens (BOS included) + 19 generated; the next-to-last row chose eos.
     size_t n;
-    float *rows = (float *)tcli_read(lp, &n);
+    float *rows = (float *)tc_read(lp, &n);
     cr_assert_eq(n, (5 + 19) * TCLI_VOCAB * sizeof(float), "--logits: %zu bytes", n);
     const float *r = rows + 22 * TCLI_VOCAB;
     int best = 0;
@@ -491,12 +471,12 @@ Test(cli, missing_or_corrupt_model) {
     snprintf(path, sizeof path, "%s/garbage.bin", c.dir);
     char junk[8192];
     memset(junk, 'x', sizeof junk);
-    tcli_write(path, junk, sizeof junk);
+    tc_write(path, junk, sizeof junk);
     tcli_expect_fail(&c, (char *[]){tcli_djinn_path, path, "-p", "x", NULL}, 1, "djinn: ");
     size_t n;
-    char *whole = tcli_read(c.model, &n);
+    char *whole = tc_read(c.model, &n);
     snprintf(path, sizeof path, "%s/truncated.bin", c.dir);
-    tcli_write(path, whole, n / 2);
+    tc_write(path, whole, n / 2);
     tcli_expect_fail(&c, (char *[]){tcli_djinn_path, path, "-p", "x", NULL}, 1, "djinn: ");
     free(whole);
     tcli_teardown(&c);
@@ -516,12 +496,12 @@ Test(cli, logits_file_rows) {
     size_t n;
     char *out = tcli_stdout(&c, NULL);
     cr_assert_str_eq(out, "Once upon a time\n");
-    free(tcli_read(lp, &n));
+    free(tc_read(lp, &n));
     cr_assert_eq(n, 5 * TCLI_VOCAB * sizeof(float), "-n 0: %zu bytes", n);
     // 20 greedy tokens: 25 rows, and each row's argmax is the next greedy id
     cr_assert_eq(tcli_run(&c, (char *[]){tcli_djinn_path, c.model, "-p", "Once upon a time", "-n", "20", "-t", "0",
                                          "--logits", lp, NULL}), 0);
-    float *rows = (float *)tcli_read(lp, &n);
+    float *rows = (float *)tc_read(lp, &n);
     cr_assert_eq(n, 25 * TCLI_VOCAB * sizeof(float), "-n 20: %zu bytes", n);
     for (int t = 4; t < 24; t++) {
         int best = 0;
@@ -557,7 +537,7 @@ Test(cli, check_against_own_logits) {
     cr_assert_eq(tcli_run(&c, (char *[]){tcli_djinn_path, c.model, "-p", "Once upon a time", "-n", "200", "-t", "0",
                                          "--logits", lp, NULL}), 0);
     size_t n;
-    float *rows = (float *)tcli_read(lp, &n);
+    float *rows = (float *)tc_read(lp, &n);
     uint32_t T = (uint32_t)g.n_ids;
     cr_assert_eq(n, (size_t)T * TCLI_VOCAB * 4);
     // The same ids teacher-forced in one prefill give the logits generation gave, up to rounding.
@@ -578,7 +558,7 @@ Test(cli, check_against_own_logits) {
     // Another vocabulary, a bad magic, a truncated file: errors, exit 1.
     tcli_write_ref(rp, g.ids, 3, 1, rows, 100);
     tcli_expect_fail(&c, (char *[]){tcli_djinn_path, c.model, "--check", rp, NULL}, 1, "vocab");
-    tcli_write(rp, "NOTAREF!", 8);
+    tc_write(rp, "NOTAREF!", 8);
     tcli_expect_fail(&c, (char *[]){tcli_djinn_path, c.model, "--check", rp, NULL}, 1, "reference");
     tcli_write_ref(rp, g.ids, T, 5, rows, TCLI_VOCAB);
     cr_assert_eq(truncate(rp, 1000), 0);

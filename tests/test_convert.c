@@ -18,59 +18,12 @@
 #include "../model.h"
 #include "../loader.h"
 #include "../tokenizer.h"
+#include "common.h"
 
 // ---- helpers
 static char stories[4096];
 
-static void need_stories(void) {
-    const char *d = getenv("DJINN_DATA");
-    if (!d || !*d) cr_skip_test("DJINN_DATA is not set: run through 'make test' (DATA=../shared)");
-    snprintf(stories, sizeof stories, "%s/models/stories260K", d);
-    char p[4200];
-    snprintf(p, sizeof p, "%s/model.safetensors", stories);
-    if (access(p, R_OK)) cr_skip_test("shared data missing: %s not found", p);
-}
-
-static char *make_tmpdir(void) {
-    char *d = strdup("/tmp/djinn_conv_XXXXXX");
-    cr_assert(mkdtemp(d));
-    return d;
-}
-
-static void rm_rf(const char *dir) {
-    DIR *dp = opendir(dir);
-    if (!dp) return;
-    struct dirent *de;
-    char p[4200];
-    while ((de = readdir(dp))) {
-        if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, "..")) continue;
-        snprintf(p, sizeof p, "%s/%s", dir, de->d_name);
-        unlink(p);
-    }
-    closedir(dp);
-    rmdir(dir);
-}
-
-static uint8_t *slurp(const char *path, size_t *n) {
-    FILE *f = fopen(path, "rb");
-    cr_assert(f, "cannot open %s", path);
-    fseek(f, 0, SEEK_END);
-    long sz = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    uint8_t *b = malloc((size_t)sz + 1);
-    cr_assert_eq(fread(b, 1, (size_t)sz, f), (size_t)sz);
-    fclose(f);
-    b[sz] = 0;
-    *n = (size_t)sz;
-    return b;
-}
-
-static void spit(const char *path, const void *p, size_t n) {
-    FILE *f = fopen(path, "wb");
-    cr_assert(f, "cannot create %s", path);
-    cr_assert_eq(fwrite(p, 1, n, f), n);
-    fclose(f);
-}
+static void need_stories(void) { tc_data_path(stories, sizeof stories, "models/stories260K"); }
 
 static int run_convert(const char *hf, const char *out, int dtype, const char *tok, dj_err *e) {
     convert_opts o = {.hf_dir = hf, .out_path = out, .tok_dir = tok, .dtype = dtype, .quiet = 1};
@@ -84,7 +37,7 @@ static void write_config(const char *dir, const char *find, const char *replace,
     char p[4200];
     size_t n;
     snprintf(p, sizeof p, "%s/config.json", stories);
-    char *cfg = (char *)slurp(p, &n);
+    char *cfg = tc_must_read(p, &n);
     if (find) {
         char *at = strstr(cfg, find);
         cr_assert(at, "%s: test edit '%s' not found in config.json", what, find);
@@ -97,7 +50,7 @@ static void write_config(const char *dir, const char *find, const char *replace,
         cfg = nc;
     }
     snprintf(p, sizeof p, "%s/config.json", dir);
-    spit(p, cfg, strlen(cfg));
+    tc_write(p, cfg, strlen(cfg));
     free(cfg);
 }
 
@@ -191,7 +144,7 @@ static void expect_tensor(const dj_model *m, const st_file *st, const char *name
 static void expect_all_tensors(const dj_model *m, const char *safetensors) {
     const dj_config *c = &m->info.config;
     size_t n;
-    uint8_t *raw = slurp(safetensors, &n);
+    uint8_t *raw = (uint8_t *)tc_must_read(safetensors, &n);
     st_file st;
     dj_err e;
     cr_assert_eq(st_parse(raw, n, &st, &e), 0, "%s", e.msg);
@@ -251,7 +204,7 @@ static void check_against_source(const char *bin, uint32_t dtype) {
 // ---- the real checkpoint
 Test(convert, stories_f32_and_f16_match_source) {
     need_stories();
-    char *dir = make_tmpdir(), out[4200];
+    char *dir = tc_tmpdir("conv"), out[4200];
     dj_err e;
     uint32_t dts[] = {DJ_F32, DJ_F16, DJ_BF16};
     for (int i = 0; i < 3; i++) {
@@ -266,7 +219,7 @@ Test(convert, stories_f32_and_f16_match_source) {
     snprintf(out, sizeof out, "%s/stories_auto.bin", dir);
     cr_assert_eq(run_convert(stories, out, -1, NULL, &e), 0, "%s", e.msg);
     check_against_source(out, DJ_F16);
-    rm_rf(dir);
+    tc_rm_rf(dir);
     free(dir);
 }
 
@@ -278,7 +231,7 @@ Test(convert, f16_and_bf16_sources_keep_their_dtype) {
         {"tests/fixtures/tied_gqa_f16", ST_F16, DJ_F16, 1},
         {"tests/fixtures/llama3_gqa_bf16", ST_BF16, DJ_BF16, 0},
     };
-    char *dir = make_tmpdir(), out[4200], src[4200];
+    char *dir = tc_tmpdir("conv"), out[4200], src[4200];
     for (size_t i = 0; i < sizeof fx / sizeof fx[0]; i++) {
         snprintf(src, sizeof src, "%s/model.safetensors", fx[i].dir);
         if (access(src, R_OK)) cr_skip_test("%s not found: run from the repository root", src);
@@ -291,7 +244,7 @@ Test(convert, f16_and_bf16_sources_keep_their_dtype) {
         cr_assert_eq(m.info.config.wtype, fx[i].out, "%s: wtype %s", fx[i].dir, dj_dtype_name(m.info.config.wtype));
         cr_assert_eq(m.info.config.tied, fx[i].tied, "%s", fx[i].dir);
         size_t n;
-        uint8_t *raw = slurp(src, &n);  // the fixture really is in the dtype this test is about
+        uint8_t *raw = (uint8_t *)tc_must_read(src, &n);  // the fixture really is in the dtype this test is about
         st_file st;
         cr_assert_eq(st_parse(raw, n, &st, &e), 0, "%s", e.msg);
         for (size_t k = 0; k < st.n; k++)
@@ -302,7 +255,7 @@ Test(convert, f16_and_bf16_sources_keep_their_dtype) {
         expect_all_tensors(&m, src);
         model_free(&m);
     }
-    rm_rf(dir);
+    tc_rm_rf(dir);
     free(dir);
 }
 
@@ -318,7 +271,7 @@ static void source_open(source *src) {
     size_t n;
     dj_err e;
     snprintf(p, sizeof p, "%s/model.safetensors", stories);
-    src->raw = slurp(p, &n);
+    src->raw = (uint8_t *)tc_must_read(p, &n);
     cr_assert_eq(st_parse(src->raw, n, &src->st, &e), 0, "%s", e.msg);
 }
 
@@ -359,13 +312,13 @@ static void write_index(const char *hf, const st_file *st, const char *name, con
     }
     len += (size_t)snprintf(idx + len, cap - len, "%s%s}}", extra ? "," : "", extra ? extra : "");
     snprintf(p, sizeof p, "%s/model.safetensors.index.json", hf);
-    spit(p, idx, len);
+    tc_write(p, idx, len);
     free(idx);
 }
 
 Test(convert, sharded_checkpoint_is_byte_identical) {
     need_stories();
-    char *dir = make_tmpdir(), *hf = make_tmpdir(), single[4200], sharded[4200];
+    char *dir = tc_tmpdir("conv"), *hf = tc_tmpdir("conv"), single[4200], sharded[4200];
     dj_err e;
     snprintf(single, sizeof single, "%s/single.bin", dir);
     cr_assert_eq(run_convert(stories, single, DJ_F16, NULL, &e), 0, "%s", e.msg);
@@ -376,12 +329,12 @@ Test(convert, sharded_checkpoint_is_byte_identical) {
     snprintf(sharded, sizeof sharded, "%s/sharded.bin", dir);
     cr_assert_eq(run_convert(hf, sharded, DJ_F16, stories, &e), 0, "%s", e.msg);
     size_t n1, n2;
-    uint8_t *b1 = slurp(single, &n1), *b2 = slurp(sharded, &n2);
+    uint8_t *b1 = (uint8_t *)tc_must_read(single, &n1), *b2 = (uint8_t *)tc_must_read(sharded, &n2);
     cr_assert_eq(n1, n2);
     cr_assert_eq(memcmp(b1, b2, n1), 0, "sharded conversion differs from single-file conversion");
     free(b1), free(b2);
     source_close(&src);
-    rm_rf(hf), rm_rf(dir);
+    tc_rm_rf(hf), tc_rm_rf(dir);
     free(hf), free(dir);
 }
 
@@ -425,11 +378,11 @@ Test(convert, broken_shards_fail_clearly) {
     source_open(&src);
     for (size_t i = 0; i < sizeof shard_cases / sizeof shard_cases[0]; i++) {
         const shard_case *sc = &shard_cases[i];
-        char *hf = make_tmpdir(), out[4200], tmp[4300], p[4200];
+        char *hf = tc_tmpdir("conv"), out[4200], tmp[4300], p[4200];
         write_shards(hf, &src.st, sc->dup);
         if (sc->index) {
             snprintf(p, sizeof p, "%s/model.safetensors.index.json", hf);
-            spit(p, sc->index, strlen(sc->index));
+            tc_write(p, sc->index, strlen(sc->index));
         } else {
             write_index(hf, &src.st, sc->value ? "model.norm.weight" : NULL, sc->value, sc->extra);
         }
@@ -449,7 +402,7 @@ Test(convert, broken_shards_fail_clearly) {
                       sc->needle, err);
             cr_expect(!exists(out) && !exists(tmp), "%s: ./convert left output behind", sc->what);
         }
-        rm_rf(hf);
+        tc_rm_rf(hf);
         free(hf);
     }
     source_close(&src);
@@ -491,7 +444,7 @@ static void make_bad_dir(const char *hf, const bad_case *bc) {
     write_config(hf, bc->find, bc->replace, bc->what);
 
     snprintf(p, sizeof p, "%s/model.safetensors", stories);
-    uint8_t *raw = slurp(p, &n);
+    uint8_t *raw = (uint8_t *)tc_must_read(p, &n);
     dj_err e;
     st_file st;
     cr_assert_eq(st_parse(raw, n, &st, &e), 0, "%s", e.msg);
@@ -525,10 +478,10 @@ static void make_bad_dir(const char *hf, const bad_case *bc) {
     }
     if (bc->weights == 5) {
         size_t wn;
-        uint8_t *w = slurp(p, &wn);
+        uint8_t *w = (uint8_t *)tc_must_read(p, &wn);
         uint64_t huge = wn;  // header length = whole file: runs past the end
         memcpy(w, &huge, 8);
-        spit(p, w, wn);
+        tc_write(p, w, wn);
         free(w);
     }
     st_free(&st);
@@ -540,7 +493,7 @@ Test(convert, damaged_checkpoints_fail_clearly) {
     need_stories();
     for (size_t i = 0; i < sizeof bad_cases / sizeof bad_cases[0]; i++) {
         const bad_case *bc = &bad_cases[i];
-        char *hf = make_tmpdir(), out[4200], tmp[4300];
+        char *hf = tc_tmpdir("conv"), out[4200], tmp[4300];
         make_bad_dir(hf, bc);
         snprintf(out, sizeof out, "%s/out.bin", hf);
         snprintf(tmp, sizeof tmp, "%s.tmp", out);
@@ -550,7 +503,7 @@ Test(convert, damaged_checkpoints_fail_clearly) {
         cr_expect(strstr(e.msg, bc->needle), "%s: error '%s' should mention '%s'", bc->what, e.msg, bc->needle);
         cr_expect(!strchr(e.msg, '\n'), "%s: error is more than one line", bc->what);
         cr_expect(!exists(out) && !exists(tmp), "%s: output left behind", bc->what);
-        rm_rf(hf);
+        tc_rm_rf(hf);
         free(hf);
     }
 }
@@ -560,7 +513,7 @@ Test(convert, cli_errors) {
     const char *bin = getenv("DJINN_BIN");
     if (!bin) cr_skip_test("DJINN_BIN is not set: run through 'make test'");
     need_stories();
-    char cmd[8192], err[8192], *dir = make_tmpdir();
+    char cmd[8192], err[8192], *dir = tc_tmpdir("conv");
     snprintf(cmd, sizeof cmd, "%s/convert", bin);
     if (access(cmd, X_OK)) cr_skip_test("%s/convert not built", bin);
 
@@ -592,24 +545,24 @@ Test(convert, cli_errors) {
     snprintf(cmd, sizeof cmd, "%s/convert -q %s %s/o.bin", bin, stories, dir);
     cr_assert_eq(run_cmd(cmd, err, sizeof err), 0, "%s", err);
     cr_assert(exists(o));
-    rm_rf(dir);
+    tc_rm_rf(dir);
     free(dir);
 }
 
 // ---- OUT.bin.tmp that this run did not make: refused by name, never overwritten or deleted
 static void expect_stale(const char *tmp, const char *what) {
     size_t n;
-    uint8_t *b = slurp(tmp, &n);
+    uint8_t *b = (uint8_t *)tc_must_read(tmp, &n);
     cr_assert(n == 5 && !memcmp(b, "stale", 5), "%s: the existing %s was overwritten", what, tmp);
     free(b);
 }
 
 Test(convert, existing_tmp_is_left_alone) {
     need_stories();
-    char *dir = make_tmpdir(), out[4200], tmp[4300];
+    char *dir = tc_tmpdir("conv"), out[4200], tmp[4300];
     snprintf(out, sizeof out, "%s/o.bin", dir);
     snprintf(tmp, sizeof tmp, "%s.tmp", out);
-    spit(tmp, "stale", 5);
+    tc_write(tmp, "stale", 5);
     dj_err e;
     cr_assert_eq(run_convert(stories, out, -1, NULL, &e), -1, "converted over an existing %s", tmp);
     cr_assert(strstr(e.msg, tmp) && strstr(e.msg, "already exists") && !strchr(e.msg, '\n'), "%s", e.msg);
@@ -632,7 +585,7 @@ Test(convert, existing_tmp_is_left_alone) {
     unlink(tmp);
     cr_assert_eq(run_convert(stories, out, -1, NULL, &e), 0, "%s", e.msg);
     cr_assert(exists(out) && !exists(tmp));
-    rm_rf(dir);
+    tc_rm_rf(dir);
     free(dir);
 }
 
@@ -647,18 +600,18 @@ static void link_stories(const char *dir, const char *name) {
 
 Test(convert, tokenizer_dir_keeps_model_eos_ids) {
     need_stories();
-    char *model = make_tmpdir(), *tok = make_tmpdir(), p[4200], out[4200];
+    char *model = tc_tmpdir("conv"), *tok = tc_tmpdir("conv"), p[4200], out[4200];
     // The model says eos 5 (config.json) and 5, 7 (generation_config.json); the lent folder's own model files
     // say 9 and 11, which must not count. tokenizer_config's eos_token "</s>" (id 2) does.
     write_config(model, "\"eos_token_id\": 2", "\"eos_token_id\": 5", "model eos");
     snprintf(p, sizeof p, "%s/generation_config.json", model);
     const char *gen = "{\"eos_token_id\": [5, 7]}";
-    spit(p, gen, strlen(gen));
+    tc_write(p, gen, strlen(gen));
     link_stories(model, "model.safetensors");
     write_config(tok, "\"eos_token_id\": 2", "\"eos_token_id\": 9", "tokenizer eos");
     snprintf(p, sizeof p, "%s/generation_config.json", tok);
     gen = "{\"eos_token_id\": 11}";
-    spit(p, gen, strlen(gen));
+    tc_write(p, gen, strlen(gen));
     link_stories(tok, "tokenizer.json");
     link_stories(tok, "tokenizer_config.json");
     snprintf(out, sizeof out, "%s/o.bin", model);
@@ -682,7 +635,7 @@ Test(convert, tokenizer_dir_keeps_model_eos_ids) {
     cr_expect_eq(tok_bos(t), 1);  // the post-processor's <s>
     tok_free(t);
     model_free(&m);
-    rm_rf(model), rm_rf(tok);
+    tc_rm_rf(model), tc_rm_rf(tok);
     free(model), free(tok);
 }
 
@@ -814,14 +767,14 @@ static void big_setup(big_ckpt *b) {
     char p[4200];
     snprintf(p, sizeof p, "%s/convert", bin);
     if (access(p, X_OK)) cr_skip_test("%s not built", p);
-    b->dir = make_tmpdir();
+    b->dir = tc_tmpdir("conv");
     write_sparse_checkpoint(b->dir);
     snprintf(b->out, sizeof b->out, "%s/big.bin", b->dir);
     snprintf(b->tmp, sizeof b->tmp, "%s.tmp", b->out);
 }
 
 static void big_teardown(big_ckpt *b) {
-    rm_rf(b->dir);
+    tc_rm_rf(b->dir);
     free(b->dir);
 }
 

@@ -7,52 +7,7 @@
 
 #include "../model.h"
 #include "../cpu.h"
-
-// ---- helpers
-static uint64_t tcpu_rng = 0x1234567887654321ull;
-static void tcpu_seed(uint64_t s) { tcpu_rng = s * 0x9E3779B97F4A7C15ull + 1; }
-static float tcpu_uniform(float lo, float hi) {  // xorshift64*
-    tcpu_rng ^= tcpu_rng >> 12;
-    tcpu_rng ^= tcpu_rng << 25;
-    tcpu_rng ^= tcpu_rng >> 27;
-    uint32_t r = (uint32_t)((tcpu_rng * 0x2545F4914F6CDD1Dull) >> 40);
-    return lo + (hi - lo) * (float)r / 16777216.0f;
-}
-static void tcpu_fill(float *x, int64_t n, float lo, float hi) {
-    for (int64_t i = 0; i < n; i++) x[i] = tcpu_uniform(lo, hi);
-}
-
-// Stores x (n) into dst in wtype, and returns in x the values actually stored (rounded).
-static void tcpu_store(void *dst, float *x, int64_t n, uint32_t wtype) {
-    for (int64_t i = 0; i < n; i++) {
-        if (wtype == DJ_F32) {
-            ((float *)dst)[i] = x[i];
-        } else if (wtype == DJ_F16) {
-            uint16_t h = dj_f32_to_f16(x[i]);
-            ((uint16_t *)dst)[i] = h;
-            x[i] = dj_f16_to_f32(h);
-        } else {
-            uint16_t h = dj_f32_to_bf16(x[i]);
-            ((uint16_t *)dst)[i] = h;
-            x[i] = dj_bf16_to_f32(h);
-        }
-    }
-}
-static double tcpu_load(const void *w, uint32_t wtype, int64_t i) {
-    if (wtype == DJ_F32) return ((const float *)w)[i];
-    uint16_t h = ((const uint16_t *)w)[i];
-    return wtype == DJ_F16 ? dj_f16_to_f32(h) : dj_bf16_to_f32(h);
-}
-
-static double tcpu_rel_l2(const float *got, const double *want, int64_t n) {
-    double num = 0, den = 0;
-    for (int64_t i = 0; i < n; i++) {
-        double d = got[i] - want[i];
-        num += d * d;
-        den += want[i] * want[i];
-    }
-    return den > 0 ? sqrt(num / den) : sqrt(num);
-}
+#include "common.h"
 
 // ---- matmul
 // vec: cpu_matvec (T = 1) instead of cpu_matmul; held to the same bound.
@@ -60,17 +15,17 @@ static void tcpu_mm_case(uint32_t wtype, int64_t T, int64_t n_in, int64_t n_out,
     float *x = malloc(sizeof(float) * T * n_in), *wf = malloc(sizeof(float) * n_in * n_out);
     void *w = malloc(4 * n_in * n_out);
     float *y = malloc(sizeof(float) * T * n_out);
-    tcpu_fill(x, T * n_in, -1, 1);
-    tcpu_fill(wf, n_in * n_out, -1, 1);
-    tcpu_store(w, wf, n_in * n_out, wtype);
+    tc_fill(x, T * n_in, -1, 1);
+    tc_fill(wf, n_in * n_out, -1, 1);
+    tc_store(w, wf, n_in * n_out, wtype);
     if (vec) cpu_matvec(y, x, w, wtype, n_in, n_out);
     else cpu_matmul(y, x, w, wtype, T, n_in, n_out);
     for (int64_t t = 0; t < T; t++)
         for (int64_t o = 0; o < n_out; o++) {
             double want = 0, mag = 0;
             for (int64_t i = 0; i < n_in; i++) {
-                want += (double)x[t * n_in + i] * tcpu_load(w, wtype, o * n_in + i);
-                mag += fabs((double)x[t * n_in + i] * tcpu_load(w, wtype, o * n_in + i));
+                want += (double)x[t * n_in + i] * tc_load(w, wtype, o * n_in + i);
+                mag += fabs((double)x[t * n_in + i] * tc_load(w, wtype, o * n_in + i));
             }
             double got = y[t * n_out + o];
             cr_assert(fabs(got - want) <= 1e-6 * mag + 1e-30, "%s%s T=%ld n_in=%ld n_out=%ld (%ld,%ld): %g vs %g",
@@ -86,7 +41,7 @@ static void tcpu_matmul_case(uint32_t wtype, int64_t T, int64_t n_in, int64_t n_
 Test(cpu_kernels, matmul_all_dtypes_and_sizes) {
     static const int64_t sizes[][3] = {{1, 1, 1}, {1, 7, 5}, {3, 64, 130}, {17, 257, 31}, {2, 300, 700}, {5, 96, 1000}};
     uint32_t types[] = {DJ_F32, DJ_F16, DJ_BF16};
-    tcpu_seed(1);
+    tc_rng_seed(1);
     for (int k = 0; k < 3; k++)
         for (size_t s = 0; s < sizeof sizes / sizeof *sizes; s++)
             tcpu_matmul_case(types[k], sizes[s][0], sizes[s][1], sizes[s][2]);
@@ -97,7 +52,7 @@ Test(cpu_kernels, matmul_all_dtypes_and_sizes) {
 Test(cpu_kernels, matvec_all_dtypes_and_sizes) {
     static const int64_t sizes[][2] = {{1, 1}, {7, 5}, {8, 3}, {31, 9}, {32, 64}, {33, 130}, {257, 31}, {4099, 600}};
     uint32_t types[] = {DJ_F32, DJ_F16, DJ_BF16};
-    tcpu_seed(2);
+    tc_rng_seed(2);
     for (int simd = 1; simd >= 0; simd--) {  // the vector path where the CPU has it, then the portable one
         if (simd && !cpu_set_simd(1)) cr_log_warn("this CPU lacks AVX2/FMA/F16C: only cpu_matvec's portable loop runs");
         cpu_set_simd(simd);
@@ -152,38 +107,38 @@ Test(cpu_kernels, matmul_f16_widening_exact) {
 
 // ---- rmsnorm, swiglu
 Test(cpu_kernels, rmsnorm_matches_double_and_aliases) {
-    tcpu_seed(2);
+    tc_rng_seed(2);
     int64_t sizes[] = {1, 8, 64, 1001};
     for (int k = 0; k < 4; k++) {
         int64_t n = sizes[k];
         float *x = malloc(sizeof(float) * n), *w = malloc(sizeof(float) * n), *out = malloc(sizeof(float) * n);
         double *want = malloc(sizeof(double) * n);
-        tcpu_fill(x, n, -3, 3);
-        tcpu_fill(w, n, 0.5f, 1.5f);
+        tc_fill(x, n, -3, 3);
+        tc_fill(w, n, 0.5f, 1.5f);
         double ss = 0;
         for (int64_t i = 0; i < n; i++) ss += (double)x[i] * x[i];
         double r = 1.0 / sqrt(ss / n + 1e-5);
         for (int64_t i = 0; i < n; i++) want[i] = x[i] * r * w[i];
         cpu_rmsnorm(out, x, w, n, 1e-5f);
-        cr_assert_lt(tcpu_rel_l2(out, want, n), 1e-6, "n=%ld", (long)n);
+        cr_assert_lt(tc_rel_l2_d(out, want, n), 1e-6, "n=%ld", (long)n);
         cpu_rmsnorm(x, x, w, n, 1e-5f);  // in place
-        cr_assert_lt(tcpu_rel_l2(x, want, n), 1e-6, "in place, n=%ld", (long)n);
+        cr_assert_lt(tc_rel_l2_d(x, want, n), 1e-6, "in place, n=%ld", (long)n);
         free(x), free(w), free(out), free(want);
     }
 }
 
 Test(cpu_kernels, swiglu_matches_double) {
-    tcpu_seed(3);
+    tc_rng_seed(3);
     enum { N = 513 };
     float g[N], u[N], out[N];
     double want[N];
-    tcpu_fill(g, N, -8, 8);
-    tcpu_fill(u, N, -2, 2);
+    tc_fill(g, N, -8, 8);
+    tc_fill(u, N, -2, 2);
     for (int i = 0; i < N; i++) want[i] = g[i] / (1.0 + exp(-(double)g[i])) * u[i];
     cpu_swiglu(out, g, u, N);
-    cr_assert_lt(tcpu_rel_l2(out, want, N), 1e-6);
+    cr_assert_lt(tc_rel_l2_d(out, want, N), 1e-6);
     cpu_swiglu(g, g, u, N);  // out aliasing gate
-    cr_assert_lt(tcpu_rel_l2(g, want, N), 1e-6);
+    cr_assert_lt(tc_rel_l2_d(g, want, N), 1e-6);
 }
 
 // ---- RoPE
@@ -231,7 +186,7 @@ Test(cpu_kernels, rope_freqs_llama3) {
 }
 
 Test(cpu_kernels, rope_rotate_half) {
-    tcpu_seed(4);
+    tc_rng_seed(4);
     enum { H = 3, HD = 24 };
     dj_config c = tcpu_rope_config(HD, 10000, 0);
     float f[HD / 2], x[H * HD], x0[H * HD];
@@ -239,7 +194,7 @@ Test(cpu_kernels, rope_rotate_half) {
     int64_t positions[] = {0, 1, 7, 300, 4095};
     for (int k = 0; k < 5; k++) {
         int64_t pos = positions[k];
-        tcpu_fill(x0, H * HD, -1, 1);
+        tc_fill(x0, H * HD, -1, 1);
         memcpy(x, x0, sizeof x);
         cpu_rope(x, H, HD, pos, f);
         double want[H * HD];
@@ -249,19 +204,19 @@ Test(cpu_kernels, rope_rotate_half) {
                 want[h * HD + i] = a * cos(ang) - b * sin(ang);
                 want[h * HD + i + HD / 2] = b * cos(ang) + a * sin(ang);
             }
-        cr_assert_lt(tcpu_rel_l2(x, want, H * HD), 1e-6, "pos %ld", (long)pos);
+        cr_assert_lt(tc_rel_l2_d(x, want, H * HD), 1e-6, "pos %ld", (long)pos);
         if (pos == 0) cr_assert(!memcmp(x, x0, sizeof x), "position 0 is the identity");
     }
 }
 
 Test(cpu_kernels, rope_scores_depend_on_relative_position) {
-    tcpu_seed(5);
+    tc_rng_seed(5);
     enum { HD = 16 };
     dj_config c = tcpu_rope_config(HD, 10000, 0);
     float f[HD / 2], q[HD], k[HD], qa[HD], ka[HD];
     cpu_rope_freqs(&c, f);
-    tcpu_fill(q, HD, -1, 1);
-    tcpu_fill(k, HD, -1, 1);
+    tc_fill(q, HD, -1, 1);
+    tc_fill(k, HD, -1, 1);
     double first = 0;
     for (int shift = 0; shift < 40; shift += 13) {
         memcpy(qa, q, sizeof q), memcpy(ka, k, sizeof k);
@@ -276,17 +231,17 @@ Test(cpu_kernels, rope_scores_depend_on_relative_position) {
 
 // ---- attention
 Test(cpu_kernels, attention_gqa_matches_double) {
-    tcpu_seed(6);
+    tc_rng_seed(6);
     enum { NH = 6, NKV = 2, HD = 12, MAXS = 40 };
     float *kc = malloc(sizeof(float) * NKV * MAXS * HD), *vc = malloc(sizeof(float) * NKV * MAXS * HD);
     float q[NH * HD], out[NH * HD];
     double want[NH * HD];
-    tcpu_fill(kc, NKV * MAXS * HD, -2, 2);
-    tcpu_fill(vc, NKV * MAXS * HD, -1, 1);
+    tc_fill(kc, NKV * MAXS * HD, -2, 2);
+    tc_fill(vc, NKV * MAXS * HD, -1, 1);
     int64_t positions[] = {0, 1, 17, MAXS - 1};
     for (int p = 0; p < 4; p++) {
         int64_t pos = positions[p];
-        tcpu_fill(q, NH * HD, -2, 2);
+        tc_fill(q, NH * HD, -2, 2);
         cpu_attention(out, q, kc, vc, NH, NKV, HD, pos, MAXS);
         for (int h = 0; h < NH; h++) {
             const float *k = kc + (h / (NH / NKV)) * MAXS * HD, *v = vc + (h / (NH / NKV)) * MAXS * HD;
@@ -303,7 +258,7 @@ Test(cpu_kernels, attention_gqa_matches_double) {
                 for (int t = 0; t <= pos; t++) want[h * HD + i] += s[t] / sum * v[t * HD + i];
             }
         }
-        cr_assert_lt(tcpu_rel_l2(out, want, NH * HD), 1e-6, "pos %ld", (long)pos);
+        cr_assert_lt(tc_rel_l2_d(out, want, NH * HD), 1e-6, "pos %ld", (long)pos);
         if (pos == 0)  // one key: the output is that key's value
             for (int h = 0; h < NH; h++)
                 for (int i = 0; i < HD; i++)
@@ -322,13 +277,13 @@ typedef struct {
 
 static float *tcpu_put(tcpu_model *tm, uint64_t off, int64_t n, float scale, uint32_t wtype) {
     float *v = malloc(sizeof(float) * n);
-    tcpu_fill(v, n, -scale, scale);
-    tcpu_store(tm->m.data + off, v, n, wtype);
+    tc_fill(v, n, -scale, scale);
+    tc_store(tm->m.data + off, v, n, wtype);
     return v;
 }
 static float *tcpu_put_norm(tcpu_model *tm, uint64_t off, int64_t n) {
     float *v = malloc(sizeof(float) * n);
-    tcpu_fill(v, n, 0.5f, 1.5f);
+    tc_fill(v, n, 0.5f, 1.5f);
     memcpy(tm->m.data + off, v, sizeof(float) * n);
     return v;
 }
@@ -485,7 +440,7 @@ static void tcpu_forward_case(uint32_t wtype, int tied, int llama3, int64_t T) {
     tcpu_build(&tm, &c);
     int64_t V = c.vocab_size;
     int32_t *tok = malloc(sizeof(int32_t) * T);
-    for (int64_t t = 0; t < T; t++) tok[t] = (int32_t)tcpu_uniform(0, (float)V - 0.01f);
+    for (int64_t t = 0; t < T; t++) tok[t] = (int32_t)tc_uniform(0, (float)V - 0.01f);
     double *want = malloc(sizeof(double) * T * V);
     float *got = malloc(sizeof(float) * T * V), *one = malloc(sizeof(float) * V);
     tcpu_ref_forward(&tm, tok, T, want);
@@ -494,7 +449,7 @@ static void tcpu_forward_case(uint32_t wtype, int tied, int llama3, int64_t T) {
     cr_assert(s, "%s", e.msg);
     cr_assert_eq(cpu_forward(s, tok, T, 0, got, &e), 0, "%s", e.msg);
     for (int64_t t = 0; t < T; t++) {
-        double err = tcpu_rel_l2(got + t * V, want + t * V, V);
+        double err = tc_rel_l2_d(got + t * V, want + t * V, V);
         cr_assert_lt(err, 2e-5, "%s tied=%d llama3=%d: position %ld rel L2 %g", dj_dtype_name(wtype), tied, llama3,
                      (long)t, err);
     }
@@ -502,7 +457,7 @@ static void tcpu_forward_case(uint32_t wtype, int tied, int llama3, int64_t T) {
     cr_assert(s1, "%s", e.msg);
     for (int64_t t = 0; t < T; t++) {
         cr_assert_eq(cpu_forward(s1, tok + t, 1, t, one, &e), 0, "%s", e.msg);
-        double err = tcpu_rel_l2(one, want + t * V, V);
+        double err = tc_rel_l2_d(one, want + t * V, V);
         cr_assert_lt(err, 2e-5, "token by token: position %ld rel L2 %g", (long)t, err);
     }
     cpu_state_free(s);
@@ -521,9 +476,9 @@ Test(cpu_forward, llama3_scaling_changes_logits) {
     b.rope_type = DJ_ROPE_DEFAULT;  // and no llama3 fields, which a default-RoPE config must leave zero
     b.rope_factor = b.rope_low_freq = b.rope_high_freq = 0, b.rope_orig_max = 0;
     tcpu_model ta, tb;
-    tcpu_seed(9);
+    tc_rng_seed(9);
     tcpu_build(&ta, &a);
-    tcpu_seed(9);
+    tc_rng_seed(9);
     tcpu_build(&tb, &b);
     enum { T = 40 };
     int32_t tok[T];
@@ -533,7 +488,7 @@ Test(cpu_forward, llama3_scaling_changes_logits) {
     tcpu_ref_forward(&tb, tok, T, lb);
     float *fa = malloc(sizeof(float) * T * 97);
     for (int i = 0; i < T * 97; i++) fa[i] = (float)la[i];
-    cr_assert_gt(tcpu_rel_l2(fa + (T - 1) * 97, lb + (T - 1) * 97, 97), 1e-2);
+    cr_assert_gt(tc_rel_l2_d(fa + (T - 1) * 97, lb + (T - 1) * 97, 97), 1e-2);
     free(la), free(lb), free(fa);
     tcpu_free(&ta);
     tcpu_free(&tb);

@@ -6,7 +6,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "../convert/convert.h"
@@ -16,17 +15,13 @@
 #include "../cpu.h"
 #include "../gpu.h"
 #include "../ringbuf.h"
+#include "common.h"
 
 static char g_dir[] = "/tmp/djinn_gpu_XXXXXX";
 
 static void need_gpu_and_data(char *stories, size_t n) {
     if (gpu_count() == 0) cr_skip_test("no GPU: cudaGetDeviceCount found no usable device (GPU tests run on the GPU machine)");
-    const char *d = getenv("DJINN_DATA");
-    if (!d || !*d) cr_skip_test("DJINN_DATA is not set: run through 'make test'");
-    snprintf(stories, n, "%s/models/stories260K", d);
-    char p[4200];
-    snprintf(p, sizeof p, "%s/model.safetensors", stories);
-    if (access(p, R_OK)) cr_skip_test("shared data missing: %s", p);
+    tc_data_path(stories, n, "models/stories260K");
 }
 
 // Converts the HF checkpoint in src (tokenizer from tok; NULL: src) to `dtype` (-1: as stored) in a fresh temp
@@ -57,19 +52,9 @@ static void load_stories(dj_model *m, int dtype) {
 static void load_fixture(dj_model *m, const char *name) {
     char stories[4096], src[4300];
     need_gpu_and_data(stories, sizeof stories);
-    const char *tests = getenv("DJINN_TESTS");
-    snprintf(src, sizeof src, "%s/fixtures/%s", tests && *tests ? tests : "tests", name);
+    snprintf(src, sizeof src, "%s/fixtures/%s", tc_tests_dir(), name);
     cr_assert_eq(access(src, R_OK), 0, "fixture %s missing (run from the repository root, or set DJINN_TESTS)", src);
     load_converted(m, src, stories, -1);
-}
-
-static double rel_l2(const float *a, const float *ref, int64_t n) {
-    double num = 0, den = 0;
-    for (int64_t i = 0; i < n; i++) {
-        double d = (double)a[i] - ref[i];
-        num += d * d, den += (double)ref[i] * ref[i];
-    }
-    return sqrt(num / (den > 0 ? den : 1));
 }
 
 // A pseudo-random prompt of n ids below vocab, then n_dec decode steps feeding fixed ids; all logits.
@@ -109,10 +94,10 @@ static uint64_t min_budget(const dj_model *m, uint64_t *total) {
     return minb;
 }
 
-static void make_ids(int32_t *ids, int64_t n, int64_t vocab, unsigned seed) {
-    srand(seed);
+// BOS (1), then random ids below vocab from the test's generator (tc_rng_fresh: its seed is printed).
+static void make_ids(int32_t *ids, int64_t n, int64_t vocab) {
     ids[0] = 1;
-    for (int64_t i = 1; i < n; i++) ids[i] = (int32_t)(rand() % vocab);
+    for (int64_t i = 1; i < n; i++) ids[i] = (int32_t)tc_below((uint32_t)vocab);
 }
 
 // Prefill of 40 tokens, then 24 decode steps (fma: prefill attention on the FMA kernel, not the tensor cores),
@@ -122,8 +107,7 @@ static void gpu_vs_cpu_opts(dj_model *mp, int fma, double tol) {
     int dtype = (int)m.info.config.wtype;
     int64_t V = m.info.config.vocab_size, n = 40, nd = 24;
     int32_t ids[64];
-    unsigned seed = (unsigned)time(NULL);
-    make_ids(ids, n + nd, V, seed);
+    make_ids(ids, n + nd, V);
     dj_gpu_opts o = {.max_seq = 128, .quiet = 1, .fma_attn = fma};
     dj_gpu_stats st;
     float *g = run_gpu_stats(&m, &o, ids, n, nd, &st);
@@ -137,15 +121,16 @@ static void gpu_vs_cpu_opts(dj_model *mp, int fma, double tol) {
     float *c = malloc((size_t)((n + nd) * V) * 4);
     cr_assert_eq(cpu_forward(cs, ids, n + nd, 0, c, &e), 0, "%s", e.msg);
     for (int64_t t = 0; t < n + nd; t++) {
-        double r = rel_l2(g + t * V, c + t * V, V);
-        cr_assert(r <= tol, "%s: position %lld: rel L2 %.3e > %.1e (seed %u)", dj_dtype_name((uint32_t)dtype),
-                  (long long)t, r, tol, seed);
+        double r = tc_rel_l2(g + t * V, c + t * V, V);
+        cr_assert(r <= tol, "%s: position %lld: rel L2 %.3e > %.1e (seed %llu)", dj_dtype_name((uint32_t)dtype),
+                  (long long)t, r, tol, (unsigned long long)tc_seed_used());
     }
     cpu_state_free(cs);
     free(g), free(c);
 }
 
 static void gpu_vs_cpu(int dtype, double tol) {
+    tc_rng_fresh(dj_dtype_name((uint32_t)dtype));  // the prompt's ids
     dj_model m;
     load_stories(&m, dtype);
     gpu_vs_cpu_opts(&m, 0, tol);
@@ -159,6 +144,7 @@ Test(gpu_forward, matches_cpu_bf16) { gpu_vs_cpu(DJ_BF16, 1e-2); }
 // The three fixtures (GQA and MHA, tied and untied, head_dim 16/32/48, f16 and bf16), with the tensor-core
 // prefill attention their head_dims take by default, and with the FMA kernel instead (--fma-attn).
 Test(gpu_forward, fixtures_match_cpu) {
+    tc_rng_fresh("gpu_forward.fixtures_match_cpu");
     static const char *fixtures[] = {"tied_gqa_f16", "mha_untied_f16", "llama3_gqa_bf16"};
     for (int i = 0; i < 3; i++)
         for (int fma = 0; fma < 2; fma++) {
@@ -171,11 +157,12 @@ Test(gpu_forward, fixtures_match_cpu) {
 
 // Streaming must not change a single bit: the same kernels run on the same bytes, wherever they sit.
 Test(gpu_forward, streamed_bitwise_equal_to_resident) {
+    tc_rng_fresh("gpu_forward.streamed_bitwise_equal_to_resident");
     dj_model m;
     load_stories(&m, DJ_F16);
     int64_t V = m.info.config.vocab_size, n = 33, nd = 20;
     int32_t ids[64];
-    make_ids(ids, n + nd, V, 7);
+    make_ids(ids, n + nd, V);
     dj_gpu_opts o = {.max_seq = 128, .quiet = 1, .ring_gb = 1.0};
     float *ref = run_gpu(&m, &o, ids, n, nd);
 
@@ -234,12 +221,13 @@ static float *run_turns(const dj_model *m, const dj_gpu_opts *o, const int32_t *
 // and with everything streaming, at several shares (odd row counts, the largest), with --sync-copy, tied and
 // untied heads, fused and separate q|k|v, f16 and bf16.
 static void share_cases(const char *fixture) {
+    tc_rng_fresh(fixture ? fixture : "stories260K");
     dj_model m;
     if (fixture) load_fixture(&m, fixture);
     else load_stories(&m, DJ_F16);
     int64_t V = m.info.config.vocab_size, n = 21, nd = 9, n2 = 6, rows = n + nd + n2 + 3;
     int32_t ids[64];
-    make_ids(ids, rows, V, 5);
+    make_ids(ids, rows, V);
     dj_gpu_opts o = {.max_seq = 128, .quiet = 1, .ring_gb = 1.0};
     float *ref = run_turns(&m, &o, ids, n, nd, n2, NULL);
     uint64_t total, minb = min_budget(&m, &total);
@@ -267,7 +255,7 @@ static void share_cases(const char *fixture) {
             if (t < n)
                 cr_assert_eq(memcmp(got + t * V, ref + t * V, (size_t)V * 4), 0,
                              "%s case %d: prefill logits differ at %lld", name, c, (long long)t);
-            double r = rel_l2(got + t * V, ref + t * V, V), tol = prefill ? 1e-3 : 1e-5;
+            double r = tc_rel_l2(got + t * V, ref + t * V, V), tol = prefill ? 1e-3 : 1e-5;
             cr_assert(r <= tol, "%s case %d (share %.2f, %s): position %lld (%s): rel L2 %.3e > %.0e", name, c,
                       oc.cpu_share, oc.stream_all ? "stream-all" : "minimum budget", (long long)t,
                       prefill ? "prefill" : "decode", r, tol);
@@ -295,12 +283,9 @@ Test(gpu_forward, stories_greedy_matches_reference) {
     dj_model m;
     load_stories(&m, DJ_F32);
     char p[4200];
-    snprintf(p, sizeof p, "%s/models/stories260K/reference_greedy.json", getenv("DJINN_DATA"));
-    FILE *f = fopen(p, "rb");
-    cr_assert(f, "cannot open %s", p);
-    char *buf = malloc(1 << 20);
-    size_t n = fread(buf, 1, 1 << 20, f);
-    fclose(f);
+    tc_data_path(p, sizeof p, "models/stories260K/reference_greedy.json");
+    size_t n;
+    char *buf = tc_must_read(p, &n);
     dj_err e;
     json_doc *doc = json_parse(buf, n, &e);
     cr_assert(doc, "%s", e.msg);

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "../convert/hfconfig.h"
+#include "common.h"
 
 // ---- the table
 // A small valid Llama config (dim 64, 8 heads): `arch` replaces the architecture keys, `keys` is appended.
@@ -149,15 +150,6 @@ Test(hfconfig, table) {
 }
 
 // ---- real files: the committed fixtures (run from the repository root) and stories260K
-static char *read_text(const char *path, size_t *n) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    char *b = malloc(1 << 16);
-    *n = fread(b, 1, (1 << 16) - 1, f);
-    fclose(f);
-    return b;
-}
-
 Test(hfconfig, committed_configs) {
     struct {
         const char *path;
@@ -170,7 +162,7 @@ Test(hfconfig, committed_configs) {
     };
     for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
         size_t n;
-        char *text = read_text(files[i].path, &n);
+        char *text = tc_read(files[i].path, &n);
         if (!text) cr_skip_test("%s not found: run from the repository root", files[i].path);
         dj_config c;
         dj_err e;
@@ -188,12 +180,10 @@ Test(hfconfig, committed_configs) {
                       "%s: llama3 values", files[i].path);
         free(text);
     }
-    const char *d = getenv("DJINN_DATA");
-    if (!d || !*d) cr_skip_test("DJINN_DATA is not set: stories260K's config.json not checked");
     char p[4200];
-    snprintf(p, sizeof p, "%s/models/stories260K/config.json", d);
+    tc_data_path(p, sizeof p, "models/stories260K/config.json");
     size_t n;
-    char *text = read_text(p, &n);
+    char *text = tc_read(p, &n);
     if (!text) cr_skip_test("shared data missing: %s not found", p);
     dj_config c;
     dj_err e;

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "../convert/json.h"
+#include "common.h"
 
 // ---- helpers
 static json_doc *tj_parse_n(const char *s, size_t n, dj_err *e) {
@@ -40,21 +41,12 @@ static void tj_bad(const char *s, const char *want) { tj_bad_n(s, strlen(s), wan
 
 // Parses $DJINN_DATA/rel; skips the test (visibly) when the data is absent.
 static json_doc *tj_parse_data(const char *rel) {
-    const char *data = getenv("DJINN_DATA");
-    if (!data) cr_skip_test("DJINN_DATA is not set");
     char path[4096];
-    snprintf(path, sizeof path, "%s/%s", data, rel);
-    FILE *f = fopen(path, "rb");
-    if (!f) cr_skip_test("%s not found", path);
-    fseek(f, 0, SEEK_END);
-    long len = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *buf = malloc(len > 0 ? (size_t)len : 1);
-    cr_assert_not_null(buf);
-    cr_assert_eq(fread(buf, 1, (size_t)len, f), (size_t)len);
-    fclose(f);
+    tc_data_path(path, sizeof path, rel);
+    size_t len;
+    char *buf = tc_must_read(path, &len);
     dj_err e;
-    json_doc *d = json_parse(buf, (size_t)len, &e);
+    json_doc *d = json_parse(buf, len, &e);
     free(buf);
     cr_assert_not_null(d, "%s: %s", path, e.msg);
     return d;

@@ -11,16 +11,10 @@
 #include <string.h>
 
 #include "../ringbuf.h"
+#include "common.h"
 
 // ---- helpers
-static uint64_t trb_state;
-static uint64_t trb_next(void) {  // splitmix64
-    uint64_t z = (trb_state += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-static uint64_t trb_range(uint64_t lo, uint64_t hi) { return lo + trb_next() % (hi - lo + 1); }  // [lo, hi]
+static uint64_t trb_range(uint64_t lo, uint64_t hi) { return lo + tc_next() % (hi - lo + 1); }  // [lo, hi]
 
 // The live slabs as the test sees them: FIFO by seq.
 typedef struct {
@@ -198,7 +192,7 @@ static void trb_assert_min_exact(const uint64_t *sizes, int n, uint64_t reserve,
 
 // ---- ring
 Test(ringbuf_ring, random_invariants) {
-    trb_state = 12345;
+    tc_rng_seed(12345);
     for (int t = 0; t < 2000; t++) {
         uint64_t align = 1ull << trb_range(0, 12);
         uint64_t size = trb_range(1, 64) * align + (trb_range(0, 1) ? trb_range(0, align - 1) : 0);
@@ -230,7 +224,7 @@ Test(ringbuf_ring, random_invariants) {
 // Retirement is minimal: replay each allocation and check that the newest retired slab overlapped the new
 // one, unless the ring was out of slot records.
 Test(ringbuf_ring, retires_only_what_overlaps) {
-    trb_state = 777;
+    tc_rng_seed(777);
     for (int t = 0; t < 500; t++) {
         uint64_t align = 1ull << trb_range(0, 6);
         rb_ring r;
@@ -315,7 +309,7 @@ Test(ringbuf_ring, errors) {
 
 // ---- plan
 Test(ringbuf_plan, random_invariants) {
-    trb_state = 4242;
+    tc_rng_seed(4242);
     static uint64_t sizes[RB_MAX_UNITS];
     static rb_plan p;
     int planned = 0, failed = 0, streaming = 0, padded = 0;
@@ -361,7 +355,7 @@ Test(ringbuf_plan, random_invariants) {
 // Equal layers and a head: the plan keeps the most bytes resident, compared with every (head resident or
 // not, k layers resident) choice.
 Test(ringbuf_plan, optimal_for_layers_and_head) {
-    trb_state = 99;
+    tc_rng_seed(99);
     static uint64_t sizes[RB_MAX_UNITS];
     static rb_plan p;
     for (int t = 0; t < 2000; t++) {

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "../convert/safetensors.h"
+#include "common.h"
 
 // ---- helpers
 typedef struct {
@@ -378,20 +379,11 @@ Test(safetensors, mutations_never_crash) {
 
 // ---- the real checkpoint
 Test(safetensors, real_stories260k) {
-    const char *data = getenv("DJINN_DATA");
-    if (!data) cr_skip_test("DJINN_DATA is not set");
     char path[4096];
-    snprintf(path, sizeof path, "%s/models/stories260K/model.safetensors", data);
-    FILE *fp = fopen(path, "rb");
-    if (!fp) cr_skip_test("%s not found", path);
-    fseek(fp, 0, SEEK_END);
-    long len = ftell(fp);
-    fseek(fp, 0, SEEK_SET);
+    tc_data_path(path, sizeof path, "models/stories260K/model.safetensors");
+    size_t len;
+    uint8_t *bytes = (uint8_t *)tc_must_read(path, &len);
     cr_assert_gt(len, 8);
-    uint8_t *bytes = malloc((size_t)len);
-    cr_assert_not_null(bytes);
-    cr_assert_eq(fread(bytes, 1, (size_t)len, fp), (size_t)len);
-    fclose(fp);
 
     st_file f;
     dj_err e;

@@ -9,32 +9,13 @@
 #include "../convert/tokjson.h"
 #include "../tokenizer.h"
 #include "../unicode_tables.h"
+#include "common.h"
 
 // ---- helpers
-static const char *tt_data(void) {
-    const char *d = getenv("DJINN_DATA");
-    if (!d || !*d) cr_skip_test("DJINN_DATA is not set: the shared test data is needed");
-    return d;
-}
-
-static char *tt_slurp(const char *path, size_t *n) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long len = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *buf = malloc((size_t)len + 1);
-    cr_assert(buf);
-    *n = fread(buf, 1, (size_t)len, f);
-    buf[*n] = 0;
-    fclose(f);
-    return buf;
-}
-
 // tokjson on DATA/rel, then tok_load: skips when the folder is absent.
 static dj_tokenizer *tt_load_dir(const char *rel) {
     char dir[4096], probe[4200];
-    snprintf(dir, sizeof dir, "%s/%s", tt_data(), rel);
+    snprintf(dir, sizeof dir, "%s/%s", tc_data(), rel);
     snprintf(probe, sizeof probe, "%s/tokenizer.json", dir);
     FILE *f = fopen(probe, "rb");
     if (!f) cr_skip_test("%s is missing", probe);
@@ -81,9 +62,9 @@ static char *tt_stream_all(const dj_tokenizer *t, const int32_t *ids, size_t n, 
 static void tt_run_cases_tok(dj_tokenizer *t, const char *cases) {
     char path[4096];
     if (!strncmp(cases, "tests/", 6)) snprintf(path, sizeof path, "%s", cases);
-    else snprintf(path, sizeof path, "%s/tokenizers/%s", tt_data(), cases);
+    else snprintf(path, sizeof path, "%s/tokenizers/%s", tc_data(), cases);
     size_t n;
-    char *text = tt_slurp(path, &n);
+    char *text = tc_read(path, &n);
     if (!text) cr_skip_test("%s is missing", path);
     dj_err e = {{0}};
     json_doc *d = json_parse(text, n, &e);
@@ -129,10 +110,10 @@ static void tt_run_cases(const char *rel_dir, const char *cases) { tt_run_cases_
 // textual, so the variant costs 80 bytes in the repository instead of 1.8 MB.
 static dj_tokenizer *tt_load_llama2_variant(const char *name) {
     char path[4096], frag_path[4096];
-    snprintf(path, sizeof path, "%s/tokenizers/llama2/tokenizer.json", tt_data());
+    snprintf(path, sizeof path, "%s/tokenizers/llama2/tokenizer.json", tc_data());
     snprintf(frag_path, sizeof frag_path, "tests/tok/%s.pretok.json", name);
     size_t n, fn;
-    char *s = tt_slurp(path, &n), *frag = tt_slurp(frag_path, &fn);
+    char *s = tc_read(path, &n), *frag = tc_read(frag_path, &fn);
     if (!s) cr_skip_test("%s is missing", path);
     cr_assert(frag, "%s is missing", frag_path);
     // HF writes the normalizer right before the pre-tokenizer: replace both values in one splice
@@ -264,11 +245,7 @@ Test(tokenizer, stories_eos_bos) {
 }
 
 // ---- round trips and bad input
-static uint64_t tt_rng = 0x9E3779B97F4A7C15ull;
-static uint32_t tt_rand(void) {
-    tt_rng ^= tt_rng << 13, tt_rng ^= tt_rng >> 7, tt_rng ^= tt_rng << 17;
-    return (uint32_t)(tt_rng >> 11);
-}
+static uint32_t tt_rand(void) { return (uint32_t)(tc_next() >> 32); }  // the fixed seed unless DJINN_SEED
 static size_t tt_put_cp(char *o, uint32_t cp) {
     if (cp < 0x80) { o[0] = (char)cp; return 1; }
     if (cp < 0x800) { o[0] = (char)(0xC0 | cp >> 6), o[1] = (char)(0x80 | (cp & 63)); return 2; }
@@ -372,8 +349,8 @@ static char *tt_replace(const char *s, const char *from, const char *to) {
 }
 static char *tt_stories_json(size_t *n) {
     char path[4096];
-    snprintf(path, sizeof path, "%s/models/stories260K/tokenizer.json", tt_data());
-    char *s = tt_slurp(path, n);
+    snprintf(path, sizeof path, "%s/models/stories260K/tokenizer.json", tc_data());
+    char *s = tc_read(path, n);
     if (!s) cr_skip_test("%s is missing", path);
     return s;
 }
@@ -473,7 +450,7 @@ Test(tokjson, metaspace_variant) {
 // ---- tok_load never crashes on a corrupt section
 Test(tokenizer, corrupt_sections) {
     char dir[4096];
-    snprintf(dir, sizeof dir, "%s/models/stories260K", tt_data());
+    snprintf(dir, sizeof dir, "%s/models/stories260K", tc_data());
     uint8_t *blob;
     size_t n;
     dj_err e;
@@ -536,9 +513,9 @@ Test(tokjson, mangled_json) {
 Test(tokenizer, stories_reference_greedy) {
     dj_tokenizer *t = tt_load_dir("models/stories260K");
     char path[4096];
-    snprintf(path, sizeof path, "%s/models/stories260K/reference_greedy.json", tt_data());
+    snprintf(path, sizeof path, "%s/models/stories260K/reference_greedy.json", tc_data());
     size_t n;
-    char *text = tt_slurp(path, &n);
+    char *text = tc_read(path, &n);
     if (!text) cr_skip_test("%s is missing", path);
     dj_err e;
     json_doc *d = json_parse(text, n, &e);

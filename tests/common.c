@@ -1,0 +1,170 @@
+// tests/common.c: helpers shared by the test files (common.h).
+#include "common.h"
+
+#include <criterion/criterion.h>
+#include <dirent.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "../util.h"
+#include "../model.h"
+
+// ---- the environment
+const char *tc_data(void) {
+    const char *d = getenv("DJINN_DATA");
+    if (!d || !*d) cr_skip_test("DJINN_DATA is not set: run through 'make test' (DATA=../shared)");
+    return d;
+}
+
+void tc_data_path(char *path, size_t n, const char *rel) {
+    snprintf(path, n, "%s/%s", tc_data(), rel);
+    if (access(path, R_OK)) cr_skip_test("shared data missing: %s not found", path);
+}
+
+const char *tc_tests_dir(void) {
+    const char *t = getenv("DJINN_TESTS");
+    return t && *t ? t : "tests";
+}
+
+const char *tc_bin_dir(void) {
+    const char *b = getenv("DJINN_BIN");
+    if (!b || !*b) cr_skip_test("DJINN_BIN is not set: run through 'make test'");
+    return b;
+}
+
+// ---- files
+char *tc_read(const char *path, size_t *n) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    size_t cap = 1 << 16, len = 0, got;
+    char *buf = malloc(cap + 1);
+    cr_assert(buf, "out of memory reading %s", path);
+    while ((got = fread(buf + len, 1, cap - len, f)) > 0) {
+        len += got;
+        if (len == cap) {
+            cap *= 2;
+            buf = realloc(buf, cap + 1);
+            cr_assert(buf, "out of memory reading %s", path);
+        }
+    }
+    cr_assert(!ferror(f), "read error on %s", path);
+    fclose(f);
+    buf[len] = 0;
+    if (n) *n = len;
+    return buf;
+}
+
+char *tc_must_read(const char *path, size_t *n) {
+    char *b = tc_read(path, n);
+    cr_assert(b, "cannot open %s", path);
+    return b;
+}
+
+void tc_write(const char *path, const void *data, size_t n) {
+    FILE *f = fopen(path, "wb");
+    cr_assert(f, "cannot create %s", path);
+    cr_assert_eq(fwrite(data, 1, n, f), n, "cannot write %s", path);
+    cr_assert_eq(fclose(f), 0, "cannot write %s", path);
+}
+
+char *tc_tmpdir(const char *tag) {
+    char *d = malloc(strlen(tag) + 32);
+    cr_assert(d);
+    sprintf(d, "/tmp/djinn_%s_XXXXXX", tag);
+    cr_assert(mkdtemp(d), "mkdtemp %s failed", d);
+    return d;
+}
+
+void tc_rm_rf(const char *dir) {
+    DIR *dp = opendir(dir);
+    if (!dp) return;
+    struct dirent *de;
+    char p[4200];
+    while ((de = readdir(dp))) {
+        if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, "..")) continue;
+        snprintf(p, sizeof p, "%s/%s", dir, de->d_name);
+        unlink(p);
+    }
+    closedir(dp);
+    rmdir(dir);
+}
+
+// ---- the generator
+static uint64_t tc_state = 0x9E3779B97F4A7C15ull, tc_seed_in_use;
+
+uint64_t tc_rng_seed(uint64_t seed) {
+    const char *env = getenv("DJINN_SEED");
+    if (env && *env) seed = strtoull(env, NULL, 10);
+    tc_seed_in_use = seed;
+    tc_state = seed * 0x9E3779B97F4A7C15ull + 1;
+    if (!tc_state) tc_state = 1;
+    return seed;
+}
+
+uint64_t tc_rng_fresh(const char *name) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    uint64_t seed = tc_rng_seed(((uint64_t)ts.tv_sec * 1000003u) ^ (uint64_t)ts.tv_nsec ^ ((uint64_t)getpid() << 32));
+    fprintf(stderr, "[%s] seed %llu (DJINN_SEED=%llu replays it)\n", name, (unsigned long long)seed,
+            (unsigned long long)seed);
+    return seed;
+}
+
+uint64_t tc_seed_used(void) { return tc_seed_in_use; }
+
+uint64_t tc_next(void) {
+    tc_state ^= tc_state >> 12, tc_state ^= tc_state << 25, tc_state ^= tc_state >> 27;
+    return tc_state * 0x2545F4914F6CDD1Dull;
+}
+float tc_unif(void) { return (float)(tc_next() >> 40) / 16777216.0f; }
+float tc_sym(void) { return 2.0f * tc_unif() - 1.0f; }
+float tc_uniform(float lo, float hi) { return lo + (hi - lo) * tc_unif(); }
+float tc_normal(void) {
+    float u1 = tc_unif(), u2 = tc_unif();
+    return sqrtf(-2.0f * logf(u1 + 1e-12f)) * cosf(6.2831853f * u2);
+}
+uint32_t tc_below(uint32_t n) { return (uint32_t)((tc_next() >> 32) % n); }
+void tc_fill(float *x, int64_t n, float lo, float hi) {
+    for (int64_t i = 0; i < n; i++) x[i] = tc_uniform(lo, hi);
+}
+
+// ---- dtypes and errors
+void tc_store(void *dst, float *x, int64_t n, uint32_t wtype) {
+    for (int64_t i = 0; i < n; i++) {
+        if (wtype == DJ_F32) {
+            ((float *)dst)[i] = x[i];
+            continue;
+        }
+        uint16_t h = wtype == DJ_F16 ? dj_f32_to_f16(x[i]) : dj_f32_to_bf16(x[i]);
+        ((uint16_t *)dst)[i] = h;
+        x[i] = wtype == DJ_F16 ? dj_f16_to_f32(h) : dj_bf16_to_f32(h);
+    }
+}
+
+double tc_load(const void *w, uint32_t wtype, int64_t i) {
+    if (wtype == DJ_F32) return ((const float *)w)[i];
+    uint16_t h = ((const uint16_t *)w)[i];
+    return wtype == DJ_F16 ? dj_f16_to_f32(h) : dj_bf16_to_f32(h);
+}
+
+double tc_rel_l2(const float *got, const float *ref, int64_t n) {
+    double num = 0, den = 0;
+    for (int64_t i = 0; i < n; i++) {
+        double d = (double)got[i] - ref[i];
+        num += d * d, den += (double)ref[i] * ref[i];
+    }
+    return den > 0 ? sqrt(num / den) : sqrt(num);
+}
+
+double tc_rel_l2_d(const float *got, const double *ref, int64_t n) {
+    double num = 0, den = 0;
+    for (int64_t i = 0; i < n; i++) {
+        double d = got[i] - ref[i];
+        num += d * d, den += ref[i] * ref[i];
+    }
+    return den > 0 ? sqrt(num / den) : sqrt(num);
+}

@@ -1,0 +1,54 @@
+// tests/common.h: what the test files share: the data, fixtures and binaries the environment names (a test skips
+// with the reason when they are absent), reading and writing files, one seeded generator whose seed a failure
+// names and DJINN_SEED replays, storing floats in a weight dtype, relative L2 errors.
+#ifndef DJINN_TESTS_COMMON_H
+#define DJINN_TESTS_COMMON_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+// ---- the environment (set by `make test`)
+// $DJINN_DATA (the shared test data): skips the test when unset.
+const char *tc_data(void);
+// path (n bytes) = $DJINN_DATA/rel; skips the test when that file or folder is missing.
+void tc_data_path(char *path, size_t n, const char *rel);
+// $DJINN_TESTS (this folder: fixtures/, ref/), else "tests" (the repository root is the working directory).
+const char *tc_tests_dir(void);
+// $DJINN_BIN (the binaries under test): skips the test when unset.
+const char *tc_bin_dir(void);
+
+// ---- files
+// The whole file, NUL-terminated (*n without the NUL; n may be NULL); NULL when it cannot be opened.
+char *tc_read(const char *path, size_t *n);
+// tc_read, or fail the test.
+char *tc_must_read(const char *path, size_t *n);
+// Writes the bytes, or fails the test.
+void tc_write(const char *path, const void *data, size_t n);
+// A fresh folder /tmp/djinn_<tag>_XXXXXX (malloc'd path); tc_rm_rf removes it and the files in it.
+char *tc_tmpdir(const char *tag);
+void tc_rm_rf(const char *dir);
+
+// ---- a seeded generator (xorshift64*), one per test process
+// Seeds it with $DJINN_SEED when set, else `seed`; returns the seed in use.
+uint64_t tc_rng_seed(uint64_t seed);
+// Seeds it from the clock (or $DJINN_SEED) and prints "[name] seed N (DJINN_SEED=N replays it)" on stderr: fresh
+// inputs every run, replayable when one fails (assertions print tc_seed_used()).
+uint64_t tc_rng_fresh(const char *name);
+uint64_t tc_seed_used(void);
+uint64_t tc_next(void);
+float tc_unif(void);                 // [0, 1)
+float tc_sym(void);                  // [-1, 1)
+float tc_uniform(float lo, float hi);
+float tc_normal(void);               // N(0, 1)
+uint32_t tc_below(uint32_t n);       // [0, n)
+void tc_fill(float *x, int64_t n, float lo, float hi);
+
+// ---- dtypes and errors
+// Stores x (n) into dst in wtype (model.h's DJ_F32, DJ_F16, DJ_BF16) and leaves in x the values actually stored.
+void tc_store(void *dst, float *x, int64_t n, uint32_t wtype);
+double tc_load(const void *w, uint32_t wtype, int64_t i);
+// sqrt(sum (got - ref)^2 / sum ref^2) (the plain L2 norm of the difference when ref is all zero).
+double tc_rel_l2(const float *got, const float *ref, int64_t n);
+double tc_rel_l2_d(const float *got, const double *ref, int64_t n);
+
+#endif

@@ -1,0 +1,153 @@
+// test_sampler.c: the host sampler (sampler.c) on its own: greedy picks, seeded repeatability, and the top-p
+// distribution against the exact nucleus computed here in double, by counting many draws.
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../sampler.h"
+#include "common.h"
+
+static dj_sampler *ts_new(int64_t vocab, double temp, double top_p, uint64_t seed) {
+    dj_err e;
+    dj_sampler *s = sampler_new(vocab, temp, top_p, seed, &e);
+    cr_assert(s, "%s", e.msg);
+    return s;
+}
+
+Test(sampler, argmax_takes_the_first_of_equal_values) {
+    float x[] = {1, 3, -2, 3, 0};
+    cr_assert_eq(dj_argmax(x, 5), 1);
+    float y[] = {-INFINITY, -5, -5};
+    cr_assert_eq(dj_argmax(y, 3), 1);
+    cr_assert_eq(dj_argmax(y, 1), 0);
+}
+
+Test(sampler, greedy_settings) {
+    tc_rng_fresh("sampler.greedy_settings");
+    enum { V = 1000 };
+    float *z = malloc(V * sizeof *z);
+    for (int i = 0; i < V; i++) z[i] = tc_normal();
+    int32_t want = dj_argmax(z, V);
+    // temperature 0, top-p 0, or a nucleus smaller than the top token's mass: always the top token
+    const double settings[][2] = {{0, 0.9}, {1.0, 0}, {0.7, 1e-9}, {1.0, 1e-6}};
+    for (size_t k = 0; k < sizeof settings / sizeof settings[0]; k++) {
+        dj_sampler *s = ts_new(V, settings[k][0], settings[k][1], 1);
+        cr_assert_eq(sampler_is_greedy(s), settings[k][0] == 0 || settings[k][1] == 0);
+        for (int r = 0; r < 50; r++)
+            cr_assert_eq(sampler_next(s, z), want, "temp %g top-p %g (seed %llu)", settings[k][0], settings[k][1],
+                         (unsigned long long)tc_seed_used());
+        sampler_free(s);
+    }
+    free(z);
+}
+
+Test(sampler, same_seed_same_tokens) {
+    enum { V = 300, N = 200 };
+    float z[V];
+    tc_rng_seed(7);
+    for (int i = 0; i < V; i++) z[i] = 2.0f * tc_normal();
+    int32_t a[N], b[N], c[N];
+    dj_sampler *s1 = ts_new(V, 1.0, 0.95, 42), *s2 = ts_new(V, 1.0, 0.95, 42), *s3 = ts_new(V, 1.0, 0.95, 43);
+    int differ = 0;
+    for (int i = 0; i < N; i++) {
+        a[i] = sampler_next(s1, z), b[i] = sampler_next(s2, z), c[i] = sampler_next(s3, z);
+        differ += a[i] != c[i];
+    }
+    cr_assert_eq(memcmp(a, b, sizeof a), 0, "the same seed drew different tokens");
+    cr_assert_gt(differ, N / 4, "seeds 42 and 43 drew the same tokens %d times of %d", N - differ, N);
+    sampler_free(s1), sampler_free(s2), sampler_free(s3);
+}
+
+Test(sampler, generator_range) {
+    dj_rng r;
+    rng_seed(&r, 0);  // seed 0 must not be xorshift's fixed point
+    double sum = 0;
+    for (int i = 0; i < 100000; i++) {
+        float u = rng_f32(&r);
+        cr_assert(u >= 0 && u < 1, "rng_f32 gave %g", u);
+        sum += u;
+    }
+    cr_assert(fabs(sum / 100000 - 0.5) < 0.01, "mean %g", sum / 100000);
+}
+
+// The nucleus of softmax(z / temp) for top_p, in double: probabilities sorted by (p desc, id asc), the smallest
+// prefix whose mass reaches top_p, renormalised. want (V).
+static void ts_nucleus(const float *z, int V, double temp, double top_p, double *want) {
+    double mx = -INFINITY, sum = 0;
+    for (int i = 0; i < V; i++) mx = fmax(mx, z[i]);
+    int *order = malloc((size_t)V * sizeof *order);
+    for (int i = 0; i < V; i++) want[i] = exp((z[i] - mx) / temp), sum += want[i], order[i] = i;
+    for (int i = 1; i < V; i++)  // insertion sort: small V
+        for (int j = i; j > 0 && (want[order[j]] > want[order[j - 1]] ||
+                                  (want[order[j]] == want[order[j - 1]] && order[j] < order[j - 1]));
+             j--) {
+            int t = order[j];
+            order[j] = order[j - 1], order[j - 1] = t;
+        }
+    double cum = 0, mass = 0;
+    int keep = V;
+    for (int k = 0; k < V; k++) {
+        cum += want[order[k]];
+        if (cum >= top_p * sum) {
+            keep = k + 1;
+            break;
+        }
+    }
+    for (int k = 0; k < keep; k++) mass += want[order[k]];
+    double *p = calloc((size_t)V, sizeof *p);
+    for (int k = 0; k < keep; k++) p[order[k]] = want[order[k]] / mass;
+    memcpy(want, p, (size_t)V * sizeof *p);
+    free(p), free(order);
+}
+
+// Frequencies over n draws against the exact nucleus: every token outside it never drawn, every one inside within
+// 5 standard deviations of its expected count.
+static void ts_distribution(const float *z, int V, double temp, double top_p, int n) {
+    double *want = malloc((size_t)V * sizeof *want);
+    ts_nucleus(z, V, temp, top_p, want);
+    int *count = calloc((size_t)V, sizeof *count);
+    dj_sampler *s = ts_new(V, temp, top_p, 1234);
+    for (int i = 0; i < n; i++) {
+        int32_t t = sampler_next(s, z);
+        cr_assert(t >= 0 && t < V, "token %d out of range", t);
+        count[t]++;
+    }
+    for (int i = 0; i < V; i++) {
+        double mean = want[i] * n, sd = sqrt(n * want[i] * (1 - want[i]));
+        if (want[i] == 0)
+            cr_assert_eq(count[i], 0, "temp %g top-p %g: token %d is outside the nucleus but was drawn %d times",
+                         temp, top_p, i, count[i]);
+        else
+            cr_assert(fabs(count[i] - mean) <= 5 * sd + 1, "temp %g top-p %g: token %d drawn %d times, expected %.1f",
+                      temp, top_p, i, count[i], mean);
+    }
+    sampler_free(s);
+    free(count), free(want);
+}
+
+Test(sampler, top_p_draws_follow_the_nucleus) {
+    // logits with a clear order and two ties (ids 2 and 5, 3 and 6), so the boundary falls in several places
+    const float z[] = {2.0f, 1.5f, 0.5f, 0.2f, -0.3f, 0.5f, 0.2f, -1.0f};
+    const int V = 8;
+    const double temps[] = {1.0, 0.7, 1.6}, tops[] = {1.0, 0.95, 0.8, 0.5, 0.3};
+    for (size_t a = 0; a < 3; a++)
+        for (size_t b = 0; b < 5; b++) ts_distribution(z, V, temps[a], tops[b], 60000);
+}
+
+// A flat row over Llama 3's vocabulary (the sampler's worst case): the nucleus is the lowest ids, and only those
+// are drawn.
+Test(sampler, flat_row_large_vocabulary) {
+    enum { V = 128256 };
+    float *z = calloc(V, sizeof *z);
+    dj_sampler *s = ts_new(V, 1.0, 0.5, 9);
+    int32_t hi = 0;
+    for (int i = 0; i < 200; i++) {
+        int32_t t = sampler_next(s, z);
+        if (t > hi) hi = t;
+    }
+    cr_assert(hi <= V / 2 + 1, "drew id %d from a nucleus of the first half", hi);
+    cr_assert(hi > V / 4, "200 draws from 64k equal tokens all below %d", hi);
+    sampler_free(s);
+    free(z);
+}

@@ -22,7 +22,7 @@ CFLAGS := -std=c11 -O2 -g -Wall -Wextra -Werror -Wno-unused-parameter -D_GNU_SOU
 NVEXTRA ?=
 NVFLAGS := $(NVEXTRA) -O3 -std=c++17 -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=compute_90 \
            -Xcompiler -Wall,-Werror -MMD -MP
-LDLIBS := -L$(CUDA)/lib64 -Wl,-rpath,$(CUDA)/lib64 -lcublasLt -lcublas -lcudart -lstdc++ -lm -lpthread -ldl
+LDLIBS := -L$(CUDA)/lib64 -Wl,-rpath,$(CUDA)/lib64 -lcublas -lcudart -lstdc++ -lm -lpthread -ldl
 LDFLAGS := $(SANFLAGS)
 
 # GPU objects: every top-level .cu (kernels.cu and the op families beside it, one C API: kernels.h).
@@ -127,7 +127,7 @@ $(BUILD)/bench/ceilings.o: bench/ceilings.cu kernels.h util.h model.h
 
 $(BUILD)/bin/ceilings: $(BUILD)/bench/ceilings.o $(KERNEL_OBJ) $(BUILD)/util.o
 	@mkdir -p $(dir $@)
-	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS)
+	$(CC) $(LDFLAGS) $^ -o $@ -lcublasLt $(LDLIBS)
 
 bench-ceilings: $(BUILD)/bin/ceilings
 	$(BUILD)/bin/ceilings $(CEILINGS_JSON)
@@ -145,7 +145,7 @@ FUZZ_SAN := -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-om
 FUZZ_CFLAGS := -std=c11 -O1 -g -Wall -Wextra -Werror -Wno-unused-parameter -D_GNU_SOURCE -pthread \
                -I$(CUDA)/include -MMD -MP $(FUZZ_SAN)
 FUZZ_TARGETS := fuzz_model fuzz_safetensors fuzz_json fuzz_tokenizer
-FUZZ_CUDA_LIBS := $(FUZZ_BUILD)/kernels.o -L$(CUDA)/lib64 -Wl,-rpath,$(CUDA)/lib64 -lcublasLt -lcublas -lcudart \
+FUZZ_CUDA_LIBS := $(FUZZ_BUILD)/kernels.o -L$(CUDA)/lib64 -Wl,-rpath,$(CUDA)/lib64 -lcublas -lcudart \
                   -lstdc++ -lm -ldl
 # model.c carries the GPU path too, so fuzz_model links kernels.o (built by nvcc, not instrumented).
 FUZZ_DEPS_fuzz_model := model.o ringbuf.o tokenizer.o util.o

@@ -22,7 +22,7 @@ CFLAGS := -std=c11 -O2 -g -Wall -Wextra -Werror -Wno-unused-parameter -D_GNU_SOU
 NVEXTRA ?=
 NVFLAGS := $(NVEXTRA) -O3 -std=c++17 -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=compute_90 \
            -Xcompiler -Wall,-Werror -MMD -MP
-LDLIBS := -L$(CUDA)/lib64 -Wl,-rpath,$(CUDA)/lib64 -lcublasLt -lcublas -lcudart -lstdc++ -lm -lpthread -ldl
+LDLIBS := -L$(CUDA)/lib64 -Wl,-rpath,$(CUDA)/lib64 -lcublas -lcudart -lstdc++ -lm -lpthread -ldl
 # What reads and writes model.bin without running it (the converter, the fuzz targets): no CUDA.
 FORMAT_OBJ := $(BUILD)/model.o $(BUILD)/tokenizer.o $(BUILD)/util.o
 LDFLAGS := $(SANFLAGS)
@@ -129,7 +129,7 @@ $(BUILD)/bench/ceilings.o: bench/ceilings.cu kernels.h util.h model.h
 
 $(BUILD)/bin/ceilings: $(BUILD)/bench/ceilings.o $(KERNEL_OBJ) $(BUILD)/util.o
 	@mkdir -p $(dir $@)
-	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS)
+	$(CC) $(LDFLAGS) $^ -o $@ -lcublasLt $(LDLIBS)
 
 bench-ceilings: $(BUILD)/bin/ceilings
 	$(BUILD)/bin/ceilings $(CEILINGS_JSON)

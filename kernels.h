@@ -1,4 +1,7 @@
-// kernels.h: every GPU kernel and the cuBLAS/cuBLASLt calls behind a plain C API (implemented in kernels.cu).
+// kernels.h: every GPU kernel and the cuBLAS calls behind a plain C API. Implemented by kernels.cu (the runtime:
+// context, memory, copies, streams, events, graphs) and one file per op family beside it: ops.cu (widening,
+// norms, RoPE, KV writes, SwiGLU), matmul.cu (GEMV and cuBLAS GEMM), attention.cu (prefill and decode) and
+// sample.cu (argmax, top-p); kernels_impl.h is their private header.
 //
 // Conventions
 // - Activations on the GPU are f32: residual stream, q/k/v, attention output, logits. Matrices stay in the
@@ -35,11 +38,11 @@ extern "C" {  // util.h has no C++ guard of its own; its system headers are alre
 // Number of usable CUDA devices; 0 when there is no GPU or no driver (any error from cudaGetDeviceCount).
 int gpu_count(void);
 
-// ---- context: device, cuBLAS/cuBLASLt handles, workspace and scratch
+// ---- context: device, cuBLAS handle, workspace and scratch
 typedef struct dj_gpu dj_gpu;
 
-// Selects `device`, creates the cuBLAS and cuBLASLt handles, a 32 MiB cuBLAS workspace, and raises the
-// shared-memory limit of the attention kernels.
+// Selects `device`, creates the cuBLAS handle and a 32 MiB cuBLAS workspace, and raises the shared-memory
+// limit of the attention kernels.
 int gpu_open(dj_gpu **out, int device, dj_err *e);
 void gpu_close(dj_gpu *g);  // NULL is fine
 // One line naming the device: "NVIDIA H100 80GB HBM3, sm_90, 132 SMs, 79.1 GiB".
@@ -64,7 +67,6 @@ int gpu_h2d(void *dst, const void *src, size_t bytes, dj_err *e);
 int gpu_d2h(void *dst, const void *src, size_t bytes, dj_err *e);
 int gpu_h2d_async(void *dst, const void *src, size_t bytes, cudaStream_t s, dj_err *e);
 int gpu_d2h_async(void *dst, const void *src, size_t bytes, cudaStream_t s, dj_err *e);
-int gpu_d2d_async(void *dst, const void *src, size_t bytes, cudaStream_t s, dj_err *e);
 // Page-locked host memory for the loader and the streaming ring: cudaHostAlloc (portable, mapped) or
 // cudaHostRegister of existing memory (read_only: the pages are only read by the GPU, e.g. an mmap).
 // gpu_host_device_ptr: the address kernels use to read or write gpu_host_alloc's memory directly over PCIe.
@@ -78,7 +80,6 @@ int gpu_host_unregister(void *p, dj_err *e);
 int gpu_stream_create(cudaStream_t *s, dj_err *e);  // non-blocking with respect to the legacy stream
 void gpu_stream_destroy(cudaStream_t s);
 int gpu_stream_sync(cudaStream_t s, dj_err *e);
-int gpu_sync(dj_err *e);  // the whole device
 int gpu_event_create(cudaEvent_t *ev, int timing, dj_err *e);  // timing 0: cheaper, no elapsed time
 void gpu_event_destroy(cudaEvent_t ev);
 int gpu_event_record(cudaEvent_t ev, cudaStream_t s, dj_err *e);
@@ -93,39 +94,16 @@ void gpu_graph_destroy(cudaGraphExec_t exec);
 
 // ---- matmul: y (T, n_out) f32 = x (T, n_in) f32 . W^T, W (n_out, n_in) row-major in wtype
 // GPU_MM_AUTO: our GEMV for T == 1 (reads W once with 16-byte loads, fp32 accumulation; the decode path),
-// cublasGemmEx for T > 1. cuBLAS paths, f16/bf16: x is rounded to wtype in scratch and multiplied on the
+// cublasGemmEx for T > 1. The cuBLAS path, f16/bf16: x is rounded to wtype in scratch and multiplied on the
 // tensor cores with fp32 accumulation (CUBLAS_COMPUTE_32F), output f32; for bf16, whose 8-bit significand
 // alone puts whole-model logits ~2e-2 off, x is split into bf16 hi + lo and multiplied twice. f32 weights use CUBLAS_COMPUTE_32F
 // with the default math mode, which is plain fp32, not TF32: it keeps the f32 path within ~1e-5 of the CPU.
 // The GEMV reads W once per 4 rows of x, so it is also correct (if slower) for any T.
-enum gpu_mm_path { GPU_MM_AUTO = 0, GPU_MM_GEMV = 1, GPU_MM_CUBLAS = 2, GPU_MM_CUBLASLT = 3 };
+enum gpu_mm_path { GPU_MM_AUTO = 0, GPU_MM_GEMV = 1, GPU_MM_CUBLAS = 2 };
 int gpu_matmul(dj_gpu *g, float *y, const float *x, const void *w, uint32_t wtype, int64_t T, int64_t n_in,
                int64_t n_out, cudaStream_t s, dj_err *e);
 int gpu_matmul_path(dj_gpu *g, int path, float *y, const float *x, const void *w, uint32_t wtype, int64_t T,
                     int64_t n_in, int64_t n_out, cudaStream_t s, dj_err *e);
-
-// ---- fused decode (T = 1): a layer's decode step in seven launches instead of twelve (kernels.cu says how)
-//   GPU_FUSE_NORM:   y (n_out) = W . (rmsnorm(x) * nw)                       (qkv, lm_head; x (n_in) untouched)
-//   GPU_FUSE_RES:    y (n_out) += W . x                                      (wo, w_down: the residual add)
-//   GPU_FUSE_SWIGLU: y (n_out) = silu(Wg . n) * (Wu . n), n = rmsnorm(x) * nw, W = [Wg; Wu] (2 n_out, n_in)
-// nw (n_in) f32 and eps for NORM and SWIGLU (ignored for RES). Same arithmetic as gpu_rmsnorm, gpu_matmul's
-// GEMV and gpu_swiglu, up to summation order. gpu_fused_supported says whether a shape can use it (n_in a
-// multiple of 16 bytes of weights; NORM/SWIGLU: n_in <= 16384, RES: n_in <= 32768); gpu_fused_matmul refuses the
-// others.
-enum gpu_fuse_mode { GPU_FUSE_NORM = 0, GPU_FUSE_RES = 1, GPU_FUSE_SWIGLU = 2 };
-int gpu_fused_supported(const dj_gpu *g, uint32_t wtype, int64_t n_in, int64_t n_out, int mode);
-int gpu_fused_matmul(dj_gpu *g, int mode, float *y, const float *x, const float *nw, float eps, const void *w,
-                     uint32_t wtype, int64_t n_in, int64_t n_out, cudaStream_t s, dj_err *e);
-// RoPE + KV write in one launch: T rows of qkv, `ld` floats apart (ignored for T = 1), each
-// (n_heads + 2 n_kv_heads, head_dim) = [q | k | v]; row t's q and k rotated in place for position *d_pos + t
-// (as gpu_rope), then its k and v written into the caches there (as gpu_kv_write): the same values. T <= 65535.
-int gpu_rope_kv(dj_gpu *g, float *qkv, int64_t ld, int64_t T, float *k_cache, float *v_cache, int64_t n_heads,
-                int64_t n_kv_heads, int64_t head_dim, int64_t max_seq, const float *inv_freq, const int32_t *d_pos,
-                cudaStream_t s, dj_err *e);
-// Programmatic dependent launch for the fused decode kernels and decode attention (on: each may start while
-// the previous one finishes, fetching its weights early). Only for a stream whose consecutive launches are
-// these kernels and nothing else in between (the all-resident decode graph); off by default.
-void gpu_set_pdl(dj_gpu *g, int on);
 
 // out (n) f32 = in (n) in wtype, exactly (f16 and bf16 widen without rounding): token embedding rows arrive in
 // the model's dtype, half the bytes of f32 over PCIe and no conversion loop on the host. out and in must not overlap.
@@ -159,9 +137,16 @@ int gpu_rope(float *x, int64_t T, int64_t n_heads, int64_t head_dim, int64_t ld,
 int gpu_kv_write(float *k_cache, float *v_cache, const float *k, const float *v, int64_t ld, int64_t T,
                  int64_t n_kv_heads, int64_t head_dim, int64_t max_seq, const int32_t *d_pos, cudaStream_t s,
                  dj_err *e);
+// RoPE + KV write in one launch: T rows of qkv, `ld` floats apart (ignored for T = 1), each
+// (n_heads + 2 n_kv_heads, head_dim) = [q | k | v]; row t's q and k rotated in place for position *d_pos + t
+// (as gpu_rope), then its k and v written into the caches there (as gpu_kv_write): the same values. T <= 65535.
+// PRECOND: the shapes of gpu_attention_decode.
+int gpu_rope_kv(dj_gpu *g, float *qkv, int64_t ld, int64_t T, float *k_cache, float *v_cache, int64_t n_heads,
+                int64_t n_kv_heads, int64_t head_dim, int64_t max_seq, const float *inv_freq, const int32_t *d_pos,
+                cudaStream_t s, dj_err *e);
 // Decode: one query per head at position pos = *d_pos over keys 0..pos, GQA (query head h reads kv head
 // h / (n_heads / n_kv_heads)), scale 1/sqrt(head_dim), f32 softmax. q, out (n_heads, head_dim).
-// Split across the KV length in chunks of 256 keys (flash-decoding), then a combine pass; the grid is sized
+// Split across the KV length in chunks of 64 keys (flash-decoding), then a combine pass; the grid is sized
 // by max_seq so a captured graph serves every pos. Needs gpu_attention_scratch() bytes of scratch.
 // PRECOND: head_dim even, <= 256; n_heads % n_kv_heads == 0.
 int gpu_attention_decode(dj_gpu *g, float *out, const float *q, const float *k_cache, const float *v_cache,

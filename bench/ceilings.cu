@@ -3,12 +3,15 @@
 //   HBM: device-to-device copy, bytes read + bytes written per second (1 GiB buffers).
 //   PCIe: pinned host-to-device copy in 64 MiB chunks (the streaming engine's transfer size).
 //   Tensor cores: cuBLAS f16 GEMM 8192^3 with fp32 accumulation, TFLOP/s.
-//   GEMV: gpu_matmul's T = 1 paths (ours, cuBLAS, cuBLASLt) on the Llama-2-7B shapes in f16 and bf16,
+//   GEMV: gpu_matmul's T = 1 paths (ours, cuBLAS) and cuBLASLt on the Llama-2-7B shapes in f16, bf16 and f32,
 //   GB/s of weights + activations moved and the fraction of the measured D2D bandwidth. The weights rotate
 //   over copies totalling > 4x the L2 size so each call reads HBM, not cache.
-//   Prefill GEMMs: gpu_matmul's cuBLAS and cuBLASLt paths (the f32 -> f16 rounding of x included) on the
-//   fused 7B shapes at T = 512, TFLOP/s and the fraction of the GEMM ceiling; and, for cuBLASLt, every
-//   algorithm its heuristic offers for the shape timed alone (which one Djinn's top-1 choice is, and the best).
+//   Prefill GEMMs: gpu_matmul's cuBLAS path (the f32 -> f16 rounding of x included) on the fused 7B shapes at
+//   T = 512, TFLOP/s and the fraction of the GEMM ceiling; and every algorithm cuBLASLt's heuristic offers for
+//   the shape, each timed alone: the first (its top-1 choice, "cublaslt top-1") and the best.
+//   cuBLASLt is timed here, on descriptors of its own (Djinn does not use it): the same product as gpu_matmul's
+//   cuBLAS path, W^T . x with fp32 compute and f32 output, with x already in the weight dtype (no rounding pass;
+//   bf16 as its hi and lo parts, two products, as the cuBLAS path computes it).
 // Usage: ceilings [out.json]. Prints a table; writes JSON when given a path. GPU machine only.
 #include <cublasLt.h>
 #include <cublas_v2.h>
@@ -98,6 +101,56 @@ static double time_ms(cudaStream_t s, int iters, int reps, F fn) {
     return t[t.size() / 2];
 }
 
+// cuBLASLt's view of y (T, n_out) f32 = x (T, n_in) . W^T, W and x in dtype dt: in column-major terms
+// W^T . x, A = W (n_in x n_out, transposed), B = x (n_in x T), C = y (n_out x T); and up to 16 algorithms its
+// heuristic offers for a workspace of ws bytes, best guess first.
+struct lt_problem {
+    cublasLtMatmulDesc_t op;
+    cublasLtMatrixLayout_t la, lb, lc;
+    cublasLtMatmulHeuristicResult_t res[16];
+    int n;
+};
+
+static void lt_open(lt_problem *p, cublasLtHandle_t lt, uint32_t dt, int64_t T, int64_t n_in, int64_t n_out,
+                    size_t ws) {
+    const cudaDataType_t cdt = dt == DJ_F16 ? CUDA_R_16F : dt == DJ_BF16 ? CUDA_R_16BF : CUDA_R_32F;
+    cublasOperation_t ta = CUBLAS_OP_T;
+    CKB(cublasLtMatmulDescCreate(&p->op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    CKB(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
+    CKB(cublasLtMatrixLayoutCreate(&p->la, cdt, (uint64_t)n_in, (uint64_t)n_out, n_in));
+    CKB(cublasLtMatrixLayoutCreate(&p->lb, cdt, (uint64_t)n_in, (uint64_t)T, n_in));
+    CKB(cublasLtMatrixLayoutCreate(&p->lc, CUDA_R_32F, (uint64_t)n_out, (uint64_t)T, n_out));
+    cublasLtMatmulPreference_t pref;
+    CKB(cublasLtMatmulPreferenceCreate(&pref));
+    uint64_t wsz = ws;
+    CKB(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsz, sizeof wsz));
+    p->n = 0;
+    CKB(cublasLtMatmulAlgoGetHeuristic(lt, p->op, p->la, p->lb, p->lc, p->lc, pref, 16, p->res, &p->n));
+    CKB(cublasLtMatmulPreferenceDestroy(pref));
+    if (p->n == 0) {
+        fprintf(stderr, "ceilings: cuBLASLt offers no algorithm for %s T=%lld n_in=%lld n_out=%lld\n", dt_name(dt),
+                (long long)T, (long long)n_in, (long long)n_out);
+        exit(1);
+    }
+}
+
+static void lt_close(lt_problem *p) {
+    CKB(cublasLtMatrixLayoutDestroy(p->la));
+    CKB(cublasLtMatrixLayoutDestroy(p->lb));
+    CKB(cublasLtMatrixLayoutDestroy(p->lc));
+    CKB(cublasLtMatmulDescDestroy(p->op));
+}
+
+// y = W . x with the problem's algorithm k; then y += W . xlo when xlo is given (bf16's low part).
+static void lt_matmul(cublasLtHandle_t lt, const lt_problem *p, int k, const void *w, const void *x, const void *xlo,
+                      float *y, void *work, size_t ws, cudaStream_t s) {
+    const float one = 1.0f, zero = 0.0f;
+    CKB(cublasLtMatmul(lt, p->op, &one, w, p->la, x, p->lb, &zero, y, p->lc, y, p->lc, &p->res[k].algo, work, ws, s));
+    if (xlo)
+        CKB(cublasLtMatmul(lt, p->op, &one, w, p->la, xlo, p->lb, &one, y, p->lc, y, p->lc, &p->res[k].algo, work, ws,
+                           s));
+}
+
 int main(int argc, char **argv) {
     if (gpu_count() == 0) {
         fprintf(stderr, "ceilings: no GPU found\n");
@@ -163,10 +216,17 @@ int main(int argc, char **argv) {
     printf("%-40s %9.2f GB/s\n", "PCIe pinned H2D (64 MiB chunks)", h2d_gbs);
     printf("%-40s %7.1f TFLOP/s\n", "cuBLAS f16 GEMM 8192^3 (fp32 acc)", gemm_tflops);
 
+    // cuBLASLt: a handle and a workspace of its own
+    cublasLtHandle_t lt;
+    CKB(cublasLtCreate(&lt));
+    const size_t lt_ws = (size_t)32 << 20;
+    void *lt_work;
+    CK(cudaMalloc(&lt_work, lt_ws));
+
     // ---- GEMV on the 7B shapes: (n_out, n_in)
     static const int64_t shapes[][2] = {{4096, 4096}, {11008, 4096}, {4096, 11008}, {32000, 4096}};
     static const uint32_t dtypes[] = {DJ_F16, DJ_BF16, DJ_F32};
-    static const int paths[] = {GPU_MM_GEMV, GPU_MM_CUBLAS, GPU_MM_CUBLASLT};
+    static const int paths[] = {GPU_MM_GEMV, GPU_MM_CUBLAS, -1};  // -1: cuBLASLt, timed here
     static const char *pnames[] = {"gemv", "cublas", "cublaslt"};
     struct row { const char *dt, *path; int64_t n_out, n_in; double us, gbs, frac; };
     std::vector<row> rows;
@@ -186,13 +246,27 @@ int main(int argc, char **argv) {
                 CK(cudaGetLastError());
             }
             float *x, *y;
+            void *xq = NULL, *xlo = NULL;  // cuBLASLt's x in the weight dtype; bf16: hi and lo parts
             CK(cudaMalloc(&x, (size_t)n_in * 4));
             CK(cudaMalloc(&y, (size_t)n_out * 4));
             fill_kernel<float><<<64, 256, 0, s>>>(x, (size_t)n_in, 7);
+            if (dt != DJ_F32) {
+                CK(cudaMalloc(&xq, (size_t)n_in * 2));
+                fill_u16_kernel<<<64, 256, 0, s>>>((uint16_t *)xq, (size_t)n_in, 5, dt == DJ_BF16);
+            }
+            if (dt == DJ_BF16) {
+                CK(cudaMalloc(&xlo, (size_t)n_in * 2));
+                fill_u16_kernel<<<64, 256, 0, s>>>((uint16_t *)xlo, (size_t)n_in, 6, 1);
+            }
             CK(cudaGetLastError());
+            lt_problem lp;
+            lt_open(&lp, lt, dt, 1, n_in, n_out, lt_ws);
             for (size_t p = 0; p < sizeof paths / sizeof paths[0]; p++) {
                 double ms = time_ms(s, 4 * copies, 9, [&](int i) {
-                    CKD(gpu_matmul_path(g, paths[p], y, x, w[i % copies], dt, 1, n_in, n_out, s, &e_));
+                    if (paths[p] < 0)
+                        lt_matmul(lt, &lp, 0, w[i % copies], xq ? xq : x, xlo, y, lt_work, lt_ws, s);
+                    else
+                        CKD(gpu_matmul_path(g, paths[p], y, x, w[i % copies], dt, 1, n_in, n_out, s, &e_));
                 });
                 const double bytes = (double)wbytes + 4.0 * (n_in + n_out);
                 const double gbs = bytes / (ms * 1e-3) / 1e9;
@@ -200,9 +274,12 @@ int main(int argc, char **argv) {
                 printf("%-6s %-9s %6lldx%-7lld %10.1f %10.1f %7.1f%%\n", dt_name(dt), pnames[p],
                        (long long)n_out, (long long)n_in, ms * 1e3, gbs, 100.0 * gbs / d2d_gbs);
             }
+            lt_close(&lp);
             for (void *p : w) CK(cudaFree(p));
             CK(cudaFree(x));
             CK(cudaFree(y));
+            CK(cudaFree(xq));
+            CK(cudaFree(xlo));
         }
 
     // ---- prefill GEMMs on the fused 7B shapes, T = 512: (n_out, n_in)
@@ -210,11 +287,6 @@ int main(int argc, char **argv) {
     const int64_t PT = 512;
     struct grow { int64_t n_out, n_in; double cublas_us, lt_us, lt_best_us; int lt_best, lt_n; };
     std::vector<grow> grows;
-    cublasLtHandle_t lt;
-    CKB(cublasLtCreate(&lt));
-    const size_t lt_ws = (size_t)32 << 20;
-    void *lt_work;
-    CK(cudaMalloc(&lt_work, lt_ws));
     printf("\nprefill GEMM, f16 weights, T = %lld (TFLOP/s; of the GEMM ceiling)\n", (long long)PT);
     printf("%14s %18s %18s %24s\n", "shape", "cublas", "cublaslt top-1", "cublaslt best of n");
     for (auto &sh : pshapes) {
@@ -240,39 +312,18 @@ int main(int argc, char **argv) {
         r.cublas_us = 1e3 * time_ms(s, 2 * copies, 7, [&](int i) {
             CKD(gpu_matmul_path(g, GPU_MM_CUBLAS, y, x, w[i % copies], DJ_F16, PT, n_in, n_out, s, &e_));
         });
-        r.lt_us = 1e3 * time_ms(s, 2 * copies, 7, [&](int i) {
-            CKD(gpu_matmul_path(g, GPU_MM_CUBLASLT, y, x, w[i % copies], DJ_F16, PT, n_in, n_out, s, &e_));
-        });
-        // the same product as Djinn's cuBLASLt plan (W^T . x, f16 in, f32 out), each candidate alone
-        cublasLtMatmulDesc_t op;
-        cublasLtMatrixLayout_t la, lb, lc;
-        cublasOperation_t ta = CUBLAS_OP_T;
-        CKB(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-        CKB(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
-        CKB(cublasLtMatrixLayoutCreate(&la, CUDA_R_16F, (uint64_t)n_in, (uint64_t)n_out, n_in));
-        CKB(cublasLtMatrixLayoutCreate(&lb, CUDA_R_16F, (uint64_t)n_in, (uint64_t)PT, n_in));
-        CKB(cublasLtMatrixLayoutCreate(&lc, CUDA_R_32F, (uint64_t)n_out, (uint64_t)PT, n_out));
-        cublasLtMatmulPreference_t pref;
-        CKB(cublasLtMatmulPreferenceCreate(&pref));
-        uint64_t wsz = lt_ws;
-        CKB(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsz, sizeof wsz));
-        cublasLtMatmulHeuristicResult_t res[16];
-        int nres = 0;
-        CKB(cublasLtMatmulAlgoGetHeuristic(lt, op, la, lb, lc, lc, pref, 16, res, &nres));
-        r.lt_n = nres;
-        const float one = 1.0f, zero = 0.0f;
-        for (int k = 0; k < nres; k++) {
+        // every candidate of cuBLASLt's heuristic alone; the first is its top-1 choice
+        lt_problem lp;
+        lt_open(&lp, lt, DJ_F16, PT, n_in, n_out, lt_ws);
+        r.lt_n = lp.n;
+        for (int k = 0; k < lp.n; k++) {
             double us = 1e3 * time_ms(s, 2 * copies, 5, [&](int i) {
-                CKB(cublasLtMatmul(lt, op, &one, w[i % copies], la, xh, lb, &zero, y, lc, y, lc, &res[k].algo,
-                                   lt_work, lt_ws, s));
+                lt_matmul(lt, &lp, k, w[i % copies], xh, NULL, y, lt_work, lt_ws, s);
             });
+            if (k == 0) r.lt_us = us;
             if (r.lt_best < 0 || us < r.lt_best_us) r.lt_best_us = us, r.lt_best = k;
         }
-        CKB(cublasLtMatmulPreferenceDestroy(pref));
-        CKB(cublasLtMatrixLayoutDestroy(la));
-        CKB(cublasLtMatrixLayoutDestroy(lb));
-        CKB(cublasLtMatrixLayoutDestroy(lc));
-        CKB(cublasLtMatmulDescDestroy(op));
+        lt_close(&lp);
         const double pk = gemm_tflops;
         printf("%6lldx%-7lld %8.1f us %5.1f%% %8.1f us %5.1f%% %8.1f us %5.1f%% (#%d of %d)\n", (long long)n_out,
                (long long)n_in, r.cublas_us, 100 * flop / (r.cublas_us * 1e-6) / 1e12 / pk, r.lt_us,

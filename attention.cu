@@ -1,0 +1,612 @@
+// attention.cu: causal GQA attention over the f32 KV cache: prefill (a tiled flash-attention kernel on the
+// tensor cores in bf16x3, and one in fp32 FMAs for the other head_dims or on request) and decode (split over the
+// KV length, then a combine pass), their shared-memory set-up at gpu_open, and the scratch decode needs.
+#include <cuda_bf16.h>
+#include <cuda_pipeline.h>
+#include <cuda_runtime.h>
+
+#include "kernels_impl.h"
+
+// ---- shapes
+#define HD_MAX 256  // largest head_dim (decode holds HD_MAX / 32 values of each query per lane)
+
+int attn_check(const char *fn, int64_t n_heads, int64_t n_kv_heads, int64_t head_dim, int64_t max_seq, dj_err *e) {
+    if (n_heads < 1 || n_kv_heads < 1 || n_heads % n_kv_heads || head_dim < 2 || head_dim % 2 ||
+        head_dim > HD_MAX || max_seq < 1 || max_seq > INT32_MAX / 2 || n_heads > 65535)
+        return dj_fail(e, "%s: unsupported shape n_heads=%lld n_kv_heads=%lld head_dim=%lld max_seq=%lld "
+                          "(need n_heads %% n_kv_heads == 0, head_dim even and <= %d)",
+                       fn, (long long)n_heads, (long long)n_kv_heads, (long long)head_dim, (long long)max_seq, HD_MAX);
+    return 0;
+}
+
+// ---- prefill: tiled, causal, online softmax, fp32 FMAs
+#define PF_BQ 64       // query rows per block (one query head)
+#define PF_BK 32       // keys per tile
+#define PF_THREADS 128 // two threads per query row
+
+static size_t prefill_smem(int hd) {
+    return sizeof(float) * ((size_t)PF_BQ * (hd + 1) + (size_t)PF_BK * (hd + 1) + (size_t)PF_BK * hd +
+                            (size_t)PF_BQ * (PF_BK + 1));
+}
+
+// Block (query tile, query head). Thread pair (2r, 2r+1) owns query row r: each computes the scores of
+// alternate keys of a tile and alternate output dims (so the pair's shared-memory reads hit different
+// banks). Shared memory: Qs (BQ, hd+1), Ks (BK, hd+1), Vs (BK, hd), Ps (BQ, BK+1); the +1 pads keep
+// the 16 rows a warp reads at once in distinct banks.
+// PRECOND: head_dim even, <= HD; blockDim.x == PF_THREADS.
+template <int HD>
+__global__ __launch_bounds__(PF_THREADS) void attn_prefill_kernel(float *out, int64_t ldo, const float *q, int64_t ldq,
+                                                                 const float *k_cache, const float *v_cache, int T,
+                                                                 int group, int hd, int max_seq, float scale,
+                                                                 const int32_t *d_pos) {
+    extern __shared__ float smem[];
+    const int hs = hd + 1;
+    float *Qs = smem, *Ks = Qs + PF_BQ * hs, *Vs = Ks + PF_BK * hs, *Ps = Vs + PF_BK * hd;
+    // the longest tiles (latest queries) start first, so the short ones fill the tail
+    const int h = blockIdx.y, kvh = h / group, t0 = (gridDim.x - 1 - blockIdx.x) * PF_BQ;
+    const int tid = threadIdx.x, r = tid >> 1, half = tid & 1;
+    const int pos0 = *d_pos;
+    for (int idx = tid; idx < PF_BQ * hd; idx += PF_THREADS) {
+        const int rr = idx / hd, d = idx - rr * hd, t = t0 + rr;
+        Qs[rr * hs + d] = t < T ? q[(int64_t)t * ldq + (int64_t)h * hd + d] : 0.0f;
+    }
+    const int t = t0 + r;
+    const int last_key = min(pos0 + min(t0 + PF_BQ - 1, T - 1), max_seq - 1);
+    const int my_last = min(pos0 + min(t, T - 1), last_key);  // rows past T mirror the last row, unwritten
+    const float *kb = k_cache + (int64_t)kvh * max_seq * hd, *vb = v_cache + (int64_t)kvh * max_seq * hd;
+
+    float m = -INFINITY, l = 0.0f;
+    float acc[HD / 2];
+#pragma unroll
+    for (int i = 0; i < HD / 2; i++) acc[i] = 0.0f;
+
+    for (int k0 = 0; k0 <= last_key; k0 += PF_BK) {
+        __syncthreads();  // the previous tile's Ks/Vs are no longer read (and Qs is complete, first time)
+        for (int idx = tid; idx < PF_BK * hd; idx += PF_THREADS) {
+            const int j = idx / hd, d = idx - j * hd, key = k0 + j;
+            const bool ok = key <= last_key;
+            Ks[j * hs + d] = ok ? kb[(int64_t)key * hd + d] : 0.0f;
+            Vs[j * hd + d] = ok ? vb[(int64_t)key * hd + d] : 0.0f;
+        }
+        __syncthreads();
+
+        float sj[PF_BK / 2];
+#pragma unroll
+        for (int jj = 0; jj < PF_BK / 2; jj++) sj[jj] = 0.0f;
+        for (int d = 0; d < hd; d++) {
+            const float qd = Qs[r * hs + d];
+#pragma unroll
+            for (int jj = 0; jj < PF_BK / 2; jj++) sj[jj] += qd * Ks[(2 * jj + half) * hs + d];
+        }
+        float mt = -INFINITY;
+#pragma unroll
+        for (int jj = 0; jj < PF_BK / 2; jj++) {
+            const int key = k0 + 2 * jj + half;
+            sj[jj] = key <= my_last ? sj[jj] * scale : -INFINITY;
+            mt = fmaxf(mt, sj[jj]);
+        }
+        mt = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, 1));
+        const float mn = fmaxf(m, mt);
+        // Tile 0 always holds key 0 <= my_last, so mn is finite from the first tile on.
+        const float alpha = expf(m - mn);  // m = -inf on the first tile: 0
+        float ls = 0.0f;
+#pragma unroll
+        for (int jj = 0; jj < PF_BK / 2; jj++) {
+            const float p = expf(sj[jj] - mn);  // masked: exp(-inf) = 0
+            Ps[r * (PF_BK + 1) + 2 * jj + half] = p;
+            ls += p;
+        }
+        ls += __shfl_xor_sync(0xffffffffu, ls, 1);
+        l = l * alpha + ls;
+        m = mn;
+        __syncwarp();  // row r's probabilities come from this thread pair, in this warp
+#pragma unroll
+        for (int i = 0; i < HD / 2; i++) acc[i] *= alpha;
+        for (int j = 0; j < PF_BK; j++) {
+            const float p = Ps[r * (PF_BK + 1) + j];
+#pragma unroll
+            for (int i = 0; i < HD / 2; i++) {
+                const int d = 2 * i + half;
+                if (d < hd) acc[i] += p * Vs[j * hd + d];
+            }
+        }
+        __syncwarp();  // Ps row is rewritten by the next tile
+    }
+    if (t < T) {
+        const float inv = 1.0f / l;
+        float *o = out + (int64_t)t * ldo + (int64_t)h * hd;
+#pragma unroll
+        for (int i = 0; i < HD / 2; i++) {
+            const int d = 2 * i + half;
+            if (d < hd) o[d] = acc[i] * inv;
+        }
+    }
+}
+
+// ---- prefill on the tensor cores (bf16x3)
+// The same tiled, causal, online-softmax attention as attn_prefill_kernel, with both products (S = Q K^T and
+// O += P V) on the tensor cores (mma.sync m16n8k16, bf16 operands, f32 accumulation) in the bf16x3 split:
+// each f32 operand a = hi + lo, both bf16 (|a - hi - lo| <= 2^-17 |a|), and a.b = lo.hi + hi.lo + hi.hi.
+// The dropped lo.lo term is ~2^-18 of each product: f32-class attention for every weight dtype, with the
+// range of f32 (bf16 has its exponent), at three tensor-core products per one. Each tile's P.V starts from
+// zero and is added to O in f32 outside the tensor cores, whose own accumulation is not IEEE (over a long
+// context inside them it drifts to ~6e-5 from the CPU).
+// Block (64 queries, query head), 4 warps; warp w owns query rows 16w..16w+15: its Q fragments (scaled by
+// 1/sqrt(head_dim)), its S and P, its O accumulators and softmax state all stay in registers, in the mma
+// fragment layout (lane = 4 g + c: rows g and g + 8, columns 2c and 2c + 1 of each 8-wide tile). P goes from
+// the S accumulators to A fragments without leaving the registers. Only the K/V tiles (64 keys, as bf16 hi and
+// lo in shared memory, rows padded by 8 so fragment loads hit distinct banks) need block barriers.
+#define TC_BQ 64
+#define TC_BK 64
+#define TC_THREADS 128
+
+static size_t tc_smem(int hd) { return (size_t)4 * TC_BK * (hd + 8) * sizeof(__nv_bfloat16); }
+
+__device__ __forceinline__ uint32_t bf2_bits(__nv_bfloat162 v) { return *(uint32_t *)&v; }
+
+// (a, b) -> hi = bf16(a, b), lo = bf16 of what hi missed; a in the low half, as the fragments want it.
+__device__ __forceinline__ void split_bf16x2(float a, float b, uint32_t *hi, uint32_t *lo) {
+    const __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
+    const float2 hf = __bfloat1622float2(h);
+    *hi = bf2_bits(h);
+    *lo = bf2_bits(__floats2bfloat162_rn(a - hf.x, b - hf.y));
+}
+
+__device__ __forceinline__ void mma_bf16(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// c += a.b in bf16x3, the small terms first.
+__device__ __forceinline__ void mma_bf16x3(float c[4], const uint32_t ah[4], const uint32_t al[4], uint32_t bh0,
+                                           uint32_t bh1, uint32_t bl0, uint32_t bl1) {
+    mma_bf16(c, al, bh0, bh1);
+    mma_bf16(c, ah, bl0, bl1);
+    mma_bf16(c, ah, bh0, bh1);
+}
+
+// Two B fragments (k 16 x n 8, n-tiles n0 and n0 + 8) of V^T from row-major V (keys x dims) in shared memory.
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t r[4], const __nv_bfloat16 *p) {
+    const unsigned a = (unsigned)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a));
+}
+
+// PRECOND: HD % 16 == 0, head_dim == HD; blockDim.x == TC_THREADS; tc_smem(HD) bytes of dynamic shared memory;
+// k_cache, v_cache 16-byte aligned.
+template <int HD>
+__global__ __launch_bounds__(TC_THREADS) void attn_prefill_tc_kernel(float *out, int64_t ldo, const float *q,
+                                                                    int64_t ldq, const float *k_cache,
+                                                                    const float *v_cache, int T, int group,
+                                                                    int max_seq, float scale, const int32_t *d_pos) {
+    extern __shared__ __align__(128) __nv_bfloat16 tc_sm[];
+    constexpr int LD = HD + 8, KS = HD / 16, ND = HD / 8;
+    __nv_bfloat16 *Kh = tc_sm, *Kl = Kh + TC_BK * LD, *Vh = Kl + TC_BK * LD, *Vl = Vh + TC_BK * LD;
+    const int h = blockIdx.y, kvh = h / group, t0 = (gridDim.x - 1 - blockIdx.x) * TC_BQ;  // longest tiles first
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, c = lane & 3;
+    const int pos0 = *d_pos;
+    const int last_key = min(pos0 + min(t0 + TC_BQ - 1, T - 1), max_seq - 1);
+    // this thread's two rows; rows past T compute the last row's keys (unwritten)
+    const int ta = t0 + 16 * warp + g, tb = ta + 8;
+    const int last_a = min(pos0 + min(ta, T - 1), last_key), last_b = min(pos0 + min(tb, T - 1), last_key);
+
+    // Q fragments (rows ta, tb), scaled, split: k-step s covers dims 16s..16s+15.
+    uint32_t qh[KS][4], ql[KS][4];
+    {
+        const float *qa = q + (int64_t)ta * ldq + (int64_t)h * HD, *qb = q + (int64_t)tb * ldq + (int64_t)h * HD;
+        const bool oka = ta < T, okb = tb < T;
+#pragma unroll
+        for (int s = 0; s < KS; s++) {
+            const int d0 = 16 * s + 2 * c, d1 = d0 + 8;
+            split_bf16x2(oka ? qa[d0] * scale : 0.0f, oka ? qa[d0 + 1] * scale : 0.0f, &qh[s][0], &ql[s][0]);
+            split_bf16x2(okb ? qb[d0] * scale : 0.0f, okb ? qb[d0 + 1] * scale : 0.0f, &qh[s][1], &ql[s][1]);
+            split_bf16x2(oka ? qa[d1] * scale : 0.0f, oka ? qa[d1 + 1] * scale : 0.0f, &qh[s][2], &ql[s][2]);
+            split_bf16x2(okb ? qb[d1] * scale : 0.0f, okb ? qb[d1 + 1] * scale : 0.0f, &qh[s][3], &ql[s][3]);
+        }
+    }
+    float o[ND][4];
+#pragma unroll
+    for (int n = 0; n < ND; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+    float ma = -INFINITY, mb = -INFINITY, la = 0.0f, lb = 0.0f;  // this thread's partial row sums
+    const float *kb = k_cache + (int64_t)kvh * max_seq * HD, *vb = v_cache + (int64_t)kvh * max_seq * HD;
+
+    for (int k0 = 0; k0 <= last_key; k0 += TC_BK) {
+        __syncthreads();  // every warp is done with the previous tile
+        for (int idx = tid; idx < TC_BK * HD / 4; idx += TC_THREADS) {
+            const int j = idx / (HD / 4), d = (idx - j * (HD / 4)) * 4, key = k0 + j;
+            const bool ok = key <= last_key;  // never read past the context (the cache may hold anything there)
+            const float4 kv4 = ok ? *(const float4 *)(kb + (int64_t)key * HD + d) : make_float4(0, 0, 0, 0);
+            const float4 vv4 = ok ? *(const float4 *)(vb + (int64_t)key * HD + d) : make_float4(0, 0, 0, 0);
+            uint2 hi, lo;
+            split_bf16x2(kv4.x, kv4.y, &hi.x, &lo.x), split_bf16x2(kv4.z, kv4.w, &hi.y, &lo.y);
+            *(uint2 *)(Kh + j * LD + d) = hi, *(uint2 *)(Kl + j * LD + d) = lo;
+            split_bf16x2(vv4.x, vv4.y, &hi.x, &lo.x), split_bf16x2(vv4.z, vv4.w, &hi.y, &lo.y);
+            *(uint2 *)(Vh + j * LD + d) = hi, *(uint2 *)(Vl + j * LD + d) = lo;
+        }
+        __syncthreads();
+
+        // S (16 rows x 64 keys): n-tile n holds keys k0 + 8n .. k0 + 8n + 7
+        float sc[TC_BK / 8][4];
+#pragma unroll
+        for (int n = 0; n < TC_BK / 8; n++) {
+            sc[n][0] = sc[n][1] = sc[n][2] = sc[n][3] = 0.0f;
+            const int row = (8 * n + g) * LD + 2 * c;
+#pragma unroll
+            for (int s = 0; s < KS; s++) {
+                const uint32_t bh0 = *(const uint32_t *)(Kh + row + 16 * s), bh1 = *(const uint32_t *)(Kh + row + 16 * s + 8);
+                const uint32_t bl0 = *(const uint32_t *)(Kl + row + 16 * s), bl1 = *(const uint32_t *)(Kl + row + 16 * s + 8);
+                mma_bf16x3(sc[n], qh[s], ql[s], bh0, bh1, bl0, bl1);
+            }
+        }
+        // causal mask and the online softmax of rows ta (sc[.][0..1]) and tb (sc[.][2..3])
+        float mta = -INFINITY, mtb = -INFINITY;
+#pragma unroll
+        for (int n = 0; n < TC_BK / 8; n++) {
+            const int key = k0 + 8 * n + 2 * c;
+            sc[n][0] = key <= last_a ? sc[n][0] : -INFINITY;
+            sc[n][1] = key + 1 <= last_a ? sc[n][1] : -INFINITY;
+            sc[n][2] = key <= last_b ? sc[n][2] : -INFINITY;
+            sc[n][3] = key + 1 <= last_b ? sc[n][3] : -INFINITY;
+            mta = fmaxf(mta, fmaxf(sc[n][0], sc[n][1]));
+            mtb = fmaxf(mtb, fmaxf(sc[n][2], sc[n][3]));
+        }
+        mta = fmaxf(mta, __shfl_xor_sync(0xffffffffu, mta, 1));
+        mta = fmaxf(mta, __shfl_xor_sync(0xffffffffu, mta, 2));
+        mtb = fmaxf(mtb, __shfl_xor_sync(0xffffffffu, mtb, 1));
+        mtb = fmaxf(mtb, __shfl_xor_sync(0xffffffffu, mtb, 2));
+        // finite from the first tile on: key 0 <= last_a, last_b
+        const float mna = fmaxf(ma, mta), mnb = fmaxf(mb, mtb);
+        const float aa = expf(ma - mna), ab = expf(mb - mnb);  // m = -inf on the first tile: 0
+        ma = mna, mb = mnb;
+        float sa = 0.0f, sb = 0.0f;
+#pragma unroll
+        for (int n = 0; n < TC_BK / 8; n++) {
+            sc[n][0] = expf(sc[n][0] - mna), sc[n][1] = expf(sc[n][1] - mna);  // masked: exp(-inf) = 0
+            sc[n][2] = expf(sc[n][2] - mnb), sc[n][3] = expf(sc[n][3] - mnb);
+            sa += sc[n][0] + sc[n][1], sb += sc[n][2] + sc[n][3];
+        }
+        la = la * aa + sa, lb = lb * ab + sb;
+#pragma unroll
+        for (int n = 0; n < ND; n++) o[n][0] *= aa, o[n][1] *= aa, o[n][2] *= ab, o[n][3] *= ab;
+
+        // P as A fragments: k-step s (keys 16s..16s+15) is S n-tiles 2s and 2s + 1
+        uint32_t ph[TC_BK / 16][4], pl[TC_BK / 16][4];
+#pragma unroll
+        for (int s = 0; s < TC_BK / 16; s++) {
+            split_bf16x2(sc[2 * s][0], sc[2 * s][1], &ph[s][0], &pl[s][0]);
+            split_bf16x2(sc[2 * s][2], sc[2 * s][3], &ph[s][1], &pl[s][1]);
+            split_bf16x2(sc[2 * s + 1][0], sc[2 * s + 1][1], &ph[s][2], &pl[s][2]);
+            split_bf16x2(sc[2 * s + 1][2], sc[2 * s + 1][3], &ph[s][3], &pl[s][3]);
+        }
+        // O += P V, two 8-wide dim tiles at a time; ldmatrix lane l addresses row (l & 7) + 8 ((l >> 3) & 1) of
+        // the k-step and column 8 (l >> 4) of the pair
+        const int lrow = (lane & 7) + 8 * ((lane >> 3) & 1), lcol = 8 * (lane >> 4);
+#pragma unroll
+        for (int n2 = 0; n2 < ND / 2; n2++) {
+            float pv[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
+#pragma unroll
+            for (int s = 0; s < TC_BK / 16; s++) {
+                uint32_t vh[4], vl[4];
+                ldmatrix_x4_trans(vh, Vh + (16 * s + lrow) * LD + 16 * n2 + lcol);
+                ldmatrix_x4_trans(vl, Vl + (16 * s + lrow) * LD + 16 * n2 + lcol);
+                mma_bf16x3(pv[0], ph[s], pl[s], vh[0], vh[1], vl[0], vl[1]);
+                mma_bf16x3(pv[1], ph[s], pl[s], vh[2], vh[3], vl[2], vl[3]);
+            }
+#pragma unroll
+            for (int i = 0; i < 4; i++) o[2 * n2][i] += pv[0][i], o[2 * n2 + 1][i] += pv[1][i];
+        }
+    }
+    la += __shfl_xor_sync(0xffffffffu, la, 1);
+    la += __shfl_xor_sync(0xffffffffu, la, 2);
+    lb += __shfl_xor_sync(0xffffffffu, lb, 1);
+    lb += __shfl_xor_sync(0xffffffffu, lb, 2);
+    const float ia = 1.0f / la, ib = 1.0f / lb;
+    float *oa = out + (int64_t)ta * ldo + (int64_t)h * HD, *ob = out + (int64_t)tb * ldo + (int64_t)h * HD;
+#pragma unroll
+    for (int n = 0; n < ND; n++) {
+        const int d = 8 * n + 2 * c;
+        if (ta < T) oa[d] = o[n][0] * ia, oa[d + 1] = o[n][1] * ia;
+        if (tb < T) ob[d] = o[n][2] * ib, ob[d + 1] = o[n][3] * ib;
+    }
+}
+
+// The head_dims with a tensor-core kernel.
+#define TC_HDS(X) X(16) X(32) X(48) X(64) X(80) X(96) X(112) X(128) X(144) X(160) X(176) X(192) X(208) X(224) X(240) X(256)
+
+// ---- prefill: the tensor-core kernel where it applies, else the FMA kernel
+extern "C" void gpu_set_tc_attn(dj_gpu *g, int on) { g->tc_attn = on; }
+
+extern "C" int gpu_tc_attn_supported(const dj_gpu *g, int64_t head_dim) {
+    return head_dim >= 16 && head_dim <= 256 && head_dim % 16 == 0 && tc_smem((int)head_dim) <= (size_t)g->tc_optin;
+}
+
+// The tensor-core prefill for this call, if switched on (the default) and the shape is one it has: launches it
+// and sets *done, else leaves the call to the FMA kernel.
+static int attn_prefill_tc(dj_gpu *g, int *done, float *out, int64_t ldo, const float *q, int64_t ldq,
+                           const float *k_cache, const float *v_cache, int T, int group, int hd, int max_seq,
+                           float scale, const int32_t *d_pos, int n_heads, cudaStream_t s, dj_err *e) {
+    *done = 0;
+    if (!g->tc_attn || !gpu_tc_attn_supported(g, hd) || ((uintptr_t)k_cache & 15) || ((uintptr_t)v_cache & 15))
+        return 0;
+    *done = 1;
+    dim3 grid((unsigned)((T + TC_BQ - 1) / TC_BQ), (unsigned)n_heads);
+    const size_t sm = tc_smem(hd);
+#define TC_LAUNCH(HDV)                                                                                             \
+    case HDV:                                                                                                      \
+        attn_prefill_tc_kernel<HDV><<<grid, TC_THREADS, sm, s>>>(out, ldo, q, ldq, k_cache, v_cache, T, group,    \
+                                                                 max_seq, scale, d_pos);                          \
+        break;
+    switch (hd) { TC_HDS(TC_LAUNCH) }
+#undef TC_LAUNCH
+    LAUNCH_CHECK("attn_prefill_tc", s);
+    return 0;
+}
+
+extern "C" int gpu_attention_prefill(dj_gpu *g, float *out, int64_t ldo, const float *q, int64_t ldq,
+                                     const float *k_cache, const float *v_cache, int64_t T, int64_t n_heads,
+                                     int64_t n_kv_heads, int64_t head_dim, int64_t max_seq, const int32_t *d_pos,
+                                     cudaStream_t s, dj_err *e) {
+    if (attn_check("gpu_attention_prefill", n_heads, n_kv_heads, head_dim, max_seq, e)) return -1;
+    if (head_dim > g->prefill_max_hd)
+        return dj_fail(e, "gpu_attention_prefill: head_dim %lld needs %zu bytes of shared memory per block; "
+                          "this GPU allows head_dim <= %d", (long long)head_dim, prefill_smem((int)head_dim),
+                       g->prefill_max_hd);
+    if (T < 0 || T > max_seq || ldq < n_heads * head_dim || ldo < n_heads * head_dim)
+        return dj_fail(e, "gpu_attention_prefill: bad T=%lld ldq=%lld ldo=%lld", (long long)T, (long long)ldq,
+                       (long long)ldo);
+    if (T == 0) return 0;
+    const int group = (int)(n_heads / n_kv_heads), hd = (int)head_dim;
+    const float scale = 1.0f / sqrtf((float)head_dim);
+    int done;
+    if (attn_prefill_tc(g, &done, out, ldo, q, ldq, k_cache, v_cache, (int)T, group, hd, (int)max_seq, scale, d_pos,
+                        (int)n_heads, s, e))
+        return -1;
+    if (done) return 0;
+    dim3 grid((unsigned)((T + PF_BQ - 1) / PF_BQ), (unsigned)n_heads);
+    const size_t sm = prefill_smem(hd);
+    if (hd <= 64)
+        attn_prefill_kernel<64><<<grid, PF_THREADS, sm, s>>>(out, ldo, q, ldq, k_cache, v_cache, (int)T, group, hd,
+                                                             (int)max_seq, scale, d_pos);
+    else if (hd <= 128)
+        attn_prefill_kernel<128><<<grid, PF_THREADS, sm, s>>>(out, ldo, q, ldq, k_cache, v_cache, (int)T, group, hd,
+                                                              (int)max_seq, scale, d_pos);
+    else
+        attn_prefill_kernel<256><<<grid, PF_THREADS, sm, s>>>(out, ldo, q, ldq, k_cache, v_cache, (int)T, group, hd,
+                                                              (int)max_seq, scale, d_pos);
+    LAUNCH_CHECK("attn_prefill", s);
+    return 0;
+}
+
+// ---- decode: split-KV, then combine
+#define DEC_CHUNK 64    // keys per split: small, so that even one kv head at a short context fills the GPU
+#define DEC_G 8         // query heads of one kv head handled per block (more: blockIdx.z)
+#define DEC_THREADS 128
+
+// One block per (split, kv head, group of <= 8 query heads). Scores for the chunk go to shared memory,
+// then softmax per head, then P.V; writes the unnormalised partial output with its max and sum:
+//   part_o (n_heads, n_splits, head_dim), part_ml (n_heads, n_splits, 2) = (max score, sum of exp).
+// PRECOND: head_dim even, <= 256; blockDim.x == DEC_THREADS.
+__global__ __launch_bounds__(DEC_THREADS) void attn_decode_split_kernel(
+    float *part_o, float *part_ml, const float *q, const float *k_cache, const float *v_cache, int n_heads,
+    int group, int head_dim, int max_seq, int n_splits, float scale, const int32_t *d_pos) {
+    __shared__ float sc[DEC_G * DEC_CHUNK];      // scores, then probabilities (g, key)
+    __shared__ float red[DEC_THREADS * DEC_G];   // P.V partials across key slices
+    __shared__ float ml[DEC_G * 2];
+    extern __shared__ __align__(16) float dec_kv[];  // the chunk's keys, then its values: (2, DEC_CHUNK, hd)
+    const int split = blockIdx.x, kvh = blockIdx.y, g0 = blockIdx.z * DEC_G;
+    const int ng = min(DEC_G, group - g0), hd = head_dim;
+    const int pos = min(*d_pos, max_seq - 1);
+    const int k0 = split * DEC_CHUNK;
+    if (k0 > pos) return;  // whole block: this split is beyond the context
+    const int nk = min(DEC_CHUNK, pos + 1 - k0);
+    const int h0 = kvh * group + g0;  // first query head of this block
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const float *kb = k_cache + ((int64_t)kvh * max_seq + k0) * hd;
+    const float *vb = v_cache + ((int64_t)kvh * max_seq + k0) * hd;
+    float *Ks = dec_kv, *Vs = dec_kv + DEC_CHUNK * hd;
+
+    // The chunk's keys and values (nk rows, contiguous in the cache) into shared memory with every copy in
+    // flight at once (cp.async): one memory round trip, where loads inside the loops below would be one per
+    // step. Rows past nk are never read, here or below.
+    const int n = nk * hd;
+    if (hd % 4 == 0) {
+        for (int i = 4 * tid; i < n; i += 4 * DEC_THREADS) {
+            __pipeline_memcpy_async(Ks + i, kb + i, 16);
+            __pipeline_memcpy_async(Vs + i, vb + i, 16);
+        }
+    } else {
+        for (int i = tid; i < n; i += DEC_THREADS) {
+            __pipeline_memcpy_async(Ks + i, kb + i, 4);
+            __pipeline_memcpy_async(Vs + i, vb + i, 4);
+        }
+    }
+    __pipeline_commit();
+
+    // q in registers: lane holds dims lane + 32 i of each head
+    float qr[DEC_G][HD_MAX / 32];
+#pragma unroll
+    for (int g = 0; g < DEC_G; g++)
+#pragma unroll
+        for (int i = 0; i < HD_MAX / 32; i++) {
+            const int d = lane + 32 * i;
+            qr[g][i] = (g < ng && d < hd) ? q[(int64_t)(h0 + g) * hd + d] : 0.0f;
+        }
+    __pipeline_wait_prior(0);
+    __syncthreads();
+
+    // scores: warp per key, lanes across head_dim
+    for (int j = warp; j < nk; j += DEC_THREADS / 32) {
+        float kv[HD_MAX / 32];
+#pragma unroll
+        for (int i = 0; i < HD_MAX / 32; i++) {
+            const int d = lane + 32 * i;
+            kv[i] = d < hd ? Ks[j * hd + d] : 0.0f;
+        }
+#pragma unroll
+        for (int g = 0; g < DEC_G; g++) {
+            if (g >= ng) break;  // block-uniform
+            float p = 0.0f;
+#pragma unroll
+            for (int i = 0; i < HD_MAX / 32; i++) p += qr[g][i] * kv[i];
+            p = warp_sum(p);
+            if (lane == 0) sc[g * DEC_CHUNK + j] = p * scale;
+        }
+    }
+    __syncthreads();
+
+    // softmax over the chunk, warp per query head
+    for (int g = warp; g < ng; g += 4) {
+        float m = -INFINITY;
+        for (int j = lane; j < nk; j += 32) m = fmaxf(m, sc[g * DEC_CHUNK + j]);
+        m = warp_max(m);
+        float l = 0.0f;
+        for (int j = lane; j < nk; j += 32) {
+            const float p = expf(sc[g * DEC_CHUNK + j] - m);
+            sc[g * DEC_CHUNK + j] = p;
+            l += p;
+        }
+        l = warp_sum(l);
+        if (lane == 0) ml[2 * g] = m, ml[2 * g + 1] = l;
+    }
+    __syncthreads();
+
+    // P.V: thread (slice, d) sums keys slice, slice + nsl, ... for dims d and d + 128
+    const int dpt = hd >= DEC_THREADS ? DEC_THREADS : hd;  // threads per slice
+    const int nsl = DEC_THREADS / dpt;                     // key slices
+    const int sl = tid / dpt, dd = tid - sl * dpt;
+    float acc[2][DEC_G];
+#pragma unroll
+    for (int g = 0; g < DEC_G; g++) acc[0][g] = acc[1][g] = 0.0f;
+    if (sl < nsl) {
+        const bool two = dd + DEC_THREADS < hd;
+#pragma unroll 4
+        for (int j = sl; j < nk; j += nsl) {
+            const float v0 = Vs[j * hd + dd];
+            const float v1 = two ? Vs[j * hd + dd + DEC_THREADS] : 0.0f;
+#pragma unroll
+            for (int g = 0; g < DEC_G; g++) {
+                if (g >= ng) break;
+                const float p = sc[g * DEC_CHUNK + j];
+                acc[0][g] += p * v0;
+                acc[1][g] += p * v1;
+            }
+        }
+    }
+    if (nsl > 1) {  // then hd <= 64... < 128: one dim per thread, reduce the slices in shared memory
+        if (sl < nsl)
+#pragma unroll
+            for (int g = 0; g < DEC_G; g++) red[(sl * DEC_G + g) * dpt + dd] = acc[0][g];
+        __syncthreads();
+        if (tid < dpt)
+#pragma unroll
+            for (int g = 0; g < DEC_G; g++) {
+                float o = 0.0f;
+                for (int k = 0; k < nsl; k++) o += red[(k * DEC_G + g) * dpt + tid];
+                acc[0][g] = o;
+            }
+    }
+    if (sl == 0) {
+        for (int g = 0; g < ng; g++) {
+            const int64_t base = ((int64_t)(h0 + g) * n_splits + split);
+            part_o[base * hd + dd] = acc[0][g];
+            if (dd + DEC_THREADS < hd) part_o[base * hd + dd + DEC_THREADS] = acc[1][g];
+            if (dd == 0) part_ml[2 * base] = ml[2 * g], part_ml[2 * base + 1] = ml[2 * g + 1];
+        }
+    }
+}
+
+// out (n_heads, head_dim) from the partials of the splits that hold keys 0..pos. One block per query head.
+__global__ void attn_decode_combine_kernel(float *out, const float *part_o, const float *part_ml, int head_dim,
+                                           int max_seq, int n_splits, const int32_t *d_pos) {
+    const int h = blockIdx.x;
+    const int pos = min(*d_pos, max_seq - 1);
+    const int ns = pos / DEC_CHUNK + 1;
+    const float *mlh = part_ml + (int64_t)h * n_splits * 2;
+    float m = -INFINITY;
+    for (int s = 0; s < ns; s++) m = fmaxf(m, mlh[2 * s]);
+    float l = 0.0f;
+    for (int s = 0; s < ns; s++) l += mlh[2 * s + 1] * expf(mlh[2 * s] - m);
+    const float inv = 1.0f / l;
+    for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
+        float o = 0.0f;
+        for (int s = 0; s < ns; s++) o += part_o[((int64_t)h * n_splits + s) * head_dim + d] * expf(mlh[2 * s] - m);
+        out[(int64_t)h * head_dim + d] = o * inv;
+    }
+}
+
+static int64_t dec_splits(int64_t max_seq) { return (max_seq + DEC_CHUNK - 1) / DEC_CHUNK; }
+static size_t dec_smem(int hd) { return 2 * sizeof(float) * DEC_CHUNK * (size_t)hd; }  // a chunk's K and V
+
+extern "C" size_t gpu_attention_scratch(int64_t n_heads, int64_t head_dim, int64_t max_seq) {
+    return (size_t)n_heads * (size_t)dec_splits(max_seq) * (size_t)(head_dim + 2) * sizeof(float);
+}
+
+extern "C" int gpu_attention_decode(dj_gpu *g, float *out, const float *q, const float *k_cache, const float *v_cache,
+                                    int64_t n_heads, int64_t n_kv_heads, int64_t head_dim, int64_t max_seq,
+                                    const int32_t *d_pos, cudaStream_t s, dj_err *e) {
+    if (attn_check("gpu_attention_decode", n_heads, n_kv_heads, head_dim, max_seq, e)) return -1;
+    if (scratch_need(g, gpu_attention_scratch(n_heads, head_dim, max_seq), s, e)) return -1;
+    const int64_t ns = dec_splits(max_seq), group = n_heads / n_kv_heads;
+    float *part_o = (float *)g->scratch, *part_ml = part_o + n_heads * ns * head_dim;
+    dim3 grid((unsigned)ns, (unsigned)n_kv_heads, (unsigned)((group + DEC_G - 1) / DEC_G));
+    const float scale = 1.0f / sqrtf((float)head_dim);
+    attn_decode_split_kernel<<<grid, DEC_THREADS, dec_smem((int)head_dim), s>>>(
+        part_o, part_ml, q, k_cache, v_cache, (int)n_heads, (int)group, (int)head_dim, (int)max_seq, (int)ns, scale,
+        d_pos);
+    LAUNCH_CHECK("attn_decode_split", s);
+    attn_decode_combine_kernel<<<(unsigned)n_heads, 128, 0, s>>>(out, part_o, part_ml, (int)head_dim, (int)max_seq,
+                                                                  (int)ns, d_pos);
+    LAUNCH_CHECK("attn_decode_combine", s);
+    return 0;
+}
+
+// ---- set-up, run once by gpu_open
+// Raises the dynamic shared-memory limit of decode, and of each FMA prefill instantiation to what its largest
+// head_dim needs as far as the device allows (H100: 227 KB, all of them); records the largest head_dim that fits.
+int attention_setup(dj_gpu *g, dj_err *e) {
+    int optin = 0;
+    CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, g->device));
+    // Decode stages a chunk's keys and values: 128 KiB at head_dim 256 (every device Djinn runs on has that).
+    if (dec_smem(HD_MAX) + 8 * 1024 > (size_t)optin)
+        return dj_fail(e, "cuda: %s allows %d bytes of shared memory per block; decode attention needs %zu",
+                       g->name, optin, dec_smem(HD_MAX) + 8 * 1024);
+    CUDA_CHECK(cudaFuncSetAttribute(attn_decode_split_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    (int)dec_smem(HD_MAX)));
+    g->prefill_max_hd = 0;
+    if (prefill_smem(64) > (size_t)optin) return 0;
+    CUDA_CHECK(cudaFuncSetAttribute(attn_prefill_kernel<64>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    (int)prefill_smem(64)));
+    g->prefill_max_hd = 64;
+    if (prefill_smem(128) > (size_t)optin) return 0;
+    CUDA_CHECK(cudaFuncSetAttribute(attn_prefill_kernel<128>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    (int)prefill_smem(128)));
+    g->prefill_max_hd = 128;
+    if (prefill_smem(256) > (size_t)optin) {
+        g->prefill_max_hd = (int)((optin / sizeof(float) - PF_BQ * (PF_BK + 1) - PF_BQ - PF_BK) / (PF_BQ + 2 * PF_BK)) & ~1;
+        if (g->prefill_max_hd > HD_MAX) g->prefill_max_hd = HD_MAX;
+    } else {
+        g->prefill_max_hd = HD_MAX;
+    }
+    if (g->prefill_max_hd > 128)
+        CUDA_CHECK(cudaFuncSetAttribute(attn_prefill_kernel<256>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        (int)prefill_smem(g->prefill_max_hd)));
+    return 0;
+}
+
+// Raises the tensor-core kernels' shared-memory limits (H100: all fit; elsewhere the ones that do).
+int tc_setup(dj_gpu *g, dj_err *e) {
+    int optin = 0;
+    CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, g->device));
+    g->tc_optin = optin;
+    g->tc_attn = 1;
+#define TC_SET(HDV)                                                                                              \
+    if (tc_smem(HDV) <= (size_t)optin)                                                                           \
+        CUDA_CHECK(cudaFuncSetAttribute(attn_prefill_tc_kernel<HDV>, cudaFuncAttributeMaxDynamicSharedMemorySize, \
+                                        (int)tc_smem(HDV)));
+    TC_HDS(TC_SET)
+#undef TC_SET
+    return 0;
+}

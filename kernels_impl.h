@@ -1,0 +1,151 @@
+// kernels_impl.h: what the GPU files share and nothing else sees (kernels.h stays the one C API): the
+// error-checking macros, the context's definition and the calls into it, the warp and block reductions, and
+// how kernels read one weight of a given dtype. Included by kernels.cu (the runtime), ops.cu, matmul.cu,
+// attention.cu and sample.cu only. Each is compiled on its own (no relocatable device code): every device
+// function here is inline, with a copy in each file that calls it.
+#ifndef DJINN_KERNELS_IMPL_H
+#define DJINN_KERNELS_IMPL_H
+
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <math.h>
+
+#include "kernels.h"
+extern "C" {  // model.h has no C++ guard of its own
+#include "model.h"
+}
+
+// ---- error checking
+// Each macro needs `dj_err *e` in scope and is used in functions returning int.
+#define CUDA_CHECK(call)                                                                                  \
+    do {                                                                                                  \
+        cudaError_t err_ = (call);                                                                        \
+        if (err_ != cudaSuccess)                                                                          \
+            return dj_fail(e, "cuda: %s failed at %s:%d: %s (%s)", #call, __FILE__, __LINE__,            \
+                           cudaGetErrorName(err_), cudaGetErrorString(err_));                             \
+    } while (0)
+
+#define CUBLAS_CHECK(call)                                                                                \
+    do {                                                                                                  \
+        cublasStatus_t st_ = (call);                                                                      \
+        if (st_ != CUBLAS_STATUS_SUCCESS)                                                                 \
+            return dj_fail(e, "cublas: %s failed at %s:%d: %s", #call, __FILE__, __LINE__,                \
+                           cublasGetStatusName(st_));                                                     \
+    } while (0)
+
+// After every launch: the launch error (bad configuration, too much shared memory), and in -DDJINN_DEBUG
+// builds the kernel's own error, by synchronising (skipped while the stream is being captured). kernels.cu.
+int launch_check(const char *kernel, cudaStream_t s, const char *file, int line, dj_err *e);
+#define LAUNCH_CHECK(kernel, s)                                                                           \
+    do {                                                                                                  \
+        if (launch_check(kernel, s, __FILE__, __LINE__, e)) return -1;                                    \
+    } while (0)
+
+// Blocks for a grid-stride loop over n elements: enough to fill the GPU.
+static inline int grid_1d(int64_t n, int threads) {
+    int64_t b = (n + threads - 1) / threads;
+    return (int)(b < 1 ? 1 : b > 8192 ? 8192 : b);
+}
+
+// ---- context (kernels.cu owns it; the op files read it)
+#define GPU_WORKSPACE (32u << 20)  // cuBLAS workspace: the size NVIDIA recommends for Hopper
+
+struct dj_gpu {
+    int device;
+    char name[320];
+    cublasHandle_t blas;
+    void *workspace;        // GPU_WORKSPACE bytes for cuBLAS (stream-ordered)
+    void *scratch;          // scratch_size bytes: x in wtype for cuBLAS, split-KV partials
+    size_t scratch_size;
+    int prefill_max_hd;     // largest head_dim whose prefill tiles fit the device's shared memory
+    int tc_attn;            // prefill attention on the tensor cores (bf16x3) where head_dim allows; default on
+    int tc_optin;           // the device's opt-in shared memory per block
+};
+
+// Scratch for a call on stream s: grows outside a capture, refuses inside one (the graph would keep a
+// pointer to memory freed here). kernels.cu.
+int scratch_need(dj_gpu *g, size_t bytes, cudaStream_t s, dj_err *e);
+
+// Set-up gpu_open runs once per device (attention.cu): attention_setup raises the shared-memory limits of
+// the decode and FMA prefill kernels (refuses a device without room for decode), tc_setup those of the
+// tensor-core prefill kernels and switches it on.
+int attention_setup(dj_gpu *g, dj_err *e);
+int tc_setup(dj_gpu *g, dj_err *e);
+
+// The attention shapes the kernels support (attention.cu; gpu_rope_kv checks them too): n_heads a multiple
+// of n_kv_heads, head_dim even and <= 256. fn names the caller in the message.
+int attn_check(const char *fn, int64_t n_heads, int64_t n_kv_heads, int64_t head_dim, int64_t max_seq, dj_err *e);
+
+// ---- warp and block reductions
+static __device__ __forceinline__ float warp_sum(float v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+static __device__ __forceinline__ float warp_max(float v) {
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+static __device__ __forceinline__ unsigned long long warp_sum_u64(unsigned long long v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+// Sum over the block; every thread gets the result. PRECOND: blockDim.x a multiple of 32, <= 1024.
+static __device__ __forceinline__ float block_sum(float v) {
+    __shared__ float part[32];
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    v = warp_sum(v);
+    __syncthreads();  // part may still be read by a previous call
+    if (lane == 0) part[warp] = v;
+    __syncthreads();
+    v = lane < nw ? part[lane] : 0.0f;
+    return warp_sum(v);
+}
+static __device__ __forceinline__ unsigned long long block_sum_u64(unsigned long long v) {
+    __shared__ unsigned long long part[32];
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    v = warp_sum_u64(v);
+    __syncthreads();
+    if (lane == 0) part[warp] = v;
+    __syncthreads();
+    v = lane < nw ? part[lane] : 0ull;
+    return warp_sum_u64(v);
+}
+// Inclusive prefix sum over the block in thread order. PRECOND: as block_sum.
+static __device__ __forceinline__ unsigned long long block_scan_u64(unsigned long long v) {
+    __shared__ unsigned long long part[32];
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    for (int o = 1; o < 32; o <<= 1) {
+        unsigned long long n = __shfl_up_sync(0xffffffffu, v, o);
+        if (lane >= o) v += n;
+    }
+    __syncthreads();
+    if (lane == 31) part[warp] = v;
+    __syncthreads();
+    if (warp == 0) {
+        unsigned long long w = lane < nw ? part[lane] : 0ull;
+        for (int o = 1; o < 32; o <<= 1) {
+            unsigned long long n = __shfl_up_sync(0xffffffffu, w, o);
+            if (lane >= o) w += n;
+        }
+        part[lane] = w;  // inclusive over warps
+    }
+    __syncthreads();
+    if (warp > 0) v += part[warp - 1];
+    return v;
+}
+
+// ---- weight dtypes: element i of W (wtype WT) as a float, exactly (f16 and bf16 widen without rounding)
+template <int WT> static __device__ __forceinline__ float wload(const void *w, int64_t i);
+template <> __device__ __forceinline__ float wload<DJ_F32>(const void *w, int64_t i) { return ((const float *)w)[i]; }
+template <> __device__ __forceinline__ float wload<DJ_F16>(const void *w, int64_t i) {
+    return __half2float(((const __half *)w)[i]);
+}
+template <> __device__ __forceinline__ float wload<DJ_BF16>(const void *w, int64_t i) {
+    return __bfloat162float(((const __nv_bfloat16 *)w)[i]);
+}
+
+#endif

@@ -1,0 +1,189 @@
+// ops.cu: the elementwise and per-row ops of a layer, in the order a token meets them: widening an embedding
+// row from the weight dtype, RMSNorm (alone, or after the residual add), RoPE and the KV-cache write (apart, or
+// in one launch), and SwiGLU. f32 in and out, the same formulas as the CPU reference in model.c.
+#include <cuda_runtime.h>
+
+#include "kernels_impl.h"
+
+// ---- widen: embedding rows from the weight dtype
+template <int WT>
+__global__ void widen_kernel(float *out, const void *in, int64_t n) {
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+        out[i] = wload<WT>(in, i);
+}
+
+extern "C" int gpu_widen(float *out, const void *in, uint32_t wtype, int64_t n, cudaStream_t s, dj_err *e) {
+    if (n < 0 || (wtype != DJ_F16 && wtype != DJ_BF16 && wtype != DJ_F32))
+        return dj_fail(e, "gpu_widen: bad n=%lld or dtype %u", (long long)n, wtype);
+    if (n == 0) return 0;
+    if (wtype == DJ_F32) widen_kernel<DJ_F32><<<grid_1d(n, 256), 256, 0, s>>>(out, in, n);
+    else if (wtype == DJ_F16) widen_kernel<DJ_F16><<<grid_1d(n, 256), 256, 0, s>>>(out, in, n);
+    else widen_kernel<DJ_BF16><<<grid_1d(n, 256), 256, 0, s>>>(out, in, n);
+    LAUNCH_CHECK("widen", s);
+    return 0;
+}
+
+// ---- RMSNorm, alone or after the residual add
+// One block per row. ADD: x += delta first (the residual add), then out = rmsnorm(x) * w.
+template <bool ADD>
+__global__ void rmsnorm_kernel(float *out, float *x, const float *delta, const float *w, int64_t n, float eps) {
+    const int64_t off = (int64_t)blockIdx.x * n;
+    float *xr = x + off;
+    float ss = 0.0f;
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+        float v = xr[i];
+        if (ADD) {
+            v += delta[off + i];
+            xr[i] = v;
+        }
+        ss += v * v;
+    }
+    ss = block_sum(ss);
+    const float scale = 1.0f / sqrtf(ss / (float)n + eps);
+    // The same thread reads back what it wrote above, so no barrier is needed; out may alias x or delta.
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) out[off + i] = xr[i] * scale * w[i];
+}
+
+static int norm_threads(int64_t n) { return n >= 4096 ? 1024 : n >= 1024 ? 512 : 128; }
+
+extern "C" int gpu_rmsnorm(float *out, const float *x, const float *w, int64_t T, int64_t n, float eps,
+                           cudaStream_t s, dj_err *e) {
+    if (T < 0 || n < 1 || T > INT32_MAX) return dj_fail(e, "gpu_rmsnorm: bad shape T=%lld n=%lld", (long long)T, (long long)n);
+    if (T == 0) return 0;
+    rmsnorm_kernel<false><<<(unsigned)T, norm_threads(n), 0, s>>>(out, (float *)x, NULL, w, n, eps);
+    LAUNCH_CHECK("rmsnorm", s);
+    return 0;
+}
+
+extern "C" int gpu_add_rmsnorm(float *x, const float *delta, float *out, const float *w, int64_t T, int64_t n,
+                               float eps, cudaStream_t s, dj_err *e) {
+    if (T < 0 || n < 1 || T > INT32_MAX)
+        return dj_fail(e, "gpu_add_rmsnorm: bad shape T=%lld n=%lld", (long long)T, (long long)n);
+    if (T == 0) return 0;
+    rmsnorm_kernel<true><<<(unsigned)T, norm_threads(n), 0, s>>>(out, x, delta, w, n, eps);
+    LAUNCH_CHECK("add_rmsnorm", s);
+    return 0;
+}
+
+// ---- RoPE
+// One thread per rotated pair (t, head, i). The products and the difference are rounded separately
+// (no FMA contraction), as the CPU reference computes them.
+__global__ void rope_kernel(float *x, int64_t T, int64_t n_heads, int64_t head_dim, int64_t ld, const float *inv_freq,
+                            const int32_t *d_pos) {
+    const int64_t half = head_dim / 2, per_t = n_heads * half;
+    const int32_t pos0 = *d_pos;
+    for (int64_t k = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; k < T * per_t; k += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t t = k / per_t, r = k - t * per_t, h = r / half, i = r - h * half;
+        float *xr = x + t * ld + h * head_dim;
+        const float ang = __fmul_rn((float)(pos0 + t), inv_freq[i]);
+        float sn, cs;
+        sincosf(ang, &sn, &cs);
+        const float a = xr[i], b = xr[i + half];
+        xr[i] = __fsub_rn(__fmul_rn(a, cs), __fmul_rn(b, sn));
+        xr[i + half] = __fadd_rn(__fmul_rn(a, sn), __fmul_rn(b, cs));
+    }
+}
+
+extern "C" int gpu_rope(float *x, int64_t T, int64_t n_heads, int64_t head_dim, int64_t ld, const float *inv_freq,
+                        const int32_t *d_pos, cudaStream_t s, dj_err *e) {
+    if (T < 0 || n_heads < 1 || head_dim < 2 || head_dim % 2 || ld < n_heads * head_dim)
+        return dj_fail(e, "gpu_rope: bad shape T=%lld n_heads=%lld head_dim=%lld ld=%lld (head_dim must be even)",
+                       (long long)T, (long long)n_heads, (long long)head_dim, (long long)ld);
+    if (T == 0) return 0;
+    rope_kernel<<<grid_1d(T * n_heads * head_dim / 2, 256), 256, 0, s>>>(x, T, n_heads, head_dim, ld, inv_freq, d_pos);
+    LAUNCH_CHECK("rope", s);
+    return 0;
+}
+
+// ---- KV-cache write
+__global__ void kv_write_kernel(float *k_cache, float *v_cache, const float *k, const float *v, int64_t ld, int64_t T,
+                                int64_t n_kv_heads, int64_t head_dim, int64_t max_seq, const int32_t *d_pos) {
+    const int64_t per_t = n_kv_heads * head_dim;
+    const int64_t pos0 = *d_pos;
+    for (int64_t j = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; j < T * per_t; j += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t t = j / per_t, r = j - t * per_t, h = r / head_dim, d = r - h * head_dim;
+        const int64_t pos = pos0 + t;
+        if (pos < 0 || pos >= max_seq) continue;
+        const int64_t dst = (h * max_seq + pos) * head_dim + d;
+        k_cache[dst] = k[t * ld + r];
+        v_cache[dst] = v[t * ld + r];
+    }
+}
+
+extern "C" int gpu_kv_write(float *k_cache, float *v_cache, const float *k, const float *v, int64_t ld, int64_t T,
+                            int64_t n_kv_heads, int64_t head_dim, int64_t max_seq, const int32_t *d_pos,
+                            cudaStream_t s, dj_err *e) {
+    if (T < 0 || n_kv_heads < 1 || head_dim < 1 || max_seq < 1 || ld < n_kv_heads * head_dim)
+        return dj_fail(e, "gpu_kv_write: bad shape T=%lld n_kv_heads=%lld head_dim=%lld ld=%lld", (long long)T,
+                       (long long)n_kv_heads, (long long)head_dim, (long long)ld);
+    if (T == 0) return 0;
+    kv_write_kernel<<<grid_1d(T * n_kv_heads * head_dim, 256), 256, 0, s>>>(k_cache, v_cache, k, v, ld, T, n_kv_heads,
+                                                                           head_dim, max_seq, d_pos);
+    LAUNCH_CHECK("kv_write", s);
+    return 0;
+}
+
+// ---- RoPE + KV write in one launch
+// Row t = blockIdx.y of qkv (rows ld floats apart, each [q | k | v]): rotates its q (n_heads) and k
+// (n_kv_heads) heads in place for position *d_pos + t (as rope_kernel) and writes k and v into the caches there
+// (as kv_write_kernel), in one launch.
+__global__ void rope_kv_kernel(float *qkv, int64_t ld, float *k_cache, float *v_cache, int n_heads, int n_kv_heads,
+                               int head_dim, int max_seq, const float *inv_freq, const int32_t *d_pos) {
+    const int half = head_dim / 2, nrot = (n_heads + n_kv_heads) * half, kvd = n_kv_heads * head_dim;
+    const int pos = *d_pos + (int)blockIdx.y;
+    const bool store = pos >= 0 && pos < max_seq;
+    qkv += (int64_t)blockIdx.y * ld;
+    const float *v = qkv + (int64_t)(n_heads + n_kv_heads) * head_dim;
+    for (int j = blockIdx.x * blockDim.x + threadIdx.x; j < nrot + kvd; j += gridDim.x * blockDim.x) {
+        if (j < nrot) {
+            const int h = j / half, i = j - h * half;
+            float *xr = qkv + (int64_t)h * head_dim;
+            const float ang = __fmul_rn((float)pos, inv_freq[i]);
+            float sn, cs;
+            sincosf(ang, &sn, &cs);
+            const float a = xr[i], b = xr[i + half];
+            const float ra = __fsub_rn(__fmul_rn(a, cs), __fmul_rn(b, sn));
+            const float rb = __fadd_rn(__fmul_rn(a, sn), __fmul_rn(b, cs));
+            xr[i] = ra, xr[i + half] = rb;
+            if (h >= n_heads && store) {
+                float *kc = k_cache + ((int64_t)(h - n_heads) * max_seq + pos) * head_dim;
+                kc[i] = ra, kc[i + half] = rb;
+            }
+        } else if (store) {
+            const int r = j - nrot, h = r / head_dim, d = r - h * head_dim;
+            v_cache[((int64_t)h * max_seq + pos) * head_dim + d] = v[r];
+        }
+    }
+}
+
+extern "C" int gpu_rope_kv(dj_gpu *g, float *qkv, int64_t ld, int64_t T, float *k_cache, float *v_cache,
+                           int64_t n_heads, int64_t n_kv_heads, int64_t head_dim, int64_t max_seq,
+                           const float *inv_freq, const int32_t *d_pos, cudaStream_t s, dj_err *e) {
+    if (attn_check("gpu_rope_kv", n_heads, n_kv_heads, head_dim, max_seq, e)) return -1;
+    if (T < 0 || T > 65535 || (T > 1 && ld < (n_heads + 2 * n_kv_heads) * head_dim))
+        return dj_fail(e, "gpu_rope_kv: bad T=%lld ld=%lld", (long long)T, (long long)ld);
+    if (T == 0) return 0;
+    const int64_t n = (n_heads + n_kv_heads) * (head_dim / 2) + n_kv_heads * head_dim;
+    rope_kv_kernel<<<dim3((unsigned)((n + 255) / 256), (unsigned)T), 256, 0, s>>>(
+        qkv, ld, k_cache, v_cache, (int)n_heads, (int)n_kv_heads, (int)head_dim, (int)max_seq, inv_freq, d_pos);
+    LAUNCH_CHECK("rope_kv", s);
+    return 0;
+}
+
+// ---- SwiGLU
+__global__ void swiglu_kernel(float *out, const float *gate, const float *up, int64_t T, int64_t n, int64_t ld) {
+    for (int64_t k = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; k < T * n; k += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t t = k / n, i = k - t * n;
+        const float g = gate[t * ld + i];
+        out[k] = g / (1.0f + expf(-g)) * up[t * ld + i];
+    }
+}
+
+extern "C" int gpu_swiglu(float *out, const float *gate, const float *up, int64_t T, int64_t n, int64_t ld,
+                          cudaStream_t s, dj_err *e) {
+    if (T < 0 || n < 1 || ld < n) return dj_fail(e, "gpu_swiglu: bad shape T=%lld n=%lld ld=%lld", (long long)T, (long long)n, (long long)ld);
+    if (T == 0) return 0;
+    swiglu_kernel<<<grid_1d(T * n, 256), 256, 0, s>>>(out, gate, up, T, n, ld);
+    LAUNCH_CHECK("swiglu", s);
+    return 0;
+}

@@ -2,7 +2,7 @@
 // model.c (or, for sampling, a CPU version of the same semantics written here), on fresh random inputs at
 // several sizes.
 // Outputs are poisoned with NaN (0xff bytes) before each run so an unwritten element fails the check.
-// The seed comes from the clock and is printed; DJINN_SEED=<n> replays a run. Without a GPU every test
+// The seed comes from the clock and is printed; DJINN_SEED=<n> replays a run (tests/common.h). Without a GPU every test
 // skips with the reason.
 //
 // Tolerances (relative L2 error against the reference):
@@ -16,16 +16,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "../kernels.h"
 #include "../model.h"
 #include "../cpu.h"
+#include "common.h"
 
-// ---- fixtures: seed, RNG, GPU context
-static uint64_t tk_rng;
-static unsigned tk_seed;
+// ---- fixtures: seed, GPU context
 static dj_gpu *tk_g;
 static cudaStream_t tk_s;
 static double tk_worst;  // largest error seen in the current test, printed at the end
@@ -33,11 +31,10 @@ static double tk_worst;  // largest error seen in the current test, printed at t
 static void tk_start(const char *name) {
     if (gpu_count() == 0)
         cr_skip_test("no GPU: cudaGetDeviceCount found no usable device (kernel tests run on the GPU machine)");
-    const char *env = getenv("DJINN_SEED");
-    tk_seed = env && *env ? (unsigned)strtoul(env, NULL, 10) : (unsigned)time(NULL) ^ ((unsigned)getpid() << 16);
-    tk_rng = 0x9E3779B97F4A7C15ull ^ tk_seed;
+    char tag[128];
+    snprintf(tag, sizeof tag, "kernels.%s", name);
+    tc_rng_fresh(tag);
     tk_worst = 0;
-    fprintf(stderr, "[kernels.%s] seed %u (DJINN_SEED=%u replays it)\n", name, tk_seed, tk_seed);
     dj_err e;
     cr_assert_eq(gpu_open(&tk_g, 0, &e), 0, "gpu_open: %s", e.msg);
     cr_assert_eq(gpu_stream_create(&tk_s, &e), 0, "%s", e.msg);
@@ -50,19 +47,7 @@ static void tk_end(const char *name) {
     tk_g = NULL;
 }
 
-static uint64_t tk_next(void) {  // xorshift64*
-    tk_rng ^= tk_rng >> 12, tk_rng ^= tk_rng << 25, tk_rng ^= tk_rng >> 27;
-    return tk_rng * 2685821657736338717ull;
-}
-static float tk_unif(void) { return (float)((tk_next() >> 40) * (1.0 / 16777216.0)); }  // [0, 1)
-static float tk_sym(void) { return 2.0f * tk_unif() - 1.0f; }                            // [-1, 1)
-static float tk_normal(void) {
-    float u1 = tk_unif(), u2 = tk_unif();
-    return sqrtf(-2.0f * logf(u1 + 1e-12f)) * cosf(6.2831853f * u2);
-}
-static void tk_fill(float *x, int64_t n, float scale) {
-    for (int64_t i = 0; i < n; i++) x[i] = scale * tk_sym();
-}
+static void tk_fill(float *x, int64_t n, float scale) { tc_fill(x, n, -scale, scale); }
 
 // ---- device helpers (every failure stops the test with the API's message)
 static void *tk_dev(size_t bytes) {
@@ -93,7 +78,7 @@ static int tk_close(const float *got, const float *ref, int64_t n, double tol, c
     double num = 0, den = 0;
     for (int64_t i = 0; i < n; i++) {
         if (isnan(got[i])) {
-            cr_expect(0, "%s: element %lld is NaN (not written?) (seed %u)", what, (long long)i, tk_seed);
+            cr_expect(0, "%s: element %lld is NaN (not written?) (seed %llu)", what, (long long)i, (unsigned long long)tc_seed_used());
             return 0;
         }
         double d = (double)got[i] - ref[i];
@@ -101,19 +86,11 @@ static int tk_close(const float *got, const float *ref, int64_t n, double tol, c
     }
     double r = sqrt(num / (den > 0 ? den : 1));
     if (r > tk_worst) tk_worst = r;
-    cr_expect(r <= tol, "%s: relative L2 error %.3e > %.1e (seed %u)", what, r, tol, tk_seed);
+    cr_expect(r <= tol, "%s: relative L2 error %.3e > %.1e (seed %llu)", what, r, tol, (unsigned long long)tc_seed_used());
     return r <= tol;
 }
 
 // ---- matmul
-static void tk_store_w(void *dst, const float *w, int64_t n, uint32_t wtype) {
-    for (int64_t i = 0; i < n; i++) {
-        if (wtype == DJ_F32) ((float *)dst)[i] = w[i];
-        else if (wtype == DJ_F16) ((uint16_t *)dst)[i] = dj_f32_to_f16(w[i]);
-        else ((uint16_t *)dst)[i] = dj_f32_to_bf16(w[i]);
-    }
-}
-
 Test(kernels, matmul) {
     tk_start("matmul");
     static const int64_t Ts[] = {1, 2, 7, 64, 300};
@@ -130,7 +107,7 @@ Test(kernels, matmul) {
             void *wh = malloc((size_t)(n_in * n_out) * 4);
             float *ref = malloc((size_t)(Tmax * n_out) * 4), *got = malloc((size_t)(Tmax * n_out) * 4);
             tk_fill(wf, n_in * n_out, 1.0f / sqrtf((float)n_in));
-            tk_store_w(wh, wf, n_in * n_out, wt);
+            tc_store(wh, wf, n_in * n_out, wt);
             void *dw = tk_up(wh, (size_t)(n_in * n_out) * dj_dtype_size(wt));
             float *dx = tk_dev((size_t)(Tmax * n_in) * 4), *dy = tk_dev((size_t)(Tmax * n_out) * 4);
             for (size_t ti = 0; ti < sizeof Ts / sizeof Ts[0]; ti++) {
@@ -285,8 +262,8 @@ Test(kernels, rmsnorm) {
                 tk_down(got, dx, (size_t)(T * n) * 4);
                 for (int64_t i = 0; i < T * n; i++)
                     if (got[i] != xs[i]) {
-                        cr_expect(0, "add_rmsnorm residual n=%lld T=%lld: x[%lld] = %g, want %g (seed %u)", (long long)n,
-                                  (long long)T, (long long)i, got[i], xs[i], tk_seed);
+                        cr_expect(0, "add_rmsnorm residual n=%lld T=%lld: x[%lld] = %g, want %g (seed %llu)", (long long)n,
+                                  (long long)T, (long long)i, got[i], xs[i], (unsigned long long)tc_seed_used());
                         break;
                     }
             }
@@ -406,7 +383,7 @@ Test(kernels, kv_write) {
 static void tk_cache(float *c, int64_t n_kv, int64_t max_seq, int64_t hd, int64_t last) {
     for (int64_t h = 0; h < n_kv; h++)
         for (int64_t p = 0; p < max_seq; p++)
-            for (int64_t d = 0; d < hd; d++) c[(h * max_seq + p) * hd + d] = p <= last ? tk_sym() : NAN;
+            for (int64_t d = 0; d < hd; d++) c[(h * max_seq + p) * hd + d] = p <= last ? tc_sym() : NAN;
 }
 
 static void tk_decode_case(int64_t group, int64_t n_kv, int64_t hd, int64_t len) {
@@ -651,16 +628,16 @@ Test(kernels, argmax) {
         for (int variant = 0; variant < 3; variant++) {  // random, tied maxima, a NaN among them
             const int64_t n = ns[ni];
             float *z = malloc((size_t)n * 4);
-            for (int64_t i = 0; i < n; i++) z[i] = variant == 1 ? roundf(2.0f * tk_normal()) : 10.0f * tk_normal();
-            if (variant == 2) z[tk_next() % (uint64_t)n] = NAN;
+            for (int64_t i = 0; i < n; i++) z[i] = variant == 1 ? roundf(2.0f * tc_normal()) : 10.0f * tc_normal();
+            if (variant == 2) z[tc_next() % (uint64_t)n] = NAN;
             float *dz = tk_up(z, (size_t)n * 4);
             int32_t *dout = tk_dev(4), got;
             tk_poison(dout, 4);
             cr_assert_eq(gpu_argmax(dout, dz, n, tk_s, &e), 0, "%s", e.msg);
             tk_down(&got, dout, 4);
             int32_t want = tk_argmax_ref(z, n);
-            cr_expect_eq(got, want, "argmax n=%lld variant=%d: got %d, want %d (seed %u)", (long long)n, variant, got,
-                         want, tk_seed);
+            cr_expect_eq(got, want, "argmax n=%lld variant=%d: got %d, want %d (seed %llu)", (long long)n, variant, got,
+                         want, (unsigned long long)tc_seed_used());
             gpu_free(dz), gpu_free(dout);
             free(z);
         }
@@ -682,19 +659,19 @@ Test(kernels, top_p) {
         for (int quant = 0; quant < 2; quant++) {  // quantised logits: ties at the nucleus boundary
             const int64_t n = ns[ni];
             float *z = malloc((size_t)n * 4);
-            for (int64_t i = 0; i < n; i++) z[i] = quant ? roundf(1.5f * tk_normal()) : 3.0f * tk_normal();
+            for (int64_t i = 0; i < n; i++) z[i] = quant ? roundf(1.5f * tc_normal()) : 3.0f * tc_normal();
             float *dz = tk_up(z, (size_t)n * 4);
             for (size_t ti = quick ? 1 : 0; ti < (quick ? 2u : 3u); ti++)
                 for (size_t pi = quick ? 1 : 0; pi < (quick ? 3u : 4u); pi++)
                     for (int k = 0; k < (quick ? 3 : 5); k++) {
-                        const float u = k == 0 ? 0.0f : k == 1 ? 0.9999999f : tk_unif();
+                        const float u = k == 0 ? 0.0f : k == 1 ? 0.9999999f : tc_unif();
                         int32_t got;
                         tk_poison(dout, 4);
                         cr_assert_eq(gpu_sample_top_p(dout, dz, n, temps[ti], tops[pi], u, tk_s, &e), 0, "%s", e.msg);
                         tk_down(&got, dout, 4);
                         int32_t want = tk_top_p_ref(z, n, temps[ti], tops[pi], u);
-                        cr_expect_eq(got, want, "top_p n=%lld quant=%d temp=%g top_p=%g u=%.9g: got %d, want %d (seed %u)",
-                                     (long long)n, quant, temps[ti], tops[pi], u, got, want, tk_seed);
+                        cr_expect_eq(got, want, "top_p n=%lld quant=%d temp=%g top_p=%g u=%.9g: got %d, want %d (seed %llu)",
+                                     (long long)n, quant, temps[ti], tops[pi], u, got, want, (unsigned long long)tc_seed_used());
                         checked++;
                         distinct_nonargmax += want != tk_argmax_ref(z, n);
                     }
@@ -705,8 +682,8 @@ Test(kernels, top_p) {
                 cr_assert_eq(gpu_sample_top_p(dout, dz, n, which ? 1.0f : 0.0f, which ? 0.0f : 0.9f, 0.5f, tk_s, &e), 0,
                              "%s", e.msg);
                 tk_down(&got, dout, 4);
-                cr_expect_eq(got, tk_argmax_ref(z, n), "top_p n=%lld %s: got %d, want argmax %d (seed %u)", (long long)n,
-                             which ? "top_p=0" : "temp=0", got, tk_argmax_ref(z, n), tk_seed);
+                cr_expect_eq(got, tk_argmax_ref(z, n), "top_p n=%lld %s: got %d, want argmax %d (seed %llu)", (long long)n,
+                             which ? "top_p=0" : "temp=0", got, tk_argmax_ref(z, n), (unsigned long long)tc_seed_used());
             }
             gpu_free(dz);
             free(z);

@@ -1,11 +1,14 @@
 #!/usr/bin/env python3
-"""Random-weight Llama-2-shaped HF checkpoints for the GPU benchmarks (bench/run_gpu_bench.sh).
+"""Random-weight Llama-shaped HF checkpoints for the GPU benchmarks (bench/run_gpu_bench.sh, bench/ab.sh).
 
-usage: python3 tools/make_random_llama.py --shape 7b|13b|tiny --out DIR [--dtype float16] [--seed N]
+usage: python3 tools/make_random_llama.py --shape 7b|13b|8b|tiny --out DIR [--dtype float16] [--seed N]
+                                          [--layers N]
 
 Writes DIR/{config.json, model-0000N-of-0000M.safetensors, model.safetensors.index.json} (5 GB shards) with the
-real Llama-2 shapes (untied head, MHA, vocab 32000 so $DATA/tokenizers/llama2 fits, RoPE theta 10000,
-RMSNorm eps 1e-5); 'tiny' is a small shape with the same vocabulary, for a dry run of the whole pipeline.
+real shapes: 7b and 13b as Llama 2 (untied head, MHA, vocab 32000 so $DATA/tokenizers/llama2 fits, RoPE theta
+10000), 8b as Llama 3 (GQA 32/8 heads, FFN 14336, vocab 128256 so $DATA/tokenizers/llama3 fits, RoPE theta
+500000); RMSNorm eps 1e-5; 'tiny' is a small Llama-2 shape, for a dry run of the whole pipeline. --layers keeps
+the layer shape with fewer (or more) layers.
 
 Fast: the model is built on the meta device (no CPU init), materialised on the GPU in the target dtype, and
 every matrix drawn there with normal_(0, 0.02) from one seeded CUDA generator; norm weights are 1. A 7B model
@@ -18,11 +21,14 @@ import os
 import sys
 import time
 
+L2 = dict(vocab_size=32000, rope_theta=10000.0)
 SHAPES = {
-    # hidden, layers, heads, ffn: Llama-2-7B and 13B as published; context 4096, vocab 32000.
-    "7b": dict(hidden_size=4096, num_hidden_layers=32, num_attention_heads=32, intermediate_size=11008),
-    "13b": dict(hidden_size=5120, num_hidden_layers=40, num_attention_heads=40, intermediate_size=13824),
-    "tiny": dict(hidden_size=512, num_hidden_layers=4, num_attention_heads=8, intermediate_size=1376),
+    # hidden, layers, heads, ffn as published; context 4096.
+    "7b": dict(hidden_size=4096, num_hidden_layers=32, num_attention_heads=32, intermediate_size=11008, **L2),
+    "13b": dict(hidden_size=5120, num_hidden_layers=40, num_attention_heads=40, intermediate_size=13824, **L2),
+    "8b": dict(hidden_size=4096, num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
+               intermediate_size=14336, vocab_size=128256, rope_theta=500000.0),
+    "tiny": dict(hidden_size=512, num_hidden_layers=4, num_attention_heads=8, intermediate_size=1376, **L2),
 }
 
 
@@ -32,6 +38,7 @@ def main():
     ap.add_argument("--out", required=True, help="output folder (created)")
     ap.add_argument("--dtype", default="float16", choices=["float16", "bfloat16", "float32"])
     ap.add_argument("--seed", type=int, default=1234)
+    ap.add_argument("--layers", type=int, default=0, help="number of layers (default: the shape's)")
     a = ap.parse_args()
 
     t0 = time.time()
@@ -43,10 +50,14 @@ def main():
     torch.set_grad_enabled(False)
     print(f"make_random_llama: imports {time.time() - t0:.1f} s", flush=True)
 
-    s = SHAPES[a.shape]
-    cfg = LlamaConfig(vocab_size=32000, max_position_embeddings=4096, num_key_value_heads=s["num_attention_heads"],
-                      rms_norm_eps=1e-5, hidden_act="silu", tie_word_embeddings=False, attention_bias=False,
-                      mlp_bias=False, bos_token_id=1, eos_token_id=2, initializer_range=0.02, **s)
+    s = dict(SHAPES[a.shape])
+    s.setdefault("num_key_value_heads", s["num_attention_heads"])
+    if a.layers > 0:
+        s["num_hidden_layers"] = a.layers
+    ids = dict(bos_token_id=128000, eos_token_id=128001) if s["vocab_size"] == 128256 else dict(bos_token_id=1,
+                                                                                                eos_token_id=2)
+    cfg = LlamaConfig(max_position_embeddings=4096, rms_norm_eps=1e-5, hidden_act="silu", tie_word_embeddings=False,
+                      attention_bias=False, mlp_bias=False, initializer_range=0.02, **ids, **s)
 
     # Meta first: no allocation, no default init; then storage on the GPU, filled below (to_empty leaves it
     # uninitialised). Non-persistent buffers (RoPE inv_freq) are not saved, so their garbage never matters.

@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# bench/ab.sh: two builds of djinn on the same model, cases interleaved run by run (A, B, A, B, ...), so that a
+# change that must not move the figures (a refactor) can be shown not to, within the noise the repeats show.
+#
+#   bench/ab.sh A_SRC B_SRC MODEL.bin OUT.json [REPS]
+#
+# A_SRC and B_SRC are source trees (each built with its own Makefile: `make -j16 all`). Cases, greedy, context
+# 1024, each REPS times (default 3) per build:
+#   resident_decode  all resident, a short prompt, 128 new tokens: decode ms/token
+#   prefill_512      all resident, a 512-token prompt: prefill tokens/s
+#   min_link         the smallest ring djinn accepts, --cpu-share 0 (the link alone), 16 tokens: decode ms/token
+#   min_share        the smallest ring, --cpu-share auto (the default), 16 tokens: decode ms/token
+# Prints a table (median, min, max per build and case; B's median against A's) and writes every run to OUT.json.
+set -uo pipefail
+[ $# -ge 4 ] || { sed -n '2,14p' "$0"; exit 2; }
+A=$1 B=$2 MODEL=$3 OUT_JSON=$4 REPS=${5:-3}
+LOGS=$(mktemp -d /tmp/djinn_ab.XXXXXX)
+
+for src in "$A" "$B"; do
+    echo "== build $src ($(date +%T))"
+    make -C "$src" -j16 all > "$LOGS/build_$(basename "$src").log" 2>&1 ||
+        { tail -20 "$LOGS/build_$(basename "$src").log"; echo "ab: build of $src failed" >&2; exit 1; }
+done
+
+# 511 one-token words after BOS: a 512-token prompt for any Llama tokenizer that has " the" as one token.
+LONG=$(printf 'the %.0s' $(seq 511))
+LONG=${LONG% }
+n=$("$B/djinn" "$MODEL" --tokenize -p "$LONG" | wc -w)
+echo "long prompt: $n tokens"
+
+min=$("$B/djinn" "$MODEL" -p x -n 1 -t 0 -c 1024 --ring-gb 0.001 2>&1 >/dev/null |
+      sed -n 's/.*needs at least \([0-9][0-9.]*\) GB.*/\1/p' | head -1)
+[ -n "$min" ] || { echo "ab: no minimum ring in djinn's error line" >&2; exit 1; }
+echo "minimum ring: $min GB"
+
+run() {  # build case rep -> one JSON line
+    local src=$1 case=$2 rep=$3 args stats="$LOGS/stats.json"
+    case $case in
+        resident_decode) args=(-p "Once upon a time" -n 128) ;;
+        prefill_512) args=(-p "$LONG" -n 4) ;;
+        min_link) args=(-p "Once upon a time" -n 16 --ring-gb "$min" --cpu-share 0) ;;
+        min_share) args=(-p "Once upon a time" -n 16 --ring-gb "$min") ;;
+    esac
+    rm -f "$stats"
+    if ! timeout 300 "$src/djinn" "$MODEL" -t 0 -c 1024 --stats-json "$stats" "${args[@]}" \
+            > /dev/null 2> "$LOGS/run.log" || [ ! -s "$stats" ]; then
+        echo "ab: $src $case failed:" >&2
+        tail -3 "$LOGS/run.log" >&2
+        return 1
+    fi
+    python3 -c 'import json, sys
+d = json.load(open(sys.argv[1])); d.update(build=sys.argv[2], case=sys.argv[3], rep=int(sys.argv[4]))
+print(json.dumps(d))' "$stats" "$src" "$case" "$rep"
+}
+
+: > "$LOGS/runs.jsonl"
+for case in resident_decode prefill_512 min_link min_share; do
+    echo "== $case ($(date +%T))"
+    for ((r = 0; r < REPS; r++)); do
+        for src in "$A" "$B"; do run "$src" "$case" "$r" >> "$LOGS/runs.jsonl" || exit 1; done
+    done
+done
+
+python3 - "$LOGS/runs.jsonl" "$OUT_JSON" "$A" "$B" << 'EOF'
+import json, statistics, sys
+runs = [json.loads(l) for l in open(sys.argv[1])]
+a, b = sys.argv[3], sys.argv[4]
+json.dump({"runs": runs, "a": a, "b": b}, open(sys.argv[2], "w"), indent=1)
+metric = {"resident_decode": ("decode_ms_per_token", "ms/token"), "prefill_512": ("prefill_tok_s", "tok/s"),
+          "min_link": ("decode_ms_per_token", "ms/token"), "min_share": ("decode_ms_per_token", "ms/token")}
+print(f"| case | unit | A median (min-max) | B median (min-max) | B / A |")
+print("|---|---|---|---|---|")
+for case, (key, unit) in metric.items():
+    va = [r[key] for r in runs if r["case"] == case and r["build"] == a]
+    vb = [r[key] for r in runs if r["case"] == case and r["build"] == b]
+    if not va or not vb:
+        continue
+    ma, mb = statistics.median(va), statistics.median(vb)
+    print(f"| {case} | {unit} | {ma:.2f} ({min(va):.2f}-{max(va):.2f}) | {mb:.2f} ({min(vb):.2f}-{max(vb):.2f}) "
+          f"| {mb / ma:.3f} |")
+EOF

@@ -14,7 +14,7 @@
 static void tchk_write(const char *path, const char *magic, uint32_t version, uint32_t n, uint32_t n_prompt,
                        uint32_t V, const int32_t *ids, const float *logits, long trim) {
     size_t bytes = 24 + 4 * (size_t)n + 4 * (size_t)n * V;
-    uint8_t *b = calloc(1, bytes);
+    uint8_t *b = calloc(1, bytes + 16);  // trim > 0: zero bytes past the end
     memcpy(b, magic, 8);
     memcpy(b + 8, &version, 4), memcpy(b + 12, &n, 4), memcpy(b + 16, &n_prompt, 4), memcpy(b + 20, &V, 4);
     memcpy(b + 24, ids, 4 * (size_t)n);

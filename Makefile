@@ -55,7 +55,7 @@ $(BUILD)/bin/djinn: $(BUILD)/djinn.o $(ENGINE_OBJ)
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS)
 
-$(BUILD)/bin/convert: $(BUILD)/convert/main.o $(CONVERT_OBJ) $(FORMAT_OBJ)
+$(BUILD)/bin/convert: $(BUILD)/convert/main.o $(CONVERT_OBJ) $(FORMAT_OBJ) $(BUILD)/fileio.o
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) $^ -o $@ -lm -lpthread
 
@@ -116,7 +116,7 @@ bench-tokenizer: $(BUILD)/bin/bench_tokenizer
 	$(BUILD)/bin/bench_tokenizer $(abspath $(DATA)) $(BUILD)/bench_tokenizer.json
 
 $(BUILD)/bin/bench_tokenizer: $(BUILD)/bench/bench_tokenizer.o $(BUILD)/tokenizer.o $(BUILD)/util.o \
-                              $(BUILD)/convert/tokjson.o $(BUILD)/convert/json.o
+                              $(BUILD)/convert/tokjson.o $(BUILD)/convert/json.o $(BUILD)/fileio.o
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) $^ -o $@ -lm -lpthread
 
@@ -150,7 +150,7 @@ FUZZ_TARGETS := fuzz_model fuzz_safetensors fuzz_json fuzz_tokenizer
 FUZZ_DEPS_fuzz_model := model.o tokenizer.o util.o
 FUZZ_DEPS_fuzz_safetensors := convert/safetensors.o convert/json.o util.o
 FUZZ_DEPS_fuzz_json := convert/json.o util.o
-FUZZ_DEPS_fuzz_tokenizer := tokenizer.o convert/tokjson.o convert/json.o util.o
+FUZZ_DEPS_fuzz_tokenizer := tokenizer.o convert/tokjson.o convert/json.o fileio.o util.o
 # Longest input per target: keeps the committed corpus small (model inputs are in fuzz_model's compact form).
 FUZZ_MAXLEN_fuzz_model := 1024
 FUZZ_MAXLEN_fuzz_safetensors := 4096

@@ -6,7 +6,9 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
+#include "fileio.h"
 #include "model.h"
 #include "sampler.h"
 
@@ -16,12 +18,13 @@
 // ---- the reference file
 int ref_load(const char *path, dj_ref *r, dj_err *e) {
     memset(r, 0, sizeof *r);
-    FILE *f = fopen(path, "rb");
-    if (!f) return dj_fail(e, "cannot open reference %s: %s", path, strerror(errno));
+    struct stat st;
+    int fd = in_open(path, "reference", &st, e);
+    if (fd < 0) return -1;
     uint8_t h[REF_HEADER];
     uint32_t version;
     int rc = -1;
-    if (fread(h, 1, REF_HEADER, f) != REF_HEADER || memcmp(h, REF_MAGIC, 8)) {
+    if (st.st_size < REF_HEADER || in_pread(fd, h, REF_HEADER, 0, path, e) || memcmp(h, REF_MAGIC, 8)) {
         dj_fail(e, "%s is not a reference file (expected magic %s; write it with tools/reference.py)", path,
                 REF_MAGIC);
         goto out;
@@ -41,30 +44,27 @@ int ref_load(const char *path, dj_ref *r, dj_err *e) {
         goto out;
     }
     uint64_t want = REF_HEADER + 4ull * r->n_tokens + 4ull * r->n_tokens * r->vocab;
-    if (fseeko(f, 0, SEEK_END) || (uint64_t)ftello(f) != want) {
+    if ((uint64_t)st.st_size != want) {
         dj_fail(e, "%s: %" PRIu64 " bytes expected for %u tokens x vocab %u (file truncated or corrupt)", path,
                 want, r->n_tokens, r->vocab);
         goto out;
     }
-    fseeko(f, REF_HEADER, SEEK_SET);
     r->ids = malloc(4ull * r->n_tokens);
     r->logits = malloc(4ull * r->n_tokens * r->vocab);
     if (!r->ids || !r->logits) {
         dj_fail(e, "out of memory reading %s", path);
         goto out;
     }
-    if (fread(r->ids, 4, r->n_tokens, f) != r->n_tokens ||
-        fread(r->logits, 4, (size_t)r->n_tokens * r->vocab, f) != (size_t)r->n_tokens * r->vocab) {
-        dj_fail(e, "%s: read error", path);
+    if (in_pread(fd, r->ids, 4ull * r->n_tokens, REF_HEADER, path, e) ||
+        in_pread(fd, r->logits, 4ull * r->n_tokens * r->vocab, REF_HEADER + 4ull * r->n_tokens, path, e) ||
+        in_unchanged(fd, &st, path, e))
         goto out;
-    }
     rc = 0;
 out:
-    fclose(f);
+    close(fd);
     if (rc) ref_free(r);
     return rc;
 }
-
 
 void ref_free(dj_ref *r) {
     free(r->ids);

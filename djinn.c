@@ -7,11 +7,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "check.h"
 #include "cpu.h"
 #include "engine.h"
+#include "fileio.h"
 #include "kernels.h"
 #include "loader.h"
 #include "sampler.h"
@@ -130,9 +133,8 @@ static int parse_i64(const char *s, int64_t *out) {
 }
 static int parse_f64(const char *s, double *out) {
     char *end;
-    errno = 0;
-    double v = strtod(s, &end);
-    if (errno || end == s || *end || !isfinite(v)) return -1;
+    double v = strtod(s, &end);  // an underflow (1e-400) is a tiny number, not an error; an overflow is infinite
+    if (end == s || *end || !isfinite(v)) return -1;
     *out = v;
     return 0;
 }
@@ -203,6 +205,8 @@ static int parse_args(int argc, char **argv, dj_opts *o) {
         }
     }
     if (!o->model_path) return usage_error("%s", "no MODEL given");
+    if ((o->check_path || o->tokenize) && (o->logits_path || o->stats_path))
+        return usage_error("%s", "--logits and --stats-json record a generation: not with --check or --tokenize");
     return 0;
 }
 
@@ -216,18 +220,25 @@ static int open_engine(dj_engine *eng, const dj_model *m, const dj_opts *o, int6
 }
 
 // ---- output helpers
-static void emit(const char *text, size_t len) {
-    if (len) {
-        fwrite(text, 1, len, stdout);
-        fflush(stdout);
-    }
+// stdout carries the text: a write that fails (a full disk, a closed file) ends the run with an error.
+static int stdout_ok(dj_err *e) {
+    if (fflush(stdout) || ferror(stdout)) return dj_fail(e, "cannot write to stdout: %s", strerror(errno));
+    return 0;
 }
 
-static int write_rows(FILE *f, const float *rows, int64_t n_rows, int64_t vocab, const char *path, dj_err *e) {
-    if (!f) return 0;
-    if (fwrite(rows, sizeof(float), (size_t)(n_rows * vocab), f) != (size_t)(n_rows * vocab))
-        return dj_fail(e, "cannot write logits to %s: %s", path, strerror(errno));
-    return 0;
+static int emit(const char *text, size_t len, dj_err *e) {
+    if (len && fwrite(text, 1, len, stdout) != len) return dj_fail(e, "cannot write to stdout: %s", strerror(errno));
+    return stdout_ok(e);
+}
+
+// The run's output files (fileio.h: checked and created before loading, renamed into place when complete).
+typedef struct {
+    dj_out logits, stats;
+} dj_outputs;
+
+static int write_rows(dj_outputs *out, const float *rows, int64_t n_rows, int64_t vocab, dj_err *e) {
+    if (!out->logits.tmp) return 0;
+    return out_write(&out->logits, rows, (size_t)(n_rows * vocab) * sizeof(float), e);
 }
 
 // ---- --check: teacher-force the reference's ids, compare every position's logits
@@ -241,6 +252,11 @@ static int run_check(const dj_model *m, const dj_opts *o, dj_err *e) {
     if (r.vocab != c->vocab_size) {
         dj_fail(e, "reference %s has vocab %u but the model has %u: not the same model", o->check_path, r.vocab,
                 c->vocab_size);
+        goto out;
+    }
+    if (r.n_tokens > c->max_seq_len) {
+        dj_fail(e, "reference %s has %u tokens, more than the model's context of %u (max_position_embeddings)",
+                o->check_path, r.n_tokens, c->max_seq_len);
         goto out;
     }
     if (open_engine(&eng, m, o, r.n_tokens, r.n_tokens, e)) goto out;
@@ -264,6 +280,7 @@ static int run_check(const dj_model *m, const dj_opts *o, dj_err *e) {
     int pass = ck.worst_rel <= tol;  // false for NaN too
     printf("check %s: worst rel_l2 %.4e %s tolerance %.1e (%s weights, %s engine)\n", pass ? "PASSED" : "FAILED",
            ck.worst_rel, pass ? "<=" : ">", tol, dj_dtype_name(c->wtype), eng.name);
+    if (stdout_ok(e)) goto out;
     rc = pass ? 0 : EXIT_CHECK;
 out:
     engine_close(&eng);
@@ -280,10 +297,12 @@ typedef struct {
 } dj_run_stats;
 
 // Writes the run's figures as one JSON object (the benchmark reads it).
-static int write_stats(const char *path, const dj_model *m, const dj_engine *eng, const dj_opts *o,
-                       const dj_run_stats *r, dj_err *e) {
-    FILE *f = fopen(path, "w");
-    if (!f) return dj_fail(e, "cannot create %s: %s", path, strerror(errno));
+static int write_stats(dj_out *out, const dj_model *m, const dj_engine *eng, const dj_opts *o, const dj_run_stats *r,
+                       dj_err *e) {
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    if (!f) return dj_fail(e, "out of memory for the statistics");
     double gb = (double)m->data_size / 1e9, dec_ms = r->decode_tokens > 0 ? r->decode_s * 1e3 / r->decode_tokens : 0;
     fprintf(f, "{\"engine\": \"%s\", \"model_gb\": %.6f, \"wtype\": \"%s\", \"load_s\": %.6f, \"load_gb_s\": %.4f,\n \"setup_s\": %.6f,",
             eng->name, gb, dj_dtype_name(m->info.config.wtype), r->load_s, gb / fmax(r->load_s, 1e-9), r->setup_s);
@@ -301,14 +320,16 @@ static int write_stats(const char *path, const dj_model *m, const dj_engine *eng
                 o->ring_gb, o->stream_all, o->sync_copy, g.n_resident, g.n_streamed, (double)g.bytes_per_token / 1e9,
                 g.copy_ms > 0 ? (double)g.copied_bytes / 1e6 / g.copy_ms : 0.0,
                 g.passes > 0 ? g.wait_ms / (double)g.passes : 0.0, g.passes, g.tc_attn, g.cpu_share,
-                (double)g.cpu_bytes_per_token / 1e9, cpu_threads());
+                (double)g.cpu_bytes_per_token / 1e9, cpu_threads_planned());
     }
     fprintf(f, "}\n");
-    if (fclose(f)) return dj_fail(e, "cannot write %s: %s", path, strerror(errno));
-    return 0;
+    int rc = fclose(f) ? dj_fail(e, "out of memory for the statistics") : out_write(out, text, len, e);
+    free(text);
+    return rc ? -1 : out_commit(out, 0, e);
 }
 
-static int run_generate(const dj_model *m, const dj_tokenizer *tok, const dj_opts *o, double load_s, dj_err *e) {
+static int run_generate(const dj_model *m, const dj_tokenizer *tok, const dj_opts *o, dj_outputs *out, double load_s,
+                        dj_err *e) {
     dj_run_stats rs = {.load_s = load_s};
     const dj_config *c = &m->info.config;
     int64_t vocab = c->vocab_size;
@@ -319,13 +340,13 @@ static int run_generate(const dj_model *m, const dj_tokenizer *tok, const dj_opt
         for (size_t i = 0; i < n_prompt; i++) printf("%s%d", i ? " " : "", ids[i]);
         printf("\n");
         free(ids);
-        return 0;
+        return stdout_ok(e) ? EXIT_ERR : 0;
     }
     int64_t ctx = o->ctx ? o->ctx : c->max_seq_len < DEFAULT_CTX ? (int64_t)c->max_seq_len : DEFAULT_CTX;
     int rc = EXIT_ERR;
     dj_engine eng = {0};
     float *logits = NULL;
-    FILE *lf = NULL;
+    int want_rows = out->logits.tmp != NULL;  // --logits: every position's row
     dj_tok_stream *stream = NULL;
     dj_sampler *smp = NULL;
     if (n_prompt == 0) {
@@ -338,17 +359,13 @@ static int run_generate(const dj_model *m, const dj_tokenizer *tok, const dj_opt
     }
     int64_t cap = o->n_new < ctx ? (int64_t)n_prompt + o->n_new : ctx;  // ids: prompt + new tokens, <= ctx
     int32_t *grown = realloc(ids, (size_t)(cap + 1) * sizeof *ids);
-    logits = malloc((o->logits_path ? n_prompt : 1) * (size_t)vocab * sizeof(float));  // (rows, vocab)
+    logits = malloc((want_rows ? n_prompt : 1) * (size_t)vocab * sizeof(float));  // (rows, vocab)
     if (!grown || !logits) {
         if (grown) ids = grown;
         dj_fail(e, "out of memory");
         goto out;
     }
     ids = grown;
-    if (o->logits_path && !(lf = fopen(o->logits_path, "wb"))) {
-        dj_fail(e, "cannot create %s: %s", o->logits_path, strerror(errno));
-        goto out;
-    }
     double t_setup = dj_now();
     if (open_engine(&eng, m, o, ctx, (int64_t)n_prompt, e)) goto out;
     rs.setup_s = dj_now() - t_setup;
@@ -371,16 +388,16 @@ static int run_generate(const dj_model *m, const dj_tokenizer *tok, const dj_opt
     size_t len;
     for (size_t i = 0; i < n_prompt; i++) {
         const char *s = tok_stream_push(stream, ids[i], &len);
-        emit(s, len);
+        if (emit(s, len, e)) goto out;
     }
 
     // Prefill: every row when --logits wants them, otherwise only the last position's.
     double t_start = dj_now();
     const float *last;
     test_sigint_before("prefill");
-    if (eng.forward(eng.ctx, ids, (int64_t)n_prompt, 0, logits, lf != NULL, e)) goto out;
-    if (write_rows(lf, logits, (int64_t)n_prompt, vocab, o->logits_path, e)) goto out;
-    last = lf ? logits + (n_prompt - 1) * (size_t)vocab : logits;
+    if (eng.forward(eng.ctx, ids, (int64_t)n_prompt, 0, logits, want_rows, e)) goto out;
+    if (write_rows(out, logits, (int64_t)n_prompt, vocab, e)) goto out;
+    last = want_rows ? logits + (n_prompt - 1) * (size_t)vocab : logits;
     double t_prefill = dj_now() - t_start;
     rs.prompt_tokens = (int64_t)n_prompt, rs.prefill_s = t_prefill;
     fprintf(stderr, "djinn: prompt %zu tokens, prefill %.1f tokens/s (%.3f s)\n", n_prompt,
@@ -405,15 +422,20 @@ static int run_generate(const dj_model *m, const dj_tokenizer *tok, const dj_opt
             break;
         }
         int32_t next = sampler_next(smp, last);
+        if (next < 0) {
+            dj_fail(e, "the logits at position %" PRId64 " hold NaN or infinity: the model's weights or its "
+                       "arithmetic overflowed", n - 1);
+            goto out;
+        }
         if (n_gen == 0) t_first = t_decode0 = dj_now();
         ids[n++] = next;
         n_gen++;
         const char *s = tok_stream_push(stream, next, &len);
-        emit(s, len);
+        if (emit(s, len, e)) goto out;
         int eos = tok_is_eos(tok, next);
-        if (lf || (n_gen < o->n_new && !eos)) {  // position n-1 < ctx: always fits
+        if (want_rows || (n_gen < o->n_new && !eos)) {  // position n-1 < ctx: always fits
             if (eng.forward(eng.ctx, &next, 1, n - 1, logits, 0, e)) goto out;
-            if (write_rows(lf, logits, 1, vocab, o->logits_path, e)) goto out;
+            if (write_rows(out, logits, 1, vocab, e)) goto out;
             last = logits;
         }
         if (eos) {
@@ -423,9 +445,7 @@ static int run_generate(const dj_model *m, const dj_tokenizer *tok, const dj_opt
     }
     if (!stop && interrupted) stop = "interrupted";  // during the prefill of -n 0, or the last token's pass
     const char *tail = tok_stream_flush(stream, &len);
-    emit(tail, len);
-    fputc('\n', stdout);
-    fflush(stdout);
+    if (emit(tail, len, e) || emit("\n", 1, e)) goto out;
 
     if (stop && !strcmp(stop, "context full"))
         fprintf(stderr, "djinn: stopped after %" PRId64 " of %" PRId64 " new tokens: the context of %" PRId64
@@ -454,18 +474,10 @@ static int run_generate(const dj_model *m, const dj_tokenizer *tok, const dj_opt
             fprintf(stderr, "djinn: CPU share %.2f: %.3f GB per decode token read by the CPU from host memory\n",
                     g.cpu_share, (double)g.cpu_bytes_per_token / 1e9);
     }
-    if (o->stats_path && write_stats(o->stats_path, m, &eng, o, &rs, e)) goto out;
-    if (lf) {
-        FILE *f = lf;
-        lf = NULL;
-        if (fclose(f)) {
-            dj_fail(e, "cannot write logits to %s: %s", o->logits_path, strerror(errno));
-            goto out;
-        }
-    }
+    if (out->stats.tmp && write_stats(&out->stats, m, &eng, o, &rs, e)) goto out;
+    if (want_rows && out_commit(&out->logits, 0, e)) goto out;
     rc = interrupted ? EXIT_INTERRUPTED : 0;
 out:
-    if (lf) fclose(lf);
     if (stream) tok_stream_free(stream);
     engine_close(&eng);
     sampler_free(smp);
@@ -475,6 +487,22 @@ out:
 }
 
 // ---- main
+// The files this run writes, checked and created before the long work: none of them an input of the run or the other
+// output (fileio.h). stdout appended to an input (djinn m.bin >> m.bin) is refused too.
+static int open_outputs(const dj_opts *o, dj_outputs *out, dj_err *e) {
+    struct stat so, si;
+    const char *in[2] = {o->model_path, o->check_path};
+    if (fstat(STDOUT_FILENO, &so) == 0 && S_ISREG(so.st_mode))
+        for (int i = 0; i < 2; i++)
+            if (in[i] && stat(in[i], &si) == 0 && si.st_dev == so.st_dev && si.st_ino == so.st_ino)
+                return dj_fail(e, "stdout is %s, an input of this run: the text would be written into it", in[i]);
+    const char *others_l[3] = {o->model_path, o->check_path, o->stats_path};
+    const char *others_s[3] = {o->model_path, o->check_path, o->logits_path};
+    if (o->logits_path && out_open(&out->logits, o->logits_path, "--logits", others_l, 3, e)) return -1;
+    if (o->stats_path && out_open(&out->stats, o->stats_path, "--stats-json", others_s, 3, e)) return -1;
+    return 0;
+}
+
 int main(int argc, char **argv) {
     dj_opts o;
     int prc = parse_args(argc, argv, &o);
@@ -486,11 +514,15 @@ int main(int argc, char **argv) {
 
     signal(SIGINT, on_sigint);
     dj_err e = {{0}};
-    dj_model m;
+    dj_model m = {0};
+    dj_outputs out = {{.fd = -1}, {.fd = -1}};
+    dj_tokenizer *tok = NULL;
+    int rc = EXIT_ERR;
+    if (open_outputs(&o, &out, &e)) goto done;
     int use_gpu = !o.force_cpu && !o.tokenize && gpu_count() > 0;
-    if (o.force_cpu) fprintf(stderr, "djinn: running on the CPU (--cpu), %d threads\n", cpu_threads());
+    if (o.force_cpu) fprintf(stderr, "djinn: running on the CPU (--cpu), %d threads\n", cpu_threads_planned());
     else if (!o.tokenize && !use_gpu)
-        fprintf(stderr, "djinn: warning: no GPU found: running on the CPU, %d threads\n", cpu_threads());
+        fprintf(stderr, "djinn: warning: no GPU found: running on the CPU, %d threads\n", cpu_threads_planned());
     if (!use_gpu &&
         (o.stream_all || o.sync_copy || o.ring_gb > 0 || o.no_graph || o.fma_attn || o.cpu_share_given))
         fprintf(stderr, "djinn: warning: --ring-gb, --stream-all, --sync-copy, --no-graph, --fma-attn and "
@@ -498,10 +530,7 @@ int main(int argc, char **argv) {
     dj_load_opts lo = {.want_pinned = use_gpu, .no_pin = o.no_pin, .quiet = 0};
     double t0 = dj_now();
     test_sigint_before("load");
-    if (model_load(o.model_path, &lo, &m, &e)) {
-        fprintf(stderr, "djinn: %s\n", e.msg);
-        return EXIT_ERR;
-    }
+    if (model_load(o.model_path, &lo, &m, &e)) goto done;
     double dt = dj_now() - t0;
     const dj_config *c = &m.info.config;
     fprintf(stderr,
@@ -510,29 +539,30 @@ int main(int argc, char **argv) {
             o.model_path, (double)m.data_size / 1e9, dt, (double)m.data_size / 1e9 / fmax(dt, 1e-9), c->dim,
             c->n_layers, c->n_heads, c->n_kv_heads, c->head_dim, c->vocab_size, dj_dtype_name(c->wtype));
     if (interrupted_during("loading")) {
-        model_free(&m);
-        return EXIT_INTERRUPTED;
+        rc = EXIT_INTERRUPTED;
+        goto done;
     }
     if (o.ctx > (int64_t)c->max_seq_len) {
         fprintf(stderr, "djinn: -c %" PRId64 " is beyond the model's max_seq_len of %u\n", o.ctx, c->max_seq_len);
-        model_free(&m);
-        return EXIT_USAGE;
+        rc = EXIT_USAGE;
+        goto done;
     }
-
-    int rc;
     if (o.check_path) {
         rc = run_check(&m, &o, &e);
     } else {
-        dj_tokenizer *tok = tok_load(m.data + m.info.tok_off, (size_t)m.info.tok_size, &e);
-        if (!tok) {
-            fprintf(stderr, "djinn: %s\n", e.msg);
-            model_free(&m);
-            return EXIT_ERR;
+        if (!(tok = tok_load(m.data + m.info.tok_off, (size_t)m.info.tok_size, &e))) goto done;
+        if (tok_vocab_size(tok) > (int32_t)c->vocab_size) {
+            dj_fail(&e, "%s: the tokenizer has %d tokens but the model's vocabulary is %u: a damaged file, re-run "
+                       "./convert/convert", o.model_path, tok_vocab_size(tok), c->vocab_size);
+            goto done;
         }
-        rc = run_generate(&m, tok, &o, dt, &e);
-        tok_free(tok);
+        rc = run_generate(&m, tok, &o, &out, dt, &e);
     }
-    if (rc && rc != EXIT_CHECK && rc != EXIT_INTERRUPTED) fprintf(stderr, "djinn: %s\n", e.msg);
+done:
+    if (rc && rc != EXIT_CHECK && rc != EXIT_INTERRUPTED && rc != EXIT_USAGE) fprintf(stderr, "djinn: %s\n", e.msg);
+    out_abort(&out.logits), out_abort(&out.stats);  // what was not completed
+    tok_free(tok);
     model_free(&m);
+    cpu_pool_stop();
     return rc;
 }

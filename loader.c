@@ -14,6 +14,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "fileio.h"
 #include "kernels.h"
 
 // ---- reading in parallel
@@ -110,13 +111,9 @@ static int read_header(int fd, uint64_t file_size, dj_model_info *info, dj_err *
 
 int model_load(const char *path, const dj_load_opts *o, dj_model *m, dj_err *e) {
     memset(m, 0, sizeof *m);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return dj_fail(e, "cannot open %s: %s", path, strerror(errno));
     struct stat st;
-    if (fstat(fd, &st) || !S_ISREG(st.st_mode)) {
-        close(fd);
-        return dj_fail(e, "%s is not a regular file", path);
-    }
+    int fd = in_open(path, "model", &st, e);
+    if (fd < 0) return -1;
     uint64_t size = (uint64_t)st.st_size;
     dj_err pe;
     if (read_header(fd, size, &m->info, &pe)) {
@@ -150,9 +147,8 @@ int model_load(const char *path, const dj_load_opts *o, dj_model *m, dj_err *e) 
         usleep(50000);
     }
     for (int i = 0; i < started; i++) pthread_join(th[i], NULL);
-    struct stat st2;  // a file rewritten or resized while it was read is not the file that was validated
-    if (!c.failed && (fstat(fd, &st2) || (uint64_t)st2.st_size != size || st2.st_mtim.tv_sec != st.st_mtim.tv_sec ||
-                      st2.st_mtim.tv_nsec != st.st_mtim.tv_nsec))
+    dj_err ce;  // a file rewritten or resized while it was read is not the file that was validated
+    if (!c.failed && in_unchanged(fd, &st, "the file", &ce))
         load_fail(&c, "the file changed on disk while it was loading: load it again once it is complete");
     close(fd);
     pthread_mutex_destroy(&c.err_lock);

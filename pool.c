@@ -14,7 +14,11 @@
 #define POOL_SPIN_S 5e-4
 
 static struct {
-    pthread_once_t once;
+    pthread_mutex_t life_mu;  // starting and stopping the workers
+    _Atomic int started;
+    pthread_t th[256];
+    int stop;                 // set (with a new generation) to make the workers return
+    uint64_t base;            // the generation when the workers started: the next one is their first call
     pthread_mutex_t call_mu;  // one parallel_for at a time
     pthread_mutex_t mu;       // with `start`: sleeping workers
     pthread_cond_t start;
@@ -24,8 +28,8 @@ static struct {
     cpu_task_fn fn;
     void *ctx;
     int64_t n;
-} cpu_pool = {.once = PTHREAD_ONCE_INIT, .call_mu = PTHREAD_MUTEX_INITIALIZER, .mu = PTHREAD_MUTEX_INITIALIZER,
-              .start = PTHREAD_COND_INITIALIZER};
+} cpu_pool = {.life_mu = PTHREAD_MUTEX_INITIALIZER, .call_mu = PTHREAD_MUTEX_INITIALIZER,
+              .mu = PTHREAD_MUTEX_INITIALIZER, .start = PTHREAD_COND_INITIALIZER};
 static int cpu_threads_wanted;  // 0: one per online core
 
 static inline void cpu_relax(void) {
@@ -41,7 +45,7 @@ static void cpu_pool_range(int part, int parts, int64_t n, int64_t *b, int64_t *
 
 static void *cpu_pool_worker(void *arg) {
     int part = (int)(intptr_t)arg;
-    uint64_t seen = 0;
+    uint64_t seen = cpu_pool.base;
     for (;;) {
         uint64_t g = atomic_load(&cpu_pool.generation);
         for (double t0 = dj_now(); g == seen; g = atomic_load(&cpu_pool.generation)) {
@@ -52,35 +56,56 @@ static void *cpu_pool_worker(void *arg) {
             pthread_mutex_unlock(&cpu_pool.mu);
         }
         seen = g;
+        if (cpu_pool.stop) return NULL;
         int64_t b, e;
         cpu_pool_range(part, cpu_pool.n_threads, cpu_pool.n, &b, &e);
         if (b < e) cpu_pool.fn(cpu_pool.ctx, b, e);
         atomic_fetch_sub(&cpu_pool.pending, 1);
     }
-    return NULL;
 }
 
-static void cpu_pool_init(void) {
+int cpu_threads_planned(void) {
     long n = cpu_threads_wanted > 0 ? cpu_threads_wanted : sysconf(_SC_NPROCESSORS_ONLN);
-    if (n < 1) n = 1;
-    if (n > 256) n = 256;
-    cpu_pool.n_threads = 1;
-    for (long i = 1; i < n; i++) {
-        pthread_t th;
-        pthread_attr_t attr;
-        pthread_attr_init(&attr);
-        pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-        int rc = pthread_create(&th, &attr, cpu_pool_worker, (void *)(intptr_t)i);
-        pthread_attr_destroy(&attr);
-        if (rc != 0) break;  // fewer threads: slower, still correct
-        cpu_pool.n_threads++;
+    return n < 1 ? 1 : n > 256 ? 256 : (int)n;
+}
+
+static void cpu_pool_start(void) {
+    pthread_mutex_lock(&cpu_pool.life_mu);
+    if (!atomic_load(&cpu_pool.started)) {
+        int n = cpu_threads_planned();
+        cpu_pool.stop = 0;
+        cpu_pool.base = atomic_load(&cpu_pool.generation);  // no call bumps it before `started` is set
+        cpu_pool.n_threads = 1;
+        for (int i = 1; i < n; i++) {
+            if (pthread_create(&cpu_pool.th[i], NULL, cpu_pool_worker, (void *)(intptr_t)i)) break;  // fewer: slower
+            cpu_pool.n_threads++;
+        }
+        atomic_store(&cpu_pool.started, 1);
     }
+    pthread_mutex_unlock(&cpu_pool.life_mu);
+}
+
+void cpu_pool_stop(void) {
+    pthread_mutex_lock(&cpu_pool.life_mu);
+    if (atomic_load(&cpu_pool.started)) {
+        pthread_mutex_lock(&cpu_pool.call_mu);  // no call in flight
+        pthread_mutex_lock(&cpu_pool.mu);
+        cpu_pool.stop = 1;
+        atomic_fetch_add(&cpu_pool.generation, 1);
+        pthread_cond_broadcast(&cpu_pool.start);
+        pthread_mutex_unlock(&cpu_pool.mu);
+        for (int i = 1; i < cpu_pool.n_threads; i++) pthread_join(cpu_pool.th[i], NULL);
+        cpu_pool.n_threads = 0;
+        atomic_store(&cpu_pool.started, 0);
+        pthread_mutex_unlock(&cpu_pool.call_mu);
+    }
+    pthread_mutex_unlock(&cpu_pool.life_mu);
 }
 
 void cpu_set_threads(int n) { cpu_threads_wanted = n; }
 
 int cpu_threads(void) {
-    pthread_once(&cpu_pool.once, cpu_pool_init);
+    if (!atomic_load(&cpu_pool.started)) cpu_pool_start();
     return cpu_pool.n_threads;
 }
 

@@ -15,5 +15,8 @@ void cpu_parallel_for(int64_t n, double cost, cpu_task_fn fn, void *ctx);
 // online core. cpu_threads starts the pool and returns its size (caller included).
 void cpu_set_threads(int n);
 int cpu_threads(void);
+int cpu_threads_planned(void);  // the size cpu_threads will give, without starting the pool
+// Joins the workers (at exit: a pool left running holds their stacks); a later call starts a new pool.
+void cpu_pool_stop(void);
 
 #endif

@@ -75,10 +75,22 @@ void sampler_free(dj_sampler *s) {
 
 int sampler_is_greedy(const dj_sampler *s) { return s->temp == 0; }
 
+// The index of the largest logit, or -1 when the row holds a NaN or +infinity, or nothing above -infinity: no
+// distribution to sample from (a model whose arithmetic overflowed).
+static int32_t checked_argmax(const float *x, int64_t n) {
+    int64_t best = 0;
+    for (int64_t i = 0; i < n; i++) {
+        if (isnan(x[i]) || x[i] == INFINITY) return -1;
+        if (x[i] > x[best]) best = i;
+    }
+    return x[best] == -INFINITY ? -1 : (int32_t)best;
+}
+
 int32_t sampler_next(dj_sampler *s, const float *logits) {
     int64_t vocab = s->vocab;
-    if (s->temp == 0) return dj_argmax(logits, vocab);
-    float mx = logits[dj_argmax(logits, vocab)];
+    int32_t top = checked_argmax(logits, vocab);
+    if (top < 0 || s->temp == 0) return top;
+    float mx = logits[top];
     double sum = 0;
     for (int64_t i = 0; i < vocab; i++) {
         s->probs[i] = expf((float)((logits[i] - mx) / s->temp));

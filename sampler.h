@@ -23,6 +23,7 @@ typedef struct dj_sampler dj_sampler;
 // reaches top_p (at least one; ties in probability by ascending id), one draw from it. Buffers for `vocab` logits.
 dj_sampler *sampler_new(int64_t vocab, double temp, double top_p, uint64_t seed, dj_err *e);
 void sampler_free(dj_sampler *s);
+// -1 when the row holds a NaN or +infinity, or only -infinity (the caller reports it; nothing is indexed by it).
 int32_t sampler_next(dj_sampler *s, const float *logits);
 int sampler_is_greedy(const dj_sampler *s);
 

@@ -197,7 +197,7 @@ dj_tokenizer *tok_load(const void *blob, size_t n, dj_err *e) {
                 t->prepend_scheme, t->strip_start);
         goto fail;
     }
-    if (n_vocab == 0 || n_vocab > (1u << 30) || n_eos > 1024 || n_added > n_vocab) {
+    if (n_vocab == 0 || n_vocab > (1u << 30) || n_eos > TOK_MAX_EOS || n_added > n_vocab) {
         dj_fail(e, "tokenizer section: bad counts (vocab %u, added %u, eos %u)", n_vocab, n_added, n_eos);
         goto fail;
     }

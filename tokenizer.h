@@ -47,7 +47,7 @@ const int32_t *tok_eos_ids(const dj_tokenizer *t, size_t *n);
 //   0  char[8] "DJINNTOK"          8  u32 version (TOK_VERSION)    12 u32 type (TOK_TYPE_*)
 //  16  u32 flags (TOK_F_*)         20 i32 unk_id (-1: none)        24 i32 bos_id (-1: none)
 //  28  i32 eos_append_id (-1: none; appended by the post-processor when TOK_F_ADD_EOS)
-//  32  u32 n_vocab  36 u32 n_merges  40 u32 n_added  44 u32 n_eos
+//  32  u32 n_vocab  36 u32 n_merges  40 u32 n_added  44 u32 n_eos (<= TOK_MAX_EOS)
 //  48  u32 pretok (TOK_PRE_*)      52 u32 prepend_scheme (TOK_PREPEND_*, Metaspace only)
 //  56  u32 strip_start (SentencePiece-style decoder: Strip(" ", start, 0) after Fuse)   60 u32 0
 //  64  TOK_N_SEC x {u64 offset, u64 size} from the start of the section, each validated on load:
@@ -63,6 +63,7 @@ const int32_t *tok_eos_ids(const dj_tokenizer *t, size_t *n);
 // byte-to-unicode mapping is undone at convert time); SentencePiece-style pieces keep their "▁".
 #define TOK_MAGIC "DJINNTOK"
 #define TOK_VERSION 1u
+#define TOK_MAX_EOS 1024  // eos/eot ids a tokenizer may name
 #define TOK_HEADER_SIZE 256u
 enum { TOK_TYPE_SPM = 1,        // BPE over characters, "▁" for spaces, optional <0xNN> byte fallback (Llama 2)
        TOK_TYPE_BYTELEVEL = 2 };  // BPE over bytes, ByteLevel decoder (Llama 3)

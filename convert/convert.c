@@ -1,5 +1,6 @@
-// convert.c: HuggingFace Llama checkpoint -> model.bin. Inputs are mmap'd and tensors are written in output
-// order through a small staging buffer, so memory stays bounded whatever the checkpoint size.
+// convert.c: HuggingFace Llama checkpoint -> model.bin. Tensors are read (pread, not mapped: a file truncated
+// under a mapping would kill the process with SIGBUS) and written in output order through small staging buffers, so
+// memory stays bounded whatever the checkpoint size. Inputs and the output go through fileio.h.
 #include "convert.h"
 
 #include <errno.h>
@@ -13,6 +14,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "../fileio.h"
 #include "../model.h"
 #include "../tokenizer.h"
 #include "hfconfig.h"
@@ -20,40 +22,17 @@
 #include "safetensors.h"
 #include "tokjson.h"
 
-#define MAX_SMALL_FILE (64u << 20)  // config / index JSON
+#define MAX_CONFIG (16u << 20)  // config.json
+#define MAX_INDEX (64u << 20)   // model.safetensors.index.json
 #define STAGE_BYTES (16u << 20)
-
-// ---- small files
-// Allocates what the file holds, not the limit: the buffer counts against a process's memory limit even
-// where its pages are never touched.
-static int read_small(const char *path, char **buf, size_t *n, dj_err *e) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return dj_fail(e, "cannot open %s: %s", path, strerror(errno));
-    struct stat st;
-    if (fstat(fileno(f), &st) || st.st_size < 0 || st.st_size >= (off_t)MAX_SMALL_FILE) {
-        fclose(f);
-        return dj_fail(e, "cannot read %s (unreadable or larger than %u MB)", path, MAX_SMALL_FILE >> 20);
-    }
-    size_t size = (size_t)st.st_size;
-    char *b = malloc(size + 1);
-    size_t got = b ? fread(b, 1, size + 1, f) : 0;
-    int bad = !b || ferror(f) || got != size;  // size + 1 asked: a file that grew is caught too
-    fclose(f);
-    if (bad) {
-        free(b);
-        return dj_fail(e, "cannot read %s (unreadable, out of memory, or changed while read)", path);
-    }
-    *buf = b, *n = got;
-    return 0;
-}
 
 static void path_join(char *out, size_t n, const char *dir, const char *name) { snprintf(out, n, "%s/%s", dir, name); }
 
 // ---- safetensors shards
 typedef struct {
     char path[4096];
-    void *map;
-    size_t size;
+    int fd;          // -1: not open
+    struct stat at;  // as opened: the file must not change before the conversion ends
     st_file st;
 } shard;
 
@@ -62,30 +41,27 @@ typedef struct {
     int n;
 } weights;
 
+// Opens a shard and parses its header (read alone: the tensors are read as they are written).
 static int shard_open(shard *s, dj_err *e) {
-    int fd = open(s->path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return dj_fail(e, "cannot open %s: %s", s->path, strerror(errno));
-    struct stat st;
-    if (fstat(fd, &st) || st.st_size <= 0) {
-        close(fd);
-        return dj_fail(e, "%s is empty or unreadable", s->path);
-    }
-    s->size = (size_t)st.st_size;
-    s->map = mmap(NULL, s->size, PROT_READ, MAP_PRIVATE, fd, 0);
-    close(fd);
-    if (s->map == MAP_FAILED) {
-        s->map = NULL;
-        return dj_fail(e, "cannot map %s: %s", s->path, strerror(errno));
-    }
+    s->fd = in_open(s->path, "safetensors file", &s->at, e);
+    if (s->fd < 0) return -1;
+    uint64_t size = (uint64_t)s->at.st_size, head;
+    uint8_t first[8] = {0};
     dj_err pe;
-    if (st_parse(s->map, s->size, &s->st, &pe)) return dj_fail(e, "%s: %s", s->path, pe.msg);
-    return 0;
+    if (size >= 8 && in_pread(s->fd, first, 8, 0, s->path, e)) return -1;
+    if (st_header_size(first, size, &head, &pe)) return dj_fail(e, "%s: %s", s->path, pe.msg);
+    uint8_t *h = malloc((size_t)head);
+    if (!h) return dj_fail(e, "out of memory for the header of %s", s->path);
+    int rc = in_pread(s->fd, h, (size_t)head, 0, s->path, e);
+    if (!rc && st_parse_head(h, (size_t)head, size, &s->st, &pe)) rc = dj_fail(e, "%s: %s", s->path, pe.msg);
+    free(h);
+    return rc;
 }
 
 static void weights_close(weights *w) {
     for (int i = 0; i < w->n; i++) {
         st_free(&w->shards[i].st);
-        if (w->shards[i].map) munmap(w->shards[i].map, w->shards[i].size);
+        if (w->shards[i].fd >= 0) close(w->shards[i].fd);
     }
     free(w->shards);
     w->shards = NULL, w->n = 0;
@@ -103,12 +79,13 @@ static int weights_open(const char *dir, weights *w, dj_err *e) {
         w->shards = calloc(1, sizeof *w->shards);
         if (!w->shards) return dj_fail(e, "out of memory");
         w->n = 1;
+        w->shards[0].fd = -1;
         snprintf(w->shards[0].path, sizeof w->shards[0].path, "%s", path);
         return shard_open(&w->shards[0], e);
     }
     char *text;
     size_t n;
-    if (read_small(path, &text, &n, e)) return -1;
+    if (in_read_all(path, "shard index", MAX_INDEX, &text, &n, e)) return -1;
     dj_err je;
     json_doc *doc = json_parse(text, n, &je);
     free(text);
@@ -124,6 +101,7 @@ static int weights_open(const char *dir, weights *w, dj_err *e) {
         dj_fail(e, "out of memory");
         goto out;
     }
+    for (size_t i = 0; i < map->u.obj.n; i++) w->shards[i].fd = -1;
     for (size_t i = 0; i < map->u.obj.n; i++) {
         const char *file = json_str(&map->u.obj.members[i].value);
         if (!file || strchr(file, '/') || !strcmp(file, "..") || !*file) {
@@ -155,8 +133,8 @@ out:
     return rc;
 }
 
-// Finds a tensor in any shard; a tensor present in two shards is an error.
-static int find_tensor(const weights *w, const char *name, const st_tensor **out, dj_err *e) {
+// Finds a tensor in any shard (*in: which); a tensor present in two shards is an error.
+static int find_tensor(const weights *w, const char *name, const st_tensor **out, const shard **in, dj_err *e) {
     *out = NULL;
     int first = -1;
     for (int k = 0; k < w->n; k++) {
@@ -164,7 +142,7 @@ static int find_tensor(const weights *w, const char *name, const st_tensor **out
         if (t && *out)
             return dj_fail(e, "tensor '%s' appears in two shards: %s and %s", name, w->shards[first].path,
                            w->shards[k].path);
-        if (t) *out = t, first = k;
+        if (t) *out = t, first = k, *in = &w->shards[k];
     }
     return 0;
 }
@@ -175,11 +153,12 @@ typedef struct {
     int64_t rows, cols;  // cols == 0: a vector of `rows`
     int is_norm;         // stored as f32
     const st_tensor *t;
+    const shard *src;    // the shard holding it
     uint64_t dst;        // absolute offset in model.bin
 } want;
 
 static int check_tensor(const weights *w, want *x, dj_err *e) {
-    if (find_tensor(w, x->name, &x->t, e)) return -1;
+    if (find_tensor(w, x->name, &x->t, &x->src, e)) return -1;
     if (!x->t) return dj_fail(e, "missing tensor '%s'", x->name);
     const st_tensor *t = x->t;
     if (t->dtype != ST_F32 && t->dtype != ST_F16 && t->dtype != ST_BF16)
@@ -208,22 +187,16 @@ static int ignorable(const char *name) {
 
 // ---- output
 typedef struct {
-    int fd;
+    dj_out out;
     uint64_t pos;
-    uint8_t *stage;  // STAGE_BYTES
+    uint8_t *in, *stage;  // STAGE_BYTES each: source bytes, converted bytes
     dj_progress prog;
-    const char *path;
 } writer;
 
 static int w_write(writer *w, const void *p, size_t n, dj_err *e) {
-    const uint8_t *b = p;
-    while (n) {
-        ssize_t k = write(w->fd, b, n);
-        if (k < 0 && errno == EINTR) continue;
-        if (k <= 0) return dj_fail(e, "writing %s: %s", w->path, k < 0 ? strerror(errno) : "no space");
-        b += k, n -= (size_t)k, w->pos += (uint64_t)k;
-        dj_progress_update(&w->prog, w->pos);
-    }
+    if (out_write(&w->out, p, n, e)) return -1;
+    w->pos += n;
+    dj_progress_update(&w->prog, w->pos);
     return 0;
 }
 
@@ -248,19 +221,42 @@ static float load_elem(const uint8_t *p, st_dtype t, uint64_t i) {
     }
 }
 
-// Converts a tensor element by element to `out` dtype, staged in STAGE_BYTES pieces.
+// The first of n elements (f32, f16 or bf16) that is NaN or infinite, or -1: its exponent bits are all ones.
+static int64_t first_nonfinite(const uint8_t *p, st_dtype t, size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        uint32_t x;
+        uint16_t h;
+        if (t == ST_F32) memcpy(&x, p + 4 * i, 4);
+        else memcpy(&h, p + 2 * i, 2);
+        if (t == ST_F32 ? (x & 0x7f800000u) == 0x7f800000u : t == ST_F16 ? (h & 0x7c00) == 0x7c00 : (h & 0x7f80) == 0x7f80)
+            return (int64_t)i;
+    }
+    return -1;
+}
+
+// Reads a tensor in STAGE_BYTES pieces and writes it in `out` dtype; refuses a NaN or infinity by the tensor's name
+// (a damaged checkpoint: its logits would be NaN).
 static int write_tensor(writer *w, const want *x, uint32_t out, dj_err *e) {
     const st_tensor *t = x->t;
     if (w_pad_to(w, x->dst, e)) return -1;
-    uint64_t count = t->nbytes / st_dtype_size(t->dtype);
+    size_t is = st_dtype_size(t->dtype), os = dj_dtype_size(out), per = STAGE_BYTES / (is > os ? is : os);
+    uint64_t count = t->nbytes / is;
     int same = (t->dtype == ST_F32 && out == DJ_F32) || (t->dtype == ST_F16 && out == DJ_F16) ||
                (t->dtype == ST_BF16 && out == DJ_BF16);
-    if (same) return w_write(w, t->data, (size_t)t->nbytes, e);
-    size_t os = dj_dtype_size(out), per = STAGE_BYTES / os;
     for (uint64_t i0 = 0; i0 < count; i0 += per) {
         size_t k = (size_t)(count - i0 < per ? count - i0 : per);
+        if (in_pread(x->src->fd, w->in, k * is, t->offset + i0 * is, x->src->path, e)) return -1;
+        int64_t bad = first_nonfinite(w->in, t->dtype, k);
+        if (bad >= 0)
+            return dj_fail(e, "tensor '%s' holds %s at element %llu: the checkpoint is damaged, refusing to convert it",
+                           x->name, isnan(load_elem(w->in, t->dtype, (uint64_t)bad)) ? "NaN" : "an infinity",
+                           (unsigned long long)(i0 + (uint64_t)bad));
+        if (same) {
+            if (w_write(w, w->in, k * is, e)) return -1;
+            continue;
+        }
         for (size_t i = 0; i < k; i++) {
-            float f = load_elem(t->data, t->dtype, i0 + i);
+            float f = load_elem(w->in, t->dtype, i);
             if (out == DJ_F32) {
                 memcpy(w->stage + 4 * i, &f, 4);
             } else if (out == DJ_BF16) {
@@ -268,7 +264,7 @@ static int write_tensor(writer *w, const want *x, uint32_t out, dj_err *e) {
                 memcpy(w->stage + 2 * i, &h, 2);
             } else {
                 uint16_t h = dj_f32_to_f16(f);
-                if ((h & 0x7c00) == 0x7c00 && isfinite(f))
+                if ((h & 0x7c00) == 0x7c00)
                     return dj_fail(e, "tensor '%s' holds %g, beyond f16's range: use --dtype bf16 or f32", x->name, f);
                 memcpy(w->stage + 2 * i, &h, 2);
             }
@@ -278,23 +274,33 @@ static int write_tensor(writer *w, const want *x, uint32_t out, dj_err *e) {
     return 0;
 }
 
-// The signals whose handler (main.c) removes OUT.bin.tmp are held while the file and the flag that says this
-// run made it change together, so the handler never sees one without the other.
-static void hold_signals(sigset_t *old) {
-    sigset_t s;
-    sigemptyset(&s);
-    sigaddset(&s, SIGINT), sigaddset(&s, SIGTERM), sigaddset(&s, SIGHUP);
-    pthread_sigmask(SIG_BLOCK, &s, old);
+// Every file the conversion reads: the output may be none of them.
+#define MAX_INPUTS 4096
+typedef struct {
+    char *path[MAX_INPUTS];
+    int n;
+} inputs;
+
+static void inputs_add(inputs *in, const char *dir, const char *name) {
+    if (in->n >= MAX_INPUTS) return;
+    char p[4200];
+    if (name) snprintf(p, sizeof p, "%s/%s", dir, name);
+    else snprintf(p, sizeof p, "%s", dir);
+    in->path[in->n] = strdup(p);
+    if (in->path[in->n]) in->n++;
 }
 
-static void release_signals(const sigset_t *old) { pthread_sigmask(SIG_SETMASK, old, NULL); }
+static void inputs_free(inputs *in) {
+    for (int i = 0; i < in->n; i++) free(in->path[i]);
+    in->n = 0;
+}
 
 // ---- the conversion
 // BF16 stays BF16; F16 stays F16; F32 becomes F16 (half the bytes to stream; --dtype f32 keeps it).
 static uint32_t auto_dtype(st_dtype t) { return t == ST_BF16 ? DJ_BF16 : DJ_F16; }
 
 int convert_run(const convert_opts *o, dj_err *e) {
-    char path[4096], tmp[4200];
+    char path[4096];
     char *text = NULL;
     size_t n;
     dj_config c;
@@ -303,12 +309,12 @@ int convert_run(const convert_opts *o, dj_err *e) {
     uint8_t *blob = NULL, *hdr = NULL;
     size_t blob_size = 0;
     dj_model_info info = {0};
-    writer wr = {.fd = -1, .path = tmp};
-    int rc = -1, made = 0;  // made: this run created tmp
-    snprintf(tmp, sizeof tmp, "%s.tmp", o->out_path);
+    writer wr = {.out = {.fd = -1, .owned = o->tmp_made}};
+    inputs in = {0};
+    int rc = -1;
 
     path_join(path, sizeof path, o->hf_dir, "config.json");
-    if (read_small(path, &text, &n, e)) goto out;
+    if (in_read_all(path, "config.json", MAX_CONFIG, &text, &n, e)) goto out;
     if (hf_config_parse(text, n, &c, e)) goto out;
     free(text);
     text = NULL;
@@ -390,29 +396,20 @@ int convert_run(const convert_opts *o, dj_err *e) {
 
     uint64_t hb = model_header_bytes(c.n_layers);
     hdr = malloc(hb);
-    wr.stage = malloc(STAGE_BYTES);
-    if (!hdr || !wr.stage) {
+    wr.in = malloc(STAGE_BYTES), wr.stage = malloc(STAGE_BYTES);
+    if (!hdr || !wr.in || !wr.stage) {
         dj_fail(e, "out of memory");
         goto out;
     }
     if (model_write_header(&info, hdr, hb, e)) goto out;
-    // O_EXCL: an existing OUT.bin.tmp belongs to another conversion still writing it, or to one that was
-    // killed; either way it is not ours to overwrite or delete.
-    sigset_t held;
-    hold_signals(&held);
-    wr.fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-    int err = errno;
-    made = wr.fd >= 0;
-    if (made && o->tmp_made) *o->tmp_made = 1;
-    release_signals(&held);
-    if (!made) {
-        if (err == EEXIST)
-            dj_fail(e, "%s already exists (a conversion still running, or one that was killed): remove it and run "
-                    "again", tmp);
-        else
-            dj_fail(e, "cannot create %s: %s", tmp, strerror(err));
-        goto out;
-    }
+    // The output may be none of the inputs; OUT.bin.tmp is this run's, locked, until renamed (fileio.h).
+    path_join(path, sizeof path, o->hf_dir, "model.safetensors.index.json");
+    inputs_add(&in, path, NULL);
+    inputs_add(&in, o->hf_dir, "config.json"), inputs_add(&in, o->hf_dir, "generation_config.json");
+    const char *td = o->tok_dir ? o->tok_dir : o->hf_dir;
+    inputs_add(&in, td, "tokenizer.json"), inputs_add(&in, td, "tokenizer_config.json");
+    for (int i = 0; i < w.n; i++) inputs_add(&in, w.shards[i].path, NULL);
+    if (out_open(&wr.out, o->out_path, "output", (const char *const *)in.path, in.n, e)) goto out;
     if (!o->quiet)
         fprintf(stderr, "convert: %u layers, dim %u, %u heads (%u kv, head_dim %u), ffn %u, vocab %u, %s%s -> %s, %.2f GB\n",
                 c.n_layers, c.dim, c.n_heads, c.n_kv_heads, c.head_dim, c.hidden_dim, c.vocab_size,
@@ -423,40 +420,20 @@ int convert_run(const convert_opts *o, dj_err *e) {
     for (size_t i = 0; i < nw; i++)
         if (write_tensor(&wr, &ws[i], ws[i].is_norm ? DJ_F32 : c.wtype, e)) goto out;
     if (w_pad_to(&wr, info.file_size, e)) goto out;
-    if (fsync(wr.fd)) {
-        dj_fail(e, "writing %s: %s", tmp, strerror(errno));
-        goto out;
-    }
-    int fd = wr.fd;
-    wr.fd = -1;
-    if (close(fd)) {
-        dj_fail(e, "writing %s: %s", tmp, strerror(errno));
-        goto out;
-    }
-    hold_signals(&held);
-    if (rename(tmp, o->out_path)) {
-        err = errno;
-        release_signals(&held);
-        dj_fail(e, "cannot rename %s to %s: %s", tmp, o->out_path, strerror(err));
-        goto out;
-    }
-    made = 0;
-    if (o->tmp_made) *o->tmp_made = 0;
-    release_signals(&held);
+    for (int i = 0; i < w.n; i++)  // what was read is what was checked
+        if (in_unchanged(w.shards[i].fd, &w.shards[i].at, w.shards[i].path, e)) goto out;
+    if (out_commit(&wr.out, 1, e)) goto out;
     dj_progress_end(&wr.prog, wr.pos);
     rc = 0;
 out:
     if (rc) dj_progress_abort(&wr.prog);  // the caller's error line must not land on the progress line
-    if (wr.fd >= 0) close(wr.fd);
-    if (made) {  // a failed conversion leaves nothing behind, and removes only what it made
-        unlink(tmp);
-        if (o->tmp_made) *o->tmp_made = 0;
-    }
+    out_abort(&wr.out);                   // a failed conversion leaves nothing behind
+    inputs_free(&in);
     free(text);
     free(ws);
     free(blob);
     free(hdr);
-    free(wr.stage);
+    free(wr.in), free(wr.stage);
     dj_info_free(&info);
     weights_close(&w);
     return rc;

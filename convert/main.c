@@ -17,8 +17,9 @@ static const char usage[] =
     "  --tokenizer D  read tokenizer.json / tokenizer_config.json from D (default: HF_DIR); the bos/eos\n"
     "                 ids of HF_DIR's config.json and generation_config.json are still the model's\n"
     "  -q             no progress on stderr\n"
-    "OUT.bin is written as OUT.bin.tmp and renamed when complete; a failed conversion leaves nothing. An\n"
-    "existing OUT.bin.tmp (a conversion running, or one killed) is refused, never overwritten or deleted.\n";
+    "OUT.bin is written as OUT.bin.tmp, locked while this run writes it, and renamed when complete: a failed\n"
+    "conversion leaves nothing; one killed leaves an OUT.bin.tmp that the next run takes over; a second run while\n"
+    "one writes OUT.bin is refused. OUT.bin may be none of the inputs, and must be a regular file if it exists.\n";
 
 static char tmp_path[4200];
 static volatile sig_atomic_t tmp_made;  // set by convert_run while tmp_path is this run's own file
@@ -70,6 +71,7 @@ int main(int argc, char **argv) {
     signal(SIGTERM, on_signal);
     signal(SIGHUP, on_signal);
     signal(SIGXFSZ, SIG_IGN);  // a file-size limit: let write() fail with EFBIG so the cleanup runs
+    signal(SIGPIPE, SIG_IGN);  // a closed stderr: the conversion goes on, its messages are lost
     dj_err e;
     if (convert_run(&o, &e)) {
         fprintf(stderr, "convert: %s\n", e.msg);

@@ -37,8 +37,9 @@ static int dtype_from_name(const char *s, st_dtype *out) {
 // Names in messages are cut so that a hostile header cannot push the reason out of the 512-byte line.
 #define TNAME "safetensors: tensor '%.120s': "
 
-static int parse_entry(const json_member *m, const uint8_t *data, uint64_t data_size, st_tensor *t,
-                       dj_err *e) {
+// data: the data section's first byte at file offset data_off, of which `have` bytes are in memory.
+static int parse_entry(const json_member *m, const uint8_t *data, uint64_t data_off, uint64_t have, uint64_t data_size,
+                       st_tensor *t, dj_err *e) {
     const char *name = m->key;
     const json_value *v = &m->value;
     if (strlen(name) != m->key_len) return dj_fail(e, TNAME "name contains a NUL byte", name);
@@ -82,7 +83,8 @@ static int parse_entry(const json_member *m, const uint8_t *data, uint64_t data_
     if ((uint64_t)(en - b) != t->nbytes)
         return dj_fail(e, TNAME "data_offsets span %lld bytes but shape and %s need %llu", name,
                        (long long)(en - b), st_dtypes[t->dtype].name, (unsigned long long)t->nbytes);
-    t->data = data + b;
+    t->offset = data_off + (uint64_t)b;
+    t->data = (uint64_t)en <= have ? data + b : NULL;
     return 0;
 }
 
@@ -104,13 +106,13 @@ static int cmp_span(const void *a, const void *b) {
 }
 
 // Every non-empty byte range may belong to one tensor only; empty tensors own no bytes.
-static int check_overlaps(const st_tensor *ts, size_t n, const uint8_t *data, dj_err *e) {
+static int check_overlaps(const st_tensor *ts, size_t n, dj_err *e) {
     st_span *sp = malloc((n ? n : 1) * sizeof *sp);
     if (!sp) return dj_fail(e, "safetensors: out of memory");
     size_t m = 0;
     for (size_t i = 0; i < n; i++) {
         if (!ts[i].nbytes) continue;
-        uint64_t b = (uint64_t)(ts[i].data - data);
+        uint64_t b = ts[i].offset;
         sp[m++] = (st_span){b, b + ts[i].nbytes, ts[i].name};
     }
     qsort(sp, m, sizeof *sp, cmp_span);
@@ -139,20 +141,36 @@ static int check_metadata(const json_value *v, dj_err *e) {
     return 0;
 }
 
-int st_parse(const void *bytes, size_t n, st_file *out, dj_err *e) {
-    memset(out, 0, sizeof *out);
-    const uint8_t *b = bytes;
-    if (n < 8) return dj_fail(e, "safetensors: file is %zu bytes, too short for the 8-byte header length", n);
+int st_header_size(const void *first8, uint64_t file_size, uint64_t *size, dj_err *e) {
+    const uint8_t *b = first8;
+    if (file_size < 8)
+        return dj_fail(e, "safetensors: file is %llu bytes, too short for the 8-byte header length",
+                       (unsigned long long)file_size);
     uint64_t hlen = 0;
     for (int i = 7; i >= 0; i--) hlen = hlen << 8 | b[i];
     if (hlen > ST_MAX_HEADER)
         return dj_fail(e, "safetensors: header length %llu exceeds the 100 MB limit (corrupt or not a safetensors file)",
                        (unsigned long long)hlen);
-    if (hlen > (uint64_t)n - 8)
-        return dj_fail(e, "safetensors: header length %llu exceeds the %zu bytes after the length field (truncated file?)",
-                       (unsigned long long)hlen, n - 8);
-    const uint8_t *data = b + 8 + hlen;
-    uint64_t data_size = (uint64_t)n - 8 - hlen;
+    if (hlen > file_size - 8)
+        return dj_fail(e, "safetensors: header length %llu exceeds the %llu bytes after the length field (truncated "
+                          "file?)", (unsigned long long)hlen, (unsigned long long)(file_size - 8));
+    *size = 8 + hlen;
+    return 0;
+}
+
+int st_parse(const void *bytes, size_t n, st_file *out, dj_err *e) { return st_parse_head(bytes, n, n, out, e); }
+
+int st_parse_head(const void *bytes, size_t n, uint64_t file_size, st_file *out, dj_err *e) {
+    memset(out, 0, sizeof *out);
+    const uint8_t *b = bytes;
+    uint64_t head;
+    if (st_header_size(b, n < 8 ? n : file_size, &head, e)) return -1;
+    if (head > n)
+        return dj_fail(e, "safetensors: internal error: %zu header bytes given, %llu needed", n,
+                       (unsigned long long)head);
+    uint64_t hlen = head - 8;
+    const uint8_t *data = b + head;
+    uint64_t data_size = file_size - head, have = n - head;
 
     dj_err je;
     json_doc *doc = json_parse((const char *)b + 8, (size_t)hlen, &je);
@@ -174,14 +192,14 @@ int st_parse(const void *bytes, size_t n, st_file *out, dj_err *e) {
     for (size_t i = 0; i < root->u.obj.n && !rc; i++) {
         const json_member *m = &root->u.obj.members[i];
         if (strcmp(m->key, "__metadata__") == 0 && m->key_len == 12) rc = check_metadata(&m->value, e);
-        else rc = parse_entry(m, data, data_size, &ts[nt++], e);
+        else rc = parse_entry(m, data, head, have, data_size, &ts[nt++], e);
     }
     if (!rc) {
         qsort(ts, nt, sizeof *ts, cmp_tensor_name);
         for (size_t i = 1; i < nt && !rc; i++)
             if (strcmp(ts[i - 1].name, ts[i].name) == 0) rc = dj_fail(e, TNAME "appears twice in the header", ts[i].name);
     }
-    if (!rc) rc = check_overlaps(ts, nt, data, e);
+    if (!rc) rc = check_overlaps(ts, nt, e);
     if (rc) {
         free(ts);
         json_free(doc);

@@ -22,7 +22,8 @@ typedef struct {
     int ndim;
     int64_t shape[ST_MAX_DIMS];
     uint64_t nbytes;         // = prod(shape) * dtype size, checked against data_offsets
-    const uint8_t *data;     // points into the bytes given to st_parse
+    uint64_t offset;         // of the data, from the start of the file
+    const uint8_t *data;     // the data among the bytes given to the parser; NULL when they end before it
 } st_tensor;
 
 typedef struct {
@@ -35,7 +36,11 @@ typedef struct {
 // optional "__metadata__" string map is skipped), known dtype, shape dims >= 0 and product without
 // overflow, data_offsets [begin, end] with begin <= end, end <= data size, size matching shape*dtype,
 // and no two tensors overlapping. Errors name the tensor: "safetensors: tensor 'x': ...".
-int st_parse(const void *bytes, size_t n, st_file *out, dj_err *e);
+int st_parse(const void *bytes, size_t n, st_file *out, dj_err *e);  // the whole file in bytes
+// The same from the start of a file of file_size bytes: bytes holds at least the header (st_header_size from its
+// first 8 bytes), tensors past the bytes given get data NULL and their offset.
+int st_header_size(const void *first8, uint64_t file_size, uint64_t *size, dj_err *e);
+int st_parse_head(const void *bytes, size_t n, uint64_t file_size, st_file *out, dj_err *e);
 void st_free(st_file *f);
 const st_tensor *st_find(const st_file *f, const char *name);  // binary search; NULL if absent
 const char *st_dtype_name(st_dtype t);                          // "F32", "BF16", ...

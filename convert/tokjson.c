@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../fileio.h"
 #include "../tokenizer.h"
 #include "json.h"
 
@@ -287,6 +288,11 @@ static int read_vocab(tj *t, const json_value *model, const json_value *added, d
         if (id > max_id) max_id = id;
     }
     if (max_id < 0) return dj_fail(e, "tokenizer.json: empty vocabulary");
+    // Memory follows the largest id: an id far beyond the tokens the file defines would allocate for nothing.
+    uint64_t defined = vocab->u.obj.n + (added ? added->u.arr.n : 0);
+    if ((uint64_t)max_id >= 2 * defined + 1024)
+        return dj_fail(e, "tokenizer.json: token id %lld, but the file defines only %llu tokens (ids must be dense)",
+                       (long long)max_id, (unsigned long long)defined);
     t->n_vocab = (int32_t)max_id + 1;
     t->str = calloc((size_t)t->n_vocab, sizeof *t->str);
     t->len = calloc((size_t)t->n_vocab, sizeof *t->len);
@@ -387,6 +393,7 @@ static int add_eos(tj *t, int64_t id, const char *where, dj_err *e) {
     if (id < 0 || id >= t->n_vocab) return dj_fail(e, "%s: eos_token_id %lld is outside the vocabulary", where, (long long)id);
     for (size_t i = 0; i < t->n_eos; i++)
         if (t->eos[i] == id) return 0;
+    if (t->n_eos >= TOK_MAX_EOS) return dj_fail(e, "%s: more than %d eos ids", where, TOK_MAX_EOS);
     int32_t *p = realloc(t->eos, sizeof *p * (t->n_eos + 1));
     if (!p) return dj_fail(e, "%s: out of memory", where);
     t->eos = p;
@@ -551,34 +558,16 @@ done:
     return rc;
 }
 
+// The largest each file may be: the limit fits its kind (Llama 3's tokenizer.json is 9 MB, a config a few KB), and
+// the parse's memory stays a small multiple of it.
+static const size_t max_bytes[4] = {256u << 20, 16u << 20, 1u << 20, 16u << 20};
+
 // Reads dir/name into a malloc'd buffer; *data = NULL when the file does not exist and !required.
-static int read_file(const char *dir, const char *name, int required, char **data, size_t *n, dj_err *e) {
+static int read_file(const char *dir, const char *name, int required, size_t max, char **data, size_t *n, dj_err *e) {
     char path[4096];
     *data = NULL, *n = 0;
     if ((size_t)snprintf(path, sizeof path, "%s/%s", dir, name) >= sizeof path) return dj_fail(e, "%s/%s: path too long", dir, name);
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        if (errno == ENOENT && !required) return 0;
-        return dj_fail(e, "%s: %s", path, strerror(errno));
-    }
-    size_t cap = 1 << 16, len = 0;
-    char *buf = malloc(cap);
-    while (buf) {
-        len += fread(buf + len, 1, cap - len, f);
-        if (len < cap) break;
-        char *nb = realloc(buf, cap * 2);
-        if (!nb) free(buf);
-        buf = nb, cap *= 2;
-    }
-    int err = ferror(f);
-    fclose(f);
-    if (!buf) return dj_fail(e, "%s: out of memory", path);
-    if (err) {
-        free(buf);
-        return dj_fail(e, "%s: read error", path);
-    }
-    *data = buf, *n = len;
-    return 0;
+    return required ? in_read_all(path, name, max, data, n, e) : in_read_optional(path, name, max, data, n, e);
 }
 
 // Which folder each file comes from. tokenizer.json and tokenizer_config.json describe the tokenizer (vocabulary,
@@ -593,7 +582,7 @@ int tokjson_build_dirs(const char *tok_dir, const char *model_dir, uint8_t **blo
     char *d[4] = {0};
     size_t n[4] = {0};
     int rc = 0;
-    for (int i = 0; i < 4 && !rc; i++) rc = read_file(dirs[i], names[i], i == 0, &d[i], &n[i], e);
+    for (int i = 0; i < 4 && !rc; i++) rc = read_file(dirs[i], names[i], i == 0, max_bytes[i], &d[i], &n[i], e);
     if (!rc) rc = tokjson_build(d[0], n[0], d[1], n[1], d[2], n[2], d[3], n[3], blob, blob_size, e);
     for (int i = 0; i < 4; i++) free(d[i]);
     return rc;

@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -549,44 +550,153 @@ Test(convert, cli_errors) {
     free(dir);
 }
 
-// ---- OUT.bin.tmp that this run did not make: refused by name, never overwritten or deleted
-static void expect_stale(const char *tmp, const char *what) {
+// ---- OUT.bin.tmp: a live writer's is refused and left alone; a dead writer's is taken over
+static void expect_content(const char *path, const char *want, const char *what) {
     size_t n;
-    uint8_t *b = (uint8_t *)tc_must_read(tmp, &n);
-    cr_assert(n == 5 && !memcmp(b, "stale", 5), "%s: the existing %s was overwritten", what, tmp);
+    uint8_t *b = (uint8_t *)tc_must_read(path, &n);
+    cr_assert(n == strlen(want) && !memcmp(b, want, n), "%s: %s was changed", what, path);
     free(b);
 }
 
-Test(convert, existing_tmp_is_left_alone) {
+Test(convert, tmp_of_a_live_writer_is_refused_a_dead_ones_taken_over) {
     need_stories();
     char *dir = tc_tmpdir("conv"), out[4200], tmp[4300];
     snprintf(out, sizeof out, "%s/o.bin", dir);
     snprintf(tmp, sizeof tmp, "%s.tmp", out);
-    tc_write(tmp, "stale", 5);
+    // a writer holds OUT.bin.tmp (the lock of a running conversion): refused, its file untouched
+    tc_write(tmp, "busy", 4);
+    int held = open(tmp, O_RDWR);
+    cr_assert(held >= 0 && flock(held, LOCK_EX | LOCK_NB) == 0);
     dj_err e;
-    cr_assert_eq(run_convert(stories, out, -1, NULL, &e), -1, "converted over an existing %s", tmp);
-    cr_assert(strstr(e.msg, tmp) && strstr(e.msg, "already exists") && !strchr(e.msg, '\n'), "%s", e.msg);
+    cr_assert_eq(run_convert(stories, out, -1, NULL, &e), -1, "converted while another writer holds %s", tmp);
+    cr_assert(strstr(e.msg, "another process is writing") && strstr(e.msg, tmp) && !strchr(e.msg, '\n'), "%s", e.msg);
     cr_assert(!exists(out));
-    expect_stale(tmp, "refused conversion");
-    // A failure before the output is opened must not delete it either.
-    cr_assert_eq(run_convert("/nonexistent", out, -1, NULL, &e), -1);
-    expect_stale(tmp, "early failure");
-
-    const char *bin = getenv("DJINN_BIN");
-    if (bin) {
-        char cmd[16384], err[8192];
-        snprintf(cmd, sizeof cmd, "%s/convert -q %s %s", bin, stories, out);
-        cr_assert_eq(run_cmd(cmd, err, sizeof err), 1, "%s", err);
-        cr_assert(count_lines(err) == 1 && strstr(err, "already exists"), "%s", err);
-        expect_stale(tmp, "./convert");
-    } else {
-        cr_log_warn("DJINN_BIN is not set: ./convert not run");
-    }
-    unlink(tmp);
+    expect_content(tmp, "busy", "refused conversion");
+    cr_assert_eq(run_convert("/nonexistent", out, -1, NULL, &e), -1);  // a failure before the output opens
+    expect_content(tmp, "busy", "early failure");
+    const char *bin = tc_bin_dir();
+    char cmd[16384], err[8192];
+    snprintf(cmd, sizeof cmd, "%s/convert -q %s %s", bin, stories, out);
+    cr_assert_eq(run_cmd(cmd, err, sizeof err), 1, "%s", err);
+    cr_assert(count_lines(err) == 1 && strstr(err, "another process is writing"), "%s", err);
+    expect_content(tmp, "busy", "./convert");
+    // the writer died (its lock with it): the next run takes the file over
+    close(held);
     cr_assert_eq(run_convert(stories, out, -1, NULL, &e), 0, "%s", e.msg);
     cr_assert(exists(out) && !exists(tmp));
+    // a symbolic link in its place is not followed
+    cr_assert_eq(symlink("/etc/passwd", tmp), 0);
+    cr_assert_eq(run_convert(stories, out, -1, NULL, &e), -1);
+    cr_assert(strstr(e.msg, "symbolic link"), "%s", e.msg);
+    unlink(tmp);
     tc_rm_rf(dir);
     free(dir);
+}
+
+// ---- the output is never an input, never a special file
+Test(convert, output_never_replaces_an_input) {
+    need_stories();
+    char *hf = tc_tmpdir("conv"), p[4200];
+    const char *files[] = {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
+                           "generation_config.json"};
+    for (size_t i = 0; i < sizeof files / sizeof *files; i++) {
+        char src[4300];
+        snprintf(src, sizeof src, "%s/%s", stories, files[i]);
+        if (!exists(src)) continue;
+        size_t n;
+        char *b = tc_must_read(src, &n);
+        snprintf(p, sizeof p, "%s/%s", hf, files[i]);
+        tc_write(p, b, n);
+        free(b);
+    }
+    dj_err e;
+    for (size_t i = 0; i < sizeof files / sizeof *files; i++) {
+        snprintf(p, sizeof p, "%s/%s", hf, files[i]);
+        if (!exists(p)) continue;
+        struct stat before, after;
+        cr_assert_eq(stat(p, &before), 0);
+        cr_assert_eq(run_convert(hf, p, -1, NULL, &e), -1, "converted onto its input %s", files[i]);
+        cr_assert(strstr(e.msg, "same file as") && !strchr(e.msg, '\n'), "%s: %s", files[i], e.msg);
+        cr_assert(stat(p, &after) == 0 && after.st_ino == before.st_ino && after.st_size == before.st_size &&
+                  after.st_mtim.tv_nsec == before.st_mtim.tv_nsec, "%s was replaced", files[i]);
+    }
+    // a hard link to an input is that input
+    char ln[4300];
+    snprintf(p, sizeof p, "%s/model.safetensors", hf);
+    snprintf(ln, sizeof ln, "%s/other_name.bin", hf);
+    cr_assert_eq(link(p, ln), 0);
+    cr_assert_eq(run_convert(hf, ln, -1, NULL, &e), -1);
+    cr_assert(strstr(e.msg, "same file as"), "%s", e.msg);
+    unlink(ln);
+    // --tokenizer's files are inputs too
+    char *tok = tc_tmpdir("conv");
+    snprintf(p, sizeof p, "%s/tokenizer.json", tok);
+    size_t n;
+    snprintf(ln, sizeof ln, "%s/tokenizer.json", stories);
+    char *b = tc_must_read(ln, &n);
+    tc_write(p, b, n);
+    free(b);
+    cr_assert_eq(run_convert(hf, p, -1, tok, &e), -1);
+    cr_assert(strstr(e.msg, "same file as"), "%s", e.msg);
+    // special files: a device node, a FIFO, a folder
+    const char *specials[] = {"/dev/null", NULL, hf};
+    char fifo[4300];
+    snprintf(fifo, sizeof fifo, "%s/fifo", tok);
+    cr_assert_eq(mkfifo(fifo, 0644), 0);
+    specials[1] = fifo;
+    for (int i = 0; i < 3; i++) {
+        cr_assert_eq(run_convert(hf, specials[i], -1, NULL, &e), -1, "converted onto %s", specials[i]);
+        cr_assert(strstr(e.msg, "not a regular file") || strstr(e.msg, "a character device") ||
+                  strstr(e.msg, "a FIFO") || strstr(e.msg, "a folder"), "%s: %s", specials[i], e.msg);
+    }
+    struct stat sn;
+    cr_assert(stat("/dev/null", &sn) == 0 && S_ISCHR(sn.st_mode), "/dev/null was replaced");
+    tc_rm_rf(tok), tc_rm_rf(hf);
+    free(tok), free(hf);
+}
+
+// ---- inputs that are not regular files, or too large for their kind: refused at once, never read
+Test(convert, special_and_oversized_inputs, .timeout = 60) {
+    need_stories();
+    char *hf = tc_tmpdir("conv"), p[4200], src[4300];
+    const char *files[] = {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
+                           "generation_config.json"};
+    dj_err e;
+    for (size_t k = 0; k < sizeof files / sizeof *files; k++) {
+        for (int kind = 0; kind < 3; kind++) {  // a FIFO (would block forever), /dev/zero (endless), a sparse 1 GB
+            for (size_t i = 0; i < sizeof files / sizeof *files; i++) {
+                snprintf(p, sizeof p, "%s/%s", hf, files[i]);
+                unlink(p);
+                snprintf(src, sizeof src, "%s/%s", stories, files[i]);
+                if (i != k) {
+                    if (exists(src)) cr_assert_eq(symlink(src, p), 0);
+                } else if (kind == 0) {
+                    cr_assert_eq(mkfifo(p, 0644), 0);
+                } else if (kind == 1) {
+                    cr_assert_eq(symlink("/dev/zero", p), 0);
+                } else {
+                    int fd = open(p, O_WRONLY | O_CREAT, 0644);
+                    cr_assert(fd >= 0 && ftruncate(fd, 1 << 30) == 0);
+                    close(fd);
+                }
+            }
+            char out[4300];
+            snprintf(out, sizeof out, "%s/o.bin", hf);
+            int rc = run_convert(hf, out, -1, NULL, &e);
+            if (kind == 2 && !strcmp(files[k], "model.safetensors")) {  // big is fine for weights, zeros are not
+                cr_assert_eq(rc, -1);
+                continue;
+            }
+            cr_assert_eq(rc, -1, "%s as %s was accepted", files[k], kind == 0 ? "a FIFO" : kind == 1 ? "/dev/zero" : "1 GB");
+            if (kind < 2)
+                cr_assert(strstr(e.msg, "not a regular file") && strstr(e.msg, files[k]), "%s: %s", files[k], e.msg);
+            else
+                cr_assert(strstr(e.msg, "more than the"), "%s: %s", files[k], e.msg);
+            cr_assert(!exists(out));
+        }
+    }
+    tc_rm_rf(hf);
+    free(hf);
 }
 
 // ---- --tokenizer DIR lends the tokenizer; the bos/eos ids stay the model's
@@ -788,10 +898,9 @@ static void big_teardown(big_ckpt *b) {
 #endif
 #endif
 
-// RLIMIT_DATA counts malloc (brk and private writable mappings) but not read-only mappings of the inputs. The
-// limit is what converting the 1 MB stories260K checkpoint needs (about 210 MiB here, most of it the private
-// memory of the CUDA libraries the binary links) plus 32 MiB: converting 1.8 GB must not need more, so neither
-// the model, nor a layer, nor one of its 64 MiB output tensors can be held in memory.
+// RLIMIT_DATA counts malloc (brk and private writable mappings). The limit is what converting the 1 MB stories260K
+// checkpoint needs (its two 16 MiB staging buffers, the JSON of its tokenizer) plus 32 MiB: converting 1.8 GB must
+// not need more, so neither the model, nor a layer, nor one of its 64 MiB output tensors can be held in memory.
 Test(convert_big, bounded_memory, .timeout = 120) {
 #ifdef DJ_TEST_ASAN
     cr_skip_test("ASan build: its shadow memory makes a memory limit meaningless (runs in the plain 'make test')");
@@ -876,4 +985,115 @@ Test(convert_big, sigint_leaves_nothing, .timeout = 120) {
     cr_assert_eq(rc, 128 + SIGINT, "want death by SIGINT, got %d: %s", rc, err);
     cr_assert(!exists(b.out) && !exists(b.tmp), "output left behind after Ctrl-C");
     big_teardown(&b);
+}
+
+// However a conversion ends (killed, crashed, its stderr gone), the next one is never blocked by what it left, and
+// two conversions never write one output at once.
+Test(convert_big, any_ending_leaves_the_next_run_free, .timeout = 120) {
+    big_ckpt b;
+    big_setup(&b);
+    char err[1 << 16], small[4300];
+    snprintf(small, sizeof small, "%s.small", b.out);
+    const int sigs[] = {SIGKILL, SIGQUIT, SIGUSR1, SIGSEGV};
+    for (size_t i = 0; i < sizeof sigs / sizeof *sigs; i++) {
+        int fd;
+        pid_t pid = spawn_convert(b.dir, b.out, 1, -1, 0, &fd);
+        wait_writing(pid, b.tmp);
+        // meanwhile a second conversion to the same output is refused, and leaves the first one's file alone
+        int rc = convert_child(stories, b.out, 1, -1, 0, err, sizeof err);
+        cr_assert(rc == 1 && strstr(err, "another process is writing"), "second writer: exit %d: %s", rc, err);
+        kill(pid, sigs[i]);
+        rc = finish_child(pid, fd, err, sizeof err);
+        cr_assert_eq(rc, 128 + sigs[i], "signal %d: exit %d: %s", sigs[i], rc, err);
+        cr_assert(!exists(b.out), "a killed conversion produced %s", b.out);
+        rc = convert_child(stories, b.out, 1, -1, 0, err, sizeof err);  // takes the dead writer's tmp over
+        cr_assert_eq(rc, 0, "after signal %d: exit %d: %s", sigs[i], rc, err);
+        cr_assert(exists(b.out) && !exists(b.tmp));
+        unlink(b.out);
+    }
+    // stderr closed under it (a broken pipe): the conversion completes; it is not killed by SIGPIPE
+    int fd;
+    pid_t pid = spawn_convert(b.dir, b.out, 0, -1, 0, &fd);
+    close(fd);
+    int st;
+    cr_assert_eq(waitpid(pid, &st, 0), pid);
+    cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "with its stderr closed: %s %d",
+              WIFEXITED(st) ? "exit" : "signal", WIFEXITED(st) ? WEXITSTATUS(st) : WTERMSIG(st));
+    cr_assert(exists(b.out) && !exists(b.tmp));
+    big_teardown(&b);
+}
+
+// An input truncated while it is being converted: one error line (no SIGBUS: inputs are read, not mapped), nothing
+// left behind.
+Test(convert_big, input_truncated_during_conversion, .timeout = 120) {
+    big_ckpt b;
+    big_setup(&b);
+    char err[1 << 16], st_path[4300];
+    snprintf(st_path, sizeof st_path, "%s/model.safetensors", b.dir);
+    int fd;
+    pid_t pid = spawn_convert(b.dir, b.out, 1, -1, 0, &fd);
+    wait_writing(pid, b.tmp);
+    kill(pid, SIGSTOP);
+    struct stat sb;
+    cr_assert_eq(stat(st_path, &sb), 0);
+    cr_assert_eq(truncate(st_path, sb.st_size / 2), 0);
+    kill(pid, SIGCONT);
+    int rc = finish_child(pid, fd, err, sizeof err);
+    cr_assert_eq(rc, 1, "exit %d (128 + %d is SIGBUS): %s", rc, SIGBUS, err);
+    cr_assert(count_lines(err) == 1 && (strstr(err, "truncated or changed") || strstr(err, "changed while")), "%s",
+              err);
+    cr_assert(!exists(b.out) && !exists(b.tmp), "output left behind");
+    big_teardown(&b);
+}
+
+// ---- weights that are not numbers: refused by the tensor's name, in any source dtype
+Test(convert, non_finite_weights_refused_by_name) {
+    need_stories();
+    char src[4300];
+    snprintf(src, sizeof src, "%s/fixtures/tied_gqa_f16/model.safetensors", tc_tests_dir());
+    const struct { const char *ckpt; const char *tensor; uint32_t bits; const char *want; } cases[] = {
+        {NULL, "model.layers.2.mlp.down_proj.weight", 0x7fc00000u, "NaN"},          // stories260K: F32
+        {NULL, "model.norm.weight", 0xff800000u, "an infinity"},                     // a norm, -inf
+        {src, "model.layers.0.self_attn.k_proj.weight", 0x7c00u, "an infinity"},     // f16 source
+        {src, "model.embed_tokens.weight", 0x7e00u, "NaN"},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+        char *hf = tc_tmpdir("conv"), p[4400], in[4400], out[4400];
+        if (cases[c].ckpt) {
+            snprintf(in, sizeof in, "%s", cases[c].ckpt);
+        } else {
+            snprintf(in, sizeof in, "%s/model.safetensors", stories);
+        }
+        size_t n;
+        uint8_t *raw = (uint8_t *)tc_must_read(in, &n);
+        st_file f;
+        dj_err e;
+        cr_assert_eq(st_parse(raw, n, &f, &e), 0, "%s", e.msg);
+        const st_tensor *t = st_find(&f, cases[c].tensor);
+        cr_assert(t, "%s has no %s", in, cases[c].tensor);
+        size_t es = st_dtype_size(t->dtype), at = (size_t)(t->nbytes / es / 2);  // the middle element
+        memcpy((uint8_t *)t->data + at * es, &cases[c].bits, es);
+        st_free(&f);
+        snprintf(p, sizeof p, "%s/model.safetensors", hf);
+        tc_write(p, raw, n);
+        free(raw);
+        // the rest of the folder from where the weights came
+        char dir[4300];
+        snprintf(dir, sizeof dir, "%s", cases[c].ckpt ? cases[c].ckpt : stories);
+        if (cases[c].ckpt) *strrchr(dir, '/') = 0;
+        const char *names[] = {"config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json"};
+        for (int i = 0; i < 4; i++) {
+            snprintf(in, sizeof in, "%s/%s", dir, names[i]);
+            snprintf(p, sizeof p, "%s/%s", hf, names[i]);
+            if (exists(in)) cr_assert_eq(symlink(in, p), 0);
+        }
+        snprintf(out, sizeof out, "%s/o.bin", hf);
+        int rc = run_convert(hf, out, -1, cases[c].ckpt ? stories : NULL, &e);
+        cr_assert_eq(rc, -1, "case %zu: converted weights holding %s", c, cases[c].want);
+        cr_assert(strstr(e.msg, cases[c].tensor) && strstr(e.msg, cases[c].want) && strstr(e.msg, "element"),
+                  "case %zu: %s", c, e.msg);
+        cr_assert(!exists(out));
+        tc_rm_rf(hf);
+        free(hf);
+    }
 }

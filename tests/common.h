@@ -7,6 +7,16 @@
 #include <stddef.h>
 #include <stdint.h>
 
+// The tests and the binaries they run are built with the same flags (make test SAN=1 builds both with ASan): gcc
+// says so with __SANITIZE_ADDRESS__, clang with __has_feature.
+#if defined(__SANITIZE_ADDRESS__)
+#define DJ_TEST_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define DJ_TEST_ASAN 1
+#endif
+#endif
+
 // ---- the environment (set by `make test`)
 // $DJINN_DATA (the shared test data): skips the test when unset.
 const char *tc_data(void);

@@ -5,6 +5,7 @@
 #include <criterion/criterion.h>
 #include <dirent.h>
 #include <fcntl.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,6 +15,7 @@
 
 #include "../convert/json.h"
 #include "../kernels.h"
+#include "../model.h"
 #include "common.h"
 
 typedef struct {
@@ -27,15 +29,18 @@ typedef struct {
 #define TCLI_VOCAB 512  // stories260K's, and the fixtures' (converted with its tokenizer)
 
 // ---- helpers
-// Runs argv (argv[0] is a path) with stdout and stderr to the context's files; returns the exit status.
-static int tcli_run(tcli_ctx *c, char *const argv[]) {
+// Runs argv (argv[0] is a path) with stdout to `out` (NULL: the context's file; opened with `append`) and stderr
+// to the context's file; returns the exit status. A run that hangs is killed after a minute (SIGALRM).
+static int tcli_run_to(tcli_ctx *c, char *const argv[], const char *out, int append) {
     pid_t pid = fork();
     cr_assert(pid >= 0, "fork failed");
     if (pid == 0) {
-        int in = open("/dev/null", O_RDONLY), o = open(c->out, O_WRONLY | O_CREAT | O_TRUNC, 0644),
+        int in = open("/dev/null", O_RDONLY),
+            o = open(out ? out : c->out, O_WRONLY | O_CREAT | (append ? O_APPEND : O_TRUNC), 0644),
             e = open(c->err, O_WRONLY | O_CREAT | O_TRUNC, 0644);
         if (in < 0 || o < 0 || e < 0) _exit(126);
         dup2(in, 0), dup2(o, 1), dup2(e, 2);
+        alarm(60);
         execv(argv[0], argv);
         _exit(127);
     }
@@ -45,6 +50,8 @@ static int tcli_run(tcli_ctx *c, char *const argv[]) {
     cr_assert_neq(WEXITSTATUS(st), 127, "cannot exec %s", argv[0]);
     return WEXITSTATUS(st);
 }
+
+static int tcli_run(tcli_ctx *c, char *const argv[]) { return tcli_run_to(c, argv, NULL, 0); }
 
 static char *tcli_stdout(tcli_ctx *c, size_t *len) { return tc_read(c->out, len); }
 static char *tcli_stderr(tcli_ctx *c) { return tc_read(c->err, NULL); }
@@ -591,5 +598,208 @@ Test(cli, check_committed_references, .timeout = 300) {
         cr_log_info("%s: %s", names[i], summary ? summary : "");
         free(out);
     }
+    tcli_teardown(&c);
+}
+
+// ---- hostile files and failing writes (issue 14)
+// One line on stderr, the exit status, stdout empty: tcli_expect_fail, with stderr naming `in_stderr`.
+static int tcli_same_inode(const char *a, const struct stat *before) {
+    struct stat now;
+    return stat(a, &now) == 0 && now.st_ino == before->st_ino && now.st_size == before->st_size &&
+           now.st_mtim.tv_sec == before->st_mtim.tv_sec && now.st_mtim.tv_nsec == before->st_mtim.tv_nsec;
+}
+
+// stdout that cannot be written (a full disk: /dev/full) is an error, not a silent exit 0.
+Test(cli, stdout_write_error_fails) {
+    tcli_ctx c;
+    tcli_setup(&c);
+    char *d = tcli_djinn_path, *m = c.model;
+    char *const runs[][10] = {{d, m, "-p", "Once upon a time", "-n", "5", "-t", "0", NULL},
+                              {d, m, "--tokenize", "-p", "Once upon a time", NULL}};
+    for (int i = 0; i < 2; i++) {
+        int rc = tcli_run_to(&c, runs[i], "/dev/full", 0);
+        char *err = tcli_stderr(&c);
+        cr_assert_eq(rc, 1, "run %d: exit %d with stdout on a full disk: %s", i, rc, err);
+        cr_assert(strstr(err, "cannot write to stdout") && strstr(err, "No space left"), "run %d: %s", i, err);
+        free(err);
+    }
+    // --check's table too
+    char lp[600], rp[600];
+    snprintf(lp, sizeof lp, "%s/logits.f32", c.dir);
+    snprintf(rp, sizeof rp, "%s/ref.bin", c.dir);
+    cr_assert_eq(tcli_run(&c, (char *[]){d, m, "-p", "Once", "-n", "2", "-t", "0", "--logits", lp, NULL}), 0);
+    size_t n;
+    float *rows = (float *)tc_must_read(lp, &n);
+    int32_t ids[4];
+    cr_assert_eq(tcli_run(&c, (char *[]){d, m, "--tokenize", "-p", "Once", NULL}), 0);
+    char *toks = tcli_stdout(&c, NULL);
+    uint32_t k = 0;
+    for (char *t = strtok(toks, " \n"); t && k < 4; t = strtok(NULL, " \n")) ids[k++] = atoi(t);
+    free(toks);
+    cr_assert(k >= 1 && n >= k * TCLI_VOCAB * 4);
+    tcli_write_ref(rp, ids, k, k, rows, TCLI_VOCAB);
+    free(rows);
+    int rc = tcli_run_to(&c, (char *[]){d, m, "--check", rp, NULL}, "/dev/full", 0);
+    char *err = tcli_stderr(&c);
+    cr_assert(rc == 1 && strstr(err, "cannot write to stdout"), "--check on a full stdout: exit %d: %s", rc, err);
+    free(err);
+    tcli_teardown(&c);
+}
+
+// --logits and --stats-json never replace an input or each other, never write into a special file, and a run that
+// fails leaves neither behind.
+Test(cli, outputs_never_replace_inputs) {
+    tcli_ctx c;
+    tcli_setup(&c);
+    char *d = tcli_djinn_path, *m = c.model, lp[600], sp[600], fifo[600];
+    struct stat before;
+    cr_assert_eq(stat(m, &before), 0);
+    snprintf(lp, sizeof lp, "%s/logits.f32", c.dir);
+    snprintf(sp, sizeof sp, "%s/stats.json", c.dir);
+    snprintf(fifo, sizeof fifo, "%s/fifo", c.dir);
+    cr_assert_eq(mkfifo(fifo, 0644), 0);
+    tcli_expect_fail(&c, (char *[]){d, m, "-p", "x", "-n", "1", "--logits", m, NULL}, 1, "same file as");
+    tcli_expect_fail(&c, (char *[]){d, m, "-p", "x", "-n", "1", "--stats-json", m, NULL}, 1, "same file as");
+    tcli_expect_fail(&c, (char *[]){d, m, "-p", "x", "-n", "1", "--logits", lp, "--stats-json", lp, NULL}, 1,
+                     "same file as");
+    tcli_expect_fail(&c, (char *[]){d, m, "-p", "x", "-n", "1", "--logits", fifo, NULL}, 1, "a FIFO");
+    tcli_expect_fail(&c, (char *[]){d, m, "-p", "x", "-n", "1", "--stats-json", "/dev/null", NULL}, 1,
+                     "a character device");
+    tcli_expect_fail(&c, (char *[]){d, m, "-p", "x", "-n", "1", "--logits", c.dir, NULL}, 1, "a folder");
+    tcli_expect_fail(&c, (char *[]){d, m, "-p", "x", "--logits", lp, "--check", m, NULL}, 2, "not with --check");
+    cr_assert(tcli_same_inode(m, &before), "the model was touched");
+    cr_assert(access(lp, F_OK) && access(sp, F_OK), "an output was left behind by a refused run");
+    // stdout appended to the model
+    int rc = tcli_run_to(&c, (char *[]){d, m, "-p", "x", "-n", "1", NULL}, m, 1);
+    char *err = tcli_stderr(&c);
+    cr_assert(rc == 1 && strstr(err, "stdout is") && strstr(err, "input"), "exit %d: %s", rc, err);
+    free(err);
+    cr_assert(tcli_same_inode(m, &before), "the model was written to");
+    // a failure after the outputs were opened (the prompt is too long) removes their temporary files
+    tcli_expect_fail(&c, (char *[]){d, m, "-p", "Once upon a time there was", "-c", "3", "--logits", lp,
+                                    "--stats-json", sp, NULL}, 1, "longer than the context");
+    char tmp[700];
+    snprintf(tmp, sizeof tmp, "%s.tmp", lp);
+    cr_assert(access(lp, F_OK) && access(tmp, F_OK), "a failed run left %s or its .tmp", lp);
+    // a complete run renames both into place
+    cr_assert_eq(tcli_run(&c, (char *[]){d, m, "-p", "x", "-n", "2", "-t", "0", "--logits", lp, "--stats-json", sp,
+                                         NULL}), 0);
+    cr_assert(!access(lp, F_OK) && !access(sp, F_OK) && access(tmp, F_OK));
+    tcli_teardown(&c);
+}
+
+// A FIFO as the model or the reference is refused at once (opened without waiting for a writer).
+Test(cli, special_files_as_inputs) {
+    tcli_ctx c;
+    tcli_setup(&c);
+    char fifo[600];
+    snprintf(fifo, sizeof fifo, "%s/fifo", c.dir);
+    cr_assert_eq(mkfifo(fifo, 0644), 0);
+    tcli_expect_fail(&c, (char *[]){tcli_djinn_path, fifo, "-p", "x", NULL}, 1, "a FIFO");
+    tcli_expect_fail(&c, (char *[]){tcli_djinn_path, c.model, "--check", fifo, NULL}, 1, "a FIFO");
+    tcli_expect_fail(&c, (char *[]){tcli_djinn_path, "/dev/zero", "-p", "x", NULL}, 1, "a character device");
+    tcli_expect_fail(&c, (char *[]){tcli_djinn_path, c.model, "--check", c.dir, NULL}, 1, "a folder");
+    tcli_teardown(&c);
+}
+
+// A model whose weights hold a NaN (the converter refuses such checkpoints; this file is edited after it):
+// generation stops with one line, whatever the sampler (ASan: nothing read out of bounds).
+Test(cli, non_finite_logits_stop_cleanly) {
+    tcli_ctx c;
+    tcli_setup(&c);
+    size_t n;
+    uint8_t *img = (uint8_t *)tc_must_read(c.model, &n);
+    dj_model_info info;
+    dj_err e;
+    cr_assert_eq(model_parse(img, n, n, &info, &e), 0, "%s", e.msg);
+    const float nan = NAN;
+    memcpy(img + info.layer_off[1] + info.layer.wo + 40, &nan, 4);  // layer 1's output projection (f32)
+    dj_info_free(&info);
+    char bad[600];
+    snprintf(bad, sizeof bad, "%s/nan.bin", c.dir);
+    tc_write(bad, img, n);
+    free(img);
+    const char *temps[] = {"0", "1", "0.7"};
+    for (int i = 0; i < 3; i++) {
+        int rc = tcli_run(&c, (char *[]){tcli_djinn_path, bad, "-p", "Once upon a time", "-n", "4", "-t",
+                                         (char *)temps[i], "-s", "1", NULL});
+        char *err = tcli_stderr(&c);
+        cr_assert_eq(rc, 1, "-t %s: exit %d: %s", temps[i], rc, err);
+        cr_assert(strstr(err, "NaN or infinity"), "-t %s: %s", temps[i], err);
+        free(err);
+    }
+    tcli_teardown(&c);
+}
+
+// A reference longer than the model's context is refused as -c of that size is; a tokenizer section with more
+// tokens than the model's vocabulary is refused at load, not at the first out-of-range token.
+Test(cli, reference_and_tokenizer_beyond_the_model) {
+    tcli_ctx c;
+    tcli_setup(&c);
+    enum { T = 513 };  // stories260K's context is 512
+    int32_t *ids = calloc(T, 4);
+    float *lg = calloc((size_t)T * TCLI_VOCAB, 4);
+    char rp[600];
+    snprintf(rp, sizeof rp, "%s/long.bin", c.dir);
+    tcli_write_ref(rp, ids, T, 1, lg, TCLI_VOCAB);
+    free(ids), free(lg);
+    tcli_expect_fail(&c, (char *[]){tcli_djinn_path, c.model, "--check", rp, "--cpu", NULL}, 1, "context of 512");
+    // the same tokenizer over a model of 300 tokens
+    size_t n;
+    uint8_t *img = (uint8_t *)tc_must_read(c.model, &n);
+    dj_model_info info, small;
+    dj_err e;
+    cr_assert_eq(model_parse(img, n, n, &info, &e), 0, "%s", e.msg);
+    dj_config cfg = info.config;
+    cfg.vocab_size = 300;
+    cr_assert_eq(model_plan(&cfg, info.tok_size, &small, &e), 0, "%s", e.msg);
+    uint8_t *out = calloc(1, small.file_size);
+    uint64_t hb = model_header_bytes(cfg.n_layers);
+    cr_assert_eq(model_write_header(&small, out, hb, &e), 0, "%s", e.msg);
+    memcpy(out + small.tok_off, img + info.tok_off, info.tok_size);
+    char sp[600];
+    snprintf(sp, sizeof sp, "%s/small_vocab.bin", c.dir);
+    tc_write(sp, out, small.file_size);
+    free(out), free(img);
+    dj_info_free(&info), dj_info_free(&small);
+    tcli_expect_fail(&c, (char *[]){tcli_djinn_path, sp, "-p", "x", "--cpu", NULL}, 1, "vocabulary is 300");
+    tcli_teardown(&c);
+}
+
+// A temperature that underflows to a tiny double is a temperature, not a negative number.
+Test(cli, tiny_temperature_is_accepted) {
+    tcli_ctx c;
+    tcli_setup(&c);
+    int rc = tcli_run(&c, (char *[]){tcli_djinn_path, c.model, "-p", "Once", "-n", "3", "-t", "1e-308", "-s", "1",
+                                     NULL});
+    char *err = tcli_stderr(&c);
+    cr_assert_eq(rc, 0, "%s", err);
+    free(err);
+    tcli_teardown(&c);
+}
+
+// valgrind on a CPU generation: no leak of any kind (the thread pool is joined at exit), no invalid access. The
+// suppressions (tests/valgrind.supp) cover only an over-read inside glibc's loader, before main().
+Test(cli, valgrind_clean_cpu_generation, .timeout = 300) {
+#ifdef DJ_TEST_ASAN
+    cr_skip_test("ASan build: valgrind does not run ASan binaries (runs in the plain 'make test')");
+#endif
+    if (system("command -v valgrind > /dev/null 2>&1"))
+        cr_skip_test("valgrind is not installed ('make test' installs it when run as root)");
+    tcli_ctx c;
+    tcli_setup(&c);
+    tcli_need_tests(&c);
+    char supp[1200];
+    snprintf(supp, sizeof supp, "--suppressions=%s/valgrind.supp", c.tests);
+    char *argv[] = {"/bin/sh", "-c", NULL, NULL};
+    char cmd[4096];
+    snprintf(cmd, sizeof cmd, "exec valgrind -q --leak-check=full --errors-for-leak-kinds=definite,indirect,possible "
+                              "--error-exitcode=9 %s %s %s -p 'Once upon a time' -n 6 -t 0.8 -s 3 --cpu", supp,
+             tcli_djinn_path, c.model);
+    argv[2] = cmd;
+    int rc = tcli_run(&c, argv);
+    char *err = tcli_stderr(&c);
+    cr_assert_eq(rc, 0, "valgrind found errors or leaks (exit %d): %s", rc, err);
+    free(err);
     tcli_teardown(&c);
 }

@@ -888,16 +888,6 @@ static void big_teardown(big_ckpt *b) {
     free(b->dir);
 }
 
-// The test and ./convert are built with the same flags (make test SAN=1 builds both with ASan): gcc says so
-// with __SANITIZE_ADDRESS__, clang with __has_feature.
-#if defined(__SANITIZE_ADDRESS__)
-#define DJ_TEST_ASAN 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define DJ_TEST_ASAN 1
-#endif
-#endif
-
 // RLIMIT_DATA counts malloc (brk and private writable mappings). The limit is what converting the 1 MB stories260K
 // checkpoint needs (its two 16 MiB staging buffers, the JSON of its tokenizer) plus 32 MiB: converting 1.8 GB must
 // not need more, so neither the model, nor a layer, nor one of its 64 MiB output tensors can be held in memory.

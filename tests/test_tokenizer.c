@@ -375,6 +375,27 @@ Test(tokjson, refuses_by_name) {
     tt_expect_refused("\"post_processor\": {\"type\": \"TemplateProcessing\"", "\"post_processor\": {\"type\": \"RobertaProcessing\"",
                       "RobertaProcessing");
     tt_expect_refused("\"dropout\": null", "\"dropout\": 0.1", "dropout");
+    // one id near 2^26 in a 512-token vocabulary: refused before anything is sized by it
+    tt_expect_refused("\"<unk>\": 0", "\"<unk>\": 67108000", "dense");
+}
+
+// More eos ids than the section holds: named, not an internal error at load. Llama 3's vocabulary has room for them.
+Test(tokjson, too_many_eos_ids) {
+    char path[4096];
+    tc_data_path(path, sizeof path, "tokenizers/llama3/tokenizer.json");
+    size_t n;
+    char *s = tc_must_read(path, &n);
+    size_t cap = 16 << 10, len = 0;
+    char *gc = malloc(cap);
+    len += (size_t)snprintf(gc + len, cap - len, "{\"eos_token_id\": [");
+    for (int i = 0; i < 1100; i++) len += (size_t)snprintf(gc + len, cap - len, "%s%d", i ? ", " : "", 1000 + i);
+    len += (size_t)snprintf(gc + len, cap - len, "]}");
+    uint8_t *blob = NULL;
+    size_t bn;
+    dj_err e = {{0}};
+    cr_assert_eq(tokjson_build(s, n, NULL, 0, gc, len, NULL, 0, &blob, &bn, &e), -1, "1100 eos ids accepted");
+    cr_assert(strstr(e.msg, "more than 1024 eos ids") && strstr(e.msg, "generation_config.json"), "%s", e.msg);
+    free(s), free(gc);
 }
 
 // generation_config eos lists, config ids, tokenizer_config chat templates and add_bos_token

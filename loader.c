@@ -44,7 +44,7 @@ typedef struct {
 #define LOAD_JOBS(m) ((m)->config.n_layers + 4)
 static void job_span(const dj_model_info *m, uint32_t j, uint64_t *off, uint64_t *size, int *pin) {
     uint32_t nl = m->config.n_layers;
-    if (j == 0) *off = 0, *size = model_header_bytes(nl), *pin = 0;
+    if (j == 0) *off = 0, *size = m->header_bytes, *pin = 0;
     else if (j == 1) *off = m->tok_off, *size = m->tok_size, *pin = 0;
     else if (j == 2) *off = m->embed_off, *size = m->embed_size, *pin = m->config.tied;
     else if (j < 3 + nl) *off = m->layer_off[j - 3], *size = m->layer.size, *pin = 1;
@@ -98,7 +98,7 @@ static void *load_worker(void *arg) {
 }
 
 static int read_header(int fd, uint64_t file_size, dj_model_info *info, dj_err *e) {
-    size_t n = (size_t)(DJ_HEADER_SIZE + (DJ_MAX_LAYERS + 3) * sizeof(dj_disk_section));
+    size_t n = DJ_MAX_HEADER_BYTES;
     if (n > file_size) n = (size_t)file_size;
     uint8_t *buf = malloc(n ? n : 1);
     if (!buf) return dj_fail(e, "out of memory");

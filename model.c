@@ -2,12 +2,14 @@
 // parser. No I/O: loader.c reads files, convert/ writes them.
 #include "model.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 _Static_assert(sizeof(dj_config) == 80, "dj_config is 80 bytes on disk");
 _Static_assert(sizeof(dj_disk_header) == 128, "dj_disk_header is 128 bytes on disk");
 _Static_assert(sizeof(dj_disk_section) == 32, "dj_disk_section is 32 bytes on disk");
+_Static_assert(sizeof(dj_disk_tensor) == 40, "dj_disk_tensor is 40 bytes on disk");
 
 #define FIX_HINT "re-run ./convert/convert to rewrite the file"
 
@@ -28,6 +30,13 @@ const char *dj_dtype_name(uint32_t dtype) {
     case DJ_BF16: return "bf16";
     default: return "?";
     }
+}
+
+const char *dj_tensor_name(uint32_t kind) {
+    static const char *names[DJ_N_TENSOR_KINDS] = {"attn_norm", "ffn_norm", "wq",    "wk",         "wv",     "wo",
+                                                   "w_gate",    "w_up",     "w_down", "embeddings", "final_norm",
+                                                   "lm_head"};
+    return kind < DJ_N_TENSOR_KINDS ? names[kind] : "?";
 }
 
 // ---- config and layout
@@ -65,8 +74,10 @@ int dj_config_validate(const dj_config *c, dj_err *e) {
         // Fields a reader of this version ignores must be zero, so that a later version can give them meaning.
         return dj_fail(e, "llama3 rope fields are set but the rope type is default");
     }
-    for (int i = 0; i < 3; i++)
-        if (c->reserved[i]) return dj_fail(e, "reserved config word %d is %u, not zero", i, c->reserved[i]);
+    if (c->embed_type != c->wtype || c->head_type != c->wtype)
+        return dj_fail(e, "embeddings in %s and lm_head in %s beside %s layers: this build reads one weight dtype for "
+                          "all", dj_dtype_name(c->embed_type), dj_dtype_name(c->head_type), dj_dtype_name(c->wtype));
+    if (c->reserved) return dj_fail(e, "reserved config word is %u, not zero", c->reserved);
     return 0;
 }
 
@@ -89,14 +100,42 @@ int dj_layout(const dj_config *c, dj_layer_layout *L, dj_head_layout *H, dj_err 
     L->size = dj_align_up(off, DJ_SECTION_ALIGN);
     H->norm = 0;
     H->lm_head = dj_align_up(dim * 4, a);
-    H->size = dj_align_up(c->tied ? dim * 4 : H->lm_head + (uint64_t)c->vocab_size * dim * ws, DJ_SECTION_ALIGN);
+    H->size = dj_align_up(c->tied ? dim * 4 : H->lm_head + (uint64_t)c->vocab_size * dim * dj_dtype_size(c->head_type),
+                          DJ_SECTION_ALIGN);
     return 0;
 }
 
-// ---- file plan and header
-uint64_t model_header_bytes(uint32_t n_layers) {
-    return dj_align_up(DJ_HEADER_SIZE + (uint64_t)(n_layers + 3) * sizeof(dj_disk_section), DJ_SECTION_ALIGN);
+int dj_tensor_table(const dj_config *c, const dj_layer_layout *L, const dj_head_layout *H, dj_disk_tensor *t) {
+    uint64_t dim = c->dim, q = (uint64_t)c->n_heads * c->head_dim, kv = (uint64_t)c->n_kv_heads * c->head_dim,
+             hid = c->hidden_dim, vocab = c->vocab_size, ws = dj_dtype_size(c->wtype);
+    int n = 0;
+#define T(k, dt, r, cc, off) (t[n++] = (dj_disk_tensor){(k), (dt), (r), (cc), (off), (r) * (cc) * dj_dtype_size(dt)})
+    T(DJ_T_ATTN_NORM, DJ_F32, dim, 1, L->attn_norm);
+    T(DJ_T_FFN_NORM, DJ_F32, dim, 1, L->ffn_norm);
+    T(DJ_T_WQ, c->wtype, q, dim, L->wq);
+    T(DJ_T_WK, c->wtype, kv, dim, L->wk);
+    T(DJ_T_WV, c->wtype, kv, dim, L->wv);
+    T(DJ_T_WO, c->wtype, dim, q, L->wo);
+    T(DJ_T_W_GATE, c->wtype, hid, dim, L->w_gate);
+    T(DJ_T_W_UP, c->wtype, hid, dim, L->w_up);
+    T(DJ_T_W_DOWN, c->wtype, dim, hid, L->w_down);
+    T(DJ_T_EMBED, c->embed_type, vocab, dim, 0);
+    T(DJ_T_FINAL_NORM, DJ_F32, dim, 1, H->norm);
+    if (!c->tied) T(DJ_T_LM_HEAD, c->head_type, vocab, dim, H->lm_head);
+#undef T
+    (void)ws;
+    return n;
 }
+
+// ---- file plan and header
+// Header, section table and (version 2) tensor table, rounded up: where the first section may start.
+static uint64_t header_bytes_of(uint32_t version, uint32_t n_layers) {
+    return dj_align_up(DJ_HEADER_SIZE + (uint64_t)(n_layers + 3) * sizeof(dj_disk_section) +
+                           (version >= 2 ? DJ_N_TENSOR_KINDS * sizeof(dj_disk_tensor) : 0),
+                       DJ_SECTION_ALIGN);
+}
+
+uint64_t model_header_bytes(uint32_t n_layers) { return header_bytes_of(DJ_VERSION, n_layers); }
 
 int model_plan(const dj_config *c, uint64_t tok_size, dj_model_info *m, dj_err *e) {
     memset(m, 0, sizeof *m);
@@ -106,10 +145,12 @@ int model_plan(const dj_config *c, uint64_t tok_size, dj_model_info *m, dj_err *
                                                                  (unsigned long long)tok_size);
     m->layer_off = malloc(c->n_layers * sizeof *m->layer_off);
     if (!m->layer_off) return dj_fail(e, "out of memory");
-    uint64_t off = model_header_bytes(c->n_layers);
+    m->version = DJ_VERSION;
+    m->header_bytes = model_header_bytes(c->n_layers);
+    uint64_t off = m->header_bytes;
     m->tok_off = off, m->tok_size = tok_size;
     off = dj_align_up(off + tok_size, DJ_SECTION_ALIGN);
-    m->embed_off = off, m->embed_size = (uint64_t)c->vocab_size * c->dim * dj_dtype_size(c->wtype);
+    m->embed_off = off, m->embed_size = (uint64_t)c->vocab_size * c->dim * dj_dtype_size(c->embed_type);
     off = dj_align_up(off + m->embed_size, DJ_SECTION_ALIGN);
     for (uint32_t l = 0; l < c->n_layers; l++) m->layer_off[l] = off, off += m->layer.size;
     m->head_off = off, m->head_size = m->head.size;
@@ -148,8 +189,11 @@ int model_write_header(const dj_model_info *m, void *buf, size_t n, dj_err *e) {
     t[1] = (dj_disk_section){DJ_SEC_EMBED, 0, m->embed_off, m->embed_size, 0};
     for (uint32_t l = 0; l < nl; l++) t[2 + l] = (dj_disk_section){DJ_SEC_LAYER, l, m->layer_off[l], m->layer.size, 0};
     t[2 + nl] = (dj_disk_section){DJ_SEC_HEAD, 0, m->head_off, m->head_size, 0};
+    dj_disk_tensor tt[DJ_N_TENSOR_KINDS];
+    h.n_tensors = (uint32_t)dj_tensor_table(&m->config, &m->layer, &m->head, tt);
+    memcpy(t + ns, tt, h.n_tensors * sizeof *tt);
     memcpy(buf, &h, sizeof h);
-    h.crc = header_crc(buf, (const uint8_t *)t, ns * sizeof *t);
+    h.crc = header_crc(buf, (const uint8_t *)t, ns * sizeof *t + h.n_tensors * sizeof *tt);
     memcpy(buf, &h, sizeof h);
     return 0;
 }
@@ -175,6 +219,30 @@ static int span_cmp(const void *a, const void *b) {
     return x->off < y->off ? -1 : x->off > y->off;
 }
 
+static void describe(char *out, size_t n, const dj_disk_tensor *t) {
+    snprintf(out, n, "%llu x %llu %s at offset %llu (%llu bytes)", (unsigned long long)t->rows,
+             (unsigned long long)t->cols, dj_dtype_name(t->dtype), (unsigned long long)t->offset,
+             (unsigned long long)t->bytes);
+}
+
+// Version 2: every entry of the stored tensor table must be what the config implies, field for field.
+static int check_tensor_table(const dj_model_info *m, const void *stored, uint32_t n, dj_err *e) {
+    dj_disk_tensor want[DJ_N_TENSOR_KINDS], got;
+    int k = dj_tensor_table(&m->config, &m->layer, &m->head, want);
+    for (uint32_t i = 0; i < n && (int)i < k; i++) {
+        memcpy(&got, (const uint8_t *)stored + i * sizeof got, sizeof got);
+        if (!memcmp(&got, &want[i], sizeof got)) continue;
+        char a[160], b[160];
+        describe(a, sizeof a, &got), describe(b, sizeof b, &want[i]);
+        if (got.kind != want[i].kind)
+            return dj_fail(e, "tensor table entry %u is '%s', expected '%s': damaged file, " FIX_HINT, i,
+                           dj_tensor_name(got.kind), dj_tensor_name(want[i].kind));
+        return dj_fail(e, "tensor table: %s is %s, but the config implies %s: damaged file, " FIX_HINT,
+                       dj_tensor_name(got.kind), a, b);
+    }
+    return 0;
+}
+
 int model_parse(const void *data, size_t n, uint64_t file_size, dj_model_info *m, dj_err *e) {
     memset(m, 0, sizeof *m);
     const uint8_t *p = data;
@@ -185,8 +253,12 @@ int model_parse(const void *data, size_t n, uint64_t file_size, dj_model_info *m
     memcpy(&h, p, sizeof h);
     if (memcmp(h.magic, DJ_MAGIC, 8))
         return dj_fail(e, "not a Djinn model (bad magic): convert a HuggingFace checkpoint with ./convert/convert");
-    if (h.version != DJ_VERSION)
-        return dj_fail(e, "model.bin version %u, this build reads version %u: " FIX_HINT, h.version, DJ_VERSION);
+    if (h.version > DJ_VERSION)
+        return dj_fail(e, "model.bin version %u is newer than this build reads (versions %u to %u): update djinn",
+                       h.version, DJ_VERSION_MIN, DJ_VERSION);
+    if (h.version < DJ_VERSION_MIN)
+        return dj_fail(e, "model.bin version %u, this build reads versions %u to %u: " FIX_HINT, h.version,
+                       DJ_VERSION_MIN, DJ_VERSION);
     if (h.header_size != DJ_HEADER_SIZE)
         return dj_fail(e, "header size %u, expected %u: " FIX_HINT, h.header_size, DJ_HEADER_SIZE);
     if (h.file_size != file_size)
@@ -194,16 +266,28 @@ int model_parse(const void *data, size_t n, uint64_t file_size, dj_model_info *m
                        (unsigned long long)file_size, (unsigned long long)h.file_size);
     for (size_t i = offsetof(dj_disk_header, pad); i < DJ_HEADER_SIZE; i++)
         if (p[i]) return dj_fail(e, "header padding byte %zu is not zero: damaged file, " FIX_HINT, i);
-    const dj_config *c = &h.config;
+    dj_config cfg = h.config;
+    const dj_config *c = &cfg;
+    if (h.version == 1) {  // one dtype for every matrix, no tensor table
+        if (cfg.embed_type || cfg.head_type)
+            return dj_fail(e, "bad config in header: reserved config words are not zero: damaged file, " FIX_HINT);
+        if (h.n_tensors) return dj_fail(e, "a version 1 file with a tensor table: damaged file, " FIX_HINT);
+        cfg.embed_type = cfg.head_type = cfg.wtype;
+    }
     dj_err ce;
     if (dj_config_validate(c, &ce)) return dj_fail(e, "bad config in header: %s", ce.msg);
     if (h.n_sections != c->n_layers + 3)
         return dj_fail(e, "%u sections for %u layers, expected %u: " FIX_HINT, h.n_sections, c->n_layers,
                        c->n_layers + 3);
-    uint64_t table_bytes = (uint64_t)h.n_sections * sizeof(dj_disk_section);
+    if (h.version >= 2 && h.n_tensors != DJ_N_TENSOR_KINDS - c->tied)
+        return dj_fail(e, "%u entries in the tensor table, expected %u: " FIX_HINT, h.n_tensors,
+                       DJ_N_TENSOR_KINDS - c->tied);
+    uint64_t table_bytes = (uint64_t)h.n_sections * sizeof(dj_disk_section) + h.n_tensors * sizeof(dj_disk_tensor);
     if (DJ_HEADER_SIZE + table_bytes > file_size || DJ_HEADER_SIZE + table_bytes > n)
-        return dj_fail(e, "section table runs past the end of the file: truncated, " FIX_HINT);
+        return dj_fail(e, "section and tensor tables run past the end of the file: truncated, " FIX_HINT);
 
+    m->version = h.version;
+    m->header_bytes = header_bytes_of(h.version, c->n_layers);
     m->config = *c;
     m->file_size = file_size;
     if (dj_layout(c, &m->layer, &m->head, e)) return -1;
@@ -287,6 +371,9 @@ int model_parse(const void *data, size_t n, uint64_t file_size, dj_model_info *m
                     spans[i - 1].index, section_name(spans[i].kind), spans[i].index);
             goto out;
         }
+    if (check_tensor_table(m, (const dj_disk_tensor *)(tp + (size_t)h.n_sections * sizeof(dj_disk_section)),
+                           h.n_tensors, e))
+        goto out;
     // Structure checked; the CRC last, so that fuzzers exercise the checks above.
     if (header_crc(p, tp, table_bytes) != h.crc) {
         dj_fail(e, "header checksum mismatch: damaged file, " FIX_HINT);

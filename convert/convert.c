@@ -361,7 +361,7 @@ int convert_run(const convert_opts *o, dj_err *e) {
                 goto out;
             }
         }
-    c.wtype = o->dtype >= 0 ? (uint32_t)o->dtype : auto_dtype(ws[0].t->dtype);
+    dj_config_set_wtype(&c, o->dtype >= 0 ? (uint32_t)o->dtype : auto_dtype(ws[0].t->dtype));
 
     // --tokenizer DIR lends the tokenizer only; the bos/eos ids of config.json and generation_config.json are
     // the model's own (precedence in tokjson.c).

@@ -188,7 +188,7 @@ int hf_config_parse(const char *text, size_t n, dj_config *c, dj_err *e) {
     if (get_u32(root, "head_dim", 0, c->dim / c->n_heads, &c->head_dim, e)) goto out;
     if (get_f32(root, "rms_norm_eps", 1e-6, &c->norm_eps, e)) goto out;
     if (parse_rope(root, c, e)) goto out;
-    c->wtype = DJ_F16;  // placeholder that validates; the converter sets the real one
+    dj_config_set_wtype(c, DJ_F16);  // placeholder that validates; the converter sets the real one
     dj_err ve;
     if (dj_config_validate(c, &ve)) {
         dj_fail(e, "config.json: %s", ve.msg);

@@ -424,7 +424,8 @@ static void tcpu_ref_forward(const tcpu_model *tm, const int32_t *tok, int64_t T
 static dj_config tcpu_config(uint32_t wtype, int tied, int llama3) {
     dj_config c = {0};
     c.dim = 48, c.n_layers = 2, c.n_heads = 4, c.n_kv_heads = 2, c.head_dim = 16;  // head_dim != dim / n_heads
-    c.hidden_dim = 72, c.vocab_size = 97, c.max_seq_len = 128, c.wtype = wtype, c.tied = (uint32_t)tied;
+    c.hidden_dim = 72, c.vocab_size = 97, c.max_seq_len = 128, c.tied = (uint32_t)tied;
+    dj_config_set_wtype(&c, wtype);
     c.norm_eps = 1e-5f, c.rope_theta = 10000;
     if (llama3) {
         c.rope_type = DJ_ROPE_LLAMA3, c.rope_theta = 500000;

@@ -17,8 +17,9 @@
 // A small GQA config with untied head.
 static dj_config small_config(void) {
     dj_config c = {.dim = 64, .n_layers = 3, .n_heads = 8, .n_kv_heads = 4, .head_dim = 8, .hidden_dim = 172,
-                   .vocab_size = 512, .max_seq_len = 256, .wtype = DJ_F16, .tied = 0, .norm_eps = 1e-5f,
+                   .vocab_size = 512, .max_seq_len = 256, .tied = 0, .norm_eps = 1e-5f,
                    .rope_theta = 10000.f, .rope_type = DJ_ROPE_DEFAULT};
+    dj_config_set_wtype(&c, DJ_F16);
     return c;
 }
 
@@ -45,7 +46,7 @@ static uint8_t *write_image(const dj_config *c, char *path, dj_model_info *plan)
 }
 
 // Recomputes the header CRC after a deliberate edit, so that the structural checks are what is tested.
-// The table length is clamped to the image's real table (edits of n_sections fail before the CRC).
+// The tables' length is clamped to the image's real tables (edits of n_sections fail before the CRC).
 static void fix_crc(uint8_t *img, uint32_t real_sections) {
     dj_disk_header h;
     memcpy(&h, img, sizeof h);
@@ -53,13 +54,18 @@ static void fix_crc(uint8_t *img, uint32_t real_sections) {
     memcpy(img, &h, sizeof h);
     uint32_t crc = dj_crc32(0, img, DJ_HEADER_SIZE);
     uint32_t ns = h.n_sections < real_sections ? h.n_sections : real_sections;
-    crc = dj_crc32(crc, img + DJ_HEADER_SIZE, (size_t)ns * sizeof(dj_disk_section));
+    uint32_t nt = h.n_tensors < DJ_N_TENSOR_KINDS ? h.n_tensors : DJ_N_TENSOR_KINDS;
+    crc = dj_crc32(crc, img + DJ_HEADER_SIZE, (size_t)ns * sizeof(dj_disk_section) + nt * sizeof(dj_disk_tensor));
     h.crc = crc;
     memcpy(img, &h, sizeof h);
 }
 
 static dj_disk_section *section(uint8_t *img, uint32_t i) {
     return (dj_disk_section *)(img + DJ_HEADER_SIZE) + i;
+}
+
+static dj_disk_tensor *tensor(uint8_t *img, uint32_t n_sections, uint32_t i) {
+    return (dj_disk_tensor *)(img + DJ_HEADER_SIZE + n_sections * sizeof(dj_disk_section)) + i;
 }
 
 static void expect_parse_error(const uint8_t *img, size_t n, uint64_t file_size, const char *needle) {
@@ -187,21 +193,22 @@ Test(model_format, structural_errors_with_valid_crc) {
             memcpy(&h, im, sizeof h);                       \
             edit;                                           \
             memcpy(im, &h, sizeof h);                       \
-            (void)section;                                  \
+            (void)section, (void)tensor;                    \
             fix_crc(im, c.n_layers + 3);                     \
         }                                                   \
         expect_parse_error(copy, size, size, needle);       \
     } while (0)
 
     CASE(memcpy(h.magic, "GGUFxxxx", 8), "magic");
-    CASE(h.version = 2, "version");
+    CASE(h.version = DJ_VERSION + 1, "newer than this build reads");
+    CASE(h.version = 0, "version 0");
     CASE(h.header_size = 8192, "header size");
     CASE(h.config.dim = 1u << 30, "dim");
     CASE(h.config.n_layers = 100000, "n_layers");
     CASE(h.config.n_heads = 7, "n_kv_heads");
     CASE(h.config.vocab_size = 513, "embedding");       // section sizes no longer match the config
     CASE(h.config.hidden_dim = 100, "layer");
-    CASE(h.config.tied = 1, "head");
+    CASE(h.config.tied = 1, "entries in the tensor table");                     // no lm_head entry then
     CASE(h.n_sections = 2, "sections");
     CASE(h.n_sections = 0xffffffffu, "sections");
     CASE(section(im, 3)->offset = size, "outside the file");                        // offset past the end
@@ -215,8 +222,14 @@ Test(model_format, structural_errors_with_valid_crc) {
     CASE(section(im, 0)->size = 0, "empty");
     CASE(section(im, 1)->size += 4096, "bytes");
     CASE(im[200] = 1, "padding");
-    CASE(h.pad[15] = 1, "padding");                                                  // inside the 128-byte struct
-    CASE(h.config.reserved[2] = 7, "reserved config word");
+    CASE(h.pad[11] = 1, "padding");                                                  // inside the 128-byte struct
+    CASE(h.config.reserved = 7, "reserved config word");
+    CASE(h.config.embed_type = DJ_F32, "one weight dtype");
+    CASE(h.n_tensors = 3, "entries in the tensor table");
+    CASE(tensor(im, c.n_layers + 3, 6)->rows += 1, "tensor table: w_gate");             // a shape
+    CASE(tensor(im, c.n_layers + 3, 2)->offset += 256, "tensor table: wq");              // an offset
+    CASE(tensor(im, c.n_layers + 3, 9)->dtype = DJ_BF16, "tensor table: embeddings");   // a dtype
+    CASE(tensor(im, c.n_layers + 3, 0)->kind = DJ_T_LM_HEAD, "entry 0 is 'lm_head'");
     CASE(h.config.rope_factor = 8, "llama3 rope fields");                           // ignored under default RoPE
     CASE(h.config.rope_orig_max = 64, "llama3 rope fields");
     CASE(section(im, 3)->reserved = 1, "reserved field");
@@ -354,8 +367,9 @@ static void *change_soon(void *arg) {
 // a thread changes it as `to` says; returns model_load's result, the message in *e.
 static int load_while_changing(off_t to, dj_err *e) {
     dj_config c = {.dim = 4096, .n_layers = 16, .n_heads = 32, .n_kv_heads = 8, .head_dim = 128, .hidden_dim = 8192,
-                   .vocab_size = 1000, .max_seq_len = 256, .wtype = DJ_F16, .tied = 1, .norm_eps = 1e-5f,
+                   .vocab_size = 1000, .max_seq_len = 256, .tied = 1, .norm_eps = 1e-5f,
                    .rope_theta = 10000.f};
+    dj_config_set_wtype(&c, DJ_F16);
     dj_model_info plan;
     cr_assert_eq(model_plan(&c, 100, &plan, e), 0, "%s", e->msg);
     uint64_t hb = model_header_bytes(c.n_layers);
@@ -391,4 +405,66 @@ Test(model_format, file_rewritten_while_loading) {
     dj_err e;
     cr_assert_eq(load_while_changing(-1, &e), -1, "a file rewritten in place while loading was accepted");
     cr_assert(strstr(e.msg, "changed on disk"), "%s", e.msg);
+}
+
+// A config field changed by a few units, the CRC recomputed: the layer slab, rounded up to 4096 bytes, keeps its
+// size, so the section table cannot tell; the tensor table can.
+Test(model_format, small_config_edits_caught_by_the_tensor_table) {
+    dj_config c = small_config();
+    dj_model_info plan;
+    uint8_t *img = make_image(&c, 100, &plan);
+    uint64_t size = plan.file_size;
+    int tried = 0;
+    for (uint32_t field = 0; field < 3; field++)
+        for (int delta = -3; delta <= 3; delta++) {
+            if (!delta) continue;
+            dj_config d = c;
+            if (field == 0) d.hidden_dim = (uint32_t)((int)c.hidden_dim + delta);
+            else if (field == 1) d.vocab_size = (uint32_t)((int)c.vocab_size + delta);
+            else if (delta % 2 == 0) d.head_dim = (uint32_t)((int)c.head_dim + delta);
+            else continue;
+            dj_layer_layout L;
+            dj_head_layout H;
+            dj_err e;
+            if (dj_layout(&d, &L, &H, &e) || L.size != plan.layer.size || H.size != plan.head.size) continue;
+            if (field == 1) continue;  // the embeddings' section is exact: a vocabulary edit fails there first
+            uint8_t *copy = malloc(size);
+            memcpy(copy, img, size);
+            dj_disk_header h;
+            memcpy(&h, copy, sizeof h);
+            h.config = d;
+            memcpy(copy, &h, sizeof h);
+            fix_crc(copy, c.n_layers + 3);
+            expect_parse_error(copy, size, size, "tensor table");
+            free(copy);
+            tried++;
+        }
+    cr_assert_gt(tried, 2, "no edit kept the slab sizes: the test tests nothing");
+    dj_info_free(&plan);
+    free(img);
+}
+
+// Version 1 files (no tensor table, one dtype) still parse; a version 1 header with table entries does not.
+Test(model_format, version_1_still_reads) {
+    dj_config c = small_config();
+    dj_model_info plan, got;
+    uint8_t *img = make_image(&c, 100, &plan);
+    uint64_t size = plan.file_size;
+    dj_disk_header h;
+    memcpy(&h, img, sizeof h);
+    h.version = 1, h.n_tensors = 0, h.config.embed_type = h.config.head_type = 0;
+    memcpy(img, &h, sizeof h);
+    memset(tensor(img, c.n_layers + 3, 0), 0, DJ_N_TENSOR_KINDS * sizeof(dj_disk_tensor));
+    fix_crc(img, c.n_layers + 3);
+    dj_err e;
+    cr_assert_eq(model_parse(img, size, size, &got, &e), 0, "%s", e.msg);
+    cr_assert(got.version == 1 && got.config.embed_type == DJ_F16 && got.config.head_type == DJ_F16);
+    cr_assert(got.tok_off == plan.tok_off && got.layer_off[2] == plan.layer_off[2]);
+    dj_info_free(&got);
+    h.n_tensors = 5;
+    memcpy(img, &h, sizeof h);
+    fix_crc(img, c.n_layers + 3);
+    expect_parse_error(img, size, size, NULL);
+    dj_info_free(&plan);
+    free(img);
 }

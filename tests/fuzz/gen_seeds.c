@@ -111,15 +111,16 @@ int main(int argc, char **argv) {
     if (argc != 2) dj_die("usage: gen_seeds CORPUS_DIR");
     const char *dir = argv[1];
     dj_config c = {.dim = 8, .n_layers = 1, .n_heads = 2, .n_kv_heads = 1, .head_dim = 4, .hidden_dim = 16,
-                   .vocab_size = 4, .max_seq_len = 16, .wtype = DJ_F32, .tied = 1, .norm_eps = 1e-5f,
+                   .vocab_size = 4, .max_seq_len = 16, .tied = 1, .norm_eps = 1e-5f,
                    .rope_theta = 10000};
+    dj_config_set_wtype(&c, DJ_F32);
     static const uint8_t small_tok[16] = "DJINNTOK";
     model_seed(dir, "f32_tied", &c, small_tok, sizeof small_tok, 0);
     dj_config c2 = c;
-    c2.wtype = DJ_F16, c2.tied = 0, c2.n_layers = 2, c2.n_kv_heads = 2;
+    dj_config_set_wtype(&c2, DJ_F16), c2.tied = 0, c2.n_layers = 2, c2.n_kv_heads = 2;
     model_seed(dir, "f16_untied_2layers", &c2, small_tok, sizeof small_tok, 0);
     dj_config c3 = c;
-    c3.wtype = DJ_BF16, c3.rope_type = DJ_ROPE_LLAMA3, c3.rope_factor = 8, c3.rope_low_freq = 1,
+    dj_config_set_wtype(&c3, DJ_BF16), c3.rope_type = DJ_ROPE_LLAMA3, c3.rope_factor = 8, c3.rope_low_freq = 1,
     c3.rope_high_freq = 4, c3.rope_orig_max = 8192, c3.head_dim = 6, c3.vocab_size = 300;
     model_seed(dir, "bf16_llama3", &c3, small_tok, sizeof small_tok, 0);
 

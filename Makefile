@@ -55,7 +55,7 @@ $(BUILD)/bin/djinn: $(BUILD)/djinn.o $(ENGINE_OBJ)
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS)
 
-$(BUILD)/bin/convert: $(BUILD)/convert/main.o $(CONVERT_OBJ) $(FORMAT_OBJ) $(BUILD)/fileio.o
+$(BUILD)/bin/convert: $(BUILD)/convert/main.o $(CONVERT_OBJ) $(FORMAT_OBJ) $(BUILD)/fileio.o $(BUILD)/pool.o $(BUILD)/quant.o
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) $^ -o $@ -lm -lpthread
 

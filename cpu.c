@@ -10,6 +10,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "quant.h"
+
 // ---- widening and the reference matmul
 // f16 -> f32 through a 64K-entry table: the conversion's branches would otherwise dominate the inner loop.
 static float cpu_f16_table[65536];
@@ -18,9 +20,14 @@ static void cpu_f16_table_init(void) {
     for (uint32_t i = 0; i < 65536; i++) cpu_f16_table[i] = dj_f16_to_f32((uint16_t)i);
 }
 
-// dst (n) = row `r` of w (rows of n elements in wtype), widened to f32. Returns dst, or w's own row for f32.
+// dst (n) = row `r` of w (rows of n elements in wtype, dj_row_bytes apart), widened to f32 (q8, q4: dequantized,
+// exactly). Returns dst, or w's own row for f32.
 static const float *cpu_widen_row(float *dst, const void *w, uint32_t wtype, int64_t r, int64_t n) {
     if (wtype == DJ_F32) return (const float *)w + r * n;
+    if (dj_is_quant(wtype)) {
+        dequant_row(wtype, (const uint8_t *)w + (uint64_t)r * dj_row_bytes(wtype, (uint64_t)n), n, dst);
+        return dst;
+    }
     const uint16_t *src = (const uint16_t *)w + r * n;
     if (wtype == DJ_F16) {
         for (int64_t i = 0; i < n; i++) dst[i] = cpu_f16_table[src[i]];
@@ -64,7 +71,7 @@ static void cpu_matmul_task(void *ctx, int64_t begin, int64_t end) {
 }
 
 void cpu_matmul(float *y, const float *x, const void *w, uint32_t wtype, int64_t T, int64_t n_in, int64_t n_out) {
-    assert(wtype == DJ_F32 || wtype == DJ_F16 || wtype == DJ_BF16);
+    assert(dj_row_bytes(wtype, 1) > 0);
     if (wtype == DJ_F16) pthread_once(&cpu_f16_once, cpu_f16_table_init);
     cpu_matmul_job j = {y, x, w, wtype, T, n_in, n_out};
     cpu_parallel_for(n_out, (double)T * (double)n_in * (double)n_out, cpu_matmul_task, &j);
@@ -111,6 +118,40 @@ SIMD_FN static float simd_dot_row(const float *x, const void *w, uint32_t wtype,
     return r;
 }
 
+// q8 and q4 rows (model.h): per group of 32, the widened k times x in four accumulators' worth of FMAs, then the
+// group's sum times its scale. Only whole groups here; the caller handles a partial last one.
+SIMD_FN static inline __m256 simd_i8x8(__m128i b) { return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b)); }
+
+SIMD_FN static float simd_dot_quant(const float *x, const uint8_t *row, uint32_t wtype, int64_t groups,
+                                    const uint16_t *scales) {
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0;
+    const __m128i m4 = _mm_set1_epi8(0x0f), eight = _mm_set1_epi8(8);
+    for (int64_t g = 0; g < groups; g++) {
+        const float *xg = x + g * DJ_QGROUP;
+        __m128i a, b;  // k of weights 0..15 and 16..31, as int8
+        if (wtype == DJ_Q8) {
+            a = _mm_loadu_si128((const __m128i *)(row + g * DJ_QGROUP));
+            b = _mm_loadu_si128((const __m128i *)(row + g * DJ_QGROUP + 16));
+        } else {
+            __m128i q = _mm_loadu_si128((const __m128i *)(row + g * (DJ_QGROUP / 2)));
+            a = _mm_sub_epi8(_mm_and_si128(q, m4), eight);
+            b = _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(q, 4), m4), eight);
+        }
+        __m256 s = _mm256_mul_ps(simd_i8x8(a), _mm256_loadu_ps(xg));
+        s = _mm256_fmadd_ps(simd_i8x8(_mm_srli_si128(a, 8)), _mm256_loadu_ps(xg + 8), s);
+        s = _mm256_fmadd_ps(simd_i8x8(b), _mm256_loadu_ps(xg + 16), s);
+        s = _mm256_fmadd_ps(simd_i8x8(_mm_srli_si128(b, 8)), _mm256_loadu_ps(xg + 24), s);
+        __m256 sc = _mm256_set1_ps(_cvtsh_ss(scales[g]));
+        if (g & 1) acc1 = _mm256_fmadd_ps(s, sc, acc1);
+        else acc0 = _mm256_fmadd_ps(s, sc, acc0);
+    }
+    __m256 a = _mm256_add_ps(acc0, acc1);
+    __m128 h = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+    h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_add_ss(h, _mm_movehdup_ps(h));
+    return _mm_cvtss_f32(h);
+}
+
 // AVX2 and FMA through the compiler's builtin (which also checks that the OS saves the AVX state); F16C
 // through CPUID leaf 1 (ECX bit 29), which not every compiler's builtin knows.
 static int cpu_simd_ok(void) {
@@ -143,12 +184,38 @@ typedef struct {
     _Atomic int64_t next;  // the next chunk of rows to claim: a thread the OS delays takes fewer
 } cpu_matvec_job;
 
+// A quantized row's dot with x: whole groups on the vector path, the rest (a partial last group, or everything on
+// the portable path) widened into buf (n_in floats) first.
+static float cpu_dot_quant(const float *x, const uint8_t *row, uint32_t wtype, int64_t n, float *buf) {
+    int64_t full = cpu_simd_off ? 0 : n / DJ_QGROUP, done = full * DJ_QGROUP;
+    float acc = 0.0f;
+#ifdef CPU_SIMD
+    if (full && cpu_simd_ok())
+        acc = simd_dot_quant(x, row, wtype, full, (const uint16_t *)(row + dj_scales_offset(wtype, (uint64_t)n)));
+    else
+        done = 0;
+#else
+    done = 0;
+#endif
+    if (done == n) return acc;
+    dequant_row(wtype, row, n, buf);
+    return acc + cpu_dot(x + done, buf + done, n - done);
+}
+
 static void cpu_matvec_rows(const cpu_matvec_job *j, int64_t begin, int64_t end) {
-    size_t ws = dj_dtype_size(j->wtype);
+    size_t ws = dj_dtype_size(j->wtype), rb = (size_t)dj_row_bytes(j->wtype, (uint64_t)j->n_in);
+    if (dj_is_quant(j->wtype)) {
+        float *buf = malloc((size_t)j->n_in * sizeof(float));
+        assert(buf && "out of memory in cpu_matvec");
+        for (int64_t o = begin; o < end; o++)
+            j->y[o] = cpu_dot_quant(j->x, (const uint8_t *)j->w + (size_t)o * rb, j->wtype, j->n_in, buf);
+        free(buf);
+        return;
+    }
 #ifdef CPU_SIMD
     if (!cpu_simd_off && cpu_simd_ok()) {
         for (int64_t o = begin; o < end; o++)
-            j->y[o] = simd_dot_row(j->x, (const uint8_t *)j->w + (size_t)o * (size_t)j->n_in * ws, j->wtype, j->n_in);
+            j->y[o] = simd_dot_row(j->x, (const uint8_t *)j->w + (size_t)o * rb, j->wtype, j->n_in);
         return;
     }
 #endif
@@ -173,7 +240,7 @@ static void cpu_matvec_task(void *ctx, int64_t part, int64_t parts_end) {
 }
 
 void cpu_matvec(float *y, const float *x, const void *w, uint32_t wtype, int64_t n_in, int64_t n_out) {
-    assert(wtype == DJ_F32 || wtype == DJ_F16 || wtype == DJ_BF16);
+    assert(dj_row_bytes(wtype, 1) > 0);
     if (wtype == DJ_F16) pthread_once(&cpu_f16_once, cpu_f16_table_init);
     int64_t parts = cpu_threads(), chunk = n_out / (8 * parts);
     if (chunk < 16) chunk = 16;
@@ -382,7 +449,7 @@ static void cpu_attn_task(void *ctx, int64_t begin, int64_t end) {
 // The embedding row of `token`, widened: out (dim).
 static void cpu_embed(const dj_model *m, int32_t token, float *out) {
     const dj_config *c = &m->info.config;
-    const float *row = cpu_widen_row(out, dj_embed_ptr(m), c->wtype, token, c->dim);
+    const float *row = cpu_widen_row(out, dj_embed_ptr(m), c->embed_type, token, c->dim);
     if (row != out) memcpy(out, row, (size_t)c->dim * sizeof(float));  // f32: widen_row returned the table's row
 }
 
@@ -393,7 +460,7 @@ static void cpu_forward_chunk(dj_cpu_state *s, const int32_t *tokens, int64_t T,
     const dj_layer_layout *L = &m->info.layer;
     int64_t dim = c->dim, hd = c->head_dim, hidden = c->hidden_dim, qd = s->q_dim, kvd = s->kv_dim;
     uint32_t wt = c->wtype;
-    if (wt == DJ_F16) pthread_once(&cpu_f16_once, cpu_f16_table_init);
+    pthread_once(&cpu_f16_once, cpu_f16_table_init);
     for (int64_t t = 0; t < T; t++) cpu_embed(m, tokens[t], s->x + t * dim);
 
     for (uint32_t l = 0; l < c->n_layers; l++) {
@@ -433,7 +500,7 @@ static void cpu_forward_chunk(dj_cpu_state *s, const int32_t *tokens, int64_t T,
     if (!logits) return;
     const float *norm = (const float *)(dj_head_ptr(m) + m->info.head.norm);
     for (int64_t t = 0; t < T; t++) cpu_rmsnorm(s->xb + t * dim, s->x + t * dim, norm, dim, c->norm_eps);
-    cpu_matmul(logits, s->xb, dj_lm_head_ptr(m), wt, T, dim, c->vocab_size);
+    cpu_matmul(logits, s->xb, dj_lm_head_ptr(m), dj_lm_head_type(m), T, dim, c->vocab_size);
 }
 
 int cpu_forward(dj_cpu_state *s, const int32_t *tokens, int64_t T, int64_t pos, float *logits, dj_err *e) {

@@ -35,5 +35,8 @@ static inline const uint8_t *dj_head_ptr(const dj_model *m) { return m->data + m
 static inline const uint8_t *dj_lm_head_ptr(const dj_model *m) {
     return m->info.config.tied ? dj_embed_ptr(m) : dj_head_ptr(m) + m->info.head.lm_head;
 }
+static inline uint32_t dj_lm_head_type(const dj_model *m) {  // tied: the embeddings' dtype
+    return m->info.config.tied ? m->info.config.embed_type : m->info.config.head_type;
+}
 
 #endif

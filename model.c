@@ -28,6 +28,8 @@ const char *dj_dtype_name(uint32_t dtype) {
     case DJ_F32: return "f32";
     case DJ_F16: return "f16";
     case DJ_BF16: return "bf16";
+    case DJ_Q8: return "q8";
+    case DJ_Q4: return "q4";
     default: return "?";
     }
 }
@@ -57,7 +59,7 @@ int dj_config_validate(const dj_config *c, dj_err *e) {
         return dj_fail(e, "vocab_size %u out of range (1..%u)", c->vocab_size, 1u << 22);
     if (c->max_seq_len == 0 || c->max_seq_len > 1u << 24)
         return dj_fail(e, "max_seq_len %u out of range (1..%u)", c->max_seq_len, 1u << 24);
-    if (!dj_dtype_size(c->wtype)) return dj_fail(e, "unknown weight dtype %u", c->wtype);
+    if (!dj_row_bytes(c->wtype, 1)) return dj_fail(e, "unknown weight dtype %u", c->wtype);
     if (c->tied > 1) return dj_fail(e, "tied flag %u is not 0 or 1", c->tied);
     if (!(c->norm_eps > 0 && c->norm_eps < 1)) return dj_fail(e, "norm_eps %g out of range (0..1)", c->norm_eps);
     if (!(c->rope_theta > 0 && c->rope_theta < 1e12f))
@@ -74,9 +76,13 @@ int dj_config_validate(const dj_config *c, dj_err *e) {
         // Fields a reader of this version ignores must be zero, so that a later version can give them meaning.
         return dj_fail(e, "llama3 rope fields are set but the rope type is default");
     }
-    if (c->embed_type != c->wtype || c->head_type != c->wtype)
-        return dj_fail(e, "embeddings in %s and lm_head in %s beside %s layers: this build reads one weight dtype for "
-                          "all", dj_dtype_name(c->embed_type), dj_dtype_name(c->head_type), dj_dtype_name(c->wtype));
+    // The embeddings and the lm_head are in the layers' dtype, or in q8 beside quantized layers.
+    for (int i = 0; i < 2; i++) {
+        uint32_t t = i ? c->head_type : c->embed_type;
+        if (t != c->wtype && !(t == DJ_Q8 && dj_is_quant(c->wtype)))
+            return dj_fail(e, "%s in %s beside %s layers: this build reads them in the layers' dtype, or in q8 beside "
+                              "quantized layers", i ? "lm_head" : "embeddings", dj_dtype_name(t), dj_dtype_name(c->wtype));
+    }
     if (c->reserved) return dj_fail(e, "reserved config word is %u, not zero", c->reserved);
     return 0;
 }
@@ -84,32 +90,33 @@ int dj_config_validate(const dj_config *c, dj_err *e) {
 int dj_layout(const dj_config *c, dj_layer_layout *L, dj_head_layout *H, dj_err *e) {
     if (dj_config_validate(c, e)) return -1;
     // With the limits above every product below fits easily in 64 bits (< 2^60); no overflow checks needed.
-    uint64_t ws = dj_dtype_size(c->wtype), dim = c->dim, q = (uint64_t)c->n_heads * c->head_dim,
-             kv = (uint64_t)c->n_kv_heads * c->head_dim, hid = c->hidden_dim, a = DJ_TENSOR_ALIGN, off = 0;
+    uint32_t wt = c->wtype;
+    uint64_t dim = c->dim, q = (uint64_t)c->n_heads * c->head_dim, kv = (uint64_t)c->n_kv_heads * c->head_dim,
+             hid = c->hidden_dim, a = DJ_TENSOR_ALIGN, off = 0;
 #define PLACE(field, bytes) (L->field = off, off = dj_align_up(off + (bytes), a))
     PLACE(attn_norm, dim * 4);
     PLACE(ffn_norm, dim * 4);
-    PLACE(wq, q * dim * ws);
-    PLACE(wk, kv * dim * ws);
-    PLACE(wv, kv * dim * ws);
-    PLACE(wo, dim * q * ws);
-    PLACE(w_gate, hid * dim * ws);
-    PLACE(w_up, hid * dim * ws);
-    PLACE(w_down, dim * hid * ws);
+    PLACE(wq, dj_matrix_bytes(wt, q, dim));
+    PLACE(wk, dj_matrix_bytes(wt, kv, dim));
+    PLACE(wv, dj_matrix_bytes(wt, kv, dim));
+    PLACE(wo, dj_matrix_bytes(wt, dim, q));
+    PLACE(w_gate, dj_matrix_bytes(wt, hid, dim));
+    PLACE(w_up, dj_matrix_bytes(wt, hid, dim));
+    PLACE(w_down, dj_matrix_bytes(wt, dim, hid));
 #undef PLACE
     L->size = dj_align_up(off, DJ_SECTION_ALIGN);
     H->norm = 0;
     H->lm_head = dj_align_up(dim * 4, a);
-    H->size = dj_align_up(c->tied ? dim * 4 : H->lm_head + (uint64_t)c->vocab_size * dim * dj_dtype_size(c->head_type),
+    H->size = dj_align_up(c->tied ? dim * 4 : H->lm_head + dj_matrix_bytes(c->head_type, c->vocab_size, dim),
                           DJ_SECTION_ALIGN);
     return 0;
 }
 
 int dj_tensor_table(const dj_config *c, const dj_layer_layout *L, const dj_head_layout *H, dj_disk_tensor *t) {
     uint64_t dim = c->dim, q = (uint64_t)c->n_heads * c->head_dim, kv = (uint64_t)c->n_kv_heads * c->head_dim,
-             hid = c->hidden_dim, vocab = c->vocab_size, ws = dj_dtype_size(c->wtype);
+             hid = c->hidden_dim, vocab = c->vocab_size;
     int n = 0;
-#define T(k, dt, r, cc, off) (t[n++] = (dj_disk_tensor){(k), (dt), (r), (cc), (off), (r) * (cc) * dj_dtype_size(dt)})
+#define T(k, dt, r, cc, off) (t[n++] = (dj_disk_tensor){(k), (dt), (r), (cc), (off), dj_matrix_bytes((dt), (r), (cc))})
     T(DJ_T_ATTN_NORM, DJ_F32, dim, 1, L->attn_norm);
     T(DJ_T_FFN_NORM, DJ_F32, dim, 1, L->ffn_norm);
     T(DJ_T_WQ, c->wtype, q, dim, L->wq);
@@ -123,7 +130,6 @@ int dj_tensor_table(const dj_config *c, const dj_layer_layout *L, const dj_head_
     T(DJ_T_FINAL_NORM, DJ_F32, dim, 1, H->norm);
     if (!c->tied) T(DJ_T_LM_HEAD, c->head_type, vocab, dim, H->lm_head);
 #undef T
-    (void)ws;
     return n;
 }
 
@@ -150,7 +156,7 @@ int model_plan(const dj_config *c, uint64_t tok_size, dj_model_info *m, dj_err *
     uint64_t off = m->header_bytes;
     m->tok_off = off, m->tok_size = tok_size;
     off = dj_align_up(off + tok_size, DJ_SECTION_ALIGN);
-    m->embed_off = off, m->embed_size = (uint64_t)c->vocab_size * c->dim * dj_dtype_size(c->embed_type);
+    m->embed_off = off, m->embed_size = dj_matrix_bytes(c->embed_type, c->vocab_size, c->dim);
     off = dj_align_up(off + m->embed_size, DJ_SECTION_ALIGN);
     for (uint32_t l = 0; l < c->n_layers; l++) m->layer_off[l] = off, off += m->layer.size;
     m->head_off = off, m->head_size = m->head.size;
@@ -272,6 +278,9 @@ int model_parse(const void *data, size_t n, uint64_t file_size, dj_model_info *m
         if (cfg.embed_type || cfg.head_type)
             return dj_fail(e, "bad config in header: reserved config words are not zero: damaged file, " FIX_HINT);
         if (h.n_tensors) return dj_fail(e, "a version 1 file with a tensor table: damaged file, " FIX_HINT);
+        if (dj_is_quant(cfg.wtype))
+            return dj_fail(e, "a version 1 file with %s weights (version 1 holds f32, f16 or bf16): damaged file, " FIX_HINT,
+                           dj_dtype_name(cfg.wtype));
         cfg.embed_type = cfg.head_type = cfg.wtype;
     }
     dj_err ce;
@@ -300,7 +309,7 @@ int model_parse(const void *data, size_t n, uint64_t file_size, dj_model_info *m
         goto out;
     }
     const uint8_t *tp = p + DJ_HEADER_SIZE;
-    uint64_t embed_size = (uint64_t)c->vocab_size * c->dim * dj_dtype_size(c->wtype);
+    uint64_t embed_size = dj_matrix_bytes(c->embed_type, c->vocab_size, c->dim);
     for (uint32_t i = 0; i < h.n_sections; i++) {
         dj_disk_section s;
         memcpy(&s, tp + (size_t)i * sizeof s, sizeof s);

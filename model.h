@@ -32,7 +32,15 @@
 #define DJ_TENSOR_ALIGN 256u    // every tensor inside a slab
 #define DJ_MAX_LAYERS 1024u
 
-enum dj_dtype { DJ_F32 = 0, DJ_F16 = 1, DJ_BF16 = 2 };
+// Weight dtypes. q8 and q4 quantize each row in groups of DJ_QGROUP weights along the input dimension (the last
+// group zero-padded), one f16 scale per group (quant.h says how the values are chosen). A row is its groups'
+// quantized values, then their scales, padded to 16 bytes:
+//   q8: int8 k per weight (-127..127), w = scale * k                    8.5 bits per weight at 32 | cols
+//   q4: per group 16 bytes, byte j holding weight j in its low nibble and weight j + 16 in its high one, each
+//       stored as k + 8 (k in -8..7), w = scale * k                     4.5 bits per weight at 32 | cols
+enum dj_dtype { DJ_F32 = 0, DJ_F16 = 1, DJ_BF16 = 2, DJ_Q8 = 3, DJ_Q4 = 4 };
+#define DJ_QGROUP 32
+#define DJ_ROW_ALIGN 16u  // quantized rows start 16-byte aligned: one vector load per group of q4, half a group of q8
 enum dj_rope_type { DJ_ROPE_DEFAULT = 0, DJ_ROPE_LLAMA3 = 1 };
 enum dj_section_kind { DJ_SEC_TOKENIZER = 1, DJ_SEC_EMBED = 2, DJ_SEC_LAYER = 3, DJ_SEC_HEAD = 4 };
 // The tensor table's kinds, in table order: a layer's tensors (in slab order), then the embeddings and the head's.
@@ -42,8 +50,23 @@ enum dj_tensor_kind {
 };
 const char *dj_tensor_name(uint32_t kind);  // "attn_norm", "wq", ..., "lm_head"; "?" for another value
 
-size_t dj_dtype_size(uint32_t dtype);     // 4, 2, 2; 0 for an unknown dtype
-const char *dj_dtype_name(uint32_t dtype);  // "f32", "f16", "bf16", "?"
+size_t dj_dtype_size(uint32_t dtype);     // bytes per element of a float dtype: 4, 2, 2; 0 for q8, q4 and unknown
+const char *dj_dtype_name(uint32_t dtype);  // "f32", "f16", "bf16", "q8", "q4", "?"
+static inline int dj_is_quant(uint32_t dtype) { return dtype == DJ_Q8 || dtype == DJ_Q4; }
+// Bytes of one row of `cols` weights in dtype (0 for an unknown dtype), and of a (rows, cols) matrix.
+static inline uint64_t dj_row_bytes(uint32_t dtype, uint64_t cols) {
+    uint64_t g = (cols + DJ_QGROUP - 1) / DJ_QGROUP;
+    if (dtype == DJ_Q8) return (g * (DJ_QGROUP + 2) + DJ_ROW_ALIGN - 1) / DJ_ROW_ALIGN * DJ_ROW_ALIGN;
+    if (dtype == DJ_Q4) return (g * (DJ_QGROUP / 2 + 2) + DJ_ROW_ALIGN - 1) / DJ_ROW_ALIGN * DJ_ROW_ALIGN;
+    return cols * (dtype == DJ_F32 ? 4 : dtype == DJ_F16 || dtype == DJ_BF16 ? 2 : 0);
+}
+static inline uint64_t dj_matrix_bytes(uint32_t dtype, uint64_t rows, uint64_t cols) {
+    return rows * dj_row_bytes(dtype, cols);
+}
+// Where a quantized row's scales start: after its groups' values.
+static inline uint64_t dj_scales_offset(uint32_t dtype, uint64_t cols) {
+    return (cols + DJ_QGROUP - 1) / DJ_QGROUP * (dtype == DJ_Q8 ? DJ_QGROUP : DJ_QGROUP / 2);
+}
 
 // The model's hyper-parameters, as stored in the header (80 bytes).
 typedef struct {
@@ -64,8 +87,9 @@ typedef struct {
     float rope_low_freq;   // llama3: low_freq_factor
     float rope_high_freq;  // llama3: high_freq_factor
     uint32_t rope_orig_max;  // llama3: original_max_position_embeddings
-    uint32_t embed_type;   // dj_dtype of the embeddings (version 1: stored 0, read as wtype)
-    uint32_t head_type;    // dj_dtype of an untied lm_head (version 1: stored 0, read as wtype)
+    uint32_t embed_type;   // dj_dtype of the embeddings: wtype, or q8 beside quantized layers (version 1: stored 0,
+                           // read as wtype)
+    uint32_t head_type;    // dj_dtype of an untied lm_head: as embed_type
     uint32_t reserved;     // zero
 } dj_config;
 

@@ -16,6 +16,8 @@
 
 #include "../fileio.h"
 #include "../model.h"
+#include "../pool.h"
+#include "../quant.h"
 #include "../tokenizer.h"
 #include "hfconfig.h"
 #include "json.h"
@@ -152,6 +154,7 @@ typedef struct {
     char name[128];
     int64_t rows, cols;  // cols == 0: a vector of `rows`
     int is_norm;         // stored as f32
+    uint32_t kind;       // dj_tensor_kind (the quantization report's rows)
     const st_tensor *t;
     const shard *src;    // the shard holding it
     uint64_t dst;        // absolute offset in model.bin
@@ -191,6 +194,8 @@ typedef struct {
     uint64_t pos;
     uint8_t *in, *stage;  // STAGE_BYTES each: source bytes, converted bytes
     dj_progress prog;
+    int rtn;              // q4: round-to-nearest scales only
+    double sq_err[DJ_N_TENSOR_KINDS], sq_ref[DJ_N_TENSOR_KINDS];  // quantization error, per tensor kind
 } writer;
 
 static int w_write(writer *w, const void *p, size_t n, dj_err *e) {
@@ -234,11 +239,76 @@ static int64_t first_nonfinite(const uint8_t *p, st_dtype t, size_t n) {
     return -1;
 }
 
+// Quantizing rows in parallel: rows [0, n) of src (cols elements of st each, is bytes apiece) into dst (rb bytes a
+// row), each row's squared error and squared values into err and ref.
+typedef struct {
+    const uint8_t *src;
+    uint8_t *dst;
+    st_dtype st;
+    size_t is, rb;
+    int64_t cols;
+    uint32_t out;
+    int rtn, failed;
+    double *err, *ref;
+} quant_job;
+
+static void quant_task(void *ctx, int64_t begin, int64_t end) {
+    quant_job *j = ctx;
+    float *row = malloc((size_t)j->cols * sizeof *row);
+    if (!row) {
+        j->failed = 1;
+        return;
+    }
+    for (int64_t r = begin; r < end; r++) {
+        const uint8_t *p = j->src + (size_t)r * (size_t)j->cols * j->is;
+        for (int64_t i = 0; i < j->cols; i++) row[i] = load_elem(p, j->st, (uint64_t)i);
+        j->err[r] = j->ref[r] = 0;
+        if (quant_row(j->out, row, j->cols, j->dst + (size_t)r * j->rb, j->rtn, &j->err[r], &j->ref[r])) j->failed = 2;
+    }
+    free(row);
+}
+
+// A matrix quantized to q8 or q4 (rows at a time), its error added to the writer's figures.
+static int write_quantized(writer *w, const want *x, uint32_t out, dj_err *e) {
+    const st_tensor *t = x->t;
+    size_t is = st_dtype_size(t->dtype), rb = (size_t)dj_row_bytes(out, (uint64_t)x->cols);
+    size_t src_row = (size_t)x->cols * is, per = STAGE_BYTES / (src_row > rb ? src_row : rb);
+    if (per < 1) return dj_fail(e, "tensor '%s': rows of %lld values do not fit the staging buffer", x->name,
+                                (long long)x->cols);
+    double *err = malloc(per * sizeof *err), *ref = malloc(per * sizeof *ref);
+    int rc = err && ref ? 0 : dj_fail(e, "out of memory");
+    for (int64_t r0 = 0; !rc && r0 < x->rows; r0 += (int64_t)per) {
+        size_t k = (size_t)(x->rows - r0 < (int64_t)per ? x->rows - r0 : (int64_t)per);
+        if (in_pread(x->src->fd, w->in, k * src_row, t->offset + (uint64_t)r0 * src_row, x->src->path, e)) {
+            rc = -1;
+            break;
+        }
+        int64_t bad = first_nonfinite(w->in, t->dtype, k * (size_t)x->cols);
+        if (bad >= 0) {
+            rc = dj_fail(e, "tensor '%s' holds %s at element %llu: the checkpoint is damaged, refusing to convert it",
+                         x->name, isnan(load_elem(w->in, t->dtype, (uint64_t)bad)) ? "NaN" : "an infinity",
+                         (unsigned long long)((uint64_t)r0 * (uint64_t)x->cols + (uint64_t)bad));
+            break;
+        }
+        quant_job j = {w->in, w->stage, t->dtype, is, rb, x->cols, out, w->rtn, 0, err, ref};
+        cpu_parallel_for((int64_t)k, (double)k * (double)x->cols * 600, quant_task, &j);
+        if (j.failed == 1) rc = dj_fail(e, "out of memory");
+        else if (j.failed)
+            rc = dj_fail(e, "tensor '%s' holds values beyond what %s's f16 scales can hold (|w| > %g)", x->name,
+                         dj_dtype_name(out), out == DJ_Q8 ? 65504.0 * 127 : 65504.0 * 8);
+        for (size_t i = 0; !rc && i < k; i++) w->sq_err[x->kind] += err[i], w->sq_ref[x->kind] += ref[i];
+        if (!rc) rc = w_write(w, w->stage, k * rb, e);
+    }
+    free(err), free(ref);
+    return rc;
+}
+
 // Reads a tensor in STAGE_BYTES pieces and writes it in `out` dtype; refuses a NaN or infinity by the tensor's name
 // (a damaged checkpoint: its logits would be NaN).
 static int write_tensor(writer *w, const want *x, uint32_t out, dj_err *e) {
     const st_tensor *t = x->t;
     if (w_pad_to(w, x->dst, e)) return -1;
+    if (dj_is_quant(out)) return write_quantized(w, x, out, e);
     size_t is = st_dtype_size(t->dtype), os = dj_dtype_size(out), per = STAGE_BYTES / (is > os ? is : os);
     uint64_t count = t->nbytes / is;
     int same = (t->dtype == ST_F32 && out == DJ_F32) || (t->dtype == ST_F16 && out == DJ_F16) ||
@@ -329,22 +399,22 @@ int convert_run(const convert_opts *o, dj_err *e) {
         dj_fail(e, "out of memory");
         goto out;
     }
-#define WANT(r, cc, norm, ...) (snprintf(ws[k].name, sizeof ws[k].name, __VA_ARGS__), ws[k].rows = (r), \
-                                ws[k].cols = (cc), ws[k].is_norm = (norm), k++)
-    WANT(vocab, dim, 0, "model.embed_tokens.weight");
+#define WANT(kd, r, cc, norm, ...) (snprintf(ws[k].name, sizeof ws[k].name, __VA_ARGS__), ws[k].rows = (r), \
+                                    ws[k].cols = (cc), ws[k].is_norm = (norm), ws[k].kind = (kd), k++)
+    WANT(DJ_T_EMBED, vocab, dim, 0, "model.embed_tokens.weight");
     for (uint32_t l = 0; l < c.n_layers; l++) {
-        WANT(dim, 0, 1, "model.layers.%u.input_layernorm.weight", l);
-        WANT(dim, 0, 1, "model.layers.%u.post_attention_layernorm.weight", l);
-        WANT(q, dim, 0, "model.layers.%u.self_attn.q_proj.weight", l);
-        WANT(kv, dim, 0, "model.layers.%u.self_attn.k_proj.weight", l);
-        WANT(kv, dim, 0, "model.layers.%u.self_attn.v_proj.weight", l);
-        WANT(dim, q, 0, "model.layers.%u.self_attn.o_proj.weight", l);
-        WANT(hid, dim, 0, "model.layers.%u.mlp.gate_proj.weight", l);
-        WANT(hid, dim, 0, "model.layers.%u.mlp.up_proj.weight", l);
-        WANT(dim, hid, 0, "model.layers.%u.mlp.down_proj.weight", l);
+        WANT(DJ_T_ATTN_NORM, dim, 0, 1, "model.layers.%u.input_layernorm.weight", l);
+        WANT(DJ_T_FFN_NORM, dim, 0, 1, "model.layers.%u.post_attention_layernorm.weight", l);
+        WANT(DJ_T_WQ, q, dim, 0, "model.layers.%u.self_attn.q_proj.weight", l);
+        WANT(DJ_T_WK, kv, dim, 0, "model.layers.%u.self_attn.k_proj.weight", l);
+        WANT(DJ_T_WV, kv, dim, 0, "model.layers.%u.self_attn.v_proj.weight", l);
+        WANT(DJ_T_WO, dim, q, 0, "model.layers.%u.self_attn.o_proj.weight", l);
+        WANT(DJ_T_W_GATE, hid, dim, 0, "model.layers.%u.mlp.gate_proj.weight", l);
+        WANT(DJ_T_W_UP, hid, dim, 0, "model.layers.%u.mlp.up_proj.weight", l);
+        WANT(DJ_T_W_DOWN, dim, hid, 0, "model.layers.%u.mlp.down_proj.weight", l);
     }
-    WANT(dim, 0, 1, "model.norm.weight");
-    if (!c.tied) WANT(vocab, dim, 0, "lm_head.weight");
+    WANT(DJ_T_FINAL_NORM, dim, 0, 1, "model.norm.weight");
+    if (!c.tied) WANT(DJ_T_LM_HEAD, vocab, dim, 0, "lm_head.weight");
 #undef WANT
     nw = k;
     for (size_t i = 0; i < nw; i++)
@@ -362,6 +432,7 @@ int convert_run(const convert_opts *o, dj_err *e) {
             }
         }
     dj_config_set_wtype(&c, o->dtype >= 0 ? (uint32_t)o->dtype : auto_dtype(ws[0].t->dtype));
+    if (dj_is_quant(c.wtype)) c.embed_type = c.head_type = DJ_Q8;  // the embeddings and the lm_head: q8 (README)
 
     // --tokenizer DIR lends the tokenizer only; the bos/eos ids of config.json and generation_config.json are
     // the model's own (precedence in tokjson.c).
@@ -417,13 +488,28 @@ int convert_run(const convert_opts *o, dj_err *e) {
                 (double)info.file_size / 1e9);
     dj_progress_start(&wr.prog, "convert", info.file_size, !o->quiet);
     if (w_write(&wr, hdr, hb, e) || w_pad_to(&wr, info.tok_off, e) || w_write(&wr, blob, blob_size, e)) goto out;
-    for (size_t i = 0; i < nw; i++)
-        if (write_tensor(&wr, &ws[i], ws[i].is_norm ? DJ_F32 : c.wtype, e)) goto out;
+    wr.rtn = o->rtn;
+    for (size_t i = 0; i < nw; i++) {
+        uint32_t dt = ws[i].is_norm ? DJ_F32 : ws[i].kind == DJ_T_EMBED ? c.embed_type
+                    : ws[i].kind == DJ_T_LM_HEAD ? c.head_type : c.wtype;
+        if (write_tensor(&wr, &ws[i], dt, e)) goto out;
+    }
     if (w_pad_to(&wr, info.file_size, e)) goto out;
     for (int i = 0; i < w.n; i++)  // what was read is what was checked
         if (in_unchanged(w.shards[i].fd, &w.shards[i].at, w.shards[i].path, e)) goto out;
     if (out_commit(&wr.out, 1, e)) goto out;
     dj_progress_end(&wr.prog, wr.pos);
+    if (dj_is_quant(c.wtype) && !o->quiet) {
+        fprintf(stderr, "convert: %s%s quantization error, relative RMS per tensor kind:", dj_dtype_name(c.wtype),
+                o->rtn ? " (round-to-nearest)" : "");
+        for (int kd = 0; kd < DJ_N_TENSOR_KINDS; kd++)
+            if (wr.sq_ref[kd] > 0)
+                fprintf(stderr, " %s %.2e", dj_tensor_name((uint32_t)kd), sqrt(wr.sq_err[kd] / wr.sq_ref[kd]));
+        fputc('\n', stderr);
+    }
+    if (o->report)
+        for (int kd = 0; kd < DJ_N_TENSOR_KINDS; kd++)
+            o->report[kd] = wr.sq_ref[kd] > 0 ? sqrt(wr.sq_err[kd] / wr.sq_ref[kd]) : 0;
     rc = 0;
 out:
     if (rc) dj_progress_abort(&wr.prog);  // the caller's error line must not land on the progress line

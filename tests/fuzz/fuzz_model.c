@@ -28,19 +28,20 @@ static void check_span(const uint8_t *data, size_t n, uint64_t off, uint64_t siz
 static void check_info(const uint8_t *data, size_t n, const dj_model_info *m) {
     const dj_config *c = &m->config;
     const dj_layer_layout *L = &m->layer;
-    uint64_t ws = dj_dtype_size(c->wtype);
-    FUZZ_CHECK(ws > 0 && m->file_size == n);
+    uint32_t wt = c->wtype;
+    FUZZ_CHECK(dj_row_bytes(wt, 1) > 0 && m->file_size == n);
     check_span(data, n, m->tok_off, m->tok_size);
     check_span(data, n, m->embed_off, m->embed_size);
-    FUZZ_CHECK(m->embed_size == (uint64_t)c->vocab_size * c->dim * ws);
+    FUZZ_CHECK(m->embed_size == dj_matrix_bytes(c->embed_type, c->vocab_size, c->dim));
     check_span(data, n, m->head_off, m->head_size);
     uint64_t q = (uint64_t)c->n_heads * c->head_dim, kv = (uint64_t)c->n_kv_heads * c->head_dim;
     uint64_t dim = c->dim, hid = c->hidden_dim;
     // Every tensor of the slab, with the shapes model.h gives, in order, aligned, inside the slab.
     const struct { uint64_t off, bytes; } t[] = {
-        {L->attn_norm, dim * 4}, {L->ffn_norm, dim * 4},    {L->wq, q * dim * ws},
-        {L->wk, kv * dim * ws},  {L->wv, kv * dim * ws},    {L->wo, dim * q * ws},
-        {L->w_gate, hid * dim * ws}, {L->w_up, hid * dim * ws}, {L->w_down, dim * hid * ws},
+        {L->attn_norm, dim * 4}, {L->ffn_norm, dim * 4}, {L->wq, dj_matrix_bytes(wt, q, dim)},
+        {L->wk, dj_matrix_bytes(wt, kv, dim)}, {L->wv, dj_matrix_bytes(wt, kv, dim)},
+        {L->wo, dj_matrix_bytes(wt, dim, q)}, {L->w_gate, dj_matrix_bytes(wt, hid, dim)},
+        {L->w_up, dj_matrix_bytes(wt, hid, dim)}, {L->w_down, dj_matrix_bytes(wt, dim, hid)},
     };
     for (size_t i = 0; i < sizeof t / sizeof t[0]; i++) {
         FUZZ_CHECK(t[i].off % DJ_TENSOR_ALIGN == 0 && t[i].off + t[i].bytes <= L->size);
@@ -52,7 +53,8 @@ static void check_info(const uint8_t *data, size_t n, const dj_model_info *m) {
         check_span(data, n, m->layer_off[l], L->size);
     }
     FUZZ_CHECK(m->head_size == m->head.size);
-    FUZZ_CHECK(c->tied ? m->head.size >= dim * 4 : m->head.lm_head + (uint64_t)c->vocab_size * dim * ws <= m->head.size);
+    FUZZ_CHECK(c->tied ? m->head.size >= dim * 4
+                       : m->head.lm_head + dj_matrix_bytes(c->head_type, c->vocab_size, dim) <= m->head.size);
 
     dj_err e = {{0}};
     dj_tokenizer *tok = tok_load(data + m->tok_off, m->tok_size, &e);

@@ -1,4 +1,4 @@
-// check.c: --check's reference file and logit comparison (check.h).
+// check.c: --check's reference file and logit comparison, --perplexity's log-likelihoods (check.h).
 #include "check.h"
 
 #include <errno.h>
@@ -127,7 +127,24 @@ void check_logits(const dj_ref *r, const float *logits, FILE *out, dj_check *c) 
             c->max_kl);
 }
 
+double check_nll(const float *logits, int64_t vocab, int32_t target) {
+    double mx = -INFINITY, z = 0;
+    for (int64_t i = 0; i < vocab; i++) {
+        if (!isfinite(logits[i])) return NAN;
+        mx = fmax(mx, logits[i]);
+    }
+    for (int64_t i = 0; i < vocab; i++) z += exp((double)logits[i] - mx);
+    return log(z) + mx - logits[target];
+}
+
+double check_measure(const dj_check *c, uint32_t wtype, const char **name) {
+    *name = dj_is_quant(wtype) ? "mean KL" : "worst rel_l2";
+    return dj_is_quant(wtype) ? c->mean_kl : c->worst_rel;
+}
+
 double check_default_tol(int is_gpu, uint32_t wtype) {
+    if (wtype == DJ_Q8) return 1e-2;
+    if (wtype == DJ_Q4) return 0.3;
     if (!is_gpu) return 1e-4;
     return wtype == DJ_F32 ? 1e-4 : wtype == DJ_F16 ? 5e-3 : 1e-2;
 }

@@ -1,5 +1,5 @@
-// check.h: --check: a reference file of token ids and float64-derived logits from HF transformers
-// (tools/reference.py), and the comparison of an engine's logits against it.
+// check.h: measuring a model's logits: --check (a reference file of token ids and float64-derived logits from HF
+// transformers, tools/reference.py, and the comparison against it) and --perplexity's log-likelihoods.
 #ifndef DJINN_CHECK_H
 #define DJINN_CHECK_H
 
@@ -36,8 +36,15 @@ typedef struct {
 } dj_check;
 void check_logits(const dj_ref *r, const float *logits, FILE *out, dj_check *c);
 
-// The default tolerance on the worst relative L2: the CPU widens weights exactly and computes in f32 (1e-4); the
-// GPU's prefill rounds activations to the weight dtype (f32 1e-4, f16 5e-3, bf16 1e-2).
+// --perplexity: -log of the softmax of logits (vocab) at target, in double; NaN when a logit is not finite.
+double check_nll(const float *logits, int64_t vocab, int32_t target);
+
+// What --check holds to its tolerance: float weights, the worst relative L2 (the same model in other arithmetic);
+// q8 and q4, the mean KL (a model whose weights moved on purpose: how far its distributions moved). *name: which.
+double check_measure(const dj_check *c, uint32_t wtype, const char **name);
+// The default tolerance: float weights on the CPU (exact widening, f32 arithmetic) 1e-4; on the GPU, whose prefill
+// rounds activations to the weight dtype, f32 1e-4, f16 5e-3, bf16 1e-2; q8 1e-2 and q4 0.3 (mean KL: bounds that
+// every reference model meets, far below what a broken kernel gives, ~log(vocab)).
 double check_default_tol(int is_gpu, uint32_t wtype);
 
 #endif

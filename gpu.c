@@ -90,7 +90,7 @@ static int layer_mm(dj_gpu_state *s, const uint8_t *w, int k, float *y, const fl
     const sp_mat *mt = &s->sh.lmats[k];
     const uint8_t *hw = s->sh.cur_host;
     if (hw && T == 1) return share_matvec(s, y, x, w + mt->off, hw + mt->off, mt, e);
-    return gpu_matmul(s->g, y, x, w + mt->off, s->m->info.config.wtype, T, mt->n_in, mt->n_out, s->compute, e);
+    return gpu_matmul(s->g, y, x, w + mt->off, mt->dtype, T, mt->n_in, mt->n_out, s->compute, e);
 }
 
 static int qkv_matmul(dj_gpu_state *s, const uint8_t *w, int64_t T, qkv_rows *r, dj_err *e) {
@@ -184,7 +184,7 @@ static int gpu_body(dj_gpu_state *s, int64_t T, const uint8_t **head, const uint
     const dj_config *c = &s->m->info.config;
     gpu_bufs *b = &s->b;
     int nl = (int)c->n_layers;
-    if (c->wtype != DJ_F32 && gpu_widen(b->x, b->delta, c->wtype, T * (int64_t)c->dim, s->compute, e)) return -1;
+    if (c->embed_type != DJ_F32 && gpu_widen_rows(b->x, b->delta, c->embed_type, T, c->dim, s->compute, e)) return -1;
     for (int l = 0; l < nl; l++) {
         const uint8_t *w;
         if (unit_begin(s, l, &w, e) || gpu_layer(s, w, l, T, l > 0, e) || unit_end(s, l, e)) return -1;
@@ -199,7 +199,7 @@ static int head_logits(dj_gpu_state *s, int64_t T, int64_t r0, int64_t rows, con
     const dj_config *c = &s->m->info.config;
     const float *x = s->b.xb + r0 * c->dim;
     if (T == 1 && s->sh.cur_host) return share_matvec(s, s->b.logits, x, lm, dj_lm_head_ptr(s->m), &s->sh.hmat, e);
-    return gpu_matmul(s->g, s->b.logits, x, lm, c->wtype, rows, c->dim, c->vocab_size, s->compute, e);
+    return gpu_matmul(s->g, s->b.logits, x, lm, dj_lm_head_type(s->m), rows, c->dim, c->vocab_size, s->compute, e);
 }
 
 // The embedding rows of the pass's tokens and its position, uploaded on the compute stream. The rows are gathered
@@ -208,11 +208,11 @@ static int head_logits(dj_gpu_state *s, int64_t T, int64_t r0, int64_t rows, con
 static int upload_tokens(dj_gpu_state *s, const int32_t *tokens, int64_t T, int64_t pos, dj_err *e) {
     const dj_config *c = &s->m->info.config;
     gpu_bufs *b = &s->b;
-    size_t row_bytes = (size_t)c->dim * dj_dtype_size(c->wtype);
+    size_t row_bytes = (size_t)dj_row_bytes(c->embed_type, c->dim);
     for (int64_t t = 0; t < T; t++)
         memcpy(b->h_x + (size_t)t * row_bytes, dj_embed_ptr(s->m) + (size_t)tokens[t] * row_bytes, row_bytes);
     *b->h_pos = (int32_t)pos;
-    void *dst = c->wtype == DJ_F32 ? (void *)b->x : (void *)b->delta;
+    void *dst = c->embed_type == DJ_F32 ? (void *)b->x : (void *)b->delta;
     return gpu_h2d_async(dst, b->h_x, (size_t)T * row_bytes, s->compute, e) ||
                    gpu_h2d_async(b->pos, b->h_pos, 4, s->compute, e)
                ? -1
@@ -294,10 +294,10 @@ static int open_device(dj_gpu_state *s, dj_err *e) {
     const dj_config *c = &s->m->info.config;
     const dj_layer_layout *L = &s->m->info.layer;
     if (gpu_open(&s->g, 0, e) || gpu_stream_create(&s->compute, e) || gpu_stream_create(&s->copy, e)) return -1;
-    uint64_t dim = c->dim, q = (uint64_t)c->n_heads * c->head_dim, kv = (uint64_t)c->n_kv_heads * c->head_dim,
-             ws = dj_dtype_size(c->wtype);
-    s->fused_qkv = L->wk == L->wq + q * dim * ws && L->wv == L->wk + kv * dim * ws;
-    s->fused_gate_up = L->w_up == L->w_gate + (uint64_t)c->hidden_dim * dim * ws;
+    uint64_t dim = c->dim, q = (uint64_t)c->n_heads * c->head_dim, kv = (uint64_t)c->n_kv_heads * c->head_dim;
+    uint32_t wt = c->wtype;
+    s->fused_qkv = L->wk == L->wq + dj_matrix_bytes(wt, q, dim) && L->wv == L->wk + dj_matrix_bytes(wt, kv, dim);
+    s->fused_gate_up = L->w_up == L->w_gate + dj_matrix_bytes(wt, c->hidden_dim, dim);
     s->tc_attn = !s->opts.fma_attn && gpu_tc_attn_supported(s->g, c->head_dim);
     gpu_set_tc_attn(s->g, s->tc_attn);
     if (!s->opts.quiet)
@@ -327,6 +327,8 @@ static gpu_sizes buffer_sizes(const dj_gpu_state *s) {
     z.act = 4 * (mb * (3 * dim + q + 2 * kv + q + 3 * hid) + GPU_LOGIT_ROWS * (uint64_t)c->vocab_size);
     int64_t widest = (int64_t)(hid > dim ? hid : (q > dim ? q : dim));
     z.scratch = gpu_matmul_scratch(c->wtype, s->max_batch, widest);
+    uint64_t head = gpu_matmul_scratch(dj_lm_head_type(s->m), GPU_LOGIT_ROWS, (int64_t)dim);
+    if (head > z.scratch) z.scratch = head;
     uint64_t att = gpu_attention_scratch(c->n_heads, (int64_t)hd, s->max_seq);
     if (att > z.scratch) z.scratch = att;
     z.other = z.kv + z.act + z.scratch + (64ull << 20);

@@ -15,11 +15,12 @@
 #define PROF_CATS 10
 #define PROF_EVENTS 1024
 
-// A matrix of a unit, for the CPU share: at byte offset `off` of its region, (n_out, n_in) in wtype; rows
+// A matrix of a unit, for the CPU share: at byte offset `off` of its region, (n_out, n_in) in dtype; rows
 // [0, gpu_rows) are the GPU's, the rest the CPU's in decode passes.
 typedef struct {
     uint64_t off;
     int64_t n_in, n_out, gpu_rows;
+    uint32_t dtype;
 } sp_mat;
 
 // Device activations, the KV cache and pinned staging, sized for max_batch rows.

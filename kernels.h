@@ -5,7 +5,7 @@
 //
 // Conventions
 // - Activations on the GPU are f32: residual stream, q/k/v, attention output, logits. Matrices stay in the
-//   model's wtype (DJ_F32/DJ_F16/DJ_BF16 from model.h); arithmetic accumulates in fp32.
+//   model's wtype (DJ_F32/DJ_F16/DJ_BF16/DJ_Q8/DJ_Q4 from model.h); arithmetic accumulates in fp32.
 // - Pointers named d_* or documented as device live in GPU memory; sizes and counts are int64_t.
 // - Every function that can fail takes a dj_err* and returns 0, or -1 with one line such as
 //   "cuda: cudaMalloc(...) failed at kernels.cu:123: cudaErrorMemoryAllocation (out of memory)".
@@ -99,6 +99,9 @@ void gpu_graph_destroy(cudaGraphExec_t exec);
 // alone puts whole-model logits ~2e-2 off, x is split into bf16 hi + lo and multiplied twice. f32 weights use CUBLAS_COMPUTE_32F
 // with the default math mode, which is plain fp32, not TF32: it keeps the f32 path within ~1e-5 of the CPU.
 // The GEMV reads W once per 4 rows of x, so it is also correct (if slower) for any T.
+// q8 and q4 (model.h; rows dj_row_bytes apart): the GEMV dequantizes in registers (exactly scale * k, fp32
+// products and sums); the cuBLAS path dequantizes rows to f16 in scratch, a chunk of about 16 MiB at a time, and
+// multiplies each chunk as f16 weights (x rounded to f16).
 enum gpu_mm_path { GPU_MM_AUTO = 0, GPU_MM_GEMV = 1, GPU_MM_CUBLAS = 2 };
 int gpu_matmul(dj_gpu *g, float *y, const float *x, const void *w, uint32_t wtype, int64_t T, int64_t n_in,
                int64_t n_out, cudaStream_t s, dj_err *e);
@@ -109,6 +112,8 @@ int gpu_matmul_path(dj_gpu *g, int path, float *y, const float *x, const void *w
 // the model's dtype, half the bytes of f32 over PCIe and no conversion loop on the host. out and in must not overlap.
 // With DJ_F32 it is a copy; `in` may be mapped host memory (gpu_host_device_ptr).
 int gpu_widen(float *out, const void *in, uint32_t wtype, int64_t n, cudaStream_t s, dj_err *e);
+// out (rows, cols) f32 = rows of any weight dtype (dj_row_bytes apart; q8 and q4 dequantized exactly, scale * k).
+int gpu_widen_rows(float *out, const void *in, uint32_t wtype, int64_t rows, int64_t cols, cudaStream_t s, dj_err *e);
 
 // ---- normalisation and activations (rows of n f32 values, T rows back to back)
 // out (T, n) = x / sqrt(mean(x^2) + eps) * w; w (n) f32. out may alias x.

@@ -148,4 +148,14 @@ template <> __device__ __forceinline__ float wload<DJ_BF16>(const void *w, int64
     return __bfloat162float(((const __nv_bfloat16 *)w)[i]);
 }
 
+// Element i of a q8 or q4 row of n weights (model.h's layout), exactly scale * k.
+template <int WT> static __device__ __forceinline__ float qload(const uint8_t *row, int64_t n, int64_t i) {
+    constexpr int QB = WT == DJ_Q8 ? DJ_QGROUP : DJ_QGROUP / 2;  // bytes of values per group
+    const int64_t g = i / DJ_QGROUP, j = i - g * DJ_QGROUP;
+    const float s = __half2float(*(const __half *)(row + (n + DJ_QGROUP - 1) / DJ_QGROUP * QB + 2 * g));
+    const int k = WT == DJ_Q8 ? (int)(int8_t)row[g * QB + j]
+                              : ((row[g * QB + (j & (QB - 1))] >> (j < QB ? 0 : 4)) & 15) - 8;
+    return s * (float)k;
+}
+
 #endif

@@ -23,6 +23,27 @@ extern "C" int gpu_widen(float *out, const void *in, uint32_t wtype, int64_t n, 
     return 0;
 }
 
+// Rows of q8 or q4 (model.h's layout, row_bytes apart): one thread per element.
+template <int WT>
+__global__ void widen_quant_kernel(float *out, const uint8_t *in, int64_t rows, int64_t cols, int64_t row_bytes) {
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < rows * cols; i += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t r = i / cols;
+        out[i] = qload<WT>(in + r * row_bytes, cols, i - r * cols);
+    }
+}
+
+extern "C" int gpu_widen_rows(float *out, const void *in, uint32_t wtype, int64_t rows, int64_t cols, cudaStream_t s,
+                              dj_err *e) {
+    if (!dj_is_quant(wtype)) return gpu_widen(out, in, wtype, rows * cols, s, e);
+    if (rows < 0 || cols < 1) return dj_fail(e, "gpu_widen_rows: bad shape %lld x %lld", (long long)rows, (long long)cols);
+    if (rows == 0) return 0;
+    const int64_t n = rows * cols, rb = (int64_t)dj_row_bytes(wtype, (uint64_t)cols);
+    if (wtype == DJ_Q8) widen_quant_kernel<DJ_Q8><<<grid_1d(n, 256), 256, 0, s>>>(out, (const uint8_t *)in, rows, cols, rb);
+    else widen_quant_kernel<DJ_Q4><<<grid_1d(n, 256), 256, 0, s>>>(out, (const uint8_t *)in, rows, cols, rb);
+    LAUNCH_CHECK("widen_quant", s);
+    return 0;
+}
+
 // ---- RMSNorm, alone or after the residual add
 // One block per row. ADD: x += delta first (the residual add), then out = rmsnorm(x) * w.
 template <bool ADD>

@@ -10,16 +10,17 @@
 #include "gpu_impl.h"
 
 // ---- the split
-// A matrix at `off`, (n_out, n_in), with `share` of its rows (rounded down) on the CPU.
-static sp_mat sp_split(uint64_t off, int64_t n_in, int64_t n_out, double share) {
-    return (sp_mat){off, n_in, n_out, n_out - (int64_t)((double)n_out * share)};
+// A matrix at `off`, (n_out, n_in) in dtype, with `share` of its rows (rounded down) on the CPU.
+static sp_mat sp_split(uint64_t off, int64_t n_in, int64_t n_out, uint32_t dtype, double share) {
+    return (sp_mat){off, n_in, n_out, n_out - (int64_t)((double)n_out * share), dtype};
 }
 
 // Bytes of the matrices' rows: all of them, or (cpu_only) the CPU's.
-static uint64_t sp_bytes(const sp_mat *mats, int n, size_t ws, int cpu_only) {
+static uint64_t sp_bytes(const sp_mat *mats, int n, int cpu_only) {
     uint64_t b = 0;
     for (int i = 0; i < n; i++)
-        b += (uint64_t)(mats[i].n_out - (cpu_only ? mats[i].gpu_rows : 0)) * (uint64_t)mats[i].n_in * ws;
+        b += dj_matrix_bytes(mats[i].dtype, (uint64_t)(mats[i].n_out - (cpu_only ? mats[i].gpu_rows : 0)),
+                             (uint64_t)mats[i].n_in);
     return b;
 }
 
@@ -31,10 +32,9 @@ void share_split(dj_gpu_state *s, double share) {
     gpu_share *sh = &s->sh;
     int64_t dim = c->dim, q = (int64_t)c->n_heads * c->head_dim, kv = (int64_t)c->n_kv_heads * c->head_dim,
             hid = c->hidden_dim;
-    uint64_t ws = dj_dtype_size(c->wtype);
     int n = 0;
     sh->share = share;
-#define MAT(o, ni, no) (sh->lmats[n++] = sp_split((o), (ni), (no), share))
+#define MAT(o, ni, no) (sh->lmats[n++] = sp_split((o), (ni), (no), c->wtype, share))
     if (s->fused_qkv) {
         MAT(L->wq, dim, q + 2 * kv);
     } else {
@@ -49,9 +49,9 @@ void share_split(dj_gpu_state *s, double share) {
     MAT(L->w_down, hid, dim);
 #undef MAT
     sh->n_lmats = n;
-    sh->hmat = sp_split(c->tied ? 0 : s->m->info.head.lm_head, dim, c->vocab_size, share);
+    sh->hmat = sp_split(c->tied ? 0 : s->m->info.head.lm_head, dim, c->vocab_size, dj_lm_head_type(s->m), share);
     uint64_t tot[2] = {s->m->info.layer.size, s->m->info.head.size + (c->tied ? s->m->info.embed_size : 0)};
-    sh->cpu_bytes[0] = sp_bytes(sh->lmats, n, ws, 1), sh->cpu_bytes[1] = sp_bytes(&sh->hmat, 1, ws, 1);
+    sh->cpu_bytes[0] = sp_bytes(sh->lmats, n, 1), sh->cpu_bytes[1] = sp_bytes(&sh->hmat, 1, 1);
     for (int k = 0; k < 2; k++) sh->part_bytes[k] = tot[k] - sh->cpu_bytes[k];
 }
 
@@ -82,7 +82,7 @@ void share_free(dj_gpu_state *s) {
 int share_matvec(dj_gpu_state *s, float *y, const float *x, const uint8_t *w, const uint8_t *hw, const sp_mat *mt,
                  dj_err *e) {
     gpu_share *sh = &s->sh;
-    uint32_t wt = s->m->info.config.wtype;
+    uint32_t wt = mt->dtype;
     int64_t nc = mt->n_out - mt->gpu_rows;
     if (nc && (gpu_d2h_async(sh->h_cx, x, (size_t)mt->n_in * 4, s->compute, e) ||
                gpu_event_record(sh->x_ready, s->compute, e)))
@@ -91,7 +91,7 @@ int share_matvec(dj_gpu_state *s, float *y, const float *x, const uint8_t *w, co
     if (!nc) return 0;
     // h_cy is free: the previous split's read of it precedes x_ready on the stream.
     if (gpu_event_sync(sh->x_ready, e)) return -1;
-    cpu_matvec(sh->h_cy, sh->h_cx, hw + (size_t)mt->gpu_rows * (size_t)mt->n_in * dj_dtype_size(wt), wt, mt->n_in,
+    cpu_matvec(sh->h_cy, sh->h_cx, hw + dj_matrix_bytes(wt, (uint64_t)mt->gpu_rows, (uint64_t)mt->n_in), wt, mt->n_in,
                nc);
     return gpu_widen(y + mt->gpu_rows, sh->d_cy, DJ_F32, nc, s->compute, e);
 }
@@ -106,18 +106,17 @@ void share_auto(dj_gpu_state *s) {
     const rb_plan *p = s->sc.plan;
     gpu_share *sh = &s->sh;
     int u = p->stream_order[0], nl = (int)s->m->info.config.n_layers;
-    uint32_t wt = s->m->info.config.wtype;
     const sp_mat *mats = u < nl ? sh->lmats : &sh->hmat;
     const uint8_t *base = u < nl ? dj_layer_ptr(s->m, (uint32_t)u)
                                  : s->m->info.config.tied ? dj_embed_ptr(s->m) : dj_head_ptr(s->m);
     int n = u < nl ? sh->n_lmats : 1;
     double best = 0;
-    uint64_t bytes = sp_bytes(mats, n, dj_dtype_size(wt), 0);
+    uint64_t bytes = sp_bytes(mats, n, 0);
     for (int r = 0; r < 3; r++) {
         double t0 = dj_now();
         for (int i = 0; i < n; i++) {
             memset(sh->h_cx, 0, (size_t)mats[i].n_in * 4);
-            cpu_matvec(sh->h_cy, sh->h_cx, base + mats[i].off, wt, mats[i].n_in, mats[i].n_out);
+            cpu_matvec(sh->h_cy, sh->h_cx, base + mats[i].off, mats[i].dtype, mats[i].n_in, mats[i].n_out);
         }
         double t = dj_now() - t0;
         if (t > 0 && (best == 0 || t < best)) best = t;

@@ -22,8 +22,8 @@ uint64_t unit_bytes(const dj_model *m, int u, uint64_t *lm_off) {
 // Copies a region of `size` bytes holding the matrices `mats` (slab order) from src to dst: whole (part 0);
 // everything but the CPU's rows of each matrix (part 1: what a decode pass needs on the GPU); only those rows
 // (part 2: what completes a part-1 copy). *bytes += the bytes moved.
-static int region_copy(uint8_t *dst, const uint8_t *src, uint64_t size, const sp_mat *mats, int n, size_t ws,
-                       int part, uint64_t *bytes, cudaStream_t st, dj_err *e) {
+static int region_copy(uint8_t *dst, const uint8_t *src, uint64_t size, const sp_mat *mats, int n, int part,
+                       uint64_t *bytes, cudaStream_t st, dj_err *e) {
     if (part == 0) {
         *bytes += size;
         return gpu_h2d_async(dst, src, size, st, e);
@@ -32,7 +32,7 @@ static int region_copy(uint8_t *dst, const uint8_t *src, uint64_t size, const sp
     for (int i = 0; i <= n; i++) {
         uint64_t cut = size, end = size;
         if (i < n) {
-            uint64_t rb = (uint64_t)mats[i].n_in * ws;
+            uint64_t rb = dj_row_bytes(mats[i].dtype, (uint64_t)mats[i].n_in);
             cut = mats[i].off + (uint64_t)mats[i].gpu_rows * rb, end = mats[i].off + (uint64_t)mats[i].n_out * rb;
         }
         uint64_t b = part == 1 ? start : cut, x = part == 1 ? cut : end;
@@ -47,16 +47,15 @@ static int region_copy(uint8_t *dst, const uint8_t *src, uint64_t size, const sp
 
 int unit_copy(dj_gpu_state *s, int u, uint8_t *dst, cudaStream_t st, int part, uint64_t *bytes, dj_err *e) {
     const dj_model *m = s->m;
-    size_t ws = dj_dtype_size(m->info.config.wtype);
     const gpu_share *sh = &s->sh;
     if (u < (int)m->info.config.n_layers)
-        return region_copy(dst, dj_layer_ptr(m, (uint32_t)u), m->info.layer.size, sh->lmats, sh->n_lmats, ws, part,
-                           bytes, st, e);
+        return region_copy(dst, dj_layer_ptr(m, (uint32_t)u), m->info.layer.size, sh->lmats, sh->n_lmats, part, bytes,
+                           st, e);
     if (!m->info.config.tied)
-        return region_copy(dst, dj_head_ptr(m), m->info.head.size, &sh->hmat, 1, ws, part, bytes, st, e);
-    if (part != 2 && region_copy(dst, dj_head_ptr(m), m->info.head.size, NULL, 0, ws, 0, bytes, st, e)) return -1;
-    return region_copy(dst + s->sc.head_lm_off, dj_embed_ptr(m), m->info.embed_size, &sh->hmat, 1, ws, part, bytes,
-                       st, e);
+        return region_copy(dst, dj_head_ptr(m), m->info.head.size, &sh->hmat, 1, part, bytes, st, e);
+    if (part != 2 && region_copy(dst, dj_head_ptr(m), m->info.head.size, NULL, 0, 0, bytes, st, e)) return -1;
+    return region_copy(dst + s->sc.head_lm_off, dj_embed_ptr(m), m->info.embed_size, &sh->hmat, 1, part, bytes, st,
+                       e);
 }
 
 // ---- set-up

@@ -1,0 +1,302 @@
+// test_quant.c: q8 and q4 weights: the row format and its error bounds (quant.c), the CPU's matvec on quantized rows
+// against the reference matmul, a quantized model's forward pass against the same weights widened to f32, and the
+// quality of the quantization on every reference model (mean KL and top-1 agreement against HF's float64 logits;
+// perplexity of stories260K), q4 beside plain round-to-nearest.
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "../check.h"
+#include "../convert/convert.h"
+#include "../cpu.h"
+#include "../loader.h"
+#include "../quant.h"
+#include "../tokenizer.h"
+#include "common.h"
+
+// ---- the row format
+Test(quant, row_bytes_and_bits_per_weight) {
+    cr_assert_eq(dj_row_bytes(DJ_Q8, 4096), 4096 + 256, "q8: 8.5 bits a weight");
+    cr_assert_eq(dj_row_bytes(DJ_Q4, 4096), 2048 + 256, "q4: 4.5 bits a weight");
+    cr_assert_eq(dj_row_bytes(DJ_Q4, 14336) * 8, 14336 * 9 / 2 * 1ull, "q4 at Llama 3's FFN width");
+    // 172 columns: 6 groups, the last 12 values zero padding, the row rounded up to 16 bytes
+    cr_assert_eq(dj_row_bytes(DJ_Q8, 172), 208);  // 6 * 34 = 204 -> 208
+    cr_assert_eq(dj_row_bytes(DJ_Q4, 172), 112);  // 6 * 18 = 108 -> 112
+    cr_assert_eq(dj_scales_offset(DJ_Q4, 172), 96);
+    cr_assert_eq(dj_row_bytes(DJ_F16, 172), 344);
+    cr_assert_eq(dj_row_bytes(7, 172), 0);
+}
+
+// Random rows: every widened value within half a step of its weight (q8), q4's searched scales never worse than
+// round-to-nearest's beyond the f16 rounding of the scale, strictly better in total; padding zero.
+Test(quant, error_bounds_and_search) {
+    tc_rng_fresh("quant.error_bounds_and_search");
+    const int64_t widths[] = {32, 64, 172, 4096};
+    double err_search = 0, err_rtn = 0;
+    for (size_t wi = 0; wi < sizeof widths / sizeof *widths; wi++) {
+        int64_t n = widths[wi];
+        float *x = malloc((size_t)n * 4), *back = malloc((size_t)n * 4);
+        uint8_t *row = malloc(dj_row_bytes(DJ_Q8, (uint64_t)n)), *row2 = malloc(dj_row_bytes(DJ_Q4, (uint64_t)n));
+        for (int rep = 0; rep < 40; rep++) {
+            for (int64_t i = 0; i < n; i++) x[i] = tc_normal() * (rep % 3 == 0 ? 0.02f : 1.0f);
+            if (rep == 5) x[n / 2] = 40.0f;  // one outlier in a group
+            double e8 = 0, ref = 0;
+            cr_assert_eq(quant_row(DJ_Q8, x, n, row, 0, &e8, &ref), 0);
+            dequant_row(DJ_Q8, row, n, back);
+            for (int64_t g0 = 0; g0 < n; g0 += 32) {
+                float amax = 0;
+                for (int64_t i = g0; i < n && i < g0 + 32; i++) amax = fmaxf(amax, fabsf(x[i]));
+                for (int64_t i = g0; i < n && i < g0 + 32; i++)
+                    cr_assert(fabsf(back[i] - x[i]) <= amax / 254.0f * 1.01f + 1e-30f,
+                              "q8 n=%lld i=%lld: %g -> %g (group max %g)", (long long)n, (long long)i, x[i], back[i],
+                              amax);
+            }
+            if (rep != 5) cr_assert(e8 <= 1e-4 * ref + 1e-30, "q8 relative squared error %g", e8 / ref);
+            double es = 0, er = 0;
+            cr_assert_eq(quant_row(DJ_Q4, x, n, row2, 0, &es, NULL), 0);
+            uint8_t *rt = malloc(dj_row_bytes(DJ_Q4, (uint64_t)n));
+            cr_assert_eq(quant_row(DJ_Q4, x, n, rt, 1, &er, NULL), 0);
+            cr_assert(es <= er * 1.002 + 1e-30, "q4 n=%lld: searched %g > round-to-nearest %g", (long long)n, es, er);
+            // the error quant_row reports is the error of what dequant_row gives back
+            dequant_row(DJ_Q4, row2, n, back);
+            double chk = 0;
+            for (int64_t i = 0; i < n; i++) chk += ((double)x[i] - back[i]) * ((double)x[i] - back[i]);
+            cr_assert(fabs(chk - es) <= 1e-9 * (es + 1e-30) + 1e-20, "reported %g, measured %g", es, chk);
+            err_search += es, err_rtn += er;
+            free(rt);
+        }
+        // the padding of a partial last group and of the row is zero
+        if (n % 32) {
+            uint64_t so = dj_scales_offset(DJ_Q4, (uint64_t)n), rb = dj_row_bytes(DJ_Q4, (uint64_t)n);
+            for (uint64_t b = so + 2 * (uint64_t)((n + 31) / 32); b < rb; b++) cr_assert_eq(row2[b], 0);
+        }
+        free(x), free(back), free(row), free(row2);
+    }
+    cr_assert(err_search < 0.97 * err_rtn, "q4's search gains nothing: %g against %g", err_search, err_rtn);
+    // a weight no f16 scale can hold
+    float big[32] = {5e6f};
+    uint8_t r[64];
+    cr_assert_eq(quant_row(DJ_Q4, big, 32, r, 0, NULL, NULL), -1);  // 5e6 / 8 is beyond f16
+    cr_assert_eq(quant_row(DJ_Q8, big, 32, r, 0, NULL, NULL), 0);   // 5e6 / 127 fits
+    big[0] = 1e7f;
+    cr_assert_eq(quant_row(DJ_Q8, big, 32, r, 0, NULL, NULL), -1);
+}
+
+// ---- the CPU's matvec on quantized rows, vector and portable paths, against the reference matmul (both widen
+// exactly: only the order of the sums differs)
+Test(quant, cpu_matvec_against_matmul) {
+    tc_rng_fresh("quant.cpu_matvec_against_matmul");
+    const int64_t shapes[][2] = {{64, 172}, {172, 64}, {4096, 96}, {96, 4000}, {33, 5}};
+    for (uint32_t wt = DJ_Q8; wt <= DJ_Q4; wt++)
+        for (size_t si = 0; si < sizeof shapes / sizeof *shapes; si++) {
+            int64_t n_in = shapes[si][0], n_out = shapes[si][1];
+            size_t rb = (size_t)dj_row_bytes(wt, (uint64_t)n_in);
+            uint8_t *w = malloc(rb * (size_t)n_out);
+            float *row = malloc((size_t)n_in * 4), *x = malloc((size_t)n_in * 4);
+            float *ref = malloc((size_t)n_out * 4), *got = malloc((size_t)n_out * 4);
+            for (int64_t o = 0; o < n_out; o++) {
+                tc_fill(row, n_in, -1, 1);
+                cr_assert_eq(quant_row(wt, row, n_in, w + (size_t)o * rb, 0, NULL, NULL), 0);
+            }
+            tc_fill(x, n_in, -1, 1);
+            cpu_matmul(ref, x, w, wt, 1, n_in, n_out);
+            for (int simd = 1; simd >= 0; simd--) {
+                cpu_set_simd(simd);
+                cpu_matvec(got, x, w, wt, n_in, n_out);
+                cr_assert(tc_rel_l2(got, ref, n_out) < 2e-6, "%s %lldx%lld simd %d: rel %g", dj_dtype_name(wt),
+                          (long long)n_out, (long long)n_in, simd, tc_rel_l2(got, ref, n_out));
+            }
+            cpu_set_simd(1);
+            free(w), free(row), free(x), free(ref), free(got);
+        }
+}
+
+// ---- models
+// Converts src (tokenizer from tok, NULL: src) to dtype into dir/name and loads it for the CPU.
+static void tq_convert(dj_model *m, const char *dir, const char *name, const char *src, const char *tok, int dtype,
+                       int rtn) {
+    char out[4300];
+    snprintf(out, sizeof out, "%s/%s", dir, name);
+    convert_opts co = {.hf_dir = src, .out_path = out, .tok_dir = tok, .dtype = dtype, .rtn = rtn, .quiet = 1};
+    dj_err e;
+    cr_assert_eq(convert_run(&co, &e), 0, "%s: %s", name, e.msg);
+    dj_load_opts lo = {.quiet = 1};
+    cr_assert_eq(model_load(out, &lo, m, &e), 0, "%s", e.msg);
+}
+
+// The model's logits for ids (T), every position, on the CPU.
+static float *tq_logits(const dj_model *m, const int32_t *ids, int64_t T) {
+    dj_err e;
+    dj_cpu_state *s = cpu_state_new(m, T, &e);
+    cr_assert(s, "%s", e.msg);
+    float *lg = malloc((size_t)T * m->info.config.vocab_size * 4);
+    cr_assert_eq(cpu_forward(s, ids, T, 0, lg, &e), 0, "%s", e.msg);
+    cpu_state_free(s);
+    return lg;
+}
+
+// A quantized model's forward pass is the f32 forward pass of its weights widened: the same logits up to the order
+// of sums. The widened model is written here, tensor by tensor, into an f32 image of the same config.
+Test(quant, model_forward_equals_its_widened_weights) {
+    char stories[4096];
+    tc_data_path(stories, sizeof stories, "models/stories260K");
+    char *dir = tc_tmpdir("quant");
+    for (int dtype = DJ_Q8; dtype <= DJ_Q4; dtype++) {
+        dj_model q;
+        tq_convert(&q, dir, "q.bin", stories, NULL, dtype, 0);
+        const dj_model_info *qi = &q.info;
+        dj_config c = qi->config;
+        dj_config_set_wtype(&c, DJ_F32);
+        dj_model_info fi;
+        dj_err e;
+        cr_assert_eq(model_plan(&c, qi->tok_size, &fi, &e), 0, "%s", e.msg);
+        uint8_t *img = calloc(1, fi.file_size);
+        cr_assert_eq(model_write_header(&fi, img, fi.header_bytes, &e), 0, "%s", e.msg);
+        memcpy(img + fi.tok_off, q.data + qi->tok_off, qi->tok_size);
+        const dj_config *qc = &qi->config;
+        // (section offset in each model, tensor offset in each layout, rows, cols, dtype in q): matrices widened
+        for (int64_t r = 0; r < qc->vocab_size; r++)
+            dequant_row(qc->embed_type, q.data + qi->embed_off + (uint64_t)r * dj_row_bytes(qc->embed_type, qc->dim),
+                        qc->dim, (float *)(img + fi.embed_off) + r * qc->dim);
+        memcpy(img + fi.head_off, q.data + qi->head_off, (size_t)qc->dim * 4);  // final norm (tied model)
+        int64_t dim = qc->dim, qd = (int64_t)qc->n_heads * qc->head_dim, kvd = (int64_t)qc->n_kv_heads * qc->head_dim,
+                hid = qc->hidden_dim;
+        for (uint32_t l = 0; l < qc->n_layers; l++) {
+            const uint8_t *src = q.data + qi->layer_off[l];
+            uint8_t *dst = img + fi.layer_off[l];
+            memcpy(dst + fi.layer.attn_norm, src + qi->layer.attn_norm, (size_t)dim * 4);
+            memcpy(dst + fi.layer.ffn_norm, src + qi->layer.ffn_norm, (size_t)dim * 4);
+            const struct { uint64_t qo, fo; int64_t rows, cols; } t[] = {
+                {qi->layer.wq, fi.layer.wq, qd, dim},         {qi->layer.wk, fi.layer.wk, kvd, dim},
+                {qi->layer.wv, fi.layer.wv, kvd, dim},        {qi->layer.wo, fi.layer.wo, dim, qd},
+                {qi->layer.w_gate, fi.layer.w_gate, hid, dim}, {qi->layer.w_up, fi.layer.w_up, hid, dim},
+                {qi->layer.w_down, fi.layer.w_down, dim, hid}};
+            for (size_t k = 0; k < sizeof t / sizeof *t; k++)
+                for (int64_t r = 0; r < t[k].rows; r++)
+                    dequant_row(qc->wtype, src + t[k].qo + (uint64_t)r * dj_row_bytes(qc->wtype, (uint64_t)t[k].cols),
+                                t[k].cols, (float *)(dst + t[k].fo) + r * t[k].cols);
+        }
+        char fpath[4300];
+        snprintf(fpath, sizeof fpath, "%s/widened.bin", dir);
+        tc_write(fpath, img, fi.file_size);
+        free(img);
+        dj_info_free(&fi);
+        dj_model f;
+        dj_load_opts lo = {.quiet = 1};
+        cr_assert_eq(model_load(fpath, &lo, &f, &e), 0, "%s", e.msg);
+        int32_t ids[40];
+        tc_rng_seed(5);
+        ids[0] = 1;
+        for (int i = 1; i < 40; i++) ids[i] = (int32_t)tc_below(512);
+        float *a = tq_logits(&q, ids, 40), *b = tq_logits(&f, ids, 40);
+        for (int t = 0; t < 40; t++)
+            cr_assert(tc_rel_l2(a + t * 512, b + t * 512, 512) < 1e-5, "%s position %d: rel %g", dj_dtype_name((uint32_t)dtype),
+                      t, tc_rel_l2(a + t * 512, b + t * 512, 512));
+        free(a), free(b);
+        model_free(&f), model_free(&q);
+    }
+    tc_rm_rf(dir);
+    free(dir);
+}
+
+// ---- quality, against the unquantized model: every position of every reference model
+typedef struct {
+    double kl;
+    int64_t top1, n;
+} tq_quality;
+
+static tq_quality tq_against_ref(const dj_model *m, const char *ref_path) {
+    dj_ref r;
+    dj_err e;
+    cr_assert_eq(ref_load(ref_path, &r, &e), 0, "%s", e.msg);
+    float *lg = tq_logits(m, r.ids, r.n_tokens);
+    FILE *sink = fopen("/dev/null", "w");
+    dj_check ck;
+    check_logits(&r, lg, sink, &ck);
+    fclose(sink);
+    tq_quality q = {ck.mean_kl, ck.agree, r.n_tokens};
+    free(lg);
+    ref_free(&r);
+    return q;
+}
+
+static double tq_perplexity(const dj_model *m, const char *text_path) {
+    size_t n;
+    char *text = tc_must_read(text_path, &n);
+    dj_err e;
+    dj_tokenizer *tok = tok_load(m->data + m->info.tok_off, (size_t)m->info.tok_size, &e);
+    cr_assert(tok, "%s", e.msg);
+    int32_t *ids;
+    size_t n_ids;
+    cr_assert_eq(tok_encode(tok, text, n, 1, &ids, &n_ids, &e), 0, "%s", e.msg);
+    double nll = 0;
+    int64_t scored = 0, ctx = m->info.config.max_seq_len, V = m->info.config.vocab_size;
+    for (int64_t w0 = 0; w0 + 1 < (int64_t)n_ids; w0 += ctx) {
+        int64_t T = (int64_t)n_ids - w0 < ctx ? (int64_t)n_ids - w0 : ctx;
+        float *lg = tq_logits(m, ids + w0, T);
+        for (int64_t t = 0; t + 1 < T; t++, scored++) nll += check_nll(lg + t * V, V, ids[w0 + t + 1]);
+        free(lg);
+    }
+    cr_assert_gt(scored, 2000, "stories.txt gave %lld tokens", (long long)scored);
+    tok_free(tok), free(ids), free(text);
+    return exp(nll / (double)scored);
+}
+
+Test(quant, quality_on_every_reference_model, .timeout = 600) {
+    char stories[4096], text[4096];
+    tc_data_path(stories, sizeof stories, "models/stories260K");
+    tc_data_path(text, sizeof text, "texts/stories.txt");
+    const char *refs[] = {"stories260K", "tied_gqa_f16", "mha_untied_f16", "llama3_gqa_bf16"};
+    char *dir = tc_tmpdir("quant");
+    tq_quality tot[3] = {{0}};
+    for (int i = 0; i < 4; i++) {
+        char src[4300], ref[4300];
+        if (i == 0) snprintf(src, sizeof src, "%s", stories);
+        else snprintf(src, sizeof src, "%s/fixtures/%s", tc_tests_dir(), refs[i]);
+        snprintf(ref, sizeof ref, "%s/ref/%s.bin", tc_tests_dir(), refs[i]);
+        tq_quality q[3];
+        double ppl[4] = {0};
+        for (int k = 0; k < 3; k++) {  // q8, q4, q4 round-to-nearest
+            dj_model m;
+            tq_convert(&m, dir, "m.bin", src, i ? stories : NULL, k == 0 ? DJ_Q8 : DJ_Q4, k == 2);
+            q[k] = tq_against_ref(&m, ref);
+            if (i == 0) ppl[k + 1] = tq_perplexity(&m, text);
+            model_free(&m);
+            tot[k].kl += q[k].kl * (double)q[k].n, tot[k].top1 += q[k].top1, tot[k].n += q[k].n;
+        }
+        if (i == 0) {
+            dj_model m;
+            tq_convert(&m, dir, "m.bin", src, NULL, DJ_F32, 0);
+            ppl[0] = tq_perplexity(&m, text);
+            model_free(&m);
+        }
+        cr_log_info("%s: q8 KL %.2e top1 %lld/%lld; q4 KL %.2e top1 %lld; q4 round-to-nearest KL %.2e top1 %lld%s",
+                    refs[i], q[0].kl, (long long)q[0].top1, (long long)q[0].n, q[1].kl, (long long)q[1].top1, q[2].kl,
+                    (long long)q[2].top1, "");
+        if (i == 0) {
+            cr_log_info("stories260K perplexity on stories.txt: f32 %.4f, q8 %.4f, q4 %.4f, q4 round-to-nearest %.4f",
+                        ppl[0], ppl[1], ppl[2], ppl[3]);
+            // the real model: the targets
+            cr_expect(q[0].kl <= 1e-3, "stories260K q8: mean KL %g > 1e-3", q[0].kl);
+            cr_expect((double)q[0].top1 >= 0.99 * (double)q[0].n, "stories260K q8: top-1 %lld of %lld", (long long)q[0].top1,
+                      (long long)q[0].n);
+            cr_expect(q[1].kl <= q[2].kl, "stories260K q4: KL %g worse than round-to-nearest's %g", q[1].kl, q[2].kl);
+            cr_expect(q[1].top1 >= q[2].top1, "stories260K q4: top-1 %lld worse than round-to-nearest's %lld",
+                      (long long)q[1].top1, (long long)q[2].top1);
+            cr_expect(ppl[2] <= ppl[3], "q4 perplexity %g worse than round-to-nearest's %g", ppl[2], ppl[3]);
+            cr_expect(ppl[1] <= ppl[0] * 1.005, "q8 perplexity %g more than 0.5%% above f32's %g", ppl[1], ppl[0]);
+        }
+        // every model: bounds a broken quantizer or kernel would not meet
+        cr_expect(q[0].kl <= 1e-2 && q[1].kl <= 0.3, "%s: KL q8 %g, q4 %g", refs[i], q[0].kl, q[1].kl);
+    }
+    cr_log_info("all four references, %lld positions: q8 KL %.2e top1 %.1f%%; q4 KL %.2e top1 %.1f%%; q4 round-to-nearest "
+                "KL %.2e top1 %.1f%%", (long long)tot[0].n, tot[0].kl / (double)tot[0].n,
+                100.0 * (double)tot[0].top1 / (double)tot[0].n, tot[1].kl / (double)tot[1].n,
+                100.0 * (double)tot[1].top1 / (double)tot[1].n, tot[2].kl / (double)tot[2].n,
+                100.0 * (double)tot[2].top1 / (double)tot[2].n);
+    tc_rm_rf(dir);
+    free(dir);
+}

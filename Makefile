@@ -228,3 +228,13 @@ $(addprefix fuzz-run-,$(FUZZ_TARGETS)): fuzz-run-%: $(FUZZ_BUILD)/bin/%
 	  if [ $$rc != 0 ]; then echo "fuzz: $*: FAILED (crash or error): see $(FUZZ_BUILD)/run/$*.log" >&2; exit 1; fi
 
 -include $(shell find $(FUZZ_BUILD) -name '*.d' 2>/dev/null)
+
+# ---- bench: the CPU share's matvec (f16, q8, q4) against the host memory bandwidth, measured in the same run
+.PHONY: bench-cpu-matvec
+$(BUILD)/bin/cpu_matvec: $(BUILD)/bench/cpu_matvec.o $(BUILD)/cpu.o $(BUILD)/pool.o $(BUILD)/quant.o $(BUILD)/util.o \
+                         $(BUILD)/model.o
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) $^ -o $@ -lm -lpthread
+
+bench-cpu-matvec: $(BUILD)/bin/cpu_matvec
+	$(BUILD)/bin/cpu_matvec $(CPU_MATVEC_JSON)

@@ -373,10 +373,11 @@ static int write_stats(dj_out *out, const dj_model *m, const dj_engine *eng, con
         dj_gpu_stats g;
         gpu_state_stats(eng->ctx, &g);
         fprintf(f, ",\n \"ring_gb\": %.4f, \"stream_all\": %d, \"sync_copy\": %d, \"resident_units\": %d, "
-                   "\"streamed_units\": %d,\n \"streamed_gb_per_token\": %.6f, \"h2d_gb_s\": %.4f, "
+                   "\"streamed_units\": %d, \"resident_gb\": %.6f,\n \"streamed_gb_per_token\": %.6f, \"h2d_gb_s\": %.4f, "
                    "\"wait_ms_per_token\": %.6f, \"passes\": %" PRId64 ", \"tc_attn\": %d,\n"
                    " \"cpu_share\": %.4f, \"cpu_gb_per_token\": %.6f, \"cpu_threads\": %d",
-                o->ring_gb, o->stream_all, o->sync_copy, g.n_resident, g.n_streamed, (double)g.bytes_per_token / 1e9,
+                o->ring_gb, o->stream_all, o->sync_copy, g.n_resident, g.n_streamed, (double)g.resident_bytes / 1e9,
+                (double)g.bytes_per_token / 1e9,
                 g.copy_ms > 0 ? (double)g.copied_bytes / 1e6 / g.copy_ms : 0.0,
                 g.passes > 0 ? g.wait_ms / (double)g.passes : 0.0, g.passes, g.tc_attn, g.cpu_share,
                 (double)g.cpu_bytes_per_token / 1e9, cpu_threads_planned());

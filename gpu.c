@@ -373,6 +373,7 @@ static int make_plan(dj_gpu_state *s, const gpu_sizes *z, uint64_t budget, size_
     s->st.bytes_per_token = p->streamed_bytes;
     s->st.n_resident = p->n_resident;
     s->st.n_streamed = p->n_streamed;
+    s->st.resident_bytes = p->resident_bytes;
     if (o->quiet) return 0;
     fprintf(stderr, "gpu: %s\n", gpu_name(s->g));
     fprintf(stderr, "gpu: weight budget %.2f GB%s: %d of %d layers + head resident (%.2f GB), %d units streamed "
@@ -452,7 +453,7 @@ static int warm_up(dj_gpu_state *s, dj_err *e) {
     s->sc.warming = 0;
     memset(&s->st, 0, sizeof s->st);
     s->st.bytes_per_token = keep.bytes_per_token, s->st.n_resident = keep.n_resident;
-    s->st.n_streamed = keep.n_streamed;
+    s->st.n_streamed = keep.n_streamed, s->st.resident_bytes = keep.resident_bytes;
     s->st.tc_attn = s->tc_attn;
     return rc;
 }

@@ -32,6 +32,7 @@ typedef struct {
     uint64_t cpu_bytes_per_token;  // CPU share: bytes of streamed matrices the CPU reads per decode pass
     double cpu_share;          // the CPU share in effect (0: off)
     int n_resident, n_streamed;  // units (layers and the head)
+    uint64_t resident_bytes;   // their weights on the GPU for good (all resident: what a decode step reads)
     uint64_t copied_bytes;     // streamed bytes copied so far
     double copy_ms;            // time the copy engine spent on them
     double wait_ms;            // time the compute stream waited for copies

@@ -49,13 +49,15 @@ static void load_stories(dj_model *m, int dtype) {
 
 // One of the committed random fixtures (tests/fixtures/NAME, HF format), in its own dtype, with stories260K's
 // tokenizer (the fixtures have none).
-static void load_fixture(dj_model *m, const char *name) {
+static void load_fixture_as(dj_model *m, const char *name, int dtype) {
     char stories[4096], src[4300];
     need_gpu_and_data(stories, sizeof stories);
     snprintf(src, sizeof src, "%s/fixtures/%s", tc_tests_dir(), name);
     cr_assert_eq(access(src, R_OK), 0, "fixture %s missing (run from the repository root, or set DJINN_TESTS)", src);
-    load_converted(m, src, stories, -1);
+    load_converted(m, src, stories, dtype);
 }
+
+static void load_fixture(dj_model *m, const char *name) { load_fixture_as(m, name, -1); }
 
 // A pseudo-random prompt of n ids below vocab, then n_dec decode steps feeding fixed ids; all logits.
 // The logits of a prefill of n tokens, then n_dec decode steps; *st (when given): the engine's statistics.
@@ -140,6 +142,21 @@ static void gpu_vs_cpu(int dtype, double tol) {
 Test(gpu_forward, matches_cpu_f32) { gpu_vs_cpu(DJ_F32, 1e-4); }
 Test(gpu_forward, matches_cpu_f16) { gpu_vs_cpu(DJ_F16, 5e-3); }
 Test(gpu_forward, matches_cpu_bf16) { gpu_vs_cpu(DJ_BF16, 1e-2); }
+// q8, q4: the CPU runs the same quantized weights; the GPU's prefill rounds x and the widened weights to f16
+Test(gpu_forward, matches_cpu_q8) { gpu_vs_cpu(DJ_Q8, 5e-3); }
+Test(gpu_forward, matches_cpu_q4) { gpu_vs_cpu(DJ_Q4, 5e-3); }
+
+Test(gpu_forward, quantized_fixtures_match_cpu) {
+    tc_rng_fresh("gpu_forward.quantized_fixtures_match_cpu");
+    static const char *fixtures[] = {"tied_gqa_f16", "mha_untied_f16", "llama3_gqa_bf16"};
+    for (int i = 0; i < 3; i++)
+        for (int dt = DJ_Q8; dt <= DJ_Q4; dt++) {
+            dj_model m;
+            load_fixture_as(&m, fixtures[i], dt);
+            gpu_vs_cpu_opts(&m, 0, 5e-3);
+            model_free(&m);
+        }
+}
 
 // The three fixtures (GQA and MHA, tied and untied, head_dim 16/32/48, f16 and bf16), with the tensor-core
 // prefill attention their head_dims take by default, and with the FMA kernel instead (--fma-attn).
@@ -156,10 +173,9 @@ Test(gpu_forward, fixtures_match_cpu) {
 }
 
 // Streaming must not change a single bit: the same kernels run on the same bytes, wherever they sit.
-Test(gpu_forward, streamed_bitwise_equal_to_resident) {
-    tc_rng_fresh("gpu_forward.streamed_bitwise_equal_to_resident");
+static void streamed_bitwise(int dtype) {
     dj_model m;
-    load_stories(&m, DJ_F16);
+    load_stories(&m, dtype);
     int64_t V = m.info.config.vocab_size, n = 33, nd = 20;
     int32_t ids[64];
     make_ids(ids, n + nd, V);
@@ -192,6 +208,17 @@ Test(gpu_forward, streamed_bitwise_equal_to_resident) {
     model_free(&m);
 }
 
+Test(gpu_forward, streamed_bitwise_equal_to_resident) {
+    tc_rng_fresh("gpu_forward.streamed_bitwise_equal_to_resident");
+    streamed_bitwise(DJ_F16);
+}
+
+// Quantized slabs are smaller and stream the same way: still bitwise.
+Test(gpu_forward, streamed_bitwise_equal_to_resident_q4) {
+    tc_rng_fresh("gpu_forward.streamed_bitwise_equal_to_resident_q4");
+    streamed_bitwise(DJ_Q4);
+}
+
 // A prefill of n, nd decode steps, a second prefill of n2 (a prompt that continues the conversation) and 3 more
 // decode steps: every position's logits (n + nd + n2 + 3 rows).
 static float *run_turns(const dj_model *m, const dj_gpu_opts *o, const int32_t *ids, int64_t n, int64_t nd, int64_t n2,
@@ -220,11 +247,11 @@ static float *run_turns(const dj_model *m, const dj_gpu_opts *o, const int32_t *
 // A stale or misplaced row would be off by O(1). At the minimum budget
 // and with everything streaming, at several shares (odd row counts, the largest), with --sync-copy, tied and
 // untied heads, fused and separate q|k|v, f16 and bf16.
-static void share_cases(const char *fixture) {
+static void share_cases(const char *fixture, int dtype) {
     tc_rng_fresh(fixture ? fixture : "stories260K");
     dj_model m;
-    if (fixture) load_fixture(&m, fixture);
-    else load_stories(&m, DJ_F16);
+    if (fixture) load_fixture_as(&m, fixture, dtype);
+    else load_stories(&m, dtype < 0 ? DJ_F16 : dtype);
     int64_t V = m.info.config.vocab_size, n = 21, nd = 9, n2 = 6, rows = n + nd + n2 + 3;
     int32_t ids[64];
     make_ids(ids, rows, V);
@@ -243,7 +270,7 @@ static void share_cases(const char *fixture) {
         if (!oc.stream_all) oc.ring_gb = (double)minb / 1e9;
         dj_gpu_stats st;
         float *got = run_turns(&m, &oc, ids, n, nd, n2, &st);
-        const char *name = fixture ? fixture : "stories260K f16";
+        const char *name = fixture ? fixture : "stories260K";
         cr_assert(st.cpu_share == oc.cpu_share && st.cpu_bytes_per_token > 0 &&
                       st.bytes_per_token + st.cpu_bytes_per_token <= plain.bytes_per_token,
                   "%s case %d: share %.2f, %llu bytes over PCIe + %llu by the CPU vs %llu unshared", name, c,
@@ -274,9 +301,11 @@ static void share_cases(const char *fixture) {
     model_free(&m);
 }
 
-Test(gpu_forward, cpu_share_stories_tied) { share_cases(NULL); }
-Test(gpu_forward, cpu_share_untied) { share_cases("mha_untied_f16"); }
-Test(gpu_forward, cpu_share_bf16_gqa) { share_cases("llama3_gqa_bf16"); }
+Test(gpu_forward, cpu_share_stories_tied) { share_cases(NULL, -1); }
+Test(gpu_forward, cpu_share_untied) { share_cases("mha_untied_f16", -1); }
+Test(gpu_forward, cpu_share_bf16_gqa) { share_cases("llama3_gqa_bf16", -1); }
+Test(gpu_forward, cpu_share_q4_stories_tied) { share_cases(NULL, DJ_Q4); }
+Test(gpu_forward, cpu_share_q8_untied) { share_cases("mha_untied_f16", DJ_Q8); }
 
 // Greedy decode on the GPU reproduces HF's 200-token continuation, token for token.
 Test(gpu_forward, stories_greedy_matches_reference) {

@@ -21,6 +21,7 @@
 #include "../kernels.h"
 #include "../model.h"
 #include "../cpu.h"
+#include "../quant.h"
 #include "common.h"
 
 // ---- fixtures: seed, GPU context
@@ -48,6 +49,17 @@ static void tk_end(const char *name) {
 }
 
 static void tk_fill(float *x, int64_t n, float scale) { tc_fill(x, n, -scale, scale); }
+
+// W (n_out, n_in) from floats into wh in wtype: floats stored (rounded), q8 and q4 quantized row by row.
+static void tk_store_matrix(void *wh, float *wf, int64_t n_out, int64_t n_in, uint32_t wt) {
+    if (!dj_is_quant(wt)) {
+        tc_store(wh, wf, n_out * n_in, wt);
+        return;
+    }
+    size_t rb = (size_t)dj_row_bytes(wt, (uint64_t)n_in);
+    for (int64_t o = 0; o < n_out; o++)
+        cr_assert_eq(quant_row(wt, wf + o * n_in, n_in, (uint8_t *)wh + (size_t)o * rb, 0, NULL, NULL), 0);
+}
 
 // ---- device helpers (every failure stops the test with the API's message)
 static void *tk_dev(size_t bytes) {
@@ -100,15 +112,15 @@ Test(kernels, matmul) {
     static const int paths[] = {GPU_MM_AUTO, GPU_MM_GEMV, GPU_MM_CUBLAS};
     static const char *path_names[] = {"auto", "gemv", "cublas"};
     dj_err e;
-    for (uint32_t wt = DJ_F32; wt <= DJ_BF16; wt++) {
+    for (uint32_t wt = DJ_F32; wt <= DJ_Q4; wt++) {
         for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
             const int64_t n_in = shapes[si][0], n_out = shapes[si][1], Tmax = 300;
             float *wf = malloc((size_t)(n_in * n_out) * 4), *x = malloc((size_t)(Tmax * n_in) * 4);
             void *wh = malloc((size_t)(n_in * n_out) * 4);
             float *ref = malloc((size_t)(Tmax * n_out) * 4), *got = malloc((size_t)(Tmax * n_out) * 4);
             tk_fill(wf, n_in * n_out, 1.0f / sqrtf((float)n_in));
-            tc_store(wh, wf, n_in * n_out, wt);
-            void *dw = tk_up(wh, (size_t)(n_in * n_out) * dj_dtype_size(wt));
+            tk_store_matrix(wh, wf, n_out, n_in, wt);
+            void *dw = tk_up(wh, (size_t)dj_matrix_bytes(wt, (uint64_t)n_out, (uint64_t)n_in));
             float *dx = tk_dev((size_t)(Tmax * n_in) * 4), *dy = tk_dev((size_t)(Tmax * n_out) * 4);
             for (size_t ti = 0; ti < sizeof Ts / sizeof Ts[0]; ti++) {
                 const int64_t T = Ts[ti];
@@ -118,7 +130,9 @@ Test(kernels, matmul) {
                 for (size_t pi = 0; pi < sizeof paths / sizeof paths[0]; pi++) {
                     const int path = paths[pi];
                     const int blas = path == GPU_MM_CUBLAS || (path == GPU_MM_AUTO && T > 1);
-                    const double tol = wt == DJ_F32 || !blas ? 1e-5 : wt == DJ_F16 ? 1e-3 : 1e-4;
+                    // GEMV: fp32 on exactly widened weights; cuBLAS: x rounded to the weight dtype (q8, q4: x and the
+                    // widened weights rounded to f16)
+                    const double tol = wt == DJ_F32 || !blas ? 1e-5 : wt == DJ_BF16 ? 1e-4 : 2e-3;
                     tk_poison(dy, (size_t)(T * n_out) * 4);
                     int rc = gpu_matmul_path(tk_g, path, dy, dx, dw, wt, T, n_in, n_out, tk_s, &e);
                     cr_expect_eq(rc, 0, "matmul %s %s T=%lld n_in=%lld n_out=%lld: %s", dj_dtype_name(wt),
@@ -215,6 +229,28 @@ Test(kernels, widen) {
     }
     gpu_free(dh), gpu_free(dout);
     free(h), free(got);
+    // q8 and q4 rows (embeddings): exactly what the CPU widens, partial last groups included
+    const int64_t shapes[][2] = {{7, 64}, {5, 172}, {3, 4096}};
+    for (uint32_t wt = DJ_Q8; wt <= DJ_Q4; wt++)
+        for (int si = 0; si < 3; si++) {
+            int64_t rows = shapes[si][0], cols = shapes[si][1];
+            size_t rb = (size_t)dj_row_bytes(wt, (uint64_t)cols);
+            float *f = malloc((size_t)(rows * cols) * 4), *want = malloc((size_t)(rows * cols) * 4);
+            float *back = malloc((size_t)(rows * cols) * 4);
+            uint8_t *q = malloc(rb * (size_t)rows);
+            tk_fill(f, rows * cols, 2.0f);
+            tk_store_matrix(q, f, rows, cols, wt);
+            for (int64_t r = 0; r < rows; r++) dequant_row(wt, q + (size_t)r * rb, cols, want + r * cols);
+            void *dq = tk_up(q, rb * (size_t)rows);
+            float *dw = tk_dev((size_t)(rows * cols) * 4);
+            tk_poison(dw, (size_t)(rows * cols) * 4);
+            cr_assert_eq(gpu_widen_rows(dw, dq, wt, rows, cols, tk_s, &e), 0, "%s", e.msg);
+            tk_down(back, dw, (size_t)(rows * cols) * 4);
+            cr_expect_eq(memcmp(back, want, (size_t)(rows * cols) * 4), 0, "widen_rows %s %lldx%lld differs from the CPU",
+                         dj_dtype_name(wt), (long long)rows, (long long)cols);
+            gpu_free(dq), gpu_free(dw);
+            free(f), free(want), free(back), free(q);
+        }
     tk_end("widen");
 }
 

@@ -224,7 +224,7 @@ Test(model_format, structural_errors_with_valid_crc) {
     CASE(im[200] = 1, "padding");
     CASE(h.pad[11] = 1, "padding");                                                  // inside the 128-byte struct
     CASE(h.config.reserved = 7, "reserved config word");
-    CASE(h.config.embed_type = DJ_F32, "one weight dtype");
+    CASE(h.config.embed_type = DJ_F32, "embeddings in f32 beside f16 layers");
     CASE(h.n_tensors = 3, "entries in the tensor table");
     CASE(tensor(im, c.n_layers + 3, 6)->rows += 1, "tensor table: w_gate");             // a shape
     CASE(tensor(im, c.n_layers + 3, 2)->offset += 256, "tensor table: wq");              // an offset

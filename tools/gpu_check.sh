@@ -50,6 +50,15 @@ for ref in tests/ref/*.bin; do
         { echo "=== $name ${eng:-gpu}"; cat /tmp/djinn_check/out.txt; } >> "$OUT/checks.txt"
         tail -1 /tmp/djinn_check/out.txt | sed "s/^/$name ${eng:-gpu}: /"
     done
+    for dt in q8 q4; do  # quantized: held to the mean KL against the same (unquantized) reference
+        ./convert/convert -q "$src" "/tmp/djinn_check/${name}_$dt.bin" $tok --dtype $dt || { FAILED=1; continue; }
+        for eng in "" "--cpu"; do
+            ./djinn "/tmp/djinn_check/${name}_$dt.bin" --check "$ref" $eng 2>>"$OUT/check.log" > /tmp/djinn_check/out.txt \
+                || FAILED=1
+            { echo "=== $name $dt ${eng:-gpu}"; cat /tmp/djinn_check/out.txt; } >> "$OUT/checks.txt"
+            tail -2 /tmp/djinn_check/out.txt | tr '\n' ' ' | sed "s/^/$name $dt ${eng:-gpu}: /"; echo
+        done
+    done
 done
 
 if [ "${SANITIZE:-0}" = 1 ]; then

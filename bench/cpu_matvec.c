@@ -1,0 +1,105 @@
+// bench/cpu_matvec.c: the CPU share's matvec against the host's memory bandwidth, measured in the same run.
+//   ceiling   every thread of the pool reading a buffer far larger than the caches with 32-byte loads (GB/s)
+//   matvec    cpu_matvec (the CPU share's kernel) over matrices of the Llama-3-8B shapes in f16, q8 and q4,
+//             rotating over copies totalling more than the buffer so every call reads DRAM; GB/s of weights read
+//             and the fraction of the ceiling
+// Usage: cpu_matvec [out.json] [GB of buffer, default 4]. Prints a table; writes JSON when given a path.
+#include <immintrin.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../cpu.h"
+#include "../quant.h"
+#include "../util.h"
+
+typedef struct {
+    const uint8_t *p;
+    size_t bytes;
+    double sums[256];
+} read_job;
+
+__attribute__((target("avx2"))) static void read_task(void *ctx, int64_t b, int64_t e) {
+    read_job *j = ctx;
+    size_t per = j->bytes / 256;
+    for (int64_t part = b; part < e; part++) {
+        const __m256i *q = (const __m256i *)(j->p + (size_t)part * per);
+        __m256i a0 = _mm256_setzero_si256(), a1 = a0;
+        for (size_t i = 0; i + 1 < per / 32; i += 2) {
+            a0 = _mm256_xor_si256(a0, _mm256_load_si256(q + i));
+            a1 = _mm256_xor_si256(a1, _mm256_load_si256(q + i + 1));
+        }
+        j->sums[part] = (double)_mm256_extract_epi64(_mm256_xor_si256(a0, a1), 0);
+    }
+}
+
+// Best of five passes over the buffer, GB/s.
+static double host_read_gbs(const uint8_t *buf, size_t bytes) {
+    read_job j = {buf, bytes, {0}};
+    double best = 0;
+    for (int r = 0; r < 5; r++) {
+        double t0 = dj_now();
+        cpu_parallel_for(256, 1e12, read_task, &j);
+        double gbs = (double)bytes / (dj_now() - t0) / 1e9;
+        if (gbs > best) best = gbs;
+    }
+    return best;
+}
+
+int main(int argc, char **argv) {
+    const char *out = argc > 1 ? argv[1] : NULL;
+    double gb = argc > 2 ? atof(argv[2]) : 4.0;
+    size_t bytes = (size_t)(gb * 1e9) / 4096 * 4096;
+    uint8_t *buf = aligned_alloc(4096, bytes);
+    if (!buf) dj_die("cannot allocate %.1f GB", gb);
+    for (size_t i = 0; i < bytes; i += 4096) memset(buf + i, (int)(i >> 12), 4096);  // touch every page
+    int threads = cpu_threads();
+    double ceiling = host_read_gbs(buf, bytes);
+    printf("host memory: %d threads read %.1f GB/s (best of 5 passes over %.1f GB)\n", threads, ceiling, gb);
+    // Llama-3-8B's decode matrices: q|k|v (6144 x 4096), wo (4096 x 4096), gate|up (28672 x 4096), down (4096 x 14336)
+    const int64_t shapes[][2] = {{6144, 4096}, {4096, 4096}, {28672, 4096}, {4096, 14336}};
+    const uint32_t dts[] = {DJ_F16, DJ_Q8, DJ_Q4};
+    float *x = malloc(14336 * 4), *y = malloc(28672 * 4), *row = malloc(14336 * 4);
+    for (int i = 0; i < 14336; i++) x[i] = (float)((i * 37) % 101) / 101.0f - 0.5f;
+    FILE *js = out ? fopen(out, "w") : NULL;
+    if (js) fprintf(js, "{\"threads\": %d, \"host_read_gb_s\": %.3f, \"matvec\": [", threads, ceiling);
+    printf("%-6s %14s %10s %12s %10s\n", "dtype", "shape", "GB/s", "of ceiling", "us/call");
+    int first = 1;
+    for (size_t d = 0; d < sizeof dts / sizeof *dts; d++)
+        for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
+            int64_t n_out = shapes[s][0], n_in = shapes[s][1];
+            size_t mb = (size_t)dj_matrix_bytes(dts[d], (uint64_t)n_out, (uint64_t)n_in);
+            size_t copies = bytes / mb;
+            if (copies < 2) continue;
+            for (int64_t o = 0; o < n_out; o++) {  // one matrix of real values, copied over the buffer
+                for (int64_t i = 0; i < n_in; i++) row[i] = (float)(((o * 131 + i * 7) % 97) - 48) / 512.0f;
+                uint8_t *dst = buf + (size_t)o * dj_row_bytes(dts[d], (uint64_t)n_in);
+                if (dts[d] == DJ_F16)
+                    for (int64_t i = 0; i < n_in; i++) ((uint16_t *)dst)[i] = dj_f32_to_f16(row[i]);
+                else if (quant_row(dts[d], row, n_in, dst, 0, NULL, NULL))
+                    dj_die("quantization failed");
+            }
+            for (size_t c = 1; c < copies; c++) memcpy(buf + c * mb, buf, mb);
+            double best = 0;
+            for (int r = 0; r < 3; r++) {
+                double t0 = dj_now();
+                for (size_t c = 0; c < copies; c++) cpu_matvec(y, x, buf + c * mb, dts[d], n_in, n_out);
+                double t = (dj_now() - t0) / (double)copies;
+                if (best == 0 || t < best) best = t;
+            }
+            double gbs = (double)mb / best / 1e9;
+            printf("%-6s %6lldx%-7lld %10.1f %11.0f%% %10.1f\n", dj_dtype_name(dts[d]), (long long)n_out,
+                   (long long)n_in, gbs, 100 * gbs / ceiling, best * 1e6);
+            if (js)
+                fprintf(js, "%s\n  {\"dtype\": \"%s\", \"n_out\": %lld, \"n_in\": %lld, \"gb_s\": %.3f, \"of_ceiling\": %.4f}",
+                        first ? "" : ",", dj_dtype_name(dts[d]), (long long)n_out, (long long)n_in, gbs, gbs / ceiling);
+            first = 0;
+        }
+    if (js) {
+        fprintf(js, "\n]}\n");
+        if (fclose(js)) dj_die("cannot write %s", out);
+    }
+    cpu_pool_stop();
+    free(buf), free(x), free(y), free(row);
+    return 0;
+}

@@ -63,6 +63,7 @@ struct dj_gpu {
     int prefill_max_hd;     // largest head_dim whose prefill tiles fit the device's shared memory
     int tc_attn;            // prefill attention on the tensor cores (bf16x3) where head_dim allows; default on
     int tc_optin;           // the device's opt-in shared memory per block
+    int qp_blocks[2];       // the persistent quantized GEMV's grid (q8, q4): blocks the device holds at once
 };
 
 // Scratch for a call on stream s: grows outside a capture, refuses inside one (the graph would keep a
@@ -74,6 +75,8 @@ int scratch_need(dj_gpu *g, size_t bytes, cudaStream_t s, dj_err *e);
 // tensor-core prefill kernels and switches it on.
 int attention_setup(dj_gpu *g, dj_err *e);
 int tc_setup(dj_gpu *g, dj_err *e);
+// matmul.cu: the persistent quantized GEMV's shared-memory limit and grid size.
+int matmul_setup(dj_gpu *g, dj_err *e);
 
 // The attention shapes the kernels support (attention.cu; gpu_rope_kv checks them too): n_heads a multiple
 // of n_kv_heads, head_dim even and <= 256. fn names the caller in the message.

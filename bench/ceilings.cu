@@ -9,10 +9,14 @@
 //   Prefill GEMMs: gpu_matmul's cuBLAS path (the f32 -> f16 rounding of x included) on the fused 7B shapes at
 //   T = 512, TFLOP/s and the fraction of the GEMM ceiling; and every algorithm cuBLASLt's heuristic offers for
 //   the shape, each timed alone: the first (its top-1 choice, "cublaslt top-1") and the best.
+//   Quantized weights on the Llama-3-8B shapes (q|k|v, wo, gate|up, down, lm_head): the decode GEMV in f16, q8
+//   and q4, GB/s of the bytes the format stores (the fraction of D2D is the issue's measure), and the T = 512
+//   prefill product (q8 and q4 dequantize chunks of rows to f16 for cuBLAS), tokens/s against f16's.
 //   cuBLASLt is timed here, on descriptors of its own (Djinn does not use it): the same product as gpu_matmul's
 //   cuBLAS path, W^T . x with fp32 compute and f32 output, with x already in the weight dtype (no rounding pass;
 //   bf16 as its hi and lo parts, two products, as the cuBLAS path computes it).
-// Usage: ceilings [out.json]. Prints a table; writes JSON when given a path. GPU machine only.
+// Usage: ceilings [out.json]. Prints a table; writes JSON when given a path. GPU machine only. QUANT_ONLY=1 in the
+// environment: the ceilings and the quantized section alone, printed.
 #include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
@@ -22,6 +26,7 @@
 #include <algorithm>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <vector>
 
 #include "../kernels.h"
@@ -30,7 +35,9 @@ extern "C" {
 }
 
 static size_t dt_size(uint32_t dt) { return dt == DJ_F32 ? 4 : 2; }
-static const char *dt_name(uint32_t dt) { return dt == DJ_F32 ? "f32" : dt == DJ_F16 ? "f16" : "bf16"; }
+static const char *dt_name(uint32_t dt) {
+    return dt == DJ_F32 ? "f32" : dt == DJ_F16 ? "f16" : dt == DJ_BF16 ? "bf16" : dt == DJ_Q8 ? "q8" : "q4";
+}
 
 #define CK(call)                                                                                          \
     do {                                                                                                  \
@@ -151,6 +158,59 @@ static void lt_matmul(cublasLtHandle_t lt, const lt_problem *p, int k, const voi
                            s));
 }
 
+// ---- quantized weights: decode GEMV and T = 512 prefill on the Llama-3-8B shapes (and 70B's down), f16 beside
+// q8 and q4
+struct qrow { const char *dt; int64_t n_out, n_in; double gemv_us, gemv_gbs, gemv_frac, prefill_us; };
+
+static std::vector<qrow> quant_section(dj_gpu *g, cudaStream_t s, size_t l2, double d2d_gbs) {
+    static const int64_t shapes[][2] = {{6144, 4096}, {4096, 4096}, {28672, 4096}, {4096, 14336}, {128256, 4096},
+                                        {8192, 28672}};  // the last: Llama-3-70B's down projection
+    static const uint32_t dtypes[] = {DJ_F16, DJ_Q8, DJ_Q4};
+    const int64_t PT = 512;
+    std::vector<qrow> rows;
+    printf("\nquantized weights, Llama-3-8B shapes: decode GEMV (GB/s of stored bytes; of D2D) and prefill T = %lld\n",
+           (long long)PT);
+    printf("%-5s %14s %10s %10s %8s %12s %10s\n", "dtype", "shape", "gemv us", "GB/s", "of D2D", "prefill us",
+           "of f16");
+    for (auto &sh : shapes) {
+        const int64_t n_out = sh[0], n_in = sh[1];
+        double f16_prefill_us = 0;
+        float *x, *y;
+        CK(cudaMalloc(&x, (size_t)(PT * n_in) * 4));
+        CK(cudaMalloc(&y, (size_t)(PT * n_out) * 4));
+        fill_kernel<float><<<4096, 256, 0, s>>>(x, (size_t)(PT * n_in), 8);
+        CK(cudaGetLastError());
+        for (uint32_t dt : dtypes) {
+            const size_t wbytes = (size_t)dj_matrix_bytes(dt, (uint64_t)n_out, (uint64_t)n_in);
+            const int copies = (int)std::max<size_t>(2, 4 * l2 / wbytes + 1);
+            std::vector<void *> w(copies);
+            for (int c = 0; c < copies; c++) {  // random f16 bit patterns of [-0.5, 0.5): finite scales and values
+                CK(cudaMalloc(&w[c], wbytes));
+                fill_u16_kernel<<<4096, 256, 0, s>>>((uint16_t *)w[c], wbytes / 2, 30 + c, 0);
+                CK(cudaGetLastError());
+            }
+            qrow r = {dt_name(dt), n_out, n_in, 0, 0, 0, 0};
+            r.gemv_us = 1e3 * time_ms(s, 4 * copies, 9, [&](int i) {
+                CKD(gpu_matmul_path(g, GPU_MM_GEMV, y, x, w[i % copies], dt, 1, n_in, n_out, s, &e_));
+            });
+            r.gemv_gbs = ((double)wbytes + 4.0 * (n_in + n_out)) / (r.gemv_us * 1e-6) / 1e9;
+            r.gemv_frac = r.gemv_gbs / d2d_gbs;
+            r.prefill_us = 1e3 * time_ms(s, 2 * copies, 5, [&](int i) {
+                CKD(gpu_matmul_path(g, GPU_MM_CUBLAS, y, x, w[i % copies], dt, PT, n_in, n_out, s, &e_));
+            });
+            if (dt == DJ_F16) f16_prefill_us = r.prefill_us;
+            printf("%-5s %6lldx%-7lld %10.1f %10.1f %7.1f%% %12.1f %9.1f%%\n", r.dt, (long long)n_out,
+                   (long long)n_in, r.gemv_us, r.gemv_gbs, 100 * r.gemv_frac, r.prefill_us,
+                   100 * f16_prefill_us / r.prefill_us);
+            rows.push_back(r);
+            for (void *p : w) CK(cudaFree(p));
+        }
+        CK(cudaFree(x));
+        CK(cudaFree(y));
+    }
+    return rows;
+}
+
 int main(int argc, char **argv) {
     if (gpu_count() == 0) {
         fprintf(stderr, "ceilings: no GPU found\n");
@@ -211,6 +271,10 @@ int main(int argc, char **argv) {
     CK(cudaFree(B));
     CK(cudaFree(C));
 
+    if (getenv("QUANT_ONLY")) {  // QUANT_ONLY=1: the quantized section alone (kernel variants built with NVEXTRA)
+        quant_section(g, s, (size_t)prop.l2CacheSize, d2d_gbs);
+        return 0;
+    }
     printf("\n%-40s %12s\n", "ceiling", "value");
     printf("%-40s %9.1f GB/s\n", "HBM D2D copy (read+write, 1 GiB)", d2d_gbs);
     printf("%-40s %9.2f GB/s\n", "PCIe pinned H2D (64 MiB chunks)", h2d_gbs);
@@ -337,6 +401,7 @@ int main(int argc, char **argv) {
     }
     CK(cudaFree(lt_work));
     CKB(cublasLtDestroy(lt));
+    const std::vector<qrow> qrows = quant_section(g, s, (size_t)prop.l2CacheSize, d2d_gbs);
 
     if (argc > 1) {
         FILE *f = fopen(argv[1], "w");
@@ -362,6 +427,14 @@ int main(int argc, char **argv) {
                     (long long)r.n_out, (long long)r.n_in, r.cublas_us, r.lt_us, r.lt_best_us, r.lt_best, r.lt_n,
                     flop / (r.cublas_us * 1e-6) / 1e12, flop / (r.lt_best_us * 1e-6) / 1e12,
                     i + 1 < grows.size() ? "," : "");
+        }
+        fprintf(f, "  ],\n  \"quant_llama3_8b\": [\n");
+        for (size_t i = 0; i < qrows.size(); i++) {
+            const qrow &r = qrows[i];
+            fprintf(f, "    {\"dtype\": \"%s\", \"n_out\": %lld, \"n_in\": %lld, \"gemv_us\": %.2f, \"gemv_gbs\": %.1f, "
+                       "\"gemv_fraction_of_d2d\": %.3f, \"prefill_t512_us\": %.1f}%s\n",
+                    r.dt, (long long)r.n_out, (long long)r.n_in, r.gemv_us, r.gemv_gbs, r.gemv_frac, r.prefill_us,
+                    i + 1 < qrows.size() ? "," : "");
         }
         fprintf(f, "  ]\n}\n");
         fclose(f);

@@ -79,8 +79,25 @@ void cpu_matmul(float *y, const float *x, const void *w, uint32_t wtype, int64_t
 
 // ---- matvec at the host's memory bandwidth: the GPU engine's CPU share (dj_gpu_opts.cpu_share)
 // y (n_out) = W x, for one token, at the host's memory bandwidth: on x86 with AVX2, FMA and F16C, eight f16, bf16
-// or f32 weights are widened per instruction and summed in four fused multiply-add accumulators; elsewhere, the
-// portable loop of cpu_dot. Rows are split over the thread pool.
+// or f32 weights are widened per instruction and summed in four fused multiply-add accumulators, q8 and q4 ones
+// summed in integers against x quantized once per call; elsewhere, the portable loop of cpu_dot. Rows are split
+// over the thread pool.
+
+// q8 and q4 rows (model.h) in integers, llama.cpp-style: x is quantized once per call (cpu_xq) in two int8 parts
+// per group of 32, so that one group's dot with the weights' k is two maddubs, two madd and one conversion, not
+// 32 widenings. The two parts keep x to ~1/64516 of its group's largest magnitude, where one part alone (~1/254)
+// would cost ~4e-3 of the result.
+//   x_i ~= d_g * (254 * hi_i + lo_i), d_g = max|x_g| / (127 * 254), hi = round(x / (max|x_g| / 127)) in -127..127,
+//   lo = round(254 * (x / (max|x_g| / 127) - hi)) in -127..127: |x_i - x~_i| <= max|x_g| / 64516 (+ f32 rounding)
+// The last group is zero-padded (the weights' padding is stored too, so whole groups are read throughout); a group
+// whose largest magnitude is below 1e-30 is taken as zero (its reciprocal scale would overflow), one holding an
+// inf or a NaN gets d = NaN so the result is NaN as in f32.
+typedef struct {
+    int8_t *hi, *lo;  // (groups, DJ_QGROUP), 32-byte aligned
+    float *d;         // (groups)
+    int32_t *sum;     // (groups) sum over the group of 254 * hi + lo: q4's offset of 8 (see simd_group_q4)
+} cpu_xq;
+
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #include <cpuid.h>
 #include <immintrin.h>
@@ -118,38 +135,128 @@ SIMD_FN static float simd_dot_row(const float *x, const void *w, uint32_t wtype,
     return r;
 }
 
-// q8 and q4 rows (model.h): per group of 32, the widened k times x in four accumulators' worth of FMAs, then the
-// group's sum times its scale. Only whole groups here; the caller handles a partial last one.
-SIMD_FN static inline __m256 simd_i8x8(__m128i b) { return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b)); }
+// 8 int32 lanes (four weights each) -> 32 int8, lane order kept.
+SIMD_FN static inline __m256i simd_pack_i8(__m256i a, __m256i b, __m256i c, __m256i d) {
+    __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(a, b), _mm256_packs_epi32(c, d));  // per 128-bit half
+    return _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+}
 
-SIMD_FN static float simd_dot_quant(const float *x, const uint8_t *row, uint32_t wtype, int64_t groups,
-                                    const uint16_t *scales) {
-    __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0;
-    const __m128i m4 = _mm_set1_epi8(0x0f), eight = _mm_set1_epi8(8);
-    for (int64_t g = 0; g < groups; g++) {
-        const float *xg = x + g * DJ_QGROUP;
-        __m128i a, b;  // k of weights 0..15 and 16..31, as int8
-        if (wtype == DJ_Q8) {
-            a = _mm_loadu_si128((const __m128i *)(row + g * DJ_QGROUP));
-            b = _mm_loadu_si128((const __m128i *)(row + g * DJ_QGROUP + 16));
-        } else {
-            __m128i q = _mm_loadu_si128((const __m128i *)(row + g * (DJ_QGROUP / 2)));
-            a = _mm_sub_epi8(_mm_and_si128(q, m4), eight);
-            b = _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(q, 4), m4), eight);
-        }
-        __m256 s = _mm256_mul_ps(simd_i8x8(a), _mm256_loadu_ps(xg));
-        s = _mm256_fmadd_ps(simd_i8x8(_mm_srli_si128(a, 8)), _mm256_loadu_ps(xg + 8), s);
-        s = _mm256_fmadd_ps(simd_i8x8(b), _mm256_loadu_ps(xg + 16), s);
-        s = _mm256_fmadd_ps(simd_i8x8(_mm_srli_si128(b, 8)), _mm256_loadu_ps(xg + 24), s);
-        __m256 sc = _mm256_set1_ps(_cvtsh_ss(scales[g]));
-        if (g & 1) acc1 = _mm256_fmadd_ps(s, sc, acc1);
-        else acc0 = _mm256_fmadd_ps(s, sc, acc0);
-    }
-    __m256 a = _mm256_add_ps(acc0, acc1);
+SIMD_FN static inline int32_t simd_hsum_i32(__m256i v) {
+    __m128i h = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    h = _mm_add_epi32(h, _mm_unpackhi_epi64(h, h));
+    return _mm_cvtsi128_si32(_mm_add_epi32(h, _mm_shuffle_epi32(h, 1)));
+}
+
+SIMD_FN static inline float simd_hsum_ps(__m256 a) {
     __m128 h = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
     h = _mm_add_ps(h, _mm_movehl_ps(h, h));
-    h = _mm_add_ss(h, _mm_movehdup_ps(h));
-    return _mm_cvtss_f32(h);
+    return _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)));
+}
+
+// x (n) -> q (ceil(n / 32) groups).
+SIMD_FN static void simd_quant_x(const float *x, int64_t n, const cpu_xq *q) {
+    const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff)), k254 = _mm256_set1_ps(254.0f);
+    for (int64_t g = 0; g * DJ_QGROUP < n; g++) {
+        float pad[DJ_QGROUP] = {0};
+        const float *xg = x + g * DJ_QGROUP;
+        if (n - g * DJ_QGROUP < DJ_QGROUP) xg = memcpy(pad, xg, (size_t)(n - g * DJ_QGROUP) * sizeof(float));
+        __m256 v[4], mx = _mm256_setzero_ps(), nan = mx;
+        for (int k = 0; k < 4; k++) {
+            v[k] = _mm256_loadu_ps(xg + 8 * k);
+            mx = _mm256_max_ps(mx, _mm256_and_ps(v[k], abs_mask));
+            nan = _mm256_or_ps(nan, _mm256_cmp_ps(v[k], v[k], _CMP_UNORD_Q));  // max_ps drops NaNs
+        }
+        __m128 h = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
+        h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+        float amax = _mm_cvtss_f32(_mm_max_ss(h, _mm_movehdup_ps(h)));
+        float inv = 0.0f;
+        q->d[g] = 0.0f;
+        if (_mm256_movemask_ps(nan) || isinf(amax)) q->d[g] = NAN;
+        else if (amax >= 1e-30f) q->d[g] = amax / (127.0f * 254.0f), inv = 127.0f / amax;
+        __m256i hi[4], lo[4], s = _mm256_setzero_si256();
+        for (int k = 0; k < 4; k++) {
+            __m256 t = _mm256_mul_ps(v[k], _mm256_set1_ps(inv));  // |t| <= 127
+            __m256 r = _mm256_round_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+            hi[k] = _mm256_cvtps_epi32(r);
+            lo[k] = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_sub_ps(t, r), k254));  // |t - r| <= 1/2: exact
+            s = _mm256_add_epi32(s, _mm256_add_epi32(_mm256_mullo_epi32(hi[k], _mm256_set1_epi32(254)), lo[k]));
+        }
+        _mm256_store_si256((__m256i *)(q->hi + g * DJ_QGROUP), simd_pack_i8(hi[0], hi[1], hi[2], hi[3]));
+        _mm256_store_si256((__m256i *)(q->lo + g * DJ_QGROUP), simd_pack_i8(lo[0], lo[1], lo[2], lo[3]));
+        q->sum[g] = simd_hsum_i32(s);
+    }
+}
+
+// One group's sum of k * (254 * hi + lo), in 8 int32 lanes. No step saturates or rounds, for any stored byte:
+//   maddubs (u8 * i8, pairs summed into i16, saturating): q8 pairs |k| * |hi| <= 2 * 128 * 127 = 32512 < 32767
+//   (|k| = 128 only for a byte quant_row never writes: abs_epi8(-128) reads as 128 unsigned, and sign() negates
+//   hi, so even that is exact); q4 pairs 2 * 15 * 127 = 3810.
+//   madd (i16 pairs into i32): a lane holds four weights: <= 4 * 128 * (254 * 127 + 127) = 16.6e6 < 2^24, so its
+//   conversion to f32 is exact too.
+SIMD_FN static inline __m256i simd_join(__m256i phi, __m256i plo) {
+    __m256i h = _mm256_madd_epi16(phi, _mm256_set1_epi16(254));
+    return _mm256_add_epi32(h, _mm256_madd_epi16(plo, _mm256_set1_epi16(1)));
+}
+
+// q8: k * x as |k| * (x with k's sign), maddubs taking an unsigned first operand.
+SIMD_FN static inline __m256i simd_group_q8(const uint8_t *row, const cpu_xq *q, int64_t g) {
+    __m256i k = _mm256_loadu_si256((const __m256i *)(row + g * DJ_QGROUP)), a = _mm256_abs_epi8(k);
+    __m256i hi = _mm256_load_si256((const __m256i *)(q->hi + g * DJ_QGROUP));
+    __m256i lo = _mm256_load_si256((const __m256i *)(q->lo + g * DJ_QGROUP));
+    __m256i phi = _mm256_maddubs_epi16(a, _mm256_sign_epi8(hi, k));
+    return simd_join(phi, _mm256_maddubs_epi16(a, _mm256_sign_epi8(lo, k)));
+}
+
+// q4: the stored nibbles u = k + 8 (unsigned, maddubs' first operand as they are), then 8 * sum(254 * hi + lo)
+// taken off: sum[g] from each of the 8 lanes. The group's 16 bytes go to both halves; the upper half shifted by
+// 4 (per 64 bits: a byte's high nibble lands in its low 4 bits) gives weights 16..31 after the mask.
+SIMD_FN static inline __m256i simd_group_q4(const uint8_t *row, const cpu_xq *q, int64_t g) {
+    __m256i b = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(row + g * (DJ_QGROUP / 2))));
+    __m256i u = _mm256_and_si256(_mm256_srlv_epi64(b, _mm256_setr_epi64x(0, 0, 4, 4)), _mm256_set1_epi8(0x0f));
+    __m256i hi = _mm256_load_si256((const __m256i *)(q->hi + g * DJ_QGROUP));
+    __m256i lo = _mm256_load_si256((const __m256i *)(q->lo + g * DJ_QGROUP));
+    __m256i s = simd_join(_mm256_maddubs_epi16(u, hi), _mm256_maddubs_epi16(u, lo));
+    return _mm256_sub_epi32(s, _mm256_set1_epi32(q->sum[g]));
+}
+
+// A row (n weights of q8 or q4) times x: each group's exact integer sum, in f32, times scale_g * d_g, into four
+// accumulators (groups are independent: the loop is bound by throughput, not by the FMA's latency). Scales are
+// widened 8 at a time while 8 groups remain (16 bytes: a shorter tail could read past the matrix), then singly.
+// Rows lie one after the other, so the weights are one stream, gb bytes a group (the padding of 15 bytes at most
+// per row aside); software prefetch keeps it ahead of the core: the hardware's prefetchers alone left q4 at 1/3 of
+// the host's read bandwidth on 2 cores (2/3 with it), q8 at 62% (75%).
+#define CPU_PREFETCH 2048
+#define SIMD_GROUP(g) (wtype == DJ_Q8 ? simd_group_q8(row, q, g) : simd_group_q4(row, q, g))
+__attribute__((always_inline)) SIMD_FN static inline float simd_dot_q(const uint8_t *row, uint32_t wtype, int64_t n,
+                                                                      const cpu_xq *q) {
+    int64_t groups = (n + DJ_QGROUP - 1) / DJ_QGROUP, g = 0, gb = (wtype == DJ_Q8 ? DJ_QGROUP : DJ_QGROUP / 2) + 2;
+    const uint16_t *scales = (const uint16_t *)(row + dj_scales_offset(wtype, (uint64_t)n));
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    for (; g + 8 <= groups; g += 8) {
+        // the matrix CPU_PREFETCH bytes ahead (into the next rows), as many lines as these 8 groups span
+        const char *pf = (const char *)row + g * gb + CPU_PREFETCH;
+        for (int64_t b = 0; b < 8 * gb; b += 64) _mm_prefetch(pf + b, _MM_HINT_T0);
+        _Alignas(32) float d[8];
+        __m256 sc = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(scales + g)));
+        _mm256_store_ps(d, _mm256_mul_ps(sc, _mm256_loadu_ps(q->d + g)));
+        for (int k = 0; k < 8; k += 4) {
+            a0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(SIMD_GROUP(g + k)), _mm256_broadcast_ss(d + k), a0);
+            a1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(SIMD_GROUP(g + k + 1)), _mm256_broadcast_ss(d + k + 1), a1);
+            a2 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(SIMD_GROUP(g + k + 2)), _mm256_broadcast_ss(d + k + 2), a2);
+            a3 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(SIMD_GROUP(g + k + 3)), _mm256_broadcast_ss(d + k + 3), a3);
+        }
+    }
+    for (; g < groups; g++)
+        a0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(SIMD_GROUP(g)), _mm256_set1_ps(_cvtsh_ss(scales[g]) * q->d[g]), a0);
+    return simd_hsum_ps(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
+}
+#undef SIMD_GROUP
+// The two instances, each with its group kind inlined.
+SIMD_FN static float simd_dot_q8(const uint8_t *row, int64_t n, const cpu_xq *q) {
+    return simd_dot_q(row, DJ_Q8, n, q);
+}
+SIMD_FN static float simd_dot_q4(const uint8_t *row, int64_t n, const cpu_xq *q) {
+    return simd_dot_q(row, DJ_Q4, n, q);
 }
 
 // AVX2 and FMA through the compiler's builtin (which also checks that the OS saves the AVX state); F16C
@@ -176,46 +283,45 @@ int cpu_set_simd(int on) {
 }
 
 typedef struct {
-    float *y;
-    const float *x;
-    const void *w;
+    float *y;        // (n_out)
+    const float *x;  // (n_in)
+    const void *w;   // (n_out, n_in) wtype
     uint32_t wtype;
     int64_t n_in, n_out, chunk;
+    const cpu_xq *xq;      // x quantized, for q8 and q4 on the vector path; NULL otherwise
     _Atomic int64_t next;  // the next chunk of rows to claim: a thread the OS delays takes fewer
 } cpu_matvec_job;
 
-// A quantized row's dot with x: whole groups on the vector path, the rest (a partial last group, or everything on
-// the portable path) widened into buf (n_in floats) first.
-static float cpu_dot_quant(const float *x, const uint8_t *row, uint32_t wtype, int64_t n, float *buf) {
-    int64_t full = cpu_simd_off ? 0 : n / DJ_QGROUP, done = full * DJ_QGROUP;
-    float acc = 0.0f;
-#ifdef CPU_SIMD
-    if (full && cpu_simd_ok())
-        acc = simd_dot_quant(x, row, wtype, full, (const uint16_t *)(row + dj_scales_offset(wtype, (uint64_t)n)));
-    else
-        done = 0;
-#else
-    done = 0;
-#endif
-    if (done == n) return acc;
-    dequant_row(wtype, row, n, buf);
-    return acc + cpu_dot(x + done, buf + done, n - done);
+// A quantized row's dot with x on the portable path: widened a group at a time (a partial last one's padding
+// gives zeros, and only its n % 32 values are summed).
+static float cpu_dot_quant(const float *x, const uint8_t *row, uint32_t wtype, int64_t n) {
+    float acc = 0.0f, buf[DJ_QGROUP];
+    for (int64_t done = 0; done < n; done += DJ_QGROUP) {
+        int64_t k = n - done < DJ_QGROUP ? n - done : DJ_QGROUP;
+        dequant_group(wtype, row, n, done / DJ_QGROUP, buf);
+        acc += cpu_dot(x + done, buf, k);
+    }
+    return acc;
 }
 
 static void cpu_matvec_rows(const cpu_matvec_job *j, int64_t begin, int64_t end) {
     size_t ws = dj_dtype_size(j->wtype), rb = (size_t)dj_row_bytes(j->wtype, (uint64_t)j->n_in);
-    if (dj_is_quant(j->wtype)) {
-        float *buf = malloc((size_t)j->n_in * sizeof(float));
-        assert(buf && "out of memory in cpu_matvec");
+    const uint8_t *w = j->w;
+#ifdef CPU_SIMD
+    if (j->xq) {  // set only where the vector path runs
         for (int64_t o = begin; o < end; o++)
-            j->y[o] = cpu_dot_quant(j->x, (const uint8_t *)j->w + (size_t)o * rb, j->wtype, j->n_in, buf);
-        free(buf);
+            j->y[o] = j->wtype == DJ_Q8 ? simd_dot_q8(w + (size_t)o * rb, j->n_in, j->xq)
+                                        : simd_dot_q4(w + (size_t)o * rb, j->n_in, j->xq);
+        return;
+    }
+#endif
+    if (dj_is_quant(j->wtype)) {
+        for (int64_t o = begin; o < end; o++) j->y[o] = cpu_dot_quant(j->x, w + (size_t)o * rb, j->wtype, j->n_in);
         return;
     }
 #ifdef CPU_SIMD
     if (!cpu_simd_off && cpu_simd_ok()) {
-        for (int64_t o = begin; o < end; o++)
-            j->y[o] = simd_dot_row(j->x, (const uint8_t *)j->w + (size_t)o * rb, j->wtype, j->n_in);
+        for (int64_t o = begin; o < end; o++) j->y[o] = simd_dot_row(j->x, w + (size_t)o * rb, j->wtype, j->n_in);
         return;
     }
 #endif
@@ -224,7 +330,7 @@ static void cpu_matvec_rows(const cpu_matvec_job *j, int64_t begin, int64_t end)
         float acc = 0.0f;
         for (int64_t c = 0; c < j->n_in; c += 1024) {
             int64_t n = j->n_in - c < 1024 ? j->n_in - c : 1024;
-            const void *wr = (const uint8_t *)j->w + ((size_t)o * (size_t)j->n_in + (size_t)c) * ws;
+            const void *wr = w + ((size_t)o * (size_t)j->n_in + (size_t)c) * ws;
             const float *wf = j->wtype == DJ_F32 ? (const float *)wr : cpu_widen_row(row, wr, j->wtype, 0, n);
             acc += cpu_dot(j->x + c, wf, n);
         }
@@ -244,7 +350,25 @@ void cpu_matvec(float *y, const float *x, const void *w, uint32_t wtype, int64_t
     if (wtype == DJ_F16) pthread_once(&cpu_f16_once, cpu_f16_table_init);
     int64_t parts = cpu_threads(), chunk = n_out / (8 * parts);
     if (chunk < 16) chunk = 16;
-    cpu_matvec_job j = {y, x, w, wtype, n_in, n_out, chunk, 0};
+    cpu_matvec_job j = {y, x, w, wtype, n_in, n_out, chunk, NULL, 0};
+    void *xbuf = NULL;
+#ifdef CPU_SIMD
+    // q8, q4: x quantized once here, by the caller's thread, for every row; one allocation per call (72 bytes per
+    // 32 inputs: 9 KB at n_in = 4096), so concurrent callers share nothing.
+    if (dj_is_quant(wtype) && !cpu_simd_off && cpu_simd_ok() && n_in > 0) {
+        size_t groups = (size_t)(n_in + DJ_QGROUP - 1) / DJ_QGROUP, bytes = groups * (2 * DJ_QGROUP + 8);
+        xbuf = aligned_alloc(32, (bytes + 31) / 32 * 32);
+        assert(xbuf && "out of memory in cpu_matvec");
+        int8_t *b = xbuf;
+        cpu_xq xq = {b, b + groups * DJ_QGROUP, (float *)(b + groups * 2 * DJ_QGROUP),
+                     (int32_t *)(b + groups * (2 * DJ_QGROUP + 4))};
+        simd_quant_x(x, n_in, &xq);
+        j.xq = &xq;
+        cpu_parallel_for(parts, (double)n_in * (double)n_out, cpu_matvec_task, &j);
+        free(xbuf);
+        return;
+    }
+#endif
     cpu_parallel_for(parts, (double)n_in * (double)n_out, cpu_matvec_task, &j);
 }
 

@@ -87,19 +87,28 @@ int quant_row(uint32_t dtype, const float *x, int64_t n, uint8_t *dst, int rtn, 
     return 0;
 }
 
-void dequant_row(uint32_t dtype, const uint8_t *row, int64_t n, float *out) {
-    uint64_t so = dj_scales_offset(dtype, (uint64_t)n);
-    for (int64_t i = 0; i < n; i++) {
-        int64_t gi = i / DJ_QGROUP, j = i % DJ_QGROUP;
-        uint16_t h;
-        memcpy(&h, row + so + 2 * gi, 2);
+void dequant_group(uint32_t dtype, const uint8_t *row, int64_t n, int64_t g, float *out) {
+    uint16_t h;
+    memcpy(&h, row + dj_scales_offset(dtype, (uint64_t)n) + 2 * g, 2);
+    float s = dj_f16_to_f32(h);
+    for (int j = 0; j < DJ_QGROUP; j++) {
         int k;
         if (dtype == DJ_Q8) {
-            k = (int8_t)row[gi * DJ_QGROUP + j];
+            k = (int8_t)row[g * DJ_QGROUP + j];
         } else {
-            uint8_t b = row[gi * (DJ_QGROUP / 2) + (j % (DJ_QGROUP / 2))];
+            uint8_t b = row[g * (DJ_QGROUP / 2) + (j % (DJ_QGROUP / 2))];
             k = (j < DJ_QGROUP / 2 ? b & 15 : b >> 4) - 8;
         }
-        out[i] = dj_f16_to_f32(h) * (float)k;
+        out[j] = s * (float)k;
+    }
+}
+
+void dequant_row(uint32_t dtype, const uint8_t *row, int64_t n, float *out) {
+    int64_t g = 0;
+    for (; (g + 1) * DJ_QGROUP <= n; g++) dequant_group(dtype, row, n, g, out + g * DJ_QGROUP);
+    if (g * DJ_QGROUP < n) {  // a partial last group
+        float last[DJ_QGROUP];
+        dequant_group(dtype, row, n, g, last);
+        memcpy(out + g * DJ_QGROUP, last, (size_t)(n - g * DJ_QGROUP) * sizeof(float));
     }
 }

@@ -20,5 +20,7 @@
 int quant_row(uint32_t dtype, const float *x, int64_t n, uint8_t *dst, int rtn, double *sq_err, double *sq_ref);
 // row (dj_row_bytes(dtype, n) bytes of q8 or q4) -> out (n) f32, exactly scale * k.
 void dequant_row(uint32_t dtype, const uint8_t *row, int64_t n, float *out);
+// Group g of such a row (n weights) -> out (DJ_QGROUP; a partial last group's padding gives zeros).
+void dequant_group(uint32_t dtype, const uint8_t *row, int64_t n, int64_t g, float *out);
 
 #endif

@@ -282,7 +282,12 @@ static void share_cases(const char *fixture, int dtype) {
             if (t < n)
                 cr_assert_eq(memcmp(got + t * V, ref + t * V, (size_t)V * 4), 0,
                              "%s case %d: prefill logits differ at %lld", name, c, (long long)t);
-            double r = tc_rel_l2(got + t * V, ref + t * V, V), tol = prefill ? 1e-3 : 1e-5;
+            // q8, q4: the CPU rows take x in two int8 parts a group (cpu.c: ~2e-5 of a matvec, <= 5e-5), which
+            // the layers grow to 8e-5 (q4 stories260K) and 1.8e-4 (q8 mha_untied) with every row on the CPU.
+            // Decode steps after the second prefill attend to its keys and values, which carry its rounding flips
+            // (2.5e-5 seen on stories260K f16, seed 1801437230379530): 1e-4 there.
+            double r = tc_rel_l2(got + t * V, ref + t * V, V),
+                   tol = prefill ? 1e-3 : dj_is_quant(m.info.config.wtype) ? 5e-4 : t >= n + nd + n2 ? 1e-4 : 1e-5;
             cr_assert(r <= tol, "%s case %d (share %.2f, %s): position %lld (%s): rel L2 %.3e > %.0e", name, c,
                       oc.cpu_share, oc.stream_all ? "stream-all" : "minimum budget", (long long)t,
                       prefill ? "prefill" : "decode", r, tol);

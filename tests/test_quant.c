@@ -85,8 +85,11 @@ Test(quant, error_bounds_and_search) {
     cr_assert_eq(quant_row(DJ_Q8, big, 32, r, 0, NULL, NULL), -1);
 }
 
-// ---- the CPU's matvec on quantized rows, vector and portable paths, against the reference matmul (both widen
-// exactly: only the order of the sums differs)
+// ---- the CPU's matvec on quantized rows, vector and portable paths, against the reference matmul. The portable
+// path widens exactly, as the matmul does: only the order of the sums differs (2e-6). The vector path sums in
+// integers against x quantized in two int8 parts per group of 32 (cpu.c): each x_i off by at most max|x_g| / 64516,
+// independently, so the result is off by ~ rms(x_i error) / rms(x) = (max|x_g| / rms(x)) / (64516 * sqrt(3)):
+// 1.5e-5 for uniform x, 5.1e-5 at most (a group with one nonzero value: max / rms = sqrt(32)); 1e-4 bounds it.
 Test(quant, cpu_matvec_against_matmul) {
     tc_rng_fresh("quant.cpu_matvec_against_matmul");
     const int64_t shapes[][2] = {{64, 172}, {172, 64}, {4096, 96}, {96, 4000}, {33, 5}};
@@ -106,11 +109,75 @@ Test(quant, cpu_matvec_against_matmul) {
             for (int simd = 1; simd >= 0; simd--) {
                 cpu_set_simd(simd);
                 cpu_matvec(got, x, w, wt, n_in, n_out);
-                cr_assert(tc_rel_l2(got, ref, n_out) < 2e-6, "%s %lldx%lld simd %d: rel %g", dj_dtype_name(wt),
+                double tol = simd && cpu_set_simd(1) ? 1e-4 : 2e-6;
+                cpu_set_simd(simd);
+                cr_assert(tc_rel_l2(got, ref, n_out) < tol, "%s %lldx%lld simd %d: rel %g", dj_dtype_name(wt),
                           (long long)n_out, (long long)n_in, simd, tc_rel_l2(got, ref, n_out));
             }
             cpu_set_simd(1);
             free(w), free(row), free(x), free(ref), free(got);
+        }
+}
+
+// The vector path against a double-precision dot of the exactly widened weights, on normal x with outliers (one
+// group in 8 holds a value 40x the others) and an all-zero group: per output within the bound of x's two-part
+// rounding, sum over groups of max|x_g| / 64516 * sum|w_i| (+1% for the f32 steps of the rounding, + 1e-6 of
+// sum|w_i x_i| for the f32 sums), and over all outputs within 1e-4 relative: x rounded to one int8 part (1/254 of
+// max|x_g|) gives ~4e-3 and fails both. Widths: one group, partial last groups, Llama-3-8B's 4096 and 14336.
+// Then inf and NaN in x give NaN as in f32, and x = 0 gives 0.
+Test(quant, cpu_matvec_integer_path_against_double) {
+    if (!cpu_set_simd(1)) {
+        cr_log_warn("this CPU lacks AVX2/FMA/F16C: cpu_matvec's integer path does not run");
+        return;
+    }
+    tc_rng_fresh("quant.cpu_matvec_integer_path_against_double");
+    const int64_t shapes[][2] = {{32, 64}, {33, 40}, {100, 64}, {172, 64}, {4096, 64}, {14336, 24}};
+    for (uint32_t wt = DJ_Q8; wt <= DJ_Q4; wt++)
+        for (size_t si = 0; si < sizeof shapes / sizeof *shapes; si++) {
+            int64_t n_in = shapes[si][0], n_out = shapes[si][1], groups = (n_in + 31) / 32;
+            size_t rb = (size_t)dj_row_bytes(wt, (uint64_t)n_in);
+            uint8_t *w = malloc(rb * (size_t)n_out);
+            float *row = malloc((size_t)n_in * 4), *x = malloc((size_t)n_in * 4), *got = malloc((size_t)n_out * 4);
+            double *want = malloc((size_t)n_out * 8), *gmax = malloc((size_t)groups * 8);
+            for (int64_t i = 0; i < n_in; i++) x[i] = tc_normal();
+            for (int64_t g = 0; g < groups; g += 8)
+                x[g * 32 + tc_below((uint32_t)(n_in - g * 32 < 32 ? n_in - g * 32 : 32))] *= 40;
+            if (groups > 2) memset(x + 32, 0, 32 * 4);  // group 1
+            for (int64_t g = 0; g < groups; g++) {
+                gmax[g] = 0;
+                for (int64_t i = g * 32; i < n_in && i < g * 32 + 32; i++) gmax[g] = fmax(gmax[g], fabs(x[i]));
+            }
+            cpu_matvec(got, x, w, wt, n_in, 0);  // no rows: nothing written, nothing read
+            for (int64_t o = 0; o < n_out; o++) {
+                tc_fill(row, n_in, -1, 1);
+                cr_assert_eq(quant_row(wt, row, n_in, w + (size_t)o * rb, 0, NULL, NULL), 0);
+            }
+            cpu_matvec(got, x, w, wt, n_in, n_out);
+            for (int64_t o = 0; o < n_out; o++) {
+                dequant_row(wt, w + (size_t)o * rb, n_in, row);
+                double bound = 0, mag = 0;
+                want[o] = 0;
+                for (int64_t i = 0; i < n_in; i++) {
+                    want[o] += (double)row[i] * x[i];
+                    mag += fabs((double)row[i] * x[i]);
+                    bound += fabs(row[i]) * gmax[i / 32] / 64516 * 1.01;
+                }
+                bound += 1e-6 * mag + 1e-30;
+                cr_assert(fabs(got[o] - want[o]) <= bound, "%s %lldx%lld row %lld: %.9g vs %.9g (bound %g)",
+                          dj_dtype_name(wt), (long long)n_out, (long long)n_in, (long long)o, got[o], want[o], bound);
+            }
+            double rel = tc_rel_l2_d(got, want, n_out);
+            cr_assert(rel < 1e-4, "%s %lldx%lld: rel %g", dj_dtype_name(wt), (long long)n_out, (long long)n_in, rel);
+            x[n_in - 1] = INFINITY;
+            cpu_matvec(got, x, w, wt, n_in, n_out);
+            for (int64_t o = 0; o < n_out; o++) cr_assert(isnan(got[o]) || isinf(got[o]), "inf in x: %g", got[o]);
+            x[0] = NAN;
+            cpu_matvec(got, x, w, wt, n_in, n_out);
+            for (int64_t o = 0; o < n_out; o++) cr_assert(isnan(got[o]), "NaN in x: %g", got[o]);
+            memset(x, 0, (size_t)n_in * 4);
+            cpu_matvec(got, x, w, wt, n_in, n_out);
+            for (int64_t o = 0; o < n_out; o++) cr_assert(got[o] == 0, "x = 0: %g", got[o]);
+            free(w), free(row), free(x), free(got), free(want), free(gmax);
         }
 }
 

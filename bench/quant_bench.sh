@@ -3,15 +3,19 @@
 # measured in the same run (bench/ceilings.cu: D2D, pinned H2D, GEMM; bench/cpu_matvec.c: host memory read by
 # every core, and the CPU share's matvec against it).
 #
-#   bench/quant_bench.sh SHAPE OUT_DIR      SHAPE: 8b (Llama-3-8B), 13b, 7b, tiny (tools/make_random_llama.py)
+#   bench/quant_bench.sh SHAPE OUT_DIR      SHAPE: 8b (Llama-3-8B), 13b, 7b, 70b, tiny (tools/make_random_llama.py)
 #
 # Cases, each model, greedy, context 1024 (djinn --stats-json into OUT_DIR/<dtype>_<case>.json):
 #   resident      all resident, a short prompt, 128 new tokens (decode ms/token)
 #   prefill       all resident, a 512-token prompt, 4 new tokens (prefill tokens/s)
+#   prefill2k     the same with a 2048-token prompt (context 4096; not in the default CASES)
 #   min_link      the smallest ring djinn accepts, --cpu-share 0 (the link alone), 16 tokens
 #   min_share     the smallest ring, --cpu-share auto (the default), 16 tokens
+#   ringG_link, ringG_share   --ring-gb G for each G in $RINGS (default none), link only and with the CPU share
 # Conversion times go to OUT_DIR/convert_<dtype>.json. Models live in $BENCH_WORK (default /tmp/djinn_qbench).
-# Knobs: SKIP_MAKE=1 (use the HF folder and .bin files already there), DTYPES ("f16 q8 q4").
+# Knobs: SKIP_MAKE=1 (use the HF folder and .bin files already there), DTYPES ("f16 q8 q4"), LAYERS (a shape
+# with fewer layers: 70b needs it, its 80 f16 layers do not fit the GPU machine's disk), RINGS ("4 8"), CASES
+# (a subset of "resident prefill min_link min_share").
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 SHAPE=${1:?shape}
@@ -21,7 +25,11 @@ DTYPES=${DTYPES:-f16 q8 q4}
 DATA=${DATA:-.shared}
 mkdir -p "$OUT_DIR" "$WORK" || exit 1
 TOK=$DATA/tokenizers/llama2
-[ "$SHAPE" = 8b ] && TOK=$DATA/tokenizers/llama3
+case $SHAPE in 8b | 70b) TOK=$DATA/tokenizers/llama3 ;; esac
+LAYERS=${LAYERS:-}
+RINGS=${RINGS:-}
+CASES=${CASES:-resident prefill min_link min_share}
+NAME=$SHAPE${LAYERS:+_${LAYERS}l}
 say() { echo "== $* ($(date +%T))"; }
 
 say build
@@ -32,11 +40,11 @@ build/bin/ceilings "$OUT_DIR/ceilings.json" 2>&1 | grep -E 'device|host|copy|GEM
 say "ceilings (host memory) and the CPU share's matvec"
 build/bin/cpu_matvec "$OUT_DIR/cpu_matvec.json" 8
 
-HF=$WORK/hf_$SHAPE
+HF=$WORK/hf_$NAME
 if [ ! -f "$HF/.complete" ] && [ "${SKIP_MAKE:-0}" != 1 ]; then
     say "make $SHAPE"
     rm -rf "$HF"
-    python3 tools/make_random_llama.py --shape "$SHAPE" --out "$HF" --dtype float16 > "$WORK/make.log" 2>&1 ||
+    python3 tools/make_random_llama.py --shape "$SHAPE" ${LAYERS:+--layers $LAYERS} --out "$HF" --dtype float16 > "$WORK/make.log" 2>&1 ||
         { tail -5 "$WORK/make.log"; exit 1; }
     grep '^make_random_llama' "$WORK/make.log"
     touch "$HF/.complete"
@@ -44,8 +52,10 @@ fi
 
 LONG=$(printf 'the %.0s' $(seq 511))
 LONG=${LONG% }
+LONG2K=$(printf 'the %.0s' $(seq 2047))
+LONG2K=${LONG2K% }
 for dt in $DTYPES; do
-    bin=$WORK/${SHAPE}_$dt.bin
+    bin=$WORK/${NAME}_$dt.bin
     if [ ! -f "$bin" ]; then
         say "convert $dt"
         t0=$(date +%s.%N)
@@ -61,15 +71,20 @@ print(f"{sys.argv[4]}: {b:.3f} GB in {t:.1f} s")' "$bin" "$t0" "$t1" "$dt" "$OUT
     min=$(./djinn "$bin" -p x -n 1 -t 0 -c 1024 --ring-gb 0.001 2>&1 >/dev/null |
           sed -n 's/.*needs at least \([0-9][0-9.]*\) GB.*/\1/p' | head -1)
     say "$dt: minimum ring $min GB"
-    for case in resident prefill min_link min_share; do
+    for case in $CASES $(for r in $RINGS; do echo "ring${r}_link ring${r}_share"; done); do
         case $case in
+            ring*_link) args=(-p "Once upon a time" -n 16 --ring-gb "${case//[^0-9.]/}" --cpu-share 0) ;;
+            ring*_share) args=(-p "Once upon a time" -n 16 --ring-gb "${case//[^0-9.]/}") ;;
             resident) args=(-p "Once upon a time" -n 128) ;;
             prefill) args=(-p "$LONG" -n 4) ;;
+            prefill2k) args=(-p "$LONG2K" -n 4) ;;
             min_link) args=(-p "Once upon a time" -n 16 --ring-gb "$min" --cpu-share 0) ;;
             min_share) args=(-p "Once upon a time" -n 16 --ring-gb "$min") ;;
         esac
         out=$OUT_DIR/${dt}_$case.json
-        if ! timeout 300 ./djinn "$bin" -t 0 -c 1024 --stats-json "$out" "${args[@]}" > /dev/null 2> "$WORK/run.log"; then
+        ctx=1024
+        [ "$case" = prefill2k ] && ctx=4096
+        if ! timeout 300 ./djinn "$bin" -t 0 -c $ctx --stats-json "$out" "${args[@]}" > /dev/null 2> "$WORK/run.log"; then
             echo "  $dt $case FAILED:"; tail -3 "$WORK/run.log"; continue
         fi
         grep -E 'CPU share|decode|prefill' "$WORK/run.log" | tail -3 | sed "s/^/  $dt $case: /"
@@ -86,11 +101,12 @@ def load(name):
 ceil, cpu = load("ceilings.json") or {}, load("cpu_matvec.json") or {}
 d2d, h2d, host = ceil.get("hbm_d2d_gbs"), ceil.get("pcie_h2d_pinned_64mib_gbs"), cpu.get("host_read_gb_s")
 print(f"ceilings: D2D {d2d} GB/s, pinned H2D {h2d} GB/s, host read {host} GB/s ({cpu.get('threads')} threads)")
-print("| dtype | file GB | resident ms/token (tok/s; weight GB/s of D2D) | prefill 512 tok/s | min ring link only ms/token (H2D GB/s) | min ring with CPU share ms/token (share) |")
-print("|---|---|---|---|---|---|")
+print("| dtype | file GB | resident ms/token (tok/s; weight GB/s of D2D) | prefill 512 tok/s | min ring link only ms/token (H2D GB/s) | min ring with CPU share ms/token (share) | prefill 2048 tok/s |")
+print("|---|---|---|---|---|---|---|")
 rows = {}
 for dt in sys.argv[2:]:
-    r, p, l, s, c = (load(f"{dt}_{k}.json") for k in ("resident", "prefill", "min_link", "min_share")), load(f"convert_{dt}.json")
+    r, p, l, s = (load(f"{dt}_{k}.json") for k in ("resident", "prefill", "min_link", "min_share"))
+    c = load(f"convert_{dt}.json")
     gb = (c or {}).get("bin_gb") or (r or {}).get("model_gb") or 0
     cells = [dt, f"{gb:.2f}"]
     if r:
@@ -101,5 +117,17 @@ for dt in sys.argv[2:]:
     cells.append(f"{p['prefill_tok_s']:.0f}" if p else "-")
     cells.append(f"{l['decode_ms_per_token']:.1f} ({l['h2d_gb_s']:.1f} of {h2d:.1f})" if l and h2d else "-")
     cells.append(f"{s['decode_ms_per_token']:.1f} ({s['cpu_share']:.2f})" if s else "-")
+    p2 = load(f"{dt}_prefill2k.json")
+    cells.append(f"{p2['prefill_tok_s']:.0f}" if p2 else "-")
     print("| " + " | ".join(cells) + " |")
+rings = sorted({f.split("_")[1] for f in os.listdir(d) if f.split("_")[1:2] and f.split("_")[1].startswith("ring")})
+if rings:
+    print("\n| dtype | --ring-gb | link only ms/token (H2D GB/s; of pinned H2D) | with CPU share ms/token (share) |")
+    print("|---|---|---|---|")
+    for dt in sys.argv[2:]:
+        for rg in rings:
+            l, s = load(f"{dt}_{rg}_link.json"), load(f"{dt}_{rg}_share.json")
+            lc = f"{l['decode_ms_per_token']:.1f} ({l['h2d_gb_s']:.1f}; {l['h2d_gb_s'] / h2d:.0%})" if l and h2d else "-"
+            sc = f"{s['decode_ms_per_token']:.1f} ({s['cpu_share']:.2f})" if s else "-"
+            print(f"| {dt} | {rg[4:]} | {lc} | {sc} |")
 EOF

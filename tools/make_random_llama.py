@@ -1,13 +1,13 @@
 #!/usr/bin/env python3
 """Random-weight Llama-shaped HF checkpoints for the GPU benchmarks (bench/run_gpu_bench.sh, bench/ab.sh).
 
-usage: python3 tools/make_random_llama.py --shape 7b|13b|8b|tiny --out DIR [--dtype float16] [--seed N]
+usage: python3 tools/make_random_llama.py --shape 7b|13b|8b|70b|tiny --out DIR [--dtype float16] [--seed N]
                                           [--layers N]
 
 Writes DIR/{config.json, model-0000N-of-0000M.safetensors, model.safetensors.index.json} (5 GB shards) with the
 real shapes: 7b and 13b as Llama 2 (untied head, MHA, vocab 32000 so $DATA/tokenizers/llama2 fits, RoPE theta
 10000), 8b as Llama 3 (GQA 32/8 heads, FFN 14336, vocab 128256 so $DATA/tokenizers/llama3 fits, RoPE theta
-500000); RMSNorm eps 1e-5; 'tiny' is a small Llama-2 shape, for a dry run of the whole pipeline. --layers keeps
+500000), 70b as Llama 3 70B (see SHAPES); RMSNorm eps 1e-5; 'tiny' is a small Llama-2 shape, for a dry run of the whole pipeline. --layers keeps
 the layer shape with fewer (or more) layers.
 
 Fast: the model is built on the meta device (no CPU init), materialised on the GPU in the target dtype, and
@@ -28,6 +28,10 @@ SHAPES = {
     "13b": dict(hidden_size=5120, num_hidden_layers=40, num_attention_heads=40, intermediate_size=13824, **L2),
     "8b": dict(hidden_size=4096, num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
                intermediate_size=14336, vocab_size=128256, rope_theta=500000.0),
+    # Llama-3-70B's layer shape (GQA 64/8 heads, FFN 28672); 80 layers in f16 are 141 GB, more than the GPU
+    # machine's disk: benchmarks take --layers N and scale the ring to the same fraction of the model.
+    "70b": dict(hidden_size=8192, num_hidden_layers=80, num_attention_heads=64, num_key_value_heads=8,
+                intermediate_size=28672, vocab_size=128256, rope_theta=500000.0),
     "tiny": dict(hidden_size=512, num_hidden_layers=4, num_attention_heads=8, intermediate_size=1376, **L2),
 }
 

@@ -355,21 +355,20 @@ void cpu_matvec(float *y, const float *x, const void *w, uint32_t wtype, int64_t
 #ifdef CPU_SIMD
     // q8, q4: x quantized once here, by the caller's thread, for every row; one allocation per call (72 bytes per
     // 32 inputs: 9 KB at n_in = 4096), so concurrent callers share nothing.
+    cpu_xq xq;
     if (dj_is_quant(wtype) && !cpu_simd_off && cpu_simd_ok() && n_in > 0) {
         size_t groups = (size_t)(n_in + DJ_QGROUP - 1) / DJ_QGROUP, bytes = groups * (2 * DJ_QGROUP + 8);
         xbuf = aligned_alloc(32, (bytes + 31) / 32 * 32);
         assert(xbuf && "out of memory in cpu_matvec");
         int8_t *b = xbuf;
-        cpu_xq xq = {b, b + groups * DJ_QGROUP, (float *)(b + groups * 2 * DJ_QGROUP),
-                     (int32_t *)(b + groups * (2 * DJ_QGROUP + 4))};
+        xq = (cpu_xq){b, b + groups * DJ_QGROUP, (float *)(b + groups * 2 * DJ_QGROUP),
+                      (int32_t *)(b + groups * (2 * DJ_QGROUP + 4))};
         simd_quant_x(x, n_in, &xq);
         j.xq = &xq;
-        cpu_parallel_for(parts, (double)n_in * (double)n_out, cpu_matvec_task, &j);
-        free(xbuf);
-        return;
     }
 #endif
     cpu_parallel_for(parts, (double)n_in * (double)n_out, cpu_matvec_task, &j);
+    free(xbuf);
 }
 
 // ---- norm, RoPE, attention, SwiGLU

@@ -151,9 +151,14 @@ template <> __device__ __forceinline__ float wload<DJ_BF16>(const void *w, int64
     return __bfloat162float(((const __nv_bfloat16 *)w)[i]);
 }
 
+// q8 and q4 rows (model.h): a group's values take q_group_bytes bytes; a 16-byte chunk of values holds
+// q_chunk_weights weights (q4: one group; q8: half of one).
+static __host__ __device__ constexpr int q_group_bytes(uint32_t wt) { return wt == DJ_Q8 ? DJ_QGROUP : DJ_QGROUP / 2; }
+static __host__ __device__ constexpr int q_chunk_weights(uint32_t wt) { return wt == DJ_Q8 ? 16 : 32; }
+
 // Element i of a q8 or q4 row of n weights (model.h's layout), exactly scale * k.
 template <int WT> static __device__ __forceinline__ float qload(const uint8_t *row, int64_t n, int64_t i) {
-    constexpr int QB = WT == DJ_Q8 ? DJ_QGROUP : DJ_QGROUP / 2;  // bytes of values per group
+    constexpr int QB = q_group_bytes(WT);  // bytes of values per group
     const int64_t g = i / DJ_QGROUP, j = i - g * DJ_QGROUP;
     const float s = __half2float(*(const __half *)(row + (n + DJ_QGROUP - 1) / DJ_QGROUP * QB + 2 * g));
     const int k = WT == DJ_Q8 ? (int)(int8_t)row[g * QB + j]

@@ -198,7 +198,7 @@ template <int WT> __device__ __forceinline__ float chunk_dot(uint4 q, const floa
 // aligned) once for all NR rows.
 template <int WT, int NR>
 __device__ __forceinline__ void chunk_rows(float *acc, const float *xc, const uint4 *q, const float *scale) {
-    constexpr int E = WT == DJ_Q8 ? 16 : 32;
+    constexpr int E = q_chunk_weights(WT);
     float xv[E];
 #pragma unroll
     for (int v = 0; v < E / 4; v++) {
@@ -209,19 +209,46 @@ __device__ __forceinline__ void chunk_rows(float *acc, const float *xc, const ui
     for (int r = 0; r < NR; r++) acc[r] = fmaf(chunk_dot<WT>(q[r], xv), scale[r], acc[r]);
 }
 
+// xs = x's chunks c0 .. c1 (E floats each), chunk c at (c - c0) * (E + 4): the padding puts lane l's float4 reads
+// at bank 4 * l (mod 32). Every thread of the block takes part.
+template <int WT> __device__ __forceinline__ void stage_x(float *xs, const float *x, int64_t c0, int64_t c1) {
+    constexpr int E = q_chunk_weights(WT);
+    const float4 *xr = (const float4 *)x + c0 * (E / 4);
+    for (int64_t i = threadIdx.x; i < (c1 - c0) * (E / 4); i += blockDim.x) {
+        const int64_t ch = i / (E / 4), j = i - ch * (E / 4);
+        *(float4 *)(xs + ch * (E + 4) + 4 * j) = __ldg(xr + i);
+    }
+}
+
+// q[u][r], sc[u][r] = chunk c + 32u of row wr[r] (values, 16 bytes) and its group's scale, for the chunks below
+// end; zeros past it. so: the scales' offset in a row.
+template <int WT, int U, int NR>
+__device__ __forceinline__ void load_chunks(uint4 (*q)[NR], float (*sc)[NR], const uint8_t *const *wr, int64_t c,
+                                            int64_t end, int64_t so) {
+    constexpr int E = q_chunk_weights(WT);
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+        const int64_t cc = c + 32 * u;
+#pragma unroll
+        for (int r = 0; r < NR; r++) {
+            q[u][r] = cc < end ? ld_stream((const uint4 *)(wr[r] + cc * 16)) : make_uint4(0, 0, 0, 0);
+            sc[u][r] = cc < end ? __half2float(*(const __half *)(wr[r] + so + 2 * (cc * E / DJ_QGROUP))) : 0.0f;
+        }
+    }
+}
+
 // y (T, n_out) = x (T, n_in) . W^T, W rows row_bytes apart; x row blockIdx.y. The first weights are loaded before x
 // is staged, and each tile's last chunks before the next tile's x, so the staging hides behind loads in flight.
 // PRECOND: n_in % 32 == 0; W and row_bytes 16-byte aligned, x 16-byte aligned; blockDim.x == QG_WARPS * 32.
 template <int WT>
 __global__ __launch_bounds__(QG_WARPS * 32) void gemv_quant_kernel(float *y, const float *x, const uint8_t *w,
                                                                   int64_t n_in, int64_t n_out, int64_t row_bytes) {
-    constexpr int E = WT == DJ_Q8 ? 16 : 32, STRIDE = E + 4, TC = QG_TILE / E;  // weights a chunk, chunks a tile
+    constexpr int E = q_chunk_weights(WT), STRIDE = E + 4, TC = QG_TILE / E;  // weights a chunk, chunks a tile
     __shared__ __align__(16) float xs[TC * STRIDE];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int64_t r0 = ((int64_t)blockIdx.x * QG_WARPS + warp) * QG_ROWS, t = blockIdx.y;
     const bool active = r0 < n_out;  // every warp stages x and meets the barriers
-    const int64_t nc = n_in / E, so = n_in / DJ_QGROUP * (WT == DJ_Q8 ? DJ_QGROUP : DJ_QGROUP / 2);  // scales
-    const float4 *xr = (const float4 *)(x + t * n_in);
+    const int64_t nc = n_in / E, so = n_in / DJ_QGROUP * q_group_bytes(WT);  // chunks a row, the scales' offset
     const uint8_t *wr[QG_ROWS];
 #pragma unroll
     for (int r = 0; r < QG_ROWS; r++) wr[r] = w + min(r0 + r, n_out - 1) * row_bytes;  // past the end: unused
@@ -230,28 +257,14 @@ __global__ __launch_bounds__(QG_WARPS * 32) void gemv_quant_kernel(float *y, con
     for (int r = 0; r < QG_ROWS; r++) acc[r] = 0.0f;
     uint4 q[QG_UNROLL][QG_ROWS];
     float sc[QG_UNROLL][QG_ROWS];
-    // chunks c + 32u of the tile that holds c (te: that tile's end)
-    auto load = [&](int64_t c, uint4 (*q)[QG_ROWS], float (*sc)[QG_ROWS]) {
-        const int64_t te = min((c / TC + 1) * TC, nc);
-#pragma unroll
-        for (int u = 0; u < QG_UNROLL; u++) {
-            const int64_t cc = c + 32 * u;
-#pragma unroll
-            for (int r = 0; r < QG_ROWS; r++) {
-                q[u][r] = cc < te ? ld_stream((const uint4 *)(wr[r] + cc * 16)) : make_uint4(0, 0, 0, 0);
-                sc[u][r] = cc < te ? __half2float(*(const __half *)(wr[r] + so + 2 * (cc * E / DJ_QGROUP))) : 0.0f;
-            }
-        }
-    };
+    // chunks c + 32u of the tile that holds c, up to that tile's end
+    auto load = [&](int64_t c) { load_chunks<WT, QG_UNROLL, QG_ROWS>(q, sc, wr, c, min((c / TC + 1) * TC, nc), so); };
     int64_t c = lane;
-    if (active && c < nc) load(c, q, sc);
+    if (active && c < nc) load(c);
     for (int64_t t0 = 0; t0 < nc; t0 += TC) {
         const int64_t te = min(t0 + TC, nc);
         __syncthreads();  // the previous tile's reads are done
-        for (int64_t i = threadIdx.x; i < (te - t0) * (E / 4); i += blockDim.x) {
-            const int64_t ch = i / (E / 4), j = i - ch * (E / 4);
-            *(float4 *)(xs + ch * STRIDE + 4 * j) = __ldg(xr + t0 * (E / 4) + i);
-        }
+        stage_x<WT>(xs, x + t * n_in, t0, te);
         __syncthreads();
         if (!active) continue;
         while (c < te) {
@@ -263,7 +276,7 @@ __global__ __launch_bounds__(QG_WARPS * 32) void gemv_quant_kernel(float *y, con
                 chunk_rows<WT, QG_ROWS>(acc, xs + (c + 32 * u - t0) * STRIDE, q[u], sc[u]);
             }
             c = cn;
-            if (c < nc) load(c, q, sc);
+            if (c < nc) load(c);
         }
     }
     if (!active) return;
@@ -284,7 +297,7 @@ __global__ __launch_bounds__(QG_WARPS * 32) void gemv_quant_kernel(float *y, con
 #define QP_UNROLL 4    // chunks in flight per lane, twice: the current ones and the next
 #define QP_ROWS 1      // rows a warp (2 and 4, and 4 warps a block, measured slower on the H100)
 static size_t qp_smem(uint32_t wt, int64_t n_in) {
-    const int64_t E = wt == DJ_Q8 ? 16 : 32;
+    const int64_t E = q_chunk_weights(wt);
     return (size_t)(n_in / E) * (size_t)(E + 4) * sizeof(float);
 }
 
@@ -292,36 +305,24 @@ template <int WT>
 __global__ __launch_bounds__(QP_WARPS * 32) void gemv_quant_persist_kernel(float *y, const float *x, const uint8_t *w,
                                                                           int64_t n_in, int64_t n_out,
                                                                           int64_t row_bytes) {
-    constexpr int E = WT == DJ_Q8 ? 16 : 32, STRIDE = E + 4;
+    constexpr int E = q_chunk_weights(WT), STRIDE = E + 4;
     extern __shared__ float4 xs4[];
-    const float *xs = (const float *)xs4;
+    float *xs = (float *)xs4;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int64_t t = blockIdx.y, nc = n_in / E, nrg = (n_out + QP_ROWS - 1) / QP_ROWS;
-    const int64_t so = n_in / DJ_QGROUP * (WT == DJ_Q8 ? DJ_QGROUP : DJ_QGROUP / 2), step = (int64_t)gridDim.x * QP_WARPS;
+    const int64_t so = n_in / DJ_QGROUP * q_group_bytes(WT), step = (int64_t)gridDim.x * QP_WARPS;
     uint4 q[QP_UNROLL][QP_ROWS], qn[QP_UNROLL][QP_ROWS];
     float sc[QP_UNROLL][QP_ROWS], scn[QP_UNROLL][QP_ROWS];
     // chunks c + 32u of row group rg
     auto load = [&](int64_t rg, int64_t c, uint4 (*qq)[QP_ROWS], float (*ss)[QP_ROWS]) {
+        const uint8_t *wr[QP_ROWS];  // rows past the end: the last, unused
 #pragma unroll
-        for (int r = 0; r < QP_ROWS; r++) {
-            const uint8_t *wr = w + min(rg * QP_ROWS + r, n_out - 1) * row_bytes;  // past the end: unused
-#pragma unroll
-            for (int u = 0; u < QP_UNROLL; u++) {
-                const int64_t cc = c + 32 * u;
-                qq[u][r] = cc < nc ? ld_stream((const uint4 *)(wr + cc * 16)) : make_uint4(0, 0, 0, 0);
-                ss[u][r] = cc < nc ? __half2float(*(const __half *)(wr + so + 2 * (cc * E / DJ_QGROUP))) : 0.0f;
-            }
-        }
+        for (int r = 0; r < QP_ROWS; r++) wr[r] = w + min(rg * QP_ROWS + r, n_out - 1) * row_bytes;
+        load_chunks<WT, QP_UNROLL, QP_ROWS>(qq, ss, wr, c, nc, so);
     };
     int64_t rg = (int64_t)blockIdx.x * QP_WARPS + warp, c = lane;
     if (rg < nrg) load(rg, c, q, sc);
-    // x, its chunks padded to STRIDE floats (see gemv_quant_kernel)
-    const float4 *xr = (const float4 *)(x + t * n_in);
-    float4 *xw = xs4;
-    for (int64_t i = threadIdx.x; i < nc * (E / 4); i += blockDim.x) {
-        const int64_t ch = i / (E / 4), j = i - ch * (E / 4);
-        xw[(ch * STRIDE) / 4 + j] = __ldg(xr + i);
-    }
+    stage_x<WT>(xs, x + t * n_in, 0, nc);
     __syncthreads();
     float acc[QP_ROWS];
 #pragma unroll
@@ -372,13 +373,14 @@ static int gemv_quant_typed(dj_gpu *g, float *y, const float *x, const void *w, 
     const int64_t rb = (int64_t)dj_row_bytes(WT, (uint64_t)n_in);
     if (T > 65535) return dj_fail(e, "gemv: T = %lld too large", (long long)T);
     const uint8_t *wb = (const uint8_t *)w;
-    if (n_in % DJ_QGROUP == 0 && n_in <= QP_MAX && ((uintptr_t)w & 15) == 0 && ((uintptr_t)x & 15) == 0) {
+    const int vec_ok = n_in % DJ_QGROUP == 0 && ((uintptr_t)w & 15) == 0 && ((uintptr_t)x & 15) == 0;
+    if (vec_ok && n_in <= QP_MAX) {
         const int64_t nrg = (n_out + QP_ROWS - 1) / QP_ROWS, need = (nrg + QP_WARPS - 1) / QP_WARPS;
         const int fit = g->qp_blocks[WT == DJ_Q8 ? 0 : 1];
         dim3 grid((unsigned)(need < fit ? need : fit), (unsigned)T);
         gemv_quant_persist_kernel<WT><<<grid, QP_WARPS * 32, qp_smem(WT, n_in), s>>>(y, x, wb, n_in, n_out, rb);
         LAUNCH_CHECK("gemv_quant_persist", s);
-    } else if (n_in % DJ_QGROUP == 0 && ((uintptr_t)w & 15) == 0 && ((uintptr_t)x & 15) == 0) {
+    } else if (vec_ok) {
         const int64_t per_block = QG_WARPS * QG_ROWS;
         dim3 grid((unsigned)((n_out + per_block - 1) / per_block), (unsigned)T);
         gemv_quant_kernel<WT><<<grid, QG_WARPS * 32, 0, s>>>(y, x, wb, n_in, n_out, rb);
@@ -407,7 +409,7 @@ static int64_t qchunk_rows(int64_t n_in) {
 // bytes at a time); otherwise one thread per group, byte by byte.
 template <int WT>
 __global__ void dequant_f16_kernel(__half *out, const uint8_t *w, int64_t rows, int64_t n_in, int64_t row_bytes) {
-    constexpr int QB = WT == DJ_Q8 ? DJ_QGROUP : DJ_QGROUP / 2, E = WT == DJ_Q8 ? 16 : 32;
+    constexpr int QB = q_group_bytes(WT), E = q_chunk_weights(WT);
     const int64_t groups = (n_in + DJ_QGROUP - 1) / DJ_QGROUP;
     if (n_in % DJ_QGROUP == 0) {
         const int64_t chunks = n_in / E;
@@ -463,7 +465,7 @@ static int matmul_quant_cublas(dj_gpu *g, float *y, const float *x, const void *
         const int64_t rows = n_out - r0 < cr ? n_out - r0 : cr;
         const uint8_t *wr = (const uint8_t *)w + r0 * rb;
         const int64_t work = n_in % DJ_QGROUP ? rows * ((n_in + DJ_QGROUP - 1) / DJ_QGROUP)
-                                              : rows * (n_in / (wtype == DJ_Q8 ? 16 : 32));
+                                              : rows * (n_in / q_chunk_weights(wtype));
         if (wtype == DJ_Q8) dequant_f16_kernel<DJ_Q8><<<grid_1d(work, 256), 256, 0, s>>>(wd, wr, rows, n_in, rb);
         else dequant_f16_kernel<DJ_Q4><<<grid_1d(work, 256), 256, 0, s>>>(wd, wr, rows, n_in, rb);
         LAUNCH_CHECK("dequant_f16", s);
@@ -585,7 +587,8 @@ template <int WT> static int qp_setup_one(dj_gpu *g, int *blocks, dj_err *e) {
     CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, gemv_quant_persist_kernel<WT>, QP_WARPS * 32,
                                                              (size_t)smem));
     CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, g->device));
-    if (per_sm < 1) return dj_fail(e, "cuda: %s cannot run the quantized GEMV (%d bytes of shared memory)", g->name, smem);
+    if (per_sm < 1)
+        return dj_fail(e, "cuda: %s cannot run the quantized GEMV (%d bytes of shared memory)", g->name, smem);
     *blocks = per_sm * sms;
     return 0;
 }

@@ -106,9 +106,10 @@ static int tk_close(const float *got, const float *ref, int64_t n, double tol, c
 Test(kernels, matmul) {
     tk_start("matmul");
     static const int64_t Ts[] = {1, 2, 7, 64, 300};
-    // {64, 9000}: a long input row and a short output, the one-token GEMV's other extreme
+    // {64, 9000}: a long input row and a short output, the one-token GEMV's other extreme; {20480, 40}: x longer
+    // than the quantized GEMV stages at once (QP_MAX, QG_TILE in matmul.cu): its tiled kernel, three tiles
     static const int64_t shapes[][2] = {{172, 64}, {172, 512}, {512, 4096}, {4096, 300}, {11008, 64}, {36, 4096},
-                                        {64, 9000}};
+                                        {64, 9000}, {20480, 40}};
     static const int paths[] = {GPU_MM_AUTO, GPU_MM_GEMV, GPU_MM_CUBLAS};
     static const char *path_names[] = {"auto", "gemv", "cublas"};
     dj_err e;

@@ -14,8 +14,8 @@
 #   ringG_link, ringG_share   --ring-gb G for each G in $RINGS (default none), link only and with the CPU share
 # Conversion times go to OUT_DIR/convert_<dtype>.json. Models live in $BENCH_WORK (default /tmp/djinn_qbench).
 # Knobs: SKIP_MAKE=1 (use the HF folder and .bin files already there), DTYPES ("f16 q8 q4"), LAYERS (a shape
-# with fewer layers: 70b needs it, its 80 f16 layers do not fit the GPU machine's disk), RINGS ("4 8"), CASES
-# (a subset of "resident prefill min_link min_share").
+# with fewer layers: 70b needs it, its 80 f16 layers do not fit the GPU machine's disk), RINGS (ring sizes in GB,
+# e.g. "4 8"; default none), CASES (default "resident prefill min_link min_share"; prefill2k may be added).
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 SHAPE=${1:?shape}

@@ -67,6 +67,7 @@ typedef struct {
     double cpu_share;    // dj_gpu_opts.cpu_share: < 0 automatic (the default), 0 off
     int cpu_share_given;
     int no_pin;          // pageable host memory for the weights
+    int64_t threads;     // CPU threads (the pool's size); 0: one per CPU of the process's affinity mask
     const char *stats_path;
     const char *logits_path;
     const char *check_path;
@@ -95,6 +96,8 @@ static void usage(FILE *f) {
             "  --no-graph       ablation: run the all-resident decode step kernel by kernel, not as a CUDA graph\n"
             "  --fma-attn       comparison: prefill attention on the fp32 FMA kernel instead of the tensor cores\n"
             "                   (bf16x3, f32-class accuracy; used for head_dim a multiple of 16 up to 256)\n"
+            "  --threads N      CPU threads for the CPU engine and the CPU share (default: the CPUs this process\n"
+            "                   may run on, its affinity mask)\n"
             "  --cpu-share F    while layers stream, the CPU computes fraction F (0 to 0.95) of every streamed\n"
             "                   matrix's rows from host memory in each decode step, so those bytes never cross\n"
             "                   PCIe; 'auto' (the default) balances the CPU's measured rate against the link's,\n"
@@ -162,7 +165,8 @@ static int parse_args(int argc, char **argv, dj_opts *o) {
             continue;
         }
         static const char *with_value[] = {"-p", "-n", "-t", "--top-p", "-s", "-c", "--ring-gb", "--logits",
-                                           "--check", "--tol", "--stats-json", "--cpu-share", "--perplexity"};
+                                           "--check", "--tol", "--stats-json", "--cpu-share", "--perplexity",
+                                           "--threads"};
         int known = 0;
         for (size_t k = 0; k < sizeof with_value / sizeof *with_value; k++) known |= !strcmp(a, with_value[k]);
         if (!known) return usage_error("unknown option '%s'", a);
@@ -188,6 +192,9 @@ static int parse_args(int argc, char **argv, dj_opts *o) {
         } else if (!strcmp(a, "-c")) {
             if (parse_i64(v, &n) || n <= 0) return usage_error("-c needs a positive context size, not '%s'", v);
             o->ctx = n;
+        } else if (!strcmp(a, "--threads")) {
+            if (parse_i64(v, &n) || n < 1 || n > 256) return usage_error("--threads needs a count from 1 to 256, not '%s'", v);
+            o->threads = n;
         } else if (!strcmp(a, "--ring-gb")) {
             if (parse_f64(v, &d) || d <= 0) return usage_error("--ring-gb needs a positive number of GB, not '%s'", v);
             o->ring_gb = d;
@@ -571,6 +578,7 @@ int main(int argc, char **argv) {
         return 0;
     }
     if (prc) return prc;
+    if (o.threads) cpu_set_threads((int)o.threads);
 
     signal(SIGINT, on_sigint);
     dj_err e = {{0}};

@@ -145,6 +145,39 @@ static int gate_up_matmul(dj_gpu_state *s, const uint8_t *w, int64_t T, ffn_rows
     return layer_mm(s, w, k, r->gate, s->b.xb, T, e) || layer_mm(s, w, k + 1, r->up, s->b.xb, T, e) ? -1 : 0;
 }
 
+// One token with every row on the GPU, q|k|v and gate|up each one matmul: both norms of the layer (and the residual
+// adds) can run inside the quantized GEMV that follows them (gpu_norm_matmul). Both or neither: see norm_matmul.
+static int norms_fused(const dj_gpu_state *s, const uint8_t *w, int64_t T) {
+    const dj_layer_layout *L = &s->m->info.layer;
+    const gpu_bufs *b = &s->b;
+    if (T != 1 || !s->fused_qkv || !s->fused_gate_up || s->sh.cur_host) return 0;
+    uintptr_t ptrs = (uintptr_t)(w + L->attn_norm) | (uintptr_t)(w + L->ffn_norm) | (uintptr_t)b->x |
+                     (uintptr_t)b->xb | (uintptr_t)b->delta;
+    const sp_mat *qkv = &s->sh.lmats[0], *gu = &s->sh.lmats[2];
+    return !(ptrs & 15) && gpu_fused_ok(qkv->dtype, w + qkv->off, qkv->n_in, qkv->n_out) &&
+           gpu_fused_ok(gu->dtype, w + gu->off, gu->n_in, gu->n_out);
+}
+
+// The fused norm and matmul k (norms_fused): x + delta (`add`), or x, is written to d_xb (the normed input never
+// exists on its own, so d_xb is free) and the two buffers swap: d_x is the residual stream again. Two swaps a
+// layer, so a step ends with the buffers where it began (the decode graph and upload_tokens rely on it).
+static int norm_matmul(dj_gpu_state *s, const uint8_t *w, int k, const float *norm, int add, qkv_rows *qkv,
+                       ffn_rows *ffn, dj_err *e) {
+    const dj_config *c = &s->m->info.config;
+    const sp_mat *mt = &s->sh.lmats[k];
+    gpu_bufs *b = &s->b;
+    int64_t q = (int64_t)c->n_heads * c->head_dim, kv = (int64_t)c->n_kv_heads * c->head_dim, hid = c->hidden_dim;
+    float *y;
+    if (qkv) *qkv = (qkv_rows){b->qkv, b->qkv + q, b->qkv + q + kv, q + 2 * kv, q + 2 * kv}, y = b->qkv;
+    else *ffn = (ffn_rows){b->ffn, b->ffn + hid, 2 * hid}, y = b->ffn;
+    if (gpu_norm_matmul(s->g, y, b->x, add ? b->delta : NULL, b->xb, norm, c->norm_eps, w + mt->off, mt->dtype,
+                        mt->n_in, mt->n_out, s->compute, e))
+        return -1;
+    float *t = b->x;
+    b->x = b->xb, b->xb = t;
+    return 0;
+}
+
 // One transformer layer on T rows of the residual stream d_x; w: the layer's slab on the device. `pending`: the
 // previous layer's output (in d_delta) still has to be added, fused with this layer's first norm.
 static int gpu_layer(dj_gpu_state *s, const uint8_t *w, int l, int64_t T, int pending, dj_err *e) {
@@ -163,17 +196,32 @@ static int gpu_layer(dj_gpu_state *s, const uint8_t *w, int l, int64_t T, int pe
 
     prof_mark(s, PROF_OTHER);  // what came before: streaming waits, the embeddings
     // attention block: x += wo . attention(rope(wq|wk|wv . rmsnorm(x)))
-    STEP(NORM, pending ? gpu_add_rmsnorm(b->x, b->delta, b->xb, attn_norm, T, dim, eps, st, e)
-                       : gpu_rmsnorm(b->xb, b->x, attn_norm, T, dim, eps, st, e));
-    STEP(QKV, qkv_matmul(s, w, T, &qkv, e));
+    const int fuse = norms_fused(s, w, T);
+    if (fuse) {
+        STEP(QKV, norm_matmul(s, w, 0, attn_norm, pending, &qkv, NULL, e));
+    } else {
+        STEP(NORM, pending ? gpu_add_rmsnorm(b->x, b->delta, b->xb, attn_norm, T, dim, eps, st, e)
+                           : gpu_rmsnorm(b->xb, b->x, attn_norm, T, dim, eps, st, e));
+        STEP(QKV, qkv_matmul(s, w, T, &qkv, e));
+    }
     STEP(ROPE_KV, rope_kv_write(s, &qkv, kc, vc, T, e));
     STEP(ATTENTION, attention(s, &qkv, kc, vc, T, e));
     STEP(WO, layer_mm(s, w, k_wo, b->delta, b->att, T, e));
     // MLP block: x += w_down . (silu(w_gate . n) * (w_up . n)), n = rmsnorm(x)
-    STEP(NORM, gpu_add_rmsnorm(b->x, b->delta, b->xb, ffn_norm, T, dim, eps, st, e));
-    STEP(GATE_UP, gate_up_matmul(s, w, T, &ffn, e));
-    STEP(SWIGLU, gpu_swiglu(b->hb, ffn.gate, ffn.up, T, hid, ffn.ld, st, e));
-    STEP(DOWN, layer_mm(s, w, k_down, b->delta, b->hb, T, e));
+    if (fuse) {
+        STEP(GATE_UP, norm_matmul(s, w, 2, ffn_norm, 1, NULL, &ffn, e));
+    } else {
+        STEP(NORM, gpu_add_rmsnorm(b->x, b->delta, b->xb, ffn_norm, T, dim, eps, st, e));
+        STEP(GATE_UP, gate_up_matmul(s, w, T, &ffn, e));
+    }
+    if (T == 1 && !s->sh.cur_host) {  // one token, all on the GPU: the down projection computes silu(gate) * up
+        const sp_mat *mt = &s->sh.lmats[k_down];
+        STEP(DOWN, gpu_swiglu_matmul(s->g, b->delta, b->hb, ffn.gate, ffn.up, w + mt->off, mt->dtype, mt->n_in,
+                                     mt->n_out, st, e));
+    } else {
+        STEP(SWIGLU, gpu_swiglu(b->hb, ffn.gate, ffn.up, T, hid, ffn.ld, st, e));
+        STEP(DOWN, layer_mm(s, w, k_down, b->delta, b->hb, T, e));
+    }
     return 0;
 }
 

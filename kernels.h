@@ -127,6 +127,18 @@ int gpu_add_rmsnorm(float *x, const float *delta, float *out, const float *w, in
 // one (T, 2n) buffer holding [gate | up] per row, then up = gate + n). out may alias gate only when ld == n.
 int gpu_swiglu(float *out, const float *gate, const float *up, int64_t T, int64_t n, int64_t ld, cudaStream_t s,
                dj_err *e);
+// y (n_out) = W . (silu(gate) * up) for one token: gpu_swiglu into hb then gpu_matmul, or, for q8 and q4 weights,
+// one kernel that never writes hb.
+int gpu_swiglu_matmul(dj_gpu *g, float *y, float *hb, const float *gate, const float *up, const void *w,
+                      uint32_t wtype, int64_t n_in, int64_t n_out, cudaStream_t s, dj_err *e);
+// Whether the one-token quantized GEMV can take W (n_out, n_in) with an input computed inside it: gpu_norm_matmul's
+// condition (with its buffers 16-byte aligned), and the one under which gpu_swiglu_matmul fuses.
+int gpu_fused_ok(uint32_t wtype, const void *w, int64_t n_in, int64_t n_out);
+// y (n_out) = W . (rmsnorm(x + delta) * nw) for one token (gpu_add_rmsnorm and gpu_matmul in one kernel), and xo =
+// x + delta, the residual stream's next value, in a buffer that is not x; delta NULL: no add, xo = x.
+// PRECOND-checked: gpu_fused_ok, and x, delta, xo, nw 16-byte aligned.
+int gpu_norm_matmul(dj_gpu *g, float *y, const float *x, const float *delta, float *xo, const float *nw, float eps,
+                    const void *w, uint32_t wtype, int64_t n_in, int64_t n_out, cudaStream_t s, dj_err *e);
 
 // ---- RoPE: x rows (T rows `ld` floats apart, each n_heads * head_dim), rotated in place for positions
 // *d_pos + t, HF rotate-half pairs (i, i + head_dim/2), angle = (float)pos * inv_freq[i] in f32 (cpu_rope).

@@ -63,7 +63,7 @@ struct dj_gpu {
     int prefill_max_hd;     // largest head_dim whose prefill tiles fit the device's shared memory
     int tc_attn;            // prefill attention on the tensor cores (bf16x3) where head_dim allows; default on
     int tc_optin;           // the device's opt-in shared memory per block
-    int qp_blocks[2];       // the persistent quantized GEMV's grid (q8, q4): blocks the device holds at once
+    int qp_blocks;          // the persistent quantized GEMV's grid: QP_BPS blocks per SM where the device holds them
 };
 
 // Scratch for a call on stream s: grows outside a capture, refuses inside one (the graph would keep a

@@ -287,68 +287,206 @@ __global__ __launch_bounds__(QG_WARPS * 32) void gemv_quant_kernel(float *y, con
     }
 }
 
-// The same product for n_in <= QP_MAX, with x staged once: a grid of as many blocks as fit the device at once,
-// each warp taking row groups rg, rg + (warps in the grid), ... and loading the next chunks (of this row group
-// or of the next) before computing the current ones, so loads stay in flight across rows. Matrices of a few
-// MB are then not dominated by each block's start (staging x, the first loads' latency).
+// The same product for n_in <= QP_MAX in integers, as the CPU share sums it (cpu.c): x is quantized per group of
+// 32 in two int8 parts, x ~= d * (254 * hi + lo) with d = max|x| / (127 * 254) (~1/64516 of the group's largest
+// magnitude), so a chunk's dot with its k is dp4a instructions (four byte products a lane each) where the float
+// path spends a conversion, a subtraction and an FMA on every weight. Each block quantizes x into shared memory,
+// one record per 16-byte chunk of weights: hi[E], lo[E], then {d, corr, 0, 0}, where q4's corr = 8 * sum(254 hi
+// + lo) over the group takes off the stored nibbles' offset of 8 (sum k X = sum (k + 8) X - corr). Records are
+// QR_BYTES = 2E + 16 bytes apart (q4 80, q8 48): lane l's 16-byte reads start at bank 20l or 12l (mod 32), so
+// the eight lanes of each 128-bit phase never collide. The grid is QP_BPS blocks per SM, each warp taking row
+// groups rg, rg + (warps in the grid), ... and loading the next chunks (of this row or of the next) before
+// computing the current ones, so loads stay in flight across rows; few blocks keep x's quantization, which every
+// block repeats, small beside the rows each block reads.
 // PRECOND: as gemv_quant_kernel; n_in <= QP_MAX; dynamic shared memory qp_smem(WT, n_in) bytes.
-#define QP_MAX 16384  // x's largest n_in (q8: 80 KB of shared memory)
-#define QP_WARPS 8
+#ifndef QP_MAX
+#define QP_MAX 32768  // x's largest n_in (q8: 96 KB of shared memory)
+#endif
+#ifndef QP_WARPS
+#define QP_WARPS 16
+#endif
+#ifndef QP_BPS
+#define QP_BPS 1       // blocks a streaming multiprocessor
+#endif
 #define QP_UNROLL 4    // chunks in flight per lane, twice: the current ones and the next
-#define QP_ROWS 1      // rows a warp (2 and 4, and 4 warps a block, measured slower on the H100)
+static __host__ __device__ constexpr int qr_bytes(uint32_t wt) { return 2 * q_chunk_weights(wt) + 16; }
 static size_t qp_smem(uint32_t wt, int64_t n_in) {
-    const int64_t E = q_chunk_weights(wt);
-    return (size_t)(n_in / E) * (size_t)(E + 4) * sizeof(float);
+    return (size_t)(n_in / q_chunk_weights(wt)) * (size_t)qr_bytes(wt);
 }
 
-template <int WT>
-__global__ __launch_bounds__(QP_WARPS * 32) void gemv_quant_persist_kernel(float *y, const float *x, const uint8_t *w,
+// Four int8 values, lowest first, as one word.
+__device__ __forceinline__ uint32_t pack_i8x4(int a, int b, int c, int d) {
+    return (uint32_t)(a & 0xFF) | (uint32_t)(b & 0xFF) << 8 | (uint32_t)(c & 0xFF) << 16 | (uint32_t)d << 24;
+}
+
+// What the persistent kernel multiplies W with, for row t of its input: x itself (QX_PLAIN), silu(x) * b (QX_SWIGLU:
+// the down projection with gpu_swiglu fused, as gpu_swiglu computes it) or rmsnorm(x + b) * nw (QX_NORM: the
+// residual add and the norm before q|k|v and gate|up fused, as gpu_add_rmsnorm computes them; b NULL: no add; block
+// 0 writes x + b, or x, to xo, the residual stream's next buffer, which must not alias x).
+enum { QX_PLAIN, QX_SWIGLU, QX_NORM };
+struct qx_in {
+    const float *x, *b, *nw;
+    float *xo;
+    float eps;
+};
+
+// The values i0 .. i0 + 3 of the input (row xr, b's row br), the norm's scale applied.
+template <int MODE>
+__device__ __forceinline__ void qx_load4(const qx_in &in, const float *xr, const float *br, int64_t i0, float scale,
+                                         bool write_res, float *v) {
+    const float4 f = __ldg((const float4 *)(xr + i0));
+    v[0] = f.x, v[1] = f.y, v[2] = f.z, v[3] = f.w;
+    if (MODE == QX_SWIGLU) {
+        const float4 u = __ldg((const float4 *)(br + i0));
+        const float uu[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+        for (int j = 0; j < 4; j++) v[j] = v[j] / (1.0f + expf(-v[j])) * uu[j];
+    } else if (MODE == QX_NORM) {
+        if (in.b) {
+            const float4 d = __ldg((const float4 *)(br + i0));
+            v[0] += d.x, v[1] += d.y, v[2] += d.z, v[3] += d.w;
+        }
+        if (write_res) *(float4 *)(in.xo + i0) = make_float4(v[0], v[1], v[2], v[3]);
+        const float4 w = __ldg((const float4 *)(in.nw + i0));
+        v[0] = v[0] * scale * w.x, v[1] = v[1] * scale * w.y, v[2] = v[2] * scale * w.z, v[3] = v[3] * scale * w.w;
+    }
+}
+
+// QX_NORM's scale, 1 / sqrt(mean((x + b)^2) + eps), over the block (every thread gets it); 1 otherwise.
+template <int MODE> __device__ __forceinline__ float qx_scale(const qx_in &in, const float *xr, const float *br,
+                                                              int64_t n) {
+    if (MODE != QX_NORM) return 1.0f;
+    float ss = 0.0f;
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+        const float v = xr[i] + (in.b ? br[i] : 0.0f);
+        ss += v * v;
+    }
+    ss = block_sum(ss);
+    return 1.0f / sqrtf(ss / (float)n + in.eps);
+}
+
+// The input's row t (n_in, a multiple of 32) quantized into the records at rec: four adjacent lanes a group, each
+// eight values (a thread a group took 32-deep dependent chains: ~1 us of a kernel of a few). The arithmetic is
+// cpu.c's (simd_quant_x) step for step, so both engines see the same hi, lo and d; the group's largest magnitude
+// and sum are exact whatever the order. The loop runs whole warps (n_in / 8 is a multiple of 4, blockDim.x of 32),
+// so every lane meets the shuffles.
+template <int WT, int MODE>
+__device__ __forceinline__ void stage_xq(uint8_t *rec, const qx_in &in, int64_t t, int64_t n_in) {
+    constexpr int E = q_chunk_weights(WT), RB = qr_bytes(WT);
+    const float *xr = in.x + t * n_in, *br = in.b ? in.b + t * n_in : NULL;
+    const float scale = qx_scale<MODE>(in, xr, br, n_in);
+    const bool write_res = MODE == QX_NORM && blockIdx.x == 0;
+    const int lane = threadIdx.x & 31, quarter = lane & 3;
+    const int64_t nq = n_in / 8;
+    for (int64_t i0 = threadIdx.x - lane; i0 < nq; i0 += blockDim.x) {
+        const int64_t i = i0 + lane, g = i >> 2;
+        const bool on = i < nq;
+        float v[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+        if (on) {
+            qx_load4<MODE>(in, xr, br, 8 * i, scale, write_res, v);
+            qx_load4<MODE>(in, xr, br, 8 * i + 4, scale, write_res, v + 4);
+        }
+        float amax = 0.0f;
+        int bad = 0;
+#pragma unroll
+        for (int j = 0; j < 8; j++) amax = fmaxf(amax, fabsf(v[j])), bad |= v[j] != v[j];
+#pragma unroll
+        for (int o = 1; o < 4; o <<= 1)
+            amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o)), bad |= __shfl_xor_sync(0xffffffffu, bad, o);
+        float d = 0.0f, inv = 0.0f;
+        if (bad || isinf(amax)) d = __int_as_float(0x7fc00000);  // NaN: the result is NaN, as in f32
+        else if (amax >= 1e-30f) d = amax / (127.0f * 254.0f), inv = 127.0f / amax;
+        int h[8], l[8], sum = 0;
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            const float tq = v[j] * inv, r = rintf(tq);
+            h[j] = __float2int_rn(r), l[j] = __float2int_rn((tq - r) * 254.0f);
+            sum += 254 * h[j] + l[j];
+        }
+#pragma unroll
+        for (int o = 1; o < 4; o <<= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+        if (!on) continue;
+        const uint2 hw = make_uint2(pack_i8x4(h[0], h[1], h[2], h[3]), pack_i8x4(h[4], h[5], h[6], h[7]));
+        const uint2 lw = make_uint2(pack_i8x4(l[0], l[1], l[2], l[3]), pack_i8x4(l[4], l[5], l[6], l[7]));
+        // q4: one record a group, quarter q's bytes at 8q; q8: two, quarters 0-1 in the first, 2-3 the second
+        const int per = E / 8, part = quarter / per, at = 8 * (quarter % per);
+        uint8_t *o = rec + (g * (DJ_QGROUP / E) + part) * RB;
+        *(uint2 *)(o + at) = hw;
+        *(uint2 *)(o + E + at) = lw;
+        if (quarter % per == 0) *(uint4 *)(o + 2 * E) = make_uint4(__float_as_uint(d), WT == DJ_Q4 ? (uint32_t)(8 * sum) : 0u, 0u, 0u);
+    }
+}
+
+// A chunk's dot with x in integers, scaled: s_w * d * (254 sum k hi + sum k lo - corr) for its record r (q4: byte j
+// holds weight j in its low nibble and j + 16 in its high one, each k + 8; q8: int8 k).
+template <int WT> __device__ __forceinline__ float chunk_dot_i8(uint4 q, const uint8_t *r, float s_w) {
+    constexpr int E = q_chunk_weights(WT);
+    const uint4 *r4 = (const uint4 *)r;
+    const uint32_t u[4] = {q.x, q.y, q.z, q.w};
+    int sh = 0, sl = 0;
+    if (WT == DJ_Q4) {
+        const uint4 h0 = r4[0], h1 = r4[1], l0 = r4[2], l1 = r4[3];
+        const uint32_t H[8] = {h0.x, h0.y, h0.z, h0.w, h1.x, h1.y, h1.z, h1.w};
+        const uint32_t L[8] = {l0.x, l0.y, l0.z, l0.w, l1.x, l1.y, l1.z, l1.w};
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const int a = (int)(u[i] & 0x0F0F0F0Fu), b = (int)((u[i] >> 4) & 0x0F0F0F0Fu);
+            sh = __dp4a(a, (int)H[i], sh), sh = __dp4a(b, (int)H[4 + i], sh);
+            sl = __dp4a(a, (int)L[i], sl), sl = __dp4a(b, (int)L[4 + i], sl);
+        }
+    } else {
+        const uint4 h = r4[0], l = r4[1];
+        const uint32_t H[4] = {h.x, h.y, h.z, h.w}, L[4] = {l.x, l.y, l.z, l.w};
+#pragma unroll
+        for (int i = 0; i < 4; i++) sh = __dp4a((int)u[i], (int)H[i], sh), sl = __dp4a((int)u[i], (int)L[i], sl);
+    }
+    const uint4 m = r4[E / 8];  // {d, corr}
+    return (float)(254 * sh + sl - (int)m.y) * (__uint_as_float(m.x) * s_w);
+}
+
+// Launched as a programmatic dependent of the kernel before it (qp_launch): the first weights are loaded before
+// griddepcontrol.wait, which returns once that kernel has finished and its writes are visible, so the launch and
+// the loads' latency overlap its end. MODE: what the input is (qx_in).
+template <int WT, int MODE>
+__global__ __launch_bounds__(QP_WARPS * 32) void gemv_quant_persist_kernel(float *y, const qx_in in, const uint8_t *w,
                                                                           int64_t n_in, int64_t n_out,
                                                                           int64_t row_bytes) {
-    constexpr int E = q_chunk_weights(WT), STRIDE = E + 4;
-    extern __shared__ float4 xs4[];
-    float *xs = (float *)xs4;
+    constexpr int RB = qr_bytes(WT);
+    extern __shared__ uint4 rec4[];
+    const uint8_t *rec = (const uint8_t *)rec4;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int64_t t = blockIdx.y, nc = n_in / E, nrg = (n_out + QP_ROWS - 1) / QP_ROWS;
+    const int64_t t = blockIdx.y, nc = n_in / q_chunk_weights(WT);
     const int64_t so = n_in / DJ_QGROUP * q_group_bytes(WT), step = (int64_t)gridDim.x * QP_WARPS;
-    uint4 q[QP_UNROLL][QP_ROWS], qn[QP_UNROLL][QP_ROWS];
-    float sc[QP_UNROLL][QP_ROWS], scn[QP_UNROLL][QP_ROWS];
-    // chunks c + 32u of row group rg
-    auto load = [&](int64_t rg, int64_t c, uint4 (*qq)[QP_ROWS], float (*ss)[QP_ROWS]) {
-        const uint8_t *wr[QP_ROWS];  // rows past the end: the last, unused
-#pragma unroll
-        for (int r = 0; r < QP_ROWS; r++) wr[r] = w + min(rg * QP_ROWS + r, n_out - 1) * row_bytes;
-        load_chunks<WT, QP_UNROLL, QP_ROWS>(qq, ss, wr, c, nc, so);
+    uint4 q[QP_UNROLL][1], qn[QP_UNROLL][1];
+    float sc[QP_UNROLL][1], scn[QP_UNROLL][1];
+    // chunks c + 32u of row r
+    auto load = [&](int64_t r, int64_t c, uint4 (*qq)[1], float (*ss)[1]) {
+        const uint8_t *wr[1] = {w + r * row_bytes};
+        load_chunks<WT, QP_UNROLL, 1>(qq, ss, wr, c, nc, so);
     };
-    int64_t rg = (int64_t)blockIdx.x * QP_WARPS + warp, c = lane;
-    if (rg < nrg) load(rg, c, q, sc);
-    stage_x<WT>(xs, x + t * n_in, 0, nc);
+    int64_t r = (int64_t)blockIdx.x * QP_WARPS + warp, c = lane;
+    if (r < n_out) load(r, c, q, sc);
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    stage_xq<WT, MODE>((uint8_t *)rec4, in, t, n_in);
     __syncthreads();
-    float acc[QP_ROWS];
-#pragma unroll
-    for (int r = 0; r < QP_ROWS; r++) acc[r] = 0.0f;
-    while (rg < nrg) {
-        int64_t rgn = rg, cn = c + 32 * QP_UNROLL;
-        if (cn >= nc) rgn = rg + step, cn = lane;
-        if (rgn < nrg) load(rgn, cn, qn, scn);
+    float acc = 0.0f;
+    while (r < n_out) {
+        int64_t rn = r, cn = c + 32 * QP_UNROLL;
+        if (cn >= nc) rn = r + step, cn = lane;
+        if (rn < n_out) load(rn, cn, qn, scn);
 #pragma unroll
         for (int u = 0; u < QP_UNROLL; u++) {
             if (c + 32 * u >= nc) break;
-            chunk_rows<WT, QP_ROWS>(acc, xs + (c + 32 * u) * STRIDE, q[u], sc[u]);
+            acc += chunk_dot_i8<WT>(q[u][0], rec + (c + 32 * u) * RB, sc[u][0]);
         }
-        if (rgn != rg) {  // row group done
-#pragma unroll
-            for (int r = 0; r < QP_ROWS; r++) {
-                const float v = warp_sum(acc[r]);
-                if (lane == 0 && rg * QP_ROWS + r < n_out) y[t * n_out + rg * QP_ROWS + r] = v;
-                acc[r] = 0.0f;
-            }
+        if (rn != r) {  // row done
+            const float v = warp_sum(acc);
+            if (lane == 0) y[t * n_out + r] = v;
+            acc = 0.0f;
         }
 #pragma unroll
-        for (int u = 0; u < QP_UNROLL; u++)
-#pragma unroll
-            for (int r = 0; r < QP_ROWS; r++) q[u][r] = qn[u][r], sc[u][r] = scn[u][r];
-        rg = rgn, c = cn;
+        for (int u = 0; u < QP_UNROLL; u++) q[u][0] = qn[u][0], sc[u][0] = scn[u][0];
+        r = rn, c = cn;
     }
 }
 
@@ -367,6 +505,39 @@ __global__ __launch_bounds__(GEMV_WARPS * 32) void gemv_quant_scalar_kernel(floa
     if (lane == 0) y[t * n_out + row] = acc;
 }
 
+// The persistent kernel on T rows of its input, launched with programmatic stream serialization (the kernel waits
+// on its predecessor itself: griddepcontrol.wait).
+template <int WT, int MODE>
+static int qp_launch(dj_gpu *g, float *y, const qx_in &in, const uint8_t *w, int64_t T, int64_t n_in, int64_t n_out,
+                     cudaStream_t s, dj_err *e) {
+    const int64_t need = (n_out + QP_WARPS - 1) / QP_WARPS;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3((unsigned)(need < g->qp_blocks ? need : g->qp_blocks), (unsigned)T);
+    cfg.blockDim = dim3(QP_WARPS * 32);
+    cfg.dynamicSmemBytes = qp_smem(WT, n_in);
+    cfg.stream = s;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr, cfg.numAttrs = 1;
+    const int64_t rb = (int64_t)dj_row_bytes(WT, (uint64_t)n_in);
+    CUDA_CHECK(cudaLaunchKernelEx(&cfg, gemv_quant_persist_kernel<WT, MODE>, y, in, w, n_in, n_out, rb));
+    LAUNCH_CHECK("gemv_quant_persist", s);
+    return 0;
+}
+
+template <int MODE>
+static int qp_launch_any(dj_gpu *g, float *y, const qx_in &in, const void *w, uint32_t wtype, int64_t T, int64_t n_in,
+                         int64_t n_out, cudaStream_t s, dj_err *e) {
+    return wtype == DJ_Q8 ? qp_launch<DJ_Q8, MODE>(g, y, in, (const uint8_t *)w, T, n_in, n_out, s, e)
+                          : qp_launch<DJ_Q4, MODE>(g, y, in, (const uint8_t *)w, T, n_in, n_out, s, e);
+}
+
+// Whether the persistent kernel takes this product: n_in a whole number of groups up to QP_MAX, W and x aligned.
+static int qp_fits(const void *w, const float *x, int64_t n_in) {
+    return n_in % DJ_QGROUP == 0 && n_in <= QP_MAX && ((uintptr_t)w & 15) == 0 && ((uintptr_t)x & 15) == 0;
+}
+
 template <int WT>
 static int gemv_quant_typed(dj_gpu *g, float *y, const float *x, const void *w, int64_t T, int64_t n_in,
                             int64_t n_out, cudaStream_t s, dj_err *e) {
@@ -374,13 +545,8 @@ static int gemv_quant_typed(dj_gpu *g, float *y, const float *x, const void *w, 
     if (T > 65535) return dj_fail(e, "gemv: T = %lld too large", (long long)T);
     const uint8_t *wb = (const uint8_t *)w;
     const int vec_ok = n_in % DJ_QGROUP == 0 && ((uintptr_t)w & 15) == 0 && ((uintptr_t)x & 15) == 0;
-    if (vec_ok && n_in <= QP_MAX) {
-        const int64_t nrg = (n_out + QP_ROWS - 1) / QP_ROWS, need = (nrg + QP_WARPS - 1) / QP_WARPS;
-        const int fit = g->qp_blocks[WT == DJ_Q8 ? 0 : 1];
-        dim3 grid((unsigned)(need < fit ? need : fit), (unsigned)T);
-        gemv_quant_persist_kernel<WT><<<grid, QP_WARPS * 32, qp_smem(WT, n_in), s>>>(y, x, wb, n_in, n_out, rb);
-        LAUNCH_CHECK("gemv_quant_persist", s);
-    } else if (vec_ok) {
+    if (qp_fits(w, x, n_in)) return qp_launch<WT, QX_PLAIN>(g, y, qx_in{x, NULL, NULL, NULL, 0.0f}, wb, T, n_in, n_out, s, e);
+    if (vec_ok) {
         const int64_t per_block = QG_WARPS * QG_ROWS;
         dim3 grid((unsigned)((n_out + per_block - 1) / per_block), (unsigned)T);
         gemv_quant_kernel<WT><<<grid, QG_WARPS * 32, 0, s>>>(y, x, wb, n_in, n_out, rb);
@@ -397,7 +563,9 @@ static int gemv_quant_typed(dj_gpu *g, float *y, const float *x, const void *w, 
 // QCHUNK bytes of f16 rows a chunk, in multiples of 128 rows: measured on the H100 (Llama-3-8B shapes, T = 512),
 // 16 MB chunks left the GEMM too few tiles per wave (428 against 317 us for 28672 x 4096 in q8); 256 MB gained
 // nothing more.
+#ifndef QCHUNK
 #define QCHUNK (64u << 20)
+#endif
 
 static int64_t qchunk_rows(int64_t n_in) {
     int64_t r = (int64_t)QCHUNK / (n_in * 2);
@@ -420,20 +588,39 @@ __global__ void dequant_f16_kernel(__half *out, const uint8_t *w, int64_t rows, 
             const uint4 q = *(const uint4 *)(wr + c * 16);
             const float sc = __half2float(*(const __half *)(wr + groups * QB + 2 * (c * E / DJ_QGROUP)));
             const uint32_t u[4] = {q.x, q.y, q.z, q.w};
-            __align__(16) __half h[E];
+            const __half2 s2 = __half2half2(__float2half_rn(sc));  // the stored f16 scale, exactly
+            uint32_t h[E / 2];  // pairs of halves, lowest weight first
 #pragma unroll
-            for (int j = 0; j < 16; j++) {
-                const uint32_t b = (u[j / 4] >> (8 * (j % 4))) & 0xFFu;
+            for (int i = 0; i < 4; i++) {
+                // each value v in 0..255 (q8: k + 128) or 0..15 (q4: k + 8) becomes the half 1024 + v (bits 0x6400
+                // | v), exact; minus 1024 + its offset it is k, exact; times the scale it is rounded once
+                uint32_t p[4];
                 if (WT == DJ_Q8) {
-                    h[j] = __float2half_rn(sc * (float)(int)(int8_t)b);
+                    const uint32_t v = u[i] ^ 0x80808080u;
+                    p[0] = __byte_perm(v, 0x64646464u, 0x4140), p[1] = __byte_perm(v, 0x64646464u, 0x4342);
                 } else {
-                    h[j] = __float2half_rn(sc * (float)((int)(b & 15u) - 8));
-                    h[j + 16] = __float2half_rn(sc * (float)((int)(b >> 4) - 8));
+                    const uint32_t a = (u[i] & 0x000F000Fu) | 0x64006400u, b = ((u[i] >> 4) & 0x000F000Fu) | 0x64006400u;
+                    const uint32_t c = ((u[i] >> 8) & 0x000F000Fu) | 0x64006400u;
+                    const uint32_t d = ((u[i] >> 12) & 0x000F000Fu) | 0x64006400u;
+                    // a: weights 4i, 4i+2; c: 4i+1, 4i+3; b and d the same of the high nibbles (16 + ...)
+                    p[0] = __byte_perm(a, c, 0x5410), p[1] = __byte_perm(a, c, 0x7632);
+                    p[2] = __byte_perm(b, d, 0x5410), p[3] = __byte_perm(b, d, 0x7632);
+                }
+                const __half2 off = __half2half2(__ushort_as_half(WT == DJ_Q8 ? 0x6480 : 0x6408));  // 1152, 1032
+#pragma unroll
+                for (int j = 0; j < (WT == DJ_Q8 ? 2 : 4); j++) {
+                    __half2 v;
+                    memcpy(&v, &p[j], 4);
+                    v = __hmul2(__hsub2(v, off), s2);
+                    uint32_t o;
+                    memcpy(&o, &v, 4);
+                    if (WT == DJ_Q8) h[2 * i + j] = o;
+                    else h[(j < 2 ? 0 : 8) + 2 * i + j % 2] = o;
                 }
             }
             uint4 *o = (uint4 *)(out + r * n_in + c * E);
 #pragma unroll
-            for (int v = 0; v < E / 8; v++) o[v] = ((const uint4 *)h)[v];
+            for (int v = 0; v < E / 8; v++) o[v] = make_uint4(h[4 * v], h[4 * v + 1], h[4 * v + 2], h[4 * v + 3]);
         }
         return;
     }
@@ -577,22 +764,52 @@ extern "C" int gpu_matmul(dj_gpu *g, float *y, const float *x, const void *w, ui
     return gpu_matmul_path(g, GPU_MM_AUTO, y, x, w, wtype, T, n_in, n_out, s, e);
 }
 
+extern "C" int gpu_swiglu_matmul(dj_gpu *g, float *y, float *hb, const float *gate, const float *up, const void *w,
+                                 uint32_t wtype, int64_t n_in, int64_t n_out, cudaStream_t s, dj_err *e) {
+    if (gpu_fused_ok(wtype, w, n_in, n_out) && ((uintptr_t)gate & 15) == 0 && ((uintptr_t)up & 15) == 0)
+        return qp_launch_any<QX_SWIGLU>(g, y, qx_in{gate, up, NULL, NULL, 0.0f}, w, wtype, 1, n_in, n_out, s, e);
+    return gpu_swiglu(hb, gate, up, 1, n_in, n_in, s, e) || gpu_matmul(g, y, hb, w, wtype, 1, n_in, n_out, s, e) ? -1 : 0;
+}
+
+extern "C" int gpu_fused_ok(uint32_t wtype, const void *w, int64_t n_in, int64_t n_out) {
+    return dj_is_quant(wtype) && n_in % DJ_QGROUP == 0 && n_in <= QP_MAX && ((uintptr_t)w & 15) == 0 && n_out >= 1 &&
+           n_out <= INT32_MAX;
+}
+
+extern "C" int gpu_norm_matmul(dj_gpu *g, float *y, const float *x, const float *delta, float *xo, const float *nw,
+                               float eps, const void *w, uint32_t wtype, int64_t n_in, int64_t n_out, cudaStream_t s,
+                               dj_err *e) {
+    if (!gpu_fused_ok(wtype, w, n_in, n_out) || (((uintptr_t)x | (uintptr_t)delta | (uintptr_t)xo | (uintptr_t)nw) & 15))
+        return dj_fail(e, "gpu_norm_matmul: not for weights of dtype %u, n_in = %lld or unaligned buffers (gpu_fused_ok)",
+                       wtype, (long long)n_in);
+    if (xo == x || !xo) return dj_fail(e, "gpu_norm_matmul: the residual's next buffer must not be x");
+    return qp_launch_any<QX_NORM>(g, y, qx_in{x, delta, nw, xo, eps}, w, wtype, 1, n_in, n_out, s, e);
+}
+
 // ---- set-up, run once by gpu_open
-// The persistent quantized GEMV's shared memory (x of up to QP_MAX elements) and its grid: as many blocks as the
-// device holds at once.
-template <int WT> static int qp_setup_one(dj_gpu *g, int *blocks, dj_err *e) {
+// The persistent quantized GEMV's shared memory (x of up to QP_MAX elements) and its grid: QP_BPS blocks per SM,
+// which the device must hold at once for the largest x.
+template <int WT, int MODE> static int qp_setup_one(dj_gpu *g, int sms, dj_err *e) {
     const int smem = (int)qp_smem(WT, QP_MAX);
-    CUDA_CHECK(cudaFuncSetAttribute(gemv_quant_persist_kernel<WT>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-    int per_sm = 0, sms = 0;
-    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, gemv_quant_persist_kernel<WT>, QP_WARPS * 32,
-                                                             (size_t)smem));
-    CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, g->device));
+    CUDA_CHECK(cudaFuncSetAttribute(gemv_quant_persist_kernel<WT, MODE>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    smem));
+    int per_sm = 0;
+    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, gemv_quant_persist_kernel<WT, MODE>,
+                                                             QP_WARPS * 32, (size_t)smem));
     if (per_sm < 1)
         return dj_fail(e, "cuda: %s cannot run the quantized GEMV (%d bytes of shared memory)", g->name, smem);
-    *blocks = per_sm * sms;
+    const int blocks = sms * (per_sm < QP_BPS ? per_sm : QP_BPS);
+    if (!g->qp_blocks || blocks < g->qp_blocks) g->qp_blocks = blocks;
     return 0;
 }
 
 int matmul_setup(dj_gpu *g, dj_err *e) {
-    return qp_setup_one<DJ_Q8>(g, &g->qp_blocks[0], e) || qp_setup_one<DJ_Q4>(g, &g->qp_blocks[1], e) ? -1 : 0;
+    int sms = 0;
+    CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, g->device));
+    g->qp_blocks = 0;
+    return qp_setup_one<DJ_Q8, QX_PLAIN>(g, sms, e) || qp_setup_one<DJ_Q4, QX_PLAIN>(g, sms, e) ||
+                   qp_setup_one<DJ_Q8, QX_SWIGLU>(g, sms, e) || qp_setup_one<DJ_Q4, QX_SWIGLU>(g, sms, e) ||
+                   qp_setup_one<DJ_Q8, QX_NORM>(g, sms, e) || qp_setup_one<DJ_Q4, QX_NORM>(g, sms, e)
+               ? -1
+               : 0;
 }

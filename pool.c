@@ -6,6 +6,7 @@
 #include "pool.h"
 
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <unistd.h>
 
@@ -64,8 +65,15 @@ static void *cpu_pool_worker(void *arg) {
     }
 }
 
+// One per CPU the process may run on (its affinity mask: taskset, cgroups' cpusets), else per online core.
+static long cpu_affinity_count(void) {
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) > 0) return CPU_COUNT(&set);
+    return sysconf(_SC_NPROCESSORS_ONLN);
+}
+
 int cpu_threads_planned(void) {
-    long n = cpu_threads_wanted > 0 ? cpu_threads_wanted : sysconf(_SC_NPROCESSORS_ONLN);
+    long n = cpu_threads_wanted > 0 ? cpu_threads_wanted : cpu_affinity_count();
     return n < 1 ? 1 : n > 256 ? 256 : (int)n;
 }
 

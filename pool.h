@@ -12,7 +12,7 @@ typedef void (*cpu_task_fn)(void *ctx, int64_t begin, int64_t end);
 // (`cost`, roughly flops) is too small to be worth waking threads. Calls are serialised.
 void cpu_parallel_for(int64_t n, double cost, cpu_task_fn fn, void *ctx);
 // Worker threads (a pool started on first use). cpu_set_threads only has an effect before that; n <= 0: one per
-// online core. cpu_threads starts the pool and returns its size (caller included).
+// CPU of the process's affinity mask. cpu_threads starts the pool and returns its size (caller included).
 void cpu_set_threads(int n);
 int cpu_threads(void);
 int cpu_threads_planned(void);  // the size cpu_threads will give, without starting the pool

@@ -97,11 +97,17 @@ int share_matvec(dj_gpu_state *s, float *y, const float *x, const uint8_t *w, co
 }
 
 // ---- --cpu-share auto
-// The fraction that makes the CPU's rows take as long as the GPU's copies, from the warm-up's H2D rate and the
-// CPU's matvec rate over one streamed unit's matrices (best of three; its first touch warms). Each split matmul
-// also costs a round trip (x to the host, the result back: ~SPLIT_COST_S); where those would eat most of the gain
-// (small models), the share stays off.
-#define SPLIT_COST_S 50e-6
+// The fraction that makes the CPU's side of a decode step take as long as the GPU's copies. The CPU's side is its
+// rows at its matvec rate (measured over one streamed unit's matrices, best of three; the first touch warms) plus a
+// round trip per split matmul (x to the host, the CPU's rows back, the GPU's work in between: ~SPLIT_COST_S, in
+// which the CPU idles); the copies run at the warm-up's H2D rate less LINK_SHARED, what the CPU's reads of host
+// memory take from them. For B bytes streamed per step, rates C (CPU) and L (link) and K = splits * SPLIT_COST_S,
+// share * B / C + K = (1 - share) * B / L gives share = (B / L - K) / (B / C + B / L). Where the round trips would
+// eat most of the gain (small models), the share stays off. On the H100 machine (q4 Llama-3-8B shape at the
+// minimum ring, 2026-11-24) the copies ran at 46-49 GB/s with the CPU share against 54 alone, and the fixed shares
+// 0.5, 0.6, 0.7 took 43, 50, 48-51 ms a token: a balance without K or the contention (0.62) lost 4-15%.
+#define SPLIT_COST_S 80e-6
+#define LINK_SHARED 0.88
 void share_auto(dj_gpu_state *s) {
     const rb_plan *p = s->sc.plan;
     gpu_share *sh = &s->sh;
@@ -122,11 +128,15 @@ void share_auto(dj_gpu_state *s) {
         if (t > 0 && (best == 0 || t < best)) best = t;
     }
     double cpu = best > 0 ? (double)bytes / best / 1e9 : 0, h2d = sh->warm_h2d;
-    double share = cpu > 0 && h2d > 0 ? cpu / (cpu + h2d) : 0;
-    if (share > 0.95) share = 0.95;
     double streamed = (double)p->streamed_bytes, splits = 0;
     for (int k = 0; k < p->n_streamed; k++) splits += p->stream_order[k] == nl ? 1 : sh->n_lmats;
-    double t_pure = h2d > 0 ? streamed / (h2d * 1e9) : 0, t_split = t_pure * (1 - share) + splits * SPLIT_COST_S;
+    double share = 0, t_pure = h2d > 0 ? streamed / (h2d * 1e9) : 0;
+    if (cpu > 0 && h2d > 0) {
+        double tb_cpu = streamed / (cpu * 1e9), tb_link = streamed / (LINK_SHARED * h2d * 1e9);
+        share = (tb_link - splits * SPLIT_COST_S) / (tb_cpu + tb_link);
+    }
+    if (share > 0.95) share = 0.95;
+    double t_split = share > 0 ? (1 - share) * streamed / (LINK_SHARED * h2d * 1e9) : t_pure;
     int worth = share > 0 && t_split < 0.9 * t_pure;
     if (!s->opts.quiet)
         fprintf(stderr, "gpu: CPU share, automatic: the CPU's matvec reads %.1f GB/s, the copies ran at %.1f GB/s: "

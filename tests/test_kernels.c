@@ -106,10 +106,11 @@ static int tk_close(const float *got, const float *ref, int64_t n, double tol, c
 Test(kernels, matmul) {
     tk_start("matmul");
     static const int64_t Ts[] = {1, 2, 7, 64, 300};
-    // {64, 9000}: a long input row and a short output, the one-token GEMV's other extreme; {20480, 40}: x longer
-    // than the quantized GEMV stages at once (QP_MAX, QG_TILE in matmul.cu): its tiled kernel, three tiles
+    // {64, 9000}: a long input row and a short output, the one-token GEMV's other extreme; {36864, 40}: x longer
+    // than the quantized GEMV stages at once (QP_MAX, QG_TILE in matmul.cu): its tiled kernel, four and a half
+    // tiles; {28672, 64}: the longest x the integer kernel stages (Llama-3-70B's down projection)
     static const int64_t shapes[][2] = {{172, 64}, {172, 512}, {512, 4096}, {4096, 300}, {11008, 64}, {36, 4096},
-                                        {64, 9000}, {20480, 40}};
+                                        {64, 9000}, {36864, 40}, {28672, 64}};
     static const int paths[] = {GPU_MM_AUTO, GPU_MM_GEMV, GPU_MM_CUBLAS};
     static const char *path_names[] = {"auto", "gemv", "cublas"};
     dj_err e;
@@ -131,9 +132,11 @@ Test(kernels, matmul) {
                 for (size_t pi = 0; pi < sizeof paths / sizeof paths[0]; pi++) {
                     const int path = paths[pi];
                     const int blas = path == GPU_MM_CUBLAS || (path == GPU_MM_AUTO && T > 1);
-                    // GEMV: fp32 on exactly widened weights; cuBLAS: x rounded to the weight dtype (q8, q4: x and the
-                    // widened weights rounded to f16)
-                    const double tol = wt == DJ_F32 || !blas ? 1e-5 : wt == DJ_BF16 ? 1e-4 : 2e-3;
+                    // GEMV: fp32 on exactly widened weights, but q8 and q4 in integers against x quantized to ~1/64516
+                    // of each group's largest magnitude where n_in <= QP_MAX, as the CPU share; cuBLAS: x rounded to
+                    // the weight dtype (q8, q4: x and the widened weights rounded to f16)
+                    const double tol = !blas ? (dj_is_quant(wt) && n_in <= 32768 ? 1e-4 : 1e-5)
+                                       : wt == DJ_F32 ? 1e-5 : wt == DJ_BF16 ? 1e-4 : 2e-3;
                     tk_poison(dy, (size_t)(T * n_out) * 4);
                     int rc = gpu_matmul_path(tk_g, path, dy, dx, dw, wt, T, n_in, n_out, tk_s, &e);
                     cr_expect_eq(rc, 0, "matmul %s %s T=%lld n_in=%lld n_out=%lld: %s", dj_dtype_name(wt),
@@ -337,6 +340,90 @@ Test(kernels, swiglu) {
                 free(gu), free(ref), free(got);
             }
     tk_end("swiglu");
+}
+
+// The down projection with silu(gate) * up fused into it (q8, q4: one kernel; otherwise gpu_swiglu then the GEMV)
+// against the CPU's swiglu and matmul; n_in = 172 is no whole number of groups: the unfused path for every dtype.
+Test(kernels, swiglu_matmul) {
+    tk_start("swiglu_matmul");
+    static const int64_t shapes[][2] = {{172, 40}, {4096, 300}, {14336, 64}};  // n_in, n_out
+    static const uint32_t wts[] = {DJ_F16, DJ_Q8, DJ_Q4};
+    dj_err e;
+    for (size_t si = 0; si < 3; si++)
+        for (size_t wi = 0; wi < 3; wi++) {
+            const int64_t n = shapes[si][0], n_out = shapes[si][1];
+            const uint32_t wt = wts[wi];
+            float *gu = malloc((size_t)(2 * n) * 4), *h = malloc((size_t)n * 4), *wf = malloc((size_t)(n * n_out) * 4);
+            float *ref = malloc((size_t)n_out * 4), *got = malloc((size_t)n_out * 4);
+            void *wh = malloc((size_t)dj_matrix_bytes(wt, (uint64_t)n_out, (uint64_t)n));
+            tk_fill(gu, 2 * n, 4.0f);
+            tk_fill(wf, n * n_out, 1.0f / sqrtf((float)n));
+            tk_store_matrix(wh, wf, n_out, n, wt);
+            cpu_swiglu(h, gu, gu + n, n);
+            cpu_matmul(ref, h, wh, wt, 1, n, n_out);
+            float *dgu = tk_up(gu, (size_t)(2 * n) * 4), *dh = tk_dev((size_t)n * 4), *dy = tk_dev((size_t)n_out * 4);
+            void *dw = tk_up(wh, (size_t)dj_matrix_bytes(wt, (uint64_t)n_out, (uint64_t)n));
+            tk_poison(dy, (size_t)n_out * 4);
+            cr_assert_eq(gpu_swiglu_matmul(tk_g, dy, dh, dgu, dgu + n, dw, wt, n, n_out, tk_s, &e), 0, "%s", e.msg);
+            tk_down(got, dy, (size_t)n_out * 4);
+            char what[96];
+            snprintf(what, sizeof what, "swiglu_matmul %s n_in=%lld n_out=%lld", dj_dtype_name(wt), (long long)n,
+                     (long long)n_out);
+            // q8, q4: x quantized to ~1/64516 of each group's largest magnitude (the integer GEMV)
+            tk_close(got, ref, n_out, dj_is_quant(wt) && n % 32 == 0 ? 1e-4 : 1e-5, what);
+            gpu_free(dgu), gpu_free(dh), gpu_free(dy), gpu_free(dw);
+            free(gu), free(h), free(wf), free(ref), free(got), free(wh);
+        }
+    tk_end("swiglu_matmul");
+}
+
+// The norm before q|k|v and gate|up fused into the quantized GEMV: y against the CPU's add, rmsnorm and matmul, the
+// residual written to xo exactly (x + delta in f32, or x); weights it cannot take and xo == x are refused by name.
+Test(kernels, norm_matmul) {
+    tk_start("norm_matmul");
+    static const int64_t shapes[][2] = {{64, 40}, {4096, 300}, {8192, 96}};  // n_in (dim), n_out
+    dj_err e;
+    for (size_t si = 0; si < 3; si++)
+        for (uint32_t wt = DJ_Q8; wt <= DJ_Q4; wt++)
+            for (int add = 0; add < 2; add++) {
+                const int64_t n = shapes[si][0], n_out = shapes[si][1];
+                float *x = malloc((size_t)n * 4), *d = malloc((size_t)n * 4), *nw = malloc((size_t)n * 4);
+                float *h = malloc((size_t)n * 4), *wf = malloc((size_t)(n * n_out) * 4);
+                float *ref = malloc((size_t)n_out * 4), *got = malloc((size_t)n_out * 4), *res = malloc((size_t)n * 4);
+                void *wh = malloc((size_t)dj_matrix_bytes(wt, (uint64_t)n_out, (uint64_t)n));
+                tk_fill(x, n, 2.0f), tk_fill(d, n, 1.0f), tk_fill(nw, n, 1.5f);
+                tk_fill(wf, n * n_out, 1.0f / sqrtf((float)n));
+                tk_store_matrix(wh, wf, n_out, n, wt);
+                for (int64_t i = 0; i < n; i++) h[i] = add ? x[i] + d[i] : x[i];
+                float *want_res = malloc((size_t)n * 4);
+                memcpy(want_res, h, (size_t)n * 4);
+                cpu_rmsnorm(h, h, nw, n, 1e-5f);
+                cpu_matmul(ref, h, wh, wt, 1, n, n_out);
+                float *dx = tk_up(x, (size_t)n * 4), *dd = tk_up(d, (size_t)n * 4), *dn = tk_up(nw, (size_t)n * 4);
+                float *dxo = tk_dev((size_t)n * 4), *dy = tk_dev((size_t)n_out * 4);
+                void *dw = tk_up(wh, (size_t)dj_matrix_bytes(wt, (uint64_t)n_out, (uint64_t)n));
+                tk_poison(dy, (size_t)n_out * 4), tk_poison(dxo, (size_t)n * 4);
+                cr_assert(gpu_fused_ok(wt, dw, n, n_out));
+                cr_assert_eq(gpu_norm_matmul(tk_g, dy, dx, add ? dd : NULL, dxo, dn, 1e-5f, dw, wt, n, n_out, tk_s, &e), 0,
+                             "%s", e.msg);
+                tk_down(got, dy, (size_t)n_out * 4);
+                tk_down(res, dxo, (size_t)n * 4);
+                char what[96];
+                snprintf(what, sizeof what, "norm_matmul %s n_in=%lld n_out=%lld add=%d", dj_dtype_name(wt),
+                         (long long)n, (long long)n_out, add);
+                tk_close(got, ref, n_out, 1e-4, what);
+                cr_expect_eq(memcmp(res, want_res, (size_t)n * 4), 0, "%s: the residual differs", what);
+                if (si == 0 && add) {  // refusals
+                    cr_expect_neq(gpu_norm_matmul(tk_g, dy, dx, dd, dx, dn, 1e-5f, dw, wt, n, n_out, tk_s, &e), 0);
+                    cr_expect(strstr(e.msg, "must not be x"), "%s", e.msg);
+                    cr_expect(!gpu_fused_ok(DJ_F16, dw, n, n_out) && !gpu_fused_ok(wt, dw, 48, n_out));
+                    cr_expect_neq(gpu_norm_matmul(tk_g, dy, dx, dd, dxo, dn, 1e-5f, dw, DJ_F16, n, n_out, tk_s, &e), 0);
+                    cr_expect(strstr(e.msg, "gpu_norm_matmul"), "%s", e.msg);
+                }
+                gpu_free(dx), gpu_free(dd), gpu_free(dn), gpu_free(dxo), gpu_free(dy), gpu_free(dw);
+                free(x), free(d), free(nw), free(h), free(wf), free(ref), free(got), free(res), free(wh), free(want_res);
+            }
+    tk_end("norm_matmul");
 }
 
 // ---- RoPE

@@ -12,7 +12,8 @@
 #   min_link      the smallest ring djinn accepts, --cpu-share 0 (the link alone), 16 tokens
 #   min_share     the smallest ring, --cpu-share auto (the default), 16 tokens
 #   ringG_link, ringG_share   --ring-gb G for each G in $RINGS (default none), link only and with the CPU share
-# Conversion times go to OUT_DIR/convert_<dtype>.json. Models live in $BENCH_WORK (default /tmp/djinn_qbench).
+# Conversion times go to OUT_DIR/convert_<dtype>.json; the chart (bench/quant_chart.py, where matplotlib is) to
+# OUT_DIR/<shape>.png. Models live in $BENCH_WORK (default /tmp/djinn_qbench).
 # Knobs: SKIP_MAKE=1 (use the HF folder and .bin files already there), DTYPES ("f16 q8 q4"), LAYERS (a shape
 # with fewer layers: 70b needs it, its 80 f16 layers do not fit the GPU machine's disk), RINGS (ring sizes in GB,
 # e.g. "4 8"; default none), CASES (default "resident prefill min_link min_share"; prefill2k may be added).
@@ -131,3 +132,9 @@ if rings:
             sc = f"{s['decode_ms_per_token']:.1f} ({s['cpu_share']:.2f})" if s else "-"
             print(f"| {dt} | {rg[4:]} | {lc} | {sc} |")
 EOF
+
+if python3 -c "import matplotlib" 2> /dev/null; then
+    python3 bench/quant_chart.py "$OUT_DIR" "$NAME"
+else
+    echo "quant_bench: no matplotlib here: no chart (bench/quant_chart.py)"
+fi

@@ -6,6 +6,7 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <math.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -198,6 +199,27 @@ Test(cli, announces_the_engine) {
         cr_assert(strstr(err, "gpu: ") && strstr(err, "resident"), "must describe the GPU plan on stderr: %s", err);
     else
         cr_assert(strstr(err, "no GPU") && strstr(err, "CPU"), "must say on stderr that it runs on the CPU: %s", err);
+    free(err);
+    tcli_teardown(&c);
+}
+
+// --threads sets the CPU engine's pool; without it the pool is one thread per CPU of the affinity mask.
+Test(cli, threads_flag_sets_the_pool) {
+    tcli_ctx c;
+    tcli_setup(&c);
+    char *argv[] = {tcli_djinn_path, c.model, "-p", "Hi", "-n", "2", "-t", "0", "--cpu", "--threads", "3", NULL};
+    cr_assert_eq(tcli_run(&c, argv), 0);
+    char *err = tcli_stderr(&c);
+    cr_assert(strstr(err, "running on the CPU (--cpu), 3 threads"), "%s", err);
+    free(err);
+    cpu_set_t set;
+    cr_assert_eq(sched_getaffinity(0, sizeof set, &set), 0);
+    char want[64];
+    snprintf(want, sizeof want, "running on the CPU (--cpu), %d threads", CPU_COUNT(&set));
+    char *argv2[] = {tcli_djinn_path, c.model, "-p", "Hi", "-n", "2", "-t", "0", "--cpu", NULL};
+    cr_assert_eq(tcli_run(&c, argv2), 0);
+    err = tcli_stderr(&c);
+    cr_assert(strstr(err, want), "want '%s': %s", want, err);
     free(err);
     tcli_teardown(&c);
 }
@@ -431,12 +453,15 @@ Test(cli, bad_flags_give_usage) {
     tcli_expect_fail(&c, (char *[]){d, m, "-c", "0", NULL}, 2, "usage");
     tcli_expect_fail(&c, (char *[]){d, "-p", "x", NULL}, 2, "usage");
     tcli_expect_fail(&c, (char *[]){d, m, "-c", "100000", NULL}, 2, "max_seq_len");
+    tcli_expect_fail(&c, (char *[]){d, m, "--threads", "0", NULL}, 2, "--threads");
+    tcli_expect_fail(&c, (char *[]){d, m, "--threads", "257", NULL}, 2, "--threads");
+    tcli_expect_fail(&c, (char *[]){d, m, "--threads", "four", NULL}, 2, "--threads");
     // --help lists every option on stdout
     cr_assert_eq(tcli_run(&c, (char *[]){d, "--help", NULL}), 0);
     char *out = tcli_stdout(&c, NULL);
     const char *opts[] = {"-p", "-n", "-t", "--top-p", "-s", "-c", "--ring-gb", "--cpu", "--logits", "--check",
                           "--tol", "--tokenize", "--stream-all", "--sync-copy", "--no-graph", "--no-pin",
-                          "--stats-json", "--fma-attn", "--cpu-share"};
+                          "--stats-json", "--fma-attn", "--cpu-share", "--threads"};
     for (size_t i = 0; i < sizeof opts / sizeof *opts; i++) cr_assert(strstr(out, opts[i]), "--help lacks %s", opts[i]);
     cr_assert(strstr(out, "max_position_embeddings, capped at 4096"), "--help does not state -c's cap: %s", out);
     // a valid --ring-gb is accepted

@@ -24,6 +24,7 @@
 // Exit codes: 1 runtime error (missing model, bad prompt...), 2 usage error, 3 --check above tolerance,
 // 130 interrupted (Ctrl-C) after printing what was generated and the statistics so far.
 enum { EXIT_ERR = 1, EXIT_USAGE = 2, EXIT_CHECK = 3, EXIT_INTERRUPTED = 130 };
+#define DJINN_VERSION "0.4.0"
 #define DEFAULT_CTX 4096  // a KV cache for Llama 3.1's 131072 positions would not fit most GPUs
 
 // Ctrl-C during generation stops after the current token, during loading or prefill as that phase ends (a phase
@@ -51,7 +52,9 @@ static int interrupted_during(const char *phase) {
 // ---- options
 typedef struct {
     const char *model_path;
-    const char *prompt;
+    const char *prompt;       // -p, or the -f file's text (main reads it)
+    size_t prompt_len;
+    const char *prompt_file;  // -f PATH, "-": stdin
     int64_t n_new;       // new tokens
     double temp;         // 0: greedy
     double top_p;
@@ -81,10 +84,12 @@ static void usage(FILE *f) {
             "usage: djinn MODEL [-p PROMPT] [options]\n"
             "  MODEL            a model.bin written by ./convert/convert\n"
             "  -p PROMPT        prompt text (default: empty, i.e. BOS only)\n"
+            "  -f FILE          the prompt from a file, or from stdin with -f - (any length up to the context)\n"
             "  -n N             new tokens to generate (default 256; 0: prefill only)\n"
             "  -t TEMP          temperature (default 1.0; 0: greedy)\n"
             "  --top-p P        nucleus sampling mass in [0, 1] (default 0.9; 0: greedy)\n"
-            "  -s SEED          RNG seed (default: from the clock); same seed, same text\n"
+            "  -s SEED          RNG seed (default: a fresh one from the clock's nanoseconds and the process,\n"
+            "                   printed on stderr); same seed, same text\n"
             "  -c CTX           context size in tokens: the KV cache length (default: the model's\n"
             "                   max_position_embeddings, capped at %d; an explicit -c may go up to\n"
             "                   max_position_embeddings)\n"
@@ -116,16 +121,17 @@ static void usage(FILE *f) {
             "  --perplexity F   the model's perplexity on text file F: every token after the first of each window of\n"
             "                   -c tokens, scored\n"
             "  --tokenize       print the prompt's token ids and exit\n"
+            "  --version        print the version and the model.bin versions this build reads\n"
             "  --help           this text\n"
             "stdout carries only the text (prompt + generation); statistics go to stderr.\n",
             DEFAULT_CTX);
 }
 
+// One line: what was wrong, and where to look.
 static int usage_error(const char *fmt, const char *arg) {
     fputs("djinn: ", stderr);
     fprintf(stderr, fmt, arg);
-    fputc('\n', stderr);
-    usage(stderr);
+    fputs(" (see djinn --help)\n", stderr);
     return EXIT_USAGE;
 }
 
@@ -146,12 +152,13 @@ static int parse_f64(const char *s, double *out) {
     return 0;
 }
 
-// Returns 0 when parsed, else the exit code (EXIT_USAGE, or -1 for --help).
+// Returns 0 when parsed, else the exit code (EXIT_USAGE, or -1 for --help, -2 for --version).
 static int parse_args(int argc, char **argv, dj_opts *o) {
     *o = (dj_opts){.prompt = "", .n_new = 256, .temp = 1.0, .top_p = 0.9, .tol = -1, .cpu_share = -1};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) return -1;
+        if (!strcmp(a, "--version")) return -2;
         if (!strcmp(a, "--cpu")) { o->force_cpu = 1; continue; }
         if (!strcmp(a, "--tokenize")) { o->tokenize = 1; continue; }
         if (!strcmp(a, "--stream-all")) { o->stream_all = 1; continue; }
@@ -164,7 +171,7 @@ static int parse_args(int argc, char **argv, dj_opts *o) {
             o->model_path = a;
             continue;
         }
-        static const char *with_value[] = {"-p", "-n", "-t", "--top-p", "-s", "-c", "--ring-gb", "--logits",
+        static const char *with_value[] = {"-p", "-f", "-n", "-t", "--top-p", "-s", "-c", "--ring-gb", "--logits",
                                            "--check", "--tol", "--stats-json", "--cpu-share", "--perplexity",
                                            "--threads"};
         int known = 0;
@@ -175,7 +182,9 @@ static int parse_args(int argc, char **argv, dj_opts *o) {
         int64_t n;
         double d;
         if (!strcmp(a, "-p")) {
-            o->prompt = v;
+            o->prompt = v, o->prompt_len = strlen(v);
+        } else if (!strcmp(a, "-f")) {
+            o->prompt_file = v;
         } else if (!strcmp(a, "-n")) {
             if (parse_i64(v, &n) || n < 0) return usage_error("-n needs a count >= 0, not '%s'", v);
             o->n_new = n;
@@ -218,6 +227,7 @@ static int parse_args(int argc, char **argv, dj_opts *o) {
         }
     }
     if (!o->model_path) return usage_error("%s", "no MODEL given");
+    if (o->prompt_file && o->prompt[0]) return usage_error("%s", "-p and -f both give the prompt: one of them");
     if ((o->check_path || o->tokenize || o->ppl_path) && (o->logits_path || o->stats_path))
         return usage_error("%s", "--logits and --stats-json record a generation: not with --check, --perplexity or "
                                  "--tokenize");
@@ -395,6 +405,50 @@ static int write_stats(dj_out *out, const dj_model *m, const dj_engine *eng, con
     return rc ? -1 : out_commit(out, 0, e);
 }
 
+// A seed no two runs share by accident: the clock's nanoseconds and the process id, mixed (splitmix64's finalizer).
+static uint64_t fresh_seed(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    uint64_t z = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec + ((uint64_t)getpid() << 40);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return (z ^ (z >> 31)) >> 1;  // below 2^63: -s takes it back
+}
+
+// The prompt of -f: a file (a regular one, at most PROMPT_MAX bytes) or stdin ("-"), without NUL bytes.
+#define PROMPT_MAX ((size_t)64 << 20)
+static int read_prompt(const char *path, char **text, size_t *len, dj_err *e) {
+    *text = NULL, *len = 0;
+    if (strcmp(path, "-")) {
+        if (in_read_all(path, "prompt file", PROMPT_MAX, text, len, e)) return -1;
+    } else {
+        size_t cap = 1 << 16, n = 0;
+        char *b = malloc(cap + 1);
+        for (size_t got; b; n += got) {
+            if (n == cap) {
+                char *g = cap < PROMPT_MAX ? realloc(b, 2 * cap + 1) : NULL;
+                if (!g) break;
+                b = g, cap *= 2;
+            }
+            got = fread(b + n, 1, cap - n, stdin);
+            if (!got) break;
+        }
+        if (!b) return dj_fail(e, "out of memory reading the prompt from stdin");
+        if (ferror(stdin) || (n == cap && getc(stdin) != EOF)) {
+            free(b);
+            return ferror(stdin) ? dj_fail(e, "cannot read the prompt from stdin: %s", strerror(errno))
+                                 : dj_fail(e, "the prompt on stdin is larger than %zu MB", PROMPT_MAX >> 20);
+        }
+        b[n] = 0;
+        *text = b, *len = n;
+    }
+    if (memchr(*text, 0, *len)) {
+        free(*text), *text = NULL;
+        return dj_fail(e, "%s holds a NUL byte: a prompt is text", strcmp(path, "-") ? path : "the prompt on stdin");
+    }
+    return 0;
+}
+
 static int run_generate(const dj_model *m, const dj_tokenizer *tok, const dj_opts *o, dj_outputs *out, double load_s,
                         dj_err *e) {
     dj_run_stats rs = {.load_s = load_s};
@@ -402,7 +456,15 @@ static int run_generate(const dj_model *m, const dj_tokenizer *tok, const dj_opt
     int64_t vocab = c->vocab_size;
     int32_t *ids = NULL;
     size_t n_prompt = 0;
-    if (tok_encode(tok, o->prompt, strlen(o->prompt), 1, &ids, &n_prompt, e)) return EXIT_ERR;
+    if (tok_encode(tok, o->prompt, o->prompt_len, 1, &ids, &n_prompt, e)) return EXIT_ERR;
+    // A prompt that starts with the BOS token's own text (a hand-written chat prompt) would begin with two: the one
+    // the model's post-processor adds is dropped, with a warning (HF would keep both; llama.cpp keeps both and warns).
+    int32_t bos = tok_bos(tok);
+    if (bos >= 0 && n_prompt >= 2 && ids[0] == bos && ids[1] == bos) {
+        memmove(ids, ids + 1, (n_prompt - 1) * sizeof *ids);
+        n_prompt--;
+        fprintf(stderr, "djinn: warning: the prompt starts with the BOS token's text: not adding a second BOS\n");
+    }
     if (o->tokenize) {
         for (size_t i = 0; i < n_prompt; i++) printf("%s%d", i ? " " : "", ids[i]);
         printf("\n");
@@ -442,21 +504,15 @@ static int run_generate(const dj_model *m, const dj_tokenizer *tok, const dj_opt
         rc = EXIT_INTERRUPTED;
         goto out;
     }
-    uint64_t seed = o->seed_given ? o->seed : (uint64_t)time(NULL);
+    uint64_t seed = o->seed_given ? o->seed : fresh_seed();
     if (!(smp = sampler_new(vocab, o->temp, o->top_p, seed, e))) goto out;
     if (!o->seed_given && !sampler_is_greedy(smp)) fprintf(stderr, "djinn: seed %" PRIu64 " (-s to repeat)\n", seed);
-
-    // Prompt text first: stdout is decode(all ids), so the prompt goes through the same stream.
     stream = tok_stream_new(tok);
     if (!stream) {
         dj_fail(e, "out of memory");
         goto out;
     }
     size_t len;
-    for (size_t i = 0; i < n_prompt; i++) {
-        const char *s = tok_stream_push(stream, ids[i], &len);
-        if (emit(s, len, e)) goto out;
-    }
 
     // Prefill: every row when --logits wants them, otherwise only the last position's.
     double t_start = dj_now();
@@ -469,6 +525,12 @@ static int run_generate(const dj_model *m, const dj_tokenizer *tok, const dj_opt
     rs.prompt_tokens = (int64_t)n_prompt, rs.prefill_s = t_prefill;
     fprintf(stderr, "djinn: prompt %zu tokens, prefill %.1f tokens/s (%.3f s)\n", n_prompt,
             (double)n_prompt / fmax(t_prefill, 1e-9), t_prefill);
+    // Then the text, prompt first (stdout is decode(all ids), so the prompt goes through the same stream): on a
+    // terminal, where stdout and stderr share the screen, no statistics line lands inside it until it ends.
+    for (size_t i = 0; i < n_prompt; i++) {
+        const char *s = tok_stream_push(stream, ids[i], &len);
+        if (emit(s, len, e)) goto out;
+    }
 
     // Decode: sample from the last row, feed the token back. The last token is fed only when its logits row
     // is wanted (--logits), so the file has one row per token of the output.
@@ -577,6 +639,10 @@ int main(int argc, char **argv) {
         usage(stdout);
         return 0;
     }
+    if (prc == -2) {
+        printf("djinn %s (model.bin versions 1 and 2: f32, f16, bf16, q8, q4)\n", DJINN_VERSION);
+        return fflush(stdout) || ferror(stdout) ? EXIT_ERR : 0;
+    }
     if (prc) return prc;
     if (o.threads) cpu_set_threads((int)o.threads);
 
@@ -586,7 +652,12 @@ int main(int argc, char **argv) {
     dj_outputs out = {{.fd = -1}, {.fd = -1}};
     dj_tokenizer *tok = NULL;
     int rc = EXIT_ERR;
+    char *prompt_text = NULL;
     if (open_outputs(&o, &out, &e)) goto done;
+    if (o.prompt_file) {  // before the model's load: a missing file costs nothing
+        if (read_prompt(o.prompt_file, &prompt_text, &o.prompt_len, &e)) goto done;
+        o.prompt = prompt_text;
+    }
     int use_gpu = !o.force_cpu && !o.tokenize && gpu_count() > 0;
     if (o.force_cpu) fprintf(stderr, "djinn: running on the CPU (--cpu), %d threads\n", cpu_threads_planned());
     else if (!o.tokenize && !use_gpu)
@@ -631,6 +702,7 @@ done:
     out_abort(&out.logits), out_abort(&out.stats);  // what was not completed
     tok_free(tok);
     model_free(&m);
+    free(prompt_text);
     cpu_pool_stop();
     return rc;
 }

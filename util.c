@@ -4,7 +4,9 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 // ---- errors
 int dj_fail(dj_err *e, const char *fmt, ...) {
@@ -39,11 +41,13 @@ void dj_progress_start(dj_progress *p, const char *what, uint64_t total, int ena
     p->total = total;
     p->t0 = p->last = dj_now();
     p->enabled = enabled;
+    const char *force = getenv("DJINN_PROGRESS");  // "1": the running line even into a pipe (tests, `script` logs)
+    p->tty = isatty(STDERR_FILENO) || (force && !strcmp(force, "1"));
     p->shown = 0;
 }
 
 void dj_progress_update(dj_progress *p, uint64_t done) {
-    if (!p->enabled) return;
+    if (!p->enabled || !p->tty) return;
     double now = dj_now();
     if (now - p->last < 0.25) return;
     p->last = now;
@@ -58,8 +62,8 @@ void dj_progress_update(dj_progress *p, uint64_t done) {
 void dj_progress_end(dj_progress *p, uint64_t done) {
     if (!p->enabled) return;
     double dt = dj_now() - p->t0;
-    fprintf(stderr, "\r%s: %.2f GB in %.2f s (%.2f GB/s)              \n", p->what, (double)done / 1e9, dt,
-            dt > 0 ? (double)done / dt / 1e9 : 0.0);
+    fprintf(stderr, "%s%s: %.2f GB in %.2f s (%.2f GB/s)%s\n", p->tty ? "\r" : "", p->what, (double)done / 1e9, dt,
+            dt > 0 ? (double)done / dt / 1e9 : 0.0, p->tty ? "              " : "");
     p->shown = 0;
 }
 

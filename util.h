@@ -30,11 +30,14 @@ double dj_now(void);                                          // monotonic secon
 uint32_t dj_crc32(uint32_t crc, const void *data, size_t n);  // zlib CRC-32; start with crc = 0
 
 // ---- progress (stderr)
+// The running line (rewritten in place with \r) only when stderr is a terminal (or DJINN_PROGRESS=1); a log file
+// gets the final line.
 typedef struct {
     const char *what;    // "converting", "loading"
     uint64_t total;      // bytes expected
     double t0, last;     // start time, last print time
     int enabled;         // 0: silent (tests)
+    int tty;             // stderr is a terminal: the running line is shown
     int shown;           // a progress line is on screen without its newline
 } dj_progress;
 void dj_progress_start(dj_progress *p, const char *what, uint64_t total, int enabled);

@@ -32,13 +32,16 @@ typedef struct {
 // ---- helpers
 // Runs argv (argv[0] is a path) with stdout to `out` (NULL: the context's file; opened with `append`) and stderr
 // to the context's file; returns the exit status. A run that hangs is killed after a minute (SIGALRM).
+// stdin: /dev/null, or the file tcli_stdin names while it is set.
+static const char *tcli_stdin;
 static int tcli_run_to(tcli_ctx *c, char *const argv[], const char *out, int append) {
     pid_t pid = fork();
     cr_assert(pid >= 0, "fork failed");
     if (pid == 0) {
-        int in = open("/dev/null", O_RDONLY),
-            o = open(out ? out : c->out, O_WRONLY | O_CREAT | (append ? O_APPEND : O_TRUNC), 0644),
-            e = open(c->err, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        int in = open(tcli_stdin ? tcli_stdin : "/dev/null", O_RDONLY),
+            e = open(c->err, O_WRONLY | O_CREAT | O_TRUNC, 0644),
+            o = out && !strcmp(out, c->err) ? e  // both streams into one file, as on a terminal
+                                             : open(out ? out : c->out, O_WRONLY | O_CREAT | (append ? O_APPEND : O_TRUNC), 0644);
         if (in < 0 || o < 0 || e < 0) _exit(126);
         dup2(in, 0), dup2(o, 1), dup2(e, 2);
         alarm(60);
@@ -56,6 +59,17 @@ static int tcli_run(tcli_ctx *c, char *const argv[]) { return tcli_run_to(c, arg
 
 static char *tcli_stdout(tcli_ctx *c, size_t *len) { return tc_read(c->out, len); }
 static char *tcli_stderr(tcli_ctx *c) { return tc_read(c->err, NULL); }
+
+// A run that must fail with `code`, print nothing on stdout and name `in_stderr` on stderr.
+static void tcli_expect_fail(tcli_ctx *c, char *const argv[], int code, const char *in_stderr) {
+    int rc = tcli_run(c, argv);
+    size_t n;
+    char *out = tcli_stdout(c, &n), *err = tcli_stderr(c);
+    cr_assert_eq(rc, code, "%s %s: exit %d, expected %d; stderr: %s", argv[1], argv[2] ? argv[2] : "", rc, code, err);
+    cr_assert_eq(n, 0, "stdout must stay empty on error: %s", out);
+    cr_assert(strstr(err, in_stderr), "stderr lacks '%s': %s", in_stderr, err);
+    free(out), free(err);
+}
 
 static char tcli_djinn_path[1100], tcli_convert_path[1100];
 
@@ -323,6 +337,96 @@ static char *tcli_text(tcli_ctx *c, char *const argv[]) {
     return tcli_stdout(c, NULL);
 }
 
+// -f FILE and -f - give the same text as -p; a prompt far over the context (140 KB, past what an argument may
+// hold) is refused by its token count; a missing file, a NUL byte and a directory by name.
+Test(cli, prompt_from_file_and_stdin) {
+    tcli_ctx c;
+    tcli_setup(&c);
+    char *d = tcli_djinn_path, *m = c.model, path[600], big[600], nul[600];
+    snprintf(path, sizeof path, "%s/prompt.txt", c.dir);
+    snprintf(big, sizeof big, "%s/big.txt", c.dir);
+    snprintf(nul, sizeof nul, "%s/nul.txt", c.dir);
+    tc_write(path, "Once upon a time", 16);
+    char *want = tcli_text(&c, (char *[]){d, m, "-p", "Once upon a time", "-n", "20", "-t", "0", "--cpu", NULL});
+    char *got = tcli_text(&c, (char *[]){d, m, "-f", path, "-n", "20", "-t", "0", "--cpu", NULL});
+    cr_assert_str_eq(got, want, "-f FILE");
+    free(got);
+    tcli_stdin = path;
+    got = tcli_text(&c, (char *[]){d, m, "-f", "-", "-n", "20", "-t", "0", "--cpu", NULL});
+    tcli_stdin = NULL;
+    cr_assert_str_eq(got, want, "-f -");
+    free(got), free(want);
+    size_t n = 140000;
+    char *text = malloc(n);
+    for (size_t i = 0; i < n; i++) text[i] = "Once upon a time "[i % 17];
+    tc_write(big, text, n);
+    free(text);
+    tcli_expect_fail(&c, (char *[]){d, m, "-f", big, "-n", "1", "--cpu", NULL}, 1, "longer than the context");
+    tc_write(nul, "Once\0upon", 9);
+    tcli_expect_fail(&c, (char *[]){d, m, "-f", nul, "--cpu", NULL}, 1, "NUL byte");
+    tcli_expect_fail(&c, (char *[]){d, m, "-f", "/nonexistent/prompt.txt", "--cpu", NULL}, 1, "prompt file");
+    tcli_expect_fail(&c, (char *[]){d, m, "-f", c.dir, "--cpu", NULL}, 1, "prompt file");
+    tcli_teardown(&c);
+}
+
+// A prompt that writes the BOS token's text itself gets one BOS, not two, and a warning.
+Test(cli, bos_text_in_prompt_not_doubled) {
+    tcli_ctx c;
+    tcli_setup(&c);
+    char *d = tcli_djinn_path, *m = c.model;
+    char *plain = tcli_text(&c, (char *[]){d, m, "-p", "Once upon", "--tokenize", NULL});
+    char *err = tcli_stderr(&c);
+    cr_assert(!strstr(err, "BOS"), "%s", err);
+    free(err);
+    char *with = tcli_text(&c, (char *[]){d, m, "-p", "<s>Once upon", "--tokenize", NULL});
+    err = tcli_stderr(&c);
+    cr_assert_str_eq(with, plain, "'<s>Once upon' must tokenize as 'Once upon' with its BOS");
+    cr_assert(strstr(err, "warning: the prompt starts with the BOS token's text"), "%s", err);
+    free(plain), free(with), free(err);
+    tcli_teardown(&c);
+}
+
+// Without -s each run draws a fresh seed and prints it; that seed given back with -s gives the same text. Runs in
+// the same second differ (the seed is not the clock's seconds).
+Test(cli, fresh_seed_printed_and_replayable) {
+    tcli_ctx c;
+    tcli_setup(&c);
+    char *d = tcli_djinn_path, *m = c.model;
+    unsigned long long seed[2];
+    char *text[2];
+    for (int k = 0; k < 2; k++) {
+        text[k] = tcli_text(&c, (char *[]){d, m, "-p", "Once", "-n", "40", "-t", "1", "--cpu", NULL});
+        char *err = tcli_stderr(&c), *at = strstr(err, "djinn: seed ");
+        cr_assert(at && sscanf(at, "djinn: seed %llu", &seed[k]) == 1, "no seed line: %s", err);
+        free(err);
+    }
+    cr_assert_neq(seed[0], seed[1], "two runs drew the same seed %llu", seed[0]);
+    char s0[32];
+    snprintf(s0, sizeof s0, "%llu", seed[0]);
+    char *again = tcli_text(&c, (char *[]){d, m, "-p", "Once", "-n", "40", "-t", "1", "-s", s0, "--cpu", NULL});
+    cr_assert_str_eq(again, text[0], "-s with the printed seed");
+    free(again), free(text[0]), free(text[1]);
+    tcli_teardown(&c);
+}
+
+// stdout and stderr into one file (a terminal's view): every statistics line starts a line of its own, and stderr
+// holds no carriage return when it is not a terminal.
+Test(cli, statistics_never_inside_the_text) {
+    tcli_ctx c;
+    tcli_setup(&c);
+    cr_assert_eq(tcli_run_to(&c, (char *[]){tcli_djinn_path, c.model, "-p", "Once upon a time", "-n", "30", "-t", "0",
+                                           "--cpu", NULL}, c.err, 0), 0);
+    char *all = tcli_stderr(&c);
+    for (char *p = strstr(all, "djinn:"); p; p = strstr(p + 1, "djinn:"))
+        cr_assert(p == all || p[-1] == '\n', "a statistics line glued to the text: %s", all);
+    for (char *p = strstr(all, "loading:"); p; p = strstr(p + 1, "loading:"))
+        cr_assert(p == all || p[-1] == '\n', "the progress line glued to something: %s", all);
+    cr_assert(!strchr(all, '\r'), "a carriage return in a log: %s", all);
+    cr_assert(strstr(all, "\nOnce upon a time"), "the text on a line of its own: %s", all);
+    free(all);
+    tcli_teardown(&c);
+}
+
 static char *tcli_sample(tcli_ctx *c, const char *temp, const char *top_p, const char *seed) {
     return tcli_text(c, (char *[]){tcli_djinn_path, c->model, "-p", "Once upon a time", "-n", "60", "-t",
                                    (char *)temp, "--top-p", (char *)top_p, "-s", (char *)seed, "--cpu", NULL});
@@ -426,32 +530,33 @@ Test(cli, stops_at_end_of_sequence) {
 }
 
 // ---- bad input
-static void tcli_expect_fail(tcli_ctx *c, char *const argv[], int code, const char *in_stderr) {
-    int rc = tcli_run(c, argv);
-    size_t n;
-    char *out = tcli_stdout(c, &n), *err = tcli_stderr(c);
-    cr_assert_eq(rc, code, "%s %s: exit %d, expected %d; stderr: %s", argv[1], argv[2] ? argv[2] : "", rc, code, err);
-    cr_assert_eq(n, 0, "stdout must stay empty on error: %s", out);
-    cr_assert(strstr(err, in_stderr), "stderr lacks '%s': %s", in_stderr, err);
-    free(out), free(err);
-}
 
 Test(cli, bad_flags_give_usage) {
     tcli_ctx c;
     tcli_setup(&c);
     char *m = c.model, *d = tcli_djinn_path;
-    tcli_expect_fail(&c, (char *[]){d, m, "--bogus", NULL}, 2, "usage");
-    tcli_expect_fail(&c, (char *[]){d, m, "-n", "abc", NULL}, 2, "usage");
-    tcli_expect_fail(&c, (char *[]){d, m, "-n", NULL}, 2, "usage");
-    tcli_expect_fail(&c, (char *[]){d, m, "-t", "-1", NULL}, 2, "usage");
-    tcli_expect_fail(&c, (char *[]){d, m, "--top-p", "1.5", NULL}, 2, "usage");
+    const char *see = "(see djinn --help)\n";  // one line: what was wrong, and where to look
+    tcli_expect_fail(&c, (char *[]){d, m, "--bogus", NULL}, 2, "unknown option '--bogus' (see djinn --help)\n");
+    char *err = tcli_stderr(&c);
+    cr_assert(strchr(err, '\n') == err + strlen(err) - 1, "a usage error is one line: %s", err);
+    free(err);
+    tcli_expect_fail(&c, (char *[]){d, m, "-n", "abc", NULL}, 2, see);
+    tcli_expect_fail(&c, (char *[]){d, m, "-n", NULL}, 2, see);
+    tcli_expect_fail(&c, (char *[]){d, m, "-t", "-1", NULL}, 2, see);
+    tcli_expect_fail(&c, (char *[]){d, m, "--top-p", "1.5", NULL}, 2, see);
     tcli_expect_fail(&c, (char *[]){d, m, "--ring-gb", "0", NULL}, 2, "--ring-gb");
     tcli_expect_fail(&c, (char *[]){d, m, "--ring-gb", "lots", NULL}, 2, "--ring-gb");
     tcli_expect_fail(&c, (char *[]){d, m, "--cpu-share", "0.96", NULL}, 2, "--cpu-share");
     tcli_expect_fail(&c, (char *[]){d, m, "--cpu-share", "-0.1", NULL}, 2, "--cpu-share");
     tcli_expect_fail(&c, (char *[]){d, m, "--cpu-share", "half", NULL}, 2, "--cpu-share");
-    tcli_expect_fail(&c, (char *[]){d, m, "-c", "0", NULL}, 2, "usage");
-    tcli_expect_fail(&c, (char *[]){d, "-p", "x", NULL}, 2, "usage");
+    tcli_expect_fail(&c, (char *[]){d, m, "-c", "0", NULL}, 2, see);
+    tcli_expect_fail(&c, (char *[]){d, "-p", "x", NULL}, 2, "no MODEL given (see djinn --help)");
+    tcli_expect_fail(&c, (char *[]){d, m, "-p", "x", "-f", "-", NULL}, 2, "-p and -f");
+    // --version: one line on stdout
+    cr_assert_eq(tcli_run(&c, (char *[]){d, "--version", NULL}), 0);
+    char *ver = tcli_stdout(&c, NULL);
+    cr_assert(!strncmp(ver, "djinn ", 6) && strchr(ver, '\n') == ver + strlen(ver) - 1, "%s", ver);
+    free(ver);
     tcli_expect_fail(&c, (char *[]){d, m, "-c", "100000", NULL}, 2, "max_seq_len");
     tcli_expect_fail(&c, (char *[]){d, m, "--threads", "0", NULL}, 2, "--threads");
     tcli_expect_fail(&c, (char *[]){d, m, "--threads", "257", NULL}, 2, "--threads");
@@ -461,7 +566,7 @@ Test(cli, bad_flags_give_usage) {
     char *out = tcli_stdout(&c, NULL);
     const char *opts[] = {"-p", "-n", "-t", "--top-p", "-s", "-c", "--ring-gb", "--cpu", "--logits", "--check",
                           "--tol", "--tokenize", "--stream-all", "--sync-copy", "--no-graph", "--no-pin",
-                          "--stats-json", "--fma-attn", "--cpu-share", "--threads"};
+                          "--stats-json", "--fma-attn", "--cpu-share", "--threads", "-f", "--version"};
     for (size_t i = 0; i < sizeof opts / sizeof *opts; i++) cr_assert(strstr(out, opts[i]), "--help lacks %s", opts[i]);
     cr_assert(strstr(out, "max_position_embeddings, capped at 4096"), "--help does not state -c's cap: %s", out);
     // a valid --ring-gb is accepted

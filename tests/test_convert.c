@@ -916,7 +916,9 @@ Test(convert_big, bounded_memory, .timeout = 120) {
     cr_log_info("stories260K converts in %llu MiB of data; the 1.8 GB checkpoint gets %llu MiB",
                 (unsigned long long)(hi >> 20), (unsigned long long)(limit >> 20));
 
+    setenv("DJINN_PROGRESS", "1", 1);  // the running progress line, though stderr is a pipe
     int rc = convert_child(b.dir, b.out, 0, RLIMIT_DATA, limit, err, sizeof err);
+    unsetenv("DJINN_PROGRESS");
     cr_assert_eq(rc, 0, "exit %d under a %llu MiB data limit: %s", rc, (unsigned long long)(limit >> 20), err);
     // Progress on stderr: GB done of the total, GB/s, ETA (writing and syncing 0.9 GB takes well over the 0.25 s
     // between progress lines); then the summary.
@@ -946,7 +948,9 @@ Test(convert_big, write_error_after_progress, .timeout = 120) {
     big_setup(&b);
     char err[1 << 16];
     int fd;
+    setenv("DJINN_PROGRESS", "1", 1);  // the running progress line, though stderr is a pipe
     pid_t pid = spawn_convert(b.dir, b.out, 0, RLIMIT_FSIZE, 300u << 20, &fd);
+    unsetenv("DJINN_PROGRESS");
     wait_writing(pid, b.tmp);
     kill(pid, SIGSTOP);
     usleep(400 * 1000);

@@ -25,6 +25,7 @@
 // 130 interrupted (Ctrl-C) after printing what was generated and the statistics so far.
 enum { EXIT_ERR = 1, EXIT_USAGE = 2, EXIT_CHECK = 3, EXIT_INTERRUPTED = 130 };
 #define DJINN_VERSION "0.4.0"
+#define MAX_STOPS 16
 #define DEFAULT_CTX 4096  // a KV cache for Llama 3.1's 131072 positions would not fit most GPUs
 
 // Ctrl-C during generation stops after the current token, during loading or prefill as that phase ends (a phase
@@ -71,6 +72,8 @@ typedef struct {
     int cpu_share_given;
     int no_pin;          // pageable host memory for the weights
     int64_t threads;     // CPU threads (the pool's size); 0: one per CPU of the process's affinity mask
+    const char *stops[MAX_STOPS];  // --stop: the generation ends where one of these appears, without it
+    int n_stops;
     const char *stats_path;
     const char *logits_path;
     const char *check_path;
@@ -120,6 +123,8 @@ static void usage(FILE *f) {
             "                   for f16, 1e-2 for bf16; mean KL 1e-2 for q8, 0.3 for q4)\n"
             "  --perplexity F   the model's perplexity on text file F: every token after the first of each window of\n"
             "                   -c tokens, scored\n"
+            "  --stop STR       end the generation where the generated text contains STR, which is not printed\n"
+            "                   (repeatable, up to 16)\n"
             "  --tokenize       print the prompt's token ids and exit\n"
             "  --version        print the version and the model.bin versions this build reads\n"
             "  --help           this text\n"
@@ -171,7 +176,7 @@ static int parse_args(int argc, char **argv, dj_opts *o) {
             o->model_path = a;
             continue;
         }
-        static const char *with_value[] = {"-p", "-f", "-n", "-t", "--top-p", "-s", "-c", "--ring-gb", "--logits",
+        static const char *with_value[] = {"-p", "-f", "--stop", "-n", "-t", "--top-p", "-s", "-c", "--ring-gb", "--logits",
                                            "--check", "--tol", "--stats-json", "--cpu-share", "--perplexity",
                                            "--threads"};
         int known = 0;
@@ -185,6 +190,10 @@ static int parse_args(int argc, char **argv, dj_opts *o) {
             o->prompt = v, o->prompt_len = strlen(v);
         } else if (!strcmp(a, "-f")) {
             o->prompt_file = v;
+        } else if (!strcmp(a, "--stop")) {
+            if (!v[0]) return usage_error("%s", "--stop needs a non-empty string");
+            if (o->n_stops == MAX_STOPS) return usage_error("more than %s --stop strings", "16");
+            o->stops[o->n_stops++] = v;
         } else if (!strcmp(a, "-n")) {
             if (parse_i64(v, &n) || n < 0) return usage_error("-n needs a count >= 0, not '%s'", v);
             o->n_new = n;
@@ -405,6 +414,49 @@ static int write_stats(dj_out *out, const dj_model *m, const dj_engine *eng, con
     return rc ? -1 : out_commit(out, 0, e);
 }
 
+// ---- --stop: the generated text is held back while its end could still begin a stop string
+typedef struct {
+    char *buf;
+    size_t len, cap;
+} held_text;
+
+// Appends text to the held text; returns the index of the stop string found in it (the held text then ends just
+// before it), or -1 after emitting all but the longest tail that is a prefix of some stop string.
+static int held_feed(held_text *h, const char *text, size_t n, const dj_opts *o, dj_err *e, int *failed) {
+    *failed = 0;
+    if (h->len + n > h->cap) {
+        size_t cap = (h->len + n) * 2 + 64;
+        char *b = realloc(h->buf, cap);
+        if (!b) return *failed = 1, dj_fail(e, "out of memory"), -1;
+        h->buf = b, h->cap = cap;
+    }
+    memcpy(h->buf + h->len, text, n);
+    h->len += n;
+    size_t first = h->len;
+    int which = -1;
+    for (int k = 0; k < o->n_stops; k++) {
+        const char *at = memmem(h->buf, h->len, o->stops[k], strlen(o->stops[k]));
+        if (at && (size_t)(at - h->buf) < first) first = (size_t)(at - h->buf), which = k;
+    }
+    if (which >= 0) {
+        h->len = first;
+        return which;
+    }
+    size_t keep = 0;  // the longest proper prefix of a stop string that the held text ends with
+    for (int k = 0; k < o->n_stops; k++) {
+        size_t sl = strlen(o->stops[k]);
+        for (size_t m = sl - 1 < h->len ? sl - 1 : h->len; m > keep; m--)
+            if (!memcmp(h->buf + h->len - m, o->stops[k], m)) {
+                keep = m;
+                break;
+            }
+    }
+    if (emit(h->buf, h->len - keep, e)) return *failed = 1, -1;
+    memmove(h->buf, h->buf + h->len - keep, keep);
+    h->len = keep;
+    return -1;
+}
+
 // A seed no two runs share by accident: the clock's nanoseconds and the process id, mixed (splitmix64's finalizer).
 static uint64_t fresh_seed(void) {
     struct timespec ts;
@@ -478,6 +530,8 @@ static int run_generate(const dj_model *m, const dj_tokenizer *tok, const dj_opt
     int want_rows = out->logits.tmp != NULL;  // --logits: every position's row
     dj_tok_stream *stream = NULL;
     dj_sampler *smp = NULL;
+    held_text held = {0};  // --stop: the generated text not yet printed
+    int hit = -1;          // the --stop string found
     if (n_prompt == 0) {
         dj_fail(e, "the prompt is empty and the model has no BOS token: give a prompt with -p");
         goto out;
@@ -560,12 +614,19 @@ static int run_generate(const dj_model *m, const dj_tokenizer *tok, const dj_opt
         ids[n++] = next;
         n_gen++;
         const char *s = tok_stream_push(stream, next, &len);
-        if (emit(s, len, e)) goto out;
+        int failed = 0;
+        if (o->n_stops) hit = held_feed(&held, s, len, o, e, &failed);
+        else failed = emit(s, len, e);
+        if (failed) goto out;
         int eos = tok_is_eos(tok, next);
-        if (want_rows || (n_gen < o->n_new && !eos)) {  // position n-1 < ctx: always fits
+        if (want_rows || (n_gen < o->n_new && !eos && hit < 0)) {  // position n-1 < ctx: always fits
             if (eng.forward(eng.ctx, &next, 1, n - 1, logits, 0, e)) goto out;
             if (write_rows(out, logits, 1, vocab, e)) goto out;
             last = logits;
+        }
+        if (hit >= 0) {
+            stop = "stop string";
+            break;
         }
         if (eos) {
             stop = "end of sequence";
@@ -574,9 +635,18 @@ static int run_generate(const dj_model *m, const dj_tokenizer *tok, const dj_opt
     }
     if (!stop && interrupted) stop = "interrupted";  // during the prefill of -n 0, or the last token's pass
     const char *tail = tok_stream_flush(stream, &len);
-    if (emit(tail, len, e) || emit("\n", 1, e)) goto out;
+    if (o->n_stops) {  // the held text: up to the stop string found, or all of it
+        int failed = 0;
+        if (hit < 0 && (hit = held_feed(&held, tail, len, o, e, &failed)) >= 0) stop = "stop string";
+        if (failed || emit(held.buf, held.len, e)) goto out;
+    } else if (emit(tail, len, e)) {
+        goto out;
+    }
+    if (emit("\n", 1, e)) goto out;
 
-    if (stop && !strcmp(stop, "context full"))
+    if (stop && !strcmp(stop, "stop string"))
+        fprintf(stderr, "djinn: stopped at --stop '%s' after %" PRId64 " new tokens\n", o->stops[hit], n_gen);
+    else if (stop && !strcmp(stop, "context full"))
         fprintf(stderr, "djinn: stopped after %" PRId64 " of %" PRId64 " new tokens: the context of %" PRId64
                         " tokens is full (-c)\n", n_gen, o->n_new, ctx);
     else if (stop && !strcmp(stop, "interrupted"))
@@ -607,6 +677,7 @@ static int run_generate(const dj_model *m, const dj_tokenizer *tok, const dj_opt
     if (want_rows && out_commit(&out->logits, 0, e)) goto out;
     rc = interrupted ? EXIT_INTERRUPTED : 0;
 out:
+    free(held.buf);
     if (stream) tok_stream_free(stream);
     engine_close(&eng);
     sampler_free(smp);

@@ -369,6 +369,41 @@ Test(cli, prompt_from_file_and_stdin) {
     tcli_teardown(&c);
 }
 
+// --stop: the text ends where a stop string begins (one that spans tokens too), the string itself unprinted; the
+// prompt never triggers it; a string that never appears changes nothing; empty or too many strings are usage errors.
+Test(cli, stop_strings) {
+    tcli_ctx c;
+    tcli_setup(&c);
+    char *d = tcli_djinn_path, *m = c.model;
+    char *full = tcli_text(&c, (char *[]){d, m, "-p", "Once upon a time", "-n", "40", "-t", "0", "--cpu", NULL});
+    const char *cut[] = {"little", ", there w", "re wa"};
+    for (int k = 0; k < 3; k++) {
+        const char *at = strstr(full + 16, cut[k]);
+        cr_assert(at, "the greedy text lacks '%s': %s", cut[k], full);
+        char *got = tcli_text(&c, (char *[]){d, m, "-p", "Once upon a time", "-n", "40", "-t", "0", "--cpu", "--stop",
+                                             "never in it", "--stop", (char *)cut[k], NULL});
+        size_t want = (size_t)(at - full);
+        cr_assert(strlen(got) == want + 1 && !strncmp(got, full, want) && got[want] == '\n',
+                  "--stop '%s': got '%s' from '%s'", cut[k], got, full);
+        char *err = tcli_stderr(&c);
+        char line[96];
+        snprintf(line, sizeof line, "stopped at --stop '%s'", cut[k]);
+        cr_assert(strstr(err, line), "%s", err);
+        free(got), free(err);
+    }
+    char *same = tcli_text(&c, (char *[]){d, m, "-p", "Once upon a time", "-n", "40", "-t", "0", "--cpu", "--stop",
+                                          "upon", NULL});
+    cr_assert_str_eq(same, full, "a stop string in the prompt only must not stop the generation");
+    free(same), free(full);
+    tcli_expect_fail(&c, (char *[]){d, m, "--stop", "", NULL}, 2, "--stop needs a non-empty string");
+    char *many[40] = {d, m};
+    int k = 2;
+    for (int i = 0; i < 17; i++) many[k++] = "--stop", many[k++] = "x";
+    many[k] = NULL;
+    tcli_expect_fail(&c, many, 2, "more than 16 --stop strings");
+    tcli_teardown(&c);
+}
+
 // A prompt that writes the BOS token's text itself gets one BOS, not two, and a warning.
 Test(cli, bos_text_in_prompt_not_doubled) {
     tcli_ctx c;
@@ -566,7 +601,7 @@ Test(cli, bad_flags_give_usage) {
     char *out = tcli_stdout(&c, NULL);
     const char *opts[] = {"-p", "-n", "-t", "--top-p", "-s", "-c", "--ring-gb", "--cpu", "--logits", "--check",
                           "--tol", "--tokenize", "--stream-all", "--sync-copy", "--no-graph", "--no-pin",
-                          "--stats-json", "--fma-attn", "--cpu-share", "--threads", "-f", "--version"};
+                          "--stats-json", "--fma-attn", "--cpu-share", "--threads", "-f", "--version", "--stop"};
     for (size_t i = 0; i < sizeof opts / sizeof *opts; i++) cr_assert(strstr(out, opts[i]), "--help lacks %s", opts[i]);
     cr_assert(strstr(out, "max_position_embeddings, capped at 4096"), "--help does not state -c's cap: %s", out);
     // a valid --ring-gb is accepted

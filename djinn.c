@@ -57,8 +57,7 @@ typedef struct {
     size_t prompt_len;
     const char *prompt_file;  // -f PATH, "-": stdin
     int64_t n_new;       // new tokens
-    double temp;         // 0: greedy
-    double top_p;
+    dj_sampling smp;     // -t, --top-p, --top-k, --min-p, the penalties
     uint64_t seed;
     int seed_given;
     int64_t ctx;         // 0: the model's max_seq_len, at most DEFAULT_CTX
@@ -91,6 +90,13 @@ static void usage(FILE *f) {
             "  -n N             new tokens to generate (default 256; 0: prefill only)\n"
             "  -t TEMP          temperature (default 1.0; 0: greedy)\n"
             "  --top-p P        nucleus sampling mass in [0, 1] (default 0.9; 0: greedy)\n"
+            "  --top-k K        sample from the K most likely tokens only (default 0: off; 1: greedy)\n"
+            "  --min-p P        only tokens at least P times as likely as the most likely one (default 0: off)\n"
+            "  --repeat-penalty F  divide a positive logit (multiply a negative one) of each token among the last\n"
+            "                   --repeat-last-n tokens by F (default 1: off)\n"
+            "  --repeat-last-n N   the tokens the penalties look back over (default 64; 0: none)\n"
+            "  --presence-penalty F   subtract F from the logit of each token among them (default 0)\n"
+            "  --frequency-penalty F  subtract F times its count among them (default 0)\n"
             "  -s SEED          RNG seed (default: a fresh one from the clock's nanoseconds and the process,\n"
             "                   printed on stderr); same seed, same text\n"
             "  -c CTX           context size in tokens: the KV cache length (default: the model's\n"
@@ -159,7 +165,7 @@ static int parse_f64(const char *s, double *out) {
 
 // Returns 0 when parsed, else the exit code (EXIT_USAGE, or -1 for --help, -2 for --version).
 static int parse_args(int argc, char **argv, dj_opts *o) {
-    *o = (dj_opts){.prompt = "", .n_new = 256, .temp = 1.0, .top_p = 0.9, .tol = -1, .cpu_share = -1};
+    *o = (dj_opts){.prompt = "", .n_new = 256, .smp = DJ_SAMPLING_DEFAULT, .tol = -1, .cpu_share = -1};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) return -1;
@@ -176,7 +182,8 @@ static int parse_args(int argc, char **argv, dj_opts *o) {
             o->model_path = a;
             continue;
         }
-        static const char *with_value[] = {"-p", "-f", "--stop", "-n", "-t", "--top-p", "-s", "-c", "--ring-gb", "--logits",
+        static const char *with_value[] = {"-p", "-f", "--stop", "--top-k", "--min-p", "--repeat-penalty",
+                                           "--repeat-last-n", "--presence-penalty", "--frequency-penalty", "-n", "-t", "--top-p", "-s", "-c", "--ring-gb", "--logits",
                                            "--check", "--tol", "--stats-json", "--cpu-share", "--perplexity",
                                            "--threads"};
         int known = 0;
@@ -199,10 +206,27 @@ static int parse_args(int argc, char **argv, dj_opts *o) {
             o->n_new = n;
         } else if (!strcmp(a, "-t")) {
             if (parse_f64(v, &d) || d < 0) return usage_error("-t needs a temperature >= 0, not '%s'", v);
-            o->temp = d;
+            o->smp.temp = d;
         } else if (!strcmp(a, "--top-p")) {
             if (parse_f64(v, &d) || d < 0 || d > 1) return usage_error("--top-p needs a value in [0, 1], not '%s'", v);
-            o->top_p = d;
+            o->smp.top_p = d;
+        } else if (!strcmp(a, "--top-k")) {
+            if (parse_i64(v, &n) || n < 0) return usage_error("--top-k needs a count >= 0, not '%s'", v);
+            o->smp.top_k = n;
+        } else if (!strcmp(a, "--min-p")) {
+            if (parse_f64(v, &d) || d < 0 || d > 1) return usage_error("--min-p needs a value in [0, 1], not '%s'", v);
+            o->smp.min_p = d;
+        } else if (!strcmp(a, "--repeat-penalty")) {
+            if (parse_f64(v, &d) || d <= 0) return usage_error("--repeat-penalty needs a positive factor, not '%s'", v);
+            o->smp.repeat_penalty = d;
+        } else if (!strcmp(a, "--repeat-last-n")) {
+            if (parse_i64(v, &n) || n < 0 || n > (1 << 24))
+                return usage_error("--repeat-last-n needs a count from 0 to 16777216, not '%s'", v);
+            o->smp.repeat_last_n = n;
+        } else if (!strcmp(a, "--presence-penalty") || !strcmp(a, "--frequency-penalty")) {
+            if (parse_f64(v, &d)) return usage_error("%s needs a number", a);
+            if (a[2] == 'p') o->smp.presence_penalty = d;
+            else o->smp.frequency_penalty = d;
         } else if (!strcmp(a, "-s")) {
             if (parse_i64(v, &n) || n < 0) return usage_error("-s needs a non-negative integer seed, not '%s'", v);
             o->seed = (uint64_t)n;
@@ -559,7 +583,8 @@ static int run_generate(const dj_model *m, const dj_tokenizer *tok, const dj_opt
         goto out;
     }
     uint64_t seed = o->seed_given ? o->seed : fresh_seed();
-    if (!(smp = sampler_new(vocab, o->temp, o->top_p, seed, e))) goto out;
+    if (!(smp = sampler_new_with(vocab, &o->smp, seed, e))) goto out;
+    for (size_t i = 0; i < n_prompt; i++) sampler_accept(smp, ids[i]);  // the penalties' window starts in the prompt
     if (!o->seed_given && !sampler_is_greedy(smp)) fprintf(stderr, "djinn: seed %" PRIu64 " (-s to repeat)\n", seed);
     stream = tok_stream_new(tok);
     if (!stream) {
@@ -611,6 +636,7 @@ static int run_generate(const dj_model *m, const dj_tokenizer *tok, const dj_opt
             goto out;
         }
         if (n_gen == 0) t_first = t_decode0 = dj_now();
+        sampler_accept(smp, next);
         ids[n++] = next;
         n_gen++;
         const char *s = tok_stream_push(stream, next, &len);

@@ -3,6 +3,7 @@
 
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 // ---- generator
 void rng_seed(dj_rng *r, uint64_t seed) {
@@ -35,10 +36,14 @@ typedef struct {
 
 struct dj_sampler {
     int64_t vocab;
-    double temp, top_p;  // temp 0: greedy
+    dj_sampling p;  // temp 0: greedy
     dj_rng rng;
-    dj_prob *buf;  // (vocab)
-    float *probs;  // (vocab)
+    dj_prob *buf;   // (vocab)
+    float *probs;   // (vocab)
+    float *work;    // (vocab): the penalized logits, when a penalty is on
+    int32_t *hist;  // (repeat_last_n): the last tokens, a ring
+    int64_t n_hist, at;
+    int32_t *count;  // (vocab): occurrences in hist, kept while sampling
 };
 
 // Descending probability; ties by ascending id, so top-p 0 picks exactly argmax's token.
@@ -48,32 +53,63 @@ static int prob_cmp(const void *a, const void *b) {
     return x->id < y->id ? -1 : x->id > y->id;
 }
 
-dj_sampler *sampler_new(int64_t vocab, double temp, double top_p, uint64_t seed, dj_err *e) {
+static int penalties_on(const dj_sampling *p) {
+    return p->repeat_last_n > 0 && (p->repeat_penalty != 1.0 || p->presence_penalty != 0 || p->frequency_penalty != 0);
+}
+
+dj_sampler *sampler_new_with(int64_t vocab, const dj_sampling *p, uint64_t seed, dj_err *e) {
+    if (!(p->temp >= 0) || !(p->top_p >= 0 && p->top_p <= 1) || !(p->min_p >= 0 && p->min_p <= 1) || p->top_k < 0 ||
+        !(p->repeat_penalty > 0) || !isfinite(p->presence_penalty) || !isfinite(p->frequency_penalty) ||
+        p->repeat_last_n < 0 || p->repeat_last_n > (1 << 24)) {
+        dj_fail(e, "sampler: settings out of range");
+        return NULL;
+    }
     dj_sampler *s = calloc(1, sizeof *s);
+    int pen = penalties_on(p);
     if (s) {
         s->buf = malloc((size_t)vocab * sizeof *s->buf);
         s->probs = malloc((size_t)vocab * sizeof *s->probs);
+        if (pen) {
+            s->work = malloc((size_t)vocab * sizeof *s->work);
+            s->hist = malloc((size_t)p->repeat_last_n * sizeof *s->hist);
+            s->count = calloc((size_t)vocab, sizeof *s->count);
+        }
     }
-    if (!s || !s->buf || !s->probs) {
+    if (!s || !s->buf || !s->probs || (pen && (!s->work || !s->hist || !s->count))) {
         sampler_free(s);
         dj_fail(e, "out of memory for the sampler");
         return NULL;
     }
     s->vocab = vocab;
-    s->temp = top_p == 0 ? 0 : temp;  // top-p 0 keeps only the most likely token: greedy
-    s->top_p = top_p;
+    s->p = *p;
+    if (p->top_p == 0 || p->top_k == 1) s->p.temp = 0;  // only the most likely token is left: greedy
     rng_seed(&s->rng, seed);
     return s;
 }
 
+dj_sampler *sampler_new(int64_t vocab, double temp, double top_p, uint64_t seed, dj_err *e) {
+    dj_sampling p = DJ_SAMPLING_DEFAULT;
+    p.temp = temp, p.top_p = top_p;
+    return sampler_new_with(vocab, &p, seed, e);
+}
+
 void sampler_free(dj_sampler *s) {
     if (!s) return;
-    free(s->buf);
-    free(s->probs);
+    free(s->buf), free(s->probs), free(s->work), free(s->hist), free(s->count);
     free(s);
 }
 
-int sampler_is_greedy(const dj_sampler *s) { return s->temp == 0; }
+int sampler_is_greedy(const dj_sampler *s) { return s->p.temp == 0; }
+
+void sampler_accept(dj_sampler *s, int32_t id) {
+    if (!s->hist || id < 0 || id >= s->vocab) return;
+    int64_t n = s->p.repeat_last_n;
+    if (s->n_hist == n) s->count[s->hist[s->at]]--;  // the oldest leaves the window
+    else s->n_hist++;
+    s->hist[s->at] = id;
+    s->count[id]++;
+    s->at = (s->at + 1) % n;
+}
 
 // The index of the largest logit, or -1 when the row holds a NaN or +infinity, or nothing above -infinity: no
 // distribution to sample from (a model whose arithmetic overflowed).
@@ -86,27 +122,80 @@ static int32_t checked_argmax(const float *x, int64_t n) {
     return x[best] == -INFINITY ? -1 : (int32_t)best;
 }
 
+// The logits with the penalties applied, in s->work: each distinct token of the window once (its count is negated
+// while the pass has seen it, then restored).
+static const float *penalize(dj_sampler *s, const float *logits) {
+    memcpy(s->work, logits, (size_t)s->vocab * sizeof *s->work);
+    for (int64_t k = 0; k < s->n_hist; k++) {
+        int32_t id = s->hist[k], c = s->count[id];
+        if (c <= 0) continue;  // seen already in this pass
+        s->count[id] = -c;
+        float l = logits[id];
+        if (s->p.repeat_penalty != 1.0) l = l > 0 ? (float)(l / s->p.repeat_penalty) : (float)(l * s->p.repeat_penalty);
+        s->work[id] = l - (float)((double)c * s->p.frequency_penalty + s->p.presence_penalty);
+    }
+    for (int64_t k = 0; k < s->n_hist; k++)
+        if (s->count[s->hist[k]] < 0) s->count[s->hist[k]] = -s->count[s->hist[k]];
+    return s->work;
+}
+
+// Moves the k largest of a[0..n) (prob_cmp order) to a[0..k), in any order: quickselect.
+static void select_top(dj_prob *a, int64_t n, int64_t k) {
+    int64_t lo = 0, hi = n - 1;
+    while (lo < hi) {
+        dj_prob pivot = a[lo + (hi - lo) / 2];
+        int64_t i = lo, j = hi;
+        while (i <= j) {
+            while (prob_cmp(&a[i], &pivot) < 0) i++;
+            while (prob_cmp(&a[j], &pivot) > 0) j--;
+            if (i <= j) {
+                dj_prob t = a[i];
+                a[i] = a[j], a[j] = t;
+                i++, j--;
+            }
+        }
+        if (k - 1 <= j) hi = j;
+        else if (k - 1 >= i) lo = i;
+        else break;
+    }
+}
+
 int32_t sampler_next(dj_sampler *s, const float *logits) {
     int64_t vocab = s->vocab;
-    int32_t top = checked_argmax(logits, vocab);
-    if (top < 0 || s->temp == 0) return top;
-    float mx = logits[top];
-    double sum = 0;
+    if (checked_argmax(logits, vocab) < 0) return -1;
+    const float *l = s->work && s->n_hist ? penalize(s, logits) : logits;
+    int32_t top = checked_argmax(l, vocab);
+    if (top < 0 || s->p.temp == 0) return top;
+    float mx = l[top];
+    double sum = 0, temp = s->p.temp;
     for (int64_t i = 0; i < vocab; i++) {
-        s->probs[i] = expf((float)((logits[i] - mx) / s->temp));
+        s->probs[i] = expf((float)((l[i] - mx) / temp));
         sum += s->probs[i];
     }
-    // A token below (1 - top_p) / (vocab - 1) of the mass can never be in the nucleus, unless it is the most
-    // likely one (the tokens after it in order would lack the 1 - top_p the nucleus leaves out): skip sorting them.
-    // The cutoff stops at the top token's weight, exactly 1 here, so the nucleus is never empty even when
-    // top_p < 1/vocab and the distribution is nearly flat.
-    double cutoff = vocab > 1 ? fmin((1.0 - s->top_p) / (double)(vocab - 1) * sum, 1.0) : 0;
-    int64_t n = 0;
-    for (int64_t i = 0; i < vocab; i++)
-        if (s->probs[i] >= cutoff) s->buf[n++] = (dj_prob){s->probs[i], (int32_t)i};
+    int64_t n = 0, k = s->p.top_k > 0 && s->p.top_k < vocab ? s->p.top_k : 0;
+    double target;
+    if (k) {  // the k most likely, then top-p over their mass
+        for (int64_t i = 0; i < vocab; i++) s->buf[n++] = (dj_prob){s->probs[i], (int32_t)i};
+        select_top(s->buf, n, k);
+        n = k;
+        double ksum = 0;
+        for (int64_t i = 0; i < n; i++) ksum += s->buf[i].p;
+        target = s->p.top_p * ksum;
+    } else {
+        // A token below (1 - top_p) / (vocab - 1) of the mass can never be in the nucleus, unless it is the most
+        // likely one (the tokens after it in order would lack the 1 - top_p the nucleus leaves out): skip sorting
+        // them. The cutoff stops at the top token's weight, exactly 1 here, so the nucleus is never empty even
+        // when top_p < 1/vocab and the distribution is nearly flat. min-p's bound (the top token's weight is 1)
+        // cuts the same way.
+        double cutoff = vocab > 1 ? fmin((1.0 - s->p.top_p) / (double)(vocab - 1) * sum, 1.0) : 0;
+        if (s->p.min_p > cutoff) cutoff = s->p.min_p;
+        for (int64_t i = 0; i < vocab; i++)
+            if (s->probs[i] >= cutoff) s->buf[n++] = (dj_prob){s->probs[i], (int32_t)i};
+        target = s->p.top_p * sum;
+    }
     qsort(s->buf, (size_t)n, sizeof *s->buf, prob_cmp);
-    double target = s->top_p * sum, cum = 0;
     int64_t keep = n;
+    double cum = 0;
     for (int64_t i = 0; i < n; i++) {
         cum += s->buf[i].p;
         if (cum >= target) {
@@ -114,6 +203,8 @@ int32_t sampler_next(dj_sampler *s, const float *logits) {
             break;
         }
     }
+    // min-p: at least min_p times the most likely token's probability (its weight, buf[0].p, is 1)
+    while (keep > 1 && s->buf[keep - 1].p < s->p.min_p * s->buf[0].p) keep--;
     double mass = 0;
     for (int64_t i = 0; i < keep; i++) mass += s->buf[i].p;
     double r = rng_f32(&s->rng) * mass, acc = 0;

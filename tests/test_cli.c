@@ -476,6 +476,20 @@ Test(cli, sampling_is_seeded) {
     cr_assert_str_neq(a, d, "different seeds gave the same 60 tokens");
     char *greedy = tcli_sample(&c, "0", "0.9", "1"), *p0 = tcli_sample(&c, "1.5", "0", "7");
     cr_assert_str_eq(p0, greedy, "top-p 0 is not greedy");
+    // --top-k 1 is greedy at any temperature; a repeat penalty changes the greedy text (stories260K repeats
+    // "Lily" and "park" within 60 tokens); the flags are seeded like the rest
+    char *k1 = tcli_text(&c, (char *[]){tcli_djinn_path, c.model, "-p", "Once upon a time", "-n", "60", "-t", "1.5",
+                                        "--top-k", "1", "--cpu", NULL});
+    cr_assert_str_eq(k1, greedy, "--top-k 1 is not greedy");
+    char *pen = tcli_text(&c, (char *[]){tcli_djinn_path, c.model, "-p", "Once upon a time", "-n", "60", "-t", "0",
+                                         "--repeat-penalty", "1.5", "--cpu", NULL});
+    cr_assert_str_neq(pen, greedy, "--repeat-penalty 1.5 left the greedy text as it was");
+    char *argv_k[] = {tcli_djinn_path, c.model, "-p", "Once upon a time", "-n", "60", "-t", "1", "--top-k", "20",
+                      "--min-p", "0.05", "--presence-penalty", "0.3", "--frequency-penalty", "0.2", "-s", "5", "--cpu",
+                      NULL};
+    char *r1 = tcli_text(&c, argv_k), *r2 = tcli_text(&c, argv_k);
+    cr_assert_str_eq(r1, r2, "same seed and samplers, different text");
+    free(k1), free(pen), free(r1), free(r2);
     cr_assert_str_neq(a, greedy, "sampling at temperature 1 gave the greedy text");
     free(a), free(b), free(d), free(greedy), free(p0);
     tcli_teardown(&c);
@@ -594,6 +608,12 @@ Test(cli, bad_flags_give_usage) {
     free(ver);
     tcli_expect_fail(&c, (char *[]){d, m, "-c", "100000", NULL}, 2, "max_seq_len");
     tcli_expect_fail(&c, (char *[]){d, m, "--threads", "0", NULL}, 2, "--threads");
+    tcli_expect_fail(&c, (char *[]){d, m, "--top-k", "-1", NULL}, 2, "--top-k");
+    tcli_expect_fail(&c, (char *[]){d, m, "--min-p", "2", NULL}, 2, "--min-p");
+    tcli_expect_fail(&c, (char *[]){d, m, "--repeat-penalty", "0", NULL}, 2, "--repeat-penalty");
+    tcli_expect_fail(&c, (char *[]){d, m, "--repeat-last-n", "-3", NULL}, 2, "--repeat-last-n");
+    tcli_expect_fail(&c, (char *[]){d, m, "--presence-penalty", "lots", NULL}, 2, "--presence-penalty");
+    tcli_expect_fail(&c, (char *[]){d, m, "--frequency-penalty", "nan", NULL}, 2, "--frequency-penalty");
     tcli_expect_fail(&c, (char *[]){d, m, "--threads", "257", NULL}, 2, "--threads");
     tcli_expect_fail(&c, (char *[]){d, m, "--threads", "four", NULL}, 2, "--threads");
     // --help lists every option on stdout
@@ -601,7 +621,9 @@ Test(cli, bad_flags_give_usage) {
     char *out = tcli_stdout(&c, NULL);
     const char *opts[] = {"-p", "-n", "-t", "--top-p", "-s", "-c", "--ring-gb", "--cpu", "--logits", "--check",
                           "--tol", "--tokenize", "--stream-all", "--sync-copy", "--no-graph", "--no-pin",
-                          "--stats-json", "--fma-attn", "--cpu-share", "--threads", "-f", "--version", "--stop"};
+                          "--stats-json", "--fma-attn", "--cpu-share", "--threads", "-f", "--version", "--stop",
+                          "--top-k", "--min-p", "--repeat-penalty", "--repeat-last-n", "--presence-penalty",
+                          "--frequency-penalty"};
     for (size_t i = 0; i < sizeof opts / sizeof *opts; i++) cr_assert(strstr(out, opts[i]), "--help lacks %s", opts[i]);
     cr_assert(strstr(out, "max_position_embeddings, capped at 4096"), "--help does not state -c's cap: %s", out);
     // a valid --ring-gb is accepted

@@ -151,3 +151,121 @@ Test(sampler, flat_row_large_vocabulary) {
     sampler_free(s);
     free(z);
 }
+
+// ---- top-k, min-p and the penalties (llama.cpp's meanings)
+static dj_sampler *ts_with(int64_t vocab, const dj_sampling *p, uint64_t seed) {
+    dj_err e;
+    dj_sampler *s = sampler_new_with(vocab, p, seed, &e);
+    cr_assert(s, "%s", e.msg);
+    return s;
+}
+
+// Draws n tokens; every one must be in `allowed` (a 0/1 map); returns how many distinct allowed ids came up.
+static int ts_draws_within(dj_sampler *s, const float *z, int64_t vocab, const char *allowed, int n) {
+    char *seen = calloc((size_t)vocab, 1);
+    int distinct = 0;
+    for (int i = 0; i < n; i++) {
+        int32_t t = sampler_next(s, z);
+        cr_assert(t >= 0 && t < vocab && allowed[t], "drew %d, outside the allowed set (seed %llu)", t,
+                  (unsigned long long)tc_seed_used());
+        distinct += !seen[t], seen[t] = 1;
+    }
+    free(seen);
+    return distinct;
+}
+
+// top-k: only the k most likely tokens, each of them drawn; top-k 1 is greedy; with top-p, the nucleus is taken
+// over the k tokens' own mass (top-p 0.5 of 4 equal tokens: two of them).
+Test(sampler, top_k) {
+    tc_rng_fresh("sampler.top_k");
+    enum { V = 200 };
+    float z[V];
+    for (int i = 0; i < V; i++) z[i] = tc_normal();
+    dj_sampling p = DJ_SAMPLING_DEFAULT;
+    p.top_p = 1.0, p.top_k = 5;
+    char allowed[V] = {0};
+    for (int k = 0; k < 5; k++) {  // the 5 largest
+        int best = -1;
+        for (int i = 0; i < V; i++)
+            if (!allowed[i] && (best < 0 || z[i] > z[best])) best = i;
+        allowed[best] = 1;
+    }
+    dj_sampler *s = ts_with(V, &p, 3);
+    cr_assert_eq(ts_draws_within(s, z, V, allowed, 4000), 5, "not every one of the top 5 was drawn");
+    sampler_free(s);
+    p.top_k = 1;
+    s = ts_with(V, &p, 3);
+    cr_assert(sampler_is_greedy(s));
+    cr_assert_eq(sampler_next(s, z), dj_argmax(z, V));
+    sampler_free(s);
+    float flat[V];
+    for (int i = 0; i < V; i++) flat[i] = i < 4 ? 2.0f : -30.0f;  // four equal tokens, the rest negligible
+    char two[V] = {0};
+    two[0] = two[1] = 1;  // ties go to the smaller id: the nucleus of 0.5 is ids 0 and 1
+    p.top_k = 4, p.top_p = 0.5;
+    s = ts_with(V, &p, 9);
+    cr_assert_eq(ts_draws_within(s, flat, V, two, 2000), 2);
+    sampler_free(s);
+}
+
+// min-p: only tokens at least min_p times as likely as the top one (at temperature 1: logit >= top + ln(min_p)).
+Test(sampler, min_p) {
+    tc_rng_fresh("sampler.min_p");
+    enum { V = 300 };
+    float z[V];
+    for (int i = 0; i < V; i++) z[i] = 1.5f * tc_normal();
+    int top = dj_argmax(z, V);
+    char allowed[V];
+    int n_allowed = 0;
+    for (int i = 0; i < V; i++) n_allowed += allowed[i] = z[i] >= z[top] + logf(0.2f) + 1e-4f;
+    dj_sampling p = DJ_SAMPLING_DEFAULT;
+    p.top_p = 1.0, p.min_p = 0.2;
+    dj_sampler *s = ts_with(V, &p, 5);
+    int got = ts_draws_within(s, z, V, allowed, 6000);
+    cr_assert(got >= n_allowed - 1 && n_allowed > 1, "%d of the %d tokens within min-p drawn", got, n_allowed);
+    sampler_free(s);
+}
+
+// The penalties, through greedy picks between two close logits: id 3 (logit a) against id 7 (logit b).
+static int32_t ts_pick(float a, float b, const int32_t *hist, int n_hist, double rep, double freq, double pres,
+                       int64_t last_n) {
+    enum { V = 16 };
+    float z[V], keep[V];
+    for (int i = 0; i < V; i++) z[i] = -10.0f;
+    z[3] = a, z[7] = b;
+    memcpy(keep, z, sizeof z);
+    dj_sampling p = DJ_SAMPLING_DEFAULT;
+    p.temp = 0, p.repeat_penalty = rep, p.frequency_penalty = freq, p.presence_penalty = pres, p.repeat_last_n = last_n;
+    dj_sampler *s = ts_with(V, &p, 1);
+    for (int i = 0; i < n_hist; i++) sampler_accept(s, hist[i]);
+    int32_t t = sampler_next(s, z);
+    cr_assert_eq(memcmp(z, keep, sizeof z), 0, "the caller's logits were changed");
+    sampler_free(s);
+    return t;
+}
+
+Test(sampler, penalties) {
+    const int32_t once[] = {3}, twice[] = {3, 1, 3}, aged[] = {3, 5, 6};
+    cr_assert_eq(ts_pick(2.0f, 1.9f, once, 1, 1.0, 0, 0, 64), 3, "no penalty: the larger logit");
+    cr_assert_eq(ts_pick(2.0f, 1.9f, once, 1, 1.1, 0, 0, 64), 7, "repeat 1.1: 2.0 / 1.1 < 1.9");
+    cr_assert_eq(ts_pick(2.0f, 1.9f, once, 1, 1.04, 0, 0, 64), 3, "repeat 1.04: 2.0 / 1.04 > 1.9");
+    cr_assert_eq(ts_pick(-1.0f, -1.05f, once, 1, 1.1, 0, 0, 64), 7, "a negative logit is multiplied: -1.1 < -1.05");
+    cr_assert_eq(ts_pick(2.0f, 1.9f, twice, 3, 1.1, 0, 0, 64), 7, "a token seen twice is penalized once");
+    cr_assert_eq(ts_pick(2.0f, 1.65f, twice, 3, 1.1, 0, 0, 64), 3, "once: 2.0 / 1.1 = 1.82 > 1.65");
+    cr_assert_eq(ts_pick(2.0f, 1.7f, twice, 3, 1.0, 0.1, 0, 64), 3, "frequency 0.1 x 2: 1.8 > 1.7");
+    cr_assert_eq(ts_pick(2.0f, 1.7f, twice, 3, 1.0, 0.2, 0, 64), 7, "frequency 0.2 x 2: 1.6 < 1.7");
+    cr_assert_eq(ts_pick(2.0f, 1.7f, twice, 3, 1.0, 0, 0.25, 64), 3, "presence 0.25 once: 1.75 > 1.7");
+    cr_assert_eq(ts_pick(2.0f, 1.7f, twice, 3, 1.0, 0, 0.35, 64), 7, "presence 0.35 once: 1.65 < 1.7");
+    cr_assert_eq(ts_pick(2.0f, 1.9f, aged, 3, 1.5, 0.5, 0.5, 2), 3, "id 3 left the window of 2");
+    cr_assert_eq(ts_pick(2.0f, 1.9f, aged, 3, 1.5, 0, 0, 3), 7, "id 3 inside a window of 3");
+    cr_assert_eq(ts_pick(2.0f, 1.9f, aged, 3, 1.5, 0, 0, 0), 3, "repeat-last-n 0: no penalty");
+    // out-of-range settings are refused
+    dj_err e;
+    dj_sampling p = DJ_SAMPLING_DEFAULT;
+    p.repeat_penalty = 0;
+    cr_assert_null(sampler_new_with(10, &p, 1, &e));
+    p = DJ_SAMPLING_DEFAULT, p.min_p = 1.5;
+    cr_assert_null(sampler_new_with(10, &p, 1, &e));
+    p = DJ_SAMPLING_DEFAULT, p.top_k = -1;
+    cr_assert_null(sampler_new_with(10, &p, 1, &e));
+}

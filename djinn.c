@@ -11,6 +11,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "chat.h"
 #include "check.h"
 #include "cpu.h"
 #include "engine.h"
@@ -71,6 +72,8 @@ typedef struct {
     int cpu_share_given;
     int no_pin;          // pageable host memory for the weights
     int64_t threads;     // CPU threads (the pool's size); 0: one per CPU of the process's affinity mask
+    int chat;                 // --chat: an interactive conversation with the model's chat template
+    const char *system;       // --system
     const char *stops[MAX_STOPS];  // --stop: the generation ends where one of these appears, without it
     int n_stops;
     const char *stats_path;
@@ -131,6 +134,10 @@ static void usage(FILE *f) {
             "                   -c tokens, scored\n"
             "  --stop STR       end the generation where the generated text contains STR, which is not printed\n"
             "                   (repeatable, up to 16)\n"
+            "  --chat           an interactive conversation in the model's own chat template (Llama 2 or 3): a\n"
+            "                   line on stdin is a turn; each answer is -n tokens at most; Ctrl-C stops the\n"
+            "                   answer, Ctrl-D (end of input) ends the conversation\n"
+            "  --system TEXT    the system message of --chat\n"
             "  --tokenize       print the prompt's token ids and exit\n"
             "  --version        print the version and the model.bin versions this build reads\n"
             "  --help           this text\n"
@@ -172,6 +179,7 @@ static int parse_args(int argc, char **argv, dj_opts *o) {
         if (!strcmp(a, "--version")) return -2;
         if (!strcmp(a, "--cpu")) { o->force_cpu = 1; continue; }
         if (!strcmp(a, "--tokenize")) { o->tokenize = 1; continue; }
+        if (!strcmp(a, "--chat")) { o->chat = 1; continue; }
         if (!strcmp(a, "--stream-all")) { o->stream_all = 1; continue; }
         if (!strcmp(a, "--sync-copy")) { o->sync_copy = 1; continue; }
         if (!strcmp(a, "--no-graph")) { o->no_graph = 1; continue; }
@@ -182,7 +190,7 @@ static int parse_args(int argc, char **argv, dj_opts *o) {
             o->model_path = a;
             continue;
         }
-        static const char *with_value[] = {"-p", "-f", "--stop", "--top-k", "--min-p", "--repeat-penalty",
+        static const char *with_value[] = {"-p", "-f", "--stop", "--system", "--top-k", "--min-p", "--repeat-penalty",
                                            "--repeat-last-n", "--presence-penalty", "--frequency-penalty", "-n", "-t", "--top-p", "-s", "-c", "--ring-gb", "--logits",
                                            "--check", "--tol", "--stats-json", "--cpu-share", "--perplexity",
                                            "--threads"};
@@ -197,6 +205,8 @@ static int parse_args(int argc, char **argv, dj_opts *o) {
             o->prompt = v, o->prompt_len = strlen(v);
         } else if (!strcmp(a, "-f")) {
             o->prompt_file = v;
+        } else if (!strcmp(a, "--system")) {
+            o->system = v;
         } else if (!strcmp(a, "--stop")) {
             if (!v[0]) return usage_error("%s", "--stop needs a non-empty string");
             if (o->n_stops == MAX_STOPS) return usage_error("more than %s --stop strings", "16");
@@ -261,6 +271,11 @@ static int parse_args(int argc, char **argv, dj_opts *o) {
     }
     if (!o->model_path) return usage_error("%s", "no MODEL given");
     if (o->prompt_file && o->prompt[0]) return usage_error("%s", "-p and -f both give the prompt: one of them");
+    if (o->chat && (o->prompt[0] || o->prompt_file || o->tokenize || o->check_path || o->ppl_path || o->logits_path ||
+                    o->n_stops))
+        return usage_error("%s", "--chat reads its turns from stdin: not with -p, -f, --tokenize, --check, --perplexity, "
+                                 "--logits or --stop");
+    if (o->system && !o->chat) return usage_error("%s", "--system is --chat's");
     if ((o->check_path || o->tokenize || o->ppl_path) && (o->logits_path || o->stats_path))
         return usage_error("%s", "--logits and --stats-json record a generation: not with --check, --perplexity or "
                                  "--tokenize");
@@ -712,6 +727,143 @@ out:
     return rc;
 }
 
+// ---- --chat
+// Each line on stdin is a user turn: its ids (chat.h) are prefilled after what the KV cache already holds, and the
+// answer is sampled until the model's end token, -n tokens or Ctrl-C, which stops the answer and not the
+// conversation. The end of input ends it. On a terminal a "> " prompt goes to stderr; stdout carries the answers,
+// each ended by a newline.
+#define CHAT_LINE_MAX ((size_t)1 << 20)
+static int run_chat(const dj_model *m, const dj_tokenizer *tok, const dj_opts *o, dj_err *e) {
+    const dj_config *c = &m->info.config;
+    int64_t vocab = c->vocab_size, ctx = o->ctx ? o->ctx : c->max_seq_len < DEFAULT_CTX ? (int64_t)c->max_seq_len
+                                                                                          : DEFAULT_CTX;
+    chat_kind kind = chat_recognise(tok_chat_template(tok));
+    if (kind == CHAT_NONE)
+        return dj_fail(e, "--chat: %s has no chat template (tokenizer_config.json's chat_template): give the prompt "
+                          "with -p", o->model_path), EXIT_ERR;
+    if (kind == CHAT_UNKNOWN)
+        return dj_fail(e, "--chat: the model's chat template is neither Llama 2's ([INST], <<SYS>>) nor Llama 3's "
+                          "(<|start_header_id|>): write the prompt out with -p"), EXIT_ERR;
+    int rc = EXIT_ERR, tty = isatty(STDIN_FILENO);
+    dj_engine eng = {0};
+    dj_sampler *smp = NULL;
+    dj_tok_stream *stream = NULL;
+    float *logits = malloc((size_t)vocab * sizeof(float));
+    char *line = NULL;
+    size_t cap = 0;
+    int32_t *turn = NULL;
+    if (!logits) {
+        dj_fail(e, "out of memory");
+        goto out;
+    }
+    if (open_engine(&eng, m, o, ctx, 16, e)) goto out;
+    uint64_t seed = o->seed_given ? o->seed : fresh_seed();
+    if (!(smp = sampler_new_with(vocab, &o->smp, seed, e))) goto out;
+    fprintf(stderr, "djinn: chat, %s template, context %" PRId64 " tokens%s", chat_kind_name(kind), ctx,
+            sampler_is_greedy(smp) ? "\n" : "");
+    if (!sampler_is_greedy(smp)) fprintf(stderr, ", seed %" PRIu64 " (-s to repeat)\n", seed);
+    int64_t pos = 0, turns = 0, answered = 0;
+    int32_t end_tok = -1;  // the previous answer's end token, fed with the next turn
+    int cut = 0;           // the previous answer ended without one
+    for (;;) {
+        if (tty) fputs("> ", stderr);
+        errno = 0;
+        ssize_t got = getline(&line, &cap, stdin);
+        if (got < 0) {
+            if (ferror(stdin) && errno != EINTR) {
+                dj_fail(e, "cannot read stdin: %s", strerror(errno));
+                goto out;
+            }
+            if (tty) fputc('\n', stderr);
+            break;  // the end of input: the conversation is over
+        }
+        if (interrupted) {  // Ctrl-C at the prompt: nothing to stop
+            interrupted = 0;
+            signal(SIGINT, on_sigint);
+        }
+        if ((size_t)got > CHAT_LINE_MAX) {
+            dj_fail(e, "--chat: a turn of %zd bytes, over the %zu MB a line may hold", got, CHAT_LINE_MAX >> 20);
+            goto out;
+        }
+        if (memchr(line, 0, (size_t)got)) {
+            dj_fail(e, "--chat: a turn holds a NUL byte");
+            goto out;
+        }
+        if (!line[strspn(line, " \t\r\n")]) continue;  // an empty line: no turn
+        size_t nt = 0;
+        free(turn), turn = NULL;
+        if (chat_turn_ids(tok, kind, o->system, line, turns == 0, cut, &turn, &nt, e)) goto out;
+        if (end_tok >= 0) {  // the previous answer's end token goes into the cache first
+            int32_t *t2 = malloc((nt + 1) * sizeof *t2);
+            if (!t2) {
+                dj_fail(e, "out of memory");
+                goto out;
+            }
+            t2[0] = end_tok;
+            memcpy(t2 + 1, turn, nt * sizeof *t2);
+            free(turn), turn = t2, nt++;
+        }
+        if (pos + (int64_t)nt >= ctx) {
+            fprintf(stderr, "djinn: the conversation fills the context of %" PRId64 " tokens (-c): it ends here\n", ctx);
+            break;
+        }
+        if (eng.forward(eng.ctx, turn, (int64_t)nt, pos, logits, 0, e)) goto out;
+        for (size_t i = 0; i < nt; i++) sampler_accept(smp, turn[i]);
+        pos += (int64_t)nt, turns++;
+        if (!(stream = tok_stream_new(tok))) {
+            dj_fail(e, "out of memory");
+            goto out;
+        }
+        int64_t gen = 0;
+        end_tok = -1, cut = 1;
+        size_t len;
+        const char *at = test_sigint_at();
+        int64_t sigint_after = -1;
+        if (at && parse_i64(at, &sigint_after)) sigint_after = -1;
+        while (gen < o->n_new && pos < ctx) {
+            if (gen == sigint_after && turns == 1) raise(SIGINT);  // tests: Ctrl-C in the first answer
+            if (interrupted) break;
+            int32_t next = sampler_next(smp, logits);
+            if (next < 0) {
+                dj_fail(e, "the logits at position %" PRId64 " hold NaN or infinity", pos - 1);
+                goto out;
+            }
+            sampler_accept(smp, next);
+            gen++;
+            if (tok_is_eos(tok, next)) {
+                end_tok = next, cut = 0;
+                break;
+            }
+            const char *piece = tok_stream_push(stream, next, &len);
+            if (emit(piece, len, e)) goto out;
+            if (eng.forward(eng.ctx, &next, 1, pos, logits, 0, e)) goto out;
+            pos++;
+        }
+        const char *tail = tok_stream_flush(stream, &len);
+        tok_stream_free(stream), stream = NULL;
+        if (emit(tail, len, e) || emit("\n", 1, e)) goto out;
+        answered += gen;
+        if (interrupted) {  // Ctrl-C stops this answer only
+            fprintf(stderr, "djinn: answer stopped (Ctrl-C); Ctrl-D ends the conversation\n");
+            interrupted = 0;
+            signal(SIGINT, on_sigint);
+        }
+        if (pos >= ctx) {
+            fprintf(stderr, "djinn: the conversation fills the context of %" PRId64 " tokens (-c): it ends here\n", ctx);
+            break;
+        }
+    }
+    fprintf(stderr, "djinn: chat: %" PRId64 " turns, %" PRId64 " tokens answered, %" PRId64 " of %" PRId64
+                    " context tokens used\n", turns, answered, pos, ctx);
+    rc = 0;
+out:
+    if (stream) tok_stream_free(stream);
+    engine_close(&eng);
+    sampler_free(smp);
+    free(logits), free(line), free(turn);
+    return rc;
+}
+
 // ---- main
 // The files this run writes, checked and created before the long work: none of them an input of the run or the other
 // output (fileio.h). stdout appended to an input (djinn m.bin >> m.bin) is refused too.
@@ -792,7 +944,9 @@ int main(int argc, char **argv) {
                        "./convert/convert", o.model_path, tok_vocab_size(tok), c->vocab_size);
             goto done;
         }
-        rc = o.ppl_path ? run_perplexity(&m, tok, &o, &e) : run_generate(&m, tok, &o, &out, dt, &e);
+        rc = o.ppl_path ? run_perplexity(&m, tok, &o, &e)
+             : o.chat   ? run_chat(&m, tok, &o, &e)
+                        : run_generate(&m, tok, &o, &out, dt, &e);
     }
 done:
     if (rc && rc != EXIT_CHECK && rc != EXIT_INTERRUPTED && rc != EXIT_USAGE) fprintf(stderr, "djinn: %s\n", e.msg);

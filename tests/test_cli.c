@@ -6,6 +6,8 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <math.h>
+#include <poll.h>
+#include <pty.h>
 #include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -404,6 +406,142 @@ Test(cli, stop_strings) {
     tcli_teardown(&c);
 }
 
+// ---- --chat
+// stories260K with a Llama 2 chat template in its tokenizer_config.json (the template is recognised by its
+// markers), converted into c->dir/chat.bin; `tmpl` NULL: a template of no known kind.
+static void tcli_chat_model(tcli_ctx *c, const char *tmpl, char *out, size_t n) {
+    char dir[600], path[700], src[1100];
+    snprintf(dir, sizeof dir, "%s/chat_tok", c->dir);
+    mkdir(dir, 0755);
+    snprintf(src, sizeof src, "%s/models/stories260K/tokenizer.json", c->data);
+    size_t len;
+    char *tj = tc_read(src, &len);
+    snprintf(path, sizeof path, "%s/tokenizer.json", dir);
+    tc_write(path, tj, len);
+    free(tj);
+    char cfg[2048];
+    int k = snprintf(cfg, sizeof cfg, "{\"add_bos_token\": true, \"add_eos_token\": false, \"bos_token\": \"<s>\", "
+                     "\"eos_token\": \"</s>\", \"chat_template\": \"%s\"}",
+                     tmpl ? tmpl : "{% for m in messages %}<|user|>{{ m['content'] }}{% endfor %}");
+    snprintf(path, sizeof path, "%s/tokenizer_config.json", dir);
+    tc_write(path, cfg, (size_t)k);
+    snprintf(out, n, "%s/chat%s.bin", c->dir, tmpl ? "" : "_unknown");
+    snprintf(src, sizeof src, "%s/models/stories260K", c->data);
+    cr_assert_eq(tcli_run(c, (char *[]){tcli_convert_path, src, out, "--dtype", "f32", "--tokenizer", dir, "-q", NULL}),
+                 0, "convert: %s", tcli_stderr(c));
+}
+
+#define TCLI_LLAMA2_TMPL "{% for m in messages %}{{ bos_token + '[INST] ' + m['content'] + ' [/INST]' }}<<SYS>>{% endfor %}"
+
+// Turns from stdin (a pipe): one answer line per turn, the same text for the same turns (greedy); the second
+// turn's answer sees the first (the KV cache is kept: alone it answers otherwise); a Ctrl-C in an answer stops that
+// answer only; models without a template or with an unknown one are refused by name; --chat with -p is a usage error.
+Test(cli, chat_conversation) {
+    tcli_ctx c;
+    tcli_setup(&c);
+    char model[700], unknown[700], in2[600], in1[600];
+    tcli_chat_model(&c, TCLI_LLAMA2_TMPL, model, sizeof model);
+    snprintf(in2, sizeof in2, "%s/turns2.txt", c.dir);
+    snprintf(in1, sizeof in1, "%s/turns1.txt", c.dir);
+    tc_write(in2, "Hello there\n\nTell me a story\n", 29);
+    tc_write(in1, "Tell me a story\n", 16);
+    char *d = tcli_djinn_path;
+    char *argv[] = {d, model, "--chat", "-t", "0", "-n", "30", "--system", "Be brief.", "--cpu", NULL};
+    tcli_stdin = in2;
+    char *a = tcli_text(&c, argv), *b = tcli_text(&c, argv);
+    char *err = tcli_stderr(&c);
+    tcli_stdin = in1;
+    char *one = tcli_text(&c, argv);
+    tcli_stdin = NULL;
+    cr_assert_str_eq(a, b, "the same turns, greedy: different answers");
+    size_t la = strlen(a), l1 = strlen(one);
+    cr_assert(la > 2 && a[la - 1] == '\n' && l1 > 1, "answers end with a newline: '%s'", a);
+    cr_assert(strstr(err, "Llama 2 ([INST]) template") && strstr(err, "chat: 2 turns"), "the empty line is no turn: %s",
+              err);
+    cr_assert(l1 >= la || strcmp(a + la - l1, one), "the second answer equals the same turn's answer alone: the first "
+                                                   "turn was lost ('%s' against '%s')", a, one);
+    free(err), free(b), free(one);
+    // Ctrl-C (a real SIGINT, DJINN_TEST_SIGINT_AT) after 3 tokens of the first answer: that answer stops, the second
+    // is answered in full, exit 0
+    setenv("DJINN_TEST_SIGINT_AT", "3", 1);
+    tcli_stdin = in2;
+    int rc = tcli_run(&c, argv);
+    tcli_stdin = NULL;
+    unsetenv("DJINN_TEST_SIGINT_AT");
+    char *out = tcli_stdout(&c, NULL);
+    err = tcli_stderr(&c);
+    cr_assert_eq(rc, 0, "%s", err);
+    cr_assert(strstr(err, "answer stopped (Ctrl-C)") && strstr(err, "chat: 2 turns"), "%s", err);
+    char *nl2 = strchr(out, '\n');
+    cr_assert(nl2 && !strncmp(a, out, (size_t)(nl2 - out)), "the stopped answer is not the start of the full one: '%s' "
+                                                           "against '%s'", out, a);
+    free(out), free(err), free(a);
+    tcli_chat_model(&c, NULL, unknown, sizeof unknown);
+    tcli_expect_fail(&c, (char *[]){d, unknown, "--chat", "--cpu", NULL}, 1, "neither Llama 2's");
+    tcli_expect_fail(&c, (char *[]){d, c.model, "--chat", "--cpu", NULL}, 1, "has no chat template");
+    tcli_expect_fail(&c, (char *[]){d, model, "--chat", "-p", "x", NULL}, 2, "--chat reads its turns from stdin");
+    tcli_expect_fail(&c, (char *[]){d, model, "--system", "x", NULL}, 2, "--system is --chat's");
+    tcli_teardown(&c);
+}
+
+// Reads the pty until `want` shows up (or 20 s pass); returns what was read (malloc'd).
+static char *tcli_pty_until(int fd, const char *want) {
+    size_t cap = 1 << 16, n = 0;
+    char *buf = calloc(cap + 1, 1);
+    for (int waited = 0; waited < 20000 && !strstr(buf, want);) {
+        struct pollfd p = {fd, POLLIN, 0};
+        if (poll(&p, 1, 100) <= 0) {
+            waited += 100;
+            continue;
+        }
+        ssize_t got = read(fd, buf + n, cap - n);
+        if (got <= 0) break;
+        n += (size_t)got;
+        buf[n] = 0;
+    }
+    return buf;
+}
+
+// Through a pseudo-terminal, as a user types: the "> " prompt, an answer, Ctrl-C at the prompt (nothing to stop:
+// the conversation goes on), then Ctrl-D ends it with exit 0.
+Test(cli, chat_on_a_terminal) {
+    tcli_ctx c;
+    tcli_setup(&c);
+    char model[700];
+    tcli_chat_model(&c, TCLI_LLAMA2_TMPL, model, sizeof model);
+    int fd;
+    pid_t pid = forkpty(&fd, NULL, NULL, NULL);
+    cr_assert(pid >= 0, "forkpty failed");
+    if (pid == 0) {
+        alarm(60);
+        execl(tcli_djinn_path, tcli_djinn_path, model, "--chat", "-t", "0", "-n", "20", "--cpu", (char *)NULL);
+        _exit(127);
+    }
+    char *seen = tcli_pty_until(fd, "> ");
+    cr_assert(strstr(seen, "> "), "no prompt on the terminal: %s", seen);
+    free(seen);
+    cr_assert_eq(write(fd, "Hello\n", 6), 6);
+    seen = tcli_pty_until(fd, "\n> ");
+    cr_assert(strstr(seen, "\n> "), "no second prompt after the answer: %s", seen);
+    free(seen);
+    cr_assert_eq(write(fd, "\x03", 1), 1);  // Ctrl-C at the prompt
+    usleep(200 * 1000);
+    cr_assert_eq(write(fd, "Again\n", 6), 6);
+    seen = tcli_pty_until(fd, "\n> ");
+    cr_assert(strstr(seen, "\n> "), "the conversation did not go on after Ctrl-C at the prompt: %s", seen);
+    free(seen);
+    cr_assert_eq(write(fd, "\x04", 1), 1);  // Ctrl-D: the end of input
+    seen = tcli_pty_until(fd, "turns");
+    int st;
+    cr_assert_eq(waitpid(pid, &st, 0), pid);
+    cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "exit %d / signal %d: %s", WIFEXITED(st) ? WEXITSTATUS(st) : -1,
+              WIFSIGNALED(st) ? WTERMSIG(st) : 0, seen);
+    cr_assert(strstr(seen, "chat: 2 turns"), "%s", seen);
+    free(seen);
+    close(fd);
+    tcli_teardown(&c);
+}
+
 // A prompt that writes the BOS token's text itself gets one BOS, not two, and a warning.
 Test(cli, bos_text_in_prompt_not_doubled) {
     tcli_ctx c;
@@ -623,7 +761,7 @@ Test(cli, bad_flags_give_usage) {
                           "--tol", "--tokenize", "--stream-all", "--sync-copy", "--no-graph", "--no-pin",
                           "--stats-json", "--fma-attn", "--cpu-share", "--threads", "-f", "--version", "--stop",
                           "--top-k", "--min-p", "--repeat-penalty", "--repeat-last-n", "--presence-penalty",
-                          "--frequency-penalty"};
+                          "--frequency-penalty", "--chat", "--system"};
     for (size_t i = 0; i < sizeof opts / sizeof *opts; i++) cr_assert(strstr(out, opts[i]), "--help lacks %s", opts[i]);
     cr_assert(strstr(out, "max_position_embeddings, capped at 4096"), "--help does not state -c's cap: %s", out);
     // a valid --ring-gb is accepted

@@ -7,6 +7,7 @@
 
 #include "../convert/json.h"
 #include "../convert/tokjson.h"
+#include "../chat.h"
 #include "../tokenizer.h"
 #include "../unicode_tables.h"
 #include "common.h"
@@ -560,4 +561,66 @@ Test(tokenizer, stories_reference_greedy) {
     json_free(d);
     free(text);
     tok_free(t);
+}
+
+// ---- chat templates (chat.c): the stored templates of the shared chat tokenizers are recognised, and a turn's ids
+// are the template's text tokenized with its special tokens (Llama 3: BOS, the headers, <|eot_id|>).
+// The shared chat folders hold tokenizer_config.json (with the template) and point at the base tokenizer.json.
+static dj_tokenizer *tt_load_chat(const char *base, const char *chat) {
+    char tj[4096], cfg[4096];
+    snprintf(tj, sizeof tj, "%s/tokenizers/%s/tokenizer.json", tc_data(), base);
+    snprintf(cfg, sizeof cfg, "%s/tokenizers/%s/tokenizer_config.json", tc_data(), chat);
+    size_t n, cn;
+    char *s = tc_read(tj, &n), *c = tc_read(cfg, &cn);
+    if (!s || !c) cr_skip_test("%s or %s is missing", tj, cfg);
+    uint8_t *blob;
+    size_t bn;
+    dj_err e = {{0}};
+    cr_assert_eq(tokjson_build(s, n, c, cn, NULL, 0, NULL, 0, &blob, &bn, &e), 0, "%s: %s", chat, e.msg);
+    dj_tokenizer *t = tok_load(blob, bn, &e);
+    cr_assert(t, "tok_load: %s", e.msg);
+    free(blob), free(s), free(c);
+    return t;
+}
+
+Test(tokenizer, chat_templates) {
+    dj_tokenizer *l3 = tt_load_chat("llama3", "llama3-instruct"), *l2 = tt_load_chat("llama2", "llama2-chat");
+    cr_assert_eq(chat_recognise(tok_chat_template(l3)), CHAT_LLAMA3, "%.200s", tok_chat_template(l3));
+    cr_assert_eq(chat_recognise(tok_chat_template(l2)), CHAT_LLAMA2, "%.200s", tok_chat_template(l2));
+    cr_assert_eq(chat_recognise(""), CHAT_NONE);
+    cr_assert_eq(chat_recognise("{{ messages[0]['content'] }}"), CHAT_UNKNOWN);
+    dj_err e;
+    int32_t *ids, *want;
+    size_t n, nw;
+    // Llama 3, first turn with a system message: the whole text, spaces around the user's words stripped
+    cr_assert_eq(chat_turn_ids(l3, CHAT_LLAMA3, "Be brief.", "  Hi there \n", 1, 0, &ids, &n, &e), 0, "%s", e.msg);
+    const char *t3 = "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nBe brief.<|eot_id|>"
+                     "<|start_header_id|>user<|end_header_id|>\n\nHi there<|eot_id|><|start_header_id|>assistant"
+                     "<|end_header_id|>\n\n";
+    cr_assert_eq(tok_encode(l3, t3, strlen(t3), 0, &want, &nw, &e), 0, "%s", e.msg);
+    cr_assert(n == nw && !memcmp(ids, want, n * sizeof *ids), "llama 3 first turn: %zu ids against %zu", n, nw);
+    cr_assert_eq(ids[0], tok_bos(l3));
+    free(ids), free(want);
+    // a later turn after an answer cut short: <|eot_id|> first, no BOS, no system
+    cr_assert_eq(chat_turn_ids(l3, CHAT_LLAMA3, "Be brief.", "More", 0, 1, &ids, &n, &e), 0, "%s", e.msg);
+    const char *t3b = "<|eot_id|><|start_header_id|>user<|end_header_id|>\n\nMore<|eot_id|><|start_header_id|>"
+                      "assistant<|end_header_id|>\n\n";
+    cr_assert_eq(tok_encode(l3, t3b, strlen(t3b), 0, &want, &nw, &e), 0, "%s", e.msg);
+    cr_assert(n == nw && !memcmp(ids, want, n * sizeof *ids), "llama 3 later turn");
+    cr_assert(tok_is_eos(l3, ids[0]), "the closing <|eot_id|> is an end token of the model");
+    free(ids), free(want);
+    // Llama 2: every user turn opens with BOS, the system text inside the first [INST]
+    cr_assert_eq(chat_turn_ids(l2, CHAT_LLAMA2, "Be brief.", "Hi", 1, 0, &ids, &n, &e), 0, "%s", e.msg);
+    const char *t2 = "[INST] <<SYS>>\nBe brief.\n<</SYS>>\n\nHi [/INST]";
+    cr_assert_eq(tok_encode(l2, t2, strlen(t2), 0, &want, &nw, &e), 0, "%s", e.msg);
+    cr_assert(n == nw + 1 && ids[0] == tok_bos(l2) && !memcmp(ids + 1, want, nw * sizeof *ids), "llama 2 first turn");
+    free(ids), free(want);
+    cr_assert_eq(chat_turn_ids(l2, CHAT_LLAMA2, NULL, "Again", 0, 1, &ids, &n, &e), 0, "%s", e.msg);
+    int bos_at = -1;
+    for (size_t i = 0; i < n; i++)
+        if (ids[i] == tok_bos(l2)) bos_at = (int)i;
+    cr_assert(bos_at > 0 && tok_is_eos(l2, ids[bos_at - 1]), "a cut answer's </s>, then the new turn's BOS");
+    free(ids);
+    cr_assert_neq(chat_turn_ids(l2, CHAT_UNKNOWN, NULL, "x", 1, 0, &ids, &n, &e), 0);
+    tok_free(l2), tok_free(l3);
 }

@@ -1,0 +1,103 @@
+// chat.c: chat templates and the ids of a turn (chat.h).
+#include "chat.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+chat_kind chat_recognise(const char *tmpl) {
+    if (!tmpl || !tmpl[0]) return CHAT_NONE;
+    if (strstr(tmpl, "[INST]") && strstr(tmpl, "[/INST]") && strstr(tmpl, "<<SYS>>")) return CHAT_LLAMA2;
+    if (strstr(tmpl, "<|start_header_id|>") && strstr(tmpl, "<|end_header_id|>") && strstr(tmpl, "<|eot_id|>"))
+        return CHAT_LLAMA3;
+    return CHAT_UNKNOWN;
+}
+
+const char *chat_kind_name(chat_kind k) {
+    return k == CHAT_LLAMA2 ? "Llama 2 ([INST])" : k == CHAT_LLAMA3 ? "Llama 3 (headers)" : k == CHAT_NONE ? "none"
+                                                                                                       : "unknown";
+}
+
+// A growing string.
+typedef struct {
+    char *p;
+    size_t n, cap;
+    int oom;
+} chat_buf;
+
+static void cb_add(chat_buf *b, const char *s, size_t n) {
+    if (b->oom) return;
+    if (b->n + n + 1 > b->cap) {
+        size_t cap = (b->n + n + 1) * 2;
+        char *p = realloc(b->p, cap);
+        if (!p) {
+            b->oom = 1;
+            return;
+        }
+        b->p = p, b->cap = cap;
+    }
+    memcpy(b->p + b->n, s, n);
+    b->n += n;
+    b->p[b->n] = 0;
+}
+static void cb_str(chat_buf *b, const char *s) { cb_add(b, s, strlen(s)); }
+
+// s without the whitespace around it (Python's str.strip for ASCII whitespace).
+static void cb_stripped(chat_buf *b, const char *s) {
+    const char *end = s + strlen(s);
+    while (s < end && strchr(" \t\n\r\f\v", *s)) s++;
+    while (end > s && strchr(" \t\n\r\f\v", end[-1])) end--;
+    cb_add(b, s, (size_t)(end - s));
+}
+
+int chat_turn_ids(const dj_tokenizer *tok, chat_kind k, const char *system, const char *user, int first, int close,
+                  int32_t **ids, size_t *n, dj_err *e) {
+    *ids = NULL, *n = 0;
+    if (k != CHAT_LLAMA2 && k != CHAT_LLAMA3) return dj_fail(e, "chat: no template to build a turn with");
+    chat_buf b = {0};
+    int sys = first && system && system[strspn(system, " \t\n\r\f\v")];
+    if (k == CHAT_LLAMA2) {
+        if (close) cb_str(&b, " </s>");
+        cb_str(&b, "[INST] ");
+        if (sys) cb_str(&b, "<<SYS>>\n"), cb_stripped(&b, system), cb_str(&b, "\n<</SYS>>\n\n");
+        cb_stripped(&b, user);
+        cb_str(&b, " [/INST]");
+    } else {
+        if (close) cb_str(&b, "<|eot_id|>");
+        if (sys) cb_str(&b, "<|start_header_id|>system<|end_header_id|>\n\n"), cb_stripped(&b, system), cb_str(&b, "<|eot_id|>");
+        cb_str(&b, "<|start_header_id|>user<|end_header_id|>\n\n");
+        cb_stripped(&b, user);
+        cb_str(&b, "<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n");
+    }
+    if (b.oom) {
+        free(b.p);
+        return dj_fail(e, "out of memory");
+    }
+    int32_t *t = NULL;
+    size_t nt = 0;
+    int rc = tok_encode(tok, b.p, b.n, 0, &t, &nt, e);
+    free(b.p);
+    if (rc) return -1;
+    // Llama 2 opens every user turn with BOS (after the closing " </s>" of the answer before); Llama 3 the first.
+    int32_t bos = tok_bos(tok);
+    int with_bos = bos >= 0 && (k == CHAT_LLAMA2 || first);
+    int32_t *out = malloc((nt + 1) * sizeof *out);
+    if (!out) {
+        free(t);
+        return dj_fail(e, "out of memory");
+    }
+    size_t m = 0, split = 0;
+    if (k == CHAT_LLAMA2 && close)  // the closing " </s>" comes before the BOS of the new turn
+        for (; split < nt && split < 2; split++) {
+            out[m++] = t[split];
+            if (tok_is_eos(tok, t[split])) {
+                split++;
+                break;
+            }
+        }
+    if (with_bos) out[m++] = bos;
+    memcpy(out + m, t + split, (nt - split) * sizeof *out);
+    m += nt - split;
+    free(t);
+    *ids = out, *n = m;
+    return 0;
+}

@@ -1,0 +1,29 @@
+// chat.h: the chat templates djinn knows, recognised from the one stored in model.bin (tokenizer_config.json's
+// chat_template), and the token ids each turn of a conversation appends to the KV cache.
+//   Llama 2  [BOS] "[INST] " (first turn: "<<SYS>>\n" system "\n<</SYS>>\n\n") user " [/INST]"; an answer ends " </s>"
+//   Llama 3  [BOS] (first turn: "<|start_header_id|>system<|end_header_id|>\n\n" system "<|eot_id|>")
+//            "<|start_header_id|>user<|end_header_id|>\n\n" user "<|eot_id|><|start_header_id|>assistant
+//            <|end_header_id|>\n\n"; an answer ends "<|eot_id|>"
+// The user's and the system's text are stripped of surrounding whitespace, as the templates do.
+#ifndef DJINN_CHAT_H
+#define DJINN_CHAT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "tokenizer.h"
+#include "util.h"
+
+typedef enum { CHAT_NONE, CHAT_LLAMA2, CHAT_LLAMA3, CHAT_UNKNOWN } chat_kind;
+
+// Which template `tmpl` is: CHAT_NONE for "", CHAT_UNKNOWN for one that is neither Llama 2's nor Llama 3's.
+chat_kind chat_recognise(const char *tmpl);
+const char *chat_kind_name(chat_kind k);
+
+// The ids of one user turn, *ids malloc'd: `first` for the conversation's first (BOS and the system text, when
+// given); `close` when the previous answer did not end with its end token (cut by -n or Ctrl-C), which then comes
+// first. The assistant's answer follows these ids.
+int chat_turn_ids(const dj_tokenizer *tok, chat_kind k, const char *system, const char *user, int first, int close,
+                  int32_t **ids, size_t *n, dj_err *e);
+
+#endif

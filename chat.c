@@ -49,11 +49,12 @@ static void cb_stripped(chat_buf *b, const char *s) {
     cb_add(b, s, (size_t)(end - s));
 }
 
-int chat_turn_ids(const dj_tokenizer *tok, chat_kind k, const char *system, const char *user, int first, int close,
-                  int32_t **ids, size_t *n, dj_err *e) {
+int chat_turn_ids(const dj_tokenizer *tok, chat_kind k, const char *system, const char *user, int first,
+                  int32_t prev_end, int32_t **ids, size_t *n, dj_err *e) {
     *ids = NULL, *n = 0;
     if (k != CHAT_LLAMA2 && k != CHAT_LLAMA3) return dj_fail(e, "chat: no template to build a turn with");
     chat_buf b = {0};
+    int close = !first && prev_end < 0;  // the template's end text, for an answer cut short
     int sys = first && system && system[strspn(system, " \t\n\r\f\v")];
     if (k == CHAT_LLAMA2) {
         if (close) cb_str(&b, " </s>");
@@ -80,12 +81,13 @@ int chat_turn_ids(const dj_tokenizer *tok, chat_kind k, const char *system, cons
     // Llama 2 opens every user turn with BOS (after the closing " </s>" of the answer before); Llama 3 the first.
     int32_t bos = tok_bos(tok);
     int with_bos = bos >= 0 && (k == CHAT_LLAMA2 || first);
-    int32_t *out = malloc((nt + 1) * sizeof *out);
+    int32_t *out = malloc((nt + 2) * sizeof *out);
     if (!out) {
         free(t);
         return dj_fail(e, "out of memory");
     }
     size_t m = 0, split = 0;
+    if (!first && prev_end >= 0) out[m++] = prev_end;
     if (k == CHAT_LLAMA2 && close)  // the closing " </s>" comes before the BOS of the new turn
         for (; split < nt && split < 2; split++) {
             out[m++] = t[split];

@@ -21,9 +21,9 @@ chat_kind chat_recognise(const char *tmpl);
 const char *chat_kind_name(chat_kind k);
 
 // The ids of one user turn, *ids malloc'd: `first` for the conversation's first (BOS and the system text, when
-// given); `close` when the previous answer did not end with its end token (cut by -n or Ctrl-C), which then comes
-// first. The assistant's answer follows these ids.
-int chat_turn_ids(const dj_tokenizer *tok, chat_kind k, const char *system, const char *user, int first, int close,
-                  int32_t **ids, size_t *n, dj_err *e);
+// given); after it they begin with the end of the previous answer: prev_end, the end token the model sampled, or
+// for -1 (an answer cut short by -n or Ctrl-C) the template's own end. The assistant's answer follows these ids.
+int chat_turn_ids(const dj_tokenizer *tok, chat_kind k, const char *system, const char *user, int first,
+                  int32_t prev_end, int32_t **ids, size_t *n, dj_err *e);
 
 #endif

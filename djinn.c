@@ -170,6 +170,13 @@ static int parse_f64(const char *s, double *out) {
     return 0;
 }
 
+// DJINN_TEST_SIGINT_AT=N: the count of new tokens before which a test's Ctrl-C comes; -1 for none.
+static int64_t test_sigint_token(void) {
+    const char *at = test_sigint_at();
+    int64_t n;
+    return at && !parse_i64(at, &n) ? n : -1;
+}
+
 // Returns 0 when parsed, else the exit code (EXIT_USAGE, or -1 for --help, -2 for --version).
 static int parse_args(int argc, char **argv, dj_opts *o) {
     *o = (dj_opts){.prompt = "", .n_new = 256, .smp = DJ_SAMPLING_DEFAULT, .tol = -1, .cpu_share = -1};
@@ -285,6 +292,11 @@ static int parse_args(int argc, char **argv, dj_opts *o) {
 
 // ---- engines
 // warm: the length of the first pass to come (the GPU engine warms up on that shape)
+// The context in tokens: -c, else the model's max_seq_len capped at DEFAULT_CTX.
+static int64_t context_of(const dj_config *c, const dj_opts *o) {
+    return o->ctx ? o->ctx : c->max_seq_len < DEFAULT_CTX ? (int64_t)c->max_seq_len : DEFAULT_CTX;
+}
+
 static int open_engine(dj_engine *eng, const dj_model *m, const dj_opts *o, int64_t ctx, int64_t warm, dj_err *e) {
     dj_gpu_opts go = {.ring_gb = o->ring_gb, .max_seq = ctx, .stream_all = o->stream_all,
                       .sync_copy = o->sync_copy, .no_graph = o->no_graph, .fma_attn = o->fma_attn,
@@ -368,7 +380,7 @@ out:
 static int run_perplexity(const dj_model *m, const dj_tokenizer *tok, const dj_opts *o, dj_err *e) {
     const dj_config *c = &m->info.config;
     int64_t vocab = c->vocab_size;
-    int64_t ctx = o->ctx ? o->ctx : c->max_seq_len < DEFAULT_CTX ? (int64_t)c->max_seq_len : DEFAULT_CTX;
+    int64_t ctx = context_of(c, o);
     char *text = NULL;
     size_t n_text, n_ids = 0;
     int32_t *ids = NULL;
@@ -460,13 +472,12 @@ typedef struct {
 } held_text;
 
 // Appends text to the held text; returns the index of the stop string found in it (the held text then ends just
-// before it), or -1 after emitting all but the longest tail that is a prefix of some stop string.
-static int held_feed(held_text *h, const char *text, size_t n, const dj_opts *o, dj_err *e, int *failed) {
-    *failed = 0;
+// before it), -1 after emitting all but the longest tail that is a prefix of some stop string, -2 on an error.
+static int held_feed(held_text *h, const char *text, size_t n, const dj_opts *o, dj_err *e) {
     if (h->len + n > h->cap) {
         size_t cap = (h->len + n) * 2 + 64;
         char *b = realloc(h->buf, cap);
-        if (!b) return *failed = 1, dj_fail(e, "out of memory"), -1;
+        if (!b) return dj_fail(e, "out of memory"), -2;
         h->buf = b, h->cap = cap;
     }
     memcpy(h->buf + h->len, text, n);
@@ -490,7 +501,7 @@ static int held_feed(held_text *h, const char *text, size_t n, const dj_opts *o,
                 break;
             }
     }
-    if (emit(h->buf, h->len - keep, e)) return *failed = 1, -1;
+    if (emit(h->buf, h->len - keep, e)) return -2;
     memmove(h->buf, h->buf + h->len - keep, keep);
     h->len = keep;
     return -1;
@@ -562,7 +573,7 @@ static int run_generate(const dj_model *m, const dj_tokenizer *tok, const dj_opt
         free(ids);
         return stdout_ok(e) ? EXIT_ERR : 0;
     }
-    int64_t ctx = o->ctx ? o->ctx : c->max_seq_len < DEFAULT_CTX ? (int64_t)c->max_seq_len : DEFAULT_CTX;
+    int64_t ctx = context_of(c, o);
     int rc = EXIT_ERR;
     dj_engine eng = {0};
     float *logits = NULL;
@@ -631,9 +642,7 @@ static int run_generate(const dj_model *m, const dj_tokenizer *tok, const dj_opt
     int64_t n = (int64_t)n_prompt, n_gen = 0;
     double t_first = 0, t_decode0 = 0;
     const char *stop = NULL;
-    const char *at = test_sigint_at();
-    int64_t sigint_after = -1;
-    if (at && parse_i64(at, &sigint_after)) sigint_after = -1;
+    const int64_t sigint_after = test_sigint_token();
     while (n_gen < o->n_new) {  // a Ctrl-C during prefill stops it before the first token is sampled
         if (n_gen == sigint_after) raise(SIGINT);
         if (interrupted) {
@@ -655,10 +664,7 @@ static int run_generate(const dj_model *m, const dj_tokenizer *tok, const dj_opt
         ids[n++] = next;
         n_gen++;
         const char *s = tok_stream_push(stream, next, &len);
-        int failed = 0;
-        if (o->n_stops) hit = held_feed(&held, s, len, o, e, &failed);
-        else failed = emit(s, len, e);
-        if (failed) goto out;
+        if (o->n_stops ? (hit = held_feed(&held, s, len, o, e)) == -2 : emit(s, len, e)) goto out;
         int eos = tok_is_eos(tok, next);
         if (want_rows || (n_gen < o->n_new && !eos && hit < 0)) {  // position n-1 < ctx: always fits
             if (eng.forward(eng.ctx, &next, 1, n - 1, logits, 0, e)) goto out;
@@ -677,9 +683,9 @@ static int run_generate(const dj_model *m, const dj_tokenizer *tok, const dj_opt
     if (!stop && interrupted) stop = "interrupted";  // during the prefill of -n 0, or the last token's pass
     const char *tail = tok_stream_flush(stream, &len);
     if (o->n_stops) {  // the held text: up to the stop string found, or all of it
-        int failed = 0;
-        if (hit < 0 && (hit = held_feed(&held, tail, len, o, e, &failed)) >= 0) stop = "stop string";
-        if (failed || emit(held.buf, held.len, e)) goto out;
+        if (hit < 0 && (hit = held_feed(&held, tail, len, o, e)) == -2) goto out;
+        if (hit >= 0) stop = "stop string";
+        if (emit(held.buf, held.len, e)) goto out;
     } else if (emit(tail, len, e)) {
         goto out;
     }
@@ -735,8 +741,7 @@ out:
 #define CHAT_LINE_MAX ((size_t)1 << 20)
 static int run_chat(const dj_model *m, const dj_tokenizer *tok, const dj_opts *o, dj_err *e) {
     const dj_config *c = &m->info.config;
-    int64_t vocab = c->vocab_size, ctx = o->ctx ? o->ctx : c->max_seq_len < DEFAULT_CTX ? (int64_t)c->max_seq_len
-                                                                                          : DEFAULT_CTX;
+    int64_t vocab = c->vocab_size, ctx = context_of(c, o);
     chat_kind kind = chat_recognise(tok_chat_template(tok));
     if (kind == CHAT_NONE)
         return dj_fail(e, "--chat: %s has no chat template (tokenizer_config.json's chat_template): give the prompt "
@@ -763,8 +768,7 @@ static int run_chat(const dj_model *m, const dj_tokenizer *tok, const dj_opts *o
             sampler_is_greedy(smp) ? "\n" : "");
     if (!sampler_is_greedy(smp)) fprintf(stderr, ", seed %" PRIu64 " (-s to repeat)\n", seed);
     int64_t pos = 0, turns = 0, answered = 0;
-    int32_t end_tok = -1;  // the previous answer's end token, fed with the next turn
-    int cut = 0;           // the previous answer ended without one
+    int32_t end_tok = -1;  // the previous answer's end token, fed with the next turn (-1: it was cut short)
     for (;;) {
         if (tty) fputs("> ", stderr);
         errno = 0;
@@ -792,17 +796,7 @@ static int run_chat(const dj_model *m, const dj_tokenizer *tok, const dj_opts *o
         if (!line[strspn(line, " \t\r\n")]) continue;  // an empty line: no turn
         size_t nt = 0;
         free(turn), turn = NULL;
-        if (chat_turn_ids(tok, kind, o->system, line, turns == 0, cut, &turn, &nt, e)) goto out;
-        if (end_tok >= 0) {  // the previous answer's end token goes into the cache first
-            int32_t *t2 = malloc((nt + 1) * sizeof *t2);
-            if (!t2) {
-                dj_fail(e, "out of memory");
-                goto out;
-            }
-            t2[0] = end_tok;
-            memcpy(t2 + 1, turn, nt * sizeof *t2);
-            free(turn), turn = t2, nt++;
-        }
+        if (chat_turn_ids(tok, kind, o->system, line, turns == 0, end_tok, &turn, &nt, e)) goto out;
         if (pos + (int64_t)nt >= ctx) {
             fprintf(stderr, "djinn: the conversation fills the context of %" PRId64 " tokens (-c): it ends here\n", ctx);
             break;
@@ -815,11 +809,9 @@ static int run_chat(const dj_model *m, const dj_tokenizer *tok, const dj_opts *o
             goto out;
         }
         int64_t gen = 0;
-        end_tok = -1, cut = 1;
+        end_tok = -1;
         size_t len;
-        const char *at = test_sigint_at();
-        int64_t sigint_after = -1;
-        if (at && parse_i64(at, &sigint_after)) sigint_after = -1;
+        const int64_t sigint_after = test_sigint_token();
         while (gen < o->n_new && pos < ctx) {
             if (gen == sigint_after && turns == 1) raise(SIGINT);  // tests: Ctrl-C in the first answer
             if (interrupted) break;
@@ -831,7 +823,7 @@ static int run_chat(const dj_model *m, const dj_tokenizer *tok, const dj_opts *o
             sampler_accept(smp, next);
             gen++;
             if (tok_is_eos(tok, next)) {
-                end_tok = next, cut = 0;
+                end_tok = next;
                 break;
             }
             const char *piece = tok_stream_push(stream, next, &len);

@@ -93,12 +93,23 @@ static int layer_mm(dj_gpu_state *s, const uint8_t *w, int k, float *y, const fl
     return gpu_matmul(s->g, y, x, w + mt->off, mt->dtype, T, mt->n_in, mt->n_out, s->compute, e);
 }
 
+// The fused layouts: rows [q | k | v] of d_qkv, rows [gate | up] of d_ffn.
+static qkv_rows qkv_fused_rows(const dj_gpu_state *s) {
+    const dj_config *c = &s->m->info.config;
+    int64_t q = (int64_t)c->n_heads * c->head_dim, kv = (int64_t)c->n_kv_heads * c->head_dim;
+    return (qkv_rows){s->b.qkv, s->b.qkv + q, s->b.qkv + q + kv, q + 2 * kv, q + 2 * kv};
+}
+static ffn_rows ffn_fused_rows(const dj_gpu_state *s) {
+    int64_t hid = s->m->info.config.hidden_dim;
+    return (ffn_rows){s->b.ffn, s->b.ffn + hid, 2 * hid};
+}
+
 static int qkv_matmul(dj_gpu_state *s, const uint8_t *w, int64_t T, qkv_rows *r, dj_err *e) {
     const dj_config *c = &s->m->info.config;
     int64_t q = (int64_t)c->n_heads * c->head_dim, kv = (int64_t)c->n_kv_heads * c->head_dim;
     float *xb = s->b.xb;
     if (s->fused_qkv) {
-        *r = (qkv_rows){s->b.qkv, s->b.qkv + q, s->b.qkv + q + kv, q + 2 * kv, q + 2 * kv};
+        *r = qkv_fused_rows(s);
         return layer_mm(s, w, 0, r->q, xb, T, e);
     }
     *r = (qkv_rows){s->b.qkv, s->b.qkv + T * q, s->b.qkv + T * (q + kv), q, kv};
@@ -138,7 +149,7 @@ static int gate_up_matmul(dj_gpu_state *s, const uint8_t *w, int64_t T, ffn_rows
     int64_t hid = s->m->info.config.hidden_dim;
     int k = s->fused_qkv ? 2 : 4;  // after q|k|v and wo
     if (s->fused_gate_up) {
-        *r = (ffn_rows){s->b.ffn, s->b.ffn + hid, 2 * hid};
+        *r = ffn_fused_rows(s);
         return layer_mm(s, w, k, r->gate, s->b.xb, T, e);
     }
     *r = (ffn_rows){s->b.ffn, s->b.ffn + T * hid, hid};
@@ -166,10 +177,9 @@ static int norm_matmul(dj_gpu_state *s, const uint8_t *w, int k, const float *no
     const dj_config *c = &s->m->info.config;
     const sp_mat *mt = &s->sh.lmats[k];
     gpu_bufs *b = &s->b;
-    int64_t q = (int64_t)c->n_heads * c->head_dim, kv = (int64_t)c->n_kv_heads * c->head_dim, hid = c->hidden_dim;
     float *y;
-    if (qkv) *qkv = (qkv_rows){b->qkv, b->qkv + q, b->qkv + q + kv, q + 2 * kv, q + 2 * kv}, y = b->qkv;
-    else *ffn = (ffn_rows){b->ffn, b->ffn + hid, 2 * hid}, y = b->ffn;
+    if (qkv) *qkv = qkv_fused_rows(s), y = qkv->q;
+    else *ffn = ffn_fused_rows(s), y = ffn->gate;
     if (gpu_norm_matmul(s->g, y, b->x, add ? b->delta : NULL, b->xb, norm, c->norm_eps, w + mt->off, mt->dtype,
                         mt->n_in, mt->n_out, s->compute, e))
         return -1;

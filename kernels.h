@@ -131,8 +131,9 @@ int gpu_swiglu(float *out, const float *gate, const float *up, int64_t T, int64_
 // one kernel that never writes hb.
 int gpu_swiglu_matmul(dj_gpu *g, float *y, float *hb, const float *gate, const float *up, const void *w,
                       uint32_t wtype, int64_t n_in, int64_t n_out, cudaStream_t s, dj_err *e);
-// Whether the one-token quantized GEMV can take W (n_out, n_in) with an input computed inside it: gpu_norm_matmul's
-// condition (with its buffers 16-byte aligned), and the one under which gpu_swiglu_matmul fuses.
+// Whether the persistent quantized GEMV takes W (n_out, n_in): q8/q4, a whole number of groups up to the x it
+// stages, 16-byte aligned. It then runs gpu_matmul's one-token q8/q4 products (x aligned too), gpu_swiglu_matmul's
+// fused product and gpu_norm_matmul (its buffers aligned too).
 int gpu_fused_ok(uint32_t wtype, const void *w, int64_t n_in, int64_t n_out);
 // y (n_out) = W . (rmsnorm(x + delta) * nw) for one token (gpu_add_rmsnorm and gpu_matmul in one kernel), and xo =
 // x + delta, the residual stream's next value, in a buffer that is not x; delta NULL: no add, xo = x.

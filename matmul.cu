@@ -533,11 +533,6 @@ static int qp_launch_any(dj_gpu *g, float *y, const qx_in &in, const void *w, ui
                           : qp_launch<DJ_Q4, MODE>(g, y, in, (const uint8_t *)w, T, n_in, n_out, s, e);
 }
 
-// Whether the persistent kernel takes this product: n_in a whole number of groups up to QP_MAX, W and x aligned.
-static int qp_fits(const void *w, const float *x, int64_t n_in) {
-    return n_in % DJ_QGROUP == 0 && n_in <= QP_MAX && ((uintptr_t)w & 15) == 0 && ((uintptr_t)x & 15) == 0;
-}
-
 template <int WT>
 static int gemv_quant_typed(dj_gpu *g, float *y, const float *x, const void *w, int64_t T, int64_t n_in,
                             int64_t n_out, cudaStream_t s, dj_err *e) {
@@ -545,7 +540,8 @@ static int gemv_quant_typed(dj_gpu *g, float *y, const float *x, const void *w, 
     if (T > 65535) return dj_fail(e, "gemv: T = %lld too large", (long long)T);
     const uint8_t *wb = (const uint8_t *)w;
     const int vec_ok = n_in % DJ_QGROUP == 0 && ((uintptr_t)w & 15) == 0 && ((uintptr_t)x & 15) == 0;
-    if (qp_fits(w, x, n_in)) return qp_launch<WT, QX_PLAIN>(g, y, qx_in{x, NULL, NULL, NULL, 0.0f}, wb, T, n_in, n_out, s, e);
+    if (vec_ok && gpu_fused_ok(WT, w, n_in, n_out))  // the persistent kernel's shapes
+        return qp_launch<WT, QX_PLAIN>(g, y, qx_in{x, NULL, NULL, NULL, 0.0f}, wb, T, n_in, n_out, s, e);
     if (vec_ok) {
         const int64_t per_block = QG_WARPS * QG_ROWS;
         dim3 grid((unsigned)((n_out + per_block - 1) / per_block), (unsigned)T);
@@ -771,6 +767,7 @@ extern "C" int gpu_swiglu_matmul(dj_gpu *g, float *y, float *hb, const float *ga
     return gpu_swiglu(hb, gate, up, 1, n_in, n_in, s, e) || gpu_matmul(g, y, hb, w, wtype, 1, n_in, n_out, s, e) ? -1 : 0;
 }
 
+// Whether the persistent kernel takes W: a whole number of groups up to QP_MAX a row, 16-byte aligned.
 extern "C" int gpu_fused_ok(uint32_t wtype, const void *w, int64_t n_in, int64_t n_out) {
     return dj_is_quant(wtype) && n_in % DJ_QGROUP == 0 && n_in <= QP_MAX && ((uintptr_t)w & 15) == 0 && n_out >= 1 &&
            n_out <= INT32_MAX;

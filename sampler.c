@@ -162,7 +162,7 @@ static void select_top(dj_prob *a, int64_t n, int64_t k) {
 
 int32_t sampler_next(dj_sampler *s, const float *logits) {
     int64_t vocab = s->vocab;
-    if (checked_argmax(logits, vocab) < 0) return -1;
+    // the penalties keep a NaN, an infinity or a row of -infinity as it was: one check, on what is sampled
     const float *l = s->work && s->n_hist ? penalize(s, logits) : logits;
     int32_t top = checked_argmax(l, vocab);
     if (top < 0 || s->p.temp == 0) return top;

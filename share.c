@@ -100,8 +100,8 @@ int share_matvec(dj_gpu_state *s, float *y, const float *x, const uint8_t *w, co
 // The fraction that makes the CPU's side of a decode step take as long as the GPU's copies. The CPU's side is its
 // rows at its matvec rate (measured over one streamed unit's matrices, best of three; the first touch warms) plus a
 // round trip per split matmul (x to the host, the CPU's rows back, the GPU's work in between: ~SPLIT_COST_S, in
-// which the CPU idles); the copies run at the warm-up's H2D rate less LINK_SHARED, what the CPU's reads of host
-// memory take from them. For B bytes streamed per step, rates C (CPU) and L (link) and K = splits * SPLIT_COST_S,
+// which the CPU idles); the copies run at LINK_SHARED times the warm-up's H2D rate, the CPU's reads of host memory
+// taking the rest. For B bytes streamed per step, rates C (CPU) and L (link) and K = splits * SPLIT_COST_S,
 // share * B / C + K = (1 - share) * B / L gives share = (B / L - K) / (B / C + B / L). Where the round trips would
 // eat most of the gain (small models), the share stays off. On the H100 machine (q4 Llama-3-8B shape at the
 // minimum ring, 2026-11-24) the copies ran at 46-49 GB/s with the CPU share against 54 alone, and the fixed shares

@@ -593,7 +593,7 @@ Test(tokenizer, chat_templates) {
     int32_t *ids, *want;
     size_t n, nw;
     // Llama 3, first turn with a system message: the whole text, spaces around the user's words stripped
-    cr_assert_eq(chat_turn_ids(l3, CHAT_LLAMA3, "Be brief.", "  Hi there \n", 1, 0, &ids, &n, &e), 0, "%s", e.msg);
+    cr_assert_eq(chat_turn_ids(l3, CHAT_LLAMA3, "Be brief.", "  Hi there \n", 1, -1, &ids, &n, &e), 0, "%s", e.msg);
     const char *t3 = "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nBe brief.<|eot_id|>"
                      "<|start_header_id|>user<|end_header_id|>\n\nHi there<|eot_id|><|start_header_id|>assistant"
                      "<|end_header_id|>\n\n";
@@ -602,25 +602,29 @@ Test(tokenizer, chat_templates) {
     cr_assert_eq(ids[0], tok_bos(l3));
     free(ids), free(want);
     // a later turn after an answer cut short: <|eot_id|> first, no BOS, no system
-    cr_assert_eq(chat_turn_ids(l3, CHAT_LLAMA3, "Be brief.", "More", 0, 1, &ids, &n, &e), 0, "%s", e.msg);
+    cr_assert_eq(chat_turn_ids(l3, CHAT_LLAMA3, "Be brief.", "More", 0, -1, &ids, &n, &e), 0, "%s", e.msg);
     const char *t3b = "<|eot_id|><|start_header_id|>user<|end_header_id|>\n\nMore<|eot_id|><|start_header_id|>"
                       "assistant<|end_header_id|>\n\n";
     cr_assert_eq(tok_encode(l3, t3b, strlen(t3b), 0, &want, &nw, &e), 0, "%s", e.msg);
     cr_assert(n == nw && !memcmp(ids, want, n * sizeof *ids), "llama 3 later turn");
     cr_assert(tok_is_eos(l3, ids[0]), "the closing <|eot_id|> is an end token of the model");
+    free(ids);
+    // after an answer that ended with its end token (given back as prev_end): that token, then the same turn
+    cr_assert_eq(chat_turn_ids(l3, CHAT_LLAMA3, "Be brief.", "More", 0, want[0], &ids, &n, &e), 0, "%s", e.msg);
+    cr_assert(n == nw && !memcmp(ids, want, n * sizeof *ids), "llama 3 turn after an ended answer");
     free(ids), free(want);
     // Llama 2: every user turn opens with BOS, the system text inside the first [INST]
-    cr_assert_eq(chat_turn_ids(l2, CHAT_LLAMA2, "Be brief.", "Hi", 1, 0, &ids, &n, &e), 0, "%s", e.msg);
+    cr_assert_eq(chat_turn_ids(l2, CHAT_LLAMA2, "Be brief.", "Hi", 1, -1, &ids, &n, &e), 0, "%s", e.msg);
     const char *t2 = "[INST] <<SYS>>\nBe brief.\n<</SYS>>\n\nHi [/INST]";
     cr_assert_eq(tok_encode(l2, t2, strlen(t2), 0, &want, &nw, &e), 0, "%s", e.msg);
     cr_assert(n == nw + 1 && ids[0] == tok_bos(l2) && !memcmp(ids + 1, want, nw * sizeof *ids), "llama 2 first turn");
     free(ids), free(want);
-    cr_assert_eq(chat_turn_ids(l2, CHAT_LLAMA2, NULL, "Again", 0, 1, &ids, &n, &e), 0, "%s", e.msg);
+    cr_assert_eq(chat_turn_ids(l2, CHAT_LLAMA2, NULL, "Again", 0, -1, &ids, &n, &e), 0, "%s", e.msg);
     int bos_at = -1;
     for (size_t i = 0; i < n; i++)
         if (ids[i] == tok_bos(l2)) bos_at = (int)i;
     cr_assert(bos_at > 0 && tok_is_eos(l2, ids[bos_at - 1]), "a cut answer's </s>, then the new turn's BOS");
     free(ids);
-    cr_assert_neq(chat_turn_ids(l2, CHAT_UNKNOWN, NULL, "x", 1, 0, &ids, &n, &e), 0);
+    cr_assert_neq(chat_turn_ids(l2, CHAT_UNKNOWN, NULL, "x", 1, -1, &ids, &n, &e), 0);
     tok_free(l2), tok_free(l3);
 }

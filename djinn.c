@@ -279,9 +279,9 @@ static int parse_args(int argc, char **argv, dj_opts *o) {
     if (!o->model_path) return usage_error("%s", "no MODEL given");
     if (o->prompt_file && o->prompt[0]) return usage_error("%s", "-p and -f both give the prompt: one of them");
     if (o->chat && (o->prompt[0] || o->prompt_file || o->tokenize || o->check_path || o->ppl_path || o->logits_path ||
-                    o->n_stops))
+                    o->stats_path || o->n_stops))
         return usage_error("%s", "--chat reads its turns from stdin: not with -p, -f, --tokenize, --check, --perplexity, "
-                                 "--logits or --stop");
+                                 "--logits, --stats-json or --stop");
     if (o->system && !o->chat) return usage_error("%s", "--system is --chat's");
     if ((o->check_path || o->tokenize || o->ppl_path) && (o->logits_path || o->stats_path))
         return usage_error("%s", "--logits and --stats-json record a generation: not with --check, --perplexity or "

@@ -480,6 +480,9 @@ Test(cli, chat_conversation) {
     tcli_expect_fail(&c, (char *[]){d, unknown, "--chat", "--cpu", NULL}, 1, "neither Llama 2's");
     tcli_expect_fail(&c, (char *[]){d, c.model, "--chat", "--cpu", NULL}, 1, "has no chat template");
     tcli_expect_fail(&c, (char *[]){d, model, "--chat", "-p", "x", NULL}, 2, "--chat reads its turns from stdin");
+    char stats[700];  // a --stats-json the conversation would never write: refused, not left unwritten
+    snprintf(stats, sizeof stats, "%s/chat_stats.json", c.dir);
+    tcli_expect_fail(&c, (char *[]){d, model, "--chat", "--stats-json", stats, NULL}, 2, "--stats-json");
     tcli_expect_fail(&c, (char *[]){d, model, "--system", "x", NULL}, 2, "--system is --chat's");
     tcli_teardown(&c);
 }

@@ -136,6 +136,11 @@ $(BUILD)/bin/ceilings: $(BUILD)/bench/ceilings.o $(KERNEL_OBJ) $(BUILD)/util.o
 bench-ceilings: $(BUILD)/bin/ceilings
 	$(BUILD)/bin/ceilings $(CEILINGS_JSON)
 
+# ---- bench: picking the next token on a 128k vocabulary, on the GPU (gpu_pick) and on the host; GPU machine only
+$(BUILD)/bin/pick_bench: $(BUILD)/bench/pick_bench.o $(KERNEL_OBJ) $(BUILD)/sampler.o $(BUILD)/util.o
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS)
+
 # ---- fuzz: libFuzzer targets (clang, ASan+UBSan) for every parser of untrusted bytes; sources in tests/fuzz/.
 # `make fuzz` builds them into $(FUZZ_BUILD)/bin; `make fuzz-run FUZZ_SECONDS=600` (add -j2 for two at once)
 # runs each on a scratch copy of its committed corpus tests/fuzz/corpus/<target>/, merges the inputs that

@@ -619,13 +619,19 @@ static int run_generate(const dj_model *m, const dj_tokenizer *tok, const dj_opt
     }
     size_t len;
 
-    // Prefill: every row when --logits wants them, otherwise only the last position's.
+    // Prefill: every row when --logits wants them (the host samples), otherwise the first token picked where the
+    // logits are (engine_next).
     double t_start = dj_now();
-    const float *last;
+    int32_t cand;  // the token the last pass picked
     test_sigint_before("prefill");
-    if (eng.forward(eng.ctx, ids, (int64_t)n_prompt, 0, logits, want_rows, e)) goto out;
-    if (write_rows(out, logits, (int64_t)n_prompt, vocab, e)) goto out;
-    last = want_rows ? logits + (n_prompt - 1) * (size_t)vocab : logits;
+    if (want_rows) {
+        if (eng.forward(eng.ctx, ids, (int64_t)n_prompt, 0, logits, 1, e) ||
+            write_rows(out, logits, (int64_t)n_prompt, vocab, e))
+            goto out;
+        cand = sampler_next(smp, logits + (n_prompt - 1) * (size_t)vocab);
+    } else if (engine_next(&eng, smp, ids, (int64_t)n_prompt, 0, logits, &cand, e)) {
+        goto out;
+    }
     double t_prefill = dj_now() - t_start;
     rs.prompt_tokens = (int64_t)n_prompt, rs.prefill_s = t_prefill;
     fprintf(stderr, "djinn: prompt %zu tokens, prefill %.1f tokens/s (%.3f s)\n", n_prompt,
@@ -637,8 +643,8 @@ static int run_generate(const dj_model *m, const dj_tokenizer *tok, const dj_opt
         if (emit(s, len, e)) goto out;
     }
 
-    // Decode: sample from the last row, feed the token back. The last token is fed only when its logits row
-    // is wanted (--logits), so the file has one row per token of the output.
+    // Decode: take the pick, feed the token back (the pass picks the next). The last token is fed only when its
+    // logits row is wanted (--logits), so the file has one row per token of the output.
     int64_t n = (int64_t)n_prompt, n_gen = 0;
     double t_first = 0, t_decode0 = 0;
     const char *stop = NULL;
@@ -653,7 +659,7 @@ static int run_generate(const dj_model *m, const dj_tokenizer *tok, const dj_opt
             stop = "context full";
             break;
         }
-        int32_t next = sampler_next(smp, last);
+        int32_t next = cand;
         if (next < 0) {
             dj_fail(e, "the logits at position %" PRId64 " hold NaN or infinity: the model's weights or its "
                        "arithmetic overflowed", n - 1);
@@ -666,10 +672,12 @@ static int run_generate(const dj_model *m, const dj_tokenizer *tok, const dj_opt
         const char *s = tok_stream_push(stream, next, &len);
         if (o->n_stops ? (hit = held_feed(&held, s, len, o, e)) == -2 : emit(s, len, e)) goto out;
         int eos = tok_is_eos(tok, next);
-        if (want_rows || (n_gen < o->n_new && !eos && hit < 0)) {  // position n-1 < ctx: always fits
-            if (eng.forward(eng.ctx, &next, 1, n - 1, logits, 0, e)) goto out;
-            if (write_rows(out, logits, 1, vocab, e)) goto out;
-            last = logits;
+        int more = n_gen < o->n_new && !eos && hit < 0;
+        if (want_rows) {  // position n-1 < ctx: always fits
+            if (eng.forward(eng.ctx, &next, 1, n - 1, logits, 0, e) || write_rows(out, logits, 1, vocab, e)) goto out;
+            if (more) cand = sampler_next(smp, logits);
+        } else if (more && engine_next(&eng, smp, &next, 1, n - 1, logits, &cand, e)) {
+            goto out;
         }
         if (hit >= 0) {
             stop = "stop string";
@@ -801,8 +809,9 @@ static int run_chat(const dj_model *m, const dj_tokenizer *tok, const dj_opts *o
             fprintf(stderr, "djinn: the conversation fills the context of %" PRId64 " tokens (-c): it ends here\n", ctx);
             break;
         }
-        if (eng.forward(eng.ctx, turn, (int64_t)nt, pos, logits, 0, e)) goto out;
         for (size_t i = 0; i < nt; i++) sampler_accept(smp, turn[i]);
+        int32_t next;
+        if (engine_next(&eng, smp, turn, (int64_t)nt, pos, logits, &next, e)) goto out;
         pos += (int64_t)nt, turns++;
         if (!(stream = tok_stream_new(tok))) {
             dj_fail(e, "out of memory");
@@ -815,7 +824,6 @@ static int run_chat(const dj_model *m, const dj_tokenizer *tok, const dj_opts *o
         while (gen < o->n_new && pos < ctx) {
             if (gen == sigint_after && turns == 1) raise(SIGINT);  // tests: Ctrl-C in the first answer
             if (interrupted) break;
-            int32_t next = sampler_next(smp, logits);
             if (next < 0) {
                 dj_fail(e, "the logits at position %" PRId64 " hold NaN or infinity", pos - 1);
                 goto out;
@@ -828,7 +836,7 @@ static int run_chat(const dj_model *m, const dj_tokenizer *tok, const dj_opts *o
             }
             const char *piece = tok_stream_push(stream, next, &len);
             if (emit(piece, len, e)) goto out;
-            if (eng.forward(eng.ctx, &next, 1, pos, logits, 0, e)) goto out;
+            if (engine_next(&eng, smp, &next, 1, pos, logits, &next, e)) goto out;
             pos++;
         }
         const char *tail = tok_stream_flush(stream, &len);

@@ -6,6 +6,7 @@
 #include <stdint.h>
 
 #include "gpu.h"
+#include "sampler.h"
 
 typedef struct {
     const char *name;  // "cpu", "gpu"
@@ -14,6 +15,10 @@ typedef struct {
     // Runs tokens (T) at positions pos .. pos+T-1, filling the KV cache. logits: (T, vocab) when all, else
     // (vocab) for the last token; NULL for none.
     int (*forward)(void *ctx, const int32_t *tokens, int64_t T, int64_t pos, float *logits, int all, dj_err *e);
+    // forward for the last token, its next token picked where the logits are (gpu_forward_pick); NULL: the
+    // engine has none, the host samples
+    int (*pick)(void *ctx, const int32_t *tokens, int64_t T, int64_t pos, const dj_pick_args *a, const int32_t *counts,
+                int32_t *next, dj_err *e);
     void (*free)(void *ctx);
 } dj_engine;
 
@@ -21,5 +26,10 @@ typedef struct {
 // options `go`, otherwise on the CPU with a context of go->max_seq tokens.
 int engine_open(dj_engine *eng, const dj_model *m, const dj_gpu_opts *go, dj_err *e);
 void engine_close(dj_engine *eng);  // a zeroed engine is fine
+// Runs tokens (T) at positions pos.. and picks the next token with the sampler: where the logits are when the
+// engine can (only the id comes back), else from `logits` (vocab), host memory the host sampler reads. *next: -1
+// when the last row held a NaN or +infinity, or only -infinity.
+int engine_next(dj_engine *eng, dj_sampler *smp, const int32_t *tokens, int64_t T, int64_t pos, float *logits,
+                int32_t *next, dj_err *e);
 
 #endif

@@ -277,9 +277,34 @@ static int upload_tokens(dj_gpu_state *s, const int32_t *tokens, int64_t T, int6
                : 0;
 }
 
+// What a pass gives back for its last token instead of logits: a token picked where they are.
+typedef struct {
+    const dj_pick_args *args;
+    const int32_t *counts;  // the sampler's (vocab), NULL when no penalty is on
+    int32_t *next;
+} pick_req;
+
+// Queues the pick from d_logits's first row and the id's copy to the host; the caller waits for the stream. The
+// counts go whole when the sampler says so or is not the one last seen, else as the changes in the arguments.
+static int queue_pick(dj_gpu_state *s, const pick_req *pk, dj_err *e) {
+    gpu_bufs *b = &s->b;
+    int64_t vocab = s->m->info.config.vocab_size;
+    *b->h_pick = *pk->args;
+    if (pk->counts && (pk->args->n_set < 0 || pk->counts != b->counts_of)) {
+        b->h_pick->n_set = 0;
+        if (gpu_h2d_async(b->counts, pk->counts, (size_t)vocab * 4, s->compute, e)) return -1;  // staged at once
+    }
+    b->counts_of = pk->counts;
+    return gpu_h2d_async(b->pick, b->h_pick, sizeof *b->h_pick, s->compute, e) ||
+                   gpu_pick(b->pick_scratch, b->next, b->logits, 1, vocab, b->pick, pk->counts ? b->counts : NULL, s->compute, e) ||
+                   gpu_d2h_async(b->h_next, b->next, 4, s->compute, e)
+               ? -1
+               : 0;
+}
+
 // All resident and one token: the whole step is one CUDA graph, captured on first use (the position is read from
-// d_pos, so every step replays the same graph).
-static int graph_step(dj_gpu_state *s, float *logits, dj_err *e) {
+// d_pos, so every step replays the same graph); then the logits come back, or the token picked from them.
+static int graph_step(dj_gpu_state *s, float *logits, const pick_req *pk, dj_err *e) {
     int64_t vocab = s->m->info.config.vocab_size;
     if (!s->graph) {
         const uint8_t *head, *lm;
@@ -289,36 +314,41 @@ static int graph_step(dj_gpu_state *s, float *logits, dj_err *e) {
         if (gpu_graph_end(s->compute, &s->graph, rc ? &ge : e) || rc) return -1;
     }
     if (gpu_graph_launch(s->graph, s->compute, e) ||
-        gpu_d2h_async(s->b.h_logits, s->b.logits, (size_t)vocab * 4, s->compute, e) || gpu_stream_sync(s->compute, e))
+        (pk ? queue_pick(s, pk, e) : gpu_d2h_async(s->b.h_logits, s->b.logits, (size_t)vocab * 4, s->compute, e)) ||
+        gpu_stream_sync(s->compute, e))
         return -1;
-    memcpy(logits, s->b.h_logits, (size_t)vocab * 4);
+    if (pk) *pk->next = *s->b.h_next;
+    else memcpy(logits, s->b.h_logits, (size_t)vocab * 4);
     s->st.passes++;
     return 0;
 }
 
-// One pass over T <= max_batch tokens. logits: (T, vocab) when all, else (vocab) for the last token.
+// One pass over T <= max_batch tokens. logits: (T, vocab) when all, else (vocab) for the last token; or with pk,
+// the last token's pick.
 static int gpu_pass(dj_gpu_state *s, const int32_t *tokens, int64_t T, int64_t pos, float *logits, int all,
-                    dj_err *e) {
+                    const pick_req *pk, dj_err *e) {
     int64_t vocab = s->m->info.config.vocab_size;
     int nl = (int)s->m->info.config.n_layers;
     sched_pass_begin(s, T);
     if (upload_tokens(s, tokens, T, pos, e)) return -1;
-    if (T == 1 && !s->sc.plan->n_streamed && logits && !s->opts.no_graph && !s->prof.on)
-        return graph_step(s, logits, e);
+    if (T == 1 && !s->sc.plan->n_streamed && (logits || pk) && !s->opts.no_graph && !s->prof.on)
+        return graph_step(s, logits, pk, e);
     const uint8_t *head, *lm;
     if (gpu_body(s, T, &head, &lm, e)) return -1;
     // The head's logits in chunks of GPU_LOGIT_ROWS; its slot is released (and the next pass's first copies
     // issued) before the final wait.
-    int64_t first = all ? 0 : T - 1;
+    int64_t first = all && !pk ? 0 : T - 1;
     for (int64_t r0 = first; r0 < T; r0 += GPU_LOGIT_ROWS) {
         int64_t rows = T - r0 < GPU_LOGIT_ROWS ? T - r0 : GPU_LOGIT_ROWS, last = r0 + rows >= T;
-        if (logits && (head_logits(s, T, r0, rows, lm, e) ||
-                       gpu_d2h_async(s->b.h_logits, s->b.logits, (size_t)(rows * vocab) * 4, s->compute, e)))
+        if ((logits || pk) && head_logits(s, T, r0, rows, lm, e)) return -1;
+        if (pk ? queue_pick(s, pk, e)
+               : logits && gpu_d2h_async(s->b.h_logits, s->b.logits, (size_t)(rows * vocab) * 4, s->compute, e))
             return -1;
         prof_mark(s, PROF_HEAD);
         if (last && unit_end(s, nl, e)) return -1;
         if (gpu_stream_sync(s->compute, e)) return -1;
-        if (logits) memcpy(logits + (r0 - first) * vocab, s->b.h_logits, (size_t)(rows * vocab) * 4);
+        if (pk) *pk->next = *s->b.h_next;
+        else if (logits) memcpy(logits + (r0 - first) * vocab, s->b.h_logits, (size_t)(rows * vocab) * 4);
     }
     if (sched_harvest(s, e)) return -1;
     prof_collect(s, T == 1);
@@ -326,8 +356,10 @@ static int gpu_pass(dj_gpu_state *s, const int32_t *tokens, int64_t T, int64_t p
     return 0;
 }
 
-int gpu_forward(dj_gpu_state *s, const int32_t *tokens, int64_t T, int64_t pos, float *logits, int all,
-                dj_err *e) {
+// A prompt longer than one pass takes several; each streams the weights once. The last one gives the logits or
+// the pick.
+static int forward(dj_gpu_state *s, const int32_t *tokens, int64_t T, int64_t pos, float *logits, int all,
+                   const pick_req *pk, dj_err *e) {
     const dj_config *c = &s->m->info.config;
     if (T < 1 || pos < 0 || pos + T > s->max_seq)
         return dj_fail(e, "positions %lld..%lld outside the context of %lld", (long long)pos, (long long)(pos + T - 1),
@@ -335,13 +367,23 @@ int gpu_forward(dj_gpu_state *s, const int32_t *tokens, int64_t T, int64_t pos, 
     for (int64_t t = 0; t < T; t++)
         if (tokens[t] < 0 || (uint32_t)tokens[t] >= c->vocab_size)
             return dj_fail(e, "token id %d outside the vocabulary (%u)", tokens[t], c->vocab_size);
-    // A prompt longer than one pass takes several; each streams the weights once.
     for (int64_t t0 = 0; t0 < T; t0 += s->max_batch) {
         int64_t n = T - t0 < s->max_batch ? T - t0 : s->max_batch, last = t0 + n == T;
         float *out = !logits ? NULL : all ? logits + t0 * (int64_t)c->vocab_size : last ? logits : NULL;
-        if (gpu_pass(s, tokens + t0, n, pos + t0, out, all, e)) return -1;
+        if (gpu_pass(s, tokens + t0, n, pos + t0, out, all, last ? pk : NULL, e)) return -1;
     }
     return 0;
+}
+
+int gpu_forward(dj_gpu_state *s, const int32_t *tokens, int64_t T, int64_t pos, float *logits, int all,
+                dj_err *e) {
+    return forward(s, tokens, T, pos, logits, all, NULL, e);
+}
+
+int gpu_forward_pick(dj_gpu_state *s, const int32_t *tokens, int64_t T, int64_t pos, const dj_pick_args *a,
+                     const int32_t *counts, int32_t *next, dj_err *e) {
+    pick_req pk = {a, counts, next};
+    return forward(s, tokens, T, pos, NULL, 0, &pk, e);
 }
 
 void gpu_state_stats(const dj_gpu_state *s, dj_gpu_stats *out) { *out = s->st; }
@@ -382,7 +424,8 @@ static gpu_sizes buffer_sizes(const dj_gpu_state *s) {
              hid = c->hidden_dim, mb = (uint64_t)s->max_batch;
     gpu_sizes z;
     z.kv = 2ull * c->n_layers * c->n_kv_heads * (uint64_t)s->max_seq * hd * 4;
-    z.act = 4 * (mb * (3 * dim + q + 2 * kv + q + 3 * hid) + GPU_LOGIT_ROWS * (uint64_t)c->vocab_size);
+    z.act = 4 * (mb * (3 * dim + q + 2 * kv + q + 3 * hid) + (GPU_LOGIT_ROWS + 1) * (uint64_t)c->vocab_size) +
+            gpu_pick_scratch(1);
     int64_t widest = (int64_t)(hid > dim ? hid : (q > dim ? q : dim));
     z.scratch = gpu_matmul_scratch(c->wtype, s->max_batch, widest);
     uint64_t head = gpu_matmul_scratch(dj_lm_head_type(s->m), GPU_LOGIT_ROWS, (int64_t)dim);
@@ -465,6 +508,11 @@ static int alloc_buffers(dj_gpu_state *s, const gpu_sizes *z, dj_err *e) {
         gpu_malloc((void **)&b->hb, mb * hid * 4, "activations", e) ||
         gpu_malloc((void **)&b->logits, GPU_LOGIT_ROWS * vocab * 4, "logits", e) ||
         gpu_malloc((void **)&b->pos, 4, "position", e) || gpu_reserve(s->g, z->scratch, e) ||
+        gpu_malloc((void **)&b->pick, sizeof *b->pick, "sampling", e) ||
+        gpu_malloc((void **)&b->counts, vocab * 4, "sampling", e) || gpu_malloc((void **)&b->next, 4, "sampling", e) ||
+        gpu_malloc(&b->pick_scratch, gpu_pick_scratch(1), "sampling", e) ||
+        gpu_host_alloc((void **)&b->h_pick, sizeof *b->h_pick, "sampling staging", e) ||
+        gpu_host_alloc((void **)&b->h_next, 4, "sampling staging", e) ||
         gpu_host_alloc((void **)&b->h_x, mb * dim * 4, "embedding staging", e) ||
         gpu_host_alloc((void **)&b->h_logits, GPU_LOGIT_ROWS * vocab * 4, "logits staging", e) ||
         gpu_host_alloc((void **)&b->h_pos, 4, "position staging", e))
@@ -486,7 +534,7 @@ static int copy_resident(dj_gpu_state *s, dj_err *e) {
 }
 
 // One prefill pass of opts.warm_rows tokens (2 when not given; at most a pass and the context) and, all resident,
-// one decode step, which captures the graph: module loading (CUDA loads each kernel at its first launch, and
+// one decode step, which captures the graph, each with a pick: module loading (CUDA loads each kernel at its first launch, and
 // cuBLAS picks its kernels by shape: on the H100 the 7B's first 512-token pass took 32 ms, the next ones 17),
 // cuBLAS's first-call set-up and the graph capture happen here, not in the user's time to first token. The KV
 // cache rows it writes are overwritten by the real prompt. Its copies measure the link for --cpu-share auto.
@@ -495,15 +543,12 @@ static int warm_up(dj_gpu_state *s, dj_err *e) {
     int64_t T = s->opts.warm_rows > 0 ? s->opts.warm_rows : 2;
     if (T > s->max_batch) T = s->max_batch;
     if (T > s->max_seq) T = s->max_seq;
-    int32_t *toks = calloc((size_t)T, sizeof *toks);
-    float *lg = malloc((size_t)s->m->info.config.vocab_size * 4);
-    if (!lg || !toks) {
-        free(toks), free(lg);
-        return dj_fail(e, "out of memory");
-    }
-    int rc = gpu_forward(s, toks, T, 0, lg, 0, e);
-    if (!rc && !s->sc.plan->n_streamed && s->max_seq > T) rc = gpu_forward(s, toks, 1, T, lg, 0, e);
-    free(toks), free(lg);
+    int32_t *toks = calloc((size_t)T, sizeof *toks), next;
+    if (!toks) return dj_fail(e, "out of memory");
+    const dj_pick_args a = {.temp = 1, .top_p = 0.5f, .min_p = 0.01f, .top_k = 8, .repeat_penalty = 1};  // every path
+    int rc = gpu_forward_pick(s, toks, T, 0, &a, NULL, &next, e);
+    if (!rc && !s->sc.plan->n_streamed && s->max_seq > T) rc = gpu_forward_pick(s, toks, 1, T, &a, NULL, &next, e);
+    free(toks);
     memset(s->prof.ms, 0, sizeof s->prof.ms);
     memset(s->prof.passes, 0, sizeof s->prof.passes);
     dj_gpu_stats keep = s->st;
@@ -571,9 +616,10 @@ void gpu_state_free(dj_gpu_state *s) {
     prof_free(s);
     gpu_bufs *b = &s->b;
     void *dev[] = {s->sc.d_w, b->inv_freq, b->k, b->v, b->x, b->xb, b->delta, b->qkv, b->att, b->ffn, b->hb,
-                   b->logits, b->pos};
+                   b->logits, b->pos, b->pick, b->counts, b->next, b->pick_scratch};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) gpu_free(dev[i]);
     gpu_host_free(b->h_x), gpu_host_free(b->h_logits), gpu_host_free(b->h_pos);
+    gpu_host_free(b->h_pick), gpu_host_free(b->h_next);
     if (s->compute) gpu_stream_destroy(s->compute);
     if (s->copy) gpu_stream_destroy(s->copy);
     gpu_close(s->g);

@@ -7,6 +7,7 @@
 #include <stdint.h>
 
 #include "loader.h"
+#include "sampler.h"
 
 typedef struct {
     double ring_gb;     // GPU memory for weights, in GB (1e9 bytes); <= 0: free memory minus KV cache,
@@ -47,6 +48,11 @@ void gpu_state_free(dj_gpu_state *s);
 // Runs tokens (T) at positions pos .. pos+T-1. logits: (T, vocab) when all, else (vocab) for the last
 // token; NULL for none. Host memory.
 int gpu_forward(dj_gpu_state *s, const int32_t *tokens, int64_t T, int64_t pos, float *logits, int all, dj_err *e);
+// gpu_forward for the last token, but its next token is picked on the GPU by sampler.h's rule (a from
+// sampler_step_args, counts from sampler_counts) and only the id comes back: -1 when the logits held a NaN or
+// +infinity, or only -infinity.
+int gpu_forward_pick(dj_gpu_state *s, const int32_t *tokens, int64_t T, int64_t pos, const dj_pick_args *a,
+                     const int32_t *counts, int32_t *next, dj_err *e);
 void gpu_state_stats(const dj_gpu_state *s, dj_gpu_stats *out);
 
 #endif

@@ -35,9 +35,16 @@ typedef struct {
     float *k, *v;           // (n_layers, n_kv_heads, max_seq, head_dim) each
     float *inv_freq;        // (head_dim/2)
     int32_t *pos;           // (1) position of the pass's first token
+    dj_pick_args *pick;     // (1) the draw's arguments (gpu_pick)
+    int32_t *counts;        // (vocab) the sampler's window counts, kept in step by the arguments
+    int32_t *next;          // (1) the token picked
+    void *pick_scratch;     // gpu_pick_scratch(1)
     uint8_t *h_x;           // pinned (max_batch, dim) f32 bytes: gathered embedding rows as stored
     float *h_logits;        // pinned (GPU_LOGIT_ROWS, vocab)
     int32_t *h_pos;         // pinned (1)
+    dj_pick_args *h_pick;   // pinned (1)
+    int32_t *h_next;        // pinned (1)
+    const int32_t *counts_of;  // the host counts d_counts copies (a new sampler's are uploaded whole)
 } gpu_bufs;
 
 // One streamed copy (seq s lives at [s % n_seq]): where it went and what it cost.

@@ -33,6 +33,7 @@
 extern "C" {  // util.h has no C++ guard of its own; its system headers are already included above
 #endif
 
+#include "sampler.h"
 #include "util.h"
 
 // Number of usable CUDA devices; 0 when there is no GPU or no driver (any error from cudaGetDeviceCount).
@@ -188,22 +189,16 @@ int gpu_attention_prefill(dj_gpu *g, float *out, int64_t ldo, const float *q, in
 void gpu_set_tc_attn(dj_gpu *g, int on);
 int gpu_tc_attn_supported(const dj_gpu *g, int64_t head_dim);  // 1: that head_dim has the tensor-core kernel
 
-// ---- sampling over logits (n) f32 in device memory; the chosen index goes to *d_out (device int32)
-// Argmax: the first index of the largest value (NaNs ignored; all-NaN gives 0).
-int gpu_argmax(int32_t *d_out, const float *logits, int64_t n, cudaStream_t s, dj_err *e);
-// Top-p (nucleus) sampling with temperature, sort-free and deterministic. Exact semantics (the test has a
-// CPU version of the same):
-//   m = max(logits); w_i = (uint64)(expf((logits[i] - m) / temp) * 2^32)   (truncated; integer weights)
-//   W = sum w_i; target = clamp(ceil(top_p * W), 1, W)                    (in double)
-//   t = the largest value among the w_i with sum_{w_j >= t} w_j >= target  (the nucleus is {i : w_i >= t};
-//       tied weights at the boundary are all in)
-//   M = sum_{w_j >= t} w_j; r = floor(u * M) (clamped to M - 1)
-//   pick the first i in index order among the nucleus whose running sum of w over the nucleus exceeds r.
-// Integer weights make the sums exact and order-free, so GPU and CPU agree bit for bit given the same
-// w_i. temp <= 0 or top_p <= 0 means argmax. u in [0, 1) comes from the host's generator.
-// One block of 1024 threads: a max pass, a sum pass, three 11-bit radix-select passes and a pick pass.
-int gpu_sample_top_p(int32_t *d_out, const float *logits, int64_t n, float temp, float top_p, float u,
-                     cudaStream_t s, dj_err *e);
+// ---- sampling: sampler.h's rule where the logits are
+// The next token of each of `rows` rows of logits (rows, n) f32 in device memory, which it overwrites: d_out (rows)
+// gets the ids (-1 for a row holding a NaN or +infinity, or only -infinity). d_args (rows) in device memory, from
+// sampler_step_args; d_counts (rows, n) the windows' occurrences, kept in step by each row's args (n_set changes
+// applied first), or NULL when no penalty is on; scratch: gpu_pick_scratch(rows) bytes of device memory. The same
+// ids as sampler_pick_u, bit for bit. One cooperative launch, up to 256 blocks a row (4 ids a thread): a max pass,
+// a weight pass, 4 radix passes for top-k and 4 for top-p (8-bit digits), a draw; greedy rows stop after the max.
+size_t gpu_pick_scratch(int64_t rows);
+int gpu_pick(void *scratch, int32_t *d_out, float *logits, int64_t rows, int64_t n, const dj_pick_args *d_args,
+             int32_t *d_counts, cudaStream_t s, dj_err *e);
 
 #ifdef __cplusplus
 }

@@ -1,4 +1,4 @@
-// sampler.c: greedy and top-p sampling on the host (sampler.h).
+// sampler.c: the sampling rule on the host, and the arguments that let gpu_pick run it on the GPU (sampler.h).
 #include "sampler.h"
 
 #include <math.h>
@@ -28,28 +28,31 @@ int32_t dj_argmax(const float *x, int64_t n) {
     return (int32_t)best;
 }
 
-// ---- top-p
+// ---- the rule (sampler.h)
 typedef struct {
-    float p;
+    uint32_t w;
     int32_t id;
-} dj_prob;
+} dj_cand;
 
 struct dj_sampler {
     int64_t vocab;
-    dj_sampling p;  // temp 0: greedy
+    dj_sampling p;
+    dj_pick_args a;  // the settings as the rule reads them
     dj_rng rng;
-    dj_prob *buf;   // (vocab)
-    float *probs;   // (vocab)
-    float *work;    // (vocab): the penalized logits, when a penalty is on
-    int32_t *hist;  // (repeat_last_n): the last tokens, a ring
+    uint32_t *w;     // (vocab) weights
+    dj_cand *buf;    // (vocab) the candidates for the kept prefix
+    float *work;     // (vocab): the penalized logits, when a penalty is on
+    int32_t *hist;   // (repeat_last_n): the last tokens, a ring
     int64_t n_hist, at;
-    int32_t *count;  // (vocab): occurrences in hist, kept while sampling
+    int32_t *count;  // (vocab): occurrences in hist
+    int n_changed;   // ids whose count changed since sampler_step_args (-1: too many to list, or never synced)
+    int32_t changed[DJ_PICK_SETS];
 };
 
-// Descending probability; ties by ascending id, so top-p 0 picks exactly argmax's token.
-static int prob_cmp(const void *a, const void *b) {
-    const dj_prob *x = a, *y = b;
-    if (x->p != y->p) return x->p > y->p ? -1 : 1;
+// The order: weight descending, then id ascending.
+static int cand_cmp(const void *a, const void *b) {
+    const dj_cand *x = a, *y = b;
+    if (x->w != y->w) return x->w > y->w ? -1 : 1;
     return x->id < y->id ? -1 : x->id > y->id;
 }
 
@@ -60,29 +63,35 @@ static int penalties_on(const dj_sampling *p) {
 dj_sampler *sampler_new_with(int64_t vocab, const dj_sampling *p, uint64_t seed, dj_err *e) {
     if (!(p->temp >= 0) || !(p->top_p >= 0 && p->top_p <= 1) || !(p->min_p >= 0 && p->min_p <= 1) || p->top_k < 0 ||
         !(p->repeat_penalty > 0) || !isfinite(p->presence_penalty) || !isfinite(p->frequency_penalty) ||
-        p->repeat_last_n < 0 || p->repeat_last_n > (1 << 24)) {
+        p->repeat_last_n < 0 || p->repeat_last_n > (1 << 24) || !(p->temp < 1e30) || !(p->repeat_penalty < 1e30) ||
+        vocab < 1 || vocab > INT32_MAX) {
         dj_fail(e, "sampler: settings out of range");
         return NULL;
     }
     dj_sampler *s = calloc(1, sizeof *s);
     int pen = penalties_on(p);
     if (s) {
+        s->w = malloc((size_t)vocab * sizeof *s->w);
         s->buf = malloc((size_t)vocab * sizeof *s->buf);
-        s->probs = malloc((size_t)vocab * sizeof *s->probs);
         if (pen) {
             s->work = malloc((size_t)vocab * sizeof *s->work);
             s->hist = malloc((size_t)p->repeat_last_n * sizeof *s->hist);
             s->count = calloc((size_t)vocab, sizeof *s->count);
         }
     }
-    if (!s || !s->buf || !s->probs || (pen && (!s->work || !s->hist || !s->count))) {
+    if (!s || !s->w || !s->buf || (pen && (!s->work || !s->hist || !s->count))) {
         sampler_free(s);
         dj_fail(e, "out of memory for the sampler");
         return NULL;
     }
     s->vocab = vocab;
     s->p = *p;
-    if (p->top_p == 0 || p->top_k == 1) s->p.temp = 0;  // only the most likely token is left: greedy
+    int greedy = p->temp == 0 || p->top_p == 0 || p->top_k == 1;  // only the most likely token is left
+    s->a = (dj_pick_args){.temp = greedy ? 0.0f : (float)p->temp, .top_p = (float)p->top_p, .min_p = (float)p->min_p,
+                          .top_k = p->top_k > INT32_MAX ? INT32_MAX : (int32_t)p->top_k,
+                          .repeat_penalty = (float)p->repeat_penalty, .presence_penalty = (float)p->presence_penalty,
+                          .frequency_penalty = (float)p->frequency_penalty};
+    s->n_changed = -1;
     rng_seed(&s->rng, seed);
     return s;
 }
@@ -95,20 +104,41 @@ dj_sampler *sampler_new(int64_t vocab, double temp, double top_p, uint64_t seed,
 
 void sampler_free(dj_sampler *s) {
     if (!s) return;
-    free(s->buf), free(s->probs), free(s->work), free(s->hist), free(s->count);
+    free(s->w), free(s->buf), free(s->work), free(s->hist), free(s->count);
     free(s);
 }
 
-int sampler_is_greedy(const dj_sampler *s) { return s->p.temp == 0; }
+int sampler_is_greedy(const dj_sampler *s) { return !(s->a.temp > 0); }
+
+static void note_change(dj_sampler *s, int32_t id) {
+    if (s->n_changed >= 0 && s->n_changed < DJ_PICK_SETS) s->changed[s->n_changed++] = id;
+    else s->n_changed = -1;
+}
 
 void sampler_accept(dj_sampler *s, int32_t id) {
     if (!s->hist || id < 0 || id >= s->vocab) return;
     int64_t n = s->p.repeat_last_n;
-    if (s->n_hist == n) s->count[s->hist[s->at]]--;  // the oldest leaves the window
-    else s->n_hist++;
+    if (s->n_hist == n) {  // the oldest leaves the window
+        s->count[s->hist[s->at]]--;
+        note_change(s, s->hist[s->at]);
+    } else {
+        s->n_hist++;
+    }
     s->hist[s->at] = id;
     s->count[id]++;
+    note_change(s, id);
     s->at = (s->at + 1) % n;
+}
+
+const int32_t *sampler_counts(const dj_sampler *s) { return s->count; }
+
+void sampler_step_args(dj_sampler *s, dj_pick_args *a) {
+    *a = s->a;
+    a->u = sampler_is_greedy(s) ? 0.0f : rng_f32(&s->rng);
+    a->penalize = s->count && s->n_hist > 0;
+    a->n_set = s->count ? s->n_changed : 0;
+    for (int i = 0; i < a->n_set; i++) a->set_id[i] = s->changed[i], a->set_count[i] = s->count[s->changed[i]];
+    s->n_changed = 0;
 }
 
 // The index of the largest logit, or -1 when the row holds a NaN or +infinity, or nothing above -infinity: no
@@ -122,34 +152,17 @@ static int32_t checked_argmax(const float *x, int64_t n) {
     return x[best] == -INFINITY ? -1 : (int32_t)best;
 }
 
-// The logits with the penalties applied, in s->work: each distinct token of the window once (its count is negated
-// while the pass has seen it, then restored).
-static const float *penalize(dj_sampler *s, const float *logits) {
-    memcpy(s->work, logits, (size_t)s->vocab * sizeof *s->work);
-    for (int64_t k = 0; k < s->n_hist; k++) {
-        int32_t id = s->hist[k], c = s->count[id];
-        if (c <= 0) continue;  // seen already in this pass
-        s->count[id] = -c;
-        float l = logits[id];
-        if (s->p.repeat_penalty != 1.0) l = l > 0 ? (float)(l / s->p.repeat_penalty) : (float)(l * s->p.repeat_penalty);
-        s->work[id] = l - (float)((double)c * s->p.frequency_penalty + s->p.presence_penalty);
-    }
-    for (int64_t k = 0; k < s->n_hist; k++)
-        if (s->count[s->hist[k]] < 0) s->count[s->hist[k]] = -s->count[s->hist[k]];
-    return s->work;
-}
-
-// Moves the k largest of a[0..n) (prob_cmp order) to a[0..k), in any order: quickselect.
-static void select_top(dj_prob *a, int64_t n, int64_t k) {
+// Moves the k first of a[0..n) in cand_cmp's order to a[0..k), in any order: quickselect.
+static void select_top(dj_cand *a, int64_t n, int64_t k) {
     int64_t lo = 0, hi = n - 1;
     while (lo < hi) {
-        dj_prob pivot = a[lo + (hi - lo) / 2];
+        dj_cand pivot = a[lo + (hi - lo) / 2];
         int64_t i = lo, j = hi;
         while (i <= j) {
-            while (prob_cmp(&a[i], &pivot) < 0) i++;
-            while (prob_cmp(&a[j], &pivot) > 0) j--;
+            while (cand_cmp(&a[i], &pivot) < 0) i++;
+            while (cand_cmp(&a[j], &pivot) > 0) j--;
             if (i <= j) {
-                dj_prob t = a[i];
+                dj_cand t = a[i];
                 a[i] = a[j], a[j] = t;
                 i++, j--;
             }
@@ -160,57 +173,78 @@ static void select_top(dj_prob *a, int64_t n, int64_t k) {
     }
 }
 
-int32_t sampler_next(dj_sampler *s, const float *logits) {
-    int64_t vocab = s->vocab;
-    // the penalties keep a NaN, an infinity or a row of -infinity as it was: one check, on what is sampled
-    const float *l = s->work && s->n_hist ? penalize(s, logits) : logits;
-    int32_t top = checked_argmax(l, vocab);
-    if (top < 0 || s->p.temp == 0) return top;
-    float mx = l[top];
-    double sum = 0, temp = s->p.temp;
-    for (int64_t i = 0; i < vocab; i++) {
-        s->probs[i] = expf((float)((l[i] - mx) / temp));
-        sum += s->probs[i];
-    }
-    int64_t n = 0, k = s->p.top_k > 0 && s->p.top_k < vocab ? s->p.top_k : 0;
-    double target;
-    if (k) {  // the k most likely, then top-p over their mass
-        for (int64_t i = 0; i < vocab; i++) s->buf[n++] = (dj_prob){s->probs[i], (int32_t)i};
+// The kept prefix after top-k and top-p as a cut: weights above *t, and the first *nt of those equal to it.
+static void top_k_p_cut(dj_sampler *s, int32_t top, uint64_t W, uint64_t *t, uint64_t *nt) {
+    const dj_pick_args *a = &s->a;
+    int64_t n = s->vocab, k = a->top_k > 0 && a->top_k < n ? a->top_k : 0, nc = 0;
+    if (!k && !(a->top_p < 1)) return;  // all kept: the caller's t = 0, nt = every one
+    double target_p = 0;
+    if (k) {
+        for (int64_t i = 0; i < n; i++) s->buf[nc++] = (dj_cand){s->w[i], (int32_t)i};
         select_top(s->buf, n, k);
-        n = k;
-        double ksum = 0;
-        for (int64_t i = 0; i < n; i++) ksum += s->buf[i].p;
-        target = s->p.top_p * ksum;
+        nc = k;
     } else {
-        // A token below (1 - top_p) / (vocab - 1) of the mass can never be in the nucleus, unless it is the most
-        // likely one (the tokens after it in order would lack the 1 - top_p the nucleus leaves out): skip sorting
-        // them. The cutoff stops at the top token's weight, exactly 1 here, so the nucleus is never empty even
-        // when top_p < 1/vocab and the distribution is nearly flat. min-p's bound (the top token's weight is 1)
-        // cuts the same way.
-        double cutoff = vocab > 1 ? fmin((1.0 - s->p.top_p) / (double)(vocab - 1) * sum, 1.0) : 0;
-        if (s->p.min_p > cutoff) cutoff = s->p.min_p;
-        for (int64_t i = 0; i < vocab; i++)
-            if (s->probs[i] >= cutoff) s->buf[n++] = (dj_prob){s->probs[i], (int32_t)i};
-        target = s->p.top_p * sum;
+        // No token after the first one of the order is in the nucleus unless the weight from it to the end,
+        // at most (n - 1) * w, exceeds W - target: the others need no sorting.
+        double tg = ceil((double)a->top_p * (double)W);
+        target_p = tg < 1 ? 1 : tg > (double)W ? (double)W : tg;
+        uint64_t need = W - (uint64_t)target_p + 1;
+        for (int64_t i = 0; i < n; i++)
+            if ((uint64_t)s->w[i] * (uint64_t)(n - 1) >= need || i == top) s->buf[nc++] = (dj_cand){s->w[i], (int32_t)i};
     }
-    qsort(s->buf, (size_t)n, sizeof *s->buf, prob_cmp);
-    int64_t keep = n;
-    double cum = 0;
-    for (int64_t i = 0; i < n; i++) {
-        cum += s->buf[i].p;
-        if (cum >= target) {
-            keep = i + 1;
-            break;
+    qsort(s->buf, (size_t)nc, sizeof *s->buf, cand_cmp);
+    int64_t keep = nc;
+    if (a->top_p < 1) {
+        if (k) {
+            uint64_t Wk = 0;
+            for (int64_t i = 0; i < k; i++) Wk += s->buf[i].w;
+            double tg = ceil((double)a->top_p * (double)Wk);
+            target_p = tg < 1 ? 1 : tg > (double)Wk ? (double)Wk : tg;
         }
+        uint64_t cum = 0, target = (uint64_t)target_p;
+        for (int64_t i = 0; i < nc; i++)
+            if ((cum += s->buf[i].w) >= target) {
+                keep = i + 1;
+                break;
+            }
     }
-    // min-p: at least min_p times the most likely token's probability (its weight, buf[0].p, is 1)
-    while (keep > 1 && s->buf[keep - 1].p < s->p.min_p * s->buf[0].p) keep--;
-    double mass = 0;
-    for (int64_t i = 0; i < keep; i++) mass += s->buf[i].p;
-    double r = rng_f32(&s->rng) * mass, acc = 0;
-    for (int64_t i = 0; i < keep; i++) {
-        acc += s->buf[i].p;
-        if (r < acc) return s->buf[i].id;
+    *t = s->buf[keep - 1].w, *nt = 0;
+    for (int64_t i = keep - 1; i >= 0 && s->buf[i].w == *t; i--) ++*nt;
+}
+
+int32_t sampler_pick_u(dj_sampler *s, const float *z, float u) {
+    const dj_pick_args *a = &s->a;
+    int64_t n = s->vocab;
+    const float *l = z;
+    if (s->count && s->n_hist) {  // a NaN, an infinity or a row of -infinity stays one: one check, on l
+        for (int64_t i = 0; i < n; i++) s->work[i] = s->count[i] > 0 ? dj_pick_penalized(z[i], s->count[i], a->repeat_penalty, a->frequency_penalty,
+                                                             a->presence_penalty)
+                                         : z[i];
+        l = s->work;
     }
-    return s->buf[keep - 1].id;
+    int32_t top = checked_argmax(l, n);
+    if (top < 0 || !(a->temp > 0)) return top;
+    uint64_t W = 0;
+    for (int64_t i = 0; i < n; i++) W += s->w[i] = dj_pick_weight(l[i], l[top], a->temp);
+    uint64_t t = 0, nt = UINT64_MAX;
+    top_k_p_cut(s, top, W, &t, &nt);
+    if (a->min_p > 0) {
+        uint64_t wm = (uint64_t)ceil((double)a->min_p * 4294967295.0);
+        if (wm > t) t = wm, nt = UINT64_MAX;
+    }
+    // the draw, in index order over the kept ids
+    uint64_t M = 0, ties = 0;
+    for (int64_t i = 0; i < n; i++)
+        if (s->w[i] > t || (s->w[i] == t && ties++ < nt)) M += s->w[i];
+    double rd = floor((double)u * (double)M);
+    uint64_t r = rd <= 0 ? 0 : rd >= (double)M ? M - 1 : (uint64_t)rd, acc = 0;
+    ties = 0;
+    for (int64_t i = 0; i < n; i++)
+        if (s->w[i] > t || (s->w[i] == t && ties++ < nt))
+            if ((acc += s->w[i]) > r) return (int32_t)i;
+    return top;  // not reached: acc ends at M > r
+}
+
+int32_t sampler_next(dj_sampler *s, const float *logits) {
+    return sampler_pick_u(s, logits, sampler_is_greedy(s) ? 0.0f : rng_f32(&s->rng));
 }

@@ -636,6 +636,30 @@ Test(cli, sampling_is_seeded) {
     tcli_teardown(&c);
 }
 
+// On the GPU the token is picked where the logits are: the same seed gives the same text, resident (the decode
+// graph) and streamed alike (the same logits, bitwise); another seed another text; top-k 1 is greedy's text.
+Test(cli, sampling_on_the_gpu_is_seeded) {
+    if (gpu_count() == 0) cr_skip_test("no GPU: cudaGetDeviceCount found no usable device (runs on the GPU machine)");
+    tcli_ctx c;
+    tcli_setup(&c);
+    char *d = tcli_djinn_path, *m = c.model;
+    char *a = tcli_text(&c, (char *[]){d, m, "-p", "Once upon a time", "-n", "60", "-t", "1", "--top-k", "40",
+                                       "--min-p", "0.02", "--repeat-penalty", "1.2", "-s", "5", NULL});
+    char *b = tcli_text(&c, (char *[]){d, m, "-p", "Once upon a time", "-n", "60", "-t", "1", "--top-k", "40",
+                                       "--min-p", "0.02", "--repeat-penalty", "1.2", "-s", "5", "--stream-all", NULL});
+    char *o = tcli_text(&c, (char *[]){d, m, "-p", "Once upon a time", "-n", "60", "-t", "1", "--top-k", "40",
+                                       "--min-p", "0.02", "--repeat-penalty", "1.2", "-s", "6", NULL});
+    char *g = tcli_text(&c, (char *[]){d, m, "-p", "Once upon a time", "-n", "60", "-t", "0", NULL});
+    char *k1 = tcli_text(&c, (char *[]){d, m, "-p", "Once upon a time", "-n", "60", "-t", "1.5", "--top-k", "1",
+                                        "-s", "3", NULL});
+    cr_assert_str_eq(a, b, "same seed, resident and streamed: different text");
+    cr_assert_str_neq(a, o, "seeds 5 and 6 gave the same 60 tokens");
+    cr_assert_str_neq(a, g, "sampling gave the greedy text");
+    cr_assert_str_eq(k1, g, "--top-k 1 on the GPU is not greedy");
+    free(a), free(b), free(o), free(g), free(k1);
+    tcli_teardown(&c);
+}
+
 // top-p below 1/vocab on a nearly flat distribution: the nucleus is the top token alone. The sampler's cutoff
 // once exceeded every weight there, kept no token and read before its buffer (under SAN=1, ASan stops the first
 // run below).

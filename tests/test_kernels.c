@@ -1,5 +1,5 @@
 // test_kernels.c: every GPU kernel (ops.cu, matmul.cu, attention.cu, sample.cu) against the CPU reference in
-// model.c (or, for sampling, a CPU version of the same semantics written here), on fresh random inputs at
+// model.c (or, for sampling, the host sampler's version of the same rule), on fresh random inputs at
 // several sizes.
 // Outputs are poisoned with NaN (0xff bytes) before each run so an unwritten element fails the check.
 // The seed comes from the clock and is printed; DJINN_SEED=<n> replays a run (tests/common.h). Without a GPU every test
@@ -10,7 +10,7 @@
 //   f32 weights in plain fp32): 1e-5, i.e. summation-order rounding only.
 //   cuBLAS with f16 weights: 1e-3 (x is rounded to f16, 11-bit significand, for the tensor cores).
 //   cuBLAS with bf16 weights: 1e-4 (x split into bf16 hi + lo, two GEMMs: ~16 significant bits).
-//   KV writes, argmax and top-p sampling: exact.
+//   KV writes and sampling (gpu_pick against the host sampler, sampler.h's rule): exact.
 #include <criterion/criterion.h>
 #include <math.h>
 #include <stdio.h>
@@ -690,132 +690,150 @@ Test(kernels, decode_graph_replay) {
     tk_end("decode_graph_replay");
 }
 
-// ---- sampling
-static int32_t tk_argmax_ref(const float *z, int64_t n) {
-    int64_t bi = -1;
+// ---- sampling: gpu_pick against sampler_pick_u, the host's version of the same rule
+// A row of n logits of one kind: 0 spread, 1 rounded (ties at every boundary), 2 flat, 3 spread with -infinity
+// entries, 4 one NaN, 5 one +infinity, 6 all -infinity, 7 near-flat (distinct weights all close to the top's).
+#define TK_KINDS 8
+static void tk_logits(float *z, int64_t n, int kind) {
     for (int64_t i = 0; i < n; i++)
-        if (z[i] == z[i] && (bi < 0 || z[i] > z[bi])) bi = i;
-    return (int32_t)(bi < 0 ? 0 : bi);
+        z[i] = kind == 1   ? roundf(1.5f * tc_normal())
+               : kind == 2 ? 0.25f
+               : kind == 6 ? -INFINITY
+               : kind == 7 ? 1e-4f * tc_normal()
+                           : 3.0f * tc_normal();
+    if (kind == 3)
+        for (int64_t i = 0; i < n; i += 3) z[i] = -INFINITY;
+    if (kind == 4 || kind == 5) z[tc_next() % (uint64_t)n] = kind == 4 ? NAN : INFINITY;
 }
 
-static uint64_t tk_weight(float z, float m, float temp) {
-    float v = expf((z - m) / temp);
-    return v >= 0.0f ? (uint64_t)(v * 4294967296.0f) : 0;
-}
-
-static int tk_desc_u64(const void *a, const void *b) {
-    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
-    return x < y ? 1 : x > y ? -1 : 0;
-}
-
-// The semantics documented at gpu_sample_top_p, the straightforward way: sort the weights.
-static int32_t tk_top_p_ref(const float *z, int64_t n, float temp, float top_p, float u) {
-    int32_t am = tk_argmax_ref(z, n);
-    if (!(temp > 0.0f) || !(top_p > 0.0f)) return am;
-    uint64_t *w = malloc((size_t)n * 8), *sorted = malloc((size_t)n * 8), W = 0;
-    for (int64_t i = 0; i < n; i++) W += (w[i] = tk_weight(z[i], z[am], temp));
-    int32_t pick = am;
-    if (W > 0) {
-        double tg = ceil((double)top_p * (double)W);
-        uint64_t target = tg < 1.0 ? 1 : tg >= (double)W ? W : (uint64_t)tg, thr = 0, M = 0;
-        memcpy(sorted, w, (size_t)n * 8);
-        qsort(sorted, (size_t)n, 8, tk_desc_u64);
-        for (int64_t i = 0; i < n;) {  // whole groups of equal weights
-            int64_t j = i;
-            while (j < n && sorted[j] == sorted[i]) M += sorted[j++];
-            if (M >= target) {
-                thr = sorted[i];
-                break;
-            }
-            i = j;
-        }
-        double rd = floor((double)u * (double)M);
-        uint64_t r = rd <= 0.0 ? 0 : rd >= (double)M ? M - 1 : (uint64_t)rd, cum = 0;
-        for (int64_t i = 0; i < n; i++) {
-            if (w[i] < thr) continue;
-            cum += w[i];
-            if (cum > r) {
-                pick = (int32_t)i;
-                break;
-            }
-        }
-    }
-    free(w), free(sorted);
-    return pick;
-}
-
-Test(kernels, argmax) {
-    tk_start("argmax");
-    static const int64_t ns[] = {1, 7, 1000, 32000, 128256};
+// One pick on the GPU with the sampler's arguments for draw u (counts uploaded whole when `whole`, else kept in
+// step by the arguments' changes), against the host; the device counts must then equal the host's.
+static void tk_pick_case(dj_sampler *smp, const float *z, int64_t n, float u, int32_t *d_counts, int whole,
+                         const char *what) {
     dj_err e;
-    for (size_t ni = 0; ni < 5; ni++)
-        for (int variant = 0; variant < 3; variant++) {  // random, tied maxima, a NaN among them
-            const int64_t n = ns[ni];
-            float *z = malloc((size_t)n * 4);
-            for (int64_t i = 0; i < n; i++) z[i] = variant == 1 ? roundf(2.0f * tc_normal()) : 10.0f * tc_normal();
-            if (variant == 2) z[tc_next() % (uint64_t)n] = NAN;
-            float *dz = tk_up(z, (size_t)n * 4);
-            int32_t *dout = tk_dev(4), got;
-            tk_poison(dout, 4);
-            cr_assert_eq(gpu_argmax(dout, dz, n, tk_s, &e), 0, "%s", e.msg);
-            tk_down(&got, dout, 4);
-            int32_t want = tk_argmax_ref(z, n);
-            cr_expect_eq(got, want, "argmax n=%lld variant=%d: got %d, want %d (seed %llu)", (long long)n, variant, got,
-                         want, (unsigned long long)tc_seed_used());
-            gpu_free(dz), gpu_free(dout);
-            free(z);
-        }
-    tk_end("argmax");
+    dj_pick_args a;
+    sampler_step_args(smp, &a);
+    a.u = u;
+    const int32_t *hc = sampler_counts(smp);
+    if (hc && (whole || a.n_set < 0)) {
+        cr_assert_eq(gpu_h2d(d_counts, hc, (size_t)n * 4, &e), 0, "%s", e.msg);
+        a.n_set = 0;
+    }
+    float *dz = tk_up(z, (size_t)n * 4);
+    dj_pick_args *da = tk_up(&a, sizeof a);
+    int32_t *dout = tk_dev(4), got;
+    tk_poison(dout, 4);
+    void *sc = tk_dev(gpu_pick_scratch(1));
+    cr_assert_eq(gpu_pick(sc, dout, dz, 1, n, da, hc ? d_counts : NULL, tk_s, &e), 0, "%s", e.msg);
+    gpu_free(sc);
+    tk_down(&got, dout, 4);
+    int32_t want = sampler_pick_u(smp, z, u);
+    cr_expect_eq(got, want, "pick %s n=%lld u=%.9g: got %d, want %d (seed %llu)", what, (long long)n, u, got, want,
+                 (unsigned long long)tc_seed_used());
+    if (hc) {
+        int32_t *dc = malloc((size_t)n * 4);
+        tk_down(dc, d_counts, (size_t)n * 4);
+        cr_expect_eq(memcmp(dc, hc, (size_t)n * 4), 0, "pick %s: the device counts differ from the host's", what);
+        free(dc);
+    }
+    gpu_free(dz), gpu_free(da), gpu_free(dout);
 }
 
-// DJINN_SANITIZER_QUICK=1 (compute-sanitizer's racecheck, ~1 s a launch here): every size, fewer draws per size.
-Test(kernels, top_p) {
-    tk_start("top_p");
+// DJINN_SANITIZER_QUICK=1 (compute-sanitizer's racecheck, ~1 s a launch here): fewer draws per case.
+Test(kernels, pick) {
+    tk_start("pick");
     static const int64_t ns[] = {1, 7, 300, 5000, 32000, 128256};
-    static const float temps[] = {0.6f, 1.0f, 1.7f};
-    static const float tops[] = {0.05f, 0.5f, 0.9f, 1.0f};
+    typedef struct {
+        double temp, top_p, min_p;
+        int64_t top_k;
+        double rep, freq, pres;
+    } setting;
+    static const setting settings[] = {
+        {0, 1, 0, 0, 1, 0, 0},          {1.0, 1.0, 0, 0, 1, 0, 0},      {0.6, 0.9, 0, 0, 1, 0, 0},
+        {1.7, 0.05, 0, 0, 1, 0, 0},     {1.0, 0.5, 0, 0, 1, 0, 0},      {1.0, 1.0, 0, 5, 1, 0, 0},
+        {1.0, 0.9, 0, 40, 1, 0, 0},     {0.8, 0.95, 0.05, 40, 1, 0, 0}, {1.0, 1.0, 0.3, 0, 1, 0, 0},
+        {1.0, 0.9, 0, 0, 1.3, 0.2, 0.4}, {0, 1, 0, 0, 1.5, 0.5, 0.5},   {1.2, 0.7, 0.02, 1000, 1.1, 0.1, 0},
+    };
+    const int n_set = sizeof settings / sizeof settings[0];
     const char *quick_env = getenv("DJINN_SANITIZER_QUICK");
     const int quick = quick_env && *quick_env == '1';
-    dj_err e;
-    int32_t *dout = tk_dev(4);
-    int checked = 0, distinct_nonargmax = 0;
-    for (size_t ni = 0; ni < 6; ni++)
-        for (int quant = 0; quant < 2; quant++) {  // quantised logits: ties at the nucleus boundary
-            const int64_t n = ns[ni];
-            float *z = malloc((size_t)n * 4);
-            for (int64_t i = 0; i < n; i++) z[i] = quant ? roundf(1.5f * tc_normal()) : 3.0f * tc_normal();
-            float *dz = tk_up(z, (size_t)n * 4);
-            for (size_t ti = quick ? 1 : 0; ti < (quick ? 2u : 3u); ti++)
-                for (size_t pi = quick ? 1 : 0; pi < (quick ? 3u : 4u); pi++)
-                    for (int k = 0; k < (quick ? 3 : 5); k++) {
-                        const float u = k == 0 ? 0.0f : k == 1 ? 0.9999999f : tc_unif();
-                        int32_t got;
-                        tk_poison(dout, 4);
-                        cr_assert_eq(gpu_sample_top_p(dout, dz, n, temps[ti], tops[pi], u, tk_s, &e), 0, "%s", e.msg);
-                        tk_down(&got, dout, 4);
-                        int32_t want = tk_top_p_ref(z, n, temps[ti], tops[pi], u);
-                        cr_expect_eq(got, want, "top_p n=%lld quant=%d temp=%g top_p=%g u=%.9g: got %d, want %d (seed %llu)",
-                                     (long long)n, quant, temps[ti], tops[pi], u, got, want, (unsigned long long)tc_seed_used());
-                        checked++;
-                        distinct_nonargmax += want != tk_argmax_ref(z, n);
-                    }
-            // temp 0 and top_p 0 mean argmax
-            for (int which = 0; which < 2; which++) {
-                int32_t got;
-                tk_poison(dout, 4);
-                cr_assert_eq(gpu_sample_top_p(dout, dz, n, which ? 1.0f : 0.0f, which ? 0.0f : 0.9f, 0.5f, tk_s, &e), 0,
-                             "%s", e.msg);
-                tk_down(&got, dout, 4);
-                cr_expect_eq(got, tk_argmax_ref(z, n), "top_p n=%lld %s: got %d, want argmax %d (seed %llu)", (long long)n,
-                             which ? "top_p=0" : "temp=0", got, tk_argmax_ref(z, n), (unsigned long long)tc_seed_used());
+    int checked = 0, not_top = 0, invalid = 0;
+    for (size_t ni = 0; ni < sizeof ns / sizeof ns[0]; ni++) {
+        const int64_t n = ns[ni];
+        float *z = malloc((size_t)n * 4);
+        int32_t *d_counts = tk_dev((size_t)n * 4);
+        for (int kind = 0; kind < TK_KINDS; kind++) {
+            tk_logits(z, n, kind);
+            for (int si = 0; si < n_set; si++) {
+                if (quick && si % 3 != kind % 3) continue;
+                const setting *st = &settings[si];
+                dj_sampling p = {.temp = st->temp, .top_p = st->top_p, .min_p = st->min_p, .top_k = st->top_k,
+                                 .repeat_penalty = st->rep, .frequency_penalty = st->freq, .presence_penalty = st->pres,
+                                 .repeat_last_n = 64};
+                dj_err e;
+                dj_sampler *smp = sampler_new_with(n, &p, 1, &e);
+                cr_assert(smp, "%s", e.msg);
+                for (int h = 0; h < 100; h++) sampler_accept(smp, (int32_t)(tc_next() % (uint64_t)(n < 20 ? n : 20)));
+                char what[96];
+                snprintf(what, sizeof what, "kind=%d setting=%d", kind, si);
+                for (int k = 0; k < (quick ? 2 : 4); k++) {
+                    const float u = k == 0 ? 0.0f : k == 1 ? 0.99999994f : tc_unif();
+                    tk_pick_case(smp, z, n, u, d_counts, k == 0, what);
+                    // then a token or two more in the window: the counts follow through the arguments' changes
+                    sampler_accept(smp, (int32_t)(tc_next() % (uint64_t)n));
+                    if (k & 1) sampler_accept(smp, (int32_t)(tc_next() % (uint64_t)n));
+                    int32_t want = sampler_pick_u(smp, z, u);
+                    checked++, invalid += want < 0, not_top += want >= 0 && want != dj_argmax(z, n);
+                }
+                sampler_free(smp);
             }
-            gpu_free(dz);
-            free(z);
         }
-    // the cases must exercise sampling, not only the argmax
-    cr_expect(distinct_nonargmax > checked / 10, "top_p: only %d of %d samples differ from argmax", distinct_nonargmax, checked);
-    gpu_free(dout);
-    tk_end("top_p");
+        gpu_free(d_counts);
+        free(z);
+    }
+    // the cases must exercise sampling, not only the argmax, and the rows without a distribution
+    cr_expect(not_top > checked / 4, "pick: only %d of %d picks differ from argmax", not_top, checked);
+    cr_expect(invalid > 0 && invalid < checked / 2, "pick: %d of %d rows without a token", invalid, checked);
+    tk_end("pick");
+}
+
+// Rows of a batch are independent: each gets its own arguments and counts.
+Test(kernels, pick_rows) {
+    tk_start("pick_rows");
+    enum { R = 3, N = 5000 };
+    float *z = malloc((size_t)R * N * 4);
+    int32_t *counts = calloc((size_t)R * N, 4);
+    dj_pick_args a[R];
+    dj_sampler *smp[R];
+    for (int r = 0; r < R; r++) {
+        tk_logits(z + (size_t)r * N, N, r);
+        dj_sampling p = DJ_SAMPLING_DEFAULT;
+        p.top_k = r == 1 ? 40 : 0, p.repeat_penalty = 1.0 + 0.2 * r, p.temp = r == 2 ? 0 : 1;
+        dj_err e;
+        cr_assert(smp[r] = sampler_new_with(N, &p, 7 + r, &e), "%s", e.msg);
+        for (int h = 0; h < 30; h++) sampler_accept(smp[r], (int32_t)(tc_next() % 50));
+        sampler_step_args(smp[r], &a[r]);
+        a[r].n_set = 0;
+        if (sampler_counts(smp[r])) memcpy(counts + (size_t)r * N, sampler_counts(smp[r]), (size_t)N * 4);
+    }
+    dj_err e;
+    float *dz = tk_up(z, (size_t)R * N * 4);
+    dj_pick_args *da = tk_up(a, sizeof a);
+    int32_t *dc = tk_up(counts, (size_t)R * N * 4), *dout = tk_dev(R * 4), got[R];
+    tk_poison(dout, R * 4);
+    void *sc = tk_dev(gpu_pick_scratch(R));
+    cr_assert_eq(gpu_pick(sc, dout, dz, R, N, da, dc, tk_s, &e), 0, "%s", e.msg);
+    gpu_free(sc);
+    tk_down(got, dout, sizeof got);
+    for (int r = 0; r < R; r++) {
+        int32_t want = sampler_pick_u(smp[r], z + (size_t)r * N, a[r].u);
+        cr_expect_eq(got[r], want, "row %d: got %d, want %d (seed %llu)", r, got[r], want,
+                     (unsigned long long)tc_seed_used());
+        sampler_free(smp[r]);
+    }
+    gpu_free(dz), gpu_free(da), gpu_free(dc), gpu_free(dout);
+    free(z), free(counts);
+    tk_end("pick_rows");
 }
 
 // ---- errors

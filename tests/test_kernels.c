@@ -739,7 +739,8 @@ static void tk_pick_case(dj_sampler *smp, const float *z, int64_t n, float u, in
     gpu_free(dz), gpu_free(da), gpu_free(dout);
 }
 
-// DJINN_SANITIZER_QUICK=1 (compute-sanitizer's racecheck, ~1 s a launch here): fewer draws per case.
+// DJINN_SANITIZER_QUICK=1 (compute-sanitizer's racecheck, ~1 s a launch here): three sizes, two settings a kind
+// of row, one draw each.
 Test(kernels, pick) {
     tk_start("pick");
     static const int64_t ns[] = {1, 7, 300, 5000, 32000, 128256};
@@ -760,12 +761,13 @@ Test(kernels, pick) {
     int checked = 0, not_top = 0, invalid = 0;
     for (size_t ni = 0; ni < sizeof ns / sizeof ns[0]; ni++) {
         const int64_t n = ns[ni];
+        if (quick && ni != 0 && ni != 2 && ni != 5) continue;
         float *z = malloc((size_t)n * 4);
         int32_t *d_counts = tk_dev((size_t)n * 4);
         for (int kind = 0; kind < TK_KINDS; kind++) {
             tk_logits(z, n, kind);
             for (int si = 0; si < n_set; si++) {
-                if (quick && si % 3 != kind % 3) continue;
+                if (quick && si % 6 != kind % 6) continue;
                 const setting *st = &settings[si];
                 dj_sampling p = {.temp = st->temp, .top_p = st->top_p, .min_p = st->min_p, .top_k = st->top_k,
                                  .repeat_penalty = st->rep, .frequency_penalty = st->freq, .presence_penalty = st->pres,
@@ -776,7 +778,7 @@ Test(kernels, pick) {
                 for (int h = 0; h < 100; h++) sampler_accept(smp, (int32_t)(tc_next() % (uint64_t)(n < 20 ? n : 20)));
                 char what[96];
                 snprintf(what, sizeof what, "kind=%d setting=%d", kind, si);
-                for (int k = 0; k < (quick ? 2 : 4); k++) {
+                for (int k = quick; k < (quick ? 2 : 4); k++) {
                     const float u = k == 0 ? 0.0f : k == 1 ? 0.99999994f : tc_unif();
                     tk_pick_case(smp, z, n, u, d_counts, k == 0, what);
                     // then a token or two more in the window: the counts follow through the arguments' changes
@@ -792,7 +794,7 @@ Test(kernels, pick) {
         free(z);
     }
     // the cases must exercise sampling, not only the argmax, and the rows without a distribution
-    cr_expect(not_top > checked / 4, "pick: only %d of %d picks differ from argmax", not_top, checked);
+    cr_expect(not_top > (quick ? 0 : checked / 4), "pick: only %d of %d picks differ from argmax", not_top, checked);
     cr_expect(invalid > 0 && invalid < checked / 2, "pick: %d of %d rows without a token", invalid, checked);
     tk_end("pick");
 }

@@ -109,7 +109,7 @@ demo: djinn convert/convert
 clean:
 	rm -rf build build-san build-fuzz djinn convert/convert stories260K.bin
 
--include $(shell find build build-san -name '*.d' 2>/dev/null)
+-include $(shell find $(BUILD) -name '*.d' 2>/dev/null)
 
 # ---- bench
 # Tokenizer throughput (MB/s) on ~1 MB of generated English with the real Llama tokenizers from $(DATA).

@@ -33,11 +33,29 @@ void cpu_attention(float *out, const float *q, const float *k_cache, const float
 void cpu_swiglu(float *out, const float *gate, const float *up, int64_t n);
 
 // ---- the forward pass
-// A forward-pass state: activations and the KV cache (n_layers, n_kv_heads, max_seq, head_dim) in f32.
+// A forward-pass state: activations and n_slots KV slots, each one sequence's cache of max_seq positions laid out
+// (n_layers, n_kv_heads, max_seq, head_dim) in f32; the slots one after the other. Slot memory is touched only
+// where positions are written, so slots that are never used cost address space, not RAM.
 typedef struct dj_cpu_state dj_cpu_state;
-dj_cpu_state *cpu_state_new(const dj_model *m, int64_t max_seq, dj_err *e);
+dj_cpu_state *cpu_state_new(const dj_model *m, int64_t max_seq, dj_err *e);  // one slot
+dj_cpu_state *cpu_state_new_slots(const dj_model *m, int64_t max_seq, int32_t n_slots, dj_err *e);
 void cpu_state_free(dj_cpu_state *s);
-// Runs tokens (T) at positions pos .. pos+T-1, filling the KV cache; logits (T, vocab) if not NULL.
+// Runs tokens (T) at positions pos .. pos+T-1 of slot 0, filling its KV cache; logits (T, vocab) if not NULL.
 int cpu_forward(dj_cpu_state *s, const int32_t *tokens, int64_t T, int64_t pos, float *logits, dj_err *e);
+// The same in `slot`.
+int cpu_forward_slot(dj_cpu_state *s, int32_t slot, const int32_t *tokens, int64_t T, int64_t pos, float *logits,
+                     dj_err *e);
+// One decode step of B sequences: row b is tokens[b] at position pos[b] of slot slots[b] (each slot at most once);
+// logits (B, vocab). The rows share every matmul (each weight row read once for up to 32 rows); attention is per
+// row over its own slot. Each row's logits are bitwise those of cpu_forward_slot on that token alone.
+int cpu_step_batch(dj_cpu_state *s, int32_t B, const int32_t *slots, const int64_t *pos, const int32_t *tokens,
+                   float *logits, dj_err *e);
+// Parking: a slot's first n positions (every layer's keys and values) copied into host memory of their own
+// (malloc'd: 2 * n_layers * n_kv_heads * n * head_dim floats), and back into any slot.
+typedef struct dj_cpu_parked dj_cpu_parked;
+dj_cpu_parked *cpu_park(dj_cpu_state *s, int32_t slot, int64_t n, dj_err *e);
+// Copies p into positions 0..n-1 of `slot` (n: p's) and frees p; on an error p is kept.
+int cpu_restore(dj_cpu_state *s, dj_cpu_parked *p, int32_t slot, dj_err *e);
+void cpu_parked_free(dj_cpu_parked *p);
 
 #endif

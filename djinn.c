@@ -19,6 +19,7 @@
 #include "kernels.h"
 #include "loader.h"
 #include "sampler.h"
+#include "stops.h"
 #include "tokenizer.h"
 #include "util.h"
 
@@ -301,7 +302,7 @@ static int open_engine(dj_engine *eng, const dj_model *m, const dj_opts *o, int6
     dj_gpu_opts go = {.ring_gb = o->ring_gb, .max_seq = ctx, .stream_all = o->stream_all,
                       .sync_copy = o->sync_copy, .no_graph = o->no_graph, .fma_attn = o->fma_attn,
                       .warm_rows = warm, .cpu_share = o->cpu_share};
-    return engine_open(eng, m, &go, e);
+    return engine_open(eng, m, &go, 1, e);
 }
 
 // ---- output helpers
@@ -355,7 +356,7 @@ static int run_check(const dj_model *m, const dj_opts *o, dj_err *e) {
         goto out;
     }
     double t0 = dj_now();
-    if (eng.forward(eng.ctx, r.ids, r.n_tokens, 0, logits, 1, e)) goto out;
+    if (eng.forward(eng.ctx, 0, r.ids, r.n_tokens, 0, logits, 1, e)) goto out;
     double dt = dj_now() - t0;
     fprintf(stderr, "djinn: check: %u positions (%u prompt) in %.3f s on the %s\n", r.n_tokens, r.n_prompt, dt,
             eng.name);
@@ -404,7 +405,7 @@ static int run_perplexity(const dj_model *m, const dj_tokenizer *tok, const dj_o
     int64_t scored = 0, windows = 0;
     for (int64_t w0 = 0; w0 + 1 < (int64_t)n_ids && !interrupted; w0 += ctx, windows++) {
         int64_t T = (int64_t)n_ids - w0 < ctx ? (int64_t)n_ids - w0 : ctx;
-        if (eng.forward(eng.ctx, ids + w0, T, 0, logits, 1, e)) goto out;
+        if (eng.forward(eng.ctx, 0, ids + w0, T, 0, logits, 1, e)) goto out;
         for (int64_t t = 0; t + 1 < T; t++, scored++) {
             double v = check_nll(logits + t * vocab, vocab, ids[w0 + t + 1]);
             if (!isfinite(v)) {
@@ -465,47 +466,8 @@ static int write_stats(dj_out *out, const dj_model *m, const dj_engine *eng, con
     return rc ? -1 : out_commit(out, 0, e);
 }
 
-// ---- --stop: the generated text is held back while its end could still begin a stop string
-typedef struct {
-    char *buf;
-    size_t len, cap;
-} held_text;
-
-// Appends text to the held text; returns the index of the stop string found in it (the held text then ends just
-// before it), -1 after emitting all but the longest tail that is a prefix of some stop string, -2 on an error.
-static int held_feed(held_text *h, const char *text, size_t n, const dj_opts *o, dj_err *e) {
-    if (h->len + n > h->cap) {
-        size_t cap = (h->len + n) * 2 + 64;
-        char *b = realloc(h->buf, cap);
-        if (!b) return dj_fail(e, "out of memory"), -2;
-        h->buf = b, h->cap = cap;
-    }
-    memcpy(h->buf + h->len, text, n);
-    h->len += n;
-    size_t first = h->len;
-    int which = -1;
-    for (int k = 0; k < o->n_stops; k++) {
-        const char *at = memmem(h->buf, h->len, o->stops[k], strlen(o->stops[k]));
-        if (at && (size_t)(at - h->buf) < first) first = (size_t)(at - h->buf), which = k;
-    }
-    if (which >= 0) {
-        h->len = first;
-        return which;
-    }
-    size_t keep = 0;  // the longest proper prefix of a stop string that the held text ends with
-    for (int k = 0; k < o->n_stops; k++) {
-        size_t sl = strlen(o->stops[k]);
-        for (size_t m = sl - 1 < h->len ? sl - 1 : h->len; m > keep; m--)
-            if (!memcmp(h->buf + h->len - m, o->stops[k], m)) {
-                keep = m;
-                break;
-            }
-    }
-    if (emit(h->buf, h->len - keep, e)) return -2;
-    memmove(h->buf, h->buf + h->len - keep, keep);
-    h->len = keep;
-    return -1;
-}
+// ---- --stop (stops.h): the generated text goes to stdout through the held text
+static int emit_to_stdout(void *ctx, const char *text, size_t n, dj_err *e) { return emit(text, n, e); }
 
 // A seed no two runs share by accident: the clock's nanoseconds and the process id, mixed (splitmix64's finalizer).
 static uint64_t fresh_seed(void) {
@@ -580,8 +542,8 @@ static int run_generate(const dj_model *m, const dj_tokenizer *tok, const dj_opt
     int want_rows = out->logits.tmp != NULL;  // --logits: every position's row
     dj_tok_stream *stream = NULL;
     dj_sampler *smp = NULL;
-    held_text held = {0};  // --stop: the generated text not yet printed
-    int hit = -1;          // the --stop string found
+    dj_held held = {0};  // --stop: the generated text not yet printed
+    int hit = -1;        // the --stop string found
     if (n_prompt == 0) {
         dj_fail(e, "the prompt is empty and the model has no BOS token: give a prompt with -p");
         goto out;
@@ -625,11 +587,11 @@ static int run_generate(const dj_model *m, const dj_tokenizer *tok, const dj_opt
     int32_t cand;  // the token the last pass picked
     test_sigint_before("prefill");
     if (want_rows) {
-        if (eng.forward(eng.ctx, ids, (int64_t)n_prompt, 0, logits, 1, e) ||
+        if (eng.forward(eng.ctx, 0, ids, (int64_t)n_prompt, 0, logits, 1, e) ||
             write_rows(out, logits, (int64_t)n_prompt, vocab, e))
             goto out;
         cand = sampler_next(smp, logits + (n_prompt - 1) * (size_t)vocab);
-    } else if (engine_next(&eng, smp, ids, (int64_t)n_prompt, 0, logits, &cand, e)) {
+    } else if (engine_next(&eng, smp, 0, ids, (int64_t)n_prompt, 0, logits, &cand, e)) {
         goto out;
     }
     double t_prefill = dj_now() - t_start;
@@ -670,13 +632,16 @@ static int run_generate(const dj_model *m, const dj_tokenizer *tok, const dj_opt
         ids[n++] = next;
         n_gen++;
         const char *s = tok_stream_push(stream, next, &len);
-        if (o->n_stops ? (hit = held_feed(&held, s, len, o, e)) == -2 : emit(s, len, e)) goto out;
+        if (o->n_stops ? (hit = held_feed(&held, s, len, o->stops, o->n_stops, emit_to_stdout, NULL, e)) == -2
+                       : emit(s, len, e))
+            goto out;
         int eos = tok_is_eos(tok, next);
         int more = n_gen < o->n_new && !eos && hit < 0;
         if (want_rows) {  // position n-1 < ctx: always fits
-            if (eng.forward(eng.ctx, &next, 1, n - 1, logits, 0, e) || write_rows(out, logits, 1, vocab, e)) goto out;
+            if (eng.forward(eng.ctx, 0, &next, 1, n - 1, logits, 0, e) || write_rows(out, logits, 1, vocab, e))
+                goto out;
             if (more) cand = sampler_next(smp, logits);
-        } else if (more && engine_next(&eng, smp, &next, 1, n - 1, logits, &cand, e)) {
+        } else if (more && engine_next(&eng, smp, 0, &next, 1, n - 1, logits, &cand, e)) {
             goto out;
         }
         if (hit >= 0) {
@@ -691,7 +656,8 @@ static int run_generate(const dj_model *m, const dj_tokenizer *tok, const dj_opt
     if (!stop && interrupted) stop = "interrupted";  // during the prefill of -n 0, or the last token's pass
     const char *tail = tok_stream_flush(stream, &len);
     if (o->n_stops) {  // the held text: up to the stop string found, or all of it
-        if (hit < 0 && (hit = held_feed(&held, tail, len, o, e)) == -2) goto out;
+        if (hit < 0 && (hit = held_feed(&held, tail, len, o->stops, o->n_stops, emit_to_stdout, NULL, e)) == -2)
+            goto out;
         if (hit >= 0) stop = "stop string";
         if (emit(held.buf, held.len, e)) goto out;
     } else if (emit(tail, len, e)) {
@@ -732,7 +698,7 @@ static int run_generate(const dj_model *m, const dj_tokenizer *tok, const dj_opt
     if (want_rows && out_commit(&out->logits, 0, e)) goto out;
     rc = interrupted ? EXIT_INTERRUPTED : 0;
 out:
-    free(held.buf);
+    held_free(&held);
     if (stream) tok_stream_free(stream);
     engine_close(&eng);
     sampler_free(smp);
@@ -811,7 +777,7 @@ static int run_chat(const dj_model *m, const dj_tokenizer *tok, const dj_opts *o
         }
         for (size_t i = 0; i < nt; i++) sampler_accept(smp, turn[i]);
         int32_t next;
-        if (engine_next(&eng, smp, turn, (int64_t)nt, pos, logits, &next, e)) goto out;
+        if (engine_next(&eng, smp, 0, turn, (int64_t)nt, pos, logits, &next, e)) goto out;
         pos += (int64_t)nt, turns++;
         if (!(stream = tok_stream_new(tok))) {
             dj_fail(e, "out of memory");
@@ -836,7 +802,7 @@ static int run_chat(const dj_model *m, const dj_tokenizer *tok, const dj_opts *o
             }
             const char *piece = tok_stream_push(stream, next, &len);
             if (emit(piece, len, e)) goto out;
-            if (engine_next(&eng, smp, &next, 1, pos, logits, &next, e)) goto out;
+            if (engine_next(&eng, smp, 0, &next, 1, pos, logits, &next, e)) goto out;
             pos++;
         }
         const char *tail = tok_stream_flush(stream, &len);

@@ -1,5 +1,12 @@
 // engine.h: one interface over the two forward passes, the GPU engine (gpu.h) and the CPU one (cpu.h), so that
-// generation and --check see a model only through forward().
+// generation, --check and the server see a model only through it.
+//
+// KV slots. An engine holds n_slots KV caches ("slots"), each one sequence's keys and values for max_seq positions,
+// laid out as a single sequence's cache always was: (n_layers, n_kv_heads, max_seq, head_dim) in f32, the slots
+// one after the other. A sequence lives in one slot: its prefill is forward() on that slot (in chunks, if the
+// caller wants), and its decode steps go through step_batch() together with every other sequence decoding at the
+// same time, each row one new token at its own position in its own slot. The command line uses slot 0 of one.
+// A slot's first n positions can be parked in host memory and restored, into any slot, bitwise.
 #ifndef DJINN_ENGINE_H
 #define DJINN_ENGINE_H
 
@@ -8,28 +15,50 @@
 #include "gpu.h"
 #include "sampler.h"
 
+typedef struct dj_parked dj_parked;  // a parked slot's keys and values in host memory, owned by the engine
+
 typedef struct {
     const char *name;  // "cpu", "gpu"
     int is_gpu;
     void *ctx;         // dj_gpu_state or dj_cpu_state
-    // Runs tokens (T) at positions pos .. pos+T-1, filling the KV cache. logits: (T, vocab) when all, else
-    // (vocab) for the last token; NULL for none.
-    int (*forward)(void *ctx, const int32_t *tokens, int64_t T, int64_t pos, float *logits, int all, dj_err *e);
+    int32_t n_slots;   // KV slots, each max_seq positions
+    int64_t max_seq;
+    // Runs tokens (T) at positions pos .. pos+T-1 of `slot`, filling that slot's KV cache. logits: (T, vocab)
+    // when all, else (vocab) for the last token; NULL for none.
+    int (*forward)(void *ctx, int32_t slot, const int32_t *tokens, int64_t T, int64_t pos, float *logits, int all,
+                   dj_err *e);
     // forward for the last token, its next token picked where the logits are (gpu_forward_pick); NULL: the
     // engine has none, the host samples
-    int (*pick)(void *ctx, const int32_t *tokens, int64_t T, int64_t pos, const dj_pick_args *a, const int32_t *counts,
-                int32_t *next, dj_err *e);
+    int (*pick)(void *ctx, int32_t slot, const int32_t *tokens, int64_t T, int64_t pos, const dj_pick_args *a,
+                const int32_t *counts, int32_t *next, dj_err *e);
+    // One decode step of B sequences in one pass: row b is token tokens[b] at position pos[b] of slot slots[b]
+    // (each slot at most once a step; pos[b] < max_seq); logits (B, vocab), host memory. Every weight row is read
+    // once for all B rows (a matmul over B vectors, not B matvecs); attention is per row over its own slot's
+    // positions 0..pos[b]. Row b's logits equal forward(slots[b], &tokens[b], 1, pos[b]) up to summation order
+    // (the CPU engine: bitwise). NULL: the engine has none (the server refuses it).
+    int (*step_batch)(void *ctx, int32_t B, const int32_t *slots, const int64_t *pos, const int32_t *tokens,
+                      float *logits, dj_err *e);
+    // Parking (NULL: none). park copies positions 0..n-1 of `slot` (every layer's K and V: n * kv_pos_bytes) to
+    // host memory the engine owns (page-locked on the GPU) and returns it; the slot may then be reused. restore
+    // copies a parked cache back into positions 0..n-1 of any slot and releases it (on an error it is kept);
+    // drop releases one without restoring. The GPU engine may run the copies on its copy stream: every later call
+    // behaves as if they had completed (it orders them with events), so nothing waits on the host.
+    dj_parked *(*park)(void *ctx, int32_t slot, int64_t n, dj_err *e);
+    int (*restore)(void *ctx, dj_parked *p, int32_t slot, dj_err *e);
+    void (*drop)(void *ctx, dj_parked *p);
     void (*free)(void *ctx);
 } dj_engine;
 
+// Bytes of one position's keys and values over every layer (f32): a slot is max_seq of them.
+uint64_t engine_kv_pos_bytes(const dj_config *c);
 // The engine follows how the model was loaded: page-locked for the GPU (loader.h) runs on the GPU with the
-// options `go`, otherwise on the CPU with a context of go->max_seq tokens.
-int engine_open(dj_engine *eng, const dj_model *m, const dj_gpu_opts *go, dj_err *e);
+// options `go`, otherwise on the CPU; either with n_slots KV slots of go->max_seq positions.
+int engine_open(dj_engine *eng, const dj_model *m, const dj_gpu_opts *go, int32_t n_slots, dj_err *e);
 void engine_close(dj_engine *eng);  // a zeroed engine is fine
-// Runs tokens (T) at positions pos.. and picks the next token with the sampler: where the logits are when the
-// engine can (only the id comes back), else from `logits` (vocab), host memory the host sampler reads. *next: -1
-// when the last row held a NaN or +infinity, or only -infinity.
-int engine_next(dj_engine *eng, dj_sampler *smp, const int32_t *tokens, int64_t T, int64_t pos, float *logits,
-                int32_t *next, dj_err *e);
+// Runs tokens (T) at positions pos.. of `slot` and picks the next token with the sampler: where the logits are
+// when the engine can (only the id comes back), else from `logits` (vocab), host memory the host sampler reads.
+// *next: -1 when the last row held a NaN or +infinity, or only -infinity.
+int engine_next(dj_engine *eng, dj_sampler *smp, int32_t slot, const int32_t *tokens, int64_t T, int64_t pos,
+                float *logits, int32_t *next, dj_err *e);
 
 #endif

@@ -55,7 +55,8 @@ $(BUILD)/bin/djinn: $(BUILD)/djinn.o $(ENGINE_OBJ)
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS)
 
-$(BUILD)/bin/convert: $(BUILD)/convert/main.o $(CONVERT_OBJ) $(FORMAT_OBJ) $(BUILD)/fileio.o $(BUILD)/pool.o $(BUILD)/quant.o
+$(BUILD)/bin/convert: $(BUILD)/convert/main.o $(CONVERT_OBJ) $(FORMAT_OBJ) $(BUILD)/json.o $(BUILD)/fileio.o \
+                      $(BUILD)/pool.o $(BUILD)/quant.o
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) $^ -o $@ -lm -lpthread
 
@@ -118,7 +119,7 @@ bench-tokenizer: $(BUILD)/bin/bench_tokenizer
 	$(BUILD)/bin/bench_tokenizer $(abspath $(DATA)) $(BUILD)/bench_tokenizer.json
 
 $(BUILD)/bin/bench_tokenizer: $(BUILD)/bench/bench_tokenizer.o $(BUILD)/tokenizer.o $(BUILD)/util.o \
-                              $(BUILD)/convert/tokjson.o $(BUILD)/convert/json.o $(BUILD)/fileio.o
+                              $(BUILD)/convert/tokjson.o $(BUILD)/json.o $(BUILD)/fileio.o
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) $^ -o $@ -lm -lpthread
 
@@ -155,9 +156,9 @@ FUZZ_CFLAGS := -std=c11 -O1 -g -Wall -Wextra -Werror -Wno-unused-parameter -D_GN
                -I$(CUDA)/include -MMD -MP $(FUZZ_SAN)
 FUZZ_TARGETS := fuzz_model fuzz_safetensors fuzz_json fuzz_tokenizer
 FUZZ_DEPS_fuzz_model := model.o tokenizer.o util.o
-FUZZ_DEPS_fuzz_safetensors := convert/safetensors.o convert/json.o util.o
-FUZZ_DEPS_fuzz_json := convert/json.o util.o
-FUZZ_DEPS_fuzz_tokenizer := tokenizer.o convert/tokjson.o convert/json.o fileio.o util.o
+FUZZ_DEPS_fuzz_safetensors := convert/safetensors.o json.o util.o
+FUZZ_DEPS_fuzz_json := json.o util.o
+FUZZ_DEPS_fuzz_tokenizer := tokenizer.o convert/tokjson.o json.o fileio.o util.o
 # Longest input per target: keeps the committed corpus small (model inputs are in fuzz_model's compact form).
 FUZZ_MAXLEN_fuzz_model := 1024
 FUZZ_MAXLEN_fuzz_safetensors := 4096

@@ -20,7 +20,7 @@
 #include "../quant.h"
 #include "../tokenizer.h"
 #include "hfconfig.h"
-#include "json.h"
+#include "../json.h"
 #include "safetensors.h"
 #include "tokjson.h"
 

@@ -4,7 +4,7 @@
 #include <math.h>
 #include <string.h>
 
-#include "json.h"
+#include "../json.h"
 
 // ---- typed field readers: absent -> default (when allowed), wrong type or range -> named error
 static int get_u32(const json_value *root, const char *key, int required, uint32_t dflt, uint32_t *out, dj_err *e) {

@@ -5,7 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "json.h"
+#include "../json.h"
 
 #define ST_MAX_HEADER ((uint64_t)100 * 1000 * 1000)
 

@@ -10,7 +10,7 @@
 
 #include "../fileio.h"
 #include "../tokenizer.h"
-#include "json.h"
+#include "../json.h"
 
 #define SPACE_MARK "\xE2\x96\x81"  // "▁"
 // The Llama 3 pre-tokenizer regex, the only Split pattern tokenizer.c implements.

@@ -16,7 +16,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "../convert/json.h"
+#include "../json.h"
 #include "../kernels.h"
 #include "../model.h"
 #include "common.h"

@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../convert/json.h"
+#include "../json.h"
 #include "../convert/safetensors.h"
 
 // tests/fuzz/crashes/json_empty_object_null_offset: an empty container made json.c compute NULL + 0

@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../convert/json.h"
+#include "../json.h"
 #include "common.h"
 
 // ---- helpers

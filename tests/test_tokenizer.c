@@ -5,7 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../convert/json.h"
+#include "../json.h"
 #include "../convert/tokjson.h"
 #include "../chat.h"
 #include "../tokenizer.h"

@@ -1,9 +1,9 @@
-// fuzz_json.c: libFuzzer target for convert/json.c. Arbitrary bytes -> json_parse; on success walk the whole
+// fuzz_json.c: libFuzzer target for json.c. Arbitrary bytes -> json_parse; on success walk the whole
 // tree through the public getters and check what json.h promises about it.
 #include <stdint.h>
 #include <string.h>
 
-#include "../../convert/json.h"
+#include "../../json.h"
 #include "fuzz_common.h"
 
 static void walk(const json_value *v, int depth) {

@@ -103,3 +103,50 @@ int chat_turn_ids(const dj_tokenizer *tok, chat_kind k, const char *system, cons
     *ids = out, *n = m;
     return 0;
 }
+
+int chat_prompt_ids(const dj_tokenizer *tok, chat_kind k, const char *const *roles, const char *const *contents,
+                    size_t n, int32_t **ids, size_t *n_ids, dj_err *e) {
+    *ids = NULL, *n_ids = 0;
+    if (k != CHAT_LLAMA2 && k != CHAT_LLAMA3) return dj_fail(e, "the model has no chat template it knows");
+    size_t i = 0;
+    const char *system = NULL;
+    if (n && !strcmp(roles[0], "system")) system = contents[0], i = 1;
+    if (i == n) return dj_fail(e, "messages: no user message");
+    int32_t *all = NULL;
+    size_t m = 0;
+    for (size_t j = i; j < n; j++) {
+        int user = (j - i) % 2 == 0;
+        if (strcmp(roles[j], user ? "user" : "assistant")) {
+            free(all);
+            return dj_fail(e, "messages[%zu]: role '%s' where '%s' belongs (after an optional system message, user "
+                              "and assistant alternate, ending with user)", j, roles[j], user ? "user" : "assistant");
+        }
+        int32_t *t = NULL;
+        size_t nt = 0;
+        int rc;
+        if (user) {
+            rc = chat_turn_ids(tok, k, system, contents[j], j == i, -1, &t, &nt, e);
+        } else {  // an earlier answer as the model would have written it: its end comes with the next turn
+            chat_buf b = {0};
+            if (k == CHAT_LLAMA2) cb_str(&b, " ");
+            cb_stripped(&b, contents[j]);
+            rc = b.oom ? dj_fail(e, "out of memory") : tok_encode(tok, b.p ? b.p : "", b.n, 0, &t, &nt, e);
+            free(b.p);
+        }
+        int32_t *grown = rc ? NULL : realloc(all, (m + nt + 1) * sizeof *all);
+        if (!grown) {
+            free(t), free(all);
+            return rc ? -1 : dj_fail(e, "out of memory");
+        }
+        all = grown;
+        memcpy(all + m, t, nt * sizeof *t);
+        m += nt;
+        free(t);
+    }
+    if ((n - i) % 2 == 0) {
+        free(all);
+        return dj_fail(e, "messages: the last message is not the user's");
+    }
+    *ids = all, *n_ids = m;
+    return 0;
+}

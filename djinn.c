@@ -19,6 +19,7 @@
 #include "kernels.h"
 #include "loader.h"
 #include "sampler.h"
+#include "server.h"
 #include "stops.h"
 #include "tokenizer.h"
 #include "util.h"
@@ -848,6 +849,7 @@ static int open_outputs(const dj_opts *o, dj_outputs *out, dj_err *e) {
 }
 
 int main(int argc, char **argv) {
+    if (argc > 1 && !strcmp(argv[1], "serve")) return serve_main(argc - 1, argv + 1);
     dj_opts o;
     int prc = parse_args(argc, argv, &o);
     if (prc == -1) {

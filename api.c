@@ -1,0 +1,306 @@
+// api.c: OpenAI's request and response shapes (api.h).
+#include "api.h"
+
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "json.h"
+
+// ---- request fields
+// The first problem found is the one reported; checks after it do nothing.
+typedef struct {
+    api_error *err;
+    int failed;
+} api_check;
+
+static void refuse(api_check *k, int status, const char *param, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static void refuse(api_check *k, int status, const char *param, const char *fmt, ...) {
+    if (k->failed) return;
+    k->failed = 1;
+    k->err->status = status, k->err->param = param;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(k->err->msg, sizeof k->err->msg, fmt, ap);
+    va_end(ap);
+}
+
+// A field of the wrong type is refused by name; an absent field (or null) keeps its default: NULL.
+static const json_value *field(api_check *k, const json_value *obj, const char *name, json_type want) {
+    const json_value *v = json_get(obj, name);
+    if (!v || v->type == JSON_NULL || k->failed) return NULL;
+    if (v->type != want) {
+        int an = want == JSON_ARRAY || want == JSON_OBJECT, an_v = v->type == JSON_ARRAY || v->type == JSON_OBJECT;
+        refuse(k, 400, name, "'%s' must be a%s %s, not a%s %s", name, an ? "n" : "", json_type_name(want),
+               an_v ? "n" : "", json_type_name(v->type));
+        return NULL;
+    }
+    return v;
+}
+
+static void number_field(api_check *k, const json_value *obj, const char *name, double lo, double hi, double *out) {
+    const json_value *v = field(k, obj, name, JSON_NUMBER);
+    if (!v) return;
+    if (!(v->u.number.num >= lo && v->u.number.num <= hi))
+        refuse(k, 400, name, "'%s' must be within [%g, %g]", name, lo, hi);
+    else
+        *out = v->u.number.num;
+}
+
+static void int_field(api_check *k, const json_value *obj, const char *name, int64_t lo, int64_t hi, int64_t *out) {
+    const json_value *v = field(k, obj, name, JSON_NUMBER);
+    if (!v) return;
+    if (!v->u.number.is_int || v->u.number.i < lo || v->u.number.i > hi)
+        refuse(k, 400, name, "'%s' must be an integer within [%" PRId64 ", %" PRId64 "]", name, lo, hi);
+    else *out = v->u.number.i;
+}
+
+// Features the server does not have are refused by name rather than ignored: a client would get something else
+// than it asked for.
+static void unsupported(api_check *k, const json_value *root) {
+    static const char *const off[] = {"echo", "logprobs"};  // false is fine
+    for (size_t i = 0; i < sizeof off / sizeof *off; i++) {
+        const json_value *v = json_get(root, off[i]);
+        if (v && v->type != JSON_NULL && !(v->type == JSON_BOOL && !v->u.boolean) &&
+            !(v->type == JSON_NUMBER && v->u.number.num == 0))
+            refuse(k, 400, off[i], "'%s' is not supported", off[i]);
+    }
+    static const char *const absent[] = {"suffix",        "tools",       "functions",
+                                         "function_call", "tool_choice", "top_logprobs"};
+    for (size_t i = 0; i < sizeof absent / sizeof *absent; i++) {
+        const json_value *v = json_get(root, absent[i]);
+        if (v && v->type != JSON_NULL && !(v->type == JSON_ARRAY && !v->u.arr.n))
+            refuse(k, 400, absent[i], "'%s' is not supported", absent[i]);
+    }
+    const json_value *lb = field(k, root, "logit_bias", JSON_OBJECT);
+    if (lb && lb->u.obj.n) refuse(k, 400, "logit_bias", "'logit_bias' is not supported");
+    int64_t one = 1;
+    int_field(k, root, "n", 1, 1, &one);
+    int_field(k, root, "best_of", 1, 1, &one);
+    const json_value *rf = field(k, root, "response_format", JSON_OBJECT);
+    const char *rt = rf ? json_str(json_get(rf, "type")) : NULL;
+    if (rf && (!rt || strcmp(rt, "text")))
+        refuse(k, 400, "response_format", "only 'response_format' {\"type\": \"text\"} is supported");
+}
+
+// A message's content: a string, or an array of parts whose "text" parts are joined. malloc'd.
+static char *message_text(api_check *k, const json_value *msg, size_t i) {
+    const json_value *c = json_get(msg, "content");
+    dj_buf b = {0};
+    if (c && c->type == JSON_STRING) {
+        buf_add(&b, c->u.str.s, c->u.str.len);
+    } else if (c && c->type == JSON_ARRAY) {
+        for (size_t j = 0; j < c->u.arr.n && !k->failed; j++) {
+            const json_value *part = &c->u.arr.items[j];
+            const char *type = json_str(json_get(part, "type"));
+            const json_value *text = json_get(part, "text");
+            if (!type || strcmp(type, "text") || !text || text->type != JSON_STRING)
+                refuse(k, 400, "messages", "messages[%zu].content[%zu]: only text parts are supported", i, j);
+            else
+                buf_add(&b, text->u.str.s, text->u.str.len);
+        }
+    } else if (c && c->type != JSON_NULL) {
+        refuse(k, 400, "messages", "messages[%zu].content must be a string or an array of text parts", i);
+    }
+    if (!k->failed && b.n && memchr(b.p, 0, b.n))
+        refuse(k, 400, "messages", "messages[%zu].content holds a NUL character", i);
+    if (!k->failed && !b.p) buf_add(&b, "", 0);
+    if (!k->failed && b.oom) refuse(k, 500, NULL, "out of memory");
+    if (k->failed) {
+        buf_free(&b);
+        return NULL;
+    }
+    return b.p;
+}
+
+// The prompt's ids: a completion's text (BOS added as the command line adds it) or the chat's messages in the
+// model's template.
+static void prompt_ids(api_check *k, const api_model *m, const json_value *root, api_req *r) {
+    dj_err e = {{0}};
+    if (!r->chat) {
+        const json_value *p = json_get(root, "prompt");
+        if (p && p->type == JSON_ARRAY && p->u.arr.n == 1) p = &p->u.arr.items[0];
+        if (!p || p->type != JSON_STRING)
+            refuse(k, 400, "prompt", "'prompt' must be a string (or an array of one string)");
+        else if (memchr(p->u.str.s, 0, p->u.str.len))
+            refuse(k, 400, "prompt", "'prompt' holds a NUL character");
+        else if (tok_encode(m->tok, p->u.str.s, p->u.str.len, 1, &r->ids, &r->n_ids, &e))
+            refuse(k, 400, "prompt", "%s", e.msg);
+        if (k->failed) return;
+        int32_t bos = tok_bos(m->tok);  // a prompt that writes the BOS token's text gets one BOS, as with -p
+        if (bos >= 0 && r->n_ids >= 2 && r->ids[0] == bos && r->ids[1] == bos)
+            memmove(r->ids, r->ids + 1, (--r->n_ids) * sizeof *r->ids);
+        if (!r->n_ids) refuse(k, 400, "prompt", "the prompt is empty and the model has no BOS token");
+        return;
+    }
+    const json_value *msgs = field(k, root, "messages", JSON_ARRAY);
+    if (!k->failed && (!msgs || !msgs->u.arr.n)) refuse(k, 400, "messages", "'messages' must be a non-empty array");
+    if (!k->failed && m->chat != CHAT_LLAMA2 && m->chat != CHAT_LLAMA3)
+        refuse(k, 400, "messages", "the model has %s chat template: use /v1/completions with the prompt written out",
+               m->chat == CHAT_NONE ? "no" : "an unknown");
+    if (k->failed) return;
+    size_t n = msgs->u.arr.n;
+    const char **roles = calloc(n, sizeof *roles);
+    char **texts = calloc(n, sizeof *texts);
+    if (!roles || !texts) refuse(k, 500, NULL, "out of memory");
+    for (size_t i = 0; i < n && !k->failed; i++) {
+        const json_value *msg = &msgs->u.arr.items[i];
+        if (msg->type != JSON_OBJECT) refuse(k, 400, "messages", "messages[%zu] must be an object", i);
+        else if (!(roles[i] = json_str(json_get(msg, "role"))))
+            refuse(k, 400, "messages", "messages[%zu].role must be a string", i);
+        else texts[i] = message_text(k, msg, i);
+    }
+    if (!k->failed && chat_prompt_ids(m->tok, m->chat, roles, (const char *const *)texts, n, &r->ids, &r->n_ids, &e))
+        refuse(k, 400, "messages", "%s", e.msg);
+    for (size_t i = 0; texts && i < n; i++) free(texts[i]);
+    free(texts), free(roles);
+}
+
+int api_parse(const api_model *m, const char *body, size_t n, int chat, uint64_t fresh_seed, api_req *r,
+              api_error *err) {
+    memset(r, 0, sizeof *r);
+    memset(err, 0, sizeof *err);
+    api_check k = {err, 0};
+    dj_err e = {{0}};
+    json_doc *doc = json_parse(body, n, &e);
+    if (!doc) {
+        refuse(&k, 400, NULL, "the body is not valid JSON: %s", e.msg);
+        return -1;
+    }
+    const json_value *root = json_root(doc);
+    if (root->type != JSON_OBJECT) refuse(&k, 400, NULL, "the body must be a JSON object");
+    r->chat = chat;
+    dj_sampling sp = DJ_SAMPLING_DEFAULT;
+    sp.top_p = 1.0;  // OpenAI's defaults: temperature 1, top_p 1
+    r->max_tokens = chat ? -1 : 16;
+    field(&k, root, "model", JSON_STRING);  // any name: there is one model
+    unsupported(&k, root);
+    int_field(&k, root, chat && json_get(root, "max_completion_tokens") ? "max_completion_tokens" : "max_tokens", 1,
+              INT32_MAX, &r->max_tokens);
+    int64_t top_k = 0, last_n = sp.repeat_last_n, seed = 0;
+    number_field(&k, root, "temperature", 0, 1e6, &sp.temp);
+    number_field(&k, root, "top_p", 0, 1, &sp.top_p);
+    number_field(&k, root, "min_p", 0, 1, &sp.min_p);
+    int_field(&k, root, "top_k", 0, INT32_MAX, &top_k);
+    number_field(&k, root, "presence_penalty", -2, 2, &sp.presence_penalty);
+    number_field(&k, root, "frequency_penalty", -2, 2, &sp.frequency_penalty);
+    number_field(&k, root, "repeat_penalty", 1e-3, 1e3, &sp.repeat_penalty);
+    int_field(&k, root, "repeat_last_n", 0, 1 << 24, &last_n);
+    const json_value *sv = field(&k, root, "seed", JSON_NUMBER);
+    int_field(&k, root, "seed", INT64_MIN, INT64_MAX, &seed);
+    const json_value *v = field(&k, root, "stream", JSON_BOOL);
+    r->stream = v && v->u.boolean;
+    const json_value *so = field(&k, root, "stream_options", JSON_OBJECT);
+    v = so ? field(&k, so, "include_usage", JSON_BOOL) : NULL;
+    r->include_usage = v && v->u.boolean;
+    v = field(&k, root, "park", JSON_BOOL);
+    r->park = v && v->u.boolean;
+    const json_value *sess = field(&k, root, "session", JSON_STRING);
+    if (!sess) sess = field(&k, root, "user", JSON_STRING);
+    if (sess) {
+        const char *name = sess == json_get(root, "session") ? "session" : "user";
+        if (!sess->u.str.len || sess->u.str.len > API_SESSION_MAX || memchr(sess->u.str.s, 0, sess->u.str.len))
+            refuse(&k, 400, name, "'%s' must be 1 to %d bytes, without NUL", name, API_SESSION_MAX);
+        else if (!(r->session = strdup(sess->u.str.s)))
+            refuse(&k, 500, NULL, "out of memory");
+    }
+    if (r->park && !r->session) refuse(&k, 400, "park", "'park' needs a session ('session' or 'user')");
+    const json_value *st = json_get(root, "stop");
+    if (!k.failed && st && st->type != JSON_NULL) {
+        size_t ns = st->type == JSON_STRING ? 1 : st->type == JSON_ARRAY ? st->u.arr.n : 0;
+        int ok = (st->type == JSON_STRING || st->type == JSON_ARRAY) && ns <= BT_STOPS;
+        for (size_t i = 0; ok && i < ns; i++) {
+            const json_value *one = st->type == JSON_STRING ? st : &st->u.arr.items[i];
+            ok = one->type == JSON_STRING && one->u.str.len > 0 && !memchr(one->u.str.s, 0, one->u.str.len);
+            if (ok && !(r->stops[r->n_stops++] = strdup(one->u.str.s))) ok = 0;
+        }
+        if (!ok) refuse(&k, 400, "stop", "'stop' must be a non-empty string or an array of up to %d of them", BT_STOPS);
+    }
+    if (!k.failed) prompt_ids(&k, m, root, r);
+    if (!k.failed && (int64_t)r->n_ids >= m->ctx)
+        refuse(&k, 400, chat ? "messages" : "prompt",
+               "the prompt is %zu tokens: the context holds %" PRId64 ", with room for at least one new token",
+               r->n_ids, m->ctx);
+    sp.top_k = top_k, sp.repeat_last_n = last_n;
+    if (!k.failed && !(r->smp = sampler_new_with(m->vocab, &sp, sv ? (uint64_t)seed : fresh_seed, &e)))
+        refuse(&k, 400, NULL, "%s", e.msg);
+    json_free(doc);
+    if (k.failed) api_req_free(r);
+    return k.failed ? -1 : 0;
+}
+
+void api_req_free(api_req *r) {
+    free(r->ids);
+    free(r->session);
+    sampler_free(r->smp);
+    for (int i = 0; i < r->n_stops; i++) free(r->stops[i]);
+    memset(r, 0, sizeof *r);
+}
+
+// ---- responses
+static void resp_prefix(dj_buf *b, const api_resp *r, const char *object) {
+    buf_fmt(b, "{\"id\":\"%s\",\"object\":\"%s\",\"created\":%lld,\"model\":", r->id, object, r->created);
+    buf_json_str(b, r->model, strlen(r->model));
+}
+
+void api_chunk(dj_buf *b, const api_resp *r, int role, const char *text, size_t n, const char *finish) {
+    buf_str(b, "data: ");
+    resp_prefix(b, r, r->chat ? "chat.completion.chunk" : "text_completion");
+    if (r->chat) {
+        buf_str(b, ",\"choices\":[{\"index\":0,\"delta\":{");
+        if (role) buf_str(b, "\"role\":\"assistant\"");
+        if (text) buf_str(b, role ? ",\"content\":" : "\"content\":"), buf_json_str(b, text, n);
+        buf_str(b, "},\"logprobs\":null,\"finish_reason\":");
+    } else {
+        buf_str(b, ",\"choices\":[{\"text\":");
+        buf_json_str(b, text ? text : "", text ? n : 0);
+        buf_str(b, ",\"index\":0,\"logprobs\":null,\"finish_reason\":");
+    }
+    if (finish) buf_fmt(b, "\"%s\"", finish);
+    else buf_str(b, "null");
+    buf_str(b, "}]}\n\n");
+}
+
+static void usage_json(dj_buf *b, const api_usage *u) {
+    buf_fmt(b, "\"usage\":{\"prompt_tokens\":%" PRId64 ",\"completion_tokens\":%" PRId64 ",\"total_tokens\":%" PRId64
+               ",\"prompt_tokens_details\":{\"cached_tokens\":%" PRId64 "}}",
+            u->prompt, u->completion, u->prompt + u->completion, u->cached);
+}
+
+void api_usage_chunk(dj_buf *b, const api_resp *r, const api_usage *u) {
+    buf_str(b, "data: ");
+    resp_prefix(b, r, r->chat ? "chat.completion.chunk" : "text_completion");
+    buf_str(b, ",\"choices\":[],");
+    usage_json(b, u);
+    buf_str(b, "}\n\n");
+}
+
+void api_response(dj_buf *b, const api_resp *r, const char *text, size_t n, const char *finish, const api_usage *u) {
+    resp_prefix(b, r, r->chat ? "chat.completion" : "text_completion");
+    if (r->chat) {
+        buf_str(b, ",\"choices\":[{\"index\":0,\"message\":{\"role\":\"assistant\",\"content\":");
+        buf_json_str(b, text, n);
+        buf_fmt(b, "},\"logprobs\":null,\"finish_reason\":\"%s\"}],", finish);
+    } else {
+        buf_str(b, ",\"choices\":[{\"text\":");
+        buf_json_str(b, text, n);
+        buf_fmt(b, ",\"index\":0,\"logprobs\":null,\"finish_reason\":\"%s\"}],", finish);
+    }
+    usage_json(b, u);
+    buf_str(b, "}\n");
+}
+
+void api_error_json(dj_buf *b, int status, const char *param, const char *msg) {
+    const char *type = status == 401   ? "authentication_error"
+                       : status >= 500 ? "server_error"
+                                       : "invalid_request_error";
+    buf_str(b, "{\"error\":{\"message\":");
+    buf_json_str(b, msg, strlen(msg));
+    buf_fmt(b, ",\"type\":\"%s\",\"param\":", type);
+    if (param) buf_json_str(b, param, strlen(param));
+    else buf_str(b, "null");
+    buf_str(b, ",\"code\":null}}\n");
+}

@@ -1,0 +1,518 @@
+// batch.c: continuous batching over the engine's KV slots, sessions and parking (batch.h).
+#include "batch.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+enum { JOB_QUEUED, JOB_PREFILL, JOB_DECODE };
+
+typedef struct bt_session {
+    char *name;
+    int32_t slot;        // the slot its cache is in, or -1
+    dj_parked *parked;   // or its cache parked in host memory (slot -1), or neither (nothing kept)
+    int32_t *ids;        // parked: the tokens of the parked positions
+    int64_t n;
+    int32_t jobs;        // its jobs queued or running (they run one at a time, in order)
+    double t_used;
+} bt_session;
+
+typedef struct {
+    int32_t *ids;        // (max_seq) the tokens whose keys and values the slot holds, positions 0..n-1
+    int64_t n;
+    bt_session *sess;    // the session whose cache this is, or NULL (free: a job may take it and its prefix)
+    bt_job *job;         // the sequence running in it
+    double t_used;
+} bt_slot;
+
+struct bt_sched {
+    dj_engine *eng;
+    const dj_tokenizer *tok;
+    bt_opts o;
+    bt_callbacks cb;
+    int64_t ctx, vocab;
+    uint64_t pos_bytes;  // one position's keys and values: what parking moves per position
+    bt_slot *slots;
+    bt_job **active;     // (parallel) in the order they joined
+    int32_t n_active;
+    bt_job *q_head, *q_tail;
+    bt_session **sessions;
+    int32_t n_sessions;
+    // one decode step's rows
+    int32_t *row_slot, *row_tok;
+    int64_t *row_pos;
+    bt_job **row_job;
+    float *logits;       // (parallel, vocab)
+    bt_stats st;
+};
+
+// ---- set-up
+bt_sched *bt_new(dj_engine *eng, const dj_tokenizer *tok, const dj_config *c, const bt_opts *o, const bt_callbacks *cb,
+                 dj_err *e) {
+    if (!eng->step_batch || !eng->park || !eng->restore || !eng->drop) {
+        dj_fail(e, "the %s engine has no %s yet: the server needs KV slots with a batched step and parking (run on "
+                   "the CPU: --cpu)", eng->name, !eng->step_batch ? "step_batch (batched decode)" : "park/restore");
+        return NULL;
+    }
+    if (o->parallel < 1 || o->parallel > eng->n_slots || o->prefill_chunk < 1 || o->max_sessions < 1) {
+        dj_fail(e, "batch: parallel %d of %d slots, prefill chunk %" PRId64 ", %d sessions: out of range", o->parallel,
+                eng->n_slots, o->prefill_chunk, o->max_sessions);
+        return NULL;
+    }
+    bt_sched *s = calloc(1, sizeof *s);
+    if (!s) {
+        dj_fail(e, "out of memory");
+        return NULL;
+    }
+    s->eng = eng, s->tok = tok, s->o = *o, s->cb = *cb;
+    s->ctx = eng->max_seq;
+    s->vocab = c->vocab_size;
+    s->pos_bytes = engine_kv_pos_bytes(c);
+    size_t P = (size_t)o->parallel;
+    s->slots = calloc((size_t)eng->n_slots, sizeof *s->slots);
+    s->active = calloc(P, sizeof *s->active);
+    s->sessions = calloc((size_t)o->max_sessions, sizeof *s->sessions);
+    s->row_slot = calloc(P, sizeof *s->row_slot);
+    s->row_tok = calloc(P, sizeof *s->row_tok);
+    s->row_pos = calloc(P, sizeof *s->row_pos);
+    s->row_job = calloc(P, sizeof *s->row_job);
+    s->logits = malloc(P * (size_t)s->vocab * sizeof(float));
+    int ok = s->slots && s->active && s->sessions && s->row_slot && s->row_tok && s->row_pos && s->row_job && s->logits;
+    for (int32_t i = 0; ok && i < eng->n_slots; i++) ok = (s->slots[i].ids = malloc((size_t)s->ctx * 4)) != NULL;
+    if (!ok) {
+        bt_free(s);
+        dj_fail(e, "out of memory");
+        return NULL;
+    }
+    s->st.slots = eng->n_slots, s->st.parallel = o->parallel;
+    return s;
+}
+
+static void job_free(bt_job *j) {
+    free(j->ids);
+    for (int i = 0; i < j->n_stops; i++) free(j->stops[i]);
+    sampler_free(j->smp);
+    if (j->ts) tok_stream_free(j->ts);
+    held_free(&j->held);
+    free(j);
+}
+
+static void session_free(bt_sched *s, bt_session *x) {
+    if (x->parked) s->eng->drop(s->eng->ctx, x->parked);
+    free(x->ids), free(x->name), free(x);
+}
+
+void bt_free(bt_sched *s) {
+    if (!s) return;
+    for (int32_t i = 0; i < s->n_active; i++) job_free(s->active[i]);
+    while (s->q_head) {
+        bt_job *j = s->q_head;
+        s->q_head = j->next_queued;
+        job_free(j);
+    }
+    for (int32_t i = 0; i < s->n_sessions; i++) session_free(s, s->sessions[i]);
+    for (int32_t i = 0; s->slots && i < s->eng->n_slots; i++) free(s->slots[i].ids);
+    free(s->slots), free(s->active), free(s->sessions), free(s->row_slot), free(s->row_tok), free(s->row_pos);
+    free(s->row_job), free(s->logits);
+    free(s);
+}
+
+// ---- sessions and parking
+static bt_session *session_find(bt_sched *s, const char *name) {
+    for (int32_t i = 0; i < s->n_sessions; i++)
+        if (!strcmp(s->sessions[i]->name, name)) return s->sessions[i];
+    return NULL;
+}
+
+// A parked cache dropped: the session keeps its name, its next turn prefills everything.
+static void unpark_drop(bt_sched *s, bt_session *x) {
+    s->st.parked_bytes -= (uint64_t)x->n * s->pos_bytes;
+    s->eng->drop(s->eng->ctx, x->parked);
+    free(x->ids);
+    x->parked = NULL, x->ids = NULL, x->n = 0;
+    s->st.drops++;
+}
+
+// The cache in slot i (an idle session's) moves to host memory; the slot becomes free and empty. Past the parking
+// budget the least recently used parked caches are dropped first; a cache alone over the budget, or one the engine
+// fails to park, is dropped itself. Returns -1 only when the engine failed.
+static int park_slot(bt_sched *s, int32_t i, dj_err *e) {
+    bt_slot *sl = &s->slots[i];
+    bt_session *x = sl->sess;
+    uint64_t bytes = (uint64_t)sl->n * s->pos_bytes;
+    sl->sess = NULL, x->slot = -1;
+    int rc = 0;
+    if (sl->n > 0 && bytes <= s->o.park_bytes) {
+        while (s->st.parked_bytes + bytes > s->o.park_bytes) {
+            bt_session *lru = NULL;
+            for (int32_t k = 0; k < s->n_sessions; k++)
+                if (s->sessions[k]->parked && (!lru || s->sessions[k]->t_used < lru->t_used)) lru = s->sessions[k];
+            unpark_drop(s, lru);
+        }
+        double t0 = dj_now();
+        x->ids = malloc((size_t)sl->n * sizeof *x->ids);
+        x->parked = x->ids ? s->eng->park(s->eng->ctx, i, sl->n, e) : NULL;
+        if (x->parked) {
+            memcpy(x->ids, sl->ids, (size_t)sl->n * sizeof *x->ids);
+            x->n = sl->n;
+            s->st.parked_bytes += bytes;
+            s->st.parks++, s->st.park_bytes_total += bytes, s->st.park_s += dj_now() - t0;
+        } else {
+            rc = x->ids ? -1 : dj_fail(e, "out of memory");
+            free(x->ids), x->ids = NULL;
+        }
+    } else if (sl->n > 0) {
+        s->st.drops++;
+    }
+    if (!x->parked) x->n = 0;
+    sl->n = 0;
+    return rc;
+}
+
+static void session_forget(bt_sched *s, bt_session *x) {
+    if (x->slot >= 0) s->slots[x->slot].sess = NULL, s->slots[x->slot].n = 0;
+    if (x->parked) unpark_drop(s, x), s->st.drops--;  // forgotten on request: not a drop for lack of room
+    for (int32_t i = 0; i < s->n_sessions; i++)
+        if (s->sessions[i] == x) {
+            s->sessions[i] = s->sessions[--s->n_sessions];
+            break;
+        }
+    session_free(s, x);
+}
+
+// The session named, created when new; past max_sessions the least recently used idle one is forgotten. NULL with
+// the HTTP status in *status.
+static bt_session *session_get(bt_sched *s, const char *name, int *status, dj_err *e) {
+    bt_session *x = session_find(s, name);
+    if (x) return x;
+    if (s->n_sessions == s->o.max_sessions) {
+        bt_session *lru = NULL;
+        for (int32_t i = 0; i < s->n_sessions; i++)
+            if (!s->sessions[i]->jobs && (!lru || s->sessions[i]->t_used < lru->t_used)) lru = s->sessions[i];
+        if (!lru) {
+            *status = 503;
+            dj_fail(e, "all %d sessions have a request under way", s->o.max_sessions);
+            return NULL;
+        }
+        session_forget(s, lru);
+    }
+    x = calloc(1, sizeof *x);
+    if (!x || !(x->name = strdup(name))) {
+        free(x);
+        *status = 500;
+        dj_fail(e, "out of memory");
+        return NULL;
+    }
+    x->slot = -1, x->t_used = dj_now();
+    s->sessions[s->n_sessions++] = x;
+    return x;
+}
+
+// ---- jobs
+int bt_submit(bt_sched *s, bt_job *j, const char *session, dj_err *e) {
+    int status = 0;
+    j->state = JOB_QUEUED, j->slot = -1, j->sess = NULL, j->next_queued = NULL, j->n_gen = 0, j->n_reused = 0;
+    if (session && !(j->sess = session_get(s, session, &status, e))) return status;
+    if (j->sess) j->sess->jobs++;
+    if (s->q_tail) s->q_tail->next_queued = j;
+    else s->q_head = j;
+    s->q_tail = j;
+    return 0;
+}
+
+void bt_detach(bt_sched *s, bt_job *j) { j->owner = NULL; }
+
+int bt_has_work(const bt_sched *s) { return s->n_active > 0 || s->q_head; }
+
+static int64_t common_prefix(const int32_t *a, int64_t na, const int32_t *b, int64_t nb) {
+    int64_t p = 0;
+    while (p < na && p < nb && a[p] == b[p]) p++;
+    return p;
+}
+
+// A slot for job j: its session's own; else a free one (the longest prefix of j's prompt, then the least recently
+// used); else the least recently used idle session's, parked. The session's parked cache is restored into it.
+// -1 when every slot runs a job; -2 when j's session runs an earlier job.
+static int32_t take_slot(bt_sched *s, bt_job *j, dj_err *e) {
+    bt_session *x = j->sess;
+    if (x && x->slot >= 0) return s->slots[x->slot].job ? -2 : x->slot;
+    int32_t best = -1, lru = -1;
+    int64_t best_p = 0;
+    for (int32_t i = 0; i < s->eng->n_slots; i++) {
+        bt_slot *sl = &s->slots[i];
+        if (sl->job) continue;
+        if (!sl->sess) {
+            int64_t p = x && x->parked ? 0 : common_prefix(sl->ids, sl->n, j->ids, (int64_t)j->n_ids);
+            if (best < 0 || p > best_p || (p == best_p && sl->t_used < s->slots[best].t_used)) best = i, best_p = p;
+        } else if (lru < 0 || sl->t_used < s->slots[lru].t_used) {
+            lru = i;
+        }
+    }
+    if (best < 0 && lru >= 0) {
+        if (park_slot(s, lru, e)) fprintf(stderr, "djinn serve: parking a cache failed (%s): it is dropped\n", e->msg);
+        best = lru;
+    }
+    if (best < 0 || !x) return best;
+    bt_slot *sl = &s->slots[best];
+    if (x->parked) {
+        sl->n = 0;
+        double t0 = dj_now();
+        uint64_t bytes = (uint64_t)x->n * s->pos_bytes;
+        if (s->eng->restore(s->eng->ctx, x->parked, best, e)) {
+            fprintf(stderr, "djinn serve: restoring session '%s' failed (%s): its cache is dropped\n", x->name, e->msg);
+            unpark_drop(s, x);
+        } else {
+            s->st.parked_bytes -= bytes;
+            s->st.restores++, s->st.restore_bytes_total += bytes, s->st.restore_s += dj_now() - t0;
+            memcpy(sl->ids, x->ids, (size_t)x->n * sizeof *x->ids);
+            sl->n = x->n;
+            free(x->ids);
+            x->parked = NULL, x->ids = NULL;
+        }
+    }
+    x->n = 0, x->slot = best, sl->sess = x;
+    return best;
+}
+
+// Queued jobs join while fewer than `parallel` run and a slot can be had, first come first served; a job whose
+// session runs an earlier one waits for it.
+static void admit(bt_sched *s) {
+    dj_err e = {{0}};
+    for (bt_job **q = &s->q_head, *prev = NULL; *q && s->n_active < s->o.parallel;) {
+        bt_job *j = *q;
+        int32_t i = take_slot(s, j, &e);
+        if (i == -2) {
+            prev = j, q = &j->next_queued;
+            continue;
+        }
+        if (i < 0) return;
+        *q = j->next_queued;
+        if (s->q_tail == j) s->q_tail = prev;
+        bt_slot *sl = &s->slots[i];
+        sl->job = j, sl->t_used = dj_now();
+        int64_t p = common_prefix(sl->ids, sl->n, j->ids, (int64_t)j->n_ids);
+        if (p == (int64_t)j->n_ids) p--;  // the last prompt token runs again: its pass gives the first pick
+        sl->n = p;                        // what follows is overwritten
+        j->slot = i, j->done = p, j->n_reused = p, j->state = JOB_PREFILL;
+        s->active[s->n_active++] = j;
+        s->st.prompt_tokens += j->n_ids, s->st.reused_tokens += (uint64_t)p;
+    }
+}
+
+// Job j leaves: its owner hears how it ended (unless it left), its slot is released (a session keeps the cache;
+// with park_after it is parked now), and it is freed.
+static void job_end(bt_sched *s, bt_job *j, const char *finish, const char *err) {
+    if (j->owner) s->cb.ended(j->owner, j, finish, err);
+    if (j->state != JOB_QUEUED) {
+        for (int32_t i = 0; i < s->n_active; i++)
+            if (s->active[i] == j) {
+                memmove(s->active + i, s->active + i + 1, (size_t)(s->n_active - i - 1) * sizeof *s->active);
+                s->n_active--;
+                break;
+            }
+        bt_slot *sl = &s->slots[j->slot];
+        sl->job = NULL, sl->t_used = dj_now();
+        if (err) sl->n = 0;  // what the failed pass left in the cache is unknown
+    }
+    bt_session *x = j->sess;
+    if (x) {
+        x->jobs--, x->t_used = dj_now();
+        dj_err e = {{0}};
+        if (j->park_after && x->slot >= 0 && park_slot(s, x->slot, &e))
+            fprintf(stderr, "djinn serve: parking session '%s' failed (%s): its cache is dropped\n", x->name, e.msg);
+    }
+    job_free(j);
+}
+
+// Jobs whose owner left end now: queued ones leave the queue, running ones free their slot.
+static void reap(bt_sched *s) {
+    for (bt_job **p = &s->q_head, *prev = NULL; *p;) {
+        bt_job *j = *p;
+        if (j->owner) {
+            prev = j, p = &j->next_queued;
+            continue;
+        }
+        *p = j->next_queued;
+        if (s->q_tail == j) s->q_tail = prev;
+        job_end(s, j, NULL, NULL);
+    }
+    for (int32_t i = s->n_active - 1; i >= 0; i--)
+        if (!s->active[i]->owner) job_end(s, s->active[i], NULL, NULL);
+}
+
+// ---- prefill: at most prefill_chunk prompt tokens a step, jobs in the order they joined
+static void prefill(bt_sched *s) {
+    int64_t budget = s->o.prefill_chunk;
+    for (int32_t i = 0; i < s->n_active && budget > 0; i++) {
+        bt_job *j = s->active[i];
+        if (j->state != JOB_PREFILL) continue;
+        bt_slot *sl = &s->slots[j->slot];
+        int64_t left = (int64_t)j->n_ids - j->done, take = left < budget ? left : budget;
+        dj_err e = {{0}};
+        double t0 = dj_now();
+        int rc;
+        if (take < left) {
+            rc = s->eng->forward(s->eng->ctx, j->slot, j->ids + j->done, take, j->done, NULL, 0, &e);
+        } else {  // the last chunk: the first token is picked, with the whole prompt in the penalties' window
+            rc = -1;
+            if ((j->ts = tok_stream_new(s->tok))) {
+                for (size_t k = 0; k < j->n_ids; k++) {
+                    size_t len;
+                    sampler_accept(j->smp, j->ids[k]);
+                    tok_stream_push(j->ts, j->ids[k], &len);  // the prompt's text is not the answer's
+                }
+                rc = engine_next(s->eng, j->smp, j->slot, j->ids + j->done, take, j->done, s->logits, &j->next, &e);
+            } else {
+                dj_fail(&e, "out of memory");
+            }
+        }
+        s->st.prefill_s += dj_now() - t0;
+        if (rc) {
+            job_end(s, j, NULL, e.msg);
+            i--;
+            continue;
+        }
+        memcpy(sl->ids + j->done, j->ids + j->done, (size_t)take * sizeof *sl->ids);
+        j->done += take, sl->n = j->done, budget -= take;
+        s->st.prefill_tokens += (uint64_t)take;
+        if (j->done == (int64_t)j->n_ids) {
+            j->state = JOB_DECODE;
+            if (j->owner) s->cb.started(j->owner, j);
+        }
+    }
+}
+
+// ---- decode
+static void emit_text(void *ctx, const char *text, size_t n);
+static int emit_held(void *ctx, const char *text, size_t n, dj_err *e) {
+    emit_text(ctx, text, n);
+    return 0;
+}
+typedef struct {
+    bt_sched *s;
+    bt_job *j;
+} bt_emit;
+static void emit_text(void *ctx, const char *text, size_t n) {
+    bt_emit *x = ctx;
+    if (n && x->j->owner) x->s->cb.text(x->j->owner, x->j, text, n);
+}
+
+// The token the last pass picked for j: into the penalties' window and the text. Returns the finish reason when
+// the answer ends with it ("stop", "length"), NULL when it goes on; *err on an error.
+static const char *take_token(bt_sched *s, bt_job *j, const char **err, dj_err *e) {
+    int32_t t = j->next;
+    if (t < 0) {
+        *err = "the logits hold NaN or infinity: the model's arithmetic overflowed";
+        return NULL;
+    }
+    sampler_accept(j->smp, t);
+    j->n_gen++, s->st.gen_tokens++;
+    bt_emit em = {s, j};
+    const char *finish = NULL;
+    int hit = -1;
+    if (tok_is_eos(s->tok, t)) {
+        finish = "stop";
+    } else {
+        size_t len;
+        const char *piece = tok_stream_push(j->ts, t, &len);
+        hit = held_feed(&j->held, piece, len, (const char *const *)j->stops, j->n_stops, emit_held, &em, e);
+        if (hit >= 0) finish = "stop";
+    }
+    if (hit == -2) {
+        *err = e->msg;
+        return NULL;
+    }
+    if (!finish && (j->n_gen == j->max_tokens || (int64_t)j->n_ids + j->n_gen >= s->ctx)) finish = "length";
+    if (!finish) return NULL;
+    if (hit < 0) {  // the text still held back: all of it, unless it ends in a stop string
+        size_t len;
+        const char *tail = tok_stream_flush(j->ts, &len);
+        hit = held_feed(&j->held, tail, len, (const char *const *)j->stops, j->n_stops, emit_held, &em, e);
+        if (hit == -2) {
+            *err = e->msg;
+            return NULL;
+        }
+        if (hit >= 0) finish = "stop";
+    }
+    emit_text(&em, j->held.buf, j->held.len);  // up to the stop string found, or all of it
+    return finish;
+}
+
+// Every sequence past its prefill takes its token; those that go on run one step_batch together.
+static void decode(bt_sched *s) {
+    int32_t B = 0;
+    for (int32_t i = 0; i < s->n_active; i++) {
+        bt_job *j = s->active[i];
+        if (j->state != JOB_DECODE) continue;
+        dj_err e = {{0}};
+        const char *err = NULL, *finish = take_token(s, j, &err, &e);
+        if (finish || err) {
+            job_end(s, j, finish, err);
+            i--;
+            continue;
+        }
+        s->row_job[B] = j, s->row_slot[B] = j->slot, s->row_tok[B] = j->next, s->row_pos[B] = s->slots[j->slot].n;
+        B++;
+    }
+    if (!B) return;
+    dj_err e = {{0}};
+    double t0 = dj_now();
+    int rc = s->eng->step_batch(s->eng->ctx, B, s->row_slot, s->row_pos, s->row_tok, s->logits, &e);
+    s->st.decode_s += dj_now() - t0;
+    s->st.steps++, s->st.step_rows += (uint64_t)B;
+    if (B > s->st.max_rows) s->st.max_rows = B;
+    for (int32_t b = 0; b < B; b++) {
+        bt_job *j = s->row_job[b];
+        if (rc) {
+            job_end(s, j, NULL, e.msg);
+            continue;
+        }
+        bt_slot *sl = &s->slots[j->slot];
+        sl->ids[sl->n++] = s->row_tok[b];
+        j->next = sampler_next(j->smp, s->logits + (size_t)b * (size_t)s->vocab);
+    }
+}
+
+void bt_step(bt_sched *s) {
+    reap(s);
+    admit(s);
+    prefill(s);
+    decode(s);
+}
+
+// ---- sessions on request, statistics
+int bt_park(bt_sched *s, const char *session, int64_t *tokens, dj_err *e) {
+    bt_session *x = session_find(s, session);
+    *tokens = 0;
+    if (!x) return dj_fail(e, "no session '%s'", session), 404;
+    if (x->jobs)
+        return dj_fail(e, "session '%s' has a request under way: park it when its answer has ended", session), 409;
+    if (x->slot >= 0) {
+        x->t_used = dj_now();
+        if (park_slot(s, x->slot, e)) return 500;
+    }
+    *tokens = x->n;
+    return 0;
+}
+
+int bt_forget(bt_sched *s, const char *session, dj_err *e) {
+    bt_session *x = session_find(s, session);
+    if (!x) return dj_fail(e, "no session '%s'", session), 404;
+    if (x->jobs) return dj_fail(e, "session '%s' has a request under way", session), 409;
+    session_forget(s, x);
+    return 0;
+}
+
+uint64_t bt_generated(const bt_sched *s) { return s->st.gen_tokens; }
+
+void bt_get_stats(const bt_sched *s, bt_stats *out) {
+    *out = s->st;
+    out->active = s->n_active, out->queued = 0;
+    for (const bt_job *j = s->q_head; j; j = j->next_queued) out->queued++;
+    out->sessions = s->n_sessions, out->sessions_resident = 0, out->sessions_parked = 0;
+    for (int32_t i = 0; i < s->n_sessions; i++) {
+        out->sessions_resident += s->sessions[i]->slot >= 0;
+        out->sessions_parked += s->sessions[i]->parked != NULL;
+    }
+}

@@ -1,0 +1,748 @@
+// server.c: `djinn serve`: OpenAI's completions and chat completions (api.h) over HTTP/1.1 (http.h), one thread,
+// one engine. A poll() loop serves every connection between scheduler turns (batch.h): requests are read, checked
+// and queued; each turn admits queued requests into free KV slots, prefills a chunk of prompts and advances every
+// running sequence one token in one batched step, and what the turn produced goes out at once. Nothing here blocks:
+// sockets are non-blocking, every read and buffer has a bound, every connection a deadline.
+#include "server.h"
+
+#include <arpa/inet.h>
+#include <ctype.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <math.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "api.h"
+#include "batch.h"
+#include "buf.h"
+#include "chat.h"
+#include "engine.h"
+#include "http.h"
+#include "kernels.h"
+#include "loader.h"
+#include "pool.h"
+#include "tokenizer.h"
+
+#define SRV_BODY_MAX ((size_t)8 << 20)   // a request body; more is refused (413)
+#define SRV_OUT_MAX ((size_t)16 << 20)   // unsent output: a client that stops reading is dropped past it
+#define SRV_REJECT_MAX 32                // connections over --max-conns answered 503 at once; more are closed
+#define SRV_DRAIN_S 2.0                  // after a refusal, the client's unread bytes are read for this long
+#define SRV_DEFAULT_CTX 4096
+#define SRV_DEFAULT_PARALLEL 8
+
+static volatile sig_atomic_t srv_stop;
+static void srv_on_signal(int sig) {
+    (void)sig;
+    srv_stop = 1;
+}
+
+// ---- options
+typedef struct {
+    const char *model, *host, *api_key;
+    int port, force_cpu, threads, quiet;
+    double ring_gb, kv_gb, park_gb, timeout_s;
+    int64_t ctx, prefill_chunk;
+    int32_t parallel, sessions, max_conns;
+} srv_opts;
+
+static void srv_usage(FILE *f) {
+    fprintf(f,
+            "usage: djinn serve MODEL.bin [options]\n"
+            "  --host ADDR          listen address (127.0.0.1; 0.0.0.0 for every interface)\n"
+            "  --port N             TCP port (8080; 0: any free one, printed on stderr)\n"
+            "  --api-key KEY        require 'Authorization: Bearer KEY' on /v1/* and /metrics (none)\n"
+            "  -c N                 context: positions per KV slot (the model's, at most %d)\n"
+            "  --parallel N         most sequences decoded together in one step (%d, at most the slots)\n"
+            "  --kv-gb G            memory for KV slots, in GB: slots = G / (context x bytes a position)\n"
+            "                       (room for twice --parallel)\n"
+            "  --park-gb G          host memory for parked sessions' caches, in GB (8)\n"
+            "  --sessions N         sessions remembered (256); the least recently used idle one goes\n"
+            "  --prefill-chunk N    most prompt tokens prefilled between two decode steps (256)\n"
+            "  --max-conns N        open connections (256); more get 503\n"
+            "  --timeout S          seconds a request may take to arrive, an idle connection stays open and a\n"
+            "                       client may leave output unread (60)\n"
+            "  --ring-gb G          GPU memory for weights, in GB (as djinn's)\n"
+            "  --threads N          CPU threads (the CPUs in the affinity mask)\n"
+            "  --cpu                run on the CPU even with a GPU present\n"
+            "  -q                   no line per request on stderr\n"
+            "endpoints: POST /v1/completions, POST /v1/chat/completions, GET /v1/models, GET /health, GET /metrics,\n"
+            "  POST /v1/sessions/NAME/park, DELETE /v1/sessions/NAME\n",
+            SRV_DEFAULT_CTX, SRV_DEFAULT_PARALLEL);
+}
+
+static int srv_bad_usage(const char *what, const char *arg) {
+    fprintf(stderr, "djinn serve: %s%s%s (see djinn serve --help)\n", what, arg ? ": " : "", arg ? arg : "");
+    return 2;
+}
+
+// A number within [lo, hi], or a usage error naming the flag.
+static int srv_num(const char *flag, const char *v, double lo, double hi, int integer, double *out) {
+    char *end;
+    errno = 0;
+    double d = strtod(v, &end);
+    if (errno || end == v || *end || !(d >= lo && d <= hi) || (integer && d != floor(d))) {
+        char what[160];
+        snprintf(what, sizeof what, "%s wants %s from %g to %g", flag, integer ? "an integer" : "a number", lo, hi);
+        return srv_bad_usage(what, v);
+    }
+    *out = d;
+    return 0;
+}
+
+static int srv_parse(int argc, char **argv, srv_opts *o) {
+    *o = (srv_opts){.host = "127.0.0.1", .port = 8080, .park_gb = 8, .timeout_s = 60, .prefill_chunk = 256,
+                    .sessions = 256, .max_conns = 256};
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            srv_usage(stdout);
+            return -1;
+        }
+        if (!strcmp(a, "--cpu") || !strcmp(a, "-q")) {
+            *(a[1] == 'q' ? &o->quiet : &o->force_cpu) = 1;
+            continue;
+        }
+        if (a[0] != '-') {
+            if (o->model) return srv_bad_usage("a second model path", a);
+            o->model = a;
+            continue;
+        }
+        if (i + 1 >= argc) return srv_bad_usage("a value is missing after", a);
+        const char *v = argv[++i];
+        double d = 0;
+        int rc = 0;
+        if (!strcmp(a, "--host")) o->host = v;
+        else if (!strcmp(a, "--api-key")) o->api_key = v;
+        else if (!strcmp(a, "--port")) rc = srv_num(a, v, 0, 65535, 1, &d), o->port = (int)d;
+        else if (!strcmp(a, "--threads")) rc = srv_num(a, v, 1, 4096, 1, &d), o->threads = (int)d;
+        else if (!strcmp(a, "-c")) rc = srv_num(a, v, 2, 1 << 24, 1, &d), o->ctx = (int64_t)d;
+        else if (!strcmp(a, "--parallel")) rc = srv_num(a, v, 1, 4096, 1, &d), o->parallel = (int32_t)d;
+        else if (!strcmp(a, "--sessions")) rc = srv_num(a, v, 1, 1 << 20, 1, &d), o->sessions = (int32_t)d;
+        else if (!strcmp(a, "--max-conns")) rc = srv_num(a, v, 1, 65536, 1, &d), o->max_conns = (int32_t)d;
+        else if (!strcmp(a, "--prefill-chunk")) rc = srv_num(a, v, 1, 1 << 20, 1, &d), o->prefill_chunk = (int64_t)d;
+        else if (!strcmp(a, "--timeout")) rc = srv_num(a, v, 0.1, 86400, 0, &d), o->timeout_s = d;
+        else if (!strcmp(a, "--ring-gb")) rc = srv_num(a, v, 1e-3, 1e6, 0, &d), o->ring_gb = d;
+        else if (!strcmp(a, "--kv-gb")) rc = srv_num(a, v, 1e-9, 1e6, 0, &d), o->kv_gb = d;
+        else if (!strcmp(a, "--park-gb")) rc = srv_num(a, v, 0, 1e6, 0, &d), o->park_gb = d;
+        else return srv_bad_usage("unknown option", a);
+        if (rc) return rc;
+        if (!strcmp(a, "--api-key") && !*v) return srv_bad_usage("--api-key is empty", NULL);
+    }
+    if (!o->model) return srv_bad_usage("no model given", NULL);
+    return 0;
+}
+
+// ---- the server's state
+typedef struct srv_req srv_req;
+
+typedef struct {
+    int fd;
+    dj_buf in, out;
+    double t_read, t_wrote;  // the last byte read; the last progress writing
+    double t_req;            // the first byte of the request being read (0: none under way)
+    int closing;             // close once out is sent (and, draining, the client's unread bytes read)
+    int draining;            // refused mid-request: the rest of its bytes are read and dropped before closing
+    double t_drain;
+    int keep_alive;          // the current request's
+    int sent_continue;       // "100 Continue" sent for the request being read
+    int rejected;            // over --max-conns: not counted
+    srv_req *req;            // its completion under way (reading pauses until it ends)
+} srv_conn;
+
+// A completion request: its connection and job, and what its response has sent.
+struct srv_req {
+    srv_conn *c;             // NULL once the client left
+    bt_job *job;
+    api_resp resp;
+    int stream, include_usage, role_sent;
+    int started;             // its stream's head is out
+    dj_buf text;             // the answer so far (a response that does not stream)
+    int64_t n_ids;
+    double t0;
+};
+
+typedef struct {
+    srv_opts o;
+    dj_model m;
+    dj_tokenizer *tok;
+    dj_engine eng;
+    bt_sched *bt;
+    api_model am;
+    char model_name[256];
+    int lfd;
+    srv_conn **conns;
+    int32_t n_conns, n_rejecting;
+    uint64_t seq;            // request ids
+    uint64_t requests, errors;
+    double t_start;
+    uint64_t tok_bucket[10]; // generated tokens per second over the last ten seconds
+    int64_t tok_second[10];
+    uint64_t tok_seen;       // generated tokens counted into the buckets
+} srv;
+
+// ---- output to a connection
+static void send_head(srv_conn *c, int status, const char *type, size_t len) {
+    buf_fmt(&c->out, "HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %zu\r\nConnection: %s\r\n\r\n", status,
+            http_reason(status), type, len, c->keep_alive ? "keep-alive" : "close");
+    if (!c->keep_alive) c->closing = 1;
+}
+
+static void send_json(srv_conn *c, int status, const dj_buf *body) {
+    send_head(c, status, "application/json", body->n);
+    buf_add(&c->out, body->p ? body->p : "", body->n);
+}
+
+static void send_error(srv *s, srv_conn *c, int status, const char *param, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
+static void send_error(srv *s, srv_conn *c, int status, const char *param, const char *fmt, ...) {
+    char msg[600];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    dj_buf b = {0};
+    api_error_json(&b, status, param, msg);
+    send_json(c, status, &b);
+    buf_free(&b);
+    s->errors++;
+}
+
+// ---- completions: the scheduler's callbacks write the response
+static void req_free(srv_req *r) {
+    if (!r) return;
+    buf_free(&r->text);
+    free(r);
+}
+
+static void on_started(void *owner, bt_job *j) {
+    srv_req *r = owner;
+    if (!r->stream) return;
+    r->started = 1;
+    buf_str(&r->c->out, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n"
+                        "Connection: close\r\n\r\n");
+    if (r->resp.chat) api_chunk(&r->c->out, &r->resp, 1, NULL, 0, NULL), r->role_sent = 1;  // the role first
+}
+
+static void on_text(void *owner, bt_job *j, const char *text, size_t n) {
+    srv_req *r = owner;
+    if (r->stream) api_chunk(&r->c->out, &r->resp, !r->role_sent && r->resp.chat, text, n, NULL), r->role_sent = 1;
+    else buf_add(&r->text, text, n);
+}
+
+static srv *srv_self;  // the callbacks' server (one per process)
+
+static void on_ended(void *owner, bt_job *j, const char *finish, const char *err) {
+    srv_req *r = owner;
+    srv *s = srv_self;
+    srv_conn *c = r->c;
+    api_usage u = {(int64_t)r->n_ids, j->n_gen, j->n_reused};
+    if (err) {
+        fprintf(stderr, "djinn serve: %s: %s\n", r->resp.id, err);
+        if (r->started) {  // the stream began: an error event ends it
+            dj_buf b = {0};
+            api_error_json(&b, 500, NULL, err);
+            buf_str(&c->out, "data: ");
+            buf_add(&c->out, b.p, b.n - 1);
+            buf_str(&c->out, "\n\n");
+            buf_free(&b);
+            c->closing = 1, s->errors++;
+        } else {
+            send_error(s, c, 500, NULL, "%s", err);
+        }
+    } else if (r->stream) {
+        api_chunk(&c->out, &r->resp, 0, NULL, 0, finish);
+        if (r->include_usage) api_usage_chunk(&c->out, &r->resp, &u);
+        buf_str(&c->out, "data: [DONE]\n\n");
+        c->closing = 1;  // the stream's body ends with the connection
+    } else {
+        dj_buf b = {0};
+        api_response(&b, &r->resp, r->text.p ? r->text.p : "", r->text.n, finish, &u);
+        send_json(c, 200, &b);
+        buf_free(&b);
+    }
+    if (!s->o.quiet)
+        fprintf(stderr, "djinn serve: %s: %" PRId64 " prompt tokens (%" PRId64 " cached), %" PRId64 " generated, %s, "
+                        "%.3f s\n", r->resp.id, u.prompt, u.cached, u.completion, err ? "failed" : finish,
+                dj_now() - r->t0);
+    c->req = NULL;
+    req_free(r);
+}
+
+// A completion request: checked, then queued (its response comes from the callbacks).
+static void start_completion(srv *s, srv_conn *c, const char *body, size_t len, int chat) {
+    api_req q;
+    api_error err;
+    uint64_t z = (uint64_t)(dj_now() * 1e9) + (++s->seq << 40);  // a fresh seed: the clock and a counter, mixed
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    if (api_parse(&s->am, body, len, chat, (z ^ (z >> 31)) >> 1, &q, &err)) {
+        send_error(s, c, err.status, err.param, "%s", err.msg);
+        return;
+    }
+    srv_req *r = calloc(1, sizeof *r);
+    bt_job *j = calloc(1, sizeof *j);
+    if (!r || !j) {
+        free(r), free(j);
+        api_req_free(&q);
+        send_error(s, c, 500, NULL, "out of memory");
+        return;
+    }
+    *j = (bt_job){.ids = q.ids, .n_ids = q.n_ids, .max_tokens = q.max_tokens, .smp = q.smp, .n_stops = q.n_stops,
+                  .park_after = q.park, .owner = r};
+    memcpy(j->stops, q.stops, sizeof j->stops);
+    r->c = c, r->job = j, r->stream = q.stream, r->include_usage = q.include_usage, r->n_ids = (int64_t)q.n_ids;
+    r->t0 = dj_now();
+    snprintf(r->resp.id, sizeof r->resp.id, "%s-%" PRIu64, chat ? "chatcmpl" : "cmpl", s->requests + 1);
+    r->resp.model = s->model_name, r->resp.created = (long long)time(NULL), r->resp.chat = chat;
+    dj_err e = {{0}};
+    int status = bt_submit(s->bt, j, q.session, &e);
+    free(q.session);
+    if (status) {
+        free(j->ids), sampler_free(j->smp);
+        for (int i = 0; i < j->n_stops; i++) free(j->stops[i]);
+        free(j), req_free(r);
+        send_error(s, c, status, "session", "%s", e.msg);
+        return;
+    }
+    c->req = r;
+    s->requests++;
+}
+
+// ---- the other endpoints
+static void send_models(srv *s, srv_conn *c) {
+    dj_buf b = {0};
+    buf_str(&b, "{\"object\":\"list\",\"data\":[{\"id\":");
+    buf_json_str(&b, s->model_name, strlen(s->model_name));
+    buf_fmt(&b, ",\"object\":\"model\",\"created\":%lld,\"owned_by\":\"djinn\",\"context_length\":%" PRId64 "}]}\n",
+            (long long)s->t_start, s->am.ctx);
+    send_json(c, 200, &b);
+    buf_free(&b);
+}
+
+// The tokens generated since the last call go into this second's bucket.
+static void count_tokens(srv *s) {
+    uint64_t total = bt_generated(s->bt);
+    int64_t sec = (int64_t)dj_now();
+    int k = (int)(sec % 10);
+    if (s->tok_second[k] != sec) s->tok_second[k] = sec, s->tok_bucket[k] = 0;
+    s->tok_bucket[k] += total - s->tok_seen;
+    s->tok_seen = total;
+}
+
+// Prometheus's text format: one line a figure.
+static void metric(dj_buf *b, const char *name, const char *type, double v) {
+    buf_fmt(b, "# TYPE djinn_%s %s\ndjinn_%s %.17g\n", name, type, name, v);
+}
+
+static void send_metrics(srv *s, srv_conn *c) {
+    bt_stats t;
+    bt_get_stats(s->bt, &t);
+    count_tokens(s);
+    int64_t now = (int64_t)dj_now();
+    uint64_t recent = 0;
+    for (int k = 0; k < 10; k++)
+        if (s->tok_second[k] < now && s->tok_second[k] >= now - 10) recent += s->tok_bucket[k];
+    dj_buf b = {0};
+    metric(&b, "requests_total", "counter", (double)s->requests);
+    metric(&b, "errors_total", "counter", (double)s->errors);
+    metric(&b, "requests_active", "gauge", t.active);
+    metric(&b, "requests_queued", "gauge", t.queued);
+    metric(&b, "connections", "gauge", s->n_conns - s->n_rejecting);
+    metric(&b, "kv_slots", "gauge", t.slots);
+    metric(&b, "parallel", "gauge", t.parallel);
+    metric(&b, "sessions", "gauge", t.sessions);
+    metric(&b, "sessions_resident", "gauge", t.sessions_resident);
+    metric(&b, "sessions_parked", "gauge", t.sessions_parked);
+    metric(&b, "parked_bytes", "gauge", (double)t.parked_bytes);
+    metric(&b, "parks_total", "counter", (double)t.parks);
+    metric(&b, "restores_total", "counter", (double)t.restores);
+    metric(&b, "park_bytes_total", "counter", (double)t.park_bytes_total);
+    metric(&b, "restore_bytes_total", "counter", (double)t.restore_bytes_total);
+    metric(&b, "park_seconds_total", "counter", t.park_s);
+    metric(&b, "restore_seconds_total", "counter", t.restore_s);
+    metric(&b, "cache_drops_total", "counter", (double)t.drops);
+    metric(&b, "prompt_tokens_total", "counter", (double)t.prompt_tokens);
+    metric(&b, "prompt_tokens_cached_total", "counter", (double)t.reused_tokens);
+    metric(&b, "prefill_tokens_total", "counter", (double)t.prefill_tokens);
+    metric(&b, "prefill_seconds_total", "counter", t.prefill_s);
+    metric(&b, "generated_tokens_total", "counter", (double)t.gen_tokens);
+    metric(&b, "decode_steps_total", "counter", (double)t.steps);
+    metric(&b, "decode_rows_total", "counter", (double)t.step_rows);
+    metric(&b, "decode_rows_max", "gauge", t.max_rows);
+    metric(&b, "decode_seconds_total", "counter", t.decode_s);
+    metric(&b, "decode_tokens_per_second", "gauge", t.decode_s > 0 ? (double)t.step_rows / t.decode_s : 0);
+    metric(&b, "tokens_per_second", "gauge", (double)recent / 10.0);
+    if (s->eng.is_gpu) {
+        dj_gpu_stats g;
+        gpu_state_stats(s->eng.ctx, &g);
+        metric(&b, "pcie_bytes_total", "counter", (double)g.copied_bytes);
+        metric(&b, "pcie_gb_per_second", "gauge", g.copy_ms > 0 ? (double)g.copied_bytes / 1e6 / g.copy_ms : 0.0);
+    }
+    send_head(c, 200, "text/plain; version=0.0.4", b.n);
+    buf_add(&c->out, b.p ? b.p : "", b.n);
+    buf_free(&b);
+}
+
+// "/v1/sessions/NAME" or ".../park": the name percent-decoded into out. 0, or -1 (a malformed escape, too long).
+static int session_path(const char *p, char *out, size_t cap, int *park) {
+    p += strlen("/v1/sessions/");
+    size_t n = strlen(p), k = 0;
+    *park = n > 5 && !strcmp(p + n - 5, "/park");
+    if (*park) n -= 5;
+    for (size_t i = 0; i < n; i++) {
+        int ch = (unsigned char)p[i];
+        if (ch == '%') {
+            if (i + 2 >= n || !isxdigit((unsigned char)p[i + 1]) || !isxdigit((unsigned char)p[i + 2])) return -1;
+            char hex[3] = {p[i + 1], p[i + 2], 0};
+            ch = (int)strtol(hex, NULL, 16), i += 2;
+        } else if (ch == '/') {
+            return -1;
+        }
+        if (!ch || k + 1 >= cap) return -1;
+        out[k++] = (char)ch;
+    }
+    out[k] = 0;
+    return k ? 0 : -1;
+}
+
+static void session_request(srv *s, srv_conn *c, const http_req *h) {
+    char name[API_SESSION_MAX + 1];
+    int park;
+    if (session_path(h->path, name, sizeof name, &park)) {
+        send_error(s, c, 400, NULL, "a session path is /v1/sessions/NAME (percent-encoded, 1 to %d bytes)",
+                   API_SESSION_MAX);
+        return;
+    }
+    if (park ? strcmp(h->method, "POST") : strcmp(h->method, "DELETE")) {
+        send_error(s, c, 405, NULL, "%s %s: use %s", h->method, h->path, park ? "POST" : "DELETE");
+        return;
+    }
+    dj_err e = {{0}};
+    int64_t tokens = 0;
+    int status = park ? bt_park(s->bt, name, &tokens, &e) : bt_forget(s->bt, name, &e);
+    if (status) {
+        send_error(s, c, status, NULL, "%s", e.msg);
+        return;
+    }
+    dj_buf b = {0};
+    buf_str(&b, "{\"session\":");
+    buf_json_str(&b, name, strlen(name));
+    if (park) buf_fmt(&b, ",\"parked\":true,\"tokens\":%" PRId64 "}\n", tokens);
+    else buf_str(&b, ",\"deleted\":true}\n");
+    send_json(c, 200, &b);
+    buf_free(&b);
+}
+
+// ---- requests
+static int authorized(const srv *s, const http_req *h) {
+    if (!s->o.api_key) return 1;
+    const char *a = h->authorization;
+    return !strncmp(a, "Bearer ", 7) && !strcmp(a + 7, s->o.api_key);
+}
+
+// A whole request (head and body) is in c->in: answered, or its completion queued; then consumed.
+static void handle_request(srv *s, srv_conn *c, const http_req *h) {
+    const char *body = c->in.p + h->head_len, *p = h->path, *m = h->method;
+    c->keep_alive = h->keep_alive;
+    int completion = !strcmp(p, "/v1/completions"), chat = !strcmp(p, "/v1/chat/completions");
+    int sessions = !strncmp(p, "/v1/sessions/", 13);
+    int known = completion || chat || sessions || !strcmp(p, "/health") || !strcmp(p, "/metrics") ||
+                !strcmp(p, "/v1/models");
+    if (!known) send_error(s, c, 404, NULL, "no such endpoint: %s %s", m, p);
+    else if (strcmp(p, "/health") && !authorized(s, h))
+        send_error(s, c, 401, NULL, "a valid API key is required: 'Authorization: Bearer KEY'");
+    else if (sessions) session_request(s, c, h);
+    else if ((completion || chat) ? strcmp(m, "POST") : strcmp(m, "GET"))
+        send_error(s, c, 405, NULL, "%s %s: use %s", m, p, completion || chat ? "POST" : "GET");
+    else if (completion || chat) start_completion(s, c, body, h->content_length, chat);
+    else if (!strcmp(p, "/metrics")) send_metrics(s, c);
+    else if (!strcmp(p, "/v1/models")) send_models(s, c);
+    else {
+        dj_buf b = {0};
+        buf_str(&b, "{\"status\":\"ok\"}\n");
+        send_json(c, 200, &b);
+        buf_free(&b);
+    }
+    buf_drop_front(&c->in, h->head_len + h->content_length);
+    c->t_req = 0, c->sent_continue = 0;
+}
+
+// ---- connections
+static void conn_close(srv *s, int32_t i) {
+    srv_conn *c = s->conns[i];
+    if (c->req) {  // its job ends at the next turn, unheard
+        bt_detach(s->bt, c->req->job);
+        req_free(c->req);
+    }
+    if (c->rejected) s->n_rejecting--;
+    close(c->fd);
+    buf_free(&c->in), buf_free(&c->out);
+    free(c);
+    s->conns[i] = s->conns[--s->n_conns];
+}
+
+// A refusal that ends the connection: the response goes out, then what the client still sends is read and dropped
+// for a while, so that closing with unread bytes does not reset the connection under the response.
+static void refuse_and_drain(srv_conn *c) {
+    c->keep_alive = 0, c->closing = 1, c->draining = 1;
+}
+
+static void accept_all(srv *s) {
+    for (;;) {
+        int fd = accept4(s->lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (fd < 0) return;  // EAGAIN, or a connection that went away before it was taken
+        int one = 1;
+        setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+        int over = s->n_conns - s->n_rejecting >= s->o.max_conns;
+        srv_conn *c = !over || s->n_rejecting < SRV_REJECT_MAX ? calloc(1, sizeof *c) : NULL;
+        if (!c) {
+            close(fd);
+            continue;
+        }
+        c->fd = fd, c->t_read = c->t_wrote = dj_now();
+        s->conns[s->n_conns++] = c;
+        if (over) {
+            c->rejected = 1, s->n_rejecting++;
+            refuse_and_drain(c);
+            dj_buf b = {0};
+            api_error_json(&b, 503, NULL, "too many connections: try again later");
+            send_json(c, 503, &b);
+            buf_free(&b);
+            s->errors++;
+        }
+    }
+}
+
+static void conn_parse(srv *s, srv_conn *c, double now);
+
+// Reads what the connection has, and parses requests while none is under way. 0: keep it; -1: close it now.
+static int conn_read(srv *s, srv_conn *c, double now) {
+    char tmp[65536];
+    for (;;) {
+        ssize_t got = recv(c->fd, tmp, sizeof tmp, 0);
+        if (got == 0) return -1;  // the client closed: whatever it asked for is dropped
+        if (got < 0) {
+            if (errno == EAGAIN || errno == EWOULDBLOCK) break;
+            if (errno == EINTR) continue;
+            return -1;
+        }
+        c->t_read = now;
+        if (c->draining) continue;
+        if (!c->t_req && !c->req) c->t_req = now;
+        if (c->in.n + (size_t)got > HTTP_HEAD_MAX + SRV_BODY_MAX + 65536) return -1;  // far past any limit
+        buf_add(&c->in, tmp, (size_t)got);
+        if (c->in.oom) return -1;
+    }
+    conn_parse(s, c, now);
+    return 0;
+}
+
+// Requests in c->in are answered (or their completion queued) while none is under way.
+static void conn_parse(srv *s, srv_conn *c, double now) {
+    while (!c->req && !c->closing && c->in.n) {
+        if (!c->t_req) c->t_req = now;
+        http_req h;
+        int status;
+        const char *why;
+        int rc = http_parse_head(c->in.p, c->in.n, SRV_BODY_MAX, &h, &status, &why);
+        if (rc == 0) break;
+        if (rc < 0) {
+            refuse_and_drain(c);
+            send_error(s, c, status, NULL, "%s", why);
+            c->in.n = 0;
+            break;
+        }
+        if (c->in.n < h.head_len + h.content_length) {  // the body is still coming
+            if (h.expect_continue && !c->sent_continue) buf_str(&c->out, "HTTP/1.1 100 Continue\r\n\r\n");
+            c->sent_continue = 1;
+            break;
+        }
+        handle_request(s, c, &h);
+    }
+}
+
+// Sends what is pending. -1: the connection is done (the peer is gone, or the response is out and it closes).
+static int conn_write(srv_conn *c, double now) {
+    while (c->out.n) {
+        ssize_t w = send(c->fd, c->out.p, c->out.n, MSG_NOSIGNAL);
+        if (w < 0) {
+            if (errno == EAGAIN || errno == EWOULDBLOCK) return 0;
+            if (errno == EINTR) continue;
+            return -1;
+        }
+        c->t_wrote = now;
+        buf_drop_front(&c->out, (size_t)w);
+    }
+    if (!c->closing || c->req) return 0;
+    if (!c->draining) return -1;
+    if (!c->t_drain) shutdown(c->fd, SHUT_WR), c->t_drain = now;  // the response is out: the client sees its end
+    return 0;
+}
+
+// Why connection c should go now, or NULL: a deadline passed or a limit was crossed.
+static const char *conn_expired(const srv *s, srv_conn *c, double now) {
+    double t = s->o.timeout_s;
+    if (c->draining && c->t_drain && now - c->t_drain > SRV_DRAIN_S) return "drained";
+    if (c->out.n > SRV_OUT_MAX) return "too much unread output";
+    if (c->out.n && now - c->t_wrote > t) return "output unread";
+    if (!c->req && !c->out.n && !c->in.n && !c->t_req && now - fmax(c->t_read, c->t_wrote) > t) return "idle";
+    return NULL;
+}
+
+static int srv_listen(srv *s, dj_err *e) {
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)s->o.port)};
+    if (inet_pton(AF_INET, s->o.host, &a.sin_addr) != 1)
+        return dj_fail(e, "--host %s: not an IPv4 address", s->o.host);
+    s->lfd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (s->lfd < 0) return dj_fail(e, "socket: %s", strerror(errno));
+    int one = 1;
+    setsockopt(s->lfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    if (bind(s->lfd, (struct sockaddr *)&a, sizeof a) || listen(s->lfd, 128))
+        return dj_fail(e, "cannot listen on %s:%d: %s", s->o.host, s->o.port, strerror(errno));
+    socklen_t al = sizeof a;
+    if (getsockname(s->lfd, (struct sockaddr *)&a, &al)) return dj_fail(e, "getsockname: %s", strerror(errno));
+    fprintf(stderr, "djinn serve: listening on http://%s:%d\n", s->o.host, ntohs(a.sin_port));
+    return 0;
+}
+
+static void srv_loop(srv *s) {
+    struct pollfd *pf = calloc((size_t)s->o.max_conns + SRV_REJECT_MAX + 1, sizeof *pf);
+    if (!pf) {
+        fprintf(stderr, "djinn serve: out of memory\n");
+        return;
+    }
+    while (!srv_stop) {
+        pf[0] = (struct pollfd){.fd = s->lfd, .events = POLLIN};
+        for (int32_t i = 0; i < s->n_conns; i++) {
+            srv_conn *c = s->conns[i];
+            pf[i + 1] = (struct pollfd){.fd = c->fd, .events = (short)(POLLIN | POLLRDHUP | (c->out.n ? POLLOUT : 0))};
+        }
+        int32_t n = s->n_conns;
+        int ready = poll(pf, (nfds_t)n + 1, bt_has_work(s->bt) ? 0 : 250);
+        if (ready < 0 && errno != EINTR) {
+            fprintf(stderr, "djinn serve: poll: %s\n", strerror(errno));
+            break;
+        }
+        double now = dj_now();
+        // connections first (their indices match pf until one closes: go backwards), then new ones
+        for (int32_t i = n - 1; i >= 0; i--) {
+            srv_conn *c = s->conns[i];
+            short re = ready > 0 ? pf[i + 1].revents : 0;
+            int drop = (re & (POLLERR | POLLNVAL)) != 0;
+            if (!drop && (re & (POLLIN | POLLRDHUP | POLLHUP))) drop = conn_read(s, c, now) < 0;
+            if (!drop && c->out.n) drop = conn_write(c, now) < 0;
+            if (!drop && c->t_req && !c->req && !c->closing && now - c->t_req > s->o.timeout_s) {
+                refuse_and_drain(c);
+                send_error(s, c, 408, NULL, "the request did not arrive whole within %g s", s->o.timeout_s);
+                c->in.n = 0;
+            }
+            if (!drop && conn_expired(s, c, now)) drop = 1;
+            if (!drop && c->closing && !c->out.n && !c->req && !c->draining) drop = 1;
+            if (drop) conn_close(s, i);
+        }
+        if (ready > 0 && (pf[0].revents & POLLIN)) accept_all(s);
+        bt_step(s->bt);
+        count_tokens(s);
+        // what the turn produced goes out now, not after the next poll; a request that waited behind an answer on
+        // its connection is taken up
+        now = dj_now();
+        for (int32_t i = s->n_conns - 1; i >= 0; i--) {
+            srv_conn *c = s->conns[i];
+            if (!c->req && c->in.n && !c->closing) conn_parse(s, c, now);
+            if ((c->out.n || c->closing) && conn_write(c, now) < 0) conn_close(s, i);
+        }
+    }
+    free(pf);
+}
+
+// ---- set-up
+int serve_main(int argc, char **argv) {
+    srv s = {.lfd = -1, .t_start = (double)time(NULL)};
+    int prc = srv_parse(argc, argv, &s.o);
+    if (prc) return prc < 0 ? 0 : prc;
+    srv_opts *o = &s.o;
+    if (o->threads) cpu_set_threads(o->threads);
+    signal(SIGPIPE, SIG_IGN);
+    signal(SIGINT, srv_on_signal);
+    signal(SIGTERM, srv_on_signal);
+    srv_self = &s;
+    dj_err e = {{0}};
+    int rc = 1;
+    int use_gpu = !o->force_cpu && gpu_count() > 0;
+    dj_load_opts lo = {.want_pinned = use_gpu};
+    if (model_load(o->model, &lo, &s.m, &e)) goto out;
+    const dj_config *cfg = &s.m.info.config;
+    if (!(s.tok = tok_load(s.m.data + s.m.info.tok_off, (size_t)s.m.info.tok_size, &e))) goto out;
+    if (tok_vocab_size(s.tok) > (int32_t)cfg->vocab_size) {
+        dj_fail(&e, "%s: the tokenizer has more tokens than the model's vocabulary: a damaged file", o->model);
+        goto out;
+    }
+    int64_t ctx = o->ctx ? o->ctx : cfg->max_seq_len < SRV_DEFAULT_CTX ? (int64_t)cfg->max_seq_len : SRV_DEFAULT_CTX;
+    if (ctx > (int64_t)cfg->max_seq_len) {
+        fprintf(stderr, "djinn serve: -c %" PRId64 " is beyond the model's max_seq_len of %u\n", ctx, cfg->max_seq_len);
+        rc = 2;
+        goto out;
+    }
+    // KV slots: --kv-gb over one slot's bytes, or twice --parallel's
+    double slot_gb = (double)engine_kv_pos_bytes(cfg) * (double)ctx / 1e9;
+    int32_t parallel = o->parallel ? o->parallel : SRV_DEFAULT_PARALLEL;
+    double slots = o->kv_gb > 0 ? floor(o->kv_gb / slot_gb * (1 + 1e-12)) : 2.0 * parallel;
+    if (slots < 1) {
+        fprintf(stderr, "djinn serve: --kv-gb %g holds no KV slot: one slot of %" PRId64 " positions takes %.4g GB\n",
+                o->kv_gb, ctx, slot_gb);
+        rc = 2;
+        goto out;
+    }
+    if (slots > 65536) slots = 65536;
+    if (parallel > slots && o->parallel) {
+        fprintf(stderr, "djinn serve: --parallel %d needs as many KV slots, --kv-gb %g holds %.0f (%.4g GB each): "
+                        "raise --kv-gb to %.4g or lower --parallel\n", parallel, o->kv_gb, slots, slot_gb,
+                slot_gb * parallel);
+        rc = 2;
+        goto out;
+    }
+    if (parallel > slots) parallel = (int32_t)slots;
+    s.am = (api_model){s.tok, chat_recognise(tok_chat_template(s.tok)), ctx, cfg->vocab_size};
+    const char *base = strrchr(o->model, '/');
+    snprintf(s.model_name, sizeof s.model_name, "%s", base ? base + 1 : o->model);
+    dj_gpu_opts go = {.ring_gb = o->ring_gb, .max_seq = ctx, .cpu_share = -1};
+    if (engine_open(&s.eng, &s.m, &go, (int32_t)slots, &e)) goto out;
+    bt_opts bo = {parallel, o->prefill_chunk, o->sessions, (uint64_t)(o->park_gb * 1e9)};
+    bt_callbacks cb = {on_started, on_text, on_ended};
+    if (!(s.bt = bt_new(&s.eng, s.tok, cfg, &bo, &cb, &e))) goto out;
+    if (!(s.conns = calloc((size_t)o->max_conns + SRV_REJECT_MAX, sizeof *s.conns))) {
+        dj_fail(&e, "out of memory");
+        goto out;
+    }
+    fprintf(stderr, "djinn serve: %s on the %s engine: %d KV slots of %" PRId64 " positions (%.3f GB), up to %d "
+                    "sequences a step, parking up to %.3g GB; chat template: %s\n", s.model_name, s.eng.name,
+            (int)slots, ctx, slot_gb * slots, parallel, o->park_gb, chat_kind_name(s.am.chat));
+    if (srv_listen(&s, &e)) goto out;
+    srv_loop(&s);
+    bt_stats t;
+    bt_get_stats(s.bt, &t);
+    fprintf(stderr, "djinn serve: stopped: %" PRIu64 " requests, %" PRIu64 " tokens generated\n", s.requests,
+            t.gen_tokens);
+    rc = 0;
+out:
+    if (rc == 1 && e.msg[0]) fprintf(stderr, "djinn serve: %s\n", e.msg);
+    while (s.n_conns) conn_close(&s, s.n_conns - 1);
+    free(s.conns);
+    bt_free(s.bt);
+    if (s.lfd >= 0) close(s.lfd);
+    engine_close(&s.eng);
+    if (s.tok) tok_free(s.tok);
+    model_free(&s.m);
+    cpu_pool_stop();
+    return rc;
+}

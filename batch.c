@@ -231,9 +231,11 @@ static int64_t common_prefix(const int32_t *a, int64_t na, const int32_t *b, int
     return p;
 }
 
-// A slot for job j: its session's own; else a free one (the longest prefix of j's prompt, then the least recently
-// used); else the least recently used idle session's, parked. The session's parked cache is restored into it.
-// -1 when every slot runs a job; -2 when j's session runs an earlier job.
+// A slot for job j: its session's own; else a free one: the one whose tokens share the longest prefix with j's
+// prompt when that prefix is at least half the prompt, else the least recently used (one never used first), so that
+// a cache another prompt may reuse is not overwritten to save a few tokens (a shared BOS); else the least recently
+// used idle session's, parked. The session's parked cache is restored into it. -1 when every slot runs a job; -2
+// when j's session runs an earlier job.
 static int32_t take_slot(bt_sched *s, bt_job *j, dj_err *e) {
     bt_session *x = j->sess;
     if (x && x->slot >= 0) return s->slots[x->slot].job ? -2 : x->slot;
@@ -244,6 +246,7 @@ static int32_t take_slot(bt_sched *s, bt_job *j, dj_err *e) {
         if (sl->job) continue;
         if (!sl->sess) {
             int64_t p = x && x->parked ? 0 : common_prefix(sl->ids, sl->n, j->ids, (int64_t)j->n_ids);
+            if (2 * p < (int64_t)j->n_ids) p = 0;
             if (best < 0 || p > best_p || (p == best_p && sl->t_used < s->slots[best].t_used)) best = i, best_p = p;
         } else if (lru < 0 || sl->t_used < s->slots[lru].t_used) {
             lru = i;
@@ -355,12 +358,16 @@ static void prefill(bt_sched *s) {
         if (take < left) {
             rc = s->eng->forward(s->eng->ctx, j->slot, j->ids + j->done, take, j->done, NULL, 0, &e);
         } else {  // the last chunk: the first token is picked, with the whole prompt in the penalties' window
+            // The answer's text continues the prompt's (a completion: the prompt goes through the stream, its text
+            // not the answer's), unless the owner gave the job a stream of its own: a chat answer is a message,
+            // decoded alone as djinn --chat and tokenizer.decode do (SentencePiece drops its leading space).
+            int own = j->ts != NULL;
             rc = -1;
-            if ((j->ts = tok_stream_new(s->tok))) {
+            if (own || (j->ts = tok_stream_new(s->tok))) {
                 for (size_t k = 0; k < j->n_ids; k++) {
                     size_t len;
                     sampler_accept(j->smp, j->ids[k]);
-                    tok_stream_push(j->ts, j->ids[k], &len);  // the prompt's text is not the answer's
+                    if (!own) tok_stream_push(j->ts, j->ids[k], &len);
                 }
                 rc = engine_next(s->eng, j->smp, j->slot, j->ids + j->done, take, j->done, s->logits, &j->next, &e);
             } else {

@@ -36,6 +36,7 @@
 #define SRV_BODY_MAX ((size_t)8 << 20)   // a request body; more is refused (413)
 #define SRV_OUT_MAX ((size_t)16 << 20)   // unsent output: a client that stops reading is dropped past it
 #define SRV_REJECT_MAX 32                // connections over --max-conns answered 503 at once; more are closed
+#define SRV_READ_TURN ((size_t)1 << 20)  // bytes read from one connection in one turn
 #define SRV_DRAIN_S 2.0                  // after a refusal, the client's unread bytes are read for this long
 #define SRV_DEFAULT_CTX 4096
 #define SRV_DEFAULT_PARALLEL 8
@@ -87,6 +88,7 @@ static int srv_bad_usage(const char *what, const char *arg) {
 
 // A number within [lo, hi], or a usage error naming the flag.
 static int srv_num(const char *flag, const char *v, double lo, double hi, int integer, double *out) {
+    if (!v) return srv_bad_usage("a value is missing after", flag);
     char *end;
     errno = 0;
     double d = strtod(v, &end);
@@ -117,8 +119,7 @@ static int srv_parse(int argc, char **argv, srv_opts *o) {
             o->model = a;
             continue;
         }
-        if (i + 1 >= argc) return srv_bad_usage("a value is missing after", a);
-        const char *v = argv[++i];
+        const char *v = i + 1 < argc ? argv[++i] : NULL;  // a missing value is reported once the flag is known
         double d = 0;
         int rc = 0;
         if (!strcmp(a, "--host")) o->host = v;
@@ -136,6 +137,7 @@ static int srv_parse(int argc, char **argv, srv_opts *o) {
         else if (!strcmp(a, "--park-gb")) rc = srv_num(a, v, 0, 1e6, 0, &d), o->park_gb = d;
         else return srv_bad_usage("unknown option", a);
         if (rc) return rc;
+        if (!v) return srv_bad_usage("a value is missing after", a);
         if (!strcmp(a, "--api-key") && !*v) return srv_bad_usage("--api-key is empty", NULL);
     }
     if (!o->model) return srv_bad_usage("no model given", NULL);
@@ -149,6 +151,8 @@ typedef struct {
     int fd;
     dj_buf in, out;
     double t_read, t_wrote;  // the last byte read; the last progress writing
+    double t_flushed;        // the last time nothing waited to be sent, or sending progressed: the unread-output
+                             // deadline counts from here (a response made long after the last write is not late)
     double t_req;            // the first byte of the request being read (0: none under way)
     int closing;             // close once out is sent (and, draining, the client's unread bytes read)
     int draining;            // refused mid-request: the rest of its bytes are read and dropped before closing
@@ -291,14 +295,17 @@ static void start_completion(srv *s, srv_conn *c, const char *body, size_t len, 
     }
     srv_req *r = calloc(1, sizeof *r);
     bt_job *j = calloc(1, sizeof *j);
-    if (!r || !j) {
+    // a chat answer is a message, decoded on its own (a stream of its own); a completion continues its prompt's text
+    dj_tok_stream *ts = chat ? tok_stream_new(s->tok) : NULL;
+    if (!r || !j || (chat && !ts)) {
         free(r), free(j);
+        if (ts) tok_stream_free(ts);
         api_req_free(&q);
         send_error(s, c, 500, NULL, "out of memory");
         return;
     }
     *j = (bt_job){.ids = q.ids, .n_ids = q.n_ids, .max_tokens = q.max_tokens, .smp = q.smp, .n_stops = q.n_stops,
-                  .park_after = q.park, .owner = r};
+                  .park_after = q.park, .owner = r, .ts = ts};
     memcpy(j->stops, q.stops, sizeof j->stops);
     r->c = c, r->job = j, r->stream = q.stream, r->include_usage = q.include_usage, r->n_ids = (int64_t)q.n_ids;
     r->t0 = dj_now();
@@ -309,6 +316,7 @@ static void start_completion(srv *s, srv_conn *c, const char *body, size_t len, 
     free(q.session);
     if (status) {
         free(j->ids), sampler_free(j->smp);
+        if (j->ts) tok_stream_free(j->ts);
         for (int i = 0; i < j->n_stops; i++) free(j->stops[i]);
         free(j), req_free(r);
         send_error(s, c, status, "session", "%s", e.msg);
@@ -509,7 +517,7 @@ static void accept_all(srv *s) {
             close(fd);
             continue;
         }
-        c->fd = fd, c->t_read = c->t_wrote = dj_now();
+        c->fd = fd, c->t_read = c->t_wrote = c->t_flushed = dj_now();
         s->conns[s->n_conns++] = c;
         if (over) {
             c->rejected = 1, s->n_rejecting++;
@@ -525,10 +533,12 @@ static void accept_all(srv *s) {
 
 static void conn_parse(srv *s, srv_conn *c, double now);
 
-// Reads what the connection has, and parses requests while none is under way. 0: keep it; -1: close it now.
+// Reads what the connection has (at most SRV_READ_TURN a turn, so that a fast sender does not hold the others up),
+// parsing requests while none is under way: a request refused from its head (a body over the limit) turns the
+// rest of what the client sends into bytes read and dropped. 0: keep it; -1: close it now.
 static int conn_read(srv *s, srv_conn *c, double now) {
     char tmp[65536];
-    for (;;) {
+    for (size_t total = 0; total < SRV_READ_TURN;) {
         ssize_t got = recv(c->fd, tmp, sizeof tmp, 0);
         if (got == 0) return -1;  // the client closed: whatever it asked for is dropped
         if (got < 0) {
@@ -536,14 +546,14 @@ static int conn_read(srv *s, srv_conn *c, double now) {
             if (errno == EINTR) continue;
             return -1;
         }
-        c->t_read = now;
+        c->t_read = now, total += (size_t)got;
         if (c->draining) continue;
         if (!c->t_req && !c->req) c->t_req = now;
         if (c->in.n + (size_t)got > HTTP_HEAD_MAX + SRV_BODY_MAX + 65536) return -1;  // far past any limit
         buf_add(&c->in, tmp, (size_t)got);
         if (c->in.oom) return -1;
+        conn_parse(s, c, now);
     }
-    conn_parse(s, c, now);
     return 0;
 }
 
@@ -580,7 +590,7 @@ static int conn_write(srv_conn *c, double now) {
             if (errno == EINTR) continue;
             return -1;
         }
-        c->t_wrote = now;
+        c->t_wrote = c->t_flushed = now;
         buf_drop_front(&c->out, (size_t)w);
     }
     if (!c->closing || c->req) return 0;
@@ -594,7 +604,7 @@ static const char *conn_expired(const srv *s, srv_conn *c, double now) {
     double t = s->o.timeout_s;
     if (c->draining && c->t_drain && now - c->t_drain > SRV_DRAIN_S) return "drained";
     if (c->out.n > SRV_OUT_MAX) return "too much unread output";
-    if (c->out.n && now - c->t_wrote > t) return "output unread";
+    if (c->out.n && now - c->t_flushed > t) return "output unread for --timeout";
     if (!c->req && !c->out.n && !c->in.n && !c->t_req && now - fmax(c->t_read, c->t_wrote) > t) return "idle";
     return NULL;
 }
@@ -616,6 +626,9 @@ static int srv_listen(srv *s, dj_err *e) {
 }
 
 static void srv_loop(srv *s) {
+    // tests only: each turn with work takes at least this long, so a client can act in the middle of an answer
+    const char *slow = getenv("DJINN_TEST_STEP_US");
+    long step_us = slow ? strtol(slow, NULL, 10) : 0;
     struct pollfd *pf = calloc((size_t)s->o.max_conns + SRV_REJECT_MAX + 1, sizeof *pf);
     if (!pf) {
         fprintf(stderr, "djinn serve: out of memory\n");
@@ -637,6 +650,7 @@ static void srv_loop(srv *s) {
         // connections first (their indices match pf until one closes: go backwards), then new ones
         for (int32_t i = n - 1; i >= 0; i--) {
             srv_conn *c = s->conns[i];
+            if (!c->out.n) c->t_flushed = now;
             short re = ready > 0 ? pf[i + 1].revents : 0;
             int drop = (re & (POLLERR | POLLNVAL)) != 0;
             if (!drop && (re & (POLLIN | POLLRDHUP | POLLHUP))) drop = conn_read(s, c, now) < 0;
@@ -646,11 +660,16 @@ static void srv_loop(srv *s) {
                 send_error(s, c, 408, NULL, "the request did not arrive whole within %g s", s->o.timeout_s);
                 c->in.n = 0;
             }
-            if (!drop && conn_expired(s, c, now)) drop = 1;
+            const char *why = drop ? NULL : conn_expired(s, c, now);
+            if (why && c->out.n && !s->o.quiet)  // a client that stopped reading: worth a line, unlike an idle one
+                fprintf(stderr, "djinn serve: a connection closed, its client does not read: %s (%zu bytes unsent)\n",
+                        why, c->out.n);
+            if (why) drop = 1;
             if (!drop && c->closing && !c->out.n && !c->req && !c->draining) drop = 1;
             if (drop) conn_close(s, i);
         }
         if (ready > 0 && (pf[0].revents & POLLIN)) accept_all(s);
+        if (step_us > 0 && bt_has_work(s->bt)) usleep((useconds_t)step_us);
         bt_step(s->bt);
         count_tokens(s);
         // what the turn produced goes out now, not after the next poll; a request that waited behind an answer on

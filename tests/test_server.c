@@ -1,0 +1,1037 @@
+// test_server.c: `djinn serve` ($DJINN_BIN/djinn) on the CPU engine with stories260K converted here, driven over
+// real sockets: answers equal the command line's text for the same greedy or seeded run (both endpoints, streaming
+// and not), through this file's own HTTP client, curl and OpenAI's npm client; many clients at once get what each
+// gets alone; a client that leaves mid-stream, malformed or oversized requests, too many connections and slow
+// clients get their status or a clean close while the server goes on serving; sessions parked and restored under a
+// small --kv-gb continue exactly as if they had stayed. Every wait is bounded: a server is ready when /health
+// answers, and a figure is awaited by polling /metrics.
+#include <criterion/criterion.h>
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "../json.h"
+#include "../util.h"
+#include "common.h"
+
+#define TS_WAIT_S 30.0  // the longest any wait here lasts
+
+typedef struct {
+    char dir[256];
+    char model[512];  // stories260K, f32
+    char chat[512];   // the same with a Llama 2 chat template
+} ts_env;
+
+typedef struct {
+    pid_t pid;
+    int port;
+    char err[600];  // its stderr
+} ts_srv;
+
+static char ts_djinn[1100], ts_convert[1100];
+
+// ---- processes
+// Runs argv with stdin from `in` (NULL: /dev/null) and stdout into `out`, stderr into `err`; returns the exit code.
+static int ts_run(char *const argv[], const char *in, const char *out, const char *err) {
+    pid_t pid = fork();
+    cr_assert(pid >= 0, "fork failed");
+    if (pid == 0) {
+        int i = open(in ? in : "/dev/null", O_RDONLY), o = open(out, O_WRONLY | O_CREAT | O_TRUNC, 0644),
+            e = open(err, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        if (i < 0 || o < 0 || e < 0) _exit(126);
+        dup2(i, 0), dup2(o, 1), dup2(e, 2);
+        alarm(120);
+        execvp(argv[0], argv);
+        _exit(127);
+    }
+    int st;
+    cr_assert_eq(waitpid(pid, &st, 0), pid);
+    cr_assert(WIFEXITED(st), "%s killed by signal %d", argv[0], WIFSIGNALED(st) ? WTERMSIG(st) : 0);
+    return WEXITSTATUS(st);
+}
+
+// stories260K converted twice into a fresh folder: as it is, and with a Llama 2 chat template (as test_cli's).
+static void ts_setup(ts_env *t) {
+    memset(t, 0, sizeof *t);
+    const char *bin = tc_bin_dir();
+    char src[1100];
+    tc_data_path(src, sizeof src, "models/stories260K");
+    snprintf(ts_djinn, sizeof ts_djinn, "%s/djinn", bin);
+    snprintf(ts_convert, sizeof ts_convert, "%s/convert", bin);
+    cr_assert(!access(ts_djinn, X_OK) && !access(ts_convert, X_OK), "%s or %s is not built", ts_djinn, ts_convert);
+    char *d = tc_tmpdir("server");
+    snprintf(t->dir, sizeof t->dir, "%s", d);
+    free(d);
+    char out[400], err[400], tokdir[400], path[500], tj[1200];
+    snprintf(out, sizeof out, "%s/convert.out", t->dir);
+    snprintf(err, sizeof err, "%s/convert.err", t->dir);
+    snprintf(t->model, sizeof t->model, "%s/stories.bin", t->dir);
+    cr_assert_eq(ts_run((char *[]){ts_convert, src, t->model, "--dtype", "f32", "-q", NULL}, NULL, out, err), 0,
+                 "convert failed");
+    snprintf(tokdir, sizeof tokdir, "%s/chat_tok", t->dir);
+    mkdir(tokdir, 0755);
+    snprintf(tj, sizeof tj, "%s/tokenizer.json", src);
+    size_t n;
+    char *json = tc_must_read(tj, &n);
+    snprintf(path, sizeof path, "%s/tokenizer.json", tokdir);
+    tc_write(path, json, n);
+    free(json);
+    const char *cfg = "{\"add_bos_token\": true, \"add_eos_token\": false, \"bos_token\": \"<s>\", \"eos_token\": "
+                      "\"</s>\", \"chat_template\": \"{% for m in messages %}{{ bos_token + '[INST] ' + m['content'] + "
+                      "' [/INST]' }}<<SYS>>{% endfor %}\"}";
+    snprintf(path, sizeof path, "%s/tokenizer_config.json", tokdir);
+    tc_write(path, cfg, strlen(cfg));
+    snprintf(t->chat, sizeof t->chat, "%s/chat.bin", t->dir);
+    cr_assert_eq(ts_run((char *[]){ts_convert, src, t->chat, "--dtype", "f32", "--tokenizer", tokdir, "-q", NULL},
+                        NULL, out, err), 0, "convert (chat) failed");
+}
+
+static void ts_teardown(ts_env *t) {
+    char cmd[600];
+    snprintf(cmd, sizeof cmd, "%s/chat_tok", t->dir);
+    tc_rm_rf(cmd);
+    tc_rm_rf(t->dir);
+}
+
+// ---- an HTTP client
+// Client threads call what has no assertion here (a failed assertion ends the test from its own thread only); a
+// signal (SIGCHLD of a server stopped and continued) interrupts a socket call with a timeout even under SA_RESTART:
+// it is retried.
+
+// rcvbuf > 0: the socket's receive buffer, set before connecting (so the window the server sees is that small).
+// -1 when it cannot connect.
+static int ts_connect_rcvbuf(int port, int rcvbuf) {
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) return -1;
+    if (rcvbuf > 0) setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &rcvbuf, sizeof rcvbuf);
+    struct timeval tv = {(time_t)TS_WAIT_S, 0};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
+    if (connect(fd, (struct sockaddr *)&a, sizeof a)) {
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+static int ts_connect(int port) { return ts_connect_rcvbuf(port, 0); }
+
+// 0, or -1 with errno.
+static int ts_send_all(int fd, const char *s, size_t n) {
+    while (n) {
+        ssize_t w = send(fd, s, n, MSG_NOSIGNAL);
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) return -1;
+        s += w, n -= (size_t)w;
+    }
+    return 0;
+}
+
+static void ts_send(int fd, const char *s, size_t n) {
+    cr_assert(!ts_send_all(fd, s, n), "send failed: %s", strerror(errno));
+}
+
+// Everything the server sends until it closes or resets the connection; malloc'd, NUL-terminated. NULL with errno
+// on an error (TS_WAIT_S without a byte is one).
+static char *ts_recv_all(int fd, size_t *len) {
+    size_t cap = 1 << 16, n = 0;
+    char *b = malloc(cap + 1);
+    for (;;) {
+        if (n == cap) b = realloc(b, (cap *= 2) + 1);
+        ssize_t got = recv(fd, b + n, cap - n, 0);
+        if (got == 0 || (got < 0 && errno == ECONNRESET)) break;
+        if (got < 0 && errno == EINTR) continue;
+        if (got < 0) {
+            int err = errno;
+            free(b);
+            errno = err;
+            return NULL;
+        }
+        n += (size_t)got;
+    }
+    b[n] = 0;
+    if (len) *len = n;
+    return b;
+}
+
+static char *ts_read_all(int fd, size_t *len) {
+    char *b = ts_recv_all(fd, len);
+    cr_assert(b, "reading the response: %s", strerror(errno));
+    return b;
+}
+
+typedef struct {
+    int status;
+    char *raw;   // the whole response
+    char *body;  // inside raw
+} ts_resp;
+
+static void ts_resp_parse(ts_resp *r) {
+    r->status = 0, r->body = NULL;
+    if (sscanf(r->raw, "HTTP/1.1 %d", &r->status) != 1) return;
+    char *end = strstr(r->raw, "\r\n\r\n");
+    r->body = end ? end + 4 : r->raw + strlen(r->raw);
+}
+
+// One request on a connection of its own (Connection: close); `headers` extra lines, each ending "\r\n".
+static ts_resp ts_http(int port, const char *method, const char *path, const char *headers, const char *body) {
+    int fd = ts_connect(port);
+    cr_assert(fd >= 0, "cannot connect to port %d", port);
+    char head[2048];
+    int k = snprintf(head, sizeof head, "%s %s HTTP/1.1\r\nHost: t\r\nConnection: close\r\n%sContent-Length: %zu\r\n\r\n",
+                     method, path, headers ? headers : "", body ? strlen(body) : 0);
+    ts_send(fd, head, (size_t)k);
+    if (body) ts_send(fd, body, strlen(body));
+    ts_resp r = {0};
+    r.raw = ts_read_all(fd, NULL);
+    close(fd);
+    ts_resp_parse(&r);
+    return r;
+}
+
+static ts_resp ts_post(int port, const char *path, const char *body) { return ts_http(port, "POST", path, NULL, body); }
+
+// The answer's text: a JSON response's choices[0].text or .message.content, or a stream's pieces joined (the
+// stream must end with [DONE]). finish: its finish_reason (may be NULL).
+static char *ts_text(const ts_resp *r, int chat, int stream, char *finish, size_t fcap) {
+    cr_assert_eq(r->status, 200, "status %d: %s", r->status, r->raw);
+    dj_err e;
+    if (finish) finish[0] = 0;
+    if (!stream) {
+        json_doc *d = json_parse(r->body, strlen(r->body), &e);
+        cr_assert(d, "%s: %s", e.msg, r->body);
+        const json_value *ch = json_get(json_root(d), "choices");
+        cr_assert(ch && ch->type == JSON_ARRAY && ch->u.arr.n == 1, "%s", r->body);
+        const json_value *c0 = &ch->u.arr.items[0];
+        const char *t = chat ? json_str(json_get(json_get(c0, "message"), "content")) : json_str(json_get(c0, "text"));
+        cr_assert(t, "no text in %s", r->body);
+        if (finish) snprintf(finish, fcap, "%s", json_str(json_get(c0, "finish_reason")));
+        char *out = strdup(t);
+        json_free(d);
+        return out;
+    }
+    size_t cap = 4096, n = 0;
+    char *out = calloc(cap, 1);
+    int done = 0;
+    for (char *line = r->body; line && *line;) {
+        char *nl = strstr(line, "\n\n");
+        cr_assert(nl, "an event without its blank line: %s", line);
+        *nl = 0;
+        cr_assert(!strncmp(line, "data: ", 6), "not an SSE data line: %s", line);
+        const char *data = line + 6;
+        if (!strcmp(data, "[DONE]")) {
+            done = 1;
+            cr_assert_eq(nl[2], 0, "events after [DONE]: %s", nl + 2);
+            break;
+        }
+        json_doc *d = json_parse(data, strlen(data), &e);
+        cr_assert(d, "%s: %s", e.msg, data);
+        const json_value *ch = json_get(json_root(d), "choices");
+        cr_assert(!json_get(json_root(d), "error"), "an error event: %s", data);
+        if (ch && ch->u.arr.n) {
+            const json_value *c0 = &ch->u.arr.items[0];
+            const char *t = chat ? json_str(json_get(json_get(c0, "delta"), "content")) : json_str(json_get(c0, "text"));
+            if (t) {
+                size_t l = strlen(t);
+                while (n + l + 1 > cap) out = realloc(out, cap *= 2);
+                memcpy(out + n, t, l + 1), n += l;
+            }
+            const char *f = json_str(json_get(c0, "finish_reason"));
+            if (f && finish) snprintf(finish, fcap, "%s", f);
+        }
+        json_free(d);
+        line = nl + 2;
+    }
+    cr_assert(done, "the stream did not end with [DONE]: %s", r->body);
+    return out;
+}
+
+// ---- the server
+// Starts `djinn serve MODEL --port 0 --cpu` with `extra` arguments (NULL-terminated); ready when its port is on
+// stderr and /health answers.
+static void ts_start(ts_srv *s, const ts_env *t, const char *model, const char *const *extra) {
+    static int count;
+    memset(s, 0, sizeof *s);
+    snprintf(s->err, sizeof s->err, "%s/serve%d.err", t->dir, count++);
+    char *argv[48] = {ts_djinn, "serve", (char *)model, "--port", "0", "--cpu", "--threads", "2"};
+    int a = 8;
+    for (int i = 0; extra && extra[i]; i++) argv[a++] = (char *)extra[i];
+    argv[a] = NULL;
+    s->pid = fork();
+    cr_assert(s->pid >= 0);
+    if (s->pid == 0) {
+        int o = open("/dev/null", O_WRONLY), e = open(s->err, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        dup2(o, 0), dup2(o, 1), dup2(e, 2);
+        execv(argv[0], argv);
+        _exit(127);
+    }
+    for (double t0 = dj_now(); !s->port && dj_now() - t0 < TS_WAIT_S; usleep(10000)) {
+        char *err = tc_read(s->err, NULL);
+        const char *at = err ? strstr(err, "listening on http://127.0.0.1:") : NULL;
+        if (at) s->port = atoi(at + strlen("listening on http://127.0.0.1:"));
+        int st;
+        if (!s->port && waitpid(s->pid, &st, WNOHANG) == s->pid)
+            cr_assert_fail("djinn serve exited before listening: %s", err ? err : "");
+        free(err);
+    }
+    cr_assert(s->port > 0, "djinn serve did not listen within %g s", TS_WAIT_S);
+    ts_resp r = ts_http(s->port, "GET", "/health", NULL, NULL);
+    cr_assert_eq(r.status, 200, "/health: %s", r.raw);
+    free(r.raw);
+}
+
+// SIGTERM: the server stops cleanly (exit 0; under ASan, with no leak).
+static void ts_stop(ts_srv *s) {
+    kill(s->pid, SIGTERM);
+    int st = 0;
+    pid_t got = 0;
+    for (double t0 = dj_now(); !got && dj_now() - t0 < TS_WAIT_S; usleep(10000)) got = waitpid(s->pid, &st, WNOHANG);
+    if (!got) kill(s->pid, SIGKILL), waitpid(s->pid, &st, 0);
+    char *err = tc_read(s->err, NULL);
+    cr_assert(got, "djinn serve did not stop on SIGTERM: %s", err);
+    cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "djinn serve exited %d (signal %d): %s",
+              WIFEXITED(st) ? WEXITSTATUS(st) : -1, WIFSIGNALED(st) ? WTERMSIG(st) : 0, err);
+    free(err);
+}
+
+// A figure from /metrics.
+static double ts_metric(const ts_srv *s, const char *name) {
+    ts_resp r = ts_http(s->port, "GET", "/metrics", NULL, NULL);
+    cr_assert_eq(r.status, 200, "%s", r.raw);
+    char key[200];
+    snprintf(key, sizeof key, "\ndjinn_%s ", name);
+    const char *at = strstr(r.body - 1, key);
+    cr_assert(at, "no %s in %s", name, r.body);
+    double v = atof(at + strlen(key));
+    free(r.raw);
+    return v;
+}
+
+// Polls /metrics until `name` reaches `want` (or TS_WAIT_S pass: a failure).
+static void ts_await_metric(const ts_srv *s, const char *name, double want) {
+    double v = -1;
+    for (double t0 = dj_now(); dj_now() - t0 < TS_WAIT_S; usleep(5000))
+        if ((v = ts_metric(s, name)) == want) return;
+    cr_assert_fail("%s stayed %g, not %g", name, v, want);
+}
+
+// Polls the server's stderr until it holds `text` (or TS_WAIT_S pass: a failure).
+static void ts_await_log(const ts_srv *s, const char *text) {
+    for (double t0 = dj_now(); dj_now() - t0 < TS_WAIT_S; usleep(10000)) {
+        char *err = tc_read(s->err, NULL);
+        int found = err && strstr(err, text);
+        free(err);
+        if (found) return;
+    }
+    char *err = tc_read(s->err, NULL);
+    cr_assert_fail("no '%s' on the server's stderr: %s", text, err ? err : "");
+}
+
+// ---- what the command line says
+// djinn's greedy (temp 0) or seeded text for a prompt, without the prompt it prints first.
+static char *ts_cli(const ts_env *t, const char *prompt, int n, const char *temp, const char *seed) {
+    char out[400], err[400], ns[16];
+    snprintf(out, sizeof out, "%s/cli.out", t->dir);
+    snprintf(err, sizeof err, "%s/cli.err", t->dir);
+    snprintf(ns, sizeof ns, "%d", n);
+    char *argv[16] = {ts_djinn, (char *)t->model, "-p", (char *)prompt, "-n", ns, "-t", (char *)temp, "--cpu"};
+    int a = 9;
+    if (seed) argv[a++] = "-s", argv[a++] = (char *)seed, argv[a++] = "--top-p", argv[a++] = "0.9";
+    argv[a] = NULL;
+    cr_assert_eq(ts_run(argv, NULL, out, err), 0, "djinn -p failed");
+    char *text = tc_must_read(out, NULL);
+    size_t pl = strlen(prompt), tl = strlen(text);
+    cr_assert(tl > pl && !strncmp(text, prompt, pl) && text[tl - 1] == '\n', "unexpected CLI output: %s", text);
+    text[tl - 1] = 0;
+    memmove(text, text + pl, tl - pl);
+    return text;
+}
+
+// djinn --chat's answer to one user line (with a system text): greedy (seed NULL) or seeded with top-p 0.9.
+static char *ts_cli_chat(const ts_env *t, const char *system, const char *user, int n, const char *temp,
+                         const char *seed) {
+    char in[400], out[400], err[400], ns[16];
+    snprintf(in, sizeof in, "%s/chat.in", t->dir);
+    snprintf(out, sizeof out, "%s/chat.out", t->dir);
+    snprintf(err, sizeof err, "%s/chat.err", t->dir);
+    snprintf(ns, sizeof ns, "%d", n);
+    char line[512];
+    int k = snprintf(line, sizeof line, "%s\n", user);
+    tc_write(in, line, (size_t)k);
+    char *argv[16] = {ts_djinn, (char *)t->chat, "--chat", "--system", (char *)system, "-n", ns, "-t", (char *)temp,
+                      "--cpu"};
+    int a = 10;
+    if (seed) argv[a++] = "-s", argv[a++] = (char *)seed, argv[a++] = "--top-p", argv[a++] = "0.9";
+    argv[a] = NULL;
+    cr_assert_eq(ts_run(argv, in, out, err), 0, "djinn --chat failed");
+    char *text = tc_must_read(out, NULL);
+    size_t tl = strlen(text);
+    cr_assert(tl && text[tl - 1] == '\n', "%s", text);
+    text[tl - 1] = 0;
+    return text;
+}
+
+static char *ts_completion_body(const char *prompt, int n, const char *more) {
+    char *b = malloc(strlen(prompt) + 512);
+    sprintf(b, "{\"model\":\"m\",\"prompt\":\"%s\",\"max_tokens\":%d%s%s}", prompt, n, more ? "," : "", more ? more : "");
+    return b;
+}
+
+// POST /v1/completions; the text.
+static char *ts_complete(const ts_srv *s, const char *prompt, int n, const char *more, int stream, char *finish) {
+    char extra[400];
+    snprintf(extra, sizeof extra, "%s%s\"stream\":%s", more ? more : "", more ? "," : "", stream ? "true" : "false");
+    char *body = ts_completion_body(prompt, n, extra);
+    ts_resp r = ts_post(s->port, "/v1/completions", body);
+    char *text = ts_text(&r, 0, stream, finish, 16);
+    free(body), free(r.raw);
+    return text;
+}
+
+// A greedy completion request sent on a connection of its own, which closes after the answer; the socket, or -1
+// (no assertion: client threads call it).
+static int ts_open_completion(int port, const char *prompt, int n, int stream) {
+    int fd = ts_connect(port);
+    char *body = ts_completion_body(prompt, n, stream ? "\"temperature\":0,\"stream\":true" : "\"temperature\":0");
+    char head[256];
+    int k = snprintf(head, sizeof head, "POST /v1/completions HTTP/1.1\r\nHost: t\r\nConnection: close\r\n"
+                     "Content-Length: %zu\r\n\r\n", strlen(body));
+    if (fd >= 0 && (ts_send_all(fd, head, (size_t)k) || ts_send_all(fd, body, strlen(body)))) close(fd), fd = -1;
+    free(body);
+    return fd;
+}
+
+// ---- answers equal the command line's
+static const char *const ts_prompts[] = {"Once upon a time", "The little dog", "Tom and Lily went to", "One day, a cat",
+                                         "She was very happy because", "The sun was", "Ben had a big red ball",
+                                         "In the park", "Mom said", "The bird flew"};
+
+Test(server, completions_equal_the_command_line) {
+    ts_env t;
+    ts_setup(&t);
+    ts_srv s;
+    ts_start(&s, &t, t.model, NULL);
+    char finish[16];
+    for (int i = 0; i < 3; i++) {
+        char *want = ts_cli(&t, ts_prompts[i], 40, "0", NULL);
+        for (int stream = 0; stream < 2; stream++) {
+            char *got = ts_complete(&s, ts_prompts[i], 40, "\"temperature\":0", stream, finish);
+            cr_assert_str_eq(got, want, "greedy '%s' (stream %d): the server's text differs from djinn -p's",
+                             ts_prompts[i], stream);
+            cr_assert_str_eq(finish, "length");
+            free(got);
+        }
+        free(want);
+        want = ts_cli(&t, ts_prompts[i], 30, "0.8", "1234");
+        for (int stream = 0; stream < 2; stream++) {
+            char *got = ts_complete(&s, ts_prompts[i], 30, "\"temperature\":0.8,\"top_p\":0.9,\"seed\":1234", stream,
+                                    finish);
+            cr_assert_str_eq(got, want, "seeded '%s' (stream %d): the server's text differs from djinn -s's",
+                             ts_prompts[i], stream);
+            free(got);
+        }
+        free(want);
+    }
+    // usage: the prompt's tokens, the generated ones, and the cached prefix of the same prompt asked again: all of
+    // it but its last token, whose pass runs again to give the first pick. The prompts asked in between share only
+    // BOS with it: they took other slots and left its cache alone.
+    char *body = ts_completion_body(ts_prompts[0], 7, "\"temperature\":0");
+    ts_resp r = ts_post(s.port, "/v1/completions", body);
+    cr_assert_eq(r.status, 200, "%s", r.raw);
+    cr_assert(strstr(r.body, "\"usage\":{\"prompt_tokens\":5,\"completion_tokens\":7,\"total_tokens\":12,"
+                             "\"prompt_tokens_details\":{\"cached_tokens\":4}}"),
+              "usage: %s", r.body);
+    free(body), free(r.raw);
+    ts_stop(&s);
+    ts_teardown(&t);
+}
+
+Test(server, chat_equals_the_command_line_chat) {
+    ts_env t;
+    ts_setup(&t);
+    ts_srv s;
+    ts_start(&s, &t, t.chat, NULL);
+    const char *users[] = {"Tell me a story", "Hello there"};
+    struct {
+        const char *temp, *seed, *fields;
+    } runs[] = {{"0", NULL, "\"temperature\":0"}, {"0.8", "1234", "\"temperature\":0.8,\"top_p\":0.9,\"seed\":1234"}};
+    for (int i = 0; i < 2; i++)
+        for (int k = 0; k < 2; k++) {
+            char *want = ts_cli_chat(&t, "Be brief.", users[i], 30, runs[k].temp, runs[k].seed);
+            for (int stream = 0; stream < 2; stream++) {
+                char body[512], finish[16];
+                snprintf(body, sizeof body, "{\"model\":\"m\",\"messages\":[{\"role\":\"system\",\"content\":"
+                         "\"Be brief.\"},{\"role\":\"user\",\"content\":\"%s\"}],\"max_tokens\":30,%s,\"stream\":%s}",
+                         users[i], runs[k].fields, stream ? "true" : "false");
+                ts_resp r = ts_post(s.port, "/v1/chat/completions", body);
+                if (!stream) cr_assert(strstr(r.body, "\"role\":\"assistant\""), "%s", r.body);
+                else cr_assert(strstr(r.body, "\"delta\":{\"role\":\"assistant\"}"), "the role first: %s", r.body);
+                char *got = ts_text(&r, 1, stream, finish, sizeof finish);
+                cr_assert_str_eq(got, want, "'%s' (%s, stream %d): the server's answer differs from djinn --chat's",
+                                 users[i], runs[k].seed ? "seeded" : "greedy", stream);
+                cr_assert(!strcmp(finish, "stop") || !strcmp(finish, "length"), "finish_reason '%s'", finish);
+                free(got), free(r.raw);
+            }
+            free(want);
+        }
+    ts_stop(&s);
+    ts_teardown(&t);
+}
+
+// ---- real clients that no one here wrote
+Test(server, curl_client) {
+    if (system("command -v curl >/dev/null 2>&1"))
+        cr_skip_test("curl is not installed (make test installs it when run as root)");
+    ts_env t;
+    ts_setup(&t);
+    ts_srv s;
+    ts_start(&s, &t, t.model, (const char *[]){"--api-key", "sekrit", NULL});
+    char *want = ts_cli(&t, ts_prompts[1], 25, "0", NULL);
+    char url[100], out[400], err[400];
+    snprintf(url, sizeof url, "http://127.0.0.1:%d/v1/completions", s.port);
+    snprintf(out, sizeof out, "%s/curl.out", t.dir);
+    snprintf(err, sizeof err, "%s/curl.err", t.dir);
+    for (int stream = 0; stream < 2; stream++) {
+        char *body = ts_completion_body(ts_prompts[1], 25, stream ? "\"temperature\":0,\"stream\":true"
+                                                                  : "\"temperature\":0");
+        char *argv[] = {"curl", "-sS", "-N", "-i", "--max-time", "30", "-H", "Authorization: Bearer sekrit", "-H",
+                        "Content-Type: application/json", "-d", body, url, NULL};
+        cr_assert_eq(ts_run(argv, NULL, out, err), 0, "curl failed: %s", tc_read(err, NULL));
+        ts_resp r = {0};
+        r.raw = tc_must_read(out, NULL);
+        ts_resp_parse(&r);
+        char *got = ts_text(&r, 0, stream, NULL, 0);
+        cr_assert_str_eq(got, want, "curl (stream %d): %s", stream, r.raw);
+        free(got), free(r.raw), free(body);
+    }
+    char *argv[] = {"curl", "-sS", "-o", "/dev/null", "-w", "%{http_code}", "--max-time", "30", url, "-d", "{}", NULL};
+    cr_assert_eq(ts_run(argv, NULL, out, err), 0);
+    char *code = tc_must_read(out, NULL);
+    cr_assert_str_eq(code, "401", "no key: %s", code);
+    free(code), free(want);
+    ts_stop(&s);
+    ts_teardown(&t);
+}
+
+Test(server, openai_node_client) {
+    if (system("command -v node >/dev/null 2>&1")) cr_skip_test("node is not installed: no OpenAI npm client to run");
+    char script[1200], pkg[1200];
+    snprintf(script, sizeof script, "%s/npm/openai_client.mjs", tc_tests_dir());
+    snprintf(pkg, sizeof pkg, "%s/npm/node_modules/openai/package.json", tc_tests_dir());
+    if (access(pkg, R_OK))
+        cr_skip_test("the openai npm package is not in %s/npm/node_modules: 'make test' installs it with npm when "
+                     "npm can reach its registry", tc_tests_dir());
+    ts_env t;
+    ts_setup(&t);
+    ts_srv s;
+    ts_start(&s, &t, t.chat, (const char *[]){"--api-key", "sekrit", NULL});
+    char base[100], out[400], err[400];
+    snprintf(base, sizeof base, "http://127.0.0.1:%d/v1", s.port);
+    snprintf(out, sizeof out, "%s/node.out", t.dir);
+    snprintf(err, sizeof err, "%s/node.err", t.dir);
+    char *argv[] = {"node", script, base, "sekrit", "Once upon a time", "Tell me a story", "30", NULL};
+    int rc = ts_run(argv, NULL, out, err);
+    char *got = tc_must_read(out, NULL);
+    cr_assert_eq(rc, 0, "node failed: %s %s", got, tc_read(err, NULL));
+    // the chat model's completions are stories260K's: its prompt text is the command line's too
+    char *cli_t = ts_cli(&t, "Once upon a time", 30, "0", NULL);
+    char *cli_c = ts_cli_chat(&t, "Be brief.", "Tell me a story", 30, "0", NULL);
+    dj_err e;
+    json_doc *d = json_parse(got, strlen(got), &e);
+    cr_assert(d, "%s: %s", e.msg, got);
+    const json_value *o = json_root(d);
+    cr_assert_str_eq(json_str(json_get(o, "completion")), cli_t, "%s", got);
+    cr_assert_str_eq(json_str(json_get(o, "completion_stream")), cli_t, "%s", got);
+    cr_assert_str_eq(json_str(json_get(o, "chat")), cli_c, "%s", got);
+    cr_assert_str_eq(json_str(json_get(o, "chat_stream")), cli_c, "%s", got);
+    cr_assert_str_eq(json_str(json_get(o, "chat_role")), "assistant", "%s", got);
+    cr_assert_str_eq(json_str(json_get(o, "completion_finish")), "length", "%s", got);
+    cr_assert_str_eq(json_str(json_get(o, "wrong_key")), "AuthenticationError 401", "%s", got);
+    int64_t total;
+    cr_assert(!json_int(json_get(json_get(o, "chat_stream_usage"), "completion_tokens"), &total) && total > 0, "%s", got);
+    json_free(d);
+    free(got), free(cli_t), free(cli_c);
+    ts_stop(&s);
+    ts_teardown(&t);
+}
+
+// ---- many clients at once
+typedef struct {
+    int port, i, stream;
+    char *text;
+} ts_client;
+
+static void *ts_client_run(void *arg) {
+    ts_client *c = arg;
+    int fd = ts_open_completion(c->port, ts_prompts[c->i], 60, c->stream);
+    if (fd >= 0) c->text = ts_recv_all(fd, NULL), close(fd);  // the raw response: the main thread parses it
+    return NULL;
+}
+
+// Ten clients at once, every other one streaming, --parallel 4: each text is the command line's for its prompt.
+// The server is stopped (SIGSTOP) while they connect and send, so all ten requests are there at its next turn:
+// four join at once and the step runs them together (decode_rows_max is 4), the others join as those end.
+Test(server, concurrent_clients_each_get_their_own_text) {
+    ts_env t;
+    ts_setup(&t);
+    ts_srv s;
+    ts_start(&s, &t, t.model, (const char *[]){"--parallel", "4", NULL});
+    enum { N = 10 };
+    ts_client c[N];
+    pthread_t th[N];
+    kill(s.pid, SIGSTOP);
+    for (int i = 0; i < N; i++) {
+        c[i] = (ts_client){s.port, i, i % 2, NULL};
+        cr_assert_eq(pthread_create(&th[i], NULL, ts_client_run, &c[i]), 0);
+    }
+    usleep(200000);  // the clients' connects and sends complete into the kernel's buffers while it is stopped
+    kill(s.pid, SIGCONT);
+    for (int i = 0; i < N; i++) pthread_join(th[i], NULL);
+    for (int i = 0; i < N; i++) {
+        cr_assert(c[i].text, "client %d could not connect, send or read", i);
+        ts_resp r = {0};
+        r.raw = c[i].text;
+        ts_resp_parse(&r);
+        char *got = ts_text(&r, 0, c[i].stream, NULL, 0), *want = ts_cli(&t, ts_prompts[i], 60, "0", NULL);
+        cr_assert_str_eq(got, want, "client %d ('%s'): batching changed its greedy text", i, ts_prompts[i]);
+        free(got), free(want), free(r.raw);
+    }
+    cr_assert_eq(ts_metric(&s, "decode_rows_max"), 4, "the step never ran four sequences together");
+    cr_assert_eq(ts_metric(&s, "requests_total"), N);
+    ts_stop(&s);
+    ts_teardown(&t);
+}
+
+// ---- clients that leave, and bad clients
+// Clients that close their connection before their answer is whole: one in the middle of a stream, one whose
+// request waits in the queue (--parallel 1), one whose answer (not streamed) is being generated. Their sequences
+// end (no more tokens are spent on them: a queued one never runs) and the server goes on serving. Each turn takes
+// 2 ms here (DJINN_TEST_STEP_US), so an answer of 400 tokens is certainly under way when its client leaves.
+Test(server, clients_that_leave_end_their_sequences) {
+    ts_env t;
+    ts_setup(&t);
+    ts_srv s;
+    setenv("DJINN_TEST_STEP_US", "2000", 1);
+    ts_start(&s, &t, t.model, (const char *[]){"--parallel", "1", NULL});
+    unsetenv("DJINN_TEST_STEP_US");
+    int streamed = ts_open_completion(s.port, "Once upon a time", 400, 1);
+    cr_assert(streamed >= 0, "cannot send a request");
+    char buf[4096] = {0};
+    size_t n = 0;
+    while (n < sizeof buf - 1 && !strstr(buf, "\"text\":")) {
+        ssize_t got = recv(streamed, buf + n, sizeof buf - 1 - n, 0);
+        cr_assert(got > 0, "the stream did not begin");
+        n += (size_t)got, buf[n] = 0;
+    }
+    int queued = ts_open_completion(s.port, "The little dog", 400, 0);
+    cr_assert(queued >= 0, "cannot send a request");
+    ts_await_metric(&s, "requests_queued", 1);
+    close(queued);  // before it ran
+    ts_await_metric(&s, "requests_queued", 0);
+    close(streamed);  // mid-stream
+    ts_await_metric(&s, "requests_active", 0);
+    double gen = ts_metric(&s, "generated_tokens_total");
+    cr_assert_lt(gen, 400, "%g tokens: the stream ran to its end after its client left, or the queued one ran", gen);
+    int waiting = ts_open_completion(s.port, "The little dog", 400, 0);
+    cr_assert(waiting >= 0, "cannot send a request");
+    ts_await_metric(&s, "requests_active", 1);
+    close(waiting);  // while its answer is generated
+    ts_await_metric(&s, "requests_active", 0);
+    double gen2 = ts_metric(&s, "generated_tokens_total");
+    cr_assert_lt(gen2 - gen, 400, "the answer ran to its end (%g tokens) after its client left", gen2 - gen);
+    char *want = ts_cli(&t, "Once upon a time", 20, "0", NULL), *got = ts_complete(&s, "Once upon a time", 20,
+                                                                                  "\"temperature\":0", 1, NULL);
+    cr_assert_str_eq(got, want, "after the disconnects");
+    cr_assert_eq(ts_metric(&s, "requests_total"), 4);
+    free(want), free(got);
+    ts_stop(&s);
+    ts_teardown(&t);
+}
+
+// A request answered with `status` and an OpenAI error whose message holds `msg` (and whose param is `param`).
+static void ts_expect_error(const ts_resp *r, int status, const char *msg, const char *param) {
+    cr_assert_eq(r->status, status, "expected %d: %s", status, r->raw);
+    cr_assert(strstr(r->body, "{\"error\":{\"message\":") && strstr(r->body, msg), "expected '%s' in %s", msg, r->body);
+    if (param) {
+        char p[100];
+        snprintf(p, sizeof p, "\"param\":\"%s\"", param);
+        cr_assert(strstr(r->body, p), "expected param %s: %s", param, r->body);
+    }
+}
+
+// A raw request on a connection of its own; the response (the server closes after a refused request).
+static ts_resp ts_raw(int port, const char *req, size_t n) {
+    int fd = ts_connect(port);
+    cr_assert(fd >= 0);
+    ts_send(fd, req, n);
+    ts_resp r = {0};
+    r.raw = ts_read_all(fd, NULL);
+    close(fd);
+    ts_resp_parse(&r);
+    return r;
+}
+
+Test(server, bad_requests_get_their_status) {
+    ts_env t;
+    ts_setup(&t);
+    ts_srv s;
+    ts_start(&s, &t, t.model, (const char *[]){"-c", "64", NULL});
+    const char *C = "/v1/completions";
+    struct {
+        const char *path, *body;
+        int status;
+        const char *msg, *param;
+    } cases[] = {
+        {C, "{\"prompt\": \"x\",", 400, "not valid JSON", NULL},
+        {C, "", 400, "not valid JSON", NULL},
+        {C, "[1, 2]", 400, "must be a JSON object", NULL},
+        {C, "{\"prompt\": 5}", 400, "'prompt' must be a string", "prompt"},
+        {C, "{\"prompt\": \"x\", \"max_tokens\": \"5\"}", 400, "'max_tokens' must be a number, not a string", "max_tokens"},
+        {C, "{\"prompt\": \"x\", \"max_tokens\": 0}", 400, "'max_tokens' must be an integer", "max_tokens"},
+        {C, "{\"prompt\": \"x\", \"temperature\": -1}", 400, "'temperature' must be within", "temperature"},
+        {C, "{\"prompt\": \"x\", \"stream\": 1}", 400, "'stream' must be a bool", "stream"},
+        {C, "{\"prompt\": \"x\", \"stop\": [\"a\", \"b\", \"c\", \"d\", \"e\"]}", 400, "up to 4", "stop"},
+        {C, "{\"prompt\": \"x\", \"n\": 2}", 400, "'n' must be an integer within [1, 1]", "n"},
+        {C, "{\"prompt\": \"x\", \"echo\": true}", 400, "'echo' is not supported", "echo"},
+        {C, "{\"prompt\": \"x\", \"park\": true}", 400, "'park' needs a session", "park"},
+        {C, "{\"prompt\": \"x\\u0000y\"}", 400, "NUL", "prompt"},
+        {C, "{\"prompt\": \"one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen "
+            "sixteen seventeen eighteen nineteen twenty twenty-one twenty-two twenty-three twenty-four\"}",
+         400, "the context holds 64", "prompt"},
+        {"/v1/chat/completions", "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}]}", 400,
+         "no chat template", "messages"},
+        {"/v1/chat/completions", "{\"messages\": \"hi\"}", 400, "'messages' must be an array", "messages"},
+        {"/v1/nothing", "{}", 404, "no such endpoint", NULL},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        ts_resp r = ts_post(s.port, cases[i].path, cases[i].body);
+        ts_expect_error(&r, cases[i].status, cases[i].msg, cases[i].param);
+        free(r.raw);
+    }
+    ts_resp r = ts_http(s.port, "GET", C, NULL, NULL);
+    ts_expect_error(&r, 405, "use POST", NULL);
+    free(r.raw);
+    // the head: a body over 8 MB (refused from its Content-Length, before it is sent), a head over 16 KB, chunked
+    // bodies, garbage
+    const char big[] = "POST /v1/completions HTTP/1.1\r\nHost: t\r\nContent-Length: 9000000\r\n\r\n";
+    r = ts_raw(s.port, big, sizeof big - 1);
+    ts_expect_error(&r, 413, "over the size limit", NULL);
+    free(r.raw);
+    // the same with the body sent all the same (no waiting for 100 Continue): what arrives after the refusal is
+    // read and dropped, so the client gets its 413 rather than a reset
+    char *whole = malloc(sizeof big - 1 + 9000000);
+    memcpy(whole, big, sizeof big - 1);
+    memset(whole + sizeof big - 1, 'a', 9000000);
+    r = ts_raw(s.port, whole, sizeof big - 1 + 9000000);
+    ts_expect_error(&r, 413, "over the size limit", NULL);
+    free(r.raw), free(whole);
+    char *huge = malloc(20000);
+    int k = sprintf(huge, "GET /health HTTP/1.1\r\nX-Pad: ");
+    memset(huge + k, 'a', 18000);
+    memcpy(huge + k + 18000, "\r\n\r\n", 4);
+    r = ts_raw(s.port, huge, (size_t)k + 18004);
+    ts_expect_error(&r, 431, "exceeds 16 KB", NULL);
+    free(r.raw), free(huge);
+    const char chunked[] = "POST /v1/completions HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n";
+    r = ts_raw(s.port, chunked, sizeof chunked - 1);
+    ts_expect_error(&r, 501, "chunked", NULL);
+    free(r.raw);
+    const char junk[] = "HELLO\r\n\r\n";
+    r = ts_raw(s.port, junk, sizeof junk - 1);
+    ts_expect_error(&r, 400, "malformed", NULL);
+    free(r.raw);
+    // and it still answers as the command line does
+    char *want = ts_cli(&t, "Once upon a time", 20, "0", NULL);
+    char *got = ts_complete(&s, "Once upon a time", 20, "\"temperature\":0", 0, NULL);
+    cr_assert_str_eq(got, want);
+    free(want), free(got);
+    cr_assert_eq(ts_metric(&s, "errors_total"), sizeof cases / sizeof *cases + 6);
+    ts_stop(&s);
+    ts_teardown(&t);
+}
+
+Test(server, api_key) {
+    ts_env t;
+    ts_setup(&t);
+    ts_srv s;
+    ts_start(&s, &t, t.model, (const char *[]){"--api-key", "sekrit", NULL});
+    ts_resp r = ts_http(s.port, "GET", "/v1/models", NULL, NULL);
+    ts_expect_error(&r, 401, "API key", NULL);
+    cr_assert(strstr(r.body, "authentication_error"), "%s", r.body);
+    free(r.raw);
+    r = ts_http(s.port, "GET", "/v1/models", "Authorization: Bearer wrong\r\n", NULL);
+    ts_expect_error(&r, 401, "API key", NULL);
+    free(r.raw);
+    r = ts_http(s.port, "GET", "/metrics", NULL, NULL);
+    ts_expect_error(&r, 401, "API key", NULL);
+    free(r.raw);
+    r = ts_http(s.port, "POST", "/v1/completions", NULL, "{\"prompt\": \"x\"}");
+    ts_expect_error(&r, 401, "API key", NULL);
+    free(r.raw);
+    r = ts_http(s.port, "GET", "/v1/models", "Authorization: Bearer sekrit\r\n", NULL);
+    cr_assert_eq(r.status, 200, "%s", r.raw);
+    cr_assert(strstr(r.body, "\"id\":\"stories.bin\"") && strstr(r.body, "\"context_length\":512"), "%s", r.body);
+    free(r.raw);
+    r = ts_http(s.port, "GET", "/health", NULL, NULL);  // no key needed
+    cr_assert_eq(r.status, 200, "%s", r.raw);
+    free(r.raw);
+    ts_stop(&s);
+    ts_teardown(&t);
+}
+
+// --max-conns 3: a fourth connection gets 503 and is closed; when one of the three leaves, a new one is served.
+// Requests pipelined on a kept-alive connection are answered in order.
+Test(server, connections_limit_and_keep_alive) {
+    ts_env t;
+    ts_setup(&t);
+    ts_srv s;
+    ts_start(&s, &t, t.model, (const char *[]){"--max-conns", "3", NULL});
+    int fd[3];
+    const char health2[] = "GET /health HTTP/1.1\r\nHost: t\r\n\r\nGET /v1/models HTTP/1.1\r\nHost: t\r\n\r\n";
+    for (int i = 0; i < 3; i++) {  // three kept-alive connections, each answered twice (so accepted and counted)
+        fd[i] = ts_connect(s.port);
+        ts_send(fd[i], health2, sizeof health2 - 1);
+        char buf[4096] = {0};
+        size_t n = 0;
+        while (!strstr(buf, "\"object\":\"list\"") && n < sizeof buf - 1) {
+            ssize_t got = recv(fd[i], buf + n, sizeof buf - 1 - n, 0);
+            cr_assert(got > 0, "connection %d: no second answer: %s", i, buf);
+            n += (size_t)got;
+        }
+        char *second = strstr(buf + 1, "HTTP/1.1 200");
+        cr_assert(!strncmp(buf, "HTTP/1.1 200", 12) && strstr(buf, "{\"status\":\"ok\"}") && second &&
+                  strstr(second, "\"object\":\"list\"") && strstr(buf, "Connection: keep-alive"),
+                  "pipelined answers, in order: %s", buf);
+    }
+    ts_resp r = ts_http(s.port, "GET", "/health", NULL, NULL);
+    ts_expect_error(&r, 503, "too many connections", NULL);
+    free(r.raw);
+    close(fd[0]);
+    double t0 = dj_now();  // the server notices the close at its next turn
+    do {
+        r = ts_http(s.port, "GET", "/health", NULL, NULL);
+        if (r.status == 200) break;
+        free(r.raw);
+        usleep(5000);
+    } while (dj_now() - t0 < TS_WAIT_S);
+    cr_assert_eq(r.status, 200, "a freed connection was not available again: %s", r.raw);
+    free(r.raw);
+    close(fd[1]), close(fd[2]);
+    ts_stop(&s);
+    ts_teardown(&t);
+}
+
+// --timeout 1: a client that sends half a request head and stalls gets 408 and is closed; one that asks for a
+// stream and never reads does not hold anyone else up; one that pipelines requests and reads none of the answers
+// (more of them than both sockets' buffers hold: Linux grows a send buffer to 4 MB at most) is closed once its
+// unsent output has waited --timeout, with a line on the server's stderr. Another client is served meanwhile.
+Test(server, slow_clients) {
+    ts_env t;
+    ts_setup(&t);
+    ts_srv s;
+    ts_start(&s, &t, t.model, (const char *[]){"--timeout", "1", NULL});
+    int stalled = ts_connect(s.port);
+    ts_send(stalled, "POST /v1/completions HTTP/1.1\r\nContent-Le", 41);
+    int sleeper = ts_open_completion(s.port, "Once upon a time", 300, 1);
+    cr_assert(stalled >= 0 && sleeper >= 0);
+    ts_resp m = ts_http(s.port, "GET", "/metrics", NULL, NULL);
+    const char get[] = "GET /metrics HTTP/1.1\r\nHost: t\r\n\r\n";
+    size_t n_get = ((size_t)8 << 20) / strlen(m.raw) + 1, answers = n_get * strlen(m.raw);  // about 8 MB
+    free(m.raw);
+    char *gets = malloc(n_get * (sizeof get - 1));
+    for (size_t i = 0; i < n_get; i++) memcpy(gets + i * (sizeof get - 1), get, sizeof get - 1);
+    int deaf = ts_connect_rcvbuf(s.port, 4096);
+    ts_send(deaf, gets, n_get * (sizeof get - 1));
+    free(gets);
+    char *want = ts_cli(&t, "The sun was", 20, "0", NULL);
+    char *got = ts_complete(&s, "The sun was", 20, "\"temperature\":0", 0, NULL);
+    cr_assert_str_eq(got, want, "served beside a stalled, a sleeping and a deaf client");
+    ts_resp r = {0};
+    r.raw = ts_read_all(stalled, NULL);  // within the server's timeout and its drain, well inside ours
+    ts_resp_parse(&r);
+    ts_expect_error(&r, 408, "did not arrive whole", NULL);
+    free(r.raw), free(want), free(got);
+    close(stalled);
+    ts_await_log(&s, "its client does not read: output unread for --timeout");
+    size_t n;
+    char *part = ts_read_all(deaf, &n);  // what the sockets held, then the end: the rest was dropped
+    cr_assert(!strncmp(part, "HTTP/1.1 200", 12) && n < answers, "%zu of %zu bytes", n, answers);
+    free(part);
+    close(sleeper), close(deaf);
+    ts_await_metric(&s, "connections", 1);  // /metrics' own
+    ts_stop(&s);
+    ts_teardown(&t);
+}
+
+// ---- sessions, parking and restoring
+// The answer of a session's turn: a completion with "session".
+static char *ts_turn(const ts_srv *s, const char *session, const char *prompt, int n, int park, int64_t *cached) {
+    char more[300];
+    snprintf(more, sizeof more, "\"temperature\":0,\"session\":\"%s\"%s", session, park ? ",\"park\":true" : "");
+    char *body = ts_completion_body(prompt, n, more);
+    ts_resp r = ts_post(s->port, "/v1/completions", body);
+    char *text = ts_text(&r, 0, 0, NULL, 0);
+    const char *c = strstr(r.body, "\"cached_tokens\":");
+    cr_assert(c, "%s", r.body);
+    if (cached) *cached = atoll(c + 16);
+    free(body), free(r.raw);
+    return text;
+}
+
+// Three sessions of two turns on a server with two KV slots (--kv-gb for two slots of 512 positions) and one with
+// plenty: the second turns' texts are the same, and the same as a request without a session (every token
+// prefilled). On the small one, the third session's first turn parks the least recently used session's cache
+// (alice's); in the second turns each session finds the other two's caches in the slots, so each parks the least
+// recently used of them and restores its own (its prompt's cached tokens say the cache was there).
+Test(server, sessions_parked_and_restored_continue_exactly) {
+    ts_env t;
+    ts_setup(&t);
+    ts_srv big, small;
+    ts_start(&big, &t, t.model, NULL);
+    // stories260K: 5 layers x 4 kv heads x 8 x 2 (K, V) x 4 bytes = 1280 bytes a position; 512 positions a slot
+    ts_start(&small, &t, t.model, (const char *[]){"--kv-gb", "0.0014", "--parallel", "1", NULL});
+    cr_assert_eq(ts_metric(&small, "kv_slots"), 2);
+    const char *names[] = {"alice", "bob", "carol"};
+    char *first[3], prompt2[3][2048];
+    for (int i = 0; i < 3; i++) {
+        first[i] = ts_turn(&small, names[i], ts_prompts[i], 40, 0, NULL);
+        char *b = ts_turn(&big, names[i], ts_prompts[i], 40, 0, NULL);
+        cr_assert_str_eq(first[i], b);
+        free(b);
+        snprintf(prompt2[i], sizeof prompt2[i], "%s%s The end. Then", ts_prompts[i], first[i]);
+    }
+    // alice was the least recently used when carol came: parked
+    cr_assert_eq(ts_metric(&small, "parks_total"), 1);
+    cr_assert_eq(ts_metric(&small, "sessions_parked"), 1);
+    // the slot holds the prompt's 5 positions and 39 of the 40 tokens: the last one picked ends the answer unrun
+    cr_assert_eq(ts_metric(&small, "park_bytes_total"), 44 * 1280, "alice's 5 + 39 positions");
+    for (int i = 0; i < 3; i++) {
+        int64_t cached;
+        char *got = ts_turn(&small, names[i], prompt2[i], 50, 0, &cached);
+        char *stay = ts_turn(&big, names[i], prompt2[i], 50, 0, NULL);
+        char *none = ts_complete(&big, prompt2[i], 50, "\"temperature\":0", 0, NULL);
+        cr_assert_str_eq(got, stay, "%s: parking changed the continuation", names[i]);
+        cr_assert_str_eq(got, none, "%s: the kept cache changed the continuation", names[i]);
+        cr_assert_gt(cached, 30, "%s's second turn did not find its cache (%ld tokens cached)", names[i], (long)cached);
+        free(got), free(stay), free(none);
+    }
+    cr_assert_eq(ts_metric(&small, "restores_total"), 3, "each cache came back from host memory");
+    cr_assert_eq(ts_metric(&small, "parks_total"), 4, "bob's, carol's and alice's caches made room in turn");
+    cr_assert_eq(ts_metric(&small, "restore_bytes_total"),
+                 ts_metric(&small, "park_bytes_total") - ts_metric(&small, "parked_bytes"),
+                 "every cache parked and not parked now came back whole");
+    // a session parked on request, and with "park": true after its answer
+    ts_resp r = ts_http(small.port, "POST", "/v1/sessions/carol/park", NULL, NULL);
+    cr_assert_eq(r.status, 200, "%s", r.raw);
+    cr_assert(strstr(r.body, "\"session\":\"carol\",\"parked\":true,\"tokens\":"), "%s", r.body);
+    free(r.raw);
+    double parks = ts_metric(&small, "parks_total");
+    char third[3000];
+    snprintf(third, sizeof third, "%s Once more,", prompt2[0]);
+    char *a = ts_turn(&small, "alice", third, 20, 1, NULL), *a_big = ts_turn(&big, "alice", third, 20, 0, NULL);
+    cr_assert_str_eq(a, a_big);
+    cr_assert_eq(ts_metric(&small, "parks_total"), parks + 1, "'park': true did not park alice after her answer");
+    free(a), free(a_big);
+    r = ts_http(small.port, "DELETE", "/v1/sessions/bob", NULL, NULL);
+    cr_assert_eq(r.status, 200, "%s", r.raw);
+    free(r.raw);
+    r = ts_http(small.port, "DELETE", "/v1/sessions/bob", NULL, NULL);
+    ts_expect_error(&r, 404, "no session 'bob'", NULL);
+    free(r.raw);
+    r = ts_http(small.port, "GET", "/v1/sessions/alice/park", NULL, NULL);
+    ts_expect_error(&r, 405, "use POST", NULL);
+    free(r.raw);
+    cr_assert_eq(ts_metric(&small, "sessions"), 2);
+    for (int i = 0; i < 3; i++) free(first[i]);
+    ts_stop(&small);
+    ts_stop(&big);
+    ts_teardown(&t);
+}
+
+// --park-gb too small for any cache: a session that must leave its slot loses its cache instead (counted as a
+// drop), and its next turn prefills everything: the same text.
+Test(server, sessions_beyond_the_parking_budget_lose_only_time) {
+    ts_env t;
+    ts_setup(&t);
+    ts_srv s;
+    ts_start(&s, &t, t.model, (const char *[]){"--kv-gb", "0.0007", "--park-gb", "0.00001", NULL});
+    cr_assert_eq(ts_metric(&s, "kv_slots"), 1);
+    char *a1 = ts_turn(&s, "a", ts_prompts[0], 30, 0, NULL), *b1 = ts_turn(&s, "b", ts_prompts[1], 30, 0, NULL);
+    char p2[1024];
+    snprintf(p2, sizeof p2, "%s%s And", ts_prompts[0], a1);
+    int64_t cached;
+    char *a2 = ts_turn(&s, "a", p2, 30, 0, &cached), *none = ts_complete(&s, p2, 30, "\"temperature\":0", 0, NULL);
+    cr_assert_str_eq(a2, none);
+    cr_assert_eq(cached, 0, "a's cache was dropped, yet %ld tokens were cached", (long)cached);
+    cr_assert_eq(ts_metric(&s, "parks_total"), 0);
+    cr_assert_geq(ts_metric(&s, "cache_drops_total"), 1);
+    free(a1), free(b1), free(a2), free(none);
+    ts_stop(&s);
+    ts_teardown(&t);
+}
+
+// ---- the command line
+Test(server, usage_errors) {
+    ts_env t;
+    ts_setup(&t);
+    char out[400], err[400];
+    snprintf(out, sizeof out, "%s/u.out", t.dir);
+    snprintf(err, sizeof err, "%s/u.err", t.dir);
+    cr_assert_eq(ts_run((char *[]){ts_djinn, "serve", "--help", NULL}, NULL, out, err), 0);
+    char *help = tc_must_read(out, NULL);
+    const char *flags[] = {"--host", "--port", "--api-key", "--parallel", "--kv-gb", "--park-gb", "--sessions",
+                           "--prefill-chunk", "--max-conns", "--timeout", "/v1/sessions/NAME/park"};
+    for (size_t i = 0; i < sizeof flags / sizeof *flags; i++)
+        cr_assert(strstr(help, flags[i]), "%s: %s", flags[i], help);
+    free(help);
+    struct {
+        const char *a[6];
+        int code, flag;  // flag: a bad flag, refused before the model is read: one line sending to --help
+        const char *msg;
+    } cases[] = {
+        {{"--bogus", NULL}, 2, 1, "unknown option: --bogus"},
+        {{"--bogus", "3", NULL}, 2, 1, "unknown option: --bogus"},
+        {{"--port", NULL}, 2, 1, "a value is missing after: --port"},
+        {{"--host", NULL}, 2, 1, "a value is missing after: --host"},
+        {{"--port", "70000", NULL}, 2, 1, "--port wants an integer"},
+        {{"--parallel", "0", NULL}, 2, 1, "--parallel wants"},
+        {{"--kv-gb", "0.0001", NULL}, 2, 0, "holds no KV slot"},
+        {{"--kv-gb", "0.0014", "--parallel", "4", NULL}, 2, 0, "--parallel 4 needs as many KV slots"},
+        {{"-c", "100000", NULL}, 2, 0, "beyond the model's max_seq_len"},
+        {{"--host", "nowhere", "--port", "0", NULL}, 1, 0, "not an IPv4 address"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        char *argv[12] = {ts_djinn, "serve", t.model, "--cpu"};
+        int a = 4;
+        for (int j = 0; cases[i].a[j]; j++) argv[a++] = (char *)cases[i].a[j];
+        argv[a] = NULL;
+        int rc = ts_run(argv, NULL, out, err);
+        char *e = tc_must_read(err, NULL);
+        cr_assert_eq(rc, cases[i].code, "%s: exit %d: %s", cases[i].a[0], rc, e);
+        cr_assert(strstr(e, cases[i].msg), "%s: %s", cases[i].a[0], e);
+        if (cases[i].flag) {
+            const char *tail = "(see djinn serve --help)\n";
+            size_t el = strlen(e), tl = strlen(tail);
+            cr_assert(el > tl && !strcmp(e + el - tl, tail) && strchr(e, '\n') == e + el - 1, "%s: %s", cases[i].a[0],
+                      e);
+        }
+        free(e);
+    }
+    int rc = ts_run((char *[]){ts_djinn, "serve", "/nonexistent.bin", "--cpu", NULL}, NULL, out, err);
+    cr_assert_eq(rc, 1);
+    ts_teardown(&t);
+}

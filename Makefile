@@ -39,7 +39,7 @@ CONVERT_OBJ := $(CONVERT_SRC:%.c=$(BUILD)/%.o)
 TEST_SRC := $(wildcard tests/test_*.c) tests/common.c
 TEST_OBJ := $(TEST_SRC:%.c=$(BUILD)/%.o)
 
-.PHONY: all test demo clean criterion fuzz
+.PHONY: all test demo clean criterion npm-client fuzz
 
 all: djinn convert/convert
 
@@ -75,14 +75,16 @@ TEST_CFLAGS := -I$(abspath $(CRITERION))/include
 TEST_LIBS := -L$(abspath $(CRITERION))/lib -Wl,--disable-new-dtags,-rpath,$(abspath $(CRITERION))/lib
 endif
 
-# valgrind is optional: without it cli::valgrind_clean_cpu_generation skips with the reason.
+# valgrind and curl are optional: without them cli::valgrind_clean_cpu_generation and server::curl_client skip with
+# the reason.
 criterion:
 	@if [ -n "$(CRITERION)" ]; then \
 	  [ -f "$(CRITERION)/include/criterion/criterion.h" ] || { echo "make: no Criterion in $(CRITERION)" >&2; exit 1; }; \
-	elif [ ! -f /usr/include/criterion/criterion.h ] || ! command -v valgrind >/dev/null; then \
+	elif [ ! -f /usr/include/criterion/criterion.h ] || ! command -v valgrind >/dev/null \
+	     || ! command -v curl >/dev/null; then \
 	  if [ "$$(id -u)" = 0 ]; then \
-	    echo "make: installing libcriterion-dev and valgrind" >&2; \
-	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libcriterion-dev valgrind) >&2 \
+	    echo "make: installing libcriterion-dev, valgrind and curl" >&2; \
+	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libcriterion-dev valgrind curl) >&2 \
 	      || [ -f /usr/include/criterion/criterion.h ] || exit 1; \
 	  elif [ ! -f /usr/include/criterion/criterion.h ]; then \
 	    echo "make: Criterion is missing: run 'sudo apt-get install libcriterion-dev'" >&2; exit 1; \
@@ -95,8 +97,19 @@ $(BUILD)/run_tests: $(TEST_OBJ) $(CONVERT_OBJ) $(ENGINE_OBJ)
 $(TEST_OBJ): | criterion
 $(TEST_OBJ): CFLAGS += $(TEST_CFLAGS)
 
+# OpenAI's own npm client, which server::openai_node_client drives: installed into tests/npm when node and npm are
+# there and it is not (package.json pins its version). Without npm's registry the test skips and says why.
+npm-client:
+	@if [ ! -f tests/npm/node_modules/openai/package.json ] && command -v node >/dev/null \
+	     && command -v npm >/dev/null; then \
+	  echo "make: installing the openai npm package into tests/npm" >&2; \
+	  (cd tests/npm && npm install --no-audit --no-fund --fetch-retries=1 --fetch-timeout=30000 >/dev/null 2>&1) \
+	    || echo "make: npm could not install it ('npm install' in tests/npm says why): server::openai_node_client" \
+	            "will skip" >&2; \
+	fi
+
 # Tests find the shared data and the binaries under test through the environment.
-test: criterion
+test: criterion npm-client
 	$(MAKE) $(BUILD)/run_tests $(BUILD)/bin/djinn $(BUILD)/bin/convert
 	DJINN_DATA=$(abspath $(DATA)) DJINN_BIN=$(abspath $(BUILD))/bin DJINN_TESTS=$(abspath tests) \
 	ASAN_OPTIONS=protect_shadow_gap=0:detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \

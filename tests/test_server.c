@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -271,9 +272,12 @@ static void ts_start(ts_srv *s, const ts_env *t, const char *model, const char *
     int a = 8;
     for (int i = 0; extra && extra[i]; i++) argv[a++] = (char *)extra[i];
     argv[a] = NULL;
+    pid_t test = getpid();
     s->pid = fork();
     cr_assert(s->pid >= 0);
     if (s->pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);  // a test that fails before ts_stop leaves no server, stopped or not
+        if (getppid() != test) _exit(1);
         int o = open("/dev/null", O_WRONLY), e = open(s->err, O_WRONLY | O_CREAT | O_TRUNC, 0644);
         dup2(o, 0), dup2(o, 1), dup2(e, 2);
         execv(argv[0], argv);

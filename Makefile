@@ -20,7 +20,11 @@ endif
 CFLAGS := -std=c11 -O2 -g -Wall -Wextra -Werror -Wno-unused-parameter -D_GNU_SOURCE -pthread \
           -I$(CUDA)/include -MMD -MP $(SANFLAGS)
 NVEXTRA ?=
-NVFLAGS := $(NVEXTRA) -O3 -std=c++17 -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=compute_90 \
+# sm_90 code with a PTX fallback; qgemm.cu's Hopper kernel (wgmma) needs the arch-specific sm_90a target, with the
+# same compute_90 PTX (where that kernel is compiled out) as the fallback.
+NVARCH = -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=compute_90
+$(BUILD)/qgemm.o: NVARCH = -gencode arch=compute_90a,code=sm_90a -gencode arch=compute_90,code=compute_90
+NVFLAGS = $(NVEXTRA) -O3 -std=c++17 $(NVARCH) \
            -Xcompiler -Wall,-Werror -MMD -MP
 LDLIBS := -L$(CUDA)/lib64 -Wl,-rpath,$(CUDA)/lib64 -lcublas -lcudart -lstdc++ -lm -lpthread -ldl
 # What reads and writes model.bin without running it (the converter, the fuzz targets): no CUDA.
@@ -139,7 +143,7 @@ $(BUILD)/bin/bench_tokenizer: $(BUILD)/bench/bench_tokenizer.o $(BUILD)/tokenize
 # ---- bench: the hardware ceilings (HBM, PCIe, tensor cores) and the decode GEMV against them; GPU machine only
 CEILINGS_JSON ?= $(BUILD)/ceilings.json
 .PHONY: bench-ceilings
-$(BUILD)/bench/ceilings.o: bench/ceilings.cu kernels.h util.h model.h
+$(BUILD)/bench/ceilings.o: bench/ceilings.cu bench/bench_gpu.h kernels.h util.h model.h
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVFLAGS) -c $< -o $@
 
@@ -149,6 +153,15 @@ $(BUILD)/bin/ceilings: $(BUILD)/bench/ceilings.o $(KERNEL_OBJ) $(BUILD)/util.o
 
 bench-ceilings: $(BUILD)/bin/ceilings
 	$(BUILD)/bin/ceilings $(CEILINGS_JSON)
+
+# ---- bench: the quantized product for T > 1, every qgemm.cu tile shape against dequantize + cuBLAS and f16 cuBLAS
+$(BUILD)/bench/qgemm_bench.o: bench/qgemm_bench.cu bench/bench_gpu.h kernels.h model.h
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVFLAGS) -c $< -o $@
+
+$(BUILD)/bin/qgemm_bench: $(BUILD)/bench/qgemm_bench.o $(KERNEL_OBJ) $(BUILD)/model.o $(BUILD)/util.o
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS)
 
 # ---- bench: picking the next token on a 128k vocabulary, on the GPU (gpu_pick) and on the host; GPU machine only
 $(BUILD)/bin/pick_bench: $(BUILD)/bench/pick_bench.o $(KERNEL_OBJ) $(BUILD)/sampler.o $(BUILD)/util.o

@@ -72,7 +72,7 @@ extern "C" int gpu_open(dj_gpu **out, int device, dj_err *e) {
             dj_fail(e, "cublas: cublasSetWorkspace failed: %s", cublasGetStatusName(st));
             break;
         }
-        if (attention_setup(g, e) || tc_setup(g, e) || matmul_setup(g, e)) break;
+        if (attention_setup(g, e) || tc_setup(g, e) || matmul_setup(g, e) || qgemm_setup(g, e)) break;
         rc = 0;
     } while (0);
     if (rc) {

@@ -103,11 +103,26 @@ void gpu_graph_destroy(cudaGraphExec_t exec);
 // q8 and q4 (model.h; rows dj_row_bytes apart): the GEMV dequantizes in registers (exactly scale * k, fp32
 // products and sums); the cuBLAS path dequantizes rows to f16 in scratch, a chunk of about 16 MiB at a time, and
 // multiplies each chunk as f16 weights (x rounded to f16).
-enum gpu_mm_path { GPU_MM_AUTO = 0, GPU_MM_GEMV = 1, GPU_MM_CUBLAS = 2 };
+// GPU_MM_QGEMM (qgemm.cu), q8 and q4 only: the stored values straight into shared memory, widened in registers to
+// the same f16 values the dequantizing path writes (scale * k rounded once) and multiplied on the tensor cores with
+// x rounded to f16 and fp32 accumulation; no f16 copy of W. GPU_MM_AUTO takes it where gpu_qgemm_wins.
+enum gpu_mm_path { GPU_MM_AUTO = 0, GPU_MM_GEMV = 1, GPU_MM_CUBLAS = 2, GPU_MM_QGEMM = 3 };
 int gpu_matmul(dj_gpu *g, float *y, const float *x, const void *w, uint32_t wtype, int64_t T, int64_t n_in,
                int64_t n_out, cudaStream_t s, dj_err *e);
 int gpu_matmul_path(dj_gpu *g, int path, float *y, const float *x, const void *w, uint32_t wtype, int64_t T,
                     int64_t n_in, int64_t n_out, cudaStream_t s, dj_err *e);
+
+// Whether GPU_MM_QGEMM takes this product: q8/q4 W 16-byte aligned (model.bin's rows always are).
+int gpu_qgemm_ok(uint32_t wtype, const void *w, int64_t T, int64_t n_in, int64_t n_out);
+// Whether it is also the faster path (measured: 2..128 tokens, enough rows to fill the device).
+int gpu_qgemm_wins(const dj_gpu *g, uint32_t wtype, const void *w, int64_t T, int64_t n_in, int64_t n_out);
+// GPU_MM_QGEMM with tile shape `variant` (qgemm.cu's QGEMM_VARIANTS; -1: chosen by T, as gpu_matmul does): for
+// bench/qgemm_bench.cu, which measures the shapes.
+int gpu_qgemm_variant(dj_gpu *g, int variant, float *y, const float *x, const void *w, uint32_t wtype, int64_t T,
+                      int64_t n_in, int64_t n_out, cudaStream_t s, dj_err *e);
+size_t gpu_qgemm_scratch(int64_t T, int64_t n_in);  // bytes of scratch it needs: x in f16
+#define GPU_QGEMM_VARIANTS 11                          // tile shapes 0..10
+int gpu_qgemm_has(const dj_gpu *g, int variant);    // whether this device runs tile shape `variant`
 
 // out (n) f32 = in (n) in wtype, exactly (f16 and bf16 widen without rounding): token embedding rows arrive in
 // the model's dtype, half the bytes of f32 over PCIe and no conversion loop on the host. out and in must not overlap.

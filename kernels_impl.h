@@ -64,6 +64,8 @@ struct dj_gpu {
     int tc_attn;            // prefill attention on the tensor cores (bf16x3) where head_dim allows; default on
     int tc_optin;           // the device's opt-in shared memory per block
     int qp_blocks;          // the persistent quantized GEMV's grid: QP_BPS blocks per SM where the device holds them
+    int wgmma;              // qgemm.cu's Hopper kernel runs here (compute capability 9.0)
+    int n_sm;               // multiprocessors (qgemm.cu's dispatch)
 };
 
 // Scratch for a call on stream s: grows outside a capture, refuses inside one (the graph would keep a
@@ -77,6 +79,8 @@ int attention_setup(dj_gpu *g, dj_err *e);
 int tc_setup(dj_gpu *g, dj_err *e);
 // matmul.cu: the persistent quantized GEMV's shared-memory limit and grid size.
 int matmul_setup(dj_gpu *g, dj_err *e);
+// qgemm.cu: whether the device runs its Hopper kernel (g->wgmma); its multiprocessors.
+int qgemm_setup(dj_gpu *g, dj_err *e);
 
 // The attention shapes the kernels support (attention.cu; gpu_rope_kv checks them too): n_heads a multiple
 // of n_kv_heads, head_dim even and <= 256. fn names the caller in the message.

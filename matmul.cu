@@ -727,8 +727,11 @@ static int matmul_cublas(dj_gpu *g, float *y, const float *x, const void *w, uin
 
 // ---- dispatch
 extern "C" size_t gpu_matmul_scratch(uint32_t wtype, int64_t T, int64_t n_in) {
-    if (dj_is_quant(wtype))  // x in f16, then a chunk of dequantized rows
-        return ((size_t)T * (size_t)n_in + 127) / 128 * 128 * 2 + (size_t)qchunk_rows(n_in) * (size_t)n_in * 2;
+    if (dj_is_quant(wtype)) {  // x in f16, then a chunk of dequantized rows; or x alone (gpu_qgemm)
+        size_t dq = ((size_t)T * (size_t)n_in + 127) / 128 * 128 * 2 + (size_t)qchunk_rows(n_in) * (size_t)n_in * 2;
+        size_t qg = gpu_qgemm_scratch(T, n_in);
+        return dq > qg ? dq : qg;
+    }
     return wtype == DJ_F32 ? 0 : (size_t)T * (size_t)n_in * (wtype == DJ_BF16 ? 4 : 2);
 }
 
@@ -739,7 +742,8 @@ extern "C" int gpu_matmul_path(dj_gpu *g, int path, float *y, const float *x, co
         return dj_fail(e, "gpu_matmul: bad shape T=%lld n_in=%lld n_out=%lld", (long long)T, (long long)n_in,
                        (long long)n_out);
     if (T == 0) return 0;
-    if (path == GPU_MM_AUTO) path = T == 1 ? GPU_MM_GEMV : GPU_MM_CUBLAS;
+    if (path == GPU_MM_AUTO)
+        path = T == 1 ? GPU_MM_GEMV : gpu_qgemm_wins(g, wtype, w, T, n_in, n_out) ? GPU_MM_QGEMM : GPU_MM_CUBLAS;
     switch (path) {
     case GPU_MM_GEMV:
         if (wtype == DJ_Q8) return gemv_quant_typed<DJ_Q8>(g, y, x, w, T, n_in, n_out, s, e);
@@ -750,6 +754,8 @@ extern "C" int gpu_matmul_path(dj_gpu *g, int path, float *y, const float *x, co
     case GPU_MM_CUBLAS:
         if (dj_is_quant(wtype)) return matmul_quant_cublas(g, y, x, w, wtype, T, n_in, n_out, s, e);
         return matmul_cublas(g, y, x, w, wtype, T, n_in, n_out, s, e);
+    case GPU_MM_QGEMM:
+        return gpu_qgemm_variant(g, -1, y, x, w, wtype, T, n_in, n_out, s, e);
     default:
         return dj_fail(e, "gpu_matmul: unknown path %d", path);
     }

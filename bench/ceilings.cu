@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "../kernels.h"
+#include "bench_gpu.h"
 extern "C" {
 #include "../model.h"  // dtype enum only
 }
@@ -37,91 +38,6 @@ extern "C" {
 static size_t dt_size(uint32_t dt) { return dt == DJ_F32 ? 4 : 2; }
 static const char *dt_name(uint32_t dt) {
     return dt == DJ_F32 ? "f32" : dt == DJ_F16 ? "f16" : dt == DJ_BF16 ? "bf16" : dt == DJ_Q8 ? "q8" : "q4";
-}
-
-#define CK(call)                                                                                          \
-    do {                                                                                                  \
-        cudaError_t err_ = (call);                                                                        \
-        if (err_ != cudaSuccess) {                                                                        \
-            fprintf(stderr, "ceilings: %s failed at %s:%d: %s\n", #call, __FILE__, __LINE__,              \
-                    cudaGetErrorName(err_));                                                              \
-            exit(1);                                                                                      \
-        }                                                                                                 \
-    } while (0)
-#define CKB(call)                                                                                         \
-    do {                                                                                                  \
-        cublasStatus_t st_ = (call);                                                                      \
-        if (st_ != CUBLAS_STATUS_SUCCESS) {                                                               \
-            fprintf(stderr, "ceilings: %s failed at %s:%d: %s\n", #call, __FILE__, __LINE__,              \
-                    cublasGetStatusName(st_));                                                            \
-            exit(1);                                                                                      \
-        }                                                                                                 \
-    } while (0)
-#define CKD(call)                                                                                         \
-    do {                                                                                                  \
-        dj_err e_;                                                                                        \
-        if ((call) != 0) {                                                                                \
-            fprintf(stderr, "ceilings: %s\n", e_.msg);                                                    \
-            exit(1);                                                                                      \
-        }                                                                                                 \
-    } while (0)
-
-// Pseudo-random values in [-0.5, 0.5) of any element type: never time on zeros.
-template <typename T>
-__global__ void fill_kernel(T *p, size_t n, uint32_t seed) {
-    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
-        uint32_t h = (uint32_t)i * 2654435761u ^ seed;
-        h ^= h >> 15, h *= 2246822519u, h ^= h >> 13;
-        p[i] = (T)((float)(h & 0xffffff) / 16777216.0f - 0.5f);
-    }
-}
-__global__ void fill_u16_kernel(uint16_t *p, size_t n, uint32_t seed, int bf16) {
-    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
-        uint32_t h = (uint32_t)i * 2654435761u ^ seed;
-        h ^= h >> 15, h *= 2246822519u, h ^= h >> 13;
-        float f = (float)(h & 0xffffff) / 16777216.0f - 0.5f;
-        p[i] = bf16 ? __bfloat16_as_ushort(__float2bfloat16(f)) : __half_as_ushort(__float2half(f));
-    }
-}
-
-// Median milliseconds per call of fn over `reps` timed groups of `iters` calls, after a warm-up group.
-template <typename F>
-static double time_ms(cudaStream_t s, int iters, int reps, F fn) {
-    cudaEvent_t a, b;
-    CK(cudaEventCreate(&a));
-    CK(cudaEventCreate(&b));
-    for (int i = 0; i < iters; i++) fn(i);
-    CK(cudaStreamSynchronize(s));
-    std::vector<double> t;
-    for (int r = 0; r < reps; r++) {
-        CK(cudaEventRecord(a, s));
-        for (int i = 0; i < iters; i++) fn(i);
-        CK(cudaEventRecord(b, s));
-        CK(cudaEventSynchronize(b));
-        float ms;
-        CK(cudaEventElapsedTime(&ms, a, b));
-        t.push_back(ms / iters);
-    }
-    CK(cudaEventDestroy(a));
-    CK(cudaEventDestroy(b));
-    std::sort(t.begin(), t.end());
-    return t[t.size() / 2];
-}
-
-// The same, the `iters` calls captured once into a CUDA graph and replayed, as a decode step runs them: launch
-// gaps as the engine sees them, not the host's launch rate.
-template <typename F>
-static double time_graph_ms(cudaStream_t s, int iters, int reps, F fn) {
-    cudaGraph_t graph;
-    cudaGraphExec_t exec;
-    CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-    for (int i = 0; i < iters; i++) fn(i);
-    CK(cudaStreamEndCapture(s, &graph));
-    CK(cudaGraphInstantiate(&exec, graph, 0));
-    const double ms = time_ms(s, 1, reps, [&](int) { CK(cudaGraphLaunch(exec, s)); });
-    CK(cudaGraphExecDestroy(exec));
-    CK(cudaGraphDestroy(graph));
-    return ms / iters;
 }
 
 // cuBLASLt's view of y (T, n_out) f32 = x (T, n_in) . W^T, W and x in dtype dt: in column-major terms
@@ -198,13 +114,8 @@ static std::vector<qrow> quant_section(dj_gpu *g, cudaStream_t s, size_t l2, dou
         CK(cudaGetLastError());
         for (uint32_t dt : dtypes) {
             const size_t wbytes = (size_t)dj_matrix_bytes(dt, (uint64_t)n_out, (uint64_t)n_in);
-            const int copies = (int)std::max<size_t>(2, 4 * l2 / wbytes + 1);
-            std::vector<void *> w(copies);
-            for (int c = 0; c < copies; c++) {  // random f16 bit patterns of [-0.5, 0.5): finite scales and values
-                CK(cudaMalloc(&w[c], wbytes));
-                fill_u16_kernel<<<4096, 256, 0, s>>>((uint16_t *)w[c], wbytes / 2, 30 + c, 0);
-                CK(cudaGetLastError());
-            }
+            const std::vector<void *> w = weight_copies(wbytes, l2, s);
+            const int copies = (int)w.size();
             qrow r = {dt_name(dt), n_out, n_in, 0, 0, 0, 0};
             r.gemv_us = 1e3 * time_graph_ms(s, 8 * copies, 9, [&](int i) {
                 CKD(gpu_matmul_path(g, GPU_MM_GEMV, y, x, w[i % copies], dt, 1, n_in, n_out, s, &e_));

@@ -103,57 +103,119 @@ static int tk_close(const float *got, const float *ref, int64_t n, double tol, c
 }
 
 // ---- matmul
+// A random (n_out, n_in) matrix stored in wt on the host (wh) and the device (dw), room for Tmax rows of x and y.
+typedef struct {
+    float *wf, *x, *ref, *got, *dx, *dy;
+    void *wh, *dw;
+    int64_t n_in, n_out;
+    uint32_t wt;
+} tk_mm;
+
+static tk_mm tk_mm_new(uint32_t wt, int64_t n_in, int64_t n_out, int64_t Tmax) {
+    tk_mm m = {.n_in = n_in, .n_out = n_out, .wt = wt};
+    m.wf = malloc((size_t)(n_in * n_out) * 4), m.x = malloc((size_t)(Tmax * n_in) * 4);
+    m.wh = malloc((size_t)(n_in * n_out) * 4);
+    m.ref = malloc((size_t)(Tmax * n_out) * 4), m.got = malloc((size_t)(Tmax * n_out) * 4);
+    tk_fill(m.wf, n_in * n_out, 1.0f / sqrtf((float)n_in));
+    tk_store_matrix(m.wh, m.wf, n_out, n_in, wt);
+    m.dw = tk_up(m.wh, (size_t)dj_matrix_bytes(wt, (uint64_t)n_out, (uint64_t)n_in));
+    m.dx = tk_dev((size_t)(Tmax * n_in) * 4), m.dy = tk_dev((size_t)(Tmax * n_out) * 4);
+    return m;
+}
+
+// T random rows of x, on the device too; ref = the CPU's product.
+static void tk_mm_input(tk_mm *m, int64_t T) {
+    dj_err e;
+    tk_fill(m->x, T * m->n_in, 1.0f);
+    cr_assert_eq(gpu_h2d(m->dx, m->x, (size_t)(T * m->n_in) * 4, &e), 0, "%s", e.msg);
+    cpu_matmul(m->ref, m->x, m->wh, m->wt, T, m->n_in, m->n_out);
+}
+
+static void tk_mm_free(tk_mm *m) {
+    gpu_free(m->dw), gpu_free(m->dx), gpu_free(m->dy);
+    free(m->wf), free(m->x), free(m->wh), free(m->ref), free(m->got);
+}
+
 Test(kernels, matmul) {
     tk_start("matmul");
     static const int64_t Ts[] = {1, 2, 7, 64, 300};
     // {64, 9000}: a long input row and a short output, the one-token GEMV's other extreme; {36864, 40}: x longer
     // than the quantized GEMV stages at once (QP_MAX, QG_TILE in matmul.cu): its tiled kernel, four and a half
     // tiles; {28672, 64}: the longest x the integer kernel stages (Llama-3-70B's down projection)
+    // {208, 77}: an odd number of groups with a partial last one (qgemm's last stage half empty)
     static const int64_t shapes[][2] = {{172, 64}, {172, 512}, {512, 4096}, {4096, 300}, {11008, 64}, {36, 4096},
-                                        {64, 9000}, {36864, 40}, {28672, 64}};
-    static const int paths[] = {GPU_MM_AUTO, GPU_MM_GEMV, GPU_MM_CUBLAS};
-    static const char *path_names[] = {"auto", "gemv", "cublas"};
+                                        {64, 9000}, {36864, 40}, {28672, 64}, {208, 77}};
+    static const int paths[] = {GPU_MM_AUTO, GPU_MM_GEMV, GPU_MM_CUBLAS, GPU_MM_QGEMM};
+    static const char *path_names[] = {"auto", "gemv", "cublas", "qgemm"};
     dj_err e;
     for (uint32_t wt = DJ_F32; wt <= DJ_Q4; wt++) {
         for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
-            const int64_t n_in = shapes[si][0], n_out = shapes[si][1], Tmax = 300;
-            float *wf = malloc((size_t)(n_in * n_out) * 4), *x = malloc((size_t)(Tmax * n_in) * 4);
-            void *wh = malloc((size_t)(n_in * n_out) * 4);
-            float *ref = malloc((size_t)(Tmax * n_out) * 4), *got = malloc((size_t)(Tmax * n_out) * 4);
-            tk_fill(wf, n_in * n_out, 1.0f / sqrtf((float)n_in));
-            tk_store_matrix(wh, wf, n_out, n_in, wt);
-            void *dw = tk_up(wh, (size_t)dj_matrix_bytes(wt, (uint64_t)n_out, (uint64_t)n_in));
-            float *dx = tk_dev((size_t)(Tmax * n_in) * 4), *dy = tk_dev((size_t)(Tmax * n_out) * 4);
+            const int64_t n_in = shapes[si][0], n_out = shapes[si][1];
+            tk_mm m = tk_mm_new(wt, n_in, n_out, 300);
             for (size_t ti = 0; ti < sizeof Ts / sizeof Ts[0]; ti++) {
                 const int64_t T = Ts[ti];
-                tk_fill(x, T * n_in, 1.0f);
-                cr_assert_eq(gpu_h2d(dx, x, (size_t)(T * n_in) * 4, &e), 0, "%s", e.msg);
-                cpu_matmul(ref, x, wh, wt, T, n_in, n_out);
+                tk_mm_input(&m, T);
                 for (size_t pi = 0; pi < sizeof paths / sizeof paths[0]; pi++) {
                     const int path = paths[pi];
-                    const int blas = path == GPU_MM_CUBLAS || (path == GPU_MM_AUTO && T > 1);
+                    if (path == GPU_MM_QGEMM && !dj_is_quant(wt)) continue;
+                    const int blas = path == GPU_MM_CUBLAS || path == GPU_MM_QGEMM || (path == GPU_MM_AUTO && T > 1);
                     // GEMV: fp32 on exactly widened weights, but q8 and q4 in integers against x quantized to ~1/64516
                     // of each group's largest magnitude where n_in <= QP_MAX, as the CPU share; cuBLAS: x rounded to
-                    // the weight dtype (q8, q4: x and the widened weights rounded to f16)
+                    // the weight dtype (q8, q4: x and the widened weights rounded to f16); qgemm: the same f16 values
+                    // on the tensor cores
                     const double tol = !blas ? (dj_is_quant(wt) && n_in <= 32768 ? 1e-4 : 1e-5)
                                        : wt == DJ_F32 ? 1e-5 : wt == DJ_BF16 ? 1e-4 : 2e-3;
-                    tk_poison(dy, (size_t)(T * n_out) * 4);
-                    int rc = gpu_matmul_path(tk_g, path, dy, dx, dw, wt, T, n_in, n_out, tk_s, &e);
+                    tk_poison(m.dy, (size_t)(T * n_out) * 4);
+                    int rc = gpu_matmul_path(tk_g, path, m.dy, m.dx, m.dw, wt, T, n_in, n_out, tk_s, &e);
                     cr_expect_eq(rc, 0, "matmul %s %s T=%lld n_in=%lld n_out=%lld: %s", dj_dtype_name(wt),
                                  path_names[pi], (long long)T, (long long)n_in, (long long)n_out, e.msg);
                     if (rc) continue;
-                    tk_down(got, dy, (size_t)(T * n_out) * 4);
+                    tk_down(m.got, m.dy, (size_t)(T * n_out) * 4);
                     char what[160];
                     snprintf(what, sizeof what, "matmul %s %s T=%lld n_in=%lld n_out=%lld", dj_dtype_name(wt),
                              path_names[pi], (long long)T, (long long)n_in, (long long)n_out);
-                    tk_close(got, ref, T * n_out, tol, what);
+                    tk_close(m.got, m.ref, T * n_out, tol, what);
                 }
             }
-            gpu_free(dw), gpu_free(dx), gpu_free(dy);
-            free(wf), free(x), free(wh), free(ref), free(got);
+            tk_mm_free(&m);
         }
     }
     tk_end("matmul");
+}
+
+// ---- qgemm's tile shapes
+// Every tile shape this device runs (the dispatch uses three), q8 and q4, against the CPU on the same quantized
+// weights: token counts below, at and past a tile's width, rows a partial tile, groups a partial stage.
+Test(kernels, qgemm_tile_shapes) {
+    tk_start("qgemm_tile_shapes");
+    static const int64_t Ts[] = {1, 16, 33, 130}, shapes[][2] = {{512, 200}, {208, 77}, {1056, 392}};
+    dj_err e;
+    int ran = 0;
+    for (uint32_t wt = DJ_Q8; wt <= DJ_Q4; wt++)
+        for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+            const int64_t n_in = shapes[si][0], n_out = shapes[si][1];
+            tk_mm m = tk_mm_new(wt, n_in, n_out, 130);
+            for (size_t ti = 0; ti < sizeof Ts / sizeof Ts[0]; ti++) {
+                const int64_t T = Ts[ti];
+                tk_mm_input(&m, T);
+                for (int v = 0; v < GPU_QGEMM_VARIANTS; v++) {
+                    if (!gpu_qgemm_has(tk_g, v)) continue;
+                    char what[160];
+                    snprintf(what, sizeof what, "qgemm tile shape %d %s T=%lld n_in=%lld n_out=%lld", v,
+                             dj_dtype_name(wt), (long long)T, (long long)n_in, (long long)n_out);
+                    tk_poison(m.dy, (size_t)(T * n_out) * 4);
+                    int rc = gpu_qgemm_variant(tk_g, v, m.dy, m.dx, m.dw, wt, T, n_in, n_out, tk_s, &e);
+                    cr_expect_eq(rc, 0, "%s: %s", what, e.msg);
+                    if (rc) continue;
+                    tk_down(m.got, m.dy, (size_t)(T * n_out) * 4);
+                    tk_close(m.got, m.ref, T * n_out, 2e-3, what);
+                    ran++;
+                }
+            }
+            tk_mm_free(&m);
+        }
+    cr_expect_geq(ran, 2 * 3 * 4 * 8, "the eight mma.sync tile shapes run everywhere");
+    tk_end("qgemm_tile_shapes");
 }
 
 // ---- RoPE + KV write in one launch

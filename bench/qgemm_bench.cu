@@ -1,0 +1,157 @@
+// bench/qgemm_bench.cu: the quantized product y (T, n_out) = x (T, n_in) . W^T for T > 1 on the layer shapes of
+// Llama-3-8B, Llama-2-13B and Llama-3-70B, in q8 and q4: every tile shape of qgemm.cu (gpu_qgemm_variant) beside the
+// path it replaces (rows dequantized to f16 a chunk at a time, then cuBLAS) and beside cuBLAS on f16 weights of
+// the same shape (what the q8/q4 prefill is held to). Each variant's output is checked against the dequantizing
+// path's (same f16 operands, summation order only: relative L2 <= 1e-4) before it is timed.
+// Weights rotate over copies totalling > 4x the L2 size, so each call reads HBM. Times are medians of CUDA-event
+// groups; TFLOP/s counts 2 T n_in n_out.
+//
+//   build/bin/qgemm_bench OUT.json [T ...]     (default T: 2 4 8 16 32 64 128 256 512 2048)
+#include <math.h>
+#include <string.h>
+
+#include "bench_gpu.h"
+extern "C" {
+#include "../model.h"
+}
+
+#define NVAR GPU_QGEMM_VARIANTS
+
+struct shape {
+    const char *model, *name;
+    int64_t n_out, n_in;
+};
+static const shape shapes[] = {
+    {"8b", "qkv", 6144, 4096},      {"8b", "wo", 4096, 4096},       {"8b", "gate_up", 28672, 4096},
+    {"8b", "down", 4096, 14336},    {"13b", "qkv", 15360, 5120},    {"13b", "wo", 5120, 5120},
+    {"13b", "gate_up", 27648, 5120}, {"13b", "down", 5120, 13824},  {"70b", "qkv", 10240, 8192},
+    {"70b", "wo", 8192, 8192},      {"70b", "gate_up", 57344, 8192}, {"70b", "down", 8192, 28672},
+};
+
+static double rel_l2(const float *a, const float *b, size_t n) {
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (!isfinite(a[i])) return INFINITY;
+        double d = (double)a[i] - b[i];
+        num += d * d, den += (double)b[i] * b[i];
+    }
+    return sqrt(num / (den > 0 ? den : 1));
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2) {
+        fprintf(stderr, "usage: qgemm_bench OUT.json [T ...]\n");
+        return 2;
+    }
+    std::vector<int64_t> Ts;
+    for (int i = 2; i < argc; i++) Ts.push_back(atoll(argv[i]));
+    if (Ts.empty()) Ts = {2, 4, 8, 16, 32, 64, 128, 256, 512, 2048};
+    const int64_t Tmax = *std::max_element(Ts.begin(), Ts.end());
+    dj_gpu *g;
+    cudaStream_t s;
+    CKD(gpu_open(&g, 0, &e_));
+    CKD(gpu_stream_create(&s, &e_));
+    int dev = 0;
+    cudaDeviceProp prop;
+    CK(cudaGetDevice(&dev));
+    CK(cudaGetDeviceProperties(&prop, dev));
+    const size_t l2 = (size_t)prop.l2CacheSize;
+    printf("qgemm_bench on %s, %d SMs, L2 %.0f MB\n", prop.name, prop.multiProcessorCount, l2 / 1e6);
+    FILE *f = fopen(argv[1], "w");
+    if (!f) {
+        perror(argv[1]);
+        return 1;
+    }
+    fprintf(f, "{\"device\": \"%s\", \"rows\": [\n", prop.name);
+    int first_row = 1, bad = 0;
+    printf("%-4s %-8s %-3s %5s %10s %10s %10s %5s %8s %8s  variants (us)\n", "", "matrix", "dt", "T", "f16 us",
+           "dequant us", "qgemm us", "var", "of f16", "TFLOP/s");
+    for (const shape &sh : shapes) {
+        const int64_t n_out = sh.n_out, n_in = sh.n_in;
+        float *x, *y, *yref;
+        CK(cudaMalloc(&x, (size_t)(Tmax * n_in) * 4));
+        CK(cudaMalloc(&y, (size_t)(Tmax * n_out) * 4));
+        CK(cudaMalloc(&yref, (size_t)(Tmax * n_out) * 4));
+        fill_kernel<float><<<4096, 256, 0, s>>>(x, (size_t)(Tmax * n_in), 8);
+        CK(cudaGetLastError());
+        std::vector<float> hy((size_t)(Tmax * n_out)), href((size_t)(Tmax * n_out));
+        // f16 weights of the shape: the product q8 and q4 are held to
+        const size_t fbytes = (size_t)dj_matrix_bytes(DJ_F16, (uint64_t)n_out, (uint64_t)n_in);
+        const int fcopies = (int)std::max<size_t>(2, 4 * l2 / fbytes + 1);
+        std::vector<void *> fw(fcopies);
+        for (int c = 0; c < fcopies; c++) {
+            CK(cudaMalloc(&fw[c], fbytes));
+            fill_u16_kernel<<<4096, 256, 0, s>>>((uint16_t *)fw[c], fbytes / 2, 70 + c, 0);
+            CK(cudaGetLastError());
+        }
+        for (uint32_t dt : {DJ_Q8, DJ_Q4}) {
+            const size_t wbytes = (size_t)dj_matrix_bytes(dt, (uint64_t)n_out, (uint64_t)n_in);
+            const std::vector<void *> w = weight_copies(wbytes, l2, s);
+            const int copies = (int)w.size();
+            for (int64_t T : Ts) {
+                const double flop = 2.0 * T * n_in * n_out;
+                const int iters = (int)std::max<double>(copies, std::min<double>(200, 2e10 / flop));
+                auto timed = [&](auto fn) { return 1e3 * time_ms(s, iters, 5, fn); };
+                const double f16_us = timed([&](int i) {
+                    CKD(gpu_matmul_path(g, GPU_MM_CUBLAS, y, x, fw[i % fcopies], DJ_F16, T, n_in, n_out, s, &e_));
+                });
+                const double dq_us = timed([&](int i) {
+                    CKD(gpu_matmul_path(g, GPU_MM_CUBLAS, y, x, w[i % copies], dt, T, n_in, n_out, s, &e_));
+                });
+                CKD(gpu_matmul_path(g, GPU_MM_CUBLAS, yref, x, w[0], dt, T, n_in, n_out, s, &e_));
+                CK(cudaStreamSynchronize(s));
+                CK(cudaMemcpy(href.data(), yref, (size_t)(T * n_out) * 4, cudaMemcpyDeviceToHost));
+                double var_us[NVAR], var_err[NVAR];
+                int best = -1;
+                for (int v = 0; v < NVAR; v++) {
+                    CK(cudaMemset(y, 0xff, (size_t)(T * n_out) * 4));
+                    CKD(gpu_qgemm_variant(g, v, y, x, w[0], dt, T, n_in, n_out, s, &e_));
+                    CK(cudaStreamSynchronize(s));
+                    CK(cudaMemcpy(hy.data(), y, (size_t)(T * n_out) * 4, cudaMemcpyDeviceToHost));
+                    var_err[v] = rel_l2(hy.data(), href.data(), (size_t)(T * n_out));
+                    if (!(var_err[v] <= 1e-4)) {
+                        printf("MISMATCH: %s %s %s T=%lld variant %d: relative L2 %.3e against the dequantizing path\n",
+                               sh.model, sh.name, dj_dtype_name(dt), (long long)T, v, var_err[v]);
+                        bad = 1;
+                        var_us[v] = INFINITY;
+                        continue;
+                    }
+                    var_us[v] = timed([&](int i) {
+                        CKD(gpu_qgemm_variant(g, v, y, x, w[i % copies], dt, T, n_in, n_out, s, &e_));
+                    });
+                    if (best < 0 || var_us[v] < var_us[best]) best = v;
+                }
+                const double auto_us = timed([&](int i) {
+                    CKD(gpu_qgemm_variant(g, -1, y, x, w[i % copies], dt, T, n_in, n_out, s, &e_));
+                });
+                printf("%-4s %-8s %-3s %5lld %10.1f %10.1f %10.1f %5d %7.1f%% %8.1f ", sh.model, sh.name,
+                       dj_dtype_name(dt), (long long)T, f16_us, dq_us, auto_us, best, 100 * f16_us / auto_us,
+                       flop / (auto_us * 1e-6) / 1e12);
+                for (int v = 0; v < NVAR; v++) printf(" %7.1f", var_us[v]);
+                printf("\n");
+                fflush(stdout);
+                fprintf(f, "%s  {\"model\": \"%s\", \"matrix\": \"%s\", \"dtype\": \"%s\", \"T\": %lld, \"n_out\": %lld, "
+                           "\"n_in\": %lld, \"f16_us\": %.2f, \"dequant_us\": %.2f, \"qgemm_us\": %.2f, \"best_variant\": %d, "
+                           "\"variant_us\": [",
+                        first_row ? "" : ",\n", sh.model, sh.name, dj_dtype_name(dt), (long long)T, (long long)n_out,
+                        (long long)n_in, f16_us, dq_us, auto_us, best);
+                for (int v = 0; v < NVAR; v++) fprintf(f, "%s%.2f", v ? ", " : "", isfinite(var_us[v]) ? var_us[v] : -1.0);
+                fprintf(f, "], \"max_rel_l2\": %.3e}", *std::max_element(var_err, var_err + NVAR));
+                first_row = 0;
+            }
+            for (void *p : w) CK(cudaFree(p));
+        }
+        for (void *p : fw) CK(cudaFree(p));
+        CK(cudaFree(x));
+        CK(cudaFree(y));
+        CK(cudaFree(yref));
+    }
+    fprintf(f, "\n]}\n");
+    if (fclose(f)) {
+        perror(argv[1]);
+        return 1;
+    }
+    gpu_stream_destroy(s);
+    gpu_close(g);
+    return bad;
+}

@@ -1,0 +1,503 @@
+// qgemm.cu: y (T, n_out) f32 = x (T, n_in) . W^T for q8 and q4 W (model.h's rows) on the tensor cores, for T > 1
+// (prefill, and any pass of several tokens). The stored bytes go straight from memory to shared memory; each warp
+// widens its own weights in registers to the f16 values the dequantizing path would have written (scale * k,
+// rounded once) and multiplies them with mma.sync, so no f16 copy of W is ever written or read back.
+//
+// Why the inputs are permuted: a warp loads weights with ldmatrix, which hands each thread bytes 4c..4c+3 of a
+// 16-byte row chunk (c = lane % 4). Those bytes hold weights 4c..4c+3 (q8) or, in their low and high nibbles,
+// 4c..4c+3 and 16+4c..16+4c+3 (q4, model.h's layout), while the mma's A fragment wants the thread's inputs at
+// k = 2c, 2c+1, 2c+8, 2c+9 of each 16. Rather than shuffle weights, x is stored with its inputs in the order the
+// weights arrive: within every 16, position 2c + j + 8h holds input 4c + h + 2j (h, j in 0..1), so a thread's
+// pair of halves (bytes 0 and 2, or 1 and 3) meets the matching pair of x values. A sum does not care about order.
+#include "kernels_impl.h"
+
+#include <stdint.h>
+
+// ---- x rounded to f16, inputs permuted within each 16, rows padded with zeros to kp = 32 * groups
+// xp (T, kp) f16; x (T, n_in) f32.
+__global__ void qgemm_x_kernel(__half *xp, const float *x, int64_t T, int64_t n_in, int64_t kp) {
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < T * kp; i += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t t = i / kp, k = i - t * kp;
+        const int kk = (int)(k & 15);
+        const int64_t a = (k - kk) + 4 * ((kk >> 1) & 3) + (kk >> 3) + 2 * (kk & 1);
+        xp[i] = a < n_in ? __float2half_rn(x[t * n_in + a]) : __float2half_rn(0.0f);
+    }
+}
+
+// ---- PTX: asynchronous copies into shared memory, ldmatrix, mma
+static __device__ __forceinline__ uint32_t smem_u32(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
+// Copies `bytes` (0 or 16) of src and zero-fills the rest of the 16.
+static __device__ __forceinline__ void cp_async16(void *dst, const void *src, int bytes) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(dst)), "l"(src), "r"(bytes));
+}
+// Copies `bytes` (0, 2 or 4) of src and zero-fills the rest of the 4.
+static __device__ __forceinline__ void cp_async4(void *dst, const void *src, int bytes) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_u32(dst)), "l"(src), "r"(bytes));
+}
+static __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N> static __device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+static __device__ __forceinline__ void ldsm_x4(uint32_t *r, const void *p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_u32(p)));
+}
+static __device__ __forceinline__ void ldsm_x2(uint32_t *r, const void *p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];\n" : "=r"(r[0]), "=r"(r[1]) : "r"(smem_u32(p)));
+}
+// d (16x8 f32) += a (16x16 f16, row) . b (16x8 f16, col)
+static __device__ __forceinline__ void mma16816(float *d, const uint32_t *a, const uint32_t *b) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+// ---- widening: a pair of stored values (each in the low bits of a 16-bit half, as 1024 + v) to scale * k
+// v is k + 1152 - 1024 (q8) or k + 1032 - 1024 (q4): the subtraction is exact, the product rounded once, as the
+// dequantizing path's __float2half_rn(scale * k).
+template <int WT> static __device__ __forceinline__ uint32_t widen2(uint32_t p, __half2 s) {
+    const __half2 off = __half2half2(__ushort_as_half(WT == DJ_Q8 ? 0x6480 : 0x6408));
+    __half2 v;
+    memcpy(&v, &p, 4);
+    v = __hmul2(__hsub2(v, off), s);
+    uint32_t o;
+    memcpy(&o, &v, 4);
+    return o;
+}
+// q4: u = bytes 4c..4c+3 of a group (B0..B3). Step 0 (low nibbles) and step 1 (high nibbles): pair A = (B0, B2),
+// pair C = (B1, B3).
+static __device__ __forceinline__ uint32_t q4_pair(uint32_t u, int shift) {
+    return ((u >> shift) & 0x000F000Fu) | 0x64006400u;
+}
+// q8: u = bytes 4c..4c+3 of a half group, each k as a signed byte: pair A = (B0, B2), pair C = (B1, B3).
+static __device__ __forceinline__ uint32_t q8_pair(uint32_t u, uint32_t sel) {
+    return __byte_perm(u ^ 0x80808080u, 0x64646464u, sel);
+}
+
+// The A fragments of a stage's four k16 steps (a[step][4], m16n8k16's layout in the x permutation qgemm_x_kernel
+// makes) for the 16 rows from rb of a stage, widened to f16 from its values q and scales sc in shared memory.
+template <int WT, int BM>
+static __device__ __forceinline__ void widen_frags(uint32_t (*a)[4], const uint8_t *q, const uint8_t *sc, int rb,
+                                                   int lane) {
+    const int g = lane >> 2;
+    const uint32_t s_lo = *(const uint32_t *)(sc + (rb + g) * 4), s_hi = *(const uint32_t *)(sc + (rb + g + 8) * 4);
+    const int lr = rb + (lane & 7) + ((lane >> 3) & 1) * 8;  // the row this lane addresses
+    // q4: u[0] = (row g, group 0), (g + 8, 0), (g, 1), (g + 8, 1); q8: u[group] = (row g, half 0), (g + 8, half 0),
+    // (g, half 1), (g + 8, half 1)
+    uint32_t u[2][4];
+    ldsm_x4(u[0], q + ((lane >> 4) * BM + lr) * 16);
+    if (WT == DJ_Q8) ldsm_x4(u[1], q + ((2 + (lane >> 4)) * BM + lr) * 16);
+#pragma unroll
+    for (int gi = 0; gi < 2; gi++) {
+        const __half2 sg = __half2half2(__ushort_as_half((unsigned short)(s_lo >> (16 * gi))));
+        const __half2 sg8 = __half2half2(__ushort_as_half((unsigned short)(s_hi >> (16 * gi))));
+#pragma unroll
+        for (int s = 0; s < 2; s++) {
+            uint32_t *f = a[2 * gi + s];
+            if (WT == DJ_Q4) {  // step s: the low (0) or high (1) nibbles
+                const uint32_t ug = u[0][2 * gi], ug8 = u[0][2 * gi + 1];
+                f[0] = widen2<WT>(q4_pair(ug, 4 * s), sg), f[1] = widen2<WT>(q4_pair(ug8, 4 * s), sg8);
+                f[2] = widen2<WT>(q4_pair(ug, 4 * s + 8), sg), f[3] = widen2<WT>(q4_pair(ug8, 4 * s + 8), sg8);
+            } else {  // step s: half s of the group
+                const uint32_t ug = u[gi][2 * s], ug8 = u[gi][2 * s + 1];
+                f[0] = widen2<WT>(q8_pair(ug, 0x4240), sg), f[1] = widen2<WT>(q8_pair(ug8, 0x4240), sg8);
+                f[2] = widen2<WT>(q8_pair(ug, 0x4341), sg), f[3] = widen2<WT>(q8_pair(ug8, 0x4341), sg8);
+            }
+        }
+    }
+}
+
+// A stage's weights, both kernels: rows m0 .. m0 + BM - 1, inputs 64 kt .. 64 kt + 63 (two groups): the values
+// into q chunk-major (16 bytes a (chunk, row), a row's chunks by consecutive threads), the two scales into sc
+// (4 bytes a row); past the last row or group, zeros. so: where a row's scales start.
+template <class C, int BM>
+static __device__ __forceinline__ void load_w(uint8_t *q, uint8_t *sc, const uint8_t *w, int64_t m0, int64_t n_out,
+                                              int64_t groups, int64_t row_bytes, int64_t so, int kt, int tid) {
+    for (int i = tid; i < C::CH * BM; i += C::THREADS) {
+        const int r = i / C::CH, c = i - r * C::CH;
+        const int64_t row = m0 + r, g = 2 * (int64_t)kt + c / (C::CH / 2);
+        const bool ok = row < n_out && g < groups;
+        cp_async16(q + (c * BM + r) * 16, ok ? w + row * row_bytes + (int64_t)kt * 2 * C::QB + c * 16 : w,
+                   ok ? 16 : 0);
+    }
+    for (int r = tid; r < BM; r += C::THREADS) {
+        const int64_t row = m0 + r, g = 2 * (int64_t)kt;
+        const int bytes = row < n_out ? (g + 1 < groups ? 4 : 2) : 0;
+        cp_async4(sc + r * 4, bytes ? w + row * row_bytes + so + 2 * g : w, bytes);
+    }
+}
+
+// ---- the kernel
+// A CTA computes a (BM rows of W) x (BN tokens) tile of y, 64 inputs (two groups) a stage, ST stages of
+// asynchronous copies in flight; WM x WN warps, each a (BM / WM) x (BN / WN) tile of m16n8k16 products.
+// Shared memory, a stage: Q the values, chunk-major ([16-byte chunk of the stage][row], so the 8 rows an ldmatrix
+// reads are 128 contiguous bytes), S the rows' two scales, X the tokens' 64 permuted inputs (128 bytes a token,
+// 16-byte chunk c of token t stored at c ^ (t % 8): conflict-free ldmatrix).
+template <int WT, int BM, int BN, int WM, int WN, int ST> struct qgemm_cfg {
+    static constexpr int THREADS = WM * WN * 32;
+    static constexpr int QB = q_group_bytes(WT);      // bytes of values a group
+    static constexpr int CH = 2 * QB / 16;            // 16-byte chunks of values a row a stage
+    static constexpr int MT = BM / WM / 16, NT = BN / WN / 8;  // m16 and n8 tiles a warp
+    static constexpr int Q_BYTES = CH * BM * 16, S_BYTES = BM * 4, X_BYTES = BN * 128;
+    static constexpr int STAGE = Q_BYTES + S_BYTES + X_BYTES;
+    static constexpr int SMEM = STAGE * ST;
+    static_assert(BM % (WM * 16) == 0 && BN % (WN * 8) == 0, "warp tiles of whole m16n8 products");
+    static_assert(NT % 2 == 0 || NT == 1, "B fragments two n8 tiles at a time, or one");
+};
+
+// PRECOND: w and every row (row_bytes apart) 16-byte aligned; xp from qgemm_x_kernel (kp = 32 * groups).
+template <int WT, int BM, int BN, int WM, int WN, int ST>
+__global__ void __launch_bounds__(WM *WN * 32)
+    qgemm_kernel(float *__restrict__ y, const __half *__restrict__ xp, const uint8_t *__restrict__ w, int64_t T,
+                 int64_t n_out, int64_t groups, int64_t row_bytes) {
+    using C = qgemm_cfg<WT, BM, BN, WM, WN, ST>;
+    extern __shared__ __align__(16) uint8_t sm[];
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int wm = warp % WM, wn = warp / WM;
+    const int64_t m0 = (int64_t)blockIdx.y * BM, n0 = (int64_t)blockIdx.x * BN;
+    const int64_t kp = groups * DJ_QGROUP, so = groups * C::QB;  // x's row length; where a row's scales start
+    const int KT = (int)((groups + 1) / 2);
+
+    // stage `st` <- inputs 64 kt .. 64 kt + 63: values, scales, x (past the end: zeros)
+    auto load = [&](int st, int kt) {
+        uint8_t *q = sm + st * C::STAGE, *sc = q + C::Q_BYTES, *xs = sc + C::S_BYTES;
+        load_w<C, BM>(q, sc, w, m0, n_out, groups, row_bytes, so, kt, tid);
+        for (int i = tid; i < BN * 8; i += C::THREADS) {  // a token's 128 bytes by consecutive threads
+            const int t = i >> 3, c = i & 7;
+            const int64_t tok = n0 + t, k = (int64_t)kt * 64 + c * 8;
+            const bool ok = tok < T && k < kp;
+            cp_async16(xs + (t * 8 + (c ^ (t & 7))) * 16, ok ? xp + tok * kp + k : xp, ok ? 16 : 0);
+        }
+    };
+
+    float acc[C::MT][C::NT][4];
+#pragma unroll
+    for (int i = 0; i < C::MT; i++)
+#pragma unroll
+        for (int j = 0; j < C::NT; j++) acc[i][j][0] = acc[i][j][1] = acc[i][j][2] = acc[i][j][3] = 0.0f;
+
+#pragma unroll
+    for (int st = 0; st < ST - 1; st++) {
+        if (st < KT) load(st, st);
+        cp_async_commit();
+    }
+
+    const int g = lane >> 2;  // the fragment row (A) or column (B) this thread holds
+    for (int kt = 0; kt < KT; kt++) {
+        cp_async_wait<ST - 2>();
+        __syncthreads();  // stage kt landed for everyone; stage kt - 1 is free
+        if (kt + ST - 1 < KT) load((kt + ST - 1) % ST, kt + ST - 1);
+        cp_async_commit();
+
+        const uint8_t *q = sm + (kt % ST) * C::STAGE, *sc = q + C::Q_BYTES, *xs = sc + C::S_BYTES;
+        // A fragments of the stage's four k16 steps, widened: a[m tile][step][4]
+        uint32_t a[C::MT][4][4];
+#pragma unroll
+        for (int mt = 0; mt < C::MT; mt++) {
+            const int rb = wm * (BM / WM) + mt * 16;  // the tile's first row in the CTA
+            widen_frags<WT, BM>(a[mt], q, sc, rb, lane);
+        }
+#pragma unroll
+        for (int ks = 0; ks < 4; ks++) {
+#pragma unroll
+            for (int nt = 0; nt < C::NT; nt += (C::NT == 1 ? 1 : 2)) {
+                const int tb = wn * (BN / WN) + nt * 8;  // the tile's first token in the CTA
+                uint32_t b[4];
+                if (C::NT == 1) {
+                    const int t = tb + (lane & 7), c = 2 * ks + ((lane >> 3) & 1);
+                    ldsm_x2(b, xs + (t * 8 + (c ^ (t & 7))) * 16);
+                } else {
+                    const int t = tb + (lane & 7) + (lane >> 4) * 8, c = 2 * ks + ((lane >> 3) & 1);
+                    ldsm_x4(b, xs + (t * 8 + (c ^ (t & 7))) * 16);
+                }
+#pragma unroll
+                for (int mt = 0; mt < C::MT; mt++) {
+                    mma16816(acc[mt][nt], a[mt][ks], b);
+                    if (C::NT > 1) mma16816(acc[mt][nt + 1], a[mt][ks], b + 2);
+                }
+            }
+        }
+    }
+    cp_async_wait<0>();
+
+    // y[token][row]: c0, c1 at (row g, tokens 2c, 2c + 1), c2, c3 at row g + 8
+    const int c2 = 2 * (lane & 3);
+#pragma unroll
+    for (int mt = 0; mt < C::MT; mt++) {
+        const int64_t row = m0 + wm * (BM / WM) + mt * 16 + g;
+#pragma unroll
+        for (int nt = 0; nt < C::NT; nt++) {
+            const int64_t tok = n0 + wn * (BN / WN) + nt * 8 + c2;
+            const float *d = acc[mt][nt];
+            if (row < n_out) {
+                if (tok < T) y[tok * n_out + row] = d[0];
+                if (tok + 1 < T) y[(tok + 1) * n_out + row] = d[1];
+            }
+            if (row + 8 < n_out) {
+                if (tok < T) y[tok * n_out + row + 8] = d[2];
+                if (tok + 1 < T) y[(tok + 1) * n_out + row + 8] = d[3];
+            }
+        }
+    }
+}
+
+// ---- the Hopper kernel: warpgroup MMAs (wgmma, sm_90a), the weights widened into A registers, x from shared memory
+// A CTA is two warpgroups, each 64 rows of W (a warp 16, its A fragments laid out as mma.sync's), times BN tokens
+// (m64n128k16 products, BN / 128 of them a k16 step); 64 inputs a stage, ST stages. x's stage is the swizzled
+// 128-byte-row layout of the kernel above, which is wgmma's 128-byte swizzle when the stage is 1024-byte aligned, so
+// B is read by descriptor. Loads run ST - 2 stages ahead: the products of a stage stay in flight while the next
+// stage is widened (wait_group 1), so a stage is refilled only two iterations after its products were issued.
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define QGEMM_WGMMA 1
+#endif
+
+#if defined(QGEMM_WGMMA)
+// wgmma's shared-memory matrix descriptor: start address, stride between 8-row groups (1024 bytes), 128-byte swizzle.
+static __device__ __forceinline__ uint64_t wg_desc(const void *p) {
+    return (uint64_t)((smem_u32(p) & 0x3FFFF) >> 4) | ((uint64_t)(1024 >> 4) << 32) | (1ull << 62);
+}
+static __device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+static __device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int N> static __device__ __forceinline__ void wg_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+// Keeps the compiler from moving accumulators across the asynchronous products.
+static __device__ __forceinline__ void wg_pin(float *d) {
+#pragma unroll
+    for (int i = 0; i < 64; i++) asm volatile("" : "+f"(d[i])::"memory");
+}
+// d (64x128 f32, this thread's 64) += a (64x16 f16, registers) . b (16x128 f16, shared memory, descriptor)
+static __device__ __forceinline__ void wgmma_128(float *d, const uint32_t *a, uint64_t b) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68, p, 1, 1, 0;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));
+}
+#endif
+
+// BN tokens (a multiple of 128), ST >= 3 stages. PRECOND: as qgemm_kernel.
+template <int WT, int BN, int ST> struct qgemm_wg_cfg {
+    static constexpr int THREADS = 256, BM = 128;
+    static constexpr int QB = q_group_bytes(WT), CH = 2 * QB / 16;
+    static constexpr int X_BYTES = BN * 128, Q_BYTES = CH * BM * 16, S_BYTES = BM * 4;
+    static constexpr int STAGE = (X_BYTES + Q_BYTES + S_BYTES + 1023) / 1024 * 1024;  // x first, 1024-aligned
+    static constexpr int SMEM = STAGE * ST + 1024;  // + room to align the start
+    static_assert(BN % 128 == 0 && ST >= 3, "m64n128 products, loads two stages behind the products");
+};
+
+template <int WT, int BN, int ST>
+__global__ void __launch_bounds__(256, 1)
+    qgemm_wg_kernel(float *__restrict__ y, const __half *__restrict__ xp, const uint8_t *__restrict__ w, int64_t T,
+                    int64_t n_out, int64_t groups, int64_t row_bytes) {
+#if defined(QGEMM_WGMMA)
+    using C = qgemm_wg_cfg<WT, BN, ST>;
+    constexpr int BM = C::BM, NB = BN / 128;
+    extern __shared__ uint8_t sm_raw[];
+    uint8_t *sm = (uint8_t *)(((uintptr_t)sm_raw + 1023) & ~(uintptr_t)1023);
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int64_t m0 = (int64_t)blockIdx.y * BM, n0 = (int64_t)blockIdx.x * BN;
+    const int64_t kp = groups * DJ_QGROUP, so = groups * C::QB;
+    const int KT = (int)((groups + 1) / 2);
+
+    auto load = [&](int st, int kt) {
+        uint8_t *xs = sm + st * C::STAGE, *q = xs + C::X_BYTES, *sc = q + C::Q_BYTES;
+        load_w<C, BM>(q, sc, w, m0, n_out, groups, row_bytes, so, kt, tid);
+        for (int i = tid; i < BN * 8; i += C::THREADS) {
+            const int t = i >> 3, c = i & 7;
+            const int64_t tok = n0 + t, k = (int64_t)kt * 64 + c * 8;
+            const bool ok = tok < T && k < kp;
+            cp_async16(xs + (t * 8 + (c ^ (t & 7))) * 16, ok ? xp + tok * kp + k : xp, ok ? 16 : 0);
+        }
+    };
+
+    float acc[NB][64];
+#pragma unroll
+    for (int nb = 0; nb < NB; nb++)
+#pragma unroll
+        for (int i = 0; i < 64; i++) acc[nb][i] = 0.0f;
+
+#pragma unroll
+    for (int st = 0; st < ST - 2; st++) {
+        if (st < KT) load(st, st);
+        cp_async_commit();
+    }
+    const int g = lane >> 2, rb = warp * 16;  // this warp's 16 rows of the CTA's 128
+    uint32_t a[2][4][4];  // two stages' fragments: one in the products in flight, one being widened
+    auto step = [&](int kt, uint32_t (*af)[4]) {
+        cp_async_wait<ST - 3>();
+        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // cp.async's writes, seen by wgmma
+        __syncthreads();
+        if (kt + ST - 2 < KT) load((kt + ST - 2) % ST, kt + ST - 2);  // the stage of kt - 2: its products are done
+        cp_async_commit();
+        const uint8_t *xs = sm + (kt % ST) * C::STAGE, *q = xs + C::X_BYTES, *sc = q + C::Q_BYTES;
+        widen_frags<WT, BM>(af, q, sc, rb, lane);
+        wg_fence();
+#pragma unroll
+        for (int nb = 0; nb < NB; nb++) wg_pin(acc[nb]);
+#pragma unroll
+        for (int ks = 0; ks < 4; ks++)
+#pragma unroll
+            for (int nb = 0; nb < NB; nb++) wgmma_128(acc[nb], af[ks], wg_desc(xs + nb * 128 * 128 + ks * 32));
+        wg_commit();
+        wg_wait<1>();
+#pragma unroll
+        for (int nb = 0; nb < NB; nb++) wg_pin(acc[nb]);
+    };
+    int kt = 0;
+    for (; kt + 1 < KT; kt += 2) {
+        step(kt, a[0]);
+        step(kt + 1, a[1]);
+    }
+    if (kt < KT) step(kt, a[0]);
+    wg_wait<0>();
+#pragma unroll
+    for (int nb = 0; nb < NB; nb++) wg_pin(acc[nb]);
+    cp_async_wait<0>();
+
+    // accumulator i of n8 block j: (row g, tokens 8j + 2c, + 1) for i % 4 < 2, row g + 8 for the others
+    const int c2 = 2 * (lane & 3);
+    const int64_t row = m0 + rb + g;
+#pragma unroll
+    for (int nb = 0; nb < NB; nb++)
+#pragma unroll
+        for (int j = 0; j < 16; j++) {
+            const int64_t tok = n0 + nb * 128 + j * 8 + c2;
+            const float *d = acc[nb] + 4 * j;
+            if (row < n_out) {
+                if (tok < T) y[tok * n_out + row] = d[0];
+                if (tok + 1 < T) y[(tok + 1) * n_out + row] = d[1];
+            }
+            if (row + 8 < n_out) {
+                if (tok < T) y[tok * n_out + row + 8] = d[2];
+                if (tok + 1 < T) y[(tok + 1) * n_out + row + 8] = d[3];
+            }
+        }
+#endif
+}
+
+// ---- launch
+// The tile shapes measured (bench/qgemm_bench.cu); gpu_qgemm picks among them by T.
+#define QGEMM_VARIANTS(X)        \
+    X(0, 128, 128, 4, 2, 4)      \
+    X(1, 128, 128, 2, 4, 4)      \
+    X(2, 256, 128, 4, 2, 3)      \
+    X(3, 128, 64, 4, 2, 4)       \
+    X(4, 64, 128, 2, 4, 4)       \
+    X(5, 128, 32, 4, 2, 4)       \
+    X(6, 128, 16, 8, 1, 4)       \
+    X(7, 64, 64, 2, 2, 4)
+
+// The Hopper kernel's shapes: (id, BN, ST).
+#define QGEMM_WG_VARIANTS(X) \
+    X(8, 128, 5)             \
+    X(9, 256, 4)             \
+    X(10, 128, 4)
+
+template <int WT, int BN, int ST>
+static int qgemm_wg_launch(float *y, const __half *xp, const void *w, int64_t T, int64_t n_in, int64_t n_out,
+                           cudaStream_t s, dj_err *e) {
+    using C = qgemm_wg_cfg<WT, BN, ST>;
+    static int ready;
+    if (!ready) {
+        CUDA_CHECK(cudaFuncSetAttribute(qgemm_wg_kernel<WT, BN, ST>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        C::SMEM));
+        ready = 1;
+    }
+    const int64_t groups = (n_in + DJ_QGROUP - 1) / DJ_QGROUP, rb = (int64_t)dj_row_bytes(WT, (uint64_t)n_in);
+    const dim3 grid((unsigned)((T + BN - 1) / BN), (unsigned)((n_out + C::BM - 1) / C::BM));
+    qgemm_wg_kernel<WT, BN, ST><<<grid, C::THREADS, C::SMEM, s>>>(y, xp, (const uint8_t *)w, T, n_out, groups, rb);
+    LAUNCH_CHECK("qgemm_wg", s);
+    return 0;
+}
+
+template <int WT, int BM, int BN, int WM, int WN, int ST>
+static int qgemm_launch(float *y, const __half *xp, const void *w, int64_t T, int64_t n_in, int64_t n_out,
+                        cudaStream_t s, dj_err *e) {
+    using C = qgemm_cfg<WT, BM, BN, WM, WN, ST>;
+    static int ready;  // the shared-memory opt-in, once per instantiation (the process uses one device)
+    if (!ready) {
+        CUDA_CHECK(cudaFuncSetAttribute(qgemm_kernel<WT, BM, BN, WM, WN, ST>,
+                                        cudaFuncAttributeMaxDynamicSharedMemorySize, C::SMEM));
+        ready = 1;
+    }
+    const int64_t groups = (n_in + DJ_QGROUP - 1) / DJ_QGROUP, rb = (int64_t)dj_row_bytes(WT, (uint64_t)n_in);
+    const dim3 grid((unsigned)((T + BN - 1) / BN), (unsigned)((n_out + BM - 1) / BM));
+    qgemm_kernel<WT, BM, BN, WM, WN, ST><<<grid, C::THREADS, C::SMEM, s>>>(y, xp, (const uint8_t *)w, T, n_out,
+                                                                         groups, rb);
+    LAUNCH_CHECK("qgemm", s);
+    return 0;
+}
+
+extern "C" size_t gpu_qgemm_scratch(int64_t T, int64_t n_in) {
+    return ((size_t)T * (size_t)((n_in + DJ_QGROUP - 1) / DJ_QGROUP * DJ_QGROUP) * 2 + 255) / 256 * 256;
+}
+
+extern "C" int gpu_qgemm_ok(uint32_t wtype, const void *w, int64_t T, int64_t n_in, int64_t n_out) {
+    return dj_is_quant(wtype) && T >= 1 && n_in >= 1 && n_out >= 1 && (uintptr_t)w % 16 == 0 &&
+           (n_out + 63) / 64 <= 65535 && (T + 15) / 16 <= INT32_MAX;
+}
+
+// The tile shape for T tokens, the fastest measured on the H100 at the Llama shapes (bench/qgemm_bench.cu,
+// bench/results/qgemm): one 16-row mma tile of tokens up to 16, 32 up to 64, then the Hopper kernel.
+static int qgemm_pick(const dj_gpu *g, int64_t T) { return T <= 16 ? 6 : T <= 64 ? 5 : g->wgmma ? 10 : 0; }
+
+// Where gpu_matmul takes this kernel: a few tokens (batched decode, verification passes) and at least 45 rows per
+// multiprocessor (weights enough to keep the device busy). Measured on the H100 against dequantizing into f16 for cuBLAS (bench/results/qgemm): at
+// T = 8..128 it takes 0.3-0.5x the time on matrices of 6144 rows or more (gate|up: 0.2-0.45x) and loses on 4096
+// and 5120 rows (64-80 tiles for 132 SMs); from T = 512 dequantizing wins (cuBLAS's f16 kernels are ~1.7x the
+// Hopper kernel's throughput, the dequantization is paid once for all T).
+extern "C" int gpu_qgemm_wins(const dj_gpu *g, uint32_t wtype, const void *w, int64_t T, int64_t n_in,
+                              int64_t n_out) {
+    return gpu_qgemm_ok(wtype, w, T, n_in, n_out) && T >= 2 && T <= 128 && n_out >= 45 * (int64_t)g->n_sm;
+}
+
+extern "C" int gpu_qgemm_has(const dj_gpu *g, int variant) {
+#define QGEMM_COUNT(...) +1
+    static_assert(0 QGEMM_VARIANTS(QGEMM_COUNT) QGEMM_WG_VARIANTS(QGEMM_COUNT) == GPU_QGEMM_VARIANTS,
+                  "kernels.h's GPU_QGEMM_VARIANTS counts the tile shapes");
+    const int n_mma = 0 QGEMM_VARIANTS(QGEMM_COUNT);
+#undef QGEMM_COUNT
+    return variant >= 0 && variant < GPU_QGEMM_VARIANTS && (variant < n_mma || g->wgmma);
+}
+
+extern "C" int gpu_qgemm_variant(dj_gpu *g, int variant, float *y, const float *x, const void *w, uint32_t wtype,
+                                 int64_t T, int64_t n_in, int64_t n_out, cudaStream_t s, dj_err *e) {
+    if (!gpu_qgemm_ok(wtype, w, T, n_in, n_out))
+        return dj_fail(e, "gpu_qgemm: unsupported: weights of dtype %u at %p, T=%lld n_in=%lld n_out=%lld", wtype, w,
+                       (long long)T, (long long)n_in, (long long)n_out);
+    if (variant < 0) variant = qgemm_pick(g, T);
+    if (scratch_need(g, gpu_qgemm_scratch(T, n_in), s, e)) return -1;
+    __half *xp = (__half *)g->scratch;
+    const int64_t kp = (n_in + DJ_QGROUP - 1) / DJ_QGROUP * DJ_QGROUP;
+    qgemm_x_kernel<<<grid_1d(T * kp, 256), 256, 0, s>>>(xp, x, T, n_in, kp);
+    LAUNCH_CHECK("qgemm_x", s);
+#define QGEMM_CASE(id, BM, BN, WM, WN, ST)                                                                       \
+    case id:                                                                                                    \
+        return wtype == DJ_Q8 ? qgemm_launch<DJ_Q8, BM, BN, WM, WN, ST>(y, xp, w, T, n_in, n_out, s, e)          \
+                              : qgemm_launch<DJ_Q4, BM, BN, WM, WN, ST>(y, xp, w, T, n_in, n_out, s, e);
+#define QGEMM_WG_CASE(id, BN, ST)                                                                                \
+    case id:                                                                                                    \
+        if (!g->wgmma) return dj_fail(e, "gpu_qgemm: tile shape %d needs an sm_90 device", variant);            \
+        return wtype == DJ_Q8 ? qgemm_wg_launch<DJ_Q8, BN, ST>(y, xp, w, T, n_in, n_out, s, e)                   \
+                              : qgemm_wg_launch<DJ_Q4, BN, ST>(y, xp, w, T, n_in, n_out, s, e);
+    switch (variant) {
+        QGEMM_VARIANTS(QGEMM_CASE)
+        QGEMM_WG_VARIANTS(QGEMM_WG_CASE)
+    default:
+        return dj_fail(e, "gpu_qgemm: no tile shape %d", variant);
+    }
+#undef QGEMM_CASE
+#undef QGEMM_WG_CASE
+}
+
+// Whether this device runs the Hopper kernel: compute capability 9.0 exactly (sm_90a code runs nowhere else).
+int qgemm_setup(dj_gpu *g, dj_err *e) {
+    int major = 0, minor = 0;
+    CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, g->device));
+    CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, g->device));
+    g->wgmma = major == 9 && minor == 0;
+    CUDA_CHECK(cudaDeviceGetAttribute(&g->n_sm, cudaDevAttrMultiProcessorCount, g->device));
+    return 0;
+}

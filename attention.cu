@@ -385,20 +385,25 @@ extern "C" int gpu_attention_prefill(dj_gpu *g, float *out, int64_t ldo, const f
 #define DEC_G 8         // query heads of one kv head handled per block (more: blockIdx.z)
 #define DEC_THREADS 128
 
-// One block per (split, kv head, group of <= 8 query heads). Scores for the chunk go to shared memory,
-// then softmax per head, then P.V; writes the unnormalised partial output with its max and sum:
-//   part_o (n_heads, n_splits, head_dim), part_ml (n_heads, n_splits, 2) = (max score, sum of exp).
+// One block per (split, kv head, row and group of <= 8 query heads: blockIdx.z = row * n_gz + group chunk). Row
+// b's query at q + b ldq, its position kv.pos[b], its caches kv.slot[b] * kv.slot_stride floats on (kv.slot NULL:
+// the caches given). Scores for the chunk go to shared memory, then softmax per head, then P.V; writes the
+// unnormalised partial output with its max and sum:
+//   part_o (rows, n_heads, n_splits, head_dim), part_ml (rows, n_heads, n_splits, 2) = (max score, sum of exp).
 // PRECOND: head_dim even, <= 256; blockDim.x == DEC_THREADS.
 __global__ __launch_bounds__(DEC_THREADS) void attn_decode_split_kernel(
-    float *part_o, float *part_ml, const float *q, const float *k_cache, const float *v_cache, int n_heads,
-    int group, int head_dim, int max_seq, int n_splits, float scale, const int32_t *d_pos) {
+    float *part_o, float *part_ml, const float *q, int64_t ldq, const float *k_cache, const float *v_cache,
+    int n_heads, int group, int n_gz, int head_dim, int max_seq, int n_splits, float scale, gpu_kv_rows kv) {
     __shared__ float sc[DEC_G * DEC_CHUNK];      // scores, then probabilities (g, key)
     __shared__ float red[DEC_THREADS * DEC_G];   // P.V partials across key slices
     __shared__ float ml[DEC_G * 2];
     extern __shared__ __align__(16) float dec_kv[];  // the chunk's keys, then its values: (2, DEC_CHUNK, hd)
-    const int split = blockIdx.x, kvh = blockIdx.y, g0 = blockIdx.z * DEC_G;
+    const int split = blockIdx.x, kvh = blockIdx.y, row = blockIdx.z / n_gz, g0 = (blockIdx.z - row * n_gz) * DEC_G;
     const int ng = min(DEC_G, group - g0), hd = head_dim;
-    const int pos = min(*d_pos, max_seq - 1);
+    const int pos = min(kv.pos[row], max_seq - 1);
+    if (kv.slot) k_cache += kv.slot[row] * kv.slot_stride, v_cache += kv.slot[row] * kv.slot_stride;
+    q += row * ldq;
+    part_o += (int64_t)row * n_heads * n_splits * head_dim, part_ml += (int64_t)row * n_heads * n_splits * 2;
     const int k0 = split * DEC_CHUNK;
     if (k0 > pos) return;  // whole block: this split is beyond the context
     const int nk = min(DEC_CHUNK, pos + 1 - k0);
@@ -518,11 +523,14 @@ __global__ __launch_bounds__(DEC_THREADS) void attn_decode_split_kernel(
     }
 }
 
-// out (n_heads, head_dim) from the partials of the splits that hold keys 0..pos. One block per query head.
+// out (rows, n_heads, head_dim) from the partials of the splits that hold keys 0..pos. One block per (query head,
+// row).
 __global__ void attn_decode_combine_kernel(float *out, const float *part_o, const float *part_ml, int head_dim,
-                                           int max_seq, int n_splits, const int32_t *d_pos) {
-    const int h = blockIdx.x;
-    const int pos = min(*d_pos, max_seq - 1);
+                                           int max_seq, int n_splits, gpu_kv_rows kv) {
+    const int h = blockIdx.x, row = blockIdx.y, n_heads = gridDim.x;
+    const int pos = min(kv.pos[row], max_seq - 1);
+    out += (int64_t)row * n_heads * head_dim;
+    part_o += (int64_t)row * n_heads * n_splits * head_dim, part_ml += (int64_t)row * n_heads * n_splits * 2;
     const int ns = pos / DEC_CHUNK + 1;
     const float *mlh = part_ml + (int64_t)h * n_splits * 2;
     float m = -INFINITY;
@@ -540,27 +548,47 @@ __global__ void attn_decode_combine_kernel(float *out, const float *part_o, cons
 static int64_t dec_splits(int64_t max_seq) { return (max_seq + DEC_CHUNK - 1) / DEC_CHUNK; }
 static size_t dec_smem(int hd) { return 2 * sizeof(float) * DEC_CHUNK * (size_t)hd; }  // a chunk's K and V
 
-extern "C" size_t gpu_attention_scratch(int64_t n_heads, int64_t head_dim, int64_t max_seq) {
-    return (size_t)n_heads * (size_t)dec_splits(max_seq) * (size_t)(head_dim + 2) * sizeof(float);
+extern "C" size_t gpu_attention_scratch(int64_t rows, int64_t n_heads, int64_t head_dim, int64_t max_seq) {
+    return (size_t)rows * (size_t)n_heads * (size_t)dec_splits(max_seq) * (size_t)(head_dim + 2) * sizeof(float);
+}
+
+static int attn_decode_launch(dj_gpu *g, const char *fn, float *out, const float *q, int64_t ldq,
+                              const float *k_cache, const float *v_cache, int64_t B, int64_t n_heads,
+                              int64_t n_kv_heads, int64_t head_dim, int64_t max_seq, gpu_kv_rows kv, cudaStream_t s,
+                              dj_err *e) {
+    if (attn_check(fn, n_heads, n_kv_heads, head_dim, max_seq, e)) return -1;
+    const int64_t ns = dec_splits(max_seq), group = n_heads / n_kv_heads, n_gz = (group + DEC_G - 1) / DEC_G;
+    if (B < 1 || B * n_gz > 65535 || ns > INT32_MAX || (B > 1 && ldq < n_heads * head_dim))
+        return dj_fail(e, "%s: bad rows B=%lld ldq=%lld", fn, (long long)B, (long long)ldq);
+    if (scratch_need(g, gpu_attention_scratch(B, n_heads, head_dim, max_seq), s, e)) return -1;
+    float *part_o = (float *)g->scratch, *part_ml = part_o + B * n_heads * ns * head_dim;
+    dim3 grid((unsigned)ns, (unsigned)n_kv_heads, (unsigned)(B * n_gz));
+    const float scale = 1.0f / sqrtf((float)head_dim);
+    attn_decode_split_kernel<<<grid, DEC_THREADS, dec_smem((int)head_dim), s>>>(
+        part_o, part_ml, q, ldq, k_cache, v_cache, (int)n_heads, (int)group, (int)n_gz, (int)head_dim, (int)max_seq,
+        (int)ns, scale, kv);
+    LAUNCH_CHECK("attn_decode_split", s);
+    attn_decode_combine_kernel<<<dim3((unsigned)n_heads, (unsigned)B), 128, 0, s>>>(
+        out, part_o, part_ml, (int)head_dim, (int)max_seq, (int)ns, kv);
+    LAUNCH_CHECK("attn_decode_combine", s);
+    return 0;
 }
 
 extern "C" int gpu_attention_decode(dj_gpu *g, float *out, const float *q, const float *k_cache, const float *v_cache,
                                     int64_t n_heads, int64_t n_kv_heads, int64_t head_dim, int64_t max_seq,
                                     const int32_t *d_pos, cudaStream_t s, dj_err *e) {
-    if (attn_check("gpu_attention_decode", n_heads, n_kv_heads, head_dim, max_seq, e)) return -1;
-    if (scratch_need(g, gpu_attention_scratch(n_heads, head_dim, max_seq), s, e)) return -1;
-    const int64_t ns = dec_splits(max_seq), group = n_heads / n_kv_heads;
-    float *part_o = (float *)g->scratch, *part_ml = part_o + n_heads * ns * head_dim;
-    dim3 grid((unsigned)ns, (unsigned)n_kv_heads, (unsigned)((group + DEC_G - 1) / DEC_G));
-    const float scale = 1.0f / sqrtf((float)head_dim);
-    attn_decode_split_kernel<<<grid, DEC_THREADS, dec_smem((int)head_dim), s>>>(
-        part_o, part_ml, q, k_cache, v_cache, (int)n_heads, (int)group, (int)head_dim, (int)max_seq, (int)ns, scale,
-        d_pos);
-    LAUNCH_CHECK("attn_decode_split", s);
-    attn_decode_combine_kernel<<<(unsigned)n_heads, 128, 0, s>>>(out, part_o, part_ml, (int)head_dim, (int)max_seq,
-                                                                  (int)ns, d_pos);
-    LAUNCH_CHECK("attn_decode_combine", s);
-    return 0;
+    return attn_decode_launch(g, "gpu_attention_decode", out, q, 0, k_cache, v_cache, 1, n_heads, n_kv_heads,
+                              head_dim, max_seq, gpu_kv_rows{d_pos, NULL, 0}, s, e);
+}
+
+extern "C" int gpu_attention_decode_rows(dj_gpu *g, float *out, const float *q, int64_t ldq, const float *k_cache,
+                                         const float *v_cache, int64_t B, int64_t n_heads, int64_t n_kv_heads,
+                                         int64_t head_dim, int64_t max_seq, const gpu_kv_rows *kv, cudaStream_t s,
+                                         dj_err *e) {
+    if (!kv->pos || !kv->slot || kv->slot_stride < 0)
+        return dj_fail(e, "gpu_attention_decode_rows: no positions or slots");
+    return attn_decode_launch(g, "gpu_attention_decode_rows", out, q, ldq, k_cache, v_cache, B, n_heads, n_kv_heads,
+                              head_dim, max_seq, *kv, s, e);
 }
 
 // ---- set-up, run once by gpu_open

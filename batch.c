@@ -39,10 +39,11 @@ struct bt_sched {
     bt_job *q_head, *q_tail;
     bt_session **sessions;
     int32_t n_sessions;
-    // one decode step's rows
-    int32_t *row_slot, *row_tok;
-    int64_t *row_pos;
-    bt_job **row_job;
+    // one turn's pass: its rows (parallel + prefill_chunk at most), the rows whose logits it wants (a decoding
+    // sequence's token, a prompt's last) and their jobs, the jobs prefilling and how many tokens each
+    int32_t *row_slot, *row_tok, *want;
+    int64_t *row_pos, *pf_take;
+    bt_job **want_job, **pf_job;
     float *logits;       // (parallel, vocab)
     bt_stats st;
 };
@@ -50,9 +51,9 @@ struct bt_sched {
 // ---- set-up
 bt_sched *bt_new(dj_engine *eng, const dj_tokenizer *tok, const dj_config *c, const bt_opts *o, const bt_callbacks *cb,
                  dj_err *e) {
-    if (!eng->step_batch || !eng->park || !eng->restore || !eng->drop) {
-        dj_fail(e, "the %s engine has no %s yet: the server needs KV slots with a batched step and parking (run on "
-                   "the CPU: --cpu)", eng->name, !eng->step_batch ? "step_batch (batched decode)" : "park/restore");
+    if (!eng->step_rows || !eng->park || !eng->restore || !eng->drop) {
+        dj_fail(e, "the %s engine has no %s: the server needs KV slots with a batched step and parking", eng->name,
+                !eng->step_rows ? "step_rows (batched passes)" : "park/restore");
         return NULL;
     }
     if (o->parallel < 1 || o->parallel > eng->n_slots || o->prefill_chunk < 1 || o->max_sessions < 1) {
@@ -73,12 +74,17 @@ bt_sched *bt_new(dj_engine *eng, const dj_tokenizer *tok, const dj_config *c, co
     s->slots = calloc((size_t)eng->n_slots, sizeof *s->slots);
     s->active = calloc(P, sizeof *s->active);
     s->sessions = calloc((size_t)o->max_sessions, sizeof *s->sessions);
-    s->row_slot = calloc(P, sizeof *s->row_slot);
-    s->row_tok = calloc(P, sizeof *s->row_tok);
-    s->row_pos = calloc(P, sizeof *s->row_pos);
-    s->row_job = calloc(P, sizeof *s->row_job);
+    size_t R = P + (size_t)(o->prefill_chunk < s->ctx ? o->prefill_chunk : s->ctx);
+    s->row_slot = calloc(R, sizeof *s->row_slot);
+    s->row_tok = calloc(R, sizeof *s->row_tok);
+    s->row_pos = calloc(R, sizeof *s->row_pos);
+    s->want = calloc(P, sizeof *s->want);
+    s->want_job = calloc(P, sizeof *s->want_job);
+    s->pf_job = calloc(P, sizeof *s->pf_job);
+    s->pf_take = calloc(P, sizeof *s->pf_take);
     s->logits = malloc(P * (size_t)s->vocab * sizeof(float));
-    int ok = s->slots && s->active && s->sessions && s->row_slot && s->row_tok && s->row_pos && s->row_job && s->logits;
+    int ok = s->slots && s->active && s->sessions && s->row_slot && s->row_tok && s->row_pos && s->want &&
+             s->want_job && s->pf_job && s->pf_take && s->logits;
     for (int32_t i = 0; ok && i < eng->n_slots; i++) ok = (s->slots[i].ids = malloc((size_t)s->ctx * 4)) != NULL;
     if (!ok) {
         bt_free(s);
@@ -114,7 +120,7 @@ void bt_free(bt_sched *s) {
     for (int32_t i = 0; i < s->n_sessions; i++) session_free(s, s->sessions[i]);
     for (int32_t i = 0; s->slots && i < s->eng->n_slots; i++) free(s->slots[i].ids);
     free(s->slots), free(s->active), free(s->sessions), free(s->row_slot), free(s->row_tok), free(s->row_pos);
-    free(s->row_job), free(s->logits);
+    free(s->want), free(s->want_job), free(s->pf_job), free(s->pf_take), free(s->logits);
     free(s);
 }
 
@@ -344,52 +350,6 @@ static void reap(bt_sched *s) {
         if (!s->active[i]->owner) job_end(s, s->active[i], NULL, NULL);
 }
 
-// ---- prefill: at most prefill_chunk prompt tokens a step, jobs in the order they joined
-static void prefill(bt_sched *s) {
-    int64_t budget = s->o.prefill_chunk;
-    for (int32_t i = 0; i < s->n_active && budget > 0; i++) {
-        bt_job *j = s->active[i];
-        if (j->state != JOB_PREFILL) continue;
-        bt_slot *sl = &s->slots[j->slot];
-        int64_t left = (int64_t)j->n_ids - j->done, take = left < budget ? left : budget;
-        dj_err e = {{0}};
-        double t0 = dj_now();
-        int rc;
-        if (take < left) {
-            rc = s->eng->forward(s->eng->ctx, j->slot, j->ids + j->done, take, j->done, NULL, 0, &e);
-        } else {  // the last chunk: the first token is picked, with the whole prompt in the penalties' window
-            // The answer's text continues the prompt's (a completion: the prompt goes through the stream, its text
-            // not the answer's), unless the owner gave the job a stream of its own: a chat answer is a message,
-            // decoded alone as djinn --chat and tokenizer.decode do (SentencePiece drops its leading space).
-            int own = j->ts != NULL;
-            rc = -1;
-            if (own || (j->ts = tok_stream_new(s->tok))) {
-                for (size_t k = 0; k < j->n_ids; k++) {
-                    size_t len;
-                    sampler_accept(j->smp, j->ids[k]);
-                    if (!own) tok_stream_push(j->ts, j->ids[k], &len);
-                }
-                rc = engine_next(s->eng, j->smp, j->slot, j->ids + j->done, take, j->done, s->logits, &j->next, &e);
-            } else {
-                dj_fail(&e, "out of memory");
-            }
-        }
-        s->st.prefill_s += dj_now() - t0;
-        if (rc) {
-            job_end(s, j, NULL, e.msg);
-            i--;
-            continue;
-        }
-        memcpy(sl->ids + j->done, j->ids + j->done, (size_t)take * sizeof *sl->ids);
-        j->done += take, sl->n = j->done, budget -= take;
-        s->st.prefill_tokens += (uint64_t)take;
-        if (j->done == (int64_t)j->n_ids) {
-            j->state = JOB_DECODE;
-            if (j->owner) s->cb.started(j->owner, j);
-        }
-    }
-}
-
 // ---- decode
 static void emit_text(void *ctx, const char *text, size_t n);
 static int emit_held(void *ctx, const char *text, size_t n, dj_err *e) {
@@ -446,9 +406,35 @@ static const char *take_token(bt_sched *s, bt_job *j, const char **err, dj_err *
     return finish;
 }
 
-// Every sequence past its prefill takes its token; those that go on run one step_batch together.
-static void decode(bt_sched *s) {
-    int32_t B = 0;
+// ---- a turn
+// The prompt of j is complete after this turn's chunk: its whole prompt goes into the penalties' window (the first
+// token is picked with it) and its text through the stream the answer continues. The answer's text continues the
+// prompt's (a completion: the prompt goes through the stream, its text not the answer's), unless the owner gave the
+// job a stream of its own: a chat answer is a message, decoded alone as djinn --chat and tokenizer.decode do
+// (SentencePiece drops its leading space). -1: out of memory.
+static int prompt_done(bt_sched *s, bt_job *j) {
+    int own = j->ts != NULL;
+    if (!own && !(j->ts = tok_stream_new(s->tok))) return -1;
+    for (size_t k = 0; k < j->n_ids; k++) {
+        size_t len;
+        sampler_accept(j->smp, j->ids[k]);
+        if (!own) tok_stream_push(j->ts, j->ids[k], &len);
+    }
+    return 0;
+}
+
+// Adds row (slot, pos, token) to the turn's pass.
+static void add_row(bt_sched *s, int64_t *n, int32_t slot, int64_t pos, int32_t tok) {
+    s->row_slot[*n] = slot, s->row_pos[*n] = pos, s->row_tok[*n] = tok, (*n)++;
+}
+
+// One pass of the engine over every sequence past its prefill (its last token, after the token takes its place in
+// the text) and up to prefill_chunk prompt tokens of those still prefilling, in the order they joined: each
+// streamed weight crosses the link once a turn whatever the mix. The logits come back for the decoding sequences
+// and for each prompt completed; their next tokens are sampled here.
+static void turn(bt_sched *s) {
+    int64_t n = 0, budget = s->o.prefill_chunk;
+    int32_t nw = 0, n_dec = 0, n_pf = 0;
     for (int32_t i = 0; i < s->n_active; i++) {
         bt_job *j = s->active[i];
         if (j->state != JOB_DECODE) continue;
@@ -459,33 +445,62 @@ static void decode(bt_sched *s) {
             i--;
             continue;
         }
-        s->row_job[B] = j, s->row_slot[B] = j->slot, s->row_tok[B] = j->next, s->row_pos[B] = s->slots[j->slot].n;
-        B++;
+        s->want[nw] = (int32_t)n, s->want_job[nw++] = j, n_dec++;
+        add_row(s, &n, j->slot, s->slots[j->slot].n, j->next);
     }
-    if (!B) return;
-    dj_err e = {{0}};
-    double t0 = dj_now();
-    int rc = s->eng->step_batch(s->eng->ctx, B, s->row_slot, s->row_pos, s->row_tok, s->logits, &e);
-    s->st.decode_s += dj_now() - t0;
-    s->st.steps++, s->st.step_rows += (uint64_t)B;
-    if (B > s->st.max_rows) s->st.max_rows = B;
-    for (int32_t b = 0; b < B; b++) {
-        bt_job *j = s->row_job[b];
-        if (rc) {
-            job_end(s, j, NULL, e.msg);
+    for (int32_t i = 0; i < s->n_active && budget > 0; i++) {
+        bt_job *j = s->active[i];
+        if (j->state != JOB_PREFILL) continue;
+        int64_t left = (int64_t)j->n_ids - j->done, take = left < budget ? left : budget;
+        if (take == left && prompt_done(s, j)) {
+            job_end(s, j, NULL, "out of memory");
+            i--;
             continue;
         }
+        for (int64_t k = 0; k < take; k++) add_row(s, &n, j->slot, j->done + k, j->ids[j->done + k]);
+        if (take == left) s->want[nw] = (int32_t)(n - 1), s->want_job[nw++] = j;
+        s->pf_job[n_pf] = j, s->pf_take[n_pf++] = take;
+        budget -= take;
+    }
+    if (!n) return;
+    dj_err e = {{0}};
+    double t0 = dj_now();
+    int rc = s->eng->step_rows(s->eng->ctx, n, s->row_slot, s->row_pos, s->row_tok, nw, s->want, s->logits, &e);
+    *(n_dec ? &s->st.decode_s : &s->st.prefill_s) += dj_now() - t0;
+    if (n_dec) {
+        s->st.steps++, s->st.step_rows += (uint64_t)n_dec;
+        if (n_dec > s->st.max_rows) s->st.max_rows = n_dec;
+    }
+    if (rc) {  // every sequence in the pass ends with the error: the chunks not last first (they want no logits)
+        for (int32_t k = 0; k < n_pf; k++)
+            if (s->pf_take[k] < (int64_t)s->pf_job[k]->n_ids - s->pf_job[k]->done) job_end(s, s->pf_job[k], NULL, e.msg);
+        for (int32_t w = 0; w < nw; w++) job_end(s, s->want_job[w], NULL, e.msg);
+        return;
+    }
+    for (int32_t k = 0; k < n_pf; k++) {  // the prompts' chunks are in their slots
+        bt_job *j = s->pf_job[k];
         bt_slot *sl = &s->slots[j->slot];
-        sl->ids[sl->n++] = s->row_tok[b];
-        j->next = sampler_next(j->smp, s->logits + (size_t)b * (size_t)s->vocab);
+        memcpy(sl->ids + j->done, j->ids + j->done, (size_t)s->pf_take[k] * sizeof *sl->ids);
+        j->done += s->pf_take[k], sl->n = j->done;
+        s->st.prefill_tokens += (uint64_t)s->pf_take[k];
+    }
+    for (int32_t w = 0; w < nw; w++) {
+        bt_job *j = s->want_job[w];
+        if (j->state == JOB_DECODE) {
+            bt_slot *sl = &s->slots[j->slot];
+            sl->ids[sl->n++] = j->next;
+        } else {
+            j->state = JOB_DECODE;
+            if (j->owner) s->cb.started(j->owner, j);
+        }
+        j->next = sampler_next(j->smp, s->logits + (size_t)w * (size_t)s->vocab);
     }
 }
 
 void bt_step(bt_sched *s) {
     reap(s);
     admit(s);
-    prefill(s);
-    decode(s);
+    turn(s);
 }
 
 // ---- sessions on request, statistics

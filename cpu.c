@@ -482,6 +482,8 @@ struct dj_cpu_state {
     float *v_cache;    // (n_slots, n_layers, n_kv_heads, max_seq, head_dim)
 };
 
+int64_t cpu_vocab(const dj_cpu_state *s) { return s->c.vocab_size; }
+
 void cpu_state_free(dj_cpu_state *s) {
     if (!s) return;
     free(s->inv_freq);

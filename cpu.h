@@ -40,6 +40,7 @@ typedef struct dj_cpu_state dj_cpu_state;
 dj_cpu_state *cpu_state_new(const dj_model *m, int64_t max_seq, dj_err *e);  // one slot
 dj_cpu_state *cpu_state_new_slots(const dj_model *m, int64_t max_seq, int32_t n_slots, dj_err *e);
 void cpu_state_free(dj_cpu_state *s);
+int64_t cpu_vocab(const dj_cpu_state *s);  // the model's vocabulary: a logits row's length
 // Runs tokens (T) at positions pos .. pos+T-1 of slot 0, filling its KV cache; logits (T, vocab) if not NULL.
 int cpu_forward(dj_cpu_state *s, const int32_t *tokens, int64_t T, int64_t pos, float *logits, dj_err *e);
 // The same in `slot`.

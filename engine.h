@@ -38,6 +38,13 @@ typedef struct {
     // (the CPU engine: bitwise). NULL: the engine has none (the server refuses it).
     int (*step_batch)(void *ctx, int32_t B, const int32_t *slots, const int64_t *pos, const int32_t *tokens,
                       float *logits, dj_err *e);
+    // One pass over n rows of several sequences, a continuous-batching turn: row r is tokens[r] at position pos[r]
+    // of slot slots[r]; a slot's rows are adjacent and at consecutive positions (a sequence's decode token, or a
+    // chunk of its prompt), positions past what the slot holds. logits (n_want, vocab), host memory: the rows
+    // want[0..n_want-1] (ascending). Each row's logits equal those of forward() of its slot's rows alone (the CPU
+    // engine: bitwise); a GPU pass reads every weight row once for all its rows.
+    int (*step_rows)(void *ctx, int64_t n, const int32_t *slots, const int64_t *pos, const int32_t *tokens,
+                     int64_t n_want, const int32_t *want, float *logits, dj_err *e);
     // Parking (NULL: none). park copies positions 0..n-1 of `slot` (every layer's K and V: n * kv_pos_bytes) to
     // host memory the engine owns (page-locked on the GPU) and returns it; the slot may then be reused. restore
     // copies a parked cache back into positions 0..n-1 of any slot and releases it (on an error it is kept);

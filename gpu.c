@@ -119,14 +119,23 @@ static int qkv_matmul(dj_gpu_state *s, const uint8_t *w, int64_t T, qkv_rows *r,
                : 0;
 }
 
-// RoPE on q and k, and k, v into the cache: one launch where each row is [q | k | v] (the fused layout, or one
-// token, whose q, k, v are adjacent in either layout), three otherwise.
+// The rows of a decode step: each at its own position in its own slot.
+static gpu_kv_rows step_rows(const dj_gpu_state *s) { return (gpu_kv_rows){s->b.pos, s->b.slot, s->slot_floats}; }
+
+// RoPE on q and k, and k, v into the cache: one launch for a decode step's rows (each in its slot) or where each
+// row is [q | k | v] (the fused layout), three otherwise. kc, vc: the layer's caches in slot 0 (a decode step) or
+// in the pass's slot.
 static int rope_kv_write(dj_gpu_state *s, const qkv_rows *r, float *kc, float *vc, int64_t T, dj_err *e) {
     const dj_config *c = &s->m->info.config;
     const gpu_bufs *b = &s->b;
     int64_t nh = c->n_heads, nkv = c->n_kv_heads, hd = c->head_dim;
     cudaStream_t st = s->compute;
-    if (T == 1 || s->fused_qkv)
+    if (s->step_rows) {
+        gpu_kv_rows kv = step_rows(s);
+        return gpu_rope_kv_rows(s->g, r->q, r->ldq, r->k, r->v, r->ldkv, T, kc, vc, nh, nkv, hd, s->max_seq,
+                                b->inv_freq, &kv, st, e);
+    }
+    if (s->fused_qkv)
         return gpu_rope_kv(s->g, r->q, r->ldq, T, kc, vc, nh, nkv, hd, s->max_seq, b->inv_freq, b->pos, st, e);
     return gpu_rope(r->q, T, nh, hd, r->ldq, b->inv_freq, b->pos, st, e) ||
                    gpu_rope(r->k, T, nkv, hd, r->ldkv, b->inv_freq, b->pos, st, e) ||
@@ -135,12 +144,26 @@ static int rope_kv_write(dj_gpu_state *s, const qkv_rows *r, float *kc, float *v
                : 0;
 }
 
-// Causal attention of the T queries over the cache into d_att (T, q_dim).
+// Causal attention of the T queries over the cache into d_att (T, q_dim): a decode step's rows each over its own
+// slot, a prefill's over the pass's slot.
 static int attention(dj_gpu_state *s, const qkv_rows *r, const float *kc, const float *vc, int64_t T, dj_err *e) {
     const dj_config *c = &s->m->info.config;
     int64_t nh = c->n_heads, nkv = c->n_kv_heads, hd = c->head_dim;
-    if (T == 1)
-        return gpu_attention_decode(s->g, s->b.att, r->q, kc, vc, nh, nkv, hd, s->max_seq, s->b.pos, s->compute, e);
+    if (s->step_rows) {  // the single rows in one launch, then each run of a prompt over its own slot
+        gpu_kv_rows kv = step_rows(s);
+        if (s->step_singles && gpu_attention_decode_rows(s->g, s->b.att, r->q, r->ldq, kc, vc, s->step_singles, nh,
+                                                         nkv, hd, s->max_seq, &kv, s->compute, e))
+            return -1;
+        for (int64_t i = 0; i < s->n_runs; i++) {
+            const step_run *u = &s->runs[i];
+            int64_t off = (int64_t)u->slot * s->slot_floats;
+            if (gpu_attention_prefill(s->g, s->b.att + u->r0 * nh * hd, nh * hd, r->q + u->r0 * r->ldq, r->ldq,
+                                      kc + off, vc + off, u->len, nh, nkv, hd, s->max_seq, s->b.pos + u->r0,
+                                      s->compute, e))
+                return -1;
+        }
+        return 0;
+    }
     return gpu_attention_prefill(s->g, s->b.att, nh * hd, r->q, r->ldq, kc, vc, T, nh, nkv, hd, s->max_seq, s->b.pos,
                                  s->compute, e);
 }
@@ -198,7 +221,8 @@ static int gpu_layer(dj_gpu_state *s, const uint8_t *w, int l, int64_t T, int pe
     int64_t dim = c->dim, hid = c->hidden_dim;
     float eps = c->norm_eps;
     const float *attn_norm = (const float *)(w + L->attn_norm), *ffn_norm = (const float *)(w + L->ffn_norm);
-    size_t layer_kv = (size_t)l * c->n_kv_heads * (size_t)s->max_seq * c->head_dim;
+    size_t layer_kv = (size_t)l * c->n_kv_heads * (size_t)s->max_seq * c->head_dim +
+                      (s->step_rows ? 0 : (size_t)s->slot * (size_t)s->slot_floats);
     float *kc = b->k + layer_kv, *vc = b->v + layer_kv;
     int k_wo = s->fused_qkv ? 1 : 3, k_down = s->sh.n_lmats - 1;
     qkv_rows qkv;
@@ -260,19 +284,20 @@ static int head_logits(dj_gpu_state *s, int64_t T, int64_t r0, int64_t rows, con
     return gpu_matmul(s->g, s->b.logits, x, lm, dj_lm_head_type(s->m), rows, c->dim, c->vocab_size, s->compute, e);
 }
 
-// The embedding rows of the pass's tokens and its position, uploaded on the compute stream. The rows are gathered
-// on the host as stored (a copy per row) and land in d_x for f32, else in d_delta (free at the start of a pass),
-// which gpu_body widens into d_x.
-static int upload_tokens(dj_gpu_state *s, const int32_t *tokens, int64_t T, int64_t pos, dj_err *e) {
+// The embedding rows of the pass's tokens and its positions (h_pos, and a decode step's h_slot, filled by the
+// caller), uploaded on the compute stream. The rows are gathered on the host as stored (a copy per row) and land
+// in d_x for f32, else in d_delta (free at the start of a pass), which gpu_body widens into d_x.
+static int upload_tokens(dj_gpu_state *s, const int32_t *tokens, int64_t T, dj_err *e) {
     const dj_config *c = &s->m->info.config;
     gpu_bufs *b = &s->b;
     size_t row_bytes = (size_t)dj_row_bytes(c->embed_type, c->dim);
     for (int64_t t = 0; t < T; t++)
         memcpy(b->h_x + (size_t)t * row_bytes, dj_embed_ptr(s->m) + (size_t)tokens[t] * row_bytes, row_bytes);
-    *b->h_pos = (int32_t)pos;
     void *dst = c->embed_type == DJ_F32 ? (void *)b->x : (void *)b->delta;
+    size_t np = s->step_rows ? (size_t)T : 1;
     return gpu_h2d_async(dst, b->h_x, (size_t)T * row_bytes, s->compute, e) ||
-                   gpu_h2d_async(b->pos, b->h_pos, 4, s->compute, e)
+                   gpu_h2d_async(b->pos, b->h_pos, np * 4, s->compute, e) ||
+                   (s->step_rows && gpu_h2d_async(b->slot, b->h_slot, np * 4, s->compute, e))
                ? -1
                : 0;
 }
@@ -323,23 +348,27 @@ static int graph_step(dj_gpu_state *s, float *logits, const pick_req *pk, dj_err
     return 0;
 }
 
-// One pass over T <= max_batch tokens. logits: (T, vocab) when all, else (vocab) for the last token; or with pk,
-// the last token's pick.
-static int gpu_pass(dj_gpu_state *s, const int32_t *tokens, int64_t T, int64_t pos, float *logits, int all,
-                    const pick_req *pk, dj_err *e) {
+// One pass over T <= max_batch tokens, placed by the caller (s->step_rows, s->slot, h_pos, h_slot). logits:
+// (T, vocab) when all, else (vocab) for the last token; or with pk, the last token's pick.
+static int gpu_pass(dj_gpu_state *s, const int32_t *tokens, int64_t T, float *logits, int all, const pick_req *pk,
+                    dj_err *e) {
     int64_t vocab = s->m->info.config.vocab_size;
     int nl = (int)s->m->info.config.n_layers;
     sched_pass_begin(s, T);
-    if (upload_tokens(s, tokens, T, pos, e)) return -1;
+    if (upload_tokens(s, tokens, T, e)) return -1;
     if (T == 1 && !s->sc.plan->n_streamed && (logits || pk) && !s->opts.no_graph && !s->prof.on)
         return graph_step(s, logits, pk, e);
     const uint8_t *head, *lm;
     if (gpu_body(s, T, &head, &lm, e)) return -1;
     // The head's logits in chunks of GPU_LOGIT_ROWS; its slot is released (and the next pass's first copies
     // issued) before the final wait.
-    int64_t first = all && !pk ? 0 : T - 1;
-    for (int64_t r0 = first; r0 < T; r0 += GPU_LOGIT_ROWS) {
-        int64_t rows = T - r0 < GPU_LOGIT_ROWS ? T - r0 : GPU_LOGIT_ROWS, last = r0 + rows >= T;
+    // Rows [first, end): a prefill's last or all; a step's first step_logits (none wanted: one round without a
+    // head, which still releases the head's unit).
+    int64_t first = all && !pk ? 0 : T - 1, end = T;
+    if (s->step_rows && !pk) first = 0, end = s->step_logits;
+    if (end <= first) logits = NULL, first = T - 1, end = T;
+    for (int64_t r0 = first; r0 < end; r0 += GPU_LOGIT_ROWS) {
+        int64_t rows = end - r0 < GPU_LOGIT_ROWS ? end - r0 : GPU_LOGIT_ROWS, last = r0 + rows >= end;
         if ((logits || pk) && head_logits(s, T, r0, rows, lm, e)) return -1;
         if (pk ? queue_pick(s, pk, e)
                : logits && gpu_d2h_async(s->b.h_logits, s->b.logits, (size_t)(rows * vocab) * 4, s->compute, e))
@@ -356,11 +385,18 @@ static int gpu_pass(dj_gpu_state *s, const int32_t *tokens, int64_t T, int64_t p
     return 0;
 }
 
+static int slot_ok(const dj_gpu_state *s, int32_t slot, dj_err *e) {
+    if (slot < 0 || slot >= s->n_slots)
+        return dj_fail(e, "gpu: KV slot %d does not exist (%d slots)", slot, s->n_slots);
+    return 0;
+}
+
 // A prompt longer than one pass takes several; each streams the weights once. The last one gives the logits or
-// the pick.
-static int forward(dj_gpu_state *s, const int32_t *tokens, int64_t T, int64_t pos, float *logits, int all,
-                   const pick_req *pk, dj_err *e) {
+// the pick. A pass of one token is a decode step of one row (the graph serves every slot).
+static int forward(dj_gpu_state *s, int32_t slot, const int32_t *tokens, int64_t T, int64_t pos, float *logits,
+                   int all, const pick_req *pk, dj_err *e) {
     const dj_config *c = &s->m->info.config;
+    if (slot_ok(s, slot, e) || park_order(s, slot, e)) return -1;
     if (T < 1 || pos < 0 || pos + T > s->max_seq)
         return dj_fail(e, "positions %lld..%lld outside the context of %lld", (long long)pos, (long long)(pos + T - 1),
                        (long long)s->max_seq);
@@ -370,23 +406,105 @@ static int forward(dj_gpu_state *s, const int32_t *tokens, int64_t T, int64_t po
     for (int64_t t0 = 0; t0 < T; t0 += s->max_batch) {
         int64_t n = T - t0 < s->max_batch ? T - t0 : s->max_batch, last = t0 + n == T;
         float *out = !logits ? NULL : all ? logits + t0 * (int64_t)c->vocab_size : last ? logits : NULL;
-        if (gpu_pass(s, tokens + t0, n, pos + t0, out, all, last ? pk : NULL, e)) return -1;
+        s->step_rows = n == 1, s->slot = slot, s->step_singles = 1, s->n_runs = 0, s->step_logits = out ? 1 : 0;
+        s->b.h_pos[0] = (int32_t)(pos + t0), s->b.h_slot[0] = slot;
+        if (gpu_pass(s, tokens + t0, n, out, all, last ? pk : NULL, e)) return -1;
     }
     return 0;
 }
 
-int gpu_forward(dj_gpu_state *s, const int32_t *tokens, int64_t T, int64_t pos, float *logits, int all,
-                dj_err *e) {
-    return forward(s, tokens, T, pos, logits, all, NULL, e);
+int gpu_forward(dj_gpu_state *s, int32_t slot, const int32_t *tokens, int64_t T, int64_t pos, float *logits,
+                int all, dj_err *e) {
+    return forward(s, slot, tokens, T, pos, logits, all, NULL, e);
 }
 
-int gpu_forward_pick(dj_gpu_state *s, const int32_t *tokens, int64_t T, int64_t pos, const dj_pick_args *a,
-                     const int32_t *counts, int32_t *next, dj_err *e) {
+int gpu_forward_pick(dj_gpu_state *s, int32_t slot, const int32_t *tokens, int64_t T, int64_t pos,
+                     const dj_pick_args *a, const int32_t *counts, int32_t *next, dj_err *e) {
     pick_req pk = {a, counts, next};
-    return forward(s, tokens, T, pos, NULL, 0, &pk, e);
+    return forward(s, slot, tokens, T, pos, NULL, 0, &pk, e);
 }
 
-void gpu_state_stats(const dj_gpu_state *s, dj_gpu_stats *out) { *out = s->st; }
+// One pass of rows [a, b) of a checked gpu_step_rows call, whose wanted rows in it are want[w0, w1): ordered
+// for the device as the wanted rows (in want's order), the other rows attending alone, then the runs of two or more
+// consecutive rows of one slot (the rest of a prompt's chunk); logits (w1 - w0, vocab).
+static int step_pass(dj_gpu_state *s, int64_t a, int64_t b, const int32_t *slots, const int64_t *pos,
+                     const int32_t *tokens, const int32_t *want, int64_t w0, int64_t w1, float *logits, dj_err *e) {
+    uint8_t *wanted = s->step_wanted;
+    int64_t n = 0;
+    memset(wanted + a, 0, (size_t)(b - a));
+    for (int64_t w = w0; w < w1; w++) wanted[want[w]] = 1;
+#define PLACE(k) (s->step_tok[n] = tokens[k], s->b.h_pos[n] = (int32_t)pos[k], s->b.h_slot[n] = slots[k], n++)
+    for (int64_t w = w0; w < w1; w++) PLACE(want[w]);
+    s->n_runs = 0;
+    for (int runs = 0; runs < 2; runs++) {  // the rows alone first, then the runs
+        for (int64_t r = a, len; r < b; r += len) {
+            len = 1;
+            if (wanted[r]) continue;
+            while (r + len < b && !wanted[r + len] && slots[r + len] == slots[r]) len++;
+            if ((len > 1) != runs) continue;
+            if (runs) s->runs[s->n_runs++] = (step_run){n, len, slots[r]};
+            for (int64_t k = r; k < r + len; k++) PLACE(k);
+        }
+        if (!runs) s->step_singles = n;
+    }
+#undef PLACE
+    s->step_rows = n, s->step_logits = w1 - w0;
+    return gpu_pass(s, s->step_tok, n, logits, 1, NULL, e);
+}
+
+int gpu_step_rows(dj_gpu_state *s, int64_t n, const int32_t *slots, const int64_t *pos, const int32_t *tokens,
+                  int64_t n_want, const int32_t *want, float *logits, dj_err *e) {
+    const dj_config *c = &s->m->info.config;
+    if (n < 1) return dj_fail(e, "gpu_step_rows: %lld rows", (long long)n);
+    int32_t *seen = s->step_seen;  // the row that last began a run of each slot, + 1
+    memset(seen, 0, (size_t)s->n_slots * sizeof *seen);
+    for (int64_t i = 0; i < n; i++) {
+        if (slot_ok(s, slots[i], e)) return -1;
+        if (pos[i] < 0 || pos[i] >= s->max_seq)
+            return dj_fail(e, "gpu: row %lld: position %lld outside the context of %lld", (long long)i,
+                           (long long)pos[i], (long long)s->max_seq);
+        if (tokens[i] < 0 || (uint32_t)tokens[i] >= c->vocab_size)
+            return dj_fail(e, "gpu: token id %d out of range (vocab %u)", tokens[i], c->vocab_size);
+        if (i && slots[i] == slots[i - 1]) {
+            if (pos[i] != pos[i - 1] + 1)
+                return dj_fail(e, "gpu: rows %lld and %lld of KV slot %d are not consecutive positions",
+                               (long long)i - 1, (long long)i, slots[i]);
+        } else if (seen[slots[i]]) {
+            return dj_fail(e, "gpu: KV slot %d twice in one batch", slots[i]);
+        } else {
+            seen[slots[i]] = 1;
+        }
+    }
+    for (int64_t w = 0; w < n_want; w++)
+        if (want[w] < 0 || want[w] >= n || (w && want[w] <= want[w - 1]))
+            return dj_fail(e, "gpu_step_rows: the rows wanted are not ascending rows of the %lld", (long long)n);
+    // passes of up to max_batch rows; a long run splits between passes, its later rows seeing the earlier ones' keys
+    int64_t a = 0, w = 0;
+    while (a < n) {
+        int64_t b = a + s->max_batch < n ? a + s->max_batch : n, wb = w;
+        while (wb < n_want && want[wb] < b) wb++;
+        for (int64_t r = a; r < b; r++)
+            if (park_order(s, slots[r], e)) return -1;
+        if (step_pass(s, a, b, slots, pos, tokens, want, w, wb, logits + w * (int64_t)c->vocab_size, e)) return -1;
+        a = b, w = wb;
+    }
+    return 0;
+}
+
+int gpu_step_batch(dj_gpu_state *s, int32_t B, const int32_t *slots, const int64_t *pos, const int32_t *tokens,
+                   float *logits, dj_err *e) {
+    if (B < 1 || B > s->n_slots) return dj_fail(e, "gpu_step_batch: %d rows for %d KV slots", B, s->n_slots);
+    for (int32_t i = 0; i < B; i++) s->step_all[i] = i;
+    for (int32_t i = 1; i < B; i++)  // one row each: a slot twice is not a run here
+        for (int32_t j = 0; j < i; j++)
+            if (slots[j] == slots[i]) return dj_fail(e, "gpu: KV slot %d twice in one batch", slots[i]);
+    return gpu_step_rows(s, B, slots, pos, tokens, B, s->step_all, logits, e);
+}
+
+void gpu_state_stats(dj_gpu_state *s, dj_gpu_stats *out) {
+    park_stats(s);
+    *out = s->st;
+}
 
 // ---- set-up
 // The device, its streams, and the kernels this model's shapes take.
@@ -407,6 +525,8 @@ static int open_device(dj_gpu_state *s, dj_err *e) {
                                       : "fp32 FMA kernel (the tensor-core kernel needs head_dim a multiple of 16 up "
                                         "to 256)");
     s->max_seq = s->opts.max_seq;
+    s->n_slots = s->opts.n_slots > 0 ? s->opts.n_slots : 1;
+    s->slot_floats = (int64_t)c->n_layers * c->n_kv_heads * s->max_seq * c->head_dim;
     s->max_batch = s->opts.max_batch > 0 ? s->opts.max_batch : GPU_MAX_BATCH;
     if (s->max_batch > s->max_seq) s->max_batch = s->max_seq;
     return 0;
@@ -423,14 +543,15 @@ static gpu_sizes buffer_sizes(const dj_gpu_state *s) {
     uint64_t dim = c->dim, hd = c->head_dim, q = (uint64_t)c->n_heads * hd, kv = (uint64_t)c->n_kv_heads * hd,
              hid = c->hidden_dim, mb = (uint64_t)s->max_batch;
     gpu_sizes z;
-    z.kv = 2ull * c->n_layers * c->n_kv_heads * (uint64_t)s->max_seq * hd * 4;
+    z.kv = 2ull * c->n_layers * c->n_kv_heads * (uint64_t)s->max_seq * hd * 4 * (uint64_t)s->n_slots;
     z.act = 4 * (mb * (3 * dim + q + 2 * kv + q + 3 * hid) + (GPU_LOGIT_ROWS + 1) * (uint64_t)c->vocab_size) +
             gpu_pick_scratch(1);
     int64_t widest = (int64_t)(hid > dim ? hid : (q > dim ? q : dim));
     z.scratch = gpu_matmul_scratch(c->wtype, s->max_batch, widest);
     uint64_t head = gpu_matmul_scratch(dj_lm_head_type(s->m), GPU_LOGIT_ROWS, (int64_t)dim);
     if (head > z.scratch) z.scratch = head;
-    uint64_t att = gpu_attention_scratch(c->n_heads, (int64_t)hd, s->max_seq);
+    int64_t step = s->n_slots < s->max_batch ? s->n_slots : s->max_batch;  // rows of a step attending alone
+    uint64_t att = gpu_attention_scratch(step, c->n_heads, (int64_t)hd, s->max_seq);
     if (att > z.scratch) z.scratch = att;
     z.other = z.kv + z.act + z.scratch + (64ull << 20);
     return z;
@@ -483,8 +604,9 @@ static int make_plan(dj_gpu_state *s, const gpu_sizes *z, uint64_t budget, size_
             p->n_resident - (p->resident[nl] ? 1 : 0), nl, (double)p->resident_bytes / 1e9, p->n_streamed,
             (double)p->streamed_bytes / 1e9, (double)p->ring_size / 1e9, p->slots,
             o->stream_all ? ", --stream-all" : "", o->sync_copy ? ", --sync-copy" : "");
-    fprintf(stderr, "gpu: KV cache %.2f GB (context %lld, f32), activations %.2f GB\n", (double)z->kv / 1e9,
-            (long long)s->max_seq, (double)(z->act + z->scratch) / 1e9);
+    fprintf(stderr, "gpu: KV cache %.2f GB (%d slot%s of context %lld, f32), activations %.2f GB\n",
+            (double)z->kv / 1e9, s->n_slots, s->n_slots == 1 ? "" : "s", (long long)s->max_seq,
+            (double)(z->act + z->scratch) / 1e9);
     return 0;
 }
 
@@ -507,7 +629,8 @@ static int alloc_buffers(dj_gpu_state *s, const gpu_sizes *z, dj_err *e) {
         gpu_malloc((void **)&b->ffn, mb * 2 * hid * 4, "activations", e) ||
         gpu_malloc((void **)&b->hb, mb * hid * 4, "activations", e) ||
         gpu_malloc((void **)&b->logits, GPU_LOGIT_ROWS * vocab * 4, "logits", e) ||
-        gpu_malloc((void **)&b->pos, 4, "position", e) || gpu_reserve(s->g, z->scratch, e) ||
+        gpu_malloc((void **)&b->pos, mb * 4, "positions", e) || gpu_malloc((void **)&b->slot, mb * 4, "KV slots", e) ||
+        gpu_reserve(s->g, z->scratch, e) ||
         gpu_malloc((void **)&b->pick, sizeof *b->pick, "sampling", e) ||
         gpu_malloc((void **)&b->counts, vocab * 4, "sampling", e) || gpu_malloc((void **)&b->next, 4, "sampling", e) ||
         gpu_malloc(&b->pick_scratch, gpu_pick_scratch(1), "sampling", e) ||
@@ -515,8 +638,12 @@ static int alloc_buffers(dj_gpu_state *s, const gpu_sizes *z, dj_err *e) {
         gpu_host_alloc((void **)&b->h_next, 4, "sampling staging", e) ||
         gpu_host_alloc((void **)&b->h_x, mb * dim * 4, "embedding staging", e) ||
         gpu_host_alloc((void **)&b->h_logits, GPU_LOGIT_ROWS * vocab * 4, "logits staging", e) ||
-        gpu_host_alloc((void **)&b->h_pos, 4, "position staging", e))
+        gpu_host_alloc((void **)&b->h_pos, mb * 4, "position staging", e) ||
+        gpu_host_alloc((void **)&b->h_slot, mb * 4, "position staging", e))
         return -1;
+    s->runs = malloc(mb * sizeof *s->runs), s->step_tok = malloc(mb * 4), s->step_wanted = malloc(mb);
+    s->step_all = malloc((size_t)s->n_slots * 4), s->step_seen = malloc((size_t)s->n_slots * 4);
+    if (!s->runs || !s->step_tok || !s->step_wanted || !s->step_all || !s->step_seen) return dj_fail(e, "out of memory");
     float *inv = malloc((size_t)hd / 2 * 4);
     if (!inv) return dj_fail(e, "out of memory");
     cpu_rope_freqs(c, inv);
@@ -546,8 +673,8 @@ static int warm_up(dj_gpu_state *s, dj_err *e) {
     int32_t *toks = calloc((size_t)T, sizeof *toks), next;
     if (!toks) return dj_fail(e, "out of memory");
     const dj_pick_args a = {.temp = 1, .top_p = 0.5f, .min_p = 0.01f, .top_k = 8, .repeat_penalty = 1};  // every path
-    int rc = gpu_forward_pick(s, toks, T, 0, &a, NULL, &next, e);
-    if (!rc && !s->sc.plan->n_streamed && s->max_seq > T) rc = gpu_forward_pick(s, toks, 1, T, &a, NULL, &next, e);
+    int rc = gpu_forward_pick(s, 0, toks, T, 0, &a, NULL, &next, e);
+    if (!rc && !s->sc.plan->n_streamed && s->max_seq > T) rc = gpu_forward_pick(s, 0, toks, 1, T, &a, NULL, &next, e);
     free(toks);
     memset(s->prof.ms, 0, sizeof s->prof.ms);
     memset(s->prof.passes, 0, sizeof s->prof.passes);
@@ -584,6 +711,7 @@ dj_gpu_state *gpu_state_new(const dj_model *m, const dj_gpu_opts *o, dj_err *e) 
         alloc_buffers(s, &z, e) ||                    // activations, KV cache, staging
         copy_resident(s, e) ||                        // resident units, copied once
         sched_init(s, e) ||                           // the ring's events and the copy records
+        park_init(s, e) ||                            // the parking stream and the slots' events
         prof_init(s, e))
         goto fail;
     // The CPU share: a fixed one from now on, an automatic one once the warm-up has measured the copies.
@@ -610,15 +738,17 @@ void gpu_state_free(dj_gpu_state *s) {
     if (!s) return;
     if (s->compute) gpu_stream_sync(s->compute, NULL);
     if (s->copy) gpu_stream_sync(s->copy, NULL);
+    park_free(s);
     sched_free(s);
     share_free(s);
     if (s->graph) gpu_graph_destroy(s->graph);
     prof_free(s);
     gpu_bufs *b = &s->b;
     void *dev[] = {s->sc.d_w, b->inv_freq, b->k, b->v, b->x, b->xb, b->delta, b->qkv, b->att, b->ffn, b->hb,
-                   b->logits, b->pos, b->pick, b->counts, b->next, b->pick_scratch};
+                   b->logits, b->pos, b->slot, b->pick, b->counts, b->next, b->pick_scratch};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) gpu_free(dev[i]);
-    gpu_host_free(b->h_x), gpu_host_free(b->h_logits), gpu_host_free(b->h_pos);
+    gpu_host_free(b->h_x), gpu_host_free(b->h_logits), gpu_host_free(b->h_pos), gpu_host_free(b->h_slot);
+    free(s->runs), free(s->step_tok), free(s->step_wanted), free(s->step_all), free(s->step_seen);
     gpu_host_free(b->h_pick), gpu_host_free(b->h_next);
     if (s->compute) gpu_stream_destroy(s->compute);
     if (s->copy) gpu_stream_destroy(s->copy);

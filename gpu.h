@@ -12,7 +12,8 @@
 typedef struct {
     double ring_gb;     // GPU memory for weights, in GB (1e9 bytes); <= 0: free memory minus KV cache,
                         // activations and a margin
-    int64_t max_seq;    // context: KV cache length
+    int64_t max_seq;    // context: KV cache length (of each slot)
+    int32_t n_slots;    // KV slots, each a sequence's cache of max_seq positions (0: 1)
     int64_t max_batch;  // most tokens per pass (0: 4096); longer prompts take several passes
     int64_t warm_rows;  // rows of the set-up's warm-up prefill (0: 2): the prompt length, so that its first
                         // pass finds its cuBLAS kernels loaded (lazy module loading: ~5 ms per new kernel)
@@ -39,20 +40,40 @@ typedef struct {
     double wait_ms;            // time the compute stream waited for copies
     int64_t passes;
     int tc_attn;               // prefill attention runs on the tensor cores (head_dim allows, no fma_attn)
+    uint64_t park_bytes, restore_bytes;  // KV bytes parked to host memory and restored, copies finished so far
+    double park_ms, restore_ms;          // the copies' time on the device
 } dj_gpu_stats;
 
 typedef struct dj_gpu_state dj_gpu_state;
 // Needs a model loaded with want_pinned (loader.h).
 dj_gpu_state *gpu_state_new(const dj_model *m, const dj_gpu_opts *o, dj_err *e);
 void gpu_state_free(dj_gpu_state *s);
-// Runs tokens (T) at positions pos .. pos+T-1. logits: (T, vocab) when all, else (vocab) for the last
-// token; NULL for none. Host memory.
-int gpu_forward(dj_gpu_state *s, const int32_t *tokens, int64_t T, int64_t pos, float *logits, int all, dj_err *e);
+// Runs tokens (T) at positions pos .. pos+T-1 of KV slot `slot`. logits: (T, vocab) when all, else (vocab) for the
+// last token; NULL for none. Host memory.
+int gpu_forward(dj_gpu_state *s, int32_t slot, const int32_t *tokens, int64_t T, int64_t pos, float *logits, int all,
+                dj_err *e);
 // gpu_forward for the last token, but its next token is picked on the GPU by sampler.h's rule (a from
 // sampler_step_args, counts from sampler_counts) and only the id comes back: -1 when the logits held a NaN or
 // +infinity, or only -infinity.
-int gpu_forward_pick(dj_gpu_state *s, const int32_t *tokens, int64_t T, int64_t pos, const dj_pick_args *a,
-                     const int32_t *counts, int32_t *next, dj_err *e);
-void gpu_state_stats(const dj_gpu_state *s, dj_gpu_stats *out);
+int gpu_forward_pick(dj_gpu_state *s, int32_t slot, const int32_t *tokens, int64_t T, int64_t pos,
+                     const dj_pick_args *a, const int32_t *counts, int32_t *next, dj_err *e);
+// One pass over rows of several sequences (engine.h's step_rows): row r is tokens[r] at position pos[r] of slot
+// slots[r]; a slot's rows are adjacent and at consecutive positions (one decode token, or a chunk of its prompt).
+// logits (n_want, vocab), host memory: the rows want[0..n_want-1] (ascending). Every matmul runs over all the rows
+// (each weight row read once a pass; passes of up to max_batch rows), rope and the KV writes per row in its slot,
+// attention per row (the decode kernel) or per chunk (the prefill kernel) over its slot's keys. A pass of one row
+// is a plain decode step (the CUDA graph when all is resident, the CPU share when it streams).
+int gpu_step_rows(dj_gpu_state *s, int64_t n, const int32_t *slots, const int64_t *pos, const int32_t *tokens,
+                  int64_t n_want, const int32_t *want, float *logits, dj_err *e);
+// gpu_step_rows with one row per slot, every row's logits (engine.h's step_batch).
+int gpu_step_batch(dj_gpu_state *s, int32_t B, const int32_t *slots, const int64_t *pos, const int32_t *tokens,
+                   float *logits, dj_err *e);
+// Parking (engine.h): a slot's first n positions copied to page-locked host memory on the parking stream, back
+// into any slot, or released. Every later pass on the slots concerned waits for the copies on the device.
+typedef struct dj_gpu_parked dj_gpu_parked;
+dj_gpu_parked *gpu_park(dj_gpu_state *s, int32_t slot, int64_t n, dj_err *e);
+int gpu_restore(dj_gpu_state *s, dj_gpu_parked *p, int32_t slot, dj_err *e);
+void gpu_drop(dj_gpu_state *s, dj_gpu_parked *p);
+void gpu_state_stats(dj_gpu_state *s, dj_gpu_stats *out);  // the parking copies finished so far included
 
 #endif

@@ -32,16 +32,17 @@ typedef struct {
     float *ffn;             // (max_batch, 2 hidden)
     float *hb;              // (max_batch, hidden)
     float *logits;          // (GPU_LOGIT_ROWS, vocab)
-    float *k, *v;           // (n_layers, n_kv_heads, max_seq, head_dim) each
+    float *k, *v;           // (n_slots, n_layers, n_kv_heads, max_seq, head_dim) each
     float *inv_freq;        // (head_dim/2)
-    int32_t *pos;           // (1) position of the pass's first token
+    int32_t *pos;           // (max_batch) a prefill's first position; a step's position of each row
+    int32_t *slot;          // (max_batch) a step's KV slot of each row
     dj_pick_args *pick;     // (1) the draw's arguments (gpu_pick)
     int32_t *counts;        // (vocab) the sampler's window counts, kept in step by the arguments
     int32_t *next;          // (1) the token picked
     void *pick_scratch;     // gpu_pick_scratch(1)
     uint8_t *h_x;           // pinned (max_batch, dim) f32 bytes: gathered embedding rows as stored
     float *h_logits;        // pinned (GPU_LOGIT_ROWS, vocab)
-    int32_t *h_pos;         // pinned (1)
+    int32_t *h_pos, *h_slot;  // pinned (max_batch) each
     dj_pick_args *h_pick;   // pinned (1)
     int32_t *h_next;        // pinned (1)
     const int32_t *counts_of;  // the host counts d_counts copies (a new sampler's are uploaded whole)
@@ -101,6 +102,17 @@ typedef struct {
     int64_t passes[2];
 } gpu_prof;
 
+// KV slots parked in host memory (park.c): their copies run on a stream of their own, ordered with the compute
+// stream by events, so that neither the host nor the weight copies wait for them.
+typedef struct gpu_parking gpu_parking;
+
+// A run of a step pass: rows r0 .. r0+len-1 are consecutive positions of one slot (a prompt's chunk), attending
+// with the prefill kernel.
+typedef struct {
+    int64_t r0, len;
+    int32_t slot;
+} step_run;
+
 struct dj_gpu_state {
     const dj_model *m;
     dj_gpu_opts opts;
@@ -109,6 +121,17 @@ struct dj_gpu_state {
     int fused_qkv, fused_gate_up;  // wq|wk|wv and w_gate|w_up adjacent in the slab: one matmul each
     int tc_attn;                   // prefill attention on the tensor cores (head_dim allows, no fma_attn)
     int64_t max_seq, max_batch;
+    int32_t n_slots;               // KV slots, slot_floats apart in b.k and b.v
+    int64_t slot_floats;
+    int32_t slot;                  // the slot of a prefill pass (consecutive positions from b.pos[0])
+    int64_t step_rows;             // > 0: the pass is a step of this many rows, each at b.pos[r] of b.slot[r]:
+    int64_t step_singles;          //   rows [0, step_singles) attend alone (decode kernel), then
+    int64_t n_runs;                //   runs[0, n_runs) (prefill kernel)
+    int64_t step_logits;           //   rows [0, step_logits) want logits
+    step_run *runs;                // (max_batch) host
+    int32_t *step_tok, *step_all, *step_seen;  // (max_batch), (n_slots), (n_slots) host
+    uint8_t *step_wanted;          // (max_batch) host
+    gpu_parking *park;
     gpu_bufs b;
     gpu_sched sc;
     gpu_share sh;
@@ -132,6 +155,13 @@ void sched_pass_begin(dj_gpu_state *s, int64_t T);  // a pass of T tokens starts
 int unit_begin(dj_gpu_state *s, int u, const uint8_t **w, dj_err *e);
 int unit_end(dj_gpu_state *s, int u, dj_err *e);
 int sched_harvest(dj_gpu_state *s, dj_err *e);  // after the pass's last sync: copy and wait times into s->st
+
+// ---- park.c: parking
+int park_init(dj_gpu_state *s, dj_err *e);
+void park_free(dj_gpu_state *s);
+// Before the compute stream next writes or reads `slot`: it waits for the slot's pending park or restore copies.
+int park_order(dj_gpu_state *s, int32_t slot, dj_err *e);
+void park_stats(dj_gpu_state *s);  // the finished copies' bytes and times into s->st
 
 // ---- share.c: the CPU share
 void share_split(dj_gpu_state *s, double share);  // the matrices with `share` of each one's rows on the CPU

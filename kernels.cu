@@ -167,6 +167,12 @@ extern "C" int gpu_d2h_async(void *dst, const void *src, size_t bytes, cudaStrea
     return 0;
 }
 
+extern "C" int gpu_copy2d_async(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width,
+                                size_t height, cudaStream_t s, dj_err *e) {
+    CUDA_CHECK(cudaMemcpy2DAsync(dst, dpitch, src, spitch, width, height, cudaMemcpyDefault, s));
+    return 0;
+}
+
 // ---- pinned host memory
 extern "C" int gpu_host_alloc(void **p, size_t bytes, const char *what, dj_err *e) {
     *p = NULL;

@@ -53,7 +53,7 @@ const char *gpu_name(const dj_gpu *g);
 // growing inside a capture is refused with an error.
 int gpu_reserve(dj_gpu *g, size_t bytes, dj_err *e);
 size_t gpu_matmul_scratch(uint32_t wtype, int64_t T, int64_t n_in);          // bytes gpu_matmul needs
-size_t gpu_attention_scratch(int64_t n_heads, int64_t head_dim, int64_t max_seq);  // bytes decode needs
+size_t gpu_attention_scratch(int64_t rows, int64_t n_heads, int64_t head_dim, int64_t max_seq);  // decode's
 
 // ---- memory
 // cudaMalloc; on failure the message names `what`, the size, and the free/total device memory.
@@ -68,6 +68,10 @@ int gpu_h2d(void *dst, const void *src, size_t bytes, dj_err *e);
 int gpu_d2h(void *dst, const void *src, size_t bytes, dj_err *e);
 int gpu_h2d_async(void *dst, const void *src, size_t bytes, cudaStream_t s, dj_err *e);
 int gpu_d2h_async(void *dst, const void *src, size_t bytes, cudaStream_t s, dj_err *e);
+// `height` rows of `width` bytes, spitch bytes apart at src and dpitch apart at dst, either way between host and
+// device (the direction from the pointers), ordered on s.
+int gpu_copy2d_async(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width, size_t height,
+                     cudaStream_t s, dj_err *e);
 // Page-locked host memory for the loader and the streaming ring: cudaHostAlloc (portable, mapped) or
 // cudaHostRegister of existing memory (read_only: the pages are only read by the GPU, e.g. an mmap).
 // gpu_host_device_ptr: the address kernels use to read or write gpu_host_alloc's memory directly over PCIe.
@@ -178,6 +182,18 @@ int gpu_kv_write(float *k_cache, float *v_cache, const float *k, const float *v,
 int gpu_rope_kv(dj_gpu *g, float *qkv, int64_t ld, int64_t T, float *k_cache, float *v_cache, int64_t n_heads,
                 int64_t n_kv_heads, int64_t head_dim, int64_t max_seq, const float *inv_freq, const int32_t *d_pos,
                 cudaStream_t s, dj_err *e);
+// The rows of a batched decode step (device memory): row b is at position pos[b] of KV slot slot[b], whose caches
+// start slot[b] * slot_stride floats after the ones given (slots one after the other, each (n_kv_heads, max_seq,
+// head_dim) of a layer at the same offset).
+typedef struct {
+    const int32_t *pos, *slot;
+    int64_t slot_stride;
+} gpu_kv_rows;
+// gpu_rope_kv for B rows each at its own position and slot: row b's q heads at q + b ldq, its k and v heads at
+// k + b ldkv and v + b ldkv (the fused [q | k | v] rows, or separate q, k, v blocks). B <= 65535.
+int gpu_rope_kv_rows(dj_gpu *g, float *q, int64_t ldq, float *k, float *v, int64_t ldkv, int64_t B, float *k_cache,
+                     float *v_cache, int64_t n_heads, int64_t n_kv_heads, int64_t head_dim, int64_t max_seq,
+                     const float *inv_freq, const gpu_kv_rows *kv, cudaStream_t s, dj_err *e);
 // Decode: one query per head at position pos = *d_pos over keys 0..pos, GQA (query head h reads kv head
 // h / (n_heads / n_kv_heads)), scale 1/sqrt(head_dim), f32 softmax. q, out (n_heads, head_dim).
 // Split across the KV length in chunks of 64 keys (flash-decoding), then a combine pass; the grid is sized
@@ -186,6 +202,11 @@ int gpu_rope_kv(dj_gpu *g, float *qkv, int64_t ld, int64_t T, float *k_cache, fl
 int gpu_attention_decode(dj_gpu *g, float *out, const float *q, const float *k_cache, const float *v_cache,
                          int64_t n_heads, int64_t n_kv_heads, int64_t head_dim, int64_t max_seq,
                          const int32_t *d_pos, cudaStream_t s, dj_err *e);
+// gpu_attention_decode for B rows of a batched step, each over its own slot's keys 0..kv->pos[b] (gpu_kv_rows):
+// row b's query at q + b ldq, its output at out + b n_heads head_dim. Scratch: gpu_attention_scratch(B, ...).
+int gpu_attention_decode_rows(dj_gpu *g, float *out, const float *q, int64_t ldq, const float *k_cache,
+                              const float *v_cache, int64_t B, int64_t n_heads, int64_t n_kv_heads, int64_t head_dim,
+                              int64_t max_seq, const gpu_kv_rows *kv, cudaStream_t s, dj_err *e);
 // Prefill: queries t = 0..T-1 at positions *d_pos + t, each over keys 0..*d_pos + t (causal; the cache
 // already holds this chunk's keys, so chunked prefill works). q rows `ldq` floats apart, out rows `ldo`
 // apart, each (n_heads, head_dim). Tiled flash-attention (online softmax in registers and shared memory):

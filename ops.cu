@@ -145,20 +145,23 @@ extern "C" int gpu_kv_write(float *k_cache, float *v_cache, const float *k, cons
 }
 
 // ---- RoPE + KV write in one launch
-// Row t = blockIdx.y of qkv (rows ld floats apart, each [q | k | v]): rotates its q (n_heads) and k
-// (n_kv_heads) heads in place for position *d_pos + t (as rope_kernel) and writes k and v into the caches there
-// (as kv_write_kernel), in one launch.
-__global__ void rope_kv_kernel(float *qkv, int64_t ld, float *k_cache, float *v_cache, int n_heads, int n_kv_heads,
-                               int head_dim, int max_seq, const float *inv_freq, const int32_t *d_pos) {
+// Row t = blockIdx.y: its q heads (n_heads, at q + t ldq) and k heads (n_kv_heads, at k + t ldkv) rotated in place
+// for its position (as rope_kernel), then k and v (at v + t ldkv) written into the caches there (as
+// kv_write_kernel), in one launch. Position and caches: *d_pos + t in the caches given (kv.slot NULL: a prefill's
+// consecutive rows), or kv.pos[t] in slot kv.slot[t], kv.slot_stride floats further (a batched decode step).
+__global__ void rope_kv_kernel(float *q, int64_t ldq, float *k, float *v, int64_t ldkv, float *k_cache,
+                               float *v_cache, int n_heads, int n_kv_heads, int head_dim, int max_seq,
+                               const float *inv_freq, const int32_t *d_pos, gpu_kv_rows kv) {
     const int half = head_dim / 2, nrot = (n_heads + n_kv_heads) * half, kvd = n_kv_heads * head_dim;
-    const int pos = *d_pos + (int)blockIdx.y;
+    const int t = (int)blockIdx.y;
+    const int pos = kv.slot ? kv.pos[t] : *d_pos + t;
     const bool store = pos >= 0 && pos < max_seq;
-    qkv += (int64_t)blockIdx.y * ld;
-    const float *v = qkv + (int64_t)(n_heads + n_kv_heads) * head_dim;
+    if (kv.slot) k_cache += kv.slot[t] * kv.slot_stride, v_cache += kv.slot[t] * kv.slot_stride;
+    q += (int64_t)t * ldq, k += (int64_t)t * ldkv, v += (int64_t)t * ldkv;
     for (int j = blockIdx.x * blockDim.x + threadIdx.x; j < nrot + kvd; j += gridDim.x * blockDim.x) {
         if (j < nrot) {
             const int h = j / half, i = j - h * half;
-            float *xr = qkv + (int64_t)h * head_dim;
+            float *xr = h < n_heads ? q + (int64_t)h * head_dim : k + (int64_t)(h - n_heads) * head_dim;
             const float ang = __fmul_rn((float)pos, inv_freq[i]);
             float sn, cs;
             sincosf(ang, &sn, &cs);
@@ -177,6 +180,17 @@ __global__ void rope_kv_kernel(float *qkv, int64_t ld, float *k_cache, float *v_
     }
 }
 
+static int rope_kv_launch(float *q, int64_t ldq, float *k, float *v, int64_t ldkv, int64_t T, float *k_cache,
+                          float *v_cache, int64_t n_heads, int64_t n_kv_heads, int64_t head_dim, int64_t max_seq,
+                          const float *inv_freq, const int32_t *d_pos, gpu_kv_rows kv, cudaStream_t s, dj_err *e) {
+    const int64_t n = (n_heads + n_kv_heads) * (head_dim / 2) + n_kv_heads * head_dim;
+    rope_kv_kernel<<<dim3((unsigned)((n + 255) / 256), (unsigned)T), 256, 0, s>>>(
+        q, ldq, k, v, ldkv, k_cache, v_cache, (int)n_heads, (int)n_kv_heads, (int)head_dim, (int)max_seq, inv_freq,
+        d_pos, kv);
+    LAUNCH_CHECK("rope_kv", s);
+    return 0;
+}
+
 extern "C" int gpu_rope_kv(dj_gpu *g, float *qkv, int64_t ld, int64_t T, float *k_cache, float *v_cache,
                            int64_t n_heads, int64_t n_kv_heads, int64_t head_dim, int64_t max_seq,
                            const float *inv_freq, const int32_t *d_pos, cudaStream_t s, dj_err *e) {
@@ -184,11 +198,23 @@ extern "C" int gpu_rope_kv(dj_gpu *g, float *qkv, int64_t ld, int64_t T, float *
     if (T < 0 || T > 65535 || (T > 1 && ld < (n_heads + 2 * n_kv_heads) * head_dim))
         return dj_fail(e, "gpu_rope_kv: bad T=%lld ld=%lld", (long long)T, (long long)ld);
     if (T == 0) return 0;
-    const int64_t n = (n_heads + n_kv_heads) * (head_dim / 2) + n_kv_heads * head_dim;
-    rope_kv_kernel<<<dim3((unsigned)((n + 255) / 256), (unsigned)T), 256, 0, s>>>(
-        qkv, ld, k_cache, v_cache, (int)n_heads, (int)n_kv_heads, (int)head_dim, (int)max_seq, inv_freq, d_pos);
-    LAUNCH_CHECK("rope_kv", s);
-    return 0;
+    float *k = qkv + n_heads * head_dim, *v = k + n_kv_heads * head_dim;
+    return rope_kv_launch(qkv, ld, k, v, ld, T, k_cache, v_cache, n_heads, n_kv_heads, head_dim, max_seq, inv_freq,
+                          d_pos, gpu_kv_rows{NULL, NULL, 0}, s, e);
+}
+
+extern "C" int gpu_rope_kv_rows(dj_gpu *g, float *q, int64_t ldq, float *k, float *v, int64_t ldkv, int64_t B,
+                                float *k_cache, float *v_cache, int64_t n_heads, int64_t n_kv_heads, int64_t head_dim,
+                                int64_t max_seq, const float *inv_freq, const gpu_kv_rows *kv, cudaStream_t s,
+                                dj_err *e) {
+    if (attn_check("gpu_rope_kv_rows", n_heads, n_kv_heads, head_dim, max_seq, e)) return -1;
+    if (B < 0 || B > 65535 || !kv->pos || !kv->slot || kv->slot_stride < 0 ||
+        (B > 1 && (ldq < n_heads * head_dim || ldkv < n_kv_heads * head_dim)))
+        return dj_fail(e, "gpu_rope_kv_rows: bad B=%lld ldq=%lld ldkv=%lld", (long long)B, (long long)ldq,
+                       (long long)ldkv);
+    if (B == 0) return 0;
+    return rope_kv_launch(q, ldq, k, v, ldkv, B, k_cache, v_cache, n_heads, n_kv_heads, head_dim, max_seq, inv_freq,
+                          NULL, *kv, s, e);
 }
 
 // ---- SwiGLU

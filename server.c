@@ -51,7 +51,7 @@ static void srv_on_signal(int sig) {
 typedef struct {
     const char *model, *host, *api_key;
     int port, force_cpu, threads, quiet;
-    double ring_gb, kv_gb, park_gb, timeout_s;
+    double ring_gb, kv_gb, park_gb, timeout_s, cpu_share;
     int64_t ctx, prefill_chunk;
     int32_t parallel, sessions, max_conns;
 } srv_opts;
@@ -73,6 +73,7 @@ static void srv_usage(FILE *f) {
             "  --timeout S          seconds a request may take to arrive, an idle connection stays open and a\n"
             "                       client may leave output unread (60)\n"
             "  --ring-gb G          GPU memory for weights, in GB (as djinn's)\n"
+            "  --cpu-share F|auto   fraction of streamed rows the CPU computes in one-sequence steps (auto)\n"
             "  --threads N          CPU threads (the CPUs in the affinity mask)\n"
             "  --cpu                run on the CPU even with a GPU present\n"
             "  -q                   no line per request on stderr\n"
@@ -103,7 +104,7 @@ static int srv_num(const char *flag, const char *v, double lo, double hi, int in
 
 static int srv_parse(int argc, char **argv, srv_opts *o) {
     *o = (srv_opts){.host = "127.0.0.1", .port = 8080, .park_gb = 8, .timeout_s = 60, .prefill_chunk = 256,
-                    .sessions = 256, .max_conns = 256};
+                    .sessions = 256, .max_conns = 256, .cpu_share = -1};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
@@ -135,6 +136,8 @@ static int srv_parse(int argc, char **argv, srv_opts *o) {
         else if (!strcmp(a, "--ring-gb")) rc = srv_num(a, v, 1e-3, 1e6, 0, &d), o->ring_gb = d;
         else if (!strcmp(a, "--kv-gb")) rc = srv_num(a, v, 1e-9, 1e6, 0, &d), o->kv_gb = d;
         else if (!strcmp(a, "--park-gb")) rc = srv_num(a, v, 0, 1e6, 0, &d), o->park_gb = d;
+        else if (!strcmp(a, "--cpu-share") && v && !strcmp(v, "auto")) o->cpu_share = -1;
+        else if (!strcmp(a, "--cpu-share")) rc = srv_num(a, v, 0, 0.95, 0, &d), o->cpu_share = d;
         else return srv_bad_usage("unknown option", a);
         if (rc) return rc;
         if (!v) return srv_bad_usage("a value is missing after", a);
@@ -395,6 +398,11 @@ static void send_metrics(srv *s, srv_conn *c) {
         gpu_state_stats(s->eng.ctx, &g);
         metric(&b, "pcie_bytes_total", "counter", (double)g.copied_bytes);
         metric(&b, "pcie_gb_per_second", "gauge", g.copy_ms > 0 ? (double)g.copied_bytes / 1e6 / g.copy_ms : 0.0);
+        // the parking copies as the device timed them (park_seconds_total: the host's calls, which only queue them)
+        metric(&b, "gpu_park_bytes_total", "counter", (double)g.park_bytes);
+        metric(&b, "gpu_park_seconds_total", "counter", g.park_ms / 1e3);
+        metric(&b, "gpu_restore_bytes_total", "counter", (double)g.restore_bytes);
+        metric(&b, "gpu_restore_seconds_total", "counter", g.restore_ms / 1e3);
     }
     send_head(c, 200, "text/plain; version=0.0.4", b.n);
     buf_add(&c->out, b.p ? b.p : "", b.n);
@@ -734,7 +742,7 @@ int serve_main(int argc, char **argv) {
     s.am = (api_model){s.tok, chat_recognise(tok_chat_template(s.tok)), ctx, cfg->vocab_size};
     const char *base = strrchr(o->model, '/');
     snprintf(s.model_name, sizeof s.model_name, "%s", base ? base + 1 : o->model);
-    dj_gpu_opts go = {.ring_gb = o->ring_gb, .max_seq = ctx, .cpu_share = -1};
+    dj_gpu_opts go = {.ring_gb = o->ring_gb, .max_seq = ctx, .cpu_share = o->cpu_share};
     if (engine_open(&s.eng, &s.m, &go, (int32_t)slots, &e)) goto out;
     bt_opts bo = {parallel, o->prefill_chunk, o->sessions, (uint64_t)(o->park_gb * 1e9)};
     bt_callbacks cb = {on_started, on_text, on_ended};

@@ -16,7 +16,8 @@
 //   cuBLAS path, W^T . x with fp32 compute and f32 output, with x already in the weight dtype (no rounding pass;
 //   bf16 as its hi and lo parts, two products, as the cuBLAS path computes it).
 // Usage: ceilings [out.json]. Prints a table; writes JSON when given a path. GPU machine only. QUANT_ONLY=1 in the
-// environment: the ceilings and the quantized section alone, printed.
+// environment: the ceilings and the quantized section alone, printed; LINK_ONLY=1: the pinned H2D and D2H rates
+// alone (printed, and the JSON).
 #include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
@@ -172,6 +173,28 @@ int main(int argc, char **argv) {
                            cudaMemcpyHostToDevice, s));
     });
     const double h2d_gbs = (double)chunk / (h2d_ms * 1e-3) / 1e9;
+    // ---- PCIe: pinned D2H in 64 MiB chunks (parked KV caches go this way)
+    double d2h_ms = time_ms(s, (int)n_chunks, 5, [&](int i) {
+        CK(cudaMemcpyAsync((char *)host + (size_t)i * chunk, (char *)src + (size_t)i * chunk, chunk,
+                           cudaMemcpyDeviceToHost, s));
+    });
+    const double d2h_gbs = (double)chunk / (d2h_ms * 1e-3) / 1e9;
+    if (getenv("LINK_ONLY")) {  // LINK_ONLY=1: the link's two directions alone (bench/serve_bench.sh)
+        printf("%-40s %9.2f GB/s\n%-40s %9.2f GB/s\n", "PCIe pinned H2D (64 MiB chunks)", h2d_gbs,
+               "PCIe pinned D2H (64 MiB chunks)", d2h_gbs);
+        FILE *f = argc > 1 ? fopen(argv[1], "w") : NULL;
+        if (argc > 1 && !f) {
+            perror(argv[1]);
+            return 1;
+        }
+        if (f && (fprintf(f, "{\"device\": \"%s\", \"pcie_h2d_pinned_64mib_gbs\": %.3f, "
+                             "\"pcie_d2h_pinned_64mib_gbs\": %.3f}\n", gpu_name(g), h2d_gbs, d2h_gbs) < 0 ||
+                  fclose(f))) {
+            perror(argv[1]);
+            return 1;
+        }
+        return 0;
+    }
     CK(cudaFreeHost(host));
     CK(cudaFree(src));
 
@@ -205,6 +228,7 @@ int main(int argc, char **argv) {
     printf("\n%-40s %12s\n", "ceiling", "value");
     printf("%-40s %9.1f GB/s\n", "HBM D2D copy (read+write, 1 GiB)", d2d_gbs);
     printf("%-40s %9.2f GB/s\n", "PCIe pinned H2D (64 MiB chunks)", h2d_gbs);
+    printf("%-40s %9.2f GB/s\n", "PCIe pinned D2H (64 MiB chunks)", d2h_gbs);
     printf("%-40s %7.1f TFLOP/s\n", "cuBLAS f16 GEMM 8192^3 (fp32 acc)", gemm_tflops);
 
     // cuBLASLt: a handle and a workspace of its own
@@ -337,8 +361,8 @@ int main(int argc, char **argv) {
             return 1;
         }
         fprintf(f, "{\n  \"device\": \"%s\",\n  \"hbm_d2d_gbs\": %.2f,\n  \"pcie_h2d_pinned_64mib_gbs\": %.3f,\n"
-                   "  \"cublas_f16_gemm_8192_tflops\": %.2f,\n  \"gemv\": [\n",
-                gpu_name(g), d2d_gbs, h2d_gbs, gemm_tflops);
+                   "  \"pcie_d2h_pinned_64mib_gbs\": %.3f,\n  \"cublas_f16_gemm_8192_tflops\": %.2f,\n  \"gemv\": [\n",
+                gpu_name(g), d2d_gbs, h2d_gbs, d2h_gbs, gemm_tflops);
         for (size_t i = 0; i < rows.size(); i++)
             fprintf(f, "    {\"dtype\": \"%s\", \"path\": \"%s\", \"n_out\": %lld, \"n_in\": %lld, \"us\": %.2f, "
                        "\"gbs\": %.1f, \"fraction_of_d2d\": %.3f}%s\n",

@@ -1,11 +1,16 @@
-// test_engine.c: the engine's KV slots on the CPU engine (engine.h), with stories260K converted here: a batched
-// decode step gives each row the logits of that sequence run alone, slots do not see each other, and a slot parked
-// to host memory and restored (into another slot) continues bitwise as if it had stayed.
+// test_engine.c: the engine's KV slots (engine.h), with stories260K converted here, on the CPU engine and on the
+// GPU engine (resident, and streamed with a CPU share): a batched decode step gives each row the logits of that
+// sequence run alone, slots do not see each other, and a slot parked to host memory and restored (into another
+// slot) continues as if it had stayed.
 //
-// Tolerance: none. The CPU engine computes each row of a batch with the same dot products, in the same order, as a
-// pass of that one token (cpu_matmul sums each output over its inputs alone; attention is per row), so the batched
-// logits must equal the lone ones bit for bit; a parked cache is a copy of the floats.
+// Tolerance, CPU: none. The CPU engine computes each row of a batch with the same dot products, in the same order,
+// as a pass of that one token (cpu_matmul sums each output over its inputs alone; attention is per row), so the
+// batched logits must equal the lone ones bit for bit; a parked cache is a copy of the floats. GPU: a lone decode
+// step runs the GEMV (q8/q4: in integers, x quantized per group) and a batch the tensor-core matmul (x rounded to
+// f16), so rows agree to the kernels' accuracy: relative L2 per row 1e-4 in f32, 1e-2 in q4 (the GPU tests' own
+// tolerances against the CPU: test_gpu.c).
 #include <criterion/criterion.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -13,32 +18,48 @@
 
 #include "../convert/convert.h"
 #include "../engine.h"
+#include "../kernels.h"
 #include "../loader.h"
 #include "common.h"
 
 #define TE_CTX 192
 
-// stories260K converted to f32 in a fresh folder, loaded for the CPU.
+// The engine under test: the CPU's, or the GPU's with the model in `dtype`, resident or streamed with a CPU share.
+typedef struct {
+    int gpu, dtype, streamed;
+    double tol;  // per row relative L2 (0: bitwise)
+} te_kind;
+static te_kind K = {0, DJ_F32, 0, 0};
+
+static void te_gpu(int dtype, int streamed, double tol) {
+    if (gpu_count() == 0) cr_skip_test("no GPU: cudaGetDeviceCount found no usable device (GPU tests run on the GPU machine)");
+    K = (te_kind){1, dtype, streamed, tol};
+}
+
+// stories260K converted in a fresh folder, loaded for the engine under test.
 static void te_load(dj_model *m) {
     char stories[4096], out[4200];
     tc_data_path(stories, sizeof stories, "models/stories260K");
     char *dir = tc_tmpdir("engine");
     snprintf(out, sizeof out, "%s/s.bin", dir);
-    convert_opts co = {.hf_dir = stories, .out_path = out, .dtype = DJ_F32, .quiet = 1};
+    convert_opts co = {.hf_dir = stories, .out_path = out, .dtype = K.dtype, .quiet = 1};
     dj_err e;
     cr_assert_eq(convert_run(&co, &e), 0, "%s", e.msg);
-    dj_load_opts lo = {.quiet = 1};
+    dj_load_opts lo = {.want_pinned = K.gpu, .quiet = 1};
     cr_assert_eq(model_load(out, &lo, m, &e), 0, "%s", e.msg);
     tc_rm_rf(dir);
     free(dir);
 }
 
 static void te_open(dj_engine *eng, const dj_model *m, int32_t slots) {
-    dj_gpu_opts go = {.max_seq = TE_CTX};
+    // streamed: every layer through a ring of the smallest size, a third of each matrix's rows on the CPU in steps
+    dj_gpu_opts go = {.max_seq = TE_CTX, .quiet = 1, .stream_all = K.streamed, .cpu_share = K.streamed ? 0.3 : 0};
     dj_err e;
     cr_assert_eq(engine_open(eng, m, &go, slots, &e), 0, "%s", e.msg);
     cr_assert_eq(eng->n_slots, slots);
-    cr_assert(eng->step_batch && eng->park && eng->restore && eng->drop, "the CPU engine lacks a slot entry point");
+    cr_assert_eq(eng->is_gpu, K.gpu);
+    cr_assert(eng->step_batch && eng->park && eng->restore && eng->drop, "the %s engine lacks a slot entry point",
+              eng->name);
 }
 
 // n random token ids (BOS first, as a prompt would start).
@@ -49,6 +70,13 @@ static int32_t *te_tokens(const dj_model *m, int64_t n) {
 }
 
 static void te_same(const float *got, const float *want, int64_t V, const char *what, int seq, int step) {
+    if (K.tol > 0) {
+        double d = 0, w = 0;
+        for (int64_t i = 0; i < V; i++) d += (double)(got[i] - want[i]) * (got[i] - want[i]), w += (double)want[i] * want[i];
+        cr_assert(d <= K.tol * K.tol * w, "%s: sequence %d, step %d: relative L2 %.3e from alone, over %.1e (seed %llu)",
+                  what, seq, step, sqrt(d / w), K.tol, (unsigned long long)tc_seed_used());
+        return;
+    }
     for (int64_t i = 0; i < V; i++)
         cr_assert(got[i] == want[i], "%s: sequence %d, step %d, logit %ld: %.9g, alone %.9g (seed %llu)", what, seq,
                   step, (long)i, got[i], want[i], (unsigned long long)tc_seed_used());
@@ -121,20 +149,74 @@ static void te_batch_case(int B) {
     model_free(&m);
 }
 
-Test(engine, step_batch_equals_each_sequence_alone) {
-    tc_rng_fresh("engine.step_batch_equals_each_sequence_alone");
-    te_batch_case(5);
-}
 
-Test(engine, step_batch_over_32_rows) {
-    tc_rng_fresh("engine.step_batch_over_32_rows");
-    te_batch_case(37);
+// Continuous batching's passes (step_rows): sequences joining at different turns, their prompts in chunks of 1 to
+// 16 rows beside the others' decode tokens, the segments of a pass in a shuffled order; the logits after each
+// prompt and after each fed token are those of the sequence alone.
+static void te_rows_case(int K) {
+    dj_model m;
+    te_load(&m);
+    int64_t V = m.info.config.vocab_size;
+    int64_t len[8], done[8] = {0};
+    int32_t steps[8], step[8] = {0}, start[8], *prompt[8], *fed[8];
+    float *want[8];
+    for (int k = 0; k < K; k++) {
+        len[k] = 1 + tc_below(40), steps[k] = 1 + (int32_t)tc_below(6), start[k] = (int32_t)tc_below(6);
+        prompt[k] = te_tokens(&m, len[k]);
+        want[k] = malloc((size_t)(steps[k] + 1) * V * sizeof(float));
+        fed[k] = malloc((size_t)steps[k] * sizeof(int32_t));
+        te_alone(&m, prompt[k], len[k], steps[k], want[k], fed[k]);
+    }
+    dj_engine eng;
+    te_open(&eng, &m, K);
+    dj_err e;
+    int32_t slots[8 * 17], toks[8 * 17], wrow[8], wseq[8], order[8];
+    int64_t pos[8 * 17];
+    float *lg = malloc((size_t)K * V * sizeof(float));
+    for (int t = 0, busy = 1; busy; t++) {
+        busy = 0;
+        for (int k = 0; k < K; k++) order[k] = k;
+        for (int k = K - 1; k > 0; k--) {
+            int r = (int)tc_below((uint32_t)k + 1), x = order[k];
+            order[k] = order[r], order[r] = x;
+        }
+        int64_t n = 0;
+        int nw = 0;
+        for (int i = 0; i < K; i++) {
+            int k = order[i];
+            if (step[k] == steps[k]) continue;
+            busy = 1;
+            if (t < start[k]) continue;
+            if (done[k] < len[k]) {  // a chunk of its prompt
+                int64_t take = 1 + tc_below(16);
+                if (take > len[k] - done[k]) take = len[k] - done[k];
+                for (int64_t j = 0; j < take; j++)
+                    slots[n] = k, pos[n] = done[k] + j, toks[n] = prompt[k][done[k] + j], n++;
+                done[k] += take;
+                if (done[k] == len[k]) wrow[nw] = (int32_t)n - 1, wseq[nw++] = k;
+            } else {  // its next fed token
+                slots[n] = k, pos[n] = len[k] + step[k], toks[n] = fed[k][step[k]], n++;
+                wrow[nw] = (int32_t)n - 1, wseq[nw++] = k;
+            }
+        }
+        if (!n) continue;
+        cr_assert_eq(eng.step_rows(eng.ctx, n, slots, pos, toks, nw, wrow, lg, &e), 0, "%s", e.msg);
+        for (int w = 0; w < nw; w++) {
+            int k = wseq[w];
+            int s = pos[wrow[w]] == len[k] - 1 ? 0 : ++step[k];  // the prompt's last row, or a fed token's
+            te_same(lg + (size_t)w * V, want[k] + (size_t)s * V, V, s ? "a decode row of a mixed pass" :
+                    "a prompt's last row in a mixed pass", k, s);
+        }
+    }
+    engine_close(&eng);
+    for (int k = 0; k < K; k++) free(prompt[k]), free(want[k]), free(fed[k]);
+    free(lg);
+    model_free(&m);
 }
 
 // A sequence decoding in slot 0 while another one is prefilled, decoded and overwritten in slot 1 between its
 // steps: slot 0's logits are those of the sequence alone.
-Test(engine, slots_are_independent) {
-    tc_rng_fresh("engine.slots_are_independent");
+static void te_slots_independent(void) {
     dj_model m;
     te_load(&m);
     int64_t V = m.info.config.vocab_size, n = 20;
@@ -163,8 +245,7 @@ Test(engine, slots_are_independent) {
 // A sequence's prompt and first steps in slot 0, its cache parked, slot 0 taken over by another sequence, the
 // parked cache restored into slot 2: the rest of its decode is bitwise the uninterrupted one, and the sequence that
 // took slot 0 goes on undisturbed by the restore.
-Test(engine, park_and_restore_continue_bitwise) {
-    tc_rng_fresh("engine.park_and_restore_continue_bitwise");
+static void te_park_restore(void) {
     dj_model m;
     te_load(&m);
     int64_t V = m.info.config.vocab_size, n = 33, nb = 17;
@@ -206,7 +287,7 @@ Test(engine, park_and_restore_continue_bitwise) {
 
 // Slots, positions and tokens out of range, a slot twice in one step, a park longer than the context: refused
 // with a message, nothing written; a failed restore keeps the parked cache.
-Test(engine, refuses_bad_slots_and_rows) {
+static void te_refusals(void) {
     dj_model m;
     te_load(&m);
     int64_t V = m.info.config.vocab_size;
@@ -237,3 +318,41 @@ Test(engine, refuses_bad_slots_and_rows) {
     free(lg);
     model_free(&m);
 }
+
+// Each case on each engine: the CPU's (bitwise), the GPU's in f32 resident, in q4 streamed with a CPU share (its
+// lone steps split with the CPU, its batches not), and in f16 resident.
+#define TE_CASES(suite, setup)                                                       \
+    Test(suite, step_batch_equals_each_sequence_alone) {                             \
+        setup;                                                                       \
+        tc_rng_fresh(#suite ".step_batch_equals_each_sequence_alone");               \
+        te_batch_case(5);                                                            \
+    }                                                                                \
+    Test(suite, step_batch_over_32_rows) {                                           \
+        setup;                                                                       \
+        tc_rng_fresh(#suite ".step_batch_over_32_rows");                             \
+        te_batch_case(37);                                                           \
+    }                                                                                \
+    Test(suite, slots_are_independent) {                                             \
+        setup;                                                                       \
+        tc_rng_fresh(#suite ".slots_are_independent");                               \
+        te_slots_independent();                                                      \
+    }                                                                                \
+    Test(suite, park_and_restore_continue) {                                         \
+        setup;                                                                       \
+        tc_rng_fresh(#suite ".park_and_restore_continue");                           \
+        te_park_restore();                                                           \
+    }                                                                                \
+    Test(suite, mixed_passes_equal_each_sequence_alone) {                            \
+        setup;                                                                       \
+        tc_rng_fresh(#suite ".mixed_passes_equal_each_sequence_alone");              \
+        te_rows_case(7);                                                             \
+    }                                                                                \
+    Test(suite, refuses_bad_slots_and_rows) {                                        \
+        setup;                                                                       \
+        te_refusals();                                                               \
+    }
+
+TE_CASES(engine, (void)0)
+TE_CASES(engine_gpu_f32, te_gpu(DJ_F32, 0, 1e-4))
+TE_CASES(engine_gpu_q4_streamed, te_gpu(DJ_Q4, 1, 1e-2))
+TE_CASES(engine_gpu_f16, te_gpu(DJ_F16, 0, 2e-3))

@@ -69,9 +69,9 @@ static float *run_gpu_stats(const dj_model *m, const dj_gpu_opts *o, const int32
     dj_err e;
     dj_gpu_state *s = gpu_state_new(m, o, &e);
     cr_assert(s, "%s", e.msg);
-    cr_assert_eq(gpu_forward(s, ids, n, 0, lg, 1, &e), 0, "%s", e.msg);
+    cr_assert_eq(gpu_forward(s, 0, ids, n, 0, lg, 1, &e), 0, "%s", e.msg);
     for (int64_t t = 0; t < n_dec; t++)
-        cr_assert_eq(gpu_forward(s, ids + n + t, 1, n + t, lg + (n + t) * V, 0, &e), 0, "%s", e.msg);
+        cr_assert_eq(gpu_forward(s, 0, ids + n + t, 1, n + t, lg + (n + t) * V, 0, &e), 0, "%s", e.msg);
     if (st) gpu_state_stats(s, st);
     gpu_state_free(s);
     for (int64_t i = 0; i < (n + n_dec) * V; i++) cr_assert(!isnan(lg[i]), "logit %lld not written", (long long)i);
@@ -257,8 +257,8 @@ Test(gpu_forward, pick_matches_host_sampler) {
                 dj_pick_args a;
                 sampler_step_args(smp, &a);
                 int32_t got = -2;
-                cr_assert_eq(gpu_forward(s, in, T, pos, lg, 0, &e), 0, "%s", e.msg);
-                cr_assert_eq(gpu_forward_pick(s, in, T, pos, &a, sampler_counts(smp), &got, &e), 0, "%s", e.msg);
+                cr_assert_eq(gpu_forward(s, 0, in, T, pos, lg, 0, &e), 0, "%s", e.msg);
+                cr_assert_eq(gpu_forward_pick(s, 0, in, T, pos, &a, sampler_counts(smp), &got, &e), 0, "%s", e.msg);
                 int32_t want = sampler_pick_u(smp, lg, a.u);
                 cr_assert_eq(got, want, "engine %d sampler %d step %lld: GPU picked %d, the host %d (seed %llu)", oi,
                              si, (long long)step, got, want, (unsigned long long)tc_seed_used());
@@ -287,7 +287,7 @@ static float *run_turns(const dj_model *m, const dj_gpu_opts *o, const int32_t *
     int64_t chunks[][2] = {{n, 1}, {1, nd}, {n2, 1}, {1, 3}};  // {tokens per pass, passes}
     for (int c = 0; c < 4; c++)
         for (int64_t k = 0; k < chunks[c][1]; k++, pos += chunks[c][0])
-            cr_assert_eq(gpu_forward(s, ids + pos, chunks[c][0], pos, lg + pos * V, 1, &e), 0, "%s", e.msg);
+            cr_assert_eq(gpu_forward(s, 0, ids + pos, chunks[c][0], pos, lg + pos * V, 1, &e), 0, "%s", e.msg);
     if (st) gpu_state_stats(s, st);
     gpu_state_free(s);
     for (int64_t i = 0; i < rows * V; i++) cr_assert(!isnan(lg[i]), "logit %lld not written", (long long)i);
@@ -395,13 +395,13 @@ Test(gpu_forward, stories_greedy_matches_reference) {
         dj_gpu_state *s = gpu_state_new(&m, &o, &e);
         cr_assert(s, "%s", e.msg);
         float *lg = malloc((size_t)V * 4);
-        cr_assert_eq(gpu_forward(s, ids, np, 0, lg, 0, &e), 0, "%s", e.msg);
+        cr_assert_eq(gpu_forward(s, 0, ids, np, 0, lg, 0, &e), 0, "%s", e.msg);
         for (int64_t t = np; t < ng; t++) {
             int32_t best = 0;
             for (int64_t v = 1; v < V; v++)
                 if (lg[v] > lg[best]) best = (int32_t)v;
             cr_assert_eq(best, ids[t], "stream_all %d: token %lld: got %d, reference %d", b, (long long)t, best, ids[t]);
-            if (t + 1 < ng) cr_assert_eq(gpu_forward(s, &best, 1, t, lg, 0, &e), 0, "%s", e.msg);
+            if (t + 1 < ng) cr_assert_eq(gpu_forward(s, 0, &best, 1, t, lg, 0, &e), 0, "%s", e.msg);
         }
         free(lg);
         gpu_state_free(s);

@@ -702,6 +702,73 @@ Test(kernels, attention_prefill_tc, .timeout = 600) {
     tk_end("attention_prefill_tc");
 }
 
+// A batched decode step's rows (gpu_rope_kv_rows, gpu_attention_decode_rows): rows in shuffled slots at their
+// own positions (one at 0, one at the context's end), q, k, v in separate blocks (ldq != ldkv) and fused rows:
+// each row's rotated q and k, its cache writes in its own slot only, and its attention over that slot's keys,
+// against the CPU; the other slots' caches untouched.
+Test(kernels, decode_rows) {
+    tk_start("decode_rows");
+    dj_err e;
+    const int64_t n_kv = 2, group = 3, nh = n_kv * group, hd = 32, max_seq = 150, qd = nh * hd, kvd = n_kv * hd;
+    const int32_t n_slots = 7, B = 5;
+    const int64_t cn = n_kv * max_seq * hd, all = cn * n_slots;
+    dj_config c = {0};
+    c.head_dim = (uint32_t)hd, c.rope_theta = 10000.0f;
+    float inv[16];
+    cpu_rope_freqs(&c, inv);
+    float *kc = malloc((size_t)all * 4), *vc = malloc((size_t)all * 4), *got = malloc((size_t)all * 4);
+    for (int fused = 0; fused < 2; fused++) {
+        tk_fill(kc, all, 1.0f), tk_fill(vc, all, 1.0f);
+        int32_t slot[5] = {4, 0, 6, 2, 3}, pos[5] = {0, 149, 77, 5, 64};
+        // rows: fused [q | k | v] each (ld = qd + 2 kvd), or blocks q (B, qd), k (B, kvd), v (B, kvd)
+        const int64_t n = B * (qd + 2 * kvd), ldq = fused ? qd + 2 * kvd : qd, ldkv = fused ? qd + 2 * kvd : kvd;
+        float *rows = malloc((size_t)n * 4), *q = rows, *k = fused ? rows + qd : rows + B * qd;
+        float *v = fused ? rows + qd + kvd : rows + B * (qd + kvd);
+        tk_fill(rows, n, 2.0f);
+        float *drows = tk_up(rows, (size_t)n * 4), *dk = tk_up(kc, (size_t)all * 4), *dv = tk_up(vc, (size_t)all * 4);
+        float *dinv = tk_up(inv, sizeof inv), *dout = tk_dev((size_t)B * qd * 4);
+        int32_t *dpos = tk_up(pos, sizeof pos), *dslot = tk_up(slot, sizeof slot);
+        gpu_kv_rows kv = {dpos, dslot, cn};
+        float *gq = drows, *gk = drows + (k - rows), *gv = drows + (v - rows);
+        cr_assert_eq(gpu_rope_kv_rows(tk_g, gq, ldq, gk, gv, ldkv, B, dk, dv, nh, n_kv, hd, max_seq, dinv, &kv, tk_s, &e),
+                     0, "%s", e.msg);
+        tk_poison(dout, (size_t)B * qd * 4);
+        cr_assert_eq(gpu_attention_decode_rows(tk_g, dout, gq, ldq, dk, dv, B, nh, n_kv, hd, max_seq, &kv, tk_s, &e),
+                     0, "%s", e.msg);
+        // the CPU: rotate each row's q and k (q then k heads, as the GPU's rows), write its slot, attend
+        float *att = malloc((size_t)B * qd * 4), *gatt = malloc((size_t)B * qd * 4), *grows = malloc((size_t)n * 4);
+        float *qk = malloc((size_t)(qd + kvd) * 4);
+        for (int b = 0; b < B; b++) {
+            memcpy(qk, q + b * ldq, (size_t)qd * 4), memcpy(qk + qd, k + b * ldkv, (size_t)kvd * 4);
+            cpu_rope(qk, nh + n_kv, hd, pos[b], inv);
+            memcpy(q + b * ldq, qk, (size_t)qd * 4), memcpy(k + b * ldkv, qk + qd, (size_t)kvd * 4);
+            for (int64_t h = 0; h < n_kv; h++)
+                for (int64_t d = 0; d < hd; d++) {
+                    kc[slot[b] * cn + (h * max_seq + pos[b]) * hd + d] = k[b * ldkv + h * hd + d];
+                    vc[slot[b] * cn + (h * max_seq + pos[b]) * hd + d] = v[b * ldkv + h * hd + d];
+                }
+        }
+        for (int b = 0; b < B; b++)
+            cpu_attention(att + b * qd, q + b * ldq, kc + slot[b] * cn, vc + slot[b] * cn, nh, n_kv, hd, pos[b], max_seq);
+        char what[96];
+        snprintf(what, sizeof what, "decode rows (%s): rotated q, k", fused ? "fused rows" : "blocks");
+        tk_down(grows, drows, (size_t)n * 4);
+        tk_close(grows, rows, n, 1e-6, what);
+        snprintf(what, sizeof what, "decode rows (%s): caches", fused ? "fused rows" : "blocks");
+        tk_down(got, dk, (size_t)all * 4);
+        tk_close(got, kc, all, 1e-6, what);
+        tk_down(got, dv, (size_t)all * 4);
+        tk_close(got, vc, all, 1e-6, what);
+        snprintf(what, sizeof what, "decode rows (%s): attention", fused ? "fused rows" : "blocks");
+        tk_down(gatt, dout, (size_t)B * qd * 4);
+        tk_close(gatt, att, B * qd, 1e-5, what);
+        gpu_free(drows), gpu_free(dk), gpu_free(dv), gpu_free(dinv), gpu_free(dout), gpu_free(dpos), gpu_free(dslot);
+        free(rows), free(att), free(gatt), free(grows), free(qk);
+    }
+    free(kc), free(vc), free(got);
+    tk_end("decode_rows");
+}
+
 // Decode captured once as a graph (RoPE on q and k, KV write, attention), replayed with only the
 // position changing on the device: the graph-friendliness the engine relies on.
 Test(kernels, decode_graph_replay) {
@@ -720,7 +787,7 @@ Test(kernels, decode_graph_replay) {
     int32_t *dpos = tk_pos(0);
     cr_assert_eq(gpu_memset(dk, 0, (size_t)cn * 4, tk_s, &e), 0, "%s", e.msg);
     cr_assert_eq(gpu_memset(dv, 0, (size_t)cn * 4, tk_s, &e), 0, "%s", e.msg);
-    cr_assert_eq(gpu_reserve(tk_g, gpu_attention_scratch(nh, hd, max_seq), &e), 0, "%s", e.msg);
+    cr_assert_eq(gpu_reserve(tk_g, gpu_attention_scratch(1, nh, hd, max_seq), &e), 0, "%s", e.msg);
     cudaGraphExec_t exec;
     cr_assert_eq(gpu_graph_begin(tk_s, &e), 0, "%s", e.msg);
     cr_assert_eq(gpu_rope(drow, 1, nh + n_kv, hd, ld, dinv, dpos, tk_s, &e), 0, "%s", e.msg);

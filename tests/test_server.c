@@ -24,6 +24,7 @@
 #include <unistd.h>
 
 #include "../json.h"
+#include "../kernels.h"
 #include "../util.h"
 #include "common.h"
 
@@ -262,14 +263,18 @@ static char *ts_text(const ts_resp *r, int chat, int stream, char *finish, size_
 }
 
 // ---- the server
-// Starts `djinn serve MODEL --port 0 --cpu` with `extra` arguments (NULL-terminated); ready when its port is on
+// The engine the servers and the command lines of a test run on: the CPU's (--cpu), or the GPU's (the gpu_ tests).
+static int ts_on_gpu;
+
+// Starts `djinn serve MODEL --port 0 --cpu` (ts_on_gpu: without --cpu) with `extra` arguments (NULL-terminated); ready when its port is on
 // stderr and /health answers.
 static void ts_start(ts_srv *s, const ts_env *t, const char *model, const char *const *extra) {
     static int count;
     memset(s, 0, sizeof *s);
     snprintf(s->err, sizeof s->err, "%s/serve%d.err", t->dir, count++);
-    char *argv[48] = {ts_djinn, "serve", (char *)model, "--port", "0", "--cpu", "--threads", "2"};
-    int a = 8;
+    char *argv[48] = {ts_djinn, "serve", (char *)model, "--port", "0", "--threads", "2"};
+    int a = 7;
+    if (!ts_on_gpu) argv[a++] = "--cpu";
     for (int i = 0; extra && extra[i]; i++) argv[a++] = (char *)extra[i];
     argv[a] = NULL;
     pid_t test = getpid();
@@ -352,8 +357,9 @@ static char *ts_cli(const ts_env *t, const char *prompt, int n, const char *temp
     snprintf(out, sizeof out, "%s/cli.out", t->dir);
     snprintf(err, sizeof err, "%s/cli.err", t->dir);
     snprintf(ns, sizeof ns, "%d", n);
-    char *argv[16] = {ts_djinn, (char *)t->model, "-p", (char *)prompt, "-n", ns, "-t", (char *)temp, "--cpu"};
-    int a = 9;
+    char *argv[16] = {ts_djinn, (char *)t->model, "-p", (char *)prompt, "-n", ns, "-t", (char *)temp};
+    int a = 8;
+    if (!ts_on_gpu) argv[a++] = "--cpu";
     if (seed) argv[a++] = "-s", argv[a++] = (char *)seed, argv[a++] = "--top-p", argv[a++] = "0.9";
     argv[a] = NULL;
     cr_assert_eq(ts_run(argv, NULL, out, err), 0, "djinn -p failed");
@@ -589,7 +595,7 @@ static void *ts_client_run(void *arg) {
 // Ten clients at once, every other one streaming, --parallel 4: each text is the command line's for its prompt.
 // The server is stopped (SIGSTOP) while they connect and send, so all ten requests are there at its next turn:
 // four join at once and the step runs them together (decode_rows_max is 4), the others join as those end.
-Test(server, concurrent_clients_each_get_their_own_text) {
+static void ts_concurrent_clients(void) {
     ts_env t;
     ts_setup(&t);
     ts_srv s;
@@ -618,6 +624,17 @@ Test(server, concurrent_clients_each_get_their_own_text) {
     cr_assert_eq(ts_metric(&s, "requests_total"), N);
     ts_stop(&s);
     ts_teardown(&t);
+}
+
+Test(server, concurrent_clients_each_get_their_own_text) { ts_concurrent_clients(); }
+
+// The GPU engine behind the server (the GPU machine): batched passes on the device give each client the text the
+// GPU's command line gives (greedy; stories260K in f32, where a batch's tensor-core-free matmuls and the lone
+// step's GEMV agree to ~1e-6).
+Test(server, gpu_concurrent_clients_each_get_their_own_text) {
+    if (gpu_count() == 0) cr_skip_test("no GPU: cudaGetDeviceCount found no usable device (GPU tests run on the GPU machine)");
+    ts_on_gpu = 1;
+    ts_concurrent_clients();
 }
 
 // ---- clients that leave, and bad clients
@@ -901,7 +918,7 @@ static char *ts_turn(const ts_srv *s, const char *session, const char *prompt, i
 // prefilled). On the small one, the third session's first turn parks the least recently used session's cache
 // (alice's); in the second turns each session finds the other two's caches in the slots, so each parks the least
 // recently used of them and restores its own (its prompt's cached tokens say the cache was there).
-Test(server, sessions_parked_and_restored_continue_exactly) {
+static void ts_sessions_parked(void) {
     ts_env t;
     ts_setup(&t);
     ts_srv big, small;
@@ -964,6 +981,15 @@ Test(server, sessions_parked_and_restored_continue_exactly) {
     ts_stop(&small);
     ts_stop(&big);
     ts_teardown(&t);
+}
+
+Test(server, sessions_parked_and_restored_continue_exactly) { ts_sessions_parked(); }
+
+// The same on the GPU engine: the caches parked to page-locked host memory on the parking stream and back.
+Test(server, gpu_sessions_parked_and_restored_continue_exactly) {
+    if (gpu_count() == 0) cr_skip_test("no GPU: cudaGetDeviceCount found no usable device (GPU tests run on the GPU machine)");
+    ts_on_gpu = 1;
+    ts_sessions_parked();
 }
 
 // --park-gb too small for any cache: a session that must leave its slot loses its cache instead (counted as a

@@ -4,6 +4,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "buf.h"
+
 chat_kind chat_recognise(const char *tmpl) {
     if (!tmpl || !tmpl[0]) return CHAT_NONE;
     if (strstr(tmpl, "[INST]") && strstr(tmpl, "[/INST]") && strstr(tmpl, "<<SYS>>")) return CHAT_LLAMA2;
@@ -17,57 +19,32 @@ const char *chat_kind_name(chat_kind k) {
                                                                                                        : "unknown";
 }
 
-// A growing string.
-typedef struct {
-    char *p;
-    size_t n, cap;
-    int oom;
-} chat_buf;
-
-static void cb_add(chat_buf *b, const char *s, size_t n) {
-    if (b->oom) return;
-    if (b->n + n + 1 > b->cap) {
-        size_t cap = (b->n + n + 1) * 2;
-        char *p = realloc(b->p, cap);
-        if (!p) {
-            b->oom = 1;
-            return;
-        }
-        b->p = p, b->cap = cap;
-    }
-    memcpy(b->p + b->n, s, n);
-    b->n += n;
-    b->p[b->n] = 0;
-}
-static void cb_str(chat_buf *b, const char *s) { cb_add(b, s, strlen(s)); }
-
-// s without the whitespace around it (Python's str.strip for ASCII whitespace).
-static void cb_stripped(chat_buf *b, const char *s) {
+static void add_stripped(dj_buf *b, const char *s) {
     const char *end = s + strlen(s);
     while (s < end && strchr(" \t\n\r\f\v", *s)) s++;
     while (end > s && strchr(" \t\n\r\f\v", end[-1])) end--;
-    cb_add(b, s, (size_t)(end - s));
+    buf_add(b, s, (size_t)(end - s));
 }
 
 int chat_turn_ids(const dj_tokenizer *tok, chat_kind k, const char *system, const char *user, int first,
                   int32_t prev_end, int32_t **ids, size_t *n, dj_err *e) {
     *ids = NULL, *n = 0;
     if (k != CHAT_LLAMA2 && k != CHAT_LLAMA3) return dj_fail(e, "chat: no template to build a turn with");
-    chat_buf b = {0};
+    dj_buf b = {0};
     int close = !first && prev_end < 0;  // the template's end text, for an answer cut short
     int sys = first && system && system[strspn(system, " \t\n\r\f\v")];
     if (k == CHAT_LLAMA2) {
-        if (close) cb_str(&b, " </s>");
-        cb_str(&b, "[INST] ");
-        if (sys) cb_str(&b, "<<SYS>>\n"), cb_stripped(&b, system), cb_str(&b, "\n<</SYS>>\n\n");
-        cb_stripped(&b, user);
-        cb_str(&b, " [/INST]");
+        if (close) buf_str(&b, " </s>");
+        buf_str(&b, "[INST] ");
+        if (sys) buf_str(&b, "<<SYS>>\n"), add_stripped(&b, system), buf_str(&b, "\n<</SYS>>\n\n");
+        add_stripped(&b, user);
+        buf_str(&b, " [/INST]");
     } else {
-        if (close) cb_str(&b, "<|eot_id|>");
-        if (sys) cb_str(&b, "<|start_header_id|>system<|end_header_id|>\n\n"), cb_stripped(&b, system), cb_str(&b, "<|eot_id|>");
-        cb_str(&b, "<|start_header_id|>user<|end_header_id|>\n\n");
-        cb_stripped(&b, user);
-        cb_str(&b, "<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n");
+        if (close) buf_str(&b, "<|eot_id|>");
+        if (sys) buf_str(&b, "<|start_header_id|>system<|end_header_id|>\n\n"), add_stripped(&b, system), buf_str(&b, "<|eot_id|>");
+        buf_str(&b, "<|start_header_id|>user<|end_header_id|>\n\n");
+        add_stripped(&b, user);
+        buf_str(&b, "<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n");
     }
     if (b.oom) {
         free(b.p);
@@ -127,9 +104,9 @@ int chat_prompt_ids(const dj_tokenizer *tok, chat_kind k, const char *const *rol
         if (user) {
             rc = chat_turn_ids(tok, k, system, contents[j], j == i, -1, &t, &nt, e);
         } else {  // an earlier answer as the model would have written it: its end comes with the next turn
-            chat_buf b = {0};
-            if (k == CHAT_LLAMA2) cb_str(&b, " ");
-            cb_stripped(&b, contents[j]);
+            dj_buf b = {0};
+            if (k == CHAT_LLAMA2) buf_str(&b, " ");
+            add_stripped(&b, contents[j]);
             rc = b.oom ? dj_fail(e, "out of memory") : tok_encode(tok, b.p ? b.p : "", b.n, 0, &t, &nt, e);
             free(b.p);
         }

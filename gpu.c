@@ -385,7 +385,7 @@ static int gpu_pass(dj_gpu_state *s, const int32_t *tokens, int64_t T, float *lo
     return 0;
 }
 
-static int slot_ok(const dj_gpu_state *s, int32_t slot, dj_err *e) {
+int slot_ok(const dj_gpu_state *s, int32_t slot, dj_err *e) {
     if (slot < 0 || slot >= s->n_slots)
         return dj_fail(e, "gpu: KV slot %d does not exist (%d slots)", slot, s->n_slots);
     return 0;

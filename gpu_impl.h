@@ -156,6 +156,9 @@ int unit_begin(dj_gpu_state *s, int u, const uint8_t **w, dj_err *e);
 int unit_end(dj_gpu_state *s, int u, dj_err *e);
 int sched_harvest(dj_gpu_state *s, dj_err *e);  // after the pass's last sync: copy and wait times into s->st
 
+// ---- gpu.c
+int slot_ok(const dj_gpu_state *s, int32_t slot, dj_err *e);  // slot names one of the engine's KV slots
+
 // ---- park.c: parking
 int park_init(dj_gpu_state *s, dj_err *e);
 void park_free(dj_gpu_state *s);

@@ -121,12 +121,6 @@ static int slot_copy(dj_gpu_state *s, dj_gpu_parked *p, int32_t slot, int to_hos
     return 0;
 }
 
-static int slot_ok(const dj_gpu_state *s, int32_t slot, dj_err *e) {
-    if (slot < 0 || slot >= s->n_slots)
-        return dj_fail(e, "gpu: KV slot %d does not exist (%d slots)", slot, s->n_slots);
-    return 0;
-}
-
 dj_gpu_parked *gpu_park(dj_gpu_state *s, int32_t slot, int64_t n, dj_err *e) {
     gpu_parking *k = s->park;
     if (slot_ok(s, slot, e)) return NULL;

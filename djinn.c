@@ -20,6 +20,7 @@
 #include "loader.h"
 #include "sampler.h"
 #include "server.h"
+#include "spec.h"
 #include "stops.h"
 #include "tokenizer.h"
 #include "util.h"
@@ -30,6 +31,8 @@ enum { EXIT_ERR = 1, EXIT_USAGE = 2, EXIT_CHECK = 3, EXIT_INTERRUPTED = 130 };
 #define DJINN_VERSION "0.4.0"
 #define MAX_STOPS 16
 #define DEFAULT_CTX 4096  // a KV cache for Llama 3.1's 131072 positions would not fit most GPUs
+#define DEFAULT_DRAFT_MAX 8
+_Static_assert(SPEC_K_MAX == 32, "--draft-max's message names SPEC_K_MAX");
 
 // Ctrl-C during generation stops after the current token, during loading or prefill as that phase ends (a phase
 // itself runs to its end); a second one kills at once.
@@ -84,6 +87,9 @@ typedef struct {
     const char *ppl_path;   // --perplexity
     double tol;          // <0: per-dtype default
     int tokenize;
+    const char *draft_path;  // --draft: speculative decoding with this model as the draft (spec.h)
+    dj_spec_opts spec;       // --draft-max, --draft-p-min
+    int spec_given;          // either of them given
 } dj_opts;
 
 static void usage(FILE *f) {
@@ -140,11 +146,18 @@ static void usage(FILE *f) {
             "                   line on stdin is a turn; each answer is -n tokens at most; Ctrl-C stops the\n"
             "                   answer, Ctrl-D (end of input) ends the conversation\n"
             "  --system TEXT    the system message of --chat\n"
+            "  --draft DRAFT    speculative decoding: DRAFT, a small model.bin with the same tokenizer (the target's\n"
+            "                   own --dtype q4 copy is the natural one), resident on the GPU, proposes tokens and\n"
+            "                   MODEL verifies them all in one pass; greedy text is MODEL's own, sampled text follows\n"
+            "                   MODEL's distribution (speculative sampling). Not with --logits\n"
+            "  --draft-max K    most tokens drafted per pass of MODEL, 1 to %d (default %d)\n"
+            "  --draft-p-min P  stop drafting where the draft's most likely token is below probability P (default 0:\n"
+            "                   draft all K)\n"
             "  --tokenize       print the prompt's token ids and exit\n"
             "  --version        print the version and the model.bin versions this build reads\n"
             "  --help           this text\n"
             "stdout carries only the text (prompt + generation); statistics go to stderr.\n",
-            DEFAULT_CTX);
+            DEFAULT_CTX, SPEC_K_MAX, DEFAULT_DRAFT_MAX);
 }
 
 // One line: what was wrong, and where to look.
@@ -181,7 +194,8 @@ static int64_t test_sigint_token(void) {
 
 // Returns 0 when parsed, else the exit code (EXIT_USAGE, or -1 for --help, -2 for --version).
 static int parse_args(int argc, char **argv, dj_opts *o) {
-    *o = (dj_opts){.prompt = "", .n_new = 256, .smp = DJ_SAMPLING_DEFAULT, .tol = -1, .cpu_share = -1};
+    *o = (dj_opts){.prompt = "", .n_new = 256, .smp = DJ_SAMPLING_DEFAULT, .tol = -1, .cpu_share = -1,
+                   .spec = {.k_max = DEFAULT_DRAFT_MAX}};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) return -1;
@@ -202,7 +216,7 @@ static int parse_args(int argc, char **argv, dj_opts *o) {
         static const char *with_value[] = {"-p", "-f", "--stop", "--system", "--top-k", "--min-p", "--repeat-penalty",
                                            "--repeat-last-n", "--presence-penalty", "--frequency-penalty", "-n", "-t", "--top-p", "-s", "-c", "--ring-gb", "--logits",
                                            "--check", "--tol", "--stats-json", "--cpu-share", "--perplexity",
-                                           "--threads"};
+                                           "--threads", "--draft", "--draft-max", "--draft-p-min"};
         int known = 0;
         for (size_t k = 0; k < sizeof with_value / sizeof *with_value; k++) known |= !strcmp(a, with_value[k]);
         if (!known) return usage_error("unknown option '%s'", a);
@@ -273,6 +287,15 @@ static int parse_args(int argc, char **argv, dj_opts *o) {
             o->check_path = v;
         } else if (!strcmp(a, "--perplexity")) {
             o->ppl_path = v;
+        } else if (!strcmp(a, "--draft")) {
+            o->draft_path = v;
+        } else if (!strcmp(a, "--draft-max")) {
+            if (parse_i64(v, &n) || n < 1 || n > SPEC_K_MAX)
+                return usage_error("--draft-max needs a count from 1 to 32, not '%s'", v);  // SPEC_K_MAX
+            o->spec.k_max = n, o->spec_given = 1;
+        } else if (!strcmp(a, "--draft-p-min")) {
+            if (parse_f64(v, &d) || d < 0 || d > 1) return usage_error("--draft-p-min needs a value in [0, 1], not '%s'", v);
+            o->spec.p_min = d, o->spec_given = 1;
         } else if (!strcmp(a, "--tol")) {
             if (parse_f64(v, &d) || d < 0) return usage_error("--tol needs a non-negative number, not '%s'", v);
             o->tol = d;
@@ -289,6 +312,10 @@ static int parse_args(int argc, char **argv, dj_opts *o) {
         return usage_error("%s", "--logits and --stats-json record a generation: not with --check, --perplexity or "
                                  "--tokenize");
     if (o->check_path && o->ppl_path) return usage_error("%s", "--check and --perplexity are two runs");
+    if (o->spec_given && !o->draft_path) return usage_error("%s", "--draft-max and --draft-p-min need --draft");
+    if (o->draft_path && (o->chat || o->check_path || o->ppl_path || o->tokenize || o->logits_path))
+        return usage_error("%s", "--draft speeds up generation: not with --chat, --check, --perplexity, --tokenize or "
+                                 "--logits");
     return 0;
 }
 
@@ -304,6 +331,53 @@ static int open_engine(dj_engine *eng, const dj_model *m, const dj_opts *o, int6
                       .sync_copy = o->sync_copy, .no_graph = o->no_graph, .fma_attn = o->fma_attn,
                       .warm_rows = warm, .cpu_share = o->cpu_share};
     return engine_open(eng, m, &go, 1, e);
+}
+
+// --draft: the draft model, loaded as the target was (page-locked for the GPU), checked against the target's
+// tokenizer and opened first, so that on the GPU all of it stays resident (its weights, KV cache and activations)
+// and the target's automatic budget is what is left; an explicit --ring-gb is the target's alone and must fit beside.
+typedef struct {
+    dj_model m;
+    dj_tokenizer *tok;
+    dj_engine eng;
+} dj_draft;
+
+static int open_draft(dj_draft *d, const dj_model *target, const dj_tokenizer *ttok, const dj_opts *o, int64_t ctx,
+                      int64_t warm, dj_err *e) {
+    dj_load_opts lo = {.want_pinned = target->for_gpu, .no_pin = o->no_pin, .quiet = 1};
+    double t0 = dj_now();
+    if (model_load(o->draft_path, &lo, &d->m, e)) return -1;
+    const dj_config *c = &d->m.info.config;
+    if (!(d->tok = tok_load(d->m.data + d->m.info.tok_off, (size_t)d->m.info.tok_size, e)) ||
+        spec_check_pair(target, ttok, &d->m, d->tok, o->draft_path, e))
+        return -1;
+    if (ctx > (int64_t)c->max_seq_len)
+        return dj_fail(e, "--draft %s: a context of %u positions (max_position_embeddings), the run's is %" PRId64
+                          ": lower -c", o->draft_path, c->max_seq_len, ctx);
+    dj_gpu_opts go = {.max_seq = ctx, .no_graph = o->no_graph, .fma_attn = o->fma_attn, .warm_rows = warm, .quiet = 1};
+    if (engine_open(&d->eng, &d->m, &go, 1, e)) return -1;
+    double kv_gb = (double)engine_kv_pos_bytes(c) * (double)ctx / 1e9;
+    if (d->eng.is_gpu) {
+        dj_gpu_stats g;
+        gpu_state_stats(d->eng.ctx, &g);
+        if (g.n_streamed)
+            return dj_fail(e, "--draft %s does not fit on the GPU beside its KV cache (%.2f GB for -c %" PRId64 "): %d "
+                              "of its units would stream; a smaller draft (--dtype q4) or a lower -c", o->draft_path,
+                           kv_gb, ctx, g.n_streamed);
+        fprintf(stderr, "djinn: draft %s: %.3f GB of %s weights resident on the GPU, KV cache %.2f GB; up to %" PRId64
+                        " tokens drafted a pass (%.2f s)\n", o->draft_path, (double)g.resident_bytes / 1e9,
+                dj_dtype_name(c->wtype), kv_gb, o->spec.k_max, dj_now() - t0);
+    } else {
+        fprintf(stderr, "djinn: draft %s: %s weights on the CPU; up to %" PRId64 " tokens drafted a pass\n",
+                o->draft_path, dj_dtype_name(c->wtype), o->spec.k_max);
+    }
+    return 0;
+}
+
+static void close_draft(dj_draft *d) {
+    engine_close(&d->eng);
+    tok_free(d->tok);
+    model_free(&d->m);
 }
 
 // ---- output helpers
@@ -432,6 +506,7 @@ out:
 typedef struct {
     double load_s, setup_s, prefill_s, ttft_ms, decode_s;
     int64_t prompt_tokens, decode_tokens;
+    const dj_spec *spec;  // --draft's run, or NULL
 } dj_run_stats;
 
 // Writes the run's figures as one JSON object (the benchmark reads it).
@@ -460,6 +535,16 @@ static int write_stats(dj_out *out, const dj_model *m, const dj_engine *eng, con
                 g.copy_ms > 0 ? (double)g.copied_bytes / 1e6 / g.copy_ms : 0.0,
                 g.passes > 0 ? g.wait_ms / (double)g.passes : 0.0, g.passes, g.tc_attn, g.cpu_share,
                 (double)g.cpu_bytes_per_token / 1e9, cpu_threads_planned());
+    }
+    if (r->spec) {
+        dj_spec_stats sp;
+        spec_stats(r->spec, &sp);
+        fprintf(f, ",\n \"draft_max\": %" PRId64 ", \"draft_p_min\": %.4f, \"spec_passes\": %" PRId64 ", "
+                   "\"tokens_per_pass\": %.4f, \"drafted\": %" PRId64 ", \"accepted\": %" PRId64 ", \"acceptance\": %.4f,\n"
+                   " \"draft_steps\": %" PRId64 ", \"draft_s\": %.6f, \"target_s\": %.6f",
+                o->spec.k_max, o->spec.p_min, sp.passes, sp.passes ? (double)sp.produced / (double)sp.passes : 0.0,
+                sp.drafted, sp.accepted, sp.drafted ? (double)sp.accepted / (double)sp.drafted : 0.0, sp.draft_steps,
+                sp.draft_s, sp.target_s);
     }
     fprintf(f, "}\n");
     int rc = fclose(f) ? dj_fail(e, "out of memory for the statistics") : out_write(out, text, len, e);
@@ -545,6 +630,8 @@ static int run_generate(const dj_model *m, const dj_tokenizer *tok, const dj_opt
     dj_sampler *smp = NULL;
     dj_held held = {0};  // --stop: the generated text not yet printed
     int hit = -1;        // the --stop string found
+    dj_draft draft = {0};  // --draft
+    dj_spec *sp = NULL;
     if (n_prompt == 0) {
         dj_fail(e, "the prompt is empty and the model has no BOS token: give a prompt with -p");
         goto out;
@@ -563,6 +650,7 @@ static int run_generate(const dj_model *m, const dj_tokenizer *tok, const dj_opt
     }
     ids = grown;
     double t_setup = dj_now();
+    if (o->draft_path && open_draft(&draft, m, tok, o, ctx, (int64_t)n_prompt, e)) goto out;  // first: all resident
     if (open_engine(&eng, m, o, ctx, (int64_t)n_prompt, e)) goto out;
     rs.setup_s = dj_now() - t_setup;
     fprintf(stderr, "djinn: %s engine set up in %.3f s%s\n", eng.name, rs.setup_s,
@@ -573,6 +661,9 @@ static int run_generate(const dj_model *m, const dj_tokenizer *tok, const dj_opt
     }
     uint64_t seed = o->seed_given ? o->seed : fresh_seed();
     if (!(smp = sampler_new_with(vocab, &o->smp, seed, e))) goto out;
+    if (o->draft_path && !(rs.spec = sp = spec_new(&eng, &draft.eng, vocab, smp, &o->smp, seed ^ 0xD1B54A32D192ED03ull,
+                                                   tok, ctx, &o->spec, e)))
+        goto out;
     for (size_t i = 0; i < n_prompt; i++) sampler_accept(smp, ids[i]);  // the penalties' window starts in the prompt
     if (!o->seed_given && !sampler_is_greedy(smp)) fprintf(stderr, "djinn: seed %" PRIu64 " (-s to repeat)\n", seed);
     stream = tok_stream_new(tok);
@@ -592,7 +683,8 @@ static int run_generate(const dj_model *m, const dj_tokenizer *tok, const dj_opt
             write_rows(out, logits, (int64_t)n_prompt, vocab, e))
             goto out;
         cand = sampler_next(smp, logits + (n_prompt - 1) * (size_t)vocab);
-    } else if (engine_next(&eng, smp, 0, ids, (int64_t)n_prompt, 0, logits, &cand, e)) {
+    } else if (sp ? spec_prefill(sp, ids, (int64_t)n_prompt, &cand, e)
+                  : engine_next(&eng, smp, 0, ids, (int64_t)n_prompt, 0, logits, &cand, e)) {
         goto out;
     }
     double t_prefill = dj_now() - t_start;
@@ -642,7 +734,8 @@ static int run_generate(const dj_model *m, const dj_tokenizer *tok, const dj_opt
             if (eng.forward(eng.ctx, 0, &next, 1, n - 1, logits, 0, e) || write_rows(out, logits, 1, vocab, e))
                 goto out;
             if (more) cand = sampler_next(smp, logits);
-        } else if (more && engine_next(&eng, smp, 0, &next, 1, n - 1, logits, &cand, e)) {
+        } else if (more && (sp ? spec_next(sp, ids, n, o->n_new - n_gen, &cand, e)  // a verified run's next
+                               : engine_next(&eng, smp, 0, &next, 1, n - 1, logits, &cand, e))) {
             goto out;
         }
         if (hit >= 0) {
@@ -683,6 +776,16 @@ static int run_generate(const dj_model *m, const dj_tokenizer *tok, const dj_opt
             fprintf(stderr, "djinn: decode %" PRId64 " tokens, %.1f tokens/s, %.2f ms/token\n", n_gen - 1,
                     (double)(n_gen - 1) / fmax(t_dec, 1e-9), t_dec * 1e3 / (double)(n_gen - 1));
     }
+    if (sp) {
+        dj_spec_stats ss;
+        spec_stats(sp, &ss);
+        fprintf(stderr, "djinn: speculative: %" PRId64 " passes of the target, %.2f tokens a pass; %" PRId64 " of %"
+                        PRId64 " drafted tokens accepted (%.1f%%); draft %.1f ms (%.2f ms a step), target %.1f ms "
+                        "(%.2f ms a pass)\n", ss.passes, ss.passes ? (double)ss.produced / (double)ss.passes : 0.0,
+                ss.accepted, ss.drafted, ss.drafted ? 100.0 * (double)ss.accepted / (double)ss.drafted : 0.0,
+                ss.draft_s * 1e3, ss.draft_steps ? ss.draft_s * 1e3 / (double)ss.draft_steps : 0.0, ss.target_s * 1e3,
+                ss.passes ? ss.target_s * 1e3 / (double)ss.passes : 0.0);
+    }
     if (eng.is_gpu) {
         dj_gpu_stats g;
         gpu_state_stats(eng.ctx, &g);
@@ -701,7 +804,9 @@ static int run_generate(const dj_model *m, const dj_tokenizer *tok, const dj_opt
 out:
     held_free(&held);
     if (stream) tok_stream_free(stream);
+    spec_free(sp);
     engine_close(&eng);
+    close_draft(&draft);
     sampler_free(smp);
     free(logits);
     free(ids);

@@ -212,7 +212,9 @@ static void top_k_p_cut(dj_sampler *s, int32_t top, uint64_t W, uint64_t *t, uin
     for (int64_t i = keep - 1; i >= 0 && s->buf[i].w == *t; i--) ++*nt;
 }
 
-int32_t sampler_pick_u(dj_sampler *s, const float *z, float u) {
+// The rule up to the draw: the top id of the penalized row (-1: no distribution); for a sampled rule the weights
+// s->w and the kept set, the ids with w > *t and the first *nt (in id order) of those with w == *t, weighing *M.
+static int32_t rule_kept(dj_sampler *s, const float *z, uint64_t *t, uint64_t *nt, uint64_t *M) {
     const dj_pick_args *a = &s->a;
     int64_t n = s->vocab;
     const float *l = z;
@@ -226,25 +228,81 @@ int32_t sampler_pick_u(dj_sampler *s, const float *z, float u) {
     if (top < 0 || !(a->temp > 0)) return top;
     uint64_t W = 0;
     for (int64_t i = 0; i < n; i++) W += s->w[i] = dj_pick_weight(l[i], l[top], a->temp);
-    uint64_t t = 0, nt = UINT64_MAX;
-    top_k_p_cut(s, top, W, &t, &nt);
+    *t = 0, *nt = UINT64_MAX;
+    top_k_p_cut(s, top, W, t, nt);
     if (a->min_p > 0) {
         uint64_t wm = (uint64_t)ceil((double)a->min_p * 4294967295.0);
-        if (wm > t) t = wm, nt = UINT64_MAX;
+        if (wm > *t) *t = wm, *nt = UINT64_MAX;
     }
+    uint64_t ties = 0;
+    *M = 0;
+    for (int64_t i = 0; i < n; i++)
+        if (s->w[i] > *t || (s->w[i] == *t && ties++ < *nt)) *M += s->w[i];
+    return top;
+}
+
+int32_t sampler_pick_u(dj_sampler *s, const float *z, float u) {
+    uint64_t t, nt, M;
+    int32_t top = rule_kept(s, z, &t, &nt, &M);
+    if (top < 0 || !(s->a.temp > 0)) return top;
     // the draw, in index order over the kept ids
-    uint64_t M = 0, ties = 0;
-    for (int64_t i = 0; i < n; i++)
-        if (s->w[i] > t || (s->w[i] == t && ties++ < nt)) M += s->w[i];
     double rd = floor((double)u * (double)M);
-    uint64_t r = rd <= 0 ? 0 : rd >= (double)M ? M - 1 : (uint64_t)rd, acc = 0;
-    ties = 0;
-    for (int64_t i = 0; i < n; i++)
+    uint64_t r = rd <= 0 ? 0 : rd >= (double)M ? M - 1 : (uint64_t)rd, acc = 0, ties = 0;
+    for (int64_t i = 0; i < s->vocab; i++)
         if (s->w[i] > t || (s->w[i] == t && ties++ < nt))
             if ((acc += s->w[i]) > r) return (int32_t)i;
     return top;  // not reached: acc ends at M > r
 }
 
+int32_t sampler_probs(dj_sampler *s, const float *z, float *probs) {
+    uint64_t t, nt, M;
+    int32_t top = rule_kept(s, z, &t, &nt, &M);
+    if (top < 0) return -1;
+    if (!(s->a.temp > 0)) {
+        memset(probs, 0, (size_t)s->vocab * sizeof *probs);
+        probs[top] = 1;
+        return top;
+    }
+    uint64_t ties = 0;
+    for (int64_t i = 0; i < s->vocab; i++)
+        probs[i] = s->w[i] > t || (s->w[i] == t && ties++ < nt) ? (float)((double)s->w[i] / (double)M) : 0.0f;
+    return top;
+}
+
+float sampler_uniform(dj_sampler *s) { return rng_f32(&s->rng); }
+
+void sampler_history(dj_sampler *s, const int32_t *ids, int64_t n) {
+    if (!s->hist) return;
+    for (int64_t i = 0; i < s->n_hist; i++) s->count[s->hist[i]]--;
+    s->n_hist = s->at = 0;
+    for (int64_t i = n > s->p.repeat_last_n ? n - s->p.repeat_last_n : 0; i < n; i++) {
+        if (ids[i] < 0 || ids[i] >= s->vocab) continue;
+        s->hist[s->at] = ids[i], s->count[ids[i]]++, s->n_hist++;
+        s->at = (s->at + 1) % s->p.repeat_last_n;
+    }
+    s->n_changed = -1;  // a copy of the counts elsewhere takes them whole
+}
+
+int32_t dj_draw(const float *p, int64_t n, float u) {
+    double total = 0;
+    for (int64_t i = 0; i < n; i++) total += p[i] > 0 ? p[i] : 0;
+    if (!(total > 0)) return -1;
+    double r = (double)u * total, acc = 0;
+    int64_t last = -1;
+    for (int64_t i = 0; i < n; i++)
+        if (p[i] > 0) {
+            last = i;
+            if ((acc += p[i]) > r) return (int32_t)i;
+        }
+    return (int32_t)last;  // u * total rounded up to the sum
+}
+
 int32_t sampler_next(dj_sampler *s, const float *logits) {
     return sampler_pick_u(s, logits, sampler_is_greedy(s) ? 0.0f : rng_f32(&s->rng));
+}
+
+// ---- session files
+uint64_t sampler_rng_state(const dj_sampler *s) { return s->rng.state; }
+void sampler_set_rng_state(dj_sampler *s, uint64_t state) {
+    if (state) s->rng.state = state;
 }

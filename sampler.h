@@ -127,4 +127,21 @@ const int32_t *sampler_counts(const dj_sampler *s);
 // The rule itself with a given draw u, on the sampler's settings and counts (the reference for gpu_pick).
 int32_t sampler_pick_u(dj_sampler *s, const float *logits, float u);
 
+// For speculative decoding (spec.h), which needs the distributions themselves:
+// probs (vocab): the distribution sampler_pick_u draws from on these logits, each kept id's weight over the kept
+// weight (greedy: 1 at the top id); returns the top id, or -1 (probs untouched) when there is none.
+int32_t sampler_probs(dj_sampler *s, const float *logits, float *probs);
+// A draw from the sampler's generator, [0, 1).
+float sampler_uniform(dj_sampler *s);
+// The penalties' window set to the last repeat_last_n of ids (n), as if only they had been accepted.
+void sampler_history(dj_sampler *s, const int32_t *ids, int64_t n);
+// A draw from p (n) scaled to its positive mass: the first id whose running sum exceeds u times that mass; -1 when
+// there is none.
+int32_t dj_draw(const float *p, int64_t n, float u);
+
+// Session files (session.h): the generator's state, saved after a run and set to resume it (0 is refused: the
+// generator's fixed point).
+uint64_t sampler_rng_state(const dj_sampler *s);
+void sampler_set_rng_state(dj_sampler *s, uint64_t state);
+
 #endif

@@ -3,10 +3,12 @@
 
 #include <criterion/criterion.h>
 #include <dirent.h>
+#include <fcntl.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -167,4 +169,24 @@ double tc_rel_l2_d(const float *got, const double *ref, int64_t n) {
         num += d * d, den += ref[i] * ref[i];
     }
     return den > 0 ? sqrt(num / den) : sqrt(num);
+}
+
+// ---- subprocesses
+int tc_run(char *const argv[], const char *in, const char *out, int append, const char *err, unsigned seconds) {
+    pid_t pid = fork();
+    cr_assert(pid >= 0, "fork failed");
+    if (pid == 0) {
+        int i = open(in, O_RDONLY), e = open(err, O_WRONLY | O_CREAT | O_TRUNC, 0644),
+            o = !strcmp(out, err) ? e : open(out, O_WRONLY | O_CREAT | (append ? O_APPEND : O_TRUNC), 0644);
+        if (i < 0 || o < 0 || e < 0) _exit(126);
+        dup2(i, 0), dup2(o, 1), dup2(e, 2);
+        alarm(seconds);
+        execvp(argv[0], argv);
+        _exit(127);
+    }
+    int st;
+    cr_assert_eq(waitpid(pid, &st, 0), pid);
+    cr_assert(WIFEXITED(st), "%s killed by signal %d", argv[0], WIFSIGNALED(st) ? WTERMSIG(st) : 0);
+    cr_assert_neq(WEXITSTATUS(st), 127, "cannot exec %s", argv[0]);
+    return WEXITSTATUS(st);
 }

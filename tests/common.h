@@ -38,6 +38,13 @@ void tc_write(const char *path, const void *data, size_t n);
 char *tc_tmpdir(const char *tag);
 void tc_rm_rf(const char *dir);
 
+// ---- subprocesses
+// Runs argv (argv[0] a path, or a name looked up in PATH) with stdin from `in`, stdout to `out` (appended when
+// `append`; the same file as `err`: both streams into one, as on a terminal) and stderr to `err`; returns its exit
+// status. A run still going after `seconds` is killed (SIGALRM); one killed by a signal, or that cannot be started,
+// fails the test.
+int tc_run(char *const argv[], const char *in, const char *out, int append, const char *err, unsigned seconds);
+
 // ---- a seeded generator (xorshift64*), one per test process
 // Seeds it with $DJINN_SEED when set, else `seed`; returns the seed in use.
 uint64_t tc_rng_seed(uint64_t seed);

@@ -37,24 +37,7 @@ typedef struct {
 // stdin: /dev/null, or the file tcli_stdin names while it is set.
 static const char *tcli_stdin;
 static int tcli_run_to(tcli_ctx *c, char *const argv[], const char *out, int append) {
-    pid_t pid = fork();
-    cr_assert(pid >= 0, "fork failed");
-    if (pid == 0) {
-        int in = open(tcli_stdin ? tcli_stdin : "/dev/null", O_RDONLY),
-            e = open(c->err, O_WRONLY | O_CREAT | O_TRUNC, 0644),
-            o = out && !strcmp(out, c->err) ? e  // both streams into one file, as on a terminal
-                                             : open(out ? out : c->out, O_WRONLY | O_CREAT | (append ? O_APPEND : O_TRUNC), 0644);
-        if (in < 0 || o < 0 || e < 0) _exit(126);
-        dup2(in, 0), dup2(o, 1), dup2(e, 2);
-        alarm(60);
-        execv(argv[0], argv);
-        _exit(127);
-    }
-    int st;
-    cr_assert_eq(waitpid(pid, &st, 0), pid);
-    cr_assert(WIFEXITED(st), "%s killed by signal %d", argv[0], WIFSIGNALED(st) ? WTERMSIG(st) : 0);
-    cr_assert_neq(WEXITSTATUS(st), 127, "cannot exec %s", argv[0]);
-    return WEXITSTATUS(st);
+    return tc_run(argv, tcli_stdin ? tcli_stdin : "/dev/null", out ? out : c->out, append, c->err, 60);
 }
 
 static int tcli_run(tcli_ctx *c, char *const argv[]) { return tcli_run_to(c, argv, NULL, 0); }

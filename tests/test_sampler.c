@@ -269,3 +269,88 @@ Test(sampler, penalties) {
     p = DJ_SAMPLING_DEFAULT, p.top_k = -1;
     cr_assert_null(sampler_new_with(10, &p, 1, &e));
 }
+
+// sampler_probs is the distribution sampler_pick_u draws from: over a grid of N draws u = (i + 1/2) / N, each id is
+// picked a fraction of the grid within 2/N of its probability (the draw maps u to weight intervals), for every
+// sampler setting; greedy is one-hot at the pick; a NaN row has none.
+Test(sampler, probs_are_the_draws_distribution) {
+    tc_rng_fresh("sampler.probs_are_the_draws_distribution");
+    enum { V = 200, N = 1 << 16 };
+    float z[V], probs[V];
+    static int32_t count[V];
+    for (int i = 0; i < V; i++) z[i] = 1.5f * tc_normal();
+    dj_sampling set[5];
+    for (int k = 0; k < 5; k++) set[k] = DJ_SAMPLING_DEFAULT;
+    set[1].top_k = 17, set[2].min_p = 0.05, set[3].top_p = 1, set[3].temp = 0.6;
+    set[4].repeat_penalty = 1.5, set[4].frequency_penalty = 0.3;
+    for (int k = 0; k < 5; k++) {
+        dj_err e;
+        dj_sampler *s = sampler_new_with(V, &set[k], 1, &e);
+        cr_assert(s, "%s", e.msg);
+        for (int i = 0; i < 30; i++) sampler_accept(s, (int32_t)tc_below(V));
+        cr_assert_geq(sampler_probs(s, z, probs), 0);
+        memset(count, 0, sizeof count);
+        for (int i = 0; i < N; i++) count[sampler_pick_u(s, z, ((float)i + 0.5f) / N)]++;
+        double sum = 0;
+        for (int i = 0; i < V; i++) {
+            sum += probs[i];
+            cr_assert(fabs((double)count[i] / N - probs[i]) <= 2.0 / N, "setting %d, id %d: drawn %.6f, probability "
+                      "%.6f (seed %llu)", k, i, (double)count[i] / N, probs[i], (unsigned long long)tc_seed_used());
+        }
+        cr_assert(fabs(sum - 1) < 1e-5, "setting %d: probabilities sum to %.7f", k, sum);
+        sampler_free(s);
+    }
+    dj_err e;
+    dj_sampler *g = sampler_new(V, 0, 0.9, 1, &e);
+    cr_assert_eq(sampler_probs(g, z, probs), dj_argmax(z, V));
+    for (int i = 0; i < V; i++) cr_assert_eq(probs[i], i == dj_argmax(z, V) ? 1.0f : 0.0f);
+    z[7] = NAN;
+    cr_assert_eq(sampler_probs(g, z, probs), -1);
+    sampler_free(g);
+}
+
+// sampler_history(ids, n) leaves the penalties as accepting ids one by one would (the last repeat_last_n count);
+// going back to a shorter history undoes the longer one.
+Test(sampler, history_equals_accepting) {
+    tc_rng_fresh("sampler.history_equals_accepting");
+    enum { V = 50, H = 300 };
+    float z[V], pa[V], pb[V];
+    int32_t ids[H];
+    for (int i = 0; i < V; i++) z[i] = tc_normal();
+    for (int i = 0; i < H; i++) ids[i] = (int32_t)tc_below(V);
+    dj_sampling p = DJ_SAMPLING_DEFAULT;
+    p.repeat_penalty = 1.4, p.presence_penalty = 0.2, p.frequency_penalty = 0.1, p.repeat_last_n = 20;
+    dj_err e;
+    dj_sampler *a = sampler_new_with(V, &p, 1, &e), *b = sampler_new_with(V, &p, 1, &e);
+    const int lens[] = {0, 5, 20, 21, 137, 40, 3, H};
+    for (size_t k = 0; k < sizeof lens / sizeof *lens; k++) {
+        sampler_free(a);
+        a = sampler_new_with(V, &p, 1, &e);
+        for (int i = 0; i < lens[k]; i++) sampler_accept(a, ids[i]);
+        sampler_history(b, ids, lens[k]);
+        sampler_probs(a, z, pa), sampler_probs(b, z, pb);
+        cr_assert_eq(memcmp(pa, pb, sizeof pa), 0, "history of %d tokens differs from accepting them", lens[k]);
+    }
+    // and the window is not a no-op: a history that differs changes the probabilities
+    sampler_history(b, ids + 1, H - 1);
+    sampler_probs(b, z, pb);
+    sampler_history(b, ids, 0);
+    sampler_probs(b, z, pa);
+    cr_assert_neq(memcmp(pa, pb, sizeof pa), 0);
+    sampler_free(a), sampler_free(b);
+}
+
+Test(sampler, draw_from_a_distribution) {
+    const float p[] = {0, 0.25f, 0, 0.5f, 0.25f, 0};
+    cr_assert_eq(dj_draw(p, 6, 0.0f), 1);
+    cr_assert_eq(dj_draw(p, 6, 0.2499f), 1);
+    cr_assert_eq(dj_draw(p, 6, 0.25f), 3);
+    cr_assert_eq(dj_draw(p, 6, 0.7499f), 3);
+    cr_assert_eq(dj_draw(p, 6, 0.75f), 4);
+    cr_assert_eq(dj_draw(p, 6, 0.99999994f), 4);  // never an id of probability 0
+    const float q[] = {0, 2, 0, 6};                // unnormalised: scaled to its mass
+    cr_assert_eq(dj_draw(q, 4, 0.2f), 1);
+    cr_assert_eq(dj_draw(q, 4, 0.3f), 3);
+    const float none[] = {0, -1, 0};
+    cr_assert_eq(dj_draw(none, 3, 0.5f), -1);
+}

@@ -47,21 +47,7 @@ static char ts_djinn[1100], ts_convert[1100];
 // ---- processes
 // Runs argv with stdin from `in` (NULL: /dev/null) and stdout into `out`, stderr into `err`; returns the exit code.
 static int ts_run(char *const argv[], const char *in, const char *out, const char *err) {
-    pid_t pid = fork();
-    cr_assert(pid >= 0, "fork failed");
-    if (pid == 0) {
-        int i = open(in ? in : "/dev/null", O_RDONLY), o = open(out, O_WRONLY | O_CREAT | O_TRUNC, 0644),
-            e = open(err, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-        if (i < 0 || o < 0 || e < 0) _exit(126);
-        dup2(i, 0), dup2(o, 1), dup2(e, 2);
-        alarm(120);
-        execvp(argv[0], argv);
-        _exit(127);
-    }
-    int st;
-    cr_assert_eq(waitpid(pid, &st, 0), pid);
-    cr_assert(WIFEXITED(st), "%s killed by signal %d", argv[0], WIFSIGNALED(st) ? WTERMSIG(st) : 0);
-    return WEXITSTATUS(st);
+    return tc_run(argv, in ? in : "/dev/null", out, 0, err, 120);
 }
 
 // stories260K converted twice into a fresh folder: as it is, and with a Llama 2 chat template (as test_cli's).

@@ -168,6 +168,12 @@ $(BUILD)/bin/pick_bench: $(BUILD)/bench/pick_bench.o $(KERNEL_OBJ) $(BUILD)/samp
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS)
 
+# ---- bench: speculative decoding's parts, a verification pass of T rows against a decode step and the draft's step
+# (bench/spec_bench.sh); GPU machine only
+$(BUILD)/bin/spec_bench: $(BUILD)/bench/spec_bench.o $(ENGINE_OBJ)
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS)
+
 # ---- fuzz: libFuzzer targets (clang, ASan+UBSan) for every parser of untrusted bytes; sources in tests/fuzz/.
 # `make fuzz` builds them into $(FUZZ_BUILD)/bin; `make fuzz-run FUZZ_SECONDS=600` (add -j2 for two at once)
 # runs each on a scratch copy of its committed corpus tests/fuzz/corpus/<target>/, merges the inputs that

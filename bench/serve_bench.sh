@@ -24,7 +24,7 @@ AGENTS=${AGENTS:-96}
 TURNS=${TURNS:-4}
 CASES=${CASES:-resident_link min_link min_share}
 mkdir -p "$OUT_DIR" "$WORK" || exit 1
-say() { echo "== $* ($(date +%T))"; }
+. bench/lib.sh
 
 say build
 make -j16 all build/bin/ceilings > "$WORK/build.log" 2>&1 || { tail -20 "$WORK/build.log"; exit 1; }
@@ -32,13 +32,7 @@ say "link ceilings"
 LINK_ONLY=1 build/bin/ceilings "$OUT_DIR/link.json" || exit 1
 
 HF=$WORK/hf_8b
-if [ ! -f "$HF/.complete" ] && [ "${SKIP_MAKE:-0}" != 1 ]; then
-    say "make 8b"
-    rm -rf "$HF"
-    python3 tools/make_random_llama.py --shape 8b --out "$HF" --dtype float16 > "$WORK/make.log" 2>&1 ||
-        { tail -5 "$WORK/make.log"; exit 1; }
-    touch "$HF/.complete"
-fi
+make_hf 8b "$HF" "$WORK/make.log" || exit 1
 bin=$WORK/serve_8b_$DTYPE.bin  # with Llama 3 Instruct's tokenizer and chat template (the agents chat)
 if [ ! -f "$bin" ]; then
     say "convert $DTYPE"

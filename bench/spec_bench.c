@@ -1,0 +1,92 @@
+// bench/spec_bench.c: what speculative decoding's speed is made of, on the GPU machine. The target opened as djinn
+// opens it (after the draft, resident), then: the cost of a verification pass of T = 1..T_MAX rows (forward with
+// every row's logits, at position POS, as spec.c runs it) and of a plain decode step (one row, the last logits
+// only: the CUDA graph or the CPU share), and the draft's decode step. Medians of REPS passes, JSON on stdout.
+//
+//   spec_bench TARGET.bin DRAFT.bin RING_GB CPU_SHARE [T_MAX] [REPS]
+//
+// CPU_SHARE: dj_gpu_opts.cpu_share (-1: automatic, 0: the link alone). A pass's cost is timed around the call,
+// logits on the host included.
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../engine.h"
+#include "../loader.h"
+#include "../util.h"
+
+#define POS 256  // the position the timed passes start at (a short context already in the KV cache)
+
+static int cmp_d(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+// The median time of reps calls of forward(T rows at POS); all: every row's logits.
+static double time_pass(dj_engine *eng, const int32_t *tok, int64_t T, int all, float *logits, int reps) {
+    double t[64];
+    dj_err e;
+    for (int r = 0; r < reps; r++) {
+        double t0 = dj_now();
+        if (eng->forward(eng->ctx, 0, tok, T, POS, logits, all, &e)) {
+            fprintf(stderr, "spec_bench: %s\n", e.msg);
+            exit(1);
+        }
+        t[r] = dj_now() - t0;
+    }
+    qsort(t, (size_t)reps, sizeof *t, cmp_d);
+    return t[reps / 2];
+}
+
+static void load(const char *path, dj_model *m) {
+    dj_load_opts lo = {.want_pinned = 1, .quiet = 1};
+    dj_err e;
+    if (model_load(path, &lo, m, &e)) {
+        fprintf(stderr, "spec_bench: %s\n", e.msg);
+        exit(1);
+    }
+}
+
+int main(int argc, char **argv) {
+    if (argc < 5) {
+        fprintf(stderr, "usage: spec_bench TARGET.bin DRAFT.bin RING_GB CPU_SHARE [T_MAX] [REPS]\n");
+        return 2;
+    }
+    int t_max = argc > 5 ? atoi(argv[5]) : 17, reps = argc > 6 ? atoi(argv[6]) : 5;
+    if (t_max < 1 || t_max > 64 || reps < 1 || reps > 64) return fprintf(stderr, "spec_bench: bad T_MAX or REPS\n"), 2;
+    dj_model tm = {0}, dm = {0};
+    dj_engine tgt, dft;
+    dj_err e;
+    load(argv[2], &dm);
+    load(argv[1], &tm);
+    int64_t V = tm.info.config.vocab_size;
+    dj_gpu_opts dgo = {.max_seq = 1024, .warm_rows = 2, .quiet = 1};
+    dj_gpu_opts tgo = {.max_seq = 1024, .ring_gb = atof(argv[3]), .cpu_share = atof(argv[4]), .warm_rows = 2};
+    if (engine_open(&dft, &dm, &dgo, 1, &e) || engine_open(&tgt, &tm, &tgo, 1, &e)) {
+        fprintf(stderr, "spec_bench: %s\n", e.msg);
+        return 1;
+    }
+    int32_t *tok = malloc((POS + 64) * sizeof *tok);
+    float *logits = malloc((size_t)(64 * V) * sizeof *logits);
+    for (int i = 0; i < POS + 64; i++) tok[i] = 1000 + (i * 7919) % 100000;
+    // the context before POS, in both
+    if (tgt.forward(tgt.ctx, 0, tok, POS, 0, NULL, 0, &e) || dft.forward(dft.ctx, 0, tok, POS, 0, NULL, 0, &e)) {
+        fprintf(stderr, "spec_bench: %s\n", e.msg);
+        return 1;
+    }
+    printf("{\"target\": \"%s\", \"draft\": \"%s\", \"ring_gb\": %s, \"cpu_share\": %s, \"pos\": %d, \"reps\": %d,\n",
+           argv[1], argv[2], argv[3], argv[4], POS, reps);
+    double step = time_pass(&tgt, tok + POS, 1, 0, logits, reps), dstep = time_pass(&dft, tok + POS, 1, 0, logits, reps);
+    printf(" \"decode_step_ms\": %.4f, \"draft_step_ms\": %.4f,\n \"verify_ms\": [", step * 1e3, dstep * 1e3);
+    for (int T = 1; T <= t_max; T++) {
+        double t = time_pass(&tgt, tok + POS, T, 1, logits, reps);
+        printf("%s%.4f", T > 1 ? ", " : "", t * 1e3);
+        fprintf(stderr, "spec_bench: T = %d: %.2f ms\n", T, t * 1e3);
+        fflush(stdout);
+    }
+    printf("]}\n");
+    engine_close(&tgt), engine_close(&dft);
+    model_free(&tm), model_free(&dm);
+    free(tok), free(logits);
+    return 0;
+}

@@ -480,6 +480,7 @@ struct dj_cpu_state {
     float *hb, *hb2;   // (CPU_CHUNK, hidden_dim)
     float *k_cache;    // (n_slots, n_layers, n_kv_heads, max_seq, head_dim)
     float *v_cache;    // (n_slots, n_layers, n_kv_heads, max_seq, head_dim)
+    dj_probe *probe;   // dumps and steering after layers (probe.h), or NULL
 };
 
 int64_t cpu_vocab(const dj_cpu_state *s) { return s->c.vocab_size; }
@@ -608,7 +609,8 @@ static void cpu_embed(const dj_model *m, int32_t token, float *out) {
 // Runs T <= CPU_CHUNK rows through every layer; logits (T, vocab) if not NULL. Every row's keys and values are
 // written before any row attends, so rows of one slot at consecutive positions see each other causally; rows of
 // different slots never meet.
-static void cpu_forward_rows(dj_cpu_state *s, const int32_t *tokens, int64_t T, const cpu_rows *r, float *logits) {
+static int cpu_forward_rows(dj_cpu_state *s, const int32_t *tokens, int64_t T, const cpu_rows *r, float *logits,
+                            dj_err *e) {
     const dj_model *m = s->m;
     const dj_config *c = &s->c;
     const dj_layer_layout *L = &m->info.layer;
@@ -651,13 +653,18 @@ static void cpu_forward_rows(dj_cpu_state *s, const int32_t *tokens, int64_t T, 
         cpu_swiglu(s->hb, s->hb, s->hb2, T * hidden);
         cpu_matmul(s->xb, s->hb, slab + L->w_down, wt, T, hidden, dim);
         for (int64_t i = 0; i < T * dim; i++) s->x[i] += s->xb[i];
+        // probes: a control vector added to the residual stream, the rows dumped
+        if (s->probe && probe_rows(s->probe, l, s->x, T, tokens, r->pos, r->slot, e)) return -1;
     }
 
-    if (!logits) return;
+    if (!logits) return 0;
     const float *norm = (const float *)(dj_head_ptr(m) + m->info.head.norm);
     for (int64_t t = 0; t < T; t++) cpu_rmsnorm(s->xb + t * dim, s->x + t * dim, norm, dim, c->norm_eps);
     cpu_matmul(logits, s->xb, dj_lm_head_ptr(m), dj_lm_head_type(m), T, dim, c->vocab_size);
+    return 0;
 }
+
+void cpu_set_probe(dj_cpu_state *s, dj_probe *p) { s->probe = p; }
 
 static int cpu_check_slot(const dj_cpu_state *s, int32_t slot, dj_err *e) {
     if (slot < 0 || slot >= s->n_slots)
@@ -687,7 +694,8 @@ int cpu_forward_slot(dj_cpu_state *s, int32_t slot, const int32_t *tokens, int64
     for (int64_t t0 = 0; t0 < T; t0 += CPU_CHUNK) {
         int64_t n = T - t0 < CPU_CHUNK ? T - t0 : CPU_CHUNK;
         for (int64_t t = 0; t < n; t++) r.slot[t] = slot, r.pos[t] = pos + t0 + t;
-        cpu_forward_rows(s, tokens + t0, n, &r, logits ? logits + t0 * (int64_t)s->c.vocab_size : NULL);
+        if (cpu_forward_rows(s, tokens + t0, n, &r, logits ? logits + t0 * (int64_t)s->c.vocab_size : NULL, e))
+            return -1;
     }
     return 0;
 }
@@ -708,7 +716,7 @@ int cpu_step_batch(dj_cpu_state *s, int32_t B, const int32_t *slots, const int64
     for (int32_t b0 = 0; b0 < B; b0 += CPU_CHUNK) {
         int32_t n = B - b0 < CPU_CHUNK ? B - b0 : CPU_CHUNK;
         for (int32_t t = 0; t < n; t++) r.slot[t] = slots[b0 + t], r.pos[t] = pos[b0 + t];
-        cpu_forward_rows(s, tokens + b0, n, &r, logits + (size_t)b0 * s->c.vocab_size);
+        if (cpu_forward_rows(s, tokens + b0, n, &r, logits + (size_t)b0 * s->c.vocab_size, e)) return -1;
     }
     return 0;
 }
@@ -758,5 +766,7 @@ int cpu_restore(dj_cpu_state *s, dj_cpu_parked *p, int32_t slot, dj_err *e) {
     free(p);
     return 0;
 }
+
+float *cpu_parked_kv(dj_cpu_parked *p) { return p->kv; }
 
 void cpu_parked_free(dj_cpu_parked *p) { free(p); }

@@ -7,6 +7,7 @@
 
 #include "loader.h"
 #include "pool.h"
+#include "probe.h"
 
 // ---- ops: fp32 arithmetic throughout; weights stay in their stored dtype and are widened on the fly.
 // y (T, n_out) = x (T, n_in) . W^T, with W (n_out, n_in) in wtype; multithreaded.
@@ -58,5 +59,9 @@ dj_cpu_parked *cpu_park(dj_cpu_state *s, int32_t slot, int64_t n, dj_err *e);
 // Copies p into positions 0..n-1 of `slot` (n: p's) and frees p; on an error p is kept.
 int cpu_restore(dj_cpu_state *s, dj_cpu_parked *p, int32_t slot, dj_err *e);
 void cpu_parked_free(dj_cpu_parked *p);
+// The parked keys, then values, each (n_layers, n_kv_heads, n, head_dim): what a session file holds.
+float *cpu_parked_kv(dj_cpu_parked *p);
+// Probes (probe.h) after every layer of later passes; NULL: none. The caller keeps p alive meanwhile.
+void cpu_set_probe(dj_cpu_state *s, dj_probe *p);
 
 #endif

@@ -18,8 +18,10 @@
 #include "fileio.h"
 #include "kernels.h"
 #include "loader.h"
+#include "probe.h"
 #include "sampler.h"
 #include "server.h"
+#include "session.h"
 #include "spec.h"
 #include "stops.h"
 #include "tokenizer.h"
@@ -30,6 +32,7 @@
 enum { EXIT_ERR = 1, EXIT_USAGE = 2, EXIT_CHECK = 3, EXIT_INTERRUPTED = 130 };
 #define DJINN_VERSION "0.4.0"
 #define MAX_STOPS 16
+#define MAX_STEERS 64
 #define DEFAULT_CTX 4096  // a KV cache for Llama 3.1's 131072 positions would not fit most GPUs
 #define DEFAULT_DRAFT_MAX 8
 _Static_assert(SPEC_K_MAX == 32, "--draft-max's message names SPEC_K_MAX");
@@ -90,6 +93,11 @@ typedef struct {
     const char *draft_path;  // --draft: speculative decoding with this model as the draft (spec.h)
     dj_spec_opts spec;       // --draft-max, --draft-p-min
     int spec_given;          // either of them given
+    const char *dump_layers, *dump_path;  // --dump-act LAYERS FILE (probe.h)
+    const char *steers[MAX_STEERS];       // --steer LAYER:FILE[:SCALE]
+    int n_steers;
+    const char *save_session, *load_session;  // --save-session FILE, --load-session FILE (session.h)
+    dj_probe *probe;                      // --dump-act and --steer, made once the model is loaded
 } dj_opts;
 
 static void usage(FILE *f) {
@@ -153,6 +161,14 @@ static void usage(FILE *f) {
             "  --draft-max K    most tokens drafted per pass of MODEL, 1 to %d (default %d)\n"
             "  --draft-p-min P  stop drafting where the draft's most likely token is below probability P (default 0:\n"
             "                   draft all K)\n"
+            "  --dump-act LAYERS FILE  write the residual stream after LAYERS ('0,15,31' or 'all') at every\n"
+            "                   processed position to FILE as float32 (format: README; tools/read_act.py reads it)\n"
+            "  --steer LAYER:FILE[:SCALE]  add the control vector in FILE (dim float32 values), times SCALE (default\n"
+            "                   1), to the residual stream after LAYER at every position; repeatable (tools/\n"
+            "                   make_cvector.py makes one)\n"
+            "  --save-session FILE  after the run, write its tokens, KV cache and sampler state to FILE\n"
+            "  --load-session FILE  resume a saved run: its text, then -n more tokens, as one run would have gone on\n"
+            "                   (same seed, same text; -s reseeds); not with -p or -f\n"
             "  --tokenize       print the prompt's token ids and exit\n"
             "  --version        print the version and the model.bin versions this build reads\n"
             "  --help           this text\n"
@@ -192,6 +208,28 @@ static int64_t test_sigint_token(void) {
     return at && !parse_i64(at, &n) ? n : -1;
 }
 
+// --dump-act, --steer (their syntax; the layers against the model once it is loaded), --save-session, --load-session.
+static int check_probe_args(const dj_opts *o) {
+    dj_err e;
+    uint32_t layer;
+    char *file;
+    double scale;
+    if (o->dump_layers && probe_parse_layers(o->dump_layers, 0, NULL, &e)) return usage_error("--dump-act: %s", e.msg);
+    for (int k = 0; k < o->n_steers; k++) {
+        if (probe_parse_steer(o->steers[k], 0, &layer, &file, &scale, &e)) return usage_error("--steer: %s", e.msg);
+        free(file);
+    }
+    if ((o->dump_path || o->n_steers) && (o->tokenize || o->draft_path))
+        return usage_error("%s", "--dump-act and --steer work on the model's passes: not with --tokenize or --draft");
+    if ((o->save_session || o->load_session) &&
+        (o->chat || o->check_path || o->ppl_path || o->tokenize || o->draft_path))
+        return usage_error("%s", "--save-session and --load-session keep a generation: not with --chat, --check, "
+                                 "--perplexity, --tokenize or --draft");
+    if (o->load_session && (o->prompt[0] || o->prompt_file || o->logits_path))
+        return usage_error("%s", "--load-session resumes the session's own text: not with -p, -f or --logits");
+    return 0;
+}
+
 // Returns 0 when parsed, else the exit code (EXIT_USAGE, or -1 for --help, -2 for --version).
 static int parse_args(int argc, char **argv, dj_opts *o) {
     *o = (dj_opts){.prompt = "", .n_new = 256, .smp = DJ_SAMPLING_DEFAULT, .tol = -1, .cpu_share = -1,
@@ -208,6 +246,25 @@ static int parse_args(int argc, char **argv, dj_opts *o) {
         if (!strcmp(a, "--no-graph")) { o->no_graph = 1; continue; }
         if (!strcmp(a, "--fma-attn")) { o->fma_attn = 1; continue; }
         if (!strcmp(a, "--no-pin")) { o->no_pin = 1; continue; }
+        // probes and sessions; --dump-act takes two values
+        if (!strcmp(a, "--dump-act") || !strcmp(a, "--steer") || !strcmp(a, "--save-session") ||
+            !strcmp(a, "--load-session")) {
+            int two = !strcmp(a, "--dump-act");
+            if (i + 1 + two >= argc)
+                return usage_error(two ? "option '%s' needs LAYERS and FILE" : "option '%s' needs a value", a);
+            const char *v = argv[++i];
+            if (two) {
+                o->dump_layers = v, o->dump_path = argv[++i];
+            } else if (!strcmp(a, "--steer")) {
+                if (o->n_steers == MAX_STEERS) return usage_error("more than %s --steer vectors", "64");
+                o->steers[o->n_steers++] = v;
+            } else if (!strcmp(a, "--save-session")) {
+                o->save_session = v;
+            } else {
+                o->load_session = v;
+            }
+            continue;
+        }
         if (a[0] != '-' || a[1] == 0) {
             if (o->model_path) return usage_error("unexpected argument '%s'", a);
             o->model_path = a;
@@ -316,7 +373,7 @@ static int parse_args(int argc, char **argv, dj_opts *o) {
     if (o->draft_path && (o->chat || o->check_path || o->ppl_path || o->tokenize || o->logits_path))
         return usage_error("%s", "--draft speeds up generation: not with --chat, --check, --perplexity, --tokenize or "
                                  "--logits");
-    return 0;
+    return check_probe_args(o);
 }
 
 // ---- engines
@@ -330,7 +387,8 @@ static int open_engine(dj_engine *eng, const dj_model *m, const dj_opts *o, int6
     dj_gpu_opts go = {.ring_gb = o->ring_gb, .max_seq = ctx, .stream_all = o->stream_all,
                       .sync_copy = o->sync_copy, .no_graph = o->no_graph, .fma_attn = o->fma_attn,
                       .warm_rows = warm, .cpu_share = o->cpu_share};
-    return engine_open(eng, m, &go, 1, e);
+    if (engine_open(eng, m, &go, 1, e)) return -1;
+    return o->probe ? eng->set_probe(eng->ctx, o->probe, e) : 0;
 }
 
 // --draft: the draft model, loaded as the target was (page-locked for the GPU), checked against the target's
@@ -395,6 +453,7 @@ static int emit(const char *text, size_t len, dj_err *e) {
 // The run's output files (fileio.h: checked and created before loading, renamed into place when complete).
 typedef struct {
     dj_out logits, stats;
+    dj_out dump, session;  // --dump-act (handed to the probe), --save-session
 } dj_outputs;
 
 static int write_rows(dj_outputs *out, const float *rows, int64_t n_rows, int64_t vocab, dj_err *e) {
@@ -552,6 +611,14 @@ static int write_stats(dj_out *out, const dj_model *m, const dj_engine *eng, con
     return rc ? -1 : out_commit(out, 0, e);
 }
 
+// A resumed session keeps its sampling settings when this run leaves every one at its default.
+static int sampling_is_default(const dj_sampling *p) {
+    const dj_sampling d = DJ_SAMPLING_DEFAULT;
+    return p->temp == d.temp && p->top_p == d.top_p && p->min_p == d.min_p && p->top_k == d.top_k &&
+           p->repeat_penalty == d.repeat_penalty && p->presence_penalty == d.presence_penalty &&
+           p->frequency_penalty == d.frequency_penalty && p->repeat_last_n == d.repeat_last_n;
+}
+
 // ---- --stop (stops.h): the generated text goes to stdout through the held text
 static int emit_to_stdout(void *ctx, const char *text, size_t n, dj_err *e) { return emit(text, n, e); }
 
@@ -632,6 +699,16 @@ static int run_generate(const dj_model *m, const dj_tokenizer *tok, const dj_opt
     int hit = -1;        // the --stop string found
     dj_draft draft = {0};  // --draft
     dj_spec *sp = NULL;
+    dj_session ses = {0};  // --load-session: its tokens take the prompt's place
+    if (o->load_session) {
+        if (session_open(&ses, o->load_session, m, o->model_path, ctx, e)) goto out;
+        free(ids), n_prompt = (size_t)ses.n_tokens;
+        if (!(ids = malloc(n_prompt * sizeof *ids))) {
+            dj_fail(e, "out of memory");
+            goto out;
+        }
+        memcpy(ids, ses.ids, n_prompt * sizeof *ids);
+    }
     if (n_prompt == 0) {
         dj_fail(e, "the prompt is empty and the model has no BOS token: give a prompt with -p");
         goto out;
@@ -660,12 +737,15 @@ static int run_generate(const dj_model *m, const dj_tokenizer *tok, const dj_opt
         goto out;
     }
     uint64_t seed = o->seed_given ? o->seed : fresh_seed();
-    if (!(smp = sampler_new_with(vocab, &o->smp, seed, e))) goto out;
+    // a resumed run samples as the session did, unless this run's sampling options say otherwise
+    const dj_sampling *smp_set = o->load_session && sampling_is_default(&o->smp) ? &ses.smp : &o->smp;
+    if (!(smp = sampler_new_with(vocab, smp_set, seed, e))) goto out;
     if (o->draft_path && !(rs.spec = sp = spec_new(&eng, &draft.eng, vocab, smp, &o->smp, seed ^ 0xD1B54A32D192ED03ull,
                                                    tok, ctx, &o->spec, e)))
         goto out;
     for (size_t i = 0; i < n_prompt; i++) sampler_accept(smp, ids[i]);  // the penalties' window starts in the prompt
-    if (!o->seed_given && !sampler_is_greedy(smp)) fprintf(stderr, "djinn: seed %" PRIu64 " (-s to repeat)\n", seed);
+    if (o->load_session && !o->seed_given) sampler_set_rng_state(smp, ses.rng);  // -s reseeds
+    else if (!o->seed_given && !sampler_is_greedy(smp)) fprintf(stderr, "djinn: seed %" PRIu64 " (-s to repeat)\n", seed);
     stream = tok_stream_new(tok);
     if (!stream) {
         dj_fail(e, "out of memory");
@@ -678,7 +758,9 @@ static int run_generate(const dj_model *m, const dj_tokenizer *tok, const dj_opt
     double t_start = dj_now();
     int32_t cand;  // the token the last pass picked
     test_sigint_before("prefill");
-    if (want_rows) {
+    if (o->load_session) {  // the session's KV cache, then the token after its text
+        if (session_resume(&ses, &eng, 0, smp, logits, &cand, e)) goto out;
+    } else if (want_rows) {
         if (eng.forward(eng.ctx, 0, ids, (int64_t)n_prompt, 0, logits, 1, e) ||
             write_rows(out, logits, (int64_t)n_prompt, vocab, e))
             goto out;
@@ -747,6 +829,9 @@ static int run_generate(const dj_model *m, const dj_tokenizer *tok, const dj_opt
             break;
         }
     }
+    // --save-session: the last token's pass ran (and picked the next) when none was generated or the loop stopped
+    // before sampling again; otherwise the last token is not fed yet (with --logits: fed, nothing picked)
+    const int last_ran = n_gen == 0 || (stop && (!strcmp(stop, "interrupted") || !strcmp(stop, "context full")));
     if (!stop && interrupted) stop = "interrupted";  // during the prefill of -n 0, or the last token's pass
     const char *tail = tok_stream_flush(stream, &len);
     if (o->n_stops) {  // the held text: up to the stop string found, or all of it
@@ -799,11 +884,18 @@ static int run_generate(const dj_model *m, const dj_tokenizer *tok, const dj_opt
                     g.cpu_share, (double)g.cpu_bytes_per_token / 1e9);
     }
     if (out->stats.tmp && write_stats(&out->stats, m, &eng, o, &rs, e)) goto out;
+    if (out->session.tmp) {
+        dj_session save = {.ids = ids, .n_tokens = n, .n_prompt = o->load_session ? ses.n_prompt : (int64_t)n_prompt,
+                           .n_kv = last_ran || want_rows ? n : n - 1, .next = last_ran ? cand : -1,
+                           .rng = sampler_rng_state(smp), .smp = *smp_set, .ctx = ctx};
+        if (session_save(&out->session, m, &eng, 0, &save, e)) goto out;
+    }
     if (want_rows && out_commit(&out->logits, 0, e)) goto out;
     rc = interrupted ? EXIT_INTERRUPTED : 0;
 out:
     held_free(&held);
     if (stream) tok_stream_free(stream);
+    session_close(&ses);
     spec_free(sp);
     engine_close(&eng);
     close_draft(&draft);
@@ -936,6 +1028,53 @@ out:
     return rc;
 }
 
+// ---- --dump-act, --steer, --save-session
+// Their outputs: none of them an input of the run (the model, a reference, a steering vector, the session loaded) or
+// another output.
+static int open_probe_outputs(const dj_opts *o, dj_outputs *out, dj_err *e) {
+    const char *others[8 + MAX_STEERS] = {o->model_path, o->check_path, o->logits_path, o->stats_path, o->ppl_path,
+                                          o->prompt_file, o->load_session, NULL};
+    int n = 8, rc = 0;
+    for (int k = 0; k < o->n_steers; k++) {
+        uint32_t layer;
+        double scale;
+        char *file;
+        if (probe_parse_steer(o->steers[k], 0, &layer, &file, &scale, e)) {  // checked already: does not fail
+            rc = -1;
+            goto out;
+        }
+        others[n++] = file;
+    }
+    others[7] = o->save_session;
+    if (o->dump_path && out_open(&out->dump, o->dump_path, "--dump-act", others, n, e)) rc = -1;
+    others[7] = o->dump_path;
+    if (!rc && o->save_session && out_open(&out->session, o->save_session, "--save-session", others, n, e)) rc = -1;
+out:
+    for (int k = 8; k < n; k++) free((char *)others[k]);
+    return rc;
+}
+
+// The probe of --dump-act and --steer for the loaded model: the layers checked against it (a usage error), the dump's
+// file handed over, the vectors read.
+static int make_probe(const dj_model *m, dj_opts *o, dj_outputs *out, dj_err *e) {
+    const dj_config *c = &m->info.config;
+    uint32_t layer;
+    double scale;
+    char *file;
+    if (o->dump_layers && probe_parse_layers(o->dump_layers, c->n_layers, NULL, e))
+        return usage_error("--dump-act: %s", e->msg);
+    for (int k = 0; k < o->n_steers; k++) {
+        if (probe_parse_steer(o->steers[k], c->n_layers, &layer, &file, &scale, e))
+            return usage_error("--steer: %s", e->msg);
+        free(file);
+    }
+    if (!(o->probe = probe_new(c, e))) return EXIT_ERR;
+    if (o->dump_path && probe_open_dump(o->probe, o->dump_layers, &out->dump, e)) return EXIT_ERR;
+    for (int k = 0; k < o->n_steers; k++)
+        if (probe_add_steer(o->probe, o->steers[k], e)) return EXIT_ERR;
+    return 0;
+}
+
 // ---- main
 // The files this run writes, checked and created before the long work: none of them an input of the run or the other
 // output (fileio.h). stdout appended to an input (djinn m.bin >> m.bin) is refused too.
@@ -950,7 +1089,7 @@ static int open_outputs(const dj_opts *o, dj_outputs *out, dj_err *e) {
     const char *others_s[3] = {o->model_path, o->check_path, o->logits_path};
     if (o->logits_path && out_open(&out->logits, o->logits_path, "--logits", others_l, 3, e)) return -1;
     if (o->stats_path && out_open(&out->stats, o->stats_path, "--stats-json", others_s, 3, e)) return -1;
-    return 0;
+    return open_probe_outputs(o, out, e);
 }
 
 int main(int argc, char **argv) {
@@ -971,7 +1110,7 @@ int main(int argc, char **argv) {
     signal(SIGINT, on_sigint);
     dj_err e = {{0}};
     dj_model m = {0};
-    dj_outputs out = {{.fd = -1}, {.fd = -1}};
+    dj_outputs out = {{.fd = -1}, {.fd = -1}, {.fd = -1}, {.fd = -1}};
     dj_tokenizer *tok = NULL;
     int rc = EXIT_ERR;
     char *prompt_text = NULL;
@@ -1008,6 +1147,8 @@ int main(int argc, char **argv) {
         rc = EXIT_USAGE;
         goto done;
     }
+    if ((o.dump_path || o.n_steers) && (rc = make_probe(&m, &o, &out, &e))) goto done;
+    rc = EXIT_ERR;
     if (o.check_path) {
         rc = run_check(&m, &o, &e);
     } else {
@@ -1021,9 +1162,11 @@ int main(int argc, char **argv) {
              : o.chat   ? run_chat(&m, tok, &o, &e)
                         : run_generate(&m, tok, &o, &out, dt, &e);
     }
+    if (o.probe && (rc == 0 || rc == EXIT_INTERRUPTED) && probe_finish(o.probe, &e)) rc = EXIT_ERR;  // the dump
 done:
     if (rc && rc != EXIT_CHECK && rc != EXIT_INTERRUPTED && rc != EXIT_USAGE) fprintf(stderr, "djinn: %s\n", e.msg);
     out_abort(&out.logits), out_abort(&out.stats);  // what was not completed
+    out_abort(&out.dump), out_abort(&out.session), probe_free(o.probe);
     tok_free(tok);
     model_free(&m);
     free(prompt_text);

@@ -84,6 +84,11 @@ static int cpu_engine_restore(void *ctx, dj_parked *p, int32_t slot, dj_err *e) 
     return cpu_restore(ctx, (dj_cpu_parked *)p, slot, e);
 }
 static void cpu_engine_drop(void *ctx, dj_parked *p) { cpu_parked_free((dj_cpu_parked *)p); }
+static void *cpu_engine_parked_kv(void *ctx, dj_parked *p, dj_err *e) { return cpu_parked_kv((dj_cpu_parked *)p); }
+static int cpu_engine_set_probe(void *ctx, dj_probe *p, dj_err *e) {
+    cpu_set_probe(ctx, p);
+    return 0;
+}
 static void cpu_engine_free(void *ctx) { cpu_state_free(ctx); }
 
 // ---- the GPU engine
@@ -110,6 +115,10 @@ static int gpu_engine_rows(void *ctx, int64_t n, const int32_t *slots, const int
     return gpu_step_rows(ctx, n, slots, pos, tokens, n_want, want, logits, e);
 }
 static void gpu_engine_drop(void *ctx, dj_parked *p) { gpu_drop(ctx, (dj_gpu_parked *)p); }
+static void *gpu_engine_parked_kv(void *ctx, dj_parked *p, dj_err *e) {
+    return gpu_parked_host(ctx, (dj_gpu_parked *)p, e);
+}
+static int gpu_engine_set_probe(void *ctx, dj_probe *p, dj_err *e) { return gpu_set_probe(ctx, p, e); }
 static void gpu_engine_free(void *ctx) { gpu_state_free(ctx); }
 
 uint64_t engine_kv_pos_bytes(const dj_config *c) {
@@ -122,7 +131,8 @@ int engine_open(dj_engine *eng, const dj_model *m, const dj_gpu_opts *go, int32_
         dj_cpu_state *s = cpu_state_new_slots(m, go->max_seq, n_slots, e);
         if (!s) return -1;
         *eng = (dj_engine){"cpu", 0, s, n_slots, go->max_seq, cpu_engine_forward, NULL, cpu_engine_step,
-                           cpu_engine_rows, cpu_engine_park, cpu_engine_restore, cpu_engine_drop, cpu_engine_free};
+                           cpu_engine_rows, cpu_engine_park, cpu_engine_restore, cpu_engine_drop, cpu_engine_free,
+                           cpu_engine_parked_kv, cpu_engine_set_probe};
         return 0;
     }
     if (n_slots < 1) return dj_fail(e, "%d KV slots asked for", n_slots);
@@ -131,7 +141,8 @@ int engine_open(dj_engine *eng, const dj_model *m, const dj_gpu_opts *go, int32_
     dj_gpu_state *s = gpu_state_new(m, &o, e);
     if (!s) return -1;
     *eng = (dj_engine){"gpu", 1, s, n_slots, go->max_seq, gpu_engine_forward, gpu_engine_pick, gpu_engine_step,
-                       gpu_engine_rows, gpu_engine_park, gpu_engine_restore, gpu_engine_drop, gpu_engine_free};
+                       gpu_engine_rows, gpu_engine_park, gpu_engine_restore, gpu_engine_drop, gpu_engine_free,
+                       gpu_engine_parked_kv, gpu_engine_set_probe};
     return 0;
 }
 

@@ -54,6 +54,12 @@ typedef struct {
     int (*restore)(void *ctx, dj_parked *p, int32_t slot, dj_err *e);
     void (*drop)(void *ctx, dj_parked *p);
     void (*free)(void *ctx);
+    // A parked cache's keys, then values, each (n_layers, n_kv_heads, n, head_dim) f32 (n * engine_kv_pos_bytes
+    // bytes) in host memory, its copies done: read it, or fill it before restore (session.h).
+    void *(*parked_kv)(void *ctx, dj_parked *p, dj_err *e);
+    // Probes (probe.h: dumps and control vectors after layers) for every later pass; NULL: none. The caller keeps
+    // the probe alive while it is set, and sets it again after changing its vectors.
+    int (*set_probe)(void *ctx, dj_probe *p, dj_err *e);
 } dj_engine;
 
 // Bytes of one position's keys and values over every layer (f32): a slot is max_seq of them.

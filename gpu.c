@@ -267,13 +267,18 @@ static int gpu_body(dj_gpu_state *s, int64_t T, const uint8_t **head, const uint
     gpu_bufs *b = &s->b;
     int nl = (int)c->n_layers;
     if (c->embed_type != DJ_F32 && gpu_widen_rows(b->x, b->delta, c->embed_type, T, c->dim, s->compute, e)) return -1;
+    int pending = 0;  // a layer's output in d_delta not yet added to d_x (a probe may add it: probe_gpu.c)
     for (int l = 0; l < nl; l++) {
         const uint8_t *w;
-        if (unit_begin(s, l, &w, e) || gpu_layer(s, w, l, T, l > 0, e) || unit_end(s, l, e)) return -1;
+        if (unit_begin(s, l, &w, e) || gpu_layer(s, w, l, T, pending, e) || unit_end(s, l, e)) return -1;
+        pending = 1;
+        if (gpu_probe_layer(s, l, T, &pending, e)) return -1;
     }
     if (unit_begin(s, nl, head, e)) return -1;
     *lm = *head + s->sc.head_lm_off;
-    return gpu_add_rmsnorm(b->x, b->delta, b->xb, (const float *)*head, T, c->dim, c->norm_eps, s->compute, e);
+    const float *norm = (const float *)*head;
+    return pending ? gpu_add_rmsnorm(b->x, b->delta, b->xb, norm, T, c->dim, c->norm_eps, s->compute, e)
+                   : gpu_rmsnorm(b->xb, b->x, norm, T, c->dim, c->norm_eps, s->compute, e);
 }
 
 // Logits (rows, vocab) into d_logits for rows r0.. of the pass, from the head gpu_body left ready.
@@ -293,6 +298,7 @@ static int upload_tokens(dj_gpu_state *s, const int32_t *tokens, int64_t T, dj_e
     size_t row_bytes = (size_t)dj_row_bytes(c->embed_type, c->dim);
     for (int64_t t = 0; t < T; t++)
         memcpy(b->h_x + (size_t)t * row_bytes, dj_embed_ptr(s->m) + (size_t)tokens[t] * row_bytes, row_bytes);
+    s->pr.tokens = tokens;  // a probe's records name them
     void *dst = c->embed_type == DJ_F32 ? (void *)b->x : (void *)b->delta;
     size_t np = s->step_rows ? (size_t)T : 1;
     return gpu_h2d_async(dst, b->h_x, (size_t)T * row_bytes, s->compute, e) ||
@@ -356,7 +362,8 @@ static int gpu_pass(dj_gpu_state *s, const int32_t *tokens, int64_t T, float *lo
     int nl = (int)s->m->info.config.n_layers;
     sched_pass_begin(s, T);
     if (upload_tokens(s, tokens, T, e)) return -1;
-    if (T == 1 && !s->sc.plan->n_streamed && (logits || pk) && !s->opts.no_graph && !s->prof.on)
+    if (T == 1 && !s->sc.plan->n_streamed && (logits || pk) && !s->opts.no_graph && !s->prof.on &&
+        gpu_probe_graphable(s))
         return graph_step(s, logits, pk, e);
     const uint8_t *head, *lm;
     if (gpu_body(s, T, &head, &lm, e)) return -1;
@@ -742,6 +749,7 @@ void gpu_state_free(dj_gpu_state *s) {
     sched_free(s);
     share_free(s);
     if (s->graph) gpu_graph_destroy(s->graph);
+    gpu_probe_free(s);
     prof_free(s);
     gpu_bufs *b = &s->b;
     void *dev[] = {s->sc.d_w, b->inv_freq, b->k, b->v, b->x, b->xb, b->delta, b->qkv, b->att, b->ffn, b->hb,

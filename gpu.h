@@ -7,6 +7,7 @@
 #include <stdint.h>
 
 #include "loader.h"
+#include "probe.h"
 #include "sampler.h"
 
 typedef struct {
@@ -75,5 +76,12 @@ dj_gpu_parked *gpu_park(dj_gpu_state *s, int32_t slot, int64_t n, dj_err *e);
 int gpu_restore(dj_gpu_state *s, dj_gpu_parked *p, int32_t slot, dj_err *e);
 void gpu_drop(dj_gpu_state *s, dj_gpu_parked *p);
 void gpu_state_stats(dj_gpu_state *s, dj_gpu_stats *out);  // the parking copies finished so far included
+// The parked keys, then values, each (n_layers * n_kv_heads, n, head_dim) f32, in host memory once its copies are
+// done (it waits for them): read them, or write them before gpu_restore.
+void *gpu_parked_host(dj_gpu_state *s, dj_gpu_parked *p, dj_err *e);
+// Probes (probe.h) after the layers of every later pass, NULL for none; the caller keeps p alive meanwhile. The
+// control vectors go to the device now (set it again after changing them); a probe that dumps runs the decode step
+// launch by launch, one that only steers keeps the CUDA graph (captured again with the additions).
+int gpu_set_probe(dj_gpu_state *s, dj_probe *p, dj_err *e);
 
 #endif

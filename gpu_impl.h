@@ -106,6 +106,17 @@ typedef struct {
 // stream by events, so that neither the host nor the weight copies wait for them.
 typedef struct gpu_parking gpu_parking;
 
+// Probes (probe_gpu.c, probe.h): the control vectors on the device, the rows of a dumped layer on their way back.
+typedef struct {
+    dj_probe *p;            // NULL: none
+    float *d_vec;           // (n_layers, dim): the vector added after each steered layer
+    uint8_t *steered;       // (n_layers) host: that layer has one
+    float *h_rows;          // pinned (max_batch, dim): a dumped layer's rows
+    int64_t *pos;           // (max_batch) host: their positions
+    int32_t *slot;          // (max_batch) host: their KV slots
+    const int32_t *tokens;  // the pass's tokens (upload_tokens)
+} gpu_probe;
+
 // A run of a step pass: rows r0 .. r0+len-1 are consecutive positions of one slot (a prompt's chunk), attending
 // with the prefill kernel.
 typedef struct {
@@ -138,6 +149,7 @@ struct dj_gpu_state {
     cudaGraphExec_t graph;         // the all-resident decode step, captured on first use
     dj_gpu_stats st;
     gpu_prof prof;
+    gpu_probe pr;
 };
 
 // ---- stream.c: the copy schedule
@@ -175,5 +187,12 @@ void share_stats(dj_gpu_state *s);                // bytes per decode token over
 // y (n_out) = W x for one token, rows [0, gpu_rows) by the GPU from w, the rest by the CPU from hw.
 int share_matvec(dj_gpu_state *s, float *y, const float *x, const uint8_t *w, const uint8_t *hw, const sp_mat *mt,
                  dj_err *e);
+
+// ---- probe_gpu.c: probes
+// After layer l of a pass of T rows (its output still in d_delta, *pending): the layer's control vector added to the
+// residual stream, which then holds the add (*pending = 0), and its rows dumped (the compute stream waits for them).
+int gpu_probe_layer(dj_gpu_state *s, int l, int64_t T, int *pending, dj_err *e);
+int gpu_probe_graphable(const dj_gpu_state *s);  // the decode graph can hold the probes: none dumps
+void gpu_probe_free(dj_gpu_state *s);
 
 #endif

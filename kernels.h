@@ -143,6 +143,10 @@ int gpu_rmsnorm(float *out, const float *x, const float *w, int64_t T, int64_t n
 // out may alias delta (not x).
 int gpu_add_rmsnorm(float *x, const float *delta, float *out, const float *w, int64_t T, int64_t n, float eps,
                     cudaStream_t s, dj_err *e);
+// The residual add alone: out (T, n) = x + delta, plus v (n) on every row when v is not NULL (a control vector:
+// probe.h). The same sums as gpu_add_rmsnorm's x, so rmsnorm(out) equals its normed output bitwise. out may alias x.
+int gpu_residual_add(float *out, const float *x, const float *delta, const float *v, int64_t T, int64_t n,
+                     cudaStream_t s, dj_err *e);
 // out (T, n) = silu(gate) * up, gate and up rows `ld` floats apart (ld = n for separate buffers, 2n for
 // one (T, 2n) buffer holding [gate | up] per row, then up = gate + n). out may alias gate only when ld == n.
 int gpu_swiglu(float *out, const float *gate, const float *up, int64_t T, int64_t n, int64_t ld, cudaStream_t s,

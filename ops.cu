@@ -86,6 +86,27 @@ extern "C" int gpu_add_rmsnorm(float *x, const float *delta, float *out, const f
     return 0;
 }
 
+// ---- the residual add on its own (probes: the stream after a layer, a control vector added)
+// One thread per element: out = x + delta (+ v[column]), each add rounded as the fused norm's (no contraction: adds
+// only).
+__global__ void residual_add_kernel(float *out, const float *x, const float *delta, const float *v, int64_t T,
+                                    int64_t n) {
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < T * n; i += (int64_t)gridDim.x * blockDim.x) {
+        float r = x[i] + delta[i];
+        if (v) r += v[i % n];
+        out[i] = r;
+    }
+}
+
+extern "C" int gpu_residual_add(float *out, const float *x, const float *delta, const float *v, int64_t T, int64_t n,
+                                cudaStream_t s, dj_err *e) {
+    if (T < 0 || n < 1) return dj_fail(e, "gpu_residual_add: bad shape T=%lld n=%lld", (long long)T, (long long)n);
+    if (T == 0) return 0;
+    residual_add_kernel<<<grid_1d(T * n, 256), 256, 0, s>>>(out, x, delta, v, T, n);
+    LAUNCH_CHECK("residual_add", s);
+    return 0;
+}
+
 // ---- RoPE
 // One thread per rotated pair (t, head, i). The products and the difference are rounded separately
 // (no FMA contraction), as the CPU reference computes them.

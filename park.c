@@ -166,6 +166,10 @@ int gpu_restore(dj_gpu_state *s, dj_gpu_parked *p, int32_t slot, dj_err *e) {
     return 0;
 }
 
+void *gpu_parked_host(dj_gpu_state *s, dj_gpu_parked *p, dj_err *e) {
+    return gpu_stream_sync(s->park->st, e) ? NULL : p->host;
+}
+
 // Into the pool (later copies on the parking stream come after this one's, so a reuse is safe), or freed: the
 // largest goes when the pool is full. Freeing page-locked memory waits for the device.
 void gpu_drop(dj_gpu_state *s, dj_gpu_parked *p) {

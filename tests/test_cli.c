@@ -1138,3 +1138,219 @@ Test(cli, valgrind_clean_cpu_generation, .timeout = 300) {
     free(err);
     tcli_teardown(&c);
 }
+
+// ---- probes (probe.h) and sessions (session.h)
+// The text of `argv` with one more flag at its end (NULL: none), which must succeed.
+#define TCLI_ARGV(...) ((char *[]){tcli_djinn_path, __VA_ARGS__, NULL})
+
+// --dump-act: the run's text is unchanged, and the file holds a record per processed position and listed layer
+// (the prompt's 5, then each generated token but the last), its header saying so.
+Test(cli, dump_act_file) {
+    tcli_ctx c;
+    tcli_setup(&c);
+    char act[600];
+    snprintf(act, sizeof act, "%s/act.bin", c.dir);
+    char *want = tcli_text(&c, TCLI_ARGV(c.model, "-p", "Once upon a time", "-n", "8", "-t", "0", "--cpu"));
+    char *got = tcli_text(&c, TCLI_ARGV(c.model, "-p", "Once upon a time", "-n", "8", "-t", "0", "--cpu", "--dump-act",
+                                        "4,0", act));
+    cr_assert_str_eq(got, want, "--dump-act changed the text");
+    size_t n;
+    uint8_t *b = (uint8_t *)tc_must_read(act, &n);
+    uint64_t nrec, rb;
+    memcpy(&nrec, b + 24, 8), memcpy(&rb, b + 32, 8);
+    cr_assert(!memcmp(b, "DJINNACT", 8) && nrec == 12 * 2 && n == 256 + nrec * rb && b[64] == 0x11,
+              "%zu bytes, %llu records", n, (unsigned long long)nrec);
+    int pos_seen[12] = {0};
+    for (uint64_t r = 0; r < nrec; r++) {
+        uint32_t h[4];
+        memcpy(h, b + 256 + r * rb, 16);
+        cr_assert((h[0] == 0 || h[0] == 4) && h[1] < 12 && h[3] == 0, "record %llu: layer %u pos %u slot %u",
+                  (unsigned long long)r, h[0], h[1], h[3]);
+        pos_seen[h[1]]++;
+    }
+    for (int p = 0; p < 12; p++) cr_assert_eq(pos_seen[p], 2, "position %d", p);
+    free(b), free(want), free(got);
+    tcli_teardown(&c);
+}
+
+// --steer: a zero vector gives the --logits file byte for byte and the same text; a vector of the stream's size
+// changes the text; two --steer on one layer add up (v and -v: the zero vector).
+static void tcli_steer_case(tcli_ctx *c, char *engine) {
+    char zero[600], vec[600], zl[600], pl[600], z[650], v1[650], v2[650];
+    snprintf(zero, sizeof zero, "%s/zero.bin", c->dir), snprintf(vec, sizeof vec, "%s/v.bin", c->dir);
+    snprintf(zl, sizeof zl, "%s/zero.logits", c->dir), snprintf(pl, sizeof pl, "%s/plain.logits", c->dir);
+    float v[64] = {0};
+    tc_write(zero, v, sizeof v);
+    for (int i = 0; i < 64; i++) v[i] = (i % 7 - 3) * 0.9f;
+    tc_write(vec, v, sizeof v);
+    snprintf(z, sizeof z, "2:%s", zero), snprintf(v1, sizeof v1, "3:%s:1.5", vec), snprintf(v2, sizeof v2, "3:%s:-1.5", vec);
+    char *plain = tcli_text(c, TCLI_ARGV(c->model, "-p", "Once upon a time", "-n", "30", "-t", "0", "--logits", pl,
+                                         engine));
+    char *zt = tcli_text(c, TCLI_ARGV(c->model, "-p", "Once upon a time", "-n", "30", "-t", "0", "--logits", zl,
+                                      "--steer", z, engine));
+    cr_assert_str_eq(zt, plain, "a zero vector changed the text");
+    size_t n1, n2;
+    char *a = tc_must_read(pl, &n1), *b = tc_must_read(zl, &n2);
+    cr_assert(n1 == n2 && n1 == 35ull * TCLI_VOCAB * 4 && !memcmp(a, b, n1), "a zero vector changed the logits");
+    char *st = tcli_text(c, TCLI_ARGV(c->model, "-p", "Once upon a time", "-n", "30", "-t", "0", "--steer", v1,
+                                      engine));
+    cr_assert_str_neq(st, plain, "a vector of the stream's size left the text as it was");
+    char *both = tcli_text(c, TCLI_ARGV(c->model, "-p", "Once upon a time", "-n", "30", "-t", "0", "--steer", v1,
+                                        "--steer", v2, engine));
+    cr_assert_str_eq(both, plain, "v and -v on one layer did not cancel");
+    free(plain), free(zt), free(a), free(b), free(st), free(both);
+}
+
+Test(cli, steer_zero_vector_is_bitwise) {
+    tcli_ctx c;
+    tcli_setup(&c);
+    tcli_steer_case(&c, "--cpu");
+    tcli_teardown(&c);
+}
+
+// Bad lists, layers the model lacks, vectors of the wrong size, outputs over inputs: one line each, nothing on stdout.
+Test(cli, probe_refusals) {
+    tcli_ctx c;
+    tcli_setup(&c);
+    char act[600], shortv[600], s1[700], s2[700];
+    snprintf(act, sizeof act, "%s/act.bin", c.dir), snprintf(shortv, sizeof shortv, "%s/short.bin", c.dir);
+    tc_write(shortv, "12345678", 8);
+    snprintf(s1, sizeof s1, "1:%s", shortv), snprintf(s2, sizeof s2, "1:%s/absent.bin", c.dir);
+    char *m = c.model;
+    tcli_expect_fail(&c, TCLI_ARGV(m, "-n", "2", "--cpu", "--dump-act", "0,x", act), 2,
+                     "--dump-act: layer list: 'x' is not a layer number (see djinn --help)");
+    tcli_expect_fail(&c, TCLI_ARGV(m, "-n", "2", "--cpu", "--dump-act", "5", act), 2,
+                     "--dump-act: layer list: layer 5 does not exist (the model has 5 layers: 0 to 4)");
+    tcli_expect_fail(&c, TCLI_ARGV(m, "-n", "2", "--cpu", "--dump-act", "0"), 2, "'--dump-act' needs LAYERS and FILE");
+    tcli_expect_fail(&c, TCLI_ARGV(m, "-n", "2", "--cpu", "--dump-act", "0", m), 1, "--dump-act");
+    tcli_expect_fail(&c, TCLI_ARGV(m, "-n", "2", "--cpu", "--steer", "2"), 2, "--steer: '2' is not LAYER:FILE[:SCALE]");
+    tcli_expect_fail(&c, TCLI_ARGV(m, "-n", "2", "--cpu", "--steer", s1), 1,
+                     "holds 8 bytes, not a vector of the model's 64 floats (256 bytes)");
+    tcli_expect_fail(&c, TCLI_ARGV(m, "-n", "2", "--cpu", "--steer", s2), 1, "absent.bin");
+    tcli_expect_fail(&c, TCLI_ARGV(m, "-n", "2", "--cpu", "--steer", s1, "--dump-act", "0", shortv), 1, "--dump-act");
+    tcli_expect_fail(&c, TCLI_ARGV(m, "--tokenize", "--dump-act", "0", act), 2, "not with --tokenize");
+    struct stat st;
+    cr_assert(stat(act, &st) && !stat(shortv, &st) && st.st_size == 8, "a refused run left or replaced a file");
+    tcli_teardown(&c);
+}
+
+// `save` stopped by Ctrl-C before new token `at` (exit 130), then `resume`: the text `full`.
+static void tcli_resume_after_ctrl_c(tcli_ctx *c, char *const save[], const char *at, char *const resume[],
+                                     const char *full) {
+    setenv("DJINN_TEST_SIGINT_AT", at, 1);
+    int rc = tcli_run(c, save);
+    unsetenv("DJINN_TEST_SIGINT_AT");
+    cr_assert_eq(rc, 130, "Ctrl-C with --save-session: exit %d: %s", rc, tcli_stderr(c));
+    char *t = tcli_text(c, resume);
+    cr_assert_str_eq(t, full, "resumed after Ctrl-C at %s", at);
+    free(t);
+}
+
+// A run saved and resumed gives the uninterrupted run's text: greedy and sampled (with penalties: their window
+// comes back), resumed twice in a row, from a prompt alone (-n 0), from a run stopped by Ctrl-C, and from one that
+// wrote --logits (its last token fed, nothing picked). -s on resume reseeds.
+static void tcli_session_case(tcli_ctx *c, char *engine) {
+    char s1[600], s2[600], lg[600];
+    snprintf(s1, sizeof s1, "%s/a.ses", c->dir), snprintf(s2, sizeof s2, "%s/b.ses", c->dir);
+    snprintf(lg, sizeof lg, "%s/l.logits", c->dir);
+    char *P = "Once upon a time";
+    char *full = tcli_text(c, TCLI_ARGV(c->model, "-p", P, "-n", "40", "-t", "0", engine));
+    char *t = tcli_text(c, TCLI_ARGV(c->model, "-p", P, "-n", "15", "-t", "0", "--save-session", s1, engine));
+    cr_assert(strlen(t) < strlen(full) && !strncmp(t, full, strlen(t) - 1), "the first part: %s", t);
+    free(t);
+    t = tcli_text(c, TCLI_ARGV(c->model, "--load-session", s1, "-n", "25", engine));
+    cr_assert_str_eq(t, full, "greedy, resumed");
+    free(t);
+    t = tcli_text(c, TCLI_ARGV(c->model, "--load-session", s1, "-n", "10", "--save-session", s2, engine));
+    free(t);
+    t = tcli_text(c, TCLI_ARGV(c->model, "--load-session", s2, "-n", "15", engine));
+    cr_assert_str_eq(t, full, "greedy, resumed twice");
+    free(t);
+    t = tcli_text(c, TCLI_ARGV(c->model, "-p", P, "-n", "0", "--save-session", s1, engine));
+    free(t);
+    t = tcli_text(c, TCLI_ARGV(c->model, "--load-session", s1, "-n", "40", "-t", "0", engine));
+    cr_assert_str_eq(t, full, "greedy, resumed after the prompt alone");
+    free(t);
+    t = tcli_text(c, TCLI_ARGV(c->model, "-p", P, "-n", "15", "-t", "0", "--logits", lg, "--save-session", s1, engine));
+    free(t);
+    t = tcli_text(c, TCLI_ARGV(c->model, "--load-session", s1, "-n", "25", engine));
+    cr_assert_str_eq(t, full, "greedy, resumed after --logits");
+    free(t);
+    tcli_resume_after_ctrl_c(c, TCLI_ARGV(c->model, "-p", P, "-n", "40", "-t", "0", "--save-session", s1, engine),
+                             "7", TCLI_ARGV(c->model, "--load-session", s1, "-n", "33", engine), full);
+    free(full);
+
+    full = tcli_text(c, TCLI_ARGV(c->model, "-p", P, "-n", "50", "-t", "0.9", "--top-k", "40", "--repeat-penalty",
+                                  "1.3", "-s", "11", engine));
+    t = tcli_text(c, TCLI_ARGV(c->model, "-p", P, "-n", "12", "-t", "0.9", "--top-k", "40", "--repeat-penalty",
+                               "1.3", "-s", "11", "--save-session", s1, engine));
+    free(t);
+    t = tcli_text(c, TCLI_ARGV(c->model, "--load-session", s1, "-n", "38", engine));
+    cr_assert_str_eq(t, full, "sampled, resumed");
+    free(t);
+    t = tcli_text(c, TCLI_ARGV(c->model, "--load-session", s1, "-n", "38", "-s", "12", engine));
+    cr_assert_str_neq(t, full, "-s on resume did not reseed");
+    free(t);
+    // the token after the 9th is drawn already when Ctrl-C stops the run: the session keeps it
+    tcli_resume_after_ctrl_c(c, TCLI_ARGV(c->model, "-p", P, "-n", "50", "-t", "0.9", "--top-k", "40",
+                                          "--repeat-penalty", "1.3", "-s", "11", "--save-session", s1, engine),
+                             "9", TCLI_ARGV(c->model, "--load-session", s1, "-n", "41", engine), full);
+    free(full);
+}
+
+Test(cli, session_resumes_the_run) {
+    tcli_ctx c;
+    tcli_setup(&c);
+    tcli_session_case(&c, "--cpu");
+    tcli_teardown(&c);
+}
+
+// Another model, another context, a truncated or corrupt file, not a session at all: refused by name, nothing on
+// stdout.
+Test(cli, session_refusals) {
+    tcli_ctx c;
+    tcli_setup(&c);
+    char ses[600], bad[600], other[600], src[1200];
+    snprintf(ses, sizeof ses, "%s/a.ses", c.dir), snprintf(bad, sizeof bad, "%s/bad.ses", c.dir);
+    snprintf(other, sizeof other, "%s/other.bin", c.dir);
+    snprintf(src, sizeof src, "%s/models/stories260K", c.data);
+    cr_assert_eq(tcli_run(&c, (char *[]){tcli_convert_path, src, other, "--dtype", "f16", "-q", NULL}), 0);
+    char *t = tcli_text(&c, TCLI_ARGV(c.model, "-p", "Once upon a time", "-n", "10", "-t", "0", "--save-session", ses,
+                                      "--cpu"));
+    free(t);
+    size_t n;
+    char *b = tc_must_read(ses, &n);
+    tcli_expect_fail(&c, TCLI_ARGV(other, "--load-session", ses, "--cpu"), 1, "was saved with another model");
+    tcli_expect_fail(&c, TCLI_ARGV(c.model, "--load-session", ses, "-c", "100", "--cpu"), 1,
+                     "was saved with a context of 512 tokens, this run's is 100: give -c 512");
+    tc_write(bad, b, n - 100);
+    tcli_expect_fail(&c, TCLI_ARGV(c.model, "--load-session", bad, "--cpu"), 1, "is truncated");
+    tc_write(bad, b, 100);
+    tcli_expect_fail(&c, TCLI_ARGV(c.model, "--load-session", bad, "--cpu"), 1,
+                     "is truncated: 100 bytes, less than a session header");
+    b[72] ^= 1;  // n_tokens
+    tc_write(bad, b, n);
+    tcli_expect_fail(&c, TCLI_ARGV(c.model, "--load-session", bad, "--cpu"), 1, "is corrupt: its header");
+    b[72] ^= 1, b[n - 5] ^= 0x40;  // a value of the KV cache
+    tc_write(bad, b, n);
+    tcli_expect_fail(&c, TCLI_ARGV(c.model, "--load-session", bad, "--cpu"), 1,
+                     "is corrupt: its tokens and KV cache do not match their checksum");
+    tcli_expect_fail(&c, TCLI_ARGV(c.model, "--load-session", c.model, "--cpu"), 1, "is not a djinn session file");
+    tcli_expect_fail(&c, TCLI_ARGV(c.model, "--load-session", bad, "-p", "x", "--cpu"), 2, "not with -p");
+    tcli_expect_fail(&c, TCLI_ARGV(c.model, "--save-session", c.model, "--cpu"), 1, "--save-session");
+    tcli_expect_fail(&c, TCLI_ARGV(c.model, "--load-session", ses, "--save-session", ses, "--cpu"), 1, "--save-session");
+    free(b);
+    tcli_teardown(&c);
+}
+
+// The same on the GPU engine, resident (the decode graph: steering captured in it) and streamed.
+Test(cli, probes_and_sessions_on_the_gpu) {
+    if (gpu_count() == 0) cr_skip_test("no GPU: cudaGetDeviceCount found no usable device (runs on the GPU machine)");
+    tcli_ctx c;
+    tcli_setup(&c);
+    tcli_steer_case(&c, NULL);
+    tcli_steer_case(&c, "--stream-all");
+    tcli_session_case(&c, NULL);
+    tcli_session_case(&c, "--stream-all");
+    tcli_teardown(&c);
+}

@@ -1,0 +1,69 @@
+// probe_gpu.c: the GPU engine's side of probes (probe.h). The control vectors live on the device and are added by
+// gpu_residual_add on the compute stream after their layers; a dumped layer's rows come back to pinned memory and
+// are recorded on the host. gpu.c fuses a layer's residual add into the next layer's norm, so after a layer the
+// stream is d_x + d_delta: a dump reads that sum (made in d_xb, free between layers, leaving d_x as it was) and a
+// vector turns d_x into the sum plus the vector, the next norm then adding nothing. The sums are the fused norm's,
+// so a zero vector (-0.0f entries: probe_vector) gives bitwise the logits of no probe at all.
+#include <stdlib.h>
+#include <string.h>
+
+#include "gpu_impl.h"
+
+int gpu_set_probe(dj_gpu_state *s, dj_probe *p, dj_err *e) {
+    const dj_config *c = &s->m->info.config;
+    gpu_probe *pr = &s->pr;
+    size_t dim = c->dim;
+    if (gpu_stream_sync(s->compute, e)) return -1;  // no pass still reads the vectors
+    if (s->graph) gpu_graph_destroy(s->graph), s->graph = NULL;  // captured again, with or without the additions
+    pr->p = NULL;
+    if (!p) return 0;
+    if (probe_dim(p) != dim) return dj_fail(e, "gpu: a probe of dim %u for a model of dim %zu", probe_dim(p), dim);
+    if (!pr->d_vec) {
+        if (gpu_malloc((void **)&pr->d_vec, (size_t)c->n_layers * dim * 4, "control vectors", e) ||
+            gpu_host_alloc((void **)&pr->h_rows, (size_t)s->max_batch * dim * 4, "dumped rows", e))
+            return -1;
+        pr->steered = calloc(c->n_layers, 1);
+        pr->pos = malloc((size_t)s->max_batch * sizeof *pr->pos);
+        pr->slot = malloc((size_t)s->max_batch * sizeof *pr->slot);
+        if (!pr->steered || !pr->pos || !pr->slot) return dj_fail(e, "out of memory");
+    }
+    for (uint32_t l = 0; l < c->n_layers; l++) {
+        const float *v = probe_vector(p, l);
+        pr->steered[l] = v != NULL;
+        if (v && gpu_h2d(pr->d_vec + l * dim, v, dim * 4, e)) return -1;
+    }
+    pr->p = p;
+    return 0;
+}
+
+int gpu_probe_graphable(const dj_gpu_state *s) { return !s->pr.p || !probe_any_dump(s->pr.p); }
+
+int gpu_probe_layer(dj_gpu_state *s, int l, int64_t T, int *pending, dj_err *e) {
+    gpu_probe *pr = &s->pr;
+    gpu_bufs *b = &s->b;
+    if (!pr->p) return 0;
+    int64_t dim = s->m->info.config.dim;
+    const int dump = probe_dumps(pr->p, (uint32_t)l);
+    const float *v = pr->steered[l] ? pr->d_vec + (int64_t)l * dim : NULL;
+    if (!dump && !v) return 0;
+    float *res = v ? b->x : b->xb;
+    if (gpu_residual_add(res, b->x, b->delta, v, T, dim, s->compute, e)) return -1;
+    if (v) *pending = 0;
+    if (!dump) return 0;
+    if (gpu_d2h_async(pr->h_rows, res, (size_t)(T * dim) * 4, s->compute, e) || gpu_stream_sync(s->compute, e))
+        return -1;
+    // where each row sits: a step's rows each at its own place, a prefill's at consecutive positions of its slot
+    for (int64_t t = 0; t < T; t++) {
+        pr->pos[t] = s->step_rows ? b->h_pos[t] : b->h_pos[0] + t;
+        pr->slot[t] = s->step_rows ? b->h_slot[t] : s->slot;
+    }
+    return probe_record(pr->p, (uint32_t)l, pr->h_rows, T, pr->tokens, pr->pos, pr->slot, e);
+}
+
+void gpu_probe_free(dj_gpu_state *s) {
+    gpu_probe *pr = &s->pr;
+    gpu_free(pr->d_vec);
+    gpu_host_free(pr->h_rows);
+    free(pr->steered), free(pr->pos), free(pr->slot);
+    memset(pr, 0, sizeof *pr);
+}

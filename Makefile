@@ -269,10 +269,14 @@ $(addprefix fuzz-run-,$(FUZZ_TARGETS)): fuzz-run-%: $(FUZZ_BUILD)/bin/%
 
 # ---- bench: the CPU share's matvec (f16, q8, q4) against the host memory bandwidth, measured in the same run
 .PHONY: bench-cpu-matvec
-$(BUILD)/bin/cpu_matvec: $(BUILD)/bench/cpu_matvec.o $(BUILD)/cpu.o $(BUILD)/pool.o $(BUILD)/quant.o $(BUILD)/util.o \
-                         $(BUILD)/model.o
+$(BUILD)/bin/cpu_matvec: $(BUILD)/bench/cpu_matvec.o $(ENGINE_OBJ)
 	@mkdir -p $(dir $@)
-	$(CC) $(LDFLAGS) $^ -o $@ -lm -lpthread
+	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS)
 
 bench-cpu-matvec: $(BUILD)/bin/cpu_matvec
 	$(BUILD)/bin/cpu_matvec $(CPU_MATVEC_JSON)
+
+# ---- bench: the CPU share against a sweep of fixed shares, per rows in a pass (bench/share_sweep.c); GPU machine
+$(BUILD)/bin/share_sweep: $(BUILD)/bench/share_sweep.o $(ENGINE_OBJ)
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS)

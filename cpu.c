@@ -371,6 +371,158 @@ void cpu_matvec(float *y, const float *x, const void *w, uint32_t wtype, int64_t
     free(xbuf);
 }
 
+// ---- matvec over a few tokens: the CPU share of a pass of several rows (a batched step, a verification pass)
+// y (T, n_out) = x (T, n_in) . W^T reading each weight row from memory once for all T: a thread widens a block of
+// MV_RC rows by MV_KB inputs to f32 (q8 and q4 dequantized, exactly scale * k) into a buffer of its own, then
+// multiplies each MV_R of its rows with the T columns MV_C at a time, MV_R * MV_C accumulators in registers (per
+// 8 inputs: MV_R + MV_C loads for MV_R * MV_C fused multiply-adds, so the FMA units, not the loads, set the pace),
+// the block's partial sums added into y. Past a few columns the work is arithmetic, not memory: T times
+// cpu_matvec's multiply-adds per weight read.
+#define MV_R 3
+#define MV_C 4
+#define MV_RC 24    // rows of a block (a multiple of MV_R)
+#define MV_KB 256   // inputs of a block (a multiple of DJ_QGROUP)
+typedef struct {
+    float *y;        // (T, n_out)
+    const float *x;  // (T, n_in)
+    const uint8_t *w;
+    uint32_t wtype;
+    int64_t T, n_in, n_out, chunk;  // chunk: rows claimed at a time, a multiple of MV_R
+    _Atomic int64_t next;
+} cpu_multi_job;
+
+#ifdef CPU_SIMD
+// Weights [k0, k1) of a row of n (k0 a multiple of DJ_QGROUP) -> dst (k1 - k0 rounded up to 8: the quantized
+// formats' padding widens to zeros, the other formats' tail is zeroed here).
+SIMD_FN static void simd_widen_range(float *dst, const uint8_t *row, uint32_t wtype, int64_t n, int64_t k0, int64_t k1) {
+    if (dj_is_quant(wtype)) {
+        const uint16_t *scales = (const uint16_t *)(row + dj_scales_offset(wtype, (uint64_t)n));
+        for (int64_t g = k0 / DJ_QGROUP, i = 0; g * DJ_QGROUP < k1; g++, i += DJ_QGROUP) {
+            __m256 d = _mm256_set1_ps(_cvtsh_ss(scales[g]));
+            __m128i lo, hi;  // weights 0..15 and 16..31 as int8
+            if (wtype == DJ_Q8) {
+                lo = _mm_loadu_si128((const __m128i *)(row + g * DJ_QGROUP));
+                hi = _mm_loadu_si128((const __m128i *)(row + g * DJ_QGROUP + 16));
+            } else {  // nibble j: weight j (low) and j + 16 (high), stored as k + 8
+                __m128i b = _mm_loadu_si128((const __m128i *)(row + g * (DJ_QGROUP / 2))), m = _mm_set1_epi8(0x0f);
+                lo = _mm_sub_epi8(_mm_and_si128(b, m), _mm_set1_epi8(8));
+                hi = _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(b, 4), m), _mm_set1_epi8(8));
+            }
+            _mm256_storeu_ps(dst + i, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(lo)), d));
+            _mm256_storeu_ps(dst + i + 8, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(lo, 8))), d));
+            _mm256_storeu_ps(dst + i + 16, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi)), d));
+            _mm256_storeu_ps(dst + i + 24, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(hi, 8))), d));
+        }
+        return;
+    }
+    int64_t i = k0;
+    for (; i + 8 <= k1; i += 8) _mm256_storeu_ps(dst + i - k0, simd_load8(row, wtype, i));
+    if (i < k1) {
+        const float *t = cpu_widen_row(dst + i - k0, row + (size_t)i * dj_dtype_size(wtype), wtype, 0, k1 - i);
+        if (t != dst + i - k0) memcpy(dst + i - k0, t, (size_t)(k1 - i) * sizeof(float));  // f32: its own row
+        for (int64_t k = k1; k < i + 8; k++) dst[k - k0] = 0.0f;
+    }
+}
+
+// y[c * ldy + r] (+)= rows r (R of them, ldw apart) . columns c (C of them, ldx apart) over n inputs (add: onto
+// what y holds); R, C constants once inlined.
+__attribute__((always_inline)) SIMD_FN static inline void simd_tile(float *y, int64_t ldy, const float *x, int64_t ldx,
+                                                                   const float *w, int64_t ldw, int R, int C,
+                                                                   int64_t n, int add) {
+    __m256 acc[MV_R][MV_C];  // unrolled (-O2 would leave the loops, and the accumulators in memory)
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 4
+        for (int c = 0; c < C; c++) acc[r][c] = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 wv[MV_R];
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++) wv[r] = _mm256_loadu_ps(w + r * ldw + i);
+#pragma GCC unroll 4
+        for (int c = 0; c < C; c++) {
+            __m256 xv = _mm256_loadu_ps(x + c * ldx + i);
+#pragma GCC unroll 4
+            for (int r = 0; r < R; r++) acc[r][c] = _mm256_fmadd_ps(wv[r], xv, acc[r][c]);
+        }
+    }
+    for (int r = 0; r < R; r++)
+        for (int c = 0; c < C; c++) {
+            float s = simd_hsum_ps(acc[r][c]);
+            for (int64_t k = i; k < n; k++) s += w[r * ldw + k] * x[c * ldx + k];
+            y[c * ldy + r] = add ? y[c * ldy + r] + s : s;
+        }
+}
+
+#define SIMD_TILES(R)                                                                                                \
+    SIMD_FN static void simd_tiles_##R(float *y, int64_t ldy, const float *x, int64_t ldx, int64_t T,               \
+                                       const float *w, int64_t ldw, int64_t n, int add) {                           \
+        int64_t c = 0;                                                                                               \
+        for (; c + MV_C <= T; c += MV_C) simd_tile(y + c * ldy, ldy, x + c * ldx, ldx, w, ldw, R, MV_C, n, add);     \
+        if (T - c == 3) simd_tile(y + c * ldy, ldy, x + c * ldx, ldx, w, ldw, R, 3, n, add);                         \
+        if (T - c == 2) simd_tile(y + c * ldy, ldy, x + c * ldx, ldx, w, ldw, R, 2, n, add);                         \
+        if (T - c == 1) simd_tile(y + c * ldy, ldy, x + c * ldx, ldx, w, ldw, R, 1, n, add);                         \
+    }
+SIMD_TILES(1)
+SIMD_TILES(2)
+SIMD_TILES(3)
+#undef SIMD_TILES
+#endif
+
+static void cpu_multi_task(void *ctx, int64_t part, int64_t parts_end) {
+    cpu_multi_job *j = ctx;
+    (void)part, (void)parts_end;
+    int64_t n = j->n_in;
+    size_t rb = (size_t)dj_row_bytes(j->wtype, (uint64_t)n);
+    float *buf = malloc((size_t)(MV_RC * MV_KB + n + DJ_QGROUP) * sizeof(float));
+    assert(buf && "out of memory in cpu_matvec_multi");
+    for (int64_t b; (b = atomic_fetch_add(&j->next, j->chunk)) < j->n_out;) {
+        int64_t end = b + j->chunk < j->n_out ? b + j->chunk : j->n_out;
+#ifdef CPU_SIMD
+        if (!cpu_simd_off && cpu_simd_ok()) {
+            // MV_RC rows at a time, MV_KB inputs at a time: the rows' block and x's stay in the L1/L2 caches while
+            // every row group and column group passes over them
+            for (int64_t r0 = b; r0 < end; r0 += MV_RC) {
+                int64_t r1 = r0 + MV_RC < end ? r0 + MV_RC : end;
+                for (int64_t k0 = 0; k0 < n; k0 += MV_KB) {
+                    int64_t k1 = k0 + MV_KB < n ? k0 + MV_KB : n;
+                    for (int64_t o = r0; o < r1; o++)
+                        simd_widen_range(buf + (o - r0) * MV_KB, j->w + (size_t)o * rb, j->wtype, n, k0, k1);
+                    for (int64_t o = r0; o < r1; o += MV_R) {
+                        int R = r1 - o < MV_R ? (int)(r1 - o) : MV_R;
+                        float *y = j->y + o, *wb = buf + (o - r0) * MV_KB;
+                        const float *x = j->x + k0;
+                        if (R == 3) simd_tiles_3(y, j->n_out, x, n, j->T, wb, MV_KB, k1 - k0, k0 > 0);
+                        if (R == 2) simd_tiles_2(y, j->n_out, x, n, j->T, wb, MV_KB, k1 - k0, k0 > 0);
+                        if (R == 1) simd_tiles_1(y, j->n_out, x, n, j->T, wb, MV_KB, k1 - k0, k0 > 0);
+                    }
+                }
+            }
+            continue;
+        }
+#endif
+        for (int64_t o = b; o < end; o++) {
+            const float *wr = cpu_widen_row(buf, j->w, j->wtype, o, n);
+            for (int64_t t = 0; t < j->T; t++) j->y[t * j->n_out + o] = cpu_dot(j->x + t * n, wr, n);
+        }
+    }
+    free(buf);
+}
+
+void cpu_matvec_multi(float *y, const float *x, const void *w, uint32_t wtype, int64_t T, int64_t n_in,
+                      int64_t n_out) {
+    assert(dj_row_bytes(wtype, 1) > 0);
+    if (T == 1) {
+        cpu_matvec(y, x, w, wtype, n_in, n_out);
+        return;
+    }
+    if (wtype == DJ_F16) pthread_once(&cpu_f16_once, cpu_f16_table_init);
+    int64_t parts = cpu_threads(), chunk = n_out / (8 * parts) / MV_R * MV_R;
+    if (chunk < 4 * MV_R) chunk = 4 * MV_R;
+    cpu_multi_job j = {y, x, w, wtype, T, n_in, n_out, chunk, 0};
+    cpu_parallel_for(parts, (double)T * (double)n_in * (double)n_out, cpu_multi_task, &j);
+}
+
 // ---- norm, RoPE, attention, SwiGLU
 void cpu_rmsnorm(float *out, const float *x, const float *w, int64_t n, float eps) {
     float ss = 0.0f;

@@ -16,7 +16,12 @@ void cpu_matmul(float *y, const float *x, const void *w, uint32_t wtype, int64_t
 // host's memory bandwidth (AVX2 + FMA + F16C where the CPU has them, detected at run time); multithreaded. The
 // GPU engine's CPU share (dj_gpu_opts.cpu_share) runs on it.
 void cpu_matvec(float *y, const float *x, const void *w, uint32_t wtype, int64_t n_in, int64_t n_out);
-// For tests: on = 0 makes cpu_matvec take its portable loop. Returns 1 when the vector path is in use.
+// y (T, n_out) = x (T, n_in) . W^T for a few tokens, each weight row read from memory once for all T (the CPU
+// share of a pass of several rows): cpu_matmul's result up to summation order; T = 1 is cpu_matvec.
+void cpu_matvec_multi(float *y, const float *x, const void *w, uint32_t wtype, int64_t T, int64_t n_in,
+                      int64_t n_out);
+// For tests: on = 0 makes cpu_matvec and cpu_matvec_multi take their portable loops. Returns 1 when the vector
+// path is in use.
 int cpu_set_simd(int on);
 // out (n) = x / sqrt(mean(x^2) + eps) * w; w (n) f32. out may alias x.
 void cpu_rmsnorm(float *out, const float *x, const float *w, int64_t n, float eps);

@@ -84,12 +84,12 @@ typedef struct {
     int64_t ld;
 } ffn_rows;
 
-// The k-th of the layer's matmuls (s->sh.lmats) on T rows: on the GPU, or split with the CPU when the unit is (a
-// decode step, CPU share).
+// The k-th of the layer's matmuls (s->sh.lmats) on T rows: on the GPU, or split with the CPU when the unit is (the
+// CPU share).
 static int layer_mm(dj_gpu_state *s, const uint8_t *w, int k, float *y, const float *x, int64_t T, dj_err *e) {
     const sp_mat *mt = &s->sh.lmats[k];
     const uint8_t *hw = s->sh.cur_host;
-    if (hw && T == 1) return share_matvec(s, y, x, w + mt->off, hw + mt->off, mt, e);
+    if (hw) return share_matmul(s, y, x, T, w + mt->off, hw + mt->off, mt, e);
     return gpu_matmul(s->g, y, x, w + mt->off, mt->dtype, T, mt->n_in, mt->n_out, s->compute, e);
 }
 
@@ -285,7 +285,7 @@ static int gpu_body(dj_gpu_state *s, int64_t T, const uint8_t **head, const uint
 static int head_logits(dj_gpu_state *s, int64_t T, int64_t r0, int64_t rows, const uint8_t *lm, dj_err *e) {
     const dj_config *c = &s->m->info.config;
     const float *x = s->b.xb + r0 * c->dim;
-    if (T == 1 && s->sh.cur_host) return share_matvec(s, s->b.logits, x, lm, dj_lm_head_ptr(s->m), &s->sh.hmat, e);
+    if (s->sh.cur_host) return share_matmul(s, s->b.logits, x, rows, lm, dj_lm_head_ptr(s->m), &s->sh.hmat, e);
     return gpu_matmul(s->g, s->b.logits, x, lm, dj_lm_head_type(s->m), rows, c->dim, c->vocab_size, s->compute, e);
 }
 
@@ -387,6 +387,7 @@ static int gpu_pass(dj_gpu_state *s, const int32_t *tokens, int64_t T, float *lo
         else if (logits) memcpy(logits + (r0 - first) * vocab, s->b.h_logits, (size_t)(rows * vocab) * 4);
     }
     if (sched_harvest(s, e)) return -1;
+    share_learn(s, T);
     prof_collect(s, T == 1);
     s->st.passes++;
     return 0;
@@ -560,6 +561,7 @@ static gpu_sizes buffer_sizes(const dj_gpu_state *s) {
     int64_t step = s->n_slots < s->max_batch ? s->n_slots : s->max_batch;  // rows of a step attending alone
     uint64_t att = gpu_attention_scratch(step, c->n_heads, (int64_t)hd, s->max_seq);
     if (att > z.scratch) z.scratch = att;
+    z.act += share_device_bytes(s);
     z.other = z.kv + z.act + z.scratch + (64ull << 20);
     return z;
 }
@@ -663,7 +665,7 @@ static int alloc_buffers(dj_gpu_state *s, const gpu_sizes *z, dj_err *e) {
 static int copy_resident(dj_gpu_state *s, dj_err *e) {
     const rb_plan *p = s->sc.plan;
     for (int u = 0; u <= (int)s->m->info.config.n_layers; u++)
-        if (p->resident[u] && unit_copy(s, u, s->sc.d_w + p->offset[u], s->copy, 0, &(uint64_t){0}, e)) return -1;
+        if (p->resident[u] && unit_copy(s, u, s->sc.d_w + p->offset[u], s->copy, SH_NONE, 0, &(uint64_t){0}, e)) return -1;
     return gpu_stream_sync(s->copy, e);
 }
 

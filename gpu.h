@@ -43,12 +43,17 @@ typedef struct {
     int tc_attn;               // prefill attention runs on the tensor cores (head_dim allows, no fma_attn)
     uint64_t park_bytes, restore_bytes;  // KV bytes parked to host memory and restored, copies finished so far
     double park_ms, restore_ms;          // the copies' time on the device
+    uint64_t cpu_bytes;        // CPU share, every pass so far: bytes of weights the CPU computed with
+    double cpu_ms;             // the CPU's time on them
+    double cpu_wait_ms;        // the host's time waiting for a split matmul's input (the GPU's work before it)
 } dj_gpu_stats;
 
 typedef struct dj_gpu_state dj_gpu_state;
 // Needs a model loaded with want_pinned (loader.h).
 dj_gpu_state *gpu_state_new(const dj_model *m, const dj_gpu_opts *o, dj_err *e);
 void gpu_state_free(dj_gpu_state *s);
+// The CPU share a pass of T rows takes (dj_gpu_opts.cpu_share: fixed, or the automatic one chosen for T).
+double gpu_cpu_share_for(const dj_gpu_state *s, int64_t T);
 // Runs tokens (T) at positions pos .. pos+T-1 of KV slot `slot`. logits: (T, vocab) when all, else (vocab) for the
 // last token; NULL for none. Host memory.
 int gpu_forward(dj_gpu_state *s, int32_t slot, const int32_t *tokens, int64_t T, int64_t pos, float *logits, int all,

@@ -1,7 +1,7 @@
 // gpu_impl.h: the GPU engine's state, shared by its three files and nothing else:
 //   gpu.c     set-up (device, budget, plan, buffers, warm-up), the layer, the pass
 //   stream.c  the copy schedule: streamed units through the ring's slots, copy and compute streams in step
-//   share.c   the CPU share: the rows of streamed matrices the CPU computes from host memory in decode
+//   share.c   the CPU share: the rows of streamed matrices the CPU computes from host memory
 #ifndef DJINN_GPU_IMPL_H
 #define DJINN_GPU_IMPL_H
 
@@ -12,16 +12,21 @@
 #define GPU_ALIGN 4096u     // units in device memory
 #define GPU_MAX_BATCH 4096  // most tokens one pass processes (prefill of a longer prompt takes several)
 #define GPU_LOGIT_ROWS 64   // head rows computed per chunk when every position's logits are wanted
+#define SH_ROWS 64          // passes of up to this many rows take a CPU share (longer ones: none)
+#define SH_NONE 2.0         // unit_copy's `from` for a slot that holds nothing of the unit yet
 #define PROF_CATS 10
 #define PROF_EVENTS 1024
 
-// A matrix of a unit, for the CPU share: at byte offset `off` of its region, (n_out, n_in) in dtype; rows
-// [0, gpu_rows) are the GPU's, the rest the CPU's in decode passes.
+// A matrix of a unit, for the CPU share: at byte offset `off` of its region, (n_out, n_in) in dtype. Split with a
+// share s, rows [0, sp_gpu_rows(s)) are the GPU's and the rest the CPU's: a larger share, fewer GPU rows.
 typedef struct {
     uint64_t off;
-    int64_t n_in, n_out, gpu_rows;
+    int64_t n_in, n_out;
     uint32_t dtype;
 } sp_mat;
+static inline int64_t sp_gpu_rows(const sp_mat *m, double share) {
+    return m->n_out - (int64_t)((double)m->n_out * share);
+}
 
 // Device activations, the KV cache and pinned staging, sized for max_batch rows.
 typedef struct {
@@ -55,7 +60,7 @@ typedef struct {
     uint64_t off;        // ring offset
     uint64_t bytes;      // bytes the copy moved
     int slot;            // ring slot
-    uint8_t part;        // the copy left out the CPU's rows
+    double share;        // the copy left out the CPU's rows at this share (0: the unit is whole on the GPU)
 } gpu_seq;
 
 // The copy schedule (stream.c). Streamed copies form one endless sequence (seq s -> unit
@@ -75,21 +80,36 @@ typedef struct {
     int n_seq;                        // records kept, indexed by seq % n_seq
     gpu_seq *seq;                     // (n_seq)
     int64_t pass_T, pass_end;         // the pass running: its tokens; streamed seqs below pass_end are its units
+    double pass_share, next_share;    // its CPU share; the one the copies issued ahead for the next pass assume
+                                      // (the last pass's of SH_ROWS rows or fewer: the next is most likely alike)
     int warming;                      // in the warm-up: the copies issued ahead for the next pass are whole
 } gpu_sched;
 
-// The CPU share (share.c): in a decode pass the CPU computes the last rows of every streamed matrix from host
-// memory (cpu_matvec) while the GPU computes the others; those rows never cross PCIe.
+// The CPU share (share.c): in a pass of up to SH_ROWS rows the CPU computes the last rows of every streamed matrix
+// from host memory (cpu_matvec_multi) while the GPU computes the others; those rows never cross PCIe. The fraction
+// depends on the pass's rows: the CPU's part of a matmul grows with them, the link's does not.
 typedef struct {
-    double share;                     // fraction in effect; 0: off
+    double share;                     // the fraction of a one-row pass (the decode step); 0: off
+    double by_rows[SH_ROWS + 1];      // the fraction of a pass of T rows, T = 1..max_rows
+    int64_t max_rows;                 // SH_ROWS, or max_batch when smaller
     sp_mat lmats[7];                  // a layer's matrices in slab order (fused q|k|v and gate|up: one each)
     int n_lmats;
     sp_mat hmat;                      // the lm_head, in its region (the head slab; tied: the embedding table)
     uint64_t part_bytes[2], cpu_bytes[2];  // a layer [0], the head [1]: bytes a decode copy moves; the CPU's
-    float *h_cx, *h_cy, *d_cy;        // pinned: x for the CPU; its rows' results (d_cy: the GPU's mapped view)
+    float *h_cx, *h_cy, *d_cy;        // pinned (SH_ROWS, widest input), (SH_ROWS, widest output): x for the CPU;
+                                      // its rows' results (d_cy: the GPU's mapped view)
+    float *d_sy;                      // (SH_ROWS, widest output): the GPU's rows of a split over several rows
     cudaEvent_t x_ready;              // h_cx has landed
     double warm_h2d;                  // GB/s of the warm-up's copies (the automatic share's H2D rate)
     const uint8_t *cur_host;          // the unit computing now is split: its host slab; NULL: all on the GPU
+    double cur_share;                 // its share
+    // --cpu-share auto (share_auto, share_learn): the model's terms, the CPU's rates for T rows measured alone
+    // (iso) and within passes (seen, 0: not yet), and the pass running's CPU time and bytes
+    int automatic;
+    double iso[SH_ROWS + 1], seen[SH_ROWS + 1];
+    double m_streamed, m_splits, m_io, m_link;
+    double pass_cpu_s, pass_wait_s;
+    uint64_t pass_cpu_bytes;
 } gpu_share;
 
 // DJINN_PROFILE=1: events between the kernels of each layer, summed per phase (prefill and decode apart) and
@@ -156,9 +176,11 @@ struct dj_gpu_state {
 // Bytes of unit u (a layer, or the head: its slab, and for a tied model the embedding table after it as the
 // lm_head, whose offset goes to *lm_off).
 uint64_t unit_bytes(const dj_model *m, int u, uint64_t *lm_off);
-// Unit u host -> device at dst on stream st: whole (part 0), all but the CPU's rows (1), only those rows (2).
-// *bytes += the bytes moved.
-int unit_copy(dj_gpu_state *s, int u, uint8_t *dst, cudaStream_t st, int part, uint64_t *bytes, dj_err *e);
+// Unit u host -> device at dst on stream st, so that a slot holding it split at share `from` (SH_NONE: nothing
+// yet) holds it split at `to` <= from (0: whole): the GPU's rows at `to` it lacks, and with SH_NONE everything
+// outside the matrices. *bytes += the bytes moved.
+int unit_copy(dj_gpu_state *s, int u, uint8_t *dst, cudaStream_t st, double from, double to, uint64_t *bytes,
+              dj_err *e);
 int sched_init(dj_gpu_state *s, dj_err *e);  // the ring and its events; nothing when no unit streams
 void sched_free(dj_gpu_state *s);
 void sched_pass_begin(dj_gpu_state *s, int64_t T);  // a pass of T tokens starts
@@ -179,14 +201,19 @@ int park_order(dj_gpu_state *s, int32_t slot, dj_err *e);
 void park_stats(dj_gpu_state *s);  // the finished copies' bytes and times into s->st
 
 // ---- share.c: the CPU share
-void share_split(dj_gpu_state *s, double share);  // the matrices with `share` of each one's rows on the CPU
-int share_init(dj_gpu_state *s, dj_err *e);       // pinned buffers and the event
+void share_split(dj_gpu_state *s, double share);  // the matrices; `share` for every pass of up to SH_ROWS rows
+double share_for(const dj_gpu_state *s, int64_t T);  // the share of a pass of T rows (0: none)
+void share_rates(dj_gpu_state *s);                // after by_rows changed: the one-row share and its bytes
+uint64_t share_device_bytes(const dj_gpu_state *s);  // GPU memory share_init will take (opts.cpu_share != 0)
+void share_learn(dj_gpu_state *s, int64_t T);     // after a pass of T rows: its CPU time into the stats (and auto)
+int share_init(dj_gpu_state *s, dj_err *e);       // pinned and device buffers, the event
 void share_free(dj_gpu_state *s);
 void share_auto(dj_gpu_state *s);                 // --cpu-share auto, after the warm-up measured the copies
 void share_stats(dj_gpu_state *s);                // bytes per decode token over PCIe and read by the CPU
-// y (n_out) = W x for one token, rows [0, gpu_rows) by the GPU from w, the rest by the CPU from hw.
-int share_matvec(dj_gpu_state *s, float *y, const float *x, const uint8_t *w, const uint8_t *hw, const sp_mat *mt,
-                 dj_err *e);
+// y (T, n_out) = x (T, n_in) . W^T, T <= SH_ROWS, split at the unit's share (sh.cur_share): rows
+// [0, sp_gpu_rows) by the GPU from w, the rest by the CPU from hw.
+int share_matmul(dj_gpu_state *s, float *y, const float *x, int64_t T, const uint8_t *w, const uint8_t *hw,
+                 const sp_mat *mt, dj_err *e);
 
 // ---- probe_gpu.c: probes
 // After layer l of a pass of T rows (its output still in d_delta, *pending): the layer's control vector added to the

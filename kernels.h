@@ -134,6 +134,10 @@ int gpu_qgemm_has(const dj_gpu *g, int variant);    // whether this device runs 
 int gpu_widen(float *out, const void *in, uint32_t wtype, int64_t n, cudaStream_t s, dj_err *e);
 // out (rows, cols) f32 = rows of any weight dtype (dj_row_bytes apart; q8 and q4 dequantized exactly, scale * k).
 int gpu_widen_rows(float *out, const void *in, uint32_t wtype, int64_t rows, int64_t cols, cudaStream_t s, dj_err *e);
+// dst[r * ld_dst + c] = src[r * ld_src + c] for r < rows, c < cols: a block of rows placed into wider ones (the CPU
+// share's parts of a matmul's output). src may be mapped host memory; the two must not overlap.
+int gpu_place_rows(float *dst, int64_t ld_dst, const float *src, int64_t ld_src, int64_t rows, int64_t cols,
+                   cudaStream_t s, dj_err *e);
 
 // ---- normalisation and activations (rows of n f32 values, T rows back to back)
 // out (T, n) = x / sqrt(mean(x^2) + eps) * w; w (n) f32. out may alias x.

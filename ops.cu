@@ -44,6 +44,26 @@ extern "C" int gpu_widen_rows(float *out, const void *in, uint32_t wtype, int64_
     return 0;
 }
 
+// ---- placing a block of rows into wider rows
+__global__ void place_rows_kernel(float *dst, int64_t ld_dst, const float *src, int64_t ld_src, int64_t rows,
+                                  int64_t cols) {
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < rows * cols; i += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t r = i / cols, c = i - r * cols;
+        dst[r * ld_dst + c] = src[r * ld_src + c];
+    }
+}
+
+extern "C" int gpu_place_rows(float *dst, int64_t ld_dst, const float *src, int64_t ld_src, int64_t rows,
+                              int64_t cols, cudaStream_t s, dj_err *e) {
+    if (rows < 0 || cols < 0 || (rows > 1 && (ld_dst < cols || ld_src < cols)))
+        return dj_fail(e, "gpu_place_rows: bad shape %lld x %lld (ld %lld, %lld)", (long long)rows, (long long)cols,
+                       (long long)ld_dst, (long long)ld_src);
+    if (rows == 0 || cols == 0) return 0;
+    place_rows_kernel<<<grid_1d(rows * cols, 256), 256, 0, s>>>(dst, ld_dst, src, ld_src, rows, cols);
+    LAUNCH_CHECK("place_rows", s);
+    return 0;
+}
+
 // ---- RMSNorm, alone or after the residual add
 // One block per row. ADD: x += delta first (the residual add), then out = rmsnorm(x) * w.
 template <bool ADD>

@@ -10,22 +10,21 @@
 #include "gpu_impl.h"
 
 // ---- the split
-// A matrix at `off`, (n_out, n_in) in dtype, with `share` of its rows (rounded down) on the CPU.
-static sp_mat sp_split(uint64_t off, int64_t n_in, int64_t n_out, uint32_t dtype, double share) {
-    return (sp_mat){off, n_in, n_out, n_out - (int64_t)((double)n_out * share), dtype};
+static sp_mat sp_mat_of(uint64_t off, int64_t n_in, int64_t n_out, uint32_t dtype) {
+    return (sp_mat){off, n_in, n_out, dtype};
 }
 
-// Bytes of the matrices' rows: all of them, or (cpu_only) the CPU's.
-static uint64_t sp_bytes(const sp_mat *mats, int n, int cpu_only) {
+// Bytes of the matrices' rows: all of them, or (share > 0) the CPU's at that share.
+static uint64_t sp_bytes(const sp_mat *mats, int n, double share) {
     uint64_t b = 0;
     for (int i = 0; i < n; i++)
-        b += dj_matrix_bytes(mats[i].dtype, (uint64_t)(mats[i].n_out - (cpu_only ? mats[i].gpu_rows : 0)),
+        b += dj_matrix_bytes(mats[i].dtype, (uint64_t)(mats[i].n_out - (share > 0 ? sp_gpu_rows(&mats[i], share) : 0)),
                              (uint64_t)mats[i].n_in);
     return b;
 }
 
-// The matrices as split with `share` of each one's rows on the CPU (0: none), and the bytes each kind of unit
-// moves in a decode pass.
+// The matrices of a layer and the head, `share` for every pass of up to SH_ROWS rows (0: none), and the bytes each
+// kind of unit moves in a decode pass.
 void share_split(dj_gpu_state *s, double share) {
     const dj_config *c = &s->m->info.config;
     const dj_layer_layout *L = &s->m->info.layer;
@@ -33,8 +32,7 @@ void share_split(dj_gpu_state *s, double share) {
     int64_t dim = c->dim, q = (int64_t)c->n_heads * c->head_dim, kv = (int64_t)c->n_kv_heads * c->head_dim,
             hid = c->hidden_dim;
     int n = 0;
-    sh->share = share;
-#define MAT(o, ni, no) (sh->lmats[n++] = sp_split((o), (ni), (no), c->wtype, share))
+#define MAT(o, ni, no) (sh->lmats[n++] = sp_mat_of((o), (ni), (no), c->wtype))
     if (s->fused_qkv) {
         MAT(L->wq, dim, q + 2 * kv);
     } else {
@@ -49,24 +47,52 @@ void share_split(dj_gpu_state *s, double share) {
     MAT(L->w_down, hid, dim);
 #undef MAT
     sh->n_lmats = n;
-    sh->hmat = sp_split(c->tied ? 0 : s->m->info.head.lm_head, dim, c->vocab_size, dj_lm_head_type(s->m), share);
+    sh->hmat = sp_mat_of(c->tied ? 0 : s->m->info.head.lm_head, dim, c->vocab_size, dj_lm_head_type(s->m));
+    for (int T = 0; T <= SH_ROWS; T++) sh->by_rows[T] = T >= 1 && T <= sh->max_rows ? share : 0;
+    share_rates(s);
+}
+
+// The one-row share's bytes: a decode copy's and the CPU's, per kind of unit.
+void share_rates(dj_gpu_state *s) {
+    gpu_share *sh = &s->sh;
+    const dj_config *c = &s->m->info.config;
+    sh->share = sh->by_rows[1];
     uint64_t tot[2] = {s->m->info.layer.size, s->m->info.head.size + (c->tied ? s->m->info.embed_size : 0)};
-    sh->cpu_bytes[0] = sp_bytes(sh->lmats, n, 1), sh->cpu_bytes[1] = sp_bytes(&sh->hmat, 1, 1);
+    sh->cpu_bytes[0] = sp_bytes(sh->lmats, sh->n_lmats, sh->share), sh->cpu_bytes[1] = sp_bytes(&sh->hmat, 1, sh->share);
     for (int k = 0; k < 2; k++) sh->part_bytes[k] = tot[k] - sh->cpu_bytes[k];
 }
 
-int share_init(dj_gpu_state *s, dj_err *e) {
+double share_for(const dj_gpu_state *s, int64_t T) { return T >= 1 && T <= SH_ROWS ? s->sh.by_rows[T] : 0; }
+double gpu_cpu_share_for(const dj_gpu_state *s, int64_t T) { return share_for(s, T); }
+
+// The widest input and output of the split matmuls.
+static void share_widths(const dj_gpu_state *s, int64_t *in, int64_t *out) {
     const dj_config *c = &s->m->info.config;
-    gpu_share *sh = &s->sh;
     int64_t dim = c->dim, q = (int64_t)c->n_heads * c->head_dim, kv = (int64_t)c->n_kv_heads * c->head_dim,
             hid = c->hidden_dim, vocab = c->vocab_size;
-    int64_t most_in = hid > dim ? hid : dim, most_out = 2 * hid;
-    if (q > most_in) most_in = q;
-    if (q + 2 * kv > most_out) most_out = q + 2 * kv;
-    if (vocab > most_out) most_out = vocab;
-    if (gpu_host_alloc((void **)&sh->h_cx, (size_t)most_in * 4, "the CPU share's input", e) ||
-        gpu_host_alloc((void **)&sh->h_cy, (size_t)most_out * 4, "the CPU share's output", e) ||
-        gpu_host_device_ptr((void **)&sh->d_cy, sh->h_cy, e) || gpu_event_create(&sh->x_ready, 0, e))
+    *in = hid > dim ? hid : dim, *out = 2 * hid;
+    if (q > *in) *in = q;
+    if (q + 2 * kv > *out) *out = q + 2 * kv;
+    if (vocab > *out) *out = vocab;
+}
+
+uint64_t share_device_bytes(const dj_gpu_state *s) {
+    int64_t in, out, rows = s->max_batch < SH_ROWS ? s->max_batch : SH_ROWS;
+    share_widths(s, &in, &out);
+    return s->opts.cpu_share != 0 ? (uint64_t)(rows * out) * 4 : 0;
+}
+
+int share_init(dj_gpu_state *s, dj_err *e) {
+    gpu_share *sh = &s->sh;
+    int64_t in, out;
+    share_widths(s, &in, &out);
+    sh->max_rows = s->max_batch < SH_ROWS ? s->max_batch : SH_ROWS;
+    size_t rows = (size_t)sh->max_rows;
+    if (gpu_host_alloc((void **)&sh->h_cx, rows * (size_t)in * 4, "the CPU share's input", e) ||
+        gpu_host_alloc((void **)&sh->h_cy, rows * (size_t)out * 4, "the CPU share's output", e) ||
+        gpu_host_device_ptr((void **)&sh->d_cy, sh->h_cy, e) ||
+        gpu_malloc((void **)&sh->d_sy, share_device_bytes(s), "the CPU share's GPU rows", e) ||
+        gpu_event_create(&sh->x_ready, 0, e))
         return -1;
     return 0;
 }
@@ -74,40 +100,94 @@ int share_init(dj_gpu_state *s, dj_err *e) {
 void share_free(dj_gpu_state *s) {
     gpu_event_destroy(s->sh.x_ready);
     gpu_host_free(s->sh.h_cx), gpu_host_free(s->sh.h_cy);
+    gpu_free(s->sh.d_sy);
 }
 
-// ---- the split matvec
+// ---- the split matmul
 // The host waits for x, so the compute stream runs dry meanwhile; the copy stream does not (its next copy is
-// already issued).
-int share_matvec(dj_gpu_state *s, float *y, const float *x, const uint8_t *w, const uint8_t *hw, const sp_mat *mt,
-                 dj_err *e) {
+// already issued). One row: the GPU writes its rows straight into y. Several: y's rows are n_out apart, so the
+// GPU's (T, gpu_rows) land in d_sy and both parts are placed into y by a kernel (the CPU's read through the mapped
+// view: a copy on the compute stream could queue behind a weight copy on the copy engine).
+int share_matmul(dj_gpu_state *s, float *y, const float *x, int64_t T, const uint8_t *w, const uint8_t *hw,
+                 const sp_mat *mt, dj_err *e) {
     gpu_share *sh = &s->sh;
     uint32_t wt = mt->dtype;
-    int64_t nc = mt->n_out - mt->gpu_rows;
-    if (nc && (gpu_d2h_async(sh->h_cx, x, (size_t)mt->n_in * 4, s->compute, e) ||
+    int64_t gr = sp_gpu_rows(mt, sh->cur_share), nc = mt->n_out - gr;
+    if (T > sh->max_rows) return dj_fail(e, "internal error: a CPU share over %lld rows", (long long)T);
+    if (nc && (gpu_d2h_async(sh->h_cx, x, (size_t)(T * mt->n_in) * 4, s->compute, e) ||
                gpu_event_record(sh->x_ready, s->compute, e)))
         return -1;
-    if (mt->gpu_rows && gpu_matmul(s->g, y, x, w, wt, 1, mt->n_in, mt->gpu_rows, s->compute, e)) return -1;
+    if (gr) {
+        float *gy = T == 1 || !nc ? y : sh->d_sy;
+        if (gpu_matmul(s->g, gy, x, w, wt, T, mt->n_in, gr, s->compute, e) ||
+            (gy != y && gpu_place_rows(y, mt->n_out, gy, gr, T, gr, s->compute, e)))
+            return -1;
+    }
     if (!nc) return 0;
     // h_cy is free: the previous split's read of it precedes x_ready on the stream.
+    double t0 = dj_now();
     if (gpu_event_sync(sh->x_ready, e)) return -1;
-    cpu_matvec(sh->h_cy, sh->h_cx, hw + dj_matrix_bytes(wt, (uint64_t)mt->gpu_rows, (uint64_t)mt->n_in), wt, mt->n_in,
-               nc);
-    return gpu_widen(y + mt->gpu_rows, sh->d_cy, DJ_F32, nc, s->compute, e);
+    double t1 = dj_now();
+    cpu_matvec_multi(sh->h_cy, sh->h_cx, hw + dj_matrix_bytes(wt, (uint64_t)gr, (uint64_t)mt->n_in), wt, T, mt->n_in,
+                     nc);
+    sh->pass_wait_s += t1 - t0, sh->pass_cpu_s += dj_now() - t1;
+    sh->pass_cpu_bytes += dj_matrix_bytes(wt, (uint64_t)nc, (uint64_t)mt->n_in);
+    return gpu_place_rows(y + gr, mt->n_out, sh->d_cy, nc, T, nc, s->compute, e);
 }
 
 // ---- --cpu-share auto
-// The fraction that makes the CPU's side of a decode step take as long as the GPU's copies. The CPU's side is its
-// rows at its matvec rate (measured over one streamed unit's matrices, best of three; the first touch warms) plus a
-// round trip per split matmul (x to the host, the CPU's rows back, the GPU's work in between: ~SPLIT_COST_S, in
-// which the CPU idles); the copies run at LINK_SHARED times the warm-up's H2D rate, the CPU's reads of host memory
-// taking the rest. For B bytes streamed per step, rates C (CPU) and L (link) and K = splits * SPLIT_COST_S,
+// For a pass of T rows, the fraction that makes the CPU's side take as long as the GPU's copies. The CPU's side is
+// its rows at its rate for T rows plus a round trip per split matmul (x to the host, the CPU's rows back, the GPU's
+// work in between: ~SPLIT_COST_S, in which the CPU idles, and T rows of x and of the results over PCIe at
+// ~SPLIT_IO_GBS); the copies run at LINK_SHARED times the warm-up's H2D rate, the CPU's reads of host memory
+// taking the rest. For B bytes streamed per pass, rates C (CPU, for T rows) and L (link) and K the round trips,
 // share * B / C + K = (1 - share) * B / L gives share = (B / L - K) / (B / C + B / L). Where the round trips would
-// eat most of the gain (small models), the share stays off. On the H100 machine (q4 Llama-3-8B shape at the
-// minimum ring, 2026-11-24) the copies ran at 46-49 GB/s with the CPU share against 54 alone, and the fixed shares
-// 0.5, 0.6, 0.7 took 43, 50, 48-51 ms a token: a balance without K or the contention (0.62) lost 4-15%.
+// eat most of the gain (small models, many rows), the share stays off.
+// The CPU's rate for T rows is what passes of T rows measured (its time on its rows, share_learn), and until one
+// has run, its rate alone measured at set-up over one streamed unit's matrices ("iso": one row best of three, the
+// first touch warming; 4 and 16 rows best of two, and a line through those two for the other T, never faster than
+// one row) times what a pass leaves of it: the CPU computes slower within passes than alone, more so the more rows
+// (H100 machine, 2026-11-25, 8B f16 and q4 at the minimum ring: 0.7-0.8 of its rate alone at one row, 0.55-0.65
+// at 8, 0.5-0.6 at 16): 0.8 / (1 + (T - 1) / DERATE_ROWS). Learnt rates follow the machine of the day (the same
+// share of 0.6 took 126-168 ms a token on different calls) and keep a pass of many rows from waiting on the CPU.
+// With the learnt rates the sweep's best fixed shares were: 0.6 at 1 and 2 rows, 0.3-0.45 at 4-8, 0.2 at 16, 0.1
+// at 32 (f16); 0.6 at 1, 0-0.1 at 2-4, none from 8 (q4, whose CPU rows cost as many flops in a third of the
+// bytes).
 #define SPLIT_COST_S 80e-6
+#define SPLIT_IO_GBS 20.0
 #define LINK_SHARED 0.88
+#define DERATE_ONE 0.8
+#define DERATE_ROWS 24.0
+
+// Seconds for the CPU to compute the unit's matrices over T rows (x zero), best of `reps`.
+static double cpu_unit_time(dj_gpu_state *s, const sp_mat *mats, int n, const uint8_t *base, int64_t T, int reps) {
+    gpu_share *sh = &s->sh;
+    double best = 0;
+    for (int r = 0; r < reps; r++) {
+        double t0 = dj_now();
+        for (int i = 0; i < n; i++) {
+            memset(sh->h_cx, 0, (size_t)(T * mats[i].n_in) * 4);
+            cpu_matvec_multi(sh->h_cy, sh->h_cx, base + mats[i].off, mats[i].dtype, T, mats[i].n_in, mats[i].n_out);
+        }
+        double t = dj_now() - t0;
+        if (t > 0 && (best == 0 || t < best)) best = t;
+    }
+    return best;
+}
+
+// by_rows[T] from the model (share_auto's terms).
+static void share_model(gpu_share *sh, int64_t T) {
+    double share = 0, c = sh->seen[T] > 0 ? sh->seen[T] : sh->iso[T] * DERATE_ONE / (1 + (double)(T - 1) / DERATE_ROWS);
+    if (T <= sh->max_rows && c > 0 && sh->m_link > 0) {
+        double t_pure = sh->m_streamed / (sh->m_link * 1e9), tb_link = t_pure / LINK_SHARED;
+        double tb_cpu = sh->m_streamed / (c * 1e9), io_s = (double)T * sh->m_io / (SPLIT_IO_GBS * 1e9);
+        share = (tb_link - sh->m_splits * SPLIT_COST_S - io_s) / (tb_cpu + tb_link);
+        if (share > 0.95) share = 0.95;
+        if (!(share > 0 && (1 - share) * tb_link < 0.9 * t_pure)) share = 0;  // not worth the round trips
+    }
+    sh->by_rows[T] = share;
+}
+
 void share_auto(dj_gpu_state *s) {
     const rb_plan *p = s->sc.plan;
     gpu_share *sh = &s->sh;
@@ -116,32 +196,41 @@ void share_auto(dj_gpu_state *s) {
     const uint8_t *base = u < nl ? dj_layer_ptr(s->m, (uint32_t)u)
                                  : s->m->info.config.tied ? dj_embed_ptr(s->m) : dj_head_ptr(s->m);
     int n = u < nl ? sh->n_lmats : 1;
-    double best = 0;
-    uint64_t bytes = sp_bytes(mats, n, 0);
-    for (int r = 0; r < 3; r++) {
-        double t0 = dj_now();
-        for (int i = 0; i < n; i++) {
-            memset(sh->h_cx, 0, (size_t)mats[i].n_in * 4);
-            cpu_matvec(sh->h_cy, sh->h_cx, base + mats[i].off, mats[i].dtype, mats[i].n_in, mats[i].n_out);
-        }
-        double t = dj_now() - t0;
-        if (t > 0 && (best == 0 || t < best)) best = t;
+    double bytes = (double)sp_bytes(mats, n, 0), io = 0;  // io: PCIe bytes a row of a split unit adds: x down, about
+    for (int i = 0; i < n; i++) io += 4.0 * ((double)mats[i].n_in + 0.5 * (double)mats[i].n_out);  // half back
+    int64_t ta = sh->max_rows >= 4 ? 4 : sh->max_rows, tb = sh->max_rows >= 16 ? 16 : sh->max_rows;
+    double t1 = cpu_unit_time(s, mats, n, base, 1, 3);
+    double t_a = ta > 1 ? cpu_unit_time(s, mats, n, base, ta, 2) : t1;
+    double t_b = tb > ta ? cpu_unit_time(s, mats, n, base, tb, 2) : t_a;
+    sh->automatic = 1;
+    sh->m_streamed = (double)p->streamed_bytes, sh->m_link = sh->warm_h2d, sh->m_splits = 0;
+    sh->m_io = io * p->n_streamed;
+    for (int k = 0; k < p->n_streamed; k++) sh->m_splits += p->stream_order[k] == nl ? 1 : sh->n_lmats;
+    for (int64_t T = 1; T <= SH_ROWS; T++) {
+        double t = T == 1 ? t1 : tb > ta ? t_a + (double)(T - ta) * (t_b - t_a) / (double)(tb - ta) : t_a;
+        if (t < t1) t = t1;
+        sh->iso[T] = t > 0 ? bytes / t / 1e9 : 0, sh->seen[T] = 0;
+        share_model(sh, T);
     }
-    double cpu = best > 0 ? (double)bytes / best / 1e9 : 0, h2d = sh->warm_h2d;
-    double streamed = (double)p->streamed_bytes, splits = 0;
-    for (int k = 0; k < p->n_streamed; k++) splits += p->stream_order[k] == nl ? 1 : sh->n_lmats;
-    double share = 0, t_pure = h2d > 0 ? streamed / (h2d * 1e9) : 0;
-    if (cpu > 0 && h2d > 0) {
-        double tb_cpu = streamed / (cpu * 1e9), tb_link = streamed / (LINK_SHARED * h2d * 1e9);
-        share = (tb_link - splits * SPLIT_COST_S) / (tb_cpu + tb_link);
-    }
-    if (share > 0.95) share = 0.95;
-    double t_split = share > 0 ? (1 - share) * streamed / (LINK_SHARED * h2d * 1e9) : t_pure;
-    int worth = share > 0 && t_split < 0.9 * t_pure;
+    share_rates(s);
     if (!s->opts.quiet)
-        fprintf(stderr, "gpu: CPU share, automatic: the CPU's matvec reads %.1f GB/s, the copies ran at %.1f GB/s: "
-                        "%s\n", cpu, h2d, worth ? "sharing" : "not worth the round trips for this model: off");
-    share_split(s, worth ? share : 0);
+        fprintf(stderr, "gpu: CPU share, automatic: the CPU reads %.1f GB/s of weights for one row (%.1f for %lld "
+                        "rows), the copies ran at %.1f GB/s: shares %.2f (1 row), %.2f (%lld), %.2f (%lld)%s\n",
+                sh->iso[1], sh->iso[tb], (long long)tb, sh->m_link, sh->by_rows[1],
+                sh->by_rows[8 <= sh->max_rows ? 8 : 1], 8 <= sh->max_rows ? 8LL : 1LL, sh->by_rows[sh->max_rows],
+                (long long)sh->max_rows, sh->share > 0 ? "" : ": not worth the round trips for this model, off");
+}
+
+// The pass's CPU time into the stats; automatic, the rate it measured for T rows (half the last measure, half
+// the new) and the share that follows. A pass whose CPU computed less than a millisecond tells little.
+void share_learn(dj_gpu_state *s, int64_t T) {
+    gpu_share *sh = &s->sh;
+    s->st.cpu_bytes += sh->pass_cpu_bytes, s->st.cpu_ms += sh->pass_cpu_s * 1e3, s->st.cpu_wait_ms += sh->pass_wait_s * 1e3;
+    if (!sh->automatic || T > sh->max_rows || sh->pass_cpu_s < 1e-3) return;
+    double r = (double)sh->pass_cpu_bytes / sh->pass_cpu_s / 1e9;
+    sh->seen[T] = sh->seen[T] > 0 ? 0.5 * (sh->seen[T] + r) : r;
+    share_model(sh, T);
+    if (T == 1) share_rates(s), share_stats(s);  // the decode share's bytes
 }
 
 void share_stats(dj_gpu_state *s) {

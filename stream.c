@@ -19,43 +19,48 @@ uint64_t unit_bytes(const dj_model *m, int u, uint64_t *lm_off) {
     return in->config.tied ? in->head.size + dj_align_up(in->embed_size, GPU_ALIGN) : in->head.size;
 }
 
-// Copies a region of `size` bytes holding the matrices `mats` (slab order) from src to dst: whole (part 0);
-// everything but the CPU's rows of each matrix (part 1: what a decode pass needs on the GPU); only those rows
-// (part 2: what completes a part-1 copy). *bytes += the bytes moved.
-static int region_copy(uint8_t *dst, const uint8_t *src, uint64_t size, const sp_mat *mats, int n, int part,
-                       uint64_t *bytes, cudaStream_t st, dj_err *e) {
-    if (part == 0) {
-        *bytes += size;
-        return gpu_h2d_async(dst, src, size, st, e);
-    }
-    uint64_t start = 0;
+// Copies what a region of `size` bytes holding the matrices `mats` (slab order) needs on the GPU at share `to`
+// and lacks at share `from` (unit_copy), from src to dst: with from = SH_NONE the bytes between the matrices and
+// each one's rows [0, gpu rows at to), else each one's rows [gpu rows at from, gpu rows at to). Adjacent pieces go
+// as one copy. *bytes += the bytes moved.
+static int region_copy(uint8_t *dst, const uint8_t *src, uint64_t size, const sp_mat *mats, int n, double from,
+                       double to, uint64_t *bytes, cudaStream_t st, dj_err *e) {
+    uint64_t start = 0, run = 0, run_end = 0;  // the copy pending: [run, run_end)
     for (int i = 0; i <= n; i++) {
-        uint64_t cut = size, end = size;
+        uint64_t b = from >= SH_NONE ? start : size, x = size, end = size;  // the piece [b, x)
         if (i < n) {
             uint64_t rb = dj_row_bytes(mats[i].dtype, (uint64_t)mats[i].n_in);
-            cut = mats[i].off + (uint64_t)mats[i].gpu_rows * rb, end = mats[i].off + (uint64_t)mats[i].n_out * rb;
-        }
-        uint64_t b = part == 1 ? start : cut, x = part == 1 ? cut : end;
-        if (x > b) {
-            if (gpu_h2d_async(dst + b, src + b, x - b, st, e)) return -1;
-            *bytes += x - b;
+            x = mats[i].off + (uint64_t)sp_gpu_rows(&mats[i], to) * rb, end = mats[i].off + (uint64_t)mats[i].n_out * rb;
+            if (from < SH_NONE) b = mats[i].off + (uint64_t)sp_gpu_rows(&mats[i], from) * rb;
         }
         start = end;
+        if (x <= b) continue;
+        if (b != run_end) {
+            if (run_end > run && gpu_h2d_async(dst + run, src + run, run_end - run, st, e)) return -1;
+            *bytes += run_end - run;
+            run = b;
+        }
+        run_end = x;
     }
+    if (run_end > run && gpu_h2d_async(dst + run, src + run, run_end - run, st, e)) return -1;
+    *bytes += run_end - run;
     return 0;
 }
 
-int unit_copy(dj_gpu_state *s, int u, uint8_t *dst, cudaStream_t st, int part, uint64_t *bytes, dj_err *e) {
+int unit_copy(dj_gpu_state *s, int u, uint8_t *dst, cudaStream_t st, double from, double to, uint64_t *bytes,
+              dj_err *e) {
     const dj_model *m = s->m;
     const gpu_share *sh = &s->sh;
     if (u < (int)m->info.config.n_layers)
-        return region_copy(dst, dj_layer_ptr(m, (uint32_t)u), m->info.layer.size, sh->lmats, sh->n_lmats, part, bytes,
-                           st, e);
+        return region_copy(dst, dj_layer_ptr(m, (uint32_t)u), m->info.layer.size, sh->lmats, sh->n_lmats, from, to,
+                           bytes, st, e);
     if (!m->info.config.tied)
-        return region_copy(dst, dj_head_ptr(m), m->info.head.size, &sh->hmat, 1, part, bytes, st, e);
-    if (part != 2 && region_copy(dst, dj_head_ptr(m), m->info.head.size, NULL, 0, 0, bytes, st, e)) return -1;
-    return region_copy(dst + s->sc.head_lm_off, dj_embed_ptr(m), m->info.embed_size, &sh->hmat, 1, part, bytes, st,
-                       e);
+        return region_copy(dst, dj_head_ptr(m), m->info.head.size, &sh->hmat, 1, from, to, bytes, st, e);
+    if (from >= SH_NONE &&
+        region_copy(dst, dj_head_ptr(m), m->info.head.size, NULL, 0, SH_NONE, 0, bytes, st, e))
+        return -1;
+    return region_copy(dst + s->sc.head_lm_off, dj_embed_ptr(m), m->info.embed_size, &sh->hmat, 1, from, to, bytes,
+                       st, e);
 }
 
 // ---- set-up
@@ -97,8 +102,12 @@ static int stream_unit(const gpu_sched *sc, int64_t seq) {
 }
 
 void sched_pass_begin(dj_gpu_state *s, int64_t T) {
-    s->sc.pass_T = T;
-    s->sc.pass_end = s->sc.computed + s->sc.plan->n_streamed;
+    gpu_sched *sc = &s->sc;
+    sc->pass_T = T;
+    sc->pass_end = sc->computed + sc->plan->n_streamed;
+    sc->pass_share = share_for(s, T);
+    s->sh.pass_cpu_s = s->sh.pass_wait_s = 0, s->sh.pass_cpu_bytes = 0;
+    if (T <= SH_ROWS) sc->next_share = sc->pass_share;
 }
 
 // Issues every streamed copy whose slot is known to be free once the compute stream gets there: its wait
@@ -124,14 +133,16 @@ static int issue_copies(dj_gpu_state *s, dj_err *e) {
             return -1;
         if (sc->pend.wait_slot >= 0 && gpu_stream_wait(s->copy, sc->freed[sc->pend.wait_slot], e)) return -1;
         uint8_t *dst = sc->d_w + p->ring_off + sc->pend.off;
-        // With a CPU share, a decode pass's copies leave out the CPU's rows; so do the ones issued ahead for the
-        // next pass (a decode step, most likely), except during the warm-up (the prompt's prefill follows).
-        int part = s->sh.share > 0 && (seq < sc->pass_end ? sc->pass_T == 1 : !sc->warming);
+        // With a CPU share, a pass's copies leave out the CPU's rows at its share; the ones issued ahead for the
+        // next pass at the share of the last pass of up to SH_ROWS rows, except during the warm-up (the prompt's
+        // prefill follows).
+        double share = seq < sc->pass_end ? sc->pass_share : sc->warming ? 0 : sc->next_share;
         q->bytes = 0;
-        if (gpu_event_record(q->c0, s->copy, e) || unit_copy(s, stream_unit(sc, seq), dst, s->copy, part, &q->bytes, e) ||
+        if (gpu_event_record(q->c0, s->copy, e) ||
+            unit_copy(s, stream_unit(sc, seq), dst, s->copy, SH_NONE, share, &q->bytes, e) ||
             gpu_event_record(q->c1, s->copy, e) || gpu_event_record(sc->copied[sc->pend.slot], s->copy, e))
             return -1;
-        q->part = (uint8_t)part;
+        q->share = share;
         q->off = sc->pend.off;
         q->slot = sc->pend.slot;
         sc->issued++;
@@ -154,13 +165,18 @@ int unit_begin(dj_gpu_state *s, int u, const uint8_t **w, dj_err *e) {
         return dj_fail(e, "internal error: streaming schedule out of step at unit %d", u);
     uint8_t *slot = sc->d_w + p->ring_off + q->off;
     *w = slot;
-    if (q->part && sc->pass_T == 1) {  // a decode step split with the CPU: its rows come from the host slab
-        s->sh.cur_host = u < (int)s->m->info.config.n_layers ? dj_layer_ptr(s->m, (uint32_t)u) : dj_head_ptr(s->m);
-    } else if (q->part) {  // a prefill where a decode step was expected: the CPU's rows follow
+    // The split: the pass's share, or less where the copy (issued ahead) brought more of the unit. Where it
+    // brought less (a pass of more rows than expected), the GPU's missing rows follow.
+    if (q->share > sc->pass_share) {
         uint64_t extra = 0;
-        if (unit_copy(s, u, slot, s->copy, 2, &extra, e) || gpu_event_record(sc->copied[q->slot], s->copy, e))
+        if (unit_copy(s, u, slot, s->copy, q->share, sc->pass_share, &extra, e) ||
+            gpu_event_record(sc->copied[q->slot], s->copy, e))
             return -1;
-        q->part = 0;
+        q->share = sc->pass_share;
+    }
+    if (q->share > 0) {  // split with the CPU: its rows come from the host slab
+        s->sh.cur_host = u < (int)s->m->info.config.n_layers ? dj_layer_ptr(s->m, (uint32_t)u) : dj_head_ptr(s->m);
+        s->sh.cur_share = q->share;
     }
     return gpu_event_record(q->w0, s->compute, e) || gpu_stream_wait(s->compute, sc->copied[q->slot], e) ||
                    gpu_event_record(q->w1, s->compute, e)

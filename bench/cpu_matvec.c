@@ -2,8 +2,10 @@
 //   ceiling   every thread of the pool reading a buffer far larger than the caches with 32-byte loads (GB/s)
 //   matvec    cpu_matvec (the CPU share's kernel) over matrices of the Llama-3-8B shapes in f16, q8 and q4,
 //             rotating over copies totalling more than the buffer so every call reads DRAM; GB/s of weights read
-//             and the fraction of the ceiling
-// Usage: cpu_matvec [out.json] [GB of buffer, default 4]. Prints a table; writes JSON when given a path.
+//             and the fraction of the ceiling; then cpu_matvec_multi (the share of a pass of T rows) for each T
+//             asked: GB/s of weights and GFLOP/s (2 T flops a weight), the work turning from memory to arithmetic
+// Usage: cpu_matvec [out.json] [GB of buffer, default 4] [T,T,...: default 1]. Prints a table; writes JSON when
+// given a path.
 #include <immintrin.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -49,6 +51,15 @@ static double host_read_gbs(const uint8_t *buf, size_t bytes) {
 int main(int argc, char **argv) {
     const char *out = argc > 1 ? argv[1] : NULL;
     double gb = argc > 2 ? atof(argv[2]) : 4.0;
+    int64_t Ts[16] = {1}, nT = 1;
+    if (argc > 3) {
+        nT = 0;
+        for (char *p = argv[3], *end; *p && nT < 16; p = *end ? end + 1 : end) {
+            Ts[nT] = strtol(p, &end, 10);
+            if (end == p || Ts[nT] < 1 || Ts[nT] > 64) dj_die("bad T list '%s' (1..64, comma-separated)", argv[3]);
+            nT++;
+        }
+    }
     size_t bytes = (size_t)(gb * 1e9) / 4096 * 4096;
     uint8_t *buf = aligned_alloc(4096, bytes);
     if (!buf) dj_die("cannot allocate %.1f GB", gb);
@@ -59,11 +70,11 @@ int main(int argc, char **argv) {
     // Llama-3-8B's decode matrices: q|k|v (6144 x 4096), wo (4096 x 4096), gate|up (28672 x 4096), down (4096 x 14336)
     const int64_t shapes[][2] = {{6144, 4096}, {4096, 4096}, {28672, 4096}, {4096, 14336}};
     const uint32_t dts[] = {DJ_F16, DJ_Q8, DJ_Q4};
-    float *x = malloc(14336 * 4), *y = malloc(28672 * 4), *row = malloc(14336 * 4);
-    for (int i = 0; i < 14336; i++) x[i] = (float)((i * 37) % 101) / 101.0f - 0.5f;
+    float *x = malloc(64 * 14336 * 4), *y = malloc(64 * 28672 * 4), *row = malloc(14336 * 4);
+    for (int i = 0; i < 64 * 14336; i++) x[i] = (float)((i * 37) % 101) / 101.0f - 0.5f;
     FILE *js = out ? fopen(out, "w") : NULL;
     if (js) fprintf(js, "{\"threads\": %d, \"host_read_gb_s\": %.3f, \"matvec\": [", threads, ceiling);
-    printf("%-6s %14s %10s %12s %10s\n", "dtype", "shape", "GB/s", "of ceiling", "us/call");
+    printf("%-6s %14s %4s %10s %12s %10s %10s\n", "dtype", "shape", "T", "GB/s", "of ceiling", "GFLOP/s", "us/call");
     int first = 1;
     for (size_t d = 0; d < sizeof dts / sizeof *dts; d++)
         for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
@@ -80,20 +91,25 @@ int main(int argc, char **argv) {
                     dj_die("quantization failed");
             }
             for (size_t c = 1; c < copies; c++) memcpy(buf + c * mb, buf, mb);
-            double best = 0;
-            for (int r = 0; r < 3; r++) {
-                double t0 = dj_now();
-                for (size_t c = 0; c < copies; c++) cpu_matvec(y, x, buf + c * mb, dts[d], n_in, n_out);
-                double t = (dj_now() - t0) / (double)copies;
-                if (best == 0 || t < best) best = t;
+            for (int64_t k = 0; k < nT; k++) {
+                int64_t T = Ts[k];
+                double best = 0;
+                for (int r = 0; r < 3; r++) {
+                    double t0 = dj_now();
+                    for (size_t c = 0; c < copies; c++) cpu_matvec_multi(y, x, buf + c * mb, dts[d], T, n_in, n_out);
+                    double t = (dj_now() - t0) / (double)copies;
+                    if (best == 0 || t < best) best = t;
+                }
+                double gbs = (double)mb / best / 1e9, gfl = 2.0 * (double)T * (double)(n_in * n_out) / best / 1e9;
+                printf("%-6s %6lldx%-7lld %4lld %10.1f %11.0f%% %10.1f %10.1f\n", dj_dtype_name(dts[d]),
+                       (long long)n_out, (long long)n_in, (long long)T, gbs, 100 * gbs / ceiling, gfl, best * 1e6);
+                if (js)
+                    fprintf(js, "%s\n  {\"dtype\": \"%s\", \"n_out\": %lld, \"n_in\": %lld, \"T\": %lld, \"gb_s\": %.3f, "
+                                "\"of_ceiling\": %.4f, \"gflop_s\": %.2f}",
+                            first ? "" : ",", dj_dtype_name(dts[d]), (long long)n_out, (long long)n_in, (long long)T,
+                            gbs, gbs / ceiling, gfl);
+                first = 0;
             }
-            double gbs = (double)mb / best / 1e9;
-            printf("%-6s %6lldx%-7lld %10.1f %11.0f%% %10.1f\n", dj_dtype_name(dts[d]), (long long)n_out,
-                   (long long)n_in, gbs, 100 * gbs / ceiling, best * 1e6);
-            if (js)
-                fprintf(js, "%s\n  {\"dtype\": \"%s\", \"n_out\": %lld, \"n_in\": %lld, \"gb_s\": %.3f, \"of_ceiling\": %.4f}",
-                        first ? "" : ",", dj_dtype_name(dts[d]), (long long)n_out, (long long)n_in, gbs, gbs / ceiling);
-            first = 0;
         }
     if (js) {
         fprintf(js, "\n]}\n");

@@ -10,7 +10,7 @@
 #include "common.h"
 
 // ---- matmul
-// vec: cpu_matvec (T = 1) instead of cpu_matmul; held to the same bound.
+// vec: cpu_matvec (1, T = 1) or cpu_matvec_multi (2) instead of cpu_matmul; held to the same bound.
 static void tcpu_mm_case(uint32_t wtype, int64_t T, int64_t n_in, int64_t n_out, int vec) {
     float *x = malloc(sizeof(float) * T * n_in), *wf = malloc(sizeof(float) * n_in * n_out);
     void *w = malloc(4 * n_in * n_out);
@@ -18,7 +18,8 @@ static void tcpu_mm_case(uint32_t wtype, int64_t T, int64_t n_in, int64_t n_out,
     tc_fill(x, T * n_in, -1, 1);
     tc_fill(wf, n_in * n_out, -1, 1);
     tc_store(w, wf, n_in * n_out, wtype);
-    if (vec) cpu_matvec(y, x, w, wtype, n_in, n_out);
+    if (vec == 1) cpu_matvec(y, x, w, wtype, n_in, n_out);
+    else if (vec == 2) cpu_matvec_multi(y, x, w, wtype, T, n_in, n_out);
     else cpu_matmul(y, x, w, wtype, T, n_in, n_out);
     for (int64_t t = 0; t < T; t++)
         for (int64_t o = 0; o < n_out; o++) {
@@ -29,7 +30,7 @@ static void tcpu_mm_case(uint32_t wtype, int64_t T, int64_t n_in, int64_t n_out,
             }
             double got = y[t * n_out + o];
             cr_assert(fabs(got - want) <= 1e-6 * mag + 1e-30, "%s%s T=%ld n_in=%ld n_out=%ld (%ld,%ld): %g vs %g",
-                      vec ? "matvec " : "", dj_dtype_name(wtype), (long)T, (long)n_in, (long)n_out, (long)t, (long)o,
+                      vec == 1 ? "matvec " : vec == 2 ? "matvec_multi " : "", dj_dtype_name(wtype), (long)T, (long)n_in, (long)n_out, (long)t, (long)o,
                       got, want);
         }
     free(x), free(wf), free(w), free(y);
@@ -59,6 +60,23 @@ Test(cpu_kernels, matvec_all_dtypes_and_sizes) {
         for (int k = 0; k < 3; k++)
             for (size_t s = 0; s < sizeof sizes / sizeof *sizes; s++)
                 tcpu_mm_case(types[k], 1, sizes[s][0], sizes[s][1], 1);
+    }
+    cpu_set_simd(1);
+}
+
+// cpu_matvec_multi (the CPU share of a pass of several rows): every tile shape (1..3 rows by 1..4 columns, so
+// T = 2..9 and 17 with rows 1..3 past a multiple of 3), vector bodies and scalar tails of the inputs, every dtype,
+// on the vector path and the portable one.
+Test(cpu_kernels, matvec_multi_all_dtypes_and_sizes) {
+    static const int64_t sizes[][3] = {{2, 1, 1},  {3, 7, 5},   {4, 8, 3},    {5, 31, 9},  {6, 32, 64},
+                                       {7, 33, 130}, {8, 257, 31}, {9, 100, 13}, {17, 4099, 40}, {1, 300, 7}};
+    uint32_t types[] = {DJ_F32, DJ_F16, DJ_BF16};
+    tc_rng_seed(4);
+    for (int simd = 1; simd >= 0; simd--) {
+        cpu_set_simd(simd);
+        for (int k = 0; k < 3; k++)
+            for (size_t s = 0; s < sizeof sizes / sizeof *sizes; s++)
+                tcpu_mm_case(types[k], sizes[s][0], sizes[s][1], sizes[s][2], 2);
     }
     cpu_set_simd(1);
 }

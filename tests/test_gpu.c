@@ -294,11 +294,11 @@ static float *run_turns(const dj_model *m, const dj_gpu_opts *o, const int32_t *
     return lg;
 }
 
-// The CPU share: decode steps compute the last rows of every streamed matrix on the CPU. Against the
-// all-resident logits: the first prefill bitwise (the share never touches a prefill); decode steps up to
-// summation order (1e-5: f32 throughout); the second prefill, whose slabs were copied for decode and are
-// completed on the fly, to 1e-3: it attends to the decode steps' keys and values, and its cuBLAS matmuls round
-// activations to the weights' dtype, where a difference in the last f32 bits can flip a rounding (~5e-4 for f16).
+// The CPU share: passes of up to SH_ROWS (64) rows compute the last rows of every streamed matrix on the CPU.
+// Against the all-resident logits: the first prefill, 70 rows, bitwise (no share past 64 rows: its slabs, copied
+// ahead for a decode step, are completed on the fly); decode steps up to summation order (1e-5: f32 throughout);
+// the second prefill, 6 rows, shared, to 2e-3: the GPU's matmuls of several rows round activations to f16 where
+// the CPU's rows keep them in f32 (~3e-4 a matmul), and it attends to the decode steps' keys and values.
 // A stale or misplaced row would be off by O(1). At the minimum budget
 // and with everything streaming, at several shares (odd row counts, the largest), with --sync-copy, tied and
 // untied heads, fused and separate q|k|v, f16 and bf16.
@@ -307,8 +307,8 @@ static void share_cases(const char *fixture, int dtype) {
     dj_model m;
     if (fixture) load_fixture_as(&m, fixture, dtype);
     else load_stories(&m, dtype < 0 ? DJ_F16 : dtype);
-    int64_t V = m.info.config.vocab_size, n = 21, nd = 9, n2 = 6, rows = n + nd + n2 + 3;
-    int32_t ids[64];
+    int64_t V = m.info.config.vocab_size, n = 70, nd = 9, n2 = 6, rows = n + nd + n2 + 3;
+    int32_t ids[128];
     make_ids(ids, rows, V);
     dj_gpu_opts o = {.max_seq = 128, .quiet = 1, .ring_gb = 1.0};
     float *ref = run_turns(&m, &o, ids, n, nd, n2, NULL);
@@ -339,10 +339,10 @@ static void share_cases(const char *fixture, int dtype) {
                              "%s case %d: prefill logits differ at %lld", name, c, (long long)t);
             // q8, q4: the CPU rows take x in two int8 parts a group (cpu.c: ~2e-5 of a matvec, <= 5e-5), which
             // the layers grow to 8e-5 (q4 stories260K) and 1.8e-4 (q8 mha_untied) with every row on the CPU.
-            // Decode steps after the second prefill attend to its keys and values, which carry its rounding flips
-            // (2.5e-5 seen on stories260K f16, seed 1801437230379530): 1e-4 there.
+            // Decode steps after the second prefill attend to its keys and values, which carry its rows' f16 and
+            // f32 activations (1.1e-4 seen on mha_untied f16 at share 0.5): 3e-4 there.
             double r = tc_rel_l2(got + t * V, ref + t * V, V),
-                   tol = prefill ? 1e-3 : dj_is_quant(m.info.config.wtype) ? 5e-4 : t >= n + nd + n2 ? 1e-4 : 1e-5;
+                   tol = prefill ? 2e-3 : dj_is_quant(m.info.config.wtype) ? 5e-4 : t >= n + nd + n2 ? 3e-4 : 1e-5;
             cr_assert(r <= tol, "%s case %d (share %.2f, %s): position %lld (%s): rel L2 %.3e > %.0e", name, c,
                       oc.cpu_share, oc.stream_all ? "stream-all" : "minimum budget", (long long)t,
                       prefill ? "prefill" : "decode", r, tol);

@@ -118,6 +118,38 @@ Test(quant, cpu_matvec_against_matmul) {
         }
 }
 
+// cpu_matvec_multi on quantized rows (a pass of several rows): it dequantizes exactly, as the matmul does, on both
+// paths, so only the order of the sums differs. Row counts 1..3 past a multiple of its 3-row tiles, partial last
+// groups, T over every column tile (4, 3, 2, 1 left).
+Test(quant, cpu_matvec_multi_against_matmul) {
+    tc_rng_fresh("quant.cpu_matvec_multi_against_matmul");
+    const int64_t shapes[][3] = {{2, 64, 172}, {3, 172, 64}, {5, 4096, 97}, {8, 96, 400}, {17, 33, 5}, {7, 30, 1}};
+    for (uint32_t wt = DJ_Q8; wt <= DJ_Q4; wt++)
+        for (size_t si = 0; si < sizeof shapes / sizeof *shapes; si++) {
+            int64_t T = shapes[si][0], n_in = shapes[si][1], n_out = shapes[si][2];
+            size_t rb = (size_t)dj_row_bytes(wt, (uint64_t)n_in);
+            uint8_t *w = malloc(rb * (size_t)n_out);
+            float *row = malloc((size_t)n_in * 4), *x = malloc((size_t)(T * n_in) * 4);
+            float *ref = malloc((size_t)(T * n_out) * 4), *got = malloc((size_t)(T * n_out) * 4);
+            for (int64_t o = 0; o < n_out; o++) {
+                tc_fill(row, n_in, -1, 1);
+                cr_assert_eq(quant_row(wt, row, n_in, w + (size_t)o * rb, 0, NULL, NULL), 0);
+            }
+            tc_fill(x, T * n_in, -1, 1);
+            cpu_matmul(ref, x, w, wt, T, n_in, n_out);
+            for (int simd = 1; simd >= 0; simd--) {
+                cpu_set_simd(simd);
+                memset(got, 0xff, (size_t)(T * n_out) * 4);  // NaNs: a value not written fails
+                cpu_matvec_multi(got, x, w, wt, T, n_in, n_out);
+                cr_assert(tc_rel_l2(got, ref, T * n_out) < 2e-6, "%s T=%lld %lldx%lld simd %d: rel %g",
+                          dj_dtype_name(wt), (long long)T, (long long)n_out, (long long)n_in, simd,
+                          tc_rel_l2(got, ref, T * n_out));
+            }
+            cpu_set_simd(1);
+            free(w), free(row), free(x), free(ref), free(got);
+        }
+}
+
 // The vector path against a double-precision dot of the exactly widened weights, on normal x with outliers (one
 // group in 8 holds a value 40x the others) and an all-zero group: per output within the bound of x's two-part
 // rounding, sum over groups of max|x_g| / 64516 * sum|w_i| (+1% for the f32 steps of the rounding, + 1e-6 of

@@ -14,6 +14,8 @@
 #define GPU_LOGIT_ROWS 64   // head rows computed per chunk when every position's logits are wanted
 #define SH_ROWS 64          // passes of up to this many rows take a CPU share (longer ones: none)
 #define SH_NONE 2.0         // unit_copy's `from` for a slot that holds nothing of the unit yet
+#define SH_RETRY 16         // automatic: passes of T rows with T's share turned off by what passes measured,
+                            // after which T tries its neighbours' rate again
 #define PROF_CATS 10
 #define PROF_EVENTS 1024
 
@@ -104,9 +106,11 @@ typedef struct {
     const uint8_t *cur_host;          // the unit computing now is split: its host slab; NULL: all on the GPU
     double cur_share;                 // its share
     // --cpu-share auto (share_auto, share_learn): the model's terms, the CPU's rates for T rows measured alone
-    // (iso) and within passes (seen, 0: not yet), and the pass running's CPU time and bytes
+    // (iso) and within passes (seen, 0: not yet), passes since T's share went off, and the pass running's CPU
+    // time and bytes
     int automatic;
     double iso[SH_ROWS + 1], seen[SH_ROWS + 1];
+    int off_passes[SH_ROWS + 1];
     double m_streamed, m_splits, m_io, m_link;
     double pass_cpu_s, pass_wait_s;
     uint64_t pass_cpu_bytes;

@@ -148,7 +148,7 @@ int share_matmul(dj_gpu_state *s, float *y, const float *x, int64_t T, const uin
 // first touch warming; 4 and 16 rows best of two, and a line through those two for the other T, never faster than
 // one row) times what a pass leaves of it: the CPU computes slower within passes than alone, more so the more rows
 // (H100 machine, 2026-11-25, 8B f16 and q4 at the minimum ring: 0.7-0.8 of its rate alone at one row, 0.55-0.65
-// at 8, 0.5-0.6 at 16): 0.8 / (1 + (T - 1) / DERATE_ROWS). Learnt rates follow the machine of the day (the same
+// at 8, 0.5-0.6 at 16): 0.8 / (1 + (T - 1) / DERATE_ROWS), scaled to what passes of the nearest T measured. Learnt rates follow the machine of the day (the same
 // share of 0.6 took 126-168 ms a token on different calls) and keep a pass of many rows from waiting on the CPU.
 // With the learnt rates the sweep's best fixed shares were: 0.6 at 1 and 2 rows, 0.3-0.45 at 4-8, 0.2 at 16, 0.1
 // at 32 (f16); 0.6 at 1, 0-0.1 at 2-4, none from 8 (q4, whose CPU rows cost as many flops in a third of the
@@ -175,9 +175,23 @@ static double cpu_unit_time(dj_gpu_state *s, const sp_mat *mats, int n, const ui
     return best;
 }
 
+// What a pass leaves of the CPU's rate alone for T rows: the default curve, scaled to the nearest T whose passes
+// measured it (the lower first on a tie), so that a share no pass of T rows has tried yet starts from the day's
+// measure, not the default alone (H100 machine, 8B f16: the default put T = 16 at 0.49 where passes of 8 rows
+// showed 0.8 of it, and kept its share at 0, 15% slower than a share of 0.2).
+static double share_derate(const gpu_share *sh, int64_t T) {
+#define DERATE(t) (DERATE_ONE / (1 + (double)((t) - 1) / DERATE_ROWS))
+    for (int64_t d = 1; d < sh->max_rows; d++)
+        for (int64_t u = T - d; u <= T + d; u += 2 * d)
+            if (u >= 1 && u <= sh->max_rows && sh->seen[u] > 0 && sh->iso[u] > 0)
+                return sh->seen[u] / sh->iso[u] / DERATE(u) * DERATE(T);
+    return DERATE(T);
+#undef DERATE
+}
+
 // by_rows[T] from the model (share_auto's terms).
 static void share_model(gpu_share *sh, int64_t T) {
-    double share = 0, c = sh->seen[T] > 0 ? sh->seen[T] : sh->iso[T] * DERATE_ONE / (1 + (double)(T - 1) / DERATE_ROWS);
+    double share = 0, c = sh->seen[T] > 0 ? sh->seen[T] : sh->iso[T] * share_derate(sh, T);
     if (T <= sh->max_rows && c > 0 && sh->m_link > 0) {
         double t_pure = sh->m_streamed / (sh->m_link * 1e9), tb_link = t_pure / LINK_SHARED;
         double tb_cpu = sh->m_streamed / (c * 1e9), io_s = (double)T * sh->m_io / (SPLIT_IO_GBS * 1e9);
@@ -209,7 +223,7 @@ void share_auto(dj_gpu_state *s) {
     for (int64_t T = 1; T <= SH_ROWS; T++) {
         double t = T == 1 ? t1 : tb > ta ? t_a + (double)(T - ta) * (t_b - t_a) / (double)(tb - ta) : t_a;
         if (t < t1) t = t1;
-        sh->iso[T] = t > 0 ? bytes / t / 1e9 : 0, sh->seen[T] = 0;
+        sh->iso[T] = t > 0 ? bytes / t / 1e9 : 0, sh->seen[T] = 0, sh->off_passes[T] = 0;
         share_model(sh, T);
     }
     share_rates(s);
@@ -222,14 +236,21 @@ void share_auto(dj_gpu_state *s) {
 }
 
 // The pass's CPU time into the stats; automatic, the rate it measured for T rows (half the last measure, half
-// the new) and the share that follows. A pass whose CPU computed less than a millisecond tells little.
+// the new) and the share that follows. A pass whose CPU computed less than a millisecond tells little. A rate
+// learnt in a slow moment of the host may turn T's share off, and a share of 0 measures nothing: so every
+// SH_RETRY passes off, T forgets its rate and takes its neighbours' again (one pass in SH_RETRY may lose).
 void share_learn(dj_gpu_state *s, int64_t T) {
     gpu_share *sh = &s->sh;
     s->st.cpu_bytes += sh->pass_cpu_bytes, s->st.cpu_ms += sh->pass_cpu_s * 1e3, s->st.cpu_wait_ms += sh->pass_wait_s * 1e3;
-    if (!sh->automatic || T > sh->max_rows || sh->pass_cpu_s < 1e-3) return;
+    if (!sh->automatic || T > sh->max_rows) return;
+    if (sh->pass_cpu_s < 1e-3) {  // off for T: after SH_RETRY such passes, forget what turned it off, try again
+        if (sh->seen[T] > 0 && ++sh->off_passes[T] >= SH_RETRY)
+            sh->seen[T] = 0, sh->off_passes[T] = 0, share_model(sh, T);
+        return;
+    }
     double r = (double)sh->pass_cpu_bytes / sh->pass_cpu_s / 1e9;
     sh->seen[T] = sh->seen[T] > 0 ? 0.5 * (sh->seen[T] + r) : r;
-    share_model(sh, T);
+    for (int64_t t = 1; t <= SH_ROWS; t++) share_model(sh, t);  // the rows no pass measured follow this one
     if (T == 1) share_rates(s), share_stats(s);  // the decode share's bytes
 }
 

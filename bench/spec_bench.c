@@ -68,7 +68,7 @@ int main(int argc, char **argv) {
     }
     int32_t *tok = malloc((POS + 64) * sizeof *tok);
     float *logits = malloc((size_t)(64 * V) * sizeof *logits);
-    for (int i = 0; i < POS + 64; i++) tok[i] = 1000 + (i * 7919) % 100000;
+    for (int i = 0; i < POS + 64; i++) tok[i] = (int32_t)((1000 + (int64_t)i * 7919) % V);  // any vocabulary
     // the context before POS, in both
     if (tgt.forward(tgt.ctx, 0, tok, POS, 0, NULL, 0, &e) || dft.forward(dft.ctx, 0, tok, POS, 0, NULL, 0, &e)) {
         fprintf(stderr, "spec_bench: %s\n", e.msg);

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # bench/spec_bench.sh: speculative decoding on the GPU machine, Llama-3-8B shape (random weights,
 # tools/make_random_llama.py): the f16 target streamed at the minimum ring, drafted by its own q4 copy.
+# SHAPE=13b (any of make_random_llama.py's) and RING=GB (--ring-gb; default: the minimum) change the case; DROP_HF=1
+# deletes the HF checkpoint once both files are converted (a 13B one and its two conversions fill most of a 64 GB disk).
 #
 #   bench/spec_bench.sh OUT_DIR
 #
@@ -20,6 +22,8 @@ OUT_DIR=${1:?out dir}
 WORK=${BENCH_WORK:-/tmp/djinn_qbench}
 DATA=${DATA:-.shared}
 KS=${KS:-1 2 4 8 16}
+SHAPE=${SHAPE:-8b}
+RING=${RING:-}
 N_NEW=${N_NEW:-64}
 PROMPT=${PROMPT:-"The history of the city begins in the year"}
 mkdir -p "$OUT_DIR" "$WORK" || exit 1
@@ -30,19 +34,22 @@ make -j16 all build/bin/ceilings build/bin/spec_bench > "$WORK/build.log" 2>&1 |
 say "link ceilings"
 LINK_ONLY=1 build/bin/ceilings "$OUT_DIR/link.json" > /dev/null || exit 1
 
-HF=$WORK/hf_8b
-make_hf 8b "$HF" "$WORK/make.log" || exit 1
-target=$WORK/spec_8b_f16.bin draft=$WORK/spec_8b_q4.bin
+HF=$WORK/hf_$SHAPE
+make_hf "$SHAPE" "$HF" "$WORK/make.log" || exit 1
+case $SHAPE in 7b | 13b) tok=llama2 ;; *) tok=llama3 ;; esac
+target=$WORK/spec_${SHAPE}_f16.bin draft=$WORK/spec_${SHAPE}_q4.bin
 for dt in f16 q4; do
-    bin=$WORK/spec_8b_$dt.bin
+    bin=$WORK/spec_${SHAPE}_$dt.bin
     [ -f "$bin" ] && continue
     say "convert $dt"
-    ./convert/convert "$HF" "$bin" --dtype $dt --tokenizer "$DATA/tokenizers/llama3" -q 2> "$WORK/convert.log" ||
+    ./convert/convert "$HF" "$bin" --dtype $dt --tokenizer "$DATA/tokenizers/$tok" -q 2> "$WORK/convert.log" ||
         { tail -3 "$WORK/convert.log"; exit 1; }
 done
+[ "${DROP_HF:-0}" = 1 ] && rm -rf "$HF"  # DROP_HF=1: the checkpoint goes once converted (disk)
 min=$(./djinn "$target" -p x -n 1 -t 0 -c 1024 --ring-gb 0.001 2>&1 >/dev/null |
       sed -n 's/.*needs at least \([0-9][0-9.]*\) GB.*/\1/p' | head -1)
 say "minimum ring ${min:?could not read the minimum ring} GB"
+min=${RING:-$min}
 
 say "pass costs (spec_bench)"
 build/bin/spec_bench "$target" "$draft" "$min" -1 17 5 > "$OUT_DIR/costs_share.json" 2> "$OUT_DIR/costs_share.log" ||
@@ -68,4 +75,6 @@ for f in "$OUT_DIR"/run_k*.txt; do
 done
 
 say report
-python3 bench/spec_report.py "$OUT_DIR" "$min" | tee "$OUT_DIR/report.md"
+case_name="$SHAPE shape (random weights), f16 target at --ring-gb $min"
+[ -z "$RING" ] && case_name="$case_name (the minimum)"
+N_NEW=$N_NEW python3 bench/spec_report.py "$OUT_DIR" "$min" "$case_name" | tee "$OUT_DIR/report.md"

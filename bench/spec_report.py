@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """bench/spec_report.py: the report of bench/spec_bench.sh (markdown on stdout).
 
-usage: python3 bench/spec_report.py OUT_DIR MIN_RING_GB
+usage: python3 bench/spec_report.py OUT_DIR RING_GB [CASE]  (CASE: the title's words for the model and ring)
 
 Reads OUT_DIR/link.json (ceilings), costs_share.json and costs_link.json (spec_bench: a verification pass of T rows,
 a plain decode step, the draft's step), run_*.json (djinn --stats-json). The projection: a round drafts K tokens
@@ -30,17 +30,17 @@ def projection(c, a, k):
 
 def main():
     d, ring = sys.argv[1], float(sys.argv[2])
+    case = sys.argv[3] if len(sys.argv) > 3 else f"Llama-3-8B shape (random weights), f16 target at the minimum ring ({ring} GB)"
     link = load(os.path.join(d, "link.json")) or {}
     h2d = link.get("pcie_h2d_pinned_64mib_gbs", 0)
-    print(f"# Speculative decoding, Llama-3-8B shape (random weights), f16 target at the minimum ring ({ring} GB), "
-          f"its q4 copy as the draft\n")
+    print(f"# Speculative decoding, {case}, its q4 copy as the draft\n")
     print(f"{link.get('device', '?')}: pinned H2D {h2d:.2f} GB/s, D2H {link.get('pcie_d2h_pinned_64mib_gbs', 0):.2f} "
           f"GB/s (measured in this run)\n")
 
     runs = {}
     for p in glob.glob(os.path.join(d, "run_*.json")):
         runs[os.path.basename(p)[4:-5]] = load(p)
-    print("## Measured: djinn -n 64 greedy\n")
+    print(f"## Measured: djinn -n {os.environ.get('N_NEW', '64')} greedy\n")
     print("| run | ms/token | tokens/s | x plain | tokens a pass | acceptance | draft ms a step | target ms a pass |"
           " streamed GB/token | link GB/s |")
     print("|---|---|---|---|---|---|---|---|---|---|")

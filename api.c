@@ -2,6 +2,7 @@
 #include "api.h"
 
 #include <inttypes.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -116,6 +117,69 @@ static char *message_text(api_check *k, const json_value *msg, size_t i) {
     return b.p;
 }
 
+// A base64 digit's value (RFC 4648's alphabet), or -1.
+static int b64_digit(unsigned c) {
+    return c - 'A' < 26 ? (int)(c - 'A') : c - 'a' < 26 ? (int)(c - 'a') + 26 : c - '0' < 10 ? (int)(c - '0') + 52
+         : c == '+' ? 62 : c == '/' ? 63 : -1;
+}
+
+// "resume": {"id": "brk-N", "residual": base64 of little-endian float32 rows}: N and the rows (dim floats each,
+// all finite). Only RFC 4648's alphabet with its '=' padding is base64 here.
+static void resume_field(api_check *k, const api_model *m, const json_value *rs, api_req *r) {
+    const json_value *id = json_get(rs, "id"), *res = json_get(rs, "residual");
+    if (!id || id->type != JSON_STRING || !res || res->type != JSON_STRING) {
+        refuse(k, 400, "resume", "'resume' must be {\"id\": \"brk-N\", \"residual\": \"BASE64\"}: the id a breakpoint "
+                                 "answered with and its residual, changed or not");
+        return;
+    }
+    const char *s = id->u.str.s;
+    size_t len = id->u.str.len, nd = len > 4 ? strspn(s + 4, "0123456789") : 0;
+    if (strncmp(s, "brk-", 4) || !nd || nd != len - 4 || nd > 18 || s[4] == '0') {
+        refuse(k, 404, "resume", "no paused state '%.*s': a breakpoint's answer names its id, brk-N",
+               (int)(len > 64 ? 64 : len), s);
+        return;
+    }
+    r->resume = strtoull(s + 4, NULL, 10);
+    const unsigned char *t = (const unsigned char *)res->u.str.s;
+    size_t tn = res->u.str.len;
+    if (tn % 4 || !tn) {
+        refuse(k, 400, "resume", "'resume.residual' is not base64: %zu characters, not a multiple of 4", tn);
+        return;
+    }
+    size_t pad = t[tn - 1] == '=' ? t[tn - 2] == '=' ? 2 : 1 : 0, bytes = tn / 4 * 3 - pad, row = 4 * (size_t)m->dim;
+    unsigned char *out = malloc(bytes + 3);
+    if (!out) {
+        refuse(k, 500, NULL, "out of memory");
+        return;
+    }
+    for (size_t i = 0; i < tn; i += 4) {
+        uint32_t v = 0;
+        for (size_t j = 0; j < 4; j++) {
+            int d = b64_digit(t[i + j]);
+            if (d < 0 && !(t[i + j] == '=' && i + j >= tn - pad)) {
+                refuse(k, 400, "resume", "'resume.residual' is not base64: byte %zu (0x%02x)", i + j, t[i + j]);
+                free(out);
+                return;
+            }
+            v = v << 6 | (uint32_t)(d < 0 ? 0 : d);
+        }
+        out[i / 4 * 3] = (unsigned char)(v >> 16), out[i / 4 * 3 + 1] = (unsigned char)(v >> 8);
+        out[i / 4 * 3 + 2] = (unsigned char)v;
+    }
+    r->rows = (float *)(void *)out, r->n_rows = (int64_t)(bytes / 4);  // little-endian, as the host
+    if (bytes % row) {
+        refuse(k, 400, "resume", "'resume.residual' holds %zu bytes: not rows of the model's %u float32 (%zu bytes "
+                                 "each)", bytes, m->dim, row);
+        return;
+    }
+    for (int64_t i = 0; i < r->n_rows; i++)
+        if (!isfinite(r->rows[i])) {
+            refuse(k, 400, "resume", "'resume.residual': row %" PRId64 ", element %" PRId64 " is %s", i / m->dim,
+                   i % m->dim, isnan(r->rows[i]) ? "NaN" : "infinite");
+            return;
+        }
+}
+
 // The prompt's ids: a completion's text (BOS added as the command line adds it) or the chat's messages in the
 // model's template.
 static void prompt_ids(api_check *k, const api_model *m, const json_value *root, api_req *r) {
@@ -208,6 +272,18 @@ int api_parse(const api_model *m, const char *body, size_t n, int chat, uint64_t
             refuse(&k, 500, NULL, "out of memory");
     }
     if (r->park && !r->session) refuse(&k, 400, "park", "'park' needs a session ('session' or 'user')");
+    int64_t layer = -1;
+    int_field(&k, root, "break_after_layer", 0, (int64_t)m->n_layers - 1, &layer);
+    r->brk = layer >= 0, r->layer = r->brk ? (uint32_t)layer : 0;
+    const json_value *rs = field(&k, root, "resume", JSON_OBJECT);
+    if ((r->brk || rs) && !m->breakpoints)
+        refuse(&k, 400, r->brk ? "break_after_layer" : "resume",
+               "breakpoints are off on this server (--breakpoints 0)");
+    if (r->brk && rs) refuse(&k, 400, "resume", "a request either breaks ('break_after_layer') or resumes: not both");
+    if (r->brk && r->stream)
+        refuse(&k, 400, "stream", "'stream' cannot be used with 'break_after_layer': a breakpoint answers once, with "
+                                  "the residual stream (stream the resume)");
+    if (rs && !k.failed) resume_field(&k, m, rs, r);
     const json_value *st = json_get(root, "stop");
     if (!k.failed && st && st->type != JSON_NULL) {
         size_t ns = st->type == JSON_STRING ? 1 : st->type == JSON_ARRAY ? st->u.arr.n : 0;
@@ -219,7 +295,9 @@ int api_parse(const api_model *m, const char *body, size_t n, int chat, uint64_t
         }
         if (!ok) refuse(&k, 400, "stop", "'stop' must be a non-empty string or an array of up to %d of them", BT_STOPS);
     }
-    if (!k.failed) prompt_ids(&k, m, root, r);
+    const json_value *pv = json_get(root, chat ? "messages" : "prompt");
+    if (!k.failed && !(r->resume && (!pv || pv->type == JSON_NULL)))  // a resume's prompt is optional
+        prompt_ids(&k, m, root, r);
     if (!k.failed && (int64_t)r->n_ids >= m->ctx)
         refuse(&k, 400, chat ? "messages" : "prompt",
                "the prompt is %zu tokens: the context holds %" PRId64 ", with room for at least one new token",
@@ -233,7 +311,7 @@ int api_parse(const api_model *m, const char *body, size_t n, int chat, uint64_t
 }
 
 void api_req_free(api_req *r) {
-    free(r->ids);
+    free(r->ids), free(r->rows);
     free(r->session);
     sampler_free(r->smp);
     for (int i = 0; i < r->n_stops; i++) free(r->stops[i]);
@@ -278,7 +356,8 @@ void api_usage_chunk(dj_buf *b, const api_resp *r, const api_usage *u) {
     buf_str(b, "}\n\n");
 }
 
-void api_response(dj_buf *b, const api_resp *r, const char *text, size_t n, const char *finish, const api_usage *u) {
+void api_response(dj_buf *b, const api_resp *r, const char *text, size_t n, const char *finish, const api_brk *brk,
+                  const api_usage *u) {
     resp_prefix(b, r, r->chat ? "chat.completion" : "text_completion");
     if (r->chat) {
         buf_str(b, ",\"choices\":[{\"index\":0,\"message\":{\"role\":\"assistant\",\"content\":");
@@ -288,6 +367,14 @@ void api_response(dj_buf *b, const api_resp *r, const char *text, size_t n, cons
         buf_str(b, ",\"choices\":[{\"text\":");
         buf_json_str(b, text, n);
         buf_fmt(b, ",\"index\":0,\"logprobs\":null,\"finish_reason\":\"%s\"}],", finish);
+    }
+    if (brk) {
+        buf_fmt(b, "\"breakpoint\":{\"id\":\"brk-%" PRIu64 "\",\"layer\":%u,\"dim\":%u,\"position\":%" PRId64
+                   ",\"count\":%" PRId64 ",\"tokens\":[", brk->id, brk->layer, brk->dim, brk->pos, brk->count);
+        for (int64_t i = 0; i < brk->count; i++) buf_fmt(b, i ? ",%d" : "%d", brk->tokens[i]);
+        buf_str(b, "],\"dtype\":\"float32\",\"residual\":\"");
+        buf_base64(b, brk->rows, (size_t)(brk->count * brk->dim) * sizeof *brk->rows);
+        buf_str(b, "\"},");
     }
     usage_json(b, u);
     buf_str(b, "}\n");

@@ -19,6 +19,8 @@ typedef struct {
     const dj_tokenizer *tok;
     chat_kind chat;       // the model's template (chat completions need Llama 2's or Llama 3's)
     int64_t ctx, vocab;   // the context a prompt must leave room in; the logits' width
+    uint32_t n_layers, dim;
+    int breakpoints;      // breakpoints and resumes are taken (else refused by name)
 } api_model;
 
 typedef struct {
@@ -31,6 +33,11 @@ typedef struct {
     dj_sampler *smp;      // seeded with "seed", or a fresh seed
     char *stops[BT_STOPS];
     int n_stops;
+    int brk;              // "break_after_layer": L, stop after layer `layer`
+    uint32_t layer;
+    uint64_t resume;      // "resume": {"id": "brk-N", ...}: N; 0: none (a resume may leave out the prompt: ids NULL)
+    float *rows;          // its "residual": n_rows floats, base64 of little-endian float32 decoded, all finite
+    int64_t n_rows;
 } api_req;
 
 typedef struct {
@@ -62,8 +69,18 @@ typedef struct {
 void api_chunk(dj_buf *b, const api_resp *r, int role, const char *text, size_t n, const char *finish);
 // The stream's usage event (stream_options.include_usage), then its end.
 void api_usage_chunk(dj_buf *b, const api_resp *r, const api_usage *u);
-// The whole response of a request that did not stream.
-void api_response(dj_buf *b, const api_resp *r, const char *text, size_t n, const char *finish, const api_usage *u);
+// A breakpoint's answer: the residual stream after `layer` at positions pos .. pos+count-1.
+typedef struct {
+    uint64_t id;            // brk-<id>, the paused state
+    uint32_t layer, dim;
+    int64_t pos, count;
+    const int32_t *tokens;  // (count) the tokens at those positions
+    const float *rows;      // (count, dim)
+} api_brk;
+
+// The whole response of a request that did not stream; brk (else NULL): a breakpoint's, with its "breakpoint".
+void api_response(dj_buf *b, const api_resp *r, const char *text, size_t n, const char *finish, const api_brk *brk,
+                  const api_usage *u);
 // OpenAI's error shape: {"error": {"message", "type", "param", "code"}}.
 void api_error_json(dj_buf *b, int status, const char *param, const char *msg);
 

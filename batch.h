@@ -10,6 +10,15 @@
 // needs a slot and none is free, the least recently used idle session's cache is parked in host memory (the
 // engine's park), and restored into a slot when the session speaks again; past the parking budget the least
 // recently used parked caches are dropped (their next turn prefills everything: slower, the same text).
+//
+// Breakpoints. A breakpoint job runs its prompt's new positions as any job does, their residual stream after its
+// layer copied out on the way (a probe tap, probe.h: by KV slot and position, so rows of other sequences in the same
+// pass are never touched), and ends there with finish "breakpoint", generating nothing. Its session (a hidden one
+// when the job names none) keeps the cache and is paused: it takes no other job until a resume job names the
+// paused state (brk-ID). The resume runs the same positions again from the cache's prefix with those rows written
+// over the residual stream after the layer (layers up to it recompute the same keys and values, the later ones
+// read the rows sent), then generates as any job. At most max_paused states are held; past that the oldest is
+// dropped, and a resume of it is refused with the reason.
 #ifndef DJINN_BATCH_H
 #define DJINN_BATCH_H
 
@@ -31,6 +40,8 @@ typedef struct {
     int64_t prefill_chunk;  // most prompt tokens prefilled per step
     int32_t max_sessions;   // sessions remembered; the least recently used idle one is forgotten past it
     uint64_t park_bytes;    // host memory for parked caches
+    int32_t max_paused;     // paused states held (0: no breakpoints)
+    int64_t brk_rows;       // most positions a breakpoint may return (a resume must carry them back)
 } bt_opts;
 
 // What a job reports to its owner (the server's connection side); owner is the job's `owner`.
@@ -42,7 +53,7 @@ typedef struct {
 } bt_callbacks;
 
 struct bt_job {
-    // ---- the request, set before bt_submit (the job then owns ids, smp and stops)
+    // ---- the request, set before bt_submit (the job then owns ids, smp, stops and rows)
     int32_t *ids;        // the prompt (n_ids >= 1)
     size_t n_ids;
     int64_t max_tokens;  // < 0: until an end token or the context's end
@@ -50,10 +61,19 @@ struct bt_job {
     char *stops[BT_STOPS];
     int n_stops;
     int park_after;      // park the session's cache as soon as the answer ends (its client waits on a tool)
+    int kind;            // the owner's kind of request (its endpoint): a paused state resumes through its own
+    int brk;             // a breakpoint after `layer`: ends with finish "breakpoint" and rows filled
+    uint32_t layer;      //   (a resume's: its paused state's, set by bt_submit)
+    uint64_t resume;     // > 0: resumes the paused state brk-<resume> with rows (n_rows floats), the job's own;
+    float *rows;         //   ids may then be NULL (the paused prompt), else must be it
+    int64_t n_rows;
     void *owner;         // NULL once the owner left (bt_detach): the job ends at the next step, silently
     // ---- its progress, read by the owner
     int64_t n_gen;       // tokens generated
     int64_t n_reused;    // prompt tokens whose cache was reused (not prefilled)
+    int status;          // the HTTP status of the error the job ended with (0: 500)
+    int64_t brk_pos;     // the first of its positions: rows (n_ids - brk_pos, dim), a breakpoint's filled
+    uint64_t brk_id;     // the paused state a breakpoint made
     // ---- the scheduler's
     int state;           // queued, prefilling, decoding
     int32_t slot;
@@ -70,7 +90,10 @@ bt_sched *bt_new(dj_engine *eng, const dj_tokenizer *tok, const dj_config *c, co
                  dj_err *e);
 void bt_free(bt_sched *s);  // jobs still there end without callbacks
 // Queues a job under a session name (NULL: none); a session's jobs run one after the other, in order. 0; or an
-// HTTP status with e set: 503 when every remembered session has a job. On an error the caller keeps the job.
+// HTTP status with e set: 503 when every remembered session has a job or is paused; 409 when the session is paused
+// (and j no resume of it); a resume: 404 (no such id), 410 (resumed already, dropped, its session deleted or its
+// cache lost), 400 (another session, endpoint or prompt, rows of another shape). On an error the caller keeps the
+// job.
 int bt_submit(bt_sched *s, bt_job *j, const char *session, dj_err *e);
 // The owner left: no more callbacks; the job ends at the next step (a session keeps what its cache holds).
 void bt_detach(bt_sched *s, bt_job *j);
@@ -91,6 +114,8 @@ typedef struct {
     uint64_t parks, restores, drops;          // caches parked, restored, dropped (beyond the budget)
     uint64_t park_bytes_total, restore_bytes_total;
     double park_s, restore_s;
+    int32_t paused;                           // paused states held
+    uint64_t breaks, resumes;                 // breakpoints made, resumed
     uint64_t steps, step_rows;                // decode steps and the rows they ran
     int32_t max_rows;                         // the largest step
     uint64_t prompt_tokens, reused_tokens, prefill_tokens, gen_tokens;

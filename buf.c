@@ -1,4 +1,4 @@
-// buf.c: the growing buffer and its JSON strings (buf.h).
+// buf.c: the growing buffer, its JSON strings and base64 (buf.h).
 #include "buf.h"
 
 #include <stdarg.h>
@@ -83,6 +83,21 @@ void buf_json_str(dj_buf *b, const char *s, size_t n) {
         }
     }
     buf_add(b, "\"", 1);
+}
+
+void buf_base64(dj_buf *b, const void *s, size_t n) {
+    static const char abc[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    const unsigned char *u = s;
+    char q[4 * 256];
+    for (size_t i = 0; i < n;) {
+        size_t k = 0;
+        for (; i < n && k < sizeof q; i += 3, k += 4) {
+            uint32_t v = (uint32_t)u[i] << 16 | (i + 1 < n ? (uint32_t)u[i + 1] << 8 : 0) | (i + 2 < n ? u[i + 2] : 0);
+            q[k] = abc[v >> 18], q[k + 1] = abc[v >> 12 & 63];
+            q[k + 2] = i + 1 < n ? abc[v >> 6 & 63] : '=', q[k + 3] = i + 2 < n ? abc[v & 63] : '=';
+        }
+        buf_add(b, q, k);
+    }
 }
 
 void buf_drop_front(dj_buf *b, size_t n) {

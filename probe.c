@@ -12,6 +12,15 @@
 #define PROBE_BUF ((size_t)1 << 20)  // records gathered before a write
 #define PROBE_REC_HEAD 16u           // u32 layer, u32 pos, i32 token, u32 slot
 
+typedef struct {
+    int32_t slot;
+    uint32_t layer;
+    int64_t pos0, n, n_seen;
+    int replace;
+    float *rows;        // (n, dim), the caller's
+    uint8_t *seen;      // (n): that row has passed
+} probe_tap_t;
+
 struct dj_probe {
     uint32_t dim, n_layers;
     float **vec;        // (n_layers): NULL, or the vector added after that layer (dim), scales applied
@@ -23,6 +32,9 @@ struct dj_probe {
     uint64_t n_records;
     int failed;         // a write failed: err says what, and every later call returns it
     dj_err err;
+    probe_tap_t *taps;  // (n_taps), one a slot
+    int32_t n_taps, cap_taps;
+    uint32_t *n_tapped; // (n_layers): the taps after that layer
 };
 
 // ---- options
@@ -85,8 +97,9 @@ dj_probe *probe_new(const dj_config *c, dj_err *e) {
     if (p) {
         p->vec = calloc(c->n_layers, sizeof *p->vec);
         p->dumped = calloc(c->n_layers, 1);
+        p->n_tapped = calloc(c->n_layers, sizeof *p->n_tapped);
     }
-    if (!p || !p->vec || !p->dumped) {
+    if (!p || !p->vec || !p->dumped || !p->n_tapped) {
         probe_free(p);
         dj_fail(e, "out of memory");
         return NULL;
@@ -100,7 +113,8 @@ void probe_free(dj_probe *p) {
     if (!p) return;
     out_abort(&p->out);
     for (uint32_t l = 0; p->vec && l < p->n_layers; l++) free(p->vec[l]);
-    free(p->vec), free(p->dumped), free(p->buf);
+    for (int32_t i = 0; i < p->n_taps; i++) free(p->taps[i].seen);
+    free(p->vec), free(p->dumped), free(p->buf), free(p->taps), free(p->n_tapped);
     free(p);
 }
 
@@ -194,6 +208,54 @@ int probe_finish(dj_probe *p, dj_err *e) {
     return out_commit(&p->out, 0, e);
 }
 
+// ---- taps
+int probe_tap(dj_probe *p, int32_t slot, uint32_t layer, int64_t pos0, int64_t n, int replace, float *rows, dj_err *e) {
+    if (layer >= p->n_layers) return dj_fail(e, "tap: layer %u does not exist (%u layers)", layer, p->n_layers);
+    if (n < 1 || pos0 < 0) return dj_fail(e, "tap: %lld positions from %lld", (long long)n, (long long)pos0);
+    for (int32_t i = 0; i < p->n_taps; i++)
+        if (p->taps[i].slot == slot) return dj_fail(e, "tap: KV slot %d is tapped already", slot);
+    if (p->n_taps == p->cap_taps) {
+        int32_t cap = p->cap_taps ? 2 * p->cap_taps : 8;
+        probe_tap_t *t = realloc(p->taps, (size_t)cap * sizeof *t);
+        if (!t) return dj_fail(e, "out of memory");
+        p->taps = t, p->cap_taps = cap;
+    }
+    uint8_t *seen = calloc((size_t)n, 1);
+    if (!seen) return dj_fail(e, "out of memory");
+    p->taps[p->n_taps++] = (probe_tap_t){slot, layer, pos0, n, 0, replace, rows, seen};
+    p->n_tapped[layer]++;
+    return 0;
+}
+
+int64_t probe_untap(dj_probe *p, int32_t slot) {
+    for (int32_t i = 0; i < p->n_taps; i++) {
+        probe_tap_t *t = &p->taps[i];
+        if (t->slot != slot) continue;
+        int64_t seen = t->n_seen;
+        p->n_tapped[t->layer]--;
+        free(t->seen);
+        *t = p->taps[--p->n_taps];
+        return seen;
+    }
+    return 0;
+}
+
+int probe_tapped(const dj_probe *p, uint32_t layer) { return p->n_tapped[layer] > 0; }
+int probe_any_tap(const dj_probe *p) { return p->n_taps > 0; }
+
+float *probe_tap_row(dj_probe *p, uint32_t layer, int32_t slot, int64_t pos, int *replace) {
+    for (int32_t i = 0; i < p->n_taps; i++) {
+        probe_tap_t *t = &p->taps[i];
+        if (t->slot != slot || t->layer != layer || pos < t->pos0 || pos - t->pos0 >= t->n) continue;
+        int64_t r = pos - t->pos0;
+        t->n_seen += !t->seen[r];
+        t->seen[r] = 1;
+        *replace = t->replace;
+        return t->rows + r * (int64_t)p->dim;
+    }
+    return NULL;
+}
+
 uint32_t probe_dim(const dj_probe *p) { return p->dim; }
 int probe_dumps(const dj_probe *p, uint32_t layer) { return p->out.fd >= 0 && p->dumped[layer]; }
 int probe_any_dump(const dj_probe *p) { return p->out.fd >= 0 && p->n_dumped > 0; }
@@ -223,5 +285,10 @@ int probe_rows(dj_probe *p, uint32_t layer, float *x, int64_t T, const int32_t *
     if (v)
         for (int64_t t = 0; t < T; t++)
             for (int64_t i = 0; i < dim; i++) x[t * dim + i] += v[i];
+    for (int64_t t = 0; p->n_tapped[layer] && t < T; t++) {
+        int replace;
+        float *r = probe_tap_row(p, layer, slots[t], pos[t], &replace), *row = x + t * dim;
+        if (r) memcpy(replace ? row : r, replace ? r : row, (size_t)dim * sizeof *row);
+    }
     return probe_record(p, layer, x, T, tokens, pos, slots, e);
 }

@@ -14,6 +14,9 @@
 // Records come in the order they are computed: pass by pass (a prompt's chunks, then each decode step), in a pass
 // layer by layer, in a layer its rows; tools/read_act.py sorts them into (position, layer, dim) arrays.
 // ---- a control vector: exactly dim f32 values, little-endian, nothing else (tools/make_cvector.py writes one).
+// ---- a tap (the server's breakpoints, batch.h): the rows of one KV slot's positions [pos0, pos0 + n) after one
+// layer, copied out (a breakpoint) or written over (a resume) wherever they pass, whatever else shares the pass:
+// rows of other slots or positions are never touched. After the layer's vector, before its dump.
 #ifndef DJINN_PROBE_H
 #define DJINN_PROBE_H
 
@@ -48,10 +51,21 @@ int probe_open_dump(dj_probe *p, const char *layers, dj_out *out, dj_err *e);
 // one). After an error in probe_rows/probe_record, returns that error.
 int probe_finish(dj_probe *p, dj_err *e);
 
+// Taps a slot (at most one tap a slot): rows (n, dim), row i the residual stream of position pos0 + i after
+// `layer`, filled (replace 0) or written into the stream (replace 1); the caller keeps rows alive until probe_untap.
+int probe_tap(dj_probe *p, int32_t slot, uint32_t layer, int64_t pos0, int64_t n, int replace, float *rows, dj_err *e);
+// The slot's tap removed; returns how many of its rows passed (each counted once however often it passed), 0
+// without a tap.
+int64_t probe_untap(dj_probe *p, int32_t slot);
+
 // ---- for the engines
 uint32_t probe_dim(const dj_probe *p);
 int probe_dumps(const dj_probe *p, uint32_t layer);  // rows after this layer are recorded
 int probe_any_dump(const dj_probe *p);
+int probe_tapped(const dj_probe *p, uint32_t layer);  // a tap reads or writes rows after this layer
+int probe_any_tap(const dj_probe *p);
+// The tap row of (slot, pos) after `layer` (dim floats: to fill, or *replace 1: to write into the stream), or NULL.
+float *probe_tap_row(dj_probe *p, uint32_t layer, int32_t slot, int64_t pos, int *replace);
 // The vector added after `layer` (dim floats, the scales applied), or NULL. Its zero entries are -0.0f, the
 // identity of float addition (x + -0.0f is x for every x, -0.0f included; x + 0.0f turns -0.0f into 0.0f): a zero
 // vector leaves the residual stream bitwise as it was.
@@ -60,7 +74,8 @@ const float *probe_vector(const dj_probe *p, uint32_t layer);
 // slot slots[t]. Recorded when the layer is dumped; the first error sticks (probe_finish returns it too).
 int probe_record(dj_probe *p, uint32_t layer, const float *x, int64_t T, const int32_t *tokens, const int64_t *pos,
                  const int32_t *slots, dj_err *e);
-// The CPU engine's hook: the layer's vector added to every row of x (T, dim), then probe_record.
+// The CPU engine's hook: the layer's vector added to every row of x (T, dim), the taps' rows copied out or in, then
+// probe_record.
 int probe_rows(dj_probe *p, uint32_t layer, float *x, int64_t T, const int32_t *tokens, const int64_t *pos,
                const int32_t *slots, dj_err *e);
 

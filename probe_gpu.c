@@ -3,7 +3,9 @@
 // are recorded on the host. gpu.c fuses a layer's residual add into the next layer's norm, so after a layer the
 // stream is d_x + d_delta: a dump reads that sum (made in d_xb, free between layers, leaving d_x as it was) and a
 // vector turns d_x into the sum plus the vector, the next norm then adding nothing. The sums are the fused norm's,
-// so a zero vector (-0.0f entries: probe_vector) gives bitwise the logits of no probe at all.
+// so a zero vector (-0.0f entries: probe_vector) gives bitwise the logits of no probe at all. A tapped layer (the
+// server's breakpoints) also leaves the sum in d_x: the pass's rows come back, the tapped ones are copied out or
+// written over and copied back, and the next norm adds nothing.
 #include <stdlib.h>
 #include <string.h>
 
@@ -36,27 +38,59 @@ int gpu_set_probe(dj_gpu_state *s, dj_probe *p, dj_err *e) {
     return 0;
 }
 
-int gpu_probe_graphable(const dj_gpu_state *s) { return !s->pr.p || !probe_any_dump(s->pr.p); }
+int gpu_probe_graphable(const dj_gpu_state *s) {
+    return !s->pr.p || (!probe_any_dump(s->pr.p) && !probe_any_tap(s->pr.p));
+}
+
+// Where each of the pass's T rows sits: a step's rows each at its own place, a prefill's at consecutive positions
+// of its slot.
+static void place_rows(dj_gpu_state *s, int64_t T) {
+    gpu_probe *pr = &s->pr;
+    for (int64_t t = 0; t < T; t++) {
+        pr->pos[t] = s->step_rows ? s->b.h_pos[t] : s->b.h_pos[0] + t;
+        pr->slot[t] = s->step_rows ? s->b.h_slot[t] : s->slot;
+    }
+}
+
+// The taps after layer l, d_x (T, dim) holding the residual stream: the rows come back; a tapped row is copied out,
+// or written over and copied back with the adjacent ones written over.
+static int tap_rows(dj_gpu_state *s, int l, int64_t T, dj_err *e) {
+    gpu_probe *pr = &s->pr;
+    const int64_t dim = s->m->info.config.dim;
+    const size_t row = (size_t)dim * 4;
+    if (gpu_d2h_async(pr->h_rows, s->b.x, (size_t)T * row, s->compute, e) || gpu_stream_sync(s->compute, e)) return -1;
+    int64_t run = 0, wrote = 0;  // rows written over just before t; any at all
+    for (int64_t t = 0; t <= T; t++) {
+        int replace = 0;
+        float *r = t < T ? probe_tap_row(pr->p, (uint32_t)l, pr->slot[t], pr->pos[t], &replace) : NULL;
+        float *h = pr->h_rows + t * dim;
+        if (r && !replace) memcpy(r, h, row);
+        if (r && replace) {
+            memcpy(h, r, row), run++;
+            continue;
+        }
+        if (run && gpu_h2d_async(s->b.x + (t - run) * dim, h - run * dim, (size_t)run * row, s->compute, e)) return -1;
+        wrote += run, run = 0;
+    }
+    return wrote ? gpu_stream_sync(s->compute, e) : 0;  // h_rows is free again for the next layer's rows
+}
 
 int gpu_probe_layer(dj_gpu_state *s, int l, int64_t T, int *pending, dj_err *e) {
     gpu_probe *pr = &s->pr;
     gpu_bufs *b = &s->b;
     if (!pr->p) return 0;
     int64_t dim = s->m->info.config.dim;
-    const int dump = probe_dumps(pr->p, (uint32_t)l);
+    const int dump = probe_dumps(pr->p, (uint32_t)l), tap = probe_tapped(pr->p, (uint32_t)l);
     const float *v = pr->steered[l] ? pr->d_vec + (int64_t)l * dim : NULL;
-    if (!dump && !v) return 0;
-    float *res = v ? b->x : b->xb;
+    if (!dump && !v && !tap) return 0;
+    float *res = v || tap ? b->x : b->xb;
     if (gpu_residual_add(res, b->x, b->delta, v, T, dim, s->compute, e)) return -1;
-    if (v) *pending = 0;
+    if (v || tap) *pending = 0;
+    place_rows(s, T);
+    if (tap && tap_rows(s, l, T, e)) return -1;
     if (!dump) return 0;
     if (gpu_d2h_async(pr->h_rows, res, (size_t)(T * dim) * 4, s->compute, e) || gpu_stream_sync(s->compute, e))
         return -1;
-    // where each row sits: a step's rows each at its own place, a prefill's at consecutive positions of its slot
-    for (int64_t t = 0; t < T; t++) {
-        pr->pos[t] = s->step_rows ? b->h_pos[t] : b->h_pos[0] + t;
-        pr->slot[t] = s->step_rows ? b->h_slot[t] : s->slot;
-    }
     return probe_record(pr->p, (uint32_t)l, pr->h_rows, T, pr->tokens, pr->pos, pr->slot, e);
 }
 

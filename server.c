@@ -40,6 +40,7 @@
 #define SRV_DRAIN_S 2.0                  // after a refusal, the client's unread bytes are read for this long
 #define SRV_DEFAULT_CTX 4096
 #define SRV_DEFAULT_PARALLEL 8
+#define SRV_DEFAULT_PAUSED 16
 
 static volatile sig_atomic_t srv_stop;
 static void srv_on_signal(int sig) {
@@ -50,10 +51,10 @@ static void srv_on_signal(int sig) {
 // ---- options
 typedef struct {
     const char *model, *host, *api_key;
-    int port, force_cpu, threads, quiet;
+    int port, force_cpu, threads, quiet, stream_all;
     double ring_gb, kv_gb, park_gb, timeout_s, cpu_share;
     int64_t ctx, prefill_chunk;
-    int32_t parallel, sessions, max_conns;
+    int32_t parallel, sessions, max_conns, breakpoints;
 } srv_opts;
 
 static void srv_usage(FILE *f) {
@@ -68,6 +69,7 @@ static void srv_usage(FILE *f) {
             "                       (room for twice --parallel)\n"
             "  --park-gb G          host memory for parked sessions' caches, in GB (8)\n"
             "  --sessions N         sessions remembered (256); the least recently used idle one goes\n"
+            "  --breakpoints N      paused breakpoints held (%d; 0: none taken); past it the oldest goes\n"
             "  --prefill-chunk N    most prompt tokens prefilled between two decode steps (256)\n"
             "  --max-conns N        open connections (256); more get 503\n"
             "  --timeout S          seconds a request may take to arrive, an idle connection stays open and a\n"
@@ -76,10 +78,12 @@ static void srv_usage(FILE *f) {
             "  --cpu-share F|auto   fraction of streamed rows the CPU computes in one-sequence steps (auto)\n"
             "  --threads N          CPU threads (the CPUs in the affinity mask)\n"
             "  --cpu                run on the CPU even with a GPU present\n"
+            "  --stream-all         ablation (tests): keep no layer resident on the GPU, stream every layer\n"
             "  -q                   no line per request on stderr\n"
             "endpoints: POST /v1/completions, POST /v1/chat/completions, GET /v1/models, GET /health, GET /metrics,\n"
-            "  POST /v1/sessions/NAME/park, DELETE /v1/sessions/NAME\n",
-            SRV_DEFAULT_CTX, SRV_DEFAULT_PARALLEL);
+            "  POST /v1/sessions/NAME/park, DELETE /v1/sessions/NAME; request fields beyond OpenAI's: session, park,\n"
+            "  break_after_layer, resume (README: Serving)\n",
+            SRV_DEFAULT_CTX, SRV_DEFAULT_PARALLEL, SRV_DEFAULT_PAUSED);
 }
 
 static int srv_bad_usage(const char *what, const char *arg) {
@@ -104,15 +108,15 @@ static int srv_num(const char *flag, const char *v, double lo, double hi, int in
 
 static int srv_parse(int argc, char **argv, srv_opts *o) {
     *o = (srv_opts){.host = "127.0.0.1", .port = 8080, .park_gb = 8, .timeout_s = 60, .prefill_chunk = 256,
-                    .sessions = 256, .max_conns = 256, .cpu_share = -1};
+                    .sessions = 256, .max_conns = 256, .cpu_share = -1, .breakpoints = SRV_DEFAULT_PAUSED};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             srv_usage(stdout);
             return -1;
         }
-        if (!strcmp(a, "--cpu") || !strcmp(a, "-q")) {
-            *(a[1] == 'q' ? &o->quiet : &o->force_cpu) = 1;
+        if (!strcmp(a, "--cpu") || !strcmp(a, "-q") || !strcmp(a, "--stream-all")) {
+            *(a[1] == 'q' ? &o->quiet : a[2] == 'c' ? &o->force_cpu : &o->stream_all) = 1;
             continue;
         }
         if (a[0] != '-') {
@@ -131,6 +135,7 @@ static int srv_parse(int argc, char **argv, srv_opts *o) {
         else if (!strcmp(a, "--parallel")) rc = srv_num(a, v, 1, 4096, 1, &d), o->parallel = (int32_t)d;
         else if (!strcmp(a, "--sessions")) rc = srv_num(a, v, 1, 1 << 20, 1, &d), o->sessions = (int32_t)d;
         else if (!strcmp(a, "--max-conns")) rc = srv_num(a, v, 1, 65536, 1, &d), o->max_conns = (int32_t)d;
+        else if (!strcmp(a, "--breakpoints")) rc = srv_num(a, v, 0, 65536, 1, &d), o->breakpoints = (int32_t)d;
         else if (!strcmp(a, "--prefill-chunk")) rc = srv_num(a, v, 1, 1 << 20, 1, &d), o->prefill_chunk = (int64_t)d;
         else if (!strcmp(a, "--timeout")) rc = srv_num(a, v, 0.1, 86400, 0, &d), o->timeout_s = d;
         else if (!strcmp(a, "--ring-gb")) rc = srv_num(a, v, 1e-3, 1e6, 0, &d), o->ring_gb = d;
@@ -263,8 +268,9 @@ static void on_ended(void *owner, bt_job *j, const char *finish, const char *err
             buf_str(&c->out, "\n\n");
             buf_free(&b);
             c->closing = 1, s->errors++;
-        } else {
-            send_error(s, c, 500, NULL, "%s", err);
+        } else {  // the scheduler's refusals of a breakpoint or resume carry their status
+            send_error(s, c, j->status ? j->status : 500,
+                       !j->status ? NULL : j->resume ? "resume" : j->brk ? "break_after_layer" : "session", "%s", err);
         }
     } else if (r->stream) {
         api_chunk(&c->out, &r->resp, 0, NULL, 0, finish);
@@ -273,8 +279,11 @@ static void on_ended(void *owner, bt_job *j, const char *finish, const char *err
         c->closing = 1;  // the stream's body ends with the connection
     } else {
         dj_buf b = {0};
-        api_response(&b, &r->resp, r->text.p ? r->text.p : "", r->text.n, finish, &u);
-        send_json(c, 200, &b);
+        api_brk k = {j->brk_id, j->layer, s->m.info.config.dim, j->brk_pos, (int64_t)j->n_ids - j->brk_pos,
+                     j->ids + j->brk_pos, j->rows};
+        api_response(&b, &r->resp, r->text.p ? r->text.p : "", r->text.n, finish, j->brk ? &k : NULL, &u);
+        if (b.oom) send_error(s, c, 500, NULL, "out of memory");  // a breakpoint's answer is megabytes
+        else send_json(c, 200, &b);
         buf_free(&b);
     }
     if (!s->o.quiet)
@@ -308,9 +317,10 @@ static void start_completion(srv *s, srv_conn *c, const char *body, size_t len, 
         return;
     }
     *j = (bt_job){.ids = q.ids, .n_ids = q.n_ids, .max_tokens = q.max_tokens, .smp = q.smp, .n_stops = q.n_stops,
-                  .park_after = q.park, .owner = r, .ts = ts};
+                  .park_after = q.park, .kind = chat, .brk = q.brk, .layer = q.layer, .resume = q.resume,
+                  .rows = q.rows, .n_rows = q.n_rows, .owner = r, .ts = ts};
     memcpy(j->stops, q.stops, sizeof j->stops);
-    r->c = c, r->job = j, r->stream = q.stream, r->include_usage = q.include_usage, r->n_ids = (int64_t)q.n_ids;
+    r->c = c, r->job = j, r->stream = q.stream, r->include_usage = q.include_usage;
     r->t0 = dj_now();
     snprintf(r->resp.id, sizeof r->resp.id, "%s-%" PRIu64, chat ? "chatcmpl" : "cmpl", s->requests + 1);
     r->resp.model = s->model_name, r->resp.created = (long long)time(NULL), r->resp.chat = chat;
@@ -318,13 +328,15 @@ static void start_completion(srv *s, srv_conn *c, const char *body, size_t len, 
     int status = bt_submit(s->bt, j, q.session, &e);
     free(q.session);
     if (status) {
-        free(j->ids), sampler_free(j->smp);
+        const char *param = j->resume ? "resume" : "session";
+        free(j->ids), free(j->rows), sampler_free(j->smp);
         if (j->ts) tok_stream_free(j->ts);
         for (int i = 0; i < j->n_stops; i++) free(j->stops[i]);
         free(j), req_free(r);
-        send_error(s, c, status, "session", "%s", e.msg);
+        send_error(s, c, status, param, "%s", e.msg);
         return;
     }
+    r->n_ids = (int64_t)j->n_ids;  // a resume's prompt may be its paused state's
     c->req = r;
     s->requests++;
 }
@@ -382,6 +394,9 @@ static void send_metrics(srv *s, srv_conn *c) {
     metric(&b, "park_seconds_total", "counter", t.park_s);
     metric(&b, "restore_seconds_total", "counter", t.restore_s);
     metric(&b, "cache_drops_total", "counter", (double)t.drops);
+    metric(&b, "breakpoints_paused", "gauge", t.paused);
+    metric(&b, "breakpoints_total", "counter", (double)t.breaks);
+    metric(&b, "resumes_total", "counter", (double)t.resumes);
     metric(&b, "prompt_tokens_total", "counter", (double)t.prompt_tokens);
     metric(&b, "prompt_tokens_cached_total", "counter", (double)t.reused_tokens);
     metric(&b, "prefill_tokens_total", "counter", (double)t.prefill_tokens);
@@ -739,12 +754,15 @@ int serve_main(int argc, char **argv) {
         goto out;
     }
     if (parallel > slots) parallel = (int32_t)slots;
-    s.am = (api_model){s.tok, chat_recognise(tok_chat_template(s.tok)), ctx, cfg->vocab_size};
+    s.am = (api_model){s.tok, chat_recognise(tok_chat_template(s.tok)), ctx, cfg->vocab_size, cfg->n_layers, cfg->dim,
+                       o->breakpoints > 0};
     const char *base = strrchr(o->model, '/');
     snprintf(s.model_name, sizeof s.model_name, "%s", base ? base + 1 : o->model);
-    dj_gpu_opts go = {.ring_gb = o->ring_gb, .max_seq = ctx, .cpu_share = o->cpu_share};
+    dj_gpu_opts go = {.ring_gb = o->ring_gb, .max_seq = ctx, .cpu_share = o->cpu_share, .stream_all = o->stream_all};
     if (engine_open(&s.eng, &s.m, &go, (int32_t)slots, &e)) goto out;
-    bt_opts bo = {parallel, o->prefill_chunk, o->sessions, (uint64_t)(o->park_gb * 1e9)};
+    // a breakpoint's rows must come back in a resume's body, base64 (4 characters for 3 bytes) beside its fields
+    int64_t brk_rows = (int64_t)((SRV_BODY_MAX - 65536) / 4 * 3 / (4 * (size_t)cfg->dim));
+    bt_opts bo = {parallel, o->prefill_chunk, o->sessions, (uint64_t)(o->park_gb * 1e9), o->breakpoints, brk_rows};
     bt_callbacks cb = {on_started, on_text, on_ended};
     if (!(s.bt = bt_new(&s.eng, s.tok, cfg, &bo, &cb, &e))) goto out;
     if (!(s.conns = calloc((size_t)o->max_conns + SRV_REJECT_MAX, sizeof *s.conns))) {

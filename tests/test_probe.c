@@ -7,7 +7,8 @@
 // every logit bitwise as without a probe, on both engines (the GPU must then add the residual without changing a
 // sum: probe_gpu.c). The GPU engine (resident f32 and f16, f32 streamed with a CPU share; skipped without a GPU)
 // against the CPU engine: dumps and steered logits to its tolerance against the CPU (test_engine.c's), through
-// prefill passes and decode steps (the CUDA graph with steering captured, launch by launch with a dump).
+// prefill passes and decode steps (the CUDA graph with steering captured, launch by launch with a dump). Taps (the
+// server's breakpoints): rows copied out and written over by slot and position, on both engines.
 #include <criterion/criterion.h>
 #include <math.h>
 #include <stdio.h>
@@ -379,6 +380,127 @@ Test(probe, steer_equals_reference) {
     free(tok), free(res), free(plain), free(want), free(got), free(v), free(half);
 }
 
+// ---- taps (the server's breakpoints, batch.h)
+#define PR_TAP_LAYER 2
+
+// tok through a fresh engine of the kind under test (pr_run: the prompt, then decode steps) with a tap of slot 0's
+// positions 0..n-1 after PR_TAP_LAYER (replace: rows written in, else copied out), or with probe p (tap NULL);
+// logits (n, vocab). The tap must have seen every row once.
+static void pr_run_tap(const dj_model *m, int gpu, const int32_t *tok, int64_t n, int replace, float *rows,
+                       dj_probe *p, float *logits) {
+    dj_err e;
+    dj_probe *own = rows ? probe_new(&m->info.config, &e) : NULL;
+    if (own) cr_assert_eq(probe_tap(own, 0, PR_TAP_LAYER, 0, n, replace, rows, &e), 0, "%s", e.msg);
+    dj_engine eng;
+    pr_open(&eng, m, gpu, gpu && K.streamed);
+    pr_run(&eng, own ? own : p, tok, PR_PROMPT, n, logits, m->info.config.vocab_size);
+    if (own) cr_assert_eq(probe_untap(own, 0), n, "the tap did not see every row");
+    probe_free(own);
+    engine_close(&eng);
+}
+
+// Taps through prefill passes and decode steps: the rows copied out are the residual stream (the reference's on the
+// CPU, bitwise; the CPU engine's to the kind's tolerance on the GPU) and leave the logits bitwise as they were;
+// written back unchanged they change nothing; written back with a vector v added they give the logits of steering
+// by v (bitwise: the same additions). In a pass of two sequences, a tap of one slot leaves the other's logits
+// bitwise as in the same pass without it.
+static void pr_tap_case(void) {
+    tc_rng_fresh("probe.taps");
+    dj_model m, mc;
+    pr_load(&m, K.dtype, K.gpu);
+    const dj_config *c = &m.info.config;
+    int64_t n = PR_PROMPT + PR_STEPS, V = c->vocab_size, nl = c->n_layers, dim = c->dim;
+    int32_t *tok = pr_tokens(&m, n);
+    float *plain = malloc((size_t)(n * V) * 4), *got = malloc((size_t)(n * V) * 4), *want = malloc((size_t)(n * V) * 4);
+    float *rows = malloc((size_t)(n * dim) * 4), *back = malloc((size_t)(n * dim) * 4);
+    memset(rows, 0xff, (size_t)(n * dim) * 4);
+    pr_run_tap(&m, K.gpu, tok, n, 0, NULL, NULL, plain);
+    pr_run_tap(&m, K.gpu, tok, n, 0, rows, NULL, got);
+    pr_same(got, plain, n, V, 0, "logits beside a tap copying rows out");
+    float *ref = malloc((size_t)(n * (K.gpu ? 1 : nl) * dim) * 4), *ref_lg = malloc((size_t)(n * V) * 4);
+    if (K.gpu) {  // the CPU engine's rows, tapped the same way
+        pr_load(&mc, K.dtype, 0);
+        pr_run_tap(&mc, 0, tok, n, 0, ref, NULL, ref_lg);
+        model_free(&mc);
+        pr_same(rows, ref, n, dim, K.tol, "GPU tapped rows");
+    } else {
+        pr_reference(&m, tok, n, -1, NULL, ref, ref_lg);
+        for (int64_t t = 0; t < n; t++)
+            pr_same(rows + t * dim, ref + (t * nl + PR_TAP_LAYER) * dim, 1, dim, 0, "tapped row");
+    }
+    memcpy(back, rows, (size_t)(n * dim) * 4);
+    pr_run_tap(&m, K.gpu, tok, n, 1, back, NULL, got);
+    pr_same(got, plain, n, V, 0, "rows written back unchanged");
+    float *v = malloc(dim * 4);
+    double ss = 0;
+    for (int64_t i = 0; i < n * dim; i++) ss += (double)rows[i] * rows[i];
+    for (int64_t i = 0; i < dim; i++) v[i] = (float)sqrt(ss / (double)(n * dim)) * tc_normal();
+    for (int64_t t = 0; t < n; t++)
+        for (int64_t i = 0; i < dim; i++) back[t * dim + i] = rows[t * dim + i] + v[i];
+    pr_run_tap(&m, K.gpu, tok, n, 1, back, NULL, got);
+    dj_err e;
+    dj_probe *p = probe_new(c, &e);
+    cr_assert_eq(probe_add_vector(p, PR_TAP_LAYER, v, 1.0, &e), 0, "%s", e.msg);
+    pr_run_tap(&m, K.gpu, tok, n, 0, NULL, p, want);
+    probe_free(p);
+    pr_same(got, want, n, V, 0, "rows + v written in, against steering by v");
+    double moved = tc_rel_l2(got, plain, n * V);
+    cr_assert(moved > 0.05, "rows written over moved the logits by %.3e only", moved);
+    // two sequences in one pass, slot 0's prompt rows written over with noise, slot 1's untouched
+    enum { H = 20 };
+    int32_t slots[2 * H], toks[2 * H], want_rows[2] = {H - 1, 2 * H - 1};
+    int64_t pos[2 * H];
+    for (int k = 0; k < 2 * H; k++) slots[k] = k / H, pos[k] = k % H, toks[k] = tok[k % H + (k / H) * 7];
+    for (int64_t i = 0; i < H * dim; i++) back[i] = rows[i] + tc_normal();
+    float *lg2[2] = {malloc((size_t)(2 * V) * 4), malloc((size_t)(2 * V) * 4)};
+    for (int run = 0; run < 2; run++) {
+        dj_gpu_opts go = {.max_seq = PR_CTX, .quiet = 1, .stream_all = K.streamed, .cpu_share = K.streamed ? 0.3 : 0};
+        dj_engine eng;
+        cr_assert_eq(engine_open(&eng, &m, &go, 2, &e), 0, "%s", e.msg);
+        p = run ? probe_new(c, &e) : NULL;
+        if (p) cr_assert_eq(probe_tap(p, 0, PR_TAP_LAYER, 0, H, 1, back, &e), 0, "%s", e.msg);
+        cr_assert_eq(eng.set_probe(eng.ctx, p, &e), 0, "%s", e.msg);
+        cr_assert_eq(eng.step_rows(eng.ctx, 2 * H, slots, pos, toks, 2, want_rows, lg2[run], &e), 0, "%s", e.msg);
+        if (p) cr_assert_eq(probe_untap(p, 0), H);
+        probe_free(p);
+        engine_close(&eng);
+    }
+    pr_same(lg2[1] + V, lg2[0] + V, 1, V, 0, "the other sequence of a pass with a tap");
+    cr_assert(tc_rel_l2(lg2[1], lg2[0], V) > 1e-3, "noise written over the tapped sequence changed nothing");
+    model_free(&m);
+    free(tok), free(plain), free(got), free(want), free(rows), free(back), free(ref), free(ref_lg), free(v);
+    free(lg2[0]), free(lg2[1]);
+}
+
+Test(probe, taps_copy_out_and_write_over) { pr_tap_case(); }
+
+// Refusals: a slot tapped twice, a layer the model lacks, no positions; a slot without a tap untaps to 0.
+Test(probe, tap_refusals) {
+    dj_config c = {.dim = 16, .n_layers = 4};
+    dj_err e;
+    dj_probe *p = probe_new(&c, &e);
+    float rows[16 * 3];
+    cr_assert_eq(probe_tap(p, 1, 3, 5, 3, 0, rows, &e), 0, "%s", e.msg);
+    cr_assert_eq(probe_tap(p, 1, 2, 0, 1, 1, rows, &e), -1);
+    cr_assert(strstr(e.msg, "KV slot 1 is tapped already"), "%s", e.msg);
+    cr_assert_eq(probe_tap(p, 2, 4, 0, 1, 1, rows, &e), -1);
+    cr_assert(strstr(e.msg, "layer 4 does not exist"), "%s", e.msg);
+    cr_assert_eq(probe_tap(p, 2, 1, 0, 0, 1, rows, &e), -1);
+    cr_assert(probe_tapped(p, 3) && !probe_tapped(p, 2) && probe_any_tap(p));
+    int replace;
+    cr_assert_null(probe_tap_row(p, 3, 1, 4, &replace), "position 4 is before the tap's");
+    cr_assert_null(probe_tap_row(p, 3, 1, 8, &replace), "position 8 is past it");
+    cr_assert_null(probe_tap_row(p, 2, 1, 6, &replace), "another layer");
+    cr_assert_null(probe_tap_row(p, 3, 0, 6, &replace), "another slot");
+    cr_assert_eq(probe_tap_row(p, 3, 1, 6, &replace), rows + 16);
+    cr_assert_eq(probe_tap_row(p, 3, 1, 6, &replace), rows + 16);
+    cr_assert_eq(replace, 0);
+    cr_assert_eq(probe_untap(p, 0), 0);
+    cr_assert_eq(probe_untap(p, 1), 1, "a row passing twice counts once");
+    cr_assert(!probe_any_tap(p) && !probe_tapped(p, 3));
+    probe_free(p);
+}
+
 // ---- the GPU engine against the CPU engine
 // Dumps of layers 0 and 3 and a vector after layer 2 on both engines: the dumped rows (layer 3 after the steering)
 // and the logits within the kind's tolerance.
@@ -436,6 +558,10 @@ static void pr_gpu_case(void) {
     Test(suite, zero_vector_is_bitwise_identity) {       \
         setup;                                           \
         pr_zero_case();                                  \
+    }                                                    \
+    Test(suite, taps_copy_out_and_write_over) {          \
+        setup;                                           \
+        pr_tap_case();                                   \
     }
 
 PR_GPU_CASES(probe_gpu_f32, pr_gpu(DJ_F32, 0, 1e-4))

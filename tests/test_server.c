@@ -9,6 +9,7 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <math.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <pthread.h>
@@ -23,6 +24,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "../buf.h"
 #include "../json.h"
 #include "../kernels.h"
 #include "../util.h"
@@ -249,8 +251,9 @@ static char *ts_text(const ts_resp *r, int chat, int stream, char *finish, size_
 }
 
 // ---- the server
-// The engine the servers and the command lines of a test run on: the CPU's (--cpu), or the GPU's (the gpu_ tests).
-static int ts_on_gpu;
+// The engine the servers and the command lines of a test run on: the CPU's (--cpu), or the GPU's (the gpu_ tests);
+// on the GPU, servers keep no layer resident when ts_gpu_streamed (--stream-all).
+static int ts_on_gpu, ts_gpu_streamed;
 
 // Starts `djinn serve MODEL --port 0 --cpu` (ts_on_gpu: without --cpu) with `extra` arguments (NULL-terminated); ready when its port is on
 // stderr and /health answers.
@@ -261,6 +264,7 @@ static void ts_start(ts_srv *s, const ts_env *t, const char *model, const char *
     char *argv[48] = {ts_djinn, "serve", (char *)model, "--port", "0", "--threads", "2"};
     int a = 7;
     if (!ts_on_gpu) argv[a++] = "--cpu";
+    if (ts_on_gpu && ts_gpu_streamed) argv[a++] = "--stream-all";
     for (int i = 0; extra && extra[i]; i++) argv[a++] = (char *)extra[i];
     argv[a] = NULL;
     pid_t test = getpid();
@@ -287,6 +291,14 @@ static void ts_start(ts_srv *s, const ts_env *t, const char *model, const char *
     ts_resp r = ts_http(s->port, "GET", "/health", NULL, NULL);
     cr_assert_eq(r.status, 200, "/health: %s", r.raw);
     free(r.raw);
+}
+
+// ts_start on the plain model, each turn with work taking at least 2 ms (DJINN_TEST_STEP_US): a client can act in
+// the middle of another's answer.
+static void ts_start_slow(ts_srv *s, const ts_env *t, const char *const *extra) {
+    setenv("DJINN_TEST_STEP_US", "2000", 1);
+    ts_start(s, t, t->model, extra);
+    unsetenv("DJINN_TEST_STEP_US");
 }
 
 // SIGTERM: the server stops cleanly (exit 0; under ASan, with no leak).
@@ -381,10 +393,14 @@ static char *ts_cli_chat(const ts_env *t, const char *system, const char *user, 
     return text;
 }
 
+// The prompt as a JSON string (a turn's prompt holds the model's text: newlines, quotes).
 static char *ts_completion_body(const char *prompt, int n, const char *more) {
-    char *b = malloc(strlen(prompt) + 512);
-    sprintf(b, "{\"model\":\"m\",\"prompt\":\"%s\",\"max_tokens\":%d%s%s}", prompt, n, more ? "," : "", more ? more : "");
-    return b;
+    dj_buf b = {0};
+    buf_str(&b, "{\"model\":\"m\",\"prompt\":");
+    buf_json_str(&b, prompt, strlen(prompt));
+    buf_fmt(&b, ",\"max_tokens\":%d%s%s}", n, more ? "," : "", more ? more : "");
+    cr_assert(!b.oom);
+    return b.p;
 }
 
 // POST /v1/completions; the text.
@@ -523,46 +539,64 @@ Test(server, curl_client) {
     ts_teardown(&t);
 }
 
-Test(server, openai_node_client) {
+// OpenAI's npm client: `node tests/npm/SCRIPT BASE_URL sekrit "Once upon a time" "Tell me a story" 30 [EXTRA]`
+// against a server on the chat model with --api-key sekrit (the test skips without node or the package). Its
+// output (one JSON object) parsed, and the command line's greedy texts for both: the chat model's completions are
+// stories260K's, so its prompt text is the command line's too.
+typedef struct {
+    ts_env t;
+    ts_srv s;
+    char *out, *cli_t, *cli_c;
+    json_doc *d;
+} ts_node;
+
+static void ts_node_run(ts_node *n, const char *name, const char *extra) {
     if (system("command -v node >/dev/null 2>&1")) cr_skip_test("node is not installed: no OpenAI npm client to run");
     char script[1200], pkg[1200];
-    snprintf(script, sizeof script, "%s/npm/openai_client.mjs", tc_tests_dir());
+    snprintf(script, sizeof script, "%s/npm/%s", tc_tests_dir(), name);
     snprintf(pkg, sizeof pkg, "%s/npm/node_modules/openai/package.json", tc_tests_dir());
     if (access(pkg, R_OK))
         cr_skip_test("the openai npm package is not in %s/npm/node_modules: 'make test' installs it with npm when "
                      "npm can reach its registry", tc_tests_dir());
-    ts_env t;
-    ts_setup(&t);
-    ts_srv s;
-    ts_start(&s, &t, t.chat, (const char *[]){"--api-key", "sekrit", NULL});
+    ts_setup(&n->t);
+    ts_start(&n->s, &n->t, n->t.chat, (const char *[]){"--api-key", "sekrit", NULL});
     char base[100], out[400], err[400];
-    snprintf(base, sizeof base, "http://127.0.0.1:%d/v1", s.port);
-    snprintf(out, sizeof out, "%s/node.out", t.dir);
-    snprintf(err, sizeof err, "%s/node.err", t.dir);
-    char *argv[] = {"node", script, base, "sekrit", "Once upon a time", "Tell me a story", "30", NULL};
+    snprintf(base, sizeof base, "http://127.0.0.1:%d/v1", n->s.port);
+    snprintf(out, sizeof out, "%s/node.out", n->t.dir);
+    snprintf(err, sizeof err, "%s/node.err", n->t.dir);
+    char *argv[] = {"node", script, base, "sekrit", "Once upon a time", "Tell me a story", "30", (char *)extra, NULL};
     int rc = ts_run(argv, NULL, out, err);
-    char *got = tc_must_read(out, NULL);
-    cr_assert_eq(rc, 0, "node failed: %s %s", got, tc_read(err, NULL));
-    // the chat model's completions are stories260K's: its prompt text is the command line's too
-    char *cli_t = ts_cli(&t, "Once upon a time", 30, "0", NULL);
-    char *cli_c = ts_cli_chat(&t, "Be brief.", "Tell me a story", 30, "0", NULL);
+    n->out = tc_must_read(out, NULL);
+    cr_assert_eq(rc, 0, "node failed: %s %s", n->out, tc_read(err, NULL));
+    n->cli_t = ts_cli(&n->t, "Once upon a time", 30, "0", NULL);
+    n->cli_c = ts_cli_chat(&n->t, "Be brief.", "Tell me a story", 30, "0", NULL);
     dj_err e;
-    json_doc *d = json_parse(got, strlen(got), &e);
-    cr_assert(d, "%s: %s", e.msg, got);
-    const json_value *o = json_root(d);
-    cr_assert_str_eq(json_str(json_get(o, "completion")), cli_t, "%s", got);
-    cr_assert_str_eq(json_str(json_get(o, "completion_stream")), cli_t, "%s", got);
-    cr_assert_str_eq(json_str(json_get(o, "chat")), cli_c, "%s", got);
-    cr_assert_str_eq(json_str(json_get(o, "chat_stream")), cli_c, "%s", got);
+    n->d = json_parse(n->out, strlen(n->out), &e);
+    cr_assert(n->d, "%s: %s", e.msg, n->out);
+}
+
+static void ts_node_end(ts_node *n) {
+    json_free(n->d);
+    free(n->out), free(n->cli_t), free(n->cli_c);
+    ts_stop(&n->s);
+    ts_teardown(&n->t);
+}
+
+Test(server, openai_node_client) {
+    ts_node n;
+    ts_node_run(&n, "openai_client.mjs", NULL);
+    const json_value *o = json_root(n.d);
+    const char *got = n.out;
+    cr_assert_str_eq(json_str(json_get(o, "completion")), n.cli_t, "%s", got);
+    cr_assert_str_eq(json_str(json_get(o, "completion_stream")), n.cli_t, "%s", got);
+    cr_assert_str_eq(json_str(json_get(o, "chat")), n.cli_c, "%s", got);
+    cr_assert_str_eq(json_str(json_get(o, "chat_stream")), n.cli_c, "%s", got);
     cr_assert_str_eq(json_str(json_get(o, "chat_role")), "assistant", "%s", got);
     cr_assert_str_eq(json_str(json_get(o, "completion_finish")), "length", "%s", got);
     cr_assert_str_eq(json_str(json_get(o, "wrong_key")), "AuthenticationError 401", "%s", got);
     int64_t total;
     cr_assert(!json_int(json_get(json_get(o, "chat_stream_usage"), "completion_tokens"), &total) && total > 0, "%s", got);
-    json_free(d);
-    free(got), free(cli_t), free(cli_c);
-    ts_stop(&s);
-    ts_teardown(&t);
+    ts_node_end(&n);
 }
 
 // ---- many clients at once
@@ -632,9 +666,7 @@ Test(server, clients_that_leave_end_their_sequences) {
     ts_env t;
     ts_setup(&t);
     ts_srv s;
-    setenv("DJINN_TEST_STEP_US", "2000", 1);
-    ts_start(&s, &t, t.model, (const char *[]){"--parallel", "1", NULL});
-    unsetenv("DJINN_TEST_STEP_US");
+    ts_start_slow(&s, &t, (const char *[]){"--parallel", "1", NULL});
     int streamed = ts_open_completion(s.port, "Once upon a time", 400, 1);
     cr_assert(streamed >= 0, "cannot send a request");
     char buf[4096] = {0};
@@ -680,6 +712,21 @@ static void ts_expect_error(const ts_resp *r, int status, const char *msg, const
     }
 }
 
+// Requests each answered with their error.
+typedef struct {
+    const char *path, *body;
+    int status;
+    const char *msg, *param;
+} ts_case;
+
+static void ts_expect_cases(const ts_srv *s, const ts_case *cases, size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        ts_resp r = ts_post(s->port, cases[i].path, cases[i].body);
+        ts_expect_error(&r, cases[i].status, cases[i].msg, cases[i].param);
+        free(r.raw);
+    }
+}
+
 // A raw request on a connection of its own; the response (the server closes after a refused request).
 static ts_resp ts_raw(int port, const char *req, size_t n) {
     int fd = ts_connect(port);
@@ -698,11 +745,7 @@ Test(server, bad_requests_get_their_status) {
     ts_srv s;
     ts_start(&s, &t, t.model, (const char *[]){"-c", "64", NULL});
     const char *C = "/v1/completions";
-    struct {
-        const char *path, *body;
-        int status;
-        const char *msg, *param;
-    } cases[] = {
+    const ts_case cases[] = {
         {C, "{\"prompt\": \"x\",", 400, "not valid JSON", NULL},
         {C, "", 400, "not valid JSON", NULL},
         {C, "[1, 2]", 400, "must be a JSON object", NULL},
@@ -724,11 +767,7 @@ Test(server, bad_requests_get_their_status) {
         {"/v1/chat/completions", "{\"messages\": \"hi\"}", 400, "'messages' must be an array", "messages"},
         {"/v1/nothing", "{}", 404, "no such endpoint", NULL},
     };
-    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
-        ts_resp r = ts_post(s.port, cases[i].path, cases[i].body);
-        ts_expect_error(&r, cases[i].status, cases[i].msg, cases[i].param);
-        free(r.raw);
-    }
+    ts_expect_cases(&s, cases, sizeof cases / sizeof *cases);
     ts_resp r = ts_http(s.port, "GET", C, NULL, NULL);
     ts_expect_error(&r, 405, "use POST", NULL);
     free(r.raw);
@@ -999,6 +1038,539 @@ Test(server, sessions_beyond_the_parking_budget_lose_only_time) {
     ts_stop(&s);
     ts_teardown(&t);
 }
+
+// ---- breakpoints: a request stops after a layer and answers with the residual stream; a resume sends it back
+// The answer to a breakpoint request, parsed.
+typedef struct {
+    char id[32];
+    int64_t layer, dim, pos, count, prompt_tokens, cached;
+    float *rows;  // (count, dim), the residual decoded by this file's own base64 reader
+} ts_brk;
+
+// base64 (RFC 4648, padded) read here, apart from the server's code: malloc'd bytes, *n of them.
+static unsigned char *ts_unbase64(const char *s, size_t *n) {
+    static const char abc[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    size_t len = strlen(s);
+    cr_assert(len % 4 == 0, "base64 of %zu characters", len);
+    unsigned char *out = malloc(len / 4 * 3 + 1);
+    *n = 0;
+    for (size_t i = 0; i < len; i += 4) {
+        uint32_t v = 0;
+        int pad = 0;
+        for (int j = 0; j < 4; j++) {
+            const char *at = s[i + j] == '=' ? NULL : strchr(abc, s[i + j]);
+            cr_assert(at || (s[i + j] == '=' && i + 4 == len && j >= 2), "not base64 at %zu", i + j);
+            pad += !at;
+            v = v << 6 | (uint32_t)(at ? at - abc : 0);
+        }
+        unsigned char b[3] = {(unsigned char)(v >> 16), (unsigned char)(v >> 8), (unsigned char)v};
+        memcpy(out + *n, b, (size_t)(3 - pad)), *n += (size_t)(3 - pad);
+    }
+    return out;
+}
+
+// A breakpoint request (its JSON body) to `path`: status 200, no text, finish_reason "breakpoint", the fields.
+static ts_brk ts_break(const ts_srv *s, const char *path, const char *body) {
+    ts_resp r = ts_post(s->port, path, body);
+    cr_assert_eq(r.status, 200, "a breakpoint: %s", r.raw);
+    dj_err e;
+    json_doc *d = json_parse(r.body, strlen(r.body), &e);
+    cr_assert(d, "%s: %s", e.msg, r.body);
+    const json_value *o = json_root(d), *bk = json_get(o, "breakpoint"), *u = json_get(o, "usage");
+    const json_value *c0 = &json_get(o, "choices")->u.arr.items[0];
+    cr_assert_str_eq(json_str(json_get(c0, "finish_reason")), "breakpoint", "%s", r.body);
+    ts_brk b = {0};
+    int64_t gen = -1;
+    cr_assert(bk && !json_int(json_get(bk, "layer"), &b.layer) && !json_int(json_get(bk, "dim"), &b.dim) &&
+              !json_int(json_get(bk, "position"), &b.pos) && !json_int(json_get(bk, "count"), &b.count) &&
+              !json_int(json_get(u, "prompt_tokens"), &b.prompt_tokens) &&
+              !json_int(json_get(json_get(u, "prompt_tokens_details"), "cached_tokens"), &b.cached) &&
+              !json_int(json_get(u, "completion_tokens"), &gen) && gen == 0, "%s", r.body);
+    cr_assert_str_eq(json_str(json_get(bk, "dtype")), "float32");
+    cr_assert_eq(json_get(bk, "tokens")->u.arr.n, (size_t)b.count, "%s", r.body);
+    cr_assert_eq(b.pos + b.count, b.prompt_tokens, "the positions returned run to the prompt's end: %s", r.body);
+    snprintf(b.id, sizeof b.id, "%s", json_str(json_get(bk, "id")));
+    size_t n;
+    b.rows = (float *)(void *)ts_unbase64(json_str(json_get(bk, "residual")), &n);
+    cr_assert_eq(n, (size_t)(b.count * b.dim) * 4, "the residual's bytes: %s", r.body);
+    json_free(d);
+    free(r.raw);
+    return b;
+}
+
+// The body of a resume of b with rows (b's shape), after the fields `more` (NULL: none).
+static char *ts_resume_body(const ts_brk *b, const float *rows, const char *more) {
+    dj_buf x = {0};
+    buf_fmt(&x, "{\"model\":\"m\",%s%s\"resume\":{\"id\":\"%s\",\"residual\":\"", more ? more : "", more ? "," : "",
+            b->id);
+    buf_base64(&x, rows, (size_t)(b->count * b->dim) * 4);
+    buf_str(&x, "\"}}");
+    cr_assert(!x.oom);
+    return x.p;
+}
+
+// A resume of b with rows to `path`; its text (stream: streamed). cached: the usage's cached tokens.
+static char *ts_resume(const ts_srv *s, const char *path, const ts_brk *b, const float *rows, const char *more,
+                       int stream, int64_t *cached) {
+    char fields[1024];
+    snprintf(fields, sizeof fields, "%s%s", more, stream ? ",\"stream\":true" : "");
+    char *body = ts_resume_body(b, rows, fields);
+    ts_resp r = ts_post(s->port, path, body);
+    char *text = ts_text(&r, !strcmp(path, "/v1/chat/completions"), stream, NULL, 0);
+    if (cached) {
+        const char *at = strstr(r.body, "\"cached_tokens\":");
+        cr_assert(at, "%s", r.body);
+        *cached = atoll(at + 16);
+    }
+    free(body), free(r.raw);
+    return text;
+}
+
+// djinn -p PROMPT -n 0 --dump-act LAYER: the prompt's rows after LAYER (n positions, dim each), by position.
+static float *ts_cli_dump(const ts_env *t, const char *prompt, int layer, int64_t n, int64_t dim) {
+    char out[400], err[400], act[400], ls[16];
+    snprintf(out, sizeof out, "%s/dump.out", t->dir);
+    snprintf(err, sizeof err, "%s/dump.err", t->dir);
+    snprintf(act, sizeof act, "%s/act.bin", t->dir);
+    snprintf(ls, sizeof ls, "%d", layer);
+    char *argv[16] = {ts_djinn, (char *)t->model, "-p", (char *)prompt, "-n", "0", "--dump-act", ls, act};
+    argv[9] = ts_on_gpu ? NULL : "--cpu";
+    cr_assert_eq(ts_run(argv, NULL, out, err), 0, "djinn --dump-act failed: %s", tc_read(err, NULL));
+    size_t size;
+    unsigned char *d = (unsigned char *)tc_must_read(act, &size);
+    size_t rec = 16 + 4 * (size_t)dim;
+    cr_assert_eq(size, 256 + (size_t)n * rec, "the dump holds %zu bytes for %ld positions", size, (long)n);
+    float *rows = malloc((size_t)(n * dim) * 4);
+    for (int64_t i = 0; i < n; i++) {
+        uint32_t h[2];
+        memcpy(h, d + 256 + (size_t)i * rec, 8);
+        cr_assert(h[0] == (uint32_t)layer && h[1] < n);
+        memcpy(rows + (int64_t)h[1] * dim, d + 256 + (size_t)i * rec + 16, 4 * (size_t)dim);
+    }
+    free(d);
+    return rows;
+}
+
+// Rows against rows: bitwise on the CPU, each row within 1e-5 relative L2 on the GPU (another pass's sums).
+static void ts_rows_same(const float *got, const float *want, int64_t n, int64_t dim, const char *what) {
+    for (int64_t r = 0; r < n; r++) {
+        if (ts_on_gpu) {
+            double d = tc_rel_l2(got + r * dim, want + r * dim, dim);
+            cr_assert(d <= 1e-5, "%s: row %ld: relative L2 %.3e", what, (long)r, d);
+        } else {
+            cr_assert(!memcmp(got + r * dim, want + r * dim, 4 * (size_t)dim), "%s: row %ld differs", what, (long)r);
+        }
+    }
+}
+
+// Breakpoints without a session, after the first, a middle and the last layer: every position of the prompt comes
+// back (the command line's --dump-act rows: bitwise on the CPU), and a resume with the residual unchanged gives the
+// command line's text: greedy, streamed or not, and (on the CPU) seeded sampling and a chat, streamed. On the chat
+// model's server: its completions are stories260K's.
+static void ts_breakpoint_exact(void) {
+    ts_env t;
+    ts_setup(&t);
+    ts_srv s;
+    ts_start(&s, &t, t.chat, NULL);
+    const int layers[] = {0, 2, 4};
+    for (int i = 0; i < 2; i++)
+        for (int k = 0; k < 3; k++) {
+            const char *p = ts_prompts[i];
+            char more[100];
+            snprintf(more, sizeof more, "\"temperature\":0,\"break_after_layer\":%d", layers[k]);
+            char *body = ts_completion_body(p, 40, more), *want = ts_cli(&t, p, 40, "0", NULL);
+            ts_brk b = ts_break(&s, "/v1/completions", body);
+            cr_assert(b.layer == layers[k] && b.dim == 64 && b.pos == 0 && b.cached == 0, "'%s' after %d", p,
+                      layers[k]);
+            if (k == 1) {
+                float *cli = ts_cli_dump(&t, p, layers[k], b.count, b.dim);
+                ts_rows_same(b.rows, cli, b.count, b.dim, "the breakpoint's rows against --dump-act's");
+                free(cli);
+            }
+            char *got = ts_resume(&s, "/v1/completions", &b, b.rows, "\"max_tokens\":40,\"temperature\":0", i, NULL);
+            cr_assert_str_eq(got, want, "'%s' resumed after layer %d unchanged (stream %d): not djinn -p's text", p,
+                             layers[k], i);
+            free(body), free(want), free(got), free(b.rows);
+        }
+    if (!ts_on_gpu) {  // the GPU's command line picks its tokens on the device: seeded runs differ from the host's
+        const char *fields = "\"temperature\":0.8,\"top_p\":0.9,\"seed\":1234";
+        char more[200];
+        snprintf(more, sizeof more, "%s,\"break_after_layer\":3", fields);
+        char *body = ts_completion_body(ts_prompts[2], 30, more), *want = ts_cli(&t, ts_prompts[2], 30, "0.8", "1234");
+        ts_brk b = ts_break(&s, "/v1/completions", body);
+        snprintf(more, sizeof more, "\"prompt\":\"%s\",\"max_tokens\":30,%s", ts_prompts[2], fields);
+        char *got = ts_resume(&s, "/v1/completions", &b, b.rows, more, 0, NULL);
+        cr_assert_str_eq(got, want, "seeded: resumed unchanged, not djinn -s's text");
+        free(body), free(want), free(got), free(b.rows);
+        const char *msgs = "\"messages\":[{\"role\":\"system\",\"content\":\"Be brief.\"},{\"role\":\"user\","
+                           "\"content\":\"Tell me a story\"}],\"max_tokens\":30,\"temperature\":0";
+        snprintf(more, sizeof more, "{%s,\"break_after_layer\":1}", msgs);
+        b = ts_break(&s, "/v1/chat/completions", more);
+        want = ts_cli_chat(&t, "Be brief.", "Tell me a story", 30, "0", NULL);
+        got = ts_resume(&s, "/v1/chat/completions", &b, b.rows, msgs, 1, NULL);
+        cr_assert_str_eq(got, want, "a chat resumed unchanged, streamed: not djinn --chat's answer");
+        free(want), free(got), free(b.rows);
+    }
+    cr_assert_eq(ts_metric(&s, "breakpoints_paused"), 0, "every paused state was resumed");
+    ts_stop(&s);
+    ts_teardown(&t);
+}
+
+Test(server, breakpoint_resumed_unchanged_equals_the_plain_run) { ts_breakpoint_exact(); }
+
+// A breakpoint in a session's second turn: only the new positions come back (the cache holds the rest); the
+// session is paused (an ordinary request in it is refused), survives being parked, and the resume, naming the
+// session and the prompt, gives the text of the same prompt asked without a session; then the session goes on.
+static void ts_breakpoint_session(void) {
+    ts_env t;
+    ts_setup(&t);
+    ts_srv s;
+    ts_start(&s, &t, t.model, NULL);
+    char *first = ts_turn(&s, "alice", ts_prompts[0], 30, 0, NULL), p2[2048], p3[4096];
+    snprintf(p2, sizeof p2, "%s%s The end. Then", ts_prompts[0], first);
+    char *body = ts_completion_body(p2, 40, "\"temperature\":0,\"session\":\"alice\",\"break_after_layer\":3");
+    ts_brk b = ts_break(&s, "/v1/completions", body);
+    cr_assert(b.pos > 30 && b.pos == b.cached && b.count < 10, "positions %ld.. of %ld: the cache held the start",
+              (long)b.pos, (long)b.prompt_tokens);
+    free(body);
+    body = ts_completion_body(p2, 5, "\"session\":\"alice\"");
+    ts_resp r = ts_post(s.port, "/v1/completions", body);
+    ts_expect_error(&r, 409, "paused at breakpoint brk-", "session");
+    free(body), free(r.raw);
+    r = ts_http(s.port, "POST", "/v1/sessions/alice/park", NULL, NULL);
+    cr_assert_eq(r.status, 200, "%s", r.raw);
+    free(r.raw);
+    dj_buf more = {0};
+    buf_str(&more, "\"prompt\":");
+    buf_json_str(&more, p2, strlen(p2));
+    buf_str(&more, ",\"session\":\"alice\",\"max_tokens\":40,\"temperature\":0");
+    int64_t cached;
+    char *got = ts_resume(&s, "/v1/completions", &b, b.rows, more.p, 0, &cached),
+         *want = ts_complete(&s, p2, 40, "\"temperature\":0", 0, NULL);
+    cr_assert_str_eq(got, want, "a session's turn resumed unchanged: not the text of the same prompt");
+    cr_assert_eq(cached, b.pos, "the resume ran the paused positions again from the kept cache");
+    cr_assert_geq(ts_metric(&s, "restores_total"), 1, "the parked cache came back");
+    snprintf(p3, sizeof p3, "%s%s Once more,", p2, got);
+    char *third = ts_turn(&s, "alice", p3, 20, 0, &cached);
+    char *plain = ts_complete(&s, p3, 20, "\"temperature\":0", 0, NULL);
+    cr_assert_str_eq(third, plain, "the session's next turn");
+    cr_assert_gt(cached, b.pos + b.count, "the next turn found the session's cache");
+    free(first), free(got), free(want), free(third), free(plain), free(b.rows), buf_free(&more);
+    ts_stop(&s);
+    ts_teardown(&t);
+}
+
+Test(server, breakpoint_in_a_sessions_second_turn) { ts_breakpoint_session(); }
+
+// A changed residual changes what follows: noise of the rows' own size, the rows negated, and another prompt's rows
+// (of as many tokens): after the last layer its rows alone make the next token, so one token resumed is exactly
+// that prompt's first token; after a middle layer the text is not the plain one.
+static void ts_breakpoint_changed(void) {
+    tc_rng_fresh("server.breakpoint_changed");
+    ts_env t;
+    ts_setup(&t);
+    ts_srv s;
+    ts_start(&s, &t, t.model, NULL);
+    const char *p1 = "Once upon a time, there was a dog", *p2 = "Once upon a time, there was a cat";
+    char *plain1 = ts_cli(&t, p1, 30, "0", NULL), *first2 = ts_cli(&t, p2, 1, "0", NULL);
+    const char *resume = "\"max_tokens\":30,\"temperature\":0", *one = "\"max_tokens\":1,\"temperature\":0";
+    char *b1 = ts_completion_body(p1, 30, "\"temperature\":0,\"break_after_layer\":2");
+    for (int how = 0; how < 2; how++) {  // noise, negated
+        ts_brk b = ts_break(&s, "/v1/completions", b1);
+        double ss = 0;
+        for (int64_t i = 0; i < b.count * b.dim; i++) ss += (double)b.rows[i] * b.rows[i];
+        float rms = (float)sqrt(ss / (double)(b.count * b.dim));
+        for (int64_t i = 0; i < b.count * b.dim; i++) b.rows[i] = how ? -b.rows[i] : b.rows[i] + rms * tc_normal();
+        char *got = ts_resume(&s, "/v1/completions", &b, b.rows, resume, 0, NULL);
+        cr_assert_str_neq(got, plain1, "the residual %s, and the text the plain one (seed %llu)",
+                          how ? "negated" : "noised", (unsigned long long)tc_seed_used());
+        free(got), free(b.rows);
+    }
+    for (int last = 0; last < 2; last++) {
+        char more[100];
+        snprintf(more, sizeof more, "\"temperature\":0,\"break_after_layer\":%d", last ? 4 : 2);
+        char *bd = ts_completion_body(p1, 30, more), *bc = ts_completion_body(p2, 30, more);
+        ts_brk dog = ts_break(&s, "/v1/completions", bd), cat = ts_break(&s, "/v1/completions", bc);
+        cr_assert_eq(dog.count, cat.count, "the two prompts' token counts differ: pick others");
+        char *got = ts_resume(&s, "/v1/completions", &dog, cat.rows, last ? one : resume, 0, NULL);
+        if (last) cr_assert_str_eq(got, first2, "after the last layer, the other prompt's rows make its next token");
+        else cr_assert_str_neq(got, plain1, "another prompt's rows after layer 2, and the text the plain one");
+        // the cat's own paused state, resumed unchanged, is untouched by the other's
+        char *cat_text = ts_resume(&s, "/v1/completions", &cat, cat.rows, one, 0, NULL);
+        cr_assert_str_eq(cat_text, first2);
+        free(bd), free(bc), free(got), free(cat_text), free(dog.rows), free(cat.rows);
+    }
+    free(b1), free(plain1), free(first2);
+    ts_stop(&s);
+    ts_teardown(&t);
+}
+
+Test(server, breakpoint_changed_residual_changes_the_text) { ts_breakpoint_changed(); }
+
+// An ordinary request in the middle of its answer (streaming, 2 ms a turn) while another client breaks and resumes
+// twice (the residual noised, then unchanged) on a prompt longer than the first one's answer so far: the passes
+// that copy the rows of positions 0..N-1 out and write them over hold the other request's decode row of a position
+// among them. Its text is the command line's, and so is the unchanged resume's: a tap touches its own slot's rows.
+typedef struct {
+    int port;
+    char *raw;
+    volatile int done;
+} ts_bystander;
+
+static void *ts_bystander_run(void *arg) {
+    ts_bystander *b = arg;
+    int fd = ts_open_completion(b->port, "The little dog", 300, 1);
+    if (fd >= 0) b->raw = ts_recv_all(fd, NULL), close(fd);
+    b->done = 1;
+    return NULL;
+}
+
+static void ts_breakpoint_beside(void) {
+    tc_rng_fresh("server.breakpoint_beside");
+    ts_env t;
+    ts_setup(&t);
+    ts_srv s;
+    ts_start_slow(&s, &t, (const char *[]){"--parallel", "4", NULL});
+    char prompt[2048] = "";
+    for (int i = 0; i < 12; i++)
+        strcat(prompt, "Once upon a time, there was a little girl named Lily. She loved to play. ");
+    strcat(prompt, "One day");
+    ts_bystander by = {s.port, NULL, 0};
+    pthread_t th;
+    cr_assert_eq(pthread_create(&th, NULL, ts_bystander_run, &by), 0);
+    ts_await_metric(&s, "requests_active", 1);
+    char *want = ts_cli(&t, prompt, 20, "0", NULL);
+    char *body = ts_completion_body(prompt, 20, "\"temperature\":0,\"break_after_layer\":2");
+    for (int changed = 1; changed >= 0; changed--) {
+        ts_brk b = ts_break(&s, "/v1/completions", body);
+        for (int64_t i = 0; changed && i < b.count * b.dim; i++) b.rows[i] += 3 * tc_normal();
+        char *got = ts_resume(&s, "/v1/completions", &b, b.rows, "\"max_tokens\":20,\"temperature\":0", 0, NULL);
+        if (changed) cr_assert_str_neq(got, want, "noise over the residual changed nothing");
+        else cr_assert_str_eq(got, want, "resumed unchanged beside another request");
+        // the other request's position is at most its prompt's 4 and the tokens generated by anyone so far
+        double gen = ts_metric(&s, "generated_tokens_total");
+        cr_assert(changed ? 4 + gen < b.count : !by.done, "the other request was past the tapped positions (%g tokens "
+                  "generated) or done: the passes shared no position", gen);
+        free(got), free(b.rows);
+    }
+    pthread_join(th, NULL);
+    cr_assert(by.raw, "the other request got no answer");
+    ts_resp r = {0};
+    r.raw = by.raw;
+    ts_resp_parse(&r);
+    char *other = ts_text(&r, 0, 1, NULL, 0), *other_want = ts_cli(&t, "The little dog", 300, "0", NULL);
+    cr_assert_str_eq(other, other_want, "a request beside breakpoints: not djinn -p's text");
+    free(other), free(other_want), free(r.raw), free(want), free(body);
+    ts_stop(&s);
+    ts_teardown(&t);
+}
+
+Test(server, breakpoint_beside_another_request) { ts_breakpoint_beside(); }
+
+// What is refused, each with its status and the field at fault, while the server goes on serving: a breakpoint
+// with a stream, of a layer the model lacks, with a resume; resumes of an unknown id, a malformed one, a residual
+// that is not base64, of the wrong size or shape, not finite, with another prompt, session or endpoint (none of
+// which spends the paused state), of an id resumed already, dropped as the oldest of --breakpoints 2, or whose
+// session was deleted; an ordinary request in a paused session, at once and when queued behind the breakpoint
+// that pauses it; a resume after the session's cache was dropped beyond --park-gb; breakpoints on a server with
+// --breakpoints 0.
+Test(server, breakpoint_refusals) {
+    ts_env t;
+    ts_setup(&t);
+    ts_srv s;
+    ts_start(&s, &t, t.chat, (const char *[]){"--breakpoints", "2", NULL});
+    const char *C = "/v1/completions";
+#define TS_P "\"prompt\":\"Once upon a time\",\"max_tokens\":10"
+    const char *P = TS_P;
+    char body[600];
+    const ts_case cases[] = {
+        {C, "{" TS_P ",\"break_after_layer\":2,\"stream\":true}", 400,
+         "'stream' cannot be used with 'break_after_layer'", "stream"},
+        {C, "{" TS_P ",\"break_after_layer\":5}", 400, "'break_after_layer' must be an integer within [0, 4]",
+         "break_after_layer"},
+        {C, "{" TS_P ",\"break_after_layer\":-1}", 400, "within [0, 4]", "break_after_layer"},
+        {C, "{" TS_P ",\"break_after_layer\":1.5}", 400, "must be an integer", "break_after_layer"},
+        {C, "{" TS_P ",\"break_after_layer\":\"2\"}", 400, "must be a number", "break_after_layer"},
+        {C, "{" TS_P ",\"break_after_layer\":2,\"resume\":{\"id\":\"brk-1\",\"residual\":\"AAAA\"}}", 400, "not both",
+         "resume"},
+        {C, "{" TS_P ",\"resume\":{\"id\":\"nope\",\"residual\":\"AAAA\"}}", 404, "no paused state 'nope'", "resume"},
+        {C, "{" TS_P ",\"resume\":{\"id\":\"brk-01\",\"residual\":\"AAAA\"}}", 404, "no paused state 'brk-01'",
+         "resume"},
+        {C, "{" TS_P ",\"resume\":{\"id\":\"brk-1\"}}", 400, "'resume' must be {\\\"id\\\"", "resume"},
+        {C, "{" TS_P ",\"resume\":\"brk-1\"}", 400, "'resume' must be an object", "resume"},
+    };
+#undef TS_P
+    ts_expect_cases(&s, cases, sizeof cases / sizeof *cases);
+    float row[64] = {0};
+    ts_brk none = {"brk-999", 2, 64, 0, 1, 0, 0, NULL};
+    char *unknown = ts_resume_body(&none, row, P);
+    ts_resp r = ts_post(s.port, C, unknown);
+    ts_expect_error(&r, 404, "no paused state brk-999", "resume");
+    free(r.raw), free(unknown);
+    // a paused state refused every way that does not spend it, then resumed, then resumed again
+    snprintf(body, sizeof body, "{%s,\"temperature\":0,\"break_after_layer\":1}", P);
+    ts_brk b = ts_break(&s, C, body);
+    float *rows = malloc((size_t)((b.count + 1) * b.dim) * 4);
+    memcpy(rows, b.rows, (size_t)(b.count * b.dim) * 4);
+    ts_brk fewer = b, more = b;
+    fewer.count--, more.count++;
+    char *bad[6];
+    bad[0] = ts_resume_body(&fewer, rows, NULL);
+    bad[1] = ts_resume_body(&more, rows, NULL);
+    rows[3] = NAN;
+    bad[2] = ts_resume_body(&b, rows, NULL);
+    rows[3] = b.rows[3];
+    bad[3] = ts_resume_body(&b, rows, "\"prompt\":\"Once upon a time there\"");
+    bad[4] = ts_resume_body(&b, rows, "\"session\":\"bob\"");
+    bad[5] = ts_resume_body(&b, rows, "\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]");
+    const char *bad_msg[] = {"is 5 positions x 64 (1280 bytes)", "is 5 positions x 64", "row 0, element 3 is NaN",
+                             "the prompt differs from the one brk-", "made without a session",
+                             "made through the other endpoint"};
+    for (int i = 0; i < 6; i++) {
+        ts_resp r = ts_post(s.port, i == 5 ? "/v1/chat/completions" : C, bad[i]);
+        ts_expect_error(&r, 400, bad_msg[i], "resume");
+        free(r.raw), free(bad[i]);
+    }
+    const char *b64[][2] = {{"@@@@", "is not base64: byte 0 (0x40)"},
+                            {"AAA", "not a multiple of 4"},
+                            {"AAAA", "holds 3 bytes: not rows of the model's 64 float32"},
+                            {"AA=A", "is not base64: byte 2"}};
+    for (int i = 0; i < 4; i++) {
+        char rb[300];
+        snprintf(rb, sizeof rb, "{%s,\"resume\":{\"id\":\"%s\",\"residual\":\"%s\"}}", P, b.id, b64[i][0]);
+        ts_resp r = ts_post(s.port, C, rb);
+        ts_expect_error(&r, 400, b64[i][1], "resume");
+        free(r.raw);
+    }
+    char *want = ts_cli(&t, "Once upon a time", 10, "0", NULL);
+    char *got = ts_resume(&s, C, &b, b.rows, "\"max_tokens\":10,\"temperature\":0", 0, NULL);
+    cr_assert_str_eq(got, want, "resumed after the refusals");
+    free(got);
+    char *again = ts_resume_body(&b, b.rows, NULL);
+    r = ts_post(s.port, C, again);
+    ts_expect_error(&r, 410, "was resumed already", "resume");
+    free(r.raw), free(again), free(b.rows), free(rows);
+    // --breakpoints 2: the third breakpoint drops the oldest paused state
+    ts_brk k[3];
+    for (int i = 0; i < 3; i++) k[i] = ts_break(&s, C, body);
+    cr_assert_eq(ts_metric(&s, "breakpoints_paused"), 2);
+    again = ts_resume_body(&k[0], k[0].rows, NULL);
+    r = ts_post(s.port, C, again);
+    ts_expect_error(&r, 410, "was dropped: the server holds 2 paused states", "resume");
+    free(r.raw), free(again);
+    for (int i = 1; i < 3; i++) {
+        got = ts_resume(&s, C, &k[i], k[i].rows, "\"max_tokens\":10,\"temperature\":0", 0, NULL);
+        cr_assert_str_eq(got, want, "a paused state beside the one dropped");
+        free(got);
+    }
+    for (int i = 0; i < 3; i++) free(k[i].rows);
+    // a paused session: an ordinary request refused, then the session deleted
+    snprintf(body, sizeof body, "{%s,\"session\":\"carol\",\"break_after_layer\":0}", P);
+    b = ts_break(&s, C, body);
+    snprintf(body, sizeof body, "{%s,\"user\":\"carol\"}", P);
+    r = ts_post(s.port, C, body);
+    ts_expect_error(&r, 409, "session 'carol' is paused at breakpoint", "session");
+    free(r.raw);
+    r = ts_http(s.port, "DELETE", "/v1/sessions/carol", NULL, NULL);
+    cr_assert_eq(r.status, 200, "%s", r.raw);
+    free(r.raw);
+    again = ts_resume_body(&b, b.rows, NULL);
+    r = ts_post(s.port, C, again);
+    ts_expect_error(&r, 410, "ended with its session, which was deleted", "resume");
+    free(r.raw), free(again), free(b.rows);
+    cr_assert_eq(ts_metric(&s, "breakpoints_paused"), 0);
+    got = ts_complete(&s, "Once upon a time", 10, "\"temperature\":0", 0, NULL);
+    cr_assert_str_eq(got, want, "served on after the refusals");
+    free(got);
+    ts_stop(&s);
+    // one KV slot, no room to park: the paused session's cache is dropped when another request needs the slot
+    ts_start(&s, &t, t.model, (const char *[]){"--kv-gb", "0.0007", "--park-gb", "0.00001", NULL});
+    snprintf(body, sizeof body, "{\"prompt\":\"Once upon a time, there was a little girl named Lily. She loved to\","
+             "\"session\":\"a\",\"break_after_layer\":2}");  // more positions than 10 KB of parking hold
+    b = ts_break(&s, C, body);
+    got = ts_complete(&s, "The sun was", 5, "\"temperature\":0", 0, NULL);
+    free(got);
+    again = ts_resume_body(&b, b.rows, NULL);
+    r = ts_post(s.port, C, again);
+    ts_expect_error(&r, 410, "ended with its session's KV cache, dropped", "resume");
+    free(r.raw), free(again), free(b.rows);
+    ts_stop(&s);
+    // --parallel 1: an ordinary request of a session queued behind the breakpoint that pauses it
+    ts_start_slow(&s, &t, (const char *[]){"--parallel", "1", NULL});
+    int busy = ts_open_completion(s.port, "The little dog", 100, 0);
+    ts_await_metric(&s, "requests_active", 1);
+    snprintf(body, sizeof body, "{%s,\"session\":\"d\",\"break_after_layer\":2}", P);
+    int fd[2] = {ts_connect(s.port), ts_connect(s.port)};
+    for (int i = 0; i < 2; i++) {
+        if (i) snprintf(body, sizeof body, "{%s,\"session\":\"d\"}", P);
+        char head[200];
+        int n = snprintf(head, sizeof head, "POST /v1/completions HTTP/1.1\r\nHost: t\r\nConnection: close\r\n"
+                         "Content-Length: %zu\r\n\r\n", strlen(body));
+        ts_send(fd[i], head, (size_t)n), ts_send(fd[i], body, strlen(body));
+        ts_await_metric(&s, "requests_queued", i + 1);
+    }
+    r = (ts_resp){0};
+    r.raw = ts_read_all(fd[1], NULL);
+    ts_resp_parse(&r);
+    ts_expect_error(&r, 409, "was paused at breakpoint brk-1 by an earlier request", "session");
+    free(r.raw);
+    r.raw = ts_read_all(fd[0], NULL);
+    ts_resp_parse(&r);
+    cr_assert(r.status == 200 && strstr(r.body, "\"finish_reason\":\"breakpoint\""), "%s", r.raw);
+    free(r.raw), free(ts_read_all(busy, NULL));
+    close(fd[0]), close(fd[1]), close(busy);
+    ts_stop(&s);
+    // --breakpoints 0
+    ts_start(&s, &t, t.model, (const char *[]){"--breakpoints", "0", NULL});
+    snprintf(body, sizeof body, "{%s,\"break_after_layer\":2}", P);
+    r = ts_post(s.port, C, body);
+    ts_expect_error(&r, 400, "breakpoints are off on this server", "break_after_layer");
+    free(r.raw);
+    snprintf(body, sizeof body, "{%s,\"resume\":{\"id\":\"brk-1\",\"residual\":\"AAAA\"}}", P);
+    r = ts_post(s.port, C, body);
+    ts_expect_error(&r, 400, "breakpoints are off on this server", "resume");
+    free(r.raw), free(want);
+    ts_stop(&s);
+    ts_teardown(&t);
+}
+
+// OpenAI's npm client (tests/npm/breakpoint_client.mjs) driving breakpoints and resumes through both endpoints: the
+// fields beyond OpenAI's in its bodies, the answer's "breakpoint" read from what it parsed.
+Test(server, breakpoint_openai_node_client) {
+    ts_node n;
+    ts_node_run(&n, "breakpoint_client.mjs", "2");
+    const char *got = n.out;
+    const json_value *o = json_root(n.d), *bk = json_get(o, "breakpoint"), *again = json_get(o, "again");
+    int64_t layer, dim, pos, count, floats, status;
+    cr_assert(!json_int(json_get(bk, "layer"), &layer) && layer == 2 && !json_int(json_get(bk, "dim"), &dim) &&
+              dim == 64 && !json_int(json_get(bk, "position"), &pos) && pos == 0 &&
+              !json_int(json_get(bk, "count"), &count) && count == 5 && !json_int(json_get(bk, "floats"), &floats) &&
+              floats == count * dim, "%s", got);
+    cr_assert_str_eq(json_str(json_get(bk, "finish")), "breakpoint", "%s", got);
+    cr_assert_str_eq(json_str(json_get(bk, "text")), "", "%s", got);
+    cr_assert_str_eq(json_str(json_get(o, "resumed")), n.cli_t, "%s", got);
+    cr_assert_str_neq(json_str(json_get(o, "changed")), n.cli_t, "a changed residual, and the plain text: %s", got);
+    cr_assert_str_eq(json_str(json_get(o, "chat_finish")), "breakpoint", "%s", got);
+    cr_assert_str_eq(json_str(json_get(o, "chat_resumed_stream")), n.cli_c, "%s", got);
+    cr_assert(!json_int(json_get(again, "status"), &status) && status == 410 &&
+              strstr(json_str(json_get(again, "message")), "was resumed already") &&
+              !strcmp(json_str(json_get(again, "param")), "resume"), "%s", got);
+    ts_node_end(&n);
+}
+
+// The same on the GPU engine (the GPU machine): all resident, then every layer streamed (--stream-all), the taps
+// in probe_gpu.c; texts against the GPU's command line (greedy), rows against its --dump-act to 1e-5.
+static void ts_breakpoints_gpu(int streamed) {
+    if (gpu_count() == 0) cr_skip_test("no GPU: cudaGetDeviceCount found no usable device (GPU tests run on the GPU machine)");
+    ts_on_gpu = 1, ts_gpu_streamed = streamed;
+    ts_breakpoint_exact();
+    ts_breakpoint_session();
+    ts_breakpoint_changed();
+    ts_breakpoint_beside();
+}
+
+Test(server, gpu_breakpoints) { ts_breakpoints_gpu(0); }
+Test(server, gpu_breakpoints_streamed) { ts_breakpoints_gpu(1); }
 
 // ---- the command line
 Test(server, usage_errors) {

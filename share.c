@@ -219,6 +219,11 @@ void share_auto(dj_gpu_state *s) {
                 sh->iso[1], sh->iso[tb], (long long)tb, sh->m_link, sh->by_rows[1],
                 sh->by_rows[8 <= sh->max_rows ? 8 : 1], 8 <= sh->max_rows ? 8LL : 1LL, sh->by_rows[sh->max_rows],
                 (long long)sh->max_rows, sh->share > 0 ? "" : ": not worth the round trips for this model, off");
+    // No pass will share (a share is learnt only from passes that computed rows): the threads the measurement
+    // started are joined rather than left waiting for work that never comes.
+    int any = 0;
+    for (int64_t T = 1; T <= sh->max_rows; T++) any |= sh->by_rows[T] > 0;
+    if (!any) cpu_pool_stop();
 }
 
 // The pass's CPU time into the stats; automatic, the rate it measured for T rows (half the last measure, half

@@ -367,6 +367,32 @@ Test(gpu_forward, cpu_share_bf16_gqa) { share_cases("llama3_gqa_bf16", -1); }
 Test(gpu_forward, cpu_share_q4_stories_tied) { share_cases(NULL, DJ_Q4); }
 Test(gpu_forward, cpu_share_q8_untied) { share_cases("mha_untied_f16", DJ_Q8); }
 
+// The pool's threads exist only while a CPU share can use them: none for a streamed run with the share off, none left
+// once the automatic share found it not worth the round trips on this small model (its measurement started them);
+// with a fixed share, one per CPU but the caller (the check that can fail).
+Test(gpu_forward, no_pool_threads_without_a_share) {
+    tc_rng_fresh("no_pool_threads_without_a_share");
+    dj_model m;
+    load_stories(&m, DJ_F16);
+    int32_t ids[24];
+    make_ids(ids, 24, m.info.config.vocab_size);
+    uint64_t total, minb = min_budget(&m, &total);
+    static const double shares[] = {0, -1, 0.5};
+    for (int c = 0; c < 3; c++) {
+        cpu_pool_stop();
+        dj_gpu_opts o = {.max_seq = 64, .quiet = 1, .ring_gb = (double)minb / 1e9, .cpu_share = shares[c]};
+        dj_gpu_stats st;
+        free(run_gpu_stats(&m, &o, ids, 8, 16, &st));
+        int n = tc_threads_named("djinn-pool", NULL), want = shares[c] > 0 ? cpu_threads_planned() - 1 : 0;
+        cr_assert(st.n_streamed > 0 && (shares[c] > 0) == (st.cpu_share > 0), "share %.2f: %d units streamed, share "
+                  "%.2f in effect", shares[c], st.n_streamed, st.cpu_share);
+        cr_assert_eq(n, want, "--cpu-share %.2f (%.2f in effect): %d pool threads after a streamed run, want %d",
+                     shares[c], st.cpu_share, n, want);
+    }
+    cpu_pool_stop();
+    model_free(&m);
+}
+
 // Greedy decode on the GPU reproduces HF's 200-token continuation, token for token.
 Test(gpu_forward, stories_greedy_matches_reference) {
     dj_model m;

@@ -4,7 +4,8 @@
 #
 #   bench/spec_bench.sh OUT_DIR
 #
-# 1. build/bin/ceilings with LINK_ONLY=1: the pinned H2D and D2H rates of this run -> OUT_DIR/link.json
+# 1. build/bin/ceilings with LINK_ONLY=1: the pinned H2D and D2H rates and the host memory's (alone, and beside
+#    the copies) of this run -> OUT_DIR/link.json
 # 2. build/bin/spec_bench: a verification pass of T = 1..17 rows, a plain decode step and the draft's step, at the
 #    minimum ring, with the CPU share automatic and off -> OUT_DIR/costs_share.json, costs_link.json
 # 3. djinn -n $N_NEW (64) greedy from one prompt: plain, and --draft q4 with --draft-max K for K in $KS

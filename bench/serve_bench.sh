@@ -27,10 +27,7 @@ CASES=${CASES:-resident_link min_link min_share}
 mkdir -p "$OUT_DIR" "$WORK" || exit 1
 . bench/lib.sh
 
-say build
-make -j16 all build/bin/ceilings > "$WORK/build.log" 2>&1 || { tail -20 "$WORK/build.log"; exit 1; }
-say "link ceilings"
-LINK_ONLY=1 build/bin/ceilings "$OUT_DIR/link.json" || exit 1
+build_and_link "$WORK" "$OUT_DIR/link.json" || exit 1
 
 HF=$WORK/hf_8b
 make_hf 8b "$HF" "$WORK/make.log" || exit 1

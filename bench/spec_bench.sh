@@ -26,23 +26,13 @@ PROMPT=${PROMPT:-"The history of the city begins in the year"}
 mkdir -p "$OUT_DIR" "$WORK" || exit 1
 . bench/lib.sh
 
-say build
-make -j16 all build/bin/ceilings build/bin/spec_bench > "$WORK/build.log" 2>&1 || { tail -20 "$WORK/build.log"; exit 1; }
-say "link ceilings"
-LINK_ONLY=1 build/bin/ceilings "$OUT_DIR/link.json" > /dev/null || exit 1
+build_and_link "$WORK" "$OUT_DIR/link.json" build/bin/spec_bench || exit 1
 
 HF=$WORK/hf_8b
 make_hf 8b "$HF" "$WORK/make.log" || exit 1
 target=$WORK/spec_8b_f16.bin draft=$WORK/spec_8b_q4.bin
-for dt in f16 q4; do
-    bin=$WORK/spec_8b_$dt.bin
-    [ -f "$bin" ] && continue
-    say "convert $dt"
-    ./convert/convert "$HF" "$bin" --dtype $dt --tokenizer "$DATA/tokenizers/llama3" -q 2> "$WORK/convert.log" ||
-        { tail -3 "$WORK/convert.log"; exit 1; }
-done
-min=$(./djinn "$target" -p x -n 1 -t 0 -c 1024 --ring-gb 0.001 2>&1 >/dev/null |
-      sed -n 's/.*needs at least \([0-9][0-9.]*\) GB.*/\1/p' | head -1)
+for dt in f16 q4; do convert_once "$HF" "$WORK/spec_8b_$dt.bin" $dt || exit 1; done
+min=$(min_ring "$target")
 say "minimum ring ${min:?could not read the minimum ring} GB"
 
 say "pass costs (spec_bench)"

@@ -140,14 +140,15 @@ $(BUILD)/bin/bench_tokenizer: $(BUILD)/bench/bench_tokenizer.o $(BUILD)/tokenize
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) $^ -o $@ -lm -lpthread
 
-# ---- bench: the hardware ceilings (HBM, PCIe, tensor cores) and the decode GEMV against them; GPU machine only
+# ---- bench: the hardware ceilings (HBM, PCIe, host memory, tensor cores) and the decode GEMV against them; GPU
+# machine only
 CEILINGS_JSON ?= $(BUILD)/ceilings.json
 .PHONY: bench-ceilings
-$(BUILD)/bench/ceilings.o: bench/ceilings.cu bench/bench_gpu.h kernels.h util.h model.h
+$(BUILD)/bench/ceilings.o: bench/ceilings.cu bench/bench_gpu.h bench/host_read.h kernels.h util.h model.h
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVFLAGS) -c $< -o $@
 
-$(BUILD)/bin/ceilings: $(BUILD)/bench/ceilings.o $(KERNEL_OBJ) $(BUILD)/util.o
+$(BUILD)/bin/ceilings: $(BUILD)/bench/ceilings.o $(BUILD)/bench/host_read.o $(KERNEL_OBJ) $(BUILD)/pool.o $(BUILD)/util.o
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) $^ -o $@ -lcublasLt $(LDLIBS)
 
@@ -269,7 +270,7 @@ $(addprefix fuzz-run-,$(FUZZ_TARGETS)): fuzz-run-%: $(FUZZ_BUILD)/bin/%
 
 # ---- bench: the CPU share's matvec (f16, q8, q4) against the host memory bandwidth, measured in the same run
 .PHONY: bench-cpu-matvec
-$(BUILD)/bin/cpu_matvec: $(BUILD)/bench/cpu_matvec.o $(ENGINE_OBJ)
+$(BUILD)/bin/cpu_matvec: $(BUILD)/bench/cpu_matvec.o $(BUILD)/bench/host_read.o $(ENGINE_OBJ)
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS)
 

@@ -25,6 +25,7 @@
 #include "spec.h"
 #include "stops.h"
 #include "tokenizer.h"
+#include "trace.h"
 #include "util.h"
 
 // Exit codes: 1 runtime error (missing model, bad prompt...), 2 usage error, 3 --check above tolerance,
@@ -97,6 +98,8 @@ typedef struct {
     const char *steers[MAX_STEERS];       // --steer LAYER:FILE[:SCALE]
     int n_steers;
     const char *save_session, *load_session;  // --save-session FILE, --load-session FILE (session.h)
+    const char *trace_path;                   // --trace FILE: the decode steps' timeline (trace.h)
+    int64_t trace_steps;                      // --trace-steps N (0: TRACE_STEPS_DEFAULT)
     dj_probe *probe;                      // --dump-act and --steer, made once the model is loaded
 } dj_opts;
 
@@ -169,11 +172,16 @@ static void usage(FILE *f) {
             "  --save-session FILE  after the run, write its tokens, KV cache and sampler state to FILE\n"
             "  --load-session FILE  resume a saved run: its text, then -n more tokens, as one run would have gone on\n"
             "                   (same seed, same text; -s reseeds); not with -p or -f\n"
+            "  --trace FILE     write the timeline of --trace-steps decode steps of the GPU engine to FILE as JSON:\n"
+            "                   each streamed copy, each layer's work and wait on the compute stream, each split\n"
+            "                   matmul and the CPU share's part of it (bench/timeline.py draws it); a line of figures\n"
+            "                   per step on stderr\n"
+            "  --trace-steps N  the decode steps --trace records, 1 to %d, after the first (default %d)\n"
             "  --tokenize       print the prompt's token ids and exit\n"
             "  --version        print the version and the model.bin versions this build reads\n"
             "  --help           this text\n"
             "stdout carries only the text (prompt + generation); statistics go to stderr.\n",
-            DEFAULT_CTX, SPEC_K_MAX, DEFAULT_DRAFT_MAX);
+            DEFAULT_CTX, SPEC_K_MAX, DEFAULT_DRAFT_MAX, TRACE_STEPS_MAX, TRACE_STEPS_DEFAULT);
 }
 
 // One line: what was wrong, and where to look.
@@ -273,7 +281,8 @@ static int parse_args(int argc, char **argv, dj_opts *o) {
         static const char *with_value[] = {"-p", "-f", "--stop", "--system", "--top-k", "--min-p", "--repeat-penalty",
                                            "--repeat-last-n", "--presence-penalty", "--frequency-penalty", "-n", "-t", "--top-p", "-s", "-c", "--ring-gb", "--logits",
                                            "--check", "--tol", "--stats-json", "--cpu-share", "--perplexity",
-                                           "--threads", "--draft", "--draft-max", "--draft-p-min"};
+                                           "--threads", "--draft", "--draft-max", "--draft-p-min", "--trace",
+                                           "--trace-steps"};
         int known = 0;
         for (size_t k = 0; k < sizeof with_value / sizeof *with_value; k++) known |= !strcmp(a, with_value[k]);
         if (!known) return usage_error("unknown option '%s'", a);
@@ -346,6 +355,12 @@ static int parse_args(int argc, char **argv, dj_opts *o) {
             o->ppl_path = v;
         } else if (!strcmp(a, "--draft")) {
             o->draft_path = v;
+        } else if (!strcmp(a, "--trace")) {
+            o->trace_path = v;
+        } else if (!strcmp(a, "--trace-steps")) {
+            if (parse_i64(v, &n) || n < 1 || n > TRACE_STEPS_MAX)
+                return usage_error("--trace-steps needs a count from 1 to 64, not '%s'", v);  // TRACE_STEPS_MAX
+            o->trace_steps = n;
         } else if (!strcmp(a, "--draft-max")) {
             if (parse_i64(v, &n) || n < 1 || n > SPEC_K_MAX)
                 return usage_error("--draft-max needs a count from 1 to 32, not '%s'", v);  // SPEC_K_MAX
@@ -370,6 +385,10 @@ static int parse_args(int argc, char **argv, dj_opts *o) {
                                  "--tokenize");
     if (o->check_path && o->ppl_path) return usage_error("%s", "--check and --perplexity are two runs");
     if (o->spec_given && !o->draft_path) return usage_error("%s", "--draft-max and --draft-p-min need --draft");
+    if (o->trace_steps && !o->trace_path) return usage_error("%s", "--trace-steps needs --trace");
+    if (o->trace_path && (o->force_cpu || o->check_path || o->ppl_path || o->tokenize))
+        return usage_error("%s", "--trace records the GPU engine's decode steps: not with --cpu, --check, --perplexity "
+                                 "or --tokenize");
     if (o->draft_path && (o->chat || o->check_path || o->ppl_path || o->tokenize || o->logits_path))
         return usage_error("%s", "--draft speeds up generation: not with --chat, --check, --perplexity, --tokenize or "
                                  "--logits");
@@ -386,7 +405,8 @@ static int64_t context_of(const dj_config *c, const dj_opts *o) {
 static int open_engine(dj_engine *eng, const dj_model *m, const dj_opts *o, int64_t ctx, int64_t warm, dj_err *e) {
     dj_gpu_opts go = {.ring_gb = o->ring_gb, .max_seq = ctx, .stream_all = o->stream_all,
                       .sync_copy = o->sync_copy, .no_graph = o->no_graph, .fma_attn = o->fma_attn,
-                      .warm_rows = warm, .cpu_share = o->cpu_share};
+                      .warm_rows = warm, .cpu_share = o->cpu_share, .trace = o->trace_path,
+                      .trace_steps = (int)o->trace_steps};
     if (engine_open(eng, m, &go, 1, e)) return -1;
     return o->probe ? eng->set_probe(eng->ctx, o->probe, e) : 0;
 }
@@ -1032,9 +1052,9 @@ out:
 // Their outputs: none of them an input of the run (the model, a reference, a steering vector, the session loaded) or
 // another output.
 static int open_probe_outputs(const dj_opts *o, dj_outputs *out, dj_err *e) {
-    const char *others[8 + MAX_STEERS] = {o->model_path, o->check_path, o->logits_path, o->stats_path, o->ppl_path,
-                                          o->prompt_file, o->load_session, NULL};
-    int n = 8, rc = 0;
+    const char *others[9 + MAX_STEERS] = {o->model_path, o->check_path, o->logits_path, o->stats_path, o->ppl_path,
+                                          o->prompt_file, o->load_session, o->trace_path, NULL};
+    int n = 9, rc = 0;
     for (int k = 0; k < o->n_steers; k++) {
         uint32_t layer;
         double scale;
@@ -1045,12 +1065,12 @@ static int open_probe_outputs(const dj_opts *o, dj_outputs *out, dj_err *e) {
         }
         others[n++] = file;
     }
-    others[7] = o->save_session;
+    others[8] = o->save_session;
     if (o->dump_path && out_open(&out->dump, o->dump_path, "--dump-act", others, n, e)) rc = -1;
-    others[7] = o->dump_path;
+    others[8] = o->dump_path;
     if (!rc && o->save_session && out_open(&out->session, o->save_session, "--save-session", others, n, e)) rc = -1;
 out:
-    for (int k = 8; k < n; k++) free((char *)others[k]);
+    for (int k = 9; k < n; k++) free((char *)others[k]);
     return rc;
 }
 
@@ -1085,10 +1105,14 @@ static int open_outputs(const dj_opts *o, dj_outputs *out, dj_err *e) {
         for (int i = 0; i < 2; i++)
             if (in[i] && stat(in[i], &si) == 0 && si.st_dev == so.st_dev && si.st_ino == so.st_ino)
                 return dj_fail(e, "stdout is %s, an input of this run: the text would be written into it", in[i]);
-    const char *others_l[3] = {o->model_path, o->check_path, o->stats_path};
-    const char *others_s[3] = {o->model_path, o->check_path, o->logits_path};
-    if (o->logits_path && out_open(&out->logits, o->logits_path, "--logits", others_l, 3, e)) return -1;
-    if (o->stats_path && out_open(&out->stats, o->stats_path, "--stats-json", others_s, 3, e)) return -1;
+    const char *others_l[4] = {o->model_path, o->check_path, o->stats_path, o->trace_path};
+    const char *others_s[4] = {o->model_path, o->check_path, o->logits_path, o->trace_path};
+    // the trace's file is created by the engine (trace.h): checked here against the run's other files
+    const char *others_t[9] = {o->model_path, o->logits_path, o->stats_path, o->dump_path, o->save_session,
+                               o->prompt_file, o->load_session, o->draft_path, o->check_path};
+    if (o->logits_path && out_open(&out->logits, o->logits_path, "--logits", others_l, 4, e)) return -1;
+    if (o->stats_path && out_open(&out->stats, o->stats_path, "--stats-json", others_s, 4, e)) return -1;
+    if (o->trace_path && out_check(o->trace_path, "--trace", others_t, 9, e)) return -1;
     return open_probe_outputs(o, out, e);
 }
 
@@ -1120,6 +1144,10 @@ int main(int argc, char **argv) {
         o.prompt = prompt_text;
     }
     int use_gpu = !o.force_cpu && !o.tokenize && gpu_count() > 0;
+    if (o.trace_path && !use_gpu) {
+        dj_fail(&e, "--trace records the GPU engine's decode steps, and no GPU was found");
+        goto done;
+    }
     if (o.force_cpu) fprintf(stderr, "djinn: running on the CPU (--cpu), %d threads\n", cpu_threads_planned());
     else if (!o.tokenize && !use_gpu)
         fprintf(stderr, "djinn: warning: no GPU found: running on the CPU, %d threads\n", cpu_threads_planned());

@@ -270,11 +270,13 @@ static int gpu_body(dj_gpu_state *s, int64_t T, const uint8_t **head, const uint
     int pending = 0;  // a layer's output in d_delta not yet added to d_x (a probe may add it: probe_gpu.c)
     for (int l = 0; l < nl; l++) {
         const uint8_t *w;
-        if (unit_begin(s, l, &w, e) || gpu_layer(s, w, l, T, pending, e) || unit_end(s, l, e)) return -1;
+        if (unit_begin(s, l, &w, e) || trace_unit(s->tr, l, 0, e) || gpu_layer(s, w, l, T, pending, e) ||
+            trace_unit(s->tr, l, 1, e) || unit_end(s, l, e))
+            return -1;
         pending = 1;
         if (gpu_probe_layer(s, l, T, &pending, e)) return -1;
     }
-    if (unit_begin(s, nl, head, e)) return -1;
+    if (unit_begin(s, nl, head, e) || trace_unit(s->tr, nl, 0, e)) return -1;
     *lm = *head + s->sc.head_lm_off;
     const float *norm = (const float *)*head;
     return pending ? gpu_add_rmsnorm(b->x, b->delta, b->xb, norm, T, c->dim, c->norm_eps, s->compute, e)
@@ -360,9 +362,10 @@ static int gpu_pass(dj_gpu_state *s, const int32_t *tokens, int64_t T, float *lo
                     dj_err *e) {
     int64_t vocab = s->m->info.config.vocab_size;
     int nl = (int)s->m->info.config.n_layers;
+    if (trace_pass_begin(s->tr, T, s->sc.issued, e)) return -1;
     sched_pass_begin(s, T);
     if (upload_tokens(s, tokens, T, e)) return -1;
-    if (T == 1 && !s->sc.plan->n_streamed && (logits || pk) && !s->opts.no_graph && !s->prof.on &&
+    if (T == 1 && !s->sc.plan->n_streamed && (logits || pk) && !s->opts.no_graph && !s->prof.on && !s->tr &&
         gpu_probe_graphable(s))
         return graph_step(s, logits, pk, e);
     const uint8_t *head, *lm;
@@ -381,12 +384,13 @@ static int gpu_pass(dj_gpu_state *s, const int32_t *tokens, int64_t T, float *lo
                : logits && gpu_d2h_async(s->b.h_logits, s->b.logits, (size_t)(rows * vocab) * 4, s->compute, e))
             return -1;
         prof_mark(s, PROF_HEAD);
-        if (last && unit_end(s, nl, e)) return -1;
+        if (last && (trace_unit(s->tr, nl, 1, e) || unit_end(s, nl, e))) return -1;
         if (gpu_stream_sync(s->compute, e)) return -1;
         if (pk) *pk->next = *s->b.h_next;
         else if (logits) memcpy(logits + (r0 - first) * vocab, s->b.h_logits, (size_t)(rows * vocab) * 4);
     }
-    if (sched_harvest(s, e)) return -1;
+    if (sched_harvest(s, e) || trace_pass_end(s->tr, e)) return -1;
+    if (s->tr && trace_done(s->tr)) trace_free(s->tr), s->tr = NULL;  // written: the rest of the run untraced
     share_learn(s, T);
     prof_collect(s, T == 1);
     s->st.passes++;
@@ -737,6 +741,13 @@ dj_gpu_state *gpu_state_new(const dj_model *m, const dj_gpu_opts *o, dj_err *e) 
                         "host memory: %.2f GB per token over PCIe, %.2f GB read by the CPU (%d threads)\n",
                 s->sh.share, o->cpu_share < 0 ? " (automatic)" : "", (double)s->st.bytes_per_token / 1e9,
                 (double)s->st.cpu_bytes_per_token / 1e9, cpu_threads());
+    if (o->trace) {  // the timeline of the decode steps to come
+        tr_info ti = {gpu_name(s->g), dj_dtype_name(s->m->info.config.wtype), (int)s->m->info.config.n_layers,
+                      s->sc.plan->resident, s->sh.share, s->st.bytes_per_token, s->st.cpu_bytes_per_token};
+        if (!(s->tr = trace_open(o->trace, o->trace_steps > 0 ? o->trace_steps : TRACE_STEPS_DEFAULT, &ti,
+                                 s->compute, s->copy, o->quiet, e)))
+            goto fail;
+    }
     return s;
 fail:
     gpu_state_free(s);
@@ -747,6 +758,9 @@ void gpu_state_free(dj_gpu_state *s) {
     if (!s) return;
     if (s->compute) gpu_stream_sync(s->compute, NULL);
     if (s->copy) gpu_stream_sync(s->copy, NULL);
+    dj_err te;
+    if (trace_close(s->tr, &te)) fprintf(stderr, "djinn: --trace: %s\n", te.msg);  // a run shorter than the trace
+    trace_free(s->tr);
     park_free(s);
     sched_free(s);
     share_free(s);

@@ -28,6 +28,8 @@ typedef struct {
                         // CPU's and the link's measured rates balanced); 0: off. Nothing changes while all is
                         // resident. Logits match the unsplit path up to summation order (not bitwise).
     int quiet;          // no plan on stderr
+    const char *trace;  // the timeline of decode steps into this file (trace.h); NULL: none
+    int trace_steps;    // the steps it records (0: TRACE_STEPS_DEFAULT)
 } dj_gpu_opts;
 
 typedef struct {

@@ -8,6 +8,7 @@
 #include "gpu.h"
 #include "kernels.h"
 #include "ringbuf.h"
+#include "trace.h"
 
 #define GPU_ALIGN 4096u     // units in device memory
 #define GPU_MAX_BATCH 4096  // most tokens one pass processes (prefill of a longer prompt takes several)
@@ -174,6 +175,7 @@ struct dj_gpu_state {
     dj_gpu_stats st;
     gpu_prof prof;
     gpu_probe pr;
+    dj_trace *tr;                  // --trace (trace.h); NULL: off, or its file written
 };
 
 // ---- stream.c: the copy schedule

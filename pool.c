@@ -2,7 +2,8 @@
 // [0, n) into equal contiguous parts; the caller takes part 0. Calls are serialised, so the pool is safe to use
 // from several threads. Between calls a worker spins for POOL_SPIN_S before it sleeps, and the caller spins for
 // the last parts: the GPU engine's CPU share makes ~130 calls per token, a few tens of microseconds apart, where a
-// sleep and wake-up per call would cost about as much as the work.
+// sleep and wake-up per call would cost about as much as the work. The workers are named "djinn-pool" (top -H shows
+// them; tests/test_pool.c finds them by that name).
 #include "pool.h"
 
 #include <pthread.h>
@@ -86,6 +87,7 @@ static void cpu_pool_start(void) {
         cpu_pool.n_threads = 1;
         for (int i = 1; i < n; i++) {
             if (pthread_create(&cpu_pool.th[i], NULL, cpu_pool_worker, (void *)(intptr_t)i)) break;  // fewer: slower
+            (void)pthread_setname_np(cpu_pool.th[i], "djinn-pool");  // a name is a convenience: its failure changes nothing
             cpu_pool.n_threads++;
         }
         atomic_store(&cpu_pool.started, 1);

@@ -113,8 +113,9 @@ int share_matmul(dj_gpu_state *s, float *y, const float *x, int64_t T, const uin
     gpu_share *sh = &s->sh;
     uint32_t wt = mt->dtype;
     int64_t gr = sp_gpu_rows(mt, sh->cur_share), nc = mt->n_out - gr;
+    int k = mt == &sh->hmat ? 0 : (int)(mt - sh->lmats);  // the matrix in its unit (the trace's label)
     if (T > sh->max_rows) return dj_fail(e, "internal error: a CPU share over %lld rows", (long long)T);
-    if (nc && (gpu_d2h_async(sh->h_cx, x, (size_t)(T * mt->n_in) * 4, s->compute, e) ||
+    if (nc && (trace_split(s->tr, k, 0, e) || gpu_d2h_async(sh->h_cx, x, (size_t)(T * mt->n_in) * 4, s->compute, e) ||
                gpu_event_record(sh->x_ready, s->compute, e)))
         return -1;
     if (gr) {
@@ -124,15 +125,20 @@ int share_matmul(dj_gpu_state *s, float *y, const float *x, int64_t T, const uin
             return -1;
     }
     if (!nc) return 0;
+    if (trace_split(s->tr, k, 1, e)) return -1;
     // h_cy is free: the previous split's read of it precedes x_ready on the stream.
     double t0 = dj_now();
     if (gpu_event_sync(sh->x_ready, e)) return -1;
     double t1 = dj_now();
     cpu_matvec_multi(sh->h_cy, sh->h_cx, hw + dj_matrix_bytes(wt, (uint64_t)gr, (uint64_t)mt->n_in), wt, T, mt->n_in,
                      nc);
-    sh->pass_wait_s += t1 - t0, sh->pass_cpu_s += dj_now() - t1;
-    sh->pass_cpu_bytes += dj_matrix_bytes(wt, (uint64_t)nc, (uint64_t)mt->n_in);
-    return gpu_place_rows(y + gr, mt->n_out, sh->d_cy, nc, T, nc, s->compute, e);
+    double t2 = dj_now();
+    uint64_t bytes = dj_matrix_bytes(wt, (uint64_t)nc, (uint64_t)mt->n_in);
+    sh->pass_wait_s += t1 - t0, sh->pass_cpu_s += t2 - t1, sh->pass_cpu_bytes += bytes;
+    return gpu_place_rows(y + gr, mt->n_out, sh->d_cy, nc, T, nc, s->compute, e) ||
+                   trace_split_end(s->tr, k, t0, t1, t2, bytes, e)
+               ? -1
+               : 0;
 }
 
 // ---- --cpu-share auto
@@ -233,6 +239,11 @@ void share_auto(dj_gpu_state *s) {
                 sh->iso[1], sh->iso[tb], (long long)tb, sh->m_link, sh->by_rows[1],
                 sh->by_rows[8 <= sh->max_rows ? 8 : 1], 8 <= sh->max_rows ? 8LL : 1LL, sh->by_rows[sh->max_rows],
                 (long long)sh->max_rows, sh->share > 0 ? "" : ": not worth the round trips for this model, off");
+    // No pass will share (a share is learnt only from passes that computed rows): the threads the measurement
+    // started are joined rather than left waiting for work that never comes.
+    int any = 0;
+    for (int64_t T = 1; T <= sh->max_rows; T++) any |= sh->by_rows[T] > 0;
+    if (!any) cpu_pool_stop();
 }
 
 // The pass's CPU time into the stats; automatic, the rate it measured for T rows (half the last measure, half

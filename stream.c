@@ -199,7 +199,9 @@ int sched_harvest(dj_gpu_state *s, dj_err *e) {
     for (; sc->harvested < sc->computed; sc->harvested++) {
         const gpu_seq *q = &sc->seq[sc->harvested % sc->n_seq];
         float cm, wm;
-        if (gpu_event_ms(&cm, q->c0, q->c1, e) || gpu_event_ms(&wm, q->w0, q->w1, e)) return -1;
+        if (gpu_event_ms(&cm, q->c0, q->c1, e) || gpu_event_ms(&wm, q->w0, q->w1, e) ||
+            trace_copy(s->tr, sc->harvested, stream_unit(sc, sc->harvested), q->bytes, q->c0, q->c1, q->w0, q->w1, e))
+            return -1;
         s->st.copy_ms += cm;
         s->st.wait_ms += wm;
         s->st.copied_bytes += q->bytes;

@@ -2,6 +2,8 @@
 // the decode GEMV against them.
 //   HBM: device-to-device copy, bytes read + bytes written per second (1 GiB buffers).
 //   PCIe: pinned host-to-device copy in 64 MiB chunks (the streaming engine's transfer size).
+//   Host memory (host_section): read by every CPU of the affinity mask from a pinned buffer, alone and while pinned
+//   H2D copies run; the two rates together are the combined ceiling of a streamed step with a CPU share.
 //   Tensor cores: cuBLAS f16 GEMM 8192^3 with fp32 accumulation, TFLOP/s.
 //   GEMV: gpu_matmul's T = 1 paths (ours, cuBLAS) and cuBLASLt on the Llama-2-7B shapes in f16, bf16 and f32,
 //   GB/s of weights + activations moved and the fraction of the measured D2D bandwidth. The weights rotate
@@ -16,8 +18,8 @@
 //   cuBLAS path, W^T . x with fp32 compute and f32 output, with x already in the weight dtype (no rounding pass;
 //   bf16 as its hi and lo parts, two products, as the cuBLAS path computes it).
 // Usage: ceilings [out.json]. Prints a table; writes JSON when given a path. GPU machine only. QUANT_ONLY=1 in the
-// environment: the ceilings and the quantized section alone, printed; LINK_ONLY=1: the pinned H2D and D2H rates
-// alone (printed, and the JSON).
+// environment: the ceilings and the quantized section alone, printed; LINK_ONLY=1: the pinned H2D and D2H rates and
+// the host memory's (printed, and the JSON).
 #include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
@@ -32,8 +34,10 @@
 
 #include "../kernels.h"
 #include "bench_gpu.h"
+#include "host_read.h"
 extern "C" {
 #include "../model.h"  // dtype enum only
+#include "../pool.h"
 }
 
 static size_t dt_size(uint32_t dt) { return dt == DJ_F32 ? 4 : 2; }
@@ -139,6 +143,88 @@ static std::vector<qrow> quant_section(dj_gpu *g, cudaStream_t s, size_t l2, dou
     return rows;
 }
 
+// ---- host memory: the CPU share reads weights from page-locked host memory while the copies stream others from it
+// over PCIe. Alone: every thread of the pool (one per CPU of the affinity mask) reading a pinned buffer of HOST_GIB,
+// best of 5 passes (bench/host_read.c, as bench/cpu_matvec.c measures it). Together: the same passes while pinned
+// H2D copies in 64 MiB chunks from another pinned buffer run on a stream, each side over the time they overlapped:
+// the host the mean of the passes that ended before the copies did, H2D the chunks that began after the first
+// chunk still copying when the reads began and ended before the last such pass did. Their sum is the combined
+// ceiling a streamed step with a CPU share is held to.
+#define HOST_GIB 4
+struct host_ceil { int threads; double alone, with_h2d, h2d_with; int passes; };
+
+// The first of ev[i..] not yet complete (ev.size(): all are).
+static size_t next_pending(const std::vector<cudaEvent_t> &ev, size_t i) {
+    for (; i < ev.size(); i++) {
+        cudaError_t q = cudaEventQuery(ev[i]);
+        if (q == cudaErrorNotReady) return i;
+        CK(q);
+    }
+    return i;
+}
+
+// dev: n_src chunks of device memory, src: n_src chunks of pinned host memory; h2d_gbs: the link's rate alone.
+static host_ceil host_section(cudaStream_t s, void *dev, const void *src, size_t chunk, size_t n_src, double h2d_gbs) {
+    const size_t bytes = (size_t)HOST_GIB << 30;
+    uint8_t *buf;
+    CK(cudaHostAlloc((void **)&buf, bytes, cudaHostAllocDefault));
+    host_touch(buf, bytes);
+    host_ceil r = {cpu_threads(), host_read_gbs(buf, bytes, 5), 0, 0, 0};
+    // enough chunks to outlast about ten passes at the rate alone; twice as many when they did not
+    size_t n = (size_t)(10.0 * (double)bytes / r.alone * h2d_gbs / (double)chunk) + 16;
+    for (int tries = 0; tries < 4 && !r.passes; tries++, n *= 2) {
+        std::vector<cudaEvent_t> ev(n);
+        for (cudaEvent_t &e : ev) CK(cudaEventCreate(&e));
+        for (size_t i = 0; i < n; i++) {
+            const size_t off = i % n_src * chunk;
+            CK(cudaMemcpyAsync((char *)dev + off, (const char *)src + off, chunk, cudaMemcpyHostToDevice, s));
+            CK(cudaEventRecord(ev[i], s));
+        }
+        const size_t a = next_pending(ev, 0);  // ends after the reads began
+        size_t done = a;                       // chunks [0, done) ended before the last counted pass did
+        double read_s = 0;
+        int passes = 0;
+        for (;;) {
+            const double t = host_read_pass(buf, bytes);
+            const size_t d = next_pending(ev, done);
+            if (d == n) break;  // the copies ended during this pass: part of it read alone
+            read_s += t, passes++, done = d;
+        }
+        CK(cudaStreamSynchronize(s));
+        const cudaError_t le = cudaGetLastError();  // the queries' cudaErrorNotReady is no failure
+        if (le != cudaErrorNotReady) CK(le);
+        if (passes >= 2 && done >= a + 9) {
+            float ms;
+            CK(cudaEventElapsedTime(&ms, ev[a], ev[done - 1]));
+            r.with_h2d = (double)passes * (double)bytes / read_s / 1e9;
+            r.h2d_with = (double)(done - 1 - a) * (double)chunk / (ms * 1e-3) / 1e9;
+            r.passes = passes;
+        }
+        for (cudaEvent_t e : ev) CK(cudaEventDestroy(e));
+    }
+    CK(cudaFreeHost(buf));
+    if (!r.passes) {
+        fprintf(stderr, "ceilings: the host's reads and the H2D copies never overlapped for two passes\n");
+        exit(1);
+    }
+    return r;
+}
+
+static void host_print(const host_ceil &h) {
+    char what[64];
+    snprintf(what, sizeof what, "host memory read, %d threads (%d GiB)", h.threads, HOST_GIB);
+    printf("%-40s %9.2f GB/s\n%-40s %9.2f GB/s\n%-40s %9.2f GB/s\n%-40s %9.2f GB/s\n", what, h.alone,
+           "  while pinned H2D copies run", h.with_h2d, "PCIe pinned H2D while the host reads", h.h2d_with,
+           "combined (host read + H2D, together)", h.with_h2d + h.h2d_with);
+}
+
+// The host section's JSON members (no braces), after the members before them.
+static int host_json(FILE *f, const host_ceil &h) {
+    return fprintf(f, "\"host_read_threads\": %d, \"host_read_gbs\": %.3f, \"host_read_with_h2d_gbs\": %.3f, "
+                      "\"h2d_with_host_read_gbs\": %.3f, \"host_plus_h2d_gbs\": %.3f", h.threads, h.alone,
+                   h.with_h2d, h.h2d_with, h.with_h2d + h.h2d_with) < 0 ? -1 : 0;
+}
+
 int main(int argc, char **argv) {
     if (gpu_count() == 0) {
         fprintf(stderr, "ceilings: no GPU found\n");
@@ -179,20 +265,24 @@ int main(int argc, char **argv) {
                            cudaMemcpyDeviceToHost, s));
     });
     const double d2h_gbs = (double)chunk / (d2h_ms * 1e-3) / 1e9;
-    if (getenv("LINK_ONLY")) {  // LINK_ONLY=1: the link's two directions alone (bench/serve_bench.sh)
+    // ---- host memory, alone and beside the copies
+    const host_ceil hc = getenv("QUANT_ONLY") ? host_ceil{} : host_section(s, src, host, chunk, n_chunks, h2d_gbs);
+    if (getenv("LINK_ONLY")) {  // LINK_ONLY=1: the link's two directions and the host's memory (the bench scripts)
         printf("%-40s %9.2f GB/s\n%-40s %9.2f GB/s\n", "PCIe pinned H2D (64 MiB chunks)", h2d_gbs,
                "PCIe pinned D2H (64 MiB chunks)", d2h_gbs);
+        host_print(hc);
         FILE *f = argc > 1 ? fopen(argv[1], "w") : NULL;
         if (argc > 1 && !f) {
             perror(argv[1]);
             return 1;
         }
         if (f && (fprintf(f, "{\"device\": \"%s\", \"pcie_h2d_pinned_64mib_gbs\": %.3f, "
-                             "\"pcie_d2h_pinned_64mib_gbs\": %.3f}\n", gpu_name(g), h2d_gbs, d2h_gbs) < 0 ||
-                  fclose(f))) {
+                             "\"pcie_d2h_pinned_64mib_gbs\": %.3f, ", gpu_name(g), h2d_gbs, d2h_gbs) < 0 ||
+                  host_json(f, hc) || fprintf(f, "}\n") < 0 || fclose(f))) {
             perror(argv[1]);
             return 1;
         }
+        cpu_pool_stop();
         return 0;
     }
     CK(cudaFreeHost(host));
@@ -229,6 +319,7 @@ int main(int argc, char **argv) {
     printf("%-40s %9.1f GB/s\n", "HBM D2D copy (read+write, 1 GiB)", d2d_gbs);
     printf("%-40s %9.2f GB/s\n", "PCIe pinned H2D (64 MiB chunks)", h2d_gbs);
     printf("%-40s %9.2f GB/s\n", "PCIe pinned D2H (64 MiB chunks)", d2h_gbs);
+    host_print(hc);
     printf("%-40s %7.1f TFLOP/s\n", "cuBLAS f16 GEMM 8192^3 (fp32 acc)", gemm_tflops);
 
     // cuBLASLt: a handle and a workspace of its own
@@ -361,8 +452,9 @@ int main(int argc, char **argv) {
             return 1;
         }
         fprintf(f, "{\n  \"device\": \"%s\",\n  \"hbm_d2d_gbs\": %.2f,\n  \"pcie_h2d_pinned_64mib_gbs\": %.3f,\n"
-                   "  \"pcie_d2h_pinned_64mib_gbs\": %.3f,\n  \"cublas_f16_gemm_8192_tflops\": %.2f,\n  \"gemv\": [\n",
-                gpu_name(g), d2d_gbs, h2d_gbs, d2h_gbs, gemm_tflops);
+                   "  \"pcie_d2h_pinned_64mib_gbs\": %.3f,\n  ", gpu_name(g), d2d_gbs, h2d_gbs, d2h_gbs);
+        host_json(f, hc);
+        fprintf(f, ",\n  \"cublas_f16_gemm_8192_tflops\": %.2f,\n  \"gemv\": [\n", gemm_tflops);
         for (size_t i = 0; i < rows.size(); i++)
             fprintf(f, "    {\"dtype\": \"%s\", \"path\": \"%s\", \"n_out\": %lld, \"n_in\": %lld, \"us\": %.2f, "
                        "\"gbs\": %.1f, \"fraction_of_d2d\": %.3f}%s\n",
@@ -388,9 +480,13 @@ int main(int argc, char **argv) {
                     i + 1 < qrows.size() ? "," : "");
         }
         fprintf(f, "  ]\n}\n");
-        fclose(f);
+        if (ferror(f) | fclose(f)) {  // every fprintf above: a failed one leaves the stream's error set
+            perror(argv[1]);
+            return 1;
+        }
         printf("\nwrote %s\n", argv[1]);
     }
+    cpu_pool_stop();
     CK(cudaStreamDestroy(s));
     gpu_close(g);
     return 0;

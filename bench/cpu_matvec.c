@@ -1,12 +1,12 @@
 // bench/cpu_matvec.c: the CPU share's matvec against the host's memory bandwidth, measured in the same run.
-//   ceiling   every thread of the pool reading a buffer far larger than the caches with 32-byte loads (GB/s)
+//   ceiling   every thread of the pool reading a buffer far larger than the caches with 32-byte loads (GB/s; the
+//             reader is bench/host_read.c, which bench/ceilings.cu runs too)
 //   matvec    cpu_matvec (the CPU share's kernel) over matrices of the Llama-3-8B shapes in f16, q8 and q4,
 //             rotating over copies totalling more than the buffer so every call reads DRAM; GB/s of weights read
 //             and the fraction of the ceiling; then cpu_matvec_multi (the share of a pass of T rows) for each T
 //             asked: GB/s of weights and GFLOP/s (2 T flops a weight), the work turning from memory to arithmetic
 // Usage: cpu_matvec [out.json] [GB of buffer, default 4] [T,T,...: default 1]. Prints a table; writes JSON when
 // given a path.
-#include <immintrin.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,39 +14,7 @@
 #include "../cpu.h"
 #include "../quant.h"
 #include "../util.h"
-
-typedef struct {
-    const uint8_t *p;
-    size_t bytes;
-    double sums[256];
-} read_job;
-
-__attribute__((target("avx2"))) static void read_task(void *ctx, int64_t b, int64_t e) {
-    read_job *j = ctx;
-    size_t per = j->bytes / 256;
-    for (int64_t part = b; part < e; part++) {
-        const __m256i *q = (const __m256i *)(j->p + (size_t)part * per);
-        __m256i a0 = _mm256_setzero_si256(), a1 = a0;
-        for (size_t i = 0; i + 1 < per / 32; i += 2) {
-            a0 = _mm256_xor_si256(a0, _mm256_load_si256(q + i));
-            a1 = _mm256_xor_si256(a1, _mm256_load_si256(q + i + 1));
-        }
-        j->sums[part] = (double)_mm256_extract_epi64(_mm256_xor_si256(a0, a1), 0);
-    }
-}
-
-// Best of five passes over the buffer, GB/s.
-static double host_read_gbs(const uint8_t *buf, size_t bytes) {
-    read_job j = {buf, bytes, {0}};
-    double best = 0;
-    for (int r = 0; r < 5; r++) {
-        double t0 = dj_now();
-        cpu_parallel_for(256, 1e12, read_task, &j);
-        double gbs = (double)bytes / (dj_now() - t0) / 1e9;
-        if (gbs > best) best = gbs;
-    }
-    return best;
-}
+#include "host_read.h"
 
 int main(int argc, char **argv) {
     const char *out = argc > 1 ? argv[1] : NULL;
@@ -63,9 +31,9 @@ int main(int argc, char **argv) {
     size_t bytes = (size_t)(gb * 1e9) / 4096 * 4096;
     uint8_t *buf = aligned_alloc(4096, bytes);
     if (!buf) dj_die("cannot allocate %.1f GB", gb);
-    for (size_t i = 0; i < bytes; i += 4096) memset(buf + i, (int)(i >> 12), 4096);  // touch every page
+    host_touch(buf, bytes);
     int threads = cpu_threads();
-    double ceiling = host_read_gbs(buf, bytes);
+    double ceiling = host_read_gbs(buf, bytes, 5);
     printf("host memory: %d threads read %.1f GB/s (best of 5 passes over %.1f GB)\n", threads, ceiling, gb);
     // Llama-3-8B's decode matrices: q|k|v (6144 x 4096), wo (4096 x 4096), gate|up (28672 x 4096), down (4096 x 14336)
     const int64_t shapes[][2] = {{6144, 4096}, {4096, 4096}, {28672, 4096}, {4096, 14336}};

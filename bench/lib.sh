@@ -13,3 +13,29 @@ make_hf() {
         { tail -5 "$log"; return 1; }
     touch "$dir/.complete"
 }
+
+# build_and_link WORK OUT TARGET...: make all, build/bin/ceilings and the TARGETs (the log: WORK/build.log), then this
+# run's link ceilings (LINK_ONLY=1: pinned H2D and D2H, host memory read alone and beside the copies) into OUT.
+build_and_link() {
+    local work=$1 out=$2
+    shift 2
+    say build
+    make -j16 all build/bin/ceilings "$@" > "$work/build.log" 2>&1 || { tail -20 "$work/build.log"; return 1; }
+    say "link ceilings"
+    LINK_ONLY=1 build/bin/ceilings "$out"
+}
+
+# convert_once HF BIN DTYPE [TOKENIZER]: the checkpoint in HF converted to BIN in DTYPE with $DATA/tokenizers/TOKENIZER
+# (default llama3; the log: $WORK/convert.log), unless BIN exists.
+convert_once() {
+    [ -f "$2" ] && return 0
+    say "convert $3"
+    ./convert/convert "$1" "$2" --dtype "$3" --tokenizer "$DATA/tokenizers/${4:-llama3}" -q 2> "$WORK/convert.log" ||
+        { tail -3 "$WORK/convert.log"; return 1; }
+}
+
+# min_ring BIN: the smallest --ring-gb djinn takes for BIN at context 1024 (its 'needs at least X GB'), printed.
+min_ring() {
+    ./djinn "$1" -p x -n 1 -t 0 -c 1024 --ring-gb 0.001 2>&1 >/dev/null |
+        sed -n 's/.*needs at least \([0-9][0-9.]*\) GB.*/\1/p' | head -1
+}

@@ -21,26 +21,16 @@ N_NEW=${N_NEW:-48}
 mkdir -p "$OUT_DIR" "$WORK" || exit 1
 . bench/lib.sh
 
-say build
-make -j16 all build/bin/ceilings > "$WORK/build.log" 2>&1 || { tail -20 "$WORK/build.log"; exit 1; }
+build_and_link "$WORK" "$OUT_DIR/link.json" || exit 1
 make_hf 8b "$WORK/hf_8b" "$WORK/make.log" || exit 1
-for dt in $DTYPES; do
-    bin=$WORK/spec_8b_$dt.bin  # the name spec_bench.sh uses: made once for both
-    [ -f "$bin" ] && continue
-    say "convert $dt"
-    ./convert/convert "$WORK/hf_8b" "$bin" --dtype "$dt" --tokenizer "$DATA/tokenizers/llama3" -q 2> "$WORK/convert.log" ||
-        { tail -3 "$WORK/convert.log"; exit 1; }
-done
-say "link ceilings"
-LINK_ONLY=1 build/bin/ceilings "$OUT_DIR/link.json" > /dev/null || exit 1
+for dt in $DTYPES; do convert_once "$WORK/hf_8b" "$WORK/spec_8b_$dt.bin" "$dt" || exit 1; done  # spec_bench.sh's names
 for dt in $DTYPES; do
     bin=$WORK/spec_8b_$dt.bin
     for ring in $RINGS; do
         r=$ring
-        [ "$ring" = min ] && r=$(./djinn "$bin" -p x -n 1 -t 0 -c 512 --ring-gb 0.001 2>&1 >/dev/null |
-                                 sed -n 's/.*needs at least \([0-9][0-9.]*\) GB.*/\1/p' | head -1)
+        [ "$ring" = min ] && r=$(min_ring "$bin")
         say "$dt --ring-gb ${r:?no minimum ring} ($ring)"
-        timeout 300 ./djinn "$bin" -p "The history of the city begins in the year" -n "$N_NEW" -t 0 -c 512 \
+        timeout 300 ./djinn "$bin" -p "The history of the city begins in the year" -n "$N_NEW" -t 0 -c 1024 \
             --ring-gb "$r" --cpu-share 0 --stats-json "$OUT_DIR/${dt}_$ring.json" > /dev/null 2> "$WORK/run.log" ||
             { echo "  FAILED"; tail -3 "$WORK/run.log"; }
     done

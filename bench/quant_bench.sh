@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # bench/quant_bench.sh: f16, q8 and q4 on one random Llama-shaped checkpoint, on the GPU machine, with the ceilings
-# measured in the same run (bench/ceilings.cu: D2D, pinned H2D, GEMM; bench/cpu_matvec.c: host memory read by
-# every core, and the CPU share's matvec against it).
+# measured in the same run (bench/ceilings.cu: D2D, pinned H2D, GEMM, host memory read alone and beside the copies;
+# bench/cpu_matvec.c: host memory read by every core, and the CPU share's matvec against it).
 #
 #   bench/quant_bench.sh SHAPE OUT_DIR      SHAPE: 8b (Llama-3-8B), 13b, 7b, 70b, tiny (tools/make_random_llama.py)
 #
@@ -37,7 +37,7 @@ say build
 make -j16 all build/bin/ceilings build/bin/cpu_matvec > "$WORK/build.log" 2>&1 || { tail -20 "$WORK/build.log"; exit 1; }
 
 say "ceilings (GPU)"
-build/bin/ceilings "$OUT_DIR/ceilings.json" 2>&1 | grep -E 'device|host|copy|GEMM 8192|TFLOP/s$' | head -6
+build/bin/ceilings "$OUT_DIR/ceilings.json" 2>&1 | grep -E 'device|HBM|PCIe|host|while|combined|GEMM 8192' | head -10
 say "ceilings (host memory) and the CPU share's matvec"
 build/bin/cpu_matvec "$OUT_DIR/cpu_matvec.json" 8
 
@@ -101,8 +101,13 @@ def load(name):
     return json.load(open(p)) if os.path.exists(p) else None
 ceil, cpu = load("ceilings.json") or {}, load("cpu_matvec.json") or {}
 d2d, h2d, host = ceil.get("hbm_d2d_gbs"), ceil.get("pcie_h2d_pinned_64mib_gbs"), cpu.get("host_read_gb_s")
-print(f"ceilings: D2D {d2d} GB/s, pinned H2D {h2d} GB/s, host read {host} GB/s ({cpu.get('threads')} threads)")
-print("| dtype | file GB | resident ms/token (tok/s; weight GB/s of D2D) | prefill 512 tok/s | min ring link only ms/token (H2D GB/s) | min ring with CPU share ms/token (share) | prefill 2048 tok/s |")
+both = ceil.get("host_plus_h2d_gbs")  # host memory read while H2D copies run, plus those copies: the share's ceiling
+print(f"ceilings: D2D {d2d} GB/s, pinned H2D {h2d} GB/s, host read {host} GB/s ({cpu.get('threads')} threads), "
+      f"host read + H2D together {both} GB/s")
+def shared(s):  # a CPU-share run: ms/token (share; weights GB/s of host read + H2D together)
+    gbs = (s["streamed_gb_per_token"] + s["cpu_gb_per_token"]) / s["decode_ms_per_token"] * 1e3
+    return f"{s['decode_ms_per_token']:.1f} ({s['cpu_share']:.2f}" + (f"; {gbs:.0f} GB/s, {gbs / both:.0%})" if both else ")")
+print("| dtype | file GB | resident ms/token (tok/s; weight GB/s of D2D) | prefill 512 tok/s | min ring link only ms/token (H2D GB/s) | min ring with CPU share ms/token (share; weights GB/s, of host read + H2D) | prefill 2048 tok/s |")
 print("|---|---|---|---|---|---|---|")
 rows = {}
 for dt in sys.argv[2:]:
@@ -117,19 +122,19 @@ for dt in sys.argv[2:]:
         cells.append("-")
     cells.append(f"{p['prefill_tok_s']:.0f}" if p else "-")
     cells.append(f"{l['decode_ms_per_token']:.1f} ({l['h2d_gb_s']:.1f} of {h2d:.1f})" if l and h2d else "-")
-    cells.append(f"{s['decode_ms_per_token']:.1f} ({s['cpu_share']:.2f})" if s else "-")
+    cells.append(shared(s) if s else "-")
     p2 = load(f"{dt}_prefill2k.json")
     cells.append(f"{p2['prefill_tok_s']:.0f}" if p2 else "-")
     print("| " + " | ".join(cells) + " |")
 rings = sorted({f.split("_")[1] for f in os.listdir(d) if f.split("_")[1:2] and f.split("_")[1].startswith("ring")})
 if rings:
-    print("\n| dtype | --ring-gb | link only ms/token (H2D GB/s; of pinned H2D) | with CPU share ms/token (share) |")
+    print("\n| dtype | --ring-gb | link only ms/token (H2D GB/s; of pinned H2D) | with CPU share ms/token (share; streamed weights GB/s, of host read + H2D) |")
     print("|---|---|---|---|")
     for dt in sys.argv[2:]:
         for rg in rings:
             l, s = load(f"{dt}_{rg}_link.json"), load(f"{dt}_{rg}_share.json")
             lc = f"{l['decode_ms_per_token']:.1f} ({l['h2d_gb_s']:.1f}; {l['h2d_gb_s'] / h2d:.0%})" if l and h2d else "-"
-            sc = f"{s['decode_ms_per_token']:.1f} ({s['cpu_share']:.2f})" if s else "-"
+            sc = shared(s) if s else "-"
             print(f"| {dt} | {rg[4:]} | {lc} | {sc} |")
 EOF
 

@@ -15,12 +15,13 @@ Definitions (also written into the JSON):
   streamed GB/token bytes copied host-to-device per decode token (djinn's plan; HF: the weights not on the GPU,
                     all of them for cpu_offload, embedding included)
   CPU GB/token      djinn's CPU share (share_* cases, --cpu-share): bytes of the streamed matrices the CPU reads
-                    from host memory per decode token instead of copying them; their bound counts the link's part
-                    only (the CPU's runs alongside)
+                    from host memory per decode token instead of copying them
   effective GB/s    resident: weight GB/token / s per token (vs the D2D copy ceiling);
-                    streamed: streamed GB/token / s per token (vs the pinned H2D ceiling)
-  bound ms          max(streamed GB / H2D peak, weight GB / D2D peak): copies and compute overlap, so the
-                    slower of the PCIe stream and the HBM reads bounds a token; of_bound = bound / measured
+                    streamed: (streamed + CPU GB/token) / s per token, vs the pinned H2D ceiling with the link
+                    alone, vs the combined ceiling with a CPU share (host memory read while H2D copies run, plus
+                    those copies: ceilings.cu's host_plus_h2d_gbs; the H2D ceiling where it was not measured)
+  bound ms          max(streamed (+ CPU) GB / that ceiling, weight GB / D2D peak): copies and compute overlap, so
+                    the slower of the host side and the HBM reads bounds a token; of_bound = bound / measured
   prefill TFLOP/s   (2 T P + 2 L T^2 H d + 2 dim vocab) / prefill s, P = matmul weights per layer x L, causal
                     attention counted once (T^2/2 per QK^T and PV), lm_head for the last row only
   vs cpu_offload    HF cpu_offload ms/token / this case's ms/token, same model
@@ -84,7 +85,9 @@ def gather(raw):
     c = load_json(os.path.join(raw, "ceilings.json")) if os.path.exists(os.path.join(raw, "ceilings.json")) else None
     ceil = dict(d2d_gb_s=pick(c, ["hbm_d2d_gbs"], ["d2d"]),
                 h2d_pinned_gb_s=pick(c, ["pcie_h2d_pinned_64mib_gbs"], ["h2d"]),
-                gemm_f16_tflops=pick(c, ["cublas_f16_gemm_8192_tflops"], ["gemm", "tflops"]), raw=c)
+                gemm_f16_tflops=pick(c, ["cublas_f16_gemm_8192_tflops"], ["gemm", "tflops"]),
+                host_read_gb_s=pick(c, ["host_read_gbs"], ["host_read_gbs"]),
+                combined_gb_s=pick(c, ["host_plus_h2d_gbs"], ["host_plus_h2d"]), raw=c)
     machine = load_json(os.path.join(raw, "machine.json")) if os.path.exists(os.path.join(raw, "machine.json")) else None
     models = {}
     for p in glob.glob(os.path.join(raw, "config_*.json")):
@@ -123,13 +126,16 @@ def derive(ceil, models, cases):
             sgb = c.get("weight_gb_streamed") or 0.0
         c["weight_gb_per_token"] = wgb
         c["streamed_gb_per_token"] = sgb
-        c["cpu_gb_per_token"] = c.get("cpu_gb_per_token") or 0.0
+        c["cpu_gb_per_token"] = cgb = c.get("cpu_gb_per_token") or 0.0
         c["effective_weight_gb_s"] = wgb / sec if wgb and sec else None
         c["weight_of_d2d"] = ratio(c["effective_weight_gb_s"], d2d)
-        c["effective_h2d_gb_s"] = sgb / sec if sgb and sec else None
-        c["h2d_of_peak"] = ratio(c["effective_h2d_gb_s"], h2d)
-        if wgb and h2d and d2d:
-            c["bound_ms"] = 1e3 * max(sgb / h2d, wgb / d2d)
+        # the streamed weights' ceiling: the link alone, or with a CPU share the host's reads and the link together
+        host = ceil.get("combined_gb_s") if cgb and ceil.get("combined_gb_s") else h2d
+        c["streamed_ceiling"] = "host read + H2D" if cgb and ceil.get("combined_gb_s") else "H2D"
+        c["effective_h2d_gb_s"] = (sgb + cgb) / sec if sgb and sec else None
+        c["h2d_of_peak"] = ratio(c["effective_h2d_gb_s"], host)
+        if wgb and host and d2d:
+            c["bound_ms"] = 1e3 * max((sgb + cgb) / host, wgb / d2d)
             c["of_bound"] = c["bound_ms"] / ms if ms else None
         else:
             c["bound_ms"] = c["of_bound"] = None
@@ -214,7 +220,8 @@ def tables(ceil, models, cases, tg):
     lines = []
     lines.append(f"Ceilings (same run): D2D copy {f(ceil['d2d_gb_s'], '{:.0f}')} GB/s, pinned H2D "
                  f"{f(ceil['h2d_pinned_gb_s'], '{:.1f}')} GB/s, cuBLAS f16 GEMM {f(ceil['gemm_f16_tflops'], '{:.0f}')} "
-                 "TFLOP/s")
+                 "TFLOP/s" + (f", host memory read {f(ceil['host_read_gb_s'], '{:.1f}')} GB/s, host read + H2D together "
+                              f"{f(ceil['combined_gb_s'], '{:.1f}')} GB/s" if ceil.get("combined_gb_s") else ""))
     for tag in sorted(models, key=lambda t: TAG_ORDER.index(t) if t in TAG_ORDER else 9):
         s = models[tag]
         lines.append(f"Model {tag}: {s['model_gb']:.2f} GB f16, {s['weight_gb_per_token']:.2f} GB of weights read "
@@ -239,7 +246,7 @@ def tables(ceil, models, cases, tg):
     st = [c for c in cases if c not in res or c["case"] == "fits"]
     if st:
         lines.append("| model | engine | case | ring GB | units res/str | streamed GB/token | CPU GB/token | ms/token | "
-                     "eff GB/s | of H2D | bound ms | of bound | vs cpu_offload | TTFT ms | load s (GB/s) |")
+                     "eff GB/s | of ceiling (which) | bound ms | of bound | vs cpu_offload | TTFT ms | load s (GB/s) |")
         lines.append("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
         for c in st:
             units = f"{c['resident_units']}/{c['streamed_units']}" if "resident_units" in c else "-"
@@ -247,7 +254,8 @@ def tables(ceil, models, cases, tg):
                 f"| {c['tag']} | {c['engine']} | {c['case']} | {c['ring_label']} | {units} | "
                 f"{f(c['streamed_gb_per_token'])} | {f(c['cpu_gb_per_token']) if c['cpu_gb_per_token'] else '-'} | "
                 f"{f(c.get('decode_ms_per_token'), '{:.1f}')} | "
-                f"{f(c['effective_h2d_gb_s'], '{:.1f}')} | {pct(c['h2d_of_peak'])} | {f(c['bound_ms'], '{:.1f}')} | "
+                f"{f(c['effective_h2d_gb_s'], '{:.1f}')} | {pct(c['h2d_of_peak'])} ({c['streamed_ceiling']}) | "
+                f"{f(c['bound_ms'], '{:.1f}')} | "
                 f"{pct(c['of_bound'])} | {f(c['speedup_vs_cpu_offload'], '{:.1f}x')} | "
                 f"{f(c.get('ttft_ms'), '{:.0f}')} | {f(c.get('load_s'), '{:.1f}')} ({f(c.get('load_gb_s'), '{:.1f}')}) |")
         lines.append("")

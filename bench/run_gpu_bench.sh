@@ -5,7 +5,8 @@
 #
 #   bench/run_gpu_bench.sh STAGE [STAGE...]     stages run in the order given; 'all' = every stage below
 #
-#   ceilings    build; machine info; make bench-ceilings: D2D copy, pinned H2D, cuBLAS GEMM (the ceilings)
+#   ceilings    build; machine info; make bench-ceilings: D2D copy, pinned H2D, host memory read (alone and beside
+#               the copies), cuBLAS GEMM (the ceilings)
 #   make7b      random Llama-2-7B-shaped f16 HF checkpoint (tools/make_random_llama.py), ./convert it
 #   resident7b  djinn all resident: 512-token prompt (prefill, TTFT, decode) and a short prompt (decode); the long
 #               one again with prefill attention on the FMA kernel (--fma-attn: fits_fma)

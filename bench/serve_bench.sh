@@ -3,7 +3,8 @@
 #
 #   bench/serve_bench.sh OUT_DIR
 #
-# 1. build/bin/ceilings with LINK_ONLY=1: the pinned H2D and D2H rates of this run -> OUT_DIR/link.json
+# 1. build/bin/ceilings with LINK_ONLY=1: the pinned H2D and D2H rates and the host memory's (alone, and beside
+#    the copies) of this run -> OUT_DIR/link.json
 # 2. concurrency: N = $CONCURRENCY (default "1 8 32 64") simultaneous greedy completions of $MAX_TOKENS (64) tokens,
 #    all resident and streamed at the minimum ring (-c 512, --parallel 64), each with --cpu-share 0 (the link
 #    alone) and, streamed, auto -> OUT_DIR/<case>_n<N>.json
@@ -26,10 +27,7 @@ CASES=${CASES:-resident_link min_link min_share}
 mkdir -p "$OUT_DIR" "$WORK" || exit 1
 . bench/lib.sh
 
-say build
-make -j16 all build/bin/ceilings > "$WORK/build.log" 2>&1 || { tail -20 "$WORK/build.log"; exit 1; }
-say "link ceilings"
-LINK_ONLY=1 build/bin/ceilings "$OUT_DIR/link.json" || exit 1
+build_and_link "$WORK" "$OUT_DIR/link.json" || exit 1
 
 HF=$WORK/hf_8b
 make_hf 8b "$HF" "$WORK/make.log" || exit 1

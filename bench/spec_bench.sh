@@ -6,7 +6,8 @@
 #
 #   bench/spec_bench.sh OUT_DIR
 #
-# 1. build/bin/ceilings with LINK_ONLY=1: the pinned H2D and D2H rates of this run -> OUT_DIR/link.json
+# 1. build/bin/ceilings with LINK_ONLY=1: the pinned H2D and D2H rates and the host memory's (alone, and beside
+#    the copies) of this run -> OUT_DIR/link.json
 # 2. build/bin/spec_bench: a verification pass of T = 1..17 rows, a plain decode step and the draft's step, at the
 #    minimum ring, with the CPU share automatic and off -> OUT_DIR/costs_share.json, costs_link.json
 # 3. djinn -n $N_NEW (64) greedy from one prompt: plain, and --draft q4 with --draft-max K for K in $KS
@@ -29,25 +30,15 @@ PROMPT=${PROMPT:-"The history of the city begins in the year"}
 mkdir -p "$OUT_DIR" "$WORK" || exit 1
 . bench/lib.sh
 
-say build
-make -j16 all build/bin/ceilings build/bin/spec_bench > "$WORK/build.log" 2>&1 || { tail -20 "$WORK/build.log"; exit 1; }
-say "link ceilings"
-LINK_ONLY=1 build/bin/ceilings "$OUT_DIR/link.json" > /dev/null || exit 1
+build_and_link "$WORK" "$OUT_DIR/link.json" build/bin/spec_bench || exit 1
 
 HF=$WORK/hf_$SHAPE
 make_hf "$SHAPE" "$HF" "$WORK/make.log" || exit 1
 case $SHAPE in 7b | 13b) tok=llama2 ;; *) tok=llama3 ;; esac
 target=$WORK/spec_${SHAPE}_f16.bin draft=$WORK/spec_${SHAPE}_q4.bin
-for dt in f16 q4; do
-    bin=$WORK/spec_${SHAPE}_$dt.bin
-    [ -f "$bin" ] && continue
-    say "convert $dt"
-    ./convert/convert "$HF" "$bin" --dtype $dt --tokenizer "$DATA/tokenizers/$tok" -q 2> "$WORK/convert.log" ||
-        { tail -3 "$WORK/convert.log"; exit 1; }
-done
+for dt in f16 q4; do convert_once "$HF" "$WORK/spec_${SHAPE}_$dt.bin" $dt $tok || exit 1; done
 [ "${DROP_HF:-0}" = 1 ] && rm -rf "$HF"  # DROP_HF=1: the checkpoint goes once converted (disk)
-min=$(./djinn "$target" -p x -n 1 -t 0 -c 1024 --ring-gb 0.001 2>&1 >/dev/null |
-      sed -n 's/.*needs at least \([0-9][0-9.]*\) GB.*/\1/p' | head -1)
+min=$(min_ring "$target")
 say "minimum ring ${min:?could not read the minimum ring} GB"
 min=${RING:-$min}
 

@@ -33,17 +33,19 @@ def main():
     case = sys.argv[3] if len(sys.argv) > 3 else f"Llama-3-8B shape (random weights), f16 target at the minimum ring ({ring} GB)"
     link = load(os.path.join(d, "link.json")) or {}
     h2d = link.get("pcie_h2d_pinned_64mib_gbs", 0)
+    both = link.get("host_plus_h2d_gbs", 0)  # host memory read while H2D copies run, plus those copies
     print(f"# Speculative decoding, {case}, its q4 copy as the draft\n")
     print(f"{link.get('device', '?')}: pinned H2D {h2d:.2f} GB/s, D2H {link.get('pcie_d2h_pinned_64mib_gbs', 0):.2f} "
-          f"GB/s (measured in this run)\n")
+          f"GB/s" + (f", host memory read {link.get('host_read_gbs', 0):.1f} GB/s, host read + H2D together "
+                     f"{both:.1f} GB/s" if both else "") + " (measured in this run)\n")
 
     runs = {}
     for p in glob.glob(os.path.join(d, "run_*.json")):
         runs[os.path.basename(p)[4:-5]] = load(p)
     print(f"## Measured: djinn -n {os.environ.get('N_NEW', '64')} greedy\n")
     print("| run | ms/token | tokens/s | x plain | tokens a pass | acceptance | draft ms a step | target ms a pass |"
-          " streamed GB/token | link GB/s |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+          " streamed GB/token | link GB/s | weights GB/s a token (of the ceiling) |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     order = ["plain"] + [f"k{k}" for k in (1, 2, 4, 8, 16)] + ["plain_link", "k4_link"]
     for name in order + sorted(set(runs) - set(order)):
         r = runs.get(name)
@@ -57,8 +59,14 @@ def main():
                   f"{r['target_s'] * 1e3 / max(r['spec_passes'], 1):.1f}")
         else:
             sp = "1 | - | - | -"
+        # a plain run's streamed weights a token against their ceiling: the link's alone, or the host's and the
+        # link's together with a CPU share
+        gbs = (r.get("streamed_gb_per_token", 0) + r.get("cpu_gb_per_token", 0)) / r["decode_ms_per_token"] * 1e3
+        ceil = both if r.get("cpu_share", 0) > 0 else h2d
+        of = f"{gbs:.1f} ({gbs / ceil:.0%} of {'host read + H2D' if ceil == both else 'H2D'})" \
+            if ceil and "spec_passes" not in r else "-"  # a drafted run's passes carry several tokens
         print(f"| {name} | {r['decode_ms_per_token']:.1f} | {r['decode_tok_s']:.2f} | {x:.2f} | {sp} | "
-              f"{r.get('streamed_gb_per_token', 0):.2f} | {r.get('h2d_gb_s', 0):.1f} |")
+              f"{r.get('streamed_gb_per_token', 0):.2f} | {r.get('h2d_gb_s', 0):.1f} | {of} |")
 
     for tag, what in (("share", "CPU share automatic"), ("link", "CPU share off (the link alone)")):
         c = load(os.path.join(d, f"costs_{tag}.json"))

@@ -171,6 +171,35 @@ double tc_rel_l2_d(const float *got, const double *ref, int64_t n) {
     return den > 0 ? sqrt(num / den) : sqrt(num);
 }
 
+// ---- this process's threads
+int tc_threads_named(const char *name, int *awake) {
+    DIR *d = opendir("/proc/self/task");
+    cr_assert(d, "cannot list /proc/self/task");
+    int n = 0, up = 0;
+    for (struct dirent *t; (t = readdir(d));) {
+        if (t->d_name[0] == '.') continue;
+        char path[300], comm[64] = "", stat[512] = "";
+        snprintf(path, sizeof path, "/proc/self/task/%s/comm", t->d_name);
+        FILE *f = fopen(path, "r");
+        if (!f) continue;  // the thread ended meanwhile
+        int got = fgets(comm, sizeof comm, f) != NULL;
+        fclose(f);
+        comm[strcspn(comm, "\n")] = 0;
+        if (!got || strcmp(comm, name)) continue;
+        snprintf(path, sizeof path, "/proc/self/task/%s/stat", t->d_name);
+        if (!(f = fopen(path, "r"))) continue;
+        got = fgets(stat, sizeof stat, f) != NULL;
+        fclose(f);
+        const char *st = strrchr(stat, ')');  // "tid (comm) S ...": the state follows the name's parenthesis
+        if (!got || !st || strlen(st) < 3) continue;
+        n++;
+        up += st[2] != 'S' && st[2] != 'D';
+    }
+    closedir(d);
+    if (awake) *awake = up;
+    return n;
+}
+
 // ---- subprocesses
 int tc_run(char *const argv[], const char *in, const char *out, int append, const char *err, unsigned seconds) {
     pid_t pid = fork();

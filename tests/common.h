@@ -45,6 +45,11 @@ void tc_rm_rf(const char *dir);
 // fails the test.
 int tc_run(char *const argv[], const char *in, const char *out, int append, const char *err, unsigned seconds);
 
+// ---- this process's threads
+// The threads named `name` (/proc/self/task/*/comm); *awake (when given): how many of them are not asleep (their
+// state neither S nor D: running or runnable, as a spinning thread is).
+int tc_threads_named(const char *name, int *awake);
+
 // ---- a seeded generator (xorshift64*), one per test process
 // Seeds it with $DJINN_SEED when set, else `seed`; returns the seed in use.
 uint64_t tc_rng_seed(uint64_t seed);

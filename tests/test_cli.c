@@ -771,12 +771,56 @@ Test(cli, bad_flags_give_usage) {
                           "--tol", "--tokenize", "--stream-all", "--sync-copy", "--no-graph", "--no-pin",
                           "--stats-json", "--fma-attn", "--cpu-share", "--threads", "-f", "--version", "--stop",
                           "--top-k", "--min-p", "--repeat-penalty", "--repeat-last-n", "--presence-penalty",
-                          "--frequency-penalty", "--chat", "--system"};
+                          "--frequency-penalty", "--chat", "--system", "--trace", "--trace-steps"};
     for (size_t i = 0; i < sizeof opts / sizeof *opts; i++) cr_assert(strstr(out, opts[i]), "--help lacks %s", opts[i]);
     cr_assert(strstr(out, "max_position_embeddings, capped at 4096"), "--help does not state -c's cap: %s", out);
     // a valid --ring-gb is accepted
     cr_assert_eq(tcli_run(&c, (char *[]){d, m, "--ring-gb", "1.5", "-n", "1", "-t", "0", NULL}), 0);
     free(out);
+    tcli_teardown(&c);
+}
+
+// --trace: its refusals by name, here and on the GPU machine alike; without a GPU one line saying so and no file;
+// with one, a streamed run's file (its steps: the structure is trace_gpu's test), the figures on stderr, and the
+// text the untraced run's.
+Test(cli, trace_flags) {
+    tcli_ctx c;
+    tcli_setup(&c);
+    char *d = tcli_djinn_path, *m = c.model, tp[600], nodir[600];
+    snprintf(tp, sizeof tp, "%s/trace.json", c.dir);
+    snprintf(nodir, sizeof nodir, "%s/none/trace.json", c.dir);
+    tcli_expect_fail(&c, (char *[]){d, m, "--trace-steps", "3", NULL}, 2, "--trace-steps needs --trace");
+    tcli_expect_fail(&c, (char *[]){d, m, "--trace", tp, "--trace-steps", "0", NULL}, 2, "--trace-steps needs a count");
+    tcli_expect_fail(&c, (char *[]){d, m, "--trace", tp, "--trace-steps", "65", NULL}, 2, "from 1 to 64");
+    tcli_expect_fail(&c, (char *[]){d, m, "--trace", tp, "--cpu", NULL}, 2, "not with --cpu");
+    tcli_expect_fail(&c, (char *[]){d, m, "--trace", tp, "--tokenize", NULL}, 2, "--tokenize");
+    tcli_expect_fail(&c, (char *[]){d, m, "-n", "2", "--trace", m, NULL}, 1, "is the same file as");
+    tcli_expect_fail(&c, (char *[]){d, m, "-n", "2", "--trace", nodir, NULL}, 1, "does not exist");
+    tcli_expect_fail(&c, (char *[]){d, m, "-n", "2", "--trace", tp, "--stats-json", tp, NULL}, 1, "same file as");
+    char *args[] = {d, m, "-p", "Once upon a time", "-n", "12", "-t", "0", "--stream-all", "--cpu-share", "0",
+                    "--trace", tp, "--trace-steps", "3", NULL};
+    if (gpu_count() == 0) {
+        tcli_expect_fail(&c, args, 1, "--trace records the GPU engine's decode steps, and no GPU was found");
+        cr_assert(access(tp, F_OK), "a refused --trace left a file");
+        tcli_teardown(&c);
+        return;
+    }
+    cr_assert_eq(tcli_run(&c, args), 0);
+    char *traced = tcli_stdout(&c, NULL), *err = tcli_stderr(&c);
+    cr_assert(strstr(err, "trace: step 3:") && !strstr(err, "trace: step 4:") && strstr(err, "written to"), "%s", err);
+    size_t n;
+    char *text = tc_must_read(tp, &n);
+    dj_err e;
+    json_doc *doc = json_parse(text, n, &e);
+    cr_assert(doc, "the trace is not JSON: %s", e.msg);
+    const json_value *steps = json_get(json_root(doc), "steps");
+    cr_assert(steps && steps->type == JSON_ARRAY && steps->u.arr.n == 3, "the trace's steps");
+    args[11] = NULL;  // the same run untraced
+    cr_assert_eq(tcli_run(&c, args), 0);
+    char *plain = tcli_stdout(&c, NULL);
+    cr_assert_str_eq(traced, plain, "tracing changed the text");
+    json_free(doc);
+    free(text), free(traced), free(plain), free(err);
     tcli_teardown(&c);
 }
 

@@ -367,6 +367,32 @@ Test(gpu_forward, cpu_share_bf16_gqa) { share_cases("llama3_gqa_bf16", -1); }
 Test(gpu_forward, cpu_share_q4_stories_tied) { share_cases(NULL, DJ_Q4); }
 Test(gpu_forward, cpu_share_q8_untied) { share_cases("mha_untied_f16", DJ_Q8); }
 
+// The pool's threads exist only while a CPU share can use them: none for a streamed run with the share off, none left
+// once the automatic share found it not worth the round trips on this small model (its measurement started them);
+// with a fixed share, one per CPU but the caller (the check that can fail).
+Test(gpu_forward, no_pool_threads_without_a_share) {
+    tc_rng_fresh("no_pool_threads_without_a_share");
+    dj_model m;
+    load_stories(&m, DJ_F16);
+    int32_t ids[24];
+    make_ids(ids, 24, m.info.config.vocab_size);
+    uint64_t total, minb = min_budget(&m, &total);
+    static const double shares[] = {0, -1, 0.5};
+    for (int c = 0; c < 3; c++) {
+        cpu_pool_stop();
+        dj_gpu_opts o = {.max_seq = 64, .quiet = 1, .ring_gb = (double)minb / 1e9, .cpu_share = shares[c]};
+        dj_gpu_stats st;
+        free(run_gpu_stats(&m, &o, ids, 8, 16, &st));
+        int n = tc_threads_named("djinn-pool", NULL), want = shares[c] > 0 ? cpu_threads_planned() - 1 : 0;
+        cr_assert(st.n_streamed > 0 && (shares[c] > 0) == (st.cpu_share > 0), "share %.2f: %d units streamed, share "
+                  "%.2f in effect", shares[c], st.n_streamed, st.cpu_share);
+        cr_assert_eq(n, want, "--cpu-share %.2f (%.2f in effect): %d pool threads after a streamed run, want %d",
+                     shares[c], st.cpu_share, n, want);
+    }
+    cpu_pool_stop();
+    model_free(&m);
+}
+
 // Greedy decode on the GPU reproduces HF's 200-token continuation, token for token.
 Test(gpu_forward, stories_greedy_matches_reference) {
     dj_model m;
@@ -431,5 +457,187 @@ Test(gpu_forward, budget_and_kv_cache_beyond_gpu_memory) {
     e.msg[0] = 0;
     cr_assert_null(gpu_state_new(&m, &k, &e));
     cr_assert(strstr(e.msg, "KV cache") && strstr(e.msg, "lower -c"), "%s", e.msg);
+    model_free(&m);
+}
+
+// ---- the decode step's timeline (trace.h)
+typedef struct {
+    char kind;  // c(opy), w(ait), u(nit), s(plit), x (wait_x), r(ows): the first letter, x for wait_x
+    int step, unit, mat;
+    double t0, t1, mid;
+    uint64_t bytes;
+} tg_span;
+
+static double tg_num(const json_value *o, const char *key) {
+    double d;
+    cr_assert(!json_num(json_get(o, key), &d), "the trace's \"%s\" is missing or not a number", key);
+    return d;
+}
+
+// The file's intervals, in its order (by lane, then start).
+static tg_span *tg_spans(const json_value *iv) {
+    tg_span *sp = calloc(iv->u.arr.n + 1, sizeof *sp);
+    for (size_t i = 0; i < iv->u.arr.n; i++) {
+        const json_value *o = &iv->u.arr.items[i];
+        const char *kind = json_str(json_get(o, "kind"));
+        cr_assert(kind, "interval %zu has no kind", i);
+        tg_span *s = &sp[i];
+        s->kind = !strcmp(kind, "wait_x") ? 'x' : kind[0];
+        s->step = (int)tg_num(o, "step"), s->unit = (int)tg_num(o, "unit"), s->t0 = tg_num(o, "t0");
+        s->t1 = tg_num(o, "t1");
+        s->mat = json_get(o, "mat") ? (int)tg_num(o, "mat") : -1;
+        s->mid = s->kind == 's' ? tg_num(o, "mid") : 0;
+        s->bytes = json_get(o, "bytes") ? (uint64_t)tg_num(o, "bytes") : 0;
+    }
+    return sp;
+}
+
+// stories260K (f16) traced over a prefill of 8 rows and n_dec decode steps, at the minimum budget (ring_gb 0) or
+// ring_gb, its CPU share fixed at `share`. The file: the steps there were (the first decode step sets the origin),
+// each step inside the origin's time and after the one before; in every step each unit's work once, in forward
+// order, inside the step, after its wait (one per streamed unit); each streamed unit's copy once, their bytes the
+// streamed bytes a token; each split matmul inside its unit, its GPU rows' end between its start and end, with a
+// wait for x and the CPU's rows on the host (their bytes the CPU's a token), ended before the split; copies one after
+// another; the host's intervals one after another; the pass after the last step's copies present when it ran.
+// With no share, the logits bitwise those of an untraced run.
+static void trace_case(const dj_model *m, double ring_gb, double share, int steps, int n_dec) {
+    const double eps = 2e-3;  // ms: the events resolve to about 0.5 us
+    int nl = (int)m->info.config.n_layers;
+    int32_t ids[64];
+    make_ids(ids, 8 + n_dec, m->info.config.vocab_size);
+    uint64_t total, minb = min_budget(m, &total);
+    char *dir = tc_tmpdir("trace"), path[600];
+    snprintf(path, sizeof path, "%s/trace.json", dir);
+    dj_gpu_opts o = {.max_seq = 64, .quiet = 1, .ring_gb = ring_gb > 0 ? ring_gb : (double)minb / 1e9,
+                     .cpu_share = share, .trace = path, .trace_steps = steps};
+    dj_gpu_stats st;
+    float *lg = run_gpu_stats(m, &o, ids, 8, n_dec, &st);
+    size_t n;
+    char *text = tc_must_read(path, &n);
+    dj_err e;
+    json_doc *d = json_parse(text, n, &e);
+    cr_assert(d, "the trace is not JSON: %s", e.msg);
+    const json_value *r = json_root(d), *res = json_get(r, "resident"), *sv = json_get(r, "steps"),
+                     *iv = json_get(r, "intervals");
+    cr_assert(res && sv && iv && res->type == JSON_ARRAY && sv->type == JSON_ARRAY && iv->type == JSON_ARRAY);
+    int done = n_dec - 1 < steps ? n_dec - 1 : steps, complete, tail = n_dec >= steps + 2;
+    cr_assert(!json_bool(json_get(r, "complete"), &complete) && complete == (done == steps));
+    cr_assert_eq((int)sv->u.arr.n, done, "share %.2f: %zu steps, want %d", share, sv->u.arr.n, done);
+    cr_assert(tg_num(r, "n_layers") == nl && (int)res->u.arr.n == nl + 1);
+    uint8_t resident[RB_MAX_UNITS];
+    int n_streamed = 0;
+    for (int u = 0; u <= nl; u++) {
+        double v;
+        cr_assert_eq(json_num(&res->u.arr.items[u], &v), 0);
+        resident[u] = v != 0, n_streamed += v == 0;
+    }
+    cr_assert_eq(n_streamed, st.n_streamed);
+    tg_span *sp = tg_spans(iv);
+    size_t ns = iv->u.arr.n;
+    int tail_copies = 0;
+    for (size_t i = 0; i < ns; i++) {
+        const tg_span *s = &sp[i];
+        cr_assert(s->t1 >= s->t0 - eps && s->step >= 1 && s->step <= done + (s->kind == 'c'),
+                  "interval %zu (%c, step %d, unit %d): %.4f..%.4f", i, s->kind, s->step, s->unit, s->t0, s->t1);
+        if (s->kind != 'c' && s->kind != 'x' && s->kind != 'r')  // the device's work after the origin
+            cr_assert(s->t0 >= -eps, "interval %zu before the origin", i);
+        tail_copies += s->step == done + 1;
+        // the copy stream and the host's thread: each interval after the one before (the file's order)
+        int host = s->kind == 'x' || s->kind == 'r', prev_host = i && (sp[i - 1].kind == 'x' || sp[i - 1].kind == 'r');
+        if (i && ((s->kind == 'c' && sp[i - 1].kind == 'c') || (host && prev_host)))
+            cr_assert(s->t0 >= sp[i - 1].t1 - eps, "interval %zu (%c) at %.4f overlaps the one before, to %.4f", i,
+                      s->kind, s->t0, sp[i - 1].t1);
+    }
+    cr_assert_eq(tail_copies > 0, tail && n_streamed > 0, "%d copies of the pass after the last step", tail_copies);
+    double prev_t1 = 0;
+    for (int k = 1; k <= done; k++) {
+        const json_value *so = &sv->u.arr.items[k - 1];
+        double t0 = tg_num(so, "t0"), t1 = tg_num(so, "t1");
+        cr_assert(t0 >= prev_t1 - eps && t1 > t0, "step %d: %.4f..%.4f after %.4f", k, t0, t1, prev_t1);
+        prev_t1 = t1;
+        cr_assert_eq(tg_num(so, "copy_bytes"), (double)st.bytes_per_token, "step %d: copy_bytes", k);
+        cr_assert(tg_num(so, "copy_busy") >= 0 && tg_num(so, "copy_busy") <= 1 + 1e-3);
+        double cpu_busy = tg_num(so, "cpu_busy");  // a tiny model's CPU rows may round to 0 of the step
+        cr_assert(share > 0 && n_streamed > 0 ? cpu_busy >= 0 && cpu_busy <= 1 : cpu_busy == 0, "step %d: cpu_busy %g",
+                  k, cpu_busy);
+        int units[RB_MAX_UNITS] = {0}, copies[RB_MAX_UNITS] = {0}, waits[RB_MAX_UNITS] = {0}, n_split = 0, n_x = 0,
+            n_rows = 0;
+        double ut0[RB_MAX_UNITS] = {0}, ut1[RB_MAX_UNITS] = {0}, wt1[RB_MAX_UNITS] = {0};
+        uint64_t cbytes = 0, rbytes = 0;
+        for (size_t i = 0; i < ns; i++) {
+            const tg_span *s = &sp[i];
+            if (s->step != k) continue;
+            cr_assert(s->unit >= 0 && s->unit <= nl, "step %d: unit %d", k, s->unit);
+            int u = s->unit;
+            switch (s->kind) {
+            case 'u':
+                units[u]++, ut0[u] = s->t0, ut1[u] = s->t1;
+                cr_assert(s->t0 >= t0 - eps && s->t1 <= t1 + eps, "step %d: unit %d outside the step", k, u);
+                break;
+            case 'c': copies[u]++, cbytes += s->bytes; break;
+            case 'w': waits[u]++, wt1[u] = s->t1; break;
+            case 's':
+                n_split++;
+                cr_assert(s->t0 <= s->mid + eps && s->mid <= s->t1 + eps, "step %d: unit %d's split", k, u);
+                break;
+            case 'x': n_x++; break;
+            case 'r': n_rows++, rbytes += s->bytes; break;
+            default: cr_assert_fail("step %d: an interval of kind %c", k, s->kind);
+            }
+        }
+        for (int u = 0; u <= nl; u++) {
+            cr_assert(units[u] == 1 && copies[u] == !resident[u] && waits[u] == !resident[u],
+                      "step %d, unit %d (%s): %d work, %d copies, %d waits", k, u,
+                      resident[u] ? "resident" : "streamed", units[u], copies[u], waits[u]);
+            if (u) cr_assert(ut0[u] >= ut1[u - 1] - eps, "step %d: unit %d begins before unit %d ends", k, u, u - 1);
+            if (!resident[u]) cr_assert(wt1[u] <= ut0[u] + eps, "step %d: unit %d begins before its wait ends", k, u);
+        }
+        cr_assert_eq(cbytes, st.bytes_per_token, "step %d: %llu bytes copied, the streamed bytes a token %llu", k,
+                     (unsigned long long)cbytes, (unsigned long long)st.bytes_per_token);
+        cr_assert(n_split == n_x && n_split == n_rows && (n_split > 0) == (share > 0 && n_streamed > 0),
+                  "step %d: %d splits, %d waits for x, %d CPU rows", k, n_split, n_x, n_rows);
+        cr_assert_eq(rbytes, st.cpu_bytes_per_token, "step %d: the CPU read %llu bytes, %llu a token", k,
+                     (unsigned long long)rbytes, (unsigned long long)st.cpu_bytes_per_token);
+        for (size_t i = 0; i < ns; i++) {  // each split inside its unit; its CPU rows done before it ends
+            const tg_span *s = &sp[i];
+            if (s->step != k || s->kind != 's') continue;
+            cr_assert(s->t0 >= ut0[s->unit] - eps && s->t1 <= ut1[s->unit] + eps, "step %d: a split outside unit %d",
+                      k, s->unit);
+            int rows = 0;
+            for (size_t j = 0; j < ns; j++)
+                if (sp[j].step == k && sp[j].kind == 'r' && sp[j].unit == s->unit && sp[j].mat == s->mat) {
+                    rows++;
+                    cr_assert(sp[j].t1 <= s->t1 + 0.05, "step %d, unit %d, matrix %d: the CPU's rows end at %.4f, "
+                              "after their split at %.4f", k, s->unit, s->mat, sp[j].t1, s->t1);
+                }
+            cr_assert_eq(rows, 1, "step %d, unit %d, matrix %d: %d CPU intervals", k, s->unit, s->mat, rows);
+        }
+    }
+    if (share == 0) {  // tracing changes no result
+        o.trace = NULL;
+        float *ref = run_gpu(m, &o, ids, 8, n_dec);
+        cr_assert_eq(memcmp(lg, ref, (size_t)((8 + n_dec) * m->info.config.vocab_size) * 4), 0,
+                     "traced logits differ from the untraced run's");
+        free(ref);
+    }
+    free(sp), free(text), free(lg);
+    json_free(d);
+    tc_rm_rf(dir);
+    free(dir);
+}
+
+Test(trace_gpu, streamed_steps) {
+    tc_rng_fresh("trace_gpu::streamed_steps");
+    dj_model m;
+    load_stories(&m, DJ_F16);
+    trace_case(&m, 0, 0, 4, 7);    // the link alone; the pass after the last step ran
+    trace_case(&m, 0, 0.5, 3, 5);  // with a CPU share
+    trace_case(&m, 0, 0.5, 4, 3);  // a run shorter than the trace: two steps, written as the engine is freed
+    trace_case(&m, 1.0, 0, 2, 4);  // all resident: no copies, every unit's work (launch by launch, not the graph)
+    // the file's folder missing: refused at set-up, by name
+    dj_gpu_opts o = {.max_seq = 64, .quiet = 1, .ring_gb = 1.0, .trace = "/nonexistent_djinn_dir/t.json"};
+    dj_err e = {{0}};
+    cr_assert_null(gpu_state_new(&m, &o, &e));
+    cr_assert(strstr(e.msg, "--trace") && strstr(e.msg, "does not exist"), "%s", e.msg);
     model_free(&m);
 }

@@ -1,0 +1,74 @@
+// test_pool.c: the CPU's worker threads (pool.c): every index of a range computed exactly once whatever the split,
+// the workers started on first use only (a call too small to share starts none) and joined by cpu_pool_stop, and
+// idle workers asleep: a pool left spinning between calls would hold every core while nothing is shared. The
+// workers are found by their name, "djinn-pool" (tests/common.c reads /proc/self/task). The GPU engine's side, no
+// pool at all when its CPU share is off, is gpu_forward::no_pool_threads_without_a_share.
+#include <criterion/criterion.h>
+#include <stdatomic.h>
+#include <unistd.h>
+
+#include "../pool.h"
+#include "common.h"
+
+#define TP_THREADS 4  // the caller and three workers
+#define TP_MAX 4096
+
+static _Atomic int tp_hits[TP_MAX];
+
+static void tp_count(void *ctx, int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; i++) atomic_fetch_add(&tp_hits[i], 1);
+}
+
+// A pool of TP_THREADS not started yet, whatever ran in this process before.
+static void tp_fresh(void) {
+    cpu_pool_stop();
+    cpu_set_threads(TP_THREADS);
+}
+
+static int tp_workers(int *awake) { return tc_threads_named("djinn-pool", awake); }
+
+Test(pool, every_index_once) {
+    tp_fresh();
+    static const int64_t ns[] = {2, 3, 4, 5, 7, 64, 1000, TP_MAX - 1};
+    for (size_t k = 0; k < sizeof ns / sizeof *ns; k++)
+        for (int big = 0; big < 2; big++) {  // big: worth sharing; else computed by the caller alone
+            for (int i = 0; i < TP_MAX; i++) tp_hits[i] = 0;
+            cpu_parallel_for(ns[k], big ? 1e12 : 1, tp_count, NULL);
+            for (int64_t i = 0; i < TP_MAX; i++)
+                cr_assert_eq(tp_hits[i], i < ns[k], "n %lld (%s): index %lld computed %d times", (long long)ns[k],
+                             big ? "shared" : "inline", (long long)i, tp_hits[i]);
+        }
+    cr_assert_eq(cpu_threads(), TP_THREADS);
+    cpu_pool_stop();
+}
+
+Test(pool, started_on_first_use_and_joined_by_stop) {
+    tp_fresh();
+    cr_assert_eq(tp_workers(NULL), 0, "pool threads before any call");
+    cr_assert_eq(cpu_threads_planned(), TP_THREADS);
+    cr_assert_eq(tp_workers(NULL), 0, "cpu_threads_planned started the pool");
+    cpu_parallel_for(100, 1, tp_count, NULL);  // too small to share: computed inline
+    cr_assert_eq(tp_workers(NULL), 0, "a call too small to share started the pool");
+    for (int round = 0; round < 2; round++) {  // a stopped pool starts again on the next call
+        cpu_parallel_for(100, 1e12, tp_count, NULL);
+        cr_assert_eq(tp_workers(NULL), TP_THREADS - 1, "round %d: %d workers, want %d", round, tp_workers(NULL),
+                     TP_THREADS - 1);
+        cpu_pool_stop();
+        cr_assert_eq(tp_workers(NULL), 0, "round %d: workers left after cpu_pool_stop", round);
+    }
+}
+
+// Workers spin a short while after a call (POOL_SPIN_S) and then sleep: every one of them must be found asleep.
+// The wait is a bound on a hang, not a timing: a worker that spins forever never passes.
+Test(pool, idle_workers_sleep) {
+    tp_fresh();
+    cpu_parallel_for(1000, 1e12, tp_count, NULL);
+    int n = 0, awake = -1;
+    for (int tries = 0; tries < 1000 && awake; tries++) {
+        usleep(10000);
+        n = tp_workers(&awake);
+    }
+    cr_assert_eq(n, TP_THREADS - 1, "%d workers, want %d", n, TP_THREADS - 1);
+    cr_assert_eq(awake, 0, "%d of the pool's %d workers still awake 10 s after the last call: spinning", awake, n);
+    cpu_pool_stop();
+}

@@ -177,8 +177,7 @@ int trace_json(const dj_trace *t, dj_buf *b) {
     buf_str(b, "],\n \"intervals\": [");
     tr_span *sp = t->n ? malloc(t->n * sizeof *sp) : NULL;
     if (t->n && !sp) return -1;
-    if (t->n) memcpy(sp, t->sp, t->n * sizeof *sp);
-    qsort(sp, t->n, sizeof *sp, span_order);
+    if (t->n) memcpy(sp, t->sp, t->n * sizeof *sp), qsort(sp, t->n, sizeof *sp, span_order);  // none: NULL
     for (size_t i = 0; i < t->n; i++) {
         const tr_span *s = &sp[i];
         buf_fmt(b, "%s\n  {\"lane\": \"%s\", \"kind\": \"%s\", \"step\": %d, \"unit\": %d, \"t0\": %.4f, \"t1\": %.4f",

@@ -53,6 +53,9 @@ for dt in dtypes:
             continue
         r = json.load(open(p))
         ms, gb = r["decode_ms_per_token"], r["streamed_gb_per_token"]
+        if gb == 0:
+            print(f"| {dt} | {r['ring_gb']:g} | {ms:.1f} | all resident | | |")
+            continue
         eff = gb / (ms / 1e3)
         name = f"{r['ring_gb']:g}" + (" (min)" if ring == "min" else "")
         print(f"| {dt} | {name} | {ms:.1f} | {gb:.2f} | {eff:.1f} ({eff / h2d:.1%}) | {r['h2d_gb_s']:.1f} "

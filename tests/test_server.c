@@ -295,11 +295,13 @@ static void ts_start(ts_srv *s, const ts_env *t, const char *model, const char *
 
 // ts_start on the plain model, each turn with work taking at least 2 ms (DJINN_TEST_STEP_US): a client can act in
 // the middle of another's answer.
-static void ts_start_slow(ts_srv *s, const ts_env *t, const char *const *extra) {
-    setenv("DJINN_TEST_STEP_US", "2000", 1);
+static void ts_start_slow_us(ts_srv *s, const ts_env *t, const char *const *extra, const char *step_us) {
+    setenv("DJINN_TEST_STEP_US", step_us, 1);
     ts_start(s, t, t->model, extra);
     unsetenv("DJINN_TEST_STEP_US");
 }
+
+static void ts_start_slow(ts_srv *s, const ts_env *t, const char *const *extra) { ts_start_slow_us(s, t, extra, "2000"); }
 
 // SIGTERM: the server stops cleanly (exit 0; under ASan, with no leak).
 static void ts_stop(ts_srv *s) {
@@ -1307,7 +1309,7 @@ static void ts_breakpoint_changed(void) {
 
 Test(server, breakpoint_changed_residual_changes_the_text) { ts_breakpoint_changed(); }
 
-// An ordinary request in the middle of its answer (streaming, 2 ms a turn) while another client breaks and resumes
+// An ordinary request in the middle of its answer (streaming, 5 ms a turn) while another client breaks and resumes
 // twice (the residual noised, then unchanged) on a prompt longer than the first one's answer so far: the passes
 // that copy the rows of positions 0..N-1 out and write them over hold the other request's decode row of a position
 // among them. Its text is the command line's, and so is the unchanged resume's: a tap touches its own slot's rows.
@@ -1330,16 +1332,17 @@ static void ts_breakpoint_beside(void) {
     ts_env t;
     ts_setup(&t);
     ts_srv s;
-    ts_start_slow(&s, &t, (const char *[]){"--parallel", "4", NULL});
+    // 5 ms a turn: the other request's 300 tokens outlast both breakpoints and resumes on either engine
+    ts_start_slow_us(&s, &t, (const char *[]){"--parallel", "4", NULL}, "5000");
     char prompt[2048] = "";
     for (int i = 0; i < 12; i++)
         strcat(prompt, "Once upon a time, there was a little girl named Lily. She loved to play. ");
     strcat(prompt, "One day");
+    char *want = ts_cli(&t, prompt, 20, "0", NULL);  // before the other request starts: a GPU engine's start is slow
     ts_bystander by = {s.port, NULL, 0};
     pthread_t th;
     cr_assert_eq(pthread_create(&th, NULL, ts_bystander_run, &by), 0);
     ts_await_metric(&s, "requests_active", 1);
-    char *want = ts_cli(&t, prompt, 20, "0", NULL);
     char *body = ts_completion_body(prompt, 20, "\"temperature\":0,\"break_after_layer\":2");
     for (int changed = 1; changed >= 0; changed--) {
         ts_brk b = ts_break(&s, "/v1/completions", body);

@@ -17,12 +17,15 @@ void cpu_matmul(float *y, const float *x, const void *w, uint32_t wtype, int64_t
 // GPU engine's CPU share (dj_gpu_opts.cpu_share) runs on it.
 void cpu_matvec(float *y, const float *x, const void *w, uint32_t wtype, int64_t n_in, int64_t n_out);
 // y (T, n_out) = x (T, n_in) . W^T for a few tokens, each weight row read from memory once for all T (the CPU
-// share of a pass of several rows): cpu_matmul's result up to summation order; T = 1 is cpu_matvec.
+// share of a pass of several rows): cpu_matmul's result up to summation order; T = 1 is cpu_matvec where
+// the AVX-512 tiles do not run or the weights are q8 or q4.
 void cpu_matvec_multi(float *y, const float *x, const void *w, uint32_t wtype, int64_t T, int64_t n_in,
                       int64_t n_out);
-// For tests: on = 0 makes cpu_matvec and cpu_matvec_multi take their portable loops. Returns 1 when the vector
-// path is in use.
-int cpu_set_simd(int on);
+// For tests and benchmarks: the widest vector code cpu_matvec and cpu_matvec_multi may take (the default
+// CPU_SIMD_BEST): 0 their portable loops; CPU_SIMD_AVX2 AVX2 + FMA + F16C; CPU_SIMD_AVX512 also AVX-512 for
+// cpu_matvec_multi's tiles. Returns the level in use: the lower of `level` and what this CPU has (0: none).
+enum { CPU_SIMD_AVX2 = 1, CPU_SIMD_AVX512 = 2, CPU_SIMD_BEST = CPU_SIMD_AVX512 };
+int cpu_set_simd(int level);
 // out (n) = x / sqrt(mean(x^2) + eps) * w; w (n) f32. out may alias x.
 void cpu_rmsnorm(float *out, const float *x, const float *w, int64_t n, float eps);
 // inv_freq (head_dim/2): HF's rotary inverse frequencies, llama3 scaling applied, in f32 as HF computes them.

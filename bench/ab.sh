@@ -10,9 +10,10 @@
 #   prefill_512      all resident, a 512-token prompt: prefill tokens/s
 #   min_link         the smallest ring djinn accepts, --cpu-share 0 (the link alone), 16 tokens: decode ms/token
 #   min_share        the smallest ring, --cpu-share auto (the default), 16 tokens: decode ms/token
-# Prints a table (median, min, max per build and case; B's median against A's) and writes every run to OUT.json.
+# CASES (default all four) picks some. Prints a table (median, min, max per build and case; B's median against A's)
+# and writes every run to OUT.json.
 set -uo pipefail
-[ $# -ge 4 ] || { sed -n '2,14p' "$0"; exit 2; }
+[ $# -ge 4 ] || { sed -n '2,15p' "$0"; exit 2; }
 A=$1 B=$2 MODEL=$3 OUT_JSON=$4 REPS=${5:-3}
 LOGS=$(mktemp -d /tmp/djinn_ab.XXXXXX)
 
@@ -54,7 +55,7 @@ print(json.dumps(d))' "$stats" "$src" "$case" "$rep"
 }
 
 : > "$LOGS/runs.jsonl"
-for case in resident_decode prefill_512 min_link min_share; do
+for case in ${CASES:-resident_decode prefill_512 min_link min_share}; do
     echo "== $case ($(date +%T))"
     for ((r = 0; r < REPS; r++)); do
         for src in "$A" "$B"; do run "$src" "$case" "$r" >> "$LOGS/runs.jsonl" || exit 1; done

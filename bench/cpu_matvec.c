@@ -5,8 +5,10 @@
 //             rotating over copies totalling more than the buffer so every call reads DRAM; GB/s of weights read
 //             and the fraction of the ceiling; then cpu_matvec_multi (the share of a pass of T rows) for each T
 //             asked: GB/s of weights and GFLOP/s (2 T flops a weight), the work turning from memory to arithmetic
-// Usage: cpu_matvec [out.json] [GB of buffer, default 4] [T,T,...: default 1]. Prints a table; writes JSON when
-// given a path.
+//             on each vector path asked (cpu_set_simd's levels: 2 AVX-512 tiles, 1 AVX2 tiles; the first one is
+//             the product's, the others for comparison)
+// Usage: cpu_matvec [out.json] [GB of buffer, default 4] [T,T,...: default 1] [levels: default 2]. Prints a table;
+// writes JSON when given a path.
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -28,6 +30,15 @@ int main(int argc, char **argv) {
             nT++;
         }
     }
+    int levels[3] = {CPU_SIMD_BEST}, nl = 1;
+    if (argc > 4) {
+        nl = 0;
+        for (char *p = argv[4], *end; *p && nl < 3; p = *end ? end + 1 : end) {
+            levels[nl] = (int)strtol(p, &end, 10);
+            if (end == p || levels[nl] < 0 || levels[nl] > CPU_SIMD_BEST) dj_die("bad level list '%s' (0..2)", argv[4]);
+            nl++;
+        }
+    }
     size_t bytes = (size_t)(gb * 1e9) / 4096 * 4096;
     uint8_t *buf = aligned_alloc(4096, bytes);
     if (!buf) dj_die("cannot allocate %.1f GB", gb);
@@ -42,7 +53,8 @@ int main(int argc, char **argv) {
     for (int i = 0; i < 64 * 14336; i++) x[i] = (float)((i * 37) % 101) / 101.0f - 0.5f;
     FILE *js = out ? fopen(out, "w") : NULL;
     if (js) fprintf(js, "{\"threads\": %d, \"host_read_gb_s\": %.3f, \"matvec\": [", threads, ceiling);
-    printf("%-6s %14s %4s %10s %12s %10s %10s\n", "dtype", "shape", "T", "GB/s", "of ceiling", "GFLOP/s", "us/call");
+    printf("%-6s %14s %4s %5s %10s %12s %10s %10s\n", "dtype", "shape", "T", "simd", "GB/s", "of ceiling", "GFLOP/s",
+           "us/call");
     int first = 1;
     for (size_t d = 0; d < sizeof dts / sizeof *dts; d++)
         for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
@@ -59,25 +71,31 @@ int main(int argc, char **argv) {
                     dj_die("quantization failed");
             }
             for (size_t c = 1; c < copies; c++) memcpy(buf + c * mb, buf, mb);
-            for (int64_t k = 0; k < nT; k++) {
-                int64_t T = Ts[k];
-                double best = 0;
-                for (int r = 0; r < 3; r++) {
-                    double t0 = dj_now();
-                    for (size_t c = 0; c < copies; c++) cpu_matvec_multi(y, x, buf + c * mb, dts[d], T, n_in, n_out);
-                    double t = (dj_now() - t0) / (double)copies;
-                    if (best == 0 || t < best) best = t;
+            for (int64_t k = 0; k < nT; k++)
+                for (int l = 0; l < nl; l++) {
+                    int64_t T = Ts[k];
+                    int level = cpu_set_simd(levels[l]);  // what runs: the lower of the level and the CPU's
+                    if (T == 1 && l > 0 && dts[d] != DJ_F16) continue;  // q8, q4: cpu_matvec's one path
+                    double best = 0;
+                    for (int r = 0; r < 3; r++) {
+                        double t0 = dj_now();
+                        for (size_t c = 0; c < copies; c++) cpu_matvec_multi(y, x, buf + c * mb, dts[d], T, n_in, n_out);
+                        double t = (dj_now() - t0) / (double)copies;
+                        if (best == 0 || t < best) best = t;
+                    }
+                    double gbs = (double)mb / best / 1e9, gfl = 2.0 * (double)T * (double)(n_in * n_out) / best / 1e9;
+                    printf("%-6s %6lldx%-7lld %4lld %5d %10.1f %11.0f%% %10.1f %10.1f\n", dj_dtype_name(dts[d]),
+                           (long long)n_out, (long long)n_in, (long long)T, level, gbs, 100 * gbs / ceiling, gfl,
+                           best * 1e6);
+                    if (js)
+                        fprintf(js,
+                                "%s\n  {\"dtype\": \"%s\", \"n_out\": %lld, \"n_in\": %lld, \"T\": %lld, \"simd\": %d, "
+                                "\"gb_s\": %.3f, \"of_ceiling\": %.4f, \"gflop_s\": %.2f}",
+                                first ? "" : ",", dj_dtype_name(dts[d]), (long long)n_out, (long long)n_in, (long long)T,
+                                level, gbs, gbs / ceiling, gfl);
+                    first = 0;
                 }
-                double gbs = (double)mb / best / 1e9, gfl = 2.0 * (double)T * (double)(n_in * n_out) / best / 1e9;
-                printf("%-6s %6lldx%-7lld %4lld %10.1f %11.0f%% %10.1f %10.1f\n", dj_dtype_name(dts[d]),
-                       (long long)n_out, (long long)n_in, (long long)T, gbs, 100 * gbs / ceiling, gfl, best * 1e6);
-                if (js)
-                    fprintf(js, "%s\n  {\"dtype\": \"%s\", \"n_out\": %lld, \"n_in\": %lld, \"T\": %lld, \"gb_s\": %.3f, "
-                                "\"of_ceiling\": %.4f, \"gflop_s\": %.2f}",
-                            first ? "" : ",", dj_dtype_name(dts[d]), (long long)n_out, (long long)n_in, (long long)T,
-                            gbs, gbs / ceiling, gfl);
-                first = 0;
-            }
+            cpu_set_simd(CPU_SIMD_BEST);
         }
     if (js) {
         fprintf(js, "\n]}\n");

@@ -55,30 +55,34 @@ Test(cpu_kernels, matvec_all_dtypes_and_sizes) {
     uint32_t types[] = {DJ_F32, DJ_F16, DJ_BF16};
     tc_rng_seed(2);
     for (int simd = 1; simd >= 0; simd--) {  // the vector path where the CPU has it, then the portable one
-        if (simd && !cpu_set_simd(1)) cr_log_warn("this CPU lacks AVX2/FMA/F16C: only cpu_matvec's portable loop runs");
+        if (simd && !cpu_set_simd(CPU_SIMD_AVX2)) cr_log_warn("this CPU lacks AVX2/FMA/F16C: only cpu_matvec's portable loop runs");
         cpu_set_simd(simd);
         for (int k = 0; k < 3; k++)
             for (size_t s = 0; s < sizeof sizes / sizeof *sizes; s++)
                 tcpu_mm_case(types[k], 1, sizes[s][0], sizes[s][1], 1);
     }
-    cpu_set_simd(1);
+    cpu_set_simd(CPU_SIMD_BEST);
 }
 
-// cpu_matvec_multi (the CPU share of a pass of several rows): every tile shape (1..3 rows by 1..4 columns, so
-// T = 2..9 and 17 with rows 1..3 past a multiple of 3), vector bodies and scalar tails of the inputs, every dtype,
-// on the vector path and the portable one.
+// cpu_matvec_multi (the CPU share of a pass of several rows): every tile shape of both vector paths (AVX2: 1..3
+// rows by 1..4 columns; AVX-512: 1..4 rows by 1..6 columns, T = 2..9, 12, 13 and 17, rows 1..3 past a multiple of
+// 3 and of 4), vector bodies and tails of the inputs (AVX-512: masked loads of 1..15 and none), every dtype, on
+// AVX-512 (where the CPU has it), AVX2 and the portable loop.
 Test(cpu_kernels, matvec_multi_all_dtypes_and_sizes) {
-    static const int64_t sizes[][3] = {{2, 1, 1},  {3, 7, 5},   {4, 8, 3},    {5, 31, 9},  {6, 32, 64},
-                                       {7, 33, 130}, {8, 257, 31}, {9, 100, 13}, {17, 4099, 40}, {1, 300, 7}};
+    static const int64_t sizes[][3] = {{2, 1, 1},     {3, 7, 5},    {4, 8, 3},    {5, 31, 9},   {6, 32, 64},
+                                       {7, 33, 130},  {8, 257, 31}, {9, 100, 13}, {17, 4099, 40}, {1, 300, 7},
+                                       {12, 20, 17},  {13, 16, 66}, {6, 47, 6}};
     uint32_t types[] = {DJ_F32, DJ_F16, DJ_BF16};
     tc_rng_seed(4);
-    for (int simd = 1; simd >= 0; simd--) {
+    if (cpu_set_simd(CPU_SIMD_AVX512) != CPU_SIMD_AVX512)
+        cr_log_warn("this CPU lacks AVX-512 (F, BW, VL, DQ): cpu_matvec_multi's AVX-512 tiles are not tested here");
+    for (int simd = CPU_SIMD_AVX512; simd >= 0; simd--) {
         cpu_set_simd(simd);
         for (int k = 0; k < 3; k++)
             for (size_t s = 0; s < sizeof sizes / sizeof *sizes; s++)
                 tcpu_mm_case(types[k], sizes[s][0], sizes[s][1], sizes[s][2], 2);
     }
-    cpu_set_simd(1);
+    cpu_set_simd(CPU_SIMD_BEST);
 }
 
 // Every finite f16 and bf16 widened by cpu_matvec's vector path (rows of 8 and 32, one nonzero weight each, in
@@ -101,7 +105,7 @@ Test(cpu_kernels, matvec_widening_exact) {
         for (int64_t r = 0; r < n; r++) w[r * n_in + r % n_in] = vals[r];
         cpu_set_simd(simd);
         cpu_matvec(y, x, w, types[k], n_in, n);
-        cpu_set_simd(1);
+        cpu_set_simd(CPU_SIMD_BEST);
         for (int64_t r = 0; r < n; r++) {
             float want = types[k] == DJ_F16 ? dj_f16_to_f32(vals[r]) : dj_bf16_to_f32(vals[r]);
             cr_assert_eq(y[r], want, "%s %#x, row width %ld, %s", dj_dtype_name(types[k]), vals[r], (long)n_in,

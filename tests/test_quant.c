@@ -107,23 +107,24 @@ Test(quant, cpu_matvec_against_matmul) {
             tc_fill(x, n_in, -1, 1);
             cpu_matmul(ref, x, w, wt, 1, n_in, n_out);
             for (int simd = 1; simd >= 0; simd--) {
-                const int vec = cpu_set_simd(simd);  // 1: the vector path runs
+                const int vec = cpu_set_simd(simd);  // non-zero: the vector path runs
                 cpu_matvec(got, x, w, wt, n_in, n_out);
                 double tol = vec ? 1e-4 : 2e-6;
                 cr_assert(tc_rel_l2(got, ref, n_out) < tol, "%s %lldx%lld simd %d: rel %g", dj_dtype_name(wt),
                           (long long)n_out, (long long)n_in, simd, tc_rel_l2(got, ref, n_out));
             }
-            cpu_set_simd(1);
+            cpu_set_simd(CPU_SIMD_BEST);
             free(w), free(row), free(x), free(ref), free(got);
         }
 }
 
-// cpu_matvec_multi on quantized rows (a pass of several rows): it dequantizes exactly, as the matmul does, on both
-// paths, so only the order of the sums differs. Row counts 1..3 past a multiple of its 3-row tiles, partial last
-// groups, T over every column tile (4, 3, 2, 1 left).
+// cpu_matvec_multi on quantized rows (a pass of several rows): it dequantizes exactly, as the matmul does, on every
+// path (AVX-512, AVX2, portable), so only the order of the sums differs. Row counts 1..3 past a multiple of the
+// 3- and 4-row tiles, partial last groups, T over every column tile (AVX2: 4, 3, 2, 1 left; AVX-512: 6..1).
 Test(quant, cpu_matvec_multi_against_matmul) {
     tc_rng_fresh("quant.cpu_matvec_multi_against_matmul");
-    const int64_t shapes[][3] = {{2, 64, 172}, {3, 172, 64}, {5, 4096, 97}, {8, 96, 400}, {17, 33, 5}, {7, 30, 1}};
+    const int64_t shapes[][3] = {{2, 64, 172}, {3, 172, 64}, {5, 4096, 97}, {8, 96, 400},
+                                 {17, 33, 5},  {7, 30, 1},   {13, 48, 38},  {4, 16, 3}};
     for (uint32_t wt = DJ_Q8; wt <= DJ_Q4; wt++)
         for (size_t si = 0; si < sizeof shapes / sizeof *shapes; si++) {
             int64_t T = shapes[si][0], n_in = shapes[si][1], n_out = shapes[si][2];
@@ -137,7 +138,7 @@ Test(quant, cpu_matvec_multi_against_matmul) {
             }
             tc_fill(x, T * n_in, -1, 1);
             cpu_matmul(ref, x, w, wt, T, n_in, n_out);
-            for (int simd = 1; simd >= 0; simd--) {
+            for (int simd = CPU_SIMD_AVX512; simd >= 0; simd--) {
                 cpu_set_simd(simd);
                 memset(got, 0xff, (size_t)(T * n_out) * 4);  // NaNs: a value not written fails
                 cpu_matvec_multi(got, x, w, wt, T, n_in, n_out);
@@ -145,7 +146,7 @@ Test(quant, cpu_matvec_multi_against_matmul) {
                           dj_dtype_name(wt), (long long)T, (long long)n_out, (long long)n_in, simd,
                           tc_rel_l2(got, ref, T * n_out));
             }
-            cpu_set_simd(1);
+            cpu_set_simd(CPU_SIMD_BEST);
             free(w), free(row), free(x), free(ref), free(got);
         }
 }
@@ -157,7 +158,7 @@ Test(quant, cpu_matvec_multi_against_matmul) {
 // max|x_g|) gives ~4e-3 and fails both. Widths: one group, partial last groups, Llama-3-8B's 4096 and 14336.
 // Then inf and NaN in x give NaN as in f32, and x = 0 gives 0.
 Test(quant, cpu_matvec_integer_path_against_double) {
-    if (!cpu_set_simd(1)) {
+    if (!cpu_set_simd(CPU_SIMD_BEST)) {
         cr_log_warn("this CPU lacks AVX2/FMA/F16C: cpu_matvec's integer path does not run");
         return;
     }

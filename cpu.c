@@ -283,16 +283,28 @@ static int cpu_avx512_ok(void) {
 #endif
 static int cpu_simd_level = CPU_SIMD_BEST;  // cpu_set_simd's ceiling
 
-int cpu_set_simd(int level) {
-    cpu_simd_level = level < 0 ? 0 : level > CPU_SIMD_BEST ? CPU_SIMD_BEST : level;
+// Whether the vector paths run: allowed by cpu_set_simd and present (cpu_matvec_multi's AVX-512 tiles; AVX2 for
+// the rest).
+static int cpu_avx512_on(void) {
 #ifdef CPU_SIMD
-    if (!cpu_simd_level || !cpu_simd_ok()) return 0;
-    return cpu_simd_level >= CPU_SIMD_AVX512 && cpu_avx512_ok() ? CPU_SIMD_AVX512 : CPU_SIMD_AVX2;
+    return cpu_simd_level >= CPU_SIMD_AVX512 && cpu_avx512_ok();
 #else
     return 0;
 #endif
 }
-#define cpu_simd_off (cpu_simd_level == 0)
+#ifdef CPU_SIMD
+static int cpu_avx2_on(void) { return cpu_simd_level >= CPU_SIMD_AVX2 && cpu_simd_ok(); }
+#endif
+
+int cpu_set_simd(int level) {
+    cpu_simd_level = level < 0 ? 0 : level > CPU_SIMD_BEST ? CPU_SIMD_BEST : level;
+#ifdef CPU_SIMD
+    if (!cpu_avx2_on()) return 0;
+    return cpu_avx512_on() ? CPU_SIMD_AVX512 : CPU_SIMD_AVX2;
+#else
+    return 0;
+#endif
+}
 
 typedef struct {
     float *y;        // (n_out)
@@ -332,7 +344,7 @@ static void cpu_matvec_rows(const cpu_matvec_job *j, int64_t begin, int64_t end)
         return;
     }
 #ifdef CPU_SIMD
-    if (!cpu_simd_off && cpu_simd_ok()) {
+    if (cpu_avx2_on()) {
         for (int64_t o = begin; o < end; o++) j->y[o] = simd_dot_row(j->x, w + (size_t)o * rb, j->wtype, j->n_in);
         return;
     }
@@ -368,7 +380,7 @@ void cpu_matvec(float *y, const float *x, const void *w, uint32_t wtype, int64_t
     // q8, q4: x quantized once here, by the caller's thread, for every row; one allocation per call (72 bytes per
     // 32 inputs: 9 KB at n_in = 4096), so concurrent callers share nothing.
     cpu_xq xq;
-    if (dj_is_quant(wtype) && !cpu_simd_off && cpu_simd_ok() && n_in > 0) {
+    if (dj_is_quant(wtype) && cpu_avx2_on() && n_in > 0) {
         size_t groups = (size_t)(n_in + DJ_QGROUP - 1) / DJ_QGROUP, bytes = groups * (2 * DJ_QGROUP + 8);
         xbuf = aligned_alloc(32, (bytes + 31) / 32 * 32);
         assert(xbuf && "out of memory in cpu_matvec");
@@ -491,11 +503,11 @@ SIMD_TILES(3)
 #define ZC 6
 #define SIMD512_FN __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")))
 
-// Weights i..i+15 of a row of n (i a multiple of 16, below n) in f32, exactly (q8, q4: scale * k); zeros past n (the
-// quantized formats' stored padding is k = 0, the other formats' tail is loaded masked). scales: the row's, for
-// q8 and q4.
+// Weights i..i+15 of a row (i a multiple of 16) in f32, exactly (q8, q4: scale * k); zeros past the row's end (the
+// quantized formats' stored padding is k = 0; the other formats load only the lanes of m, the inputs left).
+// scales: the row's, for q8 and q4.
 __attribute__((always_inline)) SIMD512_FN static inline __m512 z_load16(const uint8_t *row, const uint16_t *scales,
-                                                                       uint32_t wtype, int64_t n, int64_t i) {
+                                                                       uint32_t wtype, int64_t i, __mmask16 m) {
     if (dj_is_quant(wtype)) {
         __m512i k;
         if (wtype == DJ_Q8) {
@@ -507,7 +519,6 @@ __attribute__((always_inline)) SIMD512_FN static inline __m512 z_load16(const ui
         }
         return _mm512_mul_ps(_mm512_cvtepi32_ps(k), _mm512_set1_ps(_cvtsh_ss(scales[i / DJ_QGROUP])));
     }
-    __mmask16 m = n - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - i)) - 1);
     if (wtype == DJ_F32) return _mm512_maskz_loadu_ps(m, (const float *)row + i);
     __m256i h = _mm256_maskz_loadu_epi16(m, (const uint16_t *)row + i);
     return wtype == DJ_F16 ? _mm512_cvtph_ps(h) : _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
@@ -564,7 +575,7 @@ __attribute__((always_inline)) SIMD512_FN static inline void z_tile_direct(float
         __mmask16 m = n - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - i)) - 1);
         __m512 wv[ZR];
 #pragma GCC unroll 4
-        for (int r = 0; r < R; r++) wv[r] = z_load16(w + r * rb, scales[r], wtype, n, i);
+        for (int r = 0; r < R; r++) wv[r] = z_load16(w + r * rb, scales[r], wtype, i, m);
 #pragma GCC unroll 8
         for (int c = 0; c < C; c++) {
             __m512 xv = _mm512_maskz_loadu_ps(m, x + c * ldx + i);
@@ -628,16 +639,19 @@ static void cpu_multi_task(void *ctx, int64_t part, int64_t parts_end) {
     (void)part, (void)parts_end;
     int64_t n = j->n_in;
     size_t rb = (size_t)dj_row_bytes(j->wtype, (uint64_t)n);
+#ifdef CPU_SIMD
+    if (cpu_avx512_on()) {  // widened in registers: no buffer
+        for (int64_t b; (b = atomic_fetch_add(&j->next, j->chunk)) < j->n_out;)
+            z_rows(j, b, b + j->chunk < j->n_out ? b + j->chunk : j->n_out);
+        return;
+    }
+#endif
     float *buf = malloc((size_t)(MV_RC * MV_KB + n + DJ_QGROUP) * sizeof(float));
     assert(buf && "out of memory in cpu_matvec_multi");
     for (int64_t b; (b = atomic_fetch_add(&j->next, j->chunk)) < j->n_out;) {
         int64_t end = b + j->chunk < j->n_out ? b + j->chunk : j->n_out;
 #ifdef CPU_SIMD
-        if (cpu_simd_level >= CPU_SIMD_AVX512 && cpu_avx512_ok()) {
-            z_rows(j, b, end);
-            continue;
-        }
-        if (!cpu_simd_off && cpu_simd_ok()) {
+        if (cpu_avx2_on()) {
             // MV_RC rows at a time, MV_KB inputs at a time: the rows' block and x's stay in the L1/L2 caches while
             // every row group and column group passes over them
             for (int64_t r0 = b; r0 < end; r0 += MV_RC) {
@@ -672,11 +686,7 @@ void cpu_matvec_multi(float *y, const float *x, const void *w, uint32_t wtype, i
     assert(dj_row_bytes(wtype, 1) > 0);
     // one row: cpu_matvec, unless the AVX-512 tiles take it (f16, bf16, f32: their wider loads read host memory
     // faster than cpu_matvec's AVX2; q8 and q4 keep cpu_matvec's integer sums)
-    int z = 0;
-#ifdef CPU_SIMD
-    z = cpu_simd_level >= CPU_SIMD_AVX512 && cpu_avx512_ok();
-#endif
-    if (T == 1 && (!z || dj_is_quant(wtype))) {
+    if (T == 1 && (!cpu_avx512_on() || dj_is_quant(wtype))) {
         cpu_matvec(y, x, w, wtype, n_in, n_out);
         return;
     }

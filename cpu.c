@@ -496,9 +496,10 @@ SIMD_TILES(3)
 // Tiles of ZR rows by up to ZC columns: ZR * ZC accumulators of 16 lanes over the whole row (per 16 inputs: ZR
 // widenings of 16 weights and ZC loads of x for ZR * ZC fused multiply-adds), reduced once, 16 sums at a time, by a
 // transposing tree (45 instructions for 16 sums where one reduction each takes 8). The ZR rows are read from
-// memory by the first column group and from the caches by the others. Measured on a 2-core AMD EPYC (Zen 4)
-// against the AVX2 tiles (Llama-3-8B shapes): f16 2.6x at 2 rows, 1.5-2x at 8-32, quantized 1.2-2.7x; blocks of
-// inputs widened into a buffer (as the AVX2 tiles do) lost at every T, the reduction then paid once per block.
+// memory by the first column group and from the caches by the others. On the H100 machine's Xeon host
+// (bench/results/share_rows_8b, Llama-3-8B shapes) 1.3-2.6x the AVX2 tiles' GB/s at 2-32 rows; on a 2-core Zen 4,
+// blocks of inputs widened into a buffer first (as the AVX2 tiles do) lost at every T, the reduction then paid
+// once per block.
 #define ZR 4
 #define ZC 6
 #define SIMD512_FN __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")))

@@ -164,6 +164,15 @@ $(BUILD)/bin/qgemm_bench: $(BUILD)/bench/qgemm_bench.o $(KERNEL_OBJ) $(BUILD)/mo
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS)
 
+# ---- bench: whether dequantizing the next matrix hides behind the GEMM of this one (two streams, cuBLASLt's SM target)
+$(BUILD)/bench/overlap_bench.o: bench/overlap_bench.cu bench/bench_gpu.h kernels.h model.h
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVFLAGS) -c $< -o $@
+
+$(BUILD)/bin/overlap_bench: $(BUILD)/bench/overlap_bench.o $(KERNEL_OBJ) $(BUILD)/model.o $(BUILD)/util.o
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) $^ -o $@ -lcublasLt $(LDLIBS)
+
 # ---- bench: picking the next token on a 128k vocabulary, on the GPU (gpu_pick) and on the host; GPU machine only
 $(BUILD)/bin/pick_bench: $(BUILD)/bench/pick_bench.o $(KERNEL_OBJ) $(BUILD)/sampler.o $(BUILD)/util.o
 	@mkdir -p $(dir $@)

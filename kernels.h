@@ -125,8 +125,12 @@ int gpu_qgemm_wins(const dj_gpu *g, uint32_t wtype, const void *w, int64_t T, in
 int gpu_qgemm_variant(dj_gpu *g, int variant, float *y, const float *x, const void *w, uint32_t wtype, int64_t T,
                       int64_t n_in, int64_t n_out, cudaStream_t s, dj_err *e);
 size_t gpu_qgemm_scratch(int64_t T, int64_t n_in);  // bytes of scratch it needs: x in f16
-#define GPU_QGEMM_VARIANTS 11                          // tile shapes 0..10
+#define GPU_QGEMM_VARIANTS 12                          // tile shapes 0..11
 int gpu_qgemm_has(const dj_gpu *g, int variant);    // whether this device runs tile shape `variant`
+// out (rows, n_in) f16 = q8/q4 rows of W dequantized (scale * k rounded once), as the cuBLAS path does a chunk at a
+// time; blocks > 0 fixes the grid (blocks of 256 threads), 0 sizes it to the work.
+int gpu_dequant_f16(void *out, const void *w, uint32_t wtype, int64_t rows, int64_t n_in, int blocks,
+                    cudaStream_t s, dj_err *e);
 
 // out (n) f32 = in (n) in wtype, exactly (f16 and bf16 widen without rounding): token embedding rows arrive in
 // the model's dtype, half the bytes of f32 over PCIe and no conversion loop on the host. out and in must not overlap.

@@ -659,6 +659,22 @@ static int matmul_quant_cublas(dj_gpu *g, float *y, const float *x, const void *
     return 0;
 }
 
+// out (rows, n_in) f16 = q8/q4 rows of W, as the chunks above; blocks 0: one thread a chunk of values, else that
+// many blocks of 256 (bench/overlap_bench.cu: the dequantization beside a GEMM on the other SMs).
+extern "C" int gpu_dequant_f16(void *out_, const void *w, uint32_t wtype, int64_t rows, int64_t n_in, int blocks,
+                               cudaStream_t s, dj_err *e) {
+    if (!dj_is_quant(wtype) || rows < 1 || n_in < 1) return dj_fail(e, "gpu_dequant_f16: not q8/q4 rows");
+    const int64_t rb = (int64_t)dj_row_bytes(wtype, (uint64_t)n_in);
+    const int64_t work = n_in % DJ_QGROUP ? rows * ((n_in + DJ_QGROUP - 1) / DJ_QGROUP)
+                                          : rows * (n_in / q_chunk_weights(wtype));
+    const int grid = blocks > 0 ? blocks : grid_1d(work, 256);
+    __half *out = (__half *)out_;
+    if (wtype == DJ_Q8) dequant_f16_kernel<DJ_Q8><<<grid, 256, 0, s>>>(out, (const uint8_t *)w, rows, n_in, rb);
+    else dequant_f16_kernel<DJ_Q4><<<grid, 256, 0, s>>>(out, (const uint8_t *)w, rows, n_in, rb);
+    LAUNCH_CHECK("dequant_f16", s);
+    return 0;
+}
+
 // ---- cuBLAS GEMM
 // xb (n) in wtype = x (n) f32, round to nearest even. For bf16 also xlo (n) = bf16(x - xb): bf16's 8-bit
 // mantissa alone loses ~2e-3 of each activation, which compounds past the 1e-2 logit tolerance over a

@@ -11,6 +11,7 @@
 // pair of halves (bytes 0 and 2, or 1 and 3) meets the matching pair of x values. A sum does not care about order.
 #include "kernels_impl.h"
 
+#include <math.h>
 #include <stdint.h>
 
 // ---- x rounded to f16, inputs permuted within each 16, rows padded with zeros to kp = 32 * groups
@@ -245,10 +246,13 @@ __global__ void __launch_bounds__(WM *WN * 32)
 
 // ---- the Hopper kernel: warpgroup MMAs (wgmma, sm_90a), the weights widened into A registers, x from shared memory
 // A CTA is two warpgroups, each 64 rows of W (a warp 16, its A fragments laid out as mma.sync's), times BN tokens
-// (m64n128k16 products, BN / 128 of them a k16 step); 64 inputs a stage, ST stages. x's stage is the swizzled
-// 128-byte-row layout of the kernel above, which is wgmma's 128-byte swizzle when the stage is 1024-byte aligned, so
-// B is read by descriptor. Loads run ST - 2 stages ahead: the products of a stage stay in flight while the next
-// stage is widened (wait_group 1), so a stage is refilled only two iterations after its products were issued.
+// (one m64nBNk16 product a k16 step); 64 inputs a stage, ST stages. x's stage is the swizzled 128-byte-row layout of
+// the kernel above, which is wgmma's 128-byte swizzle when the stage is 1024-byte aligned, so B is read by
+// descriptor. Loads run ST - 2 stages ahead: the products of a stage stay in flight while the next stage is widened
+// (wait_group 1), so a stage is refilled only two iterations after its products were issued. A thread copies the
+// same (row, chunk) of weights, the same row's scales and the same chunk of the same tokens in every stage, so its
+// addresses are worked out once (recomputing them per copy cost about as many instructions as the widening: 15-20%
+// of the time). KS = 2 splits the inputs between two CTAs (twice the CTAs where rows and tokens alone leave SMs idle).
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define QGEMM_WGMMA 1
 #endif
@@ -275,44 +279,102 @@ static __device__ __forceinline__ void wgmma_128(float *d, const uint32_t *a, ui
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));
 }
+// d (64x256 f32, this thread's 128) += a (64x16 f16, registers) . b (16x256 f16, shared memory, descriptor)
+static __device__ __forceinline__ void wgmma_256(float *d, const uint32_t *a, uint64_t b) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %133, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n256k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, {%128, %129, %130, %131}, %132, p, 1, 1, 0;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]), "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));
+}
 #endif
 
-// BN tokens (a multiple of 128), ST >= 3 stages. PRECOND: as qgemm_kernel.
+// An output of one part of KS: stored, or with KS = 2 added to y's zero (0 + a + b and 0 + b + a are the same float:
+// two parts sum the same in either order, so the result does not depend on which part finishes first).
+template <int KS> static __device__ __forceinline__ void put(float *p, float v) {
+    static_assert(KS == 1 || KS == 2, "more than two parts would sum in the order they finish");
+    if (KS == 1) *p = v;
+    else atomicAdd(p, v);
+}
+
 template <int WT, int BN, int ST> struct qgemm_wg_cfg {
     static constexpr int THREADS = 256, BM = 128;
     static constexpr int QB = q_group_bytes(WT), CH = 2 * QB / 16;
     static constexpr int X_BYTES = BN * 128, Q_BYTES = CH * BM * 16, S_BYTES = BM * 4;
-    static constexpr int STAGE = (X_BYTES + Q_BYTES + S_BYTES + 1023) / 1024 * 1024;  // x first, 1024-aligned
-    static constexpr int SMEM = STAGE * ST + 1024;  // + room to align the start
-    static_assert(BN % 128 == 0 && ST >= 3, "m64n128 products, loads two stages behind the products");
+    static constexpr int STAGE = (X_BYTES + Q_BYTES + S_BYTES + 1023) / 1024 * 1024;
+    static constexpr int SMEM = STAGE * ST + 1024;
+    static_assert((BN == 128 || BN == 256) && ST >= 3 && SMEM <= 227 * 1024, "m64n128 or m64n256 products, loads two stages behind");
 };
 
-template <int WT, int BN, int ST>
+// PRECOND: as qgemm_kernel.
+template <int WT, int BN, int ST, int KS>
 __global__ void __launch_bounds__(256, 1)
     qgemm_wg_kernel(float *__restrict__ y, const __half *__restrict__ xp, const uint8_t *__restrict__ w, int64_t T,
                     int64_t n_out, int64_t groups, int64_t row_bytes) {
 #if defined(QGEMM_WGMMA)
     using C = qgemm_wg_cfg<WT, BN, ST>;
-    constexpr int BM = C::BM, NB = BN / 128;
+    constexpr int BM = C::BM, NB = BN / 128, TH = C::THREADS;
+    constexpr int NQ = C::CH * BM / TH, NX = BN * 8 / TH, NS = (BM + TH - 1) / TH;  // copies a thread a stage
+    static_assert(C::CH * BM % TH == 0 && BN * 8 % TH == 0 && (BM % TH == 0 || BM < TH), "whole copies a thread");
     extern __shared__ uint8_t sm_raw[];
     uint8_t *sm = (uint8_t *)(((uintptr_t)sm_raw + 1023) & ~(uintptr_t)1023);
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int64_t m0 = (int64_t)blockIdx.y * BM, n0 = (int64_t)blockIdx.x * BN;
     const int64_t kp = groups * DJ_QGROUP, so = groups * C::QB;
-    const int KT = (int)((groups + 1) / 2);
+    // this CTA's stages: part blockIdx.z of KS (the parts' sums are added into y, which starts at zero)
+    const int KT_ALL = (int)((groups + 1) / 2), KPER = (KT_ALL + KS - 1) / KS, K0 = (int)blockIdx.z * KPER;
+    const int KT = K0 + KPER < KT_ALL ? KPER : KT_ALL - K0;  // stages kt = K0 .. K0 + KT - 1
 
-    auto load = [&](int st, int kt) {
-        uint8_t *xs = sm + st * C::STAGE, *q = xs + C::X_BYTES, *sc = q + C::Q_BYTES;
-        load_w<C, BM>(q, sc, w, m0, n_out, groups, row_bytes, so, kt, tid);
-        for (int i = tid; i < BN * 8; i += C::THREADS) {
-            const int t = i >> 3, c = i & 7;
-            const int64_t tok = n0 + t, k = (int64_t)kt * 64 + c * 8;
-            const bool ok = tok < T && k < kp;
-            cp_async16(xs + (t * 8 + (c ^ (t & 7))) * 16, ok ? xp + tok * kp + k : xp, ok ? 16 : 0);
+    // weights: chunk wc of rows wr0 + j TH / CH; the half of the stage (group) that chunk falls in
+    const int wc = tid % C::CH, wr0 = tid / C::CH, whalf = wc / (C::CH / 2);
+    const uint8_t *wsrc[NQ];
+    bool wok[NQ];
+#pragma unroll
+    for (int j = 0; j < NQ; j++) {
+        const int64_t row = m0 + wr0 + j * (TH / C::CH);
+        wok[j] = row < n_out;
+        wsrc[j] = w + (wok[j] ? row : 0) * row_bytes + wc * 16;
+    }
+    const int wdst = C::X_BYTES + (wc * BM + wr0) * 16;  // + j (TH / CH) 16
+    // scales: rows tid + j TH
+    const uint8_t *ssrc[NS];
+    bool sok[NS];
+#pragma unroll
+    for (int j = 0; j < NS; j++) {
+        const int64_t row = m0 + tid + j * TH;
+        sok[j] = tid + j * TH < BM && row < n_out;
+        ssrc[j] = w + (sok[j] ? row : 0) * row_bytes + so;
+    }
+    const int sdst = C::X_BYTES + C::Q_BYTES + tid * 4;  // + j TH 4
+    // x: chunk xc of tokens xt0 + j TH / 8 (the swizzle depends on t % 8, the same for every j)
+    const int xc = tid & 7, xt0 = tid >> 3;
+    const __half *xsrc = xp + (n0 + xt0) * kp + xc * 8;
+    const int64_t xstep = (int64_t)(TH / 8) * kp;
+    const int xdst = (xt0 * 8 + (xc ^ (xt0 & 7))) * 16;  // + j (TH / 8) 128
+    int nx = 0;  // how many of the thread's tokens exist
+#pragma unroll
+    for (int j = 0; j < NX; j++) nx += n0 + xt0 + j * (TH / 8) < T;
+
+    auto load = [&](int st, int i) {  // the CTA's i-th stage
+        uint8_t *base = sm + st * C::STAGE;
+        const int kt = K0 + i;
+#pragma unroll
+        for (int j = 0; j < NQ; j++) {
+            const bool ok = wok[j] && 2 * kt + whalf < groups;
+            cp_async16(base + wdst + j * (TH / C::CH) * 16, ok ? wsrc[j] + (int64_t)kt * 2 * C::QB : w, ok ? 16 : 0);
+        }
+        const int sbytes = 2 * kt + 1 < groups ? 4 : 2;
+#pragma unroll
+        for (int j = 0; j < NS; j++)
+            if (tid + j * TH < BM) cp_async4(base + sdst + j * TH * 4, sok[j] ? ssrc[j] + 4 * (int64_t)kt : w, sok[j] ? sbytes : 0);
+        const bool kok = (int64_t)kt * 64 + xc * 8 < kp;
+#pragma unroll
+        for (int j = 0; j < NX; j++) {
+            const bool ok = kok && j < nx;
+            cp_async16(base + xdst + j * (TH / 8) * 128, ok ? xsrc + j * xstep + (int64_t)kt * 64 : xp, ok ? 16 : 0);
         }
     };
 
-    float acc[NB][64];
+    float acc[NB][64];  // BN 256: one 64x256 tile, n8 block j in acc[j / 16] + 4 (j % 16)
 #pragma unroll
     for (int nb = 0; nb < NB; nb++)
 #pragma unroll
@@ -325,32 +387,33 @@ __global__ void __launch_bounds__(256, 1)
     }
     const int g = lane >> 2, rb = warp * 16;  // this warp's 16 rows of the CTA's 128
     uint32_t a[2][4][4];  // two stages' fragments: one in the products in flight, one being widened
-    auto step = [&](int kt, uint32_t (*af)[4]) {
+    auto step = [&](int i, uint32_t (*af)[4]) {  // the CTA's i-th stage
         cp_async_wait<ST - 3>();
         asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // cp.async's writes, seen by wgmma
         __syncthreads();
-        if (kt + ST - 2 < KT) load((kt + ST - 2) % ST, kt + ST - 2);  // the stage of kt - 2: its products are done
+        if (i + ST - 2 < KT) load((i + ST - 2) % ST, i + ST - 2);  // the stage of i - 2: its products are done
         cp_async_commit();
-        const uint8_t *xs = sm + (kt % ST) * C::STAGE, *q = xs + C::X_BYTES, *sc = q + C::Q_BYTES;
+        const uint8_t *xs = sm + (i % ST) * C::STAGE, *q = xs + C::X_BYTES, *sc = q + C::Q_BYTES;
         widen_frags<WT, BM>(af, q, sc, rb, lane);
         wg_fence();
 #pragma unroll
         for (int nb = 0; nb < NB; nb++) wg_pin(acc[nb]);
 #pragma unroll
-        for (int ks = 0; ks < 4; ks++)
-#pragma unroll
-            for (int nb = 0; nb < NB; nb++) wgmma_128(acc[nb], af[ks], wg_desc(xs + nb * 128 * 128 + ks * 32));
+        for (int ks = 0; ks < 4; ks++) {
+            if (NB == 2) wgmma_256(acc[0], af[ks], wg_desc(xs + ks * 32));  // one product: half the instructions
+            else wgmma_128(acc[0], af[ks], wg_desc(xs + ks * 32));
+        }
         wg_commit();
         wg_wait<1>();
 #pragma unroll
         for (int nb = 0; nb < NB; nb++) wg_pin(acc[nb]);
     };
-    int kt = 0;
-    for (; kt + 1 < KT; kt += 2) {
-        step(kt, a[0]);
-        step(kt + 1, a[1]);
+    int i = 0;
+    for (; i + 1 < KT; i += 2) {
+        step(i, a[0]);
+        step(i + 1, a[1]);
     }
-    if (kt < KT) step(kt, a[0]);
+    if (i < KT) step(i, a[0]);
     wg_wait<0>();
 #pragma unroll
     for (int nb = 0; nb < NB; nb++) wg_pin(acc[nb]);
@@ -366,12 +429,12 @@ __global__ void __launch_bounds__(256, 1)
             const int64_t tok = n0 + nb * 128 + j * 8 + c2;
             const float *d = acc[nb] + 4 * j;
             if (row < n_out) {
-                if (tok < T) y[tok * n_out + row] = d[0];
-                if (tok + 1 < T) y[(tok + 1) * n_out + row] = d[1];
+                if (tok < T) put<KS>(y + tok * n_out + row, d[0]);
+                if (tok + 1 < T) put<KS>(y + (tok + 1) * n_out + row, d[1]);
             }
             if (row + 8 < n_out) {
-                if (tok < T) y[tok * n_out + row + 8] = d[2];
-                if (tok + 1 < T) y[(tok + 1) * n_out + row + 8] = d[3];
+                if (tok < T) put<KS>(y + tok * n_out + row + 8, d[2]);
+                if (tok + 1 < T) put<KS>(y + (tok + 1) * n_out + row + 8, d[3]);
             }
         }
 #endif
@@ -389,25 +452,27 @@ __global__ void __launch_bounds__(256, 1)
     X(6, 128, 16, 8, 1, 4)       \
     X(7, 64, 64, 2, 2, 4)
 
-// The Hopper kernel's shapes: (id, BN, ST).
+// The Hopper kernel's shapes: (id, BN, ST, KS).
 #define QGEMM_WG_VARIANTS(X) \
-    X(8, 128, 5)             \
-    X(9, 256, 4)             \
-    X(10, 128, 4)
+    X(8, 256, 4, 1)          \
+    X(9, 256, 4, 2)          \
+    X(10, 128, 4, 2)         \
+    X(11, 128, 4, 1)
 
-template <int WT, int BN, int ST>
+template <int WT, int BN, int ST, int KS>
 static int qgemm_wg_launch(float *y, const __half *xp, const void *w, int64_t T, int64_t n_in, int64_t n_out,
                            cudaStream_t s, dj_err *e) {
     using C = qgemm_wg_cfg<WT, BN, ST>;
     static int ready;
     if (!ready) {
-        CUDA_CHECK(cudaFuncSetAttribute(qgemm_wg_kernel<WT, BN, ST>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+        CUDA_CHECK(cudaFuncSetAttribute(qgemm_wg_kernel<WT, BN, ST, KS>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                         C::SMEM));
         ready = 1;
     }
     const int64_t groups = (n_in + DJ_QGROUP - 1) / DJ_QGROUP, rb = (int64_t)dj_row_bytes(WT, (uint64_t)n_in);
-    const dim3 grid((unsigned)((T + BN - 1) / BN), (unsigned)((n_out + C::BM - 1) / C::BM));
-    qgemm_wg_kernel<WT, BN, ST><<<grid, C::THREADS, C::SMEM, s>>>(y, xp, (const uint8_t *)w, T, n_out, groups, rb);
+    const dim3 grid((unsigned)((T + BN - 1) / BN), (unsigned)((n_out + C::BM - 1) / C::BM), KS);
+    if (KS > 1) CUDA_CHECK(cudaMemsetAsync(y, 0, (size_t)T * (size_t)n_out * sizeof(float), s));
+    qgemm_wg_kernel<WT, BN, ST, KS><<<grid, C::THREADS, C::SMEM, s>>>(y, xp, (const uint8_t *)w, T, n_out, groups, rb);
     LAUNCH_CHECK("qgemm_wg", s);
     return 0;
 }
@@ -439,23 +504,52 @@ extern "C" int gpu_qgemm_ok(uint32_t wtype, const void *w, int64_t T, int64_t n_
            (n_out + 63) / 64 <= 65535 && (T + 15) / 16 <= INT32_MAX;
 }
 
-// The tile shape for T tokens, the fastest measured on the H100 at the Llama shapes (bench/qgemm_bench.cu,
-// bench/results/qgemm): one 16-row mma tile of tokens up to 16, 32 up to 64, then the Hopper kernel.
-static int qgemm_pick(const dj_gpu *g, int64_t T) { return T <= 16 ? 6 : T <= 64 ? 5 : g->wgmma ? 10 : 0; }
+// The tile shape for T tokens, n_in inputs and n_out rows, from the H100 and H200 measurements at the Llama shapes
+// (bench/qgemm_bench.cu, bench/results/qgemm): one 16-row mma tile of tokens up to 16, 32 up to 64; then on Hopper the
+// wgmma shape of least estimated time: waves of CTAs (one a multiprocessor; a started wave costs 0.7 of a full one
+// plus 0.3 times its fill, a single wave a whole one) times the stages a CTA runs times a stage's cost. A stage of 256 tokens costs 1.37 of one
+// of 128 (twice the tokens for each widened weight); split inputs cost 15% (256 tokens) and 8% (128) more a stage
+// (a pass half as long pays its start and the zeroing of y). Fitted to the H200 run of every shape at T = 128..2048:
+// the chosen shapes take 1.005x the time of the best of the four, at worst 1.10x. At 512 tokens the 4096-row
+// matrices get split inputs (64 CTAs of 256 tokens left half the SMs idle: 1.6x the time), gate|up 256 tokens whole.
+static int qgemm_pick(const dj_gpu *g, int64_t T, int64_t n_in, int64_t n_out) {
+    if (T <= 16) return 6;
+    if (T <= 64) return 5;
+    if (!g->wgmma) return 0;
+    static const struct {
+        int variant, bn, ks;
+        double stage_cost;
+    } shapes[] = {{8, 256, 1, 1.37}, {9, 256, 2, 1.37 * 1.15}, {10, 128, 2, 1.08}, {11, 128, 1, 1.0}};
+    const int64_t rows = (n_out + 127) / 128, stages = ((n_in + DJ_QGROUP - 1) / DJ_QGROUP + 1) / 2;
+    const double sms = (double)g->n_sm;
+    int best = 11;
+    double best_t = 0;
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
+        const double ctas = (double)((T + shapes[i].bn - 1) / shapes[i].bn * rows * shapes[i].ks);
+        const double full = ceil(ctas / sms), waves = fmax(1.0, full - 0.3 * (full - ctas / sms));
+        const double t = waves * (double)((stages + shapes[i].ks - 1) / shapes[i].ks) * shapes[i].stage_cost;
+        if (i == 0 || t < best_t) best = shapes[i].variant, best_t = t;
+    }
+    return best;
+}
 
-// Where gpu_matmul takes this kernel: a few tokens (batched decode, verification passes) and at least 45 rows per
-// multiprocessor (weights enough to keep the device busy). Measured on the H100 against dequantizing into f16 for cuBLAS (bench/results/qgemm): at
-// T = 8..128 it takes 0.3-0.5x the time on matrices of 6144 rows or more (gate|up: 0.2-0.45x) and loses on 4096
-// and 5120 rows (64-80 tiles for 132 SMs); from T = 512 dequantizing wins (cuBLAS's f16 kernels are ~1.7x the
-// Hopper kernel's throughput, the dequantization is paid once for all T).
+// Where gpu_matmul takes this kernel rather than dequantizing rows to f16 for cuBLAS. On Hopper from 2 tokens up to
+// 512 (q8) or 1024 (q4): bench/results/qgemm on the Llama-3-8B, Llama-2-13B and Llama-3-70B shapes, H200: at 512
+// tokens q8 took 0.8-1.1x the dequantizing path's time (0.87 over the 8B layer), q4 0.6-1.0x; at 1024 q8 lost on every
+// 8B matrix (1.05-1.4x) and q4 still won on three of four; at 2048 cuBLAS's f16 kernels, ~1.4x the wgmma kernel's
+// rate, win once the dequantization is paid for enough tokens. Elsewhere (mma.sync only) a few tokens and at least 45
+// rows a multiprocessor: at T = 8..128 it took 0.3-0.5x the time on matrices of 6144 rows or more and lost on 4096
+// and 5120 rows.
 extern "C" int gpu_qgemm_wins(const dj_gpu *g, uint32_t wtype, const void *w, int64_t T, int64_t n_in,
                               int64_t n_out) {
-    return gpu_qgemm_ok(wtype, w, T, n_in, n_out) && T >= 2 && T <= 128 && n_out >= 45 * (int64_t)g->n_sm;
+    if (!gpu_qgemm_ok(wtype, w, T, n_in, n_out) || T < 2) return 0;
+    return g->wgmma ? T <= (wtype == DJ_Q8 ? 512 : 1024) : T <= 128 && n_out >= 45 * (int64_t)g->n_sm;
 }
 
 extern "C" int gpu_qgemm_has(const dj_gpu *g, int variant) {
 #define QGEMM_COUNT(...) +1
-    static_assert(0 QGEMM_VARIANTS(QGEMM_COUNT) QGEMM_WG_VARIANTS(QGEMM_COUNT) == GPU_QGEMM_VARIANTS,
+    static_assert(0 QGEMM_VARIANTS(QGEMM_COUNT) QGEMM_WG_VARIANTS(QGEMM_COUNT) ==
+                      GPU_QGEMM_VARIANTS,
                   "kernels.h's GPU_QGEMM_VARIANTS counts the tile shapes");
     const int n_mma = 0 QGEMM_VARIANTS(QGEMM_COUNT);
 #undef QGEMM_COUNT
@@ -467,7 +561,7 @@ extern "C" int gpu_qgemm_variant(dj_gpu *g, int variant, float *y, const float *
     if (!gpu_qgemm_ok(wtype, w, T, n_in, n_out))
         return dj_fail(e, "gpu_qgemm: unsupported: weights of dtype %u at %p, T=%lld n_in=%lld n_out=%lld", wtype, w,
                        (long long)T, (long long)n_in, (long long)n_out);
-    if (variant < 0) variant = qgemm_pick(g, T);
+    if (variant < 0) variant = qgemm_pick(g, T, n_in, n_out);
     if (scratch_need(g, gpu_qgemm_scratch(T, n_in), s, e)) return -1;
     __half *xp = (__half *)g->scratch;
     const int64_t kp = (n_in + DJ_QGROUP - 1) / DJ_QGROUP * DJ_QGROUP;
@@ -477,11 +571,11 @@ extern "C" int gpu_qgemm_variant(dj_gpu *g, int variant, float *y, const float *
     case id:                                                                                                    \
         return wtype == DJ_Q8 ? qgemm_launch<DJ_Q8, BM, BN, WM, WN, ST>(y, xp, w, T, n_in, n_out, s, e)          \
                               : qgemm_launch<DJ_Q4, BM, BN, WM, WN, ST>(y, xp, w, T, n_in, n_out, s, e);
-#define QGEMM_WG_CASE(id, BN, ST)                                                                                \
+#define QGEMM_WG_CASE(id, BN, ST, KS)                                                                           \
     case id:                                                                                                    \
         if (!g->wgmma) return dj_fail(e, "gpu_qgemm: tile shape %d needs an sm_90 device", variant);            \
-        return wtype == DJ_Q8 ? qgemm_wg_launch<DJ_Q8, BN, ST>(y, xp, w, T, n_in, n_out, s, e)                   \
-                              : qgemm_wg_launch<DJ_Q4, BN, ST>(y, xp, w, T, n_in, n_out, s, e);
+        return wtype == DJ_Q8 ? qgemm_wg_launch<DJ_Q8, BN, ST, KS>(y, xp, w, T, n_in, n_out, s, e)               \
+                              : qgemm_wg_launch<DJ_Q4, BN, ST, KS>(y, xp, w, T, n_in, n_out, s, e);
     switch (variant) {
         QGEMM_VARIANTS(QGEMM_CASE)
         QGEMM_WG_VARIANTS(QGEMM_WG_CASE)

@@ -7,6 +7,8 @@
 // groups; TFLOP/s counts 2 T n_in n_out.
 //
 //   build/bin/qgemm_bench OUT.json [T ...]     (default T: 2 4 8 16 32 64 128 256 512 2048)
+// QGEMM_ONLY=8,11,12 (environment) times those tile shapes only (the others print as inf); QGEMM_MATRIX=8b:gate_up
+// that matrix only.
 #include <math.h>
 #include <string.h>
 
@@ -47,6 +49,19 @@ int main(int argc, char **argv) {
     for (int i = 2; i < argc; i++) Ts.push_back(atoll(argv[i]));
     if (Ts.empty()) Ts = {2, 4, 8, 16, 32, 64, 128, 256, 512, 2048};
     const int64_t Tmax = *std::max_element(Ts.begin(), Ts.end());
+    bool timed_var[NVAR];
+    const char *only = getenv("QGEMM_ONLY");
+    for (int v = 0; v < NVAR; v++) timed_var[v] = !only;
+    for (const char *p = only; p && *p;) {
+        char *end;
+        long v = strtol(p, &end, 10);
+        if (end == p || v < 0 || v >= NVAR) {
+            fprintf(stderr, "qgemm_bench: QGEMM_ONLY: not a list of tile shapes 0..%d: %s\n", NVAR - 1, only);
+            return 2;
+        }
+        timed_var[v] = true;
+        p = *end == ',' ? end + 1 : end;
+    }
     dj_gpu *g;
     cudaStream_t s;
     CKD(gpu_open(&g, 0, &e_));
@@ -66,7 +81,11 @@ int main(int argc, char **argv) {
     int first_row = 1, bad = 0;
     printf("%-4s %-8s %-3s %5s %10s %10s %10s %5s %8s %8s  variants (us)\n", "", "matrix", "dt", "T", "f16 us",
            "dequant us", "qgemm us", "var", "of f16", "TFLOP/s");
+    const char *only_matrix = getenv("QGEMM_MATRIX");
     for (const shape &sh : shapes) {
+        char name[64];
+        snprintf(name, sizeof name, "%s:%s", sh.model, sh.name);
+        if (only_matrix && strcmp(only_matrix, name)) continue;
         const int64_t n_out = sh.n_out, n_in = sh.n_in;
         float *x, *y, *yref;
         CK(cudaMalloc(&x, (size_t)(Tmax * n_in) * 4));
@@ -104,6 +123,8 @@ int main(int argc, char **argv) {
                 double var_us[NVAR], var_err[NVAR];
                 int best = -1;
                 for (int v = 0; v < NVAR; v++) {
+                    var_err[v] = 0, var_us[v] = INFINITY;
+                    if (!timed_var[v] || !gpu_qgemm_has(g, v)) continue;
                     CK(cudaMemset(y, 0xff, (size_t)(T * n_out) * 4));
                     CKD(gpu_qgemm_variant(g, v, y, x, w[0], dt, T, n_in, n_out, s, &e_));
                     CK(cudaStreamSynchronize(s));

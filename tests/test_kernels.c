@@ -184,17 +184,22 @@ Test(kernels, matmul) {
 }
 
 // ---- qgemm's tile shapes
-// Every tile shape this device runs (the dispatch uses three), q8 and q4, against the CPU on the same quantized
-// weights: token counts below, at and past a tile's width, rows a partial tile, groups a partial stage.
+// Every tile shape this device runs, q8 and q4, against the CPU on the same quantized weights: token counts below,
+// at and past a tile's width (16 to 256), rows a partial tile, groups a partial stage, and inputs split in two where
+// one part is a single stage ({40, 130}: two groups, one stage, so the second part of a split has none). A second
+// run of each must give the same bits (the split parts add into y in whichever order they finish).
 Test(kernels, qgemm_tile_shapes) {
     tk_start("qgemm_tile_shapes");
-    static const int64_t Ts[] = {1, 16, 33, 130}, shapes[][2] = {{512, 200}, {208, 77}, {1056, 392}};
+    static const int64_t Ts[] = {1, 16, 33, 130, 300},
+                         shapes[][2] = {{512, 200}, {208, 77}, {1056, 392}, {40, 130}};
     dj_err e;
     int ran = 0;
     for (uint32_t wt = DJ_Q8; wt <= DJ_Q4; wt++)
         for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
             const int64_t n_in = shapes[si][0], n_out = shapes[si][1];
-            tk_mm m = tk_mm_new(wt, n_in, n_out, 130);
+            tk_mm m = tk_mm_new(wt, n_in, n_out, 300);
+            float *again = malloc((size_t)(300 * n_out) * 4);
+            cr_assert(again);
             for (size_t ti = 0; ti < sizeof Ts / sizeof Ts[0]; ti++) {
                 const int64_t T = Ts[ti];
                 tk_mm_input(&m, T);
@@ -209,12 +214,19 @@ Test(kernels, qgemm_tile_shapes) {
                     if (rc) continue;
                     tk_down(m.got, m.dy, (size_t)(T * n_out) * 4);
                     tk_close(m.got, m.ref, T * n_out, 2e-3, what);
+                    tk_poison(m.dy, (size_t)(T * n_out) * 4);
+                    rc = gpu_qgemm_variant(tk_g, v, m.dy, m.dx, m.dw, wt, T, n_in, n_out, tk_s, &e);
+                    cr_expect_eq(rc, 0, "%s, again: %s", what, e.msg);
+                    if (rc) continue;
+                    tk_down(again, m.dy, (size_t)(T * n_out) * 4);
+                    cr_expect(!memcmp(again, m.got, (size_t)(T * n_out) * 4), "%s: a second run differs", what);
                     ran++;
                 }
             }
+            free(again);
             tk_mm_free(&m);
         }
-    cr_expect_geq(ran, 2 * 3 * 4 * 8, "the eight mma.sync tile shapes run everywhere");
+    cr_expect_geq(ran, 2 * 4 * 5 * 8, "the eight mma.sync tile shapes run everywhere");
     tk_end("qgemm_tile_shapes");
 }
 

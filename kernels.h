@@ -118,7 +118,8 @@ int gpu_matmul_path(dj_gpu *g, int path, float *y, const float *x, const void *w
 
 // Whether GPU_MM_QGEMM takes this product: q8/q4 W 16-byte aligned (model.bin's rows always are).
 int gpu_qgemm_ok(uint32_t wtype, const void *w, int64_t T, int64_t n_in, int64_t n_out);
-// Whether it is also the faster path (measured: 2..128 tokens, enough rows to fill the device).
+// Whether it is also the faster path (qgemm.cu: on Hopper 2..512 tokens in q8, 2..2048 in q4; elsewhere 2..128 tokens
+// and enough rows to fill the device).
 int gpu_qgemm_wins(const dj_gpu *g, uint32_t wtype, const void *w, int64_t T, int64_t n_in, int64_t n_out);
 // GPU_MM_QGEMM with tile shape `variant` (qgemm.cu's QGEMM_VARIANTS; -1: chosen by T, as gpu_matmul does): for
 // bench/qgemm_bench.cu, which measures the shapes.

@@ -25,6 +25,20 @@ __global__ void qgemm_x_kernel(__half *xp, const float *x, int64_t T, int64_t n_
     }
 }
 
+// ---- the same values in the Hopper kernel's stage layout: for each block of BN tokens and each stage of 64 inputs,
+// BN 128-byte rows (a token's 64 permuted inputs), 16-byte chunk c of token t at c ^ (t % 8), contiguous, so one
+// bulk copy moves a stage's x. xt (ceil(T / BN) BN, kp) f16 in that order; tokens past T are zeros.
+__global__ void qgemm_xt_kernel(__half *xt, const float *x, int64_t T, int64_t n_in, int64_t kp, int bn) {
+    const int64_t KT = kp / 64 + (kp % 64 != 0), blocks = (T + bn - 1) / bn, n = blocks * KT * bn * 64;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t tile = i / (bn * 64), kt = tile % KT, blk = tile / KT;
+        const int p = (int)(i - tile * bn * 64), t = p / 64, sc = (p / 8) & 7, e = p & 7;
+        const int k = ((sc ^ (t & 7)) << 3) | e, kk = k & 15;  // the input within the stage, before the permutation
+        const int64_t a = kt * 64 + (k - kk) + 4 * ((kk >> 1) & 3) + (kk >> 3) + 2 * (kk & 1), tok = blk * bn + t;
+        xt[i] = tok < T && a < n_in ? __float2half_rn(x[tok * n_in + a]) : __float2half_rn(0.0f);
+    }
+}
+
 // ---- PTX: asynchronous copies into shared memory, ldmatrix, mma
 static __device__ __forceinline__ uint32_t smem_u32(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
 // Copies `bytes` (0 or 16) of src and zero-fills the rest of the 16.
@@ -248,11 +262,14 @@ __global__ void __launch_bounds__(WM *WN * 32)
 // A CTA is two warpgroups, each 64 rows of W (a warp 16, its A fragments laid out as mma.sync's), times BN tokens
 // (one m64nBNk16 product a k16 step); 64 inputs a stage, ST stages. x's stage is the swizzled 128-byte-row layout of
 // the kernel above, which is wgmma's 128-byte swizzle when the stage is 1024-byte aligned, so B is read by
-// descriptor. Loads run ST - 2 stages ahead: the products of a stage stay in flight while the next stage is widened
-// (wait_group 1), so a stage is refilled only two iterations after its products were issued. A thread copies the
-// same (row, chunk) of weights, the same row's scales and the same chunk of the same tokens in every stage, so its
-// addresses are worked out once (recomputing them per copy cost about as many instructions as the widening: 15-20%
-// of the time). KS = 2 splits the inputs between two CTAs (twice the CTAs where rows and tokens alone leave SMs idle).
+// descriptor; with XB, qgemm_xt_kernel lays x out stage by stage and one thread moves a stage's x with one bulk copy
+// (the multiprocessor's copy engine, completing an mbarrier) instead of every thread copying 16 bytes at a time.
+// Loads run ST - 2 stages ahead: the products of a stage stay in flight while the next stage is widened (wait_group
+// 1), so a stage is refilled only two iterations after its products were issued. A thread copies the same (row,
+// chunk) of weights and the same row's scales in every stage, so its addresses are worked out once (recomputing them
+// per copy cost about as many instructions as the widening: 15-20% of the time). KS = 2 splits the inputs between
+// two CTAs (twice the CTAs where rows and tokens alone leave SMs idle); MINB = 2 keeps a 128-token CTA within 128
+// registers so that two share a multiprocessor.
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define QGEMM_WGMMA 1
 #endif
@@ -271,6 +288,29 @@ template <int N> static __device__ __forceinline__ void wg_wait() {
 static __device__ __forceinline__ void wg_pin(float *d) {
 #pragma unroll
     for (int i = 0; i < 64; i++) asm volatile("" : "+f"(d[i])::"memory");
+}
+static __device__ __forceinline__ void mbar_init(uint64_t *b, int count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_u32(b)), "r"(count) : "memory");
+}
+static __device__ __forceinline__ void mbar_wait(uint64_t *b, uint32_t parity) {
+    uint32_t done;
+    do {
+        asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+                     : "=r"(done)
+                     : "r"(smem_u32(b)), "r"(parity)
+                     : "memory");
+    } while (!done);
+}
+// bytes (a multiple of 16) from src to dst by the copy engine of the multiprocessor (the async proxy, as wgmma
+// reads), completing a phase of mbarrier b, which this call arms for them.
+static __device__ __forceinline__ void bulk_copy(void *dst, const void *src, int bytes, uint64_t *b) {
+    asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.expect_tx.shared::cta.b64 st, [%0], %1;\n}\n" ::"r"(smem_u32(b)),
+                 "r"(bytes)
+                 : "memory");
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
+                     smem_u32(dst)),
+                 "l"(src), "r"(bytes), "r"(smem_u32(b))
+                 : "memory");
 }
 // d (64x128 f32, this thread's 64) += a (64x16 f16, registers) . b (16x128 f16, shared memory, descriptor)
 static __device__ __forceinline__ void wgmma_128(float *d, const uint32_t *a, uint64_t b) {
@@ -302,16 +342,18 @@ template <int WT, int BN, int ST> struct qgemm_wg_cfg {
     static constexpr int X_BYTES = BN * 128, Q_BYTES = CH * BM * 16, S_BYTES = BM * 4;
     static constexpr int STAGE = (X_BYTES + Q_BYTES + S_BYTES + 1023) / 1024 * 1024;
     static constexpr int SMEM = STAGE * ST + 1024;
-    static_assert((BN == 128 || BN == 256) && ST >= 3 && SMEM <= 227 * 1024, "m64n128 or m64n256 products, loads two stages behind");
+    static_assert((BN == 128 || BN == 256) && ST >= 3 && SMEM <= 227 * 1024,
+                  "m64n128 or m64n256 products, loads two stages behind");
 };
 
 // PRECOND: as qgemm_kernel.
-template <int WT, int BN, int ST, int KS>
-__global__ void __launch_bounds__(256, 1)
+template <int WT, int BN, int ST, int KS, bool XB, int MINB>
+__global__ void __launch_bounds__(256, MINB)
     qgemm_wg_kernel(float *__restrict__ y, const __half *__restrict__ xp, const uint8_t *__restrict__ w, int64_t T,
                     int64_t n_out, int64_t groups, int64_t row_bytes) {
 #if defined(QGEMM_WGMMA)
     using C = qgemm_wg_cfg<WT, BN, ST>;
+    __shared__ uint64_t xbar[ST];  // XB: a stage's x arrived (one bulk copy from qgemm_xt_kernel's layout)
     constexpr int BM = C::BM, NB = BN / 128, TH = C::THREADS;
     constexpr int NQ = C::CH * BM / TH, NX = BN * 8 / TH, NS = (BM + TH - 1) / TH;  // copies a thread a stage
     static_assert(C::CH * BM % TH == 0 && BN * 8 % TH == 0 && (BM % TH == 0 || BM < TH), "whole copies a thread");
@@ -353,10 +395,20 @@ __global__ void __launch_bounds__(256, 1)
     int nx = 0;  // how many of the thread's tokens exist
 #pragma unroll
     for (int j = 0; j < NX; j++) nx += n0 + xt0 + j * (TH / 8) < T;
+    if (XB) {
+        if (tid == 0) {
+            for (int s = 0; s < ST; s++) mbar_init(&xbar[s], 1);
+            asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+        }
+        __syncthreads();
+    }
 
     auto load = [&](int st, int i) {  // the CTA's i-th stage
         uint8_t *base = sm + st * C::STAGE;
         const int kt = K0 + i;
+        if (XB) {
+            if (tid == 0) bulk_copy(base, xp + ((int64_t)blockIdx.x * KT_ALL + kt) * BN * 64, BN * 128, &xbar[st]);
+        }
 #pragma unroll
         for (int j = 0; j < NQ; j++) {
             const bool ok = wok[j] && 2 * kt + whalf < groups;
@@ -365,10 +417,12 @@ __global__ void __launch_bounds__(256, 1)
         const int sbytes = 2 * kt + 1 < groups ? 4 : 2;
 #pragma unroll
         for (int j = 0; j < NS; j++)
-            if (tid + j * TH < BM) cp_async4(base + sdst + j * TH * 4, sok[j] ? ssrc[j] + 4 * (int64_t)kt : w, sok[j] ? sbytes : 0);
+            if (tid + j * TH < BM)
+                cp_async4(base + sdst + j * TH * 4, sok[j] ? ssrc[j] + 4 * (int64_t)kt : w, sok[j] ? sbytes : 0);
         const bool kok = (int64_t)kt * 64 + xc * 8 < kp;
 #pragma unroll
         for (int j = 0; j < NX; j++) {
+            if (XB) break;
             const bool ok = kok && j < nx;
             cp_async16(base + xdst + j * (TH / 8) * 128, ok ? xsrc + j * xstep + (int64_t)kt * 64 : xp, ok ? 16 : 0);
         }
@@ -389,6 +443,7 @@ __global__ void __launch_bounds__(256, 1)
     uint32_t a[2][4][4];  // two stages' fragments: one in the products in flight, one being widened
     auto step = [&](int i, uint32_t (*af)[4]) {  // the CTA's i-th stage
         cp_async_wait<ST - 3>();
+        if (XB) mbar_wait(&xbar[i % ST], (uint32_t)((i / ST) & 1));
         asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // cp.async's writes, seen by wgmma
         __syncthreads();
         if (i + ST - 2 < KT) load((i + ST - 2) % ST, i + ST - 2);  // the stage of i - 2: its products are done
@@ -452,35 +507,46 @@ __global__ void __launch_bounds__(256, 1)
     X(6, 128, 16, 8, 1, 4)       \
     X(7, 64, 64, 2, 2, 4)
 
-// The Hopper kernel's shapes: (id, BN, ST, KS).
-#define QGEMM_WG_VARIANTS(X) \
-    X(8, 256, 4, 1)          \
-    X(9, 256, 4, 2)          \
-    X(10, 128, 4, 2)         \
-    X(11, 128, 4, 1)
+// The Hopper kernel's shapes: (id, BN, ST, KS, XB, MINB). Measured against each other on the H100
+// (bench/results/qgemm): x by bulk copy (XB) gained 1-5% with 256 tokens whole and up to 20% on q4 with 128, lost
+// 2-7% with 256 split; two CTAs a multiprocessor (MINB, 128 tokens, 126 registers) gained up to 20% on q4.
+#define QGEMM_WG_VARIANTS(X)      \
+    X(8, 256, 5, 1, true, 1)      \
+    X(9, 256, 4, 2, false, 1)     \
+    X(10, 128, 4, 2, true, 2)     \
+    X(11, 128, 4, 1, true, 2)
 
-template <int WT, int BN, int ST, int KS>
-static int qgemm_wg_launch(float *y, const __half *xp, const void *w, int64_t T, int64_t n_in, int64_t n_out,
-                           cudaStream_t s, dj_err *e) {
+template <int WT, int BN, int ST, int KS, bool XB, int MINB>
+static int qgemm_wg_launch(float *y, const float *x, __half *xp, const void *w, int64_t T, int64_t n_in,
+                           int64_t n_out, cudaStream_t s, dj_err *e) {
     using C = qgemm_wg_cfg<WT, BN, ST>;
+    const int64_t kp = (n_in + DJ_QGROUP - 1) / DJ_QGROUP * DJ_QGROUP;
+    const int64_t xt_n = (T + BN - 1) / BN * BN * ((kp + 63) / 64 * 64);  // qgemm_xt_kernel's halves
+    if (XB) qgemm_xt_kernel<<<grid_1d(xt_n, 256), 256, 0, s>>>(xp, x, T, n_in, kp, BN);
+    else qgemm_x_kernel<<<grid_1d(T * kp, 256), 256, 0, s>>>(xp, x, T, n_in, kp);
+    LAUNCH_CHECK("qgemm_x", s);
     static int ready;
     if (!ready) {
-        CUDA_CHECK(cudaFuncSetAttribute(qgemm_wg_kernel<WT, BN, ST, KS>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        C::SMEM));
+        CUDA_CHECK(cudaFuncSetAttribute(qgemm_wg_kernel<WT, BN, ST, KS, XB, MINB>,
+                                        cudaFuncAttributeMaxDynamicSharedMemorySize, C::SMEM));
         ready = 1;
     }
     const int64_t groups = (n_in + DJ_QGROUP - 1) / DJ_QGROUP, rb = (int64_t)dj_row_bytes(WT, (uint64_t)n_in);
     const dim3 grid((unsigned)((T + BN - 1) / BN), (unsigned)((n_out + C::BM - 1) / C::BM), KS);
     if (KS > 1) CUDA_CHECK(cudaMemsetAsync(y, 0, (size_t)T * (size_t)n_out * sizeof(float), s));
-    qgemm_wg_kernel<WT, BN, ST, KS><<<grid, C::THREADS, C::SMEM, s>>>(y, xp, (const uint8_t *)w, T, n_out, groups, rb);
+    qgemm_wg_kernel<WT, BN, ST, KS, XB, MINB><<<grid, C::THREADS, C::SMEM, s>>>(y, xp, (const uint8_t *)w, T, n_out,
+                                                                              groups, rb);
     LAUNCH_CHECK("qgemm_wg", s);
     return 0;
 }
 
 template <int WT, int BM, int BN, int WM, int WN, int ST>
-static int qgemm_launch(float *y, const __half *xp, const void *w, int64_t T, int64_t n_in, int64_t n_out,
+static int qgemm_launch(float *y, const float *x, __half *xp, const void *w, int64_t T, int64_t n_in, int64_t n_out,
                         cudaStream_t s, dj_err *e) {
     using C = qgemm_cfg<WT, BM, BN, WM, WN, ST>;
+    const int64_t kp = (n_in + DJ_QGROUP - 1) / DJ_QGROUP * DJ_QGROUP;
+    qgemm_x_kernel<<<grid_1d(T * kp, 256), 256, 0, s>>>(xp, x, T, n_in, kp);
+    LAUNCH_CHECK("qgemm_x", s);
     static int ready;  // the shared-memory opt-in, once per instantiation (the process uses one device)
     if (!ready) {
         CUDA_CHECK(cudaFuncSetAttribute(qgemm_kernel<WT, BM, BN, WM, WN, ST>,
@@ -495,8 +561,8 @@ static int qgemm_launch(float *y, const __half *xp, const void *w, int64_t T, in
     return 0;
 }
 
-extern "C" size_t gpu_qgemm_scratch(int64_t T, int64_t n_in) {
-    return ((size_t)T * (size_t)((n_in + DJ_QGROUP - 1) / DJ_QGROUP * DJ_QGROUP) * 2 + 255) / 256 * 256;
+extern "C" size_t gpu_qgemm_scratch(int64_t T, int64_t n_in) {  // T rounded up to whole blocks of 256 tokens
+    return (size_t)(T + 255) / 256 * 256 * (size_t)((n_in + 63) / 64 * 64) * 2;
 }
 
 extern "C" int gpu_qgemm_ok(uint32_t wtype, const void *w, int64_t T, int64_t n_in, int64_t n_out) {
@@ -504,29 +570,36 @@ extern "C" int gpu_qgemm_ok(uint32_t wtype, const void *w, int64_t T, int64_t n_
            (n_out + 63) / 64 <= 65535 && (T + 15) / 16 <= INT32_MAX;
 }
 
-// The tile shape for T tokens, n_in inputs and n_out rows, from the H100 and H200 measurements at the Llama shapes
-// (bench/qgemm_bench.cu, bench/results/qgemm): one 16-row mma tile of tokens up to 16, 32 up to 64; then on Hopper the
-// wgmma shape of least estimated time: waves of CTAs (one a multiprocessor; a started wave costs 0.7 of a full one
-// plus 0.3 times its fill, a single wave a whole one) times the stages a CTA runs times a stage's cost. A stage of 256 tokens costs 1.37 of one
-// of 128 (twice the tokens for each widened weight); split inputs cost 15% (256 tokens) and 8% (128) more a stage
-// (a pass half as long pays its start and the zeroing of y). Fitted to the H200 run of every shape at T = 128..2048:
-// the chosen shapes take 1.005x the time of the best of the four, at worst 1.10x. At 512 tokens the 4096-row
-// matrices get split inputs (64 CTAs of 256 tokens left half the SMs idle: 1.6x the time), gate|up 256 tokens whole.
+// The tile shape for T tokens, n_in inputs and n_out rows (bench/qgemm_bench.cu, bench/results/qgemm: qgemm.txt for
+// T = 8..2048, qgemm_small.txt for 2..64, H100). Up to 64 tokens: one 16-row mma tile of tokens up to 16, 32 up to
+// 64; on Hopper, where 128 rows a CTA give fewer CTAs than 0.9 of the SMs, the wgmma kernel with 128 tokens a CTA
+// and the inputs split instead (2..64 tokens: 8B's q|k|v, wo and down 0.47-0.70x the mma tile's time, 13B's wo and
+// down 0.45-0.66x, 70B's 0.44-0.97x), and for larger matrices from 17 tokens the wgmma kernel whole (32 tokens:
+// 0.80-0.94x, 64 tokens: 0.46-0.59x; at 16 and fewer the mma tile stays, 0.86-1.02x the wgmma kernel's time). Beyond
+// 64 tokens on Hopper the wgmma shape of least estimated time: waves of CTAs (as many as multiprocessors; a started
+// wave costs 0.6 of a full one plus 0.4 times its fill, a single wave a whole one) times the stages a CTA runs times
+// a stage's cost: 1.4 for 256 tokens (twice the tokens of 128 for each widened weight), 1.7 split (a pass half as
+// long pays its start, the zeroing of y, and x without the bulk copy), 1.1 and 1 for 128 split and whole (two CTAs a
+// multiprocessor, which this estimate leaves out: counting them as half a wave fitted worse). Fitted to the H100 run
+// of every shape at T = 128..2048: the chosen shapes take 1.002x the time of the best of the four, at worst 1.06x.
+// At 512 tokens the 4096-row matrices get 256 split (64 CTAs of 256 whole left half the SMs idle: 1.6x the time).
 static int qgemm_pick(const dj_gpu *g, int64_t T, int64_t n_in, int64_t n_out) {
-    if (T <= 16) return 6;
-    if (T <= 64) return 5;
+    const int64_t rows = (n_out + 127) / 128, stages = ((n_in + DJ_QGROUP - 1) / DJ_QGROUP + 1) / 2;
+    if (T <= 64) {
+        if (g->wgmma && 10 * rows < 9 * (int64_t)g->n_sm) return 10;  // split inputs fill the SMs the rows leave idle
+        return T <= 16 ? 6 : g->wgmma ? 11 : 5;
+    }
     if (!g->wgmma) return 0;
     static const struct {
         int variant, bn, ks;
         double stage_cost;
-    } shapes[] = {{8, 256, 1, 1.37}, {9, 256, 2, 1.37 * 1.15}, {10, 128, 2, 1.08}, {11, 128, 1, 1.0}};
-    const int64_t rows = (n_out + 127) / 128, stages = ((n_in + DJ_QGROUP - 1) / DJ_QGROUP + 1) / 2;
-    const double sms = (double)g->n_sm;
+    } shapes[] = {{8, 256, 1, 1.4}, {9, 256, 2, 1.7}, {10, 128, 2, 1.1}, {11, 128, 1, 1.0}};
     int best = 11;
     double best_t = 0;
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
         const double ctas = (double)((T + shapes[i].bn - 1) / shapes[i].bn * rows * shapes[i].ks);
-        const double full = ceil(ctas / sms), waves = fmax(1.0, full - 0.3 * (full - ctas / sms));
+        const double w = ctas / (double)g->n_sm, full = ceil(w);
+        const double waves = fmax(1.0, full - 0.4 * (full - w));
         const double t = waves * (double)((stages + shapes[i].ks - 1) / shapes[i].ks) * shapes[i].stage_cost;
         if (i == 0 || t < best_t) best = shapes[i].variant, best_t = t;
     }
@@ -534,16 +607,16 @@ static int qgemm_pick(const dj_gpu *g, int64_t T, int64_t n_in, int64_t n_out) {
 }
 
 // Where gpu_matmul takes this kernel rather than dequantizing rows to f16 for cuBLAS. On Hopper from 2 tokens up to
-// 512 (q8) or 1024 (q4): bench/results/qgemm on the Llama-3-8B, Llama-2-13B and Llama-3-70B shapes, H200: at 512
-// tokens q8 took 0.8-1.1x the dequantizing path's time (0.87 over the 8B layer), q4 0.6-1.0x; at 1024 q8 lost on every
-// 8B matrix (1.05-1.4x) and q4 still won on three of four; at 2048 cuBLAS's f16 kernels, ~1.4x the wgmma kernel's
-// rate, win once the dequantization is paid for enough tokens. Elsewhere (mma.sync only) a few tokens and at least 45
-// rows a multiprocessor: at T = 8..128 it took 0.3-0.5x the time on matrices of 6144 rows or more and lost on 4096
-// and 5120 rows.
+// 512 (q8) or 2048 (q4): bench/results/qgemm, H100, the Llama-3-8B layer's four matrices: at 512 tokens q8 569 us
+// against 656 dequantizing (q4 522 against 753); at 1024 q8 lost (1010 against 967) while q4 still won (930 against
+// 1066); at 2048 q4 was even (1872 against 1843; 4% ahead in another call), beyond it cuBLAS's f16 kernels, ~1.4x
+// the wgmma kernel's rate, win once the dequantization is paid for enough tokens. Elsewhere (mma.sync only) a few
+// tokens and at least 45 rows a multiprocessor: at T = 8..128 it took 0.3-0.5x the time on matrices of 6144 rows or
+// more and lost on 4096 and 5120 rows.
 extern "C" int gpu_qgemm_wins(const dj_gpu *g, uint32_t wtype, const void *w, int64_t T, int64_t n_in,
                               int64_t n_out) {
     if (!gpu_qgemm_ok(wtype, w, T, n_in, n_out) || T < 2) return 0;
-    return g->wgmma ? T <= (wtype == DJ_Q8 ? 512 : 1024) : T <= 128 && n_out >= 45 * (int64_t)g->n_sm;
+    return g->wgmma ? T <= (wtype == DJ_Q8 ? 512 : 2048) : T <= 128 && n_out >= 45 * (int64_t)g->n_sm;
 }
 
 extern "C" int gpu_qgemm_has(const dj_gpu *g, int variant) {
@@ -564,18 +637,15 @@ extern "C" int gpu_qgemm_variant(dj_gpu *g, int variant, float *y, const float *
     if (variant < 0) variant = qgemm_pick(g, T, n_in, n_out);
     if (scratch_need(g, gpu_qgemm_scratch(T, n_in), s, e)) return -1;
     __half *xp = (__half *)g->scratch;
-    const int64_t kp = (n_in + DJ_QGROUP - 1) / DJ_QGROUP * DJ_QGROUP;
-    qgemm_x_kernel<<<grid_1d(T * kp, 256), 256, 0, s>>>(xp, x, T, n_in, kp);
-    LAUNCH_CHECK("qgemm_x", s);
 #define QGEMM_CASE(id, BM, BN, WM, WN, ST)                                                                       \
     case id:                                                                                                    \
-        return wtype == DJ_Q8 ? qgemm_launch<DJ_Q8, BM, BN, WM, WN, ST>(y, xp, w, T, n_in, n_out, s, e)          \
-                              : qgemm_launch<DJ_Q4, BM, BN, WM, WN, ST>(y, xp, w, T, n_in, n_out, s, e);
-#define QGEMM_WG_CASE(id, BN, ST, KS)                                                                           \
+        return wtype == DJ_Q8 ? qgemm_launch<DJ_Q8, BM, BN, WM, WN, ST>(y, x, xp, w, T, n_in, n_out, s, e)          \
+                              : qgemm_launch<DJ_Q4, BM, BN, WM, WN, ST>(y, x, xp, w, T, n_in, n_out, s, e);
+#define QGEMM_WG_CASE(id, BN, ST, KS, XB, MINB)                                                               \
     case id:                                                                                                    \
         if (!g->wgmma) return dj_fail(e, "gpu_qgemm: tile shape %d needs an sm_90 device", variant);            \
-        return wtype == DJ_Q8 ? qgemm_wg_launch<DJ_Q8, BN, ST, KS>(y, xp, w, T, n_in, n_out, s, e)               \
-                              : qgemm_wg_launch<DJ_Q4, BN, ST, KS>(y, xp, w, T, n_in, n_out, s, e);
+        return wtype == DJ_Q8 ? qgemm_wg_launch<DJ_Q8, BN, ST, KS, XB, MINB>(y, x, xp, w, T, n_in, n_out, s, e)  \
+                              : qgemm_wg_launch<DJ_Q4, BN, ST, KS, XB, MINB>(y, x, xp, w, T, n_in, n_out, s, e);
     switch (variant) {
         QGEMM_VARIANTS(QGEMM_CASE)
         QGEMM_WG_VARIANTS(QGEMM_WG_CASE)

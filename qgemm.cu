@@ -1,7 +1,8 @@
 // qgemm.cu: y (T, n_out) f32 = x (T, n_in) . W^T for q8 and q4 W (model.h's rows) on the tensor cores, for T > 1
 // (prefill, and any pass of several tokens). The stored bytes go straight from memory to shared memory; each warp
 // widens its own weights in registers to the f16 values the dequantizing path would have written (scale * k,
-// rounded once) and multiplies them with mma.sync, so no f16 copy of W is ever written or read back.
+// rounded once) and multiplies them with mma.sync (or, on Hopper, wgmma), so no f16 copy of W is ever written or
+// read back.
 //
 // Why the inputs are permuted: a warp loads weights with ldmatrix, which hands each thread bytes 4c..4c+3 of a
 // 16-byte row chunk (c = lane % 4). Those bytes hold weights 4c..4c+3 (q8) or, in their low and high nibbles,
@@ -124,7 +125,7 @@ static __device__ __forceinline__ void widen_frags(uint32_t (*a)[4], const uint8
     }
 }
 
-// A stage's weights, both kernels: rows m0 .. m0 + BM - 1, inputs 64 kt .. 64 kt + 63 (two groups): the values
+// A stage's weights, the mma.sync kernel: rows m0 .. m0 + BM - 1, inputs 64 kt .. 64 kt + 63 (two groups): the values
 // into q chunk-major (16 bytes a (chunk, row), a row's chunks by consecutive threads), the two scales into sc
 // (4 bytes a row); past the last row or group, zeros. so: where a row's scales start.
 template <class C, int BM>

@@ -105,7 +105,7 @@ void gpu_graph_destroy(cudaGraphExec_t exec);
 // with the default math mode, which is plain fp32, not TF32: it keeps the f32 path within ~1e-5 of the CPU.
 // The GEMV reads W once per 4 rows of x, so it is also correct (if slower) for any T.
 // q8 and q4 (model.h; rows dj_row_bytes apart): the GEMV dequantizes in registers (exactly scale * k, fp32
-// products and sums); the cuBLAS path dequantizes rows to f16 in scratch, a chunk of about 16 MiB at a time, and
+// products and sums); the cuBLAS path dequantizes rows to f16 in scratch, a chunk of about 64 MiB at a time, and
 // multiplies each chunk as f16 weights (x rounded to f16).
 // GPU_MM_QGEMM (qgemm.cu), q8 and q4 only: the stored values straight into shared memory, widened in registers to
 // the same f16 values the dequantizing path writes (scale * k rounded once) and multiplied on the tensor cores with
@@ -121,8 +121,8 @@ int gpu_qgemm_ok(uint32_t wtype, const void *w, int64_t T, int64_t n_in, int64_t
 // Whether it is also the faster path (qgemm.cu: on Hopper 2..512 tokens in q8, 2..2048 in q4; elsewhere 2..128 tokens
 // and enough rows to fill the device).
 int gpu_qgemm_wins(const dj_gpu *g, uint32_t wtype, const void *w, int64_t T, int64_t n_in, int64_t n_out);
-// GPU_MM_QGEMM with tile shape `variant` (qgemm.cu's QGEMM_VARIANTS; -1: chosen by T, as gpu_matmul does): for
-// bench/qgemm_bench.cu, which measures the shapes.
+// GPU_MM_QGEMM with tile shape `variant` (qgemm.cu's QGEMM_VARIANTS and QGEMM_WG_VARIANTS; -1: chosen by T and the
+// shape, as gpu_matmul does): for bench/qgemm_bench.cu, which measures the shapes.
 int gpu_qgemm_variant(dj_gpu *g, int variant, float *y, const float *x, const void *w, uint32_t wtype, int64_t T,
                       int64_t n_in, int64_t n_out, cudaStream_t s, dj_err *e);
 size_t gpu_qgemm_scratch(int64_t T, int64_t n_in);  // bytes of scratch it needs: x in f16

@@ -634,6 +634,23 @@ __global__ void dequant_f16_kernel(__half *out, const uint8_t *w, int64_t rows, 
     }
 }
 
+// out (rows, n_in) f16 = q8/q4 rows of W; blocks 0: one thread a chunk of values (or a group where n_in is not a
+// multiple of 32), else that many blocks of 256 (bench/overlap_bench.cu: the dequantization beside a GEMM on the
+// other SMs).
+extern "C" int gpu_dequant_f16(void *out_, const void *w, uint32_t wtype, int64_t rows, int64_t n_in, int blocks,
+                               cudaStream_t s, dj_err *e) {
+    if (!dj_is_quant(wtype) || rows < 1 || n_in < 1) return dj_fail(e, "gpu_dequant_f16: not q8/q4 rows");
+    const int64_t rb = (int64_t)dj_row_bytes(wtype, (uint64_t)n_in);
+    const int64_t work = n_in % DJ_QGROUP ? rows * ((n_in + DJ_QGROUP - 1) / DJ_QGROUP)
+                                          : rows * (n_in / q_chunk_weights(wtype));
+    const int grid = blocks > 0 ? blocks : grid_1d(work, 256);
+    __half *out = (__half *)out_;
+    if (wtype == DJ_Q8) dequant_f16_kernel<DJ_Q8><<<grid, 256, 0, s>>>(out, (const uint8_t *)w, rows, n_in, rb);
+    else dequant_f16_kernel<DJ_Q4><<<grid, 256, 0, s>>>(out, (const uint8_t *)w, rows, n_in, rb);
+    LAUNCH_CHECK("dequant_f16", s);
+    return 0;
+}
+
 // y = x . W^T for quantized W and T > 1: x rounded to f16 once, then per chunk of rows: dequantize, GEMM.
 static int matmul_quant_cublas(dj_gpu *g, float *y, const float *x, const void *w, uint32_t wtype, int64_t T,
                                int64_t n_in, int64_t n_out, cudaStream_t s, dj_err *e) {
@@ -646,32 +663,11 @@ static int matmul_quant_cublas(dj_gpu *g, float *y, const float *x, const void *
     const float alpha = 1.0f, beta = 0.0f;
     for (int64_t r0 = 0; r0 < n_out; r0 += cr) {
         const int64_t rows = n_out - r0 < cr ? n_out - r0 : cr;
-        const uint8_t *wr = (const uint8_t *)w + r0 * rb;
-        const int64_t work = n_in % DJ_QGROUP ? rows * ((n_in + DJ_QGROUP - 1) / DJ_QGROUP)
-                                              : rows * (n_in / q_chunk_weights(wtype));
-        if (wtype == DJ_Q8) dequant_f16_kernel<DJ_Q8><<<grid_1d(work, 256), 256, 0, s>>>(wd, wr, rows, n_in, rb);
-        else dequant_f16_kernel<DJ_Q4><<<grid_1d(work, 256), 256, 0, s>>>(wd, wr, rows, n_in, rb);
-        LAUNCH_CHECK("dequant_f16", s);
+        if (gpu_dequant_f16(wd, (const uint8_t *)w + r0 * rb, wtype, rows, n_in, 0, s, e)) return -1;
         CUBLAS_CHECK(cublasGemmEx(g->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)rows, (int)T, (int)n_in, &alpha, wd,
                                   CUDA_R_16F, (int)n_in, xb, CUDA_R_16F, (int)n_in, &beta, y + r0, CUDA_R_32F,
                                   (int)n_out, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
     }
-    return 0;
-}
-
-// out (rows, n_in) f16 = q8/q4 rows of W, as the chunks above; blocks 0: one thread a chunk of values, else that
-// many blocks of 256 (bench/overlap_bench.cu: the dequantization beside a GEMM on the other SMs).
-extern "C" int gpu_dequant_f16(void *out_, const void *w, uint32_t wtype, int64_t rows, int64_t n_in, int blocks,
-                               cudaStream_t s, dj_err *e) {
-    if (!dj_is_quant(wtype) || rows < 1 || n_in < 1) return dj_fail(e, "gpu_dequant_f16: not q8/q4 rows");
-    const int64_t rb = (int64_t)dj_row_bytes(wtype, (uint64_t)n_in);
-    const int64_t work = n_in % DJ_QGROUP ? rows * ((n_in + DJ_QGROUP - 1) / DJ_QGROUP)
-                                          : rows * (n_in / q_chunk_weights(wtype));
-    const int grid = blocks > 0 ? blocks : grid_1d(work, 256);
-    __half *out = (__half *)out_;
-    if (wtype == DJ_Q8) dequant_f16_kernel<DJ_Q8><<<grid, 256, 0, s>>>(out, (const uint8_t *)w, rows, n_in, rb);
-    else dequant_f16_kernel<DJ_Q4><<<grid, 256, 0, s>>>(out, (const uint8_t *)w, rows, n_in, rb);
-    LAUNCH_CHECK("dequant_f16", s);
     return 0;
 }
 

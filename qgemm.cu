@@ -388,7 +388,7 @@ __global__ void __launch_bounds__(256, MINB)
         ssrc[j] = w + (sok[j] ? row : 0) * row_bytes + so;
     }
     const int sdst = C::X_BYTES + C::Q_BYTES + tid * 4;  // + j TH 4
-    // x: chunk xc of tokens xt0 + j TH / 8 (the swizzle depends on t % 8, the same for every j)
+    // x without XB: chunk xc of tokens xt0 + j TH / 8 (the swizzle depends on t % 8, the same for every j)
     const int xc = tid & 7, xt0 = tid >> 3;
     const __half *xsrc = xp + (n0 + xt0) * kp + xc * 8;
     const int64_t xstep = (int64_t)(TH / 8) * kp;
@@ -407,9 +407,6 @@ __global__ void __launch_bounds__(256, MINB)
     auto load = [&](int st, int i) {  // the CTA's i-th stage
         uint8_t *base = sm + st * C::STAGE;
         const int kt = K0 + i;
-        if (XB) {
-            if (tid == 0) bulk_copy(base, xp + ((int64_t)blockIdx.x * KT_ALL + kt) * BN * 64, BN * 128, &xbar[st]);
-        }
 #pragma unroll
         for (int j = 0; j < NQ; j++) {
             const bool ok = wok[j] && 2 * kt + whalf < groups;
@@ -420,10 +417,13 @@ __global__ void __launch_bounds__(256, MINB)
         for (int j = 0; j < NS; j++)
             if (tid + j * TH < BM)
                 cp_async4(base + sdst + j * TH * 4, sok[j] ? ssrc[j] + 4 * (int64_t)kt : w, sok[j] ? sbytes : 0);
+        if (XB) {
+            if (tid == 0) bulk_copy(base, xp + ((int64_t)blockIdx.x * KT_ALL + kt) * BN * 64, BN * 128, &xbar[st]);
+            return;
+        }
         const bool kok = (int64_t)kt * 64 + xc * 8 < kp;
 #pragma unroll
         for (int j = 0; j < NX; j++) {
-            if (XB) break;
             const bool ok = kok && j < nx;
             cp_async16(base + xdst + j * (TH / 8) * 128, ok ? xsrc + j * xstep + (int64_t)kt * 64 : xp, ok ? 16 : 0);
         }
@@ -517,15 +517,21 @@ __global__ void __launch_bounds__(256, MINB)
     X(10, 128, 4, 2, true, 2)     \
     X(11, 128, 4, 1, true, 2)
 
+// xp = x in f16 for the kernels: qgemm_x_kernel's layout (bn 0), or qgemm_xt_kernel's in blocks of bn tokens.
+static int qgemm_x(__half *xp, const float *x, int64_t T, int64_t n_in, int bn, cudaStream_t s, dj_err *e) {
+    const int64_t kp = (n_in + DJ_QGROUP - 1) / DJ_QGROUP * DJ_QGROUP;
+    const int64_t xt_n = bn ? (T + bn - 1) / bn * bn * ((kp + 63) / 64 * 64) : 0;  // qgemm_xt_kernel's halves
+    if (bn) qgemm_xt_kernel<<<grid_1d(xt_n, 256), 256, 0, s>>>(xp, x, T, n_in, kp, bn);
+    else qgemm_x_kernel<<<grid_1d(T * kp, 256), 256, 0, s>>>(xp, x, T, n_in, kp);
+    LAUNCH_CHECK("qgemm_x", s);
+    return 0;
+}
+
 template <int WT, int BN, int ST, int KS, bool XB, int MINB>
 static int qgemm_wg_launch(float *y, const float *x, __half *xp, const void *w, int64_t T, int64_t n_in,
                            int64_t n_out, cudaStream_t s, dj_err *e) {
     using C = qgemm_wg_cfg<WT, BN, ST>;
-    const int64_t kp = (n_in + DJ_QGROUP - 1) / DJ_QGROUP * DJ_QGROUP;
-    const int64_t xt_n = (T + BN - 1) / BN * BN * ((kp + 63) / 64 * 64);  // qgemm_xt_kernel's halves
-    if (XB) qgemm_xt_kernel<<<grid_1d(xt_n, 256), 256, 0, s>>>(xp, x, T, n_in, kp, BN);
-    else qgemm_x_kernel<<<grid_1d(T * kp, 256), 256, 0, s>>>(xp, x, T, n_in, kp);
-    LAUNCH_CHECK("qgemm_x", s);
+    if (qgemm_x(xp, x, T, n_in, XB ? BN : 0, s, e)) return -1;
     static int ready;
     if (!ready) {
         CUDA_CHECK(cudaFuncSetAttribute(qgemm_wg_kernel<WT, BN, ST, KS, XB, MINB>,
@@ -545,9 +551,7 @@ template <int WT, int BM, int BN, int WM, int WN, int ST>
 static int qgemm_launch(float *y, const float *x, __half *xp, const void *w, int64_t T, int64_t n_in, int64_t n_out,
                         cudaStream_t s, dj_err *e) {
     using C = qgemm_cfg<WT, BM, BN, WM, WN, ST>;
-    const int64_t kp = (n_in + DJ_QGROUP - 1) / DJ_QGROUP * DJ_QGROUP;
-    qgemm_x_kernel<<<grid_1d(T * kp, 256), 256, 0, s>>>(xp, x, T, n_in, kp);
-    LAUNCH_CHECK("qgemm_x", s);
+    if (qgemm_x(xp, x, T, n_in, 0, s, e)) return -1;
     static int ready;  // the shared-memory opt-in, once per instantiation (the process uses one device)
     if (!ready) {
         CUDA_CHECK(cudaFuncSetAttribute(qgemm_kernel<WT, BM, BN, WM, WN, ST>,

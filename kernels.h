@@ -118,13 +118,19 @@ int gpu_matmul_path(dj_gpu *g, int path, float *y, const float *x, const void *w
 
 // Whether GPU_MM_QGEMM takes this product: q8/q4 W 16-byte aligned (model.bin's rows always are).
 int gpu_qgemm_ok(uint32_t wtype, const void *w, int64_t T, int64_t n_in, int64_t n_out);
-// Whether it is also the faster path (qgemm.cu: on Hopper 2..512 tokens in q8, 2..2048 in q4; elsewhere 2..128 tokens
+// Whether it is also the faster path (qgemm.cu: on Hopper 2..1024 tokens in q8, 2..2048 in q4; elsewhere 2..128 tokens
 // and enough rows to fill the device).
 int gpu_qgemm_wins(const dj_gpu *g, uint32_t wtype, const void *w, int64_t T, int64_t n_in, int64_t n_out);
 // GPU_MM_QGEMM with tile shape `variant` (qgemm.cu's QGEMM_VARIANTS and QGEMM_WG_VARIANTS; -1: chosen by T and the
 // shape, as gpu_matmul does): for bench/qgemm_bench.cu, which measures the shapes.
 int gpu_qgemm_variant(dj_gpu *g, int variant, float *y, const float *x, const void *w, uint32_t wtype, int64_t T,
                       int64_t n_in, int64_t n_out, cudaStream_t s, dj_err *e);
+// y (T, n_out) = (silu(gate) * up) . W^T on GPU_MM_QGEMM (gate and up rows ld floats apart): gpu_swiglu and
+// gpu_matmul in one, the same floats, where the qgemm kernels take the product (gpu_qgemm_wins). x is computed as it
+// is rounded to f16 for the kernels: no f32 copy is written and read back (the 8B down projection at 512 tokens:
+// 58 MB less traffic). PRECOND-checked: gpu_qgemm_ok, ld >= n_in.
+int gpu_swiglu_qgemm(dj_gpu *g, float *y, const float *gate, const float *up, int64_t ld, const void *w,
+                     uint32_t wtype, int64_t T, int64_t n_in, int64_t n_out, cudaStream_t s, dj_err *e);
 size_t gpu_qgemm_scratch(int64_t T, int64_t n_in);  // bytes of scratch it needs: x in f16
 #define GPU_QGEMM_VARIANTS 12                          // tile shapes 0..11
 int gpu_qgemm_has(const dj_gpu *g, int variant);    // whether this device runs tile shape `variant`

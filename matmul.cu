@@ -340,7 +340,7 @@ __device__ __forceinline__ void qx_load4(const qx_in &in, const float *xr, const
         const float4 u = __ldg((const float4 *)(br + i0));
         const float uu[4] = {u.x, u.y, u.z, u.w};
 #pragma unroll
-        for (int j = 0; j < 4; j++) v[j] = v[j] / (1.0f + expf(-v[j])) * uu[j];
+        for (int j = 0; j < 4; j++) v[j] = silu_mul(v[j], uu[j]);
     } else if (MODE == QX_NORM) {
         if (in.b) {
             const float4 d = __ldg((const float4 *)(br + i0));

@@ -262,8 +262,7 @@ extern "C" int gpu_rope_kv_rows(dj_gpu *g, float *q, int64_t ldq, float *k, floa
 __global__ void swiglu_kernel(float *out, const float *gate, const float *up, int64_t T, int64_t n, int64_t ld) {
     for (int64_t k = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; k < T * n; k += (int64_t)gridDim.x * blockDim.x) {
         const int64_t t = k / n, i = k - t * n;
-        const float g = gate[t * ld + i];
-        out[k] = g / (1.0f + expf(-g)) * up[t * ld + i];
+        out[k] = silu_mul(gate[t * ld + i], up[t * ld + i]);
     }
 }
 

@@ -15,28 +15,82 @@
 #include <math.h>
 #include <stdint.h>
 
-// ---- x rounded to f16, inputs permuted within each 16, rows padded with zeros to kp = 32 * groups
-// xp (T, kp) f16; x (T, n_in) f32.
-__global__ void qgemm_x_kernel(__half *xp, const float *x, int64_t T, int64_t n_in, int64_t kp) {
-    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < T * kp; i += (int64_t)gridDim.x * blockDim.x) {
-        const int64_t t = i / kp, k = i - t * kp;
-        const int kk = (int)(k & 15);
-        const int64_t a = (k - kk) + 4 * ((kk >> 1) & 3) + (kk >> 3) + 2 * (kk & 1);
-        xp[i] = a < n_in ? __float2half_rn(x[t * n_in + a]) : __float2half_rn(0.0f);
+// ---- x rounded to f16, inputs permuted within each 16 (position 2c + j + 8h holds input 4c + h + 2j: the even
+// inputs of the 16 in order, then the odd ones), rows padded with zeros to kp = 32 * groups
+// A thread takes 16 inputs of a token: 64 bytes read (128 with up), two 16-byte chunks written. A thread an element
+// (2-byte stores, 64-bit divisions for its indices) had cost 5% of the 8B layer's q8 products at 512 tokens.
+static __device__ __forceinline__ uint32_t f16x2(float lo, float hi) {
+    const __half2 h = __floats2half2_rn(lo, hi);
+    return *(const uint32_t *)&h;
+}
+
+// What the kernels multiply W with, row t: x's row (up NULL), or silu(x) * up (the down projection with gpu_swiglu
+// fused, as it computes it); rows ld floats apart.
+struct qgemm_src {
+    const float *x, *up;
+    int64_t ld;
+};
+
+// v = inputs a0 .. a0 + 15 of a row (zeros past n_in)
+static __device__ __forceinline__ void load16(float *v, const float *row, int64_t a0, int64_t n_in) {
+    if (a0 + 16 <= n_in && (((uintptr_t)(row + a0)) & 15) == 0) {
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            const float4 f = ((const float4 *)(row + a0))[j];
+            v[4 * j] = f.x, v[4 * j + 1] = f.y, v[4 * j + 2] = f.z, v[4 * j + 3] = f.w;
+        }
+    } else {
+#pragma unroll
+        for (int j = 0; j < 16; j++) v[j] = a0 + j < n_in ? row[a0 + j] : 0.0f;
+    }
+}
+
+// Inputs a0 .. a0 + 15 of token tok (zeros for tok < 0) as two runs of 8 f16: the even ones of the 16 in order
+// (to *even), then the odd ones.
+static __device__ __forceinline__ void x16_halves(uint4 *even, uint4 *odd, const qgemm_src &src, int64_t tok,
+                                                  int64_t a0, int64_t n_in) {
+    float v[16];
+    if (tok < 0) {
+#pragma unroll
+        for (int j = 0; j < 16; j++) v[j] = 0.0f;
+    } else {
+        load16(v, src.x + tok * src.ld, a0, n_in);
+        if (src.up) {
+            float u[16];
+            load16(u, src.up + tok * src.ld, a0, n_in);
+#pragma unroll
+            for (int j = 0; j < 16; j++) v[j] = silu_mul(v[j], u[j]);
+        }
+    }
+    *even = make_uint4(f16x2(v[0], v[2]), f16x2(v[4], v[6]), f16x2(v[8], v[10]), f16x2(v[12], v[14]));
+    *odd = make_uint4(f16x2(v[1], v[3]), f16x2(v[5], v[7]), f16x2(v[9], v[11]), f16x2(v[13], v[15]));
+}
+
+// xp (T, kp) f16. Threads: x over the kp / 16 runs of 16 inputs, y (strided) over the tokens.
+__global__ void qgemm_x_kernel(__half *xp, qgemm_src src, int64_t T, int64_t n_in, int64_t kp) {
+    const int64_t r = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (r >= kp / 16) return;
+    for (int64_t t = blockIdx.y; t < T; t += gridDim.y) {
+        uint4 *dst = (uint4 *)(xp + t * kp + 16 * r);
+        x16_halves(dst, dst + 1, src, t, 16 * r, n_in);
     }
 }
 
 // ---- the same values in the Hopper kernel's stage layout: for each block of BN tokens and each stage of 64 inputs,
 // BN 128-byte rows (a token's 64 permuted inputs), 16-byte chunk c of token t at c ^ (t % 8), contiguous, so one
-// bulk copy moves a stage's x. xt (ceil(T / BN) BN, kp) f16 in that order; tokens past T are zeros.
-__global__ void qgemm_xt_kernel(__half *xt, const float *x, int64_t T, int64_t n_in, int64_t kp, int bn) {
-    const int64_t KT = kp / 64 + (kp % 64 != 0), blocks = (T + bn - 1) / bn, n = blocks * KT * bn * 64;
-    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
-        const int64_t tile = i / (bn * 64), kt = tile % KT, blk = tile / KT;
-        const int p = (int)(i - tile * bn * 64), t = p / 64, sc = (p / 8) & 7, e = p & 7;
-        const int k = ((sc ^ (t & 7)) << 3) | e, kk = k & 15;  // the input within the stage, before the permutation
-        const int64_t a = kt * 64 + (k - kk) + 4 * ((kk >> 1) & 3) + (kk >> 3) + 2 * (kk & 1), tok = blk * bn + t;
-        xt[i] = tok < T && a < n_in ? __float2half_rn(x[tok * n_in + a]) : __float2half_rn(0.0f);
+// bulk copy moves a stage's x. xt (ceil(T / BN) BN, KT 64) f16 in that order (KT = ceil(kp / 64)); tokens past T
+// and inputs past n_in are zeros. bn = 1 << lbn. Threads: x over the KT 4 runs of 16, y (strided) over the tokens.
+__global__ void qgemm_xt_kernel(__half *xt, qgemm_src src, int64_t T, int64_t n_in, int64_t kp, int lbn) {
+    const int64_t KT = kp / 64 + (kp % 64 != 0), rows = ((T >> lbn) + ((T & ((1 << lbn) - 1)) != 0)) << lbn;
+    const int64_t r = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (r >= KT * 4) return;
+    const int64_t kt = r >> 2;
+    const int h = (int)(r & 3);
+    for (int64_t tok = blockIdx.y; tok < rows; tok += gridDim.y) {
+        const int t = (int)(tok & ((1 << lbn) - 1));
+        __half *stage = xt + (((tok >> lbn) * KT + kt) << lbn) * 64 + (int64_t)t * 64;
+        x16_halves((uint4 *)stage + ((2 * h) ^ (t & 7)), (uint4 *)stage + ((2 * h + 1) ^ (t & 7)), src,
+                   tok < T ? tok : -1, 16 * r, n_in);
     }
 }
 
@@ -518,17 +572,20 @@ __global__ void __launch_bounds__(256, MINB)
     X(11, 128, 4, 1, true, 2)
 
 // xp = x in f16 for the kernels: qgemm_x_kernel's layout (bn 0), or qgemm_xt_kernel's in blocks of bn tokens.
-static int qgemm_x(__half *xp, const float *x, int64_t T, int64_t n_in, int bn, cudaStream_t s, dj_err *e) {
+static int qgemm_x(__half *xp, const qgemm_src &x, int64_t T, int64_t n_in, int bn, cudaStream_t s, dj_err *e) {
     const int64_t kp = (n_in + DJ_QGROUP - 1) / DJ_QGROUP * DJ_QGROUP;
-    const int64_t xt_n = bn ? (T + bn - 1) / bn * bn * ((kp + 63) / 64 * 64) : 0;  // qgemm_xt_kernel's halves
-    if (bn) qgemm_xt_kernel<<<grid_1d(xt_n, 256), 256, 0, s>>>(xp, x, T, n_in, kp, bn);
-    else qgemm_x_kernel<<<grid_1d(T * kp, 256), 256, 0, s>>>(xp, x, T, n_in, kp);
+    const int64_t runs = bn ? (kp + 63) / 64 * 4 : kp / 16, rows = bn ? (T + bn - 1) / bn * bn : T;
+    const dim3 grid((unsigned)((runs + 63) / 64), (unsigned)(rows < 65535 ? rows : 65535));
+    int lbn = 0;
+    while ((1 << lbn) < bn) lbn++;  // bn: 128 or 256
+    if (bn) qgemm_xt_kernel<<<grid, 64, 0, s>>>(xp, x, T, n_in, kp, lbn);
+    else qgemm_x_kernel<<<grid, 64, 0, s>>>(xp, x, T, n_in, kp);
     LAUNCH_CHECK("qgemm_x", s);
     return 0;
 }
 
 template <int WT, int BN, int ST, int KS, bool XB, int MINB>
-static int qgemm_wg_launch(float *y, const float *x, __half *xp, const void *w, int64_t T, int64_t n_in,
+static int qgemm_wg_launch(float *y, const qgemm_src &x, __half *xp, const void *w, int64_t T, int64_t n_in,
                            int64_t n_out, cudaStream_t s, dj_err *e) {
     using C = qgemm_wg_cfg<WT, BN, ST>;
     if (qgemm_x(xp, x, T, n_in, XB ? BN : 0, s, e)) return -1;
@@ -548,7 +605,7 @@ static int qgemm_wg_launch(float *y, const float *x, __half *xp, const void *w, 
 }
 
 template <int WT, int BM, int BN, int WM, int WN, int ST>
-static int qgemm_launch(float *y, const float *x, __half *xp, const void *w, int64_t T, int64_t n_in, int64_t n_out,
+static int qgemm_launch(float *y, const qgemm_src &x, __half *xp, const void *w, int64_t T, int64_t n_in, int64_t n_out,
                         cudaStream_t s, dj_err *e) {
     using C = qgemm_cfg<WT, BM, BN, WM, WN, ST>;
     if (qgemm_x(xp, x, T, n_in, 0, s, e)) return -1;
@@ -612,16 +669,16 @@ static int qgemm_pick(const dj_gpu *g, int64_t T, int64_t n_in, int64_t n_out) {
 }
 
 // Where gpu_matmul takes this kernel rather than dequantizing rows to f16 for cuBLAS. On Hopper from 2 tokens up to
-// 512 (q8) or 2048 (q4): bench/results/qgemm, H100, the Llama-3-8B layer's four matrices: at 512 tokens q8 569 us
-// against 656 dequantizing (q4 522 against 753); at 1024 q8 lost (1010 against 967) while q4 still won (930 against
-// 1066); at 2048 q4 was even (1872 against 1843; 4% ahead in another call), beyond it cuBLAS's f16 kernels, ~1.4x
-// the wgmma kernel's rate, win once the dequantization is paid for enough tokens. Elsewhere (mma.sync only) a few
-// tokens and at least 45 rows a multiprocessor: at T = 8..128 it took 0.3-0.5x the time on matrices of 6144 rows or
-// more and lost on 4096 and 5120 rows.
+// 1024 (q8) or 2048 (q4): bench/results/qgemm (H100), the Llama-3-8B layer's four matrices, x's conversion included:
+// at 512 tokens q8 532 us against 659 dequantizing (q4 485 against 756), at 1024 q8 926 against 965 (q4 834 against
+// 1069), at 2048 q8 lost (1773 against 1635) while q4 still won (1598 against 1742); with more tokens cuBLAS's f16
+// kernels, ~1.4x the wgmma kernel's rate, win once the dequantization is paid for enough of them. Elsewhere
+// (mma.sync only) a few tokens and at least 45 rows a multiprocessor: at T = 8..128 it took 0.3-0.5x the time on
+// matrices of 6144 rows or more and lost on 4096 and 5120 rows.
 extern "C" int gpu_qgemm_wins(const dj_gpu *g, uint32_t wtype, const void *w, int64_t T, int64_t n_in,
                               int64_t n_out) {
     if (!gpu_qgemm_ok(wtype, w, T, n_in, n_out) || T < 2) return 0;
-    return g->wgmma ? T <= (wtype == DJ_Q8 ? 512 : 2048) : T <= 128 && n_out >= 45 * (int64_t)g->n_sm;
+    return g->wgmma ? T <= (wtype == DJ_Q8 ? 1024 : 2048) : T <= 128 && n_out >= 45 * (int64_t)g->n_sm;
 }
 
 extern "C" int gpu_qgemm_has(const dj_gpu *g, int variant) {
@@ -634,8 +691,8 @@ extern "C" int gpu_qgemm_has(const dj_gpu *g, int variant) {
     return variant >= 0 && variant < GPU_QGEMM_VARIANTS && (variant < n_mma || g->wgmma);
 }
 
-extern "C" int gpu_qgemm_variant(dj_gpu *g, int variant, float *y, const float *x, const void *w, uint32_t wtype,
-                                 int64_t T, int64_t n_in, int64_t n_out, cudaStream_t s, dj_err *e) {
+static int qgemm_run(dj_gpu *g, int variant, float *y, const qgemm_src &x, const void *w, uint32_t wtype, int64_t T,
+                     int64_t n_in, int64_t n_out, cudaStream_t s, dj_err *e) {
     if (!gpu_qgemm_ok(wtype, w, T, n_in, n_out))
         return dj_fail(e, "gpu_qgemm: unsupported: weights of dtype %u at %p, T=%lld n_in=%lld n_out=%lld", wtype, w,
                        (long long)T, (long long)n_in, (long long)n_out);
@@ -659,6 +716,18 @@ extern "C" int gpu_qgemm_variant(dj_gpu *g, int variant, float *y, const float *
     }
 #undef QGEMM_CASE
 #undef QGEMM_WG_CASE
+}
+
+extern "C" int gpu_qgemm_variant(dj_gpu *g, int variant, float *y, const float *x, const void *w, uint32_t wtype,
+                                 int64_t T, int64_t n_in, int64_t n_out, cudaStream_t s, dj_err *e) {
+    return qgemm_run(g, variant, y, qgemm_src{x, NULL, n_in}, w, wtype, T, n_in, n_out, s, e);
+}
+
+extern "C" int gpu_swiglu_qgemm(dj_gpu *g, float *y, const float *gate, const float *up, int64_t ld, const void *w,
+                                uint32_t wtype, int64_t T, int64_t n_in, int64_t n_out, cudaStream_t s, dj_err *e) {
+    if (ld < n_in) return dj_fail(e, "gpu_swiglu_qgemm: rows %lld floats apart, fewer than n_in = %lld", (long long)ld,
+                                  (long long)n_in);
+    return qgemm_run(g, -1, y, qgemm_src{gate, up, ld}, w, wtype, T, n_in, n_out, s, e);
 }
 
 // Whether this device runs the Hopper kernel: compute capability 9.0 exactly (sm_90a code runs nowhere else).

@@ -451,6 +451,57 @@ Test(kernels, swiglu_matmul) {
     tk_end("swiglu_matmul");
 }
 
+// The down projection of several tokens with silu(gate) * up computed as the quantized tensor-core kernel reads x
+// (gpu_swiglu_qgemm): the same bits as gpu_swiglu then that kernel, and the CPU's swiglu and matmul within the f16
+// rounding of x; gate and up in separate buffers and in one [gate | up] buffer; a row stride below n_in is refused.
+Test(kernels, swiglu_qgemm) {
+    tk_start("swiglu_qgemm");
+    static const int64_t shapes[][2] = {{512, 200}, {1056, 392}, {40, 130}}, Ts[] = {2, 33, 300};  // n_in, n_out
+    dj_err e;
+    for (uint32_t wt = DJ_Q8; wt <= DJ_Q4; wt++)
+        for (size_t si = 0; si < 3; si++) {
+            const int64_t n = shapes[si][0], n_out = shapes[si][1], Tmax = 300;
+            tk_mm m = tk_mm_new(wt, n, n_out, Tmax);
+            float *gu = malloc((size_t)(Tmax * 2 * n) * 4), *h = malloc((size_t)(Tmax * n) * 4);
+            float *two = malloc((size_t)(Tmax * n_out) * 4);
+            float *dgu = tk_dev((size_t)(Tmax * 2 * n) * 4), *dh = tk_dev((size_t)(Tmax * n) * 4);
+            cr_assert(gu && h && two);
+            for (size_t ti = 0; ti < 3; ti++)
+                for (int fused = 0; fused < 2; fused++) {
+                    const int64_t T = Ts[ti], ld = fused ? 2 * n : n;
+                    tk_fill(gu, T * 2 * n, 6.0f);
+                    cr_assert_eq(gpu_h2d(dgu, gu, (size_t)(T * 2 * n) * 4, &e), 0, "%s", e.msg);
+                    const float *hg = gu, *hu = fused ? gu + n : gu + T * n;
+                    const float *dg = dgu, *du = fused ? dgu + n : dgu + T * n;
+                    for (int64_t t = 0; t < T; t++) cpu_swiglu(h + t * n, hg + t * ld, hu + t * ld, n);
+                    cpu_matmul(m.ref, h, m.wh, wt, T, n, n_out);
+                    char what[128];
+                    snprintf(what, sizeof what, "swiglu_qgemm %s T=%lld n_in=%lld n_out=%lld layout=%d",
+                             dj_dtype_name(wt), (long long)T, (long long)n, (long long)n_out, fused);
+                    // the two steps: gpu_swiglu, then the same kernel on its output
+                    tk_poison(m.dy, (size_t)(T * n_out) * 4);
+                    cr_assert_eq(gpu_swiglu(dh, dg, du, T, n, ld, tk_s, &e), 0, "%s", e.msg);
+                    cr_assert_eq(gpu_matmul_path(tk_g, GPU_MM_QGEMM, m.dy, dh, m.dw, wt, T, n, n_out, tk_s, &e), 0,
+                                 "%s: %s", what, e.msg);
+                    tk_down(two, m.dy, (size_t)(T * n_out) * 4);
+                    tk_poison(m.dy, (size_t)(T * n_out) * 4);
+                    cr_assert_eq(gpu_swiglu_qgemm(tk_g, m.dy, dg, du, ld, m.dw, wt, T, n, n_out, tk_s, &e), 0, "%s: %s",
+                                 what, e.msg);
+                    tk_down(m.got, m.dy, (size_t)(T * n_out) * 4);
+                    cr_expect(!memcmp(m.got, two, (size_t)(T * n_out) * 4), "%s: differs from gpu_swiglu then qgemm",
+                              what);
+                    tk_close(m.got, m.ref, T * n_out, 2e-3, what);
+                }
+            cr_expect_neq(gpu_swiglu_qgemm(tk_g, m.dy, dgu, dgu + n, n - 1, m.dw, wt, 2, n, n_out, tk_s, &e), 0,
+                          "a row stride below n_in is refused");
+            cr_expect(strstr(e.msg, "floats apart"), "the refusal names the stride: %s", e.msg);
+            gpu_free(dgu), gpu_free(dh);
+            free(gu), free(h), free(two);
+            tk_mm_free(&m);
+        }
+    tk_end("swiglu_qgemm");
+}
+
 // The norm before q|k|v and gate|up fused into the quantized GEMV: y against the CPU's add, rmsnorm and matmul, the
 // residual written to xo exactly (x + delta in f32, or x); weights it cannot take and xo == x are refused by name.
 Test(kernels, norm_matmul) {

@@ -8,6 +8,7 @@
 # Cases, each model, greedy, context 1024 (djinn --stats-json into OUT_DIR/<dtype>_<case>.json):
 #   resident      all resident, a short prompt, 128 new tokens (decode ms/token)
 #   prefill       all resident, a 512-token prompt, 4 new tokens (prefill tokens/s)
+#   prefill1k     the same with a 1024-token prompt (context 2048; not in the default CASES)
 #   prefill2k     the same with a 2048-token prompt (context 4096; not in the default CASES)
 #   min_link      the smallest ring djinn accepts, --cpu-share 0 (the link alone), 16 tokens
 #   min_share     the smallest ring, --cpu-share auto (the default), 16 tokens
@@ -53,6 +54,8 @@ fi
 
 LONG=$(printf 'the %.0s' $(seq 511))
 LONG=${LONG% }
+LONG1K=$(printf 'the %.0s' $(seq 1023))
+LONG1K=${LONG1K% }
 LONG2K=$(printf 'the %.0s' $(seq 2047))
 LONG2K=${LONG2K% }
 for dt in $DTYPES; do
@@ -78,12 +81,14 @@ print(f"{sys.argv[4]}: {b:.3f} GB in {t:.1f} s")' "$bin" "$t0" "$t1" "$dt" "$OUT
             ring*_share) args=(-p "Once upon a time" -n 16 --ring-gb "${case//[^0-9.]/}") ;;
             resident) args=(-p "Once upon a time" -n 128) ;;
             prefill) args=(-p "$LONG" -n 4) ;;
+            prefill1k) args=(-p "$LONG1K" -n 4) ;;
             prefill2k) args=(-p "$LONG2K" -n 4) ;;
             min_link) args=(-p "Once upon a time" -n 16 --ring-gb "$min" --cpu-share 0) ;;
             min_share) args=(-p "Once upon a time" -n 16 --ring-gb "$min") ;;
         esac
         out=$OUT_DIR/${dt}_$case.json
         ctx=1024
+        [ "$case" = prefill1k ] && ctx=2048
         [ "$case" = prefill2k ] && ctx=4096
         if ! timeout 300 ./djinn "$bin" -t 0 -c $ctx --stats-json "$out" "${args[@]}" > /dev/null 2> "$WORK/run.log"; then
             echo "  $dt $case FAILED:"; tail -3 "$WORK/run.log"; continue
@@ -107,8 +112,8 @@ print(f"ceilings: D2D {d2d} GB/s, pinned H2D {h2d} GB/s, host read {host} GB/s (
 def shared(s):  # a CPU-share run: ms/token (share; weights GB/s of host read + H2D together)
     gbs = (s["streamed_gb_per_token"] + s["cpu_gb_per_token"]) / s["decode_ms_per_token"] * 1e3
     return f"{s['decode_ms_per_token']:.1f} ({s['cpu_share']:.2f}" + (f"; {gbs:.0f} GB/s, {gbs / both:.0%})" if both else ")")
-print("| dtype | file GB | resident ms/token (tok/s; weight GB/s of D2D) | prefill 512 tok/s | min ring link only ms/token (H2D GB/s) | min ring with CPU share ms/token (share; weights GB/s, of host read + H2D) | prefill 2048 tok/s |")
-print("|---|---|---|---|---|---|---|")
+print("| dtype | file GB | resident ms/token (tok/s; weight GB/s of D2D) | prefill 512 tok/s | min ring link only ms/token (H2D GB/s) | min ring with CPU share ms/token (share; weights GB/s, of host read + H2D) | prefill 1024 tok/s | prefill 2048 tok/s |")
+print("|---|---|---|---|---|---|---|---|")
 rows = {}
 for dt in sys.argv[2:]:
     r, p, l, s = (load(f"{dt}_{k}.json") for k in ("resident", "prefill", "min_link", "min_share"))
@@ -123,8 +128,9 @@ for dt in sys.argv[2:]:
     cells.append(f"{p['prefill_tok_s']:.0f}" if p else "-")
     cells.append(f"{l['decode_ms_per_token']:.1f} ({l['h2d_gb_s']:.1f} of {h2d:.1f})" if l and h2d else "-")
     cells.append(shared(s) if s else "-")
-    p2 = load(f"{dt}_prefill2k.json")
-    cells.append(f"{p2['prefill_tok_s']:.0f}" if p2 else "-")
+    for k in ("prefill1k", "prefill2k"):
+        p2 = load(f"{dt}_{k}.json")
+        cells.append(f"{p2['prefill_tok_s']:.0f}" if p2 else "-")
     print("| " + " | ".join(cells) + " |")
 rings = sorted({f.split("_")[1] for f in os.listdir(d) if f.split("_")[1:2] and f.split("_")[1].startswith("ring")})
 if rings:

@@ -71,15 +71,15 @@ def main():
 
     for i, dt in enumerate(DTYPES):
         xs, ys = [], []
-        for k, case in enumerate(["prefill", "prefill2k"]):
+        for k, case in enumerate(["prefill", "prefill1k", "prefill2k"]):
             r = load(d, f"{dt}_{case}.json")
             if r and r.get("prefill_tok_s"):
                 xs.append(k + (i - 1) * width)
                 ys.append(r["prefill_tok_s"] / 1e3)
         if xs:
             bx.bar(xs, ys, width, label=dt)
-    bx.set_xticks([0, 1])
-    bx.set_xticklabels(["512 tokens", "2048 tokens"], fontsize=8)
+    bx.set_xticks([0, 1, 2])
+    bx.set_xticklabels(["512 tokens", "1024 tokens", "2048 tokens"], fontsize=8)
     bx.set_ylabel("prefill, thousand tokens/s")
     bx.set_title("prefill, all resident")
     bx.legend(fontsize=7)

@@ -7,7 +7,7 @@ Left: decode tokens/s (log scale) for each dtype all resident, at --ring-gb 4 an
 link alone and with the CPU share. llama.cpp's figures (the shared README's, same Llama-3-8B weights, measured on
 the same machine on 2026-11-23, not rerun by this script) are drawn beside them for NAME 8b only: -ngl 0 against
 the minimum ring, -ngl 8 (~4 GB) against --ring-gb 4, all layers against resident. Right: prefill tokens/s for
-512- and 2048-token prompts.
+512-, 1024- and 2048-token prompts.
 """
 import json
 import os

@@ -5,8 +5,8 @@
 //             rotating over copies totalling more than the buffer so every call reads DRAM; GB/s of weights read
 //             and the fraction of the ceiling; then cpu_matvec_multi (the share of a pass of T rows) for each T
 //             asked: GB/s of weights and GFLOP/s (2 T flops a weight), the work turning from memory to arithmetic
-//             on each vector path asked (cpu_set_simd's levels: 2 AVX-512 tiles, 1 AVX2 tiles; the first one is
-//             the product's, the others for comparison)
+//             on each vector path asked (cpu_set_simd's levels: 2 AVX-512 tiles and, for q8/q4 at T = 1, AVX-512
+//             VNNI; 1 AVX2 tiles and integer path; the first one is the product's, the others for comparison)
 // Usage: cpu_matvec [out.json] [GB of buffer, default 4] [T,T,...: default 1] [levels: default 2]. Prints a table;
 // writes JSON when given a path.
 #include <stdio.h>
@@ -75,7 +75,6 @@ int main(int argc, char **argv) {
                 for (int l = 0; l < nl; l++) {
                     int64_t T = Ts[k];
                     int level = cpu_set_simd(levels[l]);  // what runs: the lower of the level and the CPU's
-                    if (T == 1 && l > 0 && dts[d] != DJ_F16) continue;  // q8, q4: cpu_matvec's one path
                     double best = 0;
                     for (int r = 0; r < 3; r++) {
                         double t0 = dj_now();

@@ -85,7 +85,7 @@ Test(quant, error_bounds_and_search) {
     cr_assert_eq(quant_row(DJ_Q8, big, 32, r, 0, NULL, NULL), -1);
 }
 
-// ---- the CPU's matvec on quantized rows, vector and portable paths, against the reference matmul. The portable
+// ---- the CPU's matvec on quantized rows, vector (AVX-512 VNNI, AVX2) and portable paths, against the reference matmul. The portable
 // path widens exactly, as the matmul does: only the order of the sums differs (2e-6). The vector path sums in
 // integers against x quantized in two int8 parts per group of 32 (cpu.c): each x_i off by at most max|x_g| / 64516,
 // independently, so the result is off by ~ rms(x_i error) / rms(x) = (max|x_g| / rms(x)) / (64516 * sqrt(3)):
@@ -106,7 +106,7 @@ Test(quant, cpu_matvec_against_matmul) {
             }
             tc_fill(x, n_in, -1, 1);
             cpu_matmul(ref, x, w, wt, 1, n_in, n_out);
-            for (int simd = 1; simd >= 0; simd--) {
+            for (int simd = CPU_SIMD_AVX512; simd >= 0; simd--) {  // VNNI (where the CPU has it), AVX2, portable
                 const int vec = cpu_set_simd(simd);  // non-zero: the vector path runs
                 cpu_matvec(got, x, w, wt, n_in, n_out);
                 double tol = vec ? 1e-4 : 2e-6;
@@ -156,15 +156,18 @@ Test(quant, cpu_matvec_multi_against_matmul) {
 // rounding, sum over groups of max|x_g| / 64516 * sum|w_i| (+1% for the f32 steps of the rounding, + 1e-6 of
 // sum|w_i x_i| for the f32 sums), and over all outputs within 1e-4 relative: x rounded to one int8 part (1/254 of
 // max|x_g|) gives ~4e-3 and fails both. Widths: one group, partial last groups, Llama-3-8B's 4096 and 14336.
-// Then inf and NaN in x give NaN as in f32, and x = 0 gives 0.
+// Then inf and NaN in x give NaN as in f32, and x = 0 gives 0. Both integer paths: AVX-512 VNNI (where the CPU has
+// it) and AVX2.
 Test(quant, cpu_matvec_integer_path_against_double) {
     if (!cpu_set_simd(CPU_SIMD_BEST)) {
         cr_log_warn("this CPU lacks AVX2/FMA/F16C: cpu_matvec's integer path does not run");
         return;
     }
+    if (cpu_set_simd(CPU_SIMD_AVX512) != CPU_SIMD_AVX512) cr_log_warn("this CPU lacks AVX-512: the VNNI path is not tested");
     tc_rng_fresh("quant.cpu_matvec_integer_path_against_double");
     const int64_t shapes[][2] = {{32, 64}, {33, 40}, {100, 64}, {172, 64}, {4096, 64}, {14336, 24}};
-    for (uint32_t wt = DJ_Q8; wt <= DJ_Q4; wt++)
+    for (int lv = CPU_SIMD_AVX512; lv >= CPU_SIMD_AVX2; lv--)
+    for (uint32_t wt = (cpu_set_simd(lv), DJ_Q8); wt <= DJ_Q4; wt++)
         for (size_t si = 0; si < sizeof shapes / sizeof *shapes; si++) {
             int64_t n_in = shapes[si][0], n_out = shapes[si][1], groups = (n_in + 31) / 32;
             size_t rb = (size_t)dj_row_bytes(wt, (uint64_t)n_in);
@@ -211,6 +214,7 @@ Test(quant, cpu_matvec_integer_path_against_double) {
             for (int64_t o = 0; o < n_out; o++) cr_assert(got[o] == 0, "x = 0: %g", got[o]);
             free(w), free(row), free(x), free(got), free(want), free(gmax);
         }
+    cpu_set_simd(CPU_SIMD_BEST);
 }
 
 // ---- models

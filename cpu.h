@@ -23,7 +23,8 @@ void cpu_matvec_multi(float *y, const float *x, const void *w, uint32_t wtype, i
                       int64_t n_out);
 // For tests and benchmarks: the widest vector code cpu_matvec and cpu_matvec_multi may take (the default
 // CPU_SIMD_BEST): 0 their portable loops; CPU_SIMD_AVX2 AVX2 + FMA + F16C; CPU_SIMD_AVX512 also AVX-512 for
-// cpu_matvec_multi's tiles. Returns the level in use: the lower of `level` and what this CPU has (0: none).
+// cpu_matvec_multi's tiles and, where the CPU has VNNI too, for cpu_matvec's q8/q4 rows. Returns the level in use:
+// the lower of `level` and what this CPU has (0: none).
 enum { CPU_SIMD_AVX2 = 1, CPU_SIMD_AVX512 = 2, CPU_SIMD_BEST = CPU_SIMD_AVX512 };
 int cpu_set_simd(int level);
 // out (n) = x / sqrt(mean(x^2) + eps) * w; w (n) f32. out may alias x.

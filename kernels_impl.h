@@ -86,10 +86,11 @@ int qgemm_setup(dj_gpu *g, dj_err *e);
 // of n_kv_heads, head_dim even and <= 256. fn names the caller in the message.
 int attn_check(const char *fn, int64_t n_heads, int64_t n_kv_heads, int64_t head_dim, int64_t max_seq, dj_err *e);
 
-// ---- warp and block reductions
-// SwiGLU's element: silu(g) * u, written once so that every kernel computing it (gpu_swiglu, the fused GEMV and
-// qgemm's x) gives the same float.
+// ---- SwiGLU's element: silu(g) * u, written once so that every kernel computing it (gpu_swiglu, the fused GEMV
+// and qgemm's x) gives the same float.
 static __device__ __forceinline__ float silu_mul(float g, float u) { return g / (1.0f + expf(-g)) * u; }
+
+// ---- warp and block reductions
 static __device__ __forceinline__ float warp_sum(float v) {
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
     return v;

@@ -18,7 +18,7 @@
 // ---- x rounded to f16, inputs permuted within each 16 (position 2c + j + 8h holds input 4c + h + 2j: the even
 // inputs of the 16 in order, then the odd ones), rows padded with zeros to kp = 32 * groups
 // A thread takes 16 inputs of a token: 64 bytes read (128 with up), two 16-byte chunks written. A thread an element
-// (2-byte stores, 64-bit divisions for its indices) had cost 5% of the 8B layer's q8 products at 512 tokens.
+// (2-byte stores, 64-bit divisions for its indices) had cost 5-7% of the 8B layer's q8 and q4 products at 512 tokens.
 static __device__ __forceinline__ uint32_t f16x2(float lo, float hi) {
     const __half2 h = __floats2half2_rn(lo, hi);
     return *(const uint32_t *)&h;

@@ -85,11 +85,12 @@ Test(quant, error_bounds_and_search) {
     cr_assert_eq(quant_row(DJ_Q8, big, 32, r, 0, NULL, NULL), -1);
 }
 
-// ---- the CPU's matvec on quantized rows, vector (AVX-512 VNNI, AVX2) and portable paths, against the reference matmul. The portable
-// path widens exactly, as the matmul does: only the order of the sums differs (2e-6). The vector path sums in
-// integers against x quantized in two int8 parts per group of 32 (cpu.c): each x_i off by at most max|x_g| / 64516,
-// independently, so the result is off by ~ rms(x_i error) / rms(x) = (max|x_g| / rms(x)) / (64516 * sqrt(3)):
-// 1.5e-5 for uniform x, 5.1e-5 at most (a group with one nonzero value: max / rms = sqrt(32)); 1e-4 bounds it.
+// ---- the CPU's matvec on quantized rows, vector (AVX-512 VNNI, AVX2) and portable paths, against the reference
+// matmul. The portable path widens exactly, as the matmul does: only the order of the sums differs (2e-6). The vector
+// path sums in integers against x quantized in two int8 parts per group of 32 (cpu.c): each x_i off by at most
+// max|x_g| / 64516, independently, so the result is off by ~ rms(x_i error) / rms(x) = (max|x_g| / rms(x)) / (64516 *
+// sqrt(3)): 1.5e-5 for uniform x, 5.1e-5 at most (a group with one nonzero value: max / rms = sqrt(32)); 1e-4 bounds
+// it.
 Test(quant, cpu_matvec_against_matmul) {
     tc_rng_fresh("quant.cpu_matvec_against_matmul");
     const int64_t shapes[][2] = {{64, 172}, {172, 64}, {4096, 96}, {96, 4000}, {33, 5}};
@@ -163,11 +164,13 @@ Test(quant, cpu_matvec_integer_path_against_double) {
         cr_log_warn("this CPU lacks AVX2/FMA/F16C: cpu_matvec's integer path does not run");
         return;
     }
-    if (cpu_set_simd(CPU_SIMD_AVX512) != CPU_SIMD_AVX512) cr_log_warn("this CPU lacks AVX-512: the VNNI path is not tested");
+    if (cpu_set_simd(CPU_SIMD_AVX512) != CPU_SIMD_AVX512)
+        cr_log_warn("this CPU lacks AVX-512: the VNNI path is not tested");
     tc_rng_fresh("quant.cpu_matvec_integer_path_against_double");
     const int64_t shapes[][2] = {{32, 64}, {33, 40}, {100, 64}, {172, 64}, {4096, 64}, {14336, 24}};
-    for (int lv = CPU_SIMD_AVX512; lv >= CPU_SIMD_AVX2; lv--)
-    for (uint32_t wt = (cpu_set_simd(lv), DJ_Q8); wt <= DJ_Q4; wt++)
+    for (int pass = 0; pass < 4; pass++) {  // q8, q4 on the VNNI path (where the CPU has it), then on AVX2
+        const uint32_t wt = pass % 2 ? DJ_Q4 : DJ_Q8;
+        cpu_set_simd(pass < 2 ? CPU_SIMD_AVX512 : CPU_SIMD_AVX2);
         for (size_t si = 0; si < sizeof shapes / sizeof *shapes; si++) {
             int64_t n_in = shapes[si][0], n_out = shapes[si][1], groups = (n_in + 31) / 32;
             size_t rb = (size_t)dj_row_bytes(wt, (uint64_t)n_in);
@@ -214,6 +217,7 @@ Test(quant, cpu_matvec_integer_path_against_double) {
             for (int64_t o = 0; o < n_out; o++) cr_assert(got[o] == 0, "x = 0: %g", got[o]);
             free(w), free(row), free(x), free(got), free(want), free(gmax);
         }
+    }
     cpu_set_simd(CPU_SIMD_BEST);
 }
 

@@ -265,26 +265,27 @@ SIMD_FN static float simd_dot_q4(const uint8_t *row, int64_t n, const cpu_xq *q)
 // 16 int32 lanes of two products each, <= 2 * 128 * 32385 = 8.3e6 < 2^24, so exact in f32 as well. Per group a
 // widening, a multiply-add and a conversion where the AVX2 path takes ~12 instructions.
 #define SIMDV_FN __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")))
+// Group g's exact integer sum in 16 int32 lanes, converted to f32.
+__attribute__((always_inline)) SIMDV_FN static inline __m512 zv_group(const uint8_t *row, uint32_t wtype,
+                                                                      const cpu_xq *q, int64_t g) {
+    __m512i k;
+    if (wtype == DJ_Q8) {
+        k = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(row + g * DJ_QGROUP)));
+    } else {  // the 16 bytes in both halves; lanes 16..31 shifted by 4: their high nibbles, weights 16..31
+        const __m512i shift = _mm512_set_epi64(0x0004000400040004, 0x0004000400040004, 0x0004000400040004,
+                                               0x0004000400040004, 0, 0, 0, 0);
+        __m128i b = _mm_loadu_si128((const __m128i *)(row + g * (DJ_QGROUP / 2)));
+        k = _mm512_srlv_epi16(_mm512_cvtepu8_epi16(_mm256_broadcastsi128_si256(b)), shift);
+        k = _mm512_sub_epi16(_mm512_and_si512(k, _mm512_set1_epi16(0x0f)), _mm512_set1_epi16(8));
+    }
+    __m512i x = _mm512_load_si512(q->x16 + g * DJ_QGROUP);
+    return _mm512_cvtepi32_ps(_mm512_dpwssd_epi32(_mm512_setzero_si512(), k, x));
+}
 __attribute__((always_inline)) SIMDV_FN static inline float zv_dot_q(const uint8_t *row, uint32_t wtype, int64_t n,
                                                                      const cpu_xq *q) {
     const int64_t groups = (n + DJ_QGROUP - 1) / DJ_QGROUP, gb = (wtype == DJ_Q8 ? DJ_QGROUP : DJ_QGROUP / 2) + 2;
     const uint16_t *scales = (const uint16_t *)(row + dj_scales_offset(wtype, (uint64_t)n));
-    const __m512i nib_shift = _mm512_set_epi64(0x0004000400040004, 0x0004000400040004, 0x0004000400040004,
-                                               0x0004000400040004, 0, 0, 0, 0);  // lanes 16..31: the high nibbles
     __m512 a0 = _mm512_setzero_ps(), a1 = a0;
-#define ZV_GROUP(g)                                                                                                   \
-    _mm512_cvtepi32_ps(_mm512_dpwssd_epi32(                                                                          \
-        _mm512_setzero_si512(),                                                                                      \
-        wtype == DJ_Q8 ? _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(row + (g) * DJ_QGROUP)))           \
-                       : _mm512_sub_epi16(_mm512_and_si512(_mm512_srlv_epi16(_mm512_cvtepu8_epi16(                   \
-                                                                                 _mm256_broadcastsi128_si256(        \
-                                                                                     _mm_loadu_si128(                \
-                                                                                         (const __m128i *)(row +     \
-                                                                                         (g) * (DJ_QGROUP / 2))))),  \
-                                                                             nib_shift),                             \
-                                                           _mm512_set1_epi16(0x0f)),                                 \
-                                          _mm512_set1_epi16(8)),                                                     \
-        _mm512_load_si512(q->x16 + (g) * DJ_QGROUP)))
     int64_t g = 0;
     for (; g + 8 <= groups; g += 8) {
         const char *pf = (const char *)row + g * gb + CPU_PREFETCH;  // as simd_dot_q
@@ -293,12 +294,12 @@ __attribute__((always_inline)) SIMDV_FN static inline float zv_dot_q(const uint8
         _mm256_store_ps(d, _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(scales + g))),
                                          _mm256_loadu_ps(q->d + g)));
         for (int k = 0; k < 8; k += 2) {
-            a0 = _mm512_fmadd_ps(ZV_GROUP(g + k), _mm512_set1_ps(d[k]), a0);
-            a1 = _mm512_fmadd_ps(ZV_GROUP(g + k + 1), _mm512_set1_ps(d[k + 1]), a1);
+            a0 = _mm512_fmadd_ps(zv_group(row, wtype, q, g + k), _mm512_set1_ps(d[k]), a0);
+            a1 = _mm512_fmadd_ps(zv_group(row, wtype, q, g + k + 1), _mm512_set1_ps(d[k + 1]), a1);
         }
     }
-    for (; g < groups; g++) a0 = _mm512_fmadd_ps(ZV_GROUP(g), _mm512_set1_ps(_cvtsh_ss(scales[g]) * q->d[g]), a0);
-#undef ZV_GROUP
+    for (; g < groups; g++)
+        a0 = _mm512_fmadd_ps(zv_group(row, wtype, q, g), _mm512_set1_ps(_cvtsh_ss(scales[g]) * q->d[g]), a0);
     return _mm512_reduce_add_ps(_mm512_add_ps(a0, a1));
 }
 SIMDV_FN static float zv_dot_q8(const uint8_t *row, int64_t n, const cpu_xq *q) { return zv_dot_q(row, DJ_Q8, n, q); }

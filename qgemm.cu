@@ -79,9 +79,10 @@ __global__ void qgemm_x_kernel(__half *xp, qgemm_src src, int64_t T, int64_t n_i
 // ---- the same values in the Hopper kernel's stage layout: for each block of BN tokens and each stage of 64 inputs,
 // BN 128-byte rows (a token's 64 permuted inputs), 16-byte chunk c of token t at c ^ (t % 8), contiguous, so one
 // bulk copy moves a stage's x. xt (ceil(T / BN) BN, KT 64) f16 in that order (KT = ceil(kp / 64)); tokens past T
-// and inputs past n_in are zeros. bn = 1 << lbn. Threads: x over the KT 4 runs of 16, y (strided) over the tokens.
-__global__ void qgemm_xt_kernel(__half *xt, qgemm_src src, int64_t T, int64_t n_in, int64_t kp, int lbn) {
-    const int64_t KT = kp / 64 + (kp % 64 != 0), rows = ((T >> lbn) + ((T & ((1 << lbn) - 1)) != 0)) << lbn;
+// and inputs past n_in are zeros. bn = 1 << lbn; rows: T rounded up to whole blocks. Threads: x over the KT 4 runs of
+// 16, y (strided) over the rows.
+__global__ void qgemm_xt_kernel(__half *xt, qgemm_src src, int64_t T, int64_t rows, int64_t n_in, int64_t KT,
+                                int lbn) {
     const int64_t r = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (r >= KT * 4) return;
     const int64_t kt = r >> 2;
@@ -350,7 +351,8 @@ static __device__ __forceinline__ void mbar_init(uint64_t *b, int count) {
 static __device__ __forceinline__ void mbar_wait(uint64_t *b, uint32_t parity) {
     uint32_t done;
     do {
-        asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+        asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+                     "selp.u32 %0, 1, 0, p;\n}\n"
                      : "=r"(done)
                      : "r"(smem_u32(b)), "r"(parity)
                      : "memory");
@@ -574,11 +576,9 @@ __global__ void __launch_bounds__(256, MINB)
 // xp = x in f16 for the kernels: qgemm_x_kernel's layout (bn 0), or qgemm_xt_kernel's in blocks of bn tokens.
 static int qgemm_x(__half *xp, const qgemm_src &x, int64_t T, int64_t n_in, int bn, cudaStream_t s, dj_err *e) {
     const int64_t kp = (n_in + DJ_QGROUP - 1) / DJ_QGROUP * DJ_QGROUP;
-    const int64_t runs = bn ? (kp + 63) / 64 * 4 : kp / 16, rows = bn ? (T + bn - 1) / bn * bn : T;
+    const int64_t KT = (kp + 63) / 64, runs = bn ? KT * 4 : kp / 16, rows = bn ? (T + bn - 1) / bn * bn : T;
     const dim3 grid((unsigned)((runs + 63) / 64), (unsigned)(rows < 65535 ? rows : 65535));
-    int lbn = 0;
-    while ((1 << lbn) < bn) lbn++;  // bn: 128 or 256
-    if (bn) qgemm_xt_kernel<<<grid, 64, 0, s>>>(xp, x, T, n_in, kp, lbn);
+    if (bn) qgemm_xt_kernel<<<grid, 64, 0, s>>>(xp, x, T, rows, n_in, KT, __builtin_ctz((unsigned)bn));  // 128, 256
     else qgemm_x_kernel<<<grid, 64, 0, s>>>(xp, x, T, n_in, kp);
     LAUNCH_CHECK("qgemm_x", s);
     return 0;

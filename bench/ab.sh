@@ -8,6 +8,8 @@
 # 1024, each REPS times (default 3) per build:
 #   resident_decode  all resident, a short prompt, 128 new tokens: decode ms/token
 #   prefill_512      all resident, a 512-token prompt: prefill tokens/s
+#   prefill_N        the same with an N-token prompt (BOS and N - 1 one-token words; context the power of two from
+#                    1024 that holds it), e.g. prefill_513; not in the default CASES
 #   min_link         the smallest ring djinn accepts, --cpu-share 0 (the link alone), 16 tokens: decode ms/token
 #   min_share        the smallest ring, --cpu-share auto (the default), 16 tokens: decode ms/token
 # CASES (default all four) picks some. Prints a table (median, min, max per build and case; B's median against A's)
@@ -35,15 +37,18 @@ min=$("$B/djinn" "$MODEL" -p x -n 1 -t 0 -c 1024 --ring-gb 0.001 2>&1 >/dev/null
 echo "minimum ring: $min GB"
 
 run() {  # build case rep -> one JSON line
-    local src=$1 case=$2 rep=$3 args stats="$LOGS/stats.json"
+    local src=$1 case=$2 rep=$3 args stats="$LOGS/stats.json" ctx=1024
     case $case in
         resident_decode) args=(-p "Once upon a time" -n 128) ;;
         prefill_512) args=(-p "$LONG" -n 4) ;;
+        prefill_[0-9]*)
+            args=(-p "$(printf 'the %.0s' $(seq $((${case#prefill_} - 1))) | sed 's/ $//')" -n 4)
+            while [ "$ctx" -lt $((${case#prefill_} + 4)) ]; do ctx=$((ctx * 2)); done ;;
         min_link) args=(-p "Once upon a time" -n 16 --ring-gb "$min" --cpu-share 0) ;;
         min_share) args=(-p "Once upon a time" -n 16 --ring-gb "$min") ;;
     esac
     rm -f "$stats"
-    if ! timeout 300 "$src/djinn" "$MODEL" -t 0 -c 1024 --stats-json "$stats" "${args[@]}" \
+    if ! timeout 300 "$src/djinn" "$MODEL" -t 0 -c "$ctx" --stats-json "$stats" "${args[@]}" \
             > /dev/null 2> "$LOGS/run.log" || [ ! -s "$stats" ]; then
         echo "ab: $src $case failed:" >&2
         tail -3 "$LOGS/run.log" >&2
@@ -67,8 +72,10 @@ import json, statistics, sys
 runs = [json.loads(l) for l in open(sys.argv[1])]
 a, b = sys.argv[3], sys.argv[4]
 json.dump({"runs": runs, "a": a, "b": b}, open(sys.argv[2], "w"), indent=1)
-metric = {"resident_decode": ("decode_ms_per_token", "ms/token"), "prefill_512": ("prefill_tok_s", "tok/s"),
-          "min_link": ("decode_ms_per_token", "ms/token"), "min_share": ("decode_ms_per_token", "ms/token")}
+metric = {"resident_decode": ("decode_ms_per_token", "ms/token"), "min_link": ("decode_ms_per_token", "ms/token"),
+          "min_share": ("decode_ms_per_token", "ms/token")}
+for case in sorted({r["case"] for r in runs if r["case"].startswith("prefill_")}, key=lambda c: int(c[8:])):
+    metric[case] = ("prefill_tok_s", "tok/s")
 print(f"| case | unit | A median (min-max) | B median (min-max) | B / A |")
 print("|---|---|---|---|---|")
 for case, (key, unit) in metric.items():

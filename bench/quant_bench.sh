@@ -10,6 +10,8 @@
 #   prefill       all resident, a 512-token prompt, 4 new tokens (prefill tokens/s)
 #   prefill1k     the same with a 1024-token prompt (context 2048; not in the default CASES)
 #   prefill2k     the same with a 2048-token prompt (context 4096; not in the default CASES)
+#   prefillN      the same with an N-token prompt, N any count (e.g. prefill513: one token past two blocks of 256 of
+#                 the quantized tensor-core kernel; context the power of two from 1024 that holds it)
 #   min_link      the smallest ring djinn accepts, --cpu-share 0 (the link alone), 16 tokens
 #   min_share     the smallest ring, --cpu-share auto (the default), 16 tokens
 #   ringG_link, ringG_share   --ring-gb G for each G in $RINGS (default none), link only and with the CPU share
@@ -83,6 +85,9 @@ print(f"{sys.argv[4]}: {b:.3f} GB in {t:.1f} s")' "$bin" "$t0" "$t1" "$dt" "$OUT
             prefill) args=(-p "$LONG" -n 4) ;;
             prefill1k) args=(-p "$LONG1K" -n 4) ;;
             prefill2k) args=(-p "$LONG2K" -n 4) ;;
+            prefill[0-9]*)  # N tokens: BOS and N - 1 words of one token each
+                words=$(printf 'the %.0s' $(seq $((${case#prefill} - 1))))
+                args=(-p "${words% }" -n 4) ;;
             min_link) args=(-p "Once upon a time" -n 16 --ring-gb "$min" --cpu-share 0) ;;
             min_share) args=(-p "Once upon a time" -n 16 --ring-gb "$min") ;;
         esac
@@ -90,6 +95,7 @@ print(f"{sys.argv[4]}: {b:.3f} GB in {t:.1f} s")' "$bin" "$t0" "$t1" "$dt" "$OUT
         ctx=1024
         [ "$case" = prefill1k ] && ctx=2048
         [ "$case" = prefill2k ] && ctx=4096
+        if [[ $case =~ ^prefill[0-9]+$ ]]; then while [ "$ctx" -lt $((${case#prefill} + 4)) ]; do ctx=$((ctx * 2)); done; fi
         if ! timeout 300 ./djinn "$bin" -t 0 -c $ctx --stats-json "$out" "${args[@]}" > /dev/null 2> "$WORK/run.log"; then
             echo "  $dt $case FAILED:"; tail -3 "$WORK/run.log"; continue
         fi
@@ -142,6 +148,21 @@ if rings:
             lc = f"{l['decode_ms_per_token']:.1f} ({l['h2d_gb_s']:.1f}; {l['h2d_gb_s'] / h2d:.0%})" if l and h2d else "-"
             sc = shared(s) if s else "-"
             print(f"| {dt} | {rg[4:]} | {lc} | {sc} |")
+lens = sorted({int(f.split("_")[1][7:-5]) for f in os.listdir(d)
+               if f.split("_")[1:2] and f.split("_")[1][7:-5].isdigit() and f.split("_")[1].startswith("prefill")})
+if lens:
+    print("\n| prompt tokens | " + " | ".join(f"{dt} prefill tok/s" for dt in sys.argv[2:]) + " |")
+    print("|---" * (len(sys.argv[2:]) + 1) + "|")
+    for n in lens:
+        runs = {dt: load(f"{dt}_prefill{n}.json") for dt in sys.argv[2:]}
+        ref = runs.get("f16")
+        cells = []
+        for dt, r in runs.items():
+            c = f"{r['prefill_tok_s']:.0f}" if r else "-"
+            if r and ref and dt != "f16":
+                c += f" ({r['prefill_tok_s'] / ref['prefill_tok_s']:.0%})"
+            cells.append(c)
+        print(f"| {n} | " + " | ".join(cells) + " |")
 EOF
 
 if python3 -c "import matplotlib" 2> /dev/null; then

@@ -250,13 +250,9 @@ static int gpu_layer(dj_gpu_state *s, const uint8_t *w, int l, int64_t T, int pe
     }
     const sp_mat *dn = &s->sh.lmats[k_down];
     const uint8_t *wd = w + dn->off;
-    if (T == 1 && !s->sh.cur_host) {  // one token, all on the GPU: the down projection computes silu(gate) * up
-        STEP(DOWN, gpu_swiglu_matmul(s->g, b->delta, b->hb, ffn.gate, ffn.up, wd, dn->dtype, dn->n_in, dn->n_out, st,
-                                     e));
-    } else if (!s->sh.cur_host && gpu_qgemm_wins(s->g, dn->dtype, wd, T, dn->n_in, dn->n_out)) {
-        // several tokens on the quantized tensor-core kernel: silu(gate) * up computed as it reads x
-        STEP(DOWN, gpu_swiglu_qgemm(s->g, b->delta, ffn.gate, ffn.up, ffn.ld, wd, dn->dtype, T, dn->n_in, dn->n_out,
-                                    st, e));
+    if (!s->sh.cur_host) {  // all on the GPU: q8/q4 products compute silu(gate) * up as they read it
+        STEP(DOWN, gpu_swiglu_matmul(s->g, b->delta, b->hb, ffn.gate, ffn.up, ffn.ld, wd, dn->dtype, T, dn->n_in,
+                                     dn->n_out, st, e));
     } else {
         STEP(SWIGLU, gpu_swiglu(b->hb, ffn.gate, ffn.up, T, hid, ffn.ld, st, e));
         STEP(DOWN, layer_mm(s, w, k_down, b->delta, b->hb, T, e));

@@ -104,12 +104,15 @@ void gpu_graph_destroy(cudaGraphExec_t exec);
 // alone puts whole-model logits ~2e-2 off, x is split into bf16 hi + lo and multiplied twice. f32 weights use CUBLAS_COMPUTE_32F
 // with the default math mode, which is plain fp32, not TF32: it keeps the f32 path within ~1e-5 of the CPU.
 // The GEMV reads W once per 4 rows of x, so it is also correct (if slower) for any T.
-// q8 and q4 (model.h; rows dj_row_bytes apart): the GEMV dequantizes in registers (exactly scale * k, fp32
-// products and sums); the cuBLAS path dequantizes rows to f16 in scratch, a chunk of about 64 MiB at a time, and
-// multiplies each chunk as f16 weights (x rounded to f16).
+// q8 and q4 (model.h; rows dj_row_bytes apart): the GEMV sums k times x quantized per group of 32 in two int8 parts
+// (where gpu_fused_ok; elsewhere exactly scale * k in fp32), up to 8 tokens of x for each read of W; the cuBLAS
+// path dequantizes rows to f16 in scratch, a chunk of about 64 MiB at a time, and multiplies each chunk as f16
+// weights (x rounded to f16).
 // GPU_MM_QGEMM (qgemm.cu), q8 and q4 only: the stored values straight into shared memory, widened in registers to
 // the same f16 values the dequantizing path writes (scale * k rounded once) and multiplied on the tensor cores with
-// x rounded to f16 and fp32 accumulation; no f16 copy of W. GPU_MM_AUTO takes it where gpu_qgemm_wins.
+// x rounded to f16 and fp32 accumulation; no f16 copy of W. GPU_MM_AUTO takes it where gpu_qgemm_wins, except for
+// passes of a few tokens, which the GEMV takes (one read of W), and the few tokens past the kernel's last whole
+// block of a longer pass, which the GEMV takes too where the kernel would pad a block for them.
 enum gpu_mm_path { GPU_MM_AUTO = 0, GPU_MM_GEMV = 1, GPU_MM_CUBLAS = 2, GPU_MM_QGEMM = 3 };
 int gpu_matmul(dj_gpu *g, float *y, const float *x, const void *w, uint32_t wtype, int64_t T, int64_t n_in,
                int64_t n_out, cudaStream_t s, dj_err *e);
@@ -166,10 +169,12 @@ int gpu_residual_add(float *out, const float *x, const float *delta, const float
 // one (T, 2n) buffer holding [gate | up] per row, then up = gate + n). out may alias gate only when ld == n.
 int gpu_swiglu(float *out, const float *gate, const float *up, int64_t T, int64_t n, int64_t ld, cudaStream_t s,
                dj_err *e);
-// y (n_out) = W . (silu(gate) * up) for one token: gpu_swiglu into hb then gpu_matmul, or, for q8 and q4 weights,
-// one kernel that never writes hb.
-int gpu_swiglu_matmul(dj_gpu *g, float *y, float *hb, const float *gate, const float *up, const void *w,
-                      uint32_t wtype, int64_t n_in, int64_t n_out, cudaStream_t s, dj_err *e);
+// y (T, n_out) = (silu(gate) * up) . W^T, gate and up rows ld floats apart (ld >= n_in): gpu_swiglu into hb (T,
+// n_in) then gpu_matmul, or, for q8 and q4 weights, kernels that compute silu(gate) * up as they read it and never
+// write hb (the GEMV for a few tokens, gpu_swiglu_qgemm where the tensor-core kernel takes the product), choosing
+// as gpu_matmul does.
+int gpu_swiglu_matmul(dj_gpu *g, float *y, float *hb, const float *gate, const float *up, int64_t ld, const void *w,
+                      uint32_t wtype, int64_t T, int64_t n_in, int64_t n_out, cudaStream_t s, dj_err *e);
 // Whether the persistent quantized GEMV takes W (n_out, n_in): q8/q4, a whole number of groups up to the x it
 // stages, 16-byte aligned. It then runs gpu_matmul's one-token q8/q4 products (x aligned too), gpu_swiglu_matmul's
 // fused product and gpu_norm_matmul (its buffers aligned too).

@@ -81,6 +81,9 @@ int tc_setup(dj_gpu *g, dj_err *e);
 int matmul_setup(dj_gpu *g, dj_err *e);
 // qgemm.cu: whether the device runs its Hopper kernel (g->wgmma); its multiprocessors.
 int qgemm_setup(dj_gpu *g, dj_err *e);
+// qgemm.cu's estimate, for gpu_matmul's dispatch: how many tokens at the end of a pass of T (at most `most`) would
+// cost the tensor-core kernel a padded block of their own; 0 where none would.
+int qgemm_tail(const dj_gpu *g, int64_t T, int64_t n_in, int64_t n_out, int64_t most);
 
 // The attention shapes the kernels support (attention.cu; gpu_rope_kv checks them too): n_heads a multiple
 // of n_kv_heads, head_dim even and <= 256. fn names the caller in the message.

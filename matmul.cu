@@ -322,12 +322,14 @@ __device__ __forceinline__ uint32_t pack_i8x4(int a, int b, int c, int d) {
 // What the persistent kernel multiplies W with, for row t of its input: x itself (QX_PLAIN), silu(x) * b (QX_SWIGLU:
 // the down projection with gpu_swiglu fused, as gpu_swiglu computes it) or rmsnorm(x + b) * nw (QX_NORM: the
 // residual add and the norm before q|k|v and gate|up fused, as gpu_add_rmsnorm computes them; b NULL: no add; block
-// 0 writes x + b, or x, to xo, the residual stream's next buffer, which must not alias x).
+// 0 writes x + b, or x, to xo, the residual stream's next buffer, which must not alias x; one token only). Rows of x
+// and b are ld floats apart.
 enum { QX_PLAIN, QX_SWIGLU, QX_NORM };
 struct qx_in {
     const float *x, *b, *nw;
     float *xo;
     float eps;
+    int64_t ld;
 };
 
 // The values i0 .. i0 + 3 of the input (row xr, b's row br), the norm's scale applied.
@@ -373,7 +375,7 @@ template <int MODE> __device__ __forceinline__ float qx_scale(const qx_in &in, c
 template <int WT, int MODE>
 __device__ __forceinline__ void stage_xq(uint8_t *rec, const qx_in &in, int64_t t, int64_t n_in) {
     constexpr int E = q_chunk_weights(WT), RB = qr_bytes(WT);
-    const float *xr = in.x + t * n_in, *br = in.b ? in.b + t * n_in : NULL;
+    const float *xr = in.x + t * in.ld, *br = in.b ? in.b + t * in.ld : NULL;
     const float scale = qx_scale<MODE>(in, xr, br, n_in);
     const bool write_res = MODE == QX_NORM && blockIdx.x == 0;
     const int lane = threadIdx.x & 31, quarter = lane & 3;
@@ -446,16 +448,20 @@ template <int WT> __device__ __forceinline__ float chunk_dot_i8(uint4 q, const u
 
 // Launched as a programmatic dependent of the kernel before it (qp_launch): the first weights are loaded before
 // griddepcontrol.wait, which returns once that kernel has finished and its writes are visible, so the launch and
-// the loads' latency overlap its end. MODE: what the input is (qx_in).
-template <int WT, int MODE>
+// the loads' latency overlap its end. MODE: what the input is (qx_in). A block takes NT tokens of the input (rows
+// NT blockIdx.y ...; fewer in the last), their records one after another in shared memory, and dots every chunk of
+// weights it loads with each: a pass of a few tokens reads W once, not once a token.
+template <int WT, int MODE, int NT>
 __global__ __launch_bounds__(QP_WARPS * 32) void gemv_quant_persist_kernel(float *y, const qx_in in, const uint8_t *w,
-                                                                          int64_t n_in, int64_t n_out,
+                                                                          int64_t T, int64_t n_in, int64_t n_out,
                                                                           int64_t row_bytes) {
+    static_assert(NT == 1 || MODE != QX_NORM, "the fused norm writes one token's residual");
     constexpr int RB = qr_bytes(WT);
     extern __shared__ uint4 rec4[];
     const uint8_t *rec = (const uint8_t *)rec4;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int64_t t = blockIdx.y, nc = n_in / q_chunk_weights(WT);
+    const int64_t t0 = (int64_t)blockIdx.y * NT, nc = n_in / q_chunk_weights(WT), tb = nc * RB;  // tb: a token's
+    const int nt = T - t0 < NT ? (int)(T - t0) : NT;                                              // records
     const int64_t so = n_in / DJ_QGROUP * q_group_bytes(WT), step = (int64_t)gridDim.x * QP_WARPS;
     uint4 q[QP_UNROLL][1], qn[QP_UNROLL][1];
     float sc[QP_UNROLL][1], scn[QP_UNROLL][1];
@@ -467,9 +473,11 @@ __global__ __launch_bounds__(QP_WARPS * 32) void gemv_quant_persist_kernel(float
     int64_t r = (int64_t)blockIdx.x * QP_WARPS + warp, c = lane;
     if (r < n_out) load(r, c, q, sc);
     asm volatile("griddepcontrol.wait;" ::: "memory");
-    stage_xq<WT, MODE>((uint8_t *)rec4, in, t, n_in);
+    for (int j = 0; j < nt; j++) stage_xq<WT, MODE>((uint8_t *)rec4 + j * tb, in, t0 + j, n_in);
     __syncthreads();
-    float acc = 0.0f;
+    float acc[NT];
+#pragma unroll
+    for (int j = 0; j < NT; j++) acc[j] = 0.0f;
     while (r < n_out) {
         int64_t rn = r, cn = c + 32 * QP_UNROLL;
         if (cn >= nc) rn = r + step, cn = lane;
@@ -477,12 +485,18 @@ __global__ __launch_bounds__(QP_WARPS * 32) void gemv_quant_persist_kernel(float
 #pragma unroll
         for (int u = 0; u < QP_UNROLL; u++) {
             if (c + 32 * u >= nc) break;
-            acc += chunk_dot_i8<WT>(q[u][0], rec + (c + 32 * u) * RB, sc[u][0]);
+#pragma unroll
+            for (int j = 0; j < NT; j++)
+                if (j < nt) acc[j] += chunk_dot_i8<WT>(q[u][0], rec + j * tb + (c + 32 * u) * RB, sc[u][0]);
         }
         if (rn != r) {  // row done
-            const float v = warp_sum(acc);
-            if (lane == 0) y[t * n_out + r] = v;
-            acc = 0.0f;
+#pragma unroll
+            for (int j = 0; j < NT; j++) {
+                if (j >= nt) break;
+                const float v = warp_sum(acc[j]);
+                if (lane == 0) y[(t0 + j) * n_out + r] = v;
+                acc[j] = 0.0f;
+            }
         }
 #pragma unroll
         for (int u = 0; u < QP_UNROLL; u++) q[u][0] = qn[u][0], sc[u][0] = scn[u][0];
@@ -505,25 +519,60 @@ __global__ __launch_bounds__(GEMV_WARPS * 32) void gemv_quant_scalar_kernel(floa
     if (lane == 0) y[t * n_out + row] = acc;
 }
 
-// The persistent kernel on T rows of its input, launched with programmatic stream serialization (the kernel waits
-// on its predecessor itself: griddepcontrol.wait).
-template <int WT, int MODE>
-static int qp_launch(dj_gpu *g, float *y, const qx_in &in, const uint8_t *w, int64_t T, int64_t n_in, int64_t n_out,
-                     cudaStream_t s, dj_err *e) {
+// Tokens a block of the persistent kernel takes (its NT): 1, 2, 4 or QP_MAX_NT.
+#define QP_MAX_NT 8
+
+// The persistent kernel on T rows of its input, NT a block, launched with programmatic stream serialization (the
+// kernel waits on its predecessor itself: griddepcontrol.wait).
+template <int WT, int MODE, int NT>
+static int qp_launch_nt(dj_gpu *g, float *y, const qx_in &in, const uint8_t *w, int64_t T, int64_t n_in,
+                        int64_t n_out, cudaStream_t s, dj_err *e) {
     const int64_t need = (n_out + QP_WARPS - 1) / QP_WARPS;
     cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3((unsigned)(need < g->qp_blocks ? need : g->qp_blocks), (unsigned)T);
+    cfg.gridDim = dim3((unsigned)(need < g->qp_blocks ? need : g->qp_blocks), (unsigned)((T + NT - 1) / NT));
     cfg.blockDim = dim3(QP_WARPS * 32);
-    cfg.dynamicSmemBytes = qp_smem(WT, n_in);
+    cfg.dynamicSmemBytes = NT * qp_smem(WT, n_in);
     cfg.stream = s;
     cudaLaunchAttribute attr[1];
     attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attr[0].val.programmaticStreamSerializationAllowed = 1;
     cfg.attrs = attr, cfg.numAttrs = 1;
     const int64_t rb = (int64_t)dj_row_bytes(WT, (uint64_t)n_in);
-    CUDA_CHECK(cudaLaunchKernelEx(&cfg, gemv_quant_persist_kernel<WT, MODE>, y, in, w, n_in, n_out, rb));
+    CUDA_CHECK(cudaLaunchKernelEx(&cfg, gemv_quant_persist_kernel<WT, MODE, NT>, y, in, w, T, n_in, n_out, rb));
     LAUNCH_CHECK("gemv_quant_persist", s);
     return 0;
+}
+
+// The most tokens a block of the persistent kernel stages for x of n_in (their records side by side in shared
+// memory, qp_smem each): 1, 2, 4 or QP_MAX_NT.
+static int qp_fit(const dj_gpu *g, uint32_t wt, int64_t n_in) {
+    int nt = 1;
+    while (nt < QP_MAX_NT && (size_t)(2 * nt) * qp_smem(wt, n_in) <= (size_t)g->tc_optin) nt *= 2;
+    return nt;
+}
+
+// Each block takes the fewest of 1, 2, 4, 8 tokens that hold T, or as many as its shared memory holds (qp_fit; the
+// blocks of the further tokens read W again); the fused norm one.
+template <int WT, int MODE>
+static int qp_launch(dj_gpu *g, float *y, const qx_in &in, const uint8_t *w, int64_t T, int64_t n_in, int64_t n_out,
+                     cudaStream_t s, dj_err *e) {
+    if constexpr (MODE == QX_NORM) {
+        return qp_launch_nt<WT, MODE, 1>(g, y, in, w, T, n_in, n_out, s, e);
+    } else {
+        const int fit = qp_fit(g, WT, n_in);
+        int nt = 1;
+        while (nt < T && nt < fit) nt *= 2;
+        switch (nt) {
+        case 1:
+            return qp_launch_nt<WT, MODE, 1>(g, y, in, w, T, n_in, n_out, s, e);
+        case 2:
+            return qp_launch_nt<WT, MODE, 2>(g, y, in, w, T, n_in, n_out, s, e);
+        case 4:
+            return qp_launch_nt<WT, MODE, 4>(g, y, in, w, T, n_in, n_out, s, e);
+        default:
+            return qp_launch_nt<WT, MODE, QP_MAX_NT>(g, y, in, w, T, n_in, n_out, s, e);
+        }
+    }
 }
 
 template <int MODE>
@@ -541,7 +590,7 @@ static int gemv_quant_typed(dj_gpu *g, float *y, const float *x, const void *w, 
     const uint8_t *wb = (const uint8_t *)w;
     const int vec_ok = n_in % DJ_QGROUP == 0 && ((uintptr_t)w & 15) == 0 && ((uintptr_t)x & 15) == 0;
     if (vec_ok && gpu_fused_ok(WT, w, n_in, n_out))  // the persistent kernel's shapes
-        return qp_launch<WT, QX_PLAIN>(g, y, qx_in{x, NULL, NULL, NULL, 0.0f}, wb, T, n_in, n_out, s, e);
+        return qp_launch<WT, QX_PLAIN>(g, y, qx_in{x, NULL, NULL, NULL, 0.0f, n_in}, wb, T, n_in, n_out, s, e);
     if (vec_ok) {
         const int64_t per_block = QG_WARPS * QG_ROWS;
         dim3 grid((unsigned)((n_out + per_block - 1) / per_block), (unsigned)T);
@@ -747,6 +796,28 @@ extern "C" size_t gpu_matmul_scratch(uint32_t wtype, int64_t T, int64_t n_in) {
     return wtype == DJ_F32 ? 0 : (size_t)T * (size_t)n_in * (wtype == DJ_BF16 ? 4 : 2);
 }
 
+// Up to how many tokens a pass over q8/q4 W (n_out, n_in) goes to the persistent GEMV, which reads W once for the
+// tokens a block holds (qp_fit): 4, and 8 where W has too few rows for the tensor-core kernel to fill the device with
+// tiles of 128 rows (qgemm.cu then splits the inputs, its weakest shape); never so many that W is read more than
+// twice. Measured on the H100 (bench/results/qgemm/few_tokens*.txt: the layers of Llama-3-8B, Llama-2-13B and
+// Llama-3-70B, q8 and q4), the GEMV's time against the tensor-core kernel's: at 2 tokens 0.25-0.55x, at 4
+// 0.40-0.99x; the matrices of 4096-10240 rows at 6 tokens 0.55-0.89x, at 8 0.69-1.14x (above 1 on 70B's wo and
+// 13B's wo and down, where compute bounds the GEMV), while gate|up (27648-57344 rows) takes 0.92-1.19x at 6 and
+// 1.18-1.53x at 8. 70B's down projection (x of 28672: two tokens a block) took 0.71-0.99x at 4 tokens (W read
+// twice) and 1.04-1.45x at 6 (three times).
+static int64_t qp_tokens(const dj_gpu *g, uint32_t wtype, int64_t n_in, int64_t n_out) {
+    const int64_t most = 10 * ((n_out + 127) / 128) < 9 * (int64_t)g->n_sm ? QP_MAX_NT : 4;
+    const int64_t twice = 2 * (int64_t)qp_fit(g, wtype, n_in);
+    return most < twice ? most : twice;
+}
+
+// Whether the persistent GEMV takes T tokens of x (aligned: x and its rows ld floats apart) for W.
+static int qp_takes(const dj_gpu *g, uint32_t wtype, const void *w, const float *x, int64_t ld, int64_t T,
+                    int64_t n_in, int64_t n_out) {
+    return gpu_fused_ok(wtype, w, n_in, n_out) && T <= qp_tokens(g, wtype, n_in, n_out) && ((uintptr_t)x & 15) == 0 &&
+           ld % 4 == 0;
+}
+
 extern "C" int gpu_matmul_path(dj_gpu *g, int path, float *y, const float *x, const void *w, uint32_t wtype,
                                int64_t T, int64_t n_in, int64_t n_out, cudaStream_t s, dj_err *e) {
     if (!dj_row_bytes(wtype, 1)) return dj_fail(e, "gpu_matmul: unknown weight dtype %u", wtype);
@@ -754,8 +825,21 @@ extern "C" int gpu_matmul_path(dj_gpu *g, int path, float *y, const float *x, co
         return dj_fail(e, "gpu_matmul: bad shape T=%lld n_in=%lld n_out=%lld", (long long)T, (long long)n_in,
                        (long long)n_out);
     if (T == 0) return 0;
-    if (path == GPU_MM_AUTO)
-        path = T == 1 ? GPU_MM_GEMV : gpu_qgemm_wins(g, wtype, w, T, n_in, n_out) ? GPU_MM_QGEMM : GPU_MM_CUBLAS;
+    if (path == GPU_MM_AUTO) {
+        if (T == 1 || qp_takes(g, wtype, w, x, n_in, T, n_in, n_out)) {
+            path = GPU_MM_GEMV;
+        } else if (gpu_qgemm_wins(g, wtype, w, T, n_in, n_out)) {
+            // the tokens past the tensor-core kernel's last whole block on the GEMV, where that saves a padded block
+            const int64_t r =
+                qp_takes(g, wtype, w, x, n_in, 1, n_in, n_out) ? qgemm_tail(g, T, n_in, n_out, qp_tokens(g, wtype, n_in, n_out)) : 0;
+            if (gpu_qgemm_variant(g, -1, y, x, w, wtype, T - r, n_in, n_out, s, e)) return -1;
+            return r ? gpu_matmul_path(g, GPU_MM_GEMV, y + (T - r) * n_out, x + (T - r) * n_in, w, wtype, r, n_in,
+                                       n_out, s, e)
+                     : 0;
+        } else {
+            path = GPU_MM_CUBLAS;
+        }
+    }
     switch (path) {
     case GPU_MM_GEMV:
         if (wtype == DJ_Q8) return gemv_quant_typed<DJ_Q8>(g, y, x, w, T, n_in, n_out, s, e);
@@ -778,11 +862,23 @@ extern "C" int gpu_matmul(dj_gpu *g, float *y, const float *x, const void *w, ui
     return gpu_matmul_path(g, GPU_MM_AUTO, y, x, w, wtype, T, n_in, n_out, s, e);
 }
 
-extern "C" int gpu_swiglu_matmul(dj_gpu *g, float *y, float *hb, const float *gate, const float *up, const void *w,
-                                 uint32_t wtype, int64_t n_in, int64_t n_out, cudaStream_t s, dj_err *e) {
-    if (gpu_fused_ok(wtype, w, n_in, n_out) && ((uintptr_t)gate & 15) == 0 && ((uintptr_t)up & 15) == 0)
-        return qp_launch_any<QX_SWIGLU>(g, y, qx_in{gate, up, NULL, NULL, 0.0f}, w, wtype, 1, n_in, n_out, s, e);
-    return gpu_swiglu(hb, gate, up, 1, n_in, n_in, s, e) || gpu_matmul(g, y, hb, w, wtype, 1, n_in, n_out, s, e) ? -1 : 0;
+extern "C" int gpu_swiglu_matmul(dj_gpu *g, float *y, float *hb, const float *gate, const float *up, int64_t ld,
+                                 const void *w, uint32_t wtype, int64_t T, int64_t n_in, int64_t n_out, cudaStream_t s,
+                                 dj_err *e) {
+    if (ld < n_in) return dj_fail(e, "gpu_swiglu_matmul: rows %lld floats apart, fewer than n_in = %lld", (long long)ld,
+                                  (long long)n_in);
+    if (T < 1) return T == 0 ? 0 : dj_fail(e, "gpu_swiglu_matmul: T = %lld", (long long)T);
+    const int gemv = qp_takes(g, wtype, w, gate, ld, 1, n_in, n_out) && ((uintptr_t)up & 15) == 0;
+    qx_in in = {gate, up, NULL, NULL, 0.0f, ld};
+    if (gemv && T <= qp_tokens(g, wtype, n_in, n_out)) return qp_launch_any<QX_SWIGLU>(g, y, in, w, wtype, T, n_in, n_out, s, e);
+    if (gpu_qgemm_wins(g, wtype, w, T, n_in, n_out)) {  // the tail as gpu_matmul_path takes it
+        const int64_t r = gemv ? qgemm_tail(g, T, n_in, n_out, qp_tokens(g, wtype, n_in, n_out)) : 0;
+        if (gpu_swiglu_qgemm(g, y, gate, up, ld, w, wtype, T - r, n_in, n_out, s, e)) return -1;
+        if (!r) return 0;
+        in.x += (T - r) * ld, in.b += (T - r) * ld;
+        return qp_launch_any<QX_SWIGLU>(g, y + (T - r) * n_out, in, w, wtype, r, n_in, n_out, s, e);
+    }
+    return gpu_swiglu(hb, gate, up, T, n_in, ld, s, e) || gpu_matmul(g, y, hb, w, wtype, T, n_in, n_out, s, e) ? -1 : 0;
 }
 
 // Whether the persistent kernel takes W: a whole number of groups up to QP_MAX a row, 16-byte aligned.
@@ -798,7 +894,7 @@ extern "C" int gpu_norm_matmul(dj_gpu *g, float *y, const float *x, const float 
         return dj_fail(e, "gpu_norm_matmul: not for weights of dtype %u, n_in = %lld or unaligned buffers (gpu_fused_ok)",
                        wtype, (long long)n_in);
     if (xo == x || !xo) return dj_fail(e, "gpu_norm_matmul: the residual's next buffer must not be x");
-    return qp_launch_any<QX_NORM>(g, y, qx_in{x, delta, nw, xo, eps}, w, wtype, 1, n_in, n_out, s, e);
+    return qp_launch_any<QX_NORM>(g, y, qx_in{x, delta, nw, xo, eps, n_in}, w, wtype, 1, n_in, n_out, s, e);
 }
 
 // ---- set-up, run once by gpu_open
@@ -806,10 +902,18 @@ extern "C" int gpu_norm_matmul(dj_gpu *g, float *y, const float *x, const float 
 // which the device must hold at once for the largest x.
 template <int WT, int MODE> static int qp_setup_one(dj_gpu *g, int sms, dj_err *e) {
     const int smem = (int)qp_smem(WT, QP_MAX);
-    CUDA_CHECK(cudaFuncSetAttribute(gemv_quant_persist_kernel<WT, MODE>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    CUDA_CHECK(cudaFuncSetAttribute(gemv_quant_persist_kernel<WT, MODE, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     smem));
+    if constexpr (MODE != QX_NORM) {  // several tokens a block: as many records as the device's shared memory holds
+        CUDA_CHECK(cudaFuncSetAttribute(gemv_quant_persist_kernel<WT, MODE, 2>,
+                                        cudaFuncAttributeMaxDynamicSharedMemorySize, g->tc_optin));
+        CUDA_CHECK(cudaFuncSetAttribute(gemv_quant_persist_kernel<WT, MODE, 4>,
+                                        cudaFuncAttributeMaxDynamicSharedMemorySize, g->tc_optin));
+        CUDA_CHECK(cudaFuncSetAttribute(gemv_quant_persist_kernel<WT, MODE, QP_MAX_NT>,
+                                        cudaFuncAttributeMaxDynamicSharedMemorySize, g->tc_optin));
+    }
     int per_sm = 0;
-    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, gemv_quant_persist_kernel<WT, MODE>,
+    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, gemv_quant_persist_kernel<WT, MODE, 1>,
                                                              QP_WARPS * 32, (size_t)smem));
     if (per_sm < 1)
         return dj_fail(e, "cuda: %s cannot run the quantized GEMV (%d bytes of shared memory)", g->name, smem);

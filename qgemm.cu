@@ -645,8 +645,9 @@ extern "C" int gpu_qgemm_ok(uint32_t wtype, const void *w, int64_t T, int64_t n_
 // multiprocessor, which this estimate leaves out: counting them as half a wave fitted worse). Fitted to the H100 run
 // of every shape at T = 128..2048: the chosen shapes take 1.002x the time of the best of the four, at worst 1.06x.
 // At 512 tokens the 4096-row matrices get 256 split (64 CTAs of 256 whole left half the SMs idle: 1.6x the time).
-static int qgemm_pick(const dj_gpu *g, int64_t T, int64_t n_in, int64_t n_out) {
+static int qgemm_pick_cost(const dj_gpu *g, int64_t T, int64_t n_in, int64_t n_out, double *cost) {
     const int64_t rows = (n_out + 127) / 128, stages = ((n_in + DJ_QGROUP - 1) / DJ_QGROUP + 1) / 2;
+    *cost = 0;
     if (T <= 64) {
         if (g->wgmma && 10 * rows < 9 * (int64_t)g->n_sm) return 10;  // split inputs fill the SMs the rows leave idle
         return T <= 16 ? 6 : g->wgmma ? 11 : 5;
@@ -665,7 +666,24 @@ static int qgemm_pick(const dj_gpu *g, int64_t T, int64_t n_in, int64_t n_out) {
         const double t = waves * (double)((stages + shapes[i].ks - 1) / shapes[i].ks) * shapes[i].stage_cost;
         if (i == 0 || t < best_t) best = shapes[i].variant, best_t = t;
     }
+    *cost = best_t;
     return best;
+}
+static int qgemm_pick(const dj_gpu *g, int64_t T, int64_t n_in, int64_t n_out) {
+    double cost;
+    return qgemm_pick_cost(g, T, n_in, n_out, &cost);
+}
+
+// Tokens at the end of a pass of T that cost the Hopper kernel a block of their own: T % 128 when they are at most
+// `most` and the estimate above charges T more than T without them (at 513 tokens, 256 more padded; at 641 none,
+// as 640 already runs three blocks of 256). 0 elsewhere.
+int qgemm_tail(const dj_gpu *g, int64_t T, int64_t n_in, int64_t n_out, int64_t most) {
+    const int64_t r = T % 128;
+    if (!g->wgmma || T <= 128 || r == 0 || r > most) return 0;
+    double with, without;
+    qgemm_pick_cost(g, T, n_in, n_out, &with);
+    qgemm_pick_cost(g, T - r, n_in, n_out, &without);
+    return with > without ? (int)r : 0;
 }
 
 // Where gpu_matmul takes this kernel rather than dequantizing rows to f16 for cuBLAS. On Hopper from 2 tokens up to

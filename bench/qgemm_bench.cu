@@ -1,14 +1,16 @@
 // bench/qgemm_bench.cu: the quantized product y (T, n_out) = x (T, n_in) . W^T for T > 1 on the layer shapes of
 // Llama-3-8B, Llama-2-13B and Llama-3-70B, in q8 and q4: every tile shape of qgemm.cu (gpu_qgemm_variant) beside the
 // path it replaces (rows dequantized to f16 a chunk at a time, then cuBLAS) and beside cuBLAS on f16 weights of
-// the same shape (what the q8/q4 prefill is held to). Each variant's output is checked against the dequantizing
+// the same shape (what the q8/q4 prefill is held to); up to 8 tokens also the persistent GEMV, which reads W once
+// for all of them (gemv us; x quantized per group of 32 in two int8 parts: relative L2 <= 1e-3); and gpu_matmul's own
+// choice among them (matmul us: what the engine runs). Each variant's output is checked against the dequantizing
 // path's (same f16 operands, summation order only: relative L2 <= 1e-4) before it is timed.
 // Weights rotate over copies totalling > 4x the L2 size, so each call reads HBM. Times are medians of CUDA-event
 // groups; TFLOP/s counts 2 T n_in n_out.
 //
 //   build/bin/qgemm_bench OUT.json [T ...]     (default T: 2 4 8 16 32 64 128 256 512 2048)
 // QGEMM_ONLY=8,11,12 (environment) times those tile shapes only (the others print as inf); QGEMM_MATRIX=8b:gate_up
-// that matrix only.
+// that matrix only, QGEMM_MATRIX=8b that model's four.
 #include <math.h>
 #include <string.h>
 
@@ -79,13 +81,13 @@ int main(int argc, char **argv) {
     }
     fprintf(f, "{\"device\": \"%s\", \"rows\": [\n", prop.name);
     int first_row = 1, bad = 0;
-    printf("%-4s %-8s %-3s %5s %10s %10s %10s %5s %8s %8s  variants (us)\n", "", "matrix", "dt", "T", "f16 us",
-           "dequant us", "qgemm us", "var", "of f16", "TFLOP/s");
+    printf("%-4s %-8s %-3s %5s %10s %10s %10s %10s %10s %5s %8s %8s  variants (us)\n", "", "matrix", "dt", "T",
+           "f16 us", "dequant us", "gemv us", "qgemm us", "matmul us", "var", "of f16", "TFLOP/s");
     const char *only_matrix = getenv("QGEMM_MATRIX");
     for (const shape &sh : shapes) {
         char name[64];
         snprintf(name, sizeof name, "%s:%s", sh.model, sh.name);
-        if (only_matrix && strcmp(only_matrix, name)) continue;
+        if (only_matrix && strcmp(only_matrix, name) && strcmp(only_matrix, sh.model)) continue;
         const int64_t n_out = sh.n_out, n_in = sh.n_in;
         float *x, *y, *yref;
         CK(cudaMalloc(&x, (size_t)(Tmax * n_in) * 4));
@@ -142,20 +144,41 @@ int main(int argc, char **argv) {
                     });
                     if (best < 0 || var_us[v] < var_us[best]) best = v;
                 }
+                double gemv_us = INFINITY;
+                if (T <= 8) {
+                    CK(cudaMemset(y, 0xff, (size_t)(T * n_out) * 4));
+                    CKD(gpu_matmul_path(g, GPU_MM_GEMV, y, x, w[0], dt, T, n_in, n_out, s, &e_));
+                    CK(cudaStreamSynchronize(s));
+                    CK(cudaMemcpy(hy.data(), y, (size_t)(T * n_out) * 4, cudaMemcpyDeviceToHost));
+                    const double err = rel_l2(hy.data(), href.data(), (size_t)(T * n_out));
+                    if (!(err <= 1e-3)) {
+                        printf("MISMATCH: %s %s %s T=%lld gemv: relative L2 %.3e against the dequantizing path\n",
+                               sh.model, sh.name, dj_dtype_name(dt), (long long)T, err);
+                        bad = 1;
+                    } else {
+                        gemv_us = timed([&](int i) {
+                            CKD(gpu_matmul_path(g, GPU_MM_GEMV, y, x, w[i % copies], dt, T, n_in, n_out, s, &e_));
+                        });
+                    }
+                }
                 const double auto_us = timed([&](int i) {
                     CKD(gpu_qgemm_variant(g, -1, y, x, w[i % copies], dt, T, n_in, n_out, s, &e_));
                 });
-                printf("%-4s %-8s %-3s %5lld %10.1f %10.1f %10.1f %5d %7.1f%% %8.1f ", sh.model, sh.name,
-                       dj_dtype_name(dt), (long long)T, f16_us, dq_us, auto_us, best, 100 * f16_us / auto_us,
-                       flop / (auto_us * 1e-6) / 1e12);
+                const double mm_us = timed([&](int i) {
+                    CKD(gpu_matmul(g, y, x, w[i % copies], dt, T, n_in, n_out, s, &e_));
+                });
+                printf("%-4s %-8s %-3s %5lld %10.1f %10.1f %10.1f %10.1f %10.1f %5d %7.1f%% %8.1f ", sh.model, sh.name,
+                       dj_dtype_name(dt), (long long)T, f16_us, dq_us, gemv_us, auto_us, mm_us, best,
+                       100 * f16_us / auto_us, flop / (auto_us * 1e-6) / 1e12);
                 for (int v = 0; v < NVAR; v++) printf(" %7.1f", var_us[v]);
                 printf("\n");
                 fflush(stdout);
                 fprintf(f, "%s  {\"model\": \"%s\", \"matrix\": \"%s\", \"dtype\": \"%s\", \"T\": %lld, \"n_out\": %lld, "
-                           "\"n_in\": %lld, \"f16_us\": %.2f, \"dequant_us\": %.2f, \"qgemm_us\": %.2f, \"best_variant\": %d, "
+                           "\"n_in\": %lld, \"f16_us\": %.2f, \"dequant_us\": %.2f, \"gemv_us\": %.2f, \"qgemm_us\": %.2f, "
+                           "\"matmul_us\": %.2f, \"best_variant\": %d, "
                            "\"variant_us\": [",
                         first_row ? "" : ",\n", sh.model, sh.name, dj_dtype_name(dt), (long long)T, (long long)n_out,
-                        (long long)n_in, f16_us, dq_us, auto_us, best);
+                        (long long)n_in, f16_us, dq_us, isfinite(gemv_us) ? gemv_us : -1.0, auto_us, mm_us, best);
                 for (int v = 0; v < NVAR; v++) fprintf(f, "%s%.2f", v ? ", " : "", isfinite(var_us[v]) ? var_us[v] : -1.0);
                 fprintf(f, "], \"max_rel_l2\": %.3e}", *std::max_element(var_err, var_err + NVAR));
                 first_row = 0;

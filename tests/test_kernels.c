@@ -138,7 +138,7 @@ static void tk_mm_free(tk_mm *m) {
 
 Test(kernels, matmul) {
     tk_start("matmul");
-    static const int64_t Ts[] = {1, 2, 7, 64, 300};
+    static const int64_t Ts[] = {1, 2, 3, 7, 64, 300};
     // {64, 9000}: a long input row and a short output, the one-token GEMV's other extreme; {36864, 40}: x longer
     // than the quantized GEMV stages at once (QP_MAX, QG_TILE in matmul.cu): its tiled kernel, four and a half
     // tiles; {28672, 64}: the longest x the integer kernel stages (Llama-3-70B's down projection)
@@ -416,39 +416,107 @@ Test(kernels, swiglu) {
     tk_end("swiglu");
 }
 
-// The down projection with silu(gate) * up fused into it (q8, q4: one kernel; otherwise gpu_swiglu then the GEMV)
-// against the CPU's swiglu and matmul; n_in = 172 is no whole number of groups: the unfused path for every dtype.
+// The down projection with silu(gate) * up fused into it (q8, q4: one kernel; otherwise gpu_swiglu then the matmul)
+// against the CPU's swiglu and matmul, for one token and for 3 (the GEMV's blocks of several tokens), gate and up
+// in one (T, 2 n_in) buffer; n_in = 172 is no whole number of groups: the unfused path for every dtype.
 Test(kernels, swiglu_matmul) {
     tk_start("swiglu_matmul");
-    static const int64_t shapes[][2] = {{172, 40}, {4096, 300}, {14336, 64}};  // n_in, n_out
+    static const int64_t shapes[][2] = {{172, 40}, {4096, 300}, {14336, 64}}, Ts[] = {1, 3};  // n_in, n_out
     static const uint32_t wts[] = {DJ_F16, DJ_Q8, DJ_Q4};
     dj_err e;
     for (size_t si = 0; si < 3; si++)
-        for (size_t wi = 0; wi < 3; wi++) {
-            const int64_t n = shapes[si][0], n_out = shapes[si][1];
-            const uint32_t wt = wts[wi];
-            float *gu = malloc((size_t)(2 * n) * 4), *h = malloc((size_t)n * 4), *wf = malloc((size_t)(n * n_out) * 4);
-            float *ref = malloc((size_t)n_out * 4), *got = malloc((size_t)n_out * 4);
-            void *wh = malloc((size_t)dj_matrix_bytes(wt, (uint64_t)n_out, (uint64_t)n));
-            tk_fill(gu, 2 * n, 4.0f);
-            tk_fill(wf, n * n_out, 1.0f / sqrtf((float)n));
-            tk_store_matrix(wh, wf, n_out, n, wt);
-            cpu_swiglu(h, gu, gu + n, n);
-            cpu_matmul(ref, h, wh, wt, 1, n, n_out);
-            float *dgu = tk_up(gu, (size_t)(2 * n) * 4), *dh = tk_dev((size_t)n * 4), *dy = tk_dev((size_t)n_out * 4);
-            void *dw = tk_up(wh, (size_t)dj_matrix_bytes(wt, (uint64_t)n_out, (uint64_t)n));
-            tk_poison(dy, (size_t)n_out * 4);
-            cr_assert_eq(gpu_swiglu_matmul(tk_g, dy, dh, dgu, dgu + n, dw, wt, n, n_out, tk_s, &e), 0, "%s", e.msg);
-            tk_down(got, dy, (size_t)n_out * 4);
-            char what[96];
-            snprintf(what, sizeof what, "swiglu_matmul %s n_in=%lld n_out=%lld", dj_dtype_name(wt), (long long)n,
-                     (long long)n_out);
-            // q8, q4: x quantized to ~1/64516 of each group's largest magnitude (the integer GEMV)
-            tk_close(got, ref, n_out, dj_is_quant(wt) && n % 32 == 0 ? 1e-4 : 1e-5, what);
-            gpu_free(dgu), gpu_free(dh), gpu_free(dy), gpu_free(dw);
-            free(gu), free(h), free(wf), free(ref), free(got), free(wh);
-        }
+        for (size_t wi = 0; wi < 3; wi++)
+            for (size_t ti = 0; ti < 2; ti++) {
+                const int64_t n = shapes[si][0], n_out = shapes[si][1], T = Ts[ti];
+                const uint32_t wt = wts[wi];
+                float *gu = malloc((size_t)(T * 2 * n) * 4), *h = malloc((size_t)(T * n) * 4);
+                float *wf = malloc((size_t)(n * n_out) * 4), *ref = malloc((size_t)(T * n_out) * 4);
+                float *got = malloc((size_t)(T * n_out) * 4);
+                void *wh = malloc((size_t)dj_matrix_bytes(wt, (uint64_t)n_out, (uint64_t)n));
+                tk_fill(gu, T * 2 * n, 4.0f);
+                tk_fill(wf, n * n_out, 1.0f / sqrtf((float)n));
+                tk_store_matrix(wh, wf, n_out, n, wt);
+                for (int64_t t = 0; t < T; t++) cpu_swiglu(h + t * n, gu + t * 2 * n, gu + t * 2 * n + n, n);
+                cpu_matmul(ref, h, wh, wt, T, n, n_out);
+                float *dgu = tk_up(gu, (size_t)(T * 2 * n) * 4), *dh = tk_dev((size_t)(T * n) * 4);
+                float *dy = tk_dev((size_t)(T * n_out) * 4);
+                void *dw = tk_up(wh, (size_t)dj_matrix_bytes(wt, (uint64_t)n_out, (uint64_t)n));
+                tk_poison(dy, (size_t)(T * n_out) * 4);
+                cr_assert_eq(gpu_swiglu_matmul(tk_g, dy, dh, dgu, dgu + n, 2 * n, dw, wt, T, n, n_out, tk_s, &e), 0,
+                             "%s", e.msg);
+                tk_down(got, dy, (size_t)(T * n_out) * 4);
+                char what[96];
+                snprintf(what, sizeof what, "swiglu_matmul %s T=%lld n_in=%lld n_out=%lld", dj_dtype_name(wt),
+                         (long long)T, (long long)n, (long long)n_out);
+                // q8, q4: x quantized to ~1/64516 of each group's largest magnitude (the integer GEMV, for one token
+                // or a few); several tokens otherwise on cuBLAS, x rounded to f16
+                const int gemv = dj_is_quant(wt) && n % 32 == 0;
+                tk_close(got, ref, T * n_out, gemv ? 1e-4 : T == 1 ? 1e-5 : 2e-3, what);
+                gpu_free(dgu), gpu_free(dh), gpu_free(dy), gpu_free(dw);
+                free(gu), free(h), free(wf), free(ref), free(got), free(wh);
+            }
     tk_end("swiglu_matmul");
+}
+
+// Passes of several tokens on q8/q4 weights as gpu_matmul chooses for them: against the CPU, and, for 257 tokens
+// over 40000 rows on the Hopper kernel (313 row blocks: the 257th token would cost the kernel a padded block on any
+// device of up to 313 multiprocessors), split as promised: the first 256 rows of y the same bits as the
+// tensor-core kernel's on those tokens alone, the last the GEMV's on that token. gpu_swiglu_matmul chooses the
+// same way: the same bits as gpu_swiglu then gpu_matmul.
+Test(kernels, matmul_few_tokens) {
+    tk_start("matmul_few_tokens");
+    static const int64_t Ts[] = {2, 4, 257};
+    const int64_t n_in = 256, n_out = 40000;
+    dj_err e;
+    for (uint32_t wt = DJ_Q8; wt <= DJ_Q4; wt++) {
+        tk_mm m = tk_mm_new(wt, n_in, n_out, 257);
+        float *part = malloc((size_t)(257 * n_out) * 4), *two = malloc((size_t)(257 * n_out) * 4);
+        float *gu = malloc((size_t)(257 * 2 * n_in) * 4);
+        cr_assert(part && two && gu);
+        float *dgu = tk_dev((size_t)(257 * 2 * n_in) * 4), *dh = tk_dev((size_t)(257 * n_in) * 4);
+        for (size_t ti = 0; ti < sizeof Ts / sizeof Ts[0]; ti++) {
+            const int64_t T = Ts[ti];
+            char what[96];
+            snprintf(what, sizeof what, "matmul %s T=%lld n_in=%lld n_out=%lld", dj_dtype_name(wt), (long long)T,
+                     (long long)n_in, (long long)n_out);
+            tk_mm_input(&m, T);
+            tk_poison(m.dy, (size_t)(T * n_out) * 4);
+            cr_assert_eq(gpu_matmul(tk_g, m.dy, m.dx, m.dw, wt, T, n_in, n_out, tk_s, &e), 0, "%s: %s", what, e.msg);
+            tk_down(m.got, m.dy, (size_t)(T * n_out) * 4);
+            tk_close(m.got, m.ref, T * n_out, T > 4 ? 2e-3 : 1e-4, what);  // the GEMV up to 4 tokens
+            if (T == 257 && gpu_qgemm_has(tk_g, 8)) {
+                const size_t head = (size_t)(256 * n_out) * 4;
+                cr_assert_eq(gpu_matmul_path(tk_g, GPU_MM_QGEMM, m.dy, m.dx, m.dw, wt, 256, n_in, n_out, tk_s, &e), 0,
+                             "%s", e.msg);
+                tk_down(part, m.dy, head);
+                cr_expect(!memcmp(part, m.got, head), "%s: the first 256 tokens differ from the tensor-core kernel's",
+                          what);
+                cr_assert_eq(gpu_matmul_path(tk_g, GPU_MM_GEMV, m.dy, m.dx + 256 * n_in, m.dw, wt, 1, n_in, n_out,
+                                             tk_s, &e),
+                             0, "%s", e.msg);
+                tk_down(part, m.dy, (size_t)n_out * 4);
+                cr_expect(!memcmp(part, m.got + 256 * n_out, (size_t)n_out * 4),
+                          "%s: the 257th token differs from the GEMV's", what);
+            }
+            // the fused down projection on T rows of [gate | up]
+            tk_fill(gu, T * 2 * n_in, 4.0f);
+            cr_assert_eq(gpu_h2d(dgu, gu, (size_t)(T * 2 * n_in) * 4, &e), 0, "%s", e.msg);
+            tk_poison(m.dy, (size_t)(T * n_out) * 4);
+            cr_assert_eq(gpu_swiglu_matmul(tk_g, m.dy, dh, dgu, dgu + n_in, 2 * n_in, m.dw, wt, T, n_in, n_out, tk_s,
+                                           &e),
+                         0, "%s: %s", what, e.msg);
+            tk_down(part, m.dy, (size_t)(T * n_out) * 4);
+            cr_assert_eq(gpu_swiglu(dh, dgu, dgu + n_in, T, n_in, 2 * n_in, tk_s, &e), 0, "%s", e.msg);
+            cr_assert_eq(gpu_matmul(tk_g, m.dy, dh, m.dw, wt, T, n_in, n_out, tk_s, &e), 0, "%s", e.msg);
+            tk_down(two, m.dy, (size_t)(T * n_out) * 4);
+            cr_expect(!memcmp(part, two, (size_t)(T * n_out) * 4),
+                      "%s: gpu_swiglu_matmul differs from gpu_swiglu then gpu_matmul", what);
+        }
+        gpu_free(dgu), gpu_free(dh);
+        free(part), free(two), free(gu);
+        tk_mm_free(&m);
+    }
+    tk_end("matmul_few_tokens");
 }
 
 // The down projection of several tokens with silu(gate) * up computed as the quantized tensor-core kernel reads x

@@ -811,11 +811,12 @@ static int64_t qp_tokens(const dj_gpu *g, uint32_t wtype, int64_t n_in, int64_t 
     return most < twice ? most : twice;
 }
 
-// Whether the persistent GEMV takes T tokens of x (aligned: x and its rows ld floats apart) for W.
-static int qp_takes(const dj_gpu *g, uint32_t wtype, const void *w, const float *x, int64_t ld, int64_t T,
-                    int64_t n_in, int64_t n_out) {
-    return gpu_fused_ok(wtype, w, n_in, n_out) && T <= qp_tokens(g, wtype, n_in, n_out) && ((uintptr_t)x & 15) == 0 &&
-           ld % 4 == 0;
+// Up to how many tokens of x (its rows ld floats apart) the persistent GEMV takes for W: qp_tokens, or 0 where it
+// cannot take them (W not its shape, x unaligned).
+static int64_t qp_most(const dj_gpu *g, uint32_t wtype, const void *w, const float *x, int64_t ld, int64_t n_in,
+                       int64_t n_out) {
+    if (!gpu_fused_ok(wtype, w, n_in, n_out) || ((uintptr_t)x & 15) != 0 || ld % 4 != 0) return 0;
+    return qp_tokens(g, wtype, n_in, n_out);
 }
 
 extern "C" int gpu_matmul_path(dj_gpu *g, int path, float *y, const float *x, const void *w, uint32_t wtype,
@@ -826,12 +827,12 @@ extern "C" int gpu_matmul_path(dj_gpu *g, int path, float *y, const float *x, co
                        (long long)n_out);
     if (T == 0) return 0;
     if (path == GPU_MM_AUTO) {
-        if (T == 1 || qp_takes(g, wtype, w, x, n_in, T, n_in, n_out)) {
+        const int64_t most = qp_most(g, wtype, w, x, n_in, n_in, n_out);
+        if (T == 1 || T <= most) {
             path = GPU_MM_GEMV;
         } else if (gpu_qgemm_wins(g, wtype, w, T, n_in, n_out)) {
             // the tokens past the tensor-core kernel's last whole block on the GEMV, where that saves a padded block
-            const int64_t r =
-                qp_takes(g, wtype, w, x, n_in, 1, n_in, n_out) ? qgemm_tail(g, T, n_in, n_out, qp_tokens(g, wtype, n_in, n_out)) : 0;
+            const int64_t r = qgemm_tail(g, T, n_in, n_out, most);
             if (gpu_qgemm_variant(g, -1, y, x, w, wtype, T - r, n_in, n_out, s, e)) return -1;
             return r ? gpu_matmul_path(g, GPU_MM_GEMV, y + (T - r) * n_out, x + (T - r) * n_in, w, wtype, r, n_in,
                                        n_out, s, e)
@@ -868,11 +869,11 @@ extern "C" int gpu_swiglu_matmul(dj_gpu *g, float *y, float *hb, const float *ga
     if (ld < n_in) return dj_fail(e, "gpu_swiglu_matmul: rows %lld floats apart, fewer than n_in = %lld", (long long)ld,
                                   (long long)n_in);
     if (T < 1) return T == 0 ? 0 : dj_fail(e, "gpu_swiglu_matmul: T = %lld", (long long)T);
-    const int gemv = qp_takes(g, wtype, w, gate, ld, 1, n_in, n_out) && ((uintptr_t)up & 15) == 0;
+    const int64_t most = ((uintptr_t)up & 15) == 0 ? qp_most(g, wtype, w, gate, ld, n_in, n_out) : 0;
     qx_in in = {gate, up, NULL, NULL, 0.0f, ld};
-    if (gemv && T <= qp_tokens(g, wtype, n_in, n_out)) return qp_launch_any<QX_SWIGLU>(g, y, in, w, wtype, T, n_in, n_out, s, e);
+    if (T <= most) return qp_launch_any<QX_SWIGLU>(g, y, in, w, wtype, T, n_in, n_out, s, e);
     if (gpu_qgemm_wins(g, wtype, w, T, n_in, n_out)) {  // the tail as gpu_matmul_path takes it
-        const int64_t r = gemv ? qgemm_tail(g, T, n_in, n_out, qp_tokens(g, wtype, n_in, n_out)) : 0;
+        const int64_t r = qgemm_tail(g, T, n_in, n_out, most);
         if (gpu_swiglu_qgemm(g, y, gate, up, ld, w, wtype, T - r, n_in, n_out, s, e)) return -1;
         if (!r) return 0;
         in.x += (T - r) * ld, in.b += (T - r) * ld;

@@ -96,8 +96,17 @@ typedef struct {
     int8_t *hi, *lo;  // (groups, DJ_QGROUP), 32-byte aligned
     float *d;         // (groups)
     int32_t *sum;     // (groups) sum over the group of 254 * hi + lo: q4's offset of 8 (see simd_group_q4)
-    int16_t *x16;     // (groups, DJ_QGROUP), 64-byte aligned, 254 * hi + lo (|.| <= 32385) for the VNNI path; or NULL
+    int16_t *x16;     // (groups, DJ_QGROUP), 64-byte aligned, 254 * hi + lo (|.| <= 32385): q8's VNNI path; or NULL
+    struct cpu_x4 *x4;  // (groups / 4), 64-byte aligned: q4's VNNI path (zv_dot_q4); or NULL
 } cpu_xq;
+
+// q4 on the VNNI path takes 64 bytes of weights (4 groups) as they lie: byte j of a group holds its weights j and
+// j + 16 in the low and high nibble. x is laid out to match, per block of 4 groups and per part (hi, lo): a[p] is
+// input p % 16 of the block's group p / 16, b[p] input 16 + p % 16. 256 bytes a block, as many as x16's.
+typedef struct cpu_x4 {
+    _Alignas(64) int8_t a[2][64];  // [hi, lo]
+    int8_t b[2][64];
+} cpu_x4;
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #include <cpuid.h>
@@ -260,31 +269,21 @@ SIMD_FN static float simd_dot_q4(const uint8_t *row, int64_t n, const cpu_xq *q)
     return simd_dot_q(row, DJ_Q4, n, q);
 }
 
-// The same sums with AVX-512 VNNI (cpu_vnni_on): a group's 32 weights widened to int16 in one register (q8 sign-
-// extended; q4's nibbles, both halves of the group's 16 bytes, less 8) times x16 = 254 * hi + lo by one vpdpwssd:
-// 16 int32 lanes of two products each, <= 2 * 128 * 32385 = 8.3e6 < 2^24, so exact in f32 as well. Per group a
-// widening, a multiply-add and a conversion where the AVX2 path takes ~12 instructions.
+// The same sums with AVX-512 VNNI (cpu_vnni_on). q8: a group's 32 weights sign-extended to int16 in one register
+// times x16 = 254 * hi + lo by one vpdpwssd: 16 int32 lanes of two products each, <= 2 * 128 * 32385 = 8.3e6 < 2^24,
+// so exact in f32 as well. Per group a widening, a multiply-add and a conversion where the AVX2 path takes ~12
+// instructions.
 #define SIMDV_FN __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")))
 // Group g's exact integer sum in 16 int32 lanes, converted to f32.
-__attribute__((always_inline)) SIMDV_FN static inline __m512 zv_group(const uint8_t *row, uint32_t wtype,
-                                                                      const cpu_xq *q, int64_t g) {
-    __m512i k;
-    if (wtype == DJ_Q8) {
-        k = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(row + g * DJ_QGROUP)));
-    } else {  // the 16 bytes in both halves; lanes 16..31 shifted by 4: their high nibbles, weights 16..31
-        const __m512i shift = _mm512_set_epi64(0x0004000400040004, 0x0004000400040004, 0x0004000400040004,
-                                               0x0004000400040004, 0, 0, 0, 0);
-        __m128i b = _mm_loadu_si128((const __m128i *)(row + g * (DJ_QGROUP / 2)));
-        k = _mm512_srlv_epi16(_mm512_cvtepu8_epi16(_mm256_broadcastsi128_si256(b)), shift);
-        k = _mm512_sub_epi16(_mm512_and_si512(k, _mm512_set1_epi16(0x0f)), _mm512_set1_epi16(8));
-    }
+__attribute__((always_inline)) SIMDV_FN static inline __m512 zv_group_q8(const uint8_t *row, const cpu_xq *q,
+                                                                         int64_t g) {
+    __m512i k = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(row + g * DJ_QGROUP)));
     __m512i x = _mm512_load_si512(q->x16 + g * DJ_QGROUP);
     return _mm512_cvtepi32_ps(_mm512_dpwssd_epi32(_mm512_setzero_si512(), k, x));
 }
-__attribute__((always_inline)) SIMDV_FN static inline float zv_dot_q(const uint8_t *row, uint32_t wtype, int64_t n,
-                                                                     const cpu_xq *q) {
-    const int64_t groups = (n + DJ_QGROUP - 1) / DJ_QGROUP, gb = (wtype == DJ_Q8 ? DJ_QGROUP : DJ_QGROUP / 2) + 2;
-    const uint16_t *scales = (const uint16_t *)(row + dj_scales_offset(wtype, (uint64_t)n));
+SIMDV_FN static float zv_dot_q8(const uint8_t *row, int64_t n, const cpu_xq *q) {
+    const int64_t groups = (n + DJ_QGROUP - 1) / DJ_QGROUP, gb = DJ_QGROUP + 2;
+    const uint16_t *scales = (const uint16_t *)(row + dj_scales_offset(DJ_Q8, (uint64_t)n));
     __m512 a0 = _mm512_setzero_ps(), a1 = a0;
     int64_t g = 0;
     for (; g + 8 <= groups; g += 8) {
@@ -294,16 +293,73 @@ __attribute__((always_inline)) SIMDV_FN static inline float zv_dot_q(const uint8
         _mm256_store_ps(d, _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(scales + g))),
                                          _mm256_loadu_ps(q->d + g)));
         for (int k = 0; k < 8; k += 2) {
-            a0 = _mm512_fmadd_ps(zv_group(row, wtype, q, g + k), _mm512_set1_ps(d[k]), a0);
-            a1 = _mm512_fmadd_ps(zv_group(row, wtype, q, g + k + 1), _mm512_set1_ps(d[k + 1]), a1);
+            a0 = _mm512_fmadd_ps(zv_group_q8(row, q, g + k), _mm512_set1_ps(d[k]), a0);
+            a1 = _mm512_fmadd_ps(zv_group_q8(row, q, g + k + 1), _mm512_set1_ps(d[k + 1]), a1);
         }
     }
     for (; g < groups; g++)
-        a0 = _mm512_fmadd_ps(zv_group(row, wtype, q, g), _mm512_set1_ps(_cvtsh_ss(scales[g]) * q->d[g]), a0);
+        a0 = _mm512_fmadd_ps(zv_group_q8(row, q, g), _mm512_set1_ps(_cvtsh_ss(scales[g]) * q->d[g]), a0);
     return _mm512_reduce_add_ps(_mm512_add_ps(a0, a1));
 }
-SIMDV_FN static float zv_dot_q8(const uint8_t *row, int64_t n, const cpu_xq *q) { return zv_dot_q(row, DJ_Q8, n, q); }
-SIMDV_FN static float zv_dot_q4(const uint8_t *row, int64_t n, const cpu_xq *q) { return zv_dot_q(row, DJ_Q4, n, q); }
+
+// q4: 4 groups (64 bytes) at a time against cpu_x4, no widening: the low nibbles (mask) and the high ones (shift,
+// mask) as vpdpbusd's unsigned bytes u = k + 8, times x's int8 parts, 4 products a lane: lane l holds the exact sum
+// over its 8 weights of u * part (<= 8 * 15 * 127), group l / 4's. Converted to f32 and scaled by the lane's group
+// (sv: the 16 groups' scale * d, permuted 4 lanes a group), into one f32 sum per part; the offset of 8 comes off
+// once per 16 groups in f32 (their scales times q->sum), and the row is 254 * hi's + lo's - 8 * the offsets'. Per 4
+// groups 3 bit operations, 4 multiply-adds, 2 conversions, 2 FMAs and a permutation, where the q8 scheme would take
+// ~7 instructions a group. Groups past the last block of 4 go through the AVX2 sum (simd_group_q4).
+__attribute__((always_inline)) SIMDV_FN static inline void zv_block_q4(const uint8_t *w, const cpu_x4 *x, __m512 sv,
+                                                                       __m512 *h, __m512 *l) {
+    const __m512i mask = _mm512_set1_epi8(0x0f);
+    __m512i k = _mm512_loadu_si512(w), lo = _mm512_and_si512(k, mask);
+    __m512i hi = _mm512_and_si512(_mm512_srli_epi16(k, 4), mask);
+    __m512i sh = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, _mm512_load_si512(x->a[0]));
+    __m512i sl = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, _mm512_load_si512(x->a[1]));
+    sh = _mm512_dpbusd_epi32(sh, hi, _mm512_load_si512(x->b[0]));
+    sl = _mm512_dpbusd_epi32(sl, hi, _mm512_load_si512(x->b[1]));
+    *h = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sh), sv, *h);
+    *l = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sl), sv, *l);
+}
+// Lanes 4i..4i+3 take group i of a block: the permutation of the 16 groups' scales for block b.
+#define ZV_SV(b, sd) \
+    _mm512_permutexvar_ps(_mm512_add_epi32(_mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0), \
+                                           _mm512_set1_epi32(4 * (b))),                                        \
+                          sd)
+SIMDV_FN static float zv_dot_q4(const uint8_t *row, int64_t n, const cpu_xq *q) {
+    const int64_t groups = (n + DJ_QGROUP - 1) / DJ_QGROUP, whole = groups / 4 * 4, gb = DJ_QGROUP / 2 + 2;
+    const uint16_t *scales = (const uint16_t *)(row + dj_scales_offset(DJ_Q4, (uint64_t)n));
+    __m512 h0 = _mm512_setzero_ps(), l0 = h0, h1 = h0, l1 = h0, off = h0;
+    int64_t g = 0;
+    for (; g + 16 <= whole; g += 16) {
+        const char *pf = (const char *)row + g * gb + CPU_PREFETCH;  // as simd_dot_q
+        for (int64_t b = 0; b < 16 * gb; b += 64) _mm_prefetch(pf + b, _MM_HINT_T0);
+        __m512 sd = _mm512_mul_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(scales + g))),
+                                  _mm512_loadu_ps(q->d + g));
+        off = _mm512_fmadd_ps(sd, _mm512_cvtepi32_ps(_mm512_loadu_si512(q->sum + g)), off);
+        const uint8_t *w = row + g * (DJ_QGROUP / 2);
+        const cpu_x4 *x = q->x4 + g / 4;
+        zv_block_q4(w, x, ZV_SV(0, sd), &h0, &l0);
+        zv_block_q4(w + 64, x + 1, ZV_SV(1, sd), &h1, &l1);
+        zv_block_q4(w + 128, x + 2, ZV_SV(2, sd), &h0, &l0);
+        zv_block_q4(w + 192, x + 3, ZV_SV(3, sd), &h1, &l1);
+    }
+    if (g < whole) {  // 1..3 blocks: their scales loaded under a mask (nothing read past them)
+        __mmask16 m = (__mmask16)((1u << (whole - g)) - 1);
+        __m512 sd = _mm512_mul_ps(_mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, scales + g)),
+                                  _mm512_maskz_loadu_ps(m, q->d + g));
+        off = _mm512_fmadd_ps(sd, _mm512_cvtepi32_ps(_mm512_maskz_loadu_epi32(m, q->sum + g)), off);
+        for (int64_t b = 0; g + 4 * b < whole; b++)
+            zv_block_q4(row + (g + 4 * b) * (DJ_QGROUP / 2), q->x4 + g / 4 + b, ZV_SV(b, sd), &h0, &l0);
+    }
+    __m256 t = _mm256_setzero_ps();
+    for (g = whole; g < groups; g++)
+        t = _mm256_fmadd_ps(_mm256_cvtepi32_ps(simd_group_q4(row, q, g)),
+                            _mm256_set1_ps(_cvtsh_ss(scales[g]) * q->d[g]), t);
+    __m512 hl = _mm512_fmadd_ps(_mm512_add_ps(h0, h1), _mm512_set1_ps(254.0f), _mm512_add_ps(l0, l1));
+    return _mm512_reduce_add_ps(_mm512_fnmadd_ps(off, _mm512_set1_ps(8.0f), hl)) + simd_hsum_ps(t);
+}
+#undef ZV_SV
 
 // AVX2 and FMA through the compiler's builtin (which also checks that the OS saves the AVX state); F16C
 // through CPUID leaf 1 (ECX bit 29), which not every compiler's builtin knows.
@@ -326,7 +382,7 @@ static int cpu_avx512_ok(void) {
              __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
     return ok;
 }
-// AVX-512 VNNI on top of cpu_avx512_ok's set: the one-row q8/q4 path (zv_dot_q).
+// AVX-512 VNNI on top of cpu_avx512_ok's set: the one-row q8/q4 path (zv_dot_q8, zv_dot_q4).
 static int cpu_vnni_ok(void) {
     static int ok = -1;
     if (ok < 0) ok = cpu_avx512_ok() && __builtin_cpu_supports("avx512vnni");
@@ -385,7 +441,7 @@ static void cpu_matvec_rows(const cpu_matvec_job *j, int64_t begin, int64_t end)
     size_t ws = dj_dtype_size(j->wtype), rb = (size_t)dj_row_bytes(j->wtype, (uint64_t)j->n_in);
     const uint8_t *w = j->w;
 #ifdef CPU_SIMD
-    if (j->xq && j->xq->x16) {  // AVX-512 VNNI
+    if (j->xq && (j->xq->x16 || j->xq->x4)) {  // AVX-512 VNNI
         for (int64_t o = begin; o < end; o++)
             j->y[o] = j->wtype == DJ_Q8 ? zv_dot_q8(w + (size_t)o * rb, j->n_in, j->xq)
                                         : zv_dot_q4(w + (size_t)o * rb, j->n_in, j->xq);
@@ -428,6 +484,32 @@ static void cpu_matvec_task(void *ctx, int64_t part, int64_t parts_end) {
         cpu_matvec_rows(j, b, b + j->chunk < j->n_out ? b + j->chunk : j->n_out);
 }
 
+#ifdef CPU_SIMD
+// q->hi, q->lo -> q->x16 = 254 * hi + lo (groups of 32), 16 at a time.
+SIMD_FN static void simd_x16(const cpu_xq *q, size_t groups) {
+    for (size_t i = 0; i < groups * DJ_QGROUP; i += 16) {
+        __m256i hi = _mm256_cvtepi8_epi16(_mm_load_si128((const __m128i *)(q->hi + i)));
+        __m256i lo = _mm256_cvtepi8_epi16(_mm_load_si128((const __m128i *)(q->lo + i)));
+        __m256i x = _mm256_add_epi16(_mm256_mullo_epi16(hi, _mm256_set1_epi16(254)), lo);
+        _mm256_store_si256((__m256i *)(q->x16 + i), x);
+    }
+}
+
+// q->hi, q->lo -> q->x4 (blocks of 4 groups), as cpu_x4 lays them out.
+static void cpu_x4_layout(const cpu_xq *q, size_t blocks) {
+    for (size_t k = 0; k < blocks; k++) {
+        cpu_x4 *x = q->x4 + k;
+        for (int part = 0; part < 2; part++) {
+            const int8_t *src = (part ? q->lo : q->hi) + k * 4 * DJ_QGROUP;
+            for (int i = 0; i < 4; i++) {  // group i's inputs 0..15 and 16..31
+                memcpy(x->a[part] + 16 * i, src + i * DJ_QGROUP, 16);
+                memcpy(x->b[part] + 16 * i, src + i * DJ_QGROUP + 16, 16);
+            }
+        }
+    }
+}
+#endif
+
 void cpu_matvec(float *y, const float *x, const void *w, uint32_t wtype, int64_t n_in, int64_t n_out) {
     assert(dj_row_bytes(wtype, 1) > 0);
     if (wtype == DJ_F16) pthread_once(&cpu_f16_once, cpu_f16_table_init);
@@ -436,19 +518,26 @@ void cpu_matvec(float *y, const float *x, const void *w, uint32_t wtype, int64_t
     cpu_matvec_job j = {y, x, w, wtype, n_in, n_out, chunk, NULL, 0};
     void *xbuf = NULL;
 #ifdef CPU_SIMD
-    // q8, q4: x quantized once here, by the caller's thread, for every row; one allocation per call (136 bytes per
-    // 32 inputs: 17 KB at n_in = 4096), so concurrent callers share nothing.
+    // q8, q4: x quantized once here, by the caller's thread, for every row; one allocation per call (72 bytes per
+    // 32 inputs, 9 KB at n_in = 4096, after the VNNI path's layout: 64 bytes a group), so concurrent callers share
+    // nothing. Fewer than 4 groups of q4 leave no VNNI block: the AVX2 sums take them.
     cpu_xq xq;
     if (dj_is_quant(wtype) && cpu_avx2_on() && n_in > 0) {
-        size_t groups = (size_t)(n_in + DJ_QGROUP - 1) / DJ_QGROUP, bytes = groups * (4 * DJ_QGROUP + 8);
-        xbuf = aligned_alloc(64, (bytes + 63) / 64 * 64);
+        size_t groups = (size_t)(n_in + DJ_QGROUP - 1) / DJ_QGROUP, base = groups * (2 * DJ_QGROUP + 8);
+        size_t vnni = !cpu_vnni_on() ? 0 : wtype == DJ_Q8 ? groups * 2 * DJ_QGROUP : groups / 4 * sizeof(cpu_x4);
+        xbuf = aligned_alloc(64, (vnni + base + 63) / 64 * 64);
         assert(xbuf && "out of memory in cpu_matvec");
-        int8_t *b = xbuf;
-        xq = (cpu_xq){b + groups * 2 * DJ_QGROUP, b + groups * 3 * DJ_QGROUP, (float *)(b + groups * 4 * DJ_QGROUP),
-                      (int32_t *)(b + groups * (4 * DJ_QGROUP + 4)), cpu_vnni_on() ? (int16_t *)b : NULL};
+        int8_t *b = (int8_t *)xbuf + vnni;  // the VNNI layout first: 64-byte aligned
+        xq = (cpu_xq){b, b + groups * DJ_QGROUP, (float *)(b + groups * 2 * DJ_QGROUP),
+                      (int32_t *)(b + groups * (2 * DJ_QGROUP + 4)), NULL, NULL};
         simd_quant_x(x, n_in, &xq);
-        if (xq.x16)
-            for (size_t i = 0; i < groups * DJ_QGROUP; i++) xq.x16[i] = (int16_t)(254 * xq.hi[i] + xq.lo[i]);
+        if (vnni && wtype == DJ_Q8) {
+            xq.x16 = xbuf;
+            simd_x16(&xq, groups);
+        } else if (vnni) {
+            xq.x4 = xbuf;
+            cpu_x4_layout(&xq, groups / 4);
+        }
         j.xq = &xq;
     }
 #endif

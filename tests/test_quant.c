@@ -156,7 +156,8 @@ Test(quant, cpu_matvec_multi_against_matmul) {
 // group in 8 holds a value 40x the others) and an all-zero group: per output within the bound of x's two-part
 // rounding, sum over groups of max|x_g| / 64516 * sum|w_i| (+1% for the f32 steps of the rounding, + 1e-6 of
 // sum|w_i x_i| for the f32 sums), and over all outputs within 1e-4 relative: x rounded to one int8 part (1/254 of
-// max|x_g|) gives ~4e-3 and fails both. Widths: one group, partial last groups, Llama-3-8B's 4096 and 14336.
+// max|x_g|) gives ~4e-3 and fails both. Widths: one group, partial last groups, q4's VNNI blocks of 4 groups with
+// 1..3 of them past the last 16 groups and 1..3 groups past the last block, Llama-3-8B's 4096 and 14336.
 // Then inf and NaN in x give NaN as in f32, and x = 0 gives 0. Both integer paths: AVX-512 VNNI (where the CPU has
 // it) and AVX2.
 Test(quant, cpu_matvec_integer_path_against_double) {
@@ -167,7 +168,8 @@ Test(quant, cpu_matvec_integer_path_against_double) {
     if (cpu_set_simd(CPU_SIMD_AVX512) != CPU_SIMD_AVX512)
         cr_log_warn("this CPU lacks AVX-512: the VNNI path is not tested");
     tc_rng_fresh("quant.cpu_matvec_integer_path_against_double");
-    const int64_t shapes[][2] = {{32, 64}, {33, 40}, {100, 64}, {172, 64}, {4096, 64}, {14336, 24}};
+    const int64_t shapes[][2] = {{32, 64},  {33, 40}, {100, 64},  {172, 64},
+                                 {416, 64}, {736, 64}, {4096, 64}, {14336, 24}};
     for (int pass = 0; pass < 4; pass++) {  // q8, q4 on the VNNI path (where the CPU has it), then on AVX2
         const uint32_t wt = pass % 2 ? DJ_Q4 : DJ_Q8;
         cpu_set_simd(pass < 2 ? CPU_SIMD_AVX512 : CPU_SIMD_AVX2);

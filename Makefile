@@ -112,12 +112,14 @@ npm-client:
 	            "will skip" >&2; \
 	fi
 
-# Tests find the shared data and the binaries under test through the environment.
+# Tests find the shared data and the binaries under test through the environment. The log is kept
+# ($(BUILD)/test.log); after a failure tests/failures.sh repeats its failures at the end.
 test: criterion npm-client
 	$(MAKE) $(BUILD)/run_tests $(BUILD)/bin/djinn $(BUILD)/bin/convert
-	DJINN_DATA=$(abspath $(DATA)) DJINN_BIN=$(abspath $(BUILD))/bin DJINN_TESTS=$(abspath tests) \
-	ASAN_OPTIONS=protect_shadow_gap=0:detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
-	$(BUILD)/run_tests --verbose $(TESTFLAGS)
+	@{ DJINN_DATA=$(abspath $(DATA)) DJINN_BIN=$(abspath $(BUILD))/bin DJINN_TESTS=$(abspath tests) \
+	   ASAN_OPTIONS=protect_shadow_gap=0:detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
+	   $(BUILD)/run_tests --verbose $(TESTFLAGS) 2>&1; echo $$? > $(BUILD)/test.rc; } | tee $(BUILD)/test.log; \
+	rc=$$(cat $(BUILD)/test.rc); [ "$$rc" = 0 ] || tests/failures.sh $(BUILD)/test.log; exit $$rc
 
 # ---- the README's first command: convert the tiny real model and generate from it
 demo: djinn convert/convert

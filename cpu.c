@@ -97,10 +97,11 @@ typedef struct {
     float *d;         // (groups)
     int32_t *sum;     // (groups) sum over the group of 254 * hi + lo: q4's offset of 8 (see simd_group_q4)
     int16_t *x16;     // (groups, DJ_QGROUP), 64-byte aligned, 254 * hi + lo (|.| <= 32385): q8's VNNI path; or NULL
-    struct cpu_x4 *x4;  // (groups / 4), 64-byte aligned: q4's VNNI path (zv_dot_q4); or NULL
+    struct cpu_x4 *x4;  // (groups / 4), 64-byte aligned: q4's blocks of 4 groups (zv_dot_q4, simd_dot_q4x); or NULL
+    int vnni;           // the AVX-512 VNNI path runs: zv_dot_q8 on x16, zv_dot_q4 on x4
 } cpu_xq;
 
-// q4 on the VNNI path takes 64 bytes of weights (4 groups) as they lie: byte j of a group holds its weights j and
+// q4 takes 64 bytes of weights (4 groups; AVX2 half of them) as they lie: byte j of a group holds its weights j and
 // j + 16 in the low and high nibble. x is laid out to match, per block of 4 groups and per part (hi, lo): a[p] is
 // input p % 16 of the block's group p / 16, b[p] input 16 + p % 16. 256 bytes a block, as many as x16's.
 typedef struct cpu_x4 {
@@ -268,6 +269,60 @@ SIMD_FN static float simd_dot_q8(const uint8_t *row, int64_t n, const cpu_xq *q)
 SIMD_FN static float simd_dot_q4(const uint8_t *row, int64_t n, const cpu_xq *q) {
     return simd_dot_q(row, DJ_Q4, n, q);
 }
+
+// q4 against cpu_x4 (x holds a whole block of 4 groups; zv_dot_q4 does the same with VNNI): 2 groups (32 bytes,
+// half a block) at a time, their low and high nibbles (u = k + 8) as maddubs' unsigned bytes against each part's
+// inputs as they lie (pairs <= 2 * 15 * 127; the two nibbles' pairs added, <= 7620), the parts joined by madd into
+// 8 int32 lanes of 254 * hi + lo, group l / 4's (<= 8 * 15 * 32385 < 2^24: exact in f32), scaled by the lane's group;
+// the offset of 8 comes off per 8 groups in f32 (their scales times q->sum). ~15 instructions per 2 groups where
+// simd_group_q4 takes ~11 a group. Groups past the last block go through simd_group_q4.
+SIMD_FN static inline __m256 simd_pair_q4(const uint8_t *w, const int8_t *a, const int8_t *b) {
+    const __m256i mask = _mm256_set1_epi8(0x0f);
+    __m256i k = _mm256_loadu_si256((const __m256i *)w), lo = _mm256_and_si256(k, mask);
+    __m256i hi = _mm256_and_si256(_mm256_srli_epi16(k, 4), mask);
+    __m256i ph = _mm256_add_epi16(_mm256_maddubs_epi16(lo, _mm256_load_si256((const __m256i *)a)),
+                                  _mm256_maddubs_epi16(hi, _mm256_load_si256((const __m256i *)b)));
+    __m256i pl = _mm256_add_epi16(_mm256_maddubs_epi16(lo, _mm256_load_si256((const __m256i *)(a + 64))),
+                                  _mm256_maddubs_epi16(hi, _mm256_load_si256((const __m256i *)(b + 64))));
+    return _mm256_cvtepi32_ps(simd_join(ph, pl));
+}
+// Block k's half h (groups 4k + 2h and 4k + 2h + 1) times sd permuted to its lanes (sd's groups from index i).
+#define SIMD_PAIR(w, x, h, sd, i) \
+    _mm256_mul_ps(simd_pair_q4((w) + 32 * (h), (x)->a[0] + 32 * (h), (x)->b[0] + 32 * (h)), \
+                  _mm256_permutevar8x32_ps(sd, _mm256_setr_epi32(i, i, i, i, i + 1, i + 1, i + 1, i + 1)))
+SIMD_FN static float simd_dot_q4x(const uint8_t *row, int64_t n, const cpu_xq *q) {
+    const int64_t groups = (n + DJ_QGROUP - 1) / DJ_QGROUP, whole = groups / 4 * 4, gb = DJ_QGROUP / 2 + 2;
+    const uint16_t *scales = (const uint16_t *)(row + dj_scales_offset(DJ_Q4, (uint64_t)n));
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, off = a0;
+    int64_t g = 0;
+    for (; g + 8 <= whole; g += 8) {
+        const char *pf = (const char *)row + g * gb + CPU_PREFETCH;  // as simd_dot_q
+        for (int64_t b = 0; b < 8 * gb; b += 64) _mm_prefetch(pf + b, _MM_HINT_T0);
+        __m256 sd = _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(scales + g))),
+                                  _mm256_loadu_ps(q->d + g));
+        off = _mm256_fmadd_ps(sd, _mm256_cvtepi32_ps(_mm256_loadu_si256((const __m256i *)(q->sum + g))), off);
+        const uint8_t *w = row + g * (DJ_QGROUP / 2);
+        const cpu_x4 *x = q->x4 + g / 4;
+        a0 = _mm256_add_ps(a0, SIMD_PAIR(w, x, 0, sd, 0));
+        a1 = _mm256_add_ps(a1, SIMD_PAIR(w, x, 1, sd, 2));
+        a0 = _mm256_add_ps(a0, SIMD_PAIR(w + 64, x + 1, 0, sd, 4));
+        a1 = _mm256_add_ps(a1, SIMD_PAIR(w + 64, x + 1, 1, sd, 6));
+    }
+    if (g < whole) {  // one block left: its 4 scales (8 bytes, nothing read past them)
+        __m128 sd4 = _mm_mul_ps(_mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)(scales + g))), _mm_loadu_ps(q->d + g));
+        __m128 sum4 = _mm_cvtepi32_ps(_mm_loadu_si128((const __m128i *)(q->sum + g)));
+        __m256 sd = _mm256_insertf128_ps(_mm256_setzero_ps(), sd4, 0);
+        off = _mm256_fmadd_ps(sd, _mm256_insertf128_ps(_mm256_setzero_ps(), sum4, 0), off);
+        const uint8_t *w = row + g * (DJ_QGROUP / 2);
+        a0 = _mm256_add_ps(a0, SIMD_PAIR(w, q->x4 + g / 4, 0, sd, 0));
+        a1 = _mm256_add_ps(a1, SIMD_PAIR(w, q->x4 + g / 4, 1, sd, 2));
+    }
+    for (g = whole; g < groups; g++)
+        a0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(simd_group_q4(row, q, g)),
+                             _mm256_set1_ps(_cvtsh_ss(scales[g]) * q->d[g]), a0);
+    return simd_hsum_ps(_mm256_fnmadd_ps(off, _mm256_set1_ps(8.0f), _mm256_add_ps(a0, a1)));
+}
+#undef SIMD_PAIR
 
 // The same sums with AVX-512 VNNI (cpu_vnni_on). q8: a group's 32 weights sign-extended to int16 in one register
 // times x16 = 254 * hi + lo by one vpdpwssd: 16 int32 lanes of two products each, <= 2 * 128 * 32385 = 8.3e6 < 2^24,
@@ -441,7 +496,7 @@ static void cpu_matvec_rows(const cpu_matvec_job *j, int64_t begin, int64_t end)
     size_t ws = dj_dtype_size(j->wtype), rb = (size_t)dj_row_bytes(j->wtype, (uint64_t)j->n_in);
     const uint8_t *w = j->w;
 #ifdef CPU_SIMD
-    if (j->xq && (j->xq->x16 || j->xq->x4)) {  // AVX-512 VNNI
+    if (j->xq && j->xq->vnni) {  // AVX-512 VNNI
         for (int64_t o = begin; o < end; o++)
             j->y[o] = j->wtype == DJ_Q8 ? zv_dot_q8(w + (size_t)o * rb, j->n_in, j->xq)
                                         : zv_dot_q4(w + (size_t)o * rb, j->n_in, j->xq);
@@ -450,6 +505,7 @@ static void cpu_matvec_rows(const cpu_matvec_job *j, int64_t begin, int64_t end)
     if (j->xq) {  // set only where the vector path runs
         for (int64_t o = begin; o < end; o++)
             j->y[o] = j->wtype == DJ_Q8 ? simd_dot_q8(w + (size_t)o * rb, j->n_in, j->xq)
+                      : j->xq->x4       ? simd_dot_q4x(w + (size_t)o * rb, j->n_in, j->xq)
                                         : simd_dot_q4(w + (size_t)o * rb, j->n_in, j->xq);
         return;
     }
@@ -519,25 +575,27 @@ void cpu_matvec(float *y, const float *x, const void *w, uint32_t wtype, int64_t
     void *xbuf = NULL;
 #ifdef CPU_SIMD
     // q8, q4: x quantized once here, by the caller's thread, for every row; one allocation per call (72 bytes per
-    // 32 inputs, 9 KB at n_in = 4096, after the VNNI path's layout: 64 bytes a group), so concurrent callers share
-    // nothing. Fewer than 4 groups of q4 leave no VNNI block: the AVX2 sums take them.
+    // 32 inputs, 9 KB at n_in = 4096, after q4's cpu_x4 blocks or q8's x16 on VNNI: 64 bytes a group), so
+    // concurrent callers share nothing. Fewer than 4 groups of q4 leave no block: simd_dot_q4 takes them a group at
+    // a time.
     cpu_xq xq;
     if (dj_is_quant(wtype) && cpu_avx2_on() && n_in > 0) {
         size_t groups = (size_t)(n_in + DJ_QGROUP - 1) / DJ_QGROUP, base = groups * (2 * DJ_QGROUP + 8);
-        size_t vnni = !cpu_vnni_on() ? 0 : wtype == DJ_Q8 ? groups * 2 * DJ_QGROUP : groups / 4 * sizeof(cpu_x4);
-        xbuf = aligned_alloc(64, (vnni + base + 63) / 64 * 64);
+        size_t lay = wtype == DJ_Q4 ? groups / 4 * sizeof(cpu_x4) : cpu_vnni_on() ? groups * 2 * DJ_QGROUP : 0;
+        xbuf = aligned_alloc(64, (lay + base + 63) / 64 * 64);
         assert(xbuf && "out of memory in cpu_matvec");
-        int8_t *b = (int8_t *)xbuf + vnni;  // the VNNI layout first: 64-byte aligned
+        int8_t *b = (int8_t *)xbuf + lay;  // q4's blocks or q8's x16 first: 64-byte aligned
         xq = (cpu_xq){b, b + groups * DJ_QGROUP, (float *)(b + groups * 2 * DJ_QGROUP),
-                      (int32_t *)(b + groups * (2 * DJ_QGROUP + 4)), NULL, NULL};
+                      (int32_t *)(b + groups * (2 * DJ_QGROUP + 4)), NULL, NULL, 0};
         simd_quant_x(x, n_in, &xq);
-        if (vnni && wtype == DJ_Q8) {
+        if (lay && wtype == DJ_Q8) {
             xq.x16 = xbuf;
             simd_x16(&xq, groups);
-        } else if (vnni) {
+        } else if (lay) {
             xq.x4 = xbuf;
             cpu_x4_layout(&xq, groups / 4);
         }
+        xq.vnni = cpu_vnni_on() && (xq.x16 || xq.x4);
         j.xq = &xq;
     }
 #endif

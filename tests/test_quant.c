@@ -155,8 +155,9 @@ Test(quant, cpu_matvec_multi_against_matmul) {
 // The vector path against a double-precision dot of the exactly widened weights, on normal x with outliers (one
 // group in 8 holds a value 40x the others) and an all-zero group: per output within the bound of x's two-part
 // rounding, sum over groups of max|x_g| / 64516 * sum|w_i| (+1% for the f32 steps of the rounding, + 1e-6 of
-// sum|w_i x_i| for the f32 sums), and over all outputs within 1e-4 relative: x rounded to one int8 part (1/254 of
-// max|x_g|) gives ~4e-3 and fails both. Widths: one group, partial last groups, q4's VNNI blocks of 4 groups with
+// sum|w_i x_i| for the f32 sums), and over all outputs within 2.5e-4 relative: x rounded to one int8 part (1/254 of
+// max|x_g|) gives ~4e-3 and fails both. On these inputs the two parts give a median of 4.6e-5 per width and path, the
+// largest 8.2e-5 in 200 runs of each; a bound of 1e-4 failed one whole run in 300 (24 rows of 14336). Widths: one group, partial last groups, q4's VNNI blocks of 4 groups with
 // 1..3 of them past the last 16 groups and 1..3 groups past the last block, Llama-3-8B's 4096 and 14336.
 // Then inf and NaN in x give NaN as in f32, and x = 0 gives 0. Both integer paths: AVX-512 VNNI (where the CPU has
 // it) and AVX2.
@@ -207,7 +208,7 @@ Test(quant, cpu_matvec_integer_path_against_double) {
                           dj_dtype_name(wt), (long long)n_out, (long long)n_in, (long long)o, got[o], want[o], bound);
             }
             double rel = tc_rel_l2_d(got, want, n_out);
-            cr_assert(rel < 1e-4, "%s %lldx%lld: rel %g", dj_dtype_name(wt), (long long)n_out, (long long)n_in, rel);
+            cr_assert(rel < 2.5e-4, "%s %lldx%lld: rel %g", dj_dtype_name(wt), (long long)n_out, (long long)n_in, rel);
             x[n_in - 1] = INFINITY;
             cpu_matvec(got, x, w, wt, n_in, n_out);
             for (int64_t o = 0; o < n_out; o++) cr_assert(isnan(got[o]) || isinf(got[o]), "inf in x: %g", got[o]);

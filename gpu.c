@@ -250,7 +250,8 @@ static int gpu_layer(dj_gpu_state *s, const uint8_t *w, int l, int64_t T, int pe
     }
     const sp_mat *dn = &s->sh.lmats[k_down];
     const uint8_t *wd = w + dn->off;
-    if (!s->sh.cur_host) {  // all on the GPU: q8/q4 products compute silu(gate) * up as they read it
+    if (!s->sh.cur_host || sp_gpu_rows(dn, s->sh.cur_share) == dn->n_out) {
+        // all on the GPU: q8/q4 products compute silu(gate) * up as they read it
         STEP(DOWN, gpu_swiglu_matmul(s->g, b->delta, b->hb, ffn.gate, ffn.up, ffn.ld, wd, dn->dtype, T, dn->n_in,
                                      dn->n_out, st, e));
     } else {
@@ -738,8 +739,8 @@ dj_gpu_state *gpu_state_new(const dj_model *m, const dj_gpu_opts *o, dj_err *e) 
     if (want_share && o->cpu_share < 0) share_auto(s);
     share_stats(s);
     if (s->sh.share > 0 && !o->quiet)
-        fprintf(stderr, "gpu: CPU share %.2f%s: in decode the CPU computes that part of every streamed matrix from "
-                        "host memory: %.2f GB per token over PCIe, %.2f GB read by the CPU (%d threads)\n",
+        fprintf(stderr, "gpu: CPU share %.2f%s: in decode the CPU computes that part of every streamed unit's matrices "
+                        "from host memory: %.2f GB per token over PCIe, %.2f GB read by the CPU (%d threads)\n",
                 s->sh.share, o->cpu_share < 0 ? " (automatic)" : "", (double)s->st.bytes_per_token / 1e9,
                 (double)s->st.cpu_bytes_per_token / 1e9, cpu_threads());
     if (o->trace) {  // the timeline of the decode steps to come

@@ -14,22 +14,32 @@
 #define GPU_MAX_BATCH 4096  // most tokens one pass processes (prefill of a longer prompt takes several)
 #define GPU_LOGIT_ROWS 64   // head rows computed per chunk when every position's logits are wanted
 #define SH_ROWS 64          // passes of up to this many rows take a CPU share (longer ones: none)
+#define SH_GRID 100         // --cpu-share auto tries the shares k / SH_GRID
 #define SH_NONE 2.0         // unit_copy's `from` for a slot that holds nothing of the unit yet
 #define SH_RETRY 16         // automatic: passes of T rows with T's share turned off by what passes measured,
                             // after which T tries its neighbours' rate again
 #define PROF_CATS 10
 #define PROF_EVENTS 1024
 
-// A matrix of a unit, for the CPU share: at byte offset `off` of its region, (n_out, n_in) in dtype. Split with a
-// share s, rows [0, sp_gpu_rows(s)) are the GPU's and the rest the CPU's: a larger share, fewer GPU rows.
+// A matrix of a unit, for the CPU share: at byte offset `off` of its region, (n_out, n_in) in dtype. A share s is
+// that fraction of the bytes of the unit's matrices: the CPU takes whole matrices, the largest first, then the last
+// rows of the next that the rest of s pays for (share_fill). Each matrix the CPU has rows of costs a round trip
+// (x to the host, its rows back: ~50 us on the H200 machine), so the fewer matrices split, the better: one to four
+// a layer, where splitting every matrix took four at any share. This one's CPU part grows from nothing at s = lo
+// to all of it at s = hi; rows [0, sp_gpu_rows(s)) are the GPU's and the rest the CPU's: a larger share, fewer GPU
+// rows.
 typedef struct {
     uint64_t off;
     int64_t n_in, n_out;
     uint32_t dtype;
+    double lo, hi;
 } sp_mat;
 static inline int64_t sp_gpu_rows(const sp_mat *m, double share) {
-    return m->n_out - (int64_t)((double)m->n_out * share);
+    double f = share <= m->lo ? 0 : share >= m->hi ? 1 : (share - m->lo) / (m->hi - m->lo);
+    return m->n_out - (int64_t)((double)m->n_out * f);
 }
+// Sets lo and hi of a unit's n matrices: the largest first (the earlier on a tie).
+void share_fill(sp_mat *mats, int n);
 
 // Device activations, the KV cache and pinned staging, sized for max_batch rows.
 typedef struct {
@@ -112,7 +122,8 @@ typedef struct {
     int automatic;
     double iso[SH_ROWS + 1], seen[SH_ROWS + 1];
     int off_passes[SH_ROWS + 1];
-    double m_streamed, m_splits, m_io, m_link;
+    double m_streamed, m_layers, m_head, m_link;  // bytes streamed a pass, the layers and heads among its units
+    double grid_trips[SH_GRID], grid_io[SH_GRID];  // a pass's round trips and their PCIe bytes a row, at k / SH_GRID
     double pass_cpu_s, pass_wait_s;
     uint64_t pass_cpu_bytes;
 } gpu_share;

@@ -1,8 +1,9 @@
 // share.c: the GPU engine's CPU share. The link is the limit of streaming, and the host's memory is faster than
-// the link: in a decode step the GPU receives only the first rows of each streamed matrix (q|k|v, wo, gate|up,
-// down, lm_head) and the CPU computes the rest (cpu_matvec) from the weights where they already lie, in host
-// memory. For each split matmul x goes to the host, the GPU computes its rows meanwhile, and the CPU's rows land in
-// the output through mapped host memory. stream.c leaves the CPU's rows out of a decode pass's copies.
+// the link: in a decode step the GPU receives only part of each streamed unit's matrices (q|k|v, wo, gate|up, down;
+// the head's lm_head) and the CPU computes the rest (cpu_matvec) from the weights where they already lie, in host
+// memory: whole matrices, the largest first, then the last rows of the next (share_fill). For each matrix the CPU
+// has rows of, x goes to the host, the GPU computes its rows meanwhile, and the CPU's rows land in the output
+// through mapped host memory. stream.c leaves the CPU's rows out of a decode pass's copies.
 #include <stdio.h>
 #include <string.h>
 
@@ -11,7 +12,24 @@
 
 // ---- the split
 static sp_mat sp_mat_of(uint64_t off, int64_t n_in, int64_t n_out, uint32_t dtype) {
-    return (sp_mat){off, n_in, n_out, dtype};
+    return (sp_mat){off, n_in, n_out, dtype, 0, 1};
+}
+
+void share_fill(sp_mat *mats, int n) {
+    double total = 0, at = 0;
+    uint32_t taken = 0;  // bit i: matrix i has its interval (n <= 7: a layer's matrices)
+#define MAT_BYTES(m) ((double)dj_matrix_bytes((m).dtype, (uint64_t)(m).n_out, (uint64_t)(m).n_in))
+    for (int i = 0; i < n; i++) total += MAT_BYTES(mats[i]);
+    for (int k = 0; k < n; k++) {
+        int big = -1;
+        double bb = -1;
+        for (int i = 0; i < n; i++)
+            if (!(taken >> i & 1) && MAT_BYTES(mats[i]) > bb) big = i, bb = MAT_BYTES(mats[i]);
+        taken |= 1u << big;
+        mats[big].lo = at, at += total > 0 ? bb / total : 1.0 / n;
+        mats[big].hi = k == n - 1 ? 1 : at;  // the last ends at 1 whatever the rounding
+    }
+#undef MAT_BYTES
 }
 
 // Bytes of the matrices' rows: all of them, or (share > 0) the CPU's at that share.
@@ -47,6 +65,7 @@ void share_split(dj_gpu_state *s, double share) {
     MAT(L->w_down, hid, dim);
 #undef MAT
     sh->n_lmats = n;
+    share_fill(sh->lmats, n);
     sh->hmat = sp_mat_of(c->tied ? 0 : s->m->info.head.lm_head, dim, c->vocab_size, dj_lm_head_type(s->m));
     for (int T = 0; T <= SH_ROWS; T++) sh->by_rows[T] = T >= 1 && T <= sh->max_rows ? share : 0;
     share_rates(s);
@@ -142,13 +161,14 @@ int share_matmul(dj_gpu_state *s, float *y, const float *x, int64_t T, const uin
 }
 
 // ---- --cpu-share auto
-// For a pass of T rows, the fraction that makes the CPU's side take as long as the GPU's copies. The CPU's side is
-// its rows at its rate for T rows plus a round trip per split matmul (x to the host, the CPU's rows back, the GPU's
-// work in between: ~SPLIT_COST_S, in which the CPU idles, and T rows of x and of the results over PCIe at
-// ~SPLIT_IO_GBS); the copies run at LINK_SHARED times the warm-up's H2D rate, the CPU's reads of host memory
-// taking the rest. For B bytes streamed per pass, rates C (CPU, for T rows) and L (link) and K the round trips,
-// share * B / C + K = (1 - share) * B / L gives share = (B / L - K) / (B / C + B / L). Where the round trips would
-// eat most of the gain (small models, many rows), the share stays off.
+// For a pass of T rows, the fraction that makes the pass shortest: the GPU's copies and the CPU's side run side by
+// side, and the pass takes the longer of them. The CPU's side is its bytes at its rate for T rows plus a round
+// trip per matrix it has rows of (x to the host, the CPU's rows back, the GPU's work in between: ~SPLIT_COST_S, in
+// which the CPU idles, and T rows of x and of the results over PCIe at ~SPLIT_IO_GBS); the copies run at
+// LINK_SHARED times the warm-up's H2D rate, the CPU's reads of host memory taking the rest. The round trips grow
+// with the share in steps (share_fill: whole matrices first), so the shares are tried a hundredth apart (the trips
+// and their bytes for each worked out once). Where the round trips would eat most of the gain (small models, many
+// rows), the share stays off.
 // The CPU's rate for T rows is what passes of T rows measured (its time on its rows, share_learn), and until one
 // has run, its rate alone measured at set-up over one streamed unit's matrices ("iso": one row best of three, the
 // first touch warming; 4 and 16 rows best of two, and a line through those two for the other T, never faster than
@@ -159,6 +179,8 @@ int share_matmul(dj_gpu_state *s, float *y, const float *x, int64_t T, const uin
 // With the learnt rates the sweep's best fixed shares were: 0.6 at 1 and 2 rows, 0.3-0.45 at 4-8, 0.2 at 16, 0.1
 // at 32 (f16); 0.6 at 1, 0-0.1 at 2-4, none from 8 (q4, whose CPU rows cost as many flops in a third of the
 // bytes).
+#define SH_TOP 95    // automatic shares go up to SH_TOP / SH_GRID, as fixed ones do
+#define SH_KEEP 0.01
 #define SPLIT_COST_S 80e-6
 #define SPLIT_IO_GBS 20.0
 #define LINK_SHARED 0.88
@@ -195,15 +217,35 @@ static double share_derate(const gpu_share *sh, int64_t T) {
 #undef DERATE
 }
 
-// by_rows[T] from the model (share_auto's terms).
+// A pass's round trips at `share` and the PCIe bytes they move per row: x down, the CPU's rows back, for each matrix
+// the CPU has rows of, in every streamed unit.
+static void share_trips(const gpu_share *sh, double share, double *trips, double *io) {
+    *trips = *io = 0;
+    for (int i = 0; i <= sh->n_lmats; i++) {
+        const sp_mat *mt = i < sh->n_lmats ? &sh->lmats[i] : &sh->hmat;
+        double units = i < sh->n_lmats ? sh->m_layers : sh->m_head;
+        int64_t nc = mt->n_out - sp_gpu_rows(mt, share);
+        if (nc > 0) *trips += units, *io += units * 4.0 * (double)(mt->n_in + nc);
+    }
+}
+
+// by_rows[T] from the model (share_auto's terms), on the grid of shares k / SH_GRID. A share within SH_KEEP of the
+// best's time stays: each change costs the copies issued ahead at the old one (the GPU's missing rows, or rows
+// copied for nothing).
 static void share_model(gpu_share *sh, int64_t T) {
     double share = 0, c = sh->seen[T] > 0 ? sh->seen[T] : sh->iso[T] * share_derate(sh, T);
     if (T <= sh->max_rows && c > 0 && sh->m_link > 0) {
         double t_pure = sh->m_streamed / (sh->m_link * 1e9), tb_link = t_pure / LINK_SHARED;
-        double tb_cpu = sh->m_streamed / (c * 1e9), io_s = (double)T * sh->m_io / (SPLIT_IO_GBS * 1e9);
-        share = (tb_link - sh->m_splits * SPLIT_COST_S - io_s) / (tb_cpu + tb_link);
-        if (share > 0.95) share = 0.95;
-        if (!(share > 0 && (1 - share) * tb_link < 0.9 * t_pure)) share = 0;  // not worth the round trips
+        double tb_cpu = sh->m_streamed / (c * 1e9), best = t_pure, now = t_pure;
+        for (int k = 1; k <= SH_TOP; k++) {
+            double f = (double)k / SH_GRID, cpu = f * tb_cpu + sh->grid_trips[k] * SPLIT_COST_S +
+                                                  (double)T * sh->grid_io[k] / (SPLIT_IO_GBS * 1e9);
+            double t = cpu > (1 - f) * tb_link ? cpu : (1 - f) * tb_link;
+            if (t < best) best = t, share = f;
+            if (k == (int)(sh->by_rows[T] * SH_GRID + 0.5)) now = t;
+        }
+        if (sh->by_rows[T] > 0 && now <= best * (1 + SH_KEEP)) share = sh->by_rows[T];
+        if (!(share > 0 && best < 0.9 * t_pure)) share = 0;  // not worth the round trips
     }
     sh->by_rows[T] = share;
 }
@@ -216,16 +258,15 @@ void share_auto(dj_gpu_state *s) {
     const uint8_t *base = u < nl ? dj_layer_ptr(s->m, (uint32_t)u)
                                  : s->m->info.config.tied ? dj_embed_ptr(s->m) : dj_head_ptr(s->m);
     int n = u < nl ? sh->n_lmats : 1;
-    double bytes = (double)sp_bytes(mats, n, 0), io = 0;  // io: PCIe bytes a row of a split unit adds: x down, about
-    for (int i = 0; i < n; i++) io += 4.0 * ((double)mats[i].n_in + 0.5 * (double)mats[i].n_out);  // half back
+    double bytes = (double)sp_bytes(mats, n, 0);
     int64_t ta = sh->max_rows >= 4 ? 4 : sh->max_rows, tb = sh->max_rows >= 16 ? 16 : sh->max_rows;
     double t1 = cpu_unit_time(s, mats, n, base, 1, 3);
     double t_a = ta > 1 ? cpu_unit_time(s, mats, n, base, ta, 2) : t1;
     double t_b = tb > ta ? cpu_unit_time(s, mats, n, base, tb, 2) : t_a;
     sh->automatic = 1;
-    sh->m_streamed = (double)p->streamed_bytes, sh->m_link = sh->warm_h2d, sh->m_splits = 0;
-    sh->m_io = io * p->n_streamed;
-    for (int k = 0; k < p->n_streamed; k++) sh->m_splits += p->stream_order[k] == nl ? 1 : sh->n_lmats;
+    sh->m_streamed = (double)p->streamed_bytes, sh->m_link = sh->warm_h2d, sh->m_layers = sh->m_head = 0;
+    for (int k = 0; k < p->n_streamed; k++) *(p->stream_order[k] == nl ? &sh->m_head : &sh->m_layers) += 1;
+    for (int k = 0; k <= SH_TOP; k++) share_trips(sh, (double)k / SH_GRID, &sh->grid_trips[k], &sh->grid_io[k]);
     for (int64_t T = 1; T <= SH_ROWS; T++) {
         double t = T == 1 ? t1 : tb > ta ? t_a + (double)(T - ta) * (t_b - t_a) / (double)(tb - ta) : t_a;
         if (t < t1) t = t1;

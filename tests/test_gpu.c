@@ -14,6 +14,7 @@
 #include "../model.h"
 #include "../cpu.h"
 #include "../gpu.h"
+#include "../gpu_impl.h"
 #include "../ringbuf.h"
 #include "common.h"
 
@@ -297,7 +298,8 @@ static float *run_turns(const dj_model *m, const dj_gpu_opts *o, const int32_t *
     return lg;
 }
 
-// The CPU share: passes of up to SH_ROWS (64) rows compute the last rows of every streamed matrix on the CPU.
+// The CPU share: in passes of up to SH_ROWS (64) rows the CPU computes that share of each streamed unit's matrices
+// (whole matrices, the largest first, then the last rows of the next: 0.37 splits gate|up, 0.95 reaches wo).
 // Against the all-resident logits: the first prefill, 70 rows, bitwise (no share past 64 rows: its slabs, copied
 // ahead for a decode step, are completed on the fly); decode steps up to summation order (1e-5: f32 throughout);
 // the second prefill, 6 rows, shared, to 2e-3: the GPU's matmuls of several rows round activations to f16 where
@@ -369,6 +371,50 @@ Test(gpu_forward, cpu_share_untied) { share_cases("mha_untied_f16", -1); }
 Test(gpu_forward, cpu_share_bf16_gqa) { share_cases("llama3_gqa_bf16", -1); }
 Test(gpu_forward, cpu_share_q4_stories_tied) { share_cases(NULL, DJ_Q4); }
 Test(gpu_forward, cpu_share_q8_untied) { share_cases("mha_untied_f16", DJ_Q8); }
+
+// share_fill (no GPU needed): at every share the CPU's bytes are that share of the unit's matrices to a row a
+// matrix; it has rows of the largest matrices first, all of each but the last it touches, and no matrix loses CPU
+// rows as the share grows. Llama-3-8B's layer fused (4 matrices) and apart (7), in f16 and q4.
+Test(share, fill_takes_whole_matrices_first) {
+    static const int64_t shapes[2][7][2] = {{{6144, 4096}, {4096, 4096}, {28672, 4096}, {4096, 14336}},
+                                            {{4096, 4096}, {1024, 4096}, {1024, 4096}, {4096, 4096}, {14336, 4096},
+                                             {14336, 4096}, {4096, 14336}}};
+    static const int counts[2] = {4, 7};
+    static const uint32_t dtypes[2] = {DJ_F16, DJ_Q4};
+    for (int l = 0; l < 2; l++)
+        for (int d = 0; d < 2; d++) {
+            sp_mat m[7];
+            int n = counts[l];
+            double total = 0, rowb = 0;
+            for (int i = 0; i < n; i++) {
+                m[i] = (sp_mat){.n_out = shapes[l][i][0], .n_in = shapes[l][i][1], .dtype = dtypes[d]};
+                total += (double)dj_matrix_bytes(dtypes[d], (uint64_t)m[i].n_out, (uint64_t)m[i].n_in);
+                rowb += (double)dj_row_bytes(dtypes[d], (uint64_t)m[i].n_in);
+            }
+            share_fill(m, n);
+            int64_t prev[7] = {0};
+            for (int k = 0; k <= 1000; k++) {
+                double f = k / 1000.0, cpu = 0;
+                int partial = 0;
+                for (int i = 0; i < n; i++) {
+                    int64_t c = m[i].n_out - sp_gpu_rows(&m[i], f);
+                    cr_assert(c >= prev[i], "layout %d dtype %u share %.3f: matrix %d's CPU rows fell %lld -> %lld", l,
+                              dtypes[d], f, i, (long long)prev[i], (long long)c);
+                    prev[i] = c;
+                    cpu += (double)dj_matrix_bytes(dtypes[d], (uint64_t)c, (uint64_t)m[i].n_in);
+                    partial += c > 0 && c < m[i].n_out;
+                    for (int j = 0; j < n && c > 0; j++)  // a larger matrix than one the CPU has rows of: all its
+                        if (m[j].n_out * m[j].n_in > m[i].n_out * m[i].n_in)
+                            cr_assert_eq(sp_gpu_rows(&m[j], f), 0, "layout %d share %.3f: matrix %d split before %d",
+                                         l, f, j, i);
+                }
+                cr_assert(partial <= 1, "layout %d share %.3f: %d matrices split", l, f, partial);
+                cr_assert(fabs(cpu - f * total) <= rowb, "layout %d dtype %u share %.3f: the CPU's %.0f bytes of %.0f",
+                          l, dtypes[d], f, cpu, total);
+            }
+            for (int i = 0; i < n; i++) cr_assert_eq(prev[i], m[i].n_out, "share 1: matrix %d not all the CPU's", i);
+        }
+}
 
 // The pool's threads exist only while a CPU share can use them: none for a streamed run with the share off, none left
 // once the automatic share found it not worth the round trips on this small model (its measurement started them);

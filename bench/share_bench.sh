@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# bench/share_bench.sh: the CPU share at the hardware's ceiling, on the GPU machine: for one model shape in q4 and
+# f16, a decode step (passes of one row) at the minimum ring, 4 GB and 8 GB with the link alone, a sweep of fixed
+# shares and the automatic one, the engines interleaved (bench/share_sweep.c), beside the ceilings of the same call.
+#
+#   bench/share_bench.sh SHAPE OUT_DIR       SHAPE: 8b, 13b, 70b (LAYERS=10: Llama-3-70B's layer shape, 10 layers)
+#
+# 1. build; build/bin/ceilings with LINK_ONLY=1 -> OUT_DIR/ceilings_SHAPE.json
+# 2. a random checkpoint of SHAPE (tools/make_random_llama.py) in $BENCH_WORK (default /tmp/djinn_share), converted to
+#    q4 and f16 (the checkpoint is deleted after: 13B's three files would not fit the machine's 64 GB disk beside it)
+# 3. the sweeps (REPS rounds, default 4) -> OUT_DIR/sweeps_SHAPE.jsonl; a ring below the model's minimum, or one that
+#    holds the whole file, is skipped
+# 4. the table (bench/share_report.py), printed
+# Shares tried: q4 0.5-0.7, f16 0.6-0.75 (SHARES_Q4, SHARES_F16 to change them; -1 the automatic one, 0 the link).
+set -uo pipefail
+cd "$(dirname "$0")/.." || exit 1
+SHAPE=${1:?shape} OUT_DIR=${2:?out dir}
+WORK=${BENCH_WORK:-/tmp/djinn_share}
+DATA=${DATA:-.shared}
+REPS=${REPS:-4}
+SHARES_Q4=${SHARES_Q4:--1,0,0.5,0.55,0.6,0.65,0.7}
+SHARES_F16=${SHARES_F16:--1,0,0.6,0.65,0.7,0.75}
+case $SHAPE in 7b|13b) TOK=llama2 ;; *) TOK=llama3 ;; esac
+mkdir -p "$OUT_DIR" "$WORK" || exit 1
+. bench/lib.sh
+
+build_and_link "$WORK" "$OUT_DIR/ceilings_$SHAPE.json" build/bin/share_sweep || exit 1
+HF=$WORK/hf_$SHAPE
+if [ ! -f "$WORK/${SHAPE}_q4.bin" ] || [ ! -f "$WORK/${SHAPE}_f16.bin" ]; then
+    say "make $SHAPE${LAYERS:+ ($LAYERS layers)}"
+    rm -rf "$HF"
+    python3 tools/make_random_llama.py --shape "$SHAPE" ${LAYERS:+--layers "$LAYERS"} --out "$HF" --dtype float16 \
+        > "$WORK/make.log" 2>&1 || { tail -5 "$WORK/make.log"; exit 1; }
+    for dt in q4 f16; do convert_once "$HF" "$WORK/${SHAPE}_$dt.bin" $dt $TOK || exit 1; done
+    rm -rf "$HF"
+fi
+S=$OUT_DIR/sweeps_$SHAPE.jsonl
+: > "$S"
+for dt in q4 f16; do
+    bin=$WORK/${SHAPE}_$dt.bin
+    min=$(min_ring "$bin")
+    shares=SHARES_${dt^^}
+    for ring in "${min:?could not read the minimum ring}" 4 8; do
+        label=${dt}_$ring
+        [ "$ring" = "$min" ] && label=${dt}_min
+        gb=$(stat -c %s "$bin" | awk '{print $1 / 1e9}')
+        # below the minimum, or the whole model fits (nothing streams): no case
+        if python3 -c "import sys; sys.exit(float('$min') <= float('$ring') < float('$gb'))"; then continue; fi
+        say "$label: rings of $ring GB, shares ${!shares}"
+        if ! out=$(build/bin/share_sweep "$bin" "$ring" 1 "${!shares}" "$REPS" 2> "$WORK/sweep.log"); then
+            echo "  $label FAILED:"; tail -3 "$WORK/sweep.log"; continue
+        fi
+        echo "{\"label\": \"$label\", \"result\": $out}" >> "$S"
+    done
+done
+python3 bench/share_report.py "$SHAPE" "$S" "$OUT_DIR/ceilings_$SHAPE.json"

@@ -12,6 +12,7 @@
 #                    1024 that holds it), e.g. prefill_513; not in the default CASES
 #   min_link         the smallest ring djinn accepts, --cpu-share 0 (the link alone), 16 tokens: decode ms/token
 #   min_share        the smallest ring, --cpu-share auto (the default), 16 tokens: decode ms/token
+#   min_share_F      the same at the fixed share F, e.g. min_share_0.5; not in the default CASES
 # CASES (default all four) picks some. Prints a table (median, min, max per build and case; B's median against A's)
 # and writes every run to OUT.json.
 set -uo pipefail
@@ -46,6 +47,7 @@ run() {  # build case rep -> one JSON line
             while [ "$ctx" -lt $((${case#prefill_} + 4)) ]; do ctx=$((ctx * 2)); done ;;
         min_link) args=(-p "Once upon a time" -n 16 --ring-gb "$min" --cpu-share 0) ;;
         min_share) args=(-p "Once upon a time" -n 16 --ring-gb "$min") ;;
+        min_share_[0-9]*) args=(-p "Once upon a time" -n 16 --ring-gb "$min" --cpu-share "${case#min_share_}") ;;
     esac
     rm -f "$stats"
     if ! timeout 300 "$src/djinn" "$MODEL" -t 0 -c "$ctx" --stats-json "$stats" "${args[@]}" \
@@ -74,6 +76,8 @@ a, b = sys.argv[3], sys.argv[4]
 json.dump({"runs": runs, "a": a, "b": b}, open(sys.argv[2], "w"), indent=1)
 metric = {"resident_decode": ("decode_ms_per_token", "ms/token"), "min_link": ("decode_ms_per_token", "ms/token"),
           "min_share": ("decode_ms_per_token", "ms/token")}
+for case in sorted({r["case"] for r in runs if r["case"].startswith("min_share_")}):
+    metric[case] = ("decode_ms_per_token", "ms/token")
 for case in sorted({r["case"] for r in runs if r["case"].startswith("prefill_")}, key=lambda c: int(c[8:])):
     metric[case] = ("prefill_tok_s", "tok/s")
 print(f"| case | unit | A median (min-max) | B median (min-max) | B / A |")

@@ -1,6 +1,6 @@
 // gpu.h: the GPU forward pass. The transformer layers (and the head) that fit in the weight budget stay resident
 // on the GPU; the rest stream over PCIe every pass through the skip-end ring (ringbuf.h places them, stream.c copies
-// them), and while they stream the CPU computes part of every streamed matrix from host memory (share.c).
+// them), and while they stream the CPU computes part of every streamed unit's matrices from host memory (share.c).
 #ifndef DJINN_GPU_H
 #define DJINN_GPU_H
 
@@ -23,10 +23,11 @@ typedef struct {
     int no_graph;       // all-resident decode without the CUDA graph (launch by launch)
     int fma_attn;       // prefill attention on the fp32 FMA kernel even where head_dim has the tensor-core one
                         // (bf16x3, gpu_set_tc_attn), for comparison
-    double cpu_share;   // decode passes: this fraction (up to 0.95) of the rows of every streamed matrix is computed
-                        // by the CPU from host memory (cpu_matvec), so never crosses PCIe; < 0: automatic (the
-                        // CPU's and the link's measured rates balanced); 0: off. Nothing changes while all is
-                        // resident. Logits match the unsplit path up to summation order (not bitwise).
+    double cpu_share;   // decode passes: this fraction (up to 0.95) of every streamed unit's matrices (whole ones
+                        // first, the largest first: share.c) is computed by the CPU from host memory
+                        // (cpu_matvec), so never crosses PCIe; < 0: automatic (the CPU's and the link's measured
+                        // rates balanced); 0: off. Nothing changes while all is resident. Logits match the unsplit
+                        // path up to summation order (not bitwise).
     int quiet;          // no plan on stderr
     const char *trace;  // the timeline of decode steps into this file (trace.h); NULL: none
     int trace_steps;    // the steps it records (0: TRACE_STEPS_DEFAULT)

@@ -98,9 +98,9 @@ typedef struct {
     int warming;                      // in the warm-up: the copies issued ahead for the next pass are whole
 } gpu_sched;
 
-// The CPU share (share.c): in a pass of up to SH_ROWS rows the CPU computes the last rows of every streamed matrix
-// from host memory (cpu_matvec_multi) while the GPU computes the others; those rows never cross PCIe. The fraction
-// depends on the pass's rows: the CPU's part of a matmul grows with them, the link's does not.
+// The CPU share (share.c): in a pass of up to SH_ROWS rows the CPU computes a fraction of every streamed unit's
+// matrices (share_fill) from host memory (cpu_matvec_multi) while the GPU computes the rest; those rows never cross
+// PCIe. The fraction depends on the pass's rows: the CPU's part of a matmul grows with them, the link's does not.
 typedef struct {
     double share;                     // the fraction of a one-row pass (the decode step); 0: off
     double by_rows[SH_ROWS + 1];      // the fraction of a pass of T rows, T = 1..max_rows

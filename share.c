@@ -15,23 +15,6 @@ static sp_mat sp_mat_of(uint64_t off, int64_t n_in, int64_t n_out, uint32_t dtyp
     return (sp_mat){off, n_in, n_out, dtype, 0, 1};
 }
 
-void share_fill(sp_mat *mats, int n) {
-    double total = 0, at = 0;
-    uint32_t taken = 0;  // bit i: matrix i has its interval (n <= 7: a layer's matrices)
-#define MAT_BYTES(m) ((double)dj_matrix_bytes((m).dtype, (uint64_t)(m).n_out, (uint64_t)(m).n_in))
-    for (int i = 0; i < n; i++) total += MAT_BYTES(mats[i]);
-    for (int k = 0; k < n; k++) {
-        int big = -1;
-        double bb = -1;
-        for (int i = 0; i < n; i++)
-            if (!(taken >> i & 1) && MAT_BYTES(mats[i]) > bb) big = i, bb = MAT_BYTES(mats[i]);
-        taken |= 1u << big;
-        mats[big].lo = at, at += total > 0 ? bb / total : 1.0 / n;
-        mats[big].hi = k == n - 1 ? 1 : at;  // the last ends at 1 whatever the rounding
-    }
-#undef MAT_BYTES
-}
-
 // Bytes of the matrices' rows: all of them, or (share > 0) the CPU's at that share.
 static uint64_t sp_bytes(const sp_mat *mats, int n, double share) {
     uint64_t b = 0;
@@ -39,6 +22,22 @@ static uint64_t sp_bytes(const sp_mat *mats, int n, double share) {
         b += dj_matrix_bytes(mats[i].dtype, (uint64_t)(mats[i].n_out - (share > 0 ? sp_gpu_rows(&mats[i], share) : 0)),
                              (uint64_t)mats[i].n_in);
     return b;
+}
+
+void share_fill(sp_mat *mats, int n) {
+    double total = (double)sp_bytes(mats, n, 0), at = 0;
+    uint32_t taken = 0;  // bit i: matrix i has its interval (n <= 7: a layer's matrices)
+    for (int k = 0; k < n; k++) {
+        int big = -1;
+        double bb = -1;
+        for (int i = 0; i < n; i++) {
+            double b = (double)sp_bytes(&mats[i], 1, 0);
+            if (!(taken >> i & 1) && b > bb) big = i, bb = b;
+        }
+        taken |= 1u << big;
+        mats[big].lo = at, at += total > 0 ? bb / total : 1.0 / n;
+        mats[big].hi = k == n - 1 ? 1 : at;  // the last ends at 1 whatever the rounding
+    }
 }
 
 // The matrices of a layer and the head, `share` for every pass of up to SH_ROWS rows (0: none), and the bytes each

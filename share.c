@@ -180,6 +180,7 @@ int share_matmul(dj_gpu_state *s, float *y, const float *x, int64_t T, const uin
 // bytes).
 #define SH_TOP 95    // automatic shares go up to SH_TOP / SH_GRID, as fixed ones do
 #define SH_KEEP 0.01
+#define SH_MIN_UNIT 8e6  // bytes a streamed unit, on average, below which no share pays (~2 round trips of copy)
 #define SPLIT_COST_S 80e-6
 #define SPLIT_IO_GBS 20.0
 #define LINK_SHARED 0.88
@@ -245,6 +246,9 @@ static void share_model(gpu_share *sh, int64_t T) {
         }
         if (sh->by_rows[T] > 0 && now <= best * (1 + SH_KEEP)) share = sh->by_rows[T];
         if (!(share > 0 && best < 0.9 * t_pure)) share = 0;  // not worth the round trips
+        // units this small copy in about a round trip's time, mostly latency, which no share shortens (a test
+        // model of 0.2 MB layers had its share turned on by a warm-up that measured the link below 2 GB/s)
+        if (sh->m_streamed < SH_MIN_UNIT * (sh->m_layers + sh->m_head)) share = 0;
     }
     sh->by_rows[T] = share;
 }

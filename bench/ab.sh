@@ -13,8 +13,8 @@
 #   min_link         the smallest ring djinn accepts, --cpu-share 0 (the link alone), 16 tokens: decode ms/token
 #   min_share        the smallest ring, --cpu-share auto (the default), 16 tokens: decode ms/token
 #   min_share_F      the same at the fixed share F, e.g. min_share_0.5; not in the default CASES
-# CASES (default all four) picks some. Prints a table (median, min, max per build and case; B's median against A's)
-# and writes every run to OUT.json.
+# CASES (default all four) picks some. Prints a table (median, min, max per build and case; B's median against A's;
+# each rep's B against the A run beside it) and writes every run to OUT.json.
 set -uo pipefail
 [ $# -ge 4 ] || { sed -n '2,15p' "$0"; exit 2; }
 A=$1 B=$2 MODEL=$3 OUT_JSON=$4 REPS=${5:-3}
@@ -80,14 +80,21 @@ for case in sorted({r["case"] for r in runs if r["case"].startswith("min_share_"
     metric[case] = ("decode_ms_per_token", "ms/token")
 for case in sorted({r["case"] for r in runs if r["case"].startswith("prefill_")}, key=lambda c: int(c[8:])):
     metric[case] = ("prefill_tok_s", "tok/s")
-print(f"| case | unit | A median (min-max) | B median (min-max) | B / A |")
-print("|---|---|---|---|---|")
+# Paired: each rep's B over the A run just before it, which shares most of the host's drift (runs a few seconds apart
+# drift by up to 5% on the GPU machine); "B better" counts the pairs where B won.
+print(f"| case | unit | A median (min-max) | B median (min-max) | B / A | paired B / A median (min-max) | B better |")
+print("|---|---|---|---|---|---|---|")
 for case, (key, unit) in metric.items():
     va = [r[key] for r in runs if r["case"] == case and r["build"] == a]
     vb = [r[key] for r in runs if r["case"] == case and r["build"] == b]
     if not va or not vb:
         continue
     ma, mb = statistics.median(va), statistics.median(vb)
+    ra = {r["rep"]: r[key] for r in runs if r["case"] == case and r["build"] == a}
+    rb = {r["rep"]: r[key] for r in runs if r["case"] == case and r["build"] == b}
+    pr = [rb[k] / ra[k] for k in sorted(ra) if k in rb and ra[k] > 0]
+    better = sum(p < 1 if unit == "ms/token" else p > 1 for p in pr)
+    paired = f"{statistics.median(pr):.3f} ({min(pr):.3f}-{max(pr):.3f})" if pr else "-"
     print(f"| {case} | {unit} | {ma:.2f} ({min(va):.2f}-{max(va):.2f}) | {mb:.2f} ({min(vb):.2f}-{max(vb):.2f}) "
-          f"| {mb / ma:.3f} |")
+          f"| {mb / ma:.3f} | {paired} | {better} of {len(pr)} |")
 EOF

@@ -246,9 +246,6 @@ static void share_model(gpu_share *sh, int64_t T) {
         }
         if (sh->by_rows[T] > 0 && now <= best * (1 + SH_KEEP)) share = sh->by_rows[T];
         if (!(share > 0 && best < 0.9 * t_pure)) share = 0;  // not worth the round trips
-        // units this small copy in about a round trip's time, mostly latency, which no share shortens (a test
-        // model of 0.2 MB layers had its share turned on by a warm-up that measured the link below 2 GB/s)
-        if (sh->m_streamed < SH_MIN_UNIT * (sh->m_layers + sh->m_head)) share = 0;
     }
     sh->by_rows[T] = share;
 }
@@ -262,13 +259,17 @@ void share_auto(dj_gpu_state *s) {
                                  : s->m->info.config.tied ? dj_embed_ptr(s->m) : dj_head_ptr(s->m);
     int n = u < nl ? sh->n_lmats : 1;
     double bytes = (double)sp_bytes(mats, n, 0);
-    int64_t ta = sh->max_rows >= 4 ? 4 : sh->max_rows, tb = sh->max_rows >= 16 ? 16 : sh->max_rows;
-    double t1 = cpu_unit_time(s, mats, n, base, 1, 3);
-    double t_a = ta > 1 ? cpu_unit_time(s, mats, n, base, ta, 2) : t1;
-    double t_b = tb > ta ? cpu_unit_time(s, mats, n, base, tb, 2) : t_a;
     sh->automatic = 1;
     sh->m_streamed = (double)p->streamed_bytes, sh->m_link = sh->warm_h2d, sh->m_layers = sh->m_head = 0;
     for (int k = 0; k < p->n_streamed; k++) *(p->stream_order[k] == nl ? &sh->m_head : &sh->m_layers) += 1;
+    // Units this small copy in about a round trip's time, mostly latency, which no share shortens (a test model of
+    // 0.2 MB layers had its share turned on by a warm-up that measured the link below 2 GB/s): the CPU is not
+    // measured, and its rate of 0 keeps every share off.
+    int small = sh->m_streamed < SH_MIN_UNIT * (sh->m_layers + sh->m_head);
+    int64_t ta = sh->max_rows >= 4 ? 4 : sh->max_rows, tb = sh->max_rows >= 16 ? 16 : sh->max_rows;
+    double t1 = small ? 0 : cpu_unit_time(s, mats, n, base, 1, 3);
+    double t_a = ta > 1 && !small ? cpu_unit_time(s, mats, n, base, ta, 2) : t1;
+    double t_b = tb > ta && !small ? cpu_unit_time(s, mats, n, base, tb, 2) : t_a;
     for (int k = 0; k <= SH_TOP; k++) share_trips(sh, (double)k / SH_GRID, &sh->grid_trips[k], &sh->grid_io[k]);
     for (int64_t T = 1; T <= SH_ROWS; T++) {
         double t = T == 1 ? t1 : tb > ta ? t_a + (double)(T - ta) * (t_b - t_a) / (double)(tb - ta) : t_a;
@@ -277,7 +278,11 @@ void share_auto(dj_gpu_state *s) {
         share_model(sh, T);
     }
     share_rates(s);
-    if (!s->opts.quiet)
+    if (!s->opts.quiet && small)
+        fprintf(stderr, "gpu: CPU share, automatic: off, the streamed units average %.1f MB (under %.0f MB, their "
+                        "copies are mostly latency)\n", sh->m_streamed / (sh->m_layers + sh->m_head) / 1e6,
+                SH_MIN_UNIT / 1e6);
+    else if (!s->opts.quiet)
         fprintf(stderr, "gpu: CPU share, automatic: the CPU reads %.1f GB/s of weights for one row (%.1f for %lld "
                         "rows), the copies ran at %.1f GB/s: shares %.2f (1 row), %.2f (%lld), %.2f (%lld)%s\n",
                 sh->iso[1], sh->iso[tb], (long long)tb, sh->m_link, sh->by_rows[1],

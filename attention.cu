@@ -400,6 +400,8 @@ __global__ __launch_bounds__(DEC_THREADS) void attn_decode_split_kernel(
     extern __shared__ __align__(16) float dec_kv[];  // the chunk's keys, then its values: (2, DEC_CHUNK, hd)
     const int split = blockIdx.x, kvh = blockIdx.y, row = blockIdx.z / n_gz, g0 = (blockIdx.z - row * n_gz) * DEC_G;
     const int ng = min(DEC_G, group - g0), hd = head_dim;
+    pdl_wait();
+    pdl_trigger();
     const int pos = min(kv.pos[row], max_seq - 1);
     if (kv.slot) k_cache += kv.slot[row] * kv.slot_stride, v_cache += kv.slot[row] * kv.slot_stride;
     q += row * ldq;
@@ -528,6 +530,8 @@ __global__ __launch_bounds__(DEC_THREADS) void attn_decode_split_kernel(
 __global__ void attn_decode_combine_kernel(float *out, const float *part_o, const float *part_ml, int head_dim,
                                            int max_seq, int n_splits, gpu_kv_rows kv) {
     const int h = blockIdx.x, row = blockIdx.y, n_heads = gridDim.x;
+    pdl_wait();
+    pdl_trigger();
     const int pos = min(kv.pos[row], max_seq - 1);
     out += (int64_t)row * n_heads * head_dim;
     part_o += (int64_t)row * n_heads * n_splits * head_dim, part_ml += (int64_t)row * n_heads * n_splits * 2;
@@ -564,12 +568,12 @@ static int attn_decode_launch(dj_gpu *g, const char *fn, float *out, const float
     float *part_o = (float *)g->scratch, *part_ml = part_o + B * n_heads * ns * head_dim;
     dim3 grid((unsigned)ns, (unsigned)n_kv_heads, (unsigned)(B * n_gz));
     const float scale = 1.0f / sqrtf((float)head_dim);
-    attn_decode_split_kernel<<<grid, DEC_THREADS, dec_smem((int)head_dim), s>>>(
-        part_o, part_ml, q, ldq, k_cache, v_cache, (int)n_heads, (int)group, (int)n_gz, (int)head_dim, (int)max_seq,
-        (int)ns, scale, kv);
+    CUDA_CHECK(pdl_launch(attn_decode_split_kernel, grid, dim3(DEC_THREADS), dec_smem((int)head_dim), s, part_o,
+                          part_ml, q, ldq, k_cache, v_cache, (int)n_heads, (int)group, (int)n_gz, (int)head_dim,
+                          (int)max_seq, (int)ns, scale, kv));
     LAUNCH_CHECK("attn_decode_split", s);
-    attn_decode_combine_kernel<<<dim3((unsigned)n_heads, (unsigned)B), 128, 0, s>>>(
-        out, part_o, part_ml, (int)head_dim, (int)max_seq, (int)ns, kv);
+    CUDA_CHECK(pdl_launch(attn_decode_combine_kernel, dim3((unsigned)n_heads, (unsigned)B), dim3(128), 0, s, out,
+                          part_o, part_ml, (int)head_dim, (int)max_seq, (int)ns, kv));
     LAUNCH_CHECK("attn_decode_combine", s);
     return 0;
 }

@@ -53,6 +53,25 @@ static inline int grid_1d(int64_t n, int threads) {
 // ---- context (kernels.cu owns it; the op files read it)
 #define GPU_WORKSPACE (32u << 20)  // cuBLAS workspace: the size NVIDIA recommends for Hopper
 
+// Programmatic dependent launch: pdl_launch starts kernel k on s while the kernel before it still runs, once
+// every block of that one has called pdl_trigger (or exited). k must call pdl_wait, which returns when the kernel
+// before has finished and its writes are visible, before it touches memory that kernel reads or writes. A kernel
+// that triggers right after its own wait lets the next one's blocks take each multiprocessor as its blocks there
+// finish; the f16 GEMV lost by it (bench/results/pdl), so only the quantized GEMV and decode's rope and attention
+// take part.
+__device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+__device__ __forceinline__ void pdl_trigger() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
+template <typename... P, typename... A>
+static cudaError_t pdl_launch(void (*k)(P...), dim3 grid, dim3 block, size_t smem, cudaStream_t s, A... args) {
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid, cfg.blockDim = block, cfg.dynamicSmemBytes = smem, cfg.stream = s;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr, cfg.numAttrs = 1;
+    return cudaLaunchKernelEx(&cfg, k, ((P)args)...);
+}
+
 struct dj_gpu {
     int device;
     char name[320];

@@ -195,6 +195,8 @@ __global__ void rope_kv_kernel(float *q, int64_t ldq, float *k, float *v, int64_
                                const float *inv_freq, const int32_t *d_pos, gpu_kv_rows kv) {
     const int half = head_dim / 2, nrot = (n_heads + n_kv_heads) * half, kvd = n_kv_heads * head_dim;
     const int t = (int)blockIdx.y;
+    pdl_wait();
+    pdl_trigger();
     const int pos = kv.slot ? kv.pos[t] : *d_pos + t;
     const bool store = pos >= 0 && pos < max_seq;
     if (kv.slot) k_cache += kv.slot[t] * kv.slot_stride, v_cache += kv.slot[t] * kv.slot_stride;
@@ -225,9 +227,9 @@ static int rope_kv_launch(float *q, int64_t ldq, float *k, float *v, int64_t ldk
                           float *v_cache, int64_t n_heads, int64_t n_kv_heads, int64_t head_dim, int64_t max_seq,
                           const float *inv_freq, const int32_t *d_pos, gpu_kv_rows kv, cudaStream_t s, dj_err *e) {
     const int64_t n = (n_heads + n_kv_heads) * (head_dim / 2) + n_kv_heads * head_dim;
-    rope_kv_kernel<<<dim3((unsigned)((n + 255) / 256), (unsigned)T), 256, 0, s>>>(
-        q, ldq, k, v, ldkv, k_cache, v_cache, (int)n_heads, (int)n_kv_heads, (int)head_dim, (int)max_seq, inv_freq,
-        d_pos, kv);
+    CUDA_CHECK(pdl_launch(rope_kv_kernel, dim3((unsigned)((n + 255) / 256), (unsigned)T), dim3(256), 0, s, q, ldq, k,
+                          v, ldkv, k_cache, v_cache, (int)n_heads, (int)n_kv_heads, (int)head_dim, (int)max_seq,
+                          inv_freq, d_pos, kv));
     LAUNCH_CHECK("rope_kv", s);
     return 0;
 }

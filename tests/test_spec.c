@@ -151,8 +151,8 @@ static dj_sampler *ts_sampler(int64_t vocab, const dj_sampling *p, uint64_t seed
 }
 
 // A generation of n tokens after prompt (np), greedy with p's penalties: plainly (draft NULL: one decode step a
-// token; gap: each step's two best logits' distance over their scale) or drafted. ids (np + n) gets the prompt and
-// the tokens; returns how many were made (a NaN stops it).
+// token; gap: each step's two best logits, penalized, their distance over their scale) or drafted. ids (np + n)
+// gets the prompt and the tokens; returns how many were made (a NaN stops it).
 static int64_t ts_generate(dj_engine *tgt, dj_engine *dft, const dj_sampling *p, const dj_spec_opts *so,
                            const int32_t *prompt, int64_t np, int64_t n, int32_t *ids, double *gap, dj_spec_stats *st) {
     int64_t V = 512;
@@ -170,10 +170,17 @@ static int64_t ts_generate(dj_engine *tgt, dj_engine *dft, const dj_sampling *p,
     for (; made < n; made++) {
         if (!sp) {
             next = sampler_next(smp, lg);
+            // the gap that decided: between the logits as penalized for this pick
+            const int32_t *cnt = sampler_counts(smp);
             float a = -INFINITY, b = -INFINITY;
-            for (int64_t i = 0; i < V; i++)
-                if (lg[i] > a) b = a, a = lg[i];
-                else if (lg[i] > b) b = lg[i];
+            for (int64_t i = 0; i < V; i++) {
+                const float l = cnt && cnt[i] > 0 ? dj_pick_penalized(lg[i], cnt[i], (float)p->repeat_penalty,
+                                                                       (float)p->frequency_penalty,
+                                                                       (float)p->presence_penalty)
+                                                  : lg[i];
+                if (l > a) b = a, a = l;
+                else if (l > b) b = l;
+            }
             if (gap) gap[made] = (a - b) / fmax(fabs(a), 1.0);
         }
         if (next < 0) break;

@@ -146,11 +146,11 @@ $(BUILD)/bin/bench_tokenizer: $(BUILD)/bench/bench_tokenizer.o $(BUILD)/tokenize
 # machine only
 CEILINGS_JSON ?= $(BUILD)/ceilings.json
 .PHONY: bench-ceilings
-$(BUILD)/bench/ceilings.o: bench/ceilings.cu bench/bench_gpu.h bench/host_read.h kernels.h util.h model.h
+$(BUILD)/bench/ceilings.o: bench/ceilings.cu bench/bench_gpu.h bench/host_read.h bench/host_matvec.h kernels.h util.h model.h
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVFLAGS) -c $< -o $@
 
-$(BUILD)/bin/ceilings: $(BUILD)/bench/ceilings.o $(BUILD)/bench/host_read.o $(KERNEL_OBJ) $(BUILD)/pool.o $(BUILD)/util.o
+$(BUILD)/bin/ceilings: $(BUILD)/bench/ceilings.o $(BUILD)/bench/host_read.o $(BUILD)/bench/host_matvec.o $(ENGINE_OBJ)
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) $^ -o $@ -lcublasLt $(LDLIBS)
 

@@ -34,6 +34,7 @@
 
 #include "../kernels.h"
 #include "bench_gpu.h"
+#include "host_matvec.h"
 #include "host_read.h"
 extern "C" {
 #include "../model.h"  // dtype enum only
@@ -150,8 +151,18 @@ static std::vector<qrow> quant_section(dj_gpu *g, cudaStream_t s, size_t l2, dou
 // the host the mean of the passes that ended before the copies did, H2D the chunks that began after the first
 // chunk still copying when the reads began and ended before the last such pass did. Their sum is the combined
 // ceiling a streamed step with a CPU share is held to.
+// The same for the CPU share's own q4 matvec in place of the plain reads (bench/host_matvec.c): what that kernel
+// reaches beside the copies, the ceiling of a q4 step's CPU share.
 #define HOST_GIB 4
 struct host_ceil { int threads; double alone, with_h2d, h2d_with; int passes; };
+struct host_reader {
+    void (*fill)(uint8_t *, size_t);            // writes every page
+    double (*pass)(const uint8_t *, size_t);    // seconds for one pass
+    size_t (*read)(size_t);                     // the bytes one pass reads
+};
+static size_t all_bytes(size_t bytes) { return bytes; }
+static const host_reader plain_reads = {host_touch, host_read_pass, all_bytes};
+static const host_reader q4_matvec = {host_q4_fill, host_q4_pass, host_q4_bytes};
 
 // The first of ev[i..] not yet complete (ev.size(): all are).
 static size_t next_pending(const std::vector<cudaEvent_t> &ev, size_t i) {
@@ -164,12 +175,14 @@ static size_t next_pending(const std::vector<cudaEvent_t> &ev, size_t i) {
 }
 
 // dev: n_src chunks of device memory, src: n_src chunks of pinned host memory; h2d_gbs: the link's rate alone.
-static host_ceil host_section(cudaStream_t s, void *dev, const void *src, size_t chunk, size_t n_src, double h2d_gbs) {
-    const size_t bytes = (size_t)HOST_GIB << 30;
+static host_ceil host_section(cudaStream_t s, void *dev, const void *src, size_t chunk, size_t n_src, double h2d_gbs,
+                              const host_reader &rd) {
+    const size_t bytes = (size_t)HOST_GIB << 30, got = rd.read(bytes);
     uint8_t *buf;
     CK(cudaHostAlloc((void **)&buf, bytes, cudaHostAllocDefault));
-    host_touch(buf, bytes);
-    host_ceil r = {cpu_threads(), host_read_gbs(buf, bytes, 5), 0, 0, 0};
+    rd.fill(buf, bytes);
+    host_ceil r = {cpu_threads(), 0, 0, 0, 0};
+    for (int k = 0; k < 5; k++) r.alone = std::max(r.alone, (double)got / rd.pass(buf, bytes) / 1e9);
     // enough chunks to outlast about ten passes at the rate alone; twice as many when they did not
     size_t n = (size_t)(10.0 * (double)bytes / r.alone * h2d_gbs / (double)chunk) + 16;
     for (int tries = 0; tries < 4 && !r.passes; tries++, n *= 2) {
@@ -185,7 +198,7 @@ static host_ceil host_section(cudaStream_t s, void *dev, const void *src, size_t
         double read_s = 0;
         int passes = 0;
         for (;;) {
-            const double t = host_read_pass(buf, bytes);
+            const double t = rd.pass(buf, bytes);
             const size_t d = next_pending(ev, done);
             if (d == n) break;  // the copies ended during this pass: part of it read alone
             read_s += t, passes++, done = d;
@@ -196,7 +209,7 @@ static host_ceil host_section(cudaStream_t s, void *dev, const void *src, size_t
         if (passes >= 2 && done >= a + 9) {
             float ms;
             CK(cudaEventElapsedTime(&ms, ev[a], ev[done - 1]));
-            r.with_h2d = (double)passes * (double)bytes / read_s / 1e9;
+            r.with_h2d = (double)passes * (double)got / read_s / 1e9;
             r.h2d_with = (double)(done - 1 - a) * (double)chunk / (ms * 1e-3) / 1e9;
             r.passes = passes;
         }
@@ -210,19 +223,25 @@ static host_ceil host_section(cudaStream_t s, void *dev, const void *src, size_t
     return r;
 }
 
-static void host_print(const host_ceil &h) {
-    char what[64];
+static void host_print(const host_ceil &h, const host_ceil &q) {
+    char what[64], qwhat[64];
     snprintf(what, sizeof what, "host memory read, %d threads (%d GiB)", h.threads, HOST_GIB);
+    snprintf(qwhat, sizeof qwhat, "q4 matvec (CPU share), %d threads", q.threads);
     printf("%-40s %9.2f GB/s\n%-40s %9.2f GB/s\n%-40s %9.2f GB/s\n%-40s %9.2f GB/s\n", what, h.alone,
            "  while pinned H2D copies run", h.with_h2d, "PCIe pinned H2D while the host reads", h.h2d_with,
            "combined (host read + H2D, together)", h.with_h2d + h.h2d_with);
+    printf("%-40s %9.2f GB/s\n%-40s %9.2f GB/s\n%-40s %9.2f GB/s\n%-40s %9.2f GB/s\n", qwhat, q.alone,
+           "  while pinned H2D copies run", q.with_h2d, "PCIe pinned H2D while the matvec runs", q.h2d_with,
+           "combined (q4 matvec + H2D, together)", q.with_h2d + q.h2d_with);
 }
 
 // The host section's JSON members (no braces), after the members before them.
-static int host_json(FILE *f, const host_ceil &h) {
+static int host_json(FILE *f, const host_ceil &h, const host_ceil &q) {
     return fprintf(f, "\"host_read_threads\": %d, \"host_read_gbs\": %.3f, \"host_read_with_h2d_gbs\": %.3f, "
-                      "\"h2d_with_host_read_gbs\": %.3f, \"host_plus_h2d_gbs\": %.3f", h.threads, h.alone,
-                   h.with_h2d, h.h2d_with, h.with_h2d + h.h2d_with) < 0 ? -1 : 0;
+                      "\"h2d_with_host_read_gbs\": %.3f, \"host_plus_h2d_gbs\": %.3f, \"q4_matvec_gbs\": %.3f, "
+                      "\"q4_matvec_with_h2d_gbs\": %.3f, \"h2d_with_q4_matvec_gbs\": %.3f, "
+                      "\"q4_matvec_plus_h2d_gbs\": %.3f", h.threads, h.alone, h.with_h2d, h.h2d_with,
+                   h.with_h2d + h.h2d_with, q.alone, q.with_h2d, q.h2d_with, q.with_h2d + q.h2d_with) < 0 ? -1 : 0;
 }
 
 int main(int argc, char **argv) {
@@ -266,11 +285,13 @@ int main(int argc, char **argv) {
     });
     const double d2h_gbs = (double)chunk / (d2h_ms * 1e-3) / 1e9;
     // ---- host memory, alone and beside the copies
-    const host_ceil hc = getenv("QUANT_ONLY") ? host_ceil{} : host_section(s, src, host, chunk, n_chunks, h2d_gbs);
+    const bool quant_only = getenv("QUANT_ONLY") != NULL;
+    const host_ceil hc = quant_only ? host_ceil{} : host_section(s, src, host, chunk, n_chunks, h2d_gbs, plain_reads);
+    const host_ceil qc = quant_only ? host_ceil{} : host_section(s, src, host, chunk, n_chunks, h2d_gbs, q4_matvec);
     if (getenv("LINK_ONLY")) {  // LINK_ONLY=1: the link's two directions and the host's memory (the bench scripts)
         printf("%-40s %9.2f GB/s\n%-40s %9.2f GB/s\n", "PCIe pinned H2D (64 MiB chunks)", h2d_gbs,
                "PCIe pinned D2H (64 MiB chunks)", d2h_gbs);
-        host_print(hc);
+        host_print(hc, qc);
         FILE *f = argc > 1 ? fopen(argv[1], "w") : NULL;
         if (argc > 1 && !f) {
             perror(argv[1]);
@@ -278,7 +299,7 @@ int main(int argc, char **argv) {
         }
         if (f && (fprintf(f, "{\"device\": \"%s\", \"pcie_h2d_pinned_64mib_gbs\": %.3f, "
                              "\"pcie_d2h_pinned_64mib_gbs\": %.3f, ", gpu_name(g), h2d_gbs, d2h_gbs) < 0 ||
-                  host_json(f, hc) || fprintf(f, "}\n") < 0 || fclose(f))) {
+                  host_json(f, hc, qc) || fprintf(f, "}\n") < 0 || fclose(f))) {
             perror(argv[1]);
             return 1;
         }
@@ -319,7 +340,7 @@ int main(int argc, char **argv) {
     printf("%-40s %9.1f GB/s\n", "HBM D2D copy (read+write, 1 GiB)", d2d_gbs);
     printf("%-40s %9.2f GB/s\n", "PCIe pinned H2D (64 MiB chunks)", h2d_gbs);
     printf("%-40s %9.2f GB/s\n", "PCIe pinned D2H (64 MiB chunks)", d2h_gbs);
-    host_print(hc);
+    host_print(hc, qc);
     printf("%-40s %7.1f TFLOP/s\n", "cuBLAS f16 GEMM 8192^3 (fp32 acc)", gemm_tflops);
 
     // cuBLASLt: a handle and a workspace of its own
@@ -453,7 +474,7 @@ int main(int argc, char **argv) {
         }
         fprintf(f, "{\n  \"device\": \"%s\",\n  \"hbm_d2d_gbs\": %.2f,\n  \"pcie_h2d_pinned_64mib_gbs\": %.3f,\n"
                    "  \"pcie_d2h_pinned_64mib_gbs\": %.3f,\n  ", gpu_name(g), d2d_gbs, h2d_gbs, d2h_gbs);
-        host_json(f, hc);
+        host_json(f, hc, qc);
         fprintf(f, ",\n  \"cublas_f16_gemm_8192_tflops\": %.2f,\n  \"gemv\": [\n", gemm_tflops);
         for (size_t i = 0; i < rows.size(); i++)
             fprintf(f, "    {\"dtype\": \"%s\", \"path\": \"%s\", \"n_out\": %lld, \"n_in\": %lld, \"us\": %.2f, "

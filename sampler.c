@@ -212,18 +212,22 @@ static void top_k_p_cut(dj_sampler *s, int32_t top, uint64_t W, uint64_t *t, uin
     for (int64_t i = keep - 1; i >= 0 && s->buf[i].w == *t; i--) ++*nt;
 }
 
+const float *sampler_penalized(dj_sampler *s, const float *z) {
+    if (!s->count || !s->n_hist) return z;
+    const dj_pick_args *a = &s->a;
+    for (int64_t i = 0; i < s->vocab; i++)
+        s->work[i] = s->count[i] > 0 ? dj_pick_penalized(z[i], s->count[i], a->repeat_penalty, a->frequency_penalty,
+                                                         a->presence_penalty)
+                                     : z[i];
+    return s->work;
+}
+
 // The rule up to the draw: the top id of the penalized row (-1: no distribution); for a sampled rule the weights
 // s->w and the kept set, the ids with w > *t and the first *nt (in id order) of those with w == *t, weighing *M.
 static int32_t rule_kept(dj_sampler *s, const float *z, uint64_t *t, uint64_t *nt, uint64_t *M) {
     const dj_pick_args *a = &s->a;
     int64_t n = s->vocab;
-    const float *l = z;
-    if (s->count && s->n_hist) {  // a NaN, an infinity or a row of -infinity stays one: one check, on l
-        for (int64_t i = 0; i < n; i++) s->work[i] = s->count[i] > 0 ? dj_pick_penalized(z[i], s->count[i], a->repeat_penalty, a->frequency_penalty,
-                                                             a->presence_penalty)
-                                         : z[i];
-        l = s->work;
-    }
+    const float *l = sampler_penalized(s, z);  // a NaN, an infinity or a row of -infinity stays one: one check, on l
     int32_t top = checked_argmax(l, n);
     if (top < 0 || !(a->temp > 0)) return top;
     uint64_t W = 0;

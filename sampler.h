@@ -124,6 +124,9 @@ int sampler_is_greedy(const dj_sampler *s);
 // changes since the previous call; counts: the window's occurrences per id (vocab), NULL when no penalty is on.
 void sampler_step_args(dj_sampler *s, dj_pick_args *a);
 const int32_t *sampler_counts(const dj_sampler *s);
+// The logits (vocab) as the next pick sees them, the penalties applied: z itself when none is on, else the
+// sampler's own buffer, valid until its next call.
+const float *sampler_penalized(dj_sampler *s, const float *z);
 // The rule itself with a given draw u, on the sampler's settings and counts (the reference for gpu_pick).
 int32_t sampler_pick_u(dj_sampler *s, const float *logits, float u);
 

@@ -170,17 +170,11 @@ static int64_t ts_generate(dj_engine *tgt, dj_engine *dft, const dj_sampling *p,
     for (; made < n; made++) {
         if (!sp) {
             next = sampler_next(smp, lg);
-            // the gap that decided: between the logits as penalized for this pick
-            const int32_t *cnt = sampler_counts(smp);
+            const float *l = sampler_penalized(smp, lg);  // the gap that decided: between the penalized logits
             float a = -INFINITY, b = -INFINITY;
-            for (int64_t i = 0; i < V; i++) {
-                const float l = cnt && cnt[i] > 0 ? dj_pick_penalized(lg[i], cnt[i], (float)p->repeat_penalty,
-                                                                       (float)p->frequency_penalty,
-                                                                       (float)p->presence_penalty)
-                                                  : lg[i];
-                if (l > a) b = a, a = l;
-                else if (l > b) b = l;
-            }
+            for (int64_t i = 0; i < V; i++)
+                if (l[i] > a) b = a, a = l[i];
+                else if (l[i] > b) b = l[i];
             if (gap) gap[made] = (a - b) / fmax(fabs(a), 1.0);
         }
         if (next < 0) break;

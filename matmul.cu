@@ -450,9 +450,10 @@ template <int WT> __device__ __forceinline__ float chunk_dot_i8(uint4 q, const u
 // pdl_wait, which returns once that kernel has finished and its writes are visible, so the launch and the loads'
 // latency overlap its end. Past the wait it lets its own dependent launch (pdl_trigger): that kernel's block takes
 // each multiprocessor as this one's block there finishes, rather than once the last has (README: the 8B shapes'
-// GEMVs 1-15 points nearer D2D, the resident step 6-7% faster). MODE: what the input is (qx_in). A block takes NT
-// tokens of the input (rows NT blockIdx.y ...; fewer in the last), their records one after another in shared
-// memory, and dots every chunk of weights it loads with each: a pass of a few tokens reads W once, not once a token.
+// q8 GEMVs 7-15 points nearer D2D, q4 up to 8; the resident step 6-7% faster). MODE: what the input is (qx_in). A
+// block takes NT tokens of the input (rows NT blockIdx.y ...; fewer in the last), their records one after another
+// in shared memory, and dots every chunk of weights it loads with each: a pass of a few tokens reads W once, not
+// once a token.
 template <int WT, int MODE, int NT>
 __global__ __launch_bounds__(QP_WARPS * 32) void gemv_quant_persist_kernel(float *y, const qx_in in, const uint8_t *w,
                                                                           int64_t T, int64_t n_in, int64_t n_out,

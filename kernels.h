@@ -179,6 +179,9 @@ int gpu_swiglu_matmul(dj_gpu *g, float *y, float *hb, const float *gate, const f
 // stages, 16-byte aligned. It then runs gpu_matmul's one-token q8/q4 products (x aligned too), gpu_swiglu_matmul's
 // fused product and gpu_norm_matmul (its buffers aligned too).
 int gpu_fused_ok(uint32_t wtype, const void *w, int64_t n_in, int64_t n_out);
+// Rows of W (n_out rows of wtype) a warp of the persistent GEMV takes at a time for one token on this device: 1 or 2
+// (tests reach both with it).
+int gpu_qgemv_rows_a_warp(const dj_gpu *g, uint32_t wtype, int64_t n_out);
 // y (n_out) = W . (rmsnorm(x + delta) * nw) for one token (gpu_add_rmsnorm and gpu_matmul in one kernel), and xo =
 // x + delta, the residual stream's next value, in a buffer that is not x; delta NULL: no add, xo = x.
 // PRECOND-checked: gpu_fused_ok, and x, delta, xo, nw 16-byte aligned.

@@ -308,7 +308,9 @@ __global__ __launch_bounds__(QG_WARPS * 32) void gemv_quant_kernel(float *y, con
 #ifndef QP_BPS
 #define QP_BPS 1       // blocks a streaming multiprocessor
 #endif
-#define QP_UNROLL 4    // chunks in flight per lane, twice: the current ones and the next
+#ifndef QP_UNROLL
+#define QP_UNROLL 4    // chunks of each row in flight per lane, twice: the current ones and the next
+#endif
 static __host__ __device__ constexpr int qr_bytes(uint32_t wt) { return 2 * q_chunk_weights(wt) + 16; }
 static size_t qp_smem(uint32_t wt, int64_t n_in) {
     return (size_t)(n_in / q_chunk_weights(wt)) * (size_t)qr_bytes(wt);
@@ -367,83 +369,164 @@ template <int MODE> __device__ __forceinline__ float qx_scale(const qx_in &in, c
     return 1.0f / sqrtf(ss / (float)n + in.eps);
 }
 
+// Eight values v of the input (lane's quarter of group g; on: they exist) quantized into their record at rec: the
+// four adjacent lanes of a group reduce its largest magnitude and sum by shuffles, so every lane of the warp must
+// call it (on or not). The arithmetic is cpu.c's (simd_quant_x) step for step, so both engines see the same hi, lo
+// and d; the group's largest magnitude and sum are exact whatever the order.
+template <int WT> __device__ __forceinline__ void quant_eight(uint8_t *rec, int64_t g, int quarter, bool on, const float *v) {
+    constexpr int E = q_chunk_weights(WT), RB = qr_bytes(WT);
+    float amax = 0.0f;
+    int bad = 0;
+#pragma unroll
+    for (int j = 0; j < 8; j++) amax = fmaxf(amax, fabsf(v[j])), bad |= v[j] != v[j];
+#pragma unroll
+    for (int o = 1; o < 4; o <<= 1)
+        amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o)), bad |= __shfl_xor_sync(0xffffffffu, bad, o);
+    float d = 0.0f, inv = 0.0f;
+    if (bad || isinf(amax)) d = __int_as_float(0x7fc00000);  // NaN: the result is NaN, as in f32
+    else if (amax >= 1e-30f) d = amax / (127.0f * 254.0f), inv = 127.0f / amax;
+    int h[8], l[8], sum = 0;
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+        const float tq = v[j] * inv, r = rintf(tq);
+        h[j] = __float2int_rn(r), l[j] = __float2int_rn((tq - r) * 254.0f);
+        sum += 254 * h[j] + l[j];
+    }
+#pragma unroll
+    for (int o = 1; o < 4; o <<= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    if (!on) return;
+    const uint2 hw = make_uint2(pack_i8x4(h[0], h[1], h[2], h[3]), pack_i8x4(h[4], h[5], h[6], h[7]));
+    const uint2 lw = make_uint2(pack_i8x4(l[0], l[1], l[2], l[3]), pack_i8x4(l[4], l[5], l[6], l[7]));
+    // q4: one record a group, quarter q's bytes at 8q; q8: two, quarters 0-1 in the first, 2-3 the second
+    const int per = E / 8, part = quarter / per, at = 8 * (quarter % per);
+    uint8_t *o = rec + (g * (DJ_QGROUP / E) + part) * RB;
+    *(uint2 *)(o + at) = hw;
+    *(uint2 *)(o + E + at) = lw;
+    if (quarter % per == 0) *(uint4 *)(o + 2 * E) = make_uint4(__float_as_uint(d), WT == DJ_Q4 ? (uint32_t)(8 * sum) : 0u, 0u, 0u);
+}
+
+// Up to how many eights of the input a thread holds in registers for QX_NORM's one pass (stage_xq_norm).
+#define QN_EIGHTS 2
+#ifndef QN_ONE_PASS
+#define QN_ONE_PASS 1  // 0: stage_xq's two passes for QX_NORM too (bench/ab.sh variants)
+#endif
+
 // The input's row t (n_in, a multiple of 32) quantized into the records at rec: four adjacent lanes a group, each
-// eight values (a thread a group took 32-deep dependent chains: ~1 us of a kernel of a few). The arithmetic is
-// cpu.c's (simd_quant_x) step for step, so both engines see the same hi, lo and d; the group's largest magnitude
-// and sum are exact whatever the order. The loop runs whole warps (n_in / 8 is a multiple of 4, blockDim.x of 32),
-// so every lane meets the shuffles.
+// eight values (a thread a group took 32-deep dependent chains: ~1 us of a kernel of a few). The loop runs whole
+// warps (n_in / 8 is a multiple of 4, blockDim.x of 32), so every lane meets the shuffles. (Loading a thread's next
+// eight before quantizing the current ones gained nothing on down's 14336 values: bench/results/gemv_rows.)
 template <int WT, int MODE>
 __device__ __forceinline__ void stage_xq(uint8_t *rec, const qx_in &in, int64_t t, int64_t n_in) {
-    constexpr int E = q_chunk_weights(WT), RB = qr_bytes(WT);
     const float *xr = in.x + t * in.ld, *br = in.b ? in.b + t * in.ld : NULL;
     const float scale = qx_scale<MODE>(in, xr, br, n_in);
     const bool write_res = MODE == QX_NORM && blockIdx.x == 0;
-    const int lane = threadIdx.x & 31, quarter = lane & 3;
+    const int lane = threadIdx.x & 31;
     const int64_t nq = n_in / 8;
     for (int64_t i0 = threadIdx.x - lane; i0 < nq; i0 += blockDim.x) {
-        const int64_t i = i0 + lane, g = i >> 2;
+        const int64_t i = i0 + lane;
         const bool on = i < nq;
         float v[8] = {0, 0, 0, 0, 0, 0, 0, 0};
         if (on) {
             qx_load4<MODE>(in, xr, br, 8 * i, scale, write_res, v);
             qx_load4<MODE>(in, xr, br, 8 * i + 4, scale, write_res, v + 4);
         }
-        float amax = 0.0f;
-        int bad = 0;
-#pragma unroll
-        for (int j = 0; j < 8; j++) amax = fmaxf(amax, fabsf(v[j])), bad |= v[j] != v[j];
-#pragma unroll
-        for (int o = 1; o < 4; o <<= 1)
-            amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o)), bad |= __shfl_xor_sync(0xffffffffu, bad, o);
-        float d = 0.0f, inv = 0.0f;
-        if (bad || isinf(amax)) d = __int_as_float(0x7fc00000);  // NaN: the result is NaN, as in f32
-        else if (amax >= 1e-30f) d = amax / (127.0f * 254.0f), inv = 127.0f / amax;
-        int h[8], l[8], sum = 0;
-#pragma unroll
-        for (int j = 0; j < 8; j++) {
-            const float tq = v[j] * inv, r = rintf(tq);
-            h[j] = __float2int_rn(r), l[j] = __float2int_rn((tq - r) * 254.0f);
-            sum += 254 * h[j] + l[j];
-        }
-#pragma unroll
-        for (int o = 1; o < 4; o <<= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-        if (!on) continue;
-        const uint2 hw = make_uint2(pack_i8x4(h[0], h[1], h[2], h[3]), pack_i8x4(h[4], h[5], h[6], h[7]));
-        const uint2 lw = make_uint2(pack_i8x4(l[0], l[1], l[2], l[3]), pack_i8x4(l[4], l[5], l[6], l[7]));
-        // q4: one record a group, quarter q's bytes at 8q; q8: two, quarters 0-1 in the first, 2-3 the second
-        const int per = E / 8, part = quarter / per, at = 8 * (quarter % per);
-        uint8_t *o = rec + (g * (DJ_QGROUP / E) + part) * RB;
-        *(uint2 *)(o + at) = hw;
-        *(uint2 *)(o + E + at) = lw;
-        if (quarter % per == 0) *(uint4 *)(o + 2 * E) = make_uint4(__float_as_uint(d), WT == DJ_Q4 ? (uint32_t)(8 * sum) : 0u, 0u, 0u);
+        quant_eight<WT>(rec, i >> 2, lane & 3, on, v);
     }
 }
 
-// A chunk's dot with x in integers, scaled: s_w * d * (254 sum k hi + sum k lo - corr) for its record r (q4: byte j
-// holds weight j in its low nibble and j + 16 in its high one, each k + 8; q8: int8 k).
-template <int WT> __device__ __forceinline__ float chunk_dot_i8(uint4 q, const uint8_t *r, float s_w) {
+// QX_NORM's staging in one pass over x and b where each thread holds at most QN_EIGHTS eights of the row (n_in <=
+// 8 QN_EIGHTS blockDim.x): x + b loaded once into registers (and written to xo by block 0), the sum of squares
+// reduced over the block, then the eights scaled and quantized from registers, where stage_xq reads x and b twice
+// (an L2 round trip more before the block's first product). nwv: the thread's norm weights, loaded before the wait
+// on the kernel before (they are the model's). The same values as stage_xq's but for the sum of squares' order.
+template <int WT>
+__device__ __forceinline__ void stage_xq_norm(uint8_t *rec, const qx_in &in, int64_t n_in, const float4 (*nwv)[2]) {
+    const int lane = threadIdx.x & 31;
+    const int64_t nq = n_in / 8, base = threadIdx.x - lane;
+    float v[QN_EIGHTS][8], ss = 0.0f;
+#pragma unroll
+    for (int k = 0; k < QN_EIGHTS; k++) {
+        const int64_t i = base + lane + k * (int64_t)blockDim.x;
+#pragma unroll
+        for (int j = 0; j < 8; j++) v[k][j] = 0.0f;
+        if (i >= nq) continue;
+#pragma unroll
+        for (int hlf = 0; hlf < 2; hlf++) {
+            const int64_t i0 = 8 * i + 4 * hlf;
+            float4 f = __ldg((const float4 *)(in.x + i0));
+            if (in.b) {
+                const float4 d = __ldg((const float4 *)(in.b + i0));
+                f.x += d.x, f.y += d.y, f.z += d.z, f.w += d.w;
+            }
+            if (blockIdx.x == 0) *(float4 *)(in.xo + i0) = f;
+            v[k][4 * hlf] = f.x, v[k][4 * hlf + 1] = f.y, v[k][4 * hlf + 2] = f.z, v[k][4 * hlf + 3] = f.w;
+        }
+#pragma unroll
+        for (int j = 0; j < 8; j++) ss += v[k][j] * v[k][j];
+    }
+    ss = block_sum(ss);
+    const float scale = 1.0f / sqrtf(ss / (float)n_in + in.eps);
+#pragma unroll
+    for (int k = 0; k < QN_EIGHTS; k++) {
+        const int64_t i0 = base + k * (int64_t)blockDim.x, i = i0 + lane;
+        if (i0 >= nq) break;  // warp-uniform
+        const float w[8] = {nwv[k][0].x, nwv[k][0].y, nwv[k][0].z, nwv[k][0].w,
+                            nwv[k][1].x, nwv[k][1].y, nwv[k][1].z, nwv[k][1].w};
+#pragma unroll
+        for (int j = 0; j < 8; j++) v[k][j] = v[k][j] * scale * w[j];
+        quant_eight<WT>(rec, i >> 2, lane & 3, i < nq, v[k]);
+    }
+}
+
+// The norm weights a thread of stage_xq_norm takes (zeros past n_in).
+__device__ __forceinline__ void load_norm_w(const qx_in &in, int64_t n_in, float4 (*nwv)[2]) {
+    const int64_t nq = n_in / 8;
+#pragma unroll
+    for (int k = 0; k < QN_EIGHTS; k++) {
+        const int64_t i = threadIdx.x + k * (int64_t)blockDim.x;
+        nwv[k][0] = i < nq ? __ldg((const float4 *)(in.nw + 8 * i)) : make_float4(0, 0, 0, 0);
+        nwv[k][1] = i < nq ? __ldg((const float4 *)(in.nw + 8 * i + 4)) : make_float4(0, 0, 0, 0);
+    }
+}
+
+// The dots of NR rows' chunks q[i] (the same columns) with x in integers, scaled and added to acc[i]: s_w[i] * d *
+// (254 sum k hi + sum k lo - corr) for their record r (q4: byte j holds weight j in its low nibble and j + 16 in its
+// high one, each k + 8; q8: int8 k). The record is read from shared memory once for all NR rows.
+template <int WT, int NR>
+__device__ __forceinline__ void chunk_dots_i8(float *acc, const uint4 *q, const uint8_t *r, const float *s_w) {
     constexpr int E = q_chunk_weights(WT);
     const uint4 *r4 = (const uint4 *)r;
-    const uint32_t u[4] = {q.x, q.y, q.z, q.w};
-    int sh = 0, sl = 0;
+    int sh[NR], sl[NR];
+#pragma unroll
+    for (int k = 0; k < NR; k++) sh[k] = sl[k] = 0;
     if (WT == DJ_Q4) {
         const uint4 h0 = r4[0], h1 = r4[1], l0 = r4[2], l1 = r4[3];
         const uint32_t H[8] = {h0.x, h0.y, h0.z, h0.w, h1.x, h1.y, h1.z, h1.w};
         const uint32_t L[8] = {l0.x, l0.y, l0.z, l0.w, l1.x, l1.y, l1.z, l1.w};
 #pragma unroll
-        for (int i = 0; i < 4; i++) {
-            const int a = (int)(u[i] & 0x0F0F0F0Fu), b = (int)((u[i] >> 4) & 0x0F0F0F0Fu);
-            sh = __dp4a(a, (int)H[i], sh), sh = __dp4a(b, (int)H[4 + i], sh);
-            sl = __dp4a(a, (int)L[i], sl), sl = __dp4a(b, (int)L[4 + i], sl);
+        for (int k = 0; k < NR; k++) {
+            const uint32_t u[4] = {q[k].x, q[k].y, q[k].z, q[k].w};
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                const int a = (int)(u[i] & 0x0F0F0F0Fu), b = (int)((u[i] >> 4) & 0x0F0F0F0Fu);
+                sh[k] = __dp4a(a, (int)H[i], sh[k]), sh[k] = __dp4a(b, (int)H[4 + i], sh[k]);
+                sl[k] = __dp4a(a, (int)L[i], sl[k]), sl[k] = __dp4a(b, (int)L[4 + i], sl[k]);
+            }
         }
     } else {
         const uint4 h = r4[0], l = r4[1];
         const uint32_t H[4] = {h.x, h.y, h.z, h.w}, L[4] = {l.x, l.y, l.z, l.w};
 #pragma unroll
-        for (int i = 0; i < 4; i++) sh = __dp4a((int)u[i], (int)H[i], sh), sl = __dp4a((int)u[i], (int)L[i], sl);
+        for (int k = 0; k < NR; k++) {
+            const uint32_t u[4] = {q[k].x, q[k].y, q[k].z, q[k].w};
+#pragma unroll
+            for (int i = 0; i < 4; i++) sh[k] = __dp4a((int)u[i], (int)H[i], sh[k]), sl[k] = __dp4a((int)u[i], (int)L[i], sl[k]);
+        }
     }
     const uint4 m = r4[E / 8];  // {d, corr}
-    return (float)(254 * sh + sl - (int)m.y) * (__uint_as_float(m.x) * s_w);
+    const float d = __uint_as_float(m.x);
+#pragma unroll
+    for (int k = 0; k < NR; k++) acc[k] += (float)(254 * sh[k] + sl[k] - (int)m.y) * (d * s_w[k]);
 }
 
 // Launched as a programmatic dependent of the kernel before it (qp_launch): the first weights are loaded before
@@ -451,59 +534,74 @@ template <int WT> __device__ __forceinline__ float chunk_dot_i8(uint4 q, const u
 // latency overlap its end. Past the wait it lets its own dependent launch (pdl_trigger): that kernel's block takes
 // each multiprocessor as this one's block there finishes, rather than once the last has (README: the 8B shapes'
 // q8 GEMVs 7-15 points nearer D2D, q4 up to 8; the resident step 6-7% faster). MODE: what the input is (qx_in). A
+// warp takes NR rows of W at a time (qp_rows_a_warp), the next NR rows' first chunks loaded as it finishes. A
 // block takes NT tokens of the input (rows NT blockIdx.y ...; fewer in the last), their records one after another
 // in shared memory, and dots every chunk of weights it loads with each: a pass of a few tokens reads W once, not
 // once a token.
-template <int WT, int MODE, int NT>
+template <int WT, int MODE, int NT, int NR>
 __global__ __launch_bounds__(QP_WARPS * 32) void gemv_quant_persist_kernel(float *y, const qx_in in, const uint8_t *w,
                                                                           int64_t T, int64_t n_in, int64_t n_out,
                                                                           int64_t row_bytes) {
     static_assert(NT == 1 || MODE != QX_NORM, "the fused norm writes one token's residual");
-    constexpr int RB = qr_bytes(WT);
+    constexpr int RB = qr_bytes(WT), U = QP_UNROLL;
     extern __shared__ uint4 rec4[];
     const uint8_t *rec = (const uint8_t *)rec4;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int64_t t0 = (int64_t)blockIdx.y * NT, nc = n_in / q_chunk_weights(WT), tb = nc * RB;  // tb: a token's
     const int nt = T - t0 < NT ? (int)(T - t0) : NT;                                              // records
-    const int64_t so = n_in / DJ_QGROUP * q_group_bytes(WT), step = (int64_t)gridDim.x * QP_WARPS;
-    uint4 q[QP_UNROLL][1], qn[QP_UNROLL][1];
-    float sc[QP_UNROLL][1], scn[QP_UNROLL][1];
-    // chunks c + 32u of row r
-    auto load = [&](int64_t r, int64_t c, uint4 (*qq)[1], float (*ss)[1]) {
-        const uint8_t *wr[1] = {w + r * row_bytes};
-        load_chunks<WT, QP_UNROLL, 1>(qq, ss, wr, c, nc, so);
+    const int64_t so = n_in / DJ_QGROUP * q_group_bytes(WT), step = (int64_t)gridDim.x * QP_WARPS * NR;
+    uint4 q[U][NR], qn[U][NR];
+    float sc[U][NR], scn[U][NR];
+    // chunks c + 32u of rows r .. r + NR - 1 (past n_out: row n_out - 1 again, never written)
+    auto load = [&](int64_t r, int64_t c, uint4 (*qq)[NR], float (*ss)[NR]) {
+        const uint8_t *wr[NR];
+#pragma unroll
+        for (int k = 0; k < NR; k++) wr[k] = w + min(r + k, n_out - 1) * row_bytes;
+        load_chunks<WT, U, NR>(qq, ss, wr, c, nc, so);
     };
-    int64_t r = (int64_t)blockIdx.x * QP_WARPS + warp, c = lane;
+    int64_t r = ((int64_t)blockIdx.x * QP_WARPS + warp) * NR, c = lane;
     if (r < n_out) load(r, c, q, sc);
+    const bool norm1 = QN_ONE_PASS && MODE == QX_NORM && n_in <= 8 * QN_EIGHTS * (int64_t)blockDim.x;  // stage_xq_norm's rows
+    float4 nwv[QN_EIGHTS][2];
+    if (norm1) load_norm_w(in, n_in, nwv);
     pdl_wait();
     pdl_trigger();
-    for (int j = 0; j < nt; j++) stage_xq<WT, MODE>((uint8_t *)rec4 + j * tb, in, t0 + j, n_in);
+    if (norm1) stage_xq_norm<WT>((uint8_t *)rec4, in, n_in, nwv);
+    else
+        for (int j = 0; j < nt; j++) stage_xq<WT, MODE>((uint8_t *)rec4 + j * tb, in, t0 + j, n_in);
     __syncthreads();
-    float acc[NT];
+    float acc[NT][NR];
 #pragma unroll
-    for (int j = 0; j < NT; j++) acc[j] = 0.0f;
+    for (int j = 0; j < NT; j++)
+#pragma unroll
+        for (int k = 0; k < NR; k++) acc[j][k] = 0.0f;
     while (r < n_out) {
-        int64_t rn = r, cn = c + 32 * QP_UNROLL;
+        int64_t rn = r, cn = c + 32 * U;
         if (cn >= nc) rn = r + step, cn = lane;
         if (rn < n_out) load(rn, cn, qn, scn);
 #pragma unroll
-        for (int u = 0; u < QP_UNROLL; u++) {
+        for (int u = 0; u < U; u++) {
             if (c + 32 * u >= nc) break;
 #pragma unroll
             for (int j = 0; j < NT; j++)
-                if (j < nt) acc[j] += chunk_dot_i8<WT>(q[u][0], rec + j * tb + (c + 32 * u) * RB, sc[u][0]);
+                if (j < nt) chunk_dots_i8<WT, NR>(acc[j], q[u], rec + j * tb + (c + 32 * u) * RB, sc[u]);
         }
-        if (rn != r) {  // row done
+        if (rn != r) {  // the NR rows done
 #pragma unroll
             for (int j = 0; j < NT; j++) {
                 if (j >= nt) break;
-                const float v = warp_sum(acc[j]);
-                if (lane == 0) y[(t0 + j) * n_out + r] = v;
-                acc[j] = 0.0f;
+#pragma unroll
+                for (int k = 0; k < NR; k++) {
+                    const float v = warp_sum(acc[j][k]);
+                    if (lane == 0 && r + k < n_out) y[(t0 + j) * n_out + r + k] = v;
+                    acc[j][k] = 0.0f;
+                }
             }
         }
 #pragma unroll
-        for (int u = 0; u < QP_UNROLL; u++) q[u][0] = qn[u][0], sc[u][0] = scn[u][0];
+        for (int u = 0; u < U; u++)
+#pragma unroll
+            for (int k = 0; k < NR; k++) q[u][k] = qn[u][k], sc[u][k] = scn[u][k];
         r = rn, c = cn;
     }
 }
@@ -526,18 +624,46 @@ __global__ __launch_bounds__(GEMV_WARPS * 32) void gemv_quant_scalar_kernel(floa
 // Tokens a block of the persistent kernel takes (its NT): 1, 2, 4 or QP_MAX_NT.
 #define QP_MAX_NT 8
 
-// The persistent kernel on T rows of its input, NT a block, launched with programmatic stream serialization (the
-// kernel waits on its predecessor itself: pdl_wait).
-template <int WT, int MODE, int NT>
-static int qp_launch_nt(dj_gpu *g, float *y, const qx_in &in, const uint8_t *w, int64_t T, int64_t n_in,
+// The persistent kernel on T rows of its input, NT a block, NR rows of W a warp, launched with programmatic stream
+// serialization (the kernel waits on its predecessor itself: pdl_wait).
+template <int WT, int MODE, int NT, int NR>
+static int qp_launch_nr(dj_gpu *g, float *y, const qx_in &in, const uint8_t *w, int64_t T, int64_t n_in,
                         int64_t n_out, cudaStream_t s, dj_err *e) {
-    const int64_t need = (n_out + QP_WARPS - 1) / QP_WARPS;
+    const int64_t need = (n_out + QP_WARPS * NR - 1) / (QP_WARPS * NR);
     const int64_t rb = (int64_t)dj_row_bytes(WT, (uint64_t)n_in);
-    CUDA_CHECK(pdl_launch(gemv_quant_persist_kernel<WT, MODE, NT>,
+    CUDA_CHECK(pdl_launch(gemv_quant_persist_kernel<WT, MODE, NT, NR>,
                           dim3((unsigned)(need < g->qp_blocks ? need : g->qp_blocks), (unsigned)((T + NT - 1) / NT)),
                           dim3(QP_WARPS * 32), NT * qp_smem(WT, n_in), s, y, in, w, T, n_in, n_out, rb));
     LAUNCH_CHECK("gemv_quant_persist", s);
     return 0;
+}
+
+// Rows of W a warp of the one-token kernel takes at a time (its NR): two, so that a lane reads x's record from shared
+// memory once for both and has twice the weights in flight, except q8 where pairs leave the busiest warp more than
+// 1/16 more rows than single rows would (W's rows fall to the warps of the grid two by two). Measured on an H200
+// (bench/results/gemv_rows, Llama-3 shapes in a CUDA graph, % of D2D, one row a warp -> two): q4 53 -> 60% (q|k|v,
+// 6144 rows, the busiest warp 3 -> 4 rows), 46 -> 51 (wo), 76 -> 93 (gate|up), 56 -> 63 (down), 76 -> 97 (lm_head),
+// 73 -> 87 (70B's down); q8 96 -> 102, 78 -> 80, 92 -> 102, 89 -> 95 on the large matrices, but 77 -> 71 on q|k|v
+// (q8's record, half q4's bytes a weight, saves less) and 69 -> 67 on wo.
+#ifndef QP_NR_RULE
+#define QP_NR_RULE 2  // 0: one row a warp, 1: two, 2: the rule above
+#endif
+static int qp_rows_a_warp(const dj_gpu *g, uint32_t wt, int64_t n_out) {
+    const int64_t warps = (int64_t)g->qp_blocks * QP_WARPS;
+    const int64_t one = (n_out + warps - 1) / warps, two = 2 * ((n_out + 2 * warps - 1) / (2 * warps));
+    return QP_NR_RULE == 1 || (QP_NR_RULE == 2 && (wt == DJ_Q4 || 16 * two <= 17 * one)) ? 2 : 1;
+}
+
+extern "C" int gpu_qgemv_rows_a_warp(const dj_gpu *g, uint32_t wtype, int64_t n_out) {
+    return qp_rows_a_warp(g, wtype, n_out);
+}
+
+template <int WT, int MODE, int NT>
+static int qp_launch_nt(dj_gpu *g, float *y, const qx_in &in, const uint8_t *w, int64_t T, int64_t n_in,
+                        int64_t n_out, cudaStream_t s, dj_err *e) {
+    if constexpr (NT == 1)
+        if (qp_rows_a_warp(g, WT, n_out) == 2) return qp_launch_nr<WT, MODE, NT, 2>(g, y, in, w, T, n_in, n_out, s, e);
+    return qp_launch_nr<WT, MODE, NT, 1>(g, y, in, w, T, n_in, n_out, s, e);
 }
 
 // The most tokens a block of the persistent kernel stages for x of n_in (their records side by side in shared
@@ -900,18 +1026,20 @@ extern "C" int gpu_norm_matmul(dj_gpu *g, float *y, const float *x, const float 
 // which the device must hold at once for the largest x.
 template <int WT, int MODE> static int qp_setup_one(dj_gpu *g, int sms, dj_err *e) {
     const int smem = (int)qp_smem(WT, QP_MAX);
-    CUDA_CHECK(cudaFuncSetAttribute(gemv_quant_persist_kernel<WT, MODE, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    smem));
+    CUDA_CHECK(cudaFuncSetAttribute(gemv_quant_persist_kernel<WT, MODE, 1, 1>,
+                                    cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    CUDA_CHECK(cudaFuncSetAttribute(gemv_quant_persist_kernel<WT, MODE, 1, 2>,
+                                    cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     if constexpr (MODE != QX_NORM) {  // several tokens a block: as many records as the device's shared memory holds
-        CUDA_CHECK(cudaFuncSetAttribute(gemv_quant_persist_kernel<WT, MODE, 2>,
+        CUDA_CHECK(cudaFuncSetAttribute(gemv_quant_persist_kernel<WT, MODE, 2, 1>,
                                         cudaFuncAttributeMaxDynamicSharedMemorySize, g->tc_optin));
-        CUDA_CHECK(cudaFuncSetAttribute(gemv_quant_persist_kernel<WT, MODE, 4>,
+        CUDA_CHECK(cudaFuncSetAttribute(gemv_quant_persist_kernel<WT, MODE, 4, 1>,
                                         cudaFuncAttributeMaxDynamicSharedMemorySize, g->tc_optin));
-        CUDA_CHECK(cudaFuncSetAttribute(gemv_quant_persist_kernel<WT, MODE, QP_MAX_NT>,
+        CUDA_CHECK(cudaFuncSetAttribute(gemv_quant_persist_kernel<WT, MODE, QP_MAX_NT, 1>,
                                         cudaFuncAttributeMaxDynamicSharedMemorySize, g->tc_optin));
     }
     int per_sm = 0;
-    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, gemv_quant_persist_kernel<WT, MODE, 1>,
+    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, gemv_quant_persist_kernel<WT, MODE, 1, 1>,
                                                              QP_WARPS * 32, (size_t)smem));
     if (per_sm < 1)
         return dj_fail(e, "cuda: %s cannot run the quantized GEMV (%d bytes of shared memory)", g->name, smem);

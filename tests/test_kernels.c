@@ -230,6 +230,63 @@ Test(kernels, qgemm_tile_shapes) {
     tk_end("qgemm_tile_shapes");
 }
 
+// The one-token persistent GEMV with one and with two rows of W a warp (gpu_qgemv_rows_a_warp on this device), in its
+// three input modes (x itself, silu(gate) * up, rmsnorm(x + delta)), against the CPU: q4 (two rows a warp at any
+// size) on an odd row count, whose last pair has one row past W; q8 on the smallest odd row count that takes two
+// rows a warp (the last pair half past W too) and on one that takes one.
+static void tk_rows_case(uint32_t wt, int64_t n_out) {
+    const int64_t n = 4096;
+    dj_err e;
+    float *x = malloc((size_t)n * 8), *d = malloc((size_t)n * 4), *nw = malloc((size_t)n * 4), *h = malloc((size_t)n * 4);
+    float *wf = malloc((size_t)(n * n_out) * 4), *ref = malloc((size_t)n_out * 4), *got = malloc((size_t)n_out * 4);
+    const size_t wb = (size_t)dj_matrix_bytes(wt, (uint64_t)n_out, (uint64_t)n);
+    void *wh = malloc(wb);
+    tk_fill(x, 2 * n, 2.0f), tk_fill(d, n, 1.0f), tk_fill(nw, n, 1.5f), tk_fill(wf, n * n_out, 1.0f / sqrtf((float)n));
+    tk_store_matrix(wh, wf, n_out, n, wt);
+    float *dx = tk_up(x, (size_t)n * 8), *dd = tk_up(d, (size_t)n * 4), *dn = tk_up(nw, (size_t)n * 4);
+    float *dxo = tk_dev((size_t)n * 4), *dh = tk_dev((size_t)n * 4), *dy = tk_dev((size_t)n_out * 4);
+    void *dw = tk_up(wh, wb);
+    for (int mode = 0; mode < 3; mode++) {
+        int rc;
+        tk_poison(dy, (size_t)n_out * 4);
+        if (mode == 0) {  // x
+            cpu_matmul(ref, x, wh, wt, 1, n, n_out);
+            rc = gpu_matmul_path(tk_g, GPU_MM_GEMV, dy, dx, dw, wt, 1, n, n_out, tk_s, &e);
+        } else if (mode == 1) {  // silu(gate) * up: x's two halves
+            cpu_swiglu(h, x, x + n, n);
+            cpu_matmul(ref, h, wh, wt, 1, n, n_out);
+            rc = gpu_swiglu_matmul(tk_g, dy, dh, dx, dx + n, 2 * n, dw, wt, 1, n, n_out, tk_s, &e);
+        } else {  // rmsnorm(x + delta) * nw
+            for (int64_t i = 0; i < n; i++) h[i] = x[i] + d[i];
+            cpu_rmsnorm(h, h, nw, n, 1e-5f);
+            cpu_matmul(ref, h, wh, wt, 1, n, n_out);
+            rc = gpu_norm_matmul(tk_g, dy, dx, dd, dxo, dn, 1e-5f, dw, wt, n, n_out, tk_s, &e);
+        }
+        cr_assert_eq(rc, 0, "%s", e.msg);
+        tk_down(got, dy, (size_t)n_out * 4);
+        char what[112];
+        snprintf(what, sizeof what, "gemv %s mode %d n_out=%lld (%d rows a warp)", dj_dtype_name(wt), mode,
+                 (long long)n_out, gpu_qgemv_rows_a_warp(tk_g, wt, n_out));
+        tk_close(got, ref, n_out, 1e-4, what);
+    }
+    gpu_free(dx), gpu_free(dd), gpu_free(dn), gpu_free(dxo), gpu_free(dh), gpu_free(dy), gpu_free(dw);
+    free(x), free(d), free(nw), free(h), free(wf), free(ref), free(got), free(wh);
+}
+
+Test(kernels, gemv_rows_a_warp) {
+    tk_start("gemv_rows_a_warp");
+    cr_assert_eq(gpu_qgemv_rows_a_warp(tk_g, DJ_Q4, 301), 2);
+    tk_rows_case(DJ_Q4, 301);
+    int64_t two = 1;  // the first q8 row count that takes pairs, made odd
+    while (two < 1000000 && gpu_qgemv_rows_a_warp(tk_g, DJ_Q8, two) == 1) two++;
+    two |= 1;
+    cr_assert_eq(gpu_qgemv_rows_a_warp(tk_g, DJ_Q8, two), 2, "no q8 row count below 1000000 takes two rows a warp");
+    cr_assert_eq(gpu_qgemv_rows_a_warp(tk_g, DJ_Q8, 301), 1);
+    tk_rows_case(DJ_Q8, two);
+    tk_rows_case(DJ_Q8, 301);
+    tk_end("gemv_rows_a_warp");
+}
+
 // ---- RoPE + KV write in one launch
 // RoPE of q and k plus the KV write, for one token and for T rows ld floats apart (prefill, fused [q|k|v] rows):
 // the same values as the CPU's RoPE, the caches holding exactly the rotated k and the v of each row (positions past
@@ -574,9 +631,10 @@ Test(kernels, swiglu_qgemm) {
 // residual written to xo exactly (x + delta in f32, or x); weights it cannot take and xo == x are refused by name.
 Test(kernels, norm_matmul) {
     tk_start("norm_matmul");
-    static const int64_t shapes[][2] = {{64, 40}, {4096, 300}, {8192, 96}};  // n_in (dim), n_out
+    // n_in (dim), n_out; 8448: past the 8192 the one-pass staging holds (two eights a thread of 512), so two passes
+    static const int64_t shapes[][2] = {{64, 40}, {4096, 300}, {8192, 96}, {8448, 40}};
     dj_err e;
-    for (size_t si = 0; si < 3; si++)
+    for (size_t si = 0; si < 4; si++)
         for (uint32_t wt = DJ_Q8; wt <= DJ_Q4; wt++)
             for (int add = 0; add < 2; add++) {
                 const int64_t n = shapes[si][0], n_out = shapes[si][1];
@@ -703,9 +761,11 @@ static void tk_cache(float *c, int64_t n_kv, int64_t max_seq, int64_t hd, int64_
             for (int64_t d = 0; d < hd; d++) c[(h * max_seq + p) * hd + d] = p <= last ? tc_sym() : NAN;
 }
 
-static void tk_decode_case(int64_t group, int64_t n_kv, int64_t hd, int64_t len) {
+// max_seq 0: len + 37, a max_seq that is no multiple of anything
+static void tk_decode_case_ms(int64_t group, int64_t n_kv, int64_t hd, int64_t len, int64_t max_seq) {
     dj_err e;
-    const int64_t nh = group * n_kv, pos = len - 1, max_seq = len + 37;  // a max_seq that is no multiple of anything
+    const int64_t nh = group * n_kv, pos = len - 1;
+    if (!max_seq) max_seq = len + 37;
     const int64_t cn = n_kv * max_seq * hd;
     float *kc = malloc((size_t)cn * 4), *vc = malloc((size_t)cn * 4), *q = malloc((size_t)(nh * hd) * 4);
     float *ref = malloc((size_t)(nh * hd) * 4), *got = malloc((size_t)(nh * hd) * 4);
@@ -717,8 +777,8 @@ static void tk_decode_case(int64_t group, int64_t n_kv, int64_t hd, int64_t len)
     tk_poison(dout, (size_t)(nh * hd) * 4);
     int rc = gpu_attention_decode(tk_g, dout, dq, dk, dv, nh, n_kv, hd, max_seq, dpos, tk_s, &e);
     char what[128];
-    snprintf(what, sizeof what, "attention decode group=%lld n_kv=%lld head_dim=%lld len=%lld", (long long)group,
-             (long long)n_kv, (long long)hd, (long long)len);
+    snprintf(what, sizeof what, "attention decode group=%lld n_kv=%lld head_dim=%lld len=%lld max_seq=%lld",
+             (long long)group, (long long)n_kv, (long long)hd, (long long)len, (long long)max_seq);
     cr_expect_eq(rc, 0, "%s: %s", what, e.msg);
     if (!rc) {
         tk_down(got, dout, (size_t)(nh * hd) * 4);
@@ -727,6 +787,10 @@ static void tk_decode_case(int64_t group, int64_t n_kv, int64_t hd, int64_t len)
     }
     gpu_free(dk), gpu_free(dv), gpu_free(dq), gpu_free(dout), gpu_free(dpos);
     free(kc), free(vc), free(q), free(ref), free(got);
+}
+
+static void tk_decode_case(int64_t group, int64_t n_kv, int64_t hd, int64_t len) {
+    tk_decode_case_ms(group, n_kv, hd, len, 0);
 }
 
 Test(kernels, attention_decode) {
@@ -740,6 +804,11 @@ Test(kernels, attention_decode) {
     tk_decode_case(12, 1, 64, 300);   // more query heads per kv head than one block takes
     tk_decode_case(3, 2, 256, 1000);  // the largest head_dim, two dims per thread
     tk_decode_case(1, 1, 24, 257);    // tiny odd head_dim, a split with one key
+    // a short context in a long cache: splits of 16 keys (up to 256 keys), of 32 (up to 512), then of 64, each
+    // boundary from both sides, and a last split of one key
+    static const int64_t short_lens[] = {33, 200, 256, 257, 512, 513, 1500};
+    for (size_t li = 0; li < sizeof short_lens / sizeof short_lens[0]; li++)
+        tk_decode_case_ms(4, 2, 128, short_lens[li], 4096);
     tk_end("attention_decode");
 }
 

@@ -173,8 +173,10 @@ Test(gpu_forward, fixtures_match_cpu) {
         for (int fma = 0; fma < 2; fma++) {
             dj_model m;
             load_fixture(&m, fixtures[i]);
-            const int loose = m.info.config.wtype == DJ_BF16 || !strcmp(fixtures[i], "tied_gqa_f16");
-            gpu_vs_cpu_opts(&m, fma, loose ? 1e-2 : 5e-3);
+            // 1e-2 for all three: the GPU rounds activations to the weights' 16-bit type for cuBLAS where the CPU
+            // keeps f32, and mha_untied_f16 reached 5.05e-3 at one prefill position for seed 1813174044802141
+            // (H200, the same on the code before and after 2026-11-26's decode changes); a wrong kernel is off by O(1)
+            gpu_vs_cpu_opts(&m, fma, 1e-2);
             model_free(&m);
         }
 }

@@ -10,6 +10,8 @@
 #   prefill_512      all resident, a 512-token prompt: prefill tokens/s
 #   prefill_N        the same with an N-token prompt (BOS and N - 1 one-token words; context the power of two from
 #                    1024 that holds it), e.g. prefill_513; not in the default CASES
+#   decode_N         all resident, an N-token prompt (as prefill_N), then 64 new tokens: decode ms/token at that
+#                    context (attention's share grows with it), e.g. decode_2000; not in the default CASES
 #   min_link         the smallest ring djinn accepts, --cpu-share 0 (the link alone), 16 tokens: decode ms/token
 #   min_share        the smallest ring, --cpu-share auto (the default), 16 tokens: decode ms/token
 #   min_share_F      the same at the fixed share F, e.g. min_share_0.5; not in the default CASES
@@ -45,6 +47,9 @@ run() {  # build case rep -> one JSON line
         prefill_[0-9]*)
             args=(-p "$(printf 'the %.0s' $(seq $((${case#prefill_} - 1))) | sed 's/ $//')" -n 4)
             while [ "$ctx" -lt $((${case#prefill_} + 4)) ]; do ctx=$((ctx * 2)); done ;;
+        decode_[0-9]*)
+            args=(-p "$(printf 'the %.0s' $(seq $((${case#decode_} - 1))) | sed 's/ $//')" -n 64)
+            while [ "$ctx" -lt $((${case#decode_} + 64)) ]; do ctx=$((ctx * 2)); done ;;
         min_link) args=(-p "Once upon a time" -n 16 --ring-gb "$min" --cpu-share 0) ;;
         min_share) args=(-p "Once upon a time" -n 16 --ring-gb "$min") ;;
         min_share_[0-9]*) args=(-p "Once upon a time" -n 16 --ring-gb "$min" --cpu-share "${case#min_share_}") ;;
@@ -76,7 +81,7 @@ a, b = sys.argv[3], sys.argv[4]
 json.dump({"runs": runs, "a": a, "b": b}, open(sys.argv[2], "w"), indent=1)
 metric = {"resident_decode": ("decode_ms_per_token", "ms/token"), "min_link": ("decode_ms_per_token", "ms/token"),
           "min_share": ("decode_ms_per_token", "ms/token")}
-for case in sorted({r["case"] for r in runs if r["case"].startswith("min_share_")}):
+for case in sorted({r["case"] for r in runs if r["case"].startswith(("min_share_", "decode_"))}):
     metric[case] = ("decode_ms_per_token", "ms/token")
 for case in sorted({r["case"] for r in runs if r["case"].startswith("prefill_")}, key=lambda c: int(c[8:])):
     metric[case] = ("prefill_tok_s", "tok/s")

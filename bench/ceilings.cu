@@ -106,8 +106,8 @@ static std::vector<qrow> quant_section(dj_gpu *g, cudaStream_t s, size_t l2, dou
     static const uint32_t dtypes[] = {DJ_F16, DJ_Q8, DJ_Q4};
     const int64_t PT = 512;
     std::vector<qrow> rows;
-    printf("\nquantized weights, Llama-3-8B shapes: decode GEMV in a CUDA graph (GB/s of stored bytes; of D2D) and prefill T = %lld\n",
-           (long long)PT);
+    printf("\nquantized weights, Llama-3-8B shapes: decode GEMV in a CUDA graph (GB/s of stored bytes; of D2D, %.0f GB/s "
+           "in this run) and prefill T = %lld\n", d2d_gbs, (long long)PT);
     printf("%-5s %14s %10s %10s %8s %12s %10s\n", "dtype", "shape", "gemv us", "GB/s", "of D2D", "prefill us",
            "of f16");
     for (auto &sh : shapes) {

@@ -223,8 +223,9 @@ int gpu_rope_kv_rows(dj_gpu *g, float *q, int64_t ldq, float *k, float *v, int64
                      const float *inv_freq, const gpu_kv_rows *kv, cudaStream_t s, dj_err *e);
 // Decode: one query per head at position pos = *d_pos over keys 0..pos, GQA (query head h reads kv head
 // h / (n_heads / n_kv_heads)), scale 1/sqrt(head_dim), f32 softmax. q, out (n_heads, head_dim).
-// Split across the KV length in chunks of 64 keys (flash-decoding), then a combine pass; the grid is sized
-// by max_seq so a captured graph serves every pos. Needs gpu_attention_scratch() bytes of scratch.
+// Split across the KV length in chunks of 16, 32 or 64 keys (flash-decoding; the smallest that needs at most 16
+// splits a kv head, chosen on the device from pos), then a combine pass; the grid is sized by max_seq so a captured
+// graph serves every pos. Needs gpu_attention_scratch() bytes of scratch.
 // PRECOND: head_dim even, <= 256; n_heads % n_kv_heads == 0.
 int gpu_attention_decode(dj_gpu *g, float *out, const float *q, const float *k_cache, const float *v_cache,
                          int64_t n_heads, int64_t n_kv_heads, int64_t head_dim, int64_t max_seq,

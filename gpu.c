@@ -195,16 +195,18 @@ static int norms_fused(const dj_gpu_state *s, const uint8_t *w, int64_t T) {
 // The fused norm and matmul k (norms_fused): x + delta (`add`), or x, is written to d_xb (the normed input never
 // exists on its own, so d_xb is free) and the two buffers swap: d_x is the residual stream again. Two swaps a
 // layer, so a step ends with the buffers where it began (the decode graph and upload_tokens rely on it).
+// qkv NULL: gate|up, whose product goes on as silu(gate) * up into d_hb (gpu_norm_matmul_swiglu).
 static int norm_matmul(dj_gpu_state *s, const uint8_t *w, int k, const float *norm, int add, qkv_rows *qkv,
-                       ffn_rows *ffn, dj_err *e) {
+                       dj_err *e) {
     const dj_config *c = &s->m->info.config;
     const sp_mat *mt = &s->sh.lmats[k];
     gpu_bufs *b = &s->b;
-    float *y;
-    if (qkv) *qkv = qkv_fused_rows(s), y = qkv->q;
-    else *ffn = ffn_fused_rows(s), y = ffn->gate;
-    if (gpu_norm_matmul(s->g, y, b->x, add ? b->delta : NULL, b->xb, norm, c->norm_eps, w + mt->off, mt->dtype,
-                        mt->n_in, mt->n_out, s->compute, e))
+    const float *delta = add ? b->delta : NULL;
+    if (qkv) *qkv = qkv_fused_rows(s);
+    if (qkv ? gpu_norm_matmul(s->g, qkv->q, b->x, delta, b->xb, norm, c->norm_eps, w + mt->off, mt->dtype, mt->n_in,
+                              mt->n_out, s->compute, e)
+            : gpu_norm_matmul_swiglu(s->g, b->hb, b->x, delta, b->xb, norm, c->norm_eps, w + mt->off, mt->dtype,
+                                     mt->n_in, mt->n_out, s->compute, e))
         return -1;
     float *t = b->x;
     b->x = b->xb, b->xb = t;
@@ -232,7 +234,7 @@ static int gpu_layer(dj_gpu_state *s, const uint8_t *w, int l, int64_t T, int pe
     // attention block: x += wo . attention(rope(wq|wk|wv . rmsnorm(x)))
     const int fuse = norms_fused(s, w, T);
     if (fuse) {
-        STEP(QKV, norm_matmul(s, w, 0, attn_norm, pending, &qkv, NULL, e));
+        STEP(QKV, norm_matmul(s, w, 0, attn_norm, pending, &qkv, e));
     } else {
         STEP(NORM, pending ? gpu_add_rmsnorm(b->x, b->delta, b->xb, attn_norm, T, dim, eps, st, e)
                            : gpu_rmsnorm(b->xb, b->x, attn_norm, T, dim, eps, st, e));
@@ -242,12 +244,13 @@ static int gpu_layer(dj_gpu_state *s, const uint8_t *w, int l, int64_t T, int pe
     STEP(ATTENTION, attention(s, &qkv, kc, vc, T, e));
     STEP(WO, layer_mm(s, w, k_wo, b->delta, b->att, T, e));
     // MLP block: x += w_down . (silu(w_gate . n) * (w_up . n)), n = rmsnorm(x)
-    if (fuse) {
-        STEP(GATE_UP, norm_matmul(s, w, 2, ffn_norm, 1, NULL, &ffn, e));
-    } else {
-        STEP(NORM, gpu_add_rmsnorm(b->x, b->delta, b->xb, ffn_norm, T, dim, eps, st, e));
-        STEP(GATE_UP, gate_up_matmul(s, w, T, &ffn, e));
+    if (fuse) {  // one token: silu(gate) * up straight out of the gate|up GEMV
+        STEP(GATE_UP, norm_matmul(s, w, 2, ffn_norm, 1, NULL, e));
+        STEP(DOWN, layer_mm(s, w, k_down, b->delta, b->hb, T, e));
+        return 0;
     }
+    STEP(NORM, gpu_add_rmsnorm(b->x, b->delta, b->xb, ffn_norm, T, dim, eps, st, e));
+    STEP(GATE_UP, gate_up_matmul(s, w, T, &ffn, e));
     const sp_mat *dn = &s->sh.lmats[k_down];
     const uint8_t *wd = w + dn->off;
     if (!s->sh.cur_host || sp_gpu_rows(dn, s->sh.cur_share) == dn->n_out) {

@@ -179,6 +179,12 @@ int gpu_swiglu_matmul(dj_gpu *g, float *y, float *hb, const float *gate, const f
 // stages, 16-byte aligned. It then runs gpu_matmul's one-token q8/q4 products (x aligned too), gpu_swiglu_matmul's
 // fused product and gpu_norm_matmul (its buffers aligned too).
 int gpu_fused_ok(uint32_t wtype, const void *w, int64_t n_in, int64_t n_out);
+// h (n_out / 2) = silu(gate) * up for one token, where gate and up are the two halves of W . (rmsnorm(x + delta) *
+// nw) (W: the gate rows, then the up rows): gpu_norm_matmul then gpu_swiglu in one kernel, the same floats, with
+// the residual written to xo as gpu_norm_matmul writes it. PRECOND-checked: gpu_norm_matmul's; n_out even.
+int gpu_norm_matmul_swiglu(dj_gpu *g, float *h, const float *x, const float *delta, float *xo, const float *nw,
+                           float eps, const void *w, uint32_t wtype, int64_t n_in, int64_t n_out, cudaStream_t s,
+                           dj_err *e);
 // Rows of W (n_out rows of wtype) a warp of the persistent GEMV takes at a time for one token on this device: 1 or 2
 // (tests reach both with it).
 int gpu_qgemv_rows_a_warp(const dj_gpu *g, uint32_t wtype, int64_t n_out);

@@ -1024,24 +1024,29 @@ extern "C" int gpu_fused_ok(uint32_t wtype, const void *w, int64_t n_in, int64_t
            n_out <= INT32_MAX;
 }
 
+// The checks gpu_norm_matmul and gpu_norm_matmul_swiglu (fn) share: W the persistent kernel's, the buffers aligned,
+// xo not x; 0 when they pass.
+static int norm_matmul_check(const char *fn, const float *x, const float *delta, const float *xo, const float *nw,
+                             const void *w, uint32_t wtype, int64_t n_in, int64_t n_out, dj_err *e) {
+    if (!gpu_fused_ok(wtype, w, n_in, n_out) || (((uintptr_t)x | (uintptr_t)delta | (uintptr_t)xo | (uintptr_t)nw) & 15))
+        return dj_fail(e, "%s: not for weights of dtype %u, n_in = %lld or unaligned buffers (gpu_fused_ok)", fn, wtype,
+                       (long long)n_in);
+    if (xo == x || !xo) return dj_fail(e, "%s: the residual's next buffer must not be x", fn);
+    return 0;
+}
+
 extern "C" int gpu_norm_matmul(dj_gpu *g, float *y, const float *x, const float *delta, float *xo, const float *nw,
                                float eps, const void *w, uint32_t wtype, int64_t n_in, int64_t n_out, cudaStream_t s,
                                dj_err *e) {
-    if (!gpu_fused_ok(wtype, w, n_in, n_out) || (((uintptr_t)x | (uintptr_t)delta | (uintptr_t)xo | (uintptr_t)nw) & 15))
-        return dj_fail(e, "gpu_norm_matmul: not for weights of dtype %u, n_in = %lld or unaligned buffers (gpu_fused_ok)",
-                       wtype, (long long)n_in);
-    if (xo == x || !xo) return dj_fail(e, "gpu_norm_matmul: the residual's next buffer must not be x");
+    if (norm_matmul_check("gpu_norm_matmul", x, delta, xo, nw, w, wtype, n_in, n_out, e)) return -1;
     return qp_launch_any<QX_NORM>(g, y, qx_in{x, delta, nw, xo, eps, n_in}, w, wtype, 1, n_in, n_out, s, e);
 }
 
 extern "C" int gpu_norm_matmul_swiglu(dj_gpu *g, float *h, const float *x, const float *delta, float *xo,
                                       const float *nw, float eps, const void *w, uint32_t wtype, int64_t n_in,
                                       int64_t n_out, cudaStream_t s, dj_err *e) {
-    if (!gpu_fused_ok(wtype, w, n_in, n_out) || n_out % 2 ||
-        (((uintptr_t)x | (uintptr_t)delta | (uintptr_t)xo | (uintptr_t)nw) & 15))
-        return dj_fail(e, "gpu_norm_matmul_swiglu: not for weights of dtype %u, n_in = %lld, an odd n_out = %lld or "
-                          "unaligned buffers (gpu_fused_ok)", wtype, (long long)n_in, (long long)n_out);
-    if (xo == x || !xo) return dj_fail(e, "gpu_norm_matmul_swiglu: the residual's next buffer must not be x");
+    if (norm_matmul_check("gpu_norm_matmul_swiglu", x, delta, xo, nw, w, wtype, n_in, n_out, e)) return -1;
+    if (n_out % 2) return dj_fail(e, "gpu_norm_matmul_swiglu: n_out = %lld is odd, not gate and up", (long long)n_out);
     const qx_in in = {x, delta, nw, xo, eps, n_in};
     const uint8_t *wb = (const uint8_t *)w;
     return wtype == DJ_Q8 ? qp_launch_nr<DJ_Q8, QX_NORM, 1, 2, true>(g, h, in, wb, 1, n_in, n_out, s, e)

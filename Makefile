@@ -154,6 +154,14 @@ $(BUILD)/bin/ceilings: $(BUILD)/bench/ceilings.o $(BUILD)/bench/host_read.o $(BU
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) $^ -o $@ -lcublasLt $(LDLIBS)
 
+$(BUILD)/bench/qp_probe.o: bench/qp_probe.cu bench/bench_gpu.h kernels.h model.h
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVFLAGS) -c $< -o $@
+
+$(BUILD)/bin/qp_probe: $(BUILD)/bench/qp_probe.o $(ENGINE_OBJ)
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS)
+
 bench-ceilings: $(BUILD)/bin/ceilings
 	$(BUILD)/bin/ceilings $(CEILINGS_JSON)
 

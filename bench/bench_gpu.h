@@ -43,6 +43,20 @@
         }                                                                                                 \
     } while (0)
 
+// Device 0 opened for a benchmark named `tool`, with a non-blocking stream and the device's properties; the run ends
+// with one line where there is no GPU.
+static dj_gpu *bench_open(const char *tool, cudaStream_t *s, cudaDeviceProp *prop) {
+    if (gpu_count() == 0) {
+        fprintf(stderr, "%s: no GPU found\n", tool);
+        exit(1);
+    }
+    dj_gpu *g;
+    CKD(gpu_open(&g, 0, &e_));
+    CK(cudaStreamCreateWithFlags(s, cudaStreamNonBlocking));
+    CK(cudaGetDeviceProperties(prop, 0));
+    return g;
+}
+
 // Pseudo-random values in [-0.5, 0.5) of any element type: never time on zeros.
 template <typename T>
 __global__ void fill_kernel(T *p, size_t n, uint32_t seed) {

@@ -245,16 +245,9 @@ static int host_json(FILE *f, const host_ceil &h, const host_ceil &q) {
 }
 
 int main(int argc, char **argv) {
-    if (gpu_count() == 0) {
-        fprintf(stderr, "ceilings: no GPU found\n");
-        return 1;
-    }
-    dj_gpu *g;
-    CKD(gpu_open(&g, 0, &e_));
     cudaStream_t s;
-    CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
     cudaDeviceProp prop;
-    CK(cudaGetDeviceProperties(&prop, 0));
+    dj_gpu *g = bench_open("ceilings", &s, &prop);
     printf("device: %s, L2 %.0f MiB\n", gpu_name(g), prop.l2CacheSize / 1048576.0);
 
     // ---- HBM: D2D copy

@@ -369,21 +369,26 @@ template <int MODE> __device__ __forceinline__ float qx_scale(const qx_in &in, c
     return 1.0f / sqrtf(ss / (float)n + in.eps);
 }
 
+// The larger of a and b, NaN where either is (fmaxf takes the other).
+__device__ __forceinline__ float fmax_nan(float a, float b) {
+    float r;
+    asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+    return r;
+}
+
 // Eight values v of the input (lane's quarter of group g; on: they exist) quantized into their record at rec: the
 // four adjacent lanes of a group reduce its largest magnitude and sum by shuffles, so every lane of the warp must
 // call it (on or not). The arithmetic is cpu.c's (simd_quant_x) step for step, so both engines see the same hi, lo
 // and d; the group's largest magnitude and sum are exact whatever the order.
 template <int WT> __device__ __forceinline__ void quant_eight(uint8_t *rec, int64_t g, int quarter, bool on, const float *v) {
     constexpr int E = q_chunk_weights(WT), RB = qr_bytes(WT);
-    float amax = 0.0f;
-    int bad = 0;
+    float amax = 0.0f;  // NaN where the group holds one
 #pragma unroll
-    for (int j = 0; j < 8; j++) amax = fmaxf(amax, fabsf(v[j])), bad |= v[j] != v[j];
+    for (int j = 0; j < 8; j++) amax = fmax_nan(amax, fabsf(v[j]));
 #pragma unroll
-    for (int o = 1; o < 4; o <<= 1)
-        amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o)), bad |= __shfl_xor_sync(0xffffffffu, bad, o);
+    for (int o = 1; o < 4; o <<= 1) amax = fmax_nan(amax, __shfl_xor_sync(0xffffffffu, amax, o));
     float d = 0.0f, inv = 0.0f;
-    if (bad || isinf(amax)) d = __int_as_float(0x7fc00000);  // NaN: the result is NaN, as in f32
+    if (isnan(amax) || isinf(amax)) d = __int_as_float(0x7fc00000);  // NaN: the result is NaN, as in f32
     else if (amax >= 1e-30f) d = amax / (127.0f * 254.0f), inv = 127.0f / amax;
     // Rounding to the nearest integer (ties to even) by adding 1.5 * 2^23, exact for |t| < 2^22 (here |t| <= 127;
     // with NaN in the group, garbage under a NaN d): the same h and l as rintf and __float2int_rn, in full-rate
@@ -398,8 +403,9 @@ template <int WT> __device__ __forceinline__ void quant_eight(uint8_t *rec, int6
         h[j] = __float_as_int(y) - MI, l[j] = __float_as_int(__fadd_rn(__fmul_rn(__fsub_rn(tq, r), 254.0f), M)) - MI;
         sum += 254 * h[j] + l[j];
     }
+    if constexpr (WT == DJ_Q4)  // q4's corr; q8 has none
 #pragma unroll
-    for (int o = 1; o < 4; o <<= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+        for (int o = 1; o < 4; o <<= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
     if (!on) return;
     const uint2 hw = make_uint2(pack_i8x4(h[0], h[1], h[2], h[3]), pack_i8x4(h[4], h[5], h[6], h[7]));
     const uint2 lw = make_uint2(pack_i8x4(l[0], l[1], l[2], l[3]), pack_i8x4(l[4], l[5], l[6], l[7]));

@@ -377,9 +377,9 @@ __device__ __forceinline__ float fmax_nan(float a, float b) {
 }
 
 // Eight values v of the input (lane's quarter of group g; on: they exist) quantized into their record at rec: the
-// four adjacent lanes of a group reduce its largest magnitude and sum by shuffles, so every lane of the warp must
-// call it (on or not). The arithmetic is cpu.c's (simd_quant_x) step for step, so both engines see the same hi, lo
-// and d; the group's largest magnitude and sum are exact whatever the order.
+// four adjacent lanes of a group reduce its largest magnitude (and for q4 its sum) by shuffles, so every lane of the
+// warp must call it (on or not). It gives cpu.c's (simd_quant_x) hi, lo and d for every input, so both engines see
+// the same records; the group's largest magnitude and sum are exact whatever the order.
 template <int WT> __device__ __forceinline__ void quant_eight(uint8_t *rec, int64_t g, int quarter, bool on, const float *v) {
     constexpr int E = q_chunk_weights(WT), RB = qr_bytes(WT);
     float amax = 0.0f;  // NaN where the group holds one
@@ -552,7 +552,6 @@ __device__ __forceinline__ unsigned long long gtimer() {
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
     return t;
 }
-// reset: the slots emptied (0, or 1 on failure); otherwise up to max slots copied to out: their number, -1 on failure.
 extern "C" int gpu_qp_probe(unsigned long long *out, int max, int reset) {
     unsigned int n = 0;
     if (reset) return cudaMemcpyToSymbol(qp_probe_n, &n, sizeof n) != cudaSuccess;

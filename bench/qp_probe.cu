@@ -13,8 +13,6 @@
 
 #include "../model.h"  // dtype enum and sizes only
 
-extern "C" int gpu_qp_probe(unsigned long long *out, int max, int reset);
-
 static double med(std::vector<double> v) {
     std::sort(v.begin(), v.end());
     return v.empty() ? 0 : v[v.size() / 2];

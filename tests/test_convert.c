@@ -993,10 +993,14 @@ Test(convert_big, any_ending_leaves_the_next_run_free, .timeout = 120) {
         int fd;
         pid_t pid = spawn_convert(b.dir, b.out, 1, -1, 0, &fd);
         wait_writing(pid, b.tmp);
+        // held (SIGSTOP) from here to its signal, so it cannot finish first however slow the rest is; the signal is
+        // delivered as it resumes, before it writes another byte
+        kill(pid, SIGSTOP);
         // meanwhile a second conversion to the same output is refused, and leaves the first one's file alone
         int rc = convert_child(stories, b.out, 1, -1, 0, err, sizeof err);
         cr_assert(rc == 1 && strstr(err, "another process is writing"), "second writer: exit %d: %s", rc, err);
         kill(pid, sigs[i]);
+        kill(pid, SIGCONT);
         rc = finish_child(pid, fd, err, sizeof err);
         cr_assert_eq(rc, 128 + sigs[i], "signal %d: exit %d: %s", sigs[i], rc, err);
         cr_assert(!exists(b.out), "a killed conversion produced %s", b.out);

@@ -854,14 +854,21 @@ static int convert_child(const char *hf, const char *out, int quiet, int res, rl
     return finish_child(pid, fd, buf, cap);
 }
 
-// Waits (up to a minute) until the child has created OUT.bin.tmp, i.e. is writing the output.
+// Waits (up to a minute) until the child is writing OUT.bin.tmp: the file has bytes. Its mere existence is not
+// enough: the writer creates it and only then locks it, and a second writer that comes between the two takes the
+// unlocked tmp over as a dead writer's.
+static int has_bytes(const char *path) {
+    struct stat st;
+    return stat(path, &st) == 0 && st.st_size > 0;
+}
+
 static void wait_writing(pid_t pid, const char *tmp) {
-    for (int i = 0; i < 60000 && !exists(tmp); i++) {
+    for (int i = 0; i < 60000 && !has_bytes(tmp); i++) {
         int st;
         cr_assert_eq(waitpid(pid, &st, WNOHANG), 0, "./convert ended before writing %s", tmp);
         usleep(1000);
     }
-    cr_assert(exists(tmp), "./convert has not created %s after a minute", tmp);
+    cr_assert(has_bytes(tmp), "./convert has not written to %s after a minute", tmp);
 }
 
 // A temporary folder holding the sparse checkpoint, and the output paths in it.

@@ -815,6 +815,13 @@ static pid_t spawn_convert(const char *hf, const char *out, int quiet, int res, 
     pid_t pid = fork();
     cr_assert(pid >= 0);
     if (pid == 0) {
+        // the dispositions a shell gives a command it runs, whatever this process inherited (a job a shell put in
+        // the background ignores SIGINT and SIGQUIT, and an ignored signal stays ignored across exec)
+        const int sigs[] = {SIGINT, SIGQUIT, SIGTERM, SIGHUP, SIGUSR1, SIGABRT, SIGPIPE};
+        for (size_t i = 0; i < sizeof sigs / sizeof *sigs; i++) signal(sigs[i], SIG_DFL);
+        sigset_t none;
+        sigemptyset(&none);
+        sigprocmask(SIG_SETMASK, &none, NULL);
         dup2(fds[1], 2);
         close(fds[0]), close(fds[1]);
         int null = open("/dev/null", O_WRONLY);

@@ -50,9 +50,9 @@ int http_parse_head(const char *buf, size_t n, size_t max_body, http_req *r, int
     memset(r, 0, sizeof *r);
     r->head_len = (size_t)(end - buf);
     // request line: METHOD SP target SP HTTP/1.x CRLF
-    const char *p = buf, *eol = memchr(buf, '\r', r->head_len);
+    const char *p = buf, *eol = memchr(buf, '\r', r->head_len);  // a CR is there: the blank line's
     const char *sp1 = memchr(p, ' ', (size_t)(eol - p));
-    if (!sp1 || sp1 == p || (size_t)(sp1 - p) >= sizeof r->method)
+    if (eol[1] != '\n' || !sp1 || sp1 == p || (size_t)(sp1 - p) >= sizeof r->method)
         return refuse(status, why, 400, "a malformed request line");
     memcpy(r->method, p, (size_t)(sp1 - p));
     for (const char *q = p; q < sp1; q++)

@@ -25,6 +25,7 @@
 #include <unistd.h>
 
 #include "../buf.h"
+#include "../http.h"
 #include "../json.h"
 #include "../kernels.h"
 #include "../util.h"
@@ -1625,4 +1626,40 @@ Test(server, usage_errors) {
     int rc = ts_run((char *[]){ts_djinn, "serve", "/nonexistent.bin", "--cpu", NULL}, NULL, out, err);
     cr_assert_eq(rc, 1);
     ts_teardown(&t);
+}
+
+// The request head's parser alone (http.c): a head is taken whole, with what it says; a request line or a header
+// line ended by a bare CR, or anything else malformed, is refused with its status; a prefix of a head is "not yet".
+Test(http, head_parse) {
+    http_req r;
+    int st = 0;
+    const char *why = NULL;
+    const char ok[] = "POST /v1/completions?x=1 HTTP/1.1\r\nContent-Length: 12\r\nConnection: close\r\n"
+                      "Authorization:  Bearer k \r\nExpect: 100-continue\r\n\r\n{\"prompt\": 1}";
+    cr_assert_eq(http_parse_head(ok, sizeof ok - 1, 100, &r, &st, &why), 1, "%s", why);
+    cr_expect_str_eq(r.method, "POST");
+    cr_expect_str_eq(r.path, "/v1/completions");
+    cr_expect_str_eq(r.authorization, "Bearer k");
+    cr_expect(r.minor == 1 && r.content_length == 12 && !r.keep_alive && r.expect_continue);
+    cr_expect_eq(r.head_len, sizeof ok - 1 - 13);
+    for (size_t n = 0; n < r.head_len; n++)
+        cr_expect_eq(http_parse_head(ok, n, 100, &r, &st, &why), 0, "a prefix of %zu bytes", n);
+    cr_expect_eq(http_parse_head(ok, sizeof ok - 1, 11, &r, &st, &why), -1);
+    cr_expect_eq(st, 413);
+    static const struct { const char *head; int status; } bad[] = {
+        {"GET / HTTP/1.1\rXA: b\r\n\r\n", 400},         // the request line ended by a bare CR
+        {"GET / HTTP/1.1\r\nA: b\rc\r\n\r\n", 400},     // a header line with a bare CR
+        {"GET / HTTP/1.1\r\n a: b\r\n\r\n", 400},        // a folded header line
+        {"get / HTTP/1.1\r\n\r\n", 400},
+        {"GET x HTTP/1.1\r\n\r\n", 400},
+        {"GET / HTTP/2.0\r\n\r\n", 505},
+        {"GET / HTTP/1.1\r\nContent-Length: 1\r\ncontent-length: 1\r\n\r\n", 400},
+        {"GET / HTTP/1.1\r\nContent-Length: -1\r\n\r\n", 400},
+        {"GET / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n", 501},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        st = 0, why = NULL;
+        cr_expect_eq(http_parse_head(bad[i].head, strlen(bad[i].head), 100, &r, &st, &why), -1, "%s", bad[i].head);
+        cr_expect(st == bad[i].status && why && why[0], "%s: status %d, want %d", bad[i].head, st, bad[i].status);
+    }
 }

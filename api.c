@@ -27,6 +27,7 @@ static void refuse(api_check *k, int status, const char *param, const char *fmt,
     va_start(ap, fmt);
     vsnprintf(k->err->msg, sizeof k->err->msg, fmt, ap);
     va_end(ap);
+    dj_one_line(k->err->msg, sizeof k->err->msg);
 }
 
 // A field of the wrong type is refused by name; an absent field (or null) keeps its default: NULL.

@@ -9,12 +9,32 @@
 #include <unistd.h>
 
 // ---- errors
+void dj_one_line(char *msg, size_t cap) {
+    char t[1024];
+    size_t o = 0;
+    for (const unsigned char *p = (const unsigned char *)msg; *p && o + 1 < sizeof t; p++) {
+        if (*p >= 0x20 && *p != 0x7f) {
+            t[o++] = (char)*p;
+            continue;
+        }
+        const char *esc = *p == '\n' ? "\\n" : *p == '\r' ? "\\r" : *p == '\t' ? "\\t" : NULL;
+        char hex[5];
+        if (!esc) snprintf(hex, sizeof hex, "\\x%02x", *p), esc = hex;
+        size_t k = strlen(esc);
+        if (o + k + 1 > sizeof t) break;
+        memcpy(t + o, esc, k), o += k;
+    }
+    t[o] = 0;
+    snprintf(msg, cap, "%s", t);
+}
+
 int dj_fail(dj_err *e, const char *fmt, ...) {
     if (e) {
         va_list ap;
         va_start(ap, fmt);
         vsnprintf(e->msg, sizeof e->msg, fmt, ap);
         va_end(ap);
+        dj_one_line(e->msg, sizeof e->msg);
     }
     return -1;
 }

@@ -24,7 +24,10 @@ typedef struct {
 #define DJ_PRINTF(a, b)
 #endif
 
-int dj_fail(dj_err *e, const char *fmt, ...) DJ_PRINTF(2, 3);  // sets e->msg, returns -1
+int dj_fail(dj_err *e, const char *fmt, ...) DJ_PRINTF(2, 3);  // sets e->msg (dj_one_line), returns -1
+// msg (cap bytes, NUL-terminated) made one line of printable text: control characters it quotes (a client's or a
+// file's string, say) are written as \n, \r, \t or \xNN, truncated at cap.
+void dj_one_line(char *msg, size_t cap);
 void dj_die(const char *fmt, ...) DJ_PRINTF(1, 2);            // "djinn: <msg>\n" to stderr, exit(1)
 double dj_now(void);                                          // monotonic seconds
 uint32_t dj_crc32(uint32_t crc, const void *data, size_t n);  // zlib CRC-32; start with crc = 0

@@ -508,7 +508,7 @@ static int write_blob(const tj *t, uint8_t **blob, size_t *blob_size, dj_err *e)
     }
     sz[TOK_SEC_POOL] = p;  // byte-level pieces shrink when mapped back
     wr64(b + 72 + 16 * TOK_SEC_POOL, p);
-    memcpy(b + off[TOK_SEC_MERGES], t->merges, 12 * t->n_merges);
+    if (t->n_merges) memcpy(b + off[TOK_SEC_MERGES], t->merges, 12 * t->n_merges);  // none: merges may be NULL
     for (size_t i = 0; i < t->n_eos; i++) wr32(b + off[TOK_SEC_EOS] + 4 * i, (uint32_t)t->eos[i]);
     if (t->tmpl_len) memcpy(b + off[TOK_SEC_TEMPLATE], t->tmpl, t->tmpl_len);
     *blob = b, *blob_size = at;

@@ -206,16 +206,27 @@ FUZZ_FLAGS ?=
 FUZZ_SAN := -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer
 FUZZ_CFLAGS := -std=c11 -O1 -g -Wall -Wextra -Werror -Wno-unused-parameter -D_GNU_SOURCE -pthread \
                -I$(CUDA)/include -MMD -MP $(FUZZ_SAN)
-FUZZ_TARGETS := fuzz_model fuzz_safetensors fuzz_json fuzz_tokenizer
+FUZZ_TARGETS := fuzz_model fuzz_safetensors fuzz_json fuzz_tokenizer fuzz_http fuzz_api fuzz_hfconfig fuzz_tokjson
 FUZZ_DEPS_fuzz_model := model.o tokenizer.o util.o
 FUZZ_DEPS_fuzz_safetensors := convert/safetensors.o json.o util.o
 FUZZ_DEPS_fuzz_json := json.o util.o
 FUZZ_DEPS_fuzz_tokenizer := tokenizer.o convert/tokjson.o json.o fileio.o util.o
+FUZZ_DEPS_fuzz_http := http.o
+FUZZ_DEPS_fuzz_api := api.o chat.o sampler.o buf.o tokenizer.o convert/tokjson.o json.o fileio.o util.o
+FUZZ_DEPS_fuzz_hfconfig := convert/hfconfig.o model.o tokenizer.o json.o util.o
+FUZZ_DEPS_fuzz_tokjson := convert/tokjson.o tokenizer.o json.o fileio.o util.o
 # Longest input per target: keeps the committed corpus small (model inputs are in fuzz_model's compact form).
 FUZZ_MAXLEN_fuzz_model := 1024
 FUZZ_MAXLEN_fuzz_safetensors := 4096
 FUZZ_MAXLEN_fuzz_json := 4096
 FUZZ_MAXLEN_fuzz_tokenizer := 2048
+FUZZ_MAXLEN_fuzz_http := 2048
+FUZZ_MAXLEN_fuzz_api := 4096
+FUZZ_MAXLEN_fuzz_hfconfig := 4096
+FUZZ_MAXLEN_fuzz_tokjson := 12800
+# Merged units a target's committed corpus keeps only under this size (bytes; its seeds always): fuzz_tokjson's
+# inputs are whole tokenizer files, and all it merges runs to megabytes.
+FUZZ_KEEP_UNDER_fuzz_tokjson := 2048
 
 # `make fuzz-replay` (in CI): every committed corpus input and every crash file once through its target, under
 # clang's ASan+UBSan, which catch what gcc's sanitizers in `make test SAN=1` do not (NULL + 0, for one). As root
@@ -265,6 +276,7 @@ $(FUZZ_BUILD)/bin/gen_seeds: $(FUZZ_BUILD)/tests/fuzz/gen_seeds.o $(addprefix $(
 fuzz-seeds: $(FUZZ_BUILD)/bin/gen_seeds
 	mkdir -p $(addprefix tests/fuzz/corpus/,$(FUZZ_TARGETS))
 	$< tests/fuzz/corpus
+	python3 tests/fuzz/json_seeds.py $(DATA) tests/fuzz/corpus
 
 fuzz-run: $(addprefix fuzz-run-,$(FUZZ_TARGETS))
 
@@ -279,6 +291,7 @@ $(addprefix fuzz-run-,$(FUZZ_TARGETS)): fuzz-run-%: $(FUZZ_BUILD)/bin/%
 	  > $(FUZZ_BUILD)/run/$*.log 2>&1; rc=$$?; \
 	  DJINN_DATA=$(abspath $(DATA)) $< -merge=1 tests/fuzz/corpus/$* $(FUZZ_BUILD)/run/$* \
 	  > $(FUZZ_BUILD)/run/$*.merge.log 2>&1 || rc=1; \
+	  $(if $(FUZZ_KEEP_UNDER_$*),find tests/fuzz/corpus/$* -type f ! -name 'seed_*' -size +$$(($(FUZZ_KEEP_UNDER_$*) - 1))c -delete;) \
 	  echo "fuzz: $*: $$(grep -E '^#[0-9]+' $(FUZZ_BUILD)/run/$*.log | tail -1)"; \
 	  grep -E '^stat::(number_of_executed_units|average_exec_per_sec|new_units_added|peak_rss_mb)' \
 	    $(FUZZ_BUILD)/run/$*.log | sed 's/^/fuzz: $*: /'; \

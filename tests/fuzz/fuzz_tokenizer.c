@@ -8,9 +8,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../../convert/tokjson.h"
-#include "../../tokenizer.h"
 #include "fuzz_common.h"
+#include "fuzz_tok.h"
 
 #define N_REAL 3
 static dj_tokenizer *real_tok[N_REAL];  // llama3, llama2, stories260K; NULL when not found
@@ -23,20 +22,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
         fprintf(stderr, "fuzz_tokenizer: DJINN_DATA not set: fuzzing tok_load only\n");
         return 0;
     }
-    for (int i = 0; i < N_REAL; i++) {
-        char path[4096];
-        snprintf(path, sizeof path, "%s/%s", data, dirs[i]);
-        uint8_t *blob = NULL;
-        size_t size = 0;
-        dj_err e = {{0}};
-        if (tokjson_build_dir(path, &blob, &size, &e)) {
-            fprintf(stderr, "fuzz_tokenizer: %s: %s: skipping it\n", path, e.msg);
-            continue;
-        }
-        real_tok[i] = tok_load(blob, size, &e);
-        if (!real_tok[i]) fprintf(stderr, "fuzz_tokenizer: %s: tok_load: %s: skipping it\n", path, e.msg);
-        free(blob);  // tok_load copies what it keeps
-    }
+    for (int i = 0; i < N_REAL; i++) real_tok[i] = fuzz_real_tokenizer("fuzz_tokenizer", data, dirs[i]);
     return 0;
 }
 

@@ -1,6 +1,6 @@
 // gen_seeds.c: writes the generated part of the fuzz seed corpus (`make fuzz-seeds`): small valid model.bin
-// images (in fuzz_model's compact form), small safetensors files, two hand-built tokenizer sections, and texts and
-// id arrays for the real tokenizers. Usage: gen_seeds CORPUS_DIR
+// images (in fuzz_model's compact form), small safetensors files, two hand-built tokenizer sections, texts and id
+// arrays for the real tokenizers, HTTP request heads and API request bodies. Usage: gen_seeds CORPUS_DIR
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -98,13 +98,17 @@ static size_t tiny_blob(const tiny_tok *t, uint8_t *b, size_t cap) {
 }
 
 // ---- tokenizer inputs: one selector byte (see fuzz_tokenizer.c), then the payload
-static void tok_seed(const char *dir, const char *name, uint8_t sel, const void *p, size_t n) {
+// An input of a target whose first byte selects (fuzz_tokenizer, fuzz_http, fuzz_api): sel, then p.
+static void sel_seed(const char *dir, const char *target, const char *name, uint8_t sel, const void *p, size_t n) {
     uint8_t *b = malloc(n + 1);
     if (!b) dj_die("out of memory");
     b[0] = sel;
     memcpy(b + 1, p, n);
-    put(dir, "fuzz_tokenizer", name, b, n + 1);
+    put(dir, target, name, b, n + 1);
     free(b);
+}
+static void tok_seed(const char *dir, const char *name, uint8_t sel, const void *p, size_t n) {
+    sel_seed(dir, "fuzz_tokenizer", name, sel, p, n);
 }
 
 int main(int argc, char **argv) {
@@ -174,5 +178,44 @@ int main(int argc, char **argv) {
     tok_seed(dir, "ids_llama3", 4, llama3_ids, sizeof llama3_ids);
     tok_seed(dir, "ids_llama2", 5, llama2_ids, sizeof llama2_ids);
     tok_seed(dir, "ids_stories", 6, tiny_ids, sizeof tiny_ids);
+
+    // request heads as clients send them (fuzz_http: first byte, the body limit: 3 is 2^40)
+    static const char *const heads[] = {
+        ("POST /v1/chat/completions HTTP/1.1\r\nHost: localhost:8080\r\nContent-Type: application/json\r\n"
+         "Authorization: Bearer sk-test\r\nContent-Length: 16\r\nConnection: keep-alive\r\n\r\n{\"messages\": []}"),
+        "GET /health?x=1 HTTP/1.0\r\nConnection: Keep-Alive\r\n\r\n",
+        "POST /v1/completions HTTP/1.1\r\nexpect: 100-continue\r\ncontent-length:  12 \r\n\r\n",
+        "POST /v1/completions HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n",
+        "GET / HTTP/2.0\r\n\r\n",
+    };
+    for (int i = 0; i < 5; i++) {
+        char name[32];
+        snprintf(name, sizeof name, "head_%d", i);
+        sel_seed(dir, "fuzz_http", name, (uint8_t)(i == 0 ? 1 : 3), heads[i], strlen(heads[i]));
+    }
+    // request bodies (fuzz_api: first byte bit 0 chat, bits 1-2 the model, bit 3 the long context, bit 4
+    // breakpoints)
+    static const struct { uint8_t sel; const char *body; } bodies[] = {
+        {8, "{\"model\": \"m\", \"prompt\": \"Once upon a time\", \"max_tokens\": 20, \"temperature\": 0.7, "
+            "\"top_p\": 0.9, \"top_k\": 40, \"min_p\": 0.05, \"seed\": -3, \"stop\": [\"\\n\", \"The end\"], "
+            "\"stream\": true, \"stream_options\": {\"include_usage\": true}, \"echo\": false}"},
+        {9, "{\"messages\": [{\"role\": \"system\", \"content\": \"Be brief.\"}, {\"role\": \"user\", "
+            "\"content\": [{\"type\": \"text\", \"text\": \"Hi \\u00e9\"}]}, {\"role\": \"assistant\", "
+            "\"content\": \"Hello\"}, {\"role\": \"user\", \"content\": \"More\"}], \"max_completion_tokens\": 5, "
+            "\"session\": \"s1\", \"park\": true, \"presence_penalty\": 1.5, \"repeat_penalty\": 1.1}"},
+        {11, "{\"messages\": [{\"role\": \"user\", \"content\": \"[INST] hi\"}], \"user\": \"u\", "
+             "\"response_format\": {\"type\": \"text\"}, \"n\": 1}"},
+        {24, "{\"prompt\": \"x\", \"break_after_layer\": 2}"},
+        {24, "{\"prompt\": \"x\", \"break_after_layer\": 1, \"stream\": true}"},
+        {24, "{\"resume\": {\"id\": \"brk-12\", \"residual\": \"AACAPwAAAEAAAEBAAACAwA==\"}, \"max_tokens\": 3}"},
+        {25, "{\"messages\": [{\"role\": \"user\", \"content\": \"a\"}], \"resume\": {\"id\": \"brk-1\", "
+             "\"residual\": \"AACAPwAAAEA=\"}}"},
+        {0, "{\"prompt\": [\"one\"], \"logit_bias\": {}, \"tools\": [], \"frequency_penalty\": -2}"},
+    };
+    for (size_t i = 0; i < sizeof bodies / sizeof *bodies; i++) {
+        char name[32];
+        snprintf(name, sizeof name, "body_%zu", i);
+        sel_seed(dir, "fuzz_api", name, bodies[i].sel, bodies[i].body, strlen(bodies[i].body));
+    }
     return 0;
 }

@@ -1050,31 +1050,6 @@ out:
 }
 
 // ---- --dump-act, --steer, --save-session
-// Their outputs: none of them an input of the run (the model, a reference, a steering vector, the session loaded) or
-// another output.
-static int open_probe_outputs(const dj_opts *o, dj_outputs *out, dj_err *e) {
-    const char *others[9 + MAX_STEERS] = {o->model_path, o->check_path, o->logits_path, o->stats_path, o->ppl_path,
-                                          o->prompt_file, o->load_session, o->trace_path, NULL};
-    int n = 9, rc = 0;
-    for (int k = 0; k < o->n_steers; k++) {
-        uint32_t layer;
-        double scale;
-        char *file;
-        if (probe_parse_steer(o->steers[k], 0, &layer, &file, &scale, e)) {  // checked already: does not fail
-            rc = -1;
-            goto out;
-        }
-        others[n++] = file;
-    }
-    others[8] = o->save_session;
-    if (o->dump_path && out_open(&out->dump, o->dump_path, "--dump-act", others, n, e)) rc = -1;
-    others[8] = o->dump_path;
-    if (!rc && o->save_session && out_open(&out->session, o->save_session, "--save-session", others, n, e)) rc = -1;
-out:
-    for (int k = 9; k < n; k++) free((char *)others[k]);
-    return rc;
-}
-
 // The probe of --dump-act and --steer for the loaded model: the layers checked against it (a usage error), the dump's
 // file handed over, the vectors read.
 static int make_probe(const dj_model *m, dj_opts *o, dj_outputs *out, dj_err *e) {
@@ -1097,24 +1072,46 @@ static int make_probe(const dj_model *m, dj_opts *o, dj_outputs *out, dj_err *e)
 }
 
 // ---- main
-// The files this run writes, checked and created before the long work: none of them an input of the run or the other
-// output (fileio.h). stdout appended to an input (djinn m.bin >> m.bin) is refused too.
+// The files this run writes, checked and created before the long work: none of them a file of the run's (an input:
+// the model, a reference, a text, a prompt, a session loaded, a draft, a steering vector; or another output)
+// (fileio.h). stdout appended to an input (djinn m.bin >> m.bin) is refused too.
 static int open_outputs(const dj_opts *o, dj_outputs *out, dj_err *e) {
+    enum { LOGITS = 6, STATS, TRACE, DUMP, SESSION, N_FIXED };
+    const char *f[N_FIXED + MAX_STEERS] = {o->model_path,  o->check_path, o->ppl_path,   o->prompt_file,
+                                           o->load_session, o->draft_path, o->logits_path, o->stats_path,
+                                           o->trace_path,  o->dump_path,  o->save_session};
+    int n = N_FIXED, rc = 0;
+    for (int k = 0; k < o->n_steers; k++) {
+        uint32_t layer;
+        double scale;
+        char *file;
+        if (probe_parse_steer(o->steers[k], 0, &layer, &file, &scale, e)) {  // checked already: does not fail
+            rc = -1;
+            goto done;
+        }
+        f[n++] = file;
+    }
     struct stat so, si;
-    const char *in[2] = {o->model_path, o->check_path};
     if (fstat(STDOUT_FILENO, &so) == 0 && S_ISREG(so.st_mode))
-        for (int i = 0; i < 2; i++)
-            if (in[i] && stat(in[i], &si) == 0 && si.st_dev == so.st_dev && si.st_ino == so.st_ino)
-                return dj_fail(e, "stdout is %s, an input of this run: the text would be written into it", in[i]);
-    const char *others_l[4] = {o->model_path, o->check_path, o->stats_path, o->trace_path};
-    const char *others_s[4] = {o->model_path, o->check_path, o->logits_path, o->trace_path};
-    // the trace's file is created by the engine (trace.h): checked here against the run's other files
-    const char *others_t[9] = {o->model_path, o->logits_path, o->stats_path, o->dump_path, o->save_session,
-                               o->prompt_file, o->load_session, o->draft_path, o->check_path};
-    if (o->logits_path && out_open(&out->logits, o->logits_path, "--logits", others_l, 4, e)) return -1;
-    if (o->stats_path && out_open(&out->stats, o->stats_path, "--stats-json", others_s, 4, e)) return -1;
-    if (o->trace_path && out_check(o->trace_path, "--trace", others_t, 9, e)) return -1;
-    return open_probe_outputs(o, out, e);
+        for (int i = 0; i < n && !rc; i++)
+            if (i < LOGITS || i >= N_FIXED)  // the inputs
+                if (f[i] && strcmp(f[i], "-") && stat(f[i], &si) == 0 && si.st_dev == so.st_dev &&
+                    si.st_ino == so.st_ino)
+                    rc = dj_fail(e, "stdout is %s, an input of this run: the text would be written into it", f[i]);
+    // each output against every other file of the run: itself left out of the list while it is checked
+    static const char *const names[] = {"--logits", "--stats-json", "--trace", "--dump-act", "--save-session"};
+    dj_out *outs[] = {&out->logits, &out->stats, NULL, &out->dump, &out->session};  // the trace: the engine's
+    for (int k = LOGITS; k < N_FIXED && !rc; k++) {
+        const char *self = f[k];
+        if (!self) continue;
+        f[k] = NULL;
+        rc = outs[k - LOGITS] ? out_open(outs[k - LOGITS], self, names[k - LOGITS], f, n, e)
+                              : out_check(self, names[k - LOGITS], f, n, e);
+        f[k] = self;
+    }
+done:
+    for (int k = N_FIXED; k < n; k++) free((char *)f[k]);
+    return rc;
 }
 
 int main(int argc, char **argv) {

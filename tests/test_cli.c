@@ -1046,8 +1046,36 @@ Test(cli, outputs_never_replace_inputs) {
                      "a character device");
     tcli_expect_fail(&c, (char *[]){d, m, "-p", "x", "-n", "1", "--logits", c.dir, NULL}, 1, "a folder");
     tcli_expect_fail(&c, (char *[]){d, m, "-p", "x", "--logits", lp, "--check", m, NULL}, 2, "not with --check");
+    // nor a prompt file, a steering vector or a session loaded: each left as it was (a prompt read with -f was
+    // once replaced by the logits)
+    char pf[600], vf[600], vec[64 * 4];
+    snprintf(pf, sizeof pf, "%s/prompt.txt", c.dir);
+    snprintf(vf, sizeof vf, "%s/vec.f32", c.dir);
+    memset(vec, 0, sizeof vec);
+    tc_write(pf, "Once upon a time", 16);
+    tc_write(vf, vec, sizeof vec);
+    char sv[640];
+    snprintf(sv, sizeof sv, "0:%s", vf);
+    tcli_expect_fail(&c, (char *[]){d, m, "-f", pf, "-n", "1", "--logits", pf, NULL}, 1, "same file as");
+    tcli_expect_fail(&c, (char *[]){d, m, "-f", pf, "-n", "1", "--stats-json", pf, NULL}, 1, "same file as");
+    tcli_expect_fail(&c, (char *[]){d, m, "-p", "x", "-n", "1", "--steer", sv, "--logits", vf, NULL}, 1,
+                     "same file as");
+    tcli_expect_fail(&c, (char *[]){d, m, "-p", "x", "-n", "1", "--steer", sv, "--stats-json", vf, NULL}, 1,
+                     "same file as");
+    tcli_expect_fail(&c, (char *[]){d, m, "-n", "1", "--load-session", pf, "--stats-json", pf, NULL}, 1,
+                     "same file as");
+    size_t pn, vn;
+    char *pb = tc_must_read(pf, &pn), *vb = tc_must_read(vf, &vn);
+    cr_assert(pn == 16 && !memcmp(pb, "Once upon a time", 16), "the prompt file was written to");
+    cr_assert(vn == sizeof vec && !memcmp(vb, vec, sizeof vec), "the steering vector was written to");
+    free(pb), free(vb);
     cr_assert(tcli_same_inode(m, &before), "the model was touched");
     cr_assert(access(lp, F_OK) && access(sp, F_OK), "an output was left behind by a refused run");
+    // stdout appended to the prompt file
+    int rcp = tcli_run_to(&c, (char *[]){d, m, "-f", pf, "-n", "1", NULL}, pf, 1);
+    char *errp = tcli_stderr(&c);
+    cr_assert(rcp == 1 && strstr(errp, "stdout is") && strstr(errp, "input"), "exit %d: %s", rcp, errp);
+    free(errp);
     // stdout appended to the model
     int rc = tcli_run_to(&c, (char *[]){d, m, "-p", "x", "-n", "1", NULL}, m, 1);
     char *err = tcli_stderr(&c);

@@ -14,6 +14,8 @@
 
 #include "../util.h"
 #include "../model.h"
+#include "../tokenizer.h"
+#include "../convert/tokjson.h"
 
 // ---- the environment
 const char *tc_data(void) {
@@ -218,4 +220,21 @@ int tc_run(char *const argv[], const char *in, const char *out, int append, cons
     cr_assert(WIFEXITED(st), "%s killed by signal %d", argv[0], WIFSIGNALED(st) ? WTERMSIG(st) : 0);
     cr_assert_neq(WEXITSTATUS(st), 127, "cannot exec %s", argv[0]);
     return WEXITSTATUS(st);
+}
+
+dj_tokenizer *tc_load_tokenizer(const char *rel) {
+    char dir[4096], probe[4200];
+    snprintf(dir, sizeof dir, "%s/%s", tc_data(), rel);
+    snprintf(probe, sizeof probe, "%s/tokenizer.json", dir);
+    FILE *f = fopen(probe, "rb");
+    if (!f) cr_skip_test("%s is missing", probe);
+    fclose(f);
+    uint8_t *blob;
+    size_t n;
+    dj_err e = {{0}};
+    cr_assert_eq(tokjson_build_dir(dir, &blob, &n, &e), 0, "tokjson on %s: %s", dir, e.msg);
+    dj_tokenizer *t = tok_load(blob, n, &e);
+    free(blob);
+    cr_assert(t, "tok_load: %s", e.msg);
+    return t;
 }

@@ -22,6 +22,9 @@
 const char *tc_data(void);
 // path (n bytes) = $DJINN_DATA/rel; skips the test when that file or folder is missing.
 void tc_data_path(char *path, size_t n, const char *rel);
+// The tokenizer of $DJINN_DATA/rel (a folder of HF tokenizer files) through tokjson and tok_load; skips the test when
+// its tokenizer.json is missing.
+struct dj_tokenizer *tc_load_tokenizer(const char *rel);
 // $DJINN_TESTS (this folder: fixtures/, ref/), else "tests" (the repository root is the working directory).
 const char *tc_tests_dir(void);
 // $DJINN_BIN (the binaries under test): skips the test when unset.

@@ -46,14 +46,7 @@ Test(fuzz_regress, errors_quoting_a_client_stay_one_line) {
     dj_err e = {{0}};
     cr_assert_eq(dj_fail(&e, "role '%s' then '%s'", "\nsys\ttem\r", "a\x01\x7f" "b"), -1);
     cr_expect_str_eq(e.msg, "role '\\nsys\\ttem\\r' then 'a\\x01\\x7fb'");
-    char path[4096];
-    tc_data_path(path, sizeof path, "tokenizers/llama3");
-    uint8_t *blob = NULL;
-    size_t bn = 0;
-    cr_assert_eq(tokjson_build_dir(path, &blob, &bn, &e), 0, "%s", e.msg);
-    dj_tokenizer *t = tok_load(blob, bn, &e);
-    cr_assert(t, "%s", e.msg);
-    free(blob);
+    dj_tokenizer *t = tc_load_tokenizer("tokenizers/llama3");
     const api_model m = {.tok = t, .chat = CHAT_LLAMA3, .ctx = 64, .vocab = tok_vocab_size(t), .n_layers = 4, .dim = 2};
     static const char *const bodies[] = {
         "{\"messages\": [{\"role\": \"\\nsystem\", \"content\": \"x\"}]}",

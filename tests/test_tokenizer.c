@@ -13,24 +13,6 @@
 #include "common.h"
 
 // ---- helpers
-// tokjson on DATA/rel, then tok_load: skips when the folder is absent.
-static dj_tokenizer *tt_load_dir(const char *rel) {
-    char dir[4096], probe[4200];
-    snprintf(dir, sizeof dir, "%s/%s", tc_data(), rel);
-    snprintf(probe, sizeof probe, "%s/tokenizer.json", dir);
-    FILE *f = fopen(probe, "rb");
-    if (!f) cr_skip_test("%s is missing", probe);
-    fclose(f);
-    uint8_t *blob;
-    size_t n;
-    dj_err e = {{0}};
-    cr_assert_eq(tokjson_build_dir(dir, &blob, &n, &e), 0, "tokjson on %s: %s", dir, e.msg);
-    dj_tokenizer *t = tok_load(blob, n, &e);
-    free(blob);
-    cr_assert(t, "tok_load: %s", e.msg);
-    return t;
-}
-
 static char *tt_stream_all(const dj_tokenizer *t, const int32_t *ids, size_t n, size_t *len) {
     dj_tok_stream *s = tok_stream_new(t);
     cr_assert(s);
@@ -104,7 +86,7 @@ static void tt_run_cases_tok(dj_tokenizer *t, const char *cases) {
     free(text);
     tok_free(t);
 }
-static void tt_run_cases(const char *rel_dir, const char *cases) { tt_run_cases_tok(tt_load_dir(rel_dir), cases); }
+static void tt_run_cases(const char *rel_dir, const char *cases) { tt_run_cases_tok(tc_load_tokenizer(rel_dir), cases); }
 
 // A variant of Llama 2's tokenizer.json built here from DATA's copy: no normalizer, and the pre-tokenizer in the
 // committed fragment tests/tok/<name>.pretok.json (written with the cases by tools/tok_cases.mjs). The edit is
@@ -212,7 +194,7 @@ Test(tokenizer, unicode_tables) {
 }
 
 Test(tokenizer, llama3_meta_vector_and_specials) {
-    dj_tokenizer *t = tt_load_dir("tokenizers/llama3");
+    dj_tokenizer *t = tc_load_tokenizer("tokenizers/llama3");
     const int32_t want[] = {128000, 2028, 374, 264, 1296, 11914, 13};
     int32_t *ids;
     size_t k;
@@ -237,7 +219,7 @@ Test(tokenizer, llama3_meta_vector_and_specials) {
 }
 
 Test(tokenizer, stories_eos_bos) {
-    dj_tokenizer *t = tt_load_dir("models/stories260K");
+    dj_tokenizer *t = tc_load_tokenizer("models/stories260K");
     cr_expect_eq(tok_bos(t), 1);
     cr_expect(tok_is_eos(t, 2));
     cr_expect(!tok_is_eos(t, 1));
@@ -276,7 +258,7 @@ static size_t tt_random_utf8(char *o, size_t max_chars) {
 }
 
 static void tt_roundtrip(const char *rel, int iters) {
-    dj_tokenizer *t = tt_load_dir(rel);
+    dj_tokenizer *t = tc_load_tokenizer(rel);
     char buf[64 * 4 + 1];
     for (int it = 0; it < iters; it++) {
         size_t n = tt_random_utf8(buf, 64), k, dl, sl;
@@ -296,7 +278,7 @@ Test(tokenizer, llama2_random_roundtrip) { tt_roundtrip("tokenizers/llama2", 100
 Test(tokenizer, tok512_random_roundtrip) { tt_roundtrip("models/stories260K", 1000); }
 
 Test(tokenizer, malformed_utf8_is_an_error) {
-    dj_tokenizer *t = tt_load_dir("tokenizers/llama3");
+    dj_tokenizer *t = tc_load_tokenizer("tokenizers/llama3");
     static const char *const bad[] = {"\xff", "ab\xc3", "a\xed\xa0\x80" "b", "\xc0\xaf", "\xf4\x90\x80\x80", "x\x80y",
                                       "\xe2\x82"};
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
@@ -312,7 +294,7 @@ Test(tokenizer, malformed_utf8_is_an_error) {
 
 // Decoding token sequences that split or break characters, as HF does.
 Test(tokenizer, decode_partial_characters) {
-    dj_tokenizer *t = tt_load_dir("tokenizers/llama3");
+    dj_tokenizer *t = tc_load_tokenizer("tokenizers/llama3");
     size_t l;
     int32_t half[] = {9468, 236};  // "😀" minus its last byte: one maximal subpart -> one U+FFFD
     char *s = tok_decode(t, half, 2, &l);
@@ -323,7 +305,7 @@ Test(tokenizer, decode_partial_characters) {
     cr_expect_str_eq(s, "\xF0\x9F\x8E\x89");  // 🎉
     free(s);
     tok_free(t);
-    t = tt_load_dir("tokenizers/llama2");
+    t = tc_load_tokenizer("tokenizers/llama2");
     int32_t run[] = {68, 230, 13};  // <0x41> <0xE3> <0x0A>: an invalid run -> one U+FFFD per byte
     s = tok_decode(t, run, 3, &l);
     cr_expect_str_eq(s, "\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD");
@@ -533,7 +515,7 @@ Test(tokjson, mangled_json) {
 // The tiny model's reference generation: prompt ids, and the decoded text (HF printed it with "<s> " in front,
 // i.e. without skipping special tokens; skipping it drops exactly that prefix).
 Test(tokenizer, stories_reference_greedy) {
-    dj_tokenizer *t = tt_load_dir("models/stories260K");
+    dj_tokenizer *t = tc_load_tokenizer("models/stories260K");
     char path[4096];
     snprintf(path, sizeof path, "%s/models/stories260K/reference_greedy.json", tc_data());
     size_t n;

@@ -42,7 +42,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     FUZZ_CHECK(rc == 0 || rc == -1);
     if (rc == -1) {
         FUZZ_CHECK(err.status == 400 || err.status == 404 || err.status == 500);
-        FUZZ_CHECK(memchr(err.msg, 0, sizeof err.msg) && err.msg[0] && !strchr(err.msg, '\n'));
+        FUZZ_CHECK(fuzz_one_line(err.msg, sizeof err.msg));
         if (err.param) fuzz_touch(err.param, strlen(err.param));
         FUZZ_CHECK(!r.ids && !r.smp && !r.session && !r.rows && r.n_stops == 0);  // nothing left to free
         return 0;

@@ -4,6 +4,7 @@
 
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 // An invariant the parser promises was broken: abort loudly so libFuzzer saves the input as a crash.
 #define FUZZ_CHECK(cond)                                                              \
@@ -13,6 +14,11 @@
             abort();                                                                  \
         }                                                                             \
     } while (0)
+
+// An error message as util.h promises it: NUL-terminated within its cap bytes, not empty, one line.
+static inline int fuzz_one_line(const char *msg, size_t cap) {
+    return memchr(msg, 0, cap) && msg[0] && !strchr(msg, '\n');
+}
 
 // Reads every byte of [p, p+n) so that ASan flags any span that leaves its buffer.
 static inline unsigned fuzz_touch(const void *p, size_t n) {

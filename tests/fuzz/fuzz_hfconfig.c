@@ -14,7 +14,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t n) {
     dj_err e = {{0}};
     memset(&c, 0, sizeof c);
     if (hf_config_parse((const char *)data, n, &c, &e)) {
-        FUZZ_CHECK(e.msg[0] && !strchr(e.msg, '\n'));
+        FUZZ_CHECK(fuzz_one_line(e.msg, sizeof e.msg));
         return 0;
     }
     FUZZ_CHECK(c.n_layers >= 1 && c.dim >= 1 && c.n_heads >= 1 && c.n_kv_heads >= 1 && c.head_dim >= 1);
@@ -26,7 +26,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t n) {
         dj_config_set_wtype(&c, wt);
         dj_model_info m;
         if (model_plan(&c, 64, &m, &e)) {
-            FUZZ_CHECK(e.msg[0] && !strchr(e.msg, '\n'));
+            FUZZ_CHECK(fuzz_one_line(e.msg, sizeof e.msg));
             continue;
         }
         FUZZ_CHECK(m.tok_off >= model_header_bytes(c.n_layers));

@@ -613,6 +613,7 @@ extern "C" int gpu_attention_decode_rows(dj_gpu *g, float *out, const float *q, 
 // Raises the dynamic shared-memory limit of decode, and of each FMA prefill instantiation to what its largest
 // head_dim needs as far as the device allows (H100: 227 KB, all of them); records the largest head_dim that fits.
 int attention_setup(dj_gpu *g, dj_err *e) {
+    if (load_module_of(g, (const void *)attn_decode_split_kernel, e)) return -1;
     int optin = 0;
     CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, g->device));
     // Decode stages a chunk's keys and values: 128 KiB at head_dim 256 (every device Djinn runs on has that).

@@ -470,6 +470,39 @@ int cpu_set_simd(int level) {
 #endif
 }
 
+// cpu_matvec_start's job: x lands when *ready reaches seq; the thread that computes the last row stores seq in
+// *done. x's records (cpu_matvec, q8 and q4) are built by the first thread to see x, the others wait for them.
+struct cpu_async {
+    const _Atomic uint32_t *ready;
+    _Atomic uint32_t *done;
+    uint32_t seq;
+    _Atomic int staged;  // x's records: 0 not built, 1 being built, 2 built (or none needed)
+    _Atomic int64_t rows_done;
+    int64_t n_out;
+    _Atomic int seen;    // a thread saw x: t_x is set
+    double t_x, t_done;  // dj_now when the first thread saw x, when the last row was done
+};
+
+static inline void cpu_relax_once(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#endif
+}
+
+// Waits for x (wrapping order).
+static void cpu_async_wait_x(struct cpu_async *a) {
+    while ((int32_t)(atomic_load_explicit(a->ready, memory_order_acquire) - a->seq) < 0) cpu_relax_once();
+    if (!atomic_exchange(&a->seen, 1)) a->t_x = dj_now();
+}
+
+// n more rows are done; the last rows tell the GPU.
+static void cpu_async_rows(struct cpu_async *a, int64_t n) {
+    if (atomic_fetch_add_explicit(&a->rows_done, n, memory_order_acq_rel) + n == a->n_out) {
+        a->t_done = dj_now();
+        atomic_store_explicit(a->done, a->seq, memory_order_release);
+    }
+}
+
 typedef struct {
     float *y;        // (n_out)
     const float *x;  // (n_in)
@@ -478,6 +511,7 @@ typedef struct {
     int64_t n_in, n_out, chunk;
     const cpu_xq *xq;      // x quantized, for q8 and q4 on the vector path; NULL otherwise
     _Atomic int64_t next;  // the next chunk of rows to claim: a thread the OS delays takes fewer
+    struct cpu_async *as;  // cpu_matvec_start's: x lands later; NULL: x is there
 } cpu_matvec_job;
 
 // A quantized row's dot with x on the portable path: widened a group at a time (a partial last one's padding
@@ -533,11 +567,27 @@ static void cpu_matvec_rows(const cpu_matvec_job *j, int64_t begin, int64_t end)
     }
 }
 
+static void *cpu_xq_alloc(cpu_xq *xq, uint32_t wtype, int64_t n_in);
+static void cpu_xq_fill(cpu_xq *xq, const float *x, int64_t n_in, uint32_t wtype);
+
 static void cpu_matvec_task(void *ctx, int64_t part, int64_t parts_end) {
     cpu_matvec_job *j = ctx;
     (void)part, (void)parts_end;
-    for (int64_t b; (b = atomic_fetch_add(&j->next, j->chunk)) < j->n_out;)
-        cpu_matvec_rows(j, b, b + j->chunk < j->n_out ? b + j->chunk : j->n_out);
+    struct cpu_async *a = j->as;
+    if (a) {
+        cpu_async_wait_x(a);
+        int idle = 0;
+        if (atomic_compare_exchange_strong(&a->staged, &idle, 1)) {
+            if (j->xq) cpu_xq_fill((cpu_xq *)j->xq, j->x, j->n_in, j->wtype);
+            atomic_store_explicit(&a->staged, 2, memory_order_release);
+        }
+        while (atomic_load_explicit(&a->staged, memory_order_acquire) != 2) cpu_relax_once();
+    }
+    for (int64_t b; (b = atomic_fetch_add(&j->next, j->chunk)) < j->n_out;) {
+        int64_t e = b + j->chunk < j->n_out ? b + j->chunk : j->n_out;
+        cpu_matvec_rows(j, b, e);
+        if (a) cpu_async_rows(a, e - b);
+    }
 }
 
 #ifdef CPU_SIMD
@@ -571,36 +621,50 @@ void cpu_matvec(float *y, const float *x, const void *w, uint32_t wtype, int64_t
     if (wtype == DJ_F16) pthread_once(&cpu_f16_once, cpu_f16_table_init);
     int64_t parts = cpu_threads(), chunk = n_out / (8 * parts);
     if (chunk < 16) chunk = 16;
-    cpu_matvec_job j = {y, x, w, wtype, n_in, n_out, chunk, NULL, 0};
-    void *xbuf = NULL;
-#ifdef CPU_SIMD
-    // q8, q4: x quantized once here, by the caller's thread, for every row; one allocation per call (72 bytes per
-    // 32 inputs, 9 KB at n_in = 4096, after q4's cpu_x4 blocks or q8's x16 on VNNI: 64 bytes a group), so
-    // concurrent callers share nothing. Fewer than 4 groups of q4 leave no block: simd_dot_q4 takes them a group at
-    // a time.
+    cpu_matvec_job j = {y, x, w, wtype, n_in, n_out, chunk, NULL, 0, NULL};
     cpu_xq xq;
+    void *xbuf = cpu_xq_alloc(&xq, wtype, n_in);
+    if (xbuf) {
+        cpu_xq_fill(&xq, x, n_in, wtype);
+        j.xq = &xq;
+    }
+    cpu_parallel_for(parts, (double)n_in * (double)n_out, cpu_matvec_task, &j);
+    free(xbuf);
+}
+
+// q8, q4 on the vector path: room for x's records (NULL: none needed), one allocation per call (72 bytes per 32
+// inputs, 9 KB at n_in = 4096, after q4's cpu_x4 blocks or q8's x16 on VNNI: 64 bytes a group), so concurrent
+// callers share nothing. Fewer than 4 groups of q4 leave no block: simd_dot_q4 takes them a group at a time.
+static void *cpu_xq_alloc(cpu_xq *xq, uint32_t wtype, int64_t n_in) {
+#ifdef CPU_SIMD
     if (dj_is_quant(wtype) && cpu_avx2_on() && n_in > 0) {
         size_t groups = (size_t)(n_in + DJ_QGROUP - 1) / DJ_QGROUP, base = groups * (2 * DJ_QGROUP + 8);
         size_t lay = wtype == DJ_Q4 ? groups / 4 * sizeof(cpu_x4) : cpu_vnni_on() ? groups * 2 * DJ_QGROUP : 0;
-        xbuf = aligned_alloc(64, (lay + base + 63) / 64 * 64);
+        void *xbuf = aligned_alloc(64, (lay + base + 63) / 64 * 64);
         assert(xbuf && "out of memory in cpu_matvec");
         int8_t *b = (int8_t *)xbuf + lay;  // q4's blocks or q8's x16 first: 64-byte aligned
-        xq = (cpu_xq){b, b + groups * DJ_QGROUP, (float *)(b + groups * 2 * DJ_QGROUP),
-                      (int32_t *)(b + groups * (2 * DJ_QGROUP + 4)), NULL, NULL, 0};
-        simd_quant_x(x, n_in, &xq);
-        if (lay && wtype == DJ_Q8) {
-            xq.x16 = xbuf;
-            simd_x16(&xq, groups);
-        } else if (lay) {
-            xq.x4 = xbuf;
-            cpu_x4_layout(&xq, groups / 4);
-        }
-        xq.vnni = cpu_vnni_on() && (xq.x16 || xq.x4);
-        j.xq = &xq;
+        *xq = (cpu_xq){b, b + groups * DJ_QGROUP, (float *)(b + groups * 2 * DJ_QGROUP),
+                       (int32_t *)(b + groups * (2 * DJ_QGROUP + 4)), NULL, NULL, 0};
+        if (lay && wtype == DJ_Q8) xq->x16 = xbuf;
+        else if (lay) xq->x4 = xbuf;
+        return xbuf;
     }
 #endif
-    cpu_parallel_for(parts, (double)n_in * (double)n_out, cpu_matvec_task, &j);
-    free(xbuf);
+    (void)xq, (void)wtype, (void)n_in;
+    return NULL;
+}
+
+// x quantized into the records cpu_xq_alloc made room for, once for every row.
+static void cpu_xq_fill(cpu_xq *xq, const float *x, int64_t n_in, uint32_t wtype) {
+#ifdef CPU_SIMD
+    size_t groups = (size_t)(n_in + DJ_QGROUP - 1) / DJ_QGROUP;
+    simd_quant_x(x, n_in, xq);
+    if (xq->x16) simd_x16(xq, groups);
+    else if (xq->x4) cpu_x4_layout(xq, groups / 4);
+    xq->vnni = cpu_vnni_on() && (xq->x16 || xq->x4);
+#else
+    (void)xq, (void)x, (void)n_in, (void)wtype;
+#endif
 }
 
 // ---- matvec over a few tokens: the CPU share of a pass of several rows (a batched step, a verification pass)
@@ -621,6 +685,7 @@ typedef struct {
     uint32_t wtype;
     int64_t T, n_in, n_out, chunk;  // chunk: rows claimed at a time, a multiple of MV_R
     _Atomic int64_t next;
+    struct cpu_async *as;  // cpu_matvec_start's: x lands later; NULL: x is there
 } cpu_multi_job;
 
 #ifdef CPU_SIMD
@@ -848,10 +913,14 @@ static void cpu_multi_task(void *ctx, int64_t part, int64_t parts_end) {
     (void)part, (void)parts_end;
     int64_t n = j->n_in;
     size_t rb = (size_t)dj_row_bytes(j->wtype, (uint64_t)n);
+    if (j->as) cpu_async_wait_x(j->as);
 #ifdef CPU_SIMD
     if (cpu_avx512_on()) {  // widened in registers: no buffer
-        for (int64_t b; (b = atomic_fetch_add(&j->next, j->chunk)) < j->n_out;)
-            z_rows(j, b, b + j->chunk < j->n_out ? b + j->chunk : j->n_out);
+        for (int64_t b; (b = atomic_fetch_add(&j->next, j->chunk)) < j->n_out;) {
+            int64_t e = b + j->chunk < j->n_out ? b + j->chunk : j->n_out;
+            z_rows(j, b, e);
+            if (j->as) cpu_async_rows(j->as, e - b);
+        }
         return;
     }
 #endif
@@ -879,13 +948,13 @@ static void cpu_multi_task(void *ctx, int64_t part, int64_t parts_end) {
                     }
                 }
             }
-            continue;
-        }
+        } else
 #endif
-        for (int64_t o = b; o < end; o++) {
-            const float *wr = cpu_widen_row(buf, j->w, j->wtype, o, n);
-            for (int64_t t = 0; t < j->T; t++) j->y[t * j->n_out + o] = cpu_dot(j->x + t * n, wr, n);
-        }
+            for (int64_t o = b; o < end; o++) {
+                const float *wr = cpu_widen_row(buf, j->w, j->wtype, o, n);
+                for (int64_t t = 0; t < j->T; t++) j->y[t * j->n_out + o] = cpu_dot(j->x + t * n, wr, n);
+            }
+        if (j->as) cpu_async_rows(j->as, end - b);
     }
     free(buf);
 }
@@ -903,8 +972,52 @@ void cpu_matvec_multi(float *y, const float *x, const void *w, uint32_t wtype, i
     // chunks of whole tiles on both vector paths (3 rows, 4 rows): multiples of 12
     int64_t parts = cpu_threads(), chunk = n_out / (8 * parts) / 12 * 12;
     if (chunk < 12) chunk = 12;
-    cpu_multi_job j = {y, x, w, wtype, T, n_in, n_out, chunk, 0};
+    cpu_multi_job j = {y, x, w, wtype, T, n_in, n_out, chunk, 0, NULL};
     cpu_parallel_for(parts, (double)T * (double)n_in * (double)n_out, cpu_multi_task, &j);
+}
+
+// cpu_matvec_start's one job at a time (the pool's calls are serialised), and x's records for cpu_matvec's path.
+static struct {
+    struct cpu_async a;
+    cpu_matvec_job mv;
+    cpu_multi_job mm;
+    cpu_xq xq;
+    void *xbuf;
+    int multi, inline_;  // the tiles' path; one thread: the caller computes it all in cpu_matvec_finish
+} cpu_aj;
+
+void cpu_matvec_start(float *y, const float *x, const void *w, uint32_t wtype, int64_t T, int64_t n_in,
+                      int64_t n_out, const _Atomic uint32_t *ready, _Atomic uint32_t *done, uint32_t seq) {
+    assert(dj_row_bytes(wtype, 1) > 0 && n_out > 0);
+    if (wtype == DJ_F16) pthread_once(&cpu_f16_once, cpu_f16_table_init);
+    int64_t parts = cpu_threads();
+    cpu_aj.a = (struct cpu_async){ready, done, seq, 2, 0, n_out, 0, 0, 0};
+    cpu_aj.multi = !(T == 1 && (!cpu_avx512_on() || dj_is_quant(wtype)));
+    cpu_aj.xbuf = NULL;
+    if (cpu_aj.multi) {
+        int64_t chunk = n_out / (8 * parts) / 12 * 12;
+        cpu_aj.mm = (cpu_multi_job){y, x, w, wtype, T, n_in, n_out, chunk < 12 ? 12 : chunk, 0, &cpu_aj.a};
+    } else {
+        int64_t chunk = n_out / (8 * parts);
+        cpu_aj.mv = (cpu_matvec_job){y, x, w, wtype, n_in, n_out, chunk < 16 ? 16 : chunk, NULL, 0, &cpu_aj.a};
+        if ((cpu_aj.xbuf = cpu_xq_alloc(&cpu_aj.xq, wtype, n_in))) cpu_aj.mv.xq = &cpu_aj.xq, cpu_aj.a.staged = 0;
+    }
+    cpu_aj.inline_ = parts == 1;
+    if (!cpu_aj.inline_)
+        cpu_parallel_start(parts, cpu_aj.multi ? cpu_multi_task : cpu_matvec_task,
+                           cpu_aj.multi ? (void *)&cpu_aj.mm : (void *)&cpu_aj.mv);
+}
+
+void cpu_matvec_finish(double *t_x, double *t_done) {
+    if (cpu_aj.inline_) {
+        if (cpu_aj.multi) cpu_multi_task(&cpu_aj.mm, 0, 1);
+        else cpu_matvec_task(&cpu_aj.mv, 0, 1);
+    } else {
+        cpu_parallel_join();
+    }
+    free(cpu_aj.xbuf);
+    cpu_aj.xbuf = NULL;
+    *t_x = cpu_aj.a.t_x, *t_done = cpu_aj.a.t_done;
 }
 
 // ---- norm, RoPE, attention, SwiGLU

@@ -21,6 +21,14 @@ void cpu_matvec(float *y, const float *x, const void *w, uint32_t wtype, int64_t
 // the AVX-512 tiles do not run or the weights are q8 or q4.
 void cpu_matvec_multi(float *y, const float *x, const void *w, uint32_t wtype, int64_t T, int64_t n_in,
                       int64_t n_out);
+// cpu_matvec_multi on the pool's workers, asynchronously: they begin once *ready reaches seq (in wrapping order:
+// x has landed), and the thread that computes the last row stores seq in *done (release), while the caller goes
+// on with other work. cpu_matvec_finish joins: the caller computes rows still unclaimed and returns when every
+// thread is done, with the host's clock (dj_now) when a thread first saw x and when the last row was done. One job at a time, and nothing else on the pool in between. (The GPU engine's CPU share: the GPU
+// writes *ready and waits for *done, both in mapped host memory.)
+void cpu_matvec_start(float *y, const float *x, const void *w, uint32_t wtype, int64_t T, int64_t n_in,
+                      int64_t n_out, const _Atomic uint32_t *ready, _Atomic uint32_t *done, uint32_t seq);
+void cpu_matvec_finish(double *t_x, double *t_done);
 // For tests and benchmarks: the widest vector code cpu_matvec and cpu_matvec_multi may take (the default
 // CPU_SIMD_BEST): 0 their portable loops; CPU_SIMD_AVX2 AVX2 + FMA + F16C; CPU_SIMD_AVX512 also AVX-512 for
 // cpu_matvec_multi's tiles and, where the CPU has VNNI too, for cpu_matvec's q8/q4 rows. Returns the level in use:

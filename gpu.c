@@ -363,7 +363,7 @@ static int graph_step(dj_gpu_state *s, float *logits, const pick_req *pk, dj_err
 
 // One pass over T <= max_batch tokens, placed by the caller (s->step_rows, s->slot, h_pos, h_slot). logits:
 // (T, vocab) when all, else (vocab) for the last token; or with pk, the last token's pick.
-static int gpu_pass(dj_gpu_state *s, const int32_t *tokens, int64_t T, float *logits, int all, const pick_req *pk,
+static int pass_run(dj_gpu_state *s, const int32_t *tokens, int64_t T, float *logits, int all, const pick_req *pk,
                     dj_err *e) {
     int64_t vocab = s->m->info.config.vocab_size;
     int nl = (int)s->m->info.config.n_layers;
@@ -390,7 +390,7 @@ static int gpu_pass(dj_gpu_state *s, const int32_t *tokens, int64_t T, float *lo
             return -1;
         prof_mark(s, PROF_HEAD);
         if (last && (trace_unit(s->tr, nl, 1, e) || unit_end(s, nl, e))) return -1;
-        if (gpu_stream_sync(s->compute, e)) return -1;
+        if (share_flush(s, e) || gpu_stream_sync(s->compute, e)) return -1;
         if (pk) *pk->next = *s->b.h_next;
         else if (logits) memcpy(logits + (r0 - first) * vocab, s->b.h_logits, (size_t)(rows * vocab) * 4);
     }
@@ -399,6 +399,16 @@ static int gpu_pass(dj_gpu_state *s, const int32_t *tokens, int64_t T, float *lo
     share_learn(s, T);
     prof_collect(s, T == 1);
     s->st.passes++;
+    return 0;
+}
+
+// A pass that fails lets go the GPU's wait for a CPU job it queued: a later wait on the stream would never end.
+static int gpu_pass(dj_gpu_state *s, const int32_t *tokens, int64_t T, float *logits, int all, const pick_req *pk,
+                    dj_err *e) {
+    if (pass_run(s, tokens, T, logits, all, pk, e)) {
+        share_release(s);
+        return -1;
+    }
     return 0;
 }
 
@@ -761,6 +771,7 @@ fail:
 
 void gpu_state_free(dj_gpu_state *s) {
     if (!s) return;
+    share_release(s);
     if (s->compute) gpu_stream_sync(s->compute, NULL);
     if (s->copy) gpu_stream_sync(s->copy, NULL);
     dj_err te;

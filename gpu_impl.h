@@ -98,6 +98,15 @@ typedef struct {
     int warming;                      // in the warm-up: the copies issued ahead for the next pass are whole
 } gpu_sched;
 
+// A split's CPU rows, a job of the pool's workers (share.c).
+typedef struct {
+    int on;                           // started and not joined
+    uint32_t wtype;
+    int64_t T, n_in, rows;
+    int mat, mark;                    // the matrix in its unit (the trace's label), its trace mark (-1: none)
+    double posted;                    // dj_now when the host queued it
+} share_job;
+
 // The CPU share (share.c): in a pass of up to SH_ROWS rows the CPU computes a fraction of every streamed unit's
 // matrices (share_fill) from host memory (cpu_matvec_multi) while the GPU computes the rest; those rows never cross
 // PCIe. The fraction depends on the pass's rows: the CPU's part of a matmul grows with them, the link's does not.
@@ -112,7 +121,15 @@ typedef struct {
     float *h_cx, *h_cy, *d_cy;        // pinned (SH_ROWS, widest input), (SH_ROWS, widest output): x for the CPU;
                                       // its rows' results (d_cy: the GPU's mapped view)
     float *d_sy;                      // (SH_ROWS, widest output): the GPU's rows of a split over several rows
-    cudaEvent_t x_ready;              // h_cx has landed
+    // The CPU's rows of a split are a job of the pool's workers (cpu_matvec_start), which begin when the GPU says
+    // x has landed in h_cx and say when their rows are in h_cy; the GPU's work after the split is queued behind a
+    // wait on the GPU for that, and the host goes on queueing meanwhile.
+    _Atomic uint32_t *h_words;        // pinned, mapped: [0] the last job whose x has landed (the GPU writes it),
+    uint32_t *d_words;                // [16] the last whose rows are in h_cy (the CPU writes it); a cache line apart
+    uint32_t jobs;                    // the number of the last job queued
+    float *d_cx;                      // h_cx's device view
+    unsigned *d_count;                // gpu_to_host's block count
+    share_job job;                    // the job queued (on) or the last computed
     double warm_h2d;                  // GB/s of the warm-up's copies (the automatic share's H2D rate)
     const uint8_t *cur_host;          // the unit computing now is split: its host slab; NULL: all on the GPU
     double cur_share;                 // its share
@@ -231,6 +248,10 @@ void share_stats(dj_gpu_state *s);                // bytes per decode token over
 // [0, sp_gpu_rows) by the GPU from w, the rest by the CPU from hw.
 int share_matmul(dj_gpu_state *s, float *y, const float *x, int64_t T, const uint8_t *w, const uint8_t *hw,
                  const sp_mat *mt, dj_err *e);
+// The queued split's CPU rows done (the caller joins the workers; none queued: nothing). Every wait of the host
+// on the compute stream within a pass comes after it: the stream waits for those rows.
+int share_flush(dj_gpu_state *s, dj_err *e);
+void share_release(dj_gpu_state *s);  // a failed pass: the queued job ended whether x came or not (rows garbage)
 
 // ---- probe_gpu.c: probes
 // After layer l of a pass of T rows (its output still in d_delta, *pending): the layer's control vector added to the

@@ -9,6 +9,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include <cuda.h>
+
 #include "kernels_impl.h"
 
 // ---- error checking (the macros are in kernels_impl.h)
@@ -72,7 +74,10 @@ extern "C" int gpu_open(dj_gpu **out, int device, dj_err *e) {
             dj_fail(e, "cublas: cublasSetWorkspace failed: %s", cublasGetStatusName(st));
             break;
         }
-        if (attention_setup(g, e) || tc_setup(g, e) || matmul_setup(g, e) || qgemm_setup(g, e)) break;
+        g->loaded = 1;
+        if (attention_setup(g, e) || tc_setup(g, e) || matmul_setup(g, e) || qgemm_setup(g, e) || ops_setup(g, e) ||
+            sample_setup(g, e))
+            break;
         rc = 0;
     } while (0);
     if (rc) {
@@ -93,9 +98,52 @@ extern "C" void gpu_close(dj_gpu *g) {
 
 extern "C" const char *gpu_name(const dj_gpu *g) { return g->name; }
 
+extern "C" int gpu_kernels_loaded(const dj_gpu *g) { return g->loaded; }
+
+extern "C" void gpu_set_hold(dj_gpu *g, int (*release)(void *ctx, dj_err *e), void *ctx) {
+    g->hold = release, g->hold_ctx = ctx;
+}
+
+// A driver function by name, as of CUDA 12.4; NULL where the driver lacks it.
+static void *driver_fn(const char *name) {
+    void *fn = NULL;
+    cudaDriverEntryPointQueryResult q;
+    if (cudaGetDriverEntryPointByVersion(name, &fn, 12040, cudaEnableDefault, &q) != cudaSuccess ||
+        q != cudaDriverEntryPointSuccess) {
+        cudaGetLastError();
+        return NULL;
+    }
+    return fn;
+}
+
+int load_module_of(dj_gpu *g, const void *kernel, dj_err *e) {
+    CUresult (*get_module)(CUmodule *, CUfunction) = (CUresult(*)(CUmodule *, CUfunction))driver_fn("cuFuncGetModule");
+    CUresult (*count)(unsigned *, CUmodule) = (CUresult(*)(unsigned *, CUmodule))driver_fn("cuModuleGetFunctionCount");
+    CUresult (*list)(CUfunction *, unsigned, CUmodule) =
+        (CUresult(*)(CUfunction *, unsigned, CUmodule))driver_fn("cuModuleEnumerateFunctions");
+    CUresult (*load)(CUfunction) = (CUresult(*)(CUfunction))driver_fn("cuFuncLoad");
+    if (!get_module || !count || !list || !load) {
+        g->loaded = 0;
+        return 0;
+    }
+    cudaFunction_t f;
+    CUDA_CHECK(cudaGetFuncBySymbol(&f, kernel));
+    CUmodule m;
+    unsigned n = 0;
+    if (get_module(&m, (CUfunction)f) != CUDA_SUCCESS || count(&n, m) != CUDA_SUCCESS)
+        return dj_fail(e, "cuda: cannot list the kernels of a module of %s", g->name);
+    CUfunction *fs = (CUfunction *)malloc((n ? n : 1) * sizeof *fs);
+    if (!fs) return dj_fail(e, "out of host memory listing the GPU's kernels");
+    int rc = list(fs, n, m) == CUDA_SUCCESS ? 0 : -1;
+    for (unsigned i = 0; !rc && i < n; i++) rc = load(fs[i]) == CUDA_SUCCESS ? 0 : -1;
+    free(fs);
+    return rc ? dj_fail(e, "cuda: cannot load the kernels of a module on %s", g->name) : 0;
+}
+
 extern "C" int gpu_reserve(dj_gpu *g, size_t bytes, dj_err *e) {
     if (bytes <= g->scratch_size) return 0;
     bytes = (size_t)dj_align_up(bytes, 1u << 20);
+    if (gpu_hold_release(g, e)) return -1;
     CUDA_CHECK(cudaDeviceSynchronize());  // work in flight may still use the old scratch
     gpu_free(g->scratch);
     g->scratch = NULL;

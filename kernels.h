@@ -48,6 +48,12 @@ int gpu_open(dj_gpu **out, int device, dj_err *e);
 void gpu_close(dj_gpu *g);  // NULL is fine
 // One line naming the device: "NVIDIA H100 80GB HBM3, sm_90, 132 SMs, 79.1 GiB".
 const char *gpu_name(const dj_gpu *g);
+// Every kernel of Djinn's was loaded at gpu_open (kernels.cu): the host may keep a stream waiting on the GPU for
+// it while it launches more. 0 with a driver older than CUDA 12.4's entry points.
+int gpu_kernels_loaded(const dj_gpu *g);
+// release(ctx, e) runs before any call that may block the host on the device (cuBLAS's first launches, the
+// scratch's growth): the stream must not be waiting for the host then. NULL: none.
+void gpu_set_hold(dj_gpu *g, int (*release)(void *ctx, dj_err *e), void *ctx);
 // Grows the scratch buffer to at least `bytes` (synchronises the device when it grows). Call it before a
 // graph capture with the largest of gpu_matmul_scratch / gpu_attention_scratch the captured calls need:
 // growing inside a capture is refused with an error.
@@ -152,6 +158,14 @@ int gpu_widen_rows(float *out, const void *in, uint32_t wtype, int64_t rows, int
 // share's parts of a matmul's output). src may be mapped host memory; the two must not overlap.
 int gpu_place_rows(float *dst, int64_t ld_dst, const float *src, int64_t ld_src, int64_t rows, int64_t cols,
                    cudaStream_t s, dj_err *e);
+// The same, once the 32-bit word at `word` (a device view of mapped host memory) reaches seq, which the host
+// stores after writing src: the stream waits on the GPU for it, so the host may queue work behind it first.
+// dst (n) = src, dst a device view of mapped host memory, then seq stored at `word` (one too) once the host can
+// read all of dst. count: a device word at 0 (left at 0), one per stream using it.
+int gpu_to_host(float *dst, const float *src, int64_t n, unsigned *count, uint32_t *word, uint32_t seq,
+                cudaStream_t s, dj_err *e);
+int gpu_place_rows_after(float *dst, int64_t ld_dst, const float *src, int64_t ld_src, int64_t rows, int64_t cols,
+                         const uint32_t *word, uint32_t seq, cudaStream_t s, dj_err *e);
 
 // ---- normalisation and activations (rows of n f32 values, T rows back to back)
 // out (T, n) = x / sqrt(mean(x^2) + eps) * w; w (n) f32. out may alias x.

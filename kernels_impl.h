@@ -85,7 +85,17 @@ struct dj_gpu {
     int qp_blocks;          // the persistent quantized GEMV's grid: QP_BPS blocks per SM where the device holds them
     int wgmma;              // qgemm.cu's Hopper kernel runs here (compute capability 9.0)
     int n_sm;               // multiprocessors (qgemm.cu's dispatch)
+    int loaded;             // 0 once a module of ours could not be loaded whole (gpu_kernels_loaded)
+    int (*hold)(void *, dj_err *);  // gpu_set_hold's: called before anything that may block the host on the GPU
+    void *hold_ctx;
 };
+
+// Every kernel of the module (a .cu file's) that holds `kernel`, loaded now (CUDA loads each kernel lazily, at its
+// first launch, and that load may wait for the whole device: a stream waiting on the GPU for the host would then
+// never move). A driver without the entry points (CUDA 12.4) leaves g->loaded 0. kernels.cu.
+int load_module_of(dj_gpu *g, const void *kernel, dj_err *e);
+// gpu_set_hold's call, where it is set (cuBLAS's launches, the scratch's growth).
+static inline int gpu_hold_release(dj_gpu *g, dj_err *e) { return g->hold ? g->hold(g->hold_ctx, e) : 0; }
 
 // Scratch for a call on stream s: grows outside a capture, refuses inside one (the graph would keep a
 // pointer to memory freed here). kernels.cu.
@@ -98,6 +108,8 @@ int attention_setup(dj_gpu *g, dj_err *e);
 int tc_setup(dj_gpu *g, dj_err *e);
 // matmul.cu: the persistent quantized GEMV's shared-memory limit and grid size.
 int matmul_setup(dj_gpu *g, dj_err *e);
+int ops_setup(dj_gpu *g, dj_err *e);     // ops.cu: its kernels loaded
+int sample_setup(dj_gpu *g, dj_err *e);  // sample.cu: its kernels loaded
 // qgemm.cu: whether the device runs its Hopper kernel (g->wgmma); its multiprocessors.
 int qgemm_setup(dj_gpu *g, dj_err *e);
 // qgemm.cu's estimate, for gpu_matmul's dispatch: how many tokens at the end of a pass of T (at most `most`) would

@@ -950,6 +950,8 @@ static int blas_operand(dj_gpu *g, const void **xb, const void **xlo, const floa
 }
 
 static int blas_use_stream(dj_gpu *g, cudaStream_t s, dj_err *e) {
+    // cuBLAS's kernels load at first use, which may wait for the device: nothing may wait on the host then
+    if (gpu_hold_release(g, e)) return -1;
     // cublasSetStream resets the workspace to cuBLAS's own pool: set ours again after it.
     CUBLAS_CHECK(cublasSetStream(g->blas, s));
     CUBLAS_CHECK(cublasSetWorkspace(g->blas, g->workspace, GPU_WORKSPACE));
@@ -1140,7 +1142,8 @@ int matmul_setup(dj_gpu *g, dj_err *e) {
     int sms = 0;
     CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, g->device));
     g->qp_blocks = 0;
-    return qp_setup_one<DJ_Q8, QX_PLAIN>(g, sms, e) || qp_setup_one<DJ_Q4, QX_PLAIN>(g, sms, e) ||
+    return load_module_of(g, (const void *)gemv_quant_persist_kernel<DJ_Q8, QX_PLAIN, 1, 1>, e) ||
+                   qp_setup_one<DJ_Q8, QX_PLAIN>(g, sms, e) || qp_setup_one<DJ_Q4, QX_PLAIN>(g, sms, e) ||
                    qp_setup_one<DJ_Q8, QX_SWIGLU>(g, sms, e) || qp_setup_one<DJ_Q4, QX_SWIGLU>(g, sms, e) ||
                    qp_setup_one<DJ_Q8, QX_NORM>(g, sms, e) || qp_setup_one<DJ_Q4, QX_NORM>(g, sms, e)
                ? -1

@@ -119,12 +119,8 @@ int cpu_threads(void) {
     return cpu_pool.n_threads;
 }
 
-void cpu_parallel_for(int64_t n, double cost, cpu_task_fn fn, void *ctx) {
-    if (n <= 0) return;
-    if (n == 1 || cost < 65536.0 || cpu_threads() == 1) {
-        fn(ctx, 0, n);
-        return;
-    }
+void cpu_parallel_start(int64_t n, cpu_task_fn fn, void *ctx) {
+    cpu_threads();
     pthread_mutex_lock(&cpu_pool.call_mu);
     cpu_pool.fn = fn;
     cpu_pool.ctx = ctx;
@@ -134,9 +130,22 @@ void cpu_parallel_for(int64_t n, double cost, cpu_task_fn fn, void *ctx) {
     atomic_fetch_add(&cpu_pool.generation, 1);
     pthread_cond_broadcast(&cpu_pool.start);
     pthread_mutex_unlock(&cpu_pool.mu);
+}
+
+void cpu_parallel_join(void) {
     int64_t b, e;
-    cpu_pool_range(0, cpu_pool.n_threads, n, &b, &e);
-    if (b < e) fn(ctx, b, e);
+    cpu_pool_range(0, cpu_pool.n_threads, cpu_pool.n, &b, &e);
+    if (b < e) cpu_pool.fn(cpu_pool.ctx, b, e);
     while (atomic_load(&cpu_pool.pending) > 0) cpu_relax();
     pthread_mutex_unlock(&cpu_pool.call_mu);
+}
+
+void cpu_parallel_for(int64_t n, double cost, cpu_task_fn fn, void *ctx) {
+    if (n <= 0) return;
+    if (n == 1 || cost < 65536.0 || cpu_threads() == 1) {
+        fn(ctx, 0, n);
+        return;
+    }
+    cpu_parallel_start(n, fn, ctx);
+    cpu_parallel_join();
 }

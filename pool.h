@@ -11,6 +11,11 @@ typedef void (*cpu_task_fn)(void *ctx, int64_t begin, int64_t end);
 // Runs fn over [0, n), split into one contiguous part per thread (the caller takes part 0); inline when the work
 // (`cost`, roughly flops) is too small to be worth waking threads. Calls are serialised.
 void cpu_parallel_for(int64_t n, double cost, cpu_task_fn fn, void *ctx);
+// cpu_parallel_for in two halves: start hands the workers their parts and returns at once; join runs the
+// caller's part 0 and returns when every part is done. In between, the caller may do other work but must not call
+// the pool again (the calls are serialised: it would wait for itself).
+void cpu_parallel_start(int64_t n, cpu_task_fn fn, void *ctx);
+void cpu_parallel_join(void);
 // Worker threads (a pool started on first use). cpu_set_threads only has an effect before that; n <= 0: one per
 // CPU of the process's affinity mask. cpu_threads starts the pool and returns its size (caller included).
 void cpu_set_threads(int n);

@@ -58,7 +58,9 @@ static int tap_rows(dj_gpu_state *s, int l, int64_t T, dj_err *e) {
     gpu_probe *pr = &s->pr;
     const int64_t dim = s->m->info.config.dim;
     const size_t row = (size_t)dim * 4;
-    if (gpu_d2h_async(pr->h_rows, s->b.x, (size_t)T * row, s->compute, e) || gpu_stream_sync(s->compute, e)) return -1;
+    if (gpu_d2h_async(pr->h_rows, s->b.x, (size_t)T * row, s->compute, e) || share_flush(s, e) ||
+        gpu_stream_sync(s->compute, e))
+        return -1;
     int64_t run = 0, wrote = 0;  // rows written over just before t; any at all
     for (int64_t t = 0; t <= T; t++) {
         int replace = 0;
@@ -72,7 +74,7 @@ static int tap_rows(dj_gpu_state *s, int l, int64_t T, dj_err *e) {
         if (run && gpu_h2d_async(s->b.x + (t - run) * dim, h - run * dim, (size_t)run * row, s->compute, e)) return -1;
         wrote += run, run = 0;
     }
-    return wrote ? gpu_stream_sync(s->compute, e) : 0;  // h_rows is free again for the next layer's rows
+    return wrote && (share_flush(s, e) || gpu_stream_sync(s->compute, e)) ? -1 : 0;  // h_rows is free again for the next layer's rows
 }
 
 int gpu_probe_layer(dj_gpu_state *s, int l, int64_t T, int *pending, dj_err *e) {
@@ -89,7 +91,8 @@ int gpu_probe_layer(dj_gpu_state *s, int l, int64_t T, int *pending, dj_err *e) 
     place_rows(s, T);
     if (tap && tap_rows(s, l, T, e)) return -1;
     if (!dump) return 0;
-    if (gpu_d2h_async(pr->h_rows, res, (size_t)(T * dim) * 4, s->compute, e) || gpu_stream_sync(s->compute, e))
+    if (gpu_d2h_async(pr->h_rows, res, (size_t)(T * dim) * 4, s->compute, e) || share_flush(s, e) ||
+        gpu_stream_sync(s->compute, e))
         return -1;
     return probe_record(pr->p, (uint32_t)l, pr->h_rows, T, pr->tokens, pr->pos, pr->slot, e);
 }

@@ -755,5 +755,5 @@ int qgemm_setup(dj_gpu *g, dj_err *e) {
     CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, g->device));
     g->wgmma = major == 9 && minor == 0;
     CUDA_CHECK(cudaDeviceGetAttribute(&g->n_sm, cudaDevAttrMultiProcessorCount, g->device));
-    return 0;
+    return load_module_of(g, (const void *)qgemm_x_kernel, e);
 }

@@ -298,3 +298,5 @@ extern "C" int gpu_pick(void *scratch, int32_t *d_out, float *logits, int64_t ro
     LAUNCH_CHECK("pick", s);
     return 0;
 }
+
+int sample_setup(dj_gpu *g, dj_err *e) { return load_module_of(g, (const void *)pick_kernel, e); }

@@ -4,6 +4,7 @@
 // memory: whole matrices, the largest first, then the last rows of the next (share_fill). For each matrix the CPU
 // has rows of, x goes to the host, the GPU computes its rows meanwhile, and the CPU's rows land in the output
 // through mapped host memory. stream.c leaves the CPU's rows out of a decode pass's copies.
+#include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -100,6 +101,9 @@ uint64_t share_device_bytes(const dj_gpu_state *s) {
     return s->opts.cpu_share != 0 ? (uint64_t)(rows * out) * 4 : 0;
 }
 
+// gpu_set_hold's: the job queued computed before cuBLAS or the scratch may block the host on the device.
+static int share_hold(void *ctx, dj_err *e) { return share_flush((dj_gpu_state *)ctx, e); }
+
 int share_init(dj_gpu_state *s, dj_err *e) {
     gpu_share *sh = &s->sh;
     int64_t in, out;
@@ -110,22 +114,31 @@ int share_init(dj_gpu_state *s, dj_err *e) {
         gpu_host_alloc((void **)&sh->h_cy, rows * (size_t)out * 4, "the CPU share's output", e) ||
         gpu_host_device_ptr((void **)&sh->d_cy, sh->h_cy, e) ||
         gpu_malloc((void **)&sh->d_sy, share_device_bytes(s), "the CPU share's GPU rows", e) ||
-        gpu_event_create(&sh->x_ready, 0, e))
+        gpu_host_alloc((void **)&sh->h_words, 32 * sizeof *sh->h_words, "the CPU share's job words", e) ||
+        gpu_host_device_ptr((void **)&sh->d_words, (void *)sh->h_words, e) ||
+        gpu_host_device_ptr((void **)&sh->d_cx, sh->h_cx, e) ||
+        gpu_malloc((void **)&sh->d_count, sizeof *sh->d_count, "the CPU share's block count", e) ||
+        gpu_memset(sh->d_count, 0, sizeof *sh->d_count, s->compute, e))
         return -1;
+    atomic_store(&sh->h_words[0], 0), atomic_store(&sh->h_words[16], 0);
+    sh->jobs = 0;
+    gpu_set_hold(s->g, share_hold, s);
     return 0;
 }
 
 void share_free(dj_gpu_state *s) {
-    gpu_event_destroy(s->sh.x_ready);
-    gpu_host_free(s->sh.h_cx), gpu_host_free(s->sh.h_cy);
-    gpu_free(s->sh.d_sy);
+    gpu_host_free(s->sh.h_cx), gpu_host_free(s->sh.h_cy), gpu_host_free((void *)s->sh.h_words);
+    gpu_free(s->sh.d_sy), gpu_free(s->sh.d_count);
 }
 
 // ---- the split matmul
-// The host waits for x, so the compute stream runs dry meanwhile; the copy stream does not (its next copy is
-// already issued). One row: the GPU writes its rows straight into y. Several: y's rows are n_out apart, so the
-// GPU's (T, gpu_rows) land in d_sy and both parts are placed into y by a kernel (the CPU's read through the mapped
-// view: a copy on the compute stream could queue behind a weight copy on the copy engine).
+// x goes to the host (h_cx) and the GPU computes its rows; one row: straight into y. Several: y's rows are n_out
+// apart, so the GPU's (T, gpu_rows) land in d_sy and both parts are placed into y by a kernel (the CPU's read
+// through the mapped view: a copy on the compute stream could queue behind a weight copy on the copy engine).
+// The CPU's rows are a job of the pool's workers, which start as the GPU's word says x has landed, while the host
+// goes on queueing the GPU's work up to the next split (its copies, the next layer's kernels) behind a wait on the
+// GPU for the workers' word; the host joins the job there (share_flush). No launch stands between the CPU's rows
+// and the GPU's next kernels, nor between x landing and the CPU's first rows.
 int share_matmul(dj_gpu_state *s, float *y, const float *x, int64_t T, const uint8_t *w, const uint8_t *hw,
                  const sp_mat *mt, dj_err *e) {
     gpu_share *sh = &s->sh;
@@ -133,8 +146,10 @@ int share_matmul(dj_gpu_state *s, float *y, const float *x, int64_t T, const uin
     int64_t gr = sp_gpu_rows(mt, sh->cur_share), nc = mt->n_out - gr;
     int k = mt == &sh->hmat ? 0 : (int)(mt - sh->lmats);  // the matrix in its unit (the trace's label)
     if (T > sh->max_rows) return dj_fail(e, "internal error: a CPU share over %lld rows", (long long)T);
-    if (nc && (trace_split(s->tr, k, 0, e) || gpu_d2h_async(sh->h_cx, x, (size_t)(T * mt->n_in) * 4, s->compute, e) ||
-               gpu_event_record(sh->x_ready, s->compute, e)))
+    uint32_t seq = sh->jobs + 1;
+    // the job before first: h_cx, h_cy and the pool are taken again
+    if (nc && (share_flush(s, e) || trace_split(s->tr, k, 0, e) ||
+               gpu_to_host(sh->d_cx, x, T * mt->n_in, sh->d_count, &sh->d_words[0], sh->jobs = seq, s->compute, e)))
         return -1;
     if (gr) {
         float *gy = T == 1 || !nc ? y : sh->d_sy;
@@ -144,19 +159,36 @@ int share_matmul(dj_gpu_state *s, float *y, const float *x, int64_t T, const uin
     }
     if (!nc) return 0;
     if (trace_split(s->tr, k, 1, e)) return -1;
-    // h_cy is free: the previous split's read of it precedes x_ready on the stream.
-    double t0 = dj_now();
-    if (gpu_event_sync(sh->x_ready, e)) return -1;
-    double t1 = dj_now();
-    cpu_matvec_multi(sh->h_cy, sh->h_cx, hw + dj_matrix_bytes(wt, (uint64_t)gr, (uint64_t)mt->n_in), wt, T, mt->n_in,
-                     nc);
-    double t2 = dj_now();
-    uint64_t bytes = dj_matrix_bytes(wt, (uint64_t)nc, (uint64_t)mt->n_in);
-    sh->pass_wait_s += t1 - t0, sh->pass_cpu_s += t2 - t1, sh->pass_cpu_bytes += bytes;
-    return gpu_place_rows(y + gr, mt->n_out, sh->d_cy, nc, T, nc, s->compute, e) ||
-                   trace_split_end(s->tr, k, t0, t1, t2, bytes, e)
+    const uint8_t *cw = hw + dj_matrix_bytes(wt, (uint64_t)gr, (uint64_t)mt->n_in);
+    sh->job = (share_job){1, wt, T, mt->n_in, nc, k, -1, dj_now()};
+    cpu_matvec_start(sh->h_cy, sh->h_cx, cw, wt, T, mt->n_in, nc, &sh->h_words[0], &sh->h_words[16], seq);
+    return gpu_place_rows_after(y + gr, mt->n_out, sh->d_cy, nc, T, nc, &sh->d_words[16], seq, s->compute, e) ||
+                   trace_split_placed(s->tr, k, &sh->job.mark, e) ||
+                   (!gpu_kernels_loaded(s->g) && share_flush(s, e))  // a launch may block the host: no job waits
                ? -1
                : 0;
+}
+
+int share_flush(dj_gpu_state *s, dj_err *e) {
+    gpu_share *sh = &s->sh;
+    if (!sh->job.on) return 0;
+    sh->job.on = 0;
+    double t1, t2;
+    cpu_matvec_finish(&t1, &t2);
+    uint64_t bytes = dj_matrix_bytes(sh->job.wtype, (uint64_t)sh->job.rows, (uint64_t)sh->job.n_in);
+    double t0 = sh->job.posted < t1 ? sh->job.posted : t1;
+    sh->pass_wait_s += t1 - t0, sh->pass_cpu_s += t2 - t1, sh->pass_cpu_bytes += bytes;
+    return trace_split_times(s->tr, sh->job.mark, t0, t1, t2, bytes, e);
+}
+
+// x may never land (the stream failed): the workers are told it has, and compute garbage.
+void share_release(dj_gpu_state *s) {
+    gpu_share *sh = &s->sh;
+    if (!sh->job.on) return;
+    sh->job.on = 0;
+    atomic_store_explicit(&sh->h_words[0], sh->jobs, memory_order_release);
+    double t1, t2;
+    cpu_matvec_finish(&t1, &t2);
 }
 
 // ---- --cpu-share auto

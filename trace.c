@@ -298,10 +298,18 @@ int trace_split_(dj_trace *t, int mat, int stage, dj_err *e) {
     return mark(t, stage ? M_SPLIT1 : M_SPLIT0, t->unit, mat, e);
 }
 
-int trace_split_end_(dj_trace *t, int mat, double h0, double h1, double h2, uint64_t bytes, dj_err *e) {
+int trace_split_placed_(dj_trace *t, int mat, int *at, dj_err *e) {
     if (t->rec != 1) return 0;
     if (mark(t, M_SPLIT2, t->unit, mat, e)) return -1;
-    tr_mark *m = &t->mk[t->n_mk - 1];
+    *at = t->n_mk - 1;
+    return 0;
+}
+
+int trace_split_times_(dj_trace *t, int at, double h0, double h1, double h2, uint64_t bytes, dj_err *e) {
+    if (at < 0) return 0;
+    if (t->rec != 1 || at >= t->n_mk || t->mk[at].what != M_SPLIT2)
+        return dj_fail(e, "internal error: a trace's split times without their mark");
+    tr_mark *m = &t->mk[at];
     m->h0 = h0, m->h1 = h1, m->h2 = h2, m->bytes = bytes;
     return 0;
 }

@@ -98,7 +98,8 @@ int trace_done(const dj_trace *t);  // the file is written: the engine may free 
 int trace_pass_begin_(dj_trace *t, int64_t T, int64_t issued, dj_err *e);
 int trace_unit_(dj_trace *t, int unit, int end, dj_err *e);
 int trace_split_(dj_trace *t, int mat, int stage, dj_err *e);
-int trace_split_end_(dj_trace *t, int mat, double h0, double h1, double h2, uint64_t bytes, dj_err *e);
+int trace_split_placed_(dj_trace *t, int mat, int *mark, dj_err *e);
+int trace_split_times_(dj_trace *t, int mark, double h0, double h1, double h2, uint64_t bytes, dj_err *e);
 int trace_copy_(dj_trace *t, int64_t seq, int unit, uint64_t bytes, cudaEvent_t c0, cudaEvent_t c1, cudaEvent_t w0,
                 cudaEvent_t w1, dj_err *e);
 int trace_pass_end_(dj_trace *t, dj_err *e);
@@ -115,10 +116,16 @@ static inline int trace_unit(dj_trace *t, int u, int end, dj_err *e) { return t 
 static inline int trace_split(dj_trace *t, int mat, int stage, dj_err *e) {
     return t ? trace_split_(t, mat, stage, e) : 0;
 }
-// The split's end, after the CPU's rows were placed: the host's clock (dj_now) when it began waiting for x (h0),
-// when x had landed (h1) and when its rows were done (h2); bytes of weights it read.
-static inline int trace_split_end(dj_trace *t, int mat, double h0, double h1, double h2, uint64_t bytes, dj_err *e) {
-    return t ? trace_split_end_(t, mat, h0, h1, h2, bytes, e) : 0;
+// The split's end, queued after the placing of the CPU's rows; *mark: its mark, for trace_split_times (-1: none).
+static inline int trace_split_placed(dj_trace *t, int mat, int *mark, dj_err *e) {
+    *mark = -1;
+    return t ? trace_split_placed_(t, mat, mark, e) : 0;
+}
+// The CPU's side of the split whose end is `mark`, once computed: the host's clock (dj_now) when it began waiting
+// for x (h0), when x had landed (h1) and when its rows were done (h2); bytes of weights it read.
+static inline int trace_split_times(dj_trace *t, int mark, double h0, double h1, double h2, uint64_t bytes,
+                                    dj_err *e) {
+    return t ? trace_split_times_(t, mark, h0, h1, h2, bytes, e) : 0;
 }
 // A streamed unit's copy (stream.c's seq) and its wait, read after the pass that computed the unit (sched_harvest).
 static inline int trace_copy(dj_trace *t, int64_t seq, int unit, uint64_t bytes, cudaEvent_t c0, cudaEvent_t c1,

@@ -2,11 +2,15 @@
 // implementations written here, on random inputs at several sizes.
 #include <criterion/criterion.h>
 #include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "../model.h"
 #include "../cpu.h"
+#include "../quant.h"
 #include "common.h"
 
 // ---- matmul
@@ -83,6 +87,74 @@ Test(cpu_kernels, matvec_multi_all_dtypes_and_sizes) {
                 tcpu_mm_case(types[k], sizes[s][0], sizes[s][1], sizes[s][2], 2);
     }
     cpu_set_simd(CPU_SIMD_BEST);
+}
+
+// cpu_matvec_start / cpu_matvec_finish (the GPU engine's CPU share, asynchronous): the workers wait for the ready
+// word, then give cpu_matvec_multi's result bit for bit and store the job's number in the done word; the caller
+// works meanwhile. The ready word comes from another thread (as the GPU's would), 20 ms later: done must not be set
+// before it, nor y touched.
+typedef struct {
+    _Atomic uint32_t *word;
+    uint32_t seq;
+    float *x;
+    const float *x_later;
+    int64_t n;
+} tcpu_later;
+
+static void *tcpu_ready_later(void *arg) {
+    tcpu_later *l = arg;
+    struct timespec ts = {0, 20 * 1000 * 1000};
+    nanosleep(&ts, NULL);
+    memcpy(l->x, l->x_later, (size_t)l->n * sizeof(float));  // x lands, then the word
+    atomic_store_explicit(l->word, l->seq, memory_order_release);
+    return NULL;
+}
+
+Test(cpu_kernels, matvec_async_equals_sync) {
+    static const int64_t sizes[][3] = {{1, 64, 1}, {1, 4096, 700}, {1, 96, 2000}, {3, 256, 301}, {8, 512, 97}};
+    uint32_t types[] = {DJ_F32, DJ_F16, DJ_Q8, DJ_Q4};
+    uint32_t seq = 0xfffffff0u;  // the numbers wrap within the test; each word starts at the last job's
+    _Atomic uint32_t ready = seq, done = seq;
+    tc_rng_seed(5);
+    for (int k = 0; k < 4; k++)
+        for (size_t c = 0; c < sizeof sizes / sizeof *sizes; c++) {
+            int64_t T = sizes[c][0], n_in = sizes[c][1], n_out = sizes[c][2];
+            uint32_t wt = types[k];
+            size_t rb = (size_t)dj_row_bytes(wt, (uint64_t)n_in);
+            float *x = malloc(sizeof(float) * T * n_in), *x0 = malloc(sizeof(float) * T * n_in);
+            float *wf = malloc(sizeof(float) * n_in * n_out), *want = malloc(sizeof(float) * T * n_out);
+            float *got = malloc(sizeof(float) * T * n_out);
+            uint8_t *w = malloc(rb * (size_t)n_out);
+            cr_assert(x && x0 && wf && want && got && w);
+            tc_fill(x0, T * n_in, -1, 1);
+            tc_fill(wf, n_in * n_out, -1, 1);
+            if (dj_is_quant(wt))
+                for (int64_t o = 0; o < n_out; o++) quant_row(wt, wf + o * n_in, n_in, w + (size_t)o * rb, 0, NULL, NULL);
+            else
+                tc_store(w, wf, n_in * n_out, wt);
+            cpu_matvec_multi(want, x0, w, wt, T, n_in, n_out);
+            memset(x, 0, sizeof(float) * T * n_in);
+            for (int64_t i = 0; i < T * n_out; i++) got[i] = -7.0f;
+            seq++;
+            tcpu_later l = {&ready, seq, x, x0, T * n_in};
+            pthread_t th;
+            cr_assert_eq(pthread_create(&th, NULL, tcpu_ready_later, &l), 0);
+            cpu_matvec_start(got, x, w, wt, T, n_in, n_out, &ready, &done, seq);
+            struct timespec ts = {0, 5 * 1000 * 1000};
+            nanosleep(&ts, NULL);
+            cr_assert(atomic_load(&done) != seq, "%s T=%ld: done before x landed", dj_dtype_name(wt), (long)T);
+            cr_assert(got[0] == -7.0f && got[T * n_out - 1] == -7.0f, "%s: y written before x landed",
+                      dj_dtype_name(wt));
+            double t_x, t_done;
+            cpu_matvec_finish(&t_x, &t_done);
+            pthread_join(th, NULL);
+            cr_assert_eq(atomic_load(&done), seq, "%s T=%ld n_in=%ld n_out=%ld: done word %u", dj_dtype_name(wt),
+                         (long)T, (long)n_in, (long)n_out, atomic_load(&done));
+            cr_assert(t_x > 0 && t_done >= t_x, "%s: times %g %g", dj_dtype_name(wt), t_x, t_done);
+            cr_assert(memcmp(got, want, sizeof(float) * T * n_out) == 0, "%s T=%ld n_in=%ld n_out=%ld: not bitwise "
+                      "cpu_matvec_multi's", dj_dtype_name(wt), (long)T, (long)n_in, (long)n_out);
+            free(x), free(x0), free(wf), free(want), free(got), free(w);
+        }
 }
 
 // Every finite f16 and bf16 widened by cpu_matvec's vector path (rows of 8 and 32, one nonzero weight each, in

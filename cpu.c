@@ -976,7 +976,9 @@ void cpu_matvec_multi(float *y, const float *x, const void *w, uint32_t wtype, i
     cpu_parallel_for(parts, (double)T * (double)n_in * (double)n_out, cpu_multi_task, &j);
 }
 
-// cpu_matvec_start's one job at a time (the pool's calls are serialised), and x's records for cpu_matvec's path.
+// cpu_matvec_start's one job at a time (mu: held from start to finish, by the thread that started it), and x's
+// records for cpu_matvec's path.
+static pthread_mutex_t cpu_aj_mu = PTHREAD_MUTEX_INITIALIZER;
 static struct {
     struct cpu_async a;
     cpu_matvec_job mv;
@@ -990,6 +992,7 @@ void cpu_matvec_start(float *y, const float *x, const void *w, uint32_t wtype, i
                       int64_t n_out, const _Atomic uint32_t *ready, _Atomic uint32_t *done, uint32_t seq) {
     assert(dj_row_bytes(wtype, 1) > 0 && n_out > 0);
     if (wtype == DJ_F16) pthread_once(&cpu_f16_once, cpu_f16_table_init);
+    pthread_mutex_lock(&cpu_aj_mu);
     int64_t parts = cpu_threads();
     cpu_aj.a = (struct cpu_async){ready, done, seq, 2, 0, n_out, 0, 0, 0};
     cpu_aj.multi = !(T == 1 && (!cpu_avx512_on() || dj_is_quant(wtype)));
@@ -1018,6 +1021,7 @@ void cpu_matvec_finish(double *t_x, double *t_done) {
     free(cpu_aj.xbuf);
     cpu_aj.xbuf = NULL;
     *t_x = cpu_aj.a.t_x, *t_done = cpu_aj.a.t_done;
+    pthread_mutex_unlock(&cpu_aj_mu);
 }
 
 // ---- norm, RoPE, attention, SwiGLU

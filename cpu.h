@@ -24,8 +24,9 @@ void cpu_matvec_multi(float *y, const float *x, const void *w, uint32_t wtype, i
 // cpu_matvec_multi on the pool's workers, asynchronously: they begin once *ready reaches seq (in wrapping order:
 // x has landed), and the thread that computes the last row stores seq in *done (release), while the caller goes
 // on with other work. cpu_matvec_finish joins: the caller computes rows still unclaimed and returns when every
-// thread is done, with the host's clock (dj_now) when a thread first saw x and when the last row was done. One job at a time, and nothing else on the pool in between. (The GPU engine's CPU share: the GPU
-// writes *ready and waits for *done, both in mapped host memory.)
+// thread is done, with the host's clock (dj_now) when a thread first saw x and when the last row was done. One
+// job at a time (another thread's start waits for this one's finish), and nothing else on the pool in between.
+// (The GPU engine's CPU share: the GPU writes *ready and waits for *done, both in mapped host memory.)
 void cpu_matvec_start(float *y, const float *x, const void *w, uint32_t wtype, int64_t T, int64_t n_in,
                       int64_t n_out, const _Atomic uint32_t *ready, _Atomic uint32_t *done, uint32_t seq);
 void cpu_matvec_finish(double *t_x, double *t_done);

@@ -91,10 +91,11 @@ Test(cpu_kernels, matvec_multi_all_dtypes_and_sizes) {
 
 // cpu_matvec_start / cpu_matvec_finish (the GPU engine's CPU share, asynchronous): the workers wait for the ready
 // word, then give cpu_matvec_multi's result bit for bit and store the job's number in the done word; the caller
-// works meanwhile. The ready word comes from another thread (as the GPU's would), 20 ms later: done must not be set
-// before it, nor y touched.
+// works meanwhile. The ready word comes from another thread (as the GPU's would), only once the caller has seen,
+// 5 ms into the job, neither the done word nor y moved.
 typedef struct {
     _Atomic uint32_t *word;
+    _Atomic int go;
     uint32_t seq;
     float *x;
     const float *x_later;
@@ -103,8 +104,10 @@ typedef struct {
 
 static void *tcpu_ready_later(void *arg) {
     tcpu_later *l = arg;
-    struct timespec ts = {0, 20 * 1000 * 1000};
-    nanosleep(&ts, NULL);
+    while (!atomic_load(&l->go)) {
+        struct timespec ts = {0, 100 * 1000};
+        nanosleep(&ts, NULL);
+    }
     memcpy(l->x, l->x_later, (size_t)l->n * sizeof(float));  // x lands, then the word
     atomic_store_explicit(l->word, l->seq, memory_order_release);
     return NULL;
@@ -136,7 +139,7 @@ Test(cpu_kernels, matvec_async_equals_sync) {
             memset(x, 0, sizeof(float) * T * n_in);
             for (int64_t i = 0; i < T * n_out; i++) got[i] = -7.0f;
             seq++;
-            tcpu_later l = {&ready, seq, x, x0, T * n_in};
+            tcpu_later l = {&ready, 0, seq, x, x0, T * n_in};
             pthread_t th;
             cr_assert_eq(pthread_create(&th, NULL, tcpu_ready_later, &l), 0);
             cpu_matvec_start(got, x, w, wt, T, n_in, n_out, &ready, &done, seq);
@@ -145,6 +148,7 @@ Test(cpu_kernels, matvec_async_equals_sync) {
             cr_assert(atomic_load(&done) != seq, "%s T=%ld: done before x landed", dj_dtype_name(wt), (long)T);
             cr_assert(got[0] == -7.0f && got[T * n_out - 1] == -7.0f, "%s: y written before x landed",
                       dj_dtype_name(wt));
+            atomic_store(&l.go, 1);
             double t_x, t_done;
             cpu_matvec_finish(&t_x, &t_done);
             pthread_join(th, NULL);

@@ -74,7 +74,8 @@ static int tap_rows(dj_gpu_state *s, int l, int64_t T, dj_err *e) {
         if (run && gpu_h2d_async(s->b.x + (t - run) * dim, h - run * dim, (size_t)run * row, s->compute, e)) return -1;
         wrote += run, run = 0;
     }
-    return wrote && (share_flush(s, e) || gpu_stream_sync(s->compute, e)) ? -1 : 0;  // h_rows is free again for the next layer's rows
+    // h_rows is free again for the next layer's rows
+    return wrote && (share_flush(s, e) || gpu_stream_sync(s->compute, e)) ? -1 : 0;
 }
 
 int gpu_probe_layer(dj_gpu_state *s, int l, int64_t T, int *pending, dj_err *e) {

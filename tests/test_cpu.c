@@ -132,7 +132,8 @@ Test(cpu_kernels, matvec_async_equals_sync) {
             tc_fill(x0, T * n_in, -1, 1);
             tc_fill(wf, n_in * n_out, -1, 1);
             if (dj_is_quant(wt))
-                for (int64_t o = 0; o < n_out; o++) quant_row(wt, wf + o * n_in, n_in, w + (size_t)o * rb, 0, NULL, NULL);
+                for (int64_t o = 0; o < n_out; o++)
+                    quant_row(wt, wf + o * n_in, n_in, w + (size_t)o * rb, 0, NULL, NULL);
             else
                 tc_store(w, wf, n_in * n_out, wt);
             cpu_matvec_multi(want, x0, w, wt, T, n_in, n_out);

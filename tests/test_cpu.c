@@ -59,7 +59,7 @@ Test(cpu_kernels, matvec_all_dtypes_and_sizes) {
     uint32_t types[] = {DJ_F32, DJ_F16, DJ_BF16};
     tc_rng_seed(2);
     for (int simd = 1; simd >= 0; simd--) {  // the vector path where the CPU has it, then the portable one
-        if (simd && !cpu_set_simd(CPU_SIMD_AVX2)) cr_log_warn("this CPU lacks AVX2/FMA/F16C: only cpu_matvec's portable loop runs");
+        if (simd && !cpu_set_simd(CPU_SIMD_AVX2)) cr_log_info("this CPU lacks AVX2/FMA/F16C: only cpu_matvec's portable loop runs");
         cpu_set_simd(simd);
         for (int k = 0; k < 3; k++)
             for (size_t s = 0; s < sizeof sizes / sizeof *sizes; s++)
@@ -79,7 +79,7 @@ Test(cpu_kernels, matvec_multi_all_dtypes_and_sizes) {
     uint32_t types[] = {DJ_F32, DJ_F16, DJ_BF16};
     tc_rng_seed(4);
     if (cpu_set_simd(CPU_SIMD_AVX512) != CPU_SIMD_AVX512)
-        cr_log_warn("this CPU lacks AVX-512 (F, BW, VL, DQ): cpu_matvec_multi's AVX-512 tiles are not tested here");
+        cr_log_info("this CPU lacks AVX-512 (F, BW, VL, DQ): cpu_matvec_multi's AVX-512 tiles are not tested here");
     for (int simd = CPU_SIMD_AVX512; simd >= 0; simd--) {
         cpu_set_simd(simd);
         for (int k = 0; k < 3; k++)

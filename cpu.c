@@ -472,6 +472,13 @@ int cpu_set_simd(int level) {
 
 // cpu_matvec_start's job: x lands when *ready reaches seq; the thread that computes the last row stores seq in
 // *done. x's records (cpu_matvec, q8 and q4) are built by the first thread to see x, the others wait for them.
+// Its first chunks of rows are the workers' own, one each (worker p's is chunk p - 1, the caller has none): a worker
+// waiting for x reads its chunk's weights into its cache meanwhile (cpu_async_wait_x) and takes it first; the other
+// chunks go in order to whoever asks, and a first chunk its worker has not come for is taken at the end by anyone.
+// (H200 machine, 2026-11-27, 8B q4 at the minimum ring: 0.92-0.96 of the time without; two chunks a worker: no
+// better.)
+#define CPU_FIRST_MAX 256
+#define CPU_PREFETCH_MAX (1 << 20)  // bytes a worker reads ahead: within a core's L2
 struct cpu_async {
     const _Atomic uint32_t *ready;
     _Atomic uint32_t *done;
@@ -481,7 +488,52 @@ struct cpu_async {
     int64_t n_out;
     _Atomic int seen;    // a thread saw x: t_x is set
     double t_x, t_done;  // dj_now when the first thread saw x, when the last row was done
+    int64_t n_first;     // first chunks (of the job's first matrix: the chain's gate|up units)
+    _Atomic uint64_t first_taken[CPU_FIRST_MAX / 64];
 };
+
+// A thread's way through a job's chunks (cpu_claim): its own first chunk, then the queue, then the first chunks
+// left.
+typedef struct {
+    int stage;
+    int64_t i;
+} cpu_claim_it;
+
+// The next rows [*b, *e) of n for thread `part` (a pool part: 0 the caller), chunk at a time; the queue `next`
+// (rows) starts after a's first chunks (a NULL: no first chunks). 0: none left.
+static int cpu_claim(struct cpu_async *a, _Atomic int64_t *next, int64_t chunk, int64_t n, int64_t part,
+                     cpu_claim_it *it, int64_t *b, int64_t *e) {
+    int64_t nf = a ? a->n_first : 0, k = -1;
+#define TAKE(c) (!(atomic_fetch_or(&a->first_taken[(c) / 64], 1ull << ((c) % 64)) >> ((c) % 64) & 1))
+    if (it->stage == 0) {
+        it->stage = 1;
+        if (part >= 1 && part <= nf && TAKE(part - 1)) k = part - 1;
+    }
+    if (k < 0 && it->stage == 1) {
+        int64_t r = atomic_fetch_add(next, chunk);
+        if (r < n) {
+            *b = r, *e = r + chunk < n ? r + chunk : n;
+            return 1;
+        }
+        it->stage = 2;
+    }
+    for (; k < 0 && it->i < nf; it->i++)
+        if (TAKE(it->i)) k = it->i;
+#undef TAKE
+    if (k < 0) return 0;
+    *b = k * chunk, *e = (k + 1) * chunk < n ? (k + 1) * chunk : n;
+    return 1;
+}
+
+// First chunks for a job of n rows in chunks of `chunk` on `parts` threads: the queue's start (rows).
+static int64_t cpu_first_chunks(struct cpu_async *a, int64_t n, int64_t chunk, int64_t parts) {
+    int64_t chunks = (n + chunk - 1) / chunk, nf = parts - 1;
+    if (nf > chunks / 2) nf = chunks / 2;  // the queue keeps half: a late worker's chunk is one of many
+    if (nf > CPU_FIRST_MAX) nf = CPU_FIRST_MAX;
+    a->n_first = nf;
+    for (int i = 0; i < CPU_FIRST_MAX / 64; i++) atomic_store(&a->first_taken[i], 0);
+    return a->n_first * chunk;
+}
 
 static inline void cpu_relax_once(void) {
 #if defined(__x86_64__) || defined(__i386__)
@@ -489,9 +541,29 @@ static inline void cpu_relax_once(void) {
 #endif
 }
 
-// Waits for x (wrapping order).
-static void cpu_async_wait_x(struct cpu_async *a) {
-    while ((int32_t)(atomic_load_explicit(a->ready, memory_order_acquire) - a->seq) < 0) cpu_relax_once();
+// Waits for x (wrapping order), reading the weights of thread part's first chunk meanwhile (up to
+// CPU_PREFETCH_MAX bytes): its rows of w (rb bytes each), and of w2 where it is not NULL (the chain's up beside
+// gate).
+static void cpu_async_wait_x(struct cpu_async *a, int64_t part, const uint8_t *w, const uint8_t *w2, size_t rb,
+                             int64_t chunk, int64_t n) {
+    size_t at = 0, end = 0;
+    const uint8_t *r = NULL, *r2 = NULL;
+    if (part >= 1 && part <= a->n_first) {
+        int64_t b = (part - 1) * chunk, e = b + chunk < n ? b + chunk : n;
+        end = (size_t)(e - b) * rb * (w2 ? 2 : 1) > CPU_PREFETCH_MAX ? CPU_PREFETCH_MAX / (w2 ? 2 : 1)
+                                                                     : (size_t)(e - b) * rb;
+        r = w + (size_t)b * rb, r2 = w2 ? w2 + (size_t)b * rb : NULL;
+    }
+    while ((int32_t)(atomic_load_explicit(a->ready, memory_order_acquire) - a->seq) < 0) {
+        if (at >= end) {
+            cpu_relax_once();
+            continue;
+        }
+        for (size_t stop = at + 1024 < end ? at + 1024 : end; at < stop; at += 64) {
+            __builtin_prefetch(r + at, 0, 2);
+            if (r2) __builtin_prefetch(r2 + at, 0, 2);
+        }
+    }
     if (!atomic_exchange(&a->seen, 1)) a->t_x = dj_now();
 }
 
@@ -570,21 +642,26 @@ static void cpu_matvec_rows(const cpu_matvec_job *j, int64_t begin, int64_t end)
 static void *cpu_xq_alloc(cpu_xq *xq, uint32_t wtype, int64_t n_in);
 static void cpu_xq_fill(cpu_xq *xq, const float *x, int64_t n_in, uint32_t wtype);
 
+// x's records (xq NULL: none), built once by the first thread to get here while the others wait for them.
+static void cpu_stage(_Atomic int *staged, cpu_xq *xq, const float *x, int64_t n_in, uint32_t wtype) {
+    int idle = 0;
+    if (atomic_compare_exchange_strong(staged, &idle, 1)) {
+        if (xq) cpu_xq_fill(xq, x, n_in, wtype);
+        atomic_store_explicit(staged, 2, memory_order_release);
+    }
+    while (atomic_load_explicit(staged, memory_order_acquire) != 2) cpu_relax_once();
+}
+
 static void cpu_matvec_task(void *ctx, int64_t part, int64_t parts_end) {
     cpu_matvec_job *j = ctx;
-    (void)part, (void)parts_end;
+    (void)parts_end;
     struct cpu_async *a = j->as;
     if (a) {
-        cpu_async_wait_x(a);
-        int idle = 0;
-        if (atomic_compare_exchange_strong(&a->staged, &idle, 1)) {
-            if (j->xq) cpu_xq_fill((cpu_xq *)j->xq, j->x, j->n_in, j->wtype);
-            atomic_store_explicit(&a->staged, 2, memory_order_release);
-        }
-        while (atomic_load_explicit(&a->staged, memory_order_acquire) != 2) cpu_relax_once();
+        cpu_async_wait_x(a, part, j->w, NULL, (size_t)dj_row_bytes(j->wtype, (uint64_t)j->n_in), j->chunk, j->n_out);
+        cpu_stage(&a->staged, (cpu_xq *)j->xq, j->x, j->n_in, j->wtype);
     }
-    for (int64_t b; (b = atomic_fetch_add(&j->next, j->chunk)) < j->n_out;) {
-        int64_t e = b + j->chunk < j->n_out ? b + j->chunk : j->n_out;
+    int64_t b, e;
+    for (cpu_claim_it it = {0}; cpu_claim(a, &j->next, j->chunk, j->n_out, part, &it, &b, &e);) {
         cpu_matvec_rows(j, b, e);
         if (a) cpu_async_rows(a, e - b);
     }
@@ -908,52 +985,64 @@ SIMD512_FN static void z_rows(const cpu_multi_job *j, int64_t b, int64_t end) {
 }
 #endif
 
-static void cpu_multi_task(void *ctx, int64_t part, int64_t parts_end) {
-    cpu_multi_job *j = ctx;
-    (void)part, (void)parts_end;
-    int64_t n = j->n_in;
-    size_t rb = (size_t)dj_row_bytes(j->wtype, (uint64_t)n);
-    if (j->as) cpu_async_wait_x(j->as);
+// A thread's buffer for the tiles' rows of up to n inputs (cpu_multi_chunk's): NULL on the AVX-512 path, which
+// widens in registers.
+static float *cpu_multi_buf(int64_t n) {
 #ifdef CPU_SIMD
-    if (cpu_avx512_on()) {  // widened in registers: no buffer
-        for (int64_t b; (b = atomic_fetch_add(&j->next, j->chunk)) < j->n_out;) {
-            int64_t e = b + j->chunk < j->n_out ? b + j->chunk : j->n_out;
-            z_rows(j, b, e);
-            if (j->as) cpu_async_rows(j->as, e - b);
+    if (cpu_avx512_on()) return NULL;
+#endif
+    float *buf = malloc((size_t)(MV_RC * MV_KB + n + DJ_QGROUP) * sizeof(float));
+    assert(buf && "out of memory in cpu_matvec_multi");
+    return buf;
+}
+
+// Rows [b, end) of a tiles' job.
+static void cpu_multi_chunk(const cpu_multi_job *j, int64_t b, int64_t end, float *buf) {
+    int64_t n = j->n_in;
+#ifdef CPU_SIMD
+    if (cpu_avx512_on()) {
+        z_rows(j, b, end);
+        return;
+    }
+    if (cpu_avx2_on()) {
+        // MV_RC rows at a time, MV_KB inputs at a time: the rows' block and x's stay in the L1/L2 caches while
+        // every row group and column group passes over them
+        size_t rb = (size_t)dj_row_bytes(j->wtype, (uint64_t)n);
+        for (int64_t r0 = b; r0 < end; r0 += MV_RC) {
+            int64_t r1 = r0 + MV_RC < end ? r0 + MV_RC : end;
+            for (int64_t k0 = 0; k0 < n; k0 += MV_KB) {
+                int64_t k1 = k0 + MV_KB < n ? k0 + MV_KB : n;
+                for (int64_t o = r0; o < r1; o++)
+                    simd_widen_range(buf + (o - r0) * MV_KB, j->w + (size_t)o * rb, j->wtype, n, k0, k1);
+                for (int64_t o = r0; o < r1; o += MV_R) {
+                    int R = r1 - o < MV_R ? (int)(r1 - o) : MV_R;
+                    float *y = j->y + o, *wb = buf + (o - r0) * MV_KB;
+                    const float *x = j->x + k0;
+                    if (R == 3) simd_tiles_3(y, j->n_out, x, n, j->T, wb, MV_KB, k1 - k0, k0 > 0);
+                    if (R == 2) simd_tiles_2(y, j->n_out, x, n, j->T, wb, MV_KB, k1 - k0, k0 > 0);
+                    if (R == 1) simd_tiles_1(y, j->n_out, x, n, j->T, wb, MV_KB, k1 - k0, k0 > 0);
+                }
+            }
         }
         return;
     }
 #endif
-    float *buf = malloc((size_t)(MV_RC * MV_KB + n + DJ_QGROUP) * sizeof(float));
-    assert(buf && "out of memory in cpu_matvec_multi");
-    for (int64_t b; (b = atomic_fetch_add(&j->next, j->chunk)) < j->n_out;) {
-        int64_t end = b + j->chunk < j->n_out ? b + j->chunk : j->n_out;
-#ifdef CPU_SIMD
-        if (cpu_avx2_on()) {
-            // MV_RC rows at a time, MV_KB inputs at a time: the rows' block and x's stay in the L1/L2 caches while
-            // every row group and column group passes over them
-            for (int64_t r0 = b; r0 < end; r0 += MV_RC) {
-                int64_t r1 = r0 + MV_RC < end ? r0 + MV_RC : end;
-                for (int64_t k0 = 0; k0 < n; k0 += MV_KB) {
-                    int64_t k1 = k0 + MV_KB < n ? k0 + MV_KB : n;
-                    for (int64_t o = r0; o < r1; o++)
-                        simd_widen_range(buf + (o - r0) * MV_KB, j->w + (size_t)o * rb, j->wtype, n, k0, k1);
-                    for (int64_t o = r0; o < r1; o += MV_R) {
-                        int R = r1 - o < MV_R ? (int)(r1 - o) : MV_R;
-                        float *y = j->y + o, *wb = buf + (o - r0) * MV_KB;
-                        const float *x = j->x + k0;
-                        if (R == 3) simd_tiles_3(y, j->n_out, x, n, j->T, wb, MV_KB, k1 - k0, k0 > 0);
-                        if (R == 2) simd_tiles_2(y, j->n_out, x, n, j->T, wb, MV_KB, k1 - k0, k0 > 0);
-                        if (R == 1) simd_tiles_1(y, j->n_out, x, n, j->T, wb, MV_KB, k1 - k0, k0 > 0);
-                    }
-                }
-            }
-        } else
-#endif
-            for (int64_t o = b; o < end; o++) {
-                const float *wr = cpu_widen_row(buf, j->w, j->wtype, o, n);
-                for (int64_t t = 0; t < j->T; t++) j->y[t * j->n_out + o] = cpu_dot(j->x + t * n, wr, n);
-            }
+    for (int64_t o = b; o < end; o++) {
+        const float *wr = cpu_widen_row(buf, j->w, j->wtype, o, n);
+        for (int64_t t = 0; t < j->T; t++) j->y[t * j->n_out + o] = cpu_dot(j->x + t * n, wr, n);
+    }
+}
+
+static void cpu_multi_task(void *ctx, int64_t part, int64_t parts_end) {
+    cpu_multi_job *j = ctx;
+    (void)parts_end;
+    if (j->as)
+        cpu_async_wait_x(j->as, part, j->w, NULL, (size_t)dj_row_bytes(j->wtype, (uint64_t)j->n_in), j->chunk,
+                         j->n_out);
+    float *buf = cpu_multi_buf(j->n_in);
+    int64_t b, end;
+    for (cpu_claim_it it = {0}; cpu_claim(j->as, &j->next, j->chunk, j->n_out, part, &it, &b, &end);) {
+        cpu_multi_chunk(j, b, end, buf);
         if (j->as) cpu_async_rows(j->as, end - b);
     }
     free(buf);
@@ -976,51 +1065,143 @@ void cpu_matvec_multi(float *y, const float *x, const void *w, uint32_t wtype, i
     cpu_parallel_for(parts, (double)T * (double)n_in * (double)n_out, cpu_multi_task, &j);
 }
 
-// cpu_matvec_start's one job at a time (mu: held from start to finish, by the thread that started it), and x's
-// records for cpu_matvec's path.
+// cpu_ffn_start's job: phase one claims the hidden units a chunk at a time (cpu_claim), each chunk's gate rows and
+// up rows by one thread, then their silu(gate) * up into h; phase two, once every unit is done, the down rows
+// from h.
+typedef struct {
+    const cpu_ffn_args *f;
+    _Atomic uint32_t *mid;
+    _Atomic int64_t next, units, next_down;  // phase one's chunks claimed, its units done; phase two's rows claimed
+    _Atomic int staged;                      // h's records for down (cpu_async's staged)
+    int64_t chunk, chunk_down;
+    double t_mid;
+} cpu_chain;
+
+// cpu_matvec_start's or cpu_ffn_start's one job at a time (mu: held from start to finish, by the thread that
+// started it), and x's records for cpu_matvec's path ([1]: h's, for down).
 static pthread_mutex_t cpu_aj_mu = PTHREAD_MUTEX_INITIALIZER;
 static struct {
     struct cpu_async a;
-    cpu_matvec_job mv;
-    cpu_multi_job mm;
-    cpu_xq xq;
-    void *xbuf;
-    int multi, inline_;  // the tiles' path; one thread: the caller computes it all in cpu_matvec_finish
+    cpu_matvec_job mv[3];  // a matvec's ([0]), or the chain's gate, up and down
+    cpu_multi_job mm[3];
+    cpu_xq xq[2];
+    void *xbuf[2];
+    cpu_ffn_args ffn;
+    cpu_chain ch;
+    int multi, chain, inline_;  // the tiles' path; cpu_ffn_start's; one thread: the caller computes it all in
+                                // cpu_matvec_finish
 } cpu_aj;
+
+// Rows per claim: a share of each of `parts` threads' eighth, whole tiles (multiples of 12) on the tiles' path.
+static int64_t cpu_aj_chunk(int64_t n_out, int64_t parts) {
+    int64_t c = cpu_aj.multi ? n_out / (8 * parts) / 12 * 12 : n_out / (8 * parts);
+    return cpu_aj.multi ? (c < 12 ? 12 : c) : c < 16 ? 16 : c;
+}
+
+// The k-th matrix's job of the one running (k: cpu_aj.mv's index) over x, writing y (T, n_out); `rec`: which of
+// cpu_aj.xq holds x's records for cpu_matvec's path, made where it needs them.
+static void cpu_aj_job(int k, int rec, float *y, const float *x, const void *w, uint32_t wtype, int64_t T,
+                       int64_t n_in, int64_t n_out) {
+    if (cpu_aj.multi) {
+        cpu_aj.mm[k] = (cpu_multi_job){y, x, w, wtype, T, n_in, n_out, cpu_aj_chunk(n_out, cpu_threads()), 0,
+                                       &cpu_aj.a};
+        return;
+    }
+    cpu_aj.mv[k] = (cpu_matvec_job){y, x, w, wtype, n_in, n_out, cpu_aj_chunk(n_out, cpu_threads()), NULL, 0,
+                                    &cpu_aj.a};
+    if (!cpu_aj.xbuf[rec] && (cpu_aj.xbuf[rec] = cpu_xq_alloc(&cpu_aj.xq[rec], wtype, n_in)) && rec == 0)
+        cpu_aj.a.staged = 0;  // [1]'s: cpu_chain's staged
+    if (cpu_aj.xbuf[rec]) cpu_aj.mv[k].xq = &cpu_aj.xq[rec];
+}
+
+// Locks the one job and sets its common part.
+static void cpu_aj_begin(uint32_t wtype, int64_t T, int64_t n_out, const _Atomic uint32_t *ready,
+                         _Atomic uint32_t *done, uint32_t seq) {
+    if (wtype == DJ_F16) pthread_once(&cpu_f16_once, cpu_f16_table_init);
+    pthread_mutex_lock(&cpu_aj_mu);
+    cpu_aj.a = (struct cpu_async){ready, done, seq, 2, 0, n_out, 0, 0, 0, 0, {0}};
+    cpu_aj.multi = !(T == 1 && (!cpu_avx512_on() || dj_is_quant(wtype)));
+    cpu_aj.chain = 0;
+    cpu_aj.xbuf[0] = cpu_aj.xbuf[1] = NULL;
+    cpu_aj.inline_ = cpu_threads() == 1;
+}
 
 void cpu_matvec_start(float *y, const float *x, const void *w, uint32_t wtype, int64_t T, int64_t n_in,
                       int64_t n_out, const _Atomic uint32_t *ready, _Atomic uint32_t *done, uint32_t seq) {
     assert(dj_row_bytes(wtype, 1) > 0 && n_out > 0);
-    if (wtype == DJ_F16) pthread_once(&cpu_f16_once, cpu_f16_table_init);
-    pthread_mutex_lock(&cpu_aj_mu);
-    int64_t parts = cpu_threads();
-    cpu_aj.a = (struct cpu_async){ready, done, seq, 2, 0, n_out, 0, 0, 0};
-    cpu_aj.multi = !(T == 1 && (!cpu_avx512_on() || dj_is_quant(wtype)));
-    cpu_aj.xbuf = NULL;
-    if (cpu_aj.multi) {
-        int64_t chunk = n_out / (8 * parts) / 12 * 12;
-        cpu_aj.mm = (cpu_multi_job){y, x, w, wtype, T, n_in, n_out, chunk < 12 ? 12 : chunk, 0, &cpu_aj.a};
-    } else {
-        int64_t chunk = n_out / (8 * parts);
-        cpu_aj.mv = (cpu_matvec_job){y, x, w, wtype, n_in, n_out, chunk < 16 ? 16 : chunk, NULL, 0, &cpu_aj.a};
-        if ((cpu_aj.xbuf = cpu_xq_alloc(&cpu_aj.xq, wtype, n_in))) cpu_aj.mv.xq = &cpu_aj.xq, cpu_aj.a.staged = 0;
-    }
-    cpu_aj.inline_ = parts == 1;
+    cpu_aj_begin(wtype, T, n_out, ready, done, seq);
+    cpu_aj_job(0, 0, y, x, w, wtype, T, n_in, n_out);
+    if (cpu_aj.multi) cpu_aj.mm[0].next = cpu_first_chunks(&cpu_aj.a, n_out, cpu_aj.mm[0].chunk, cpu_threads());
+    else cpu_aj.mv[0].next = cpu_first_chunks(&cpu_aj.a, n_out, cpu_aj.mv[0].chunk, cpu_threads());
     if (!cpu_aj.inline_)
-        cpu_parallel_start(parts, cpu_aj.multi ? cpu_multi_task : cpu_matvec_task,
-                           cpu_aj.multi ? (void *)&cpu_aj.mm : (void *)&cpu_aj.mv);
+        cpu_parallel_start(cpu_threads(), cpu_aj.multi ? cpu_multi_task : cpu_matvec_task,
+                           cpu_aj.multi ? (void *)&cpu_aj.mm[0] : (void *)&cpu_aj.mv[0]);
 }
 
-void cpu_matvec_finish(double *t_x, double *t_done) {
+// The chain's rows [b, e) of its k-th matrix (0 gate, 1 up, 2 down); buf: cpu_multi_buf's.
+static void cpu_chain_rows(int k, int64_t b, int64_t e, float *buf) {
+    if (cpu_aj.multi) cpu_multi_chunk(&cpu_aj.mm[k], b, e, buf);
+    else cpu_matvec_rows(&cpu_aj.mv[k], b, e);
+}
+
+static void cpu_chain_task(void *ctx, int64_t part, int64_t parts_end) {
+    cpu_chain *c = ctx;
+    const cpu_ffn_args *f = c->f;
+    struct cpu_async *a = &cpu_aj.a;
+    int64_t T = f->T, hid = f->hid, b, e;
+    (void)parts_end;
+    cpu_async_wait_x(a, part, f->gate, f->up, (size_t)dj_row_bytes(f->wtype, (uint64_t)f->dim), c->chunk, hid);
+    cpu_stage(&a->staged, cpu_aj.multi ? NULL : (cpu_xq *)cpu_aj.mv[0].xq, f->x, f->dim, f->wtype);
+    float *buf = cpu_aj.multi ? cpu_multi_buf(f->dim > hid ? f->dim : hid) : NULL;
+    for (cpu_claim_it it = {0}; cpu_claim(a, &c->next, c->chunk, hid, part, &it, &b, &e);) {
+        cpu_chain_rows(0, b, e, buf), cpu_chain_rows(1, b, e, buf);
+        for (int64_t t = 0; t < T; t++) {
+            size_t o = (size_t)(t * hid + b);
+            cpu_swiglu(f->h + o, f->gate_up + o, f->gate_up + (size_t)(T * hid) + o, e - b);
+        }
+        if (atomic_fetch_add_explicit(&c->units, e - b, memory_order_acq_rel) + (e - b) == hid) {
+            c->t_mid = dj_now();
+            atomic_store_explicit(c->mid, a->seq, memory_order_release);
+            if (!f->n_down) a->t_done = c->t_mid, atomic_store_explicit(a->done, a->seq, memory_order_release);
+        }
+    }
+    if (f->n_down) {
+        while (atomic_load_explicit(&c->units, memory_order_acquire) < hid) cpu_relax_once();
+        cpu_stage(&c->staged, cpu_aj.multi ? NULL : (cpu_xq *)cpu_aj.mv[2].xq, f->h, hid, f->wtype);
+        for (cpu_claim_it it = {0}; cpu_claim(NULL, &c->next_down, c->chunk_down, f->n_down, part, &it, &b, &e);) {
+            cpu_chain_rows(2, b, e, buf);
+            cpu_async_rows(a, e - b);
+        }
+    }
+    free(buf);
+}
+
+void cpu_ffn_start(const cpu_ffn_args *f, const _Atomic uint32_t *ready, _Atomic uint32_t *mid,
+                   _Atomic uint32_t *done, uint32_t seq) {
+    assert(dj_row_bytes(f->wtype, 1) > 0 && f->hid > 0 && f->n_down >= 0);
+    cpu_aj_begin(f->wtype, f->T, f->n_down, ready, done, seq);
+    cpu_aj.chain = 1, cpu_aj.ffn = *f;
+    const cpu_ffn_args *g = &cpu_aj.ffn;
+    int64_t T = g->T, hid = g->hid;
+    cpu_aj_job(0, 0, g->gate_up, g->x, g->gate, g->wtype, T, g->dim, hid);
+    cpu_aj_job(1, 0, g->gate_up + (size_t)(T * hid), g->x, g->up, g->wtype, T, g->dim, hid);
+    cpu_aj_job(2, 1, g->y, g->h, g->down, g->wtype, T, hid, g->n_down > 0 ? g->n_down : 1);
+    int64_t chunk = cpu_aj_chunk(hid, cpu_threads());
+    cpu_aj.ch = (cpu_chain){g, mid, cpu_first_chunks(&cpu_aj.a, hid, chunk, cpu_threads()), 0, 0,
+                            cpu_aj.xbuf[1] ? 0 : 2, chunk, cpu_aj_chunk(g->n_down, cpu_threads()), 0};
+    if (!cpu_aj.inline_) cpu_parallel_start(cpu_threads(), cpu_chain_task, &cpu_aj.ch);
+}
+
+void cpu_matvec_finish(double t[3]) {
     if (cpu_aj.inline_) {
-        if (cpu_aj.multi) cpu_multi_task(&cpu_aj.mm, 0, 1);
-        else cpu_matvec_task(&cpu_aj.mv, 0, 1);
+        if (cpu_aj.chain) cpu_chain_task(&cpu_aj.ch, 0, 1);
+        else if (cpu_aj.multi) cpu_multi_task(&cpu_aj.mm[0], 0, 1);
+        else cpu_matvec_task(&cpu_aj.mv[0], 0, 1);
     } else {
         cpu_parallel_join();
     }
-    free(cpu_aj.xbuf);
-    cpu_aj.xbuf = NULL;
-    *t_x = cpu_aj.a.t_x, *t_done = cpu_aj.a.t_done;
+    for (int k = 0; k < 2; k++) free(cpu_aj.xbuf[k]), cpu_aj.xbuf[k] = NULL;
+    t[0] = cpu_aj.a.t_x, t[2] = cpu_aj.a.t_done, t[1] = cpu_aj.chain ? cpu_aj.ch.t_mid : t[2];
     pthread_mutex_unlock(&cpu_aj_mu);
 }
 

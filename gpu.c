@@ -250,6 +250,10 @@ static int gpu_layer(dj_gpu_state *s, const uint8_t *w, int l, int64_t T, int pe
         return 0;
     }
     STEP(NORM, gpu_add_rmsnorm(b->x, b->delta, b->xb, ffn_norm, T, dim, eps, st, e));
+    if (s->sh.cur_host && share_chain(&s->sh, s->sh.cur_share)) {  // the CPU has all of gate and up
+        STEP(DOWN, share_ffn(s, b->delta, b->hb, b->xb, T, w, e));
+        return 0;
+    }
     STEP(GATE_UP, gate_up_matmul(s, w, T, &ffn, e));
     const sp_mat *dn = &s->sh.lmats[k_down];
     const uint8_t *wd = w + dn->off;
@@ -531,6 +535,7 @@ int gpu_step_batch(dj_gpu_state *s, int32_t B, const int32_t *slots, const int64
 void gpu_state_stats(dj_gpu_state *s, dj_gpu_stats *out) {
     park_stats(s);
     *out = s->st;
+    out->cpu_chains = s->sh.chains;
 }
 
 // ---- set-up

@@ -49,6 +49,7 @@ typedef struct {
     uint64_t cpu_bytes;        // CPU share, every pass so far: bytes of weights the CPU computed with
     double cpu_ms;             // the CPU's time on them
     double cpu_wait_ms;        // the host's time waiting for a split matmul's input (the GPU's work before it)
+    uint64_t cpu_chains;       // MLP blocks whose gate, up and down rows the CPU computed as one job (share_ffn)
 } dj_gpu_stats;
 
 typedef struct dj_gpu_state dj_gpu_state;

@@ -13,6 +13,10 @@
 #define GPU_ALIGN 4096u     // units in device memory
 #define GPU_MAX_BATCH 4096  // most tokens one pass processes (prefill of a longer prompt takes several)
 #define GPU_LOGIT_ROWS 64   // head rows computed per chunk when every position's logits are wanted
+#define SW_X 0              // the CPU share's job words (gpu_share.h_words), a cache line apart
+#define SW_DONE 16
+#define SW_MID 32
+#define SW_N 48
 #define SH_ROWS 64          // passes of up to this many rows take a CPU share (longer ones: none)
 #define SH_GRID 100         // --cpu-share auto tries the shares k / SH_GRID
 #define SH_NONE 2.0         // unit_copy's `from` for a slot that holds nothing of the unit yet
@@ -101,9 +105,8 @@ typedef struct {
 // A split's CPU rows, a job of the pool's workers (share.c).
 typedef struct {
     int on;                           // started and not joined
-    uint32_t wtype;
-    int64_t T, n_in, rows;
-    int mat, mark;                    // the matrix in its unit (the trace's label), its trace mark (-1: none)
+    uint64_t bytes[2];                // the weights it reads: a matvec's [0]; a chain's gate|up [0] and down [1]
+    int mark[2];                      // their trace marks (-1: none)
     double posted;                    // dj_now when the host queued it
 } share_job;
 
@@ -116,6 +119,7 @@ typedef struct {
     int64_t max_rows;                 // SH_ROWS, or max_batch when smaller
     sp_mat lmats[7];                  // a layer's matrices in slab order (fused q|k|v and gate|up: one each)
     int n_lmats;
+    int k_gu, n_gu;                   // gate|up's index in lmats and its matrices (fused: 1, else gate and up)
     sp_mat hmat;                      // the lm_head, in its region (the head slab; tied: the embedding table)
     uint64_t part_bytes[2], cpu_bytes[2];  // a layer [0], the head [1]: bytes a decode copy moves; the CPU's
     float *h_cx, *h_cy, *d_cy;        // pinned (SH_ROWS, widest input), (SH_ROWS, widest output): x for the CPU;
@@ -124,12 +128,14 @@ typedef struct {
     // The CPU's rows of a split are a job of the pool's workers (cpu_matvec_start), which begin when the GPU says
     // x has landed in h_cx and say when their rows are in h_cy; the GPU's work after the split is queued behind a
     // wait on the GPU for that, and the host goes on queueing meanwhile.
-    _Atomic uint32_t *h_words;        // pinned, mapped: [0] the last job whose x has landed (the GPU writes it),
-    uint32_t *d_words;                // [16] the last whose rows are in h_cy (the CPU writes it); a cache line apart
+    _Atomic uint32_t *h_words;        // pinned, mapped: [SW_X] the last job whose x has landed (the GPU writes it),
+    uint32_t *d_words;                // [SW_DONE] the last whose rows are in h_cy, [SW_MID] the last chain's h (the
+                                      // CPU writes them); a cache line apart
     uint32_t jobs;                    // the number of the last job queued
     float *d_cx;                      // h_cx's device view
     unsigned *d_count;                // gpu_to_host's block count
     share_job job;                    // the job queued (on) or the last computed
+    uint64_t chains;                  // share_ffn's jobs so far
     double warm_h2d;                  // GB/s of the warm-up's copies (the automatic share's H2D rate)
     const uint8_t *cur_host;          // the unit computing now is split: its host slab; NULL: all on the GPU
     double cur_share;                 // its share
@@ -248,6 +254,11 @@ void share_stats(dj_gpu_state *s);                // bytes per decode token over
 // [0, sp_gpu_rows) by the GPU from w, the rest by the CPU from hw.
 int share_matmul(dj_gpu_state *s, float *y, const float *x, int64_t T, const uint8_t *w, const uint8_t *hw,
                  const sp_mat *mt, dj_err *e);
+// Whether the CPU has every row of gate and up at `share`: the MLP block is then share_ffn's.
+int share_chain(const gpu_share *sh, double share);
+// y (T, dim) = down . (silu(gate . x) * (up . x)), the CPU's job computing all of gate and up and its rows of down,
+// the GPU the rest of down over h, which it gets in hb (T, hid); w: the layer's slab on the device.
+int share_ffn(dj_gpu_state *s, float *y, float *hb, const float *x, int64_t T, const uint8_t *w, dj_err *e);
 // The queued split's CPU rows done (the caller joins the workers; none queued: nothing). Every wait of the host
 // on the compute stream within a pass comes after it: the stream waits for those rows.
 int share_flush(dj_gpu_state *s, dj_err *e);

@@ -150,16 +150,101 @@ Test(cpu_kernels, matvec_async_equals_sync) {
             cr_assert(got[0] == -7.0f && got[T * n_out - 1] == -7.0f, "%s: y written before x landed",
                       dj_dtype_name(wt));
             atomic_store(&l.go, 1);
-            double t_x, t_done;
-            cpu_matvec_finish(&t_x, &t_done);
+            double t[3];
+            cpu_matvec_finish(t);
             pthread_join(th, NULL);
             cr_assert_eq(atomic_load(&done), seq, "%s T=%ld n_in=%ld n_out=%ld: done word %u", dj_dtype_name(wt),
                          (long)T, (long)n_in, (long)n_out, atomic_load(&done));
-            cr_assert(t_x > 0 && t_done >= t_x, "%s: times %g %g", dj_dtype_name(wt), t_x, t_done);
+            cr_assert(t[0] > 0 && t[1] == t[2] && t[2] >= t[0], "%s: times %g %g %g", dj_dtype_name(wt), t[0], t[1],
+                      t[2]);
             cr_assert(memcmp(got, want, sizeof(float) * T * n_out) == 0, "%s T=%ld n_in=%ld n_out=%ld: not bitwise "
                       "cpu_matvec_multi's", dj_dtype_name(wt), (long)T, (long)n_in, (long)n_out);
             free(x), free(x0), free(wf), free(want), free(got), free(w);
         }
+}
+
+// Weights (n_out, n_in) of wtype from uniform values in [-1, 1): stored, or quantized row by row.
+static uint8_t *tcpu_weights(uint32_t wt, int64_t n_in, int64_t n_out) {
+    size_t rb = (size_t)dj_row_bytes(wt, (uint64_t)n_in);
+    float *wf = malloc(sizeof(float) * (size_t)(n_in * n_out));
+    uint8_t *w = malloc(rb * (size_t)n_out);
+    cr_assert(wf && w);
+    tc_fill(wf, n_in * n_out, -1, 1);
+    if (dj_is_quant(wt))
+        for (int64_t o = 0; o < n_out; o++) quant_row(wt, wf + o * n_in, n_in, w + (size_t)o * rb, 0, NULL, NULL);
+    else
+        tc_store(w, wf, n_in * n_out, wt);
+    free(wf);
+    return w;
+}
+
+// cpu_ffn_start (the CPU share's chain): h and the down rows bit for bit what cpu_matvec_multi and cpu_swiglu give
+// step by step, over T rows (one-row and tiles' paths, at every vector level), fused and separate gate|up, with and
+// without down rows; no word and no output before x lands, both words after.
+Test(cpu_kernels, ffn_chain_equals_steps) {
+    static const int64_t sizes[][4] = {{1, 64, 96, 40}, {1, 512, 700, 512}, {3, 128, 301, 77}, {8, 96, 160, 0},
+                                       {1, 96, 2000, 1}};  // T, dim, hid, n_down
+    uint32_t types[] = {DJ_F32, DJ_F16, DJ_BF16, DJ_Q8, DJ_Q4};
+    uint32_t seq = 0xfffffff8u;
+    _Atomic uint32_t ready = seq, mid = seq, done = seq;
+    tc_rng_seed(6);
+    for (int k = 0; k < 15; k++)  // each dtype at each vector level: the widest, AVX2, the portable loops
+        for (size_t c = 0; c < sizeof sizes / sizeof *sizes; c++) {
+            cpu_set_simd(k / 5 == 0 ? CPU_SIMD_BEST : k / 5 == 1 ? CPU_SIMD_AVX2 : 0);
+            int64_t T = sizes[c][0], dim = sizes[c][1], hid = sizes[c][2], nd = sizes[c][3], rows = nd + 5;
+            uint32_t wt = types[k % 5];
+            int fused = c % 2 == 0;
+            uint8_t *gu = tcpu_weights(wt, dim, 2 * hid), *dn = tcpu_weights(wt, hid, rows);
+            size_t rbd = (size_t)dj_row_bytes(wt, (uint64_t)hid);
+            const uint8_t *up = gu + (size_t)hid * (size_t)dj_row_bytes(wt, (uint64_t)dim);
+            uint8_t *up_apart = NULL;  // separate: up elsewhere
+            if (!fused) {
+                size_t ub = (size_t)dj_matrix_bytes(wt, (uint64_t)hid, (uint64_t)dim);
+                cr_assert((up_apart = malloc(ub)));
+                memcpy(up_apart, up, ub);
+                up = up_apart;
+            }
+            float *x = calloc((size_t)(T * dim), 4), *x0 = malloc(sizeof(float) * (size_t)(T * dim));
+            float *g = malloc(sizeof(float) * (size_t)(T * hid)), *u = malloc(sizeof(float) * (size_t)(T * hid));
+            size_t hb = sizeof(float) * (size_t)(T * hid), yb = sizeof(float) * (size_t)(T * (nd + 1));
+            float *h_want = malloc(hb), *y_want = malloc(yb), *h = malloc(hb), *y = malloc(yb);
+            float *scratch = malloc(sizeof(float) * (size_t)(2 * T * hid));
+            cr_assert(x && x0 && g && u && h_want && y_want && h && y && scratch);
+            tc_fill(x0, T * dim, -1, 1);
+            cpu_matvec_multi(g, x0, gu, wt, T, dim, hid);
+            cpu_matvec_multi(u, x0, up, wt, T, dim, hid);
+            cpu_swiglu(h_want, g, u, T * hid);
+            const uint8_t *dn_rows = dn + (size_t)(rows - nd) * rbd;
+            if (nd) cpu_matvec_multi(y_want, h_want, dn_rows, wt, T, hid, nd);
+            for (int64_t i = 0; i < T * hid; i++) h[i] = -7.0f;
+            for (int64_t i = 0; i < T * (nd + 1); i++) y[i] = -7.0f;
+            seq++;
+            tcpu_later l = {&ready, 0, seq, x, x0, T * dim};
+            pthread_t th;
+            cr_assert_eq(pthread_create(&th, NULL, tcpu_ready_later, &l), 0);
+            cpu_ffn_args f = {h, y, scratch, x, gu, up, dn_rows, wt, T, dim, hid, nd};
+            cpu_ffn_start(&f, &ready, &mid, &done, seq);
+            struct timespec ts = {0, 5 * 1000 * 1000};
+            nanosleep(&ts, NULL);
+            const char *name = dj_dtype_name(wt);
+            cr_assert(atomic_load(&mid) != seq && atomic_load(&done) != seq, "%s: a word before x landed", name);
+            cr_assert(h[0] == -7.0f && h[T * hid - 1] == -7.0f && y[0] == -7.0f, "%s: written before x", name);
+            atomic_store(&l.go, 1);
+            double t[3];
+            cpu_matvec_finish(t);
+            pthread_join(th, NULL);
+            cr_assert(atomic_load(&mid) == seq && atomic_load(&done) == seq, "%s case %zu: words %u %u, want %u", name,
+                      c, atomic_load(&mid), atomic_load(&done), seq);
+            cr_assert(t[0] > 0 && t[1] >= t[0] && t[2] >= t[1], "%s: times %g %g %g", name, t[0], t[1], t[2]);
+            cr_assert(memcmp(h, h_want, sizeof(float) * (size_t)(T * hid)) == 0, "%s case %zu (T=%ld dim=%ld hid=%ld):"
+                      " h not the steps'", name, c, (long)T, (long)dim, (long)hid);
+            cr_assert(!nd || memcmp(y, y_want, sizeof(float) * (size_t)(T * nd)) == 0, "%s case %zu: down rows not "
+                      "the steps'", name, c);
+            cr_assert(y[T * nd] == -7.0f, "%s case %zu: written past the down rows", name, c);
+            free(gu), free(dn), free(up_apart), free(x), free(x0), free(g), free(u), free(h_want), free(y_want);
+            free(h), free(y), free(scratch);
+        }
+    cpu_set_simd(CPU_SIMD_BEST);
 }
 
 // Every finite f16 and bf16 widened by cpu_matvec's vector path (rows of 8 and 32, one nonzero weight each, in

@@ -301,7 +301,8 @@ static float *run_turns(const dj_model *m, const dj_gpu_opts *o, const int32_t *
 }
 
 // The CPU share: in passes of up to SH_ROWS (64) rows the CPU computes that share of each streamed unit's matrices
-// (whole matrices, the largest first, then the last rows of the next: 0.37 splits gate|up, 0.95 reaches wo).
+// (whole matrices, the largest first, then the last rows of the next: 0.37 splits gate|up, 0.5 chains it to down,
+// 0.95 reaches wo).
 // Against the all-resident logits: the first prefill, 70 rows, bitwise (no share past 64 rows: its slabs, copied
 // ahead for a decode step, are completed on the fly); decode steps up to summation order (1e-5: f32 throughout);
 // the second prefill, 6 rows, shared, to 2e-3: the GPU's matmuls of several rows round activations to f16 where
@@ -339,6 +340,23 @@ static void share_cases(const char *fixture, int dtype) {
                   st.cpu_share,
                   (unsigned long long)st.bytes_per_token, (unsigned long long)st.cpu_bytes_per_token,
                   (unsigned long long)plain.bytes_per_token);
+        // The CPU takes whole matrices, the largest first (the earlier on a tie: q|k|v, wo, gate|up, down): once it
+        // has all of gate|up, a streamed layer's MLP block is one job of the CPU's (share_ffn). At the minimum
+        // budget the streamed units may be the head alone.
+        const dj_config *cf = &m.info.config;
+        uint32_t wt = cf->wtype;
+        uint64_t dim = cf->dim, hid = cf->hidden_dim, q = (uint64_t)cf->n_heads * cf->head_dim,
+                 kv = (uint64_t)cf->n_kv_heads * cf->head_dim;
+        uint64_t mb[4] = {dj_matrix_bytes(wt, q + 2 * kv, dim), dj_matrix_bytes(wt, dim, q),
+                          dj_matrix_bytes(wt, 2 * hid, dim), dj_matrix_bytes(wt, dim, hid)};
+        uint64_t before = 0, total = 0;  // the bytes the CPU takes up to gate|up's end
+        for (int i = 0; i < 4; i++) {
+            total += mb[i];
+            if (i == 2 || mb[i] > mb[2] || (mb[i] == mb[2] && i < 2)) before += mb[i];
+        }
+        int chain = oc.cpu_share >= (double)before / (double)total;
+        cr_assert(oc.stream_all ? chain == (st.cpu_chains > 0) : chain || !st.cpu_chains, "%s case %d: share %.2f, "
+                  "%llu MLP blocks chained", name, c, oc.cpu_share, (unsigned long long)st.cpu_chains);
         for (int64_t t = 0; t < rows; t++) {
             int prefill = t < n || (t >= n + nd && t < n + nd + n2);
             if (t < n)

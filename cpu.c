@@ -486,8 +486,8 @@ struct cpu_async {
     _Atomic int staged;  // x's records: 0 not built, 1 being built, 2 built (or none needed)
     _Atomic int64_t rows_done;
     int64_t n_out;
-    _Atomic int seen;    // a thread saw x: t_x is set
-    double t_x, t_done;  // dj_now when the first thread saw x, when the last row was done
+    _Atomic uint64_t t_x;  // dj_now when the first thread saw x: the least of the threads' (a double's bits)
+    double t_done;         // dj_now when the last row was done
     int64_t n_first;     // first chunks (of the job's first matrix: the chain's gate|up units)
     _Atomic uint64_t first_taken[CPU_FIRST_MAX / 64];
 };
@@ -564,13 +564,16 @@ static void cpu_async_wait_x(struct cpu_async *a, int64_t part, const uint8_t *w
             if (r2) __builtin_prefetch(r2 + at, 0, 2);
         }
     }
-    if (!atomic_exchange(&a->seen, 1)) a->t_x = dj_now();
+    double now = dj_now();  // the least over the threads: a thread late to store its own still sees x first
+    uint64_t bits, cur = atomic_load(&a->t_x);
+    memcpy(&bits, &now, sizeof bits);  // a positive double's bits order as the double does
+    while (bits < cur && !atomic_compare_exchange_weak(&a->t_x, &cur, bits)) {}
 }
 
 // n more rows are done; the last rows tell the GPU.
 static void cpu_async_rows(struct cpu_async *a, int64_t n) {
     if (atomic_fetch_add_explicit(&a->rows_done, n, memory_order_acq_rel) + n == a->n_out) {
-        a->t_done = dj_now();
+        a->t_done = dj_now();  // after every thread's t_x: each took its own before its rows
         atomic_store_explicit(a->done, a->seq, memory_order_release);
     }
 }
@@ -1119,7 +1122,7 @@ static void cpu_aj_begin(uint32_t wtype, int64_t T, int64_t n_out, const _Atomic
                          _Atomic uint32_t *done, uint32_t seq) {
     if (wtype == DJ_F16) pthread_once(&cpu_f16_once, cpu_f16_table_init);
     pthread_mutex_lock(&cpu_aj_mu);
-    cpu_aj.a = (struct cpu_async){ready, done, seq, 2, 0, n_out, 0, 0, 0, 0, {0}};
+    cpu_aj.a = (struct cpu_async){ready, done, seq, 2, 0, n_out, UINT64_MAX, 0, 0, {0}};
     cpu_aj.multi = !(T == 1 && (!cpu_avx512_on() || dj_is_quant(wtype)));
     cpu_aj.chain = 0;
     cpu_aj.xbuf[0] = cpu_aj.xbuf[1] = NULL;
@@ -1159,8 +1162,9 @@ static void cpu_chain_task(void *ctx, int64_t part, int64_t parts_end) {
             size_t o = (size_t)(t * hid + b);
             cpu_swiglu(f->h + o, f->gate_up + o, f->gate_up + (size_t)(T * hid) + o, e - b);
         }
+        double now = dj_now();  // before the count: down's rows, and t_done, come after it
         if (atomic_fetch_add_explicit(&c->units, e - b, memory_order_acq_rel) + (e - b) == hid) {
-            c->t_mid = dj_now();
+            c->t_mid = now;
             atomic_store_explicit(c->mid, a->seq, memory_order_release);
             if (!f->n_down) a->t_done = c->t_mid, atomic_store_explicit(a->done, a->seq, memory_order_release);
         }
@@ -1201,7 +1205,9 @@ void cpu_matvec_finish(double t[3]) {
         cpu_parallel_join();
     }
     for (int k = 0; k < 2; k++) free(cpu_aj.xbuf[k]), cpu_aj.xbuf[k] = NULL;
-    t[0] = cpu_aj.a.t_x, t[2] = cpu_aj.a.t_done, t[1] = cpu_aj.chain ? cpu_aj.ch.t_mid : t[2];
+    uint64_t bits = atomic_load(&cpu_aj.a.t_x);
+    memcpy(&t[0], &bits, sizeof t[0]);
+    t[2] = cpu_aj.a.t_done, t[1] = cpu_aj.chain ? cpu_aj.ch.t_mid : t[2];
     pthread_mutex_unlock(&cpu_aj_mu);
 }
 

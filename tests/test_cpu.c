@@ -119,10 +119,11 @@ Test(cpu_kernels, matvec_async_equals_sync) {
     uint32_t seq = 0xfffffff0u;  // the numbers wrap within the test; each word starts at the last job's
     _Atomic uint32_t ready = seq, done = seq;
     tc_rng_seed(5);
-    for (int k = 0; k < 4; k++)
+    for (int k = 0; k < 8; k++)  // each dtype on a thread a core, then on 7 threads (a late worker's chunk taken)
         for (size_t c = 0; c < sizeof sizes / sizeof *sizes; c++) {
+            if (c == 0) cpu_pool_stop(), cpu_set_threads(k < 4 ? 0 : 7);
             int64_t T = sizes[c][0], n_in = sizes[c][1], n_out = sizes[c][2];
-            uint32_t wt = types[k];
+            uint32_t wt = types[k % 4];
             size_t rb = (size_t)dj_row_bytes(wt, (uint64_t)n_in);
             float *x = malloc(sizeof(float) * T * n_in), *x0 = malloc(sizeof(float) * T * n_in);
             float *wf = malloc(sizeof(float) * n_in * n_out), *want = malloc(sizeof(float) * T * n_out);
@@ -161,6 +162,7 @@ Test(cpu_kernels, matvec_async_equals_sync) {
                       "cpu_matvec_multi's", dj_dtype_name(wt), (long)T, (long)n_in, (long)n_out);
             free(x), free(x0), free(wf), free(want), free(got), free(w);
         }
+    cpu_pool_stop(), cpu_set_threads(0);
 }
 
 // Weights (n_out, n_in) of wtype from uniform values in [-1, 1): stored, or quantized row by row.
@@ -179,8 +181,9 @@ static uint8_t *tcpu_weights(uint32_t wt, int64_t n_in, int64_t n_out) {
 }
 
 // cpu_ffn_start (the CPU share's chain): h and the down rows bit for bit what cpu_matvec_multi and cpu_swiglu give
-// step by step, over T rows (one-row and tiles' paths, at every vector level), fused and separate gate|up, with and
-// without down rows; no word and no output before x lands, both words after.
+// step by step, over T rows (one-row and tiles' paths, at every vector level, on a pool of a thread a core and on
+// one of more threads than cores), fused and separate gate|up, with and without down rows; no word and no output
+// before x lands, both words after.
 Test(cpu_kernels, ffn_chain_equals_steps) {
     static const int64_t sizes[][4] = {{1, 64, 96, 40}, {1, 512, 700, 512}, {3, 128, 301, 77}, {8, 96, 160, 0},
                                        {1, 96, 2000, 1}};  // T, dim, hid, n_down
@@ -188,9 +191,12 @@ Test(cpu_kernels, ffn_chain_equals_steps) {
     uint32_t seq = 0xfffffff8u;
     _Atomic uint32_t ready = seq, mid = seq, done = seq;
     tc_rng_seed(6);
-    for (int k = 0; k < 15; k++)  // each dtype at each vector level: the widest, AVX2, the portable loops
+    // each dtype at each vector level (the widest, AVX2, the portable loops), on a thread a core and on 7 threads
+    // (more than CI's cores: a late worker's own first chunk is taken by another)
+    for (int k = 0; k < 30; k++)
         for (size_t c = 0; c < sizeof sizes / sizeof *sizes; c++) {
-            cpu_set_simd(k / 5 == 0 ? CPU_SIMD_BEST : k / 5 == 1 ? CPU_SIMD_AVX2 : 0);
+            if (c == 0) cpu_pool_stop(), cpu_set_threads(k < 15 ? 0 : 7);
+            cpu_set_simd(k % 15 / 5 == 0 ? CPU_SIMD_BEST : k % 15 / 5 == 1 ? CPU_SIMD_AVX2 : 0);
             int64_t T = sizes[c][0], dim = sizes[c][1], hid = sizes[c][2], nd = sizes[c][3], rows = nd + 5;
             uint32_t wt = types[k % 5];
             int fused = c % 2 == 0;
@@ -244,6 +250,7 @@ Test(cpu_kernels, ffn_chain_equals_steps) {
             free(gu), free(dn), free(up_apart), free(x), free(x0), free(g), free(u), free(h_want), free(y_want);
             free(h), free(y), free(scratch);
         }
+    cpu_pool_stop(), cpu_set_threads(0);
     cpu_set_simd(CPU_SIMD_BEST);
 }
 

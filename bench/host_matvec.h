@@ -1,6 +1,6 @@
-// bench/host_matvec.h: the CPU share's own kernel as a reader of host memory: cpu_matvec over q4 rows filling a
-// buffer, so that bench/ceilings.cu can measure what that kernel reaches beside the PCIe copies (its combined ceiling
-// for q4), where host_read.h's plain loads give the memory's.
+// bench/host_matvec.h: the CPU share's own kernel as a reader of host memory: its matvec over q4 or f16 rows filling
+// a buffer, so that bench/ceilings.cu can measure what that kernel reaches beside the PCIe copies (the combined
+// ceiling of a q4 or f16 step's share), where host_read.h's plain loads give the memory's.
 #ifndef DJINN_BENCH_HOST_MATVEC_H
 #define DJINN_BENCH_HOST_MATVEC_H
 
@@ -13,12 +13,16 @@ extern "C" {
 
 #define HOST_MATVEC_IN 4096  // inputs a row: the Llama-3-8B layer's widest (gate|up, q|k|v) read that many
 
-// Fills buf (bytes) with copies of one q4 row of HOST_MATVEC_IN random weights, in parallel (every page written).
+// Fills buf (bytes) with copies of one q4 (f16) row of HOST_MATVEC_IN random weights, in parallel (every page
+// written).
 void host_q4_fill(uint8_t *buf, size_t bytes);
+void host_f16_fill(uint8_t *buf, size_t bytes);
 // The bytes of the whole rows in `bytes`: what a pass reads.
 size_t host_q4_bytes(size_t bytes);
-// Seconds for one cpu_matvec over those rows (x fixed, y discarded).
+size_t host_f16_bytes(size_t bytes);
+// Seconds for one matvec over those rows as the CPU share computes a decode step's (x fixed, y discarded).
 double host_q4_pass(const uint8_t *buf, size_t bytes);
+double host_f16_pass(const uint8_t *buf, size_t bytes);
 
 #ifdef __cplusplus
 }

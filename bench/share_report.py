@@ -7,7 +7,8 @@ usage: share_report.py NAME SWEEPS.jsonl CEILINGS.json [NAME SWEEPS CEILINGS ...
 Per case (T = 1, a decode step): the link alone (share 0), the best fixed share, the automatic one and their ratio;
 the weights a pass streams, and the rate of both sides together against the combined ceiling (host memory read beside
 pinned H2D copies, plus those copies) and, where the ceilings have it, against the dtype's own: the CPU share's q4 or
-f16 matvec beside the copies, plus those copies (its AVX-512 or prefetching loads read faster than the plain reader). The bytes streamed are the link-only pass's time at the call's pinned H2D rate
+f16 matvec beside the copies, plus those copies (its AVX-512 or prefetching loads read faster than the plain
+reader). The bytes streamed are the link-only pass's time at the call's pinned H2D rate
 (marked *: on this H200 machine the link alone ran at 0.99-1.0 of it, bench/results/link_8b 0.98), unless the sweep
 record names them (ring plans print them: djinn's 'GB per token over PCIe').
 """

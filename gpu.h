@@ -50,6 +50,8 @@ typedef struct {
     double cpu_ms;             // the CPU's time on them
     double cpu_wait_ms;        // the host's time waiting for a split matmul's input (the GPU's work before it)
     uint64_t cpu_chains;       // MLP blocks whose gate, up and down rows the CPU computed as one job (share_ffn)
+    uint64_t share_moves;      // automatic CPU share: times a pass moved the decode share (each costs the copies
+                               // issued ahead at the old one)
 } dj_gpu_stats;
 
 typedef struct dj_gpu_state dj_gpu_state;

@@ -397,9 +397,8 @@ void share_auto(dj_gpu_state *s) {
 // the new) and the share that follows. A pass whose CPU computed less than a millisecond tells little. A rate
 // learnt in a slow moment of the host may turn T's share off, and a share of 0 measures nothing: so every
 // SH_RETRY passes off, T forgets its rate and takes its neighbours' again (one pass in SH_RETRY may lose).
-void share_learn(dj_gpu_state *s, int64_t T) {
+static void learn(dj_gpu_state *s, int64_t T) {
     gpu_share *sh = &s->sh;
-    s->st.cpu_bytes += sh->pass_cpu_bytes, s->st.cpu_ms += sh->pass_cpu_s * 1e3, s->st.cpu_wait_ms += sh->pass_wait_s * 1e3;
     if (!sh->automatic || T > sh->max_rows) return;
     if (sh->pass_cpu_s < 1e-3) {  // off for T: after SH_RETRY such passes, forget what turned it off, try again
         if (sh->seen[T] > 0 && ++sh->off_passes[T] >= SH_RETRY)
@@ -410,6 +409,15 @@ void share_learn(dj_gpu_state *s, int64_t T) {
     sh->seen[T] = sh->seen[T] > 0 ? 0.5 * (sh->seen[T] + r) : r;
     for (int64_t t = 1; t <= SH_ROWS; t++) share_model(sh, t);  // the rows no pass measured follow this one
     if (T == 1) share_rates(s), share_stats(s);  // the decode share's bytes
+}
+
+void share_learn(dj_gpu_state *s, int64_t T) {
+    gpu_share *sh = &s->sh;
+    s->st.cpu_bytes += sh->pass_cpu_bytes, s->st.cpu_ms += sh->pass_cpu_s * 1e3;
+    s->st.cpu_wait_ms += sh->pass_wait_s * 1e3;
+    double was = sh->by_rows[1];
+    learn(s, T);
+    s->st.share_moves += sh->by_rows[1] != was;
 }
 
 void share_stats(dj_gpu_state *s) {

@@ -5,11 +5,14 @@
 #
 #   bench/share_bench.sh SHAPE OUT_DIR       SHAPE: 8b, 13b, 70b (LAYERS=10: Llama-3-70B's layer shape, 10 layers)
 #
-# 1. build; build/bin/ceilings with LINK_ONLY=1 -> OUT_DIR/ceilings_SHAPE.json
+# 1. build
 # 2. a random checkpoint of SHAPE (tools/make_random_llama.py) in $BENCH_WORK (default /tmp/djinn_share), converted to
-#    q4 and f16 (the checkpoint is deleted after: 13B's three files would not fit the machine's 64 GB disk beside it)
-# 3. the sweeps (REPS rounds, default 4) -> OUT_DIR/sweeps_SHAPE.jsonl; a ring below the model's minimum, or one that
-#    holds the whole file, is skipped
+#    q4 and f16 (the checkpoint is deleted after: 13B's three files would not fit the machine's 64 GB disk beside it);
+#    sync; build/bin/ceilings with LINK_ONLY=1 -> OUT_DIR/ceilings_SHAPE.json
+# 3. the sweeps (REPS rounds, default 4; then DUEL rounds, default 6, of the automatic share against the best fixed
+#    one: bench/share_sweep.c) -> OUT_DIR/sweeps_SHAPE.jsonl; a ring below the model's minimum, or one that holds the
+#    whole file, is skipped; and each dtype all resident (the link unused: label DTYPE_res), whose step the report
+#    counts for the layers a ring keeps resident
 # 4. the table (bench/share_report.py), printed
 # Shares tried: q4 0.5-0.7, f16 0.6-0.75 (SHARES_Q4, SHARES_F16 to change them; -1 the automatic one, 0 the link).
 set -uo pipefail
@@ -18,13 +21,15 @@ SHAPE=${1:?shape} OUT_DIR=${2:?out dir}
 WORK=${BENCH_WORK:-/tmp/djinn_share}
 DATA=${DATA:-.shared}
 REPS=${REPS:-4}
+DUEL=${DUEL:-6}
 SHARES_Q4=${SHARES_Q4:--1,0,0.5,0.55,0.6,0.65,0.7}
 SHARES_F16=${SHARES_F16:--1,0,0.6,0.65,0.7,0.75}
 case $SHAPE in 7b|13b) TOK=llama2 ;; *) TOK=llama3 ;; esac
 mkdir -p "$OUT_DIR" "$WORK" || exit 1
 . bench/lib.sh
 
-build_and_link "$WORK" "$OUT_DIR/ceilings_$SHAPE.json" build/bin/share_sweep || exit 1
+say build
+make -j16 all build/bin/ceilings build/bin/share_sweep > "$WORK/build.log" 2>&1 || { tail -20 "$WORK/build.log"; exit 1; }
 HF=$WORK/hf_$SHAPE
 if [ ! -f "$WORK/${SHAPE}_q4.bin" ] || [ ! -f "$WORK/${SHAPE}_f16.bin" ]; then
     say "make $SHAPE${LAYERS:+ ($LAYERS layers)}"
@@ -34,6 +39,12 @@ if [ ! -f "$WORK/${SHAPE}_q4.bin" ] || [ ! -f "$WORK/${SHAPE}_f16.bin" ]; then
     for dt in q4 f16; do convert_once "$HF" "$WORK/${SHAPE}_$dt.bin" $dt $TOK || exit 1; done
     rm -rf "$HF"
 fi
+# The files just written go to disk first: their writeback ran beside the first sweeps of a call (2026-11-27: the
+# build that ran first in a call 3-8% slower at 8B q4, ring 4 GB; in alternating order, no difference).
+say sync
+sync
+say "link ceilings"
+LINK_ONLY=1 build/bin/ceilings "$OUT_DIR/ceilings_$SHAPE.json" || exit 1
 S=$OUT_DIR/sweeps_$SHAPE.jsonl
 : > "$S"
 for dt in q4 f16; do
@@ -47,10 +58,17 @@ for dt in q4 f16; do
         # below the minimum, or the whole model fits (nothing streams): no case
         if python3 -c "import sys; sys.exit(float('$min') <= float('$ring') < float('$gb'))"; then continue; fi
         say "$label: rings of $ring GB, shares ${!shares}"
-        if ! out=$(build/bin/share_sweep "$bin" "$ring" 1 "${!shares}" "$REPS" 2> "$WORK/sweep.log"); then
+        if ! out=$(build/bin/share_sweep "$bin" "$ring" 1 "${!shares}" "$REPS" "$DUEL" 2> "$WORK/sweep.log"); then
             echo "  $label FAILED:"; tail -3 "$WORK/sweep.log"; continue
         fi
         echo "{\"label\": \"$label\", \"result\": $out}" >> "$S"
     done
+    all=$(stat -c %s "$bin" | awk '{printf "%d", $1 / 1e9 + 2}')
+    say "${dt}_res: all resident (ring $all GB)"
+    if out=$(build/bin/share_sweep "$bin" "$all" 1 0 2 2> "$WORK/sweep.log"); then
+        echo "{\"label\": \"${dt}_res\", \"result\": $out}" >> "$S"
+    else
+        echo "  ${dt}_res FAILED:"; tail -3 "$WORK/sweep.log"
+    fi
 done
 python3 bench/share_report.py "$SHAPE" "$S" "$OUT_DIR/ceilings_$SHAPE.json"

@@ -7,9 +7,15 @@
 // alike, where engines one after the other gave each share the host of its own moment. JSON on stdout: per share
 // and T the median pass (and the fastest and slowest), the automatic share's choice for T beside it, so that a
 // report can set it against the best fixed share of the same run, and the CPU's rate within the passes (its time
-// on its rows) and the host's wait for their inputs.
+// on its rows) and the host's wait for their inputs, and the automatic share's moves within the timed passes'
+// turns; and the weights a pass streams (GB, copies and CPU rows).
+// With DUEL rounds (and an automatic share among the shares), each T ends with a duel: the automatic engine and the
+// fixed share whose median was fastest take turns alone, DUEL rounds of WARM + TIMED passes each, the first of a
+// round alternating; "duels" gives the median of the rounds' ratios (automatic over best, each round's two engines
+// minutes apart at most) with the rounds' spread. A sweep's best is the least of several noisy medians, biased low
+// against any one engine; the duel sets the automatic share against it again on equal terms.
 //
-//   share_sweep MODEL.bin RING_GB T,T,... SHARE,SHARE,... [REPS]
+//   share_sweep MODEL.bin RING_GB T,T,... SHARE,SHARE,... [REPS [DUEL]]
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -30,6 +36,12 @@ static int cmp_d(const void *a, const void *b) {
     return x < y ? -1 : x > y;
 }
 
+// The median of v's n values (sorted in place).
+static double median(double *v, int n) {
+    qsort(v, (size_t)n, sizeof v[0], cmp_d);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
 // "a,b,c" -> v (at most MAX_LIST); the count, or -1.
 static int parse_list(const char *s, double *v) {
     int n = 0;
@@ -46,6 +58,14 @@ static void pass(dj_gpu_state *s, const int32_t *tok, int64_t T, float *logits) 
     if (gpu_forward(s, 0, tok + POS, T, POS, logits, 0, &e)) fprintf(stderr, "share_sweep: %s\n", e.msg), exit(1);
 }
 
+// An engine's turn: WARM untimed passes, then the mean of TIMED timed ones (seconds).
+static double turn(dj_gpu_state *s, const int32_t *tok, int64_t T, float *logits) {
+    for (int w = 0; w < WARM; w++) pass(s, tok, T, logits);
+    double t0 = dj_now();
+    for (int w = 0; w < TIMED; w++) pass(s, tok, T, logits);
+    return (dj_now() - t0) / TIMED;
+}
+
 int main(int argc, char **argv) {
     if (argc < 5) {
         fprintf(stderr, "usage: share_sweep MODEL.bin RING_GB T,T,... SHARE,SHARE,... [REPS]\n");
@@ -53,7 +73,9 @@ int main(int argc, char **argv) {
     }
     double Ts[MAX_LIST], shares[MAX_LIST];
     int nT = parse_list(argv[3], Ts), nS = parse_list(argv[4], shares), reps = argc > 5 ? atoi(argv[5]) : 5;
-    if (nT < 1 || nS < 1 || reps < 1 || reps > 64) return fprintf(stderr, "share_sweep: bad T list, shares or REPS\n"), 2;
+    int duel = argc > 6 ? atoi(argv[6]) : 0;
+    if (nT < 1 || nS < 1 || reps < 1 || reps > 64 || duel < 0 || duel > 64)
+        return fprintf(stderr, "share_sweep: bad T list, shares, REPS or DUEL\n"), 2;
     for (int i = 0; i < nT; i++)
         if (Ts[i] < 1 || Ts[i] > 512) return fprintf(stderr, "share_sweep: T %g outside 1..512\n", Ts[i]), 2;
     dj_model m = {0};
@@ -74,10 +96,13 @@ int main(int argc, char **argv) {
         if (!eng[si] || gpu_forward(eng[si], 0, tok, POS, 0, NULL, 0, &e))
             return fprintf(stderr, "share_sweep: %s\n", e.msg), 1;
     }
+    static char duels[MAX_LIST][256];
     for (int ti = 0; ti < nT; ti++) {
         int64_t T = (int64_t)Ts[ti];
         static double t[MAX_LIST][64 * TIMED];
+        double med[MAX_LIST];
         double cpu_ms[MAX_LIST] = {0}, cpu_gb[MAX_LIST] = {0}, wait_ms[MAX_LIST] = {0};
+        uint64_t moves[MAX_LIST] = {0};
         for (int si = 0; si < nS; si++)  // the automatic share learns T's rate before any pass is timed
             for (int w = 0; w < WARM_FIRST; w++)
                 pass(eng[si], tok, T, logits);
@@ -95,21 +120,52 @@ int main(int argc, char **argv) {
                 }
                 gpu_state_stats(s, &st1);
                 cpu_ms[si] += st1.cpu_ms - st0.cpu_ms, cpu_gb[si] += (double)(st1.cpu_bytes - st0.cpu_bytes) / 1e9;
-                wait_ms[si] += st1.cpu_wait_ms - st0.cpu_wait_ms;
+                wait_ms[si] += st1.cpu_wait_ms - st0.cpu_wait_ms, moves[si] += st1.share_moves - st0.share_moves;
             }
         for (int si = 0; si < nS; si++) {
             int n = reps * TIMED;
             qsort(t[si], (size_t)n, sizeof t[si][0], cmp_d);
+            med[si] = t[si][n / 2];
             printf("%s\n  {\"share\": %g, \"T\": %lld, \"share_used\": %.4f, \"ms\": %.3f, \"ms_min\": %.3f, "
-                   "\"ms_max\": %.3f, \"cpu_gb_s\": %.2f, \"cpu_ms_per_pass\": %.2f, \"wait_ms_per_pass\": %.2f}",
+                   "\"ms_max\": %.3f, \"cpu_gb_s\": %.2f, \"cpu_ms_per_pass\": %.2f, \"wait_ms_per_pass\": %.2f, "
+                   "\"share_moves\": %llu}",
                    si + ti ? "," : "", shares[si], (long long)T, gpu_cpu_share_for(eng[si], T), t[si][n / 2] * 1e3,
                    t[si][0] * 1e3, t[si][n - 1] * 1e3, cpu_ms[si] > 0 ? cpu_gb[si] / cpu_ms[si] * 1e3 : 0.0,
-                   cpu_ms[si] / n, wait_ms[si] / n);
+                   cpu_ms[si] / n, wait_ms[si] / n, (unsigned long long)moves[si]);
             fflush(stdout);
         }
+        int a = -1, b = -1;  // the automatic engine, the fastest fixed share
+        for (int si = 0; si < nS; si++) {
+            if (shares[si] < 0 && a < 0) a = si;
+            if (shares[si] > 0 && (b < 0 || med[si] < med[b])) b = si;
+        }
+        if (duel && a >= 0 && b >= 0) {
+            double ratio[64], ta[64], tb[64];
+            dj_gpu_stats s0, s1;
+            gpu_state_stats(eng[a], &s0);
+            for (int r = 0; r < duel; r++) {
+                if (r % 2) tb[r] = turn(eng[b], tok, T, logits), ta[r] = turn(eng[a], tok, T, logits);
+                else ta[r] = turn(eng[a], tok, T, logits), tb[r] = turn(eng[b], tok, T, logits);
+                ratio[r] = ta[r] / tb[r];
+            }
+            gpu_state_stats(eng[a], &s1);
+            double mr = median(ratio, duel), ma = median(ta, duel), mb = median(tb, duel);
+            snprintf(duels[ti], sizeof duels[ti],
+                     "{\"T\": %lld, \"best_share\": %g, \"share_used\": %.4f, \"rounds\": %d, \"auto_ms\": %.3f, "
+                     "\"best_ms\": %.3f, \"ratio\": %.4f, \"ratio_min\": %.4f, \"ratio_max\": %.4f, "
+                     "\"share_moves\": %llu}",
+                     (long long)T, shares[b], gpu_cpu_share_for(eng[a], T), duel, ma * 1e3, mb * 1e3, mr, ratio[0],
+                     ratio[duel - 1], (unsigned long long)(s1.share_moves - s0.share_moves));
+        }
     }
+    dj_gpu_stats st;  // the weights a pass streams: the copies' and the CPU's bytes of the streamed units
+    gpu_state_stats(eng[0], &st);
+    double gb = (double)(st.bytes_per_token + st.cpu_bytes_per_token) / 1e9;
     for (int si = 0; si < nS; si++) gpu_state_free(eng[si]);
-    printf("\n]}\n");
+    printf("\n], \"duels\": [");
+    for (int ti = 0, k = 0; ti < nT; ti++)
+        if (duels[ti][0]) printf("%s\n  %s", k++ ? "," : "", duels[ti]);
+    printf("\n], \"gb_streamed\": %.4f}\n", gb);
     model_free(&m);
     free(tok), free(logits);
     return 0;

@@ -393,8 +393,8 @@ void share_auto(dj_gpu_state *s) {
     if (!any) cpu_pool_stop();
 }
 
-// The pass's CPU time into the stats; automatic, the rate it measured for T rows (half the last measure, half
-// the new) and the share that follows. A pass whose CPU computed less than a millisecond tells little. A rate
+// Automatic: the rate the pass measured for T rows (half the last measure, half the new) and the share that
+// follows. A pass whose CPU computed less than a millisecond tells little. A rate
 // learnt in a slow moment of the host may turn T's share off, and a share of 0 measures nothing: so every
 // SH_RETRY passes off, T forgets its rate and takes its neighbours' again (one pass in SH_RETRY may lose).
 static void learn(dj_gpu_state *s, int64_t T) {
@@ -411,6 +411,7 @@ static void learn(dj_gpu_state *s, int64_t T) {
     if (T == 1) share_rates(s), share_stats(s);  // the decode share's bytes
 }
 
+// The pass's CPU time into the stats, then learn; a move of the decode share counted.
 void share_learn(dj_gpu_state *s, int64_t T) {
     gpu_share *sh = &s->sh;
     s->st.cpu_bytes += sh->pass_cpu_bytes, s->st.cpu_ms += sh->pass_cpu_s * 1e3;

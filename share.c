@@ -394,9 +394,9 @@ void share_auto(dj_gpu_state *s) {
 }
 
 // Automatic: the rate the pass measured for T rows (half the last measure, half the new) and the share that
-// follows. A pass whose CPU computed less than a millisecond tells little. A rate
-// learnt in a slow moment of the host may turn T's share off, and a share of 0 measures nothing: so every
-// SH_RETRY passes off, T forgets its rate and takes its neighbours' again (one pass in SH_RETRY may lose).
+// follows. A pass whose CPU computed less than a millisecond tells little. A rate learnt in a slow moment of the
+// host may turn T's share off, and a share of 0 measures nothing: so every SH_RETRY passes off, T forgets its rate
+// and takes its neighbours' again (one pass in SH_RETRY may lose).
 static void learn(dj_gpu_state *s, int64_t T) {
     gpu_share *sh = &s->sh;
     if (!sh->automatic || T > sh->max_rows) return;

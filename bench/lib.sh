@@ -19,10 +19,17 @@ make_hf() {
 build_and_link() {
     local work=$1 out=$2
     shift 2
-    say build
-    make -j16 all build/bin/ceilings "$@" > "$work/build.log" 2>&1 || { tail -20 "$work/build.log"; return 1; }
+    build_bench "$work" "$@" || return 1
     say "link ceilings"
     LINK_ONLY=1 build/bin/ceilings "$out"
+}
+
+# build_bench WORK TARGET...: make all, build/bin/ceilings and the TARGETs (the log: WORK/build.log).
+build_bench() {
+    local work=$1
+    shift
+    say build
+    make -j16 all build/bin/ceilings "$@" > "$work/build.log" 2>&1 || { tail -20 "$work/build.log"; return 1; }
 }
 
 # convert_once HF BIN DTYPE [TOKENIZER]: the checkpoint in HF converted to BIN in DTYPE with $DATA/tokenizers/TOKENIZER

@@ -28,8 +28,7 @@ case $SHAPE in 7b|13b) TOK=llama2 ;; *) TOK=llama3 ;; esac
 mkdir -p "$OUT_DIR" "$WORK" || exit 1
 . bench/lib.sh
 
-say build
-make -j16 all build/bin/ceilings build/bin/share_sweep > "$WORK/build.log" 2>&1 || { tail -20 "$WORK/build.log"; exit 1; }
+build_bench "$WORK" build/bin/share_sweep || exit 1
 HF=$WORK/hf_$SHAPE
 if [ ! -f "$WORK/${SHAPE}_q4.bin" ] || [ ! -f "$WORK/${SHAPE}_f16.bin" ]; then
     say "make $SHAPE${LAYERS:+ ($LAYERS layers)}"

@@ -39,6 +39,11 @@ def records(path):
             i = j + 1
 
 
+def streamed_gb(r, link_ms, h2d):
+    """GB a pass of sweep result r streams: the plan's, or the link-only pass's time at the pinned H2D rate."""
+    return r.get("gb_streamed") or link_ms * h2d / 1e3
+
+
 def resident_ceiling(gb, r_ms, cj):
     """The least ms of a pass streaming gb GB beside r_ms of resident layers (the docstring's ceiling)."""
     c, l = cj["host_read_with_h2d_gbs"], cj["h2d_with_host_read_gbs"]
@@ -68,7 +73,7 @@ def main(argv):
         for label, d in recs.items():
             link = [x for x in d["result"]["runs"] if x["T"] == 1 and x["share"] == 0]
             if label.endswith("_min") and link:
-                gb_min[label[:-4]] = d["result"].get("gb_streamed") or link[0]["ms"] * h2d / 1e3
+                gb_min[label[:-4]] = streamed_gb(d["result"], link[0]["ms"], h2d)
         for label, d in recs.items():
             if label.endswith("_res"):
                 continue
@@ -80,7 +85,7 @@ def main(argv):
             if not (link and fixed and auto):
                 continue
             best, a = min(fixed, key=lambda x: x["ms"]), auto[0]
-            gb = r.get("gb_streamed") or link[0]["ms"] * h2d / 1e3
+            gb = streamed_gb(r, link[0]["ms"], h2d)
             mark = "" if r.get("gb_streamed") else "*"
             dt, ring = label.split("_", 1)
             ring = f"minimum ({r['ring_gb']} GB)" if ring == "min" else f"{r['ring_gb']} GB"

@@ -68,7 +68,7 @@ static double turn(dj_gpu_state *s, const int32_t *tok, int64_t T, float *logits
 
 int main(int argc, char **argv) {
     if (argc < 5) {
-        fprintf(stderr, "usage: share_sweep MODEL.bin RING_GB T,T,... SHARE,SHARE,... [REPS]\n");
+        fprintf(stderr, "usage: share_sweep MODEL.bin RING_GB T,T,... SHARE,SHARE,... [REPS [DUEL]]\n");
         return 2;
     }
     double Ts[MAX_LIST], shares[MAX_LIST];
@@ -129,7 +129,7 @@ int main(int argc, char **argv) {
             printf("%s\n  {\"share\": %g, \"T\": %lld, \"share_used\": %.4f, \"ms\": %.3f, \"ms_min\": %.3f, "
                    "\"ms_max\": %.3f, \"cpu_gb_s\": %.2f, \"cpu_ms_per_pass\": %.2f, \"wait_ms_per_pass\": %.2f, "
                    "\"share_moves\": %llu}",
-                   si + ti ? "," : "", shares[si], (long long)T, gpu_cpu_share_for(eng[si], T), t[si][n / 2] * 1e3,
+                   si + ti ? "," : "", shares[si], (long long)T, gpu_cpu_share_for(eng[si], T), med[si] * 1e3,
                    t[si][0] * 1e3, t[si][n - 1] * 1e3, cpu_ms[si] > 0 ? cpu_gb[si] / cpu_ms[si] * 1e3 : 0.0,
                    cpu_ms[si] / n, wait_ms[si] / n, (unsigned long long)moves[si]);
             fflush(stdout);

@@ -142,6 +142,20 @@ static std::vector<qrow> quant_section(dj_gpu *g, cudaStream_t s, size_t l2, dou
         CK(cudaFree(x));
         CK(cudaFree(y));
     }
+    // A Llama-3-8B decode step's GEMVs together: 32 layers of the first four shapes in the dtype, and the lm_head in
+    // q8 (the converter's head_type for q8 and q4), their bytes over the sum of their times.
+    for (const char *dt : {"q8", "q4"}) {
+        double bytes = 0, us = 0;
+        for (const qrow &r : rows) {
+            const bool head = r.n_out == 128256, layer = r.n_out != 128256 && r.n_out != 8192;
+            if (!(head ? !strcmp(r.dt, "q8") : layer && !strcmp(r.dt, dt))) continue;
+            const double n = head ? 1 : 32;
+            bytes += n * r.gemv_gbs * r.gemv_us * 1e3, us += n * r.gemv_us;
+        }
+        if (us > 0)
+            printf("%s: a Llama-3-8B step's GEMVs together (32 layers, the lm_head in q8): %.1f GB/s, %.1f%% of D2D\n",
+                   dt, bytes / us / 1e3, 100 * bytes / us / 1e3 / d2d_gbs);
+    }
     return rows;
 }
 

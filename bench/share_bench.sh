@@ -15,6 +15,7 @@
 #    counts for the layers a ring keeps resident
 # 4. the table (bench/share_report.py), printed
 # Shares tried: q4 0.5-0.7, f16 0.6-0.75 (SHARES_Q4, SHARES_F16 to change them; -1 the automatic one, 0 the link).
+# DTYPES (default "q4 f16"): the dtypes made and swept, e.g. DTYPES=q4.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 SHAPE=${1:?shape} OUT_DIR=${2:?out dir}
@@ -24,18 +25,21 @@ REPS=${REPS:-4}
 DUEL=${DUEL:-6}
 SHARES_Q4=${SHARES_Q4:--1,0,0.5,0.55,0.6,0.65,0.7}
 SHARES_F16=${SHARES_F16:--1,0,0.6,0.65,0.7,0.75}
+DTYPES=${DTYPES:-q4 f16}
 case $SHAPE in 7b|13b) TOK=llama2 ;; *) TOK=llama3 ;; esac
 mkdir -p "$OUT_DIR" "$WORK" || exit 1
 . bench/lib.sh
 
 build_bench "$WORK" build/bin/share_sweep || exit 1
 HF=$WORK/hf_$SHAPE
-if [ ! -f "$WORK/${SHAPE}_q4.bin" ] || [ ! -f "$WORK/${SHAPE}_f16.bin" ]; then
+missing=
+for dt in $DTYPES; do [ -f "$WORK/${SHAPE}_$dt.bin" ] || missing="$missing $dt"; done
+if [ -n "$missing" ]; then
     say "make $SHAPE${LAYERS:+ ($LAYERS layers)}"
     rm -rf "$HF"
     python3 tools/make_random_llama.py --shape "$SHAPE" ${LAYERS:+--layers "$LAYERS"} --out "$HF" --dtype float16 \
         > "$WORK/make.log" 2>&1 || { tail -5 "$WORK/make.log"; exit 1; }
-    for dt in q4 f16; do convert_once "$HF" "$WORK/${SHAPE}_$dt.bin" $dt $TOK || exit 1; done
+    for dt in $missing; do convert_once "$HF" "$WORK/${SHAPE}_$dt.bin" $dt $TOK || exit 1; done
     rm -rf "$HF"
 fi
 # The files just written go to disk first: their writeback ran beside the first sweeps of a call (2026-11-27: the
@@ -46,7 +50,7 @@ say "link ceilings"
 LINK_ONLY=1 build/bin/ceilings "$OUT_DIR/ceilings_$SHAPE.json" || exit 1
 S=$OUT_DIR/sweeps_$SHAPE.jsonl
 : > "$S"
-for dt in q4 f16; do
+for dt in $DTYPES; do
     bin=$WORK/${SHAPE}_$dt.bin
     min=$(min_ring "$bin")
     shares=SHARES_${dt^^}

@@ -158,9 +158,7 @@ static int rb_too_small(uint64_t budget, uint64_t reserve, uint64_t min_total, r
 // Among units no larger than the slot M, fill `room` bytes first-fit in a preference order. Three orders are
 // tried and the one keeping the most bytes resident wins (ties go to the earlier order):
 //   0. the head first, then layers from the first: the head is needed every token and is, in Llama, the
-//      largest unit, so keeping it shrinks the slot (and the ring); resident layers then form a prefix, so
-//      the streamed layers are one run at the end and the next token's first streamed layers are copied
-//      while the last layers, the head, sampling and the next token's resident prefix compute.
+//      largest unit, so keeping it shrinks the slot (and the ring).
 //   1. layers from the first, the head last: better when the head is a little larger than what is left
 //      but whole layers still fit (a head of 1.5 layers and room for 2 layers).
 //   2. largest first: better for mixed sizes that orders 0 and 1 pack poorly.
@@ -221,6 +219,28 @@ static void rb_improve(const uint64_t *fp, int n, uint64_t room, uint8_t *res) {
                 res[u] = 1;
                 changed = 1;
             }
+        }
+    }
+}
+
+// Which of the layers (units 0 .. n - 2; the head, n - 1, keeps its choice) of one footprint stream, once the count
+// is set: evenly spaced, the last of them last (layer (j + 1) m / k - 1 of the m for j < k), rather than the run at
+// the end that first-fit leaves. A copy can start only once the slab two back in a ring of two slots is done, so with
+// the streamed layers in one run the link could copy only two of them beside the resident layers; spread, it copies
+// each one's slab while the resident layers before it compute (H200, Llama-3-8B q4 at 4 GB: layers 26-31 streamed,
+// bench/results/share_duel). Bytes, slot and ring are those of the choice it replaces.
+static void rb_spread(const uint64_t *fp, int n, uint8_t *res) {
+    for (int a = 0; a < n - 1; a++) {
+        int first = 1, m = 0, k = 0;
+        for (int u = 0; u < a && first; u++) first = fp[u] != fp[a];
+        if (!first) continue;  // that footprint's layers done already
+        for (int u = a; u < n - 1; u++) m += fp[u] == fp[a], k += fp[u] == fp[a] && !res[u];
+        if (k == 0 || k == m) continue;
+        for (int u = a, j = 0, i = 0; u < n - 1; u++) {
+            if (fp[u] != fp[a]) continue;
+            const int streamed = j < k && i == (int)((int64_t)(j + 1) * m / k - 1);
+            res[u] = !streamed;
+            j += streamed, i++;
         }
     }
 }
@@ -297,6 +317,7 @@ int rb_plan_make(rb_plan *p, const uint64_t *sizes, int n, uint64_t budget, uint
         }
         if (!found) return rb_too_small(budget, reserve, min_total, m, e);  // unreachable: budget >= minimum
         rb_improve(fp, n, room, p->resident);
+        rb_spread(fp, n, p->resident);
     }
 
     // Resident units packed in forward order; the ring takes what is left, up to RB_MAX_SLOTS slots.

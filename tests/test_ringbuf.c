@@ -402,7 +402,8 @@ Test(ringbuf_plan, optimal_for_layers_and_head) {
 }
 
 // A model whose streamed layers do not divide the ring: 6 layers and a head, all of s, in a budget of
-// 6.5 s. The head and layers 0..2 stay (4 s); layers 3..5 cycle through a ring of 2.5 slots for many tokens.
+// 6.5 s. The head and three layers stay (4 s); the other three, every second one (rb_spread), cycle through a
+// ring of 2.5 slots for many tokens.
 Test(ringbuf_plan, layers_do_not_divide_ring) {
     const uint64_t s = 10 * 4096;
     uint64_t sizes[7] = {s, s, s, s, s, s, s};
@@ -410,19 +411,50 @@ Test(ringbuf_plan, layers_do_not_divide_ring) {
     dj_err e = {{0}};
     cr_assert_eq(rb_plan_make(&p, sizes, 7, s * 13 / 2, 0, 4096, 0, &e), 0, "%s", e.msg);
     cr_assert_eq(p.n_streamed, 3);
-    for (int u = 0; u < 3; u++) cr_assert(p.resident[u], "layer %d should be resident", u);
+    for (int u = 0; u < 6; u++) cr_assert_eq(p.resident[u], u % 2 == 0, "layer %d", u);
     cr_assert(p.resident[6], "the head should be resident");
-    cr_assert_eq(p.stream_order[0], 3);
+    cr_assert_eq(p.stream_order[0], 1);
     cr_assert_eq(p.ring_size, s * 5 / 2);
     cr_assert_eq(p.slot_bytes, s);
     cr_assert_eq(p.slots, 2);
     cr_assert_eq(p.min_live, 2);
-    cr_assert_eq(rb_plan_next(&p, 0), 3);
+    cr_assert_eq(rb_plan_next(&p, 0), 1);
+    cr_assert_eq(rb_plan_next(&p, 1), 3);
     cr_assert_eq(rb_plan_next(&p, 4), 5);
-    cr_assert_eq(rb_plan_next(&p, 5), 3);  // the next token's first streamed layer
-    cr_assert_eq(rb_plan_next(&p, 6), 3);
-    trb_assert_plan(&p, sizes, 7, s * 13 / 2, 0, 4096, 0);
-    trb_run_plan(&p, 1000);
+    cr_assert_eq(rb_plan_next(&p, 5), 1);  // the next token's first streamed layer
+    cr_assert_eq(rb_plan_next(&p, 6), 1);
+    trb_run_plan(&p, 4);
+}
+
+// The streamed layers of one size are spread evenly among the resident ones (rb_spread): the resident runs before
+// and between streamed layers differ by at most one layer, the last layer streams, and the resident bytes are
+// first-fit's. Llama-3-8B-shaped q4 (32 layers of 122.7 MB and a 558 MB head) at 1-4 GB.
+Test(ringbuf_plan, streamed_layers_spread) {
+    static uint64_t sizes[33];
+    for (int u = 0; u < 32; u++) sizes[u] = 122716160ull;
+    sizes[32] = 558219264ull;
+    static rb_plan p;
+    dj_err e = {{0}};
+    int mixed = 0;
+    for (double gb = 1.0; gb <= 4.0; gb += 0.25) {
+        cr_assert_eq(rb_plan_make(&p, sizes, 33, rb_gb_bytes(gb), 0, 4096, 0, &e), 0, "%s", e.msg);
+        int k = 0;
+        for (int u = 0; u < 32; u++) k += !p.resident[u];
+        if (k == 0 || k == 32) continue;
+        mixed++;
+        cr_assert(!p.resident[31], "%.2f GB: the last layer streams", gb);
+        int run = 0, lo = 33, hi = -1;
+        for (int u = 0; u < 32; u++) {
+            if (p.resident[u]) {
+                run++;
+                continue;
+            }
+            lo = run < lo ? run : lo, hi = run > hi ? run : hi, run = 0;
+        }
+        cr_assert(hi - lo <= 1, "%.2f GB: resident runs of %d to %d layers before streamed ones", gb, lo, hi);
+        trb_assert_plan(&p, sizes, 33, rb_gb_bytes(gb), 0, 4096, 0);
+    }
+    cr_assert_geq(mixed, 8, "budgets of 1-4 GB keep some layers resident and stream others");
 }
 
 Test(ringbuf_plan, stream_all) {
@@ -494,7 +526,8 @@ Test(ringbuf_plan, llama70b_shape) {
     cr_assert_eq(rb_plan_make(&p, sizes, 81, rb_gb_bytes(24), 0, align, 0, &e), 0, "%s", e.msg);
     cr_assert(p.resident[80]);
     cr_assert_eq(p.n_resident, 11);
-    for (int u = 0; u < 10; u++) cr_assert(p.resident[u], "layer %d: resident prefix expected", u);
+    for (int u = 0; u < 80; u++)  // every eighth layer resident from layer 6, spread (rb_spread)
+        cr_assert_eq(p.resident[u], u % 8 == 6, "layer %d", u);
     cr_assert_eq(p.slot_bytes, layer);
     cr_assert_eq(p.streamed_bytes, 70 * layer);
     cr_assert_eq(p.resident_bytes, hfp + 10 * layer);

@@ -227,8 +227,9 @@ static void rb_improve(const uint64_t *fp, int n, uint64_t room, uint8_t *res) {
 // is set: evenly spaced, the last of them last (layer (j + 1) m / k - 1 of the m for j < k), rather than the run at
 // the end that first-fit leaves. A copy can start only once the slab two back in a ring of two slots is done, so with
 // the streamed layers in one run the link could copy only two of them beside the resident layers; spread, it copies
-// each one's slab while the resident layers before it compute (H200, Llama-3-8B q4 at 4 GB: layers 26-31 streamed,
-// bench/results/share_duel). Bytes, slot and ring are those of the choice it replaces.
+// each one's slab while the resident layers before it compute (H200, Llama-3-8B q4 at 4 GB, where layers 26-31
+// streamed: the best fixed CPU share 7.51 -> 7.17 ms a token; bench/results/share_spread). Bytes, slot and ring are
+// those of the choice it replaces.
 static void rb_spread(const uint64_t *fp, int n, uint8_t *res) {
     for (int a = 0; a < n - 1; a++) {
         int first = 1, m = 0, k = 0;

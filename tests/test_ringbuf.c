@@ -423,12 +423,13 @@ Test(ringbuf_plan, layers_do_not_divide_ring) {
     cr_assert_eq(rb_plan_next(&p, 4), 5);
     cr_assert_eq(rb_plan_next(&p, 5), 1);  // the next token's first streamed layer
     cr_assert_eq(rb_plan_next(&p, 6), 1);
-    trb_run_plan(&p, 4);
+    trb_assert_plan(&p, sizes, 7, s * 13 / 2, 0, 4096, 0);
+    trb_run_plan(&p, 1000);
 }
 
 // The streamed layers of one size are spread evenly among the resident ones (rb_spread): the resident runs before
-// and between streamed layers differ by at most one layer, the last layer streams, and the resident bytes are
-// first-fit's. Llama-3-8B-shaped q4 (32 layers of 122.7 MB and a 558 MB head) at 1-4 GB.
+// and between streamed layers differ by at most one layer, the last layer streams, and the plan stays maximal and
+// packed (trb_assert_plan). Llama-3-8B-shaped q4 (32 layers of 122.7 MB and a 558 MB head) at 1-4 GB.
 Test(ringbuf_plan, streamed_layers_spread) {
     static uint64_t sizes[33];
     for (int u = 0; u < 32; u++) sizes[u] = 122716160ull;

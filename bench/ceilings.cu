@@ -102,8 +102,11 @@ static void lt_matmul(cublasLtHandle_t lt, const lt_problem *p, int k, const voi
 struct qrow { const char *dt; int64_t n_out, n_in; double gemv_us, gemv_gbs, gemv_frac, prefill_us; };
 
 static std::vector<qrow> quant_section(dj_gpu *g, cudaStream_t s, size_t l2, double d2d_gbs) {
-    static const int64_t shapes[][2] = {{6144, 4096}, {4096, 4096}, {28672, 4096}, {4096, 14336}, {128256, 4096},
-                                        {8192, 28672}};  // the last: Llama-3-70B's down projection
+    // n_out, n_in, times in a Llama-3-8B decode step (the lm_head once, in q8 for q8 and q4 models alike: the
+    // converter's head type); the last: Llama-3-70B's down projection
+    static const int64_t shapes[][3] = {{6144, 4096, 32}, {4096, 4096, 32}, {28672, 4096, 32}, {4096, 14336, 32},
+                                        {128256, 4096, 1}, {8192, 28672, 0}};
+    double step_bytes[2] = {0, 0}, step_us[2] = {0, 0};  // q8's step, q4's
     static const uint32_t dtypes[] = {DJ_F16, DJ_Q8, DJ_Q4};
     const int64_t PT = 512;
     std::vector<qrow> rows;
@@ -133,6 +136,11 @@ static std::vector<qrow> quant_section(dj_gpu *g, cudaStream_t s, size_t l2, dou
                 CKD(gpu_matmul_path(g, GPU_MM_CUBLAS, y, x, w[i % copies], dt, PT, n_in, n_out, s, &e_));
             });
             if (dt == DJ_F16) f16_prefill_us = r.prefill_us;
+            for (int q = 0; q < 2; q++) {  // the step's GEMVs: the layers in the step's dtype, the lm_head in q8
+                const uint32_t in_step = q == 0 || sh[2] == 1 ? DJ_Q8 : DJ_Q4;
+                if (sh[2] && dt == in_step)
+                    step_bytes[q] += sh[2] * r.gemv_gbs * r.gemv_us * 1e3, step_us[q] += sh[2] * r.gemv_us;
+            }
             printf("%-5s %6lldx%-7lld %10.1f %10.1f %7.1f%% %12.1f %9.1f%%\n", r.dt, (long long)n_out,
                    (long long)n_in, r.gemv_us, r.gemv_gbs, 100 * r.gemv_frac, r.prefill_us,
                    100 * f16_prefill_us / r.prefill_us);
@@ -142,20 +150,10 @@ static std::vector<qrow> quant_section(dj_gpu *g, cudaStream_t s, size_t l2, dou
         CK(cudaFree(x));
         CK(cudaFree(y));
     }
-    // A Llama-3-8B decode step's GEMVs together: 32 layers of the first four shapes in the dtype, and the lm_head in
-    // q8 (the converter's head_type for q8 and q4), their bytes over the sum of their times.
-    for (const char *dt : {"q8", "q4"}) {
-        double bytes = 0, us = 0;
-        for (const qrow &r : rows) {
-            const bool head = r.n_out == 128256, layer = r.n_out != 128256 && r.n_out != 8192;
-            if (!(head ? !strcmp(r.dt, "q8") : layer && !strcmp(r.dt, dt))) continue;
-            const double n = head ? 1 : 32;
-            bytes += n * r.gemv_gbs * r.gemv_us * 1e3, us += n * r.gemv_us;
-        }
-        if (us > 0)
-            printf("%s: a Llama-3-8B step's GEMVs together (32 layers, the lm_head in q8): %.1f GB/s, %.1f%% of D2D\n",
-                   dt, bytes / us / 1e3, 100 * bytes / us / 1e3 / d2d_gbs);
-    }
+    // A Llama-3-8B decode step's GEMVs together: their bytes over the sum of their times.
+    for (int q = 0; q < 2; q++)
+        printf("%s: a Llama-3-8B step's GEMVs together (32 layers, the lm_head in q8): %.1f GB/s, %.1f%% of D2D\n",
+               q ? "q4" : "q8", step_bytes[q] / step_us[q] / 1e3, 100 * step_bytes[q] / step_us[q] / 1e3 / d2d_gbs);
     return rows;
 }
 

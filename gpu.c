@@ -378,7 +378,8 @@ static int pass_run(dj_gpu_state *s, const int32_t *tokens, int64_t T, float *lo
         gpu_probe_graphable(s))
         return graph_step(s, logits, pk, e);
     const uint8_t *head, *lm;
-    if (gpu_body(s, T, &head, &lm, e)) return -1;
+    const int streams = s->sc.plan->n_streamed > 0;  // the pass's time outside its streamed units is measured
+    if ((streams && gpu_event_record(s->sc.p0, s->compute, e)) || gpu_body(s, T, &head, &lm, e)) return -1;
     // The head's logits in chunks of GPU_LOGIT_ROWS; its slot is released (and the next pass's first copies
     // issued) before the final wait.
     // Rows [first, end): a prefill's last or all; a step's first step_logits (none wanted: one round without a
@@ -393,12 +394,16 @@ static int pass_run(dj_gpu_state *s, const int32_t *tokens, int64_t T, float *lo
                : logits && gpu_d2h_async(s->b.h_logits, s->b.logits, (size_t)(rows * vocab) * 4, s->compute, e))
             return -1;
         prof_mark(s, PROF_HEAD);
-        if (last && (trace_unit(s->tr, nl, 1, e) || unit_end(s, nl, e))) return -1;
+        if (last && (trace_unit(s->tr, nl, 1, e) || unit_end(s, nl, e) ||
+                     (streams && gpu_event_record(s->sc.p1, s->compute, e))))
+            return -1;
         if (share_flush(s, e) || gpu_stream_sync(s->compute, e)) return -1;
         if (pk) *pk->next = *s->b.h_next;
         else if (logits) memcpy(logits + (r0 - first) * vocab, s->b.h_logits, (size_t)(rows * vocab) * 4);
     }
-    if (sched_harvest(s, e) || trace_pass_end(s->tr, e)) return -1;
+    if (sched_harvest(s, e) || (streams && sched_pass_outside(s, &s->sh.pass_outside_s, e)) ||
+        trace_pass_end(s->tr, e))
+        return -1;
     if (s->tr && trace_done(s->tr)) trace_free(s->tr), s->tr = NULL;  // written: the rest of the run untraced
     share_learn(s, T);
     prof_collect(s, T == 1);

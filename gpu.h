@@ -52,6 +52,8 @@ typedef struct {
     uint64_t cpu_chains;       // MLP blocks whose gate, up and down rows the CPU computed as one job (share_ffn)
     uint64_t share_moves;      // automatic CPU share: times a pass moved the decode share (each costs the copies
                                // issued ahead at the old one)
+    double outside_ms;         // passes that streamed: their time on the compute stream outside their streamed
+                               // units (resident units, the head's kernels), which the automatic share counts
 } dj_gpu_stats;
 
 typedef struct dj_gpu_state dj_gpu_state;

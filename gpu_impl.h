@@ -74,6 +74,7 @@ typedef struct {
 typedef struct {
     cudaEvent_t c0, c1;  // copy start/end (copy stream)
     cudaEvent_t w0, w1;  // wait start/end (compute stream)
+    cudaEvent_t e1;      // the unit's kernels done (compute stream)
     uint64_t off;        // ring offset
     uint64_t bytes;      // bytes the copy moved
     int slot;            // ring slot
@@ -100,6 +101,9 @@ typedef struct {
     double pass_share, next_share;    // its CPU share; the one the copies issued ahead for the next pass assume
                                       // (the last pass's of SH_ROWS rows or fewer: the next is most likely alike)
     int warming;                      // in the warm-up: the copies issued ahead for the next pass are whole
+    cudaEvent_t p0, p1;               // a pass's start and end on the compute stream
+    int64_t pass_first;               // its first streamed seq
+    double pass_units_ms;             // its streamed units' time on the compute stream, w0 to e1 (sched_harvest)
 } gpu_sched;
 
 // A split's CPU rows, a job of the pool's workers (share.c).
@@ -149,6 +153,9 @@ typedef struct {
     double grid_trips[SH_GRID], grid_io[SH_GRID];  // a pass's round trips and their PCIe bytes a row, at k / SH_GRID
     double pass_cpu_s, pass_wait_s;
     uint64_t pass_cpu_bytes;
+    // a pass of T rows' time on the compute stream outside its streamed units (the resident units, the head's
+    // kernels when resident, the gathers; 0: not measured yet), learnt like seen; the pass running's
+    double outside_s[SH_ROWS + 1], pass_outside_s;
 } gpu_share;
 
 // DJINN_PROFILE=1: events between the kernels of each layer, summed per phase (prefill and decode apart) and
@@ -229,6 +236,8 @@ void sched_pass_begin(dj_gpu_state *s, int64_t T);  // a pass of T tokens starts
 int unit_begin(dj_gpu_state *s, int u, const uint8_t **w, dj_err *e);
 int unit_end(dj_gpu_state *s, int u, dj_err *e);
 int sched_harvest(dj_gpu_state *s, dj_err *e);  // after the pass's last sync: copy and wait times into s->st
+// After sched_harvest, with p0 and p1 recorded around the pass: its time outside its streamed units, in seconds.
+int sched_pass_outside(dj_gpu_state *s, double *outside_s, dj_err *e);
 
 // ---- gpu.c
 int slot_ok(const dj_gpu_state *s, int32_t slot, dj_err *e);  // slot names one of the engine's KV slots

@@ -254,10 +254,12 @@ void share_release(dj_gpu_state *s) {
 
 // ---- --cpu-share auto
 // For a pass of T rows, the fraction that makes the pass shortest: the GPU's copies and the CPU's side run side by
-// side, and the pass takes the longer of them. The CPU's side is its bytes at its rate for T rows plus a round
-// trip per matrix it has rows of (x to the host, the CPU's rows back, the GPU's work in between: ~SPLIT_COST_S, in
-// which the CPU idles, and T rows of x and of the results over PCIe at ~SPLIT_IO_GBS); the copies run at
-// LINK_SHARED times the warm-up's H2D rate, the CPU's reads of host memory taking the rest. The round trips grow
+// side, and the pass takes the longer of them. The CPU's side is the pass's time outside its streamed units (the
+// resident layers and the head, which the CPU waits through while the copies may run: rb_spread; measured by the
+// passes, share_outside), then its bytes at its rate for T rows plus a round trip per matrix it has rows of (x to
+// the host, the CPU's rows back, the GPU's work in between: ~SPLIT_COST_S, in which the CPU idles, and T rows of x
+// and of the results over PCIe at ~SPLIT_IO_GBS); the copies run at LINK_SHARED times the warm-up's H2D rate, the
+// CPU's reads of host memory taking the rest. The round trips grow
 // with the share in steps (share_fill: whole matrices first), so the shares are tried a hundredth apart (the trips
 // and their bytes for each worked out once). Where the round trips would eat most of the gain (small models, many
 // rows), the share stays off.
@@ -327,23 +329,32 @@ static void share_trips(const gpu_share *sh, double share, double *trips, double
     }
 }
 
+// The time a pass of T rows spent outside its streamed units (the resident ones, the head's kernels), as passes of
+// T measured it, else as those of the nearest T that did (the lower first on a tie); 0 before any.
+static double share_outside(const gpu_share *sh, int64_t T) {
+    for (int64_t d = 0; d < sh->max_rows; d++)
+        for (int64_t u = T - d; u <= T + d; u += d ? 2 * d : 1)
+            if (u >= 1 && u <= sh->max_rows && sh->outside_s[u] > 0) return sh->outside_s[u];
+    return 0;
+}
+
 // by_rows[T] from the model (share_auto's terms), on the grid of shares k / SH_GRID. A share within SH_KEEP of the
 // best's time stays: each change costs the copies issued ahead at the old one (the GPU's missing rows, or rows
 // copied for nothing).
 static void share_model(gpu_share *sh, int64_t T) {
     double share = 0, c = sh->seen[T] > 0 ? sh->seen[T] : sh->iso[T] * share_derate(sh, T);
     if (T <= sh->max_rows && c > 0 && sh->m_link > 0) {
-        double t_pure = sh->m_streamed / (sh->m_link * 1e9), tb_link = t_pure / LINK_SHARED;
-        double tb_cpu = sh->m_streamed / (c * 1e9), best = t_pure, now = t_pure;
+        double r = share_outside(sh, T), t_pure = sh->m_streamed / (sh->m_link * 1e9), tb_link = t_pure / LINK_SHARED;
+        double tb_cpu = sh->m_streamed / (c * 1e9), t0 = t_pure > r ? t_pure : r, best = t0, now = t0;
         for (int k = 1; k <= SH_TOP; k++) {
-            double f = (double)k / SH_GRID, cpu = f * tb_cpu + sh->grid_trips[k] * SPLIT_COST_S +
+            double f = (double)k / SH_GRID, cpu = r + f * tb_cpu + sh->grid_trips[k] * SPLIT_COST_S +
                                                   (double)T * sh->grid_io[k] / (SPLIT_IO_GBS * 1e9);
             double t = cpu > (1 - f) * tb_link ? cpu : (1 - f) * tb_link;
             if (t < best) best = t, share = f;
             if (k == (int)(sh->by_rows[T] * SH_GRID + 0.5)) now = t;
         }
         if (sh->by_rows[T] > 0 && now <= best * (1 + SH_KEEP)) share = sh->by_rows[T];
-        if (!(share > 0 && best < 0.9 * t_pure)) share = 0;  // not worth the round trips
+        if (!(share > 0 && best < 0.9 * t0)) share = 0;  // not worth the round trips
     }
     sh->by_rows[T] = share;
 }
@@ -372,7 +383,7 @@ void share_auto(dj_gpu_state *s) {
     for (int64_t T = 1; T <= SH_ROWS; T++) {
         double t = T == 1 ? t1 : tb > ta ? t_a + (double)(T - ta) * (t_b - t_a) / (double)(tb - ta) : t_a;
         if (t < t1) t = t1;
-        sh->iso[T] = t > 0 ? bytes / t / 1e9 : 0, sh->seen[T] = 0, sh->off_passes[T] = 0;
+        sh->iso[T] = t > 0 ? bytes / t / 1e9 : 0, sh->seen[T] = 0, sh->off_passes[T] = 0, sh->outside_s[T] = 0;
         share_model(sh, T);
     }
     share_rates(s);
@@ -400,6 +411,8 @@ void share_auto(dj_gpu_state *s) {
 static void learn(dj_gpu_state *s, int64_t T) {
     gpu_share *sh = &s->sh;
     if (!sh->automatic || T > sh->max_rows) return;
+    if (sh->pass_outside_s > 0)
+        sh->outside_s[T] = sh->outside_s[T] > 0 ? 0.5 * (sh->outside_s[T] + sh->pass_outside_s) : sh->pass_outside_s;
     if (sh->pass_cpu_s < 1e-3) {  // off for T: after SH_RETRY such passes, forget what turned it off, try again
         if (sh->seen[T] > 0 && ++sh->off_passes[T] >= SH_RETRY)
             sh->seen[T] = 0, sh->off_passes[T] = 0, share_model(sh, T);
@@ -415,7 +428,7 @@ static void learn(dj_gpu_state *s, int64_t T) {
 void share_learn(dj_gpu_state *s, int64_t T) {
     gpu_share *sh = &s->sh;
     s->st.cpu_bytes += sh->pass_cpu_bytes, s->st.cpu_ms += sh->pass_cpu_s * 1e3;
-    s->st.cpu_wait_ms += sh->pass_wait_s * 1e3;
+    s->st.cpu_wait_ms += sh->pass_wait_s * 1e3, s->st.outside_ms += sh->pass_outside_s * 1e3;
     double was = sh->by_rows[1];
     learn(s, T);
     s->st.share_moves += sh->by_rows[1] != was;

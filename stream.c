@@ -78,19 +78,20 @@ int sched_init(dj_gpu_state *s, dj_err *e) {
     for (int i = 0; i < sc->n_seq; i++) {
         gpu_seq *q = &sc->seq[i];
         if (gpu_event_create(&q->c0, 1, e) || gpu_event_create(&q->c1, 1, e) || gpu_event_create(&q->w0, 1, e) ||
-            gpu_event_create(&q->w1, 1, e))
+            gpu_event_create(&q->w1, 1, e) || gpu_event_create(&q->e1, 1, e))
             return -1;
     }
-    return 0;
+    return gpu_event_create(&sc->p0, 1, e) || gpu_event_create(&sc->p1, 1, e) ? -1 : 0;
 }
 
 void sched_free(dj_gpu_state *s) {
     gpu_sched *sc = &s->sc;
     for (int i = 0; i < RB_MAX_SLOTS; i++) gpu_event_destroy(sc->copied[i]), gpu_event_destroy(sc->freed[i]);
-    gpu_event_destroy(sc->prev_done);
+    gpu_event_destroy(sc->prev_done), gpu_event_destroy(sc->p0), gpu_event_destroy(sc->p1);
     for (int i = 0; sc->seq && i < sc->n_seq; i++) {
         gpu_seq *q = &sc->seq[i];
         gpu_event_destroy(q->c0), gpu_event_destroy(q->c1), gpu_event_destroy(q->w0), gpu_event_destroy(q->w1);
+        gpu_event_destroy(q->e1);
     }
     free(sc->seq);
     free(sc->plan);
@@ -106,7 +107,8 @@ void sched_pass_begin(dj_gpu_state *s, int64_t T) {
     sc->pass_T = T;
     sc->pass_end = sc->computed + sc->plan->n_streamed;
     sc->pass_share = share_for(s, T);
-    s->sh.pass_cpu_s = s->sh.pass_wait_s = 0, s->sh.pass_cpu_bytes = 0;
+    sc->pass_first = sc->computed, sc->pass_units_ms = 0;
+    s->sh.pass_cpu_s = s->sh.pass_wait_s = s->sh.pass_outside_s = 0, s->sh.pass_cpu_bytes = 0;
     if (T <= SH_ROWS) sc->next_share = sc->pass_share;
 }
 
@@ -187,7 +189,8 @@ int unit_begin(dj_gpu_state *s, int u, const uint8_t **w, dj_err *e) {
 int unit_end(dj_gpu_state *s, int u, dj_err *e) {
     gpu_sched *sc = &s->sc;
     if (sc->plan->resident[u]) return 0;
-    if (gpu_event_record(sc->freed[sc->seq[sc->computed % sc->n_seq].slot], s->compute, e)) return -1;
+    const gpu_seq *q = &sc->seq[sc->computed % sc->n_seq];
+    if (gpu_event_record(sc->freed[q->slot], s->compute, e) || gpu_event_record(q->e1, s->compute, e)) return -1;
     sc->computed++;
     return issue_copies(s, e);
 }
@@ -198,13 +201,23 @@ int sched_harvest(dj_gpu_state *s, dj_err *e) {
     gpu_sched *sc = &s->sc;
     for (; sc->harvested < sc->computed; sc->harvested++) {
         const gpu_seq *q = &sc->seq[sc->harvested % sc->n_seq];
-        float cm, wm;
+        float cm, wm, um = 0;
+        const int mine = sc->harvested >= sc->pass_first && sc->harvested < sc->pass_end;  // this pass's unit
         if (gpu_event_ms(&cm, q->c0, q->c1, e) || gpu_event_ms(&wm, q->w0, q->w1, e) ||
+            (mine && gpu_event_ms(&um, q->w0, q->e1, e)) ||
             trace_copy(s->tr, sc->harvested, stream_unit(sc, sc->harvested), q->bytes, q->c0, q->c1, q->w0, q->w1, e))
             return -1;
+        sc->pass_units_ms += um;
         s->st.copy_ms += cm;
         s->st.wait_ms += wm;
         s->st.copied_bytes += q->bytes;
     }
+    return 0;
+}
+
+int sched_pass_outside(dj_gpu_state *s, double *outside_s, dj_err *e) {
+    float ms;
+    if (gpu_event_ms(&ms, s->sc.p0, s->sc.p1, e)) return -1;
+    *outside_s = ms > s->sc.pass_units_ms ? (ms - s->sc.pass_units_ms) / 1e3 : 0;
     return 0;
 }

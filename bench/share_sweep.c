@@ -101,7 +101,7 @@ int main(int argc, char **argv) {
         int64_t T = (int64_t)Ts[ti];
         static double t[MAX_LIST][64 * TIMED];
         double med[MAX_LIST];
-        double cpu_ms[MAX_LIST] = {0}, cpu_gb[MAX_LIST] = {0}, wait_ms[MAX_LIST] = {0};
+        double cpu_ms[MAX_LIST] = {0}, cpu_gb[MAX_LIST] = {0}, wait_ms[MAX_LIST] = {0}, out_ms[MAX_LIST] = {0};
         uint64_t moves[MAX_LIST] = {0};
         for (int si = 0; si < nS; si++)  // the automatic share learns T's rate before any pass is timed
             for (int w = 0; w < WARM_FIRST; w++)
@@ -121,6 +121,7 @@ int main(int argc, char **argv) {
                 gpu_state_stats(s, &st1);
                 cpu_ms[si] += st1.cpu_ms - st0.cpu_ms, cpu_gb[si] += (double)(st1.cpu_bytes - st0.cpu_bytes) / 1e9;
                 wait_ms[si] += st1.cpu_wait_ms - st0.cpu_wait_ms, moves[si] += st1.share_moves - st0.share_moves;
+                out_ms[si] += st1.outside_ms - st0.outside_ms;
             }
         for (int si = 0; si < nS; si++) {
             int n = reps * TIMED;
@@ -128,10 +129,10 @@ int main(int argc, char **argv) {
             med[si] = t[si][n / 2];
             printf("%s\n  {\"share\": %g, \"T\": %lld, \"share_used\": %.4f, \"ms\": %.3f, \"ms_min\": %.3f, "
                    "\"ms_max\": %.3f, \"cpu_gb_s\": %.2f, \"cpu_ms_per_pass\": %.2f, \"wait_ms_per_pass\": %.2f, "
-                   "\"share_moves\": %llu}",
+                   "\"outside_ms_per_pass\": %.2f, \"share_moves\": %llu}",
                    si + ti ? "," : "", shares[si], (long long)T, gpu_cpu_share_for(eng[si], T), med[si] * 1e3,
                    t[si][0] * 1e3, t[si][n - 1] * 1e3, cpu_ms[si] > 0 ? cpu_gb[si] / cpu_ms[si] * 1e3 : 0.0,
-                   cpu_ms[si] / n, wait_ms[si] / n, (unsigned long long)moves[si]);
+                   cpu_ms[si] / n, wait_ms[si] / n, out_ms[si] / n, (unsigned long long)moves[si]);
             fflush(stdout);
         }
         int a = -1, b = -1;  // the automatic engine, the fastest fixed share

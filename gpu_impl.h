@@ -258,6 +258,9 @@ void share_learn(dj_gpu_state *s, int64_t T);     // after a pass of T rows: its
 int share_init(dj_gpu_state *s, dj_err *e);       // pinned and device buffers, the event
 void share_free(dj_gpu_state *s);
 void share_auto(dj_gpu_state *s);                 // --cpu-share auto, after the warm-up measured the copies
+// by_rows[T] from sh's rates, round trips and the pass's time outside its streamed units (share_auto's model; no
+// GPU needed)
+void share_model(gpu_share *sh, int64_t T);
 void share_stats(dj_gpu_state *s);                // bytes per decode token over PCIe and read by the CPU
 // y (T, n_out) = x (T, n_in) . W^T, T <= SH_ROWS, split at the unit's share (sh.cur_share): rows
 // [0, sp_gpu_rows) by the GPU from w, the rest by the CPU from hw.

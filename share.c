@@ -341,7 +341,7 @@ static double share_outside(const gpu_share *sh, int64_t T) {
 // by_rows[T] from the model (share_auto's terms), on the grid of shares k / SH_GRID. A share within SH_KEEP of the
 // best's time stays: each change costs the copies issued ahead at the old one (the GPU's missing rows, or rows
 // copied for nothing).
-static void share_model(gpu_share *sh, int64_t T) {
+void share_model(gpu_share *sh, int64_t T) {
     double share = 0, c = sh->seen[T] > 0 ? sh->seen[T] : sh->iso[T] * share_derate(sh, T);
     if (T <= sh->max_rows && c > 0 && sh->m_link > 0) {
         double r = share_outside(sh, T), t_pure = sh->m_streamed / (sh->m_link * 1e9), tb_link = t_pure / LINK_SHARED;

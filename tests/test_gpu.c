@@ -436,6 +436,31 @@ Test(share, fill_takes_whole_matrices_first) {
         }
 }
 
+// share_model (no GPU needed): the CPU waits through the pass's time outside its streamed units (resident layers,
+// the head) while the link may copy, so the more of it, the smaller the CPU's share, and none once the copies fit
+// within it. Llama-3-8B q4 at a 4 GB ring: 0.74 GB streamed a pass, a link of 55 GB/s, the CPU's 97.5 GB/s.
+Test(share, model_leaves_resident_time_to_the_link) {
+    static gpu_share sh;
+    sh.max_rows = 1, sh.m_link = 55, sh.m_streamed = 0.74e9, sh.seen[1] = 97.5;
+    const double t_pure = sh.m_streamed / (sh.m_link * 1e9);
+    double prev = 1, first = -1;
+    for (int i = 0; i <= 24; i++) {
+        double r = t_pure * i / 16;  // 0 .. 1.5 times the link-only pass
+        sh.outside_s[1] = r, sh.by_rows[1] = 0;
+        share_model(&sh, 1);
+        double f = sh.by_rows[1];
+        if (i == 0) first = f;
+        cr_assert(f <= prev, "%.2f ms outside the streamed units: share %.2f, above %.2f with less", r * 1e3, f, prev);
+        if (r >= t_pure) cr_assert_eq(f, 0, "the copies fit in %.2f ms outside: share %.2f", r * 1e3, f);
+        prev = f;
+    }
+    cr_assert(first > 0.5, "no time outside the streamed units: share %.2f", first);
+    sh.outside_s[1] = 1.57e-3, sh.by_rows[1] = 0;  // the 8B q4 case's 26 resident layers
+    share_model(&sh, 1);
+    cr_assert(sh.by_rows[1] > 0 && sh.by_rows[1] <= first - 0.05, "1.57 ms resident: share %.2f against %.2f without",
+              sh.by_rows[1], first);
+}
+
 // The pool's threads exist only while a CPU share can use them: none for a streamed run with the share off, none left
 // once the automatic share found it not worth the round trips on this small model (its measurement started them);
 // with a fixed share, one per CPU but the caller (the check that can fail).

@@ -259,17 +259,17 @@ void share_release(dj_gpu_state *s) {
 // passes, share_outside), then its bytes at its rate for T rows plus a round trip per matrix it has rows of (x to
 // the host, the CPU's rows back, the GPU's work in between: ~SPLIT_COST_S, in which the CPU idles, and T rows of x
 // and of the results over PCIe at ~SPLIT_IO_GBS); the copies run at LINK_SHARED times the warm-up's H2D rate, the
-// CPU's reads of host memory taking the rest. The round trips grow
-// with the share in steps (share_fill: whole matrices first), so the shares are tried a hundredth apart (the trips
-// and their bytes for each worked out once). Where the round trips would eat most of the gain (small models, many
-// rows), the share stays off.
+// CPU's reads of host memory taking the rest. The round trips grow with the share in steps (share_fill: whole
+// matrices first), so the shares are tried a hundredth apart (the trips and their bytes for each worked out once).
+// Where the round trips would eat most of the gain (small models, many rows), the share stays off.
 // The CPU's rate for T rows is what passes of T rows measured (its time on its rows, share_learn), and until one
 // has run, its rate alone measured at set-up over one streamed unit's matrices ("iso": one row best of three, the
 // first touch warming; 4 and 16 rows best of two, and a line through those two for the other T, never faster than
 // one row) times what a pass leaves of it: the CPU computes slower within passes than alone, more so the more rows
 // (H100 machine, 2026-11-25, 8B f16 and q4 at the minimum ring: 0.7-0.8 of its rate alone at one row, 0.55-0.65
-// at 8, 0.5-0.6 at 16): 0.8 / (1 + (T - 1) / DERATE_ROWS), scaled to what passes of the nearest T measured. Learnt rates follow the machine of the day (the same
-// share of 0.6 took 126-168 ms a token on different calls) and keep a pass of many rows from waiting on the CPU.
+// at 8, 0.5-0.6 at 16): 0.8 / (1 + (T - 1) / DERATE_ROWS), scaled to what passes of the nearest T measured.
+// Learnt rates follow the machine of the day (the same share of 0.6 took 126-168 ms a token on different calls)
+// and keep a pass of many rows from waiting on the CPU.
 // With the learnt rates the sweep's best fixed shares were: 0.6 at 1 and 2 rows, 0.3-0.45 at 4-8, 0.2 at 16, 0.1
 // at 32 (f16); 0.6 at 1, 0-0.1 at 2-4, none from 8 (q4, whose CPU rows cost as many flops in a third of the
 // bytes).

@@ -274,7 +274,7 @@ void share_release(dj_gpu_state *s) {
 // at 32 (f16); 0.6 at 1, 0-0.1 at 2-4, none from 8 (q4, whose CPU rows cost as many flops in a third of the
 // bytes).
 #define SH_TOP 95    // automatic shares go up to SH_TOP / SH_GRID, as fixed ones do
-#define SH_KEEP 0.01
+#define SH_KEEP 0.03
 #define SH_MIN_UNIT 8e6  // bytes a streamed unit, on average, below which no share pays (~2 round trips of copy)
 #define SPLIT_COST_S 80e-6
 #define SPLIT_IO_GBS 20.0

@@ -18,7 +18,8 @@ SANFLAGS :=
 endif
 
 CFLAGS := -std=c11 -O2 -g -Wall -Wextra -Werror -Wno-unused-parameter -D_GNU_SOURCE -pthread \
-          -I$(CUDA)/include -MMD -MP $(SANFLAGS)
+          -I$(CUDA)/include -MMD -MP $(SANFLAGS) $(CEXTRA)
+CEXTRA ?=
 NVEXTRA ?=
 # sm_90 code with a PTX fallback; qgemm.cu's Hopper kernel (wgmma) needs the arch-specific sm_90a target, with the
 # same compute_90 PTX (where that kernel is compiled out) as the fallback.

@@ -164,8 +164,8 @@ static std::vector<qrow> quant_section(dj_gpu *g, cudaStream_t s, size_t l2, dou
 // the host the mean of the passes that ended before the copies did, H2D the chunks that began after the first
 // chunk still copying when the reads began and ended before the last such pass did. Their sum is the combined
 // ceiling a streamed step with a CPU share is held to.
-// The same for the CPU share's own q4 and f16 matvecs in place of the plain reads (bench/host_matvec.c): what that
-// kernel reaches beside the copies, the ceiling of a q4 (f16) step's CPU share.
+// The same for the CPU share's own q4, q8 and f16 matvecs in place of the plain reads (bench/host_matvec.c): what
+// that kernel reaches beside the copies, the ceiling of a q4 (q8, f16) step's CPU share.
 #define HOST_GIB 4
 struct host_ceil { int threads; double alone, with_h2d, h2d_with; int passes; };
 struct host_reader {
@@ -176,6 +176,7 @@ struct host_reader {
 static size_t all_bytes(size_t bytes) { return bytes; }
 static const host_reader plain_reads = {host_touch, host_read_pass, all_bytes};
 static const host_reader q4_matvec = {host_q4_fill, host_q4_pass, host_q4_bytes};
+static const host_reader q8_matvec = {host_q8_fill, host_q8_pass, host_q8_bytes};
 static const host_reader f16_matvec = {host_f16_fill, host_f16_pass, host_f16_bytes};
 
 // The first of ev[i..] not yet complete (ev.size(): all are).
@@ -237,33 +238,40 @@ static host_ceil host_section(cudaStream_t s, void *dev, const void *src, size_t
     return r;
 }
 
-static void host_print(const host_ceil &h, const host_ceil &q, const host_ceil &f) {
-    char what[64], qwhat[64], fwhat[64];
+// The CPU share's matvecs measured as host_section's readers, in the order of their names.
+#define HOST_MATVECS 3
+static const char *const matvec_names[HOST_MATVECS] = {"q4", "q8", "f16"};
+
+static void host_print(const host_ceil &h, const host_ceil *mv) {
+    char what[64];
     snprintf(what, sizeof what, "host memory read, %d threads (%d GiB)", h.threads, HOST_GIB);
-    snprintf(qwhat, sizeof qwhat, "q4 matvec (CPU share), %d threads", q.threads);
-    snprintf(fwhat, sizeof fwhat, "f16 matvec (CPU share), %d threads", f.threads);
     printf("%-40s %9.2f GB/s\n%-40s %9.2f GB/s\n%-40s %9.2f GB/s\n%-40s %9.2f GB/s\n", what, h.alone,
            "  while pinned H2D copies run", h.with_h2d, "PCIe pinned H2D while the host reads", h.h2d_with,
            "combined (host read + H2D, together)", h.with_h2d + h.h2d_with);
-    printf("%-40s %9.2f GB/s\n%-40s %9.2f GB/s\n%-40s %9.2f GB/s\n%-40s %9.2f GB/s\n", qwhat, q.alone,
-           "  while pinned H2D copies run", q.with_h2d, "PCIe pinned H2D while the matvec runs", q.h2d_with,
-           "combined (q4 matvec + H2D, together)", q.with_h2d + q.h2d_with);
-    printf("%-40s %9.2f GB/s\n%-40s %9.2f GB/s\n%-40s %9.2f GB/s\n%-40s %9.2f GB/s\n", fwhat, f.alone,
-           "  while pinned H2D copies run", f.with_h2d, "PCIe pinned H2D while the matvec runs", f.h2d_with,
-           "combined (f16 matvec + H2D, together)", f.with_h2d + f.h2d_with);
+    for (int k = 0; k < HOST_MATVECS; k++) {
+        char name[64], comb[64];
+        snprintf(name, sizeof name, "%s matvec (CPU share), %d threads", matvec_names[k], mv[k].threads);
+        snprintf(comb, sizeof comb, "combined (%s matvec + H2D, together)", matvec_names[k]);
+        printf("%-40s %9.2f GB/s\n%-40s %9.2f GB/s\n%-40s %9.2f GB/s\n%-40s %9.2f GB/s\n", name, mv[k].alone,
+               "  while pinned H2D copies run", mv[k].with_h2d, "PCIe pinned H2D while the matvec runs",
+               mv[k].h2d_with, comb, mv[k].with_h2d + mv[k].h2d_with);
+    }
 }
 
 // The host section's JSON members (no braces), after the members before them.
-static int host_json(FILE *f, const host_ceil &h, const host_ceil &q, const host_ceil &m) {
-    return fprintf(f, "\"host_read_threads\": %d, \"host_read_gbs\": %.3f, \"host_read_with_h2d_gbs\": %.3f, "
-                      "\"h2d_with_host_read_gbs\": %.3f, \"host_plus_h2d_gbs\": %.3f, \"q4_matvec_gbs\": %.3f, "
-                      "\"q4_matvec_with_h2d_gbs\": %.3f, \"h2d_with_q4_matvec_gbs\": %.3f, "
-                      "\"q4_matvec_plus_h2d_gbs\": %.3f, \"f16_matvec_gbs\": %.3f, \"f16_matvec_with_h2d_gbs\": %.3f, "
-                      "\"h2d_with_f16_matvec_gbs\": %.3f, \"f16_matvec_plus_h2d_gbs\": %.3f", h.threads, h.alone,
-                   h.with_h2d, h.h2d_with, h.with_h2d + h.h2d_with, q.alone, q.with_h2d, q.h2d_with,
-                   q.with_h2d + q.h2d_with, m.alone, m.with_h2d, m.h2d_with, m.with_h2d + m.h2d_with) < 0
-               ? -1
-               : 0;
+static int host_json(FILE *f, const host_ceil &h, const host_ceil *mv) {
+    if (fprintf(f, "\"host_read_threads\": %d, \"host_read_gbs\": %.3f, \"host_read_with_h2d_gbs\": %.3f, "
+                   "\"h2d_with_host_read_gbs\": %.3f, \"host_plus_h2d_gbs\": %.3f", h.threads, h.alone, h.with_h2d,
+                h.h2d_with, h.with_h2d + h.h2d_with) < 0)
+        return -1;
+    for (int k = 0; k < HOST_MATVECS; k++) {
+        const char *n = matvec_names[k];
+        if (fprintf(f, ", \"%s_matvec_gbs\": %.3f, \"%s_matvec_with_h2d_gbs\": %.3f, \"h2d_with_%s_matvec_gbs\": %.3f, "
+                       "\"%s_matvec_plus_h2d_gbs\": %.3f", n, mv[k].alone, n, mv[k].with_h2d, n, mv[k].h2d_with, n,
+                    mv[k].with_h2d + mv[k].h2d_with) < 0)
+            return -1;
+    }
+    return 0;
 }
 
 int main(int argc, char **argv) {
@@ -302,12 +310,14 @@ int main(int argc, char **argv) {
     // ---- host memory, alone and beside the copies
     const bool quant_only = getenv("QUANT_ONLY") != NULL;
     const host_ceil hc = quant_only ? host_ceil{} : host_section(s, src, host, chunk, n_chunks, h2d_gbs, plain_reads);
-    const host_ceil qc = quant_only ? host_ceil{} : host_section(s, src, host, chunk, n_chunks, h2d_gbs, q4_matvec);
-    const host_ceil fc = quant_only ? host_ceil{} : host_section(s, src, host, chunk, n_chunks, h2d_gbs, f16_matvec);
+    const host_reader *readers[HOST_MATVECS] = {&q4_matvec, &q8_matvec, &f16_matvec};
+    host_ceil mv[HOST_MATVECS] = {};
+    for (int k = 0; k < HOST_MATVECS && !quant_only; k++)
+        mv[k] = host_section(s, src, host, chunk, n_chunks, h2d_gbs, *readers[k]);
     if (getenv("LINK_ONLY")) {  // LINK_ONLY=1: the link's two directions and the host's memory (the bench scripts)
         printf("%-40s %9.2f GB/s\n%-40s %9.2f GB/s\n", "PCIe pinned H2D (64 MiB chunks)", h2d_gbs,
                "PCIe pinned D2H (64 MiB chunks)", d2h_gbs);
-        host_print(hc, qc, fc);
+        host_print(hc, mv);
         FILE *f = argc > 1 ? fopen(argv[1], "w") : NULL;
         if (argc > 1 && !f) {
             perror(argv[1]);
@@ -315,7 +325,7 @@ int main(int argc, char **argv) {
         }
         if (f && (fprintf(f, "{\"device\": \"%s\", \"pcie_h2d_pinned_64mib_gbs\": %.3f, "
                              "\"pcie_d2h_pinned_64mib_gbs\": %.3f, ", gpu_name(g), h2d_gbs, d2h_gbs) < 0 ||
-                  host_json(f, hc, qc, fc) || fprintf(f, "}\n") < 0 || fclose(f))) {
+                  host_json(f, hc, mv) || fprintf(f, "}\n") < 0 || fclose(f))) {
             perror(argv[1]);
             return 1;
         }
@@ -356,7 +366,7 @@ int main(int argc, char **argv) {
     printf("%-40s %9.1f GB/s\n", "HBM D2D copy (read+write, 1 GiB)", d2d_gbs);
     printf("%-40s %9.2f GB/s\n", "PCIe pinned H2D (64 MiB chunks)", h2d_gbs);
     printf("%-40s %9.2f GB/s\n", "PCIe pinned D2H (64 MiB chunks)", d2h_gbs);
-    host_print(hc, qc, fc);
+    host_print(hc, mv);
     printf("%-40s %7.1f TFLOP/s\n", "cuBLAS f16 GEMM 8192^3 (fp32 acc)", gemm_tflops);
 
     // cuBLASLt: a handle and a workspace of its own
@@ -490,7 +500,7 @@ int main(int argc, char **argv) {
         }
         fprintf(f, "{\n  \"device\": \"%s\",\n  \"hbm_d2d_gbs\": %.2f,\n  \"pcie_h2d_pinned_64mib_gbs\": %.3f,\n"
                    "  \"pcie_d2h_pinned_64mib_gbs\": %.3f,\n  ", gpu_name(g), d2d_gbs, h2d_gbs, d2h_gbs);
-        host_json(f, hc, qc, fc);
+        host_json(f, hc, mv);
         fprintf(f, ",\n  \"cublas_f16_gemm_8192_tflops\": %.2f,\n  \"gemv\": [\n", gemm_tflops);
         for (size_t i = 0; i < rows.size(); i++)
             fprintf(f, "    {\"dtype\": \"%s\", \"path\": \"%s\", \"n_out\": %lld, \"n_in\": %lld, \"us\": %.2f, "

@@ -1,4 +1,4 @@
-// bench/host_matvec.c: the CPU share's matvec as a host memory reader, over q4 or f16 rows (host_matvec.h).
+// bench/host_matvec.c: the CPU share's matvec as a host memory reader, over q4, q8 or f16 rows (host_matvec.h).
 #include "host_matvec.h"
 
 #include <stdlib.h>
@@ -66,6 +66,9 @@ static double hm_pass(uint32_t dt, const uint8_t *buf, size_t bytes) {
 size_t host_q4_bytes(size_t bytes) { return hm_bytes(DJ_Q4, bytes); }
 void host_q4_fill(uint8_t *buf, size_t bytes) { hm_fill_rows(DJ_Q4, buf, bytes); }
 double host_q4_pass(const uint8_t *buf, size_t bytes) { return hm_pass(DJ_Q4, buf, bytes); }
+size_t host_q8_bytes(size_t bytes) { return hm_bytes(DJ_Q8, bytes); }
+void host_q8_fill(uint8_t *buf, size_t bytes) { hm_fill_rows(DJ_Q8, buf, bytes); }
+double host_q8_pass(const uint8_t *buf, size_t bytes) { return hm_pass(DJ_Q8, buf, bytes); }
 size_t host_f16_bytes(size_t bytes) { return hm_bytes(DJ_F16, bytes); }
 void host_f16_fill(uint8_t *buf, size_t bytes) { hm_fill_rows(DJ_F16, buf, bytes); }
 double host_f16_pass(const uint8_t *buf, size_t bytes) { return hm_pass(DJ_F16, buf, bytes); }

@@ -7,15 +7,15 @@
 #
 # 1. build
 # 2. a random checkpoint of SHAPE (tools/make_random_llama.py) in $BENCH_WORK (default /tmp/djinn_share), converted to
-#    q4 and f16 (the checkpoint is deleted after: 13B's three files would not fit the machine's 64 GB disk beside it);
+#    the DTYPES (the checkpoint is deleted after: 13B's three files would not fit the machine's 64 GB disk beside it);
 #    sync; build/bin/ceilings with LINK_ONLY=1 -> OUT_DIR/ceilings_SHAPE.json
 # 3. the sweeps (REPS rounds, default 4; then DUEL rounds, default 6, of the automatic share against the best fixed
 #    one: bench/share_sweep.c) -> OUT_DIR/sweeps_SHAPE.jsonl; a ring below the model's minimum, or one that holds the
 #    whole file, is skipped; and each dtype all resident (the link unused: label DTYPE_res), whose step the report
 #    counts for the layers a ring keeps resident
 # 4. the table (bench/share_report.py), printed
-# Shares tried: q4 0.5-0.7, f16 0.6-0.75 (SHARES_Q4, SHARES_F16 to change them; -1 the automatic one, 0 the link).
-# DTYPES (default "q4 f16"): the dtypes made and swept, e.g. DTYPES=q4.
+# Shares tried: q4 0.5-0.7, q8 0.55-0.7, f16 0.6-0.75 (SHARES_Q4, SHARES_Q8, SHARES_F16 to change them; -1 the
+# automatic one, 0 the link). DTYPES (default "q4 f16"; q8 too where named): the dtypes made and swept, e.g. DTYPES=q4.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 SHAPE=${1:?shape} OUT_DIR=${2:?out dir}
@@ -24,6 +24,7 @@ DATA=${DATA:-.shared}
 REPS=${REPS:-4}
 DUEL=${DUEL:-6}
 SHARES_Q4=${SHARES_Q4:--1,0,0.5,0.55,0.6,0.65,0.7}
+SHARES_Q8=${SHARES_Q8:--1,0,0.55,0.6,0.65,0.7}
 SHARES_F16=${SHARES_F16:--1,0,0.6,0.65,0.7,0.75}
 DTYPES=${DTYPES:-q4 f16}
 case $SHAPE in 7b|13b) TOK=llama2 ;; *) TOK=llama3 ;; esac

@@ -6,7 +6,7 @@ usage: share_report.py NAME SWEEPS.jsonl CEILINGS.json [NAME SWEEPS CEILINGS ...
 
 Per case (T = 1, a decode step): the link alone (share 0), the best fixed share, the automatic one and their ratio;
 the weights a pass streams, and the rate of both sides together against the combined ceiling (host memory read beside
-pinned H2D copies, plus those copies) and, where the ceilings have it, against the dtype's own: the CPU share's q4 or
+pinned H2D copies, plus those copies) and, where the ceilings have it, against the dtype's own: the CPU share's q4, q8 or
 f16 matvec beside the copies, plus those copies (its AVX-512 or prefetching loads read faster than the plain
 reader). The bytes streamed are the link-only pass's time at the call's pinned H2D rate
 (marked *: on this H200 machine the link alone ran at 0.99-1.0 of it, bench/results/link_8b 0.98), unless the sweep
@@ -85,10 +85,14 @@ def main(argv):
             if not (link and fixed and auto):
                 continue
             best, a = min(fixed, key=lambda x: x["ms"]), auto[0]
-            gb = streamed_gb(r, link[0]["ms"], h2d)
-            mark = "" if r.get("gb_streamed") else "*"
             dt, ring = label.split("_", 1)
             ring = f"minimum ({r['ring_gb']} GB)" if ring == "min" else f"{r['ring_gb']} GB"
+            if r.get("gb_streamed", -1) == 0:  # the plan keeps every unit resident at this ring
+                print(f"| {name} | {dt}, {ring} | nothing streams: the model fits ({link[0]['ms']:.1f} ms) |"
+                      + " |" * 8)
+                continue
+            gb = streamed_gb(r, link[0]["ms"], h2d)
+            mark = "" if r.get("gb_streamed") else "*"
             rb, ra = gb / best["ms"] * 1e3, gb / a["ms"] * 1e3
             mv = cj.get(f"{dt}_matvec_plus_h2d_gbs")
             own = f"{rb / mv:.2f}, {ra / mv:.2f}" if mv else "-"
@@ -103,7 +107,7 @@ def main(argv):
             print(f"| {name} | {dt}, {ring} | {link[0]['ms']:.1f}{lk} | {best['ms']:.1f} ({best['share']:.2f}) "
                   f"| {a['ms']:.1f} ({a['share_used']:.2f}) | {a['ms'] / best['ms']:.3f} | {duel} | {gb:.2f}{mark} "
                   f"| {rb:.0f} ({rb / comb:.2f}), {ra:.0f} ({ra / comb:.2f}) | {own} | {withres} |")
-        mvs = "".join(f", {d} matvec + H2D {cj[d + '_matvec_plus_h2d_gbs']:.1f}" for d in ("q4", "f16")
+        mvs = "".join(f", {d} matvec + H2D {cj[d + '_matvec_plus_h2d_gbs']:.1f}" for d in ("q4", "q8", "f16")
                       if d + "_matvec_plus_h2d_gbs" in cj)
         rs = "".join(f", {d} all resident {v:.2f} ms" for d, v in res.items())
         print(f"| | ceilings: pinned H2D {h2d:.1f}, host read alone {cj['host_read_gbs']:.1f} / beside the copies "

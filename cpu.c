@@ -236,7 +236,11 @@ SIMD_FN static inline __m256i simd_group_q4(const uint8_t *row, const cpu_xq *q,
 // Rows lie one after the other, so the weights are one stream, gb bytes a group (the padding of 15 bytes at most
 // per row aside); software prefetch keeps it ahead of the core: the hardware's prefetchers alone left q4 at 1/3 of
 // the host's read bandwidth on 2 cores (2/3 with it), q8 at 62% (75%).
-#define CPU_PREFETCH 2048
+// 8 KB ahead, not 2: beside the PCIe copies 16 threads read 4-13% faster (H200 machine, q4 and q8,
+// bench/results/share_prefetch). Bench variants: make CEXTRA=-DCPU_PREFETCH=N.
+#ifndef CPU_PREFETCH
+#define CPU_PREFETCH 8192
+#endif
 #define SIMD_GROUP(g) (wtype == DJ_Q8 ? simd_group_q8(row, q, g) : simd_group_q4(row, q, g))
 __attribute__((always_inline)) SIMD_FN static inline float simd_dot_q(const uint8_t *row, uint32_t wtype, int64_t n,
                                                                       const cpu_xq *q) {

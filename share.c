@@ -298,17 +298,26 @@ static double cpu_unit_time(dj_gpu_state *s, const sp_mat *mats, int n, const ui
     return best;
 }
 
+// The row count nearest T, from d0 rows away (the lower first on a tie), whose a (and b, where given) passes have
+// measured (> 0); 0: none.
+static int64_t share_nearest(const gpu_share *sh, int64_t T, int64_t d0, const double *a, const double *b) {
+    for (int64_t d = d0; d < sh->max_rows; d++)
+        for (int64_t u = T - d; u <= T + d; u += d ? 2 * d : 1)
+            if (u >= 1 && u <= sh->max_rows && a[u] > 0 && (!b || b[u] > 0)) return u;
+    return 0;
+}
+
+// A measure learnt from the passes: half the last pass's, half what was learnt before (the first pass's alone).
+static double share_mean2(double was, double now) { return was > 0 ? 0.5 * (was + now) : now; }
+
 // What a pass leaves of the CPU's rate alone for T rows: the default curve, scaled to the nearest T whose passes
 // measured it (the lower first on a tie), so that a share no pass of T rows has tried yet starts from the day's
 // measure, not the default alone (H100 machine, 8B f16: the default put T = 16 at 0.49 where passes of 8 rows
 // showed 0.8 of it, and kept its share at 0, 15% slower than a share of 0.2).
 static double share_derate(const gpu_share *sh, int64_t T) {
 #define DERATE(t) (DERATE_ONE / (1 + (double)((t) - 1) / DERATE_ROWS))
-    for (int64_t d = 1; d < sh->max_rows; d++)
-        for (int64_t u = T - d; u <= T + d; u += 2 * d)
-            if (u >= 1 && u <= sh->max_rows && sh->seen[u] > 0 && sh->iso[u] > 0)
-                return sh->seen[u] / sh->iso[u] / DERATE(u) * DERATE(T);
-    return DERATE(T);
+    const int64_t u = share_nearest(sh, T, 1, sh->seen, sh->iso);
+    return u ? sh->seen[u] / sh->iso[u] / DERATE(u) * DERATE(T) : DERATE(T);
 #undef DERATE
 }
 
@@ -332,10 +341,8 @@ static void share_trips(const gpu_share *sh, double share, double *trips, double
 // The time a pass of T rows spent outside its streamed units (the resident ones, the head's kernels), as passes of
 // T measured it, else as those of the nearest T that did (the lower first on a tie); 0 before any.
 static double share_outside(const gpu_share *sh, int64_t T) {
-    for (int64_t d = 0; d < sh->max_rows; d++)
-        for (int64_t u = T - d; u <= T + d; u += d ? 2 * d : 1)
-            if (u >= 1 && u <= sh->max_rows && sh->outside_s[u] > 0) return sh->outside_s[u];
-    return 0;
+    const int64_t u = share_nearest(sh, T, 0, sh->outside_s, NULL);
+    return u ? sh->outside_s[u] : 0;
 }
 
 // by_rows[T] from the model (share_auto's terms), on the grid of shares k / SH_GRID. A share within SH_KEEP of the
@@ -411,15 +418,14 @@ void share_auto(dj_gpu_state *s) {
 static void learn(dj_gpu_state *s, int64_t T) {
     gpu_share *sh = &s->sh;
     if (!sh->automatic || T > sh->max_rows) return;
-    if (sh->pass_outside_s > 0)
-        sh->outside_s[T] = sh->outside_s[T] > 0 ? 0.5 * (sh->outside_s[T] + sh->pass_outside_s) : sh->pass_outside_s;
+    if (sh->pass_outside_s > 0) sh->outside_s[T] = share_mean2(sh->outside_s[T], sh->pass_outside_s);
     if (sh->pass_cpu_s < 1e-3) {  // off for T: after SH_RETRY such passes, forget what turned it off, try again
         if (sh->seen[T] > 0 && ++sh->off_passes[T] >= SH_RETRY)
             sh->seen[T] = 0, sh->off_passes[T] = 0, share_model(sh, T);
         return;
     }
     double r = (double)sh->pass_cpu_bytes / sh->pass_cpu_s / 1e9;
-    sh->seen[T] = sh->seen[T] > 0 ? 0.5 * (sh->seen[T] + r) : r;
+    sh->seen[T] = share_mean2(sh->seen[T], r);
     for (int64_t t = 1; t <= SH_ROWS; t++) share_model(sh, t);  // the rows no pass measured follow this one
     if (T == 1) share_rates(s), share_stats(s);  // the decode share's bytes
 }

@@ -238,9 +238,10 @@ static host_ceil host_section(cudaStream_t s, void *dev, const void *src, size_t
     return r;
 }
 
-// The CPU share's matvecs measured as host_section's readers, in the order of their names.
+// The CPU share's matvecs, each measured as host_section's reader.
 #define HOST_MATVECS 3
-static const char *const matvec_names[HOST_MATVECS] = {"q4", "q8", "f16"};
+static const struct { const char *name; const host_reader *rd; } matvecs[HOST_MATVECS] = {
+    {"q4", &q4_matvec}, {"q8", &q8_matvec}, {"f16", &f16_matvec}};
 
 static void host_print(const host_ceil &h, const host_ceil *mv) {
     char what[64];
@@ -250,8 +251,8 @@ static void host_print(const host_ceil &h, const host_ceil *mv) {
            "combined (host read + H2D, together)", h.with_h2d + h.h2d_with);
     for (int k = 0; k < HOST_MATVECS; k++) {
         char name[64], comb[64];
-        snprintf(name, sizeof name, "%s matvec (CPU share), %d threads", matvec_names[k], mv[k].threads);
-        snprintf(comb, sizeof comb, "combined (%s matvec + H2D, together)", matvec_names[k]);
+        snprintf(name, sizeof name, "%s matvec (CPU share), %d threads", matvecs[k].name, mv[k].threads);
+        snprintf(comb, sizeof comb, "combined (%s matvec + H2D, together)", matvecs[k].name);
         printf("%-40s %9.2f GB/s\n%-40s %9.2f GB/s\n%-40s %9.2f GB/s\n%-40s %9.2f GB/s\n", name, mv[k].alone,
                "  while pinned H2D copies run", mv[k].with_h2d, "PCIe pinned H2D while the matvec runs",
                mv[k].h2d_with, comb, mv[k].with_h2d + mv[k].h2d_with);
@@ -265,7 +266,7 @@ static int host_json(FILE *f, const host_ceil &h, const host_ceil *mv) {
                 h.h2d_with, h.with_h2d + h.h2d_with) < 0)
         return -1;
     for (int k = 0; k < HOST_MATVECS; k++) {
-        const char *n = matvec_names[k];
+        const char *n = matvecs[k].name;
         if (fprintf(f, ", \"%s_matvec_gbs\": %.3f, \"%s_matvec_with_h2d_gbs\": %.3f, \"h2d_with_%s_matvec_gbs\": %.3f, "
                        "\"%s_matvec_plus_h2d_gbs\": %.3f", n, mv[k].alone, n, mv[k].with_h2d, n, mv[k].h2d_with, n,
                     mv[k].with_h2d + mv[k].h2d_with) < 0)
@@ -310,10 +311,9 @@ int main(int argc, char **argv) {
     // ---- host memory, alone and beside the copies
     const bool quant_only = getenv("QUANT_ONLY") != NULL;
     const host_ceil hc = quant_only ? host_ceil{} : host_section(s, src, host, chunk, n_chunks, h2d_gbs, plain_reads);
-    const host_reader *readers[HOST_MATVECS] = {&q4_matvec, &q8_matvec, &f16_matvec};
     host_ceil mv[HOST_MATVECS] = {};
     for (int k = 0; k < HOST_MATVECS && !quant_only; k++)
-        mv[k] = host_section(s, src, host, chunk, n_chunks, h2d_gbs, *readers[k]);
+        mv[k] = host_section(s, src, host, chunk, n_chunks, h2d_gbs, *matvecs[k].rd);
     if (getenv("LINK_ONLY")) {  // LINK_ONLY=1: the link's two directions and the host's memory (the bench scripts)
         printf("%-40s %9.2f GB/s\n%-40s %9.2f GB/s\n", "PCIe pinned H2D (64 MiB chunks)", h2d_gbs,
                "PCIe pinned D2H (64 MiB chunks)", d2h_gbs);

@@ -236,8 +236,9 @@ SIMD_FN static inline __m256i simd_group_q4(const uint8_t *row, const cpu_xq *q,
 // Rows lie one after the other, so the weights are one stream, gb bytes a group (the padding of 15 bytes at most
 // per row aside); software prefetch keeps it ahead of the core: the hardware's prefetchers alone left q4 at 1/3 of
 // the host's read bandwidth on 2 cores (2/3 with it), q8 at 62% (75%).
-// 8 KB ahead, not 2: beside the PCIe copies 16 threads read 4-13% faster (H200 machine, q4 and q8,
-// bench/results/share_prefetch). Bench variants: make CEXTRA=-DCPU_PREFETCH=N.
+// 8 KB ahead, not 2: beside the PCIe copies 16 threads read 10-13% faster (H200 machine, q4 and q8,
+// bench/results/share_prefetch). Bench variants in a build folder of their own (make tracks no flags):
+// make BUILD=build/pfN CEXTRA=-DCPU_PREFETCH=N build/pfN/bin/ceilings.
 #ifndef CPU_PREFETCH
 #define CPU_PREFETCH 8192
 #endif

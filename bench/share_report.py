@@ -96,7 +96,7 @@ def main(argv):
             rb, ra = gb / best["ms"] * 1e3, gb / a["ms"] * 1e3
             mv = cj.get(f"{dt}_matvec_plus_h2d_gbs")
             own = f"{rb / mv:.2f}, {ra / mv:.2f}" if mv else "-"
-            du = [x for x in r.get("duels", []) if x["T"] == 1]
+            du = [x for x in r.get("duels", []) if x["T"] == 1 and not x.get("null")]
             duel = (f"{du[0]['ratio']:.3f} vs {du[0]['best_share']:.2f} ({du[0]['rounds']}, "
                     f"{du[0]['ratio_min']:.3f}-{du[0]['ratio_max']:.3f})") if du else "-"
             withres = "-"

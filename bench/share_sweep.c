@@ -13,7 +13,9 @@
 // fixed share whose median was fastest take turns alone, DUEL rounds of WARM + TIMED passes each, the first of a
 // round alternating; "duels" gives the median of the rounds' ratios (automatic over best, each round's two engines
 // minutes apart at most) with the rounds' spread. A sweep's best is the least of several noisy medians, biased low
-// against any one engine; the duel sets the automatic share against it again on equal terms.
+// against any one engine; the duel sets the automatic share against it again on equal terms. Where the best share
+// is in the list twice, a second duel sets its twin against it the same way ("null": 1): the duels' own noise, the
+// spread a ratio of two equal engines shows.
 //
 //   share_sweep MODEL.bin RING_GB T,T,... SHARE,SHARE,... [REPS [DUEL]]
 #include <stdio.h>
@@ -66,6 +68,28 @@ static double turn(dj_gpu_state *s, const int32_t *tok, int64_t T, float *logits
     return (dj_now() - t0) / TIMED;
 }
 
+// Engines a and b take turns alone, `duel` rounds, the first of a round alternating: the JSON of the rounds' median
+// ratio (a over b) and their spread, a's share and its moves, into out.
+static void duel_json(char *out, size_t n, dj_gpu_state *a, dj_gpu_state *b, double b_share, int null, int duel,
+                      const int32_t *tok, int64_t T, float *logits) {
+    double ratio[64], ta[64], tb[64];
+    dj_gpu_stats s0, s1;
+    gpu_state_stats(a, &s0);
+    for (int r = 0; r < duel; r++) {
+        if (r % 2) tb[r] = turn(b, tok, T, logits), ta[r] = turn(a, tok, T, logits);
+        else ta[r] = turn(a, tok, T, logits), tb[r] = turn(b, tok, T, logits);
+        ratio[r] = ta[r] / tb[r];
+    }
+    gpu_state_stats(a, &s1);
+    double mr = median(ratio, duel), ma = median(ta, duel), mb = median(tb, duel);
+    snprintf(out, n,
+             "{\"T\": %lld, \"best_share\": %g, \"share_used\": %.4f, \"rounds\": %d, \"auto_ms\": %.3f, "
+             "\"best_ms\": %.3f, \"ratio\": %.4f, \"ratio_min\": %.4f, \"ratio_max\": %.4f, "
+             "\"share_moves\": %llu, \"null\": %d}",
+             (long long)T, b_share, gpu_cpu_share_for(a, T), duel, ma * 1e3, mb * 1e3, mr, ratio[0],
+             ratio[duel - 1], (unsigned long long)(s1.share_moves - s0.share_moves), null);
+}
+
 int main(int argc, char **argv) {
     if (argc < 5) {
         fprintf(stderr, "usage: share_sweep MODEL.bin RING_GB T,T,... SHARE,SHARE,... [REPS [DUEL]]\n");
@@ -96,7 +120,7 @@ int main(int argc, char **argv) {
         if (!eng[si] || gpu_forward(eng[si], 0, tok, POS, 0, NULL, 0, &e))
             return fprintf(stderr, "share_sweep: %s\n", e.msg), 1;
     }
-    static char duels[MAX_LIST][256];
+    static char duels[2 * MAX_LIST][256];
     for (int ti = 0; ti < nT; ti++) {
         int64_t T = (int64_t)Ts[ti];
         static double t[MAX_LIST][64 * TIMED];
@@ -140,31 +164,20 @@ int main(int argc, char **argv) {
             if (shares[si] < 0 && a < 0) a = si;
             if (shares[si] > 0 && (b < 0 || med[si] < med[b])) b = si;
         }
-        if (duel && a >= 0 && b >= 0) {
-            double ratio[64], ta[64], tb[64];
-            dj_gpu_stats s0, s1;
-            gpu_state_stats(eng[a], &s0);
-            for (int r = 0; r < duel; r++) {
-                if (r % 2) tb[r] = turn(eng[b], tok, T, logits), ta[r] = turn(eng[a], tok, T, logits);
-                else ta[r] = turn(eng[a], tok, T, logits), tb[r] = turn(eng[b], tok, T, logits);
-                ratio[r] = ta[r] / tb[r];
-            }
-            gpu_state_stats(eng[a], &s1);
-            double mr = median(ratio, duel), ma = median(ta, duel), mb = median(tb, duel);
-            snprintf(duels[ti], sizeof duels[ti],
-                     "{\"T\": %lld, \"best_share\": %g, \"share_used\": %.4f, \"rounds\": %d, \"auto_ms\": %.3f, "
-                     "\"best_ms\": %.3f, \"ratio\": %.4f, \"ratio_min\": %.4f, \"ratio_max\": %.4f, "
-                     "\"share_moves\": %llu}",
-                     (long long)T, shares[b], gpu_cpu_share_for(eng[a], T), duel, ma * 1e3, mb * 1e3, mr, ratio[0],
-                     ratio[duel - 1], (unsigned long long)(s1.share_moves - s0.share_moves));
-        }
+        int twin = -1;  // another engine at the best fixed share
+        for (int si = 0; b >= 0 && si < nS; si++)
+            if (si != b && shares[si] == shares[b]) twin = si;
+        if (duel && a >= 0 && b >= 0) duel_json(duels[2 * ti], sizeof duels[0], eng[a], eng[b], shares[b], 0, duel,
+                                                tok, T, logits);
+        if (duel && twin >= 0) duel_json(duels[2 * ti + 1], sizeof duels[0], eng[twin], eng[b], shares[b], 1, duel,
+                                         tok, T, logits);
     }
     dj_gpu_stats st;  // the weights a pass streams: the copies' and the CPU's bytes of the streamed units
     gpu_state_stats(eng[0], &st);
     double gb = (double)(st.bytes_per_token + st.cpu_bytes_per_token) / 1e9;
     for (int si = 0; si < nS; si++) gpu_state_free(eng[si]);
     printf("\n], \"duels\": [");
-    for (int ti = 0, k = 0; ti < nT; ti++)
+    for (int ti = 0, k = 0; ti < 2 * nT; ti++)
         if (duels[ti][0]) printf("%s\n  %s", k++ ? "," : "", duels[ti]);
     printf("\n], \"gb_streamed\": %.4f}\n", gb);
     model_free(&m);

@@ -96,6 +96,7 @@ dj_row_cmp compare_row(const float *ref, const float *got, int64_t n) {
         double lpr = ref[i] - lzr, lpg = got[i] - lzg;
         c.kl += exp(lpr) * (lpr - lpg);
     }
+    if (c.kl < 0) c.kl = 0;  // rounding (KL is never negative: saturated rows summed to -1e-50); NaN stays
     return c;
 }
 

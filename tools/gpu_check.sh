@@ -61,6 +61,12 @@ for ref in tests/ref/*.bin; do
     done
 done
 
+if [ "${SHAPES:-1}" = 1 ]; then  # shapes the fixtures do not have, against HF on every engine
+    step "shapes (tools/shape_check.py)"
+    python3 tools/shape_check.py /tmp/djinn_check/shapes --data "$DATA" > "$OUT/shape_check.txt" 2>&1 || FAILED=1
+    grep -E "^FAIL|shape_check:" "$OUT/shape_check.txt"
+fi
+
 if [ "${SANITIZE:-0}" = 1 ]; then
     # compute-sanitizer on every GPU test (kernels, engine, CLI) and on a short streamed generation; each
     # tool's summary line. Any error, or a tool that did not finish, makes the script fail.

@@ -52,8 +52,8 @@ MAX_BYTES = 1_500_000
 def make_config(spec):
     c = dict(spec)
     rope = c.pop("rope")
-    common = dict(vocab_size=512, bos_token_id=1, eos_token_id=2, hidden_act="silu", attention_bias=False,
-                  mlp_bias=False, **c)
+    common = {**dict(vocab_size=512, bos_token_id=1, eos_token_id=2, hidden_act="silu", attention_bias=False,
+                     mlp_bias=False), **c}  # tools/shape_check.py gives vocab_size
     # transformers 5 reads rope_parameters; older versions rope_theta + rope_scaling. Try the new form first.
     try:
         cfg = LlamaConfig(rope_parameters=dict(rope), **common)

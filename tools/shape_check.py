@@ -28,32 +28,18 @@ from transformers import LlamaForCausalLM  # noqa: E402
 DEF = dict(rope_type="default", rope_theta=10000.0)
 L3 = dict(rope_type="llama3", rope_theta=500000.0, factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
           original_max_position_embeddings=32)
-SHAPES = {
-    # SmolLM-like: GQA 3:1 over 9 heads of 64, tied, a 49152 vocabulary
-    "hd64_gqa3_tied": (torch.float16, dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=3,
-                                           num_attention_heads=9, num_key_value_heads=3, head_dim=64,
-                                           vocab_size=49152, tie_word_embeddings=True, rope=DEF)),
-    # head_dim 80 (Phi-like), GQA 4:1, untied, a Llama 2 vocabulary
-    "hd80_gqa4": (torch.bfloat16, dict(hidden_size=1280, intermediate_size=3456, num_hidden_layers=2,
-                                       num_attention_heads=16, num_key_value_heads=4, head_dim=80, vocab_size=32000,
-                                       tie_word_embeddings=False, rope=DEF)),
-    # head_dim 96, an FFN of 2000 (down's rows end in a partial group of 16), llama3 RoPE
-    "hd96_ffn2000_llama3": (torch.float16, dict(hidden_size=768, intermediate_size=2000, num_hidden_layers=2,
-                                                num_attention_heads=8, num_key_value_heads=2, head_dim=96,
-                                                vocab_size=1000, tie_word_embeddings=False, rope=L3)),
-    # head_dim 256, one KV head (MQA), tied, an odd vocabulary
-    "hd256_mqa_tied": (torch.float16, dict(hidden_size=1024, intermediate_size=2816, num_hidden_layers=2,
-                                           num_attention_heads=4, num_key_value_heads=1, head_dim=256,
-                                           vocab_size=32001, tie_word_embeddings=True, rope=DEF)),
-    # a hidden size of 200 (every matrix's rows end in a partial group), head_dim 40, no GQA, f32
-    "dim200_hd40": (torch.float32, dict(hidden_size=200, intermediate_size=520, num_hidden_layers=3,
-                                        num_attention_heads=5, num_key_value_heads=5, head_dim=40, vocab_size=777,
-                                        tie_word_embeddings=False, rope=DEF)),
-    # Llama-3-8B's layer proportions at a small size: head_dim 128, GQA 4:1, llama3 RoPE, bf16
-    "hd128_gqa4_llama3": (torch.bfloat16, dict(hidden_size=1024, intermediate_size=3584, num_hidden_layers=2,
-                                               num_attention_heads=8, num_key_value_heads=2, head_dim=128,
-                                               vocab_size=2048, tie_word_embeddings=False, rope=L3)),
-}
+# name: checkpoint dtype, hidden size, FFN, layers, heads, KV heads, head_dim, vocabulary, tied head, RoPE
+ROWS = [
+    ("hd64_gqa3_tied", torch.float16, 576, 1536, 3, 9, 3, 64, 49152, True, DEF),  # SmolLM-like
+    ("hd80_gqa4", torch.bfloat16, 1280, 3456, 2, 16, 4, 80, 32000, False, DEF),  # Phi-like head_dim, Llama 2 vocab
+    ("hd96_ffn2000_llama3", torch.float16, 768, 2000, 2, 8, 2, 96, 1000, False, L3),  # down: a partial group of 16
+    ("hd256_mqa_tied", torch.float16, 1024, 2816, 2, 4, 1, 256, 32001, True, DEF),  # one KV head, an odd vocabulary
+    ("dim200_hd40", torch.float32, 200, 520, 3, 5, 5, 40, 777, False, DEF),  # every row ends in a partial group
+    ("hd128_gqa4_llama3", torch.bfloat16, 1024, 3584, 2, 8, 2, 128, 2048, False, L3),  # Llama-3-8B's proportions
+]
+SHAPES = {r[0]: (r[1], dict(hidden_size=r[2], intermediate_size=r[3], num_hidden_layers=r[4], num_attention_heads=r[5],
+                            num_key_value_heads=r[6], head_dim=r[7], vocab_size=r[8], tie_word_embeddings=r[9],
+                            rope=r[10])) for r in ROWS}
 PROMPT = "Once upon a time, there was a little girl who loved to play in the park with her friends."
 DTYPE_ARG = {torch.float16: "f16", torch.bfloat16: "bf16", torch.float32: "f32"}
 
@@ -63,7 +49,7 @@ def run(cmd, **kw):
 
 
 @torch.no_grad()
-def make_model(name, dtype, spec, out, seed):
+def make_model(dtype, spec, out, seed):
     cfg = make_config(dict(spec, max_position_embeddings=512, rms_norm_eps=1e-5))
     torch.manual_seed(seed)
     model = LlamaForCausalLM(cfg).to(torch.float64).eval()
@@ -94,7 +80,7 @@ def main():
         if a.only and name not in a.only.split(","):
             continue
         hf, ref = os.path.join(a.work, name), os.path.join(a.work, name + ".ref")
-        make_model(name, dtype, spec, hf, 2000 + i)
+        make_model(dtype, spec, hf, 2000 + i)
         r = run([sys.executable, os.path.join(root, "tools", "reference.py"), hf, "-p", PROMPT, "-o", ref, "-n", "24",
                  "--tokenizer", tok])
         if r.returncode:

@@ -95,7 +95,7 @@ void cpu_matmul(float *y, const float *x, const void *w, uint32_t wtype, int64_t
 typedef struct {
     int8_t *hi, *lo;  // (groups, DJ_QGROUP), 32-byte aligned
     float *d;         // (groups)
-    int32_t *sum;     // (groups) sum over the group of 254 * hi + lo: q4's offset of 8 (see simd_group_q4)
+    int32_t *sum;     // (groups) sum over the group of 254 * hi + lo: q4's zero points (see simd_dot_q)
     int16_t *x16;     // (groups, DJ_QGROUP), 64-byte aligned, 254 * hi + lo (|.| <= 32385): q8's VNNI path; or NULL
     struct cpu_x4 *x4;  // (groups / 4), 64-byte aligned: q4's blocks of 4 groups (zv_dot_q4, simd_dot_q4x); or NULL
     int vnni;           // the AVX-512 VNNI path runs: zv_dot_q8 on x16, zv_dot_q4 on x4
@@ -218,20 +218,41 @@ SIMD_FN static inline __m256i simd_group_q8(const uint8_t *row, const cpu_xq *q,
     return simd_join(phi, _mm256_maddubs_epi16(a, _mm256_sign_epi8(lo, k)));
 }
 
-// q4: the stored nibbles u = k + 8 (unsigned, maddubs' first operand as they are), then 8 * sum(254 * hi + lo)
-// taken off: sum[g] from each of the 8 lanes. The group's 16 bytes go to both halves; the upper half shifted by
-// 4 (per 64 bits: a byte's high nibble lands in its low 4 bits) gives weights 16..31 after the mask.
+// q4: the stored nibbles k (unsigned, maddubs' first operand as they are); the zero point comes off in f32 (z *
+// sum[g], simd_dot_q). The group's 16 bytes go to both halves; the upper half shifted by 4 (per 64 bits: a byte's
+// high nibble lands in its low 4 bits) gives weights 16..31 after the mask.
 SIMD_FN static inline __m256i simd_group_q4(const uint8_t *row, const cpu_xq *q, int64_t g) {
     __m256i b = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(row + g * (DJ_QGROUP / 2))));
     __m256i u = _mm256_and_si256(_mm256_srlv_epi64(b, _mm256_setr_epi64x(0, 0, 4, 4)), _mm256_set1_epi8(0x0f));
     __m256i hi = _mm256_load_si256((const __m256i *)(q->hi + g * DJ_QGROUP));
     __m256i lo = _mm256_load_si256((const __m256i *)(q->lo + g * DJ_QGROUP));
-    __m256i s = simd_join(_mm256_maddubs_epi16(u, hi), _mm256_maddubs_epi16(u, lo));
-    return _mm256_sub_epi32(s, _mm256_set1_epi32(q->sum[g]));
+    return simd_join(_mm256_maddubs_epi16(u, hi), _mm256_maddubs_epi16(u, lo));
+}
+
+// q4's group parameters (model.h), 8 or 4 of them: their scales (the f16s of bits 0-9 shifted up by 5) and zero
+// points (bits 10-15 over 4). A parameter's scale and zero point one at a time: simd_q4_scale1, cpu_q4_zero.
+SIMD_FN static inline __m256 simd_q4_scales(__m128i p) {
+    return _mm256_cvtph_ps(_mm_slli_epi16(_mm_and_si128(p, _mm_set1_epi16(0x3FF)), 5));
+}
+SIMD_FN static inline __m256 simd_q4_zeros(__m128i p) {
+    return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu16_epi32(_mm_srli_epi16(p, 10))), _mm256_set1_ps(0.25f));
+}
+SIMD_FN static inline __m128 simd_q4_scales4(__m128i p) {
+    return _mm_cvtph_ps(_mm_slli_epi16(_mm_and_si128(p, _mm_set1_epi16(0x3FF)), 5));
+}
+SIMD_FN static inline __m128 simd_q4_zeros4(__m128i p) {
+    return _mm_mul_ps(_mm_cvtepi32_ps(_mm_cvtepu16_epi32(_mm_srli_epi16(p, 10))), _mm_set1_ps(0.25f));
+}
+SIMD_FN static inline float simd_q4_scale1(uint16_t p) { return _cvtsh_ss((unsigned short)((p & 0x3FFu) << 5)); }
+static inline float cpu_q4_zero(uint16_t p) { return (float)(p >> 10) * 0.25f; }
+// A q8 or q4 parameter's scale.
+SIMD_FN static inline float simd_scale1(uint32_t wtype, uint16_t p) {
+    return wtype == DJ_Q8 ? _cvtsh_ss(p) : simd_q4_scale1(p);
 }
 
 // A row (n weights of q8 or q4) times x: each group's exact integer sum, in f32, times scale_g * d_g, into four
-// accumulators (groups are independent: the loop is bound by throughput, not by the FMA's latency). Scales are
+// accumulators (groups are independent: the loop is bound by throughput, not by the FMA's latency); q4's zero
+// points, scale_g * d_g * z_g * sum[g], summed apart and taken off at the end. Scales are
 // widened 8 at a time while 8 groups remain (16 bytes: a shorter tail could read past the matrix), then singly.
 // Rows lie one after the other, so the weights are one stream, gb bytes a group (the padding of 15 bytes at most
 // per row aside); software prefetch keeps it ahead of the core: the hardware's prefetchers alone left q4 at 1/3 of
@@ -247,14 +268,18 @@ __attribute__((always_inline)) SIMD_FN static inline float simd_dot_q(const uint
                                                                       const cpu_xq *q) {
     int64_t groups = (n + DJ_QGROUP - 1) / DJ_QGROUP, g = 0, gb = (wtype == DJ_Q8 ? DJ_QGROUP : DJ_QGROUP / 2) + 2;
     const uint16_t *scales = (const uint16_t *)(row + dj_scales_offset(wtype, (uint64_t)n));
-    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, off = a0;
     for (; g + 8 <= groups; g += 8) {
         // the matrix CPU_PREFETCH bytes ahead (into the next rows), as many lines as these 8 groups span
         const char *pf = (const char *)row + g * gb + CPU_PREFETCH;
         for (int64_t b = 0; b < 8 * gb; b += 64) _mm_prefetch(pf + b, _MM_HINT_T0);
         _Alignas(32) float d[8];
-        __m256 sc = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(scales + g)));
-        _mm256_store_ps(d, _mm256_mul_ps(sc, _mm256_loadu_ps(q->d + g)));
+        __m128i p = _mm_loadu_si128((const __m128i *)(scales + g));
+        __m256 sd = _mm256_mul_ps(wtype == DJ_Q8 ? _mm256_cvtph_ps(p) : simd_q4_scales(p), _mm256_loadu_ps(q->d + g));
+        if (wtype == DJ_Q4)
+            off = _mm256_fmadd_ps(_mm256_mul_ps(sd, simd_q4_zeros(p)),
+                                  _mm256_cvtepi32_ps(_mm256_loadu_si256((const __m256i *)(q->sum + g))), off);
+        _mm256_store_ps(d, sd);
         for (int k = 0; k < 8; k += 4) {
             a0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(SIMD_GROUP(g + k)), _mm256_broadcast_ss(d + k), a0);
             a1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(SIMD_GROUP(g + k + 1)), _mm256_broadcast_ss(d + k + 1), a1);
@@ -262,9 +287,13 @@ __attribute__((always_inline)) SIMD_FN static inline float simd_dot_q(const uint
             a3 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(SIMD_GROUP(g + k + 3)), _mm256_broadcast_ss(d + k + 3), a3);
         }
     }
-    for (; g < groups; g++)
-        a0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(SIMD_GROUP(g)), _mm256_set1_ps(_cvtsh_ss(scales[g]) * q->d[g]), a0);
-    return simd_hsum_ps(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
+    float offs = 0.0f;
+    for (; g < groups; g++) {
+        const float sd = simd_scale1(wtype, scales[g]) * q->d[g];
+        a0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(SIMD_GROUP(g)), _mm256_set1_ps(sd), a0);
+        if (wtype == DJ_Q4) offs += sd * cpu_q4_zero(scales[g]) * (float)q->sum[g];
+    }
+    return simd_hsum_ps(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3))) - (simd_hsum_ps(off) + offs);
 }
 #undef SIMD_GROUP
 // The two instances, each with its group kind inlined.
@@ -276,10 +305,10 @@ SIMD_FN static float simd_dot_q4(const uint8_t *row, int64_t n, const cpu_xq *q)
 }
 
 // q4 against cpu_x4 (x holds a whole block of 4 groups; zv_dot_q4 does the same with VNNI): 2 groups (32 bytes,
-// half a block) at a time, their low and high nibbles (u = k + 8) as maddubs' unsigned bytes against each part's
+// half a block) at a time, their low and high nibbles (k) as maddubs' unsigned bytes against each part's
 // inputs as they lie (pairs <= 2 * 15 * 127; the two nibbles' pairs added, <= 7620), the parts joined by madd into
 // 8 int32 lanes of 254 * hi + lo, group l / 4's (<= 8 * 15 * 32385 < 2^24: exact in f32), scaled by the lane's group;
-// the offset of 8 comes off per 8 groups in f32 (their scales times q->sum). ~15 instructions per 2 groups where
+// the zero points come off per 8 groups in f32 (scale * z * q->sum). ~15 instructions per 2 groups where
 // simd_group_q4 takes ~11 a group. Groups past the last block go through simd_group_q4.
 SIMD_FN static inline __m256 simd_pair_q4(const uint8_t *w, const int8_t *a, const int8_t *b) {
     const __m256i mask = _mm256_set1_epi8(0x0f);
@@ -303,9 +332,10 @@ SIMD_FN static float simd_dot_q4x(const uint8_t *row, int64_t n, const cpu_xq *q
     for (; g + 8 <= whole; g += 8) {
         const char *pf = (const char *)row + g * gb + CPU_PREFETCH;  // as simd_dot_q
         for (int64_t b = 0; b < 8 * gb; b += 64) _mm_prefetch(pf + b, _MM_HINT_T0);
-        __m256 sd = _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(scales + g))),
-                                  _mm256_loadu_ps(q->d + g));
-        off = _mm256_fmadd_ps(sd, _mm256_cvtepi32_ps(_mm256_loadu_si256((const __m256i *)(q->sum + g))), off);
+        __m128i p = _mm_loadu_si128((const __m128i *)(scales + g));
+        __m256 sd = _mm256_mul_ps(simd_q4_scales(p), _mm256_loadu_ps(q->d + g));
+        off = _mm256_fmadd_ps(_mm256_mul_ps(sd, simd_q4_zeros(p)),
+                              _mm256_cvtepi32_ps(_mm256_loadu_si256((const __m256i *)(q->sum + g))), off);
         const uint8_t *w = row + g * (DJ_QGROUP / 2);
         const cpu_x4 *x = q->x4 + g / 4;
         a0 = _mm256_add_ps(a0, SIMD_PAIR(w, x, 0, sd, 0));
@@ -314,18 +344,23 @@ SIMD_FN static float simd_dot_q4x(const uint8_t *row, int64_t n, const cpu_xq *q
         a1 = _mm256_add_ps(a1, SIMD_PAIR(w + 64, x + 1, 1, sd, 6));
     }
     if (g < whole) {  // one block left: its 4 scales (8 bytes, nothing read past them)
-        __m128 sd4 = _mm_mul_ps(_mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)(scales + g))), _mm_loadu_ps(q->d + g));
+        __m128i p = _mm_loadl_epi64((const __m128i *)(scales + g));
+        __m128 sd4 = _mm_mul_ps(simd_q4_scales4(p), _mm_loadu_ps(q->d + g));
         __m128 sum4 = _mm_cvtepi32_ps(_mm_loadu_si128((const __m128i *)(q->sum + g)));
         __m256 sd = _mm256_insertf128_ps(_mm256_setzero_ps(), sd4, 0);
-        off = _mm256_fmadd_ps(sd, _mm256_insertf128_ps(_mm256_setzero_ps(), sum4, 0), off);
+        off = _mm256_fmadd_ps(_mm256_insertf128_ps(_mm256_setzero_ps(), _mm_mul_ps(sd4, simd_q4_zeros4(p)), 0),
+                              _mm256_insertf128_ps(_mm256_setzero_ps(), sum4, 0), off);
         const uint8_t *w = row + g * (DJ_QGROUP / 2);
         a0 = _mm256_add_ps(a0, SIMD_PAIR(w, q->x4 + g / 4, 0, sd, 0));
         a1 = _mm256_add_ps(a1, SIMD_PAIR(w, q->x4 + g / 4, 1, sd, 2));
     }
-    for (g = whole; g < groups; g++)
-        a0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(simd_group_q4(row, q, g)),
-                             _mm256_set1_ps(_cvtsh_ss(scales[g]) * q->d[g]), a0);
-    return simd_hsum_ps(_mm256_fnmadd_ps(off, _mm256_set1_ps(8.0f), _mm256_add_ps(a0, a1)));
+    float offs = 0.0f;
+    for (g = whole; g < groups; g++) {
+        const float sd = simd_q4_scale1(scales[g]) * q->d[g];
+        a0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(simd_group_q4(row, q, g)), _mm256_set1_ps(sd), a0);
+        offs += sd * cpu_q4_zero(scales[g]) * (float)q->sum[g];
+    }
+    return simd_hsum_ps(_mm256_sub_ps(_mm256_add_ps(a0, a1), off)) - offs;
 }
 #undef SIMD_PAIR
 
@@ -363,10 +398,10 @@ SIMDV_FN static float zv_dot_q8(const uint8_t *row, int64_t n, const cpu_xq *q) 
 }
 
 // q4: 4 groups (64 bytes) at a time against cpu_x4, no widening: the low nibbles (mask) and the high ones (shift,
-// mask) as vpdpbusd's unsigned bytes u = k + 8, times x's int8 parts, 4 products a lane: lane l holds the exact sum
+// mask) as vpdpbusd's unsigned bytes k, times x's int8 parts, 4 products a lane: lane l holds the exact sum
 // over its 8 weights of u * part (<= 8 * 15 * 127), group l / 4's. Converted to f32 and scaled by the lane's group
-// (sv: the 16 groups' scale * d, permuted 4 lanes a group), into one f32 sum per part; the offset of 8 comes off
-// once per 16 groups in f32 (their scales times q->sum), and the row is 254 * hi's + lo's - 8 * the offsets'. Per 4
+// (sv: the 16 groups' scale * d, permuted 4 lanes a group), into one f32 sum per part; the zero points come off
+// once per 16 groups in f32 (scale * d * z * q->sum), and the row is 254 * hi's + lo's - the offsets'. Per 4
 // groups 3 bit operations, 4 multiply-adds, 2 conversions, 2 FMAs and a permutation, where the q8 scheme would take
 // ~7 instructions a group. Groups past the last block of 4 go through the AVX2 sum (simd_group_q4).
 __attribute__((always_inline)) SIMDV_FN static inline void zv_block_q4(const uint8_t *w, const cpu_x4 *x, __m512 sv,
@@ -381,6 +416,13 @@ __attribute__((always_inline)) SIMDV_FN static inline void zv_block_q4(const uin
     *h = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sh), sv, *h);
     *l = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sl), sv, *l);
 }
+// q4's 16 group parameters: their scales and zero points (simd_q4_scales).
+SIMDV_FN static inline __m512 zv_q4_scales(__m256i p) {
+    return _mm512_cvtph_ps(_mm256_slli_epi16(_mm256_and_si256(p, _mm256_set1_epi16(0x3FF)), 5));
+}
+SIMDV_FN static inline __m512 zv_q4_zeros(__m256i p) {
+    return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu16_epi32(_mm256_srli_epi16(p, 10))), _mm512_set1_ps(0.25f));
+}
 // Lanes 4i..4i+3 take group i of a block: the permutation of the 16 groups' scales for block b.
 #define ZV_SV(b, sd) \
     _mm512_permutexvar_ps(_mm512_add_epi32(_mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0), \
@@ -394,9 +436,10 @@ SIMDV_FN static float zv_dot_q4(const uint8_t *row, int64_t n, const cpu_xq *q) 
     for (; g + 16 <= whole; g += 16) {
         const char *pf = (const char *)row + g * gb + CPU_PREFETCH;  // as simd_dot_q
         for (int64_t b = 0; b < 16 * gb; b += 64) _mm_prefetch(pf + b, _MM_HINT_T0);
-        __m512 sd = _mm512_mul_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(scales + g))),
-                                  _mm512_loadu_ps(q->d + g));
-        off = _mm512_fmadd_ps(sd, _mm512_cvtepi32_ps(_mm512_loadu_si512(q->sum + g)), off);
+        __m256i p = _mm256_loadu_si256((const __m256i *)(scales + g));
+        __m512 sd = _mm512_mul_ps(zv_q4_scales(p), _mm512_loadu_ps(q->d + g));
+        off = _mm512_fmadd_ps(_mm512_mul_ps(sd, zv_q4_zeros(p)), _mm512_cvtepi32_ps(_mm512_loadu_si512(q->sum + g)),
+                              off);
         const uint8_t *w = row + g * (DJ_QGROUP / 2);
         const cpu_x4 *x = q->x4 + g / 4;
         zv_block_q4(w, x, ZV_SV(0, sd), &h0, &l0);
@@ -406,18 +449,22 @@ SIMDV_FN static float zv_dot_q4(const uint8_t *row, int64_t n, const cpu_xq *q) 
     }
     if (g < whole) {  // 1..3 blocks: their scales loaded under a mask (nothing read past them)
         __mmask16 m = (__mmask16)((1u << (whole - g)) - 1);
-        __m512 sd = _mm512_mul_ps(_mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, scales + g)),
-                                  _mm512_maskz_loadu_ps(m, q->d + g));
-        off = _mm512_fmadd_ps(sd, _mm512_cvtepi32_ps(_mm512_maskz_loadu_epi32(m, q->sum + g)), off);
+        __m256i p = _mm256_maskz_loadu_epi16(m, scales + g);
+        __m512 sd = _mm512_mul_ps(zv_q4_scales(p), _mm512_maskz_loadu_ps(m, q->d + g));
+        off = _mm512_fmadd_ps(_mm512_mul_ps(sd, zv_q4_zeros(p)),
+                              _mm512_cvtepi32_ps(_mm512_maskz_loadu_epi32(m, q->sum + g)), off);
         for (int64_t b = 0; g + 4 * b < whole; b++)
             zv_block_q4(row + (g + 4 * b) * (DJ_QGROUP / 2), q->x4 + g / 4 + b, ZV_SV(b, sd), &h0, &l0);
     }
     __m256 t = _mm256_setzero_ps();
-    for (g = whole; g < groups; g++)
-        t = _mm256_fmadd_ps(_mm256_cvtepi32_ps(simd_group_q4(row, q, g)),
-                            _mm256_set1_ps(_cvtsh_ss(scales[g]) * q->d[g]), t);
+    float offs = 0.0f;
+    for (g = whole; g < groups; g++) {
+        const float sd = simd_q4_scale1(scales[g]) * q->d[g];
+        t = _mm256_fmadd_ps(_mm256_cvtepi32_ps(simd_group_q4(row, q, g)), _mm256_set1_ps(sd), t);
+        offs += sd * cpu_q4_zero(scales[g]) * (float)q->sum[g];
+    }
     __m512 hl = _mm512_fmadd_ps(_mm512_add_ps(h0, h1), _mm512_set1_ps(254.0f), _mm512_add_ps(l0, l1));
-    return _mm512_reduce_add_ps(_mm512_fnmadd_ps(off, _mm512_set1_ps(8.0f), hl)) + simd_hsum_ps(t);
+    return _mm512_reduce_add_ps(_mm512_sub_ps(hl, off)) + (simd_hsum_ps(t) - offs);
 }
 #undef ZV_SV
 
@@ -780,20 +827,23 @@ SIMD_FN static void simd_widen_range(float *dst, const uint8_t *row, uint32_t wt
     if (dj_is_quant(wtype)) {
         const uint16_t *scales = (const uint16_t *)(row + dj_scales_offset(wtype, (uint64_t)n));
         for (int64_t g = k0 / DJ_QGROUP, i = 0; g * DJ_QGROUP < k1; g++, i += DJ_QGROUP) {
-            __m256 d = _mm256_set1_ps(_cvtsh_ss(scales[g]));
+            __m256 d = _mm256_set1_ps(simd_scale1(wtype, scales[g]));
+            __m256 z = _mm256_set1_ps(wtype == DJ_Q4 ? cpu_q4_zero(scales[g]) : 0.0f);  // k - z: exact
             __m128i lo, hi;  // weights 0..15 and 16..31 as int8
             if (wtype == DJ_Q8) {
                 lo = _mm_loadu_si128((const __m128i *)(row + g * DJ_QGROUP));
                 hi = _mm_loadu_si128((const __m128i *)(row + g * DJ_QGROUP + 16));
-            } else {  // nibble j: weight j (low) and j + 16 (high), stored as k + 8
+            } else {  // nibble j: weight j (low) and j + 16 (high)
                 __m128i b = _mm_loadu_si128((const __m128i *)(row + g * (DJ_QGROUP / 2))), m = _mm_set1_epi8(0x0f);
-                lo = _mm_sub_epi8(_mm_and_si128(b, m), _mm_set1_epi8(8));
-                hi = _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(b, 4), m), _mm_set1_epi8(8));
+                lo = _mm_and_si128(b, m);
+                hi = _mm_and_si128(_mm_srli_epi16(b, 4), m);
             }
-            _mm256_storeu_ps(dst + i, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(lo)), d));
-            _mm256_storeu_ps(dst + i + 8, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(lo, 8))), d));
-            _mm256_storeu_ps(dst + i + 16, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi)), d));
-            _mm256_storeu_ps(dst + i + 24, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(hi, 8))), d));
+#define SIMD_WIDEN8(v) _mm256_mul_ps(_mm256_sub_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v)), z), d)
+            _mm256_storeu_ps(dst + i, SIMD_WIDEN8(lo));
+            _mm256_storeu_ps(dst + i + 8, SIMD_WIDEN8(_mm_srli_si128(lo, 8)));
+            _mm256_storeu_ps(dst + i + 16, SIMD_WIDEN8(hi));
+            _mm256_storeu_ps(dst + i + 24, SIMD_WIDEN8(_mm_srli_si128(hi, 8)));
+#undef SIMD_WIDEN8
         }
         return;
     }
@@ -871,12 +921,14 @@ __attribute__((always_inline)) SIMD512_FN static inline __m512 z_load16(const ui
         __m512i k;
         if (wtype == DJ_Q8) {
             k = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(row + i)));
-        } else {  // nibble j of a group's 16 bytes: weight j (low) and j + 16 (high), stored as k + 8
+        } else {  // nibble j of a group's 16 bytes: weight j (low) and j + 16 (high)
             __m128i b = _mm_loadu_si128((const __m128i *)(row + i / DJ_QGROUP * (DJ_QGROUP / 2)));
             if (i / 16 & 1) b = _mm_srli_epi16(b, 4);
-            k = _mm512_sub_epi32(_mm512_cvtepu8_epi32(_mm_and_si128(b, _mm_set1_epi8(0x0f))), _mm512_set1_epi32(8));
+            k = _mm512_cvtepu8_epi32(_mm_and_si128(b, _mm_set1_epi8(0x0f)));
         }
-        return _mm512_mul_ps(_mm512_cvtepi32_ps(k), _mm512_set1_ps(_cvtsh_ss(scales[i / DJ_QGROUP])));
+        const uint16_t p = scales[i / DJ_QGROUP];
+        const __m512 z = _mm512_set1_ps(wtype == DJ_Q4 ? cpu_q4_zero(p) : 0.0f);  // k - z: exact
+        return _mm512_mul_ps(_mm512_sub_ps(_mm512_cvtepi32_ps(k), z), _mm512_set1_ps(simd_scale1(wtype, p)));
     }
     if (wtype == DJ_F32) return _mm512_maskz_loadu_ps(m, (const float *)row + i);
     __m256i h = _mm256_maskz_loadu_epi16(m, (const uint16_t *)row + i);

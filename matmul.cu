@@ -172,19 +172,19 @@ __device__ __forceinline__ void bytes_to_float4(uint32_t w, float bias, float *f
 }
 
 // The dot of one 16-byte chunk's weights with xc (q4: 32 floats, byte j holding weight j (low nibble) and j + 16
-// (high), each k + 8; q8: 16 floats, int8 k).
-template <int WT> __device__ __forceinline__ float chunk_dot(uint4 q, const float *xc) {
+// (high), each k in 0..15, the sum of (4 k - c) x; q8: 16 floats, int8 k, the sum of k x).
+template <int WT> __device__ __forceinline__ float chunk_dot(uint4 q, const float *xc, float c) {
     const uint32_t u[4] = {q.x, q.y, q.z, q.w};
     float A = 0.0f, f[4];
 #pragma unroll
     for (int i = 0; i < 4; i++) {
-        if (WT == DJ_Q4) {
-            bytes_to_float4(u[i] & 0x0F0F0F0Fu, 8388616.0f, f);  // 2^23 + 8
+        if (WT == DJ_Q4) {  // 4 k - c: small integers, exact
+            bytes_to_float4(u[i] & 0x0F0F0F0Fu, 8388608.0f, f);  // 2^23
 #pragma unroll
-            for (int b = 0; b < 4; b++) A = fmaf(f[b], xc[4 * i + b], A);
-            bytes_to_float4((u[i] >> 4) & 0x0F0F0F0Fu, 8388616.0f, f);
+            for (int b = 0; b < 4; b++) A = fmaf(fmaf(f[b], 4.0f, -c), xc[4 * i + b], A);
+            bytes_to_float4((u[i] >> 4) & 0x0F0F0F0Fu, 8388608.0f, f);
 #pragma unroll
-            for (int b = 0; b < 4; b++) A = fmaf(f[b], xc[16 + 4 * i + b], A);
+            for (int b = 0; b < 4; b++) A = fmaf(fmaf(f[b], 4.0f, -c), xc[16 + 4 * i + b], A);
         } else {  // int8 k: k ^ 0x80 is k + 128 as an unsigned byte
             bytes_to_float4(u[i] ^ 0x80808080u, 8388736.0f, f);  // 2^23 + 128
 #pragma unroll
@@ -194,10 +194,16 @@ template <int WT> __device__ __forceinline__ float chunk_dot(uint4 q, const floa
     return A;
 }
 
-// acc[r] += scale[r] * (row r's chunk q[r] . the chunk's x), x read from shared memory (E floats at xc, 16-byte
-// aligned) once for all NR rows.
+// A chunk's group parameter p (model.h; 0 past a row's end) as the scale its products take: q8 the f16 scale, q4
+// a quarter of its scale (the products are of 4 k - c).
+template <int WT> __device__ __forceinline__ float chunk_scale(uint32_t p) {
+    return WT == DJ_Q8 ? __half2float(__ushort_as_half((unsigned short)p)) : 0.25f * q4_scale(p);
+}
+
+// acc[r] += row r's chunk q[r] . the chunk's x, scaled by its parameter pm[r], x read from shared memory (E floats
+// at xc, 16-byte aligned) once for all NR rows.
 template <int WT, int NR>
-__device__ __forceinline__ void chunk_rows(float *acc, const float *xc, const uint4 *q, const float *scale) {
+__device__ __forceinline__ void chunk_rows(float *acc, const float *xc, const uint4 *q, const uint32_t *pm) {
     constexpr int E = q_chunk_weights(WT);
     float xv[E];
 #pragma unroll
@@ -206,7 +212,8 @@ __device__ __forceinline__ void chunk_rows(float *acc, const float *xc, const ui
         xv[4 * v] = f.x, xv[4 * v + 1] = f.y, xv[4 * v + 2] = f.z, xv[4 * v + 3] = f.w;
     }
 #pragma unroll
-    for (int r = 0; r < NR; r++) acc[r] = fmaf(chunk_dot<WT>(q[r], xv), scale[r], acc[r]);
+    for (int r = 0; r < NR; r++)
+        acc[r] = fmaf(chunk_dot<WT>(q[r], xv, (float)(pm[r] >> 10)), chunk_scale<WT>(pm[r]), acc[r]);
 }
 
 // xs = x's chunks c0 .. c1 (E floats each), chunk c at (c - c0) * (E + 4): the padding puts lane l's float4 reads
@@ -220,10 +227,10 @@ template <int WT> __device__ __forceinline__ void stage_x(float *xs, const float
     }
 }
 
-// q[u][r], sc[u][r] = chunk c + 32u of row wr[r] (values, 16 bytes) and its group's scale, for the chunks below
-// end; zeros past it. so: the scales' offset in a row.
+// q[u][r], pm[u][r] = chunk c + 32u of row wr[r] (values, 16 bytes) and its group's parameter, for the chunks
+// below end; zeros past it (a parameter of 0 is a scale of 0). so: the parameters' offset in a row.
 template <int WT, int U, int NR>
-__device__ __forceinline__ void load_chunks(uint4 (*q)[NR], float (*sc)[NR], const uint8_t *const *wr, int64_t c,
+__device__ __forceinline__ void load_chunks(uint4 (*q)[NR], uint32_t (*pm)[NR], const uint8_t *const *wr, int64_t c,
                                             int64_t end, int64_t so) {
     constexpr int E = q_chunk_weights(WT);
 #pragma unroll
@@ -232,7 +239,7 @@ __device__ __forceinline__ void load_chunks(uint4 (*q)[NR], float (*sc)[NR], con
 #pragma unroll
         for (int r = 0; r < NR; r++) {
             q[u][r] = cc < end ? ld_stream((const uint4 *)(wr[r] + cc * 16)) : make_uint4(0, 0, 0, 0);
-            sc[u][r] = cc < end ? __half2float(*(const __half *)(wr[r] + so + 2 * (cc * E / DJ_QGROUP))) : 0.0f;
+            pm[u][r] = cc < end ? *(const uint16_t *)(wr[r] + so + 2 * (cc * E / DJ_QGROUP)) : 0u;
         }
     }
 }
@@ -256,9 +263,9 @@ __global__ __launch_bounds__(QG_WARPS * 32) void gemv_quant_kernel(float *y, con
 #pragma unroll
     for (int r = 0; r < QG_ROWS; r++) acc[r] = 0.0f;
     uint4 q[QG_UNROLL][QG_ROWS];
-    float sc[QG_UNROLL][QG_ROWS];
+    uint32_t pm[QG_UNROLL][QG_ROWS];
     // chunks c + 32u of the tile that holds c, up to that tile's end
-    auto load = [&](int64_t c) { load_chunks<WT, QG_UNROLL, QG_ROWS>(q, sc, wr, c, min((c / TC + 1) * TC, nc), so); };
+    auto load = [&](int64_t c) { load_chunks<WT, QG_UNROLL, QG_ROWS>(q, pm, wr, c, min((c / TC + 1) * TC, nc), so); };
     int64_t c = lane;
     if (active && c < nc) load(c);
     for (int64_t t0 = 0; t0 < nc; t0 += TC) {
@@ -273,7 +280,7 @@ __global__ __launch_bounds__(QG_WARPS * 32) void gemv_quant_kernel(float *y, con
 #pragma unroll
             for (int u = 0; u < QG_UNROLL; u++) {
                 if (c + 32 * u >= te) break;
-                chunk_rows<WT, QG_ROWS>(acc, xs + (c + 32 * u - t0) * STRIDE, q[u], sc[u]);
+                chunk_rows<WT, QG_ROWS>(acc, xs + (c + 32 * u - t0) * STRIDE, q[u], pm[u]);
             }
             c = cn;
             if (c < nc) load(c);
@@ -291,8 +298,8 @@ __global__ __launch_bounds__(QG_WARPS * 32) void gemv_quant_kernel(float *y, con
 // 32 in two int8 parts, x ~= d * (254 * hi + lo) with d = max|x| / (127 * 254) (~1/64516 of the group's largest
 // magnitude), so a chunk's dot with its k is dp4a instructions (four byte products a lane each) where the float
 // path spends a conversion, a subtraction and an FMA on every weight. Each block quantizes x into shared memory,
-// one record per 16-byte chunk of weights: hi[E], lo[E], then {d, corr, 0, 0}, where q4's corr = 8 * sum(254 hi
-// + lo) over the group takes off the stored nibbles' offset of 8 (sum k X = sum (k + 8) X - corr). Records are
+// one record per 16-byte chunk of weights: hi[E], lo[E], then {d, sum, 0, 0}, where q4's sum = sum(254 hi + lo)
+// over the group takes off the zero point c / 4 (4 sum (k - c / 4) X = 4 sum k X - c sum). Records are
 // QR_BYTES = 2E + 16 bytes apart (q4 80, q8 48): lane l's 16-byte reads start at bank 20l or 12l (mod 32), so
 // the eight lanes of each 128-bit phase never collide. The grid is QP_BPS blocks per SM, each warp taking row
 // groups rg, rg + (warps in the grid), ... and loading the next chunks (of this row or of the next) before
@@ -403,7 +410,7 @@ template <int WT> __device__ __forceinline__ void quant_eight(uint8_t *rec, int6
         h[j] = __float_as_int(y) - MI, l[j] = __float_as_int(__fadd_rn(__fmul_rn(__fsub_rn(tq, r), 254.0f), M)) - MI;
         sum += 254 * h[j] + l[j];
     }
-    if constexpr (WT == DJ_Q4)  // q4's corr; q8 has none
+    if constexpr (WT == DJ_Q4)  // q4's sum; q8 has none
 #pragma unroll
         for (int o = 1; o < 4; o <<= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
     if (!on) return;
@@ -414,7 +421,8 @@ template <int WT> __device__ __forceinline__ void quant_eight(uint8_t *rec, int6
     uint8_t *o = rec + (g * (DJ_QGROUP / E) + part) * RB;
     *(uint2 *)(o + at) = hw;
     *(uint2 *)(o + E + at) = lw;
-    if (quarter % per == 0) *(uint4 *)(o + 2 * E) = make_uint4(__float_as_uint(d), WT == DJ_Q4 ? (uint32_t)(8 * sum) : 0u, 0u, 0u);
+    if (quarter % per == 0)
+        *(uint4 *)(o + 2 * E) = make_uint4(__float_as_uint(d), WT == DJ_Q4 ? (uint32_t)sum : 0u, 0u, 0u);
 }
 
 // Up to how many eights of the input a thread holds in registers for QX_NORM's one pass (stage_xq_norm).
@@ -501,11 +509,13 @@ __device__ __forceinline__ void load_norm_w(const qx_in &in, int64_t n_in, float
     }
 }
 
-// The dots of NR rows' chunks q[i] (the same columns) with x in integers, scaled and added to acc[i]: s_w[i] * d *
-// (254 sum k hi + sum k lo - corr) for their record r (q4: byte j holds weight j in its low nibble and j + 16 in its
-// high one, each k + 8; q8: int8 k). The record is read from shared memory once for all NR rows.
+// The dots of NR rows' chunks q[i] (the same columns) with x in integers, scaled and added to acc[i]: q8 scale_i *
+// d * (254 sum k hi + sum k lo), q4 scale_i / 4 * d * (4 (254 sum k hi + sum k lo) - c_i sum) for their record r
+// and parameters pm (q4: byte j holds weight j in its low nibble and j + 16 in its high one, each k in 0..15; q8:
+// int8 k). Every sum is exact in int32 (q4: |4 * 15.5e6| + |63 * 1.04e6| < 2^31). The record is read from shared
+// memory once for all NR rows.
 template <int WT, int NR>
-__device__ __forceinline__ void chunk_dots_i8(float *acc, const uint4 *q, const uint8_t *r, const float *s_w) {
+__device__ __forceinline__ void chunk_dots_i8(float *acc, const uint4 *q, const uint8_t *r, const uint32_t *pm) {
     constexpr int E = q_chunk_weights(WT);
     const uint4 *r4 = (const uint4 *)r;
     int sh[NR], sl[NR];
@@ -535,10 +545,13 @@ __device__ __forceinline__ void chunk_dots_i8(float *acc, const uint4 *q, const 
             for (int i = 0; i < 4; i++) sh[k] = __dp4a((int)u[i], (int)H[i], sh[k]), sl[k] = __dp4a((int)u[i], (int)L[i], sl[k]);
         }
     }
-    const uint4 m = r4[E / 8];  // {d, corr}
+    const uint4 m = r4[E / 8];  // {d, sum}
     const float d = __uint_as_float(m.x);
 #pragma unroll
-    for (int k = 0; k < NR; k++) acc[k] += (float)(254 * sh[k] + sl[k] - (int)m.y) * (d * s_w[k]);
+    for (int k = 0; k < NR; k++) {
+        const int hl = 254 * sh[k] + sl[k], v = WT == DJ_Q4 ? 4 * hl - (int)(pm[k] >> 10) * (int)m.y : hl;
+        acc[k] += (float)v * (d * chunk_scale<WT>(pm[k]));
+    }
 }
 
 #ifdef QP_PROBE
@@ -601,13 +614,13 @@ __global__ __launch_bounds__(QP_WARPS * 32) void gemv_quant_persist_kernel(float
     const int nt = T - t0 < NT ? (int)(T - t0) : NT;                                              // records
     const int64_t so = n_in / DJ_QGROUP * q_group_bytes(WT), step = (int64_t)gridDim.x * QP_WARPS;
     uint4 q[U][NR], qn[U][NR];
-    float sc[U][NR], scn[U][NR];
+    uint32_t sc[U][NR], scn[U][NR];  // the chunks' group parameters
     // Row k of the warp's set p: rows NR p + k, or with SWO gate row p and up row p + n_out / 2. Past n_out: row
     // n_out - 1 again, never written.
     const int64_t sets = SWO ? n_out / 2 : (n_out + NR - 1) / NR;
     auto row_of = [&](int64_t p, int k) -> int64_t { return SWO ? p + k * sets : min(p * NR + k, n_out - 1); };
     // chunks c + 32u of set p's rows
-    auto load = [&](int64_t p, int64_t c, uint4 (*qq)[NR], float (*ss)[NR]) {
+    auto load = [&](int64_t p, int64_t c, uint4 (*qq)[NR], uint32_t (*ss)[NR]) {
         const uint8_t *wr[NR];
 #pragma unroll
         for (int k = 0; k < NR; k++) wr[k] = w + row_of(p, k) * row_bytes;
@@ -807,8 +820,8 @@ static int64_t qchunk_rows(int64_t n_in) {
 }
 
 // out (rows, n_in) f16 = rows of W (row_bytes apart), each weight widened exactly and rounded to f16 once
-// (scale * k). n_in % 32 == 0: one thread per 16-byte chunk of values (one 16-byte load, its E weights stored 16
-// bytes at a time); otherwise one thread per group, byte by byte.
+// (scale * k, q4 scale * (k - c / 4); q_widen2). n_in % 32 == 0: one thread per 16-byte chunk of values (one
+// 16-byte load, its E weights stored 16 bytes at a time); otherwise one thread per group, byte by byte.
 template <int WT>
 __global__ void dequant_f16_kernel(__half *out, const uint8_t *w, int64_t rows, int64_t n_in, int64_t row_bytes) {
     constexpr int QB = q_group_bytes(WT), E = q_chunk_weights(WT);
@@ -820,34 +833,30 @@ __global__ void dequant_f16_kernel(__half *out, const uint8_t *w, int64_t rows, 
             const int64_t r = i / chunks, c = i - r * chunks;
             const uint8_t *wr = w + r * row_bytes;
             const uint4 q = *(const uint4 *)(wr + c * 16);
-            const float sc = __half2float(*(const __half *)(wr + groups * QB + 2 * (c * E / DJ_QGROUP)));
+            const uint32_t pm = *(const uint16_t *)(wr + groups * QB + 2 * (c * E / DJ_QGROUP));
             const uint32_t u[4] = {q.x, q.y, q.z, q.w};
-            const __half2 s2 = __half2half2(__float2half_rn(sc));  // the stored f16 scale, exactly
+            __half2 s2, nc2;  // the scale, the value of k = 0
+            q_widen_params<WT>(pm, &s2, &nc2);
             uint32_t h[E / 2];  // pairs of halves, lowest weight first
 #pragma unroll
             for (int i = 0; i < 4; i++) {
-                // each value v in 0..255 (q8: k + 128) or 0..15 (q4: k + 8) becomes the half 1024 + v (bits 0x6400
-                // | v), exact; minus 1024 + its offset it is k, exact; times the scale it is rounded once
+                // each value becomes its half (q_widen2: q8 1024 + k + 128, q4 256 + k), exact
                 uint32_t p[4];
                 if (WT == DJ_Q8) {
                     const uint32_t v = u[i] ^ 0x80808080u;
                     p[0] = __byte_perm(v, 0x64646464u, 0x4140), p[1] = __byte_perm(v, 0x64646464u, 0x4342);
                 } else {
-                    const uint32_t a = (u[i] & 0x000F000Fu) | 0x64006400u, b = ((u[i] >> 4) & 0x000F000Fu) | 0x64006400u;
-                    const uint32_t c = ((u[i] >> 8) & 0x000F000Fu) | 0x64006400u;
-                    const uint32_t d = ((u[i] >> 12) & 0x000F000Fu) | 0x64006400u;
+                    const uint32_t a = ((u[i] << 2) & 0x003C003Cu) | 0x5C005C00u;
+                    const uint32_t b = ((u[i] >> 2) & 0x003C003Cu) | 0x5C005C00u;
+                    const uint32_t c = ((u[i] >> 6) & 0x003C003Cu) | 0x5C005C00u;
+                    const uint32_t d = ((u[i] >> 10) & 0x003C003Cu) | 0x5C005C00u;
                     // a: weights 4i, 4i+2; c: 4i+1, 4i+3; b and d the same of the high nibbles (16 + ...)
                     p[0] = __byte_perm(a, c, 0x5410), p[1] = __byte_perm(a, c, 0x7632);
                     p[2] = __byte_perm(b, d, 0x5410), p[3] = __byte_perm(b, d, 0x7632);
                 }
-                const __half2 off = __half2half2(__ushort_as_half(WT == DJ_Q8 ? 0x6480 : 0x6408));  // 1152, 1032
 #pragma unroll
                 for (int j = 0; j < (WT == DJ_Q8 ? 2 : 4); j++) {
-                    __half2 v;
-                    memcpy(&v, &p[j], 4);
-                    v = __hmul2(__hsub2(v, off), s2);
-                    uint32_t o;
-                    memcpy(&o, &v, 4);
+                    const uint32_t o = q_widen2(p[j], s2, nc2);
                     if (WT == DJ_Q8) h[2 * i + j] = o;
                     else h[(j < 2 ? 0 : 8) + 2 * i + j % 2] = o;
                 }
@@ -862,12 +871,16 @@ __global__ void dequant_f16_kernel(__half *out, const uint8_t *w, int64_t rows, 
          i += (int64_t)gridDim.x * blockDim.x) {
         const int64_t r = i / groups, g = i - r * groups, c0 = g * DJ_QGROUP;
         const uint8_t *wr = w + r * row_bytes;
-        const float sc = __half2float(*(const __half *)(wr + groups * QB + 2 * g));
+        const uint32_t pm = *(const uint16_t *)(wr + groups * QB + 2 * g);
+        __half2 s2, nc2;
+        q_widen_params<WT>(pm, &s2, &nc2);
         __half *o = out + r * n_in + c0;
         const int n = (int)min((int64_t)DJ_QGROUP, n_in - c0);
         for (int j = 0; j < n; j++) {
-            const int k = WT == DJ_Q8 ? (int)(int8_t)wr[g * QB + j] : ((wr[g * QB + (j & 15)] >> (j < 16 ? 0 : 4)) & 15) - 8;
-            o[j] = __float2half_rn(sc * (float)k);
+            const uint32_t v = WT == DJ_Q8 ? 0x6400u | (wr[g * QB + j] ^ 0x80u)
+                                           : 0x5C00u | ((wr[g * QB + (j & 15)] >> (j < 16 ? 0 : 4)) & 15) << 2;
+            const uint32_t hv = q_widen2(v, s2, nc2);
+            o[j] = __ushort_as_half((unsigned short)hv);
         }
     }
 }

@@ -125,22 +125,12 @@ static __device__ __forceinline__ void mma16816(float *d, const uint32_t *a, con
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
 
-// ---- widening: a pair of stored values (each in the low bits of a 16-bit half, as 1024 + v) to scale * k
-// v is k + 1152 - 1024 (q8) or k + 1032 - 1024 (q4): the subtraction is exact, the product rounded once, as the
-// dequantizing path's __float2half_rn(scale * k).
-template <int WT> static __device__ __forceinline__ uint32_t widen2(uint32_t p, __half2 s) {
-    const __half2 off = __half2half2(__ushort_as_half(WT == DJ_Q8 ? 0x6480 : 0x6408));
-    __half2 v;
-    memcpy(&v, &p, 4);
-    v = __hmul2(__hsub2(v, off), s);
-    uint32_t o;
-    memcpy(&o, &v, 4);
-    return o;
-}
+// ---- widening: a pair of stored values (each in the low bits of a 16-bit half, as 1024 + v) to its weights with
+// kernels_impl.h's q_widen2, as the dequantizing path does (bitwise the same halves).
 // q4: u = bytes 4c..4c+3 of a group (B0..B3). Step 0 (low nibbles) and step 1 (high nibbles): pair A = (B0, B2),
-// pair C = (B1, B3).
+// pair C = (B1, B3); each nibble k lands at bits 2-5 of its half (shift: 0, 4, 8 or 12).
 static __device__ __forceinline__ uint32_t q4_pair(uint32_t u, int shift) {
-    return ((u >> shift) & 0x000F000Fu) | 0x64006400u;
+    return (shift ? (u >> (shift - 2)) & 0x003C003Cu : (u << 2) & 0x003C003Cu) | 0x5C005C00u;
 }
 // q8: u = bytes 4c..4c+3 of a half group, each k as a signed byte: pair A = (B0, B2), pair C = (B1, B3).
 static __device__ __forceinline__ uint32_t q8_pair(uint32_t u, uint32_t sel) {
@@ -162,19 +152,21 @@ static __device__ __forceinline__ void widen_frags(uint32_t (*a)[4], const uint8
     if (WT == DJ_Q8) ldsm_x4(u[1], q + ((2 + (lane >> 4)) * BM + lr) * 16);
 #pragma unroll
     for (int gi = 0; gi < 2; gi++) {
-        const __half2 sg = __half2half2(__ushort_as_half((unsigned short)(s_lo >> (16 * gi))));
-        const __half2 sg8 = __half2half2(__ushort_as_half((unsigned short)(s_hi >> (16 * gi))));
+        __half2 sg, ng, sg8, ng8;  // rows g and g + 8: group gi's scale and -c
+        q_widen_params<WT>((s_lo >> (16 * gi)) & 0xFFFFu, &sg, &ng);
+        q_widen_params<WT>((s_hi >> (16 * gi)) & 0xFFFFu, &sg8, &ng8);
 #pragma unroll
         for (int s = 0; s < 2; s++) {
             uint32_t *f = a[2 * gi + s];
             if (WT == DJ_Q4) {  // step s: the low (0) or high (1) nibbles
                 const uint32_t ug = u[0][2 * gi], ug8 = u[0][2 * gi + 1];
-                f[0] = widen2<WT>(q4_pair(ug, 4 * s), sg), f[1] = widen2<WT>(q4_pair(ug8, 4 * s), sg8);
-                f[2] = widen2<WT>(q4_pair(ug, 4 * s + 8), sg), f[3] = widen2<WT>(q4_pair(ug8, 4 * s + 8), sg8);
+                f[0] = q_widen2(q4_pair(ug, 4 * s), sg, ng), f[1] = q_widen2(q4_pair(ug8, 4 * s), sg8, ng8);
+                f[2] = q_widen2(q4_pair(ug, 4 * s + 8), sg, ng);
+                f[3] = q_widen2(q4_pair(ug8, 4 * s + 8), sg8, ng8);
             } else {  // step s: half s of the group
                 const uint32_t ug = u[gi][2 * s], ug8 = u[gi][2 * s + 1];
-                f[0] = widen2<WT>(q8_pair(ug, 0x4240), sg), f[1] = widen2<WT>(q8_pair(ug8, 0x4240), sg8);
-                f[2] = widen2<WT>(q8_pair(ug, 0x4341), sg), f[3] = widen2<WT>(q8_pair(ug8, 0x4341), sg8);
+                f[0] = q_widen2(q8_pair(ug, 0x4240), sg, ng), f[1] = q_widen2(q8_pair(ug8, 0x4240), sg8, ng8);
+                f[2] = q_widen2(q8_pair(ug, 0x4341), sg, ng), f[3] = q_widen2(q8_pair(ug8, 0x4341), sg8, ng8);
             }
         }
     }

@@ -68,7 +68,7 @@ int main(int argc, char **argv) {
                 uint8_t *dst = buf + (size_t)o * dj_row_bytes(dts[d], (uint64_t)n_in);
                 if (dts[d] == DJ_F16)
                     for (int64_t i = 0; i < n_in; i++) ((uint16_t *)dst)[i] = dj_f32_to_f16(row[i]);
-                else if (quant_row(dts[d], row, n_in, dst, 0, NULL, NULL))
+                else if (quant_row(dts[d], row, n_in, dst, NULL, NULL))
                     dj_die("quantization failed");
             }
             for (size_t c = 1; c < copies; c++) memcpy(buf + c * mb, buf, mb);

@@ -39,7 +39,7 @@ static void hm_fill_rows(uint32_t dt, uint8_t *buf, size_t bytes) {
     }
     if (dt == DJ_F16)
         for (int i = 0; i < HOST_MATVEC_IN; i++) ((uint16_t *)row)[i] = dj_f32_to_f16(w[i]);
-    else if (quant_row(dt, w, HOST_MATVEC_IN, row, 0, NULL, NULL))
+    else if (quant_row(dt, w, HOST_MATVEC_IN, row, NULL, NULL))
         dj_die("host_matvec: quant_row failed");
     hm_fill j = {buf, row, rb, bytes / rb};
     cpu_parallel_for(HM_PARTS, 1e12, fill_task, &j);

@@ -194,7 +194,6 @@ typedef struct {
     uint64_t pos;
     uint8_t *in, *stage;  // STAGE_BYTES each: source bytes, converted bytes
     dj_progress prog;
-    int rtn;              // q4: round-to-nearest scales only
     double sq_err[DJ_N_TENSOR_KINDS], sq_ref[DJ_N_TENSOR_KINDS];  // quantization error, per tensor kind
 } writer;
 
@@ -248,7 +247,7 @@ typedef struct {
     size_t is, rb;
     int64_t cols;
     uint32_t out;
-    int rtn, failed;
+    int failed;
     double *err, *ref;
 } quant_job;
 
@@ -263,7 +262,7 @@ static void quant_task(void *ctx, int64_t begin, int64_t end) {
         const uint8_t *p = j->src + (size_t)r * (size_t)j->cols * j->is;
         for (int64_t i = 0; i < j->cols; i++) row[i] = load_elem(p, j->st, (uint64_t)i);
         j->err[r] = j->ref[r] = 0;
-        if (quant_row(j->out, row, j->cols, j->dst + (size_t)r * j->rb, j->rtn, &j->err[r], &j->ref[r])) j->failed = 2;
+        if (quant_row(j->out, row, j->cols, j->dst + (size_t)r * j->rb, &j->err[r], &j->ref[r])) j->failed = 2;
     }
     free(row);
 }
@@ -290,12 +289,12 @@ static int write_quantized(writer *w, const want *x, uint32_t out, dj_err *e) {
                          (unsigned long long)((uint64_t)r0 * (uint64_t)x->cols + (uint64_t)bad));
             break;
         }
-        quant_job j = {w->in, w->stage, t->dtype, is, rb, x->cols, out, w->rtn, 0, err, ref};
+        quant_job j = {w->in, w->stage, t->dtype, is, rb, x->cols, out, 0, err, ref};
         cpu_parallel_for((int64_t)k, (double)k * (double)x->cols * 600, quant_task, &j);
         if (j.failed == 1) rc = dj_fail(e, "out of memory");
         else if (j.failed)
-            rc = dj_fail(e, "tensor '%s' holds values beyond what %s's f16 scales can hold (|w| > %g)", x->name,
-                         dj_dtype_name(out), out == DJ_Q8 ? 65504.0 * 127 : 65504.0 * 8);
+            rc = dj_fail(e, "tensor '%s' holds values beyond what %s's scales can hold (%s)", x->name,
+                         dj_dtype_name(out), out == DJ_Q8 ? "|w| > 8.3e6" : "a group of 32 spanning more than 9.6e5");
         for (size_t i = 0; !rc && i < k; i++) w->sq_err[x->kind] += err[i], w->sq_ref[x->kind] += ref[i];
         if (!rc) rc = w_write(w, w->stage, k * rb, e);
     }
@@ -488,7 +487,6 @@ int convert_run(const convert_opts *o, dj_err *e) {
                 (double)info.file_size / 1e9);
     dj_progress_start(&wr.prog, "convert", info.file_size, !o->quiet);
     if (w_write(&wr, hdr, hb, e) || w_pad_to(&wr, info.tok_off, e) || w_write(&wr, blob, blob_size, e)) goto out;
-    wr.rtn = o->rtn;
     for (size_t i = 0; i < nw; i++) {
         uint32_t dt = ws[i].is_norm ? DJ_F32 : ws[i].kind == DJ_T_EMBED ? c.embed_type
                     : ws[i].kind == DJ_T_LM_HEAD ? c.head_type : c.wtype;
@@ -500,8 +498,7 @@ int convert_run(const convert_opts *o, dj_err *e) {
     if (out_commit(&wr.out, 1, e)) goto out;
     dj_progress_end(&wr.prog, wr.pos);
     if (dj_is_quant(c.wtype) && !o->quiet) {
-        fprintf(stderr, "convert: %s%s quantization error, relative RMS per tensor kind:", dj_dtype_name(c.wtype),
-                o->rtn ? " (round-to-nearest)" : "");
+        fprintf(stderr, "convert: %s quantization error, relative RMS per tensor kind:", dj_dtype_name(c.wtype));
         for (int kd = 0; kd < DJ_N_TENSOR_KINDS; kd++)
             if (wr.sq_ref[kd] > 0)
                 fprintf(stderr, " %s %.2e", dj_tensor_name((uint32_t)kd), sqrt(wr.sq_err[kd] / wr.sq_ref[kd]));

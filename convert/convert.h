@@ -13,7 +13,6 @@ typedef struct {
     const char *tok_dir;   // folder holding tokenizer.json and tokenizer_config.json; NULL: hf_dir
     int dtype;             // DJ_F32/DJ_F16/DJ_BF16/DJ_Q8/DJ_Q4, or -1: BF16 stays BF16, F16 stays F16, F32 becomes
                            // F16. q8 and q4 quantize the layers' matrices, the embeddings and the lm_head go to q8
-    int rtn;               // q4: round-to-nearest scales only (the baseline of the quality figures)
     double *report;        // when given (DJ_N_TENSOR_KINDS values): each kind's quantization error, relative RMS
     int quiet;             // no progress on stderr
     volatile sig_atomic_t *tmp_made;  // set to 1 while out_path.tmp exists because this run created it (a signal

@@ -9,14 +9,13 @@
 #include "convert.h"
 
 static const char usage[] =
-    "usage: convert HF_DIR OUT.bin [--dtype f16|bf16|f32|q8|q4] [--rtn] [--tokenizer DIR] [-q]\n"
+    "usage: convert HF_DIR OUT.bin [--dtype f16|bf16|f32|q8|q4] [--tokenizer DIR] [-q]\n"
     "  HF_DIR         a HuggingFace LlamaForCausalLM folder: config.json, model.safetensors (or sharded\n"
     "                 model-*-of-*.safetensors + model.safetensors.index.json), tokenizer.json\n"
     "  --dtype T      weight dtype in OUT.bin (default: BF16 stays bf16, F16 stays f16, F32 becomes f16);\n"
     "                 q8 / q4 quantize the layers' matrices (8.5 / 4.5 bits per weight: int8 / int4 in groups of\n"
     "                 32 with an f16 scale each), the embeddings and the lm_head to q8; norm weights are always\n"
     "                 f32. The quantization error per tensor kind is printed at the end\n"
-    "  --rtn          with q4: plain round-to-nearest scales (the quality baseline), not the searched ones\n"
     "  --tokenizer D  read tokenizer.json / tokenizer_config.json from D (default: HF_DIR); the bos/eos\n"
     "                 ids of HF_DIR's config.json and generation_config.json are still the model's\n"
     "  -q             no progress on stderr\n"
@@ -57,8 +56,6 @@ int main(int argc, char **argv) {
             }
         } else if (!strcmp(a, "--tokenizer") && i + 1 < argc) {
             o.tok_dir = argv[++i];
-        } else if (!strcmp(a, "--rtn")) {
-            o.rtn = 1;
         } else if (!strcmp(a, "-q")) {
             o.quiet = 1;
         } else if (a[0] == '-') {

@@ -134,7 +134,7 @@ Test(cpu_kernels, matvec_async_equals_sync) {
             tc_fill(wf, n_in * n_out, -1, 1);
             if (dj_is_quant(wt))
                 for (int64_t o = 0; o < n_out; o++)
-                    quant_row(wt, wf + o * n_in, n_in, w + (size_t)o * rb, 0, NULL, NULL);
+                    quant_row(wt, wf + o * n_in, n_in, w + (size_t)o * rb, NULL, NULL);
             else
                 tc_store(w, wf, n_in * n_out, wt);
             cpu_matvec_multi(want, x0, w, wt, T, n_in, n_out);
@@ -173,7 +173,7 @@ static uint8_t *tcpu_weights(uint32_t wt, int64_t n_in, int64_t n_out) {
     cr_assert(wf && w);
     tc_fill(wf, n_in * n_out, -1, 1);
     if (dj_is_quant(wt))
-        for (int64_t o = 0; o < n_out; o++) quant_row(wt, wf + o * n_in, n_in, w + (size_t)o * rb, 0, NULL, NULL);
+        for (int64_t o = 0; o < n_out; o++) quant_row(wt, wf + o * n_in, n_in, w + (size_t)o * rb, NULL, NULL);
     else
         tc_store(w, wf, n_in * n_out, wt);
     free(wf);

@@ -58,7 +58,7 @@ static void tk_store_matrix(void *wh, float *wf, int64_t n_out, int64_t n_in, ui
     }
     size_t rb = (size_t)dj_row_bytes(wt, (uint64_t)n_in);
     for (int64_t o = 0; o < n_out; o++)
-        cr_assert_eq(quant_row(wt, wf + o * n_in, n_in, (uint8_t *)wh + (size_t)o * rb, 0, NULL, NULL), 0);
+        cr_assert_eq(quant_row(wt, wf + o * n_in, n_in, (uint8_t *)wh + (size_t)o * rb, NULL, NULL), 0);
 }
 
 // ---- device helpers (every failure stops the test with the API's message)

@@ -15,11 +15,14 @@
 #   min_link         the smallest ring djinn accepts, --cpu-share 0 (the link alone), 16 tokens: decode ms/token
 #   min_share        the smallest ring, --cpu-share auto (the default), 16 tokens: decode ms/token
 #   min_share_F      the same at the fixed share F, e.g. min_share_0.5; not in the default CASES
-# CASES (default all four) picks some. Prints a table (median, min, max per build and case; B's median against A's;
-# each rep's B against the A run beside it) and writes every run to OUT.json.
+# CASES (default all four) picks some. B_MODEL (default MODEL) gives B a model of its own: the same checkpoint
+# converted by B's converter where the two builds' formats differ. Prints a table (median, min, max per build and
+# case; B's median against A's; each rep's B against the A run beside it) and writes every run to OUT.json.
 set -uo pipefail
 [ $# -ge 4 ] || { sed -n '2,15p' "$0"; exit 2; }
 A=$1 B=$2 MODEL=$3 OUT_JSON=$4 REPS=${5:-3}
+B_MODEL=${B_MODEL:-$MODEL}
+model_of() { [ "$1" = "$B" ] && echo "$B_MODEL" || echo "$MODEL"; }
 LOGS=$(mktemp -d /tmp/djinn_ab.XXXXXX)
 
 for src in "$A" "$B"; do
@@ -31,10 +34,10 @@ done
 # 511 one-token words after BOS: a 512-token prompt for any Llama tokenizer that has " the" as one token.
 LONG=$(printf 'the %.0s' $(seq 511))
 LONG=${LONG% }
-n=$("$B/djinn" "$MODEL" --tokenize -p "$LONG" | wc -w)
+n=$("$B/djinn" "$B_MODEL" --tokenize -p "$LONG" | wc -w)
 echo "long prompt: $n tokens"
 
-min=$("$B/djinn" "$MODEL" -p x -n 1 -t 0 -c 1024 --ring-gb 0.001 2>&1 >/dev/null |
+min=$("$B/djinn" "$B_MODEL" -p x -n 1 -t 0 -c 1024 --ring-gb 0.001 2>&1 >/dev/null |
       sed -n 's/.*needs at least \([0-9][0-9.]*\) GB.*/\1/p' | head -1)
 [ -n "$min" ] || { echo "ab: no minimum ring in djinn's error line" >&2; exit 1; }
 echo "minimum ring: $min GB"
@@ -55,7 +58,7 @@ run() {  # build case rep -> one JSON line
         min_share_[0-9]*) args=(-p "Once upon a time" -n 16 --ring-gb "$min" --cpu-share "${case#min_share_}") ;;
     esac
     rm -f "$stats"
-    if ! timeout 300 "$src/djinn" "$MODEL" -t 0 -c "$ctx" --stats-json "$stats" "${args[@]}" \
+    if ! timeout 300 "$src/djinn" "$(model_of "$src")" -t 0 -c "$ctx" --stats-json "$stats" "${args[@]}" \
             > /dev/null 2> "$LOGS/run.log" || [ ! -s "$stats" ]; then
         echo "ab: $src $case failed:" >&2
         tail -3 "$LOGS/run.log" >&2

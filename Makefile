@@ -310,6 +310,11 @@ $(BUILD)/bin/cpu_matvec: $(BUILD)/bench/cpu_matvec.o $(BUILD)/bench/host_read.o 
 bench-cpu-matvec: $(BUILD)/bin/cpu_matvec
 	$(BUILD)/bin/cpu_matvec $(CPU_MATVEC_JSON)
 
+# ---- bench: a model of N layers from a donor's (bench/repeat_layers.c): real sizes the disk cannot hold in f16
+$(BUILD)/bin/repeat_layers: $(BUILD)/bench/repeat_layers.o $(ENGINE_OBJ)
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS)
+
 # ---- bench: the CPU share against a sweep of fixed shares, per rows in a pass (bench/share_sweep.c); GPU machine
 $(BUILD)/bin/share_sweep: $(BUILD)/bench/share_sweep.o $(ENGINE_OBJ)
 	@mkdir -p $(dir $@)

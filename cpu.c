@@ -95,7 +95,7 @@ void cpu_matmul(float *y, const float *x, const void *w, uint32_t wtype, int64_t
 typedef struct {
     int8_t *hi, *lo;  // (groups, DJ_QGROUP), 32-byte aligned
     float *d;         // (groups)
-    int32_t *sum;     // (groups) sum over the group of 254 * hi + lo: q4's zero points (see simd_dot_q)
+    int32_t *sum;     // (groups) sum over the group of 254 * hi + lo: the zero points' (see simd_dot_q)
     int16_t *x16;     // (groups, DJ_QGROUP), 64-byte aligned, 254 * hi + lo (|.| <= 32385): q8's VNNI path; or NULL
     struct cpu_x4 *x4;  // (groups / 4), 64-byte aligned: q4's blocks of 4 groups (zv_dot_q4, simd_dot_q4x); or NULL
     int vnni;           // the AVX-512 VNNI path runs: zv_dot_q8 on x16, zv_dot_q4 on x4
@@ -209,7 +209,8 @@ SIMD_FN static inline __m256i simd_join(__m256i phi, __m256i plo) {
     return _mm256_add_epi32(h, _mm256_madd_epi16(plo, _mm256_set1_epi16(1)));
 }
 
-// q8: k * x as |k| * (x with k's sign), maddubs taking an unsigned first operand.
+// q8: k * x as |k| * (x with k's sign), maddubs taking an unsigned first operand; the zero point comes off in f32
+// (z * sum[g], simd_dot_q).
 SIMD_FN static inline __m256i simd_group_q8(const uint8_t *row, const cpu_xq *q, int64_t g) {
     __m256i k = _mm256_loadu_si256((const __m256i *)(row + g * DJ_QGROUP)), a = _mm256_abs_epi8(k);
     __m256i hi = _mm256_load_si256((const __m256i *)(q->hi + g * DJ_QGROUP));
@@ -229,13 +230,15 @@ SIMD_FN static inline __m256i simd_group_q4(const uint8_t *row, const cpu_xq *q,
     return simd_join(_mm256_maddubs_epi16(u, hi), _mm256_maddubs_epi16(u, lo));
 }
 
-// q4's group parameters (model.h), 8 or 4 of them: their scales (the f16s of bits 0-9 shifted up by 5) and zero
-// points (bits 10-15 over 4). A parameter's scale and zero point one at a time: simd_q4_scale1, cpu_q4_zero.
-SIMD_FN static inline __m256 simd_q4_scales(__m128i p) {
+// q8 and q4 group parameters (model.h), 8 or 4 of them: their scales (the f16s of bits 0-9 shifted up by 5) and
+// zero points (c = bits 10-15: q8 4 c - 128, q4 c / 4). One at a time: simd_scale1, cpu_zero1.
+SIMD_FN static inline __m256 simd_q_scales(__m128i p) {
     return _mm256_cvtph_ps(_mm_slli_epi16(_mm_and_si128(p, _mm_set1_epi16(0x3FF)), 5));
 }
-SIMD_FN static inline __m256 simd_q4_zeros(__m128i p) {
-    return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu16_epi32(_mm_srli_epi16(p, 10))), _mm256_set1_ps(0.25f));
+SIMD_FN static inline __m256 simd_q_zeros(uint32_t wtype, __m128i p) {
+    __m256 c = _mm256_cvtepi32_ps(_mm256_cvtepu16_epi32(_mm_srli_epi16(p, 10)));
+    return wtype == DJ_Q8 ? _mm256_fmsub_ps(c, _mm256_set1_ps(4.0f), _mm256_set1_ps(128.0f))
+                          : _mm256_mul_ps(c, _mm256_set1_ps(0.25f));
 }
 SIMD_FN static inline __m128 simd_q4_scales4(__m128i p) {
     return _mm_cvtph_ps(_mm_slli_epi16(_mm_and_si128(p, _mm_set1_epi16(0x3FF)), 5));
@@ -243,15 +246,11 @@ SIMD_FN static inline __m128 simd_q4_scales4(__m128i p) {
 SIMD_FN static inline __m128 simd_q4_zeros4(__m128i p) {
     return _mm_mul_ps(_mm_cvtepi32_ps(_mm_cvtepu16_epi32(_mm_srli_epi16(p, 10))), _mm_set1_ps(0.25f));
 }
-SIMD_FN static inline float simd_q4_scale1(uint16_t p) { return _cvtsh_ss((unsigned short)((p & 0x3FFu) << 5)); }
-static inline float cpu_q4_zero(uint16_t p) { return (float)(p >> 10) * 0.25f; }
-// A q8 or q4 parameter's scale.
-SIMD_FN static inline float simd_scale1(uint32_t wtype, uint16_t p) {
-    return wtype == DJ_Q8 ? _cvtsh_ss(p) : simd_q4_scale1(p);
-}
+SIMD_FN static inline float simd_scale1(uint16_t p) { return _cvtsh_ss((unsigned short)((p & 0x3FFu) << 5)); }
+static inline float cpu_zero1(uint32_t wtype, uint16_t p) { return wtype == DJ_Q8 ? dj_q8_zero(p) : dj_q4_zero(p); }
 
 // A row (n weights of q8 or q4) times x: each group's exact integer sum, in f32, times scale_g * d_g, into four
-// accumulators (groups are independent: the loop is bound by throughput, not by the FMA's latency); q4's zero
+// accumulators (groups are independent: the loop is bound by throughput, not by the FMA's latency); the zero
 // points, scale_g * d_g * z_g * sum[g], summed apart and taken off at the end. Scales are
 // widened 8 at a time while 8 groups remain (16 bytes: a shorter tail could read past the matrix), then singly.
 // Rows lie one after the other, so the weights are one stream, gb bytes a group (the padding of 15 bytes at most
@@ -275,10 +274,9 @@ __attribute__((always_inline)) SIMD_FN static inline float simd_dot_q(const uint
         for (int64_t b = 0; b < 8 * gb; b += 64) _mm_prefetch(pf + b, _MM_HINT_T0);
         _Alignas(32) float d[8];
         __m128i p = _mm_loadu_si128((const __m128i *)(scales + g));
-        __m256 sd = _mm256_mul_ps(wtype == DJ_Q8 ? _mm256_cvtph_ps(p) : simd_q4_scales(p), _mm256_loadu_ps(q->d + g));
-        if (wtype == DJ_Q4)
-            off = _mm256_fmadd_ps(_mm256_mul_ps(sd, simd_q4_zeros(p)),
-                                  _mm256_cvtepi32_ps(_mm256_loadu_si256((const __m256i *)(q->sum + g))), off);
+        __m256 sd = _mm256_mul_ps(simd_q_scales(p), _mm256_loadu_ps(q->d + g));
+        off = _mm256_fmadd_ps(_mm256_mul_ps(sd, simd_q_zeros(wtype, p)),
+                              _mm256_cvtepi32_ps(_mm256_loadu_si256((const __m256i *)(q->sum + g))), off);
         _mm256_store_ps(d, sd);
         for (int k = 0; k < 8; k += 4) {
             a0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(SIMD_GROUP(g + k)), _mm256_broadcast_ss(d + k), a0);
@@ -289,9 +287,9 @@ __attribute__((always_inline)) SIMD_FN static inline float simd_dot_q(const uint
     }
     float offs = 0.0f;
     for (; g < groups; g++) {
-        const float sd = simd_scale1(wtype, scales[g]) * q->d[g];
+        const float sd = simd_scale1(scales[g]) * q->d[g];
         a0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(SIMD_GROUP(g)), _mm256_set1_ps(sd), a0);
-        if (wtype == DJ_Q4) offs += sd * cpu_q4_zero(scales[g]) * (float)q->sum[g];
+        offs += sd * cpu_zero1(wtype, scales[g]) * (float)q->sum[g];
     }
     return simd_hsum_ps(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3))) - (simd_hsum_ps(off) + offs);
 }
@@ -333,8 +331,8 @@ SIMD_FN static float simd_dot_q4x(const uint8_t *row, int64_t n, const cpu_xq *q
         const char *pf = (const char *)row + g * gb + CPU_PREFETCH;  // as simd_dot_q
         for (int64_t b = 0; b < 8 * gb; b += 64) _mm_prefetch(pf + b, _MM_HINT_T0);
         __m128i p = _mm_loadu_si128((const __m128i *)(scales + g));
-        __m256 sd = _mm256_mul_ps(simd_q4_scales(p), _mm256_loadu_ps(q->d + g));
-        off = _mm256_fmadd_ps(_mm256_mul_ps(sd, simd_q4_zeros(p)),
+        __m256 sd = _mm256_mul_ps(simd_q_scales(p), _mm256_loadu_ps(q->d + g));
+        off = _mm256_fmadd_ps(_mm256_mul_ps(sd, simd_q_zeros(DJ_Q4, p)),
                               _mm256_cvtepi32_ps(_mm256_loadu_si256((const __m256i *)(q->sum + g))), off);
         const uint8_t *w = row + g * (DJ_QGROUP / 2);
         const cpu_x4 *x = q->x4 + g / 4;
@@ -356,9 +354,9 @@ SIMD_FN static float simd_dot_q4x(const uint8_t *row, int64_t n, const cpu_xq *q
     }
     float offs = 0.0f;
     for (g = whole; g < groups; g++) {
-        const float sd = simd_q4_scale1(scales[g]) * q->d[g];
+        const float sd = simd_scale1(scales[g]) * q->d[g];
         a0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(simd_group_q4(row, q, g)), _mm256_set1_ps(sd), a0);
-        offs += sd * cpu_q4_zero(scales[g]) * (float)q->sum[g];
+        offs += sd * dj_q4_zero(scales[g]) * (float)q->sum[g];
     }
     return simd_hsum_ps(_mm256_sub_ps(_mm256_add_ps(a0, a1), off)) - offs;
 }
@@ -380,21 +378,29 @@ SIMDV_FN static float zv_dot_q8(const uint8_t *row, int64_t n, const cpu_xq *q) 
     const int64_t groups = (n + DJ_QGROUP - 1) / DJ_QGROUP, gb = DJ_QGROUP + 2;
     const uint16_t *scales = (const uint16_t *)(row + dj_scales_offset(DJ_Q8, (uint64_t)n));
     __m512 a0 = _mm512_setzero_ps(), a1 = a0;
+    __m256 off = _mm256_setzero_ps();  // the zero points, as simd_dot_q
     int64_t g = 0;
     for (; g + 8 <= groups; g += 8) {
         const char *pf = (const char *)row + g * gb + CPU_PREFETCH;  // as simd_dot_q
         for (int64_t b = 0; b < 8 * gb; b += 64) _mm_prefetch(pf + b, _MM_HINT_T0);
         _Alignas(32) float d[8];
-        _mm256_store_ps(d, _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(scales + g))),
-                                         _mm256_loadu_ps(q->d + g)));
+        __m128i p = _mm_loadu_si128((const __m128i *)(scales + g));
+        __m256 sd = _mm256_mul_ps(simd_q_scales(p), _mm256_loadu_ps(q->d + g));
+        off = _mm256_fmadd_ps(_mm256_mul_ps(sd, simd_q_zeros(DJ_Q8, p)),
+                              _mm256_cvtepi32_ps(_mm256_loadu_si256((const __m256i *)(q->sum + g))), off);
+        _mm256_store_ps(d, sd);
         for (int k = 0; k < 8; k += 2) {
             a0 = _mm512_fmadd_ps(zv_group_q8(row, q, g + k), _mm512_set1_ps(d[k]), a0);
             a1 = _mm512_fmadd_ps(zv_group_q8(row, q, g + k + 1), _mm512_set1_ps(d[k + 1]), a1);
         }
     }
-    for (; g < groups; g++)
-        a0 = _mm512_fmadd_ps(zv_group_q8(row, q, g), _mm512_set1_ps(_cvtsh_ss(scales[g]) * q->d[g]), a0);
-    return _mm512_reduce_add_ps(_mm512_add_ps(a0, a1));
+    float offs = 0.0f;
+    for (; g < groups; g++) {
+        const float sd = simd_scale1(scales[g]) * q->d[g];
+        a0 = _mm512_fmadd_ps(zv_group_q8(row, q, g), _mm512_set1_ps(sd), a0);
+        offs += sd * dj_q8_zero(scales[g]) * (float)q->sum[g];
+    }
+    return _mm512_reduce_add_ps(_mm512_add_ps(a0, a1)) - (simd_hsum_ps(off) + offs);
 }
 
 // q4: 4 groups (64 bytes) at a time against cpu_x4, no widening: the low nibbles (mask) and the high ones (shift,
@@ -416,12 +422,14 @@ __attribute__((always_inline)) SIMDV_FN static inline void zv_block_q4(const uin
     *h = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sh), sv, *h);
     *l = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sl), sv, *l);
 }
-// q4's 16 group parameters: their scales and zero points (simd_q4_scales).
-SIMDV_FN static inline __m512 zv_q4_scales(__m256i p) {
+// 16 group parameters: their scales and zero points (simd_q_scales).
+SIMDV_FN static inline __m512 zv_q_scales(__m256i p) {
     return _mm512_cvtph_ps(_mm256_slli_epi16(_mm256_and_si256(p, _mm256_set1_epi16(0x3FF)), 5));
 }
-SIMDV_FN static inline __m512 zv_q4_zeros(__m256i p) {
-    return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu16_epi32(_mm256_srli_epi16(p, 10))), _mm512_set1_ps(0.25f));
+SIMDV_FN static inline __m512 zv_q_zeros(uint32_t wtype, __m256i p) {
+    __m512 c = _mm512_cvtepi32_ps(_mm512_cvtepu16_epi32(_mm256_srli_epi16(p, 10)));
+    return wtype == DJ_Q8 ? _mm512_fmsub_ps(c, _mm512_set1_ps(4.0f), _mm512_set1_ps(128.0f))
+                          : _mm512_mul_ps(c, _mm512_set1_ps(0.25f));
 }
 // Lanes 4i..4i+3 take group i of a block: the permutation of the 16 groups' scales for block b.
 #define ZV_SV(b, sd) \
@@ -437,9 +445,9 @@ SIMDV_FN static float zv_dot_q4(const uint8_t *row, int64_t n, const cpu_xq *q) 
         const char *pf = (const char *)row + g * gb + CPU_PREFETCH;  // as simd_dot_q
         for (int64_t b = 0; b < 16 * gb; b += 64) _mm_prefetch(pf + b, _MM_HINT_T0);
         __m256i p = _mm256_loadu_si256((const __m256i *)(scales + g));
-        __m512 sd = _mm512_mul_ps(zv_q4_scales(p), _mm512_loadu_ps(q->d + g));
-        off = _mm512_fmadd_ps(_mm512_mul_ps(sd, zv_q4_zeros(p)), _mm512_cvtepi32_ps(_mm512_loadu_si512(q->sum + g)),
-                              off);
+        __m512 sd = _mm512_mul_ps(zv_q_scales(p), _mm512_loadu_ps(q->d + g));
+        off = _mm512_fmadd_ps(_mm512_mul_ps(sd, zv_q_zeros(DJ_Q4, p)),
+                              _mm512_cvtepi32_ps(_mm512_loadu_si512(q->sum + g)), off);
         const uint8_t *w = row + g * (DJ_QGROUP / 2);
         const cpu_x4 *x = q->x4 + g / 4;
         zv_block_q4(w, x, ZV_SV(0, sd), &h0, &l0);
@@ -450,8 +458,8 @@ SIMDV_FN static float zv_dot_q4(const uint8_t *row, int64_t n, const cpu_xq *q) 
     if (g < whole) {  // 1..3 blocks: their scales loaded under a mask (nothing read past them)
         __mmask16 m = (__mmask16)((1u << (whole - g)) - 1);
         __m256i p = _mm256_maskz_loadu_epi16(m, scales + g);
-        __m512 sd = _mm512_mul_ps(zv_q4_scales(p), _mm512_maskz_loadu_ps(m, q->d + g));
-        off = _mm512_fmadd_ps(_mm512_mul_ps(sd, zv_q4_zeros(p)),
+        __m512 sd = _mm512_mul_ps(zv_q_scales(p), _mm512_maskz_loadu_ps(m, q->d + g));
+        off = _mm512_fmadd_ps(_mm512_mul_ps(sd, zv_q_zeros(DJ_Q4, p)),
                               _mm512_cvtepi32_ps(_mm512_maskz_loadu_epi32(m, q->sum + g)), off);
         for (int64_t b = 0; g + 4 * b < whole; b++)
             zv_block_q4(row + (g + 4 * b) * (DJ_QGROUP / 2), q->x4 + g / 4 + b, ZV_SV(b, sd), &h0, &l0);
@@ -459,9 +467,9 @@ SIMDV_FN static float zv_dot_q4(const uint8_t *row, int64_t n, const cpu_xq *q) 
     __m256 t = _mm256_setzero_ps();
     float offs = 0.0f;
     for (g = whole; g < groups; g++) {
-        const float sd = simd_q4_scale1(scales[g]) * q->d[g];
+        const float sd = simd_scale1(scales[g]) * q->d[g];
         t = _mm256_fmadd_ps(_mm256_cvtepi32_ps(simd_group_q4(row, q, g)), _mm256_set1_ps(sd), t);
-        offs += sd * cpu_q4_zero(scales[g]) * (float)q->sum[g];
+        offs += sd * dj_q4_zero(scales[g]) * (float)q->sum[g];
     }
     __m512 hl = _mm512_fmadd_ps(_mm512_add_ps(h0, h1), _mm512_set1_ps(254.0f), _mm512_add_ps(l0, l1));
     return _mm512_reduce_add_ps(_mm512_sub_ps(hl, off)) + (simd_hsum_ps(t) - offs);
@@ -827,8 +835,8 @@ SIMD_FN static void simd_widen_range(float *dst, const uint8_t *row, uint32_t wt
     if (dj_is_quant(wtype)) {
         const uint16_t *scales = (const uint16_t *)(row + dj_scales_offset(wtype, (uint64_t)n));
         for (int64_t g = k0 / DJ_QGROUP, i = 0; g * DJ_QGROUP < k1; g++, i += DJ_QGROUP) {
-            __m256 d = _mm256_set1_ps(simd_scale1(wtype, scales[g]));
-            __m256 z = _mm256_set1_ps(wtype == DJ_Q4 ? cpu_q4_zero(scales[g]) : 0.0f);  // k - z: exact
+            __m256 d = _mm256_set1_ps(simd_scale1(scales[g]));
+            __m256 z = _mm256_set1_ps(cpu_zero1(wtype, scales[g]));  // k - z: exact
             __m128i lo, hi;  // weights 0..15 and 16..31 as int8
             if (wtype == DJ_Q8) {
                 lo = _mm_loadu_si128((const __m128i *)(row + g * DJ_QGROUP));
@@ -927,8 +935,8 @@ __attribute__((always_inline)) SIMD512_FN static inline __m512 z_load16(const ui
             k = _mm512_cvtepu8_epi32(_mm_and_si128(b, _mm_set1_epi8(0x0f)));
         }
         const uint16_t p = scales[i / DJ_QGROUP];
-        const __m512 z = _mm512_set1_ps(wtype == DJ_Q4 ? cpu_q4_zero(p) : 0.0f);  // k - z: exact
-        return _mm512_mul_ps(_mm512_sub_ps(_mm512_cvtepi32_ps(k), z), _mm512_set1_ps(simd_scale1(wtype, p)));
+        const __m512 z = _mm512_set1_ps(cpu_zero1(wtype, p));  // k - z: exact
+        return _mm512_mul_ps(_mm512_sub_ps(_mm512_cvtepi32_ps(k), z), _mm512_set1_ps(simd_scale1(p)));
     }
     if (wtype == DJ_F32) return _mm512_maskz_loadu_ps(m, (const float *)row + i);
     __m256i h = _mm256_maskz_loadu_epi16(m, (const uint16_t *)row + i);

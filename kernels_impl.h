@@ -198,19 +198,19 @@ template <> __device__ __forceinline__ float wload<DJ_BF16>(const void *w, int64
 static __host__ __device__ constexpr int q_group_bytes(uint32_t wt) { return wt == DJ_Q8 ? DJ_QGROUP : DJ_QGROUP / 2; }
 static __host__ __device__ constexpr int q_chunk_weights(uint32_t wt) { return wt == DJ_Q8 ? 16 : 32; }
 
-// q4's group parameter p (model.h): its scale, exactly; c = p >> 10 is four times its zero point.
-static __device__ __forceinline__ float q4_scale(uint32_t p) {
+// A q8 or q4 group parameter p (model.h): its scale, exactly; c = p >> 10 sets its zero point (q8 4 c - 128, q4 c / 4).
+static __device__ __forceinline__ float q_scale(uint32_t p) {
     return __half2float(__ushort_as_half((unsigned short)((p & 0x3FFu) << 5)));
 }
 
 // Widening a pair of stored values to f16 (the prefill's dequantization and qgemm.cu's fragments), each in the low
 // bits of a half: q8 1024 + (k + 128) (bits 0x6400 | v), q4 256 + k (bits 0x5C00 | k << 2, a quarter a unit). The
-// pair's parameters: s the scale and off the value of k = 0 (q8 1152; q4 256 + c / 4, bits 0x5C00 | c); then
-// (v - off) * s is k * s (q4: (k - c / 4) * s), the subtraction exact and the product rounded once.
+// pair's parameters: s the scale and off the value at the zero point (q8 1024 + 4 c, bits 0x6400 + 4 c; q4 256 +
+// c / 4, bits 0x5C00 | c); then (v - off) * s is (k - z) * s, the subtraction exact and the product rounded once.
 template <int WT> static __device__ __forceinline__ void q_widen_params(uint32_t p, __half2 *s, __half2 *off) {
-    const bool q8 = WT == DJ_Q8;
-    *s = __half2half2(__ushort_as_half((unsigned short)(q8 ? p : (p & 0x3FFu) << 5)));
-    *off = __half2half2(__ushort_as_half((unsigned short)(q8 ? 0x6480u : 0x5C00u | (p >> 10))));
+    *s = __half2half2(__ushort_as_half((unsigned short)((p & 0x3FFu) << 5)));
+    const uint32_t off_bits = WT == DJ_Q8 ? 0x6400u + 4 * (p >> 10) : 0x5C00u | (p >> 10);
+    *off = __half2half2(__ushort_as_half((unsigned short)off_bits));
 }
 static __device__ __forceinline__ uint32_t q_widen2(uint32_t pair, __half2 s, __half2 off) {
     __half2 v;
@@ -221,14 +221,14 @@ static __device__ __forceinline__ uint32_t q_widen2(uint32_t pair, __half2 s, __
     return o;
 }
 
-// Element i of a q8 or q4 row of n weights (model.h's layout), exactly scale * k (q4: scale * (k - c / 4)).
+// Element i of a q8 or q4 row of n weights (model.h's layout), exactly scale * (k - z).
 template <int WT> static __device__ __forceinline__ float qload(const uint8_t *row, int64_t n, int64_t i) {
     constexpr int QB = q_group_bytes(WT);  // bytes of values per group
     const int64_t g = i / DJ_QGROUP, j = i - g * DJ_QGROUP;
     const uint16_t p = *(const uint16_t *)(row + (n + DJ_QGROUP - 1) / DJ_QGROUP * QB + 2 * g);
-    if (WT == DJ_Q8) return __half2float(__ushort_as_half(p)) * (float)(int8_t)row[g * QB + j];
+    if (WT == DJ_Q8) return q_scale(p) * ((float)(int8_t)row[g * QB + j] - (float)(4 * (p >> 10) - 128));
     const int k = (row[g * QB + (j & (QB - 1))] >> (j < QB ? 0 : 4)) & 15;
-    return q4_scale(p) * ((float)k - (float)(p >> 10) * 0.25f);
+    return q_scale(p) * ((float)k - (float)(p >> 10) * 0.25f);
 }
 
 #endif

@@ -172,7 +172,7 @@ __device__ __forceinline__ void bytes_to_float4(uint32_t w, float bias, float *f
 }
 
 // The dot of one 16-byte chunk's weights with xc (q4: 32 floats, byte j holding weight j (low nibble) and j + 16
-// (high), each k in 0..15, the sum of (4 k - c) x; q8: 16 floats, int8 k, the sum of k x).
+// (high), each k in 0..15, the sum of (4 k - c) x; q8: 16 floats, int8 k, the sum of (k - (4 c - 128)) x).
 template <int WT> __device__ __forceinline__ float chunk_dot(uint4 q, const float *xc, float c) {
     const uint32_t u[4] = {q.x, q.y, q.z, q.w};
     float A = 0.0f, f[4];
@@ -185,8 +185,8 @@ template <int WT> __device__ __forceinline__ float chunk_dot(uint4 q, const floa
             bytes_to_float4((u[i] >> 4) & 0x0F0F0F0Fu, 8388608.0f, f);
 #pragma unroll
             for (int b = 0; b < 4; b++) A = fmaf(fmaf(f[b], 4.0f, -c), xc[16 + 4 * i + b], A);
-        } else {  // int8 k: k ^ 0x80 is k + 128 as an unsigned byte
-            bytes_to_float4(u[i] ^ 0x80808080u, 8388736.0f, f);  // 2^23 + 128
+        } else {  // int8 k: k ^ 0x80 is k + 128 as an unsigned byte, less 2^23 + 4 c: k - z, exact
+            bytes_to_float4(u[i] ^ 0x80808080u, 8388608.0f + 4.0f * c, f);
 #pragma unroll
             for (int b = 0; b < 4; b++) A = fmaf(f[b], xc[4 * i + b], A);
         }
@@ -194,10 +194,10 @@ template <int WT> __device__ __forceinline__ float chunk_dot(uint4 q, const floa
     return A;
 }
 
-// A chunk's group parameter p (model.h; 0 past a row's end) as the scale its products take: q8 the f16 scale, q4
-// a quarter of its scale (the products are of 4 k - c).
+// A chunk's group parameter p (model.h; 0 past a row's end) as the scale its products take: q8 its scale, q4 a
+// quarter of it (the products are of 4 k - c).
 template <int WT> __device__ __forceinline__ float chunk_scale(uint32_t p) {
-    return WT == DJ_Q8 ? __half2float(__ushort_as_half((unsigned short)p)) : 0.25f * q4_scale(p);
+    return WT == DJ_Q8 ? q_scale(p) : 0.25f * q_scale(p);
 }
 
 // acc[r] += row r's chunk q[r] . the chunk's x, scaled by its parameter pm[r], x read from shared memory (E floats
@@ -298,8 +298,9 @@ __global__ __launch_bounds__(QG_WARPS * 32) void gemv_quant_kernel(float *y, con
 // 32 in two int8 parts, x ~= d * (254 * hi + lo) with d = max|x| / (127 * 254) (~1/64516 of the group's largest
 // magnitude), so a chunk's dot with its k is dp4a instructions (four byte products a lane each) where the float
 // path spends a conversion, a subtraction and an FMA on every weight. Each block quantizes x into shared memory,
-// one record per 16-byte chunk of weights: hi[E], lo[E], then {d, sum, 0, 0}, where q4's sum = sum(254 hi + lo)
-// over the group takes off the zero point c / 4 (4 sum (k - c / 4) X = 4 sum k X - c sum). Records are
+// one record per 16-byte chunk of weights: hi[E], lo[E], then {d, sum, 0, 0}, where sum = sum(254 hi + lo) over
+// the chunk's inputs takes off the zero point (q4: 4 sum (k - c / 4) X = 4 sum k X - c sum; q8: sum (k - z) X =
+// sum k X - z sum). Records are
 // QR_BYTES = 2E + 16 bytes apart (q4 80, q8 48): lane l's 16-byte reads start at bank 20l or 12l (mod 32), so
 // the eight lanes of each 128-bit phase never collide. The grid is QP_BPS blocks per SM, each warp taking row
 // groups rg, rg + (warps in the grid), ... and loading the next chunks (of this row or of the next) before
@@ -410,9 +411,8 @@ template <int WT> __device__ __forceinline__ void quant_eight(uint8_t *rec, int6
         h[j] = __float_as_int(y) - MI, l[j] = __float_as_int(__fadd_rn(__fmul_rn(__fsub_rn(tq, r), 254.0f), M)) - MI;
         sum += 254 * h[j] + l[j];
     }
-    if constexpr (WT == DJ_Q4)  // q4's sum; q8 has none
 #pragma unroll
-        for (int o = 1; o < 4; o <<= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    for (int o = 1; o < E / 8; o <<= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);  // the record's E / 8 lanes
     if (!on) return;
     const uint2 hw = make_uint2(pack_i8x4(h[0], h[1], h[2], h[3]), pack_i8x4(h[4], h[5], h[6], h[7]));
     const uint2 lw = make_uint2(pack_i8x4(l[0], l[1], l[2], l[3]), pack_i8x4(l[4], l[5], l[6], l[7]));
@@ -422,7 +422,7 @@ template <int WT> __device__ __forceinline__ void quant_eight(uint8_t *rec, int6
     *(uint2 *)(o + at) = hw;
     *(uint2 *)(o + E + at) = lw;
     if (quarter % per == 0)
-        *(uint4 *)(o + 2 * E) = make_uint4(__float_as_uint(d), WT == DJ_Q4 ? (uint32_t)sum : 0u, 0u, 0u);
+        *(uint4 *)(o + 2 * E) = make_uint4(__float_as_uint(d), (uint32_t)sum, 0u, 0u);
 }
 
 // Up to how many eights of the input a thread holds in registers for QX_NORM's one pass (stage_xq_norm).
@@ -510,10 +510,10 @@ __device__ __forceinline__ void load_norm_w(const qx_in &in, int64_t n_in, float
 }
 
 // The dots of NR rows' chunks q[i] (the same columns) with x in integers, scaled and added to acc[i]: q8 scale_i *
-// d * (254 sum k hi + sum k lo), q4 scale_i / 4 * d * (4 (254 sum k hi + sum k lo) - c_i sum) for their record r
-// and parameters pm (q4: byte j holds weight j in its low nibble and j + 16 in its high one, each k in 0..15; q8:
-// int8 k). Every sum is exact in int32 (q4: |4 * 15.5e6| + |63 * 1.04e6| < 2^31). The record is read from shared
-// memory once for all NR rows.
+// d * (254 sum k hi + sum k lo - z_i sum), q4 scale_i / 4 * d * (4 (254 sum k hi + sum k lo) - c_i sum) for their
+// record r and parameters pm (q4: byte j holds weight j in its low nibble and j + 16 in its high one, each k in
+// 0..15; q8: int8 k). Every sum is exact in int32 (q4: |4 * 15.5e6| + |63 * 1.04e6|, q8: 2 * 128 * 16 * 32385, both
+// below 2^31). The record is read from shared memory once for all NR rows.
 template <int WT, int NR>
 __device__ __forceinline__ void chunk_dots_i8(float *acc, const uint4 *q, const uint8_t *r, const uint32_t *pm) {
     constexpr int E = q_chunk_weights(WT);
@@ -549,7 +549,8 @@ __device__ __forceinline__ void chunk_dots_i8(float *acc, const uint4 *q, const 
     const float d = __uint_as_float(m.x);
 #pragma unroll
     for (int k = 0; k < NR; k++) {
-        const int hl = 254 * sh[k] + sl[k], v = WT == DJ_Q4 ? 4 * hl - (int)(pm[k] >> 10) * (int)m.y : hl;
+        const int hl = 254 * sh[k] + sl[k], c = (int)(pm[k] >> 10);
+        const int v = WT == DJ_Q4 ? 4 * hl - c * (int)m.y : hl - (4 * c - 128) * (int)m.y;
         acc[k] += (float)v * (d * chunk_scale<WT>(pm[k]));
     }
 }

@@ -283,9 +283,9 @@ int model_parse(const void *data, size_t n, uint64_t file_size, dj_model_info *m
                            dj_dtype_name(cfg.wtype));
         cfg.embed_type = cfg.head_type = cfg.wtype;
     }
-    if (h.version == 2 && cfg.wtype == DJ_Q4)
-        return dj_fail(e, "a version 2 file with q4 weights: that q4 (symmetric, without zero points) is no longer "
-                          "read; " FIX_HINT);
+    if (h.version == 2 && dj_is_quant(cfg.wtype))
+        return dj_fail(e, "a version 2 file with %s weights: that %s (symmetric, without zero points) is no longer "
+                          "read; " FIX_HINT, dj_dtype_name(cfg.wtype), dj_dtype_name(cfg.wtype));
     dj_err ce;
     if (dj_config_validate(c, &ce)) return dj_fail(e, "bad config in header: %s", ce.msg);
     if (h.n_sections != c->n_layers + 3)

@@ -25,7 +25,7 @@
 #include "util.h"
 
 #define DJ_MAGIC "DJINNMDL"
-#define DJ_VERSION 3u      // what this build writes (3: q4 with zero points)
+#define DJ_VERSION 3u      // what this build writes (3: q8 and q4 with zero points)
 #define DJ_VERSION_MIN 1u  // the oldest it reads
 #define DJ_HEADER_SIZE 4096u
 #define DJ_SECTION_ALIGN 4096u  // every section offset and every layer slab size
@@ -33,14 +33,13 @@
 #define DJ_MAX_LAYERS 1024u
 
 // Weight dtypes. q8 and q4 quantize each row in groups of DJ_QGROUP weights along the input dimension (the last
-// group zero-padded), 16 bits of parameters per group (quant.h says how the values are chosen). A row is its groups'
-// quantized values, then their parameters, padded to 16 bytes:
-//   q8: int8 k per weight (-127..127), an f16 scale, w = scale * k      8.5 bits per weight at 32 | cols
+// group zero-padded), a 16-bit parameter per group (quant.h says how it is chosen): bits 0-9 the scale s (an
+// f16's bits 5-14: positive, 5 bits of mantissa; dj_q_scale) and bits 10-15 c, which sets the zero point z
+// (dj_q8_zero, dj_q4_zero). A row is its groups' quantized values, then their parameters, padded to 16 bytes:
+//   q8: int8 k per weight, z = 4 c - 128 (-128..124), w = s * (k - z)   8.5 bits per weight at 32 | cols
 //   q4: per group 16 bytes, byte j holding weight j in its low nibble and weight j + 16 in its high one, each an
-//       unsigned k (0..15); the parameter holds the scale in bits 0-9 (an f16's bits 5-14: positive, 5 bits of
-//       mantissa; dj_q4_scale) and c in bits 10-15, the zero point z = c / 4: w = scale * (k - z)
-//                                                                       4.5 bits per weight at 32 | cols
-//       (version 2 files held a symmetric q4, an f16 scale and k + 8; they are refused by name)
+//       unsigned k (0..15), z = c / 4 (0..15.75), w = s * (k - z)       4.5 bits per weight at 32 | cols
+// (Version 2 files held them symmetric, an f16 scale and no zero point: they are refused by name.)
 enum dj_dtype { DJ_F32 = 0, DJ_F16 = 1, DJ_BF16 = 2, DJ_Q8 = 3, DJ_Q4 = 4 };
 #define DJ_QGROUP 32
 #define DJ_ROW_ALIGN 16u  // quantized rows start 16-byte aligned: one vector load per group of q4, half a group of q8
@@ -66,10 +65,12 @@ static inline uint64_t dj_row_bytes(uint32_t dtype, uint64_t cols) {
 static inline uint64_t dj_matrix_bytes(uint32_t dtype, uint64_t rows, uint64_t cols) {
     return rows * dj_row_bytes(dtype, cols);
 }
-// q4: a group parameter's scale (exactly the f16 whose bits are those of bits 0-9 shifted up by 5); codes from
-// DJ_Q4_CODE_END on would be infinities and are never written.
-#define DJ_Q4_CODE_END (31u << 5)
-static inline float dj_q4_scale(uint16_t p) { return dj_f16_to_f32((uint16_t)((p & 0x3FFu) << 5)); }
+// A group parameter's scale (exactly the f16 whose bits are those of bits 0-9 shifted up by 5; codes from
+// DJ_Q_CODE_END on would be infinities and are never written) and zero point.
+#define DJ_Q_CODE_END (31u << 5)
+static inline float dj_q_scale(uint16_t p) { return dj_f16_to_f32((uint16_t)((p & 0x3FFu) << 5)); }
+static inline float dj_q8_zero(uint16_t p) { return (float)(4 * (p >> 10)) - 128.0f; }
+static inline float dj_q4_zero(uint16_t p) { return (float)(p >> 10) * 0.25f; }
 
 // Where a quantized row's scales start: after its groups' values.
 static inline uint64_t dj_scales_offset(uint32_t dtype, uint64_t cols) {

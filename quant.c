@@ -5,58 +5,82 @@
 #include <string.h>
 
 // ---- one group
-// q8: the k of each of the group's g values for scale s (k = round(x / s) clamped to [-127, 127]).
-static void q8_fit(const float *x, int g, float s, int8_t *k) {
-    float inv = s != 0 ? 1.0f / s : 0.0f;
-    for (int i = 0; i < g; i++) {
-        int q = (int)lrintf(x[i] * inv);
-        k[i] = (int8_t)(q < -127 ? -127 : q > 127 ? 127 : q);
-    }
-}
-
-// q4: the stored k (0..15) of each value for scale s and zero point c / 4 (k = round(x / s + z) clamped), and the
-// squared error of s * (k - z).
-static double q4_fit(const float *x, int g, float s, int c, uint8_t *k) {
-    const float z = (float)c * 0.25f, inv = 1.0f / s;
+#define Q_CODES 7  // scales tried a group, each 1/32 of an octave above the one before
+// The unsigned u = round(x / s + z) clamped to 0..umax of each of the group's g values (into u when given) and
+// the squared error of s * (u - z): q8 stores u - 128 with z = 4 c, q4 u with z = c / 4.
+static double q_fit(const float *x, int g, float s, float z, int umax, uint8_t *u) {
+    const float inv = 1.0f / s;
     double err = 0;
     for (int i = 0; i < g; i++) {
         int q = (int)lrintf(x[i] * inv + z);
-        q = q < 0 ? 0 : q > 15 ? 15 : q;
-        if (k) k[i] = (uint8_t)q;
+        q = q < 0 ? 0 : q > umax ? umax : q;
+        if (u) u[i] = (uint8_t)q;
         double d = (double)x[i] - (double)s * ((float)q - z);
         err += d * d;
     }
     return err;
 }
 
-// q4's parameter for a group of g values (1..DJ_QGROUP) and the k of all DJ_QGROUP (the padding's nearest to 0).
-// The grid s (k - z), z in [0, 15.75], always holds 0, so the range to cover is [min(x, 0), max(x, 0)]: among the
-// scales from 0.97 of that range over 15 up, Q4_CODES codes (each 1/32 of an octave apart), and for each the zero
-// points that keep the range unclipped (at most 9 of them), the pair with the least squared error. -1 when the
-// scale overflows.
-#define Q4_CODES 7
-static int q4_group(const float *x, int g, uint16_t *param, uint8_t *k) {
-    float mn = 0, mx = 0;
-    for (int i = 0; i < g; i++) mn = x[i] < mn ? x[i] : mn, mx = x[i] > mx ? x[i] : mx;
-    const float r = mx - mn;
+// A group's range [min(x, 0), max(x, 0)] into mn, mx and the first scale code to try, that of 0.97 of the range
+// over `steps`: 1, 0 where the range is empty (all zeros: the parameter 0, scale 0), -1 where the scale overflows.
+static int q_first_code(const float *x, int g, float steps, float *mn, float *mx, int *code0) {
+    *mn = *mx = 0;
+    for (int i = 0; i < g; i++) *mn = x[i] < *mn ? x[i] : *mn, *mx = x[i] > *mx ? x[i] : *mx;
+    if (!(*mx - *mn > 0)) return 0;
+    const uint16_t h = dj_f32_to_f16((*mx - *mn) / steps * 0.97f);
+    if (h >= DJ_Q_CODE_END << 5) return -1;
+    *code0 = h >> 5 ? h >> 5 : 1;
+    return 1;
+}
+
+// q8's parameter for a group of g values and the k of all DJ_QGROUP (the padding's exactly 0: u = 4 c): among 7
+// scales from 0.97 of the range [min(x, 0), max(x, 0)] over 255 up, and for each the 4 zero points nearest to the
+// one that puts the minimum at u = 0, the pair with the least squared error. -1 when the scale overflows.
+static int q8_group(const float *x, int g, uint16_t *param, int8_t *k) {
+    float mn, mx;
+    int code0, rc = q_first_code(x, g, 255.0f, &mn, &mx, &code0);
     *param = 0;
     memset(k, 0, DJ_QGROUP);
-    if (!(r > 0)) return 0;  // all zeros: scale 0
-    const uint16_t h = dj_f32_to_f16(r / 15.0f * 0.97f);
-    if (h >= DJ_Q4_CODE_END << 5) return -1;
-    int code0 = h >> 5 ? h >> 5 : 1;
+    if (rc <= 0) return rc;
     double best = INFINITY;
-    for (int code = code0; code < code0 + Q4_CODES && code < (int)DJ_Q4_CODE_END; code++) {
+    for (int code = code0; code < code0 + Q_CODES && code < (int)DJ_Q_CODE_END; code++) {
+        const float s = dj_f16_to_f32((uint16_t)(code << 5));
+        const int c0 = (int)floorf(-mn / s * 0.25f);
+        for (int c = c0 - 1; c <= c0 + 2; c++) {
+            if (c < 0 || c > 63) continue;
+            double err = q_fit(x, g, s, 4.0f * (float)c, 255, NULL);
+            if (err < best) best = err, *param = (uint16_t)(c << 10 | code);
+        }
+    }
+    uint8_t u[DJ_QGROUP];
+    q_fit(x, g, dj_q_scale(*param), 4.0f * (float)(*param >> 10), 255, u);
+    for (int i = 0; i < DJ_QGROUP; i++) k[i] = (int8_t)((i < g ? u[i] : 4 * (*param >> 10)) - 128);
+    return 0;
+}
+
+// q4's parameter for a group of g values (1..DJ_QGROUP) and the k of all DJ_QGROUP (the padding's nearest to 0).
+// The grid s (k - z), z in [0, 15.75], always holds 0, so the range to cover is [min(x, 0), max(x, 0)]: among the
+// scales from 0.97 of that range over 15 up, Q_CODES codes (each 1/32 of an octave apart), and for each the zero
+// points that keep the range unclipped (at most 9 of them), the pair with the least squared error. -1 when the
+// scale overflows.
+static int q4_group(const float *x, int g, uint16_t *param, uint8_t *k) {
+    float mn, mx;
+    int code0, rc = q_first_code(x, g, 15.0f, &mn, &mx, &code0);
+    *param = 0;
+    memset(k, 0, DJ_QGROUP);
+    if (rc <= 0) return rc;
+    double best = INFINITY;
+    for (int code = code0; code < code0 + Q_CODES && code < (int)DJ_Q_CODE_END; code++) {
         const float s = dj_f16_to_f32((uint16_t)(code << 5));
         float za = 4.0f * (15.0f - mx / s), zb = 4.0f * (-mn / s);
         int lo = (int)floorf(za < zb ? za : zb), hi = (int)ceilf(za < zb ? zb : za);
         if (hi - lo > 8) lo = (lo + hi) / 2 - 4, hi = lo + 8;
         for (int c = lo < 0 ? 0 : lo; c <= hi && c < 64; c++) {
-            double err = q4_fit(x, g, s, c, NULL);
+            double err = q_fit(x, g, s, (float)c * 0.25f, 15, NULL);
             if (err < best) best = err, *param = (uint16_t)(c << 10 | code);
         }
     }
-    q4_fit(x, g, dj_q4_scale(*param), *param >> 10, k);
+    q_fit(x, g, dj_q_scale(*param), (float)(*param >> 10) * 0.25f, 15, k);
     const int zk = (int)lrintf((float)(*param >> 10) * 0.25f);
     for (int i = g; i < DJ_QGROUP; i++) k[i] = (uint8_t)(zk > 15 ? 15 : zk);
     return 0;
@@ -73,11 +97,7 @@ int quant_row(uint32_t dtype, const float *x, int64_t n, uint8_t *dst, double *s
         memcpy(grp, x + g0, (size_t)g * sizeof *grp);
         uint16_t param;
         if (dtype == DJ_Q8) {
-            float amax = 0;
-            for (int i = 0; i < DJ_QGROUP; i++) amax = fabsf(grp[i]) > amax ? fabsf(grp[i]) : amax;
-            param = dj_f32_to_f16(amax / 127.0f);
-            if ((param & 0x7c00) == 0x7c00) return -1;
-            q8_fit(grp, DJ_QGROUP, dj_f16_to_f32(param), (int8_t *)dst + gi * DJ_QGROUP);
+            if (q8_group(grp, g, &param, (int8_t *)dst + gi * DJ_QGROUP)) return -1;
         } else {
             uint8_t k[DJ_QGROUP];
             if (q4_group(grp, g, &param, k)) return -1;
@@ -98,12 +118,13 @@ int quant_row(uint32_t dtype, const float *x, int64_t n, uint8_t *dst, double *s
 void dequant_group(uint32_t dtype, const uint8_t *row, int64_t n, int64_t g, float *out) {
     uint16_t p;
     memcpy(&p, row + dj_scales_offset(dtype, (uint64_t)n) + 2 * g, 2);
-    if (dtype == DJ_Q8) {  // the padding is stored as k = 0
-        float s = dj_f16_to_f32(p);
-        for (int j = 0; j < DJ_QGROUP; j++) out[j] = s * (float)(int8_t)row[g * DJ_QGROUP + j];
+    const float s = dj_q_scale(p);
+    if (dtype == DJ_Q8) {  // the padding is stored as u = 4 c: zero
+        const float z = dj_q8_zero(p);
+        for (int j = 0; j < DJ_QGROUP; j++) out[j] = s * ((float)(int8_t)row[g * DJ_QGROUP + j] - z);
         return;
     }
-    const float s = dj_q4_scale(p), z = (float)(p >> 10) * 0.25f;
+    const float z = dj_q4_zero(p);
     for (int j = 0; j < DJ_QGROUP; j++) {
         if (g * DJ_QGROUP + j >= n) {  // a partial last group's padding
             out[j] = 0.0f;

@@ -1,11 +1,14 @@
 // quant.h: the q8 and q4 weight formats of model.h, row by row: quantizing floats (the converter) and widening
 // them back (the CPU reference, the tests). Groups of DJ_QGROUP weights along a row share one 16-bit parameter.
-//   q8  scale = max|w| / 127 rounded to f16, k = round(w / scale) in -127..127
-//   q4  w = scale * (k - z), k in 0..15, z in [0, 15.75] (quarters): the grid holds 0, and the range to cover is
-//       [min(w, 0), max(w, 0)]. Among 7 scales from 0.97 of that range over 15 up (1/32 of an octave apart) and,
-//       for each, the zero points that leave the range unclipped, the pair whose rounded group has the least
-//       squared error. On Gaussian groups 0.68 of the squared error of round-to-nearest with one f16 scale
-//       (llama.cpp's Q4_0), where the symmetric search it replaced gave 0.93.
+// Both keep 0 on their grid, so the range to cover is [min(w, 0), max(w, 0)]; both try 7 scales from 0.97 of that
+// range over 255 (q8) or 15 (q4) up, 1/32 of an octave apart, and for each a few zero points, and keep the pair
+// whose rounded group has the least squared error.
+//   q8  w = scale * (k - z), k in -128..127, z = 4 c - 128: the 4 zero points nearest to the one that puts the
+//       minimum at k = -128. On Gaussian groups 0.72 of the squared error of the symmetric q8 it replaced
+//       (max|w| / 127 as an f16 scale, k in -127..127).
+//   q4  w = scale * (k - z), k in 0..15, z = c / 4 in [0, 15.75]: the zero points that leave the range unclipped.
+//       On Gaussian groups 0.68 of the squared error of round-to-nearest with one f16 scale (llama.cpp's Q4_0),
+//       where the symmetric search it replaced gave 0.93.
 // The parameters are chosen first and the k with them, so widening (exact in f32) gives back exactly the values
 // whose error was measured.
 #ifndef DJINN_QUANT_H
@@ -17,9 +20,9 @@
 
 // x (n) f32 -> dst (dj_row_bytes(dtype, n) bytes; the row's padding zeroed, the last group's quantized as zeros).
 // Adds the squared error of the row to *sq_err and its squared values to *sq_ref when given. -1 when a group's
-// scale does not fit (weights beyond +-8e6 for q8, a group's range beyond 9.6e5 for q4): nothing sensible to store.
+// scale does not fit (a group's range beyond 1.6e7 for q8, 9.6e5 for q4): nothing sensible to store.
 int quant_row(uint32_t dtype, const float *x, int64_t n, uint8_t *dst, double *sq_err, double *sq_ref);
-// row (dj_row_bytes(dtype, n) bytes of q8 or q4) -> out (n) f32, exactly scale * k.
+// row (dj_row_bytes(dtype, n) bytes of q8 or q4) -> out (n) f32, exactly scale * (k - z).
 void dequant_row(uint32_t dtype, const uint8_t *row, int64_t n, float *out);
 // Group g of such a row (n weights) -> out (DJ_QGROUP; a partial last group's padding gives zeros).
 void dequant_group(uint32_t dtype, const uint8_t *row, int64_t n, int64_t g, float *out);

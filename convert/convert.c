@@ -294,7 +294,8 @@ static int write_quantized(writer *w, const want *x, uint32_t out, dj_err *e) {
         if (j.failed == 1) rc = dj_fail(e, "out of memory");
         else if (j.failed)
             rc = dj_fail(e, "tensor '%s' holds values beyond what %s's scales can hold (%s)", x->name,
-                         dj_dtype_name(out), out == DJ_Q8 ? "|w| > 8.3e6" : "a group of 32 spanning more than 9.6e5");
+                         dj_dtype_name(out), out == DJ_Q8 ? "a group of 32 spanning more than 1.6e7"
+                                                          : "a group of 32 spanning more than 9.6e5");
         for (size_t i = 0; !rc && i < k; i++) w->sq_err[x->kind] += err[i], w->sq_ref[x->kind] += ref[i];
         if (!rc) rc = w_write(w, w->stage, k * rb, e);
     }

@@ -469,13 +469,15 @@ Test(model_format, version_1_still_reads) {
     free(img);
 }
 
-// A version 2 file of q4 weights held the symmetric q4 (an f16 scale, k + 8): refused by name, where the same file
-// as version 3 parses, and a version 2 file of q8 weights (unchanged) still does.
-Test(model_format, version_2_q4_refused) {
-    for (uint32_t wt = DJ_Q8; wt <= DJ_Q4; wt++) {
+// A version 2 file of q8 or q4 weights held them symmetric (an f16 scale, no zero point): refused by name, where the
+// same file as version 3 parses, and a version 2 file of f16 weights still does.
+Test(model_format, version_2_quantized_refused) {
+    const uint32_t wts[] = {DJ_F16, DJ_Q8, DJ_Q4};
+    for (size_t i = 0; i < sizeof wts / sizeof *wts; i++) {
+        const uint32_t wt = wts[i];
         dj_config c = small_config();
         dj_config_set_wtype(&c, wt);
-        c.embed_type = c.head_type = DJ_Q8;
+        if (dj_is_quant(wt)) c.embed_type = c.head_type = DJ_Q8;
         dj_model_info plan, got;
         uint8_t *img = make_image(&c, 100, &plan);
         uint64_t size = plan.file_size;
@@ -487,11 +489,12 @@ Test(model_format, version_2_q4_refused) {
         h.version = 2;
         memcpy(img, &h, sizeof h);
         fix_crc(img, c.n_layers + 3);
-        if (wt == DJ_Q8) {
+        if (wt == DJ_F16) {
             cr_assert_eq(model_parse(img, size, size, &got, &e), 0, "%s", e.msg);
             dj_info_free(&got);
         } else {
-            expect_parse_error(img, size, size, "version 2 file with q4 weights");
+            expect_parse_error(img, size, size, wt == DJ_Q8 ? "version 2 file with q8 weights"
+                                                            : "version 2 file with q4 weights");
         }
         dj_info_free(&plan);
         free(img);

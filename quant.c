@@ -9,13 +9,14 @@
 // The unsigned u = round(x / s + z) clamped to 0..umax of each of the group's g values (into u when given) and
 // the squared error of s * (u - z): q8 stores u - 128 with z = 4 c, q4 u with z = c / 4.
 static double q_fit(const float *x, int g, float s, float z, int umax, uint8_t *u) {
-    const float inv = 1.0f / s;
+    const float inv = 1.0f / s, top = (float)umax, M = 12582912.0f;  // 1.5 * 2^23
     double err = 0;
     for (int i = 0; i < g; i++) {
-        int q = (int)lrintf(x[i] * inv + z);
-        q = q < 0 ? 0 : q > umax ? umax : q;
+        // round to nearest, ties to even, as lrintf (|x / s + z| < 2^22: s is at least 0.97 of the range's step)
+        float q = (x[i] * inv + z + M) - M;
+        q = q < 0.0f ? 0.0f : q > top ? top : q;
         if (u) u[i] = (uint8_t)q;
-        double d = (double)x[i] - (double)s * ((float)q - z);
+        double d = (double)x[i] - (double)s * (q - z);
         err += d * d;
     }
     return err;

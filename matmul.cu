@@ -821,7 +821,7 @@ static int64_t qchunk_rows(int64_t n_in) {
 }
 
 // out (rows, n_in) f16 = rows of W (row_bytes apart), each weight widened exactly and rounded to f16 once
-// (scale * k, q4 scale * (k - c / 4); q_widen2). n_in % 32 == 0: one thread per 16-byte chunk of values (one
+// (scale * (k - z); q_widen2). n_in % 32 == 0: one thread per 16-byte chunk of values (one
 // 16-byte load, its E weights stored 16 bytes at a time); otherwise one thread per group, byte by byte.
 template <int WT>
 __global__ void dequant_f16_kernel(__half *out, const uint8_t *w, int64_t rows, int64_t n_in, int64_t row_bytes) {
@@ -836,7 +836,7 @@ __global__ void dequant_f16_kernel(__half *out, const uint8_t *w, int64_t rows, 
             const uint4 q = *(const uint4 *)(wr + c * 16);
             const uint32_t pm = *(const uint16_t *)(wr + groups * QB + 2 * (c * E / DJ_QGROUP));
             const uint32_t u[4] = {q.x, q.y, q.z, q.w};
-            __half2 s2, nc2;  // the scale, the value of k = 0
+            __half2 s2, nc2;  // the scale, the value at the zero point
             q_widen_params<WT>(pm, &s2, &nc2);
             uint32_t h[E / 2];  // pairs of halves, lowest weight first
 #pragma unroll

@@ -18,9 +18,10 @@
 
 #include "model.h"
 
-// x (n) f32 -> dst (dj_row_bytes(dtype, n) bytes; the row's padding zeroed, the last group's quantized as zeros).
-// Adds the squared error of the row to *sq_err and its squared values to *sq_ref when given. -1 when a group's
-// scale does not fit (a group's range beyond 1.6e7 for q8, 9.6e5 for q4): nothing sensible to store.
+// x (n) f32 -> dst (dj_row_bytes(dtype, n) bytes; the row's padding zeroed; a partial last group's parameter chosen
+// for its own values and its padding stored as its grid's nearest to 0: exactly 0 in q8). Adds the squared error
+// of the row to *sq_err and its squared values to *sq_ref when given. -1 when a group's scale does not fit (a
+// group's range beyond 1.6e7 for q8, 9.6e5 for q4): nothing sensible to store.
 int quant_row(uint32_t dtype, const float *x, int64_t n, uint8_t *dst, double *sq_err, double *sq_ref);
 // row (dj_row_bytes(dtype, n) bytes of q8 or q4) -> out (n) f32, exactly scale * (k - z).
 void dequant_row(uint32_t dtype, const uint8_t *row, int64_t n, float *out);

@@ -34,56 +34,47 @@ static int q_first_code(const float *x, int g, float steps, float *mn, float *mx
     return 1;
 }
 
-// q8's parameter for a group of g values and the k of all DJ_QGROUP (the padding's exactly 0: u = 4 c): among 7
-// scales from 0.97 of the range [min(x, 0), max(x, 0)] over 255 up, and for each the 4 zero points nearest to the
-// one that puts the minimum at u = 0, the pair with the least squared error. -1 when the scale overflows.
-static int q8_group(const float *x, int g, uint16_t *param, int8_t *k) {
-    float mn, mx;
-    int code0, rc = q_first_code(x, g, 255.0f, &mn, &mx, &code0);
-    *param = 0;
-    memset(k, 0, DJ_QGROUP);
-    if (rc <= 0) return rc;
-    double best = INFINITY;
-    for (int code = code0; code < code0 + Q_CODES && code < (int)DJ_Q_CODE_END; code++) {
-        const float s = dj_f16_to_f32((uint16_t)(code << 5));
-        const int c0 = (int)floorf(-mn / s * 0.25f);
-        for (int c = c0 - 1; c <= c0 + 2; c++) {
-            if (c < 0 || c > 63) continue;
-            double err = q_fit(x, g, s, 4.0f * (float)c, 255, NULL);
-            if (err < best) best = err, *param = (uint16_t)(c << 10 | code);
-        }
+// The zero points c a group's search tries at scale s, lo..hi: q8 the 4 nearest to the one that puts the minimum at
+// u = 0; q4 those that leave [mn, mx] unclipped (at most 9, the middle ones).
+static void q_zero_range(uint32_t dtype, float s, float mn, float mx, int *lo, int *hi) {
+    if (dtype == DJ_Q8) {
+        *lo = (int)floorf(-mn / s * 0.25f) - 1, *hi = *lo + 3;
+    } else {
+        float za = 4.0f * (15.0f - mx / s), zb = 4.0f * (-mn / s);
+        *lo = (int)floorf(za < zb ? za : zb), *hi = (int)ceilf(za < zb ? zb : za);
+        if (*hi - *lo > 8) *lo = (*lo + *hi) / 2 - 4, *hi = *lo + 8;
     }
-    uint8_t u[DJ_QGROUP];
-    q_fit(x, g, dj_q_scale(*param), 4.0f * (float)(*param >> 10), 255, u);
-    for (int i = 0; i < DJ_QGROUP; i++) k[i] = (int8_t)((i < g ? u[i] : 4 * (*param >> 10)) - 128);
-    return 0;
+    *lo = *lo < 0 ? 0 : *lo, *hi = *hi > 63 ? 63 : *hi;
 }
 
-// q4's parameter for a group of g values (1..DJ_QGROUP) and the k of all DJ_QGROUP (the padding's nearest to 0).
-// The grid s (k - z), z in [0, 15.75], always holds 0, so the range to cover is [min(x, 0), max(x, 0)]: among the
-// scales from 0.97 of that range over 15 up, Q_CODES codes (each 1/32 of an octave apart), and for each the zero
-// points that keep the range unclipped (at most 9 of them), the pair with the least squared error. -1 when the
-// scale overflows.
-static int q4_group(const float *x, int g, uint16_t *param, uint8_t *k) {
+// A zero point's c in units of the stored u: q8 4 c, q4 c / 4.
+static float q_zero_u(uint32_t dtype, int c) { return dtype == DJ_Q8 ? 4.0f * (float)c : (float)c * 0.25f; }
+
+// The parameter of a group of g values (1..DJ_QGROUP) and the unsigned u of all DJ_QGROUP (the padding's the u
+// nearest to 0: exactly 0 in q8): among Q_CODES scales from 0.97 of the range [min(x, 0), max(x, 0)] over 255 (q8) or
+// 15 (q4) up, each 1/32 of an octave above the one before, and for each the zero points q_zero_range gives, the pair
+// with the least squared error. -1 when the scale overflows.
+static int q_group(uint32_t dtype, const float *x, int g, uint16_t *param, uint8_t *u) {
+    const int umax = dtype == DJ_Q8 ? 255 : 15;
     float mn, mx;
-    int code0, rc = q_first_code(x, g, 15.0f, &mn, &mx, &code0);
+    int code0, rc = q_first_code(x, g, (float)umax, &mn, &mx, &code0);
     *param = 0;
-    memset(k, 0, DJ_QGROUP);
+    memset(u, dtype == DJ_Q8 ? 128 : 0, DJ_QGROUP);  // all zeros: every k 0
     if (rc <= 0) return rc;
     double best = INFINITY;
     for (int code = code0; code < code0 + Q_CODES && code < (int)DJ_Q_CODE_END; code++) {
         const float s = dj_f16_to_f32((uint16_t)(code << 5));
-        float za = 4.0f * (15.0f - mx / s), zb = 4.0f * (-mn / s);
-        int lo = (int)floorf(za < zb ? za : zb), hi = (int)ceilf(za < zb ? zb : za);
-        if (hi - lo > 8) lo = (lo + hi) / 2 - 4, hi = lo + 8;
-        for (int c = lo < 0 ? 0 : lo; c <= hi && c < 64; c++) {
-            double err = q_fit(x, g, s, (float)c * 0.25f, 15, NULL);
+        int lo, hi;
+        q_zero_range(dtype, s, mn, mx, &lo, &hi);
+        for (int c = lo; c <= hi; c++) {
+            double err = q_fit(x, g, s, q_zero_u(dtype, c), umax, NULL);
             if (err < best) best = err, *param = (uint16_t)(c << 10 | code);
         }
     }
-    q_fit(x, g, dj_q_scale(*param), (float)(*param >> 10) * 0.25f, 15, k);
-    const int zk = (int)lrintf((float)(*param >> 10) * 0.25f);
-    for (int i = g; i < DJ_QGROUP; i++) k[i] = (uint8_t)(zk > 15 ? 15 : zk);
+    const float z = q_zero_u(dtype, *param >> 10);
+    q_fit(x, g, dj_q_scale(*param), z, umax, u);
+    const int zu = (int)lrintf(z);
+    for (int i = g; i < DJ_QGROUP; i++) u[i] = (uint8_t)(zu > umax ? umax : zu);
     return 0;
 }
 
@@ -97,13 +88,13 @@ int quant_row(uint32_t dtype, const float *x, int64_t n, uint8_t *dst, double *s
         memset(grp, 0, sizeof grp);
         memcpy(grp, x + g0, (size_t)g * sizeof *grp);
         uint16_t param;
-        if (dtype == DJ_Q8) {
-            if (q8_group(grp, g, &param, (int8_t *)dst + gi * DJ_QGROUP)) return -1;
+        uint8_t u[DJ_QGROUP];
+        if (q_group(dtype, grp, g, &param, u)) return -1;
+        if (dtype == DJ_Q8) {  // k = u - 128
+            for (int j = 0; j < DJ_QGROUP; j++) dst[gi * DJ_QGROUP + j] = (uint8_t)(u[j] ^ 0x80);
         } else {
-            uint8_t k[DJ_QGROUP];
-            if (q4_group(grp, g, &param, k)) return -1;
             uint8_t *b = dst + gi * (DJ_QGROUP / 2);
-            for (int j = 0; j < DJ_QGROUP / 2; j++) b[j] = (uint8_t)(k[j] | k[j + DJ_QGROUP / 2] << 4);
+            for (int j = 0; j < DJ_QGROUP / 2; j++) b[j] = (uint8_t)(u[j] | u[j + DJ_QGROUP / 2] << 4);
         }
         memcpy(dst + so + 2 * gi, &param, 2);
         dequant_group(dtype, dst, n, gi, back);

@@ -230,8 +230,9 @@ SIMD_FN static inline __m256i simd_group_q4(const uint8_t *row, const cpu_xq *q,
     return simd_join(_mm256_maddubs_epi16(u, hi), _mm256_maddubs_epi16(u, lo));
 }
 
-// q8 and q4 group parameters (model.h), 8 or 4 of them: their scales (the f16s of bits 0-9 shifted up by 5) and
-// zero points (c = bits 10-15: q8 4 c - 128, q4 c / 4). One at a time: simd_scale1, cpu_zero1.
+// 8 q8 or q4 group parameters (model.h; fewer in the low lanes, zeros above, give as many): their scales (the f16s
+// of bits 0-9 shifted up by 5) and zero points (c = bits 10-15: q8 4 c - 128, q4 c / 4). One at a time:
+// simd_scale1, cpu_zero1.
 SIMD_FN static inline __m256 simd_q_scales(__m128i p) {
     return _mm256_cvtph_ps(_mm_slli_epi16(_mm_and_si128(p, _mm_set1_epi16(0x3FF)), 5));
 }
@@ -239,12 +240,6 @@ SIMD_FN static inline __m256 simd_q_zeros(uint32_t wtype, __m128i p) {
     __m256 c = _mm256_cvtepi32_ps(_mm256_cvtepu16_epi32(_mm_srli_epi16(p, 10)));
     return wtype == DJ_Q8 ? _mm256_fmsub_ps(c, _mm256_set1_ps(4.0f), _mm256_set1_ps(128.0f))
                           : _mm256_mul_ps(c, _mm256_set1_ps(0.25f));
-}
-SIMD_FN static inline __m128 simd_q4_scales4(__m128i p) {
-    return _mm_cvtph_ps(_mm_slli_epi16(_mm_and_si128(p, _mm_set1_epi16(0x3FF)), 5));
-}
-SIMD_FN static inline __m128 simd_q4_zeros4(__m128i p) {
-    return _mm_mul_ps(_mm_cvtepi32_ps(_mm_cvtepu16_epi32(_mm_srli_epi16(p, 10))), _mm_set1_ps(0.25f));
 }
 SIMD_FN static inline float simd_scale1(uint16_t p) { return _cvtsh_ss((unsigned short)((p & 0x3FFu) << 5)); }
 static inline float cpu_zero1(uint32_t wtype, uint16_t p) { return wtype == DJ_Q8 ? dj_q8_zero(p) : dj_q4_zero(p); }
@@ -343,10 +338,10 @@ SIMD_FN static float simd_dot_q4x(const uint8_t *row, int64_t n, const cpu_xq *q
     }
     if (g < whole) {  // one block left: its 4 scales (8 bytes, nothing read past them)
         __m128i p = _mm_loadl_epi64((const __m128i *)(scales + g));
-        __m128 sd4 = _mm_mul_ps(simd_q4_scales4(p), _mm_loadu_ps(q->d + g));
+        __m128 sd4 = _mm_mul_ps(_mm256_castps256_ps128(simd_q_scales(p)), _mm_loadu_ps(q->d + g));
         __m128 sum4 = _mm_cvtepi32_ps(_mm_loadu_si128((const __m128i *)(q->sum + g)));
         __m256 sd = _mm256_insertf128_ps(_mm256_setzero_ps(), sd4, 0);
-        off = _mm256_fmadd_ps(_mm256_insertf128_ps(_mm256_setzero_ps(), _mm_mul_ps(sd4, simd_q4_zeros4(p)), 0),
+        off = _mm256_fmadd_ps(_mm256_mul_ps(sd, simd_q_zeros(DJ_Q4, p)),
                               _mm256_insertf128_ps(_mm256_setzero_ps(), sum4, 0), off);
         const uint8_t *w = row + g * (DJ_QGROUP / 2);
         a0 = _mm256_add_ps(a0, SIMD_PAIR(w, q->x4 + g / 4, 0, sd, 0));
@@ -422,14 +417,12 @@ __attribute__((always_inline)) SIMDV_FN static inline void zv_block_q4(const uin
     *h = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sh), sv, *h);
     *l = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sl), sv, *l);
 }
-// 16 group parameters: their scales and zero points (simd_q_scales).
+// 16 q4 group parameters: their scales and zero points (simd_q_scales).
 SIMDV_FN static inline __m512 zv_q_scales(__m256i p) {
     return _mm512_cvtph_ps(_mm256_slli_epi16(_mm256_and_si256(p, _mm256_set1_epi16(0x3FF)), 5));
 }
-SIMDV_FN static inline __m512 zv_q_zeros(uint32_t wtype, __m256i p) {
-    __m512 c = _mm512_cvtepi32_ps(_mm512_cvtepu16_epi32(_mm256_srli_epi16(p, 10)));
-    return wtype == DJ_Q8 ? _mm512_fmsub_ps(c, _mm512_set1_ps(4.0f), _mm512_set1_ps(128.0f))
-                          : _mm512_mul_ps(c, _mm512_set1_ps(0.25f));
+SIMDV_FN static inline __m512 zv_q4_zeros(__m256i p) {
+    return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu16_epi32(_mm256_srli_epi16(p, 10))), _mm512_set1_ps(0.25f));
 }
 // Lanes 4i..4i+3 take group i of a block: the permutation of the 16 groups' scales for block b.
 #define ZV_SV(b, sd) \
@@ -446,7 +439,7 @@ SIMDV_FN static float zv_dot_q4(const uint8_t *row, int64_t n, const cpu_xq *q) 
         for (int64_t b = 0; b < 16 * gb; b += 64) _mm_prefetch(pf + b, _MM_HINT_T0);
         __m256i p = _mm256_loadu_si256((const __m256i *)(scales + g));
         __m512 sd = _mm512_mul_ps(zv_q_scales(p), _mm512_loadu_ps(q->d + g));
-        off = _mm512_fmadd_ps(_mm512_mul_ps(sd, zv_q_zeros(DJ_Q4, p)),
+        off = _mm512_fmadd_ps(_mm512_mul_ps(sd, zv_q4_zeros(p)),
                               _mm512_cvtepi32_ps(_mm512_loadu_si512(q->sum + g)), off);
         const uint8_t *w = row + g * (DJ_QGROUP / 2);
         const cpu_x4 *x = q->x4 + g / 4;
@@ -459,7 +452,7 @@ SIMDV_FN static float zv_dot_q4(const uint8_t *row, int64_t n, const cpu_xq *q) 
         __mmask16 m = (__mmask16)((1u << (whole - g)) - 1);
         __m256i p = _mm256_maskz_loadu_epi16(m, scales + g);
         __m512 sd = _mm512_mul_ps(zv_q_scales(p), _mm512_maskz_loadu_ps(m, q->d + g));
-        off = _mm512_fmadd_ps(_mm512_mul_ps(sd, zv_q_zeros(DJ_Q4, p)),
+        off = _mm512_fmadd_ps(_mm512_mul_ps(sd, zv_q4_zeros(p)),
                               _mm512_cvtepi32_ps(_mm512_maskz_loadu_epi32(m, q->sum + g)), off);
         for (int64_t b = 0; g + 4 * b < whole; b++)
             zv_block_q4(row + (g + 4 * b) * (DJ_QGROUP / 2), q->x4 + g / 4 + b, ZV_SV(b, sd), &h0, &l0);

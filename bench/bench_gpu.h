@@ -115,9 +115,9 @@ static double time_graph_ms(cudaStream_t s, int iters, int reps, F fn) {
     return ms / iters;
 }
 
-// Copies of a matrix of `bytes` (random f16 bit patterns of [-0.5, 0.5): finite scales and values for q8 (q4: a
-// parameter may decode to an infinite scale; these are for timing),
-// finite weights for f16), enough of them (at least 2) that cycling through them misses an L2 of l2 bytes.
+// Copies of a matrix of `bytes` (random f16 bit patterns of [-0.5, 0.5): finite weights for f16; as q8 or q4 a
+// group parameter may decode to an infinite scale, so these time, not compute), enough of them (at least 2) that
+// cycling through them misses an L2 of l2 bytes.
 static std::vector<void *> weight_copies(size_t bytes, size_t l2, cudaStream_t s) {
     std::vector<void *> w(std::max<size_t>(2, 4 * l2 / bytes + 1));
     for (size_t c = 0; c < w.size(); c++) {

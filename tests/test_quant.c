@@ -1,7 +1,8 @@
 // test_quant.c: q8 and q4 weights: the row format and its error bounds (quant.c), the CPU's matvec on quantized rows
 // against the reference matmul, a quantized model's forward pass against the same weights widened to f32, and the
 // quality of the quantization on every reference model (mean KL and top-1 agreement against HF's float64 logits;
-// perplexity of stories260K), q4 beside plain round-to-nearest with one f16 scale per 32 weights.
+// stories260K's perplexity and top-1 agreement with f32 on a real text), q4 beside plain round-to-nearest with one f16
+// scale per 32 weights.
 #include <criterion/criterion.h>
 #include <math.h>
 #include <stdio.h>
@@ -428,26 +429,67 @@ static tq_quality tq_against_ref(const dj_model *m, const char *ref_path) {
     return q;
 }
 
-static double tq_perplexity(const dj_model *m, const char *text_path) {
+static int64_t tq_argmax(const float *v, int64_t n) {
+    int64_t best = 0;
+    for (int64_t i = 1; i < n; i++)
+        if (v[i] > v[best]) best = i;
+    return best;
+}
+
+// Over a text of a few thousand tokens, in windows of the context: each model's perplexity, and its top-1 agreement
+// with the first model (the f32 one) at every position.
+typedef struct {
+    double ppl;
+    int64_t top1, n;
+} tq_text;
+
+static void tq_on_text(const dj_model *m, int n_models, const char *text_path, tq_text *out) {
     size_t n;
     char *text = tc_must_read(text_path, &n);
     dj_err e;
-    dj_tokenizer *tok = tok_load(m->data + m->info.tok_off, (size_t)m->info.tok_size, &e);
+    dj_tokenizer *tok = tok_load(m[0].data + m[0].info.tok_off, (size_t)m[0].info.tok_size, &e);
     cr_assert(tok, "%s", e.msg);
     int32_t *ids;
     size_t n_ids;
     cr_assert_eq(tok_encode(tok, text, n, 1, &ids, &n_ids, &e), 0, "%s", e.msg);
-    double nll = 0;
-    int64_t scored = 0, ctx = m->info.config.max_seq_len, V = m->info.config.vocab_size;
+    double nll[8] = {0};
+    int64_t scored = 0;
+    cr_assert_leq(n_models, 8);
+    memset(out, 0, sizeof *out * (size_t)n_models);
+    int64_t ctx = m[0].info.config.max_seq_len, V = m[0].info.config.vocab_size;
     for (int64_t w0 = 0; w0 + 1 < (int64_t)n_ids; w0 += ctx) {
         int64_t T = (int64_t)n_ids - w0 < ctx ? (int64_t)n_ids - w0 : ctx;
-        float *lg = tq_logits(m, ids + w0, T);
-        for (int64_t t = 0; t + 1 < T; t++, scored++) nll += check_nll(lg + t * V, V, ids[w0 + t + 1]);
-        free(lg);
+        float *ref = tq_logits(&m[0], ids + w0, T);
+        for (int k = 0; k < n_models; k++) {
+            float *lg = k ? tq_logits(&m[k], ids + w0, T) : ref;
+            for (int64_t t = 0; t < T; t++) {
+                if (t + 1 < T) nll[k] += check_nll(lg + t * V, V, ids[w0 + t + 1]), scored += !k;
+                out[k].top1 += tq_argmax(lg + t * V, V) == tq_argmax(ref + t * V, V);
+            }
+            out[k].n += T;
+            if (k) free(lg);
+        }
+        free(ref);
     }
     cr_assert_gt(scored, 2000, "stories.txt gave %lld tokens", (long long)scored);
+    for (int k = 0; k < n_models; k++) out[k].ppl = exp(nll[k] / (double)scored);
     tok_free(tok), free(ids), free(text);
-    return exp(nll / (double)scored);
+}
+
+// The f32 model at path, loaded into x with every weight (embeddings, norms, matrices) times 1 + u 2^-8, u uniform in
+// [-1, 1] from a fixed hash: noise the size of bf16's rounding, far below q8's error. How often that alone moves a
+// reference's top-1 says how finely the reference can resolve top-1 agreement (its near-ties).
+static void tq_noised(dj_model *x, const char *path) {
+    dj_load_opts lo = {.quiet = 1};
+    dj_err e;
+    cr_assert_eq(model_load(path, &lo, x, &e), 0, "%s", e.msg);
+    float *w = (float *)(x->data + x->info.embed_off);
+    uint64_t n = (x->info.file_size - x->info.embed_off) / 4;
+    for (uint64_t j = 0; j < n; j++) {
+        uint64_t h = (j + 1) * 0x9E3779B97F4A7C15ull;
+        h ^= h >> 29, h *= 0xBF58476D1CE4E5B9ull, h ^= h >> 32;
+        w[j] *= (float)(1 + ((double)(h & 0xFFFFFF) / 8388608.0 - 1) * 0x1p-8);
+    }
 }
 
 Test(quant, quality_on_every_reference_model, .timeout = 600) {
@@ -456,48 +498,58 @@ Test(quant, quality_on_every_reference_model, .timeout = 600) {
     tc_data_path(text, sizeof text, "texts/stories.txt");
     const char *refs[] = {"stories260K", "tied_gqa_f16", "mha_untied_f16", "llama3_gqa_bf16"};
     char *dir = tc_tmpdir("quant");
-    tq_quality tot[3] = {{0}};
+    tq_quality tot[4] = {{0}};  // q8, q4, round-to-nearest, f32 with bf16-sized noise
     for (int i = 0; i < 4; i++) {
-        char src[4300], ref[4300];
+        char src[4300], ref[4300], fpath[4300], rpath[4300];
         if (i == 0) snprintf(src, sizeof src, "%s", stories);
         else snprintf(src, sizeof src, "%s/fixtures/%s", tc_tests_dir(), refs[i]);
         snprintf(ref, sizeof ref, "%s/ref/%s.bin", tc_tests_dir(), refs[i]);
-        tq_quality q[3];
-        double ppl[4] = {0};
-        // q8, q4, and q4's layers as round-to-nearest with one f16 scale would store them (tq_widened)
-        dj_model m[3], f;
-        tq_convert(&m[0], dir, "q8.bin", src, i ? stories : NULL, DJ_Q8);
-        tq_convert(&m[1], dir, "q4.bin", src, i ? stories : NULL, DJ_Q4);
-        tq_convert(&f, dir, "f32.bin", src, i ? stories : NULL, DJ_F32);
-        char rpath[4300];
+        // f32; q8, q4, q4's layers as round-to-nearest with one f16 scale would store them (tq_widened); f32 noised
+        dj_model m[5];
+        tq_convert(&m[0], dir, "f32.bin", src, i ? stories : NULL, DJ_F32);
+        tq_convert(&m[1], dir, "q8.bin", src, i ? stories : NULL, DJ_Q8);
+        tq_convert(&m[2], dir, "q4.bin", src, i ? stories : NULL, DJ_Q4);
         snprintf(rpath, sizeof rpath, "%s/rtn.bin", dir);
-        tq_widened(&m[2], &m[1], &f, rpath);
-        if (i == 0) ppl[0] = tq_perplexity(&f, text);
-        for (int k = 0; k < 3; k++) {
-            q[k] = tq_against_ref(&m[k], ref);
-            if (i == 0) ppl[k + 1] = tq_perplexity(&m[k], text);
-            model_free(&m[k]);
+        tq_widened(&m[3], &m[2], &m[0], rpath);
+        snprintf(fpath, sizeof fpath, "%s/f32.bin", dir);
+        tq_noised(&m[4], fpath);
+        tq_quality q[4];
+        for (int k = 0; k < 4; k++) {
+            q[k] = tq_against_ref(&m[k + 1], ref);
             tot[k].kl += q[k].kl * (double)q[k].n, tot[k].top1 += q[k].top1, tot[k].n += q[k].n;
         }
-        model_free(&f);
-        cr_log_info("%s: q8 KL %.2e top1 %lld/%lld; q4 KL %.2e top1 %lld; q4 round-to-nearest KL %.2e top1 %lld%s",
-                    refs[i], q[0].kl, (long long)q[0].top1, (long long)q[0].n, q[1].kl, (long long)q[1].top1, q[2].kl,
-                    (long long)q[2].top1, "");
+        cr_log_info("%s: q8 KL %.2e top1 %lld/%lld; q4 KL %.2e top1 %lld; q4 round-to-nearest KL %.2e top1 %lld; "
+                    "f32 with bf16-sized noise KL %.2e top1 %lld", refs[i], q[0].kl, (long long)q[0].top1,
+                    (long long)q[0].n, q[1].kl, (long long)q[1].top1, q[2].kl, (long long)q[2].top1, q[3].kl,
+                    (long long)q[3].top1);
         if (i == 0) {
-            cr_log_info("stories260K perplexity on stories.txt: f32 %.4f, q8 %.4f, q4 %.4f, q4 round-to-nearest %.4f",
-                        ppl[0], ppl[1], ppl[2], ppl[3]);
-            // the real model. The q8 targets are a mean KL of 1e-3 (checked below over all four) and top-1
-            // 99%: here 202 of 205 (98.5%; the symmetric q8 before zero points 203, at a KL of 2.7e-4 against
-            // 2.2e-4), the three misses near-ties whose KL is below 1e-3 each; 98% bounds a broken quantizer.
+            // the real model, on a real text of 2187 tokens as well as the reference's 205
+            tq_text tx[4];
+            tq_on_text(m, 4, text, tx);
+            cr_log_info("stories260K on stories.txt, %lld positions: perplexity f32 %.4f, q8 %.4f, q4 %.4f, q4 "
+                        "round-to-nearest %.4f; top-1 agreement with f32: q8 %.2f%%, q4 %.2f%%, "
+                        "round-to-nearest %.2f%%",
+                        (long long)tx[0].n, tx[0].ppl, tx[1].ppl, tx[2].ppl, tx[3].ppl,
+                        100.0 * (double)tx[1].top1 / (double)tx[1].n, 100.0 * (double)tx[2].top1 / (double)tx[2].n,
+                        100.0 * (double)tx[3].top1 / (double)tx[3].n);
+            // The q8 targets: a mean KL of 1e-3 (also checked below over all four) and top-1 agreement of
+            // 99%, here on the real weights over the text's positions (99.50%). On the reference's 205 it is 202
+            // (98.5%): three near-ties, each of KL below 1e-3; 98% there bounds a broken quantizer.
             cr_expect(q[0].kl <= 1e-3, "stories260K q8: mean KL %g > 1e-3", q[0].kl);
+            cr_expect((double)tx[1].top1 >= 0.99 * (double)tx[1].n, "stories.txt q8: top-1 %lld of %lld",
+                      (long long)tx[1].top1, (long long)tx[1].n);
             cr_expect((double)q[0].top1 >= 0.98 * (double)q[0].n, "stories260K q8: top-1 %lld of %lld",
                       (long long)q[0].top1, (long long)q[0].n);
             cr_expect(q[1].kl <= q[2].kl, "stories260K q4: KL %g worse than round-to-nearest's %g", q[1].kl, q[2].kl);
-            cr_expect(q[1].top1 >= q[2].top1, "stories260K q4: top-1 %lld worse than round-to-nearest's %lld",
-                      (long long)q[1].top1, (long long)q[2].top1);
-            cr_expect(ppl[2] <= ppl[3], "q4 perplexity %g worse than round-to-nearest's %g", ppl[2], ppl[3]);
-            cr_expect(ppl[1] <= ppl[0] * 1.005, "q8 perplexity %g more than 0.5%% above f32's %g", ppl[1], ppl[0]);
+            cr_expect(q[1].top1 >= q[2].top1 && tx[2].top1 >= tx[3].top1,
+                      "stories260K q4: top-1 %lld and %lld on the text, round-to-nearest's %lld and %lld",
+                      (long long)q[1].top1, (long long)tx[2].top1, (long long)q[2].top1, (long long)tx[3].top1);
+            cr_expect(tx[2].ppl <= tx[3].ppl, "q4 perplexity %g worse than round-to-nearest's %g", tx[2].ppl,
+                      tx[3].ppl);
+            cr_expect(tx[1].ppl <= tx[0].ppl * 1.005, "q8 perplexity %g more than 0.5%% above f32's %g", tx[1].ppl,
+                      tx[0].ppl);
         }
+        for (int k = 0; k < 5; k++) model_free(&m[k]);
         // every model: bounds a broken quantizer or kernel would not meet
         cr_expect(q[0].kl <= 1e-2 && q[1].kl <= 0.3, "%s: KL q8 %g, q4 %g", refs[i], q[0].kl, q[1].kl);
     }
@@ -506,11 +558,15 @@ Test(quant, quality_on_every_reference_model, .timeout = 600) {
     cr_expect(tot[1].kl <= tot[2].kl && tot[1].top1 >= tot[2].top1,
               "all four references: q4 KL %g top-1 %lld, round-to-nearest's %g and %lld", tot[1].kl / (double)tot[1].n,
               (long long)tot[1].top1, tot[2].kl / (double)tot[2].n, (long long)tot[2].top1);
-    cr_log_info("all four references, %lld positions: q8 KL %.2e top1 %.1f%%; q4 KL %.2e top1 %.1f%%; q4 round-to-nearest "
-                "KL %.2e top1 %.1f%%", (long long)tot[0].n, tot[0].kl / (double)tot[0].n,
-                100.0 * (double)tot[0].top1 / (double)tot[0].n, tot[1].kl / (double)tot[1].n,
-                100.0 * (double)tot[1].top1 / (double)tot[1].n, tot[2].kl / (double)tot[2].n,
-                100.0 * (double)tot[2].top1 / (double)tot[2].n);
+    // The random fixtures' logits are near-flat: noise the size of bf16's rounding alone moves up to 5% of a fixture's
+    // top-1 (97.9% over the four), so they resolve no top-1 target of 99% for a format of 16 bits or fewer.
+    cr_log_info("all four references, %lld positions: q8 KL %.2e top1 %.1f%%; q4 KL %.2e top1 %.1f%%; "
+                "q4 round-to-nearest KL %.2e top1 %.1f%%; f32 with bf16-sized noise KL %.2e top1 %.1f%%",
+                (long long)tot[0].n,
+                tot[0].kl / (double)tot[0].n, 100.0 * (double)tot[0].top1 / (double)tot[0].n,
+                tot[1].kl / (double)tot[1].n, 100.0 * (double)tot[1].top1 / (double)tot[1].n,
+                tot[2].kl / (double)tot[2].n, 100.0 * (double)tot[2].top1 / (double)tot[2].n,
+                tot[3].kl / (double)tot[3].n, 100.0 * (double)tot[3].top1 / (double)tot[3].n);
     tc_rm_rf(dir);
     free(dir);
 }

@@ -13,8 +13,9 @@
 //   T = 512, TFLOP/s and the fraction of the GEMM ceiling; and every algorithm cuBLASLt's heuristic offers for
 //   the shape, each timed alone: the first (its top-1 choice, "cublaslt top-1") and the best.
 //   Quantized weights on the Llama-3-8B shapes (q|k|v, wo, gate|up, down, lm_head): the decode GEMV in f16, q8
-//   and q4, GB/s of the bytes the format stores (the fraction of D2D is the issue's measure), and the T = 512
-//   prefill product (q8 and q4 dequantize chunks of rows to f16 for cuBLAS), tokens/s against f16's.
+//   and q4, GB/s of the bytes the format stores (the fraction of D2D is the issue's measure) and its fraction of
+//   the fastest kernel that only reads the same bytes (a short read's start and end cost what D2D's does not),
+//   and the T = 512 prefill product (q8 and q4 dequantize chunks of rows to f16 for cuBLAS), tokens/s against f16's.
 //   cuBLASLt is timed here, on descriptors of its own (Djinn does not use it): the same product as gpu_matmul's
 //   cuBLAS path, W^T . x with fp32 compute and f32 output, with x already in the weight dtype (no rounding pass;
 //   bf16 as its hi and lo parts, two products, as the cuBLAS path computes it).
@@ -97,23 +98,75 @@ static void lt_matmul(cublasLtHandle_t lt, const lt_problem *p, int k, const voi
                            s));
 }
 
+// ---- the least time a kernel takes to read n bytes: the ceiling of a GEMV of that size, beside D2D's
+// A grid-stride read of 16-byte words, four loads in flight a thread, folded into one word that is never written
+// (unless it happens to equal `never`, which keeps the loads). As a programmatic dependent (pdl) it waits on the
+// kernel before it and then lets the next one launch, as the quantized GEMV does, so a chain of them hides its launches
+// but not its starts and ends.
+template <bool pdl>
+__global__ void read_kernel(const uint4 *__restrict__ p, size_t n16, unsigned never, unsigned *sink) {
+    if (pdl) asm volatile("griddepcontrol.wait;\n\tgriddepcontrol.launch_dependents;" ::: "memory");
+    const size_t stride = (size_t)gridDim.x * blockDim.x;
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    unsigned acc = 0;
+    for (; i + 3 * stride < n16; i += 4 * stride) {
+        const uint4 a = __ldg(p + i), b = __ldg(p + i + stride), c = __ldg(p + i + 2 * stride),
+                    d = __ldg(p + i + 3 * stride);
+        acc ^= a.x ^ a.y ^ a.z ^ a.w ^ b.x ^ b.y ^ b.z ^ b.w ^ c.x ^ c.y ^ c.z ^ c.w ^ d.x ^ d.y ^ d.z ^ d.w;
+    }
+    for (; i < n16; i += stride) {
+        const uint4 a = __ldg(p + i);
+        acc ^= a.x ^ a.y ^ a.z ^ a.w;
+    }
+    if (acc == never) *sink = acc;
+}
+
+// The best over grids of 1-8 blocks an SM and 256-1024 threads, in a CUDA graph of reads of the rotating copies w
+// (bytes each, a multiple of 16), plain launches and programmatic dependents alike: microseconds a read.
+static double read_us(const std::vector<void *> &w, size_t bytes, int sms, cudaStream_t s) {
+    unsigned *sink;
+    CK(cudaMalloc(&sink, 4));
+    const int copies = (int)w.size();
+    double best = 1e30;
+    for (int pdl = 0; pdl < 2; pdl++)
+        for (int bps = 1; bps <= 8; bps *= 2)
+            for (int threads = 256; threads <= 1024; threads *= 2) {
+                if (bps * threads > 2048) continue;  // an SM's thread limit
+                cudaLaunchConfig_t cfg = {};
+                cfg.gridDim = dim3((unsigned)(sms * bps)), cfg.blockDim = dim3((unsigned)threads), cfg.stream = s;
+                cudaLaunchAttribute attr[1];
+                attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+                attr[0].val.programmaticStreamSerializationAllowed = 1;
+                cfg.attrs = attr, cfg.numAttrs = (unsigned)pdl;
+                const double us = 1e3 * time_graph_ms(s, 8 * copies, 9, [&](int i) {
+                    const uint4 *src = (const uint4 *)w[i % copies];
+                    CK(pdl ? cudaLaunchKernelEx(&cfg, read_kernel<true>, src, bytes / 16, 0x9e3779b9u, sink)
+                           : cudaLaunchKernelEx(&cfg, read_kernel<false>, src, bytes / 16, 0x9e3779b9u, sink));
+                });
+                best = std::min(best, us);
+            }
+    CK(cudaFree(sink));
+    return best;
+}
+
 // ---- quantized weights: decode GEMV and T = 512 prefill on the Llama-3-8B shapes (and 70B's down), f16 beside
 // q8 and q4
-struct qrow { const char *dt; int64_t n_out, n_in; double gemv_us, gemv_gbs, gemv_frac, prefill_us; };
+struct qrow { const char *dt; int64_t n_out, n_in; double gemv_us, gemv_gbs, gemv_frac, read_us, prefill_us; };
 
-static std::vector<qrow> quant_section(dj_gpu *g, cudaStream_t s, size_t l2, double d2d_gbs) {
+static std::vector<qrow> quant_section(dj_gpu *g, cudaStream_t s, size_t l2, int sms, double d2d_gbs) {
     // n_out, n_in, times in a Llama-3-8B decode step (the lm_head once, in q8 for q8 and q4 models alike: the
     // converter's head type); the last: Llama-3-70B's down projection
     static const int64_t shapes[][3] = {{6144, 4096, 32}, {4096, 4096, 32}, {28672, 4096, 32}, {4096, 14336, 32},
                                         {128256, 4096, 1}, {8192, 28672, 0}};
-    double step_bytes[2] = {0, 0}, step_us[2] = {0, 0};  // q8's step, q4's
+    double step_bytes[2] = {0, 0}, step_us[2] = {0, 0}, step_read_us[2] = {0, 0};  // q8's step, q4's
     static const uint32_t dtypes[] = {DJ_F16, DJ_Q8, DJ_Q4};
     const int64_t PT = 512;
     std::vector<qrow> rows;
     printf("\nquantized weights, Llama-3-8B shapes: decode GEMV in a CUDA graph (GB/s of stored bytes; of D2D, %.0f GB/s "
-           "in this run) and prefill T = %lld\n", d2d_gbs, (long long)PT);
-    printf("%-5s %14s %10s %10s %8s %12s %10s\n", "dtype", "shape", "gemv us", "GB/s", "of D2D", "prefill us",
-           "of f16");
+           "in this run; the fastest read of the same bytes, its us and the GEMV's fraction of it) and prefill T = "
+           "%lld\n", d2d_gbs, (long long)PT);
+    printf("%-5s %14s %10s %10s %8s %8s %8s %12s %10s\n", "dtype", "shape", "gemv us", "GB/s", "of D2D", "read us",
+           "of read", "prefill us", "of f16");
     for (auto &sh : shapes) {
         const int64_t n_out = sh[0], n_in = sh[1];
         double f16_prefill_us = 0;
@@ -126,12 +179,13 @@ static std::vector<qrow> quant_section(dj_gpu *g, cudaStream_t s, size_t l2, dou
             const size_t wbytes = (size_t)dj_matrix_bytes(dt, (uint64_t)n_out, (uint64_t)n_in);
             const std::vector<void *> w = weight_copies(wbytes, l2, s);
             const int copies = (int)w.size();
-            qrow r = {dt_name(dt), n_out, n_in, 0, 0, 0, 0};
+            qrow r = {dt_name(dt), n_out, n_in, 0, 0, 0, 0, 0};
             r.gemv_us = 1e3 * time_graph_ms(s, 8 * copies, 9, [&](int i) {
                 CKD(gpu_matmul_path(g, GPU_MM_GEMV, y, x, w[i % copies], dt, 1, n_in, n_out, s, &e_));
             });
             r.gemv_gbs = ((double)wbytes + 4.0 * (n_in + n_out)) / (r.gemv_us * 1e-6) / 1e9;
             r.gemv_frac = r.gemv_gbs / d2d_gbs;
+            r.read_us = read_us(w, wbytes / 16 * 16, sms, s);
             r.prefill_us = 1e3 * time_ms(s, 2 * copies, 5, [&](int i) {
                 CKD(gpu_matmul_path(g, GPU_MM_CUBLAS, y, x, w[i % copies], dt, PT, n_in, n_out, s, &e_));
             });
@@ -139,11 +193,12 @@ static std::vector<qrow> quant_section(dj_gpu *g, cudaStream_t s, size_t l2, dou
             for (int q = 0; q < 2; q++) {  // the step's GEMVs: the layers in the step's dtype, the lm_head in q8
                 const uint32_t in_step = q == 0 || sh[2] == 1 ? DJ_Q8 : DJ_Q4;
                 if (sh[2] && dt == in_step)
-                    step_bytes[q] += sh[2] * r.gemv_gbs * r.gemv_us * 1e3, step_us[q] += sh[2] * r.gemv_us;
+                    step_bytes[q] += sh[2] * r.gemv_gbs * r.gemv_us * 1e3, step_us[q] += sh[2] * r.gemv_us,
+                    step_read_us[q] += sh[2] * r.read_us;
             }
-            printf("%-5s %6lldx%-7lld %10.1f %10.1f %7.1f%% %12.1f %9.1f%%\n", r.dt, (long long)n_out,
-                   (long long)n_in, r.gemv_us, r.gemv_gbs, 100 * r.gemv_frac, r.prefill_us,
-                   100 * f16_prefill_us / r.prefill_us);
+            printf("%-5s %6lldx%-7lld %10.1f %10.1f %7.1f%% %8.1f %7.1f%% %12.1f %9.1f%%\n", r.dt, (long long)n_out,
+                   (long long)n_in, r.gemv_us, r.gemv_gbs, 100 * r.gemv_frac, r.read_us, 100 * r.read_us / r.gemv_us,
+                   r.prefill_us, 100 * f16_prefill_us / r.prefill_us);
             rows.push_back(r);
             for (void *p : w) CK(cudaFree(p));
         }
@@ -152,8 +207,9 @@ static std::vector<qrow> quant_section(dj_gpu *g, cudaStream_t s, size_t l2, dou
     }
     // A Llama-3-8B decode step's GEMVs together: their bytes over the sum of their times.
     for (int q = 0; q < 2; q++)
-        printf("%s: a Llama-3-8B step's GEMVs together (32 layers, the lm_head in q8): %.1f GB/s, %.1f%% of D2D\n",
-               q ? "q4" : "q8", step_bytes[q] / step_us[q] / 1e3, 100 * step_bytes[q] / step_us[q] / 1e3 / d2d_gbs);
+        printf("%s: a Llama-3-8B step's GEMVs together (32 layers, the lm_head in q8): %.1f GB/s, %.1f%% of D2D, "
+               "%.1f%% of the same reads\n", q ? "q4" : "q8", step_bytes[q] / step_us[q] / 1e3,
+               100 * step_bytes[q] / step_us[q] / 1e3 / d2d_gbs, 100 * step_read_us[q] / step_us[q]);
     return rows;
 }
 
@@ -359,7 +415,7 @@ int main(int argc, char **argv) {
     CK(cudaFree(C));
 
     if (getenv("QUANT_ONLY")) {  // QUANT_ONLY=1: the quantized section alone (kernel variants built with NVEXTRA)
-        quant_section(g, s, (size_t)prop.l2CacheSize, d2d_gbs);
+        quant_section(g, s, (size_t)prop.l2CacheSize, prop.multiProcessorCount, d2d_gbs);
         return 0;
     }
     printf("\n%-40s %12s\n", "ceiling", "value");
@@ -490,7 +546,7 @@ int main(int argc, char **argv) {
     }
     CK(cudaFree(lt_work));
     CKB(cublasLtDestroy(lt));
-    const std::vector<qrow> qrows = quant_section(g, s, (size_t)prop.l2CacheSize, d2d_gbs);
+    const std::vector<qrow> qrows = quant_section(g, s, (size_t)prop.l2CacheSize, prop.multiProcessorCount, d2d_gbs);
 
     if (argc > 1) {
         FILE *f = fopen(argv[1], "w");
@@ -522,9 +578,10 @@ int main(int argc, char **argv) {
         for (size_t i = 0; i < qrows.size(); i++) {
             const qrow &r = qrows[i];
             fprintf(f, "    {\"dtype\": \"%s\", \"n_out\": %lld, \"n_in\": %lld, \"gemv_us\": %.2f, \"gemv_gbs\": %.1f, "
-                       "\"gemv_fraction_of_d2d\": %.3f, \"prefill_t512_us\": %.1f}%s\n",
-                    r.dt, (long long)r.n_out, (long long)r.n_in, r.gemv_us, r.gemv_gbs, r.gemv_frac, r.prefill_us,
-                    i + 1 < qrows.size() ? "," : "");
+                       "\"gemv_fraction_of_d2d\": %.3f, \"read_us\": %.2f, \"gemv_fraction_of_read\": %.3f, "
+                       "\"prefill_t512_us\": %.1f}%s\n",
+                    r.dt, (long long)r.n_out, (long long)r.n_in, r.gemv_us, r.gemv_gbs, r.gemv_frac, r.read_us,
+                    r.read_us / r.gemv_us, r.prefill_us, i + 1 < qrows.size() ? "," : "");
         }
         fprintf(f, "  ]\n}\n");
         if (ferror(f) | fclose(f)) {  // every fprintf above: a failed one leaves the stream's error set

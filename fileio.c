@@ -225,6 +225,22 @@ int out_write(dj_out *o, const void *p, size_t n, dj_err *e) {
     return 0;
 }
 
+int out_pwrite(const dj_out *o, const void *p, size_t n, uint64_t off, dj_err *e) {
+    const uint8_t *b = p;
+    while (n) {
+        ssize_t k = pwrite(o->fd, b, n, (off_t)off);
+        if (k < 0 && errno == EINTR) continue;
+        if (k <= 0) return dj_fail(e, "writing %s: %s", o->tmp, k < 0 ? strerror(errno) : "no space left");
+        b += k, n -= (size_t)k, off += (uint64_t)k;
+    }
+    return 0;
+}
+
+int out_seek(dj_out *o, uint64_t off, dj_err *e) {
+    if (lseek(o->fd, (off_t)off, SEEK_SET) < 0) return dj_fail(e, "writing %s: %s", o->tmp, strerror(errno));
+    return 0;
+}
+
 int out_commit(dj_out *o, int sync, dj_err *e) {
     if (sync && fsync(o->fd)) return dj_fail(e, "writing %s: %s", o->tmp, strerror(errno));
     // Renamed while still locked, so that no other writer can take the tmp over between the rename and the close.

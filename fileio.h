@@ -46,6 +46,10 @@ typedef struct {
 // out_check, then PATH.tmp created (or taken over from a dead writer) and locked, empty.
 int out_open(dj_out *o, const char *path, const char *what, const char *const *others, int n_others, dj_err *e);
 int out_write(dj_out *o, const void *p, size_t n, dj_err *e);
+// n bytes at offset off of PATH.tmp, leaving the descriptor's position alone (threads may write their parts side by
+// side); out_seek then sets the position for the writes that follow.
+int out_pwrite(const dj_out *o, const void *p, size_t n, uint64_t off, dj_err *e);
+int out_seek(dj_out *o, uint64_t off, dj_err *e);
 // Flushes to disk (sync: fsync first), closes and renames PATH.tmp onto PATH.
 int out_commit(dj_out *o, int sync, dj_err *e);
 // Closes and removes PATH.tmp (while it is this writer's); safe on a closed or zeroed dj_out.

@@ -1,11 +1,14 @@
 // convert.c: HuggingFace Llama checkpoint -> model.bin. Tensors are read (pread, not mapped: a file truncated
 // under a mapping would kill the process with SIGBUS) and written in output order through small staging buffers, so
-// memory stays bounded whatever the checkpoint size. Inputs and the output go through fileio.h.
+// memory stays bounded whatever the checkpoint size (a piece being quantized is read, quantized and written by
+// every thread, each its own rows). Inputs and the output go through fileio.h.
 #include "convert.h"
 
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
+#include <pthread.h>
+#include <stdint.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -238,33 +241,60 @@ static int64_t first_nonfinite(const uint8_t *p, st_dtype t, size_t n) {
     return -1;
 }
 
-// Quantizing rows in parallel: rows [0, n) of src (cols elements of st each, is bytes apiece) into dst (rb bytes a
-// row), each row's squared error and squared values into err and ref.
+// Quantizing a piece of a matrix in parallel: each thread reads its rows of the piece (rows r0.. of the tensor,
+// src_row bytes each at src_off) into src, checks them for NaN and infinities, quantizes them into dst (rb bytes a
+// row; each row's squared error and squared values into err and ref) and writes them at dst_off of the output. The
+// first problem by row is kept: reading, a non-finite value, a group no scale holds, memory, writing.
+enum { QF_NONE, QF_READ, QF_NONFINITE, QF_RANGE, QF_MEMORY, QF_WRITE };
 typedef struct {
-    const uint8_t *src;
-    uint8_t *dst;
+    const shard *in;
+    const dj_out *outf;
+    uint8_t *src, *dst;
+    uint64_t src_off, dst_off;
     st_dtype st;
     size_t is, rb;
     int64_t cols;
     uint32_t out;
-    int failed;
     double *err, *ref;
+    pthread_mutex_t lock;
+    int64_t fail_row;  // the first failing row (INT64_MAX: none), its kind, its error or its non-finite element
+    int fail;
+    dj_err fail_e;
+    int64_t fail_elem;
 } quant_job;
+
+static void quant_fail(quant_job *j, int64_t row, int kind, const dj_err *e, int64_t elem) {
+    pthread_mutex_lock(&j->lock);
+    if (row < j->fail_row) {
+        j->fail_row = row, j->fail = kind, j->fail_elem = elem;
+        if (e) j->fail_e = *e;
+    }
+    pthread_mutex_unlock(&j->lock);
+}
 
 static void quant_task(void *ctx, int64_t begin, int64_t end) {
     quant_job *j = ctx;
+    const size_t src_row = (size_t)j->cols * j->is, n = (size_t)(end - begin);
+    uint8_t *src = j->src + (size_t)begin * src_row;
+    dj_err e;
+    if (in_pread(j->in->fd, src, n * src_row, j->src_off + (uint64_t)begin * src_row, j->in->path, &e))
+        return quant_fail(j, begin, QF_READ, &e, 0);
+    int64_t bad = first_nonfinite(src, j->st, n * (size_t)j->cols);
+    if (bad >= 0) return quant_fail(j, begin + bad / j->cols, QF_NONFINITE, NULL, begin * j->cols + bad);
     float *row = malloc((size_t)j->cols * sizeof *row);
-    if (!row) {
-        j->failed = 1;
-        return;
-    }
+    if (!row) return quant_fail(j, begin, QF_MEMORY, NULL, 0);
     for (int64_t r = begin; r < end; r++) {
-        const uint8_t *p = j->src + (size_t)r * (size_t)j->cols * j->is;
+        const uint8_t *p = j->src + (size_t)r * src_row;
         for (int64_t i = 0; i < j->cols; i++) row[i] = load_elem(p, j->st, (uint64_t)i);
         j->err[r] = j->ref[r] = 0;
-        if (quant_row(j->out, row, j->cols, j->dst + (size_t)r * j->rb, &j->err[r], &j->ref[r])) j->failed = 2;
+        if (quant_row(j->out, row, j->cols, j->dst + (size_t)r * j->rb, &j->err[r], &j->ref[r])) {
+            free(row);
+            return quant_fail(j, r, QF_RANGE, NULL, 0);
+        }
     }
     free(row);
+    if (out_pwrite(j->outf, j->dst + (size_t)begin * j->rb, n * j->rb, j->dst_off + (uint64_t)begin * j->rb, &e))
+        quant_fail(j, begin, QF_WRITE, &e, 0);
 }
 
 // A matrix quantized to q8 or q4 (rows at a time), its error added to the writer's figures.
@@ -278,26 +308,33 @@ static int write_quantized(writer *w, const want *x, uint32_t out, dj_err *e) {
     int rc = err && ref ? 0 : dj_fail(e, "out of memory");
     for (int64_t r0 = 0; !rc && r0 < x->rows; r0 += (int64_t)per) {
         size_t k = (size_t)(x->rows - r0 < (int64_t)per ? x->rows - r0 : (int64_t)per);
-        if (in_pread(x->src->fd, w->in, k * src_row, t->offset + (uint64_t)r0 * src_row, x->src->path, e)) {
-            rc = -1;
-            break;
-        }
-        int64_t bad = first_nonfinite(w->in, t->dtype, k * (size_t)x->cols);
-        if (bad >= 0) {
-            rc = dj_fail(e, "tensor '%s' holds %s at element %llu: the checkpoint is damaged, refusing to convert it",
-                         x->name, isnan(load_elem(w->in, t->dtype, (uint64_t)bad)) ? "NaN" : "an infinity",
-                         (unsigned long long)((uint64_t)r0 * (uint64_t)x->cols + (uint64_t)bad));
-            break;
-        }
-        quant_job j = {w->in, w->stage, t->dtype, is, rb, x->cols, out, 0, err, ref};
+        quant_job j = {.in = x->src, .outf = &w->out, .src = w->in, .dst = w->stage,
+                       .src_off = t->offset + (uint64_t)r0 * src_row, .dst_off = w->pos, .st = t->dtype, .is = is,
+                       .rb = rb, .cols = x->cols, .out = out, .err = err, .ref = ref, .fail_row = INT64_MAX};
+        pthread_mutex_init(&j.lock, NULL);
         cpu_parallel_for((int64_t)k, (double)k * (double)x->cols * 600, quant_task, &j);
-        if (j.failed == 1) rc = dj_fail(e, "out of memory");
-        else if (j.failed)
+        pthread_mutex_destroy(&j.lock);
+        switch (j.fail) {
+        case QF_READ:
+        case QF_WRITE: *e = j.fail_e, rc = -1; break;
+        case QF_NONFINITE: {
+            const uint8_t *v = w->in + (size_t)j.fail_elem * is;
+            rc = dj_fail(e, "tensor '%s' holds %s at element %llu: the checkpoint is damaged, refusing to convert it",
+                         x->name, isnan(load_elem(v, t->dtype, 0)) ? "NaN" : "an infinity",
+                         (unsigned long long)((uint64_t)r0 * (uint64_t)x->cols + (uint64_t)j.fail_elem));
+            break;
+        }
+        case QF_RANGE:
             rc = dj_fail(e, "tensor '%s' holds values beyond what %s's scales can hold (%s)", x->name,
                          dj_dtype_name(out), out == DJ_Q8 ? "a group of 32 spanning more than 1.6e7"
                                                           : "a group of 32 spanning more than 9.6e5");
+            break;
+        case QF_MEMORY: rc = dj_fail(e, "out of memory"); break;
+        default: break;
+        }
         for (size_t i = 0; !rc && i < k; i++) w->sq_err[x->kind] += err[i], w->sq_ref[x->kind] += ref[i];
-        if (!rc) rc = w_write(w, w->stage, k * rb, e);
+        if (!rc) rc = out_seek(&w->out, w->pos + k * rb, e);
+        if (!rc) w->pos += k * rb, dj_progress_update(&w->prog, w->pos);
     }
     free(err), free(ref);
     return rc;

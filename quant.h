@@ -23,6 +23,12 @@
 // of the row to *sq_err and its squared values to *sq_ref when given. -1 when a group's scale does not fit (a
 // group's range beyond 1.6e7 for q8, 9.6e5 for q4): nothing sensible to store.
 int quant_row(uint32_t dtype, const float *x, int64_t n, uint8_t *dst, double *sq_err, double *sq_ref);
+// The search's AVX2 build on (1, where the CPU has it) or off (0), for the tests: both give the same bytes. Returns
+// whether it is on.
+int quant_use_avx2(int on);
+// The search's figure for a group x of g values (1..DJ_QGROUP) at scale s and zero point z in stored units (q8:
+// 4 c, q4: c / 4), from the build in use: the tests hold the two builds to the same bits.
+float quant_search_err(uint32_t dtype, const float *x, int g, float s, float z);
 // row (dj_row_bytes(dtype, n) bytes of q8 or q4) -> out (n) f32, exactly scale * (k - z).
 void dequant_row(uint32_t dtype, const uint8_t *row, int64_t n, float *out);
 // Group g of such a row (n weights) -> out (DJ_QGROUP; a partial last group's padding gives zeros).

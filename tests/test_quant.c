@@ -144,6 +144,50 @@ Test(quant, error_bounds_and_search) {
     cr_assert_eq(quant_row(DJ_Q8, big, 32, r, NULL, NULL), -1);
 }
 
+// The search's two builds (SSE, AVX2) add in the same order: the same bytes on every host.
+Test(quant, search_builds_give_the_same_bytes) {
+    if (!quant_use_avx2(1)) cr_skip_test("this CPU has no AVX2: the SSE build alone runs here");
+    tc_rng_fresh("quant.search_builds_give_the_same_bytes");
+    const int64_t widths[] = {1, 31, 32, 33, 172, 4096};
+    float x[4096];
+    uint8_t a[8192], b[8192];
+    int64_t rows = 0;
+    for (size_t wi = 0; wi < sizeof widths / sizeof *widths; wi++)
+        for (int rep = 0; rep < 400; rep++, rows++) {
+            const int64_t n = widths[wi];
+            const float scale = rep % 3 == 0 ? 1e-3f : rep % 3 == 1 ? 1.0f : 300.0f;
+            for (int64_t i = 0; i < n; i++) {
+                x[i] = tc_normal() * scale;
+                if (rep % 5 == 1) x[i] = fabsf(x[i]);                 // one-sided groups
+                if (rep % 7 == 2 && i % 3) x[i] = 0;                  // mostly zeros
+                if (rep % 11 == 3 && i == n / 2) x[i] = 40 * scale;   // a spike
+            }
+            for (uint32_t dt = DJ_Q8; dt <= DJ_Q4; dt++) {
+                // the figures of a few candidates of the first group, bit for bit
+                const int g = n < 32 ? (int)n : 32;
+                float mx = 0;
+                for (int i = 0; i < g; i++) mx = fmaxf(mx, fabsf(x[i]));
+                for (int c = 0; c < 4 && mx > 0; c++) {
+                    const float sc = mx / (dt == DJ_Q8 ? 120.0f : 7.0f) * (1 + 0.03f * c),
+                                z = dt == DJ_Q8 ? 128.0f + 4 * (c - 2) : 7.5f + 0.25f * c;
+                    quant_use_avx2(0);
+                    const float e4 = quant_search_err(dt, x, g, sc, z);
+                    quant_use_avx2(1);
+                    const float e8 = quant_search_err(dt, x, g, sc, z);
+                    cr_assert(!memcmp(&e4, &e8, 4), "%s group of %d: %.9g against %.9g", dj_dtype_name(dt), g,
+                              (double)e4, (double)e8);
+                }
+                quant_use_avx2(0);
+                cr_assert_eq(quant_row(dt, x, n, a, NULL, NULL), 0);
+                quant_use_avx2(1);
+                cr_assert_eq(quant_row(dt, x, n, b, NULL, NULL), 0);
+                cr_assert(!memcmp(a, b, dj_row_bytes(dt, (uint64_t)n)), "%s row of %lld (rep %d): the builds differ",
+                          dj_dtype_name(dt), (long long)n, rep);
+            }
+        }
+    cr_log_info("%lld rows in q8 and q4 the same from both builds", (long long)rows);
+}
+
 // ---- the CPU's matvec on quantized rows, vector (AVX-512 VNNI, AVX2) and portable paths, against the reference
 // matmul. The portable path widens exactly, as the matmul does: only the order of the sums differs (2e-6). The vector
 // path sums in integers against x quantized in two int8 parts per group of 32 (cpu.c): each x_i off by at most

@@ -247,7 +247,7 @@ static int64_t first_nonfinite(const uint8_t *p, st_dtype t, size_t n) {
 // first problem by row is kept: reading, a non-finite value, a group no scale holds, memory, writing.
 enum { QF_NONE, QF_READ, QF_NONFINITE, QF_RANGE, QF_MEMORY, QF_WRITE };
 typedef struct {
-    const shard *in;
+    const shard *file;  // the tensor's shard
     const dj_out *outf;
     uint8_t *src, *dst;
     uint64_t src_off, dst_off;
@@ -277,7 +277,7 @@ static void quant_task(void *ctx, int64_t begin, int64_t end) {
     const size_t src_row = (size_t)j->cols * j->is, n = (size_t)(end - begin);
     uint8_t *src = j->src + (size_t)begin * src_row;
     dj_err e;
-    if (in_pread(j->in->fd, src, n * src_row, j->src_off + (uint64_t)begin * src_row, j->in->path, &e))
+    if (in_pread(j->file->fd, src, n * src_row, j->src_off + (uint64_t)begin * src_row, j->file->path, &e))
         return quant_fail(j, begin, QF_READ, &e, 0);
     int64_t bad = first_nonfinite(src, j->st, n * (size_t)j->cols);
     if (bad >= 0) return quant_fail(j, begin + bad / j->cols, QF_NONFINITE, NULL, begin * j->cols + bad);
@@ -308,7 +308,7 @@ static int write_quantized(writer *w, const want *x, uint32_t out, dj_err *e) {
     int rc = err && ref ? 0 : dj_fail(e, "out of memory");
     for (int64_t r0 = 0; !rc && r0 < x->rows; r0 += (int64_t)per) {
         size_t k = (size_t)(x->rows - r0 < (int64_t)per ? x->rows - r0 : (int64_t)per);
-        quant_job j = {.in = x->src, .outf = &w->out, .src = w->in, .dst = w->stage,
+        quant_job j = {.file = x->src, .outf = &w->out, .src = w->in, .dst = w->stage,
                        .src_off = t->offset + (uint64_t)r0 * src_row, .dst_off = w->pos, .st = t->dtype, .is = is,
                        .rb = rb, .cols = x->cols, .out = out, .err = err, .ref = ref, .fail_row = INT64_MAX};
         pthread_mutex_init(&j.lock, NULL);

@@ -7,20 +7,15 @@
 
 // ---- one group
 #define Q_CODES 7  // scales tried a group, each 1/32 of an octave above the one before
-// The unsigned u = round(x / s + z) clamped to 0..umax of each of the group's g values (into u when given) and
-// the squared error of s * (u - z): q8 stores u - 128 with z = 4 c, q4 u with z = c / 4.
-static double q_fit(const float *x, int g, float s, float z, int umax, uint8_t *u) {
+// The unsigned u = round(x / s + z) clamped to 0..umax of each of the group's g values: q8 stores u - 128 with
+// z = 4 c, q4 u with z = c / 4.
+static void q_round(const float *x, int g, float s, float z, int umax, uint8_t *u) {
     const float inv = 1.0f / s, top = (float)umax, M = 12582912.0f;  // 1.5 * 2^23
-    double err = 0;
     for (int i = 0; i < g; i++) {
         // round to nearest, ties to even, as lrintf (|x / s + z| < 2^22: s is at least 0.97 of the range's step)
         float q = (x[i] * inv + z + M) - M;
-        q = q < 0.0f ? 0.0f : q > top ? top : q;
-        if (u) u[i] = (uint8_t)q;
-        double d = (double)x[i] - (double)s * (q - z);
-        err += d * d;
+        u[i] = (uint8_t)(q < 0.0f ? 0.0f : q > top ? top : q);
     }
-    return err;
 }
 
 // A group's range [min(x, 0), max(x, 0)] into mn, mx and the first scale code to try, that of 0.97 of the range
@@ -51,9 +46,9 @@ static void q_zero_range(uint32_t dtype, float s, float mn, float mx, int *lo, i
 // A zero point's c in units of the stored u: q8 4 c, q4 c / 4.
 static float q_zero_u(uint32_t dtype, int c) { return dtype == DJ_Q8 ? 4.0f * (float)c : (float)c * 0.25f; }
 
-// The squared error q_fit finds, for the search: the same u, from GCC's vector extensions, summed in f32 over the
-// lanes `valid` marks 1 (g of them; the padding's 0). Only the order and precision of the sum differ from q_fit's,
-// so pairs whose errors are within ~1e-6 of each other may rank either way. Two builds of it add in the same order,
+// The squared error of s * (u - z) for q_round's u, for the search: from GCC's vector extensions, summed in f32 over
+// the lanes `valid` marks 1 (g of them; the padding's 0). quant_row reports the kept pair's error in doubles, so
+// pairs whose f32 errors are within ~1e-6 of each other may rank either way. Two builds of it add in the same order,
 // so a checkpoint converts to the same bytes on every host: four lanes (SSE) with two sums, one over the even fours
 // of weights and one over the odd, and eight (AVX2, where the CPU has it: about 1.6x faster) whose halves are those
 // two sums.
@@ -78,7 +73,7 @@ typedef union {
     } while (0)
 
 static float q_err4(const q_lanes *x, const q_lanes *valid, float s, float z, float top) {
-    const float inv = 1.0f / s, M = 12582912.0f;  // as q_fit
+    const float inv = 1.0f / s, M = 12582912.0f;  // as q_round
     const q_v4 topv = (q_v4){0} + top;
     q_v4 acc[2] = {{0}, {0}};
     for (int k = 0; k < DJ_QGROUP / 4; k++) Q_ERR_STEP(q_v4, q_v4i, x->v4[k], valid->v4[k], acc[k & 1]);
@@ -158,7 +153,7 @@ static int q_group(uint32_t dtype, const float *x, int g, uint16_t *param, uint8
         }
     }
     const float z = q_zero_u(dtype, *param >> 10);
-    q_fit(x, g, dj_q_scale(*param), z, umax, u);
+    q_round(x, g, dj_q_scale(*param), z, umax, u);
     const int zu = (int)lrintf(z);
     for (int i = g; i < DJ_QGROUP; i++) u[i] = (uint8_t)(zu > umax ? umax : zu);
     return 0;
@@ -168,11 +163,10 @@ static int q_group(uint32_t dtype, const float *x, int g, uint16_t *param, uint8
 int quant_row(uint32_t dtype, const float *x, int64_t n, uint8_t *dst, double *sq_err, double *sq_ref) {
     uint64_t rb = dj_row_bytes(dtype, (uint64_t)n), so = dj_scales_offset(dtype, (uint64_t)n);
     memset(dst, 0, rb);
-    float grp[DJ_QGROUP], back[DJ_QGROUP];
+    float back[DJ_QGROUP];
     for (int64_t g0 = 0, gi = 0; g0 < n; g0 += DJ_QGROUP, gi++) {
-        int g = n - g0 < DJ_QGROUP ? (int)(n - g0) : DJ_QGROUP;
-        memset(grp, 0, sizeof grp);
-        memcpy(grp, x + g0, (size_t)g * sizeof *grp);
+        const int g = n - g0 < DJ_QGROUP ? (int)(n - g0) : DJ_QGROUP;
+        const float *grp = x + g0;  // q_group reads its g values only
         uint16_t param;
         uint8_t u[DJ_QGROUP];
         if (q_group(dtype, grp, g, &param, u)) return -1;

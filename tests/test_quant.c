@@ -15,6 +15,7 @@
 #include "../cpu.h"
 #include "../loader.h"
 #include "../quant.h"
+#include "../sampler.h"
 #include "../tokenizer.h"
 #include "common.h"
 
@@ -473,13 +474,6 @@ static tq_quality tq_against_ref(const dj_model *m, const char *ref_path) {
     return q;
 }
 
-static int64_t tq_argmax(const float *v, int64_t n) {
-    int64_t best = 0;
-    for (int64_t i = 1; i < n; i++)
-        if (v[i] > v[best]) best = i;
-    return best;
-}
-
 // Over a text of a few thousand tokens, in windows of the context: each model's perplexity, and its top-1 agreement
 // with the first model (the f32 one) at every position.
 typedef struct {
@@ -508,7 +502,7 @@ static void tq_on_text(const dj_model *m, int n_models, const char *text_path, t
             float *lg = k ? tq_logits(&m[k], ids + w0, T) : ref;
             for (int64_t t = 0; t < T; t++) {
                 if (t + 1 < T) nll[k] += check_nll(lg + t * V, V, ids[w0 + t + 1]), scored += !k;
-                out[k].top1 += tq_argmax(lg + t * V, V) == tq_argmax(ref + t * V, V);
+                out[k].top1 += dj_argmax(lg + t * V, V) == dj_argmax(ref + t * V, V);
             }
             out[k].n += T;
             if (k) free(lg);

@@ -147,7 +147,8 @@ $(BUILD)/bin/bench_tokenizer: $(BUILD)/bench/bench_tokenizer.o $(BUILD)/tokenize
 # machine only
 CEILINGS_JSON ?= $(BUILD)/ceilings.json
 .PHONY: bench-ceilings
-$(BUILD)/bench/ceilings.o: bench/ceilings.cu bench/bench_gpu.h bench/host_read.h bench/host_matvec.h kernels.h util.h model.h
+$(BUILD)/bench/ceilings.o: bench/ceilings.cu bench/bench_gpu.h bench/host_read.h bench/host_matvec.h kernels.h kernels_impl.h util.h \
+                           model.h
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVFLAGS) -c $< -o $@
 

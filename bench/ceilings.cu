@@ -34,7 +34,7 @@
 #include <string.h>
 #include <vector>
 
-#include "../kernels.h"
+#include "../kernels_impl.h"  // pdl_launch, pdl_wait, pdl_trigger: the GEMV's own launch
 #include "bench_gpu.h"
 #include "host_matvec.h"
 #include "host_read.h"
@@ -105,7 +105,7 @@ static void lt_matmul(cublasLtHandle_t lt, const lt_problem *p, int k, const voi
 // but not its starts and ends.
 template <bool pdl>
 __global__ void read_kernel(const uint4 *__restrict__ p, size_t n16, unsigned never, unsigned *sink) {
-    if (pdl) asm volatile("griddepcontrol.wait;\n\tgriddepcontrol.launch_dependents;" ::: "memory");
+    if (pdl) pdl_wait(), pdl_trigger();
     const size_t stride = (size_t)gridDim.x * blockDim.x;
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     unsigned acc = 0;
@@ -132,16 +132,15 @@ static double read_us(const std::vector<void *> &w, size_t bytes, int sms, cudaS
         for (int bps = 1; bps <= 8; bps *= 2)
             for (int threads = 256; threads <= 1024; threads *= 2) {
                 if (bps * threads > 2048) continue;  // an SM's thread limit
-                cudaLaunchConfig_t cfg = {};
-                cfg.gridDim = dim3((unsigned)(sms * bps)), cfg.blockDim = dim3((unsigned)threads), cfg.stream = s;
-                cudaLaunchAttribute attr[1];
-                attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-                attr[0].val.programmaticStreamSerializationAllowed = 1;
-                cfg.attrs = attr, cfg.numAttrs = (unsigned)pdl;
+                const dim3 grid((unsigned)(sms * bps)), block((unsigned)threads);
                 const double us = 1e3 * time_graph_ms(s, 8 * copies, 9, [&](int i) {
                     const uint4 *src = (const uint4 *)w[i % copies];
-                    CK(pdl ? cudaLaunchKernelEx(&cfg, read_kernel<true>, src, bytes / 16, 0x9e3779b9u, sink)
-                           : cudaLaunchKernelEx(&cfg, read_kernel<false>, src, bytes / 16, 0x9e3779b9u, sink));
+                    if (pdl) {
+                        CK(pdl_launch(read_kernel<true>, grid, block, 0, s, src, bytes / 16, 0x9e3779b9u, sink));
+                    } else {
+                        read_kernel<false><<<grid, block, 0, s>>>(src, bytes / 16, 0x9e3779b9u, sink);
+                        CK(cudaGetLastError());
+                    }
                 });
                 best = std::min(best, us);
             }

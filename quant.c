@@ -50,8 +50,8 @@ static float q_zero_u(uint32_t dtype, int c) { return dtype == DJ_Q8 ? 4.0f * (f
 // the lanes `valid` marks 1 (g of them; the padding's 0). quant_row reports the kept pair's error in doubles, so
 // pairs whose f32 errors are within ~1e-6 of each other may rank either way. Two builds of it add in the same order,
 // so a checkpoint converts to the same bytes on every host: four lanes (SSE) with two sums, one over the even fours
-// of weights and one over the odd, and eight (AVX2, where the CPU has it: about 1.6x faster) whose halves are those
-// two sums.
+// of weights and one over the odd, and eight (AVX2, where the CPU has it) whose halves are those two sums. AVX2 took
+// an 8B conversion on the GPU machine's 16 cores from 40.0 to 32.7-34.5 s (q4; bench/results/convert_speed).
 typedef float q_v4 __attribute__((vector_size(16)));
 typedef int32_t q_v4i __attribute__((vector_size(16)));
 typedef float q_v8 __attribute__((vector_size(32)));

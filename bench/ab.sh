@@ -12,16 +12,20 @@
 #                    1024 that holds it), e.g. prefill_513; not in the default CASES
 #   decode_N         all resident, an N-token prompt (as prefill_N), then 64 new tokens: decode ms/token at that
 #                    context (attention's share grows with it), e.g. decode_2000; not in the default CASES
-#   min_link         the smallest ring djinn accepts, --cpu-share 0 (the link alone), 16 tokens: decode ms/token
-#   min_share        the smallest ring, --cpu-share auto (the default), 16 tokens: decode ms/token
+#   min_link         the smallest ring djinn accepts, --cpu-share 0 (the link alone), NEW tokens: decode ms/token
+#   min_share        the smallest ring, --cpu-share auto (the default), NEW tokens: decode ms/token
 #   min_share_F      the same at the fixed share F, e.g. min_share_0.5; not in the default CASES
-# CASES (default all four) picks some. B_MODEL (default MODEL) gives B a model of its own: the same checkpoint
+#   ring_G_share     a ring of G GB, --cpu-share auto, NEW tokens: decode ms/token, e.g. ring_4_share; not in the
+#                    default CASES (ring_G_share_F: at the fixed share F)
+# CASES (default all four) picks some; NEW (default 16) the tokens of the min_* and ring_* cases. B_MODEL (default
+# MODEL) gives B a model of its own: the same checkpoint
 # converted by B's converter where the two builds' formats differ. Prints a table (median, min, max per build and
 # case; B's median against A's; each rep's B against the A run beside it) and writes every run to OUT.json.
 set -uo pipefail
 [ $# -ge 4 ] || { sed -n '2,15p' "$0"; exit 2; }
 A=$1 B=$2 MODEL=$3 OUT_JSON=$4 REPS=${5:-3}
 B_MODEL=${B_MODEL:-$MODEL}
+NEW=${NEW:-16}
 model_of() { [ "$1" = "$B" ] && echo "$B_MODEL" || echo "$MODEL"; }
 LOGS=$(mktemp -d /tmp/djinn_ab.XXXXXX)
 
@@ -43,7 +47,7 @@ min=$("$B/djinn" "$B_MODEL" -p x -n 1 -t 0 -c 1024 --ring-gb 0.001 2>&1 >/dev/nu
 echo "minimum ring: $min GB"
 
 run() {  # build case rep -> one JSON line
-    local src=$1 case=$2 rep=$3 args stats="$LOGS/stats.json" ctx=1024
+    local src=$1 case=$2 rep=$3 args g stats="$LOGS/stats.json" ctx=1024
     case $case in
         resident_decode) args=(-p "Once upon a time" -n 128) ;;
         prefill_512) args=(-p "$LONG" -n 4) ;;
@@ -53,9 +57,12 @@ run() {  # build case rep -> one JSON line
         decode_[0-9]*)
             args=(-p "$(printf 'the %.0s' $(seq $((${case#decode_} - 1))) | sed 's/ $//')" -n 64)
             while [ "$ctx" -lt $((${case#decode_} + 64)) ]; do ctx=$((ctx * 2)); done ;;
-        min_link) args=(-p "Once upon a time" -n 16 --ring-gb "$min" --cpu-share 0) ;;
-        min_share) args=(-p "Once upon a time" -n 16 --ring-gb "$min") ;;
-        min_share_[0-9]*) args=(-p "Once upon a time" -n 16 --ring-gb "$min" --cpu-share "${case#min_share_}") ;;
+        min_link) args=(-p "Once upon a time" -n "$NEW" --ring-gb "$min" --cpu-share 0) ;;
+        min_share) args=(-p "Once upon a time" -n "$NEW" --ring-gb "$min") ;;
+        min_share_[0-9]*) args=(-p "Once upon a time" -n "$NEW" --ring-gb "$min" --cpu-share "${case#min_share_}") ;;
+        ring_*_share) g=${case#ring_}; args=(-p "Once upon a time" -n "$NEW" --ring-gb "${g%_share}") ;;
+        ring_*_share_*) g=${case#ring_}
+            args=(-p "Once upon a time" -n "$NEW" --ring-gb "${g%%_*}" --cpu-share "${case##*_share_}") ;;
     esac
     rm -f "$stats"
     if ! timeout 300 "$src/djinn" "$(model_of "$src")" -t 0 -c "$ctx" --stats-json "$stats" "${args[@]}" \
@@ -84,7 +91,7 @@ a, b = sys.argv[3], sys.argv[4]
 json.dump({"runs": runs, "a": a, "b": b}, open(sys.argv[2], "w"), indent=1)
 metric = {"resident_decode": ("decode_ms_per_token", "ms/token"), "min_link": ("decode_ms_per_token", "ms/token"),
           "min_share": ("decode_ms_per_token", "ms/token")}
-for case in sorted({r["case"] for r in runs if r["case"].startswith(("min_share_", "decode_"))}):
+for case in sorted({r["case"] for r in runs if r["case"].startswith(("min_share_", "decode_", "ring_"))}):
     metric[case] = ("decode_ms_per_token", "ms/token")
 for case in sorted({r["case"] for r in runs if r["case"].startswith("prefill_")}, key=lambda c: int(c[8:])):
     metric[case] = ("prefill_tok_s", "tok/s")

@@ -18,11 +18,11 @@
 #   ring_G_share     a ring of G GB, --cpu-share auto, NEW tokens: decode ms/token, e.g. ring_4_share; not in the
 #                    default CASES (ring_G_share_F: at the fixed share F)
 # CASES (default all four) picks some; NEW (default 16) the tokens of the min_* and ring_* cases. B_MODEL (default
-# MODEL) gives B a model of its own: the same checkpoint
-# converted by B's converter where the two builds' formats differ. Prints a table (median, min, max per build and
-# case; B's median against A's; each rep's B against the A run beside it) and writes every run to OUT.json.
+# MODEL) gives B a model of its own: the same checkpoint converted by B's converter where the two builds' formats
+# differ. Prints a table (median, min, max per build and case; B's median against A's; each rep's B against the A run
+# beside it) and writes every run to OUT.json.
 set -uo pipefail
-[ $# -ge 4 ] || { sed -n '2,15p' "$0"; exit 2; }
+[ $# -ge 4 ] || { sed -n '2,24p' "$0"; exit 2; }
 A=$1 B=$2 MODEL=$3 OUT_JSON=$4 REPS=${5:-3}
 B_MODEL=${B_MODEL:-$MODEL}
 NEW=${NEW:-16}

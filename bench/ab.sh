@@ -22,7 +22,7 @@
 # differ. Prints a table (median, min, max per build and case; B's median against A's; each rep's B against the A run
 # beside it) and writes every run to OUT.json.
 set -uo pipefail
-[ $# -ge 4 ] || { sed -n '2,24p' "$0"; exit 2; }
+[ $# -ge 4 ] || { sed -n '2,23p' "$0"; exit 2; }
 A=$1 B=$2 MODEL=$3 OUT_JSON=$4 REPS=${5:-3}
 B_MODEL=${B_MODEL:-$MODEL}
 NEW=${NEW:-16}

@@ -111,7 +111,7 @@ int quant_use_avx2(int on) {
 
 static float q_err(const q_lanes *x, const q_lanes *valid, float s, float z, float top) {
     int avx2 = atomic_load_explicit(&q_avx2, memory_order_relaxed);
-    if (avx2 < 0) avx2 = q_cpu_avx2(), atomic_store_explicit(&q_avx2, avx2, memory_order_relaxed);
+    if (avx2 < 0) avx2 = quant_use_avx2(1);
 #if defined(__x86_64__) || defined(__i386__)
     if (avx2) return q_err8(x, valid, s, z, top);
 #endif

@@ -12,6 +12,7 @@ enum { JOB_QUEUED, JOB_PREFILL, JOB_DECODE };
 
 typedef struct bt_session {
     char *name;          // NULL: a breakpoint's hidden session (no name finds it; forgotten once it has no use)
+    int32_t tenant;      // the only tenant whose requests find it by name
     int32_t slot;        // the slot its cache is in, or -1
     dj_parked *parked;   // or its cache parked in host memory (slot -1), or neither (nothing kept)
     int32_t *ids;        // parked: the tokens of the parked positions
@@ -38,12 +39,14 @@ enum { GONE_RESUMED = 1, GONE_EVICTED, GONE_DELETED, GONE_CACHE };
 #define BT_GONE 256
 typedef struct {
     uint64_t id;
+    int32_t tenant;
     int why;
 } bt_gone;
 
 typedef struct {
     int32_t *ids;        // (max_seq) the tokens whose keys and values the slot holds, positions 0..n-1
     int64_t n;
+    int32_t tenant;      // whose tokens these are: another tenant's job reuses none of them
     bt_session *sess;    // the session whose cache this is, or NULL (free: a job may take it and its prefix)
     bt_job *job;         // the sequence running in it
     double t_used;
@@ -182,7 +185,7 @@ static int32_t paused_index(const bt_sched *s, uint64_t id) {
 // Paused state k is no longer held (its session is free again); a later resume of it hears why.
 static void paused_end(bt_sched *s, int32_t k, int why) {
     bt_paused *pz = &s->paused[k];
-    s->gone[s->n_gone++ % BT_GONE] = (bt_gone){pz->id, why};
+    s->gone[s->n_gone++ % BT_GONE] = (bt_gone){pz->id, pz->sess->tenant, why};
     pz->sess->paused = 0;
     free(pz->ids);
     memmove(pz, pz + 1, (size_t)(s->n_paused - k - 1) * sizeof *pz);
@@ -193,12 +196,14 @@ static void session_unpause(bt_sched *s, bt_session *x, int why) {
     if (x->paused) paused_end(s, paused_index(s, x->paused), why);
 }
 
-// The answer to a resume of a paused state not held: 410 with the reason it ended, or 404.
-static int paused_gone(const bt_sched *s, uint64_t id, dj_err *e) {
+// The answer to a resume of a paused state not held: 410 with the reason it ended, or 404 (another tenant's is
+// not found, whatever became of it).
+static int paused_gone(const bt_sched *s, int32_t tenant, uint64_t id, dj_err *e) {
     unsigned long long n = (unsigned long long)id;
     for (uint64_t i = 0; i < s->n_gone && i < BT_GONE; i++) {
         const bt_gone *g = &s->gone[i];
         if (g->id != id) continue;
+        if (g->tenant != tenant) return dj_fail(e, "no paused state brk-%llu", n), 404;
         if (g->why == GONE_RESUMED) dj_fail(e, "brk-%llu was resumed already: a paused state resumes once", n);
         else if (g->why == GONE_EVICTED)
             dj_fail(e, "brk-%llu was dropped: the server holds %d paused states, the oldest going first", n,
@@ -212,9 +217,10 @@ static int paused_gone(const bt_sched *s, uint64_t id, dj_err *e) {
 }
 
 // ---- sessions and parking
-static bt_session *session_find(bt_sched *s, const char *name) {
+static bt_session *session_find(bt_sched *s, int32_t tenant, const char *name) {
     for (int32_t i = 0; i < s->n_sessions; i++)
-        if (s->sessions[i]->name && !strcmp(s->sessions[i]->name, name)) return s->sessions[i];
+        if (s->sessions[i]->name && s->sessions[i]->tenant == tenant && !strcmp(s->sessions[i]->name, name))
+            return s->sessions[i];
     return NULL;
 }
 
@@ -278,10 +284,10 @@ static void session_forget(bt_sched *s, bt_session *x) {
     session_free(s, x);
 }
 
-// The session named, created when new (name NULL: a new hidden one); past max_sessions the least recently used
-// idle one is forgotten. NULL with the HTTP status in *status.
-static bt_session *session_get(bt_sched *s, const char *name, int *status, dj_err *e) {
-    bt_session *x = name ? session_find(s, name) : NULL;
+// The tenant's session named, created when new (name NULL: a new hidden one); past max_sessions the least recently
+// used idle one is forgotten. NULL with the HTTP status in *status.
+static bt_session *session_get(bt_sched *s, int32_t tenant, const char *name, int *status, dj_err *e) {
+    bt_session *x = name ? session_find(s, tenant, name) : NULL;
     if (x) return x;
     if (s->n_sessions == s->o.max_sessions) {
         bt_session *lru = NULL;
@@ -303,7 +309,7 @@ static bt_session *session_get(bt_sched *s, const char *name, int *status, dj_er
         dj_fail(e, "out of memory");
         return NULL;
     }
-    x->slot = -1, x->t_used = dj_now();
+    x->slot = -1, x->t_used = dj_now(), x->tenant = tenant;
     s->sessions[s->n_sessions++] = x;
     return x;
 }
@@ -318,7 +324,9 @@ static int64_t session_held(const bt_sched *s, const bt_session *x, const int32_
 // A resume's checks against its paused state, which it then takes over (its session, prompt and layer).
 static int take_paused(bt_sched *s, bt_job *j, const char *session, dj_err *e) {
     int32_t k = paused_index(s, j->resume);
-    if (k < 0) return paused_gone(s, j->resume, e);
+    if (k >= 0 && s->paused[k].sess->tenant != j->tenant)
+        return dj_fail(e, "no paused state brk-%llu", (unsigned long long)j->resume), 404;
+    if (k < 0) return paused_gone(s, j->tenant, j->resume, e);
     bt_paused *pz = &s->paused[k];
     unsigned long long id = (unsigned long long)pz->id;
     int64_t n = (int64_t)pz->n_ids - pz->pos0;
@@ -337,7 +345,7 @@ static int take_paused(bt_sched *s, bt_job *j, const char *session, dj_err *e) {
     const int32_t *held;
     if (session_held(s, pz->sess, &held) < pz->pos0 || memcmp(held, pz->ids, (size_t)pz->pos0 * sizeof *held)) {
         paused_end(s, k, GONE_CACHE);  // (unpark_drop ends it first: a safeguard)
-        return paused_gone(s, j->resume, e);
+        return paused_gone(s, j->tenant, j->resume, e);
     }
     if (!j->ids) j->ids = pz->ids, j->n_ids = pz->n_ids, pz->ids = NULL;
     j->sess = pz->sess, j->layer = pz->layer, j->brk_pos = pz->pos0;
@@ -352,7 +360,7 @@ int bt_submit(bt_sched *s, bt_job *j, const char *session, dj_err *e) {
     if ((j->brk || j->resume) && !s->o.max_paused) return dj_fail(e, "breakpoints are off on this server"), 400;
     if (j->resume) {
         if ((status = take_paused(s, j, session, e))) return status;
-    } else if ((session || j->brk) && !(j->sess = session_get(s, session, &status, e))) {
+    } else if ((session || j->brk) && !(j->sess = session_get(s, j->tenant, session, &status, e))) {
         return status;
     } else if (j->sess && j->sess->paused) {
         return dj_fail(e, "session '%s' is paused at breakpoint brk-%llu: resume it, or delete the session",
@@ -389,7 +397,8 @@ static int32_t take_slot(bt_sched *s, bt_job *j, dj_err *e) {
         bt_slot *sl = &s->slots[i];
         if (sl->job) continue;
         if (!sl->sess) {
-            int64_t p = x && (x->parked || !x->name) ? 0 : common_prefix(sl->ids, sl->n, j->ids, (int64_t)j->n_ids);
+            int64_t p = (x && (x->parked || !x->name)) || sl->tenant != j->tenant
+                            ? 0 : common_prefix(sl->ids, sl->n, j->ids, (int64_t)j->n_ids);
             if (2 * p < (int64_t)j->n_ids) p = 0;
             if (best < 0 || p > best_p || (p == best_p && sl->t_used < s->slots[best].t_used)) best = i, best_p = p;
         } else if (lru < 0 || sl->t_used < s->slots[lru].t_used) {
@@ -400,8 +409,10 @@ static int32_t take_slot(bt_sched *s, bt_job *j, dj_err *e) {
         if (park_slot(s, lru, e)) fprintf(stderr, "djinn serve: parking a cache failed (%s): it is dropped\n", e->msg);
         best = lru;
     }
-    if (best < 0 || !x) return best;
+    if (best < 0) return best;
     bt_slot *sl = &s->slots[best];
+    if (sl->tenant != j->tenant) sl->n = 0, sl->tenant = j->tenant;  // another tenant's tokens: none reused
+    if (!x) return best;
     if (x->parked) {
         sl->n = 0;
         double t0 = dj_now();
@@ -723,8 +734,8 @@ void bt_step(bt_sched *s) {
 }
 
 // ---- sessions on request, statistics
-int bt_park(bt_sched *s, const char *session, int64_t *tokens, dj_err *e) {
-    bt_session *x = session_find(s, session);
+int bt_park(bt_sched *s, int32_t tenant, const char *session, int64_t *tokens, dj_err *e) {
+    bt_session *x = session_find(s, tenant, session);
     *tokens = 0;
     if (!x) return dj_fail(e, "no session '%s'", session), 404;
     if (x->jobs)
@@ -737,8 +748,8 @@ int bt_park(bt_sched *s, const char *session, int64_t *tokens, dj_err *e) {
     return 0;
 }
 
-int bt_forget(bt_sched *s, const char *session, dj_err *e) {
-    bt_session *x = session_find(s, session);
+int bt_forget(bt_sched *s, int32_t tenant, const char *session, dj_err *e) {
+    bt_session *x = session_find(s, tenant, session);
     if (!x) return dj_fail(e, "no session '%s'", session), 404;
     if (x->jobs) return dj_fail(e, "session '%s' has a request under way", session), 409;
     session_forget(s, x);

@@ -4,9 +4,11 @@
 // advances one token per step, all of them in one step_batch. A job ends at an end token, a stop string, max_tokens
 // or the end of the context.
 //
-// A slot keeps the tokens its cache holds after its job ends, and the next job that takes it prefills only what
-// follows the longest common prefix of its prompt with them. A job may name a session: the session keeps its slot
-// between jobs (its next turn, the same conversation plus new messages, prefills only the new tokens). When a job
+// A slot keeps the tokens its cache holds after its job ends, and the next job of the same tenant that takes it
+// prefills only what follows the longest common prefix of its prompt with them (another tenant's job prefills all:
+// how much of a prompt was cached must not tell one tenant what another asked). A job may name a session, one of
+// its tenant's (another tenant's session of the same name is another session): the session keeps its slot between
+// jobs (its next turn, the same conversation plus new messages, prefills only the new tokens). When a job
 // needs a slot and none is free, the least recently used idle session's cache is parked in host memory (the
 // engine's park), and restored into a slot when the session speaks again; past the parking budget the least
 // recently used parked caches are dropped (their next turn prefills everything: slower, the same text).
@@ -67,6 +69,8 @@ struct bt_job {
     uint64_t resume;     // > 0: resumes the paused state brk-<resume> with rows (n_rows floats), the job's own;
     float *rows;         //   ids may then be NULL (the paused prompt), else must be it
     int64_t n_rows;
+    int32_t tenant;      // whose request (the server's API key): sessions, paused states and cached prefixes are
+                         //   found only by requests of the tenant that made them
     void *owner;         // NULL once the owner left (bt_detach): the job ends at the next step, silently
     // ---- its progress, read by the owner
     int64_t n_gen;       // tokens generated
@@ -89,7 +93,8 @@ struct bt_job {
 bt_sched *bt_new(dj_engine *eng, const dj_tokenizer *tok, const dj_config *c, const bt_opts *o, const bt_callbacks *cb,
                  dj_err *e);
 void bt_free(bt_sched *s);  // jobs still there end without callbacks
-// Queues a job under a session name (NULL: none); a session's jobs run one after the other, in order. 0; or an
+// Queues a job under a session name (NULL: none) of its tenant's; a session's jobs run one after the other, in
+// order. 0; or an
 // HTTP status with e set: 503 when every remembered session has a job or is paused; 409 when the session is paused
 // (and j no resume of it); a resume: 404 (no such id), 410 (resumed already, dropped, its session deleted or its
 // cache lost), 400 (another session, endpoint or prompt, rows of another shape). On an error the caller keeps the
@@ -104,8 +109,8 @@ void bt_step(bt_sched *s);
 // A session's cache parked at once (its client waits on a tool); forgotten altogether. 0; or 404 (no such
 // session), 409 (a job of it is queued or running), 500 (the engine failed), with e set. *tokens: the positions its
 // cache holds.
-int bt_park(bt_sched *s, const char *session, int64_t *tokens, dj_err *e);
-int bt_forget(bt_sched *s, const char *session, dj_err *e);
+int bt_park(bt_sched *s, int32_t tenant, const char *session, int64_t *tokens, dj_err *e);
+int bt_forget(bt_sched *s, int32_t tenant, const char *session, dj_err *e);
 
 typedef struct {
     int32_t slots, parallel, active, queued;

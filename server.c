@@ -15,6 +15,8 @@
 #include <poll.h>
 #include <signal.h>
 #include <stdarg.h>
+#include <fcntl.h>
+#include <sys/resource.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -28,6 +30,7 @@
 #include "chat.h"
 #include "engine.h"
 #include "http.h"
+#include "keys.h"
 #include "kernels.h"
 #include "loader.h"
 #include "pool.h"
@@ -35,9 +38,13 @@
 
 #define SRV_BODY_MAX ((size_t)8 << 20)   // a request body; more is refused (413)
 #define SRV_OUT_MAX ((size_t)16 << 20)   // unsent output: a client that stops reading is dropped past it
+#define SRV_OUT_PAUSE ((size_t)1 << 20)  // unsent output past which a connection's next requests wait
 #define SRV_REJECT_MAX 32                // connections over --max-conns answered 503 at once; more are closed
 #define SRV_READ_TURN ((size_t)1 << 20)  // bytes read from one connection in one turn
+#define SRV_REQS_TURN 32                 // requests answered on one connection in one turn; the rest wait a turn
 #define SRV_DRAIN_S 2.0                  // after a refusal, the client's unread bytes are read for this long
+#define SRV_FDS_OWN 64                   // descriptors the server needs besides its connections'
+#define SRV_DEFAULT_BUFFER_MB 256
 #define SRV_DEFAULT_CTX 4096
 #define SRV_DEFAULT_PARALLEL 8
 #define SRV_DEFAULT_PAUSED 16
@@ -50,9 +57,10 @@ static void srv_on_signal(int sig) {
 
 // ---- options
 typedef struct {
-    const char *model, *host, *api_key;
+    const char *model, *host;
+    dj_keys keys;            // none: every client one tenant, no key asked
     int port, force_cpu, threads, quiet, stream_all;
-    double ring_gb, kv_gb, park_gb, timeout_s, cpu_share;
+    double ring_gb, kv_gb, park_gb, timeout_s, cpu_share, buffer_mb;
     int64_t ctx, prefill_chunk;
     int32_t parallel, sessions, max_conns, breakpoints;
 } srv_opts;
@@ -62,7 +70,10 @@ static void srv_usage(FILE *f) {
             "usage: djinn serve MODEL.bin [options]\n"
             "  --host ADDR          listen address (127.0.0.1; 0.0.0.0 for every interface)\n"
             "  --port N             TCP port (8080; 0: any free one, printed on stderr)\n"
-            "  --api-key KEY        require 'Authorization: Bearer KEY' on /v1/* and /metrics (none)\n"
+            "  --api-key KEY        require 'Authorization: Bearer KEY' on /v1/* and /metrics (none); may be given\n"
+            "                       several times: each key a tenant, whose sessions, paused breakpoints and cached\n"
+            "                       prompts no other key's requests can reach\n"
+            "  --api-key-file FILE  keys one a line, each a tenant (with --api-key too)\n"
             "  -c N                 context: positions per KV slot (the model's, at most %d)\n"
             "  --parallel N         most sequences decoded together in one step (%d, at most the slots)\n"
             "  --kv-gb G            memory for KV slots, in GB: slots = G / (context x bytes a position)\n"
@@ -71,7 +82,9 @@ static void srv_usage(FILE *f) {
             "  --sessions N         sessions remembered (256); the least recently used idle one goes\n"
             "  --breakpoints N      paused breakpoints held (%d; 0: none taken); past it the oldest goes\n"
             "  --prefill-chunk N    most prompt tokens prefilled between two decode steps (256)\n"
-            "  --max-conns N        open connections (256); more get 503\n"
+            "  --max-conns N        open connections (256; lowered to what the descriptor limit allows); more get 503\n"
+            "  --buffer-mb N        memory for all connections' requests being read, in MB (%d); past it nothing\n"
+            "                       more is read (a request waits, up to --timeout) and new connections get 503\n"
             "  --timeout S          seconds a request may take to arrive, an idle connection stays open and a\n"
             "                       client may leave output unread (60)\n"
             "  --ring-gb G          GPU memory for weights, in GB (as djinn's)\n"
@@ -80,10 +93,12 @@ static void srv_usage(FILE *f) {
             "  --cpu                run on the CPU even with a GPU present\n"
             "  --stream-all         ablation (tests): keep no layer resident on the GPU, stream every layer\n"
             "  -q                   no line per request on stderr\n"
+            "bounds: a request head 16 KB, a body 8 MB, %d requests of a connection answered a turn, its unsent\n"
+            "  output 16 MB (reading pauses past 1 MB)\n"
             "endpoints: POST /v1/completions, POST /v1/chat/completions, GET /v1/models, GET /health, GET /metrics,\n"
             "  POST /v1/sessions/NAME/park, DELETE /v1/sessions/NAME; request fields beyond OpenAI's: session, park,\n"
             "  break_after_layer, resume (README: Serving)\n",
-            SRV_DEFAULT_CTX, SRV_DEFAULT_PARALLEL, SRV_DEFAULT_PAUSED);
+            SRV_DEFAULT_CTX, SRV_DEFAULT_PARALLEL, SRV_DEFAULT_PAUSED, SRV_DEFAULT_BUFFER_MB, SRV_REQS_TURN);
 }
 
 static int srv_bad_usage(const char *what, const char *arg) {
@@ -108,7 +123,8 @@ static int srv_num(const char *flag, const char *v, double lo, double hi, int in
 
 static int srv_parse(int argc, char **argv, srv_opts *o) {
     *o = (srv_opts){.host = "127.0.0.1", .port = 8080, .park_gb = 8, .timeout_s = 60, .prefill_chunk = 256,
-                    .sessions = 256, .max_conns = 256, .cpu_share = -1, .breakpoints = SRV_DEFAULT_PAUSED};
+                    .sessions = 256, .max_conns = 256, .cpu_share = -1, .breakpoints = SRV_DEFAULT_PAUSED,
+                    .buffer_mb = SRV_DEFAULT_BUFFER_MB};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
@@ -127,8 +143,10 @@ static int srv_parse(int argc, char **argv, srv_opts *o) {
         const char *v = i + 1 < argc ? argv[++i] : NULL;  // a missing value is reported once the flag is known
         double d = 0;
         int rc = 0;
+        dj_err e = {{0}};
         if (!strcmp(a, "--host")) o->host = v;
-        else if (!strcmp(a, "--api-key")) o->api_key = v;
+        else if (!strcmp(a, "--api-key")) rc = v && keys_add(&o->keys, v, strlen(v), a, &e) ? 2 : 0;
+        else if (!strcmp(a, "--api-key-file")) rc = v && keys_add_file(&o->keys, v, &e) ? 2 : 0;
         else if (!strcmp(a, "--port")) rc = srv_num(a, v, 0, 65535, 1, &d), o->port = (int)d;
         else if (!strcmp(a, "--threads")) rc = srv_num(a, v, 1, 4096, 1, &d), o->threads = (int)d;
         else if (!strcmp(a, "-c")) rc = srv_num(a, v, 2, 1 << 24, 1, &d), o->ctx = (int64_t)d;
@@ -141,12 +159,13 @@ static int srv_parse(int argc, char **argv, srv_opts *o) {
         else if (!strcmp(a, "--ring-gb")) rc = srv_num(a, v, 1e-3, 1e6, 0, &d), o->ring_gb = d;
         else if (!strcmp(a, "--kv-gb")) rc = srv_num(a, v, 1e-9, 1e6, 0, &d), o->kv_gb = d;
         else if (!strcmp(a, "--park-gb")) rc = srv_num(a, v, 0, 1e6, 0, &d), o->park_gb = d;
+        else if (!strcmp(a, "--buffer-mb")) rc = srv_num(a, v, 1, 1 << 20, 0, &d), o->buffer_mb = d;
         else if (!strcmp(a, "--cpu-share") && v && !strcmp(v, "auto")) o->cpu_share = -1;
         else if (!strcmp(a, "--cpu-share")) rc = srv_num(a, v, 0, 0.95, 0, &d), o->cpu_share = d;
         else return srv_bad_usage("unknown option", a);
+        if (rc && e.msg[0]) return srv_bad_usage(e.msg, NULL);
         if (rc) return rc;
         if (!v) return srv_bad_usage("a value is missing after", a);
-        if (!strcmp(a, "--api-key") && !*v) return srv_bad_usage("--api-key is empty", NULL);
     }
     if (!o->model) return srv_bad_usage("no model given", NULL);
     return 0;
@@ -155,9 +174,22 @@ static int srv_parse(int argc, char **argv, srv_opts *o) {
 // ---- the server's state
 typedef struct srv_req srv_req;
 
+// What a request asks for, known from its head.
+typedef enum { ROUTE_HEALTH, ROUTE_METRICS, ROUTE_MODELS, ROUTE_COMPLETION, ROUTE_CHAT, ROUTE_SESSION } srv_route;
+
 typedef struct {
     int fd;
     dj_buf in, out;
+    size_t in_off;           // in's bytes before it are consumed (requests answered): compacted now and then, so
+                             // that a thousand pipelined requests cost no thousand moves of what follows them
+    size_t held;             // in's and out's capacity, as counted in the server's total
+    int need_input;          // the next request is not whole in `in`: reading more is what lets it go on
+    int more;                // whole requests wait in `in` for a later turn (SRV_REQS_TURN or unsent output)
+    int eof;                 // the client sent its last byte: what is owed is sent, then the connection closes
+    int hup_seen;            // its end was seen while it was not being read (the bytes before it are read later)
+    int head_ok;             // the request being read passed the checks its head allows (route, key, method)
+    srv_route route;         //   and asks for this,
+    int32_t tenant;          //   with this key's tenant
     double t_read, t_wrote;  // the last byte read; the last progress writing
     double t_flushed;        // the last time nothing waited to be sent, or sending progressed: the unread-output
                              // deadline counts from here (a response made long after the last write is not late)
@@ -194,6 +226,9 @@ typedef struct {
     int lfd;
     srv_conn **conns;
     int32_t n_conns, n_rejecting;
+    size_t held, held_max;   // bytes buffered for all connections (srv_conn.held), and the bound (--buffer-mb)
+    int spare_fd;            // kept open to be given up when accept runs out of descriptors (-1: none)
+    uint64_t shed;           // connections closed at once for want of a descriptor
     uint64_t seq;            // request ids
     uint64_t requests, errors;
     double t_start;
@@ -318,7 +353,7 @@ static void start_completion(srv *s, srv_conn *c, const char *body, size_t len, 
     }
     *j = (bt_job){.ids = q.ids, .n_ids = q.n_ids, .max_tokens = q.max_tokens, .smp = q.smp, .n_stops = q.n_stops,
                   .park_after = q.park, .kind = chat, .brk = q.brk, .layer = q.layer, .resume = q.resume,
-                  .rows = q.rows, .n_rows = q.n_rows, .owner = r, .ts = ts};
+                  .rows = q.rows, .n_rows = q.n_rows, .tenant = c->tenant, .owner = r, .ts = ts};
     memcpy(j->stops, q.stops, sizeof j->stops);
     r->c = c, r->job = j, r->stream = q.stream, r->include_usage = q.include_usage;
     r->t0 = dj_now();
@@ -381,6 +416,8 @@ static void send_metrics(srv *s, srv_conn *c) {
     metric(&b, "requests_active", "gauge", t.active);
     metric(&b, "requests_queued", "gauge", t.queued);
     metric(&b, "connections", "gauge", s->n_conns - s->n_rejecting);
+    metric(&b, "connections_shed_total", "counter", (double)s->shed);
+    metric(&b, "buffered_bytes", "gauge", (double)s->held);
     metric(&b, "kv_slots", "gauge", t.slots);
     metric(&b, "parallel", "gauge", t.parallel);
     metric(&b, "sessions", "gauge", t.sessions);
@@ -460,7 +497,7 @@ static void session_request(srv *s, srv_conn *c, const http_req *h) {
     }
     dj_err e = {{0}};
     int64_t tokens = 0;
-    int status = park ? bt_park(s->bt, name, &tokens, &e) : bt_forget(s->bt, name, &e);
+    int status = park ? bt_park(s->bt, c->tenant, name, &tokens, &e) : bt_forget(s->bt, c->tenant, name, &e);
     if (status) {
         send_error(s, c, status, NULL, "%s", e.msg);
         return;
@@ -475,40 +512,64 @@ static void session_request(srv *s, srv_conn *c, const http_req *h) {
 }
 
 // ---- requests
-static int authorized(const srv *s, const http_req *h) {
-    if (!s->o.api_key) return 1;
-    const char *a = h->authorization;
-    return !strncmp(a, "Bearer ", 7) && !strcmp(a + 7, s->o.api_key);
+// The tenant of the request's key (0 when the server has none), or -1.
+static int32_t tenant_of(const srv *s, const http_req *h) {
+    return s->o.keys.n ? keys_match(&s->o.keys, h->authorization) : 0;
 }
 
-// A whole request (head and body) is in c->in: answered, or its completion queued; then consumed.
-static void handle_request(srv *s, srv_conn *c, const http_req *h) {
-    const char *body = c->in.p + h->head_len, *p = h->path, *m = h->method;
+// The checks a request's head allows, made before its body is read, so that a client without a key, or asking for
+// nothing there is, gets its answer without the server holding its body: the route, the key, the method. 0 with
+// c->route and c->tenant set; or -1, answered.
+static int check_head(srv *s, srv_conn *c, const http_req *h) {
+    const char *p = h->path, *m = h->method;
+    static const struct {
+        const char *path, *method;
+        srv_route route;
+    } routes[] = {{"/health", "GET", ROUTE_HEALTH},          {"/metrics", "GET", ROUTE_METRICS},
+                  {"/v1/models", "GET", ROUTE_MODELS},       {"/v1/completions", "POST", ROUTE_COMPLETION},
+                  {"/v1/chat/completions", "POST", ROUTE_CHAT}};
+    const char *want = NULL;
+    for (size_t i = 0; i < sizeof routes / sizeof *routes; i++)
+        if (!strcmp(p, routes[i].path)) want = routes[i].method, c->route = routes[i].route;
+    if (!want && !strncmp(p, "/v1/sessions/", 13)) {
+        size_t n = strlen(p);
+        want = n > 5 && !strcmp(p + n - 5, "/park") ? "POST" : "DELETE", c->route = ROUTE_SESSION;
+    }
     c->keep_alive = h->keep_alive;
-    int completion = !strcmp(p, "/v1/completions"), chat = !strcmp(p, "/v1/chat/completions");
-    int sessions = !strncmp(p, "/v1/sessions/", 13);
-    int known = completion || chat || sessions || !strcmp(p, "/health") || !strcmp(p, "/metrics") ||
-                !strcmp(p, "/v1/models");
-    if (!known) send_error(s, c, 404, NULL, "no such endpoint: %s %s", m, p);
-    else if (strcmp(p, "/health") && !authorized(s, h))
-        send_error(s, c, 401, NULL, "a valid API key is required: 'Authorization: Bearer KEY'");
-    else if (sessions) session_request(s, c, h);
-    else if ((completion || chat) ? strcmp(m, "POST") : strcmp(m, "GET"))
-        send_error(s, c, 405, NULL, "%s %s: use %s", m, p, completion || chat ? "POST" : "GET");
-    else if (completion || chat) start_completion(s, c, body, h->content_length, chat);
-    else if (!strcmp(p, "/metrics")) send_metrics(s, c);
-    else if (!strcmp(p, "/v1/models")) send_models(s, c);
-    else {
+    c->tenant = c->route == ROUTE_HEALTH ? 0 : tenant_of(s, h);
+    if (!want) send_error(s, c, 404, NULL, "no such endpoint: %s %s", m, p);
+    else if (c->tenant < 0) send_error(s, c, 401, NULL, "a valid API key is required: 'Authorization: Bearer KEY'");
+    else if (strcmp(m, want)) send_error(s, c, 405, NULL, "%s %s: use %s", m, p, want);
+    return !want || c->tenant < 0 || strcmp(m, want) ? -1 : 0;
+}
+
+// A whole request (head and body at body) whose head passed check_head: answered, or its completion queued.
+static void handle_request(srv *s, srv_conn *c, const http_req *h, const char *body) {
+    switch (c->route) {
+    case ROUTE_COMPLETION:
+    case ROUTE_CHAT: start_completion(s, c, body, h->content_length, c->route == ROUTE_CHAT); break;
+    case ROUTE_SESSION: session_request(s, c, h); break;
+    case ROUTE_METRICS: send_metrics(s, c); break;
+    case ROUTE_MODELS: send_models(s, c); break;
+    case ROUTE_HEALTH: {
         dj_buf b = {0};
         buf_str(&b, "{\"status\":\"ok\"}\n");
         send_json(c, 200, &b);
         buf_free(&b);
     }
-    buf_drop_front(&c->in, h->head_len + h->content_length);
-    c->t_req = 0, c->sent_continue = 0;
+    }
+    c->t_req = 0, c->sent_continue = 0, c->head_ok = 0;
 }
 
 // ---- connections
+// The bytes of requests the connection holds, as counted in the server's total: called after they change (its
+// buffer's room is at most about twice that, and goes back past 64 KB once empty). Unsent output has its bounds per
+// connection: reading pauses past SRV_OUT_PAUSE, the connection goes past SRV_OUT_MAX.
+static void conn_count(srv *s, srv_conn *c) {
+    s->held = s->held - c->held + c->in.n;
+    c->held = c->in.n;
+}
+
 static void conn_close(srv *s, int32_t i) {
     srv_conn *c = s->conns[i];
     if (c->req) {  // its job ends at the next turn, unheard
@@ -518,35 +579,58 @@ static void conn_close(srv *s, int32_t i) {
     if (c->rejected) s->n_rejecting--;
     close(c->fd);
     buf_free(&c->in), buf_free(&c->out);
+    conn_count(s, c);
     free(c);
     s->conns[i] = s->conns[--s->n_conns];
 }
 
 // A refusal that ends the connection: the response goes out, then what the client still sends is read and dropped
-// for a while, so that closing with unread bytes does not reset the connection under the response.
+// for a while, so that closing with unread bytes does not reset the connection under the response. What it sent
+// and was not read is dropped now.
 static void refuse_and_drain(srv_conn *c) {
     c->keep_alive = 0, c->closing = 1, c->draining = 1;
+    c->in.n = c->in_off = 0, c->need_input = 0, c->more = 0;
 }
 
-static void accept_all(srv *s) {
+// Out of descriptors: the spare one is given up for a moment, so that the pending connection can be taken and
+// closed at once (its client hears the close rather than waiting; the listening socket no longer stays readable
+// and turns the loop into a spin). 0: one was shed; -1: none could be.
+static int shed_one(srv *s) {
+    if (s->spare_fd < 0) return -1;
+    close(s->spare_fd);
+    int fd = accept4(s->lfd, NULL, NULL, SOCK_CLOEXEC);
+    if (fd >= 0) close(fd), s->shed++;
+    s->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    return fd >= 0 ? 0 : -1;
+}
+
+// Connections past --max-conns, or while the buffered bytes are past --buffer-mb, get 503 at once (at most
+// SRV_REJECT_MAX of them at a time; more are closed). 0, or -1 when descriptors ran out and none could be shed: the
+// listening socket then waits a turn.
+static int accept_all(srv *s) {
     for (;;) {
         int fd = accept4(s->lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
-        if (fd < 0) return;  // EAGAIN, or a connection that went away before it was taken
+        if (fd < 0 && (errno == EMFILE || errno == ENFILE)) {
+            if (shed_one(s)) return -1;
+            continue;
+        }
+        if (fd < 0) return 0;  // EAGAIN, or a connection that went away before it was taken
         int one = 1;
         setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-        int over = s->n_conns - s->n_rejecting >= s->o.max_conns;
+        int full = s->held >= s->held_max, over = full || s->n_conns - s->n_rejecting >= s->o.max_conns;
         srv_conn *c = !over || s->n_rejecting < SRV_REJECT_MAX ? calloc(1, sizeof *c) : NULL;
         if (!c) {
             close(fd);
             continue;
         }
-        c->fd = fd, c->t_read = c->t_wrote = c->t_flushed = dj_now();
+        c->fd = fd, c->t_read = c->t_wrote = c->t_flushed = dj_now(), c->need_input = 1;
         s->conns[s->n_conns++] = c;
         if (over) {
             c->rejected = 1, s->n_rejecting++;
             refuse_and_drain(c);
             dj_buf b = {0};
-            api_error_json(&b, 503, NULL, "too many connections: try again later");
+            api_error_json(&b, 503, NULL, full ? "the server holds as much of its clients' data as it may: try "
+                                                 "again later" : "too many connections: try again later");
             send_json(c, 503, &b);
             buf_free(&b);
             s->errors++;
@@ -554,16 +638,28 @@ static void accept_all(srv *s) {
     }
 }
 
+// Whether the connection is to be read now: its next request needs bytes (nothing else waits on it, its unsent
+// output is small, the server's buffers have room), or it is being drained.
+static int conn_wants_input(const srv *s, const srv_conn *c) {
+    if (c->eof) return 0;
+    if (c->draining) return 1;
+    return c->need_input && !c->req && !c->closing && c->out.n <= SRV_OUT_PAUSE && s->held < s->held_max;
+}
+
 static void conn_parse(srv *s, srv_conn *c, double now);
 
-// Reads what the connection has (at most SRV_READ_TURN a turn, so that a fast sender does not hold the others up),
-// parsing requests while none is under way: a request refused from its head (a body over the limit) turns the
-// rest of what the client sends into bytes read and dropped. 0: keep it; -1: close it now.
+// Reads what the connection has, while its next request needs it (at most SRV_READ_TURN a turn, so that a fast
+// sender does not hold the others up), parsing as it goes. The end of the client's input ends its requests: what
+// is owed is still sent. 0: keep it; -1: close it now.
 static int conn_read(srv *s, srv_conn *c, double now) {
     char tmp[65536];
-    for (size_t total = 0; total < SRV_READ_TURN;) {
+    for (size_t total = 0; total < SRV_READ_TURN && conn_wants_input(s, c);) {
         ssize_t got = recv(c->fd, tmp, sizeof tmp, 0);
-        if (got == 0) return -1;  // the client closed: whatever it asked for is dropped
+        if (got == 0) {
+            c->eof = 1, c->need_input = 0;
+            c->in.n = c->in_off = 0;  // the part of a request that will never be whole
+            break;
+        }
         if (got < 0) {
             if (errno == EAGAIN || errno == EWOULDBLOCK) break;
             if (errno == EINTR) continue;
@@ -572,54 +668,89 @@ static int conn_read(srv *s, srv_conn *c, double now) {
         c->t_read = now, total += (size_t)got;
         if (c->draining) continue;
         if (!c->t_req && !c->req) c->t_req = now;
-        if (c->in.n + (size_t)got > HTTP_HEAD_MAX + SRV_BODY_MAX + 65536) return -1;  // far past any limit
+        if (c->in_off && c->in_off >= c->in.n / 2) {  // compacted once the consumed part is half: moves stay linear
+            buf_drop_front(&c->in, c->in_off);
+            c->in_off = 0;
+        }
+        if (c->in.n - c->in_off + (size_t)got > HTTP_HEAD_MAX + SRV_BODY_MAX + sizeof tmp) return -1;  // a safeguard
         buf_add(&c->in, tmp, (size_t)got);
+        conn_count(s, c);
         if (c->in.oom) return -1;
         conn_parse(s, c, now);
     }
+    if (c->eof && c->draining && c->t_drain) return -1;  // refused, answered, and the client has finished
     return 0;
 }
 
-// Requests in c->in are answered (or their completion queued) while none is under way.
+// Requests in c->in are answered (or their completion queued) while none is under way, at most SRV_REQS_TURN of
+// them and while the unsent output stays under SRV_OUT_PAUSE; c->need_input says whether the next needs bytes.
 static void conn_parse(srv *s, srv_conn *c, double now) {
-    while (!c->req && !c->closing && c->in.n) {
+    c->need_input = 0, c->more = 0;
+    for (int answered = 0; !c->req && !c->closing;) {
+        size_t n = c->in.n - c->in_off;
+        const char *p = c->in.p + c->in_off;
+        if (!n) {
+            c->need_input = 1;
+            break;
+        }
+        if (answered == SRV_REQS_TURN || c->out.n > SRV_OUT_PAUSE) {
+            c->more = 1;
+            break;
+        }
         if (!c->t_req) c->t_req = now;
         http_req h;
         int status;
         const char *why;
-        int rc = http_parse_head(c->in.p, c->in.n, SRV_BODY_MAX, &h, &status, &why);
-        if (rc == 0) break;
+        int rc = http_parse_head(p, n, SRV_BODY_MAX, &h, &status, &why);
+        if (rc == 0) {
+            c->need_input = 1;
+            break;
+        }
         if (rc < 0) {
             refuse_and_drain(c);
             send_error(s, c, status, NULL, "%s", why);
-            c->in.n = 0;
             break;
         }
-        if (c->in.n < h.head_len + h.content_length) {  // the body is still coming
+        if (!c->head_ok && check_head(s, c, &h)) {
+            refuse_and_drain(c);  // the body, if any, is not read
+            break;
+        }
+        c->head_ok = 1;
+        if (n < h.head_len + h.content_length) {  // the body is still coming
             if (h.expect_continue && !c->sent_continue) buf_str(&c->out, "HTTP/1.1 100 Continue\r\n\r\n");
-            c->sent_continue = 1;
+            c->sent_continue = 1, c->need_input = 1;
             break;
         }
-        handle_request(s, c, &h);
+        handle_request(s, c, &h, p + h.head_len);
+        c->in_off += h.head_len + h.content_length, answered++;
     }
+    if (c->in_off == c->in.n) c->in.n = c->in_off = 0;
+    if (!c->in.n && c->in.cap > 65536) buf_free(&c->in);  // a large body's room goes back
+    conn_count(s, c);
 }
 
 // Sends what is pending. -1: the connection is done (the peer is gone, or the response is out and it closes).
 static int conn_write(srv_conn *c, double now) {
-    while (c->out.n) {
-        ssize_t w = send(c->fd, c->out.p, c->out.n, MSG_NOSIGNAL);
+    size_t sent = 0;
+    int rc = 0;
+    while (sent < c->out.n) {
+        ssize_t w = send(c->fd, c->out.p + sent, c->out.n - sent, MSG_NOSIGNAL);
+        if (w < 0 && errno == EINTR) continue;
         if (w < 0) {
-            if (errno == EAGAIN || errno == EWOULDBLOCK) return 0;
-            if (errno == EINTR) continue;
-            return -1;
+            rc = errno == EAGAIN || errno == EWOULDBLOCK ? 0 : -1;
+            break;
         }
         c->t_wrote = c->t_flushed = now;
-        buf_drop_front(&c->out, (size_t)w);
+        sent += (size_t)w;
     }
-    if (!c->closing || c->req) return 0;
+    buf_drop_front(&c->out, sent);  // one move a turn, whatever the number of sends
+    if (!c->out.n && c->out.cap > 65536) buf_free(&c->out);
+    if (rc || c->out.n || c->req) return rc;
+    if (c->eof && !c->more && !c->draining) return -1;  // all that was asked is answered
+    if (!c->closing) return 0;
     if (!c->draining) return -1;
     if (!c->t_drain) shutdown(c->fd, SHUT_WR), c->t_drain = now;  // the response is out: the client sees its end
-    return 0;
+    return c->eof ? -1 : 0;
 }
 
 // Why connection c should go now, or NULL: a deadline passed or a limit was crossed.
@@ -657,31 +788,42 @@ static void srv_loop(srv *s) {
         fprintf(stderr, "djinn serve: out of memory\n");
         return;
     }
+    double accept_after = 0;  // out of descriptors with none to shed: the listening socket rests until then
+    int again = 0;            // requests wait in a connection's input for this turn (SRV_REQS_TURN)
     while (!srv_stop) {
-        pf[0] = (struct pollfd){.fd = s->lfd, .events = POLLIN};
+        double now = dj_now();
+        pf[0] = (struct pollfd){.fd = s->lfd, .events = now >= accept_after ? POLLIN : 0};
         for (int32_t i = 0; i < s->n_conns; i++) {
             srv_conn *c = s->conns[i];
-            pf[i + 1] = (struct pollfd){.fd = c->fd, .events = (short)(POLLIN | POLLRDHUP | (c->out.n ? POLLOUT : 0))};
+            short in = conn_wants_input(s, c) ? POLLIN | POLLRDHUP : c->hup_seen ? 0 : POLLRDHUP;
+            short ev = (short)(in | (c->out.n ? POLLOUT : 0));
+            pf[i + 1] = (struct pollfd){.fd = c->fd, .events = ev};  // errors and hang-ups come whatever ev is
         }
         int32_t n = s->n_conns;
-        int ready = poll(pf, (nfds_t)n + 1, bt_has_work(s->bt) ? 0 : 250);
+        int ready = poll(pf, (nfds_t)n + 1, bt_has_work(s->bt) || again ? 0 : now < accept_after ? 100 : 250);
         if (ready < 0 && errno != EINTR) {
             fprintf(stderr, "djinn serve: poll: %s\n", strerror(errno));
             break;
         }
-        double now = dj_now();
+        now = dj_now();
         // connections first (their indices match pf until one closes: go backwards), then new ones
         for (int32_t i = n - 1; i >= 0; i--) {
             srv_conn *c = s->conns[i];
             if (!c->out.n) c->t_flushed = now;
             short re = ready > 0 ? pf[i + 1].revents : 0;
-            int drop = (re & (POLLERR | POLLNVAL)) != 0;
-            if (!drop && (re & (POLLIN | POLLRDHUP | POLLHUP))) drop = conn_read(s, c, now) < 0;
+            int drop = (re & (POLLERR | POLLNVAL)) || ((re & POLLHUP) && !conn_wants_input(s, c));
+            if (!drop && (re & POLLRDHUP) && !conn_wants_input(s, c)) {
+                // ended while not read: a request half sent will never be whole (nothing is owed: it goes now, its
+                // bytes with it); else what it asked for is still answered
+                drop = c->t_req && !c->req && !c->more && !c->draining;
+                c->hup_seen = 1;
+            } else if (!drop && (re & (POLLIN | POLLRDHUP | POLLHUP))) {
+                drop = conn_read(s, c, now) < 0;
+            }
             if (!drop && c->out.n) drop = conn_write(c, now) < 0;
             if (!drop && c->t_req && !c->req && !c->closing && now - c->t_req > s->o.timeout_s) {
                 refuse_and_drain(c);
                 send_error(s, c, 408, NULL, "the request did not arrive whole within %g s", s->o.timeout_s);
-                c->in.n = 0;
             }
             const char *why = drop ? NULL : conn_expired(s, c, now);
             if (why && c->out.n && !s->o.quiet)  // a client that stopped reading: worth a line, unlike an idle one
@@ -691,28 +833,59 @@ static void srv_loop(srv *s) {
             if (!drop && c->closing && !c->out.n && !c->req && !c->draining) drop = 1;
             if (drop) conn_close(s, i);
         }
-        if (ready > 0 && (pf[0].revents & POLLIN)) accept_all(s);
+        if (ready > 0 && (pf[0].revents & POLLIN) && accept_all(s)) accept_after = now + 0.1;
         if (step_us > 0 && bt_has_work(s->bt)) usleep((useconds_t)step_us);
         bt_step(s->bt);
         count_tokens(s);
-        // what the turn produced goes out now, not after the next poll; a request that waited behind an answer on
-        // its connection is taken up
+        // what the turn produced goes out now, not after the next poll; requests that waited (behind an answer on
+        // their connection, or past the turn's SRV_REQS_TURN) are taken up
         now = dj_now();
+        again = 0;
         for (int32_t i = s->n_conns - 1; i >= 0; i--) {
             srv_conn *c = s->conns[i];
-            if (!c->req && c->in.n && !c->closing) conn_parse(s, c, now);
-            if ((c->out.n || c->closing) && conn_write(c, now) < 0) conn_close(s, i);
+            if (!c->req && !c->closing && !c->need_input) conn_parse(s, c, now);
+            if ((c->out.n || c->closing || c->eof) && conn_write(c, now) < 0) {
+                conn_close(s, i);
+                continue;
+            }
+            again |= c->more && c->out.n <= SRV_OUT_PAUSE;
         }
     }
     free(pf);
 }
 
 // ---- set-up
+// Descriptors for every connection, the ones refused at once and the server's own: the soft limit is raised to
+// that where the hard one allows, else --max-conns is lowered to what fits, and said.
+static int srv_fd_limit(srv_opts *o, dj_err *e) {
+    struct rlimit rl;
+    rlim_t need = (rlim_t)o->max_conns + SRV_REJECT_MAX + SRV_FDS_OWN;
+    if (getrlimit(RLIMIT_NOFILE, &rl)) return dj_fail(e, "getrlimit: %s", strerror(errno));
+    if (rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur < need) {
+        rl.rlim_cur = rl.rlim_max == RLIM_INFINITY || rl.rlim_max >= need ? need : rl.rlim_max;
+        if (setrlimit(RLIMIT_NOFILE, &rl) || getrlimit(RLIMIT_NOFILE, &rl))
+            return dj_fail(e, "setrlimit: %s", strerror(errno));
+    }
+    if (rl.rlim_cur == RLIM_INFINITY || rl.rlim_cur >= need) return 0;
+    long long fit = (long long)rl.rlim_cur - SRV_REJECT_MAX - SRV_FDS_OWN;
+    if (fit < 1)
+        return dj_fail(e, "the descriptor limit (ulimit -n) is %llu: the server needs %d besides its connections",
+                       (unsigned long long)rl.rlim_cur, SRV_REJECT_MAX + SRV_FDS_OWN + 1);
+    fprintf(stderr, "djinn serve: --max-conns %d lowered to %lld: the descriptor limit (ulimit -n) is %llu\n",
+            o->max_conns, fit, (unsigned long long)rl.rlim_cur);
+    o->max_conns = (int32_t)fit;
+    return 0;
+}
+
 int serve_main(int argc, char **argv) {
-    srv s = {.lfd = -1, .t_start = (double)time(NULL)};
+    srv s = {.lfd = -1, .spare_fd = -1, .t_start = (double)time(NULL)};
     int prc = srv_parse(argc, argv, &s.o);
-    if (prc) return prc < 0 ? 0 : prc;
+    if (prc) {
+        keys_free(&s.o.keys);
+        return prc < 0 ? 0 : prc;
+    }
     srv_opts *o = &s.o;
+    s.held_max = (size_t)(o->buffer_mb * 1e6);
     if (o->threads) cpu_set_threads(o->threads);
     signal(SIGPIPE, SIG_IGN);
     signal(SIGINT, srv_on_signal);
@@ -765,6 +938,7 @@ int serve_main(int argc, char **argv) {
     bt_opts bo = {parallel, o->prefill_chunk, o->sessions, (uint64_t)(o->park_gb * 1e9), o->breakpoints, brk_rows};
     bt_callbacks cb = {on_started, on_text, on_ended};
     if (!(s.bt = bt_new(&s.eng, s.tok, cfg, &bo, &cb, &e))) goto out;
+    if (srv_fd_limit(o, &e)) goto out;
     if (!(s.conns = calloc((size_t)o->max_conns + SRV_REJECT_MAX, sizeof *s.conns))) {
         dj_fail(&e, "out of memory");
         goto out;
@@ -773,6 +947,10 @@ int serve_main(int argc, char **argv) {
                     "sequences a step, parking up to %.3g GB; chat template: %s\n", s.model_name, s.eng.name,
             (int)slots, ctx, slot_gb * slots, parallel, o->park_gb, chat_kind_name(s.am.chat));
     if (srv_listen(&s, &e)) goto out;
+    if ((s.spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC)) < 0) {
+        dj_fail(&e, "/dev/null: %s", strerror(errno));
+        goto out;
+    }
     srv_loop(&s);
     bt_stats t;
     bt_get_stats(s.bt, &t);
@@ -785,6 +963,8 @@ out:
     free(s.conns);
     bt_free(s.bt);
     if (s.lfd >= 0) close(s.lfd);
+    if (s.spare_fd >= 0) close(s.spare_fd);
+    keys_free(&o->keys);
     engine_close(&s.eng);
     if (s.tok) tok_free(s.tok);
     model_free(&s.m);

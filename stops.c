@@ -14,9 +14,11 @@ int held_feed(dj_held *h, const char *text, size_t n, const char *const *stops, 
     }
     if (n) memcpy(h->buf + h->len, text, n);
     h->len += n;
+    if (!h->len) return -1;  // nothing held, nothing new (a token that decodes to no bytes): buf may be NULL
     size_t first = h->len;
     int which = -1;
     for (int k = 0; k < n_stops; k++) {
+        if (!stops[k][0]) continue;  // an empty stop string matches nothing (callers refuse it; no wrap below)
         const char *at = memmem(h->buf, h->len, stops[k], strlen(stops[k]));
         if (at && (size_t)(at - h->buf) < first) first = (size_t)(at - h->buf), which = k;
     }
@@ -27,6 +29,7 @@ int held_feed(dj_held *h, const char *text, size_t n, const char *const *stops, 
     size_t keep = 0;  // the longest proper prefix of a stop string that the held text ends with
     for (int k = 0; k < n_stops; k++) {
         size_t sl = strlen(stops[k]);
+        if (!sl) continue;
         for (size_t m = sl - 1 < h->len ? sl - 1 : h->len; m > keep; m--)
             if (!memcmp(h->buf + h->len - m, stops[k], m)) {
                 keep = m;

@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -255,6 +256,7 @@ static char *ts_text(const ts_resp *r, int chat, int stream, char *finish, size_
 // The engine the servers and the command lines of a test run on: the CPU's (--cpu), or the GPU's (the gpu_ tests);
 // on the GPU, servers keep no layer resident when ts_gpu_streamed (--stream-all).
 static int ts_on_gpu, ts_gpu_streamed;
+static int ts_nofile;  // > 0: the servers ts_start starts have this descriptor limit (soft and hard)
 
 // Starts `djinn serve MODEL --port 0 --cpu` (ts_on_gpu: without --cpu) with `extra` arguments (NULL-terminated); ready when its port is on
 // stderr and /health answers.
@@ -274,6 +276,8 @@ static void ts_start(ts_srv *s, const ts_env *t, const char *model, const char *
     if (s->pid == 0) {
         prctl(PR_SET_PDEATHSIG, SIGKILL);  // a test that fails before ts_stop leaves no server, stopped or not
         if (getppid() != test) _exit(1);
+        struct rlimit rl = {(rlim_t)ts_nofile, (rlim_t)ts_nofile};
+        if (ts_nofile > 0 && setrlimit(RLIMIT_NOFILE, &rl)) _exit(126);
         int o = open("/dev/null", O_WRONLY), e = open(s->err, O_WRONLY | O_CREAT | O_TRUNC, 0644);
         dup2(o, 0), dup2(o, 1), dup2(e, 2);
         execv(argv[0], argv);
@@ -661,10 +665,20 @@ Test(server, gpu_concurrent_clients_each_get_their_own_text) {
 }
 
 // ---- clients that leave, and bad clients
-// Clients that close their connection before their answer is whole: one in the middle of a stream, one whose
-// request waits in the queue (--parallel 1), one whose answer (not streamed) is being generated. Their sequences
-// end (no more tokens are spent on them: a queued one never runs) and the server goes on serving. Each turn takes
-// 2 ms here (DJINN_TEST_STEP_US), so an answer of 400 tokens is certainly under way when its client leaves.
+// A connection closed with a reset (SO_LINGER of 0), as a client that is killed or gives up leaves: the server
+// cannot take that for a half-close.
+static void ts_abort(int fd) {
+    struct linger l = {1, 0};
+    setsockopt(fd, SOL_SOCKET, SO_LINGER, &l, sizeof l);
+    close(fd);
+}
+
+// Clients that leave before their answer is whole: one closes in the middle of a stream (its next token meets a
+// reset), one whose request waits in the queue (--parallel 1) and one whose answer (not streamed) is being
+// generated reset their connections (a plain close of those two is a half-close to the server, whose answer is
+// still owed: half_closed_clients_get_their_answers). Their sequences end (no more tokens are spent on them: a
+// queued one never runs) and the server goes on serving. Each turn takes 2 ms here (DJINN_TEST_STEP_US), so an
+// answer of 400 tokens is certainly under way when its client leaves.
 Test(server, clients_that_leave_end_their_sequences) {
     ts_env t;
     ts_setup(&t);
@@ -682,7 +696,7 @@ Test(server, clients_that_leave_end_their_sequences) {
     int queued = ts_open_completion(s.port, "The little dog", 400, 0);
     cr_assert(queued >= 0, "cannot send a request");
     ts_await_metric(&s, "requests_queued", 1);
-    close(queued);  // before it ran
+    ts_abort(queued);  // before it ran
     ts_await_metric(&s, "requests_queued", 0);
     close(streamed);  // mid-stream
     ts_await_metric(&s, "requests_active", 0);
@@ -691,7 +705,7 @@ Test(server, clients_that_leave_end_their_sequences) {
     int waiting = ts_open_completion(s.port, "The little dog", 400, 0);
     cr_assert(waiting >= 0, "cannot send a request");
     ts_await_metric(&s, "requests_active", 1);
-    close(waiting);  // while its answer is generated
+    ts_abort(waiting);  // while its answer is generated
     ts_await_metric(&s, "requests_active", 0);
     double gen2 = ts_metric(&s, "generated_tokens_total");
     cr_assert_lt(gen2 - gen, 400, "the answer ran to its end (%g tokens) after its client left", gen2 - gen);
@@ -1072,9 +1086,10 @@ static unsigned char *ts_unbase64(const char *s, size_t *n) {
     return out;
 }
 
-// A breakpoint request (its JSON body) to `path`: status 200, no text, finish_reason "breakpoint", the fields.
-static ts_brk ts_break(const ts_srv *s, const char *path, const char *body) {
-    ts_resp r = ts_post(s->port, path, body);
+// A breakpoint request (its JSON body) to `path`, with `headers` (NULL: none): status 200, no text, finish_reason
+// "breakpoint", the fields.
+static ts_brk ts_break_h(const ts_srv *s, const char *path, const char *headers, const char *body) {
+    ts_resp r = ts_http(s->port, "POST", path, headers, body);
     cr_assert_eq(r.status, 200, "a breakpoint: %s", r.raw);
     dj_err e;
     json_doc *d = json_parse(r.body, strlen(r.body), &e);
@@ -1100,6 +1115,8 @@ static ts_brk ts_break(const ts_srv *s, const char *path, const char *body) {
     free(r.raw);
     return b;
 }
+
+static ts_brk ts_break(const ts_srv *s, const char *path, const char *body) { return ts_break_h(s, path, NULL, body); }
 
 // The body of a resume of b with rows (b's shape), after the fields `more` (NULL: none).
 static char *ts_resume_body(const ts_brk *b, const float *rows, const char *more) {
@@ -1587,8 +1604,9 @@ Test(server, usage_errors) {
     snprintf(err, sizeof err, "%s/u.err", t.dir);
     cr_assert_eq(ts_run((char *[]){ts_djinn, "serve", "--help", NULL}, NULL, out, err), 0);
     char *help = tc_must_read(out, NULL);
-    const char *flags[] = {"--host", "--port", "--api-key", "--parallel", "--kv-gb", "--park-gb", "--sessions",
-                           "--prefill-chunk", "--max-conns", "--timeout", "/v1/sessions/NAME/park"};
+    const char *flags[] = {"--host",     "--port",     "--api-key", "--api-key-file", "--buffer-mb",
+                           "--parallel", "--kv-gb",    "--park-gb", "--sessions",     "--prefill-chunk",
+                           "--max-conns", "--timeout", "/v1/sessions/NAME/park"};
     for (size_t i = 0; i < sizeof flags / sizeof *flags; i++)
         cr_assert(strstr(help, flags[i]), "%s: %s", flags[i], help);
     free(help);
@@ -1607,6 +1625,12 @@ Test(server, usage_errors) {
         {{"--kv-gb", "0.0014", "--parallel", "4", NULL}, 2, 0, "--parallel 4 needs as many KV slots"},
         {{"-c", "100000", NULL}, 2, 0, "beyond the model's max_seq_len"},
         {{"--host", "nowhere", "--port", "0", NULL}, 1, 0, "not an IPv4 address"},
+        {{"--api-key", "", NULL}, 2, 1, "--api-key: a key holds 1 to 256 characters, not 0"},
+        {{"--api-key", "a b", NULL}, 2, 1, "visible ASCII characters only (no spaces), not byte 0x20 at 2"},
+        {{"--api-key", "k", "--api-key", "k", NULL}, 2, 1, "--api-key: a key given twice"},
+        {{"--api-key-file", "/nonexistent/keys", NULL}, 2, 1, "/nonexistent/keys"},
+        {{"--api-key-file", NULL}, 2, 1, "a value is missing after: --api-key-file"},
+        {{"--buffer-mb", "0", NULL}, 2, 1, "--buffer-mb wants a number"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         char *argv[12] = {ts_djinn, "serve", t.model, "--cpu"};
@@ -1664,4 +1688,360 @@ Test(http, head_parse) {
         cr_expect_eq(http_parse_head(bad[i].head, strlen(bad[i].head), 100, &r, &st, &why), -1, "%s", bad[i].head);
         cr_expect(st == bad[i].status && why && why[0], "%s: status %d, want %d", bad[i].head, st, bad[i].status);
     }
+}
+
+// ---- hostile clients: none can stall, starve or read another
+// One request's answer on a connection of its own whose client, having sent it, shuts its side down (SHUT_WR: no
+// more requests): everything the server sends until it closes.
+static char *ts_half_closed(int port, const char *req, size_t n) {
+    int fd = ts_connect(port);
+    cr_assert(fd >= 0);
+    ts_send(fd, req, n);
+    cr_assert(!shutdown(fd, SHUT_WR));
+    char *got = ts_read_all(fd, NULL);
+    close(fd);
+    return got;
+}
+
+// How many times `what` occurs in s.
+static size_t ts_count(const char *s, const char *what) {
+    size_t k = 0;
+    for (const char *at = s; (at = strstr(at, what)); at += strlen(what)) k++;
+    return k;
+}
+
+// A client that half-closes (the request, then shutdown(SHUT_WR), as `nc -N` does) gets every answer it is owed,
+// then the end of the connection: a request with "Connection: close", two pipelined ones on a kept-alive connection,
+// a completion and a streamed completion (the same text as the command line's).
+Test(server, half_closed_clients_get_their_answers) {
+    ts_env t;
+    ts_setup(&t);
+    ts_srv s;
+    ts_start(&s, &t, t.model, NULL);
+    const char one[] = "GET /health HTTP/1.1\r\nConnection: close\r\n\r\n";
+    char *got = ts_half_closed(s.port, one, sizeof one - 1);
+    cr_assert(!strncmp(got, "HTTP/1.1 200", 12) && strstr(got, "{\"status\":\"ok\"}"), "%s", got);
+    free(got);
+    const char two[] = "GET /health HTTP/1.1\r\n\r\nGET /v1/models HTTP/1.1\r\n\r\n";
+    got = ts_half_closed(s.port, two, sizeof two - 1);
+    cr_assert(ts_count(got, "HTTP/1.1 200") == 2 && strstr(got, "{\"status\":\"ok\"}") &&
+              strstr(got, "\"object\":\"list\""), "%s", got);
+    free(got);
+    char *want = ts_cli(&t, "Once upon a time", 20, "0", NULL);
+    for (int stream = 0; stream < 2; stream++) {
+        char *body = ts_completion_body("Once upon a time", 20, stream ? "\"temperature\":0,\"stream\":true"
+                                                                       : "\"temperature\":0");
+        char req[1024];
+        int k = snprintf(req, sizeof req, "POST /v1/completions HTTP/1.1\r\nContent-Length: %zu\r\n\r\n%s",
+                         strlen(body), body);
+        ts_resp r = {.raw = ts_half_closed(s.port, req, (size_t)k)};
+        ts_resp_parse(&r);
+        char *text = ts_text(&r, 0, stream, NULL, 0);
+        cr_assert_str_eq(text, want, "stream %d", stream);
+        free(text), free(r.raw), free(body);
+    }
+    free(want);
+    ts_stop(&s);
+    ts_teardown(&t);
+}
+
+// A flood on one connection: a completion and, in the same write, 4 MB of pipelined GET /health (the last one
+// "Connection: close"), its answers read by a thread of their own.
+typedef struct {
+    int fd;
+    size_t n_health;      // pipelined after the completion
+    size_t answers;       // "HTTP/1.1 200" seen once the server closed
+    volatile int answered_completion;
+    int ok;
+} ts_flood;
+
+static void *ts_flood_send(void *arg) {
+    ts_flood *f = arg;
+    char *body = ts_completion_body("Once upon a time", 60, "\"temperature\":0");
+    dj_buf b = {0};
+    buf_fmt(&b, "POST /v1/completions HTTP/1.1\r\nContent-Length: %zu\r\n\r\n%s", strlen(body), body);
+    for (size_t i = 0; i + 1 < f->n_health; i++) buf_str(&b, "GET /health HTTP/1.1\r\n\r\n");
+    buf_str(&b, "GET /health HTTP/1.1\r\nConnection: close\r\n\r\n");
+    f->ok = !b.oom && !ts_send_all(f->fd, b.p, b.n);
+    buf_free(&b), free(body);
+    return NULL;
+}
+
+static void *ts_flood_read(void *arg) {
+    ts_flood *f = arg;
+    size_t cap = 1 << 20, n = 0, tail = 0;  // only the last bytes are kept: an answer may straddle two reads
+    char *buf = malloc(cap + 1);
+    for (;;) {
+        ssize_t got = recv(f->fd, buf + tail, cap - tail, 0);
+        if (got < 0 && errno == EINTR) continue;
+        if (got <= 0) break;
+        n = tail + (size_t)got, buf[n] = 0;
+        if (strstr(buf, "\"text_completion\"")) f->answered_completion = 1;
+        f->answers += ts_count(buf, "HTTP/1.1 200");
+        tail = n < 16 ? n : 16;  // "HTTP/1.1 200" is 12 bytes: a straddling one is whole in the next window
+        f->answers -= ts_count(buf + n - tail, "HTTP/1.1 200");
+        memmove(buf, buf + n - tail, tail);
+    }
+    buf[tail] = 0;
+    f->answers += ts_count(buf, "HTTP/1.1 200");
+    free(buf);
+    return NULL;
+}
+
+// The flood's connection is answered at most SRV_REQS_TURN requests a turn, its input consumed with an offset and
+// read no further while its next requests wait, so that other clients are answered meanwhile and the server holds
+// about one read of it (before: the 4 MB answered in one pass that moved the rest of the input down after each
+// request, holding everyone up for over a minute). Every pipelined request is answered, in one stream.
+Test(server, pipelined_flood_does_not_stall_others) {
+    ts_env t;
+    ts_setup(&t);
+    ts_srv s;
+    ts_start(&s, &t, t.model, NULL);
+    ts_flood f = {.fd = ts_connect(s.port), .n_health = ((size_t)4 << 20) / 24};
+    cr_assert(f.fd >= 0);
+    pthread_t snd, rcv;
+    pthread_create(&snd, NULL, ts_flood_send, &f);
+    pthread_create(&rcv, NULL, ts_flood_read, &f);
+    for (double t0 = dj_now(); !f.answered_completion && dj_now() - t0 < TS_WAIT_S; usleep(1000)) {}
+    cr_assert(f.answered_completion, "the flood's completion was not answered");
+    // the pipelined requests are now answered: others are served beside them
+    double held_max = 0;
+    for (int i = 0; i < 20; i++) {
+        ts_resp r = ts_http(s.port, "GET", "/health", NULL, NULL);
+        cr_assert_eq(r.status, 200, "a client beside the flood: %s", r.raw);
+        free(r.raw);
+        held_max = fmax(held_max, ts_metric(&s, "buffered_bytes"));
+    }
+    pthread_join(snd, NULL);
+    pthread_join(rcv, NULL);
+    close(f.fd);
+    cr_assert(f.ok, "sending the flood failed");
+    cr_assert_eq(f.answers, f.n_health + 1, "%zu answers to %zu requests", f.answers, f.n_health + 1);
+    // what the server holds of the flood's input: one turn's reads at most (1 MB and a read), far from its 4 MB
+    cr_assert_lt(held_max, 3e6, "the server held %g bytes of requests", held_max);
+    cr_assert_lt(ts_metric(&s, "buffered_bytes"), 1000, "the flood's bytes are still held");
+    ts_stop(&s);
+    ts_teardown(&t);
+}
+
+// A request head, then silence: the answer, which must come before any body is sent.
+static ts_resp ts_head_only(int port, const char *head) {
+    int fd = ts_connect(port);
+    cr_assert(fd >= 0);
+    ts_send(fd, head, strlen(head));
+    ts_resp r = {.raw = ts_read_all(fd, NULL)};
+    close(fd);
+    ts_resp_parse(&r);
+    return r;
+}
+
+// Refusals that the head decides (no key or a wrong one, no such endpoint, the wrong method) come before the body is
+// read: a client announcing 8 MB and sending none gets its answer at once, not 408 after --timeout (before: the key,
+// route and method were checked once the whole body had arrived). Past --buffer-mb of requests held for all
+// connections, nothing more is read and a new connection gets 503; once the holders leave, clients are served.
+Test(server, refused_from_the_head_and_bounded_in_all) {
+    ts_env t;
+    ts_setup(&t);
+    ts_srv s;
+    ts_start(&s, &t, t.model, (const char *[]){"--api-key", "k", "--buffer-mb", "2", "--timeout", "20", NULL});
+    static const struct {
+        const char *head;
+        int status;
+        const char *msg;
+    } cases[] = {
+        {"POST /v1/completions HTTP/1.1\r\nContent-Length: 8000000\r\n\r\n", 401, "API key"},
+        {"POST /v1/completions HTTP/1.1\r\nAuthorization: Bearer x\r\nContent-Length: 8000000\r\n\r\n", 401, "API key"},
+        {"POST /v1/nothing HTTP/1.1\r\nAuthorization: Bearer k\r\nContent-Length: 8000000\r\n\r\n", 404, "no such"},
+        {"GET /v1/completions HTTP/1.1\r\nAuthorization: Bearer k\r\nContent-Length: 8000000\r\n\r\n", 405, "use POST"},
+        {"PUT /v1/sessions/a/park HTTP/1.1\r\nAuthorization: Bearer k\r\nContent-Length: 8000000\r\n\r\n", 405,
+         "use POST"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        ts_resp r = ts_head_only(s.port, cases[i].head);
+        ts_expect_error(&r, cases[i].status, cases[i].msg, NULL);
+        free(r.raw);
+    }
+    // two clients with the key send most of 8 MB bodies and hold them: past 2 MB the server reads no more, and a new
+    // connection hears why
+    const char head[] = "POST /v1/completions HTTP/1.1\r\nAuthorization: Bearer k\r\nContent-Length: 8000000\r\n\r\n";
+    char *part = malloc(1500000);
+    memset(part, ' ', 1500000);
+    int hold[2];
+    for (int i = 0; i < 2; i++) {
+        hold[i] = ts_connect(s.port);
+        cr_assert(hold[i] >= 0);
+        ts_send(hold[i], head, sizeof head - 1);
+        ts_send(hold[i], part, 1500000);  // the sockets' buffers take what the server does not read
+    }
+    free(part);
+    ts_resp r = {0};
+    for (double t0 = dj_now(); dj_now() - t0 < TS_WAIT_S; usleep(10000)) {
+        r = ts_http(s.port, "GET", "/health", NULL, NULL);
+        if (r.status == 503) break;
+        free(r.raw), r.raw = NULL;
+    }
+    cr_assert(r.raw, "the server went on taking connections past --buffer-mb");
+    ts_expect_error(&r, 503, "holds as much of its clients' data as it may", NULL);
+    free(r.raw);
+    close(hold[0]), close(hold[1]);  // their requests can never be whole: the server lets them go at once
+    for (double t0 = dj_now(); dj_now() - t0 < TS_WAIT_S; usleep(10000)) {
+        r = ts_http(s.port, "GET", "/v1/models", "Authorization: Bearer k\r\n", NULL);
+        if (r.status == 200) break;
+        free(r.raw), r.raw = NULL;
+    }
+    cr_assert(r.raw, "the server did not serve again once the holders left");
+    free(r.raw);
+    ts_stop(&s);
+    ts_teardown(&t);
+}
+
+// The lowest descriptor number the process has free (/proc/PID/fd): what its next open or accept would get.
+static int ts_lowest_free_fd(pid_t pid) {
+    char dir[64];
+    snprintf(dir, sizeof dir, "/proc/%d/fd", (int)pid);
+    for (int fd = 0;; fd++) {
+        char path[96];
+        snprintf(path, sizeof path, "%s/%d", dir, fd);
+        struct stat st;
+        if (lstat(path, &st)) return fd;
+    }
+}
+
+// Descriptors. Under a hard limit of 128 the server says it lowers --max-conns 256 to what fits (128 less its own
+// 64 and the 32 it may refuse at once). Then, its soft limit lowered from outside to the descriptors it has open,
+// a new client's connection is taken and closed at once (a spare descriptor given up for it), not left pending
+// while accept fails and the listening socket keeps poll awake (before: 100% CPU and no answer). With the limit
+// back, it serves as before and counts the connection it shed.
+Test(server, out_of_descriptors) {
+    ts_env t;
+    ts_setup(&t);
+    ts_srv s;
+    ts_nofile = 128;
+    ts_start(&s, &t, t.model, (const char *[]){"--max-conns", "256", NULL});
+    ts_nofile = 0;
+    char *err = tc_read(s.err, NULL);
+    cr_assert(err && strstr(err, "--max-conns 256 lowered to 32: the descriptor limit (ulimit -n) is 128"), "%s", err);
+    free(err);
+    cr_assert_eq(ts_metric(&s, "connections_shed_total"), 0);
+    int idle = ts_connect(s.port);  // an idle client's connection: taken before the limit, kept after it
+    ts_await_metric(&s, "connections", 2);
+    struct rlimit low = {(rlim_t)ts_lowest_free_fd(s.pid), 128}, back = {128, 128};
+    cr_assert(!prlimit(s.pid, RLIMIT_NOFILE, &low, NULL), "prlimit: %s", strerror(errno));
+    int fd = ts_connect(s.port);
+    cr_assert(fd >= 0);
+    char c;
+    ssize_t got = recv(fd, &c, 1, 0);
+    int e = errno;
+    cr_assert(got == 0 || (got < 0 && e == ECONNRESET), "the connection was not shed: recv %zd (%s)", got,
+              got < 0 ? strerror(e) : "a byte");
+    close(fd);
+    cr_assert(!prlimit(s.pid, RLIMIT_NOFILE, &back, NULL), "prlimit: %s", strerror(errno));
+    cr_assert_geq(ts_metric(&s, "connections_shed_total"), 1);
+    ts_resp r = ts_http(s.port, "GET", "/health", NULL, NULL);
+    cr_assert_eq(r.status, 200, "%s", r.raw);
+    free(r.raw);
+    close(idle);
+    ts_stop(&s);
+    ts_teardown(&t);
+}
+
+// A token that decodes to no bytes before anything is held back (a byte-fallback piece at a high temperature) with
+// stop strings: the hold-back neither moves nor searches a NULL buffer (the sanitized build aborted on it).
+Test(server, stop_strings_beside_tokens_of_no_bytes) {
+    ts_env t;
+    ts_setup(&t);
+    ts_srv s;
+    ts_start(&s, &t, t.model, NULL);
+    for (int seed = 0; seed < 4; seed++) {
+        char body[200];
+        snprintf(body, sizeof body, "{\"prompt\":\"hi\",\"max_tokens\":%d,\"temperature\":1000,\"seed\":%d%s}",
+                 seed ? 8 : 1, seed, seed & 1 ? ",\"stop\":[\"zz\"]" : "");
+        ts_resp r = ts_post(s.port, "/v1/completions", body);
+        cr_assert_eq(r.status, 200, "%s: %s", body, r.raw);
+        free(r.raw);
+    }
+    ts_stop(&s);
+    ts_teardown(&t);
+}
+
+// A request on the tenant of `key`: its status, and its usage's cached tokens (-1: none said) and text (malloc'd).
+static int ts_as(const ts_srv *s, const char *key, const char *method, const char *path, const char *body,
+                 int64_t *cached, char **text) {
+    char h[200];
+    snprintf(h, sizeof h, "Authorization: Bearer %s\r\n", key);
+    ts_resp r = ts_http(s->port, method, path, h, body);
+    const char *c = strstr(r.body, "\"cached_tokens\":");
+    if (cached) *cached = c ? atoll(c + 16) : -1;
+    if (text) *text = r.status == 200 ? ts_text(&r, 0, 0, NULL, 0) : NULL;
+    int st = r.status;
+    free(r.raw);
+    return st;
+}
+
+// Tenants: keys from --api-key and --api-key-file (a CRLF line, a blank one). What one tenant's requests leave in
+// the server (a prompt's cache in a slot, a session, its parked cache, a paused breakpoint) is found only by the
+// same tenant's: another's identical prompt is prefilled whole (before: its cached_tokens told how much of the
+// prompt another client had sent), another's same session name is another session, another's park, delete or
+// resume of it is not found. The Bearer scheme is taken in any case.
+Test(server, tenants_see_only_their_own) {
+    ts_env t;
+    ts_setup(&t);
+    char keyfile[400];
+    snprintf(keyfile, sizeof keyfile, "%s/keys.txt", t.dir);
+    tc_write(keyfile, "bob-key\r\n\ncarol-key\n", 20);
+    ts_srv s;
+    ts_start(&s, &t, t.model, (const char *[]){"--api-key", "alice-key", "--api-key-file", keyfile, NULL});
+    const char *P = "Once upon a time there was a little girl named Lily. She loved to play in the park";
+    const char *Q = "The little dog ran to the park with his friend Tom, and they played all day in the sun";
+    char *body = ts_completion_body(P, 10, "\"temperature\":0");
+    int64_t ca, cb, ca2;
+    char *ta, *tb, *ta2;
+    cr_assert_eq(ts_as(&s, "alice-key", "POST", "/v1/completions", body, &ca, &ta), 200);
+    cr_assert_eq(ts_as(&s, "bob-key", "POST", "/v1/completions", body, &cb, &tb), 200);
+    cr_assert_eq(ts_as(&s, "alice-key", "POST", "/v1/completions", body, &ca2, &ta2), 200);
+    cr_assert_str_eq(ta, tb, "the same greedy answer for both");
+    cr_assert_eq(cb, 0, "bob's prompt found %ld tokens of alice's cached", (long)cb);
+    cr_assert_gt(ca2, 10, "alice's own prefix was not reused (%ld cached)", (long)ca2);
+    free(body), free(ta), free(tb), free(ta2);
+    // sessions: alice's "s", parked; bob can neither park nor delete it, and his "s" is his own
+    char *b1 = ts_completion_body(Q, 10, "\"temperature\":0,\"session\":\"s\"");
+    cr_assert_eq(ts_as(&s, "alice-key", "POST", "/v1/completions", b1, NULL, &ta), 200);
+    cr_assert_eq(ts_as(&s, "bob-key", "POST", "/v1/sessions/s/park", NULL, NULL, NULL), 404);
+    cr_assert_eq(ts_as(&s, "bob-key", "DELETE", "/v1/sessions/s", NULL, NULL, NULL), 404);
+    cr_assert_eq(ts_as(&s, "alice-key", "POST", "/v1/sessions/s/park", NULL, NULL, NULL), 200);
+    char p2[1024];
+    snprintf(p2, sizeof p2, "%s%s Then", Q, ta);
+    char *b2 = ts_completion_body(p2, 10, "\"temperature\":0,\"session\":\"s\"");
+    cr_assert_eq(ts_as(&s, "bob-key", "POST", "/v1/completions", b2, &cb, &tb), 200);
+    cr_assert_eq(cb, 0, "bob's session 's' found %ld tokens of alice's", (long)cb);
+    cr_assert_eq(ts_as(&s, "alice-key", "POST", "/v1/completions", b2, &ca, &ta2), 200);
+    cr_assert_gt(ca, 10, "alice's session lost its parked cache (%ld cached)", (long)ca);
+    cr_assert_str_eq(ta2, tb);
+    free(b1), free(b2), free(ta), free(tb), free(ta2);
+    // a paused breakpoint: resumed by its own tenant only
+    char *bb = ts_completion_body(P, 10, "\"temperature\":0,\"break_after_layer\":2");
+    ts_brk k = ts_break_h(&s, "/v1/completions", "Authorization: Bearer alice-key\r\n", bb);
+    char *rb = ts_resume_body(&k, k.rows, "\"temperature\":0,\"max_tokens\":10");
+    char h[100];
+    snprintf(h, sizeof h, "Authorization: Bearer bob-key\r\n");
+    ts_resp r = ts_http(s.port, "POST", "/v1/completions", h, rb);
+    ts_expect_error(&r, 404, "no paused state", NULL);
+    free(r.raw);
+    cr_assert_eq(ts_as(&s, "alice-key", "POST", "/v1/completions", rb, NULL, &ta), 200);
+    free(ta), free(bb), free(rb), free(k.rows);
+    // the scheme in any case, spaces before the key; a key's prefix, another scheme, none at all: refused
+    static const struct {
+        const char *h;
+        int status;
+    } auth[] = {{"authorization: BEARER carol-key\r\n", 200}, {"Authorization: bearer   carol-key\r\n", 200},
+                {"Authorization: Bearer carol-ke\r\n", 401},   {"Authorization: Bearer carol-keyy\r\n", 401},
+                {"Authorization: Basic carol-key\r\n", 401},   {"Authorization: carol-key\r\n", 401},
+                {"Authorization: Bearer \r\n", 401}};
+    for (size_t i = 0; i < sizeof auth / sizeof *auth; i++) {
+        r = ts_http(s.port, "GET", "/v1/models", auth[i].h, NULL);
+        cr_assert_eq(r.status, auth[i].status, "%s: %s", auth[i].h, r.raw);
+        free(r.raw);
+    }
+    ts_stop(&s);
+    ts_teardown(&t);
 }

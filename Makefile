@@ -122,6 +122,14 @@ test: criterion npm-client
 	   $(BUILD)/run_tests --verbose $(TESTFLAGS) 2>&1; echo $$? > $(BUILD)/test.rc; } | tee $(BUILD)/test.log; \
 	rc=$$(cat $(BUILD)/test.rc); [ "$$rc" = 0 ] || tests/failures.sh $(BUILD)/test.log; exit $$rc
 
+# A minute of hostile and well-behaved clients against `djinn serve` on loopback (tests/soak.py says what it checks);
+# CI runs it on the sanitized build (make soak SAN=1).
+SOAK_S ?= 45
+.PHONY: soak
+soak: $(BUILD)/bin/djinn $(BUILD)/bin/convert
+	python3 tests/soak.py $(abspath $(BUILD))/bin/djinn $(abspath $(BUILD))/bin/convert \
+	  $(abspath $(DATA))/models/stories260K $(abspath $(BUILD))/soak $(SOAK_S)
+
 # ---- the README's first command: convert the tiny real model and generate from it
 demo: djinn convert/convert
 	./convert/convert $(DATA)/models/stories260K stories260K.bin --dtype f32

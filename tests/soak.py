@@ -1,0 +1,256 @@
+#!/usr/bin/env python3
+"""soak.py: `djinn serve` under a bounded mix of clients, well-behaved and not, on loopback (make soak; CI runs it
+against the sanitized build). Well-behaved clients ask for greedy completions, streamed and not, and must get the
+command line's text, each within BOUND_S; beside them clients pipeline hundreds of requests, trickle a head byte by
+byte, stop reading, leave mid-stream, reset, send half a body and go, and knock without the key. After a warm-up
+round and after the measured rounds, with every client gone, the server's memory (VmRSS) is read: the second may
+exceed the first by at most GROWTH_MB. The server then stops on SIGTERM with exit 0 (under ASan: no leak).
+
+usage: soak.py DJINN CONVERT MODEL_DIR WORKDIR [SECONDS]"""
+import os
+import random
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+BOUND_S = 20.0      # a well-behaved request is answered within this (a sanitized build on two busy cores)
+GROWTH_MB = 48.0    # the memory the measured rounds may add to the warm-up's (allocator caches, ASan's quarantine)
+KEY = "soak-key"
+PROMPTS = ["Once upon a time", "The little dog", "Tom and Lily went to", "One day, a cat", "The sun was"]
+
+
+def fail(msg):
+    print("soak: FAIL: " + msg, file=sys.stderr)
+    sys.exit(1)
+
+
+def connect(port, timeout=BOUND_S):
+    s = socket.create_connection(("127.0.0.1", port), timeout=timeout)
+    return s
+
+
+def read_all(s):
+    out = b""
+    while True:
+        try:
+            d = s.recv(1 << 16)
+        except (ConnectionResetError, socket.timeout):
+            break
+        if not d:
+            break
+        out += d
+    return out
+
+
+def completion_req(prompt, n, stream, key=KEY, close=True):
+    body = ('{"prompt": "%s", "max_tokens": %d, "temperature": 0, "stream": %s}'
+            % (prompt, n, "true" if stream else "false")).encode()
+    head = "POST /v1/completions HTTP/1.1\r\nHost: s\r\nAuthorization: Bearer %s\r\n%sContent-Length: %d\r\n\r\n" % (
+        key, "Connection: close\r\n" if close else "", len(body))
+    return head.encode() + body
+
+
+def text_of(raw, stream):
+    if not raw.startswith(b"HTTP/1.1 200"):
+        return None
+    body = raw.split(b"\r\n\r\n", 1)[1].decode("utf-8", "replace")
+    if not stream:
+        m = re.search(r'"text":"((?:[^"\\]|\\.)*)"', body)
+        return m and bytes(m.group(1), "utf-8").decode("unicode_escape")
+    if not body.rstrip().endswith("data: [DONE]"):
+        return None
+    return "".join(bytes(t, "utf-8").decode("unicode_escape")
+                   for t in re.findall(r'"text":"((?:[^"\\]|\\.)*)"', body))
+
+
+class Soak:
+    def __init__(self, port, want):
+        self.port, self.want = port, want
+        self.errors, self.good, self.worst = [], 0, 0.0
+        self.lock = threading.Lock()
+
+    def err(self, msg):
+        with self.lock:
+            self.errors.append(msg)
+
+    # ---- the well-behaved: each answer right, and in time
+    def good_client(self, rng, until):
+        while time.time() < until:
+            p, stream = rng.choice(PROMPTS), rng.random() < 0.5
+            t0 = time.time()
+            try:
+                s = connect(self.port)
+                s.sendall(completion_req(p, 30, stream))
+                raw = read_all(s)
+                s.close()
+            except OSError as e:
+                self.err("a well-behaved request failed: %s" % e)
+                continue
+            dt = time.time() - t0
+            got = text_of(raw, stream)
+            if got != self.want[p]:
+                self.err("%r (stream %s): %r, want %r: %r" % (p, stream, got, self.want[p], raw[:300]))
+            elif dt > BOUND_S:
+                self.err("%r answered after %.1f s" % (p, dt))
+            with self.lock:
+                self.good += 1
+                self.worst = max(self.worst, dt)
+
+    # ---- the others: each act checked only for not hurting the well-behaved
+    def pipeliner(self, rng):
+        s = connect(self.port)
+        s.sendall(b"GET /health HTTP/1.1\r\n\r\n" * rng.randint(50, 400) + completion_req("The sun was", 10, False))
+        raw = read_all(s)
+        s.close()
+        if raw.count(b"HTTP/1.1 200") < 2:
+            self.err("a pipeliner got %d answers" % raw.count(b"HTTP/1.1 200"))
+
+    def trickler(self, rng):
+        s = connect(self.port)
+        for ch in b"POST /v1/completions HTTP/1.1\r\nContent-Le":
+            s.send(bytes([ch]))
+            time.sleep(0.01)
+        read_all(s)  # 408 after --timeout, or nothing
+        s.close()
+
+    def deaf(self, rng):
+        s = socket.socket()
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        s.connect(("127.0.0.1", self.port))
+        s.settimeout(BOUND_S)
+        try:  # more answers than the sockets' buffers hold, none of them read
+            s.sendall(("GET /metrics HTTP/1.1\r\nAuthorization: Bearer %s\r\n\r\n" % KEY).encode() * 2000)
+        except OSError:
+            pass
+        time.sleep(rng.uniform(0.5, 2.0))
+        s.close()
+
+    def leaver(self, rng):
+        s = connect(self.port)
+        s.sendall(completion_req(rng.choice(PROMPTS), 200, True))
+        s.recv(200)
+        if rng.random() < 0.5:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+        s.close()
+
+    def half_body(self, rng):
+        s = connect(self.port)
+        req = completion_req("Once upon a time", 10, False)
+        s.sendall(req[: rng.randint(1, len(req) - 1)])
+        s.close()
+
+    def keyless(self, rng):
+        s = connect(self.port)
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nAuthorization: Bearer nope\r\nContent-Length: 8000000\r\n\r\n")
+        raw = read_all(s)
+        s.close()
+        if not raw.startswith(b"HTTP/1.1 401"):
+            self.err("a client without the key got %r" % raw[:60])
+
+    def hostile(self, seed, until):
+        rng = random.Random(seed)
+        acts = [self.pipeliner, self.trickler, self.deaf, self.leaver, self.half_body, self.keyless]
+        while time.time() < until:
+            try:
+                rng.choice(acts)(rng)
+            except OSError:
+                pass  # the server may refuse or reset any of these
+
+    def round(self, seconds, seed):
+        until = time.time() + seconds
+        threads = [threading.Thread(target=self.good_client, args=(random.Random(seed + i), until)) for i in range(3)]
+        threads += [threading.Thread(target=self.hostile, args=(seed + 100 + i, until)) for i in range(5)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=seconds + 3 * BOUND_S)
+            if t.is_alive():
+                fail("a client thread hung")
+
+
+def metric(port, name):
+    s = connect(port)
+    s.sendall(("GET /metrics HTTP/1.1\r\nAuthorization: Bearer %s\r\nConnection: close\r\n\r\n" % KEY).encode())
+    raw = read_all(s).decode()
+    s.close()
+    m = re.search(r"\ndjinn_%s (\S+)" % name, raw)
+    return float(m.group(1)) if m else None
+
+
+def settle(port, proc):
+    """Waits until only the metrics request's own connection is open and nothing is held; the server's VmRSS, MB."""
+    for _ in range(int(3 * BOUND_S * 10)):
+        if metric(port, "connections") == 1 and metric(port, "requests_active") == 0:
+            break
+        time.sleep(0.1)
+    else:
+        fail("connections did not close after the round: %s" % metric(port, "connections"))
+    with open("/proc/%d/status" % proc.pid) as f:
+        return int(re.search(r"VmRSS:\s+(\d+)", f.read()).group(1)) / 1024.0
+
+
+def main():
+    if len(sys.argv) < 5:
+        print(__doc__, file=sys.stderr)
+        sys.exit(2)
+    djinn, convert, model_dir, work = sys.argv[1:5]
+    seconds = float(sys.argv[5]) if len(sys.argv) > 5 else 30.0
+    os.makedirs(work, exist_ok=True)
+    model = os.path.join(work, "soak.bin")
+    subprocess.run([convert, model_dir, model, "--dtype", "f32", "-q"], check=True)
+    want = {}
+    for p in PROMPTS:
+        out = subprocess.run([djinn, model, "-p", p, "-n", "30", "-t", "0", "--cpu"], check=True,
+                             capture_output=True).stdout.decode()
+        want[p] = out[len(p):].rstrip("\n")
+    err_path = os.path.join(work, "serve.err")
+    env = dict(os.environ, ASAN_OPTIONS="detect_leaks=1:quarantine_size_mb=16")
+    with open(err_path, "w") as err:
+        proc = subprocess.Popen([djinn, "serve", model, "--cpu", "--port", "0", "--threads", "2", "--timeout", "2",
+                                 "--max-conns", "48", "--api-key", KEY, "-q"], stderr=err, env=env)
+    port = None
+    for _ in range(300):
+        m = re.search(r"listening on http://127.0.0.1:(\d+)", open(err_path).read())
+        if m:
+            port = int(m.group(1))
+            break
+        if proc.poll() is not None:
+            fail("the server exited: " + open(err_path).read())
+        time.sleep(0.1)
+    if not port:
+        fail("the server did not listen")
+    soak = Soak(port, want)
+    try:
+        soak.round(seconds / 3, 1)
+        rss0 = settle(port, proc)
+        soak.round(seconds * 2 / 3, 2)
+        rss1 = settle(port, proc)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            rc = proc.wait(timeout=3 * BOUND_S)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            rc = "hung"
+    log = open(err_path).read()
+    for e in soak.errors[:10]:
+        print("soak: " + e, file=sys.stderr)
+    print("soak: %d well-behaved requests, the slowest %.2f s; VmRSS %.1f MB after the warm-up, %.1f MB after the "
+          "rounds; exit %s" % (soak.good, soak.worst, rss0, rss1, rc), file=sys.stderr)
+    if soak.errors:
+        fail("%d well-behaved requests went wrong" % len(soak.errors))
+    if soak.good < 10:
+        fail("only %d well-behaved requests were answered" % soak.good)
+    if rss1 - rss0 > GROWTH_MB:
+        fail("memory grew by %.1f MB over the rounds" % (rss1 - rss0))
+    if rc != 0 or "Sanitizer" in log:
+        fail("the server exited %s: %s" % (rc, log[-2000:]))
+    print("soak: passed", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()

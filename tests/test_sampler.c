@@ -1,6 +1,7 @@
 // test_sampler.c: the host sampler (sampler.c) on its own: greedy picks, seeded repeatability, and the top-p
 // distribution against the exact nucleus computed here in double, by counting many draws.
 #include <criterion/criterion.h>
+#include <float.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -361,4 +362,146 @@ Test(sampler, draw_from_a_distribution) {
     cr_assert_eq(dj_draw(q, 4, 0.3f), 3);
     const float none[] = {0, -1, 0};
     cr_assert_eq(dj_draw(none, 3, 0.5f), -1);
+}
+
+// ---- rows with no distribution: refused (-1) by every rule, greedy or sampled, at any position
+// A row is refused when one value is NaN or +infinity, or when every value is -infinity; -infinity beside a finite
+// value is a token never drawn. Each case alone, at the first, a middle and the last position, so that no other
+// value's refusal hides it.
+static int32_t ts_pick_row(const float *z, int V, double temp) {
+    dj_sampler *s = ts_new(V, temp, 1.0, 3);
+    int32_t t = sampler_next(s, z);
+    float probs[8] = {0};
+    if (V <= 8) {
+        for (int i = 0; i < V; i++) probs[i] = 0.5f;
+        int32_t p = sampler_probs(s, z, probs);
+        cr_assert_eq(p < 0, t < 0, "temp %g: sampler_probs gave %d where sampler_next gave %d", temp, p, t);
+        if (p < 0)
+            for (int i = 0; i < V; i++) cr_assert_eq(probs[i], 0.5f, "a refused row left probs[%d] changed", i);
+    }
+    sampler_free(s);
+    return t;
+}
+
+Test(sampler, rows_without_a_distribution) {
+    enum { V = 6 };
+    const double temps[] = {0, 1.0};  // greedy, sampled
+    const int at[] = {0, 2, V - 1};
+    const float bad[] = {INFINITY, NAN, -NAN};
+    for (int ti = 0; ti < 2; ti++)
+        for (int b = 0; b < 3; b++)
+            for (int a = 0; a < 3; a++) {
+                float z[V] = {0.5f, 1.0f, -2.0f, 3.0f, 0.25f, -1.0f};
+                z[at[a]] = bad[b];
+                cr_assert_eq(ts_pick_row(z, V, temps[ti]), -1, "temp %g: %g at %d was not refused", temps[ti], bad[b],
+                             at[a]);
+            }
+    // every value -infinity: nothing to draw
+    for (int ti = 0; ti < 2; ti++) {
+        float z[V];
+        for (int i = 0; i < V; i++) z[i] = -INFINITY;
+        cr_assert_eq(ts_pick_row(z, V, temps[ti]), -1, "temp %g: a row of -infinity was not refused", temps[ti]);
+        cr_assert_eq(ts_pick_row(z, 1, temps[ti]), -1, "temp %g: one -infinity was not refused", temps[ti]);
+        // one finite value among them, first, in the middle or last: it is the only token there is
+        for (int a = 0; a < 3; a++) {
+            for (int i = 0; i < V; i++) z[i] = -INFINITY;
+            z[at[a]] = -1e30f;
+            cr_assert_eq(ts_pick_row(z, V, temps[ti]), at[a], "temp %g: the finite value at %d", temps[ti], at[a]);
+        }
+    }
+    // the largest finite float is a value like any other, and -infinity beside finite values is never drawn
+    float big[V] = {-INFINITY, FLT_MAX, -INFINITY, 1.0f, -INFINITY, -FLT_MAX};
+    cr_assert_eq(ts_pick_row(big, V, 0), 1);
+    dj_sampler *s = ts_new(V, 1.0, 1.0, 5);
+    float mix[V] = {-INFINITY, 0.0f, -INFINITY, 0.0f, -INFINITY, -INFINITY};
+    for (int r = 0; r < 200; r++) {
+        int32_t t = sampler_next(s, mix);
+        cr_assert(t == 1 || t == 3, "drew %d, whose logit is -infinity", t);
+    }
+    sampler_free(s);
+}
+
+// The same through the penalties: a row whose NaN or +infinity sits in a penalized token is still refused.
+Test(sampler, rows_without_a_distribution_penalized) {
+    enum { V = 6 };
+    const float bad[] = {INFINITY, NAN};
+    for (int b = 0; b < 2; b++)
+        for (int temp = 0; temp < 2; temp++) {
+            dj_sampling p = DJ_SAMPLING_DEFAULT;
+            p.temp = temp, p.top_p = 1.0, p.repeat_penalty = 1.3, p.presence_penalty = 0.5;
+            dj_err e;
+            dj_sampler *s = sampler_new_with(V, &p, 1, &e);
+            cr_assert(s, "%s", e.msg);
+            sampler_accept(s, 4);
+            float z[V] = {0.5f, 1.0f, -2.0f, 3.0f, 0.25f, -1.0f};
+            z[4] = bad[b];
+            cr_assert_eq(sampler_next(s, z), -1, "temp %d: a penalized %g was not refused", temp, bad[b]);
+            z[4] = 0.25f;  // the same row with the value finite: a token
+            int32_t t = sampler_next(s, z);
+            cr_assert(temp ? t >= 0 && t < V : t == 3, "temp %d: a finite row gave %d", temp, t);
+            sampler_free(s);
+        }
+}
+
+// Every range sampler_new_with checks, at its limit (accepted), and just past it (refused), each setting alone.
+static int ts_accepts(dj_sampling p, int64_t vocab) {
+    dj_err e = {{0}};
+    dj_sampler *s = sampler_new_with(vocab, &p, 1, &e);
+    if (!s) cr_assert(strstr(e.msg, "out of range"), "message '%s'", e.msg);
+    sampler_free(s);
+    return s != NULL;
+}
+
+Test(sampler, settings_at_their_limits) {
+    const dj_sampling d = DJ_SAMPLING_DEFAULT;
+    dj_sampling p;
+#define TS_LIMIT(field, value, ok)                                                                       \
+    do {                                                                                                 \
+        p = d, p.field = (value);                                                                       \
+        cr_assert_eq(ts_accepts(p, 10), (ok), "%s = %s: %s", #field, #value, (ok) ? "refused" : "accepted"); \
+    } while (0)
+    TS_LIMIT(temp, 0, 1);
+    TS_LIMIT(temp, -1e-9, 0);
+    TS_LIMIT(temp, 9.9e29, 1);
+    TS_LIMIT(temp, 1e30, 0);
+    TS_LIMIT(temp, NAN, 0);
+    TS_LIMIT(top_p, 0, 1);
+    TS_LIMIT(top_p, 1, 1);
+    TS_LIMIT(top_p, -1e-9, 0);
+    TS_LIMIT(top_p, 1 + 1e-9, 0);
+    TS_LIMIT(top_p, NAN, 0);
+    TS_LIMIT(min_p, 0, 1);
+    TS_LIMIT(min_p, 1, 1);
+    TS_LIMIT(min_p, -1e-9, 0);
+    TS_LIMIT(min_p, 1 + 1e-9, 0);
+    TS_LIMIT(min_p, NAN, 0);
+    TS_LIMIT(top_k, 0, 1);
+    TS_LIMIT(top_k, -1, 0);
+    TS_LIMIT(top_k, INT64_MAX, 1);
+    TS_LIMIT(repeat_penalty, 1e-30, 1);
+    TS_LIMIT(repeat_penalty, 0, 0);
+    TS_LIMIT(repeat_penalty, -1, 0);
+    TS_LIMIT(repeat_penalty, 9.9e29, 1);
+    TS_LIMIT(repeat_penalty, 1e30, 0);
+    TS_LIMIT(repeat_penalty, NAN, 0);
+    TS_LIMIT(presence_penalty, -DBL_MAX, 1);
+    TS_LIMIT(presence_penalty, INFINITY, 0);
+    TS_LIMIT(presence_penalty, -INFINITY, 0);
+    TS_LIMIT(presence_penalty, NAN, 0);
+    TS_LIMIT(frequency_penalty, DBL_MAX, 1);
+    TS_LIMIT(frequency_penalty, INFINITY, 0);
+    TS_LIMIT(frequency_penalty, -INFINITY, 0);
+    TS_LIMIT(frequency_penalty, NAN, 0);
+    TS_LIMIT(repeat_last_n, 0, 1);
+    TS_LIMIT(repeat_last_n, -1, 0);
+    TS_LIMIT(repeat_last_n, 1 << 24, 1);
+    TS_LIMIT(repeat_last_n, (1 << 24) + 1, 0);
+#undef TS_LIMIT
+    // the window of 2^24 with a penalty on: its history allocated
+    p = d, p.repeat_penalty = 1.1, p.repeat_last_n = 1 << 24;
+    cr_assert(ts_accepts(p, 10));
+    cr_assert(ts_accepts(d, 1), "a vocabulary of 1");
+    cr_assert(!ts_accepts(d, 0), "a vocabulary of 0");
+    cr_assert(!ts_accepts(d, -1), "a vocabulary of -1");
+    cr_assert(!ts_accepts(d, (int64_t)INT32_MAX + 1), "a vocabulary over INT32_MAX");
 }

@@ -523,3 +523,93 @@ Test(json, real_config_json) {
     cr_assert_eq(json_get(r, "pad_token_id")->type, JSON_NULL);
     json_free(d);
 }
+
+// ---- each UTF-8 and surrogate check alone, at its limit
+// A continuation byte is 10xxxxxx: each position of a 2-, 3- and 4-byte sequence (the lead byte's range right) with
+// ASCII, a lead byte (11xxxxxx) or the closing quote in its place is refused; with the smallest and the largest
+// continuation byte it is taken.
+Test(json, utf8_each_continuation_byte) {
+    static const struct {
+        const char *lead;  // a valid sequence, its last bytes replaced below
+        int len;
+    } seqs[] = {{"\xc3\xa9", 2}, {"\xe2\x82\xac", 3}, {"\xf0\x9f\x98\x80", 4}, {"\xf4\x8f\xbf\xbf", 4},
+                {"\xe0\xa0\x80", 3}, {"\xed\x9f\xbf", 3}, {"\xf0\x90\x80\x80", 4}};
+    const unsigned char bad[] = {'x', 0xc0, 0xc3, 0xff, '"'}, good[] = {0x80, 0xbf};
+    for (size_t k = 0; k < sizeof seqs / sizeof *seqs; k++) {
+        char s[16];
+        for (int at = 1; at < seqs[k].len; at++) {
+            // bytes that stay a valid sequence: the lead's second byte has its own range (E0, ED, F0, F4)
+            unsigned char lead = (unsigned char)seqs[k].lead[0];
+            int restricted = at == 1 && (lead == 0xe0 || lead == 0xed || lead == 0xf0 || lead == 0xf4);
+            for (size_t b = 0; b < sizeof bad; b++) {
+                s[0] = '"';
+                memcpy(s + 1, seqs[k].lead, (size_t)seqs[k].len);
+                s[1 + at] = (char)bad[b];
+                s[1 + seqs[k].len] = '"';
+                tj_bad_n(s, (size_t)seqs[k].len + 2, bad[b] == '"' ? NULL : "UTF-8");
+            }
+            for (size_t b = 0; b < sizeof good && !restricted; b++) {
+                s[0] = '"';
+                memcpy(s + 1, seqs[k].lead, (size_t)seqs[k].len);
+                s[1 + at] = (char)good[b];
+                s[1 + seqs[k].len] = '"';
+                s[2 + seqs[k].len] = 0;
+                json_free(tj_ok(s));
+            }
+        }
+    }
+    tj_bad("\"\xf0\x9f\x98x\"", "UTF-8");  // the fourth byte of a 4-byte sequence
+    tj_bad("\"\xf0\x9f\x98\xc0\"", "UTF-8");
+    tj_bad("\"\xe2\x82x\"", "UTF-8");      // the third of a 3-byte one
+}
+
+// The lead byte's own ranges at their edges: the smallest lead of each length, the second byte that makes a
+// 3- or 4-byte sequence overlong, a surrogate or too large, each just inside (taken) and just outside (refused).
+Test(json, utf8_lead_and_second_byte_edges) {
+    const char *ok[] = {
+        "\"\xc2\x80\"", "\"\xdf\xbf\"",                      // U+0080, U+07FF
+        "\"\xe0\xa0\x80\"", "\"\xe1\x80\x80\"",              // U+0800, U+1000
+        "\"\xec\xbf\xbf\"", "\"\xed\x80\x80\"", "\"\xed\x9f\xbf\"", "\"\xee\x80\x80\"",  // around the surrogates
+        "\"\xef\xbf\xbf\"",                                  // U+FFFF
+        "\"\xf0\x90\x80\x80\"", "\"\xf1\x80\x80\x80\"",      // U+10000, U+40000
+        "\"\xf3\xbf\xbf\xbf\"", "\"\xf4\x80\x80\x80\"", "\"\xf4\x8f\xbf\xbf\"",  // up to U+10FFFF
+    };
+    for (size_t k = 0; k < sizeof ok / sizeof *ok; k++) json_free(tj_ok(ok[k]));
+    const char *bad[] = {
+        "\"\xc1\xbf\"",                                      // overlong U+007F
+        "\"\xe0\x9f\xbf\"",                                  // overlong U+07FF
+        "\"\xed\xa0\x80\"", "\"\xed\xbf\xbf\"",              // U+D800, U+DFFF encoded
+        "\"\xf0\x8f\xbf\xbf\"",                              // overlong U+FFFF
+        "\"\xf4\x90\x80\x80\"", "\"\xf4\xbf\xbf\xbf\"",      // U+110000 and up
+        "\"\xf5\x80\x80\x80\"", "\"\xf7\xbf\xbf\xbf\"",      // leads past F4
+        "\"\xed\xa0\x80\xed\xb0\x80\"",                      // a surrogate pair encoded in UTF-8 (CESU-8)
+    };
+    for (size_t k = 0; k < sizeof bad / sizeof *bad; k++) tj_bad(bad[k], "UTF-8");
+}
+
+// A high surrogate needs a low one (DC00..DFFF) right after it: the edges of that range, each alone.
+Test(json, surrogate_pair_edges) {
+    static const struct {
+        const char *in, *want;
+    } ok[] = {
+        {"\"\\ud800\\udc00\"", "\xf0\x90\x80\x80"},  // U+10000, the first pair
+        {"\"\\ud83d\\udfff\"", "\xf0\x9f\x9f\xbf"},  // the highest low surrogate
+        {"\"\\udbff\\udc00\"", "\xf4\x8f\xb0\x80"},
+        {"\"\\uD83D\\uDE00\"", "\xf0\x9f\x98\x80"},  // upper-case hex
+        {"\"\\ud7ff\\ue000\"", "\xed\x9f\xbf\xee\x80\x80"},  // the code points either side of the surrogates
+    };
+    for (size_t k = 0; k < sizeof ok / sizeof *ok; k++) {
+        json_doc *d = tj_ok(ok[k].in);
+        cr_assert_str_eq(json_str(json_root(d)), ok[k].want, "%s", ok[k].in);
+        json_free(d);
+    }
+    tj_bad("\"\\ud83d\\ue000\"", "surrogate");  // just above the low range
+    tj_bad("\"\\ud83d\\uffff\"", "surrogate");
+    tj_bad("\"\\ud83d\\udbff\"", "surrogate");  // just below it: another high
+    tj_bad("\"\\udbff\\ue000\"", "surrogate");
+    tj_bad("\"\\ud800\\u0000\"", "surrogate");
+    tj_bad("\"\\udc00\\ud800\"", "surrogate");  // a lone low, whatever follows
+    tj_bad("\"\\ud83d\\ude00\\udc00\"", "surrogate");  // a pair, then a lone low
+    tj_bad("\"\\ud83d\\u00\"", NULL);           // the low escape cut short
+    tj_bad("\"\\ud83d\\\"", NULL);
+}

@@ -31,18 +31,32 @@ static th_res th_parse_n(const char *head, size_t n, size_t max_body) {
 
 static th_res th_parse(const char *head, size_t max_body) { return th_parse_n(head, strlen(head), max_body); }
 
-// A request head "GET / HTTP/1.1\r\n" + the header lines given (printf-style, each ending in \r\n) + "\r\n", in a
-// buffer of this file's, valid until the next call.
-static char *th_head(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static char *th_head(const char *fmt, ...) {
-    static char h[4 * HTTP_HEAD_MAX];
-    int n = snprintf(h, sizeof h, "GET / HTTP/1.1\r\n");
+// printf into a buffer of this file's, valid until the next call (th_fmt or th_head).
+static char th_buf[4 * HTTP_HEAD_MAX];
+static char *th_vfmt(const char *prefix, const char *fmt, va_list ap, const char *suffix) {
+    int n = snprintf(th_buf, sizeof th_buf, "%s", prefix);
+    n += vsnprintf(th_buf + n, sizeof th_buf - (size_t)n, fmt, ap);
+    cr_assert((size_t)n + strlen(suffix) < sizeof th_buf, "a test head over %zu bytes", sizeof th_buf);
+    strcpy(th_buf + n, suffix);
+    return th_buf;
+}
+
+static char *th_fmt(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static char *th_fmt(const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
-    n += vsnprintf(h + n, sizeof h - (size_t)n, fmt, ap);
+    char *h = th_vfmt("", fmt, ap, "");
     va_end(ap);
-    cr_assert((size_t)n + 3 < sizeof h, "a test head over %zu bytes", sizeof h);
-    memcpy(h + n, "\r\n", 3);
+    return h;
+}
+
+// A request head "GET / HTTP/1.1\r\n" + the header lines given (each ending in \r\n) + "\r\n".
+static char *th_head(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static char *th_head(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    char *h = th_vfmt("GET / HTTP/1.1\r\n", fmt, ap, "\r\n");
+    va_end(ap);
     return h;
 }
 
@@ -106,15 +120,12 @@ Test(http_edges, head_size_limit) {
 // ---- the request line
 // A method is 1 to 15 capital letters (r.method holds 16 bytes).
 Test(http_edges, method) {
-    char *m15 = th_fill(15, 'P'), *m16 = th_fill(16, 'P'), *h;
-    cr_assert(asprintf(&h, "%s / HTTP/1.1\r\n\r\n", m15) >= 0);
-    th_res x = th_parse(h, 0);
+    char *m15 = th_fill(15, 'P'), *m16 = th_fill(16, 'P');
+    th_res x = th_parse(th_fmt("%s / HTTP/1.1\r\n\r\n", m15), 0);
     cr_assert_eq(x.rc, 1, "a method of 15 letters: %s", x.why);
     cr_assert_str_eq(x.r.method, m15);
-    free(h);
-    cr_assert(asprintf(&h, "%s / HTTP/1.1\r\n\r\n", m16) >= 0);
-    th_expect_refused(h, 0, 400, "request line");
-    free(h), free(m15), free(m16);
+    th_expect_refused(th_fmt("%s / HTTP/1.1\r\n\r\n", m16), 0, 400, "request line");
+    free(m15), free(m16);
     x = th_parse("A / HTTP/1.1\r\n\r\n", 0);
     cr_assert(x.rc == 1 && !strcmp(x.r.method, "A"));
     th_expect_refused(" / HTTP/1.1\r\n\r\n", 0, 400, "request line");      // empty
@@ -128,24 +139,17 @@ Test(http_edges, method) {
 // A target starts with '/', holds no control character, space or DEL, and its path (the query not counted) is at
 // most 1023 bytes (r.path holds 1024).
 Test(http_edges, target) {
-    char *p1023 = th_fill(1023, 'p'), *p1024 = th_fill(1024, 'p'), *q = th_fill(4000, 'q'), *h;
+    char *p1023 = th_fill(1023, 'p'), *p1024 = th_fill(1024, 'p'), *q = th_fill(4000, 'q');
     p1023[0] = p1024[0] = '/';
-    cr_assert(asprintf(&h, "GET %s HTTP/1.1\r\n\r\n", p1023) >= 0);
-    th_res x = th_parse(h, 0);
+    th_res x = th_parse(th_fmt("GET %s HTTP/1.1\r\n\r\n", p1023), 0);
     cr_assert_eq(x.rc, 1, "a path of 1023 bytes: %s", x.why);
     cr_assert_str_eq(x.r.path, p1023);
-    free(h);
-    cr_assert(asprintf(&h, "GET %s HTTP/1.1\r\n\r\n", p1024) >= 0);
-    th_expect_refused(h, 0, 400, "over 1 KB");
-    free(h);
-    cr_assert(asprintf(&h, "GET %s?%s HTTP/1.1\r\n\r\n", p1023, q) >= 0);  // a long query is not the path's
-    x = th_parse(h, 0);
+    th_expect_refused(th_fmt("GET %s HTTP/1.1\r\n\r\n", p1024), 0, 400, "over 1 KB");
+    x = th_parse(th_fmt("GET %s?%s HTTP/1.1\r\n\r\n", p1023, q), 0);  // a long query is not the path's
     cr_assert_eq(x.rc, 1, "a path of 1023 bytes and a query of 4000: %s", x.why);
     cr_assert_str_eq(x.r.path, p1023);
-    free(h);
-    cr_assert(asprintf(&h, "GET %s? HTTP/1.1\r\n\r\n", p1024) >= 0);
-    th_expect_refused(h, 0, 400, "over 1 KB");
-    free(h), free(p1023), free(p1024), free(q);
+    th_expect_refused(th_fmt("GET %s? HTTP/1.1\r\n\r\n", p1024), 0, 400, "over 1 KB");
+    free(p1023), free(p1024), free(q);
     x = th_parse("GET /v1/models?a=b HTTP/1.1\r\n\r\n", 0);
     cr_assert(x.rc == 1 && !strcmp(x.r.path, "/v1/models"));
     x = th_parse("GET /?x HTTP/1.1\r\n\r\n", 0);
@@ -312,12 +316,11 @@ Test(http_edges, connection_and_expect) {
     cr_assert(x.rc == 1 && !x.r.keep_alive);
     x = th_parse("GET / HTTP/1.1\r\nConnection: keep-alive, close\r\n\r\n", 0);
     cr_assert(x.rc == 1 && !x.r.keep_alive, "close wins");
-    char *v = th_fill(600, 'x'), *h;
+    char *v = th_fill(600, 'x');
     memcpy(v, "close", 5);
-    cr_assert(asprintf(&h, "GET / HTTP/1.1\r\nConnection: %s\r\n\r\n", v) >= 0);
-    x = th_parse(h, 0);
+    x = th_parse(th_head("Connection: %s\r\n", v), 0);
     cr_assert(x.rc == 1 && x.r.keep_alive, "a Connection value over 511 bytes is not read");
-    free(h), free(v);
+    free(v);
     x = th_parse(th_head("Expect: 100-Continue\r\n"), 0);
     cr_assert(x.rc == 1 && x.r.expect_continue);
     x = th_parse(th_head("Expect: 100-continue-x\r\n"), 0);

@@ -500,3 +500,171 @@ Test(model_format, version_2_quantized_refused) {
         free(img);
     }
 }
+
+// ---- each header field's refusal alone, at its limit
+// A config edit on small_config() (a default-RoPE one, or a llama3 one for its fields), the message it must give when
+// refused (NULL: accepted).
+typedef struct {
+    const char *what;
+    void (*edit)(dj_config *c, double v);
+    double v;
+    int llama3;          // start from the llama3 config
+    const char *needle;  // NULL: accepted
+    int layout;          // the edit changes the layout (model_parse of an accepted one fails on the sections)
+} tm_field_case;
+
+static dj_config tm_llama3_config(void) {
+    dj_config c = small_config();
+    c.rope_type = DJ_ROPE_LLAMA3, c.rope_factor = 8, c.rope_low_freq = 1, c.rope_high_freq = 4, c.rope_orig_max = 64;
+    return c;
+}
+
+#define TM_SETTER(field, type) \
+    static void tm_set_##field(dj_config *c, double v) { c->field = (type)v; }
+TM_SETTER(dim, uint32_t)
+TM_SETTER(n_layers, uint32_t)
+TM_SETTER(n_heads, uint32_t)
+TM_SETTER(n_kv_heads, uint32_t)
+TM_SETTER(head_dim, uint32_t)
+TM_SETTER(hidden_dim, uint32_t)
+TM_SETTER(vocab_size, uint32_t)
+TM_SETTER(max_seq_len, uint32_t)
+TM_SETTER(wtype, uint32_t)
+TM_SETTER(tied, uint32_t)
+TM_SETTER(norm_eps, float)
+TM_SETTER(rope_theta, float)
+TM_SETTER(rope_type, uint32_t)
+TM_SETTER(rope_factor, float)
+TM_SETTER(rope_low_freq, float)
+TM_SETTER(rope_high_freq, float)
+TM_SETTER(rope_orig_max, uint32_t)
+TM_SETTER(embed_type, uint32_t)
+TM_SETTER(head_type, uint32_t)
+TM_SETTER(reserved, uint32_t)
+#undef TM_SETTER
+
+static const tm_field_case tm_fields[] = {
+    {"dim 0", tm_set_dim, 0, 0, "dim 0 out of range", 1},
+    {"dim 65536", tm_set_dim, 65536, 0, NULL, 1},
+    {"dim 65537", tm_set_dim, 65537, 0, "dim 65537 out of range", 1},
+    {"n_layers 0", tm_set_n_layers, 0, 0, "n_layers 0", 1},
+    {"n_layers max", tm_set_n_layers, DJ_MAX_LAYERS, 0, NULL, 1},
+    {"n_layers max + 1", tm_set_n_layers, DJ_MAX_LAYERS + 1, 0, "n_layers 1025", 1},
+    {"n_heads 0", tm_set_n_heads, 0, 0, "n_heads 0", 1},
+    {"n_heads 1024", tm_set_n_heads, 1024, 0, NULL, 1},
+    {"n_heads 1025", tm_set_n_heads, 1025, 0, "n_heads 1025", 1},
+    {"n_kv_heads 0", tm_set_n_kv_heads, 0, 0, "n_kv_heads 0 must divide", 1},
+    {"n_kv_heads 1", tm_set_n_kv_heads, 1, 0, NULL, 1},
+    {"n_kv_heads = n_heads", tm_set_n_kv_heads, 8, 0, NULL, 1},
+    {"n_kv_heads > n_heads", tm_set_n_kv_heads, 16, 0, "n_kv_heads 16 must divide", 1},
+    {"n_kv_heads not dividing", tm_set_n_kv_heads, 3, 0, "n_kv_heads 3 must divide", 1},
+    {"head_dim 0", tm_set_head_dim, 0, 0, "head_dim 0", 1},
+    {"head_dim 2", tm_set_head_dim, 2, 0, NULL, 1},
+    {"head_dim 1024", tm_set_head_dim, 1024, 0, NULL, 1},
+    {"head_dim 1026", tm_set_head_dim, 1026, 0, "head_dim 1026", 1},
+    {"head_dim odd", tm_set_head_dim, 9, 0, "head_dim 9", 1},
+    {"hidden_dim 0", tm_set_hidden_dim, 0, 0, "hidden_dim 0", 1},
+    {"hidden_dim 2^20", tm_set_hidden_dim, 1 << 20, 0, NULL, 1},
+    {"hidden_dim 2^20 + 1", tm_set_hidden_dim, (1 << 20) + 1, 0, "hidden_dim 1048577", 1},
+    {"vocab_size 0", tm_set_vocab_size, 0, 0, "vocab_size 0", 1},
+    {"vocab_size 2^22", tm_set_vocab_size, 1 << 22, 0, NULL, 1},
+    {"vocab_size 2^22 + 1", tm_set_vocab_size, (1 << 22) + 1, 0, "vocab_size 4194305", 1},
+    {"max_seq_len 0", tm_set_max_seq_len, 0, 0, "max_seq_len 0", 0},
+    {"max_seq_len 1", tm_set_max_seq_len, 1, 0, NULL, 0},
+    {"max_seq_len 2^24", tm_set_max_seq_len, 1 << 24, 0, NULL, 0},
+    {"max_seq_len 2^24 + 1", tm_set_max_seq_len, (1 << 24) + 1, 0, "max_seq_len 16777217", 0},
+    {"wtype unknown", tm_set_wtype, 9, 0, "unknown weight dtype 9", 1},
+    {"tied 2", tm_set_tied, 2, 0, "tied flag 2", 1},
+    {"norm_eps 0", tm_set_norm_eps, 0, 0, "norm_eps", 0},
+    {"norm_eps tiny", tm_set_norm_eps, 1e-30, 0, NULL, 0},
+    {"norm_eps 0.999", tm_set_norm_eps, 0.999, 0, NULL, 0},
+    {"norm_eps 1", tm_set_norm_eps, 1, 0, "norm_eps", 0},
+    {"norm_eps NaN", tm_set_norm_eps, NAN, 0, "norm_eps", 0},
+    {"norm_eps negative", tm_set_norm_eps, -1e-5, 0, "norm_eps", 0},
+    {"rope_theta 0", tm_set_rope_theta, 0, 0, "rope_theta", 0},
+    {"rope_theta tiny", tm_set_rope_theta, 1e-30, 0, NULL, 0},
+    {"rope_theta under 1e12", tm_set_rope_theta, 9.99e11, 0, NULL, 0},
+    {"rope_theta 1e12", tm_set_rope_theta, 1e12, 0, "rope_theta", 0},
+    {"rope_theta infinite", tm_set_rope_theta, INFINITY, 0, "rope_theta", 0},
+    {"rope_theta NaN", tm_set_rope_theta, NAN, 0, "rope_theta", 0},
+    {"rope type 2", tm_set_rope_type, 2, 0, "unknown rope type 2", 0},
+    {"llama3 as set", tm_set_rope_type, DJ_ROPE_LLAMA3, 1, NULL, 0},
+    {"llama3 factor 1", tm_set_rope_factor, 1, 1, NULL, 0},
+    {"llama3 factor under 1", tm_set_rope_factor, 0.999, 1, "rope factor", 0},
+    {"llama3 factor under 1e6", tm_set_rope_factor, 999999, 1, NULL, 0},
+    {"llama3 factor 1e6", tm_set_rope_factor, 1e6, 1, "rope factor", 0},
+    {"llama3 factor NaN", tm_set_rope_factor, NAN, 1, "rope factor", 0},
+    {"llama3 low 0", tm_set_rope_low_freq, 0, 1, "low_freq_factor", 0},
+    {"llama3 low tiny", tm_set_rope_low_freq, 1e-30, 1, NULL, 0},
+    {"llama3 low = high", tm_set_rope_low_freq, 4, 1, "low_freq_factor", 0},
+    {"llama3 low just under high", tm_set_rope_low_freq, 3.999, 1, NULL, 0},
+    {"llama3 high = low", tm_set_rope_high_freq, 1, 1, "high_freq_factor", 0},
+    {"llama3 high under 1e6", tm_set_rope_high_freq, 999999, 1, NULL, 0},
+    {"llama3 high 1e6", tm_set_rope_high_freq, 1e6, 1, "high_freq_factor", 0},
+    {"llama3 original_max 0", tm_set_rope_orig_max, 0, 1, "original_max_position_embeddings", 0},
+    {"llama3 original_max 1", tm_set_rope_orig_max, 1, 1, NULL, 0},
+    {"llama3 original_max 2^32 - 1", tm_set_rope_orig_max, 4294967295.0, 1, NULL, 0},
+    {"default rope with a factor", tm_set_rope_factor, 8, 0, "llama3 rope fields", 0},
+    {"default rope with low_freq", tm_set_rope_low_freq, 1, 0, "llama3 rope fields", 0},
+    {"default rope with high_freq", tm_set_rope_high_freq, 4, 0, "llama3 rope fields", 0},
+    {"default rope with original_max", tm_set_rope_orig_max, 1, 0, "llama3 rope fields", 0},
+    {"embeddings in q8 beside f16", tm_set_embed_type, DJ_Q8, 0, "embeddings in q8 beside f16", 1},
+    {"embeddings in f32 beside f16", tm_set_embed_type, DJ_F32, 0, "embeddings in f32 beside f16", 1},
+    {"lm_head in bf16 beside f16", tm_set_head_type, DJ_BF16, 0, "lm_head in bf16 beside f16", 1},
+    {"reserved 1", tm_set_reserved, 1, 0, "reserved config word is 1", 0},
+};
+
+// Each case through dj_config_validate, and through model_parse of a whole file whose header holds it (its CRC
+// made right, so that the config check is what answers): a refusal names the field; an accepted value that leaves
+// the layout alone parses.
+Test(model_format, each_header_field_at_its_limit) {
+    dj_model_info plan[2];
+    dj_config base[2] = {small_config(), tm_llama3_config()};
+    uint8_t *img[2] = {make_image(&base[0], 100, &plan[0]), make_image(&base[1], 100, &plan[1])};
+    uint64_t size = plan[0].file_size;
+    cr_assert_eq(plan[1].file_size, size);
+    uint8_t *copy = malloc(size);
+    for (size_t k = 0; k < sizeof tm_fields / sizeof *tm_fields; k++) {
+        const tm_field_case *t = &tm_fields[k];
+        dj_config c = base[t->llama3];
+        t->edit(&c, t->v);
+        dj_err e = {{0}};
+        int rc = dj_config_validate(&c, &e);
+        if (!t->needle) {
+            cr_assert_eq(rc, 0, "%s: refused: %s", t->what, e.msg);
+        } else {
+            cr_assert_eq(rc, -1, "%s: accepted", t->what);
+            cr_assert(strstr(e.msg, t->needle), "%s: '%s' lacks '%s'", t->what, e.msg, t->needle);
+        }
+        memcpy(copy, img[t->llama3], size);
+        dj_disk_header h;
+        memcpy(&h, copy, sizeof h);
+        h.config = c;
+        memcpy(copy, &h, sizeof h);
+        fix_crc(copy, base[0].n_layers + 3);
+        if (t->needle) {
+            expect_parse_error(copy, size, size, t->needle);
+            dj_model_info got;
+            cr_assert_eq(model_parse(copy, size, size, &got, &e), -1);
+            cr_assert(!strncmp(e.msg, "bad config in header: ", 22), "%s: '%s'", t->what, e.msg);
+        } else if (!t->layout) {
+            dj_model_info got;
+            cr_assert_eq(model_parse(copy, size, size, &got, &e), 0, "%s: model_parse: %s", t->what, e.msg);
+            cr_assert_eq(memcmp(&got.config, &c, sizeof c), 0, "%s", t->what);
+            dj_info_free(&got);
+        }
+    }
+    // quantized layers take q8 embeddings and lm_head
+    for (uint32_t wt = DJ_Q8; wt <= DJ_Q4; wt++) {
+        dj_config c = small_config();
+        dj_config_set_wtype(&c, wt);
+        dj_err e = {{0}};
+        cr_assert_eq(dj_config_validate(&c, &e), 0, "%s layers: %s", dj_dtype_name(wt), e.msg);
+        c.embed_type = c.head_type = DJ_Q8;
+        cr_assert_eq(dj_config_validate(&c, &e), 0, "q8 beside %s layers: %s", dj_dtype_name(wt), e.msg);
+        c.head_type = DJ_F16;
+        cr_assert_eq(dj_config_validate(&c, &e), -1, "an f16 lm_head beside %s layers", dj_dtype_name(wt));
+    }
+    free(copy);
+    for (int i = 0; i < 2; i++) dj_info_free(&plan[i]), free(img[i]);
+}

@@ -145,6 +145,38 @@ Test(quant, error_bounds_and_search) {
     cr_assert_eq(quant_row(DJ_Q8, big, 32, r, NULL, NULL), -1);
 }
 
+// The padding of a partial last group widens to exactly 0 in both formats, whatever zero point the group's values
+// gave it: all positive, all negative, mixed, all zero, one value; and the row's bytes after the last parameter are
+// zero.
+Test(quant, partial_group_padding_is_zero) {
+    tc_rng_fresh("quant.partial_group_padding_is_zero");
+    const int64_t widths[] = {1, 2, 17, 31, 33, 63, 172};
+    const uint32_t dts[] = {DJ_Q8, DJ_Q4};
+    for (size_t wi = 0; wi < sizeof widths / sizeof *widths; wi++)
+        for (int kind = 0; kind < 5; kind++)
+            for (size_t d = 0; d < 2; d++) {
+                const int64_t n = widths[wi];
+                float x[172], grp[32];
+                for (int64_t i = 0; i < n; i++) {
+                    const float v = tc_normal();
+                    x[i] = kind == 0 ? 0.1f + fabsf(v) : kind == 1 ? -0.1f - fabsf(v) : kind == 2 ? v : 0.0f;
+                }
+                if (kind == 4) x[n - 1] = 3.0f;  // one value, the rest zero
+                uint8_t row[256];
+                cr_assert_eq(quant_row(dts[d], x, n, row, NULL, NULL), 0);
+                const int64_t last = (n - 1) / 32;
+                dequant_group(dts[d], row, n, last, grp);
+                for (int64_t j = n - last * 32; j < 32; j++)
+                    cr_assert_eq(grp[j], 0.0f, "%s, %lld columns, values of kind %d: padding %lld widens to %g (seed "
+                                 "%llu)", dj_dtype_name(dts[d]), (long long)n, kind, (long long)j, grp[j],
+                                 (unsigned long long)tc_seed_used());
+                const uint64_t so = dj_scales_offset(dts[d], (uint64_t)n), rb = dj_row_bytes(dts[d], (uint64_t)n);
+                for (uint64_t b = so + 2 * (uint64_t)(last + 1); b < rb; b++)
+                    cr_assert_eq(row[b], 0, "%s, %lld columns: row byte %llu", dj_dtype_name(dts[d]), (long long)n,
+                                 (unsigned long long)b);
+            }
+}
+
 // The search's two builds (SSE, AVX2) add in the same order: the same bytes on every host.
 Test(quant, search_builds_give_the_same_bytes) {
     if (!quant_use_avx2(1)) cr_skip_test("this CPU has no AVX2: the SSE build alone runs here");

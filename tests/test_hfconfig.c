@@ -57,6 +57,11 @@ static const cfg_case cases[] = {
      ", \"rope_theta\": 500000.0, \"rope_scaling\": {" L3("8", "1", "4", "8192") ", \"rope_type\": \"llama3\"}"
      ", \"rope_parameters\": {" L3("8.0", "1.0", "4.0", "8192") ", \"rope_theta\": 500000, \"rope_type\": \"llama3\"}",
      .rope_type = DJ_ROPE_LLAMA3, .theta = 5e5f, .factor = 8, .low = 1, .high = 4, .orig = 8192},
+    {"llama3 original context 1", ", \"rope_scaling\": {" L3("8.0", "1.0", "4.0", "1") ", \"rope_type\": \"llama3\"}",
+     .rope_type = DJ_ROPE_LLAMA3, .factor = 8, .low = 1, .high = 4, .orig = 1},
+    {"llama3 original context 2^32 - 1",
+     ", \"rope_scaling\": {" L3("1", "1", "4", "4294967295") ", \"rope_type\": \"llama3\"}",
+     .rope_type = DJ_ROPE_LLAMA3, .factor = 1, .low = 1, .high = 4, .orig = 4294967295u},
     {"partial_rotary_factor 1", ", \"partial_rotary_factor\": 1.0", .error = NULL},
     {"head_dim", ", \"head_dim\": 16", .head_dim = 16},
     {"GQA", ", \"num_key_value_heads\": 2", .n_kv_heads = 2},
@@ -95,6 +100,40 @@ static const cfg_case cases[] = {
     {"llama3 values differing",
      ", \"rope_parameters\": {" L3("8.0", "1.0", "4.0", "8192") ", \"rope_type\": \"llama3\"}, \"rope_scaling\": {"
      L3("4.0", "1.0", "4.0", "8192") ", \"rope_type\": \"llama3\"}", .error = "different llama3 values"},
+    // rope_parameters and rope_scaling disagreeing in one llama3 value each
+    {"llama3 low_freq_factor differing",
+     ", \"rope_parameters\": {" L3("8.0", "1.0", "4.0", "8192") ", \"rope_type\": \"llama3\"}, \"rope_scaling\": {"
+     L3("8.0", "2.0", "4.0", "8192") ", \"rope_type\": \"llama3\"}", .error = "different llama3 values"},
+    {"llama3 high_freq_factor differing",
+     ", \"rope_parameters\": {" L3("8.0", "1.0", "4.0", "8192") ", \"rope_type\": \"llama3\"}, \"rope_scaling\": {"
+     L3("8.0", "1.0", "3.0", "8192") ", \"rope_type\": \"llama3\"}", .error = "different llama3 values"},
+    {"llama3 original context differing",
+     ", \"rope_parameters\": {" L3("8.0", "1.0", "4.0", "8192") ", \"rope_type\": \"llama3\"}, \"rope_scaling\": {"
+     L3("8.0", "1.0", "4.0", "8191") ", \"rope_type\": \"llama3\"}", .error = "different llama3 values"},
+    {"llama3 original context differing, the other way",
+     ", \"rope_scaling\": {" L3("8.0", "1.0", "4.0", "4096") ", \"rope_type\": \"llama3\"}, \"rope_parameters\": {"
+     L3("8.0", "1.0", "4.0", "8192") ", \"rope_type\": \"llama3\"}", .error = "different llama3 values"},
+    // original_max_position_embeddings: a positive integer up to 2^32 - 1
+    {"llama3 original context 0", ", \"rope_scaling\": {" L3("8.0", "1.0", "4.0", "0") ", \"rope_type\": \"llama3\"}",
+     .error = "\"original_max_position_embeddings\" must be a positive integer"},
+    {"llama3 original context -1", ", \"rope_scaling\": {" L3("8.0", "1.0", "4.0", "-1") ", \"rope_type\": \"llama3\"}",
+     .error = "\"original_max_position_embeddings\" must be a positive integer"},
+    {"llama3 original context 2^32",
+     ", \"rope_scaling\": {" L3("8.0", "1.0", "4.0", "4294967296") ", \"rope_type\": \"llama3\"}",
+     .error = "\"original_max_position_embeddings\" must be a positive integer"},
+    {"llama3 original context 8192.5",
+     ", \"rope_scaling\": {" L3("8.0", "1.0", "4.0", "8192.5") ", \"rope_type\": \"llama3\"}",
+     .error = "\"original_max_position_embeddings\" must be a positive integer"},
+    {"llama3 original context a string",
+     ", \"rope_scaling\": {" L3("8.0", "1.0", "4.0", "\"8192\"") ", \"rope_type\": \"llama3\"}",
+     .error = "\"original_max_position_embeddings\" must be a positive integer"},
+    {"llama3 factor a string", ", \"rope_scaling\": {" L3("\"8\"", "1.0", "4.0", "8192") ", \"rope_type\": \"llama3\"}",
+     .error = "\"factor\" must be a number"},
+    {"llama3 without original context", ", \"rope_scaling\": {\"factor\": 8.0, \"low_freq_factor\": 1.0, "
+     "\"high_freq_factor\": 4.0, \"rope_type\": \"llama3\"}",
+     .error = "llama3 RoPE scaling needs \"original_max_position_embeddings\""},
+    {"llama3 factor under 1", ", \"rope_scaling\": {" L3("0.5", "1.0", "4.0", "8192") ", \"rope_type\": \"llama3\"}",
+     .error = "llama3 rope factor 0.5 out of range"},
     {"rope_theta differing", ", \"rope_theta\": 10000.0, \"rope_parameters\": {\"rope_theta\": 500000.0, "
      "\"rope_type\": \"default\"}", .error = "\"rope_theta\" 10000 disagrees with \"rope_parameters\".\"rope_theta\" 500000"},
     {"llama3 without factor",

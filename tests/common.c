@@ -15,7 +15,9 @@
 #include "../util.h"
 #include "../model.h"
 #include "../tokenizer.h"
+#include "../convert/convert.h"
 #include "../convert/tokjson.h"
+#include "../loader.h"
 
 // ---- the environment
 const char *tc_data(void) {
@@ -237,4 +239,16 @@ dj_tokenizer *tc_load_tokenizer(const char *rel) {
     free(blob);
     cr_assert(t, "tok_load: %s", e.msg);
     return t;
+}
+
+// ---- models
+void tc_stories_model(const char *dir, const char *name, uint32_t dtype, dj_model *m, char *path, size_t n) {
+    char stories[4096];
+    tc_data_path(stories, sizeof stories, "models/stories260K");
+    snprintf(path, n, "%s/%s", dir, name);
+    convert_opts co = {.hf_dir = stories, .out_path = path, .dtype = dtype, .quiet = 1};
+    dj_err e = {{0}};
+    cr_assert_eq(convert_run(&co, &e), 0, "converting %s: %s", stories, e.msg);
+    dj_load_opts lo = {.quiet = 1};
+    cr_assert_eq(model_load(path, &lo, m, &e), 0, "%s: %s", path, e.msg);
 }

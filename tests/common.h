@@ -14,7 +14,19 @@
 #elif defined(__has_feature)
 #if __has_feature(address_sanitizer)
 #define DJ_TEST_ASAN 1
+// ---- models
+#include "../loader.h"
+// stories260K converted in `dtype` (model.h's DJ_F32...) to dir/name (path: n bytes) and loaded for the CPU engine (not
+// page-locked); skips the test when the shared data lacks it.
+void tc_stories_model(const char *dir, const char *name, uint32_t dtype, dj_model *m, char *path, size_t n);
+
 #endif
+// ---- models
+#include "../loader.h"
+// stories260K converted in `dtype` (model.h's DJ_F32...) to dir/name (path: n bytes) and loaded for the CPU engine (not
+// page-locked); skips the test when the shared data lacks it.
+void tc_stories_model(const char *dir, const char *name, uint32_t dtype, dj_model *m, char *path, size_t n);
+
 #endif
 
 // ---- the environment (set by `make test`)
@@ -75,5 +87,11 @@ double tc_load(const void *w, uint32_t wtype, int64_t i);
 // sqrt(sum (got - ref)^2 / sum ref^2) (the plain L2 norm of the difference when ref is all zero).
 double tc_rel_l2(const float *got, const float *ref, int64_t n);
 double tc_rel_l2_d(const float *got, const double *ref, int64_t n);
+
+// ---- models
+#include "../loader.h"
+// stories260K converted in `dtype` (model.h's DJ_F32...) to dir/name (path: n bytes) and loaded for the CPU engine (not
+// page-locked); skips the test when the shared data lacks it.
+void tc_stories_model(const char *dir, const char *name, uint32_t dtype, dj_model *m, char *path, size_t n);
 
 #endif

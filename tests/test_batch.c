@@ -147,7 +147,7 @@ Test(batch, context_full_gives_the_command_lines_count) {
 static int64_t tb_held(tb_ctx *c, const char *session) {
     int64_t n = -1;
     dj_err e = {{0}};
-    cr_assert_eq(bt_park(c->s, session, &n, &e), 0, "%s", e.msg);
+    cr_assert_eq(bt_park(c->s, 0, session, &n, &e), 0, "%s", e.msg);
     return n;
 }
 

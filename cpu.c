@@ -588,6 +588,8 @@ static int64_t cpu_first_chunks(struct cpu_async *a, int64_t n, int64_t chunk, i
     return a->n_first * chunk;
 }
 
+void (*cpu_test_hook_waiting_x)(void);
+
 static inline void cpu_relax_once(void) {
 #if defined(__x86_64__) || defined(__i386__)
     __builtin_ia32_pause();
@@ -607,7 +609,9 @@ static void cpu_async_wait_x(struct cpu_async *a, int64_t part, const uint8_t *w
                                                                      : (size_t)(e - b) * rb;
         r = w + (size_t)b * rb, r2 = w2 ? w2 + (size_t)b * rb : NULL;
     }
-    while ((int32_t)(atomic_load_explicit(a->ready, memory_order_acquire) - a->seq) < 0) {
+    for (int told = 0; (int32_t)(atomic_load_explicit(a->ready, memory_order_acquire) - a->seq) < 0;) {
+        if (!told && cpu_test_hook_waiting_x) cpu_test_hook_waiting_x();
+        told = 1;
         if (at >= end) {
             cpu_relax_once();
             continue;

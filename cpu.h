@@ -46,6 +46,9 @@ void cpu_ffn_start(const cpu_ffn_args *f, const _Atomic uint32_t *ready, _Atomic
 // thread is done, with the host's clock (dj_now) when a thread first saw x (t[0]), when h was whole (t[1]; a
 // matvec: t[2]) and when the last row was done (t[2]).
 void cpu_matvec_finish(double t[3]);
+// Test-only: called by each thread of cpu_matvec_start's or cpu_ffn_start's job that finds x not landed yet, once,
+// before it waits for it (a test lands x once every thread waits). NULL in every real run.
+extern void (*cpu_test_hook_waiting_x)(void);
 // For tests and benchmarks: the widest vector code cpu_matvec and cpu_matvec_multi may take (the default
 // CPU_SIMD_BEST): 0 their portable loops; CPU_SIMD_AVX2 AVX2 + FMA + F16C; CPU_SIMD_AVX512 also AVX-512 for
 // cpu_matvec_multi's tiles and, where the CPU has VNNI too, for cpu_matvec's q8/q4 rows. Returns the level in use:

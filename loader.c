@@ -120,6 +120,7 @@ int model_load(const char *path, const dj_load_opts *o, dj_model *m, dj_err *e) 
         close(fd);
         return dj_fail(e, "%s: %s", path, pe.msg);
     }
+    if (o->test_hook_after_header) o->test_hook_after_header(o->test_hook_arg);
     // Anonymous memory, read in parallel; for the GPU each travelling section is registered as it lands. (Not
     // an mmap of the file: a file truncated under a mapping kills the process with SIGBUS mid-generation,
     // where a read reports it.)

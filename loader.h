@@ -23,6 +23,10 @@ typedef struct {
     int no_pin;        // with want_pinned: skip page-locking (pageable copies: slower, no overlap)
     int quiet;         // no progress on stderr
     int threads;       // read threads (0: default)
+    // Test-only: called with test_hook_arg once the header is read and validated, before any section is (a test
+    // truncates or rewrites the file exactly then). NULL in every real load.
+    void (*test_hook_after_header)(void *test_hook_arg);
+    void *test_hook_arg;
 } dj_load_opts;
 
 int model_load(const char *path, const dj_load_opts *o, dj_model *m, dj_err *e);

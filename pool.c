@@ -27,6 +27,7 @@ static struct {
     int n_threads;            // workers + the caller
     _Atomic uint64_t generation;  // bumped per call (after fn, ctx, n are set): workers wait for a new value
     _Atomic int pending;          // workers still running the current call
+    int asleep;                   // workers waiting on `start` (under mu; cpu_pool_asleep)
     cpu_task_fn fn;
     void *ctx;
     int64_t n;
@@ -54,7 +55,9 @@ static void *cpu_pool_worker(void *arg) {
             for (int i = 0; i < 64 && g == seen; i++, g = atomic_load(&cpu_pool.generation)) cpu_relax();
             if (g != seen || dj_now() - t0 < POOL_SPIN_S) continue;
             pthread_mutex_lock(&cpu_pool.mu);  // the caller bumps the generation under mu: no lost wake-up
+            cpu_pool.asleep++;
             while ((g = atomic_load(&cpu_pool.generation)) == seen) pthread_cond_wait(&cpu_pool.start, &cpu_pool.mu);
+            cpu_pool.asleep--;
             pthread_mutex_unlock(&cpu_pool.mu);
         }
         seen = g;
@@ -113,6 +116,13 @@ void cpu_pool_stop(void) {
 }
 
 void cpu_set_threads(int n) { cpu_threads_wanted = n; }
+
+int cpu_pool_asleep(void) {
+    pthread_mutex_lock(&cpu_pool.mu);
+    int n = cpu_pool.asleep;
+    pthread_mutex_unlock(&cpu_pool.mu);
+    return n;
+}
 
 int cpu_threads(void) {
     if (!atomic_load(&cpu_pool.started)) cpu_pool_start();

@@ -23,5 +23,7 @@ int cpu_threads(void);
 int cpu_threads_planned(void);  // the size cpu_threads will give, without starting the pool
 // Joins the workers (at exit: a pool left running holds their stacks); a later call starts a new pool.
 void cpu_pool_stop(void);
+// Test-only: how many workers are asleep now, waiting for the next call (not spinning).
+int cpu_pool_asleep(void);
 
 #endif

@@ -197,13 +197,21 @@ typedef struct {
     uint64_t pos;
     uint8_t *in, *stage;  // STAGE_BYTES each: source bytes, converted bytes
     dj_progress prog;
+    uint64_t test_progress_at;  // test-only (DJINN_TEST_PROGRESS_AT; 0 in every real run): see w_progress
     double sq_err[DJ_N_TENSOR_KINDS], sq_ref[DJ_N_TENSOR_KINDS];  // quantization error, per tensor kind
 } writer;
+
+// The progress line, at most ~4 a second. Test-only: DJINN_TEST_PROGRESS_AT=BYTES forces one out as the output
+// reaches that size, whatever the clock says, so a test knows where a line is on screen.
+static void w_progress(writer *w) {
+    if (w->test_progress_at && w->pos >= w->test_progress_at) w->test_progress_at = 0, w->prog.last = -1e30;
+    dj_progress_update(&w->prog, w->pos);
+}
 
 static int w_write(writer *w, const void *p, size_t n, dj_err *e) {
     if (out_write(&w->out, p, n, e)) return -1;
     w->pos += n;
-    dj_progress_update(&w->prog, w->pos);
+    w_progress(w);
     return 0;
 }
 
@@ -334,7 +342,7 @@ static int write_quantized(writer *w, const want *x, uint32_t out, dj_err *e) {
         }
         for (size_t i = 0; !rc && i < k; i++) w->sq_err[x->kind] += err[i], w->sq_ref[x->kind] += ref[i];
         if (!rc) rc = out_seek(&w->out, w->pos + k * rb, e);
-        if (!rc) w->pos += k * rb, dj_progress_update(&w->prog, w->pos);
+        if (!rc) w->pos += k * rb, w_progress(w);
     }
     free(err), free(ref);
     return rc;
@@ -524,6 +532,8 @@ int convert_run(const convert_opts *o, dj_err *e) {
                 st_dtype_name(ws[0].t->dtype), c.tied ? " (tied head)" : "", dj_dtype_name(c.wtype),
                 (double)info.file_size / 1e9);
     dj_progress_start(&wr.prog, "convert", info.file_size, !o->quiet);
+    const char *tp = getenv("DJINN_TEST_PROGRESS_AT");
+    wr.test_progress_at = tp ? strtoull(tp, NULL, 10) : 0;
     if (w_write(&wr, hdr, hb, e) || w_pad_to(&wr, info.tok_off, e) || w_write(&wr, blob, blob_size, e)) goto out;
     for (size_t i = 0; i < nw; i++) {
         uint32_t dt = ws[i].is_norm ? DJ_F32 : ws[i].kind == DJ_T_EMBED ? c.embed_type

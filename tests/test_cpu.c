@@ -3,10 +3,11 @@
 #include <criterion/criterion.h>
 #include <math.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "../model.h"
 #include "../cpu.h"
@@ -91,26 +92,58 @@ Test(cpu_kernels, matvec_multi_all_dtypes_and_sizes) {
 
 // cpu_matvec_start / cpu_matvec_finish (the GPU engine's CPU share, asynchronous): the workers wait for the ready
 // word, then give cpu_matvec_multi's result bit for bit and store the job's number in the done word; the caller
-// works meanwhile. The ready word comes from another thread (as the GPU's would), only once the caller has seen,
-// 5 ms into the job, neither the done word nor y moved.
+// works meanwhile. The ready word comes from another thread (as the GPU's would), the gate, which opens it only once
+// every thread of the job says (cpu_test_hook_waiting_x) that it waits for x, or once a word or an output moved
+// before x landed: then no clock decides whether an early start is seen.
+static _Atomic int tcpu_waiting;  // threads of the running job that found x not landed
+static void tcpu_count_waiting(void) { atomic_fetch_add(&tcpu_waiting, 1); }
+
 typedef struct {
-    _Atomic uint32_t *word;
-    _Atomic int go;
+    _Atomic uint32_t *word;  // the ready word the gate stores
     uint32_t seq;
+    int parts;               // the job's threads
     float *x;
     const float *x_later;
     int64_t n;
-} tcpu_later;
+    _Atomic uint32_t *words[2];  // the job's words (done; mid), which must not reach seq before x lands
+    const float *outs[2];        // its outputs, -7 everywhere, which must stay so
+    int64_t n_outs[2];
+    const char *names[2];        // the outputs' names
+    const char *early;           // what moved before x landed (NULL: nothing)
+    _Atomic int opened;
+    double t_open;               // dj_now just before x landed
+} tcpu_gate;
 
-static void *tcpu_ready_later(void *arg) {
-    tcpu_later *l = arg;
-    while (!atomic_load(&l->go)) {
-        struct timespec ts = {0, 100 * 1000};
-        nanosleep(&ts, NULL);
+static const char *tcpu_moved(tcpu_gate *g) {
+    for (int k = 0; k < 2; k++) {
+        if (g->words[k] && atomic_load(g->words[k]) == g->seq) return k ? "the mid word" : "the done word";
+        for (int64_t i = 0; i < g->n_outs[k]; i++)
+            if (g->outs[k][i] != -7.0f) return g->names[k];
     }
-    memcpy(l->x, l->x_later, (size_t)l->n * sizeof(float));  // x lands, then the word
-    atomic_store_explicit(l->word, l->seq, memory_order_release);
     return NULL;
+}
+
+static void *tcpu_gate_open(void *arg) {
+    tcpu_gate *g = arg;
+    while (atomic_load(&tcpu_waiting) < g->parts && !(g->early = tcpu_moved(g))) sched_yield();
+    if (!g->early) g->early = tcpu_moved(g);
+    g->t_open = dj_now();
+    atomic_store(&g->opened, 1);
+    memcpy(g->x, g->x_later, (size_t)g->n * sizeof(float));  // x lands, then the word
+    atomic_store_explicit(g->word, g->seq, memory_order_release);
+    return NULL;
+}
+
+// After cpu_matvec_finish: it returned after the gate opened, with nothing moved before, and the stamps it reports
+// (t: when x was first seen, h whole, the last row done) in the order of the gate and its return.
+static void tcpu_gate_check(tcpu_gate *g, pthread_t th, const double t[3], const char *what) {
+    double t_back = dj_now();
+    int opened = atomic_load(&g->opened);
+    cr_assert(opened, "%s: cpu_matvec_finish returned before x landed", what);
+    pthread_join(th, NULL);
+    cr_assert(!g->early, "%s: %s moved before x landed", what, g->early);
+    cr_assert(g->t_open <= t[0] && t[0] <= t[1] && t[1] <= t[2] && t[2] <= t_back, "%s: stamps %.9f %.9f %.9f "
+              "outside the gate's %.9f and the return's %.9f", what, t[0], t[1], t[2], g->t_open, t_back);
 }
 
 Test(cpu_kernels, matvec_async_equals_sync) {
@@ -119,6 +152,7 @@ Test(cpu_kernels, matvec_async_equals_sync) {
     uint32_t seq = 0xfffffff0u;  // the numbers wrap within the test; each word starts at the last job's
     _Atomic uint32_t ready = seq, done = seq;
     tc_rng_seed(5);
+    cpu_test_hook_waiting_x = tcpu_count_waiting;
     for (int k = 0; k < 8; k++)  // each dtype on a thread a core, then on 7 threads (a late worker's chunk taken)
         for (size_t c = 0; c < sizeof sizes / sizeof *sizes; c++) {
             if (c == 0) cpu_pool_stop(), cpu_set_threads(k < 4 ? 0 : 7);
@@ -141,28 +175,26 @@ Test(cpu_kernels, matvec_async_equals_sync) {
             memset(x, 0, sizeof(float) * T * n_in);
             for (int64_t i = 0; i < T * n_out; i++) got[i] = -7.0f;
             seq++;
-            tcpu_later l = {&ready, 0, seq, x, x0, T * n_in};
+            tcpu_gate gate = {.word = &ready, .seq = seq, .parts = cpu_threads(), .x = x, .x_later = x0,
+                              .n = T * n_in, .words = {&done}, .outs = {got}, .n_outs = {T * n_out}, .names = {"y"}};
+            tcpu_waiting = 0;
             pthread_t th;
-            cr_assert_eq(pthread_create(&th, NULL, tcpu_ready_later, &l), 0);
+            cr_assert_eq(pthread_create(&th, NULL, tcpu_gate_open, &gate), 0);
             cpu_matvec_start(got, x, w, wt, T, n_in, n_out, &ready, &done, seq);
-            struct timespec ts = {0, 5 * 1000 * 1000};
-            nanosleep(&ts, NULL);
-            cr_assert(atomic_load(&done) != seq, "%s T=%ld: done before x landed", dj_dtype_name(wt), (long)T);
-            cr_assert(got[0] == -7.0f && got[T * n_out - 1] == -7.0f, "%s: y written before x landed",
-                      dj_dtype_name(wt));
-            atomic_store(&l.go, 1);
             double t[3];
             cpu_matvec_finish(t);
-            pthread_join(th, NULL);
-            cr_assert_eq(atomic_load(&done), seq, "%s T=%ld n_in=%ld n_out=%ld: done word %u", dj_dtype_name(wt),
-                         (long)T, (long)n_in, (long)n_out, atomic_load(&done));
-            cr_assert(t[0] > 0 && t[1] == t[2] && t[2] >= t[0], "%s: times %g %g %g", dj_dtype_name(wt), t[0], t[1],
-                      t[2]);
+            char what[96];
+            snprintf(what, sizeof what, "%s T=%ld n_in=%ld n_out=%ld", dj_dtype_name(wt), (long)T, (long)n_in,
+                     (long)n_out);
+            cr_assert_eq(atomic_load(&done), seq, "%s: done word %u", what, atomic_load(&done));
+            tcpu_gate_check(&gate, th, t, what);
+            cr_assert_eq(t[1], t[2], "%s: a matvec has no h: t[1] is t[2]", what);
             cr_assert(memcmp(got, want, sizeof(float) * T * n_out) == 0, "%s T=%ld n_in=%ld n_out=%ld: not bitwise "
                       "cpu_matvec_multi's", dj_dtype_name(wt), (long)T, (long)n_in, (long)n_out);
             free(x), free(x0), free(wf), free(want), free(got), free(w);
         }
     cpu_pool_stop(), cpu_set_threads(0);
+    cpu_test_hook_waiting_x = NULL;
 }
 
 // Weights (n_out, n_in) of wtype from uniform values in [-1, 1): stored, or quantized row by row.
@@ -191,6 +223,7 @@ Test(cpu_kernels, ffn_chain_equals_steps) {
     uint32_t seq = 0xfffffff8u;
     _Atomic uint32_t ready = seq, mid = seq, done = seq;
     tc_rng_seed(6);
+    cpu_test_hook_waiting_x = tcpu_count_waiting;
     // each dtype at each vector level (the widest, AVX2, the portable loops), on a thread a core and on 7 threads
     // (more than CI's cores: a late worker's own first chunk is taken by another)
     for (int k = 0; k < 30; k++)
@@ -225,23 +258,22 @@ Test(cpu_kernels, ffn_chain_equals_steps) {
             for (int64_t i = 0; i < T * hid; i++) h[i] = -7.0f;
             for (int64_t i = 0; i < T * (nd + 1); i++) y[i] = -7.0f;
             seq++;
-            tcpu_later l = {&ready, 0, seq, x, x0, T * dim};
+            tcpu_gate gate = {.word = &ready, .seq = seq, .parts = cpu_threads(), .x = x, .x_later = x0,
+                              .n = T * dim, .words = {&done, &mid}, .outs = {h, y}, .n_outs = {T * hid, T * (nd + 1)},
+                              .names = {"h", "y"}};
+            tcpu_waiting = 0;
             pthread_t th;
-            cr_assert_eq(pthread_create(&th, NULL, tcpu_ready_later, &l), 0);
+            cr_assert_eq(pthread_create(&th, NULL, tcpu_gate_open, &gate), 0);
             cpu_ffn_args f = {h, y, scratch, x, gu, up, dn_rows, wt, T, dim, hid, nd};
             cpu_ffn_start(&f, &ready, &mid, &done, seq);
-            struct timespec ts = {0, 5 * 1000 * 1000};
-            nanosleep(&ts, NULL);
-            const char *name = dj_dtype_name(wt);
-            cr_assert(atomic_load(&mid) != seq && atomic_load(&done) != seq, "%s: a word before x landed", name);
-            cr_assert(h[0] == -7.0f && h[T * hid - 1] == -7.0f && y[0] == -7.0f, "%s: written before x", name);
-            atomic_store(&l.go, 1);
             double t[3];
             cpu_matvec_finish(t);
-            pthread_join(th, NULL);
+            const char *name = dj_dtype_name(wt);
             cr_assert(atomic_load(&mid) == seq && atomic_load(&done) == seq, "%s case %zu: words %u %u, want %u", name,
                       c, atomic_load(&mid), atomic_load(&done), seq);
-            cr_assert(t[0] > 0 && t[1] >= t[0] && t[2] >= t[1], "%s: times %g %g %g", name, t[0], t[1], t[2]);
+            char what[96];
+            snprintf(what, sizeof what, "%s case %zu (T=%ld dim=%ld hid=%ld)", name, c, (long)T, (long)dim, (long)hid);
+            tcpu_gate_check(&gate, th, t, what);
             cr_assert(memcmp(h, h_want, sizeof(float) * (size_t)(T * hid)) == 0, "%s case %zu (T=%ld dim=%ld hid=%ld):"
                       " h not the steps'", name, c, (long)T, (long)dim, (long)hid);
             cr_assert(!nd || memcmp(y, y_want, sizeof(float) * (size_t)(T * nd)) == 0, "%s case %zu: down rows not "
@@ -251,6 +283,7 @@ Test(cpu_kernels, ffn_chain_equals_steps) {
             free(h), free(y), free(scratch);
         }
     cpu_pool_stop(), cpu_set_threads(0);
+    cpu_test_hook_waiting_x = NULL;
     cpu_set_simd(CPU_SIMD_BEST);
 }
 

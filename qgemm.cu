@@ -66,8 +66,12 @@ static __device__ __forceinline__ void x16_halves(uint4 *even, uint4 *odd, const
     *odd = make_uint4(f16x2(v[1], v[3]), f16x2(v[5], v[7]), f16x2(v[9], v[11]), f16x2(v[13], v[15]));
 }
 
-// xp (T, kp) f16. Threads: x over the kp / 16 runs of 16 inputs, y (strided) over the tokens.
-__global__ void qgemm_x_kernel(__half *xp, qgemm_src src, int64_t T, int64_t n_in, int64_t kp) {
+// xp (T, kp) f16. Threads: x over the kp / 16 runs of 16 inputs, y (strided) over the tokens. The split kernel's
+// n_tickets tickets are zeroed on the way (by the first block's threads: it runs before, on the same stream).
+__global__ void qgemm_x_kernel(__half *xp, qgemm_src src, int64_t T, int64_t n_in, int64_t kp, unsigned *tickets,
+                               int n_tickets) {
+    if (blockIdx.x == 0 && blockIdx.y == 0)
+        for (int i = threadIdx.x; i < n_tickets; i += blockDim.x) tickets[i] = 0;
     const int64_t r = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (r >= kp / 16) return;
     for (int64_t t = blockIdx.y; t < T; t += gridDim.y) {
@@ -210,18 +214,29 @@ template <int WT, int BM, int BN, int WM, int WN, int ST> struct qgemm_cfg {
     static_assert(NT % 2 == 0 || NT == 1, "B fragments two n8 tiles at a time, or one");
 };
 
+// Split over the inputs (gridDim.z parts, for passes of a few tokens whose tiles alone leave multiprocessors idle):
+// each part writes its sums to part[z] (T, n_out), and the part that finishes its tile last adds the parts' sums
+// in order 0, 1, ... into y, so that y does not depend on which finished first. tickets: one a tile, zero before
+// the launch (qgemm_x_kernel zeroes them).
+struct qgemm_split {
+    float *part;
+    unsigned *tickets;
+};
+
 // PRECOND: w and every row (row_bytes apart) 16-byte aligned; xp from qgemm_x_kernel (kp = 32 * groups).
 template <int WT, int BM, int BN, int WM, int WN, int ST>
 __global__ void __launch_bounds__(WM *WN * 32)
     qgemm_kernel(float *__restrict__ y, const __half *__restrict__ xp, const uint8_t *__restrict__ w, int64_t T,
-                 int64_t n_out, int64_t groups, int64_t row_bytes) {
+                 int64_t n_out, int64_t groups, int64_t row_bytes, qgemm_split split) {
     using C = qgemm_cfg<WT, BM, BN, WM, WN, ST>;
     extern __shared__ __align__(16) uint8_t sm[];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int wm = warp % WM, wn = warp / WM;
     const int64_t m0 = (int64_t)blockIdx.y * BM, n0 = (int64_t)blockIdx.x * BN;
     const int64_t kp = groups * DJ_QGROUP, so = groups * C::QB;  // x's row length; where a row's scales start
-    const int KT = (int)((groups + 1) / 2);
+    // this part's stages of 64 inputs: [K0, KT)
+    const int KT_ALL = (int)((groups + 1) / 2), KPER = (KT_ALL + (int)gridDim.z - 1) / (int)gridDim.z;
+    const int K0 = (int)blockIdx.z * KPER, KT = K0 + KPER < KT_ALL ? K0 + KPER : KT_ALL;
 
     // stage `st` <- inputs 64 kt .. 64 kt + 63: values, scales, x (past the end: zeros)
     auto load = [&](int st, int kt) {
@@ -243,18 +258,18 @@ __global__ void __launch_bounds__(WM *WN * 32)
 
 #pragma unroll
     for (int st = 0; st < ST - 1; st++) {
-        if (st < KT) load(st, st);
+        if (K0 + st < KT) load(st, K0 + st);
         cp_async_commit();
     }
 
     const int g = lane >> 2;  // the fragment row (A) or column (B) this thread holds
-    for (int kt = 0; kt < KT; kt++) {
+    for (int kt = K0; kt < KT; kt++) {
         cp_async_wait<ST - 2>();
         __syncthreads();  // stage kt landed for everyone; stage kt - 1 is free
-        if (kt + ST - 1 < KT) load((kt + ST - 1) % ST, kt + ST - 1);
+        if (kt + ST - 1 < KT) load((kt - K0 + ST - 1) % ST, kt + ST - 1);
         cp_async_commit();
 
-        const uint8_t *q = sm + (kt % ST) * C::STAGE, *sc = q + C::Q_BYTES, *xs = sc + C::S_BYTES;
+        const uint8_t *q = sm + ((kt - K0) % ST) * C::STAGE, *sc = q + C::Q_BYTES, *xs = sc + C::S_BYTES;
         // A fragments of the stage's four k16 steps, widened: a[m tile][step][4]
         uint32_t a[C::MT][4][4];
 #pragma unroll
@@ -285,25 +300,44 @@ __global__ void __launch_bounds__(WM *WN * 32)
     }
     cp_async_wait<0>();
 
-    // y[token][row]: c0, c1 at (row g, tokens 2c, 2c + 1), c2, c3 at row g + 8
+    // y[token][row] (or this part's sums): c0, c1 at (row g, tokens 2c, 2c + 1), c2, c3 at row g + 8
     const int c2 = 2 * (lane & 3);
+    float *out = gridDim.z == 1 ? y : split.part + (size_t)blockIdx.z * (size_t)T * (size_t)n_out;
+    auto each = [&](auto &&f) {  // f(offset in y, the thread's value) for each output the thread holds
 #pragma unroll
-    for (int mt = 0; mt < C::MT; mt++) {
-        const int64_t row = m0 + wm * (BM / WM) + mt * 16 + g;
+        for (int mt = 0; mt < C::MT; mt++) {
+            const int64_t row = m0 + wm * (BM / WM) + mt * 16 + g;
 #pragma unroll
-        for (int nt = 0; nt < C::NT; nt++) {
-            const int64_t tok = n0 + wn * (BN / WN) + nt * 8 + c2;
-            const float *d = acc[mt][nt];
-            if (row < n_out) {
-                if (tok < T) y[tok * n_out + row] = d[0];
-                if (tok + 1 < T) y[(tok + 1) * n_out + row] = d[1];
-            }
-            if (row + 8 < n_out) {
-                if (tok < T) y[tok * n_out + row + 8] = d[2];
-                if (tok + 1 < T) y[(tok + 1) * n_out + row + 8] = d[3];
+            for (int nt = 0; nt < C::NT; nt++) {
+                const int64_t tok = n0 + wn * (BN / WN) + nt * 8 + c2;
+                float *d = acc[mt][nt];
+                if (row < n_out) {
+                    if (tok < T) f(tok * n_out + row, d[0]);
+                    if (tok + 1 < T) f((tok + 1) * n_out + row, d[1]);
+                }
+                if (row + 8 < n_out) {
+                    if (tok < T) f(tok * n_out + row + 8, d[2]);
+                    if (tok + 1 < T) f((tok + 1) * n_out + row + 8, d[3]);
+                }
             }
         }
-    }
+    };
+    each([&](int64_t i, float &v) { out[i] = v; });
+    if (gridDim.z == 1) return;
+    // the last part of this tile to finish adds the parts in order
+    __shared__ unsigned ticket;
+    __threadfence();  // this part's sums are visible before its ticket is
+    __syncthreads();
+    if (tid == 0) ticket = atomicAdd(split.tickets + blockIdx.y * gridDim.x + blockIdx.x, 1u);
+    __syncthreads();
+    if (ticket != gridDim.z - 1) return;
+    __threadfence();
+    const size_t stride = (size_t)T * (size_t)n_out;
+    each([&](int64_t i, float &v) {
+        float sum = __ldcg(split.part + i);
+        for (unsigned z = 1; z < gridDim.z; z++) sum += __ldcg(split.part + z * stride + (size_t)i);
+        y[i] = sum;
+    });
 }
 
 // ---- the Hopper kernel: warpgroup MMAs (wgmma, sm_90a), the weights widened into A registers, x from shared memory
@@ -565,13 +599,29 @@ __global__ void __launch_bounds__(256, MINB)
     X(10, 128, 4, 2, true, 2)     \
     X(11, 128, 4, 1, true, 2)
 
-// xp = x in f16 for the kernels: qgemm_x_kernel's layout (bn 0), or qgemm_xt_kernel's in blocks of bn tokens.
-static int qgemm_x(__half *xp, const qgemm_src &x, int64_t T, int64_t n_in, int bn, cudaStream_t s, dj_err *e) {
+// The mma.sync kernel split over the inputs, for passes of a few tokens on matrices whose rows alone leave
+// multiprocessors idle: (id, BM, BN, WM, ST, PER_SM), its tiles times the parts about PER_SM CTAs a multiprocessor
+// (qgemm_parts). Of six shapes measured on the H200 (bench/results/qgemm_split: BM 32-128, BN 16-64, 2-6 CTAs a
+// multiprocessor), these two won: on Llama-3-8B's q|k|v, wo and down in q4, 1.17-1.61x the engine's previous
+// choice at T = 8, 1.27-2.07x at 16, 1.03-1.43x at 32; past 32 tokens and on gate|up the other shapes stay ahead.
+#define QGEMM_SPLIT_VARIANTS(X)   \
+    X(12, 64, 16, 4, 6, 4)        \
+    X(13, 64, 32, 4, 6, 3)
+
+#define QGEMM_SPLIT_T 64                     // the most tokens the split kernels take
+#define QGEMM_SPLIT_COLS ((int64_t)1 << 16)  // parts x rows: the partial sums' floats a token (scratch)
+#define QGEMM_TICKETS 1024                   // tiles of a split launch (one ticket each)
+#define QGEMM_SPLIT_MAX 16                   // parts at most
+
+// xp = x in f16 for the kernels: qgemm_x_kernel's layout (bn 0; n_tickets of tickets zeroed), or qgemm_xt_kernel's
+// in blocks of bn tokens.
+static int qgemm_x(__half *xp, const qgemm_src &x, int64_t T, int64_t n_in, int bn, unsigned *tickets, int n_tickets,
+                   cudaStream_t s, dj_err *e) {
     const int64_t kp = (n_in + DJ_QGROUP - 1) / DJ_QGROUP * DJ_QGROUP;
     const int64_t KT = (kp + 63) / 64, runs = bn ? KT * 4 : kp / 16, rows = bn ? (T + bn - 1) / bn * bn : T;
     const dim3 grid((unsigned)((runs + 63) / 64), (unsigned)(rows < 65535 ? rows : 65535));
     if (bn) qgemm_xt_kernel<<<grid, 64, 0, s>>>(xp, x, T, rows, n_in, KT, __builtin_ctz((unsigned)bn));  // 128, 256
-    else qgemm_x_kernel<<<grid, 64, 0, s>>>(xp, x, T, n_in, kp);
+    else qgemm_x_kernel<<<grid, 64, 0, s>>>(xp, x, T, n_in, kp, tickets, n_tickets);
     LAUNCH_CHECK("qgemm_x", s);
     return 0;
 }
@@ -580,7 +630,7 @@ template <int WT, int BN, int ST, int KS, bool XB, int MINB>
 static int qgemm_wg_launch(float *y, const qgemm_src &x, __half *xp, const void *w, int64_t T, int64_t n_in,
                            int64_t n_out, cudaStream_t s, dj_err *e) {
     using C = qgemm_wg_cfg<WT, BN, ST>;
-    if (qgemm_x(xp, x, T, n_in, XB ? BN : 0, s, e)) return -1;
+    if (qgemm_x(xp, x, T, n_in, XB ? BN : 0, NULL, 0, s, e)) return -1;
     static int ready;
     if (!ready) {
         CUDA_CHECK(cudaFuncSetAttribute(qgemm_wg_kernel<WT, BN, ST, KS, XB, MINB>,
@@ -596,11 +646,29 @@ static int qgemm_wg_launch(float *y, const qgemm_src &x, __half *xp, const void 
     return 0;
 }
 
+// How many parts the split kernel cuts the inputs into: enough that tiles x parts make about per_sm CTAs a
+// multiprocessor, each part two stages of 64 inputs or more, the partial sums within QGEMM_SPLIT_COLS a token; 1
+// (no split) where the tiles alone fill the device or the pass is too long for the scratch.
+static int qgemm_parts(const dj_gpu *g, int per_sm, int64_t T, int64_t tiles, int64_t n_in, int64_t n_out) {
+    const int64_t stages = ((n_in + DJ_QGROUP - 1) / DJ_QGROUP + 1) / 2, want = (int64_t)per_sm * g->n_sm;
+    if (T > QGEMM_SPLIT_T || tiles > QGEMM_TICKETS || tiles >= want) return 1;
+    int64_t k = (want + tiles - 1) / tiles;
+    if (k > QGEMM_SPLIT_MAX) k = QGEMM_SPLIT_MAX;
+    if (k > stages / 2) k = stages / 2;
+    if (k * n_out > QGEMM_SPLIT_COLS) k = QGEMM_SPLIT_COLS / n_out;
+    return k > 1 ? (int)k : 1;
+}
+
+// split: the parts (1: the plain kernel); where they go in the scratch after xp: the tickets, then the sums.
 template <int WT, int BM, int BN, int WM, int WN, int ST>
 static int qgemm_launch(float *y, const qgemm_src &x, __half *xp, const void *w, int64_t T, int64_t n_in, int64_t n_out,
-                        cudaStream_t s, dj_err *e) {
+                        int parts, cudaStream_t s, dj_err *e) {
     using C = qgemm_cfg<WT, BM, BN, WM, WN, ST>;
-    if (qgemm_x(xp, x, T, n_in, 0, s, e)) return -1;
+    const dim3 grid((unsigned)((T + BN - 1) / BN), (unsigned)((n_out + BM - 1) / BM), (unsigned)parts);
+    const int64_t kp64 = (n_in + 63) / 64 * 64;
+    unsigned *tickets = (unsigned *)(xp + (T + 255) / 256 * 256 * kp64);
+    qgemm_split split = {(float *)(tickets + QGEMM_TICKETS), tickets};
+    if (qgemm_x(xp, x, T, n_in, 0, tickets, parts > 1 ? (int)(grid.x * grid.y) : 0, s, e)) return -1;
     static int ready;  // the shared-memory opt-in, once per instantiation (the process uses one device)
     if (!ready) {
         CUDA_CHECK(cudaFuncSetAttribute(qgemm_kernel<WT, BM, BN, WM, WN, ST>,
@@ -608,15 +676,17 @@ static int qgemm_launch(float *y, const qgemm_src &x, __half *xp, const void *w,
         ready = 1;
     }
     const int64_t groups = (n_in + DJ_QGROUP - 1) / DJ_QGROUP, rb = (int64_t)dj_row_bytes(WT, (uint64_t)n_in);
-    const dim3 grid((unsigned)((T + BN - 1) / BN), (unsigned)((n_out + BM - 1) / BM));
     qgemm_kernel<WT, BM, BN, WM, WN, ST><<<grid, C::THREADS, C::SMEM, s>>>(y, xp, (const uint8_t *)w, T, n_out,
-                                                                         groups, rb);
+                                                                         groups, rb, split);
     LAUNCH_CHECK("qgemm", s);
     return 0;
 }
 
-extern "C" size_t gpu_qgemm_scratch(int64_t T, int64_t n_in) {  // T rounded up to whole blocks of 256 tokens
-    return (size_t)(T + 255) / 256 * 256 * (size_t)((n_in + 63) / 64 * 64) * 2;
+// x in f16, T rounded up to whole blocks of 256 tokens; up to QGEMM_SPLIT_T tokens, the split kernels' tickets and
+// partial sums after it.
+extern "C" size_t gpu_qgemm_scratch(int64_t T, int64_t n_in) {
+    const size_t x = (size_t)(T + 255) / 256 * 256 * (size_t)((n_in + 63) / 64 * 64) * 2;
+    return x + (T <= QGEMM_SPLIT_T ? QGEMM_TICKETS * 4 + (size_t)T * QGEMM_SPLIT_COLS * 4 : 0);
 }
 
 extern "C" int gpu_qgemm_ok(uint32_t wtype, const void *w, int64_t T, int64_t n_in, int64_t n_out) {
@@ -625,7 +695,9 @@ extern "C" int gpu_qgemm_ok(uint32_t wtype, const void *w, int64_t T, int64_t n_
 }
 
 // The tile shape for T tokens, n_in inputs and n_out rows (bench/qgemm_bench.cu, bench/results/qgemm: qgemm.txt for
-// T = 8..2048, qgemm_small.txt for 2..64, H100). Up to 64 tokens: one 16-row mma tile of tokens up to 16, 32 up to
+// T = 8..2048, qgemm_small.txt for 2..64, H100). Up to 32 tokens, where 128 rows a CTA give fewer CTAs than 0.9 of
+// the SMs: the mma.sync kernel split over the inputs, 16 tokens a tile up to 16, 32 up to 32 (bench/results/
+// qgemm_split, H200). Else up to 64 tokens: one 16-row mma tile of tokens up to 16, 32 up to
 // 64; on Hopper, where 128 rows a CTA give fewer CTAs than 0.9 of the SMs, the wgmma kernel with 128 tokens a CTA
 // and the inputs split instead (2..64 tokens: 8B's q|k|v, wo and down 0.47-0.70x the mma tile's time, 13B's wo and
 // down 0.45-0.66x, 70B's 0.44-0.97x), and for larger matrices from 17 tokens the wgmma kernel whole (32 tokens:
@@ -640,6 +712,7 @@ extern "C" int gpu_qgemm_ok(uint32_t wtype, const void *w, int64_t T, int64_t n_
 static int qgemm_pick_cost(const dj_gpu *g, int64_t T, int64_t n_in, int64_t n_out, double *cost) {
     const int64_t rows = (n_out + 127) / 128, stages = ((n_in + DJ_QGROUP - 1) / DJ_QGROUP + 1) / 2;
     *cost = 0;
+    if (T <= 32 && 10 * rows < 9 * (int64_t)g->n_sm) return T <= 16 ? 12 : 13;  // the mma.sync kernel split
     if (T <= 64) {
         if (g->wgmma && 10 * rows < 9 * (int64_t)g->n_sm) return 10;  // split inputs fill the SMs the rows leave idle
         return T <= 16 ? 6 : g->wgmma ? 11 : 5;
@@ -693,12 +766,12 @@ extern "C" int gpu_qgemm_wins(const dj_gpu *g, uint32_t wtype, const void *w, in
 
 extern "C" int gpu_qgemm_has(const dj_gpu *g, int variant) {
 #define QGEMM_COUNT(...) +1
-    static_assert(0 QGEMM_VARIANTS(QGEMM_COUNT) QGEMM_WG_VARIANTS(QGEMM_COUNT) ==
+    static_assert(0 QGEMM_VARIANTS(QGEMM_COUNT) QGEMM_WG_VARIANTS(QGEMM_COUNT) QGEMM_SPLIT_VARIANTS(QGEMM_COUNT) ==
                       GPU_QGEMM_VARIANTS,
                   "kernels.h's GPU_QGEMM_VARIANTS counts the tile shapes");
-    const int n_mma = 0 QGEMM_VARIANTS(QGEMM_COUNT);
+    const int n_mma = 0 QGEMM_VARIANTS(QGEMM_COUNT), n_wg = 0 QGEMM_WG_VARIANTS(QGEMM_COUNT);
 #undef QGEMM_COUNT
-    return variant >= 0 && variant < GPU_QGEMM_VARIANTS && (variant < n_mma || g->wgmma);
+    return variant >= 0 && variant < GPU_QGEMM_VARIANTS && (variant < n_mma || variant >= n_mma + n_wg || g->wgmma);
 }
 
 static int qgemm_run(dj_gpu *g, int variant, float *y, const qgemm_src &x, const void *w, uint32_t wtype, int64_t T,
@@ -711,8 +784,14 @@ static int qgemm_run(dj_gpu *g, int variant, float *y, const qgemm_src &x, const
     __half *xp = (__half *)g->scratch;
 #define QGEMM_CASE(id, BM, BN, WM, WN, ST)                                                                       \
     case id:                                                                                                    \
-        return wtype == DJ_Q8 ? qgemm_launch<DJ_Q8, BM, BN, WM, WN, ST>(y, x, xp, w, T, n_in, n_out, s, e)          \
-                              : qgemm_launch<DJ_Q4, BM, BN, WM, WN, ST>(y, x, xp, w, T, n_in, n_out, s, e);
+        return wtype == DJ_Q8 ? qgemm_launch<DJ_Q8, BM, BN, WM, WN, ST>(y, x, xp, w, T, n_in, n_out, 1, s, e)       \
+                              : qgemm_launch<DJ_Q4, BM, BN, WM, WN, ST>(y, x, xp, w, T, n_in, n_out, 1, s, e);
+#define QGEMM_SPLIT_CASE(id, BM, BN, WM, ST, PER_SM)                                                               \
+    case id: {                                                                                                    \
+        const int k = qgemm_parts(g, PER_SM, T, (T + BN - 1) / BN * ((n_out + BM - 1) / BM), n_in, n_out);          \
+        return wtype == DJ_Q8 ? qgemm_launch<DJ_Q8, BM, BN, WM, 1, ST>(y, x, xp, w, T, n_in, n_out, k, s, e)        \
+                              : qgemm_launch<DJ_Q4, BM, BN, WM, 1, ST>(y, x, xp, w, T, n_in, n_out, k, s, e);       \
+    }
 #define QGEMM_WG_CASE(id, BN, ST, KS, XB, MINB)                                                               \
     case id:                                                                                                    \
         if (!g->wgmma) return dj_fail(e, "gpu_qgemm: tile shape %d needs an sm_90 device", variant);            \
@@ -721,11 +800,13 @@ static int qgemm_run(dj_gpu *g, int variant, float *y, const qgemm_src &x, const
     switch (variant) {
         QGEMM_VARIANTS(QGEMM_CASE)
         QGEMM_WG_VARIANTS(QGEMM_WG_CASE)
+        QGEMM_SPLIT_VARIANTS(QGEMM_SPLIT_CASE)
     default:
         return dj_fail(e, "gpu_qgemm: no tile shape %d", variant);
     }
 #undef QGEMM_CASE
 #undef QGEMM_WG_CASE
+#undef QGEMM_SPLIT_CASE
 }
 
 extern "C" int gpu_qgemm_variant(dj_gpu *g, int variant, float *y, const float *x, const void *w, uint32_t wtype,

@@ -118,11 +118,19 @@ static double time_graph_ms(cudaStream_t s, int iters, int reps, F fn) {
 // Copies of a matrix of `bytes` (random f16 bit patterns of [-0.5, 0.5): finite weights for f16; as q8 or q4 a
 // group parameter may decode to an infinite scale, so these time, not compute), enough of them (at least 2) that
 // cycling through them misses an L2 of l2 bytes.
+// Every 16-bit word's scale code (bits 0-9) kept below 512: wherever a row's group parameters fall, none is a code
+// from DJ_Q_CODE_END on (an infinite scale, which model.bin never holds); the values' bytes stay random.
+__global__ void q_params_finite_kernel(uint16_t *p, size_t n) {
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        p[i] &= (uint16_t)~0x0200u;
+}
+
 static std::vector<void *> weight_copies(size_t bytes, size_t l2, cudaStream_t s) {
     std::vector<void *> w(std::max<size_t>(2, 4 * l2 / bytes + 1));
     for (size_t c = 0; c < w.size(); c++) {
         CK(cudaMalloc(&w[c], bytes));
         fill_u16_kernel<<<4096, 256, 0, s>>>((uint16_t *)w[c], bytes / 2, 30 + (int)c, 0);
+        q_params_finite_kernel<<<4096, 256, 0, s>>>((uint16_t *)w[c], bytes / 2);
         CK(cudaGetLastError());
     }
     return w;

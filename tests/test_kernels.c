@@ -186,11 +186,12 @@ Test(kernels, matmul) {
 // ---- qgemm's tile shapes
 // Every tile shape this device runs, q8 and q4, against the CPU on the same quantized weights: token counts below,
 // at and past a tile's width (16 to 256), rows a partial tile, groups a partial stage, and inputs split in two where
-// one part is a single stage ({40, 130}: two groups, one stage, so the second part of a split has none). A second
-// run of each must give the same bits (the split parts add into y in whichever order they finish).
+// one part is a single stage ({40, 130}: two groups, one stage, so the second part of a split has none); the split
+// kernels (12, 13) cut these small matrices' inputs into up to 8 parts for T up to 64. A second run of each must give
+// the same bits (the split parts add into y in whichever order they finish).
 Test(kernels, qgemm_tile_shapes) {
     tk_start("qgemm_tile_shapes");
-    static const int64_t Ts[] = {1, 16, 33, 130, 300},
+    static const int64_t Ts[] = {1, 2, 16, 33, 64, 130, 300},
                          shapes[][2] = {{512, 200}, {208, 77}, {1056, 392}, {40, 130}};
     dj_err e;
     int ran = 0;
@@ -226,7 +227,7 @@ Test(kernels, qgemm_tile_shapes) {
             free(again);
             tk_mm_free(&m);
         }
-    cr_expect_geq(ran, 2 * 4 * 5 * 8, "the eight mma.sync tile shapes run everywhere");
+    cr_expect_geq(ran, 2 * 4 * 7 * 10, "the ten mma.sync tile shapes run everywhere");
     tk_end("qgemm_tile_shapes");
 }
 

@@ -54,6 +54,7 @@ typedef struct {
     const void *w;   // (n_out, n_in) wtype
     uint32_t wtype;
     int64_t T, n_in, n_out;
+    _Atomic int oom;  // a thread could not allocate its row: its rows are not computed
 } cpu_matmul_job;
 
 static void cpu_matmul_task(void *ctx, int64_t begin, int64_t end) {
@@ -61,7 +62,10 @@ static void cpu_matmul_task(void *ctx, int64_t begin, int64_t end) {
     float *row = NULL;
     if (j->wtype != DJ_F32) {
         row = malloc((size_t)j->n_in * sizeof(float));
-        assert(row && "out of memory in cpu_matmul");
+        if (!row) {
+            atomic_store(&j->oom, 1);
+            return;
+        }
     }
     for (int64_t o = begin; o < end; o++) {
         const float *wr = cpu_widen_row(row, j->w, j->wtype, o, j->n_in);
@@ -70,11 +74,12 @@ static void cpu_matmul_task(void *ctx, int64_t begin, int64_t end) {
     free(row);
 }
 
-void cpu_matmul(float *y, const float *x, const void *w, uint32_t wtype, int64_t T, int64_t n_in, int64_t n_out) {
+int cpu_matmul(float *y, const float *x, const void *w, uint32_t wtype, int64_t T, int64_t n_in, int64_t n_out) {
     assert(dj_row_bytes(wtype, 1) > 0);
     if (wtype == DJ_F16) pthread_once(&cpu_f16_once, cpu_f16_table_init);
-    cpu_matmul_job j = {y, x, w, wtype, T, n_in, n_out};
+    cpu_matmul_job j = {y, x, w, wtype, T, n_in, n_out, 0};
     cpu_parallel_for(n_out, (double)T * (double)n_in * (double)n_out, cpu_matmul_task, &j);
+    return atomic_load(&j.oom) ? -1 : 0;
 }
 
 // ---- matvec at the host's memory bandwidth: the GPU engine's CPU share (dj_gpu_opts.cpu_share)
@@ -528,8 +533,7 @@ int cpu_set_simd(int level) {
 // Its first chunks of rows are the workers' own, one each (worker p's is chunk p - 1, the caller has none): a worker
 // waiting for x reads its chunk's weights into its cache meanwhile (cpu_async_wait_x) and takes it first; the other
 // chunks go in order to whoever asks, and a first chunk its worker has not come for is taken at the end by anyone.
-// (H200 machine, 2026-11-27, 8B q4 at the minimum ring: 0.92-0.96 of the time without; two chunks a worker: no
-// better.)
+// (Figures: bench/results/code_notes, cpu_async_first.)
 #define CPU_FIRST_MAX 256
 #define CPU_PREFETCH_MAX (1 << 20)  // bytes a worker reads ahead: within a core's L2
 struct cpu_async {
@@ -695,7 +699,7 @@ static void cpu_matvec_rows(const cpu_matvec_job *j, int64_t begin, int64_t end)
     }
 }
 
-static void *cpu_xq_alloc(cpu_xq *xq, uint32_t wtype, int64_t n_in);
+static int cpu_xq_alloc(cpu_xq *xq, uint32_t wtype, int64_t n_in, void **xbuf);
 static void cpu_xq_fill(cpu_xq *xq, const float *x, int64_t n_in, uint32_t wtype);
 
 // x's records (xq NULL: none), built once by the first thread to get here while the others wait for them.
@@ -749,42 +753,46 @@ static void cpu_x4_layout(const cpu_xq *q, size_t blocks) {
 }
 #endif
 
-void cpu_matvec(float *y, const float *x, const void *w, uint32_t wtype, int64_t n_in, int64_t n_out) {
+int cpu_matvec(float *y, const float *x, const void *w, uint32_t wtype, int64_t n_in, int64_t n_out) {
     assert(dj_row_bytes(wtype, 1) > 0);
     if (wtype == DJ_F16) pthread_once(&cpu_f16_once, cpu_f16_table_init);
     int64_t parts = cpu_threads(), chunk = n_out / (8 * parts);
     if (chunk < 16) chunk = 16;
     cpu_matvec_job j = {y, x, w, wtype, n_in, n_out, chunk, NULL, 0, NULL};
     cpu_xq xq;
-    void *xbuf = cpu_xq_alloc(&xq, wtype, n_in);
+    void *xbuf;
+    if (cpu_xq_alloc(&xq, wtype, n_in, &xbuf)) return -1;
     if (xbuf) {
         cpu_xq_fill(&xq, x, n_in, wtype);
         j.xq = &xq;
     }
     cpu_parallel_for(parts, (double)n_in * (double)n_out, cpu_matvec_task, &j);
     free(xbuf);
+    return 0;
 }
 
-// q8, q4 on the vector path: room for x's records (NULL: none needed), one allocation per call (72 bytes per 32
+// q8, q4 on the vector path: room for x's records (*xbuf NULL: none needed; -1: out of memory), one allocation per call (72 bytes per 32
 // inputs, 9 KB at n_in = 4096, after q4's cpu_x4 blocks or q8's x16 on VNNI: 64 bytes a group), so concurrent
 // callers share nothing. Fewer than 4 groups of q4 leave no block: simd_dot_q4 takes them a group at a time.
-static void *cpu_xq_alloc(cpu_xq *xq, uint32_t wtype, int64_t n_in) {
+static int cpu_xq_alloc(cpu_xq *xq, uint32_t wtype, int64_t n_in, void **xbuf_out) {
+    *xbuf_out = NULL;
 #ifdef CPU_SIMD
     if (dj_is_quant(wtype) && cpu_avx2_on() && n_in > 0) {
         size_t groups = (size_t)(n_in + DJ_QGROUP - 1) / DJ_QGROUP, base = groups * (2 * DJ_QGROUP + 8);
         size_t lay = wtype == DJ_Q4 ? groups / 4 * sizeof(cpu_x4) : cpu_vnni_on() ? groups * 2 * DJ_QGROUP : 0;
         void *xbuf = aligned_alloc(64, (lay + base + 63) / 64 * 64);
-        assert(xbuf && "out of memory in cpu_matvec");
+        if (!xbuf) return -1;
         int8_t *b = (int8_t *)xbuf + lay;  // q4's blocks or q8's x16 first: 64-byte aligned
         *xq = (cpu_xq){b, b + groups * DJ_QGROUP, (float *)(b + groups * 2 * DJ_QGROUP),
                        (int32_t *)(b + groups * (2 * DJ_QGROUP + 4)), NULL, NULL, 0};
         if (lay && wtype == DJ_Q8) xq->x16 = xbuf;
         else if (lay) xq->x4 = xbuf;
-        return xbuf;
+        *xbuf_out = xbuf;
+        return 0;
     }
 #endif
     (void)xq, (void)wtype, (void)n_in;
-    return NULL;
+    return 0;
 }
 
 // x quantized into the records cpu_xq_alloc made room for, once for every row.
@@ -819,6 +827,7 @@ typedef struct {
     int64_t T, n_in, n_out, chunk;  // chunk: rows claimed at a time, a multiple of MV_R
     _Atomic int64_t next;
     struct cpu_async *as;  // cpu_matvec_start's: x lands later; NULL: x is there
+    _Atomic int oom;       // a thread could not allocate its buffer: its rows are not computed
 } cpu_multi_job;
 
 #ifdef CPU_SIMD
@@ -1047,14 +1056,14 @@ SIMD512_FN static void z_rows(const cpu_multi_job *j, int64_t b, int64_t end) {
 #endif
 
 // A thread's buffer for the tiles' rows of up to n inputs (cpu_multi_chunk's): NULL on the AVX-512 path, which
-// widens in registers.
-static float *cpu_multi_buf(int64_t n) {
+// widens in registers. -1: out of memory.
+static int cpu_multi_buf(int64_t n, float **buf) {
+    *buf = NULL;
 #ifdef CPU_SIMD
-    if (cpu_avx512_on()) return NULL;
+    if (cpu_avx512_on()) return 0;
 #endif
-    float *buf = malloc((size_t)(MV_RC * MV_KB + n + DJ_QGROUP) * sizeof(float));
-    assert(buf && "out of memory in cpu_matvec_multi");
-    return buf;
+    *buf = malloc((size_t)(MV_RC * MV_KB + n + DJ_QGROUP) * sizeof(float));
+    return *buf ? 0 : -1;
 }
 
 // Rows [b, end) of a tiles' job.
@@ -1100,30 +1109,30 @@ static void cpu_multi_task(void *ctx, int64_t part, int64_t parts_end) {
     if (j->as)
         cpu_async_wait_x(j->as, part, j->w, NULL, (size_t)dj_row_bytes(j->wtype, (uint64_t)j->n_in), j->chunk,
                          j->n_out);
-    float *buf = cpu_multi_buf(j->n_in);
+    float *buf;
+    const int oom = cpu_multi_buf(j->n_in, &buf);
+    if (oom) atomic_store(&j->oom, 1);
     int64_t b, end;
     for (cpu_claim_it it = {0}; cpu_claim(j->as, &j->next, j->chunk, j->n_out, part, &it, &b, &end);) {
-        cpu_multi_chunk(j, b, end, buf);
-        if (j->as) cpu_async_rows(j->as, end - b);
+        if (!oom) cpu_multi_chunk(j, b, end, buf);
+        if (j->as) cpu_async_rows(j->as, end - b);  // counted even when not computed: the GPU waits for the count
     }
     free(buf);
 }
 
-void cpu_matvec_multi(float *y, const float *x, const void *w, uint32_t wtype, int64_t T, int64_t n_in,
-                      int64_t n_out) {
+int cpu_matvec_multi(float *y, const float *x, const void *w, uint32_t wtype, int64_t T, int64_t n_in,
+                     int64_t n_out) {
     assert(dj_row_bytes(wtype, 1) > 0);
     // one row: cpu_matvec, unless the AVX-512 tiles take it (f16, bf16, f32: their wider loads read host memory
     // faster than cpu_matvec's AVX2; q8 and q4 keep cpu_matvec's integer sums)
-    if (T == 1 && (!cpu_avx512_on() || dj_is_quant(wtype))) {
-        cpu_matvec(y, x, w, wtype, n_in, n_out);
-        return;
-    }
+    if (T == 1 && (!cpu_avx512_on() || dj_is_quant(wtype))) return cpu_matvec(y, x, w, wtype, n_in, n_out);
     if (wtype == DJ_F16) pthread_once(&cpu_f16_once, cpu_f16_table_init);
     // chunks of whole tiles on both vector paths (3 rows, 4 rows): multiples of 12
     int64_t parts = cpu_threads(), chunk = n_out / (8 * parts) / 12 * 12;
     if (chunk < 12) chunk = 12;
-    cpu_multi_job j = {y, x, w, wtype, T, n_in, n_out, chunk, 0, NULL};
+    cpu_multi_job j = {y, x, w, wtype, T, n_in, n_out, chunk, 0, NULL, 0};
     cpu_parallel_for(parts, (double)T * (double)n_in * (double)n_out, cpu_multi_task, &j);
+    return atomic_load(&j.oom) ? -1 : 0;
 }
 
 // cpu_ffn_start's job: phase one claims the hidden units a chunk at a time (cpu_claim), each chunk's gate rows and
@@ -1151,6 +1160,7 @@ static struct {
     cpu_chain ch;
     int multi, chain, inline_;  // the tiles' path; cpu_ffn_start's; one thread: the caller computes it all in
                                 // cpu_matvec_finish
+    _Atomic int oom;            // a buffer could not be allocated: rows left out (cpu_matvec_finish fails)
 } cpu_aj;
 
 // Rows per claim: a share of each of `parts` threads' eighth, whole tiles (multiples of 12) on the tiles' path.
@@ -1165,13 +1175,14 @@ static void cpu_aj_job(int k, int rec, float *y, const float *x, const void *w, 
                        int64_t n_in, int64_t n_out) {
     if (cpu_aj.multi) {
         cpu_aj.mm[k] = (cpu_multi_job){y, x, w, wtype, T, n_in, n_out, cpu_aj_chunk(n_out, cpu_threads()), 0,
-                                       &cpu_aj.a};
+                                       &cpu_aj.a, 0};
         return;
     }
     cpu_aj.mv[k] = (cpu_matvec_job){y, x, w, wtype, n_in, n_out, cpu_aj_chunk(n_out, cpu_threads()), NULL, 0,
                                     &cpu_aj.a};
-    if (!cpu_aj.xbuf[rec] && (cpu_aj.xbuf[rec] = cpu_xq_alloc(&cpu_aj.xq[rec], wtype, n_in)) && rec == 0)
-        cpu_aj.a.staged = 0;  // [1]'s: cpu_chain's staged
+    if (!cpu_aj.xbuf[rec] && cpu_xq_alloc(&cpu_aj.xq[rec], wtype, n_in, &cpu_aj.xbuf[rec]))
+        atomic_store(&cpu_aj.oom, 1);  // no records: cpu_matvec's portable rows, and the job fails at its finish
+    if (cpu_aj.xbuf[rec] && rec == 0) cpu_aj.a.staged = 0;  // [1]'s: cpu_chain's staged
     if (cpu_aj.xbuf[rec]) cpu_aj.mv[k].xq = &cpu_aj.xq[rec];
 }
 
@@ -1185,6 +1196,7 @@ static void cpu_aj_begin(uint32_t wtype, int64_t T, int64_t n_out, const _Atomic
     cpu_aj.chain = 0;
     cpu_aj.xbuf[0] = cpu_aj.xbuf[1] = NULL;
     cpu_aj.inline_ = cpu_threads() == 1;
+    atomic_store(&cpu_aj.oom, 0);
 }
 
 void cpu_matvec_start(float *y, const float *x, const void *w, uint32_t wtype, int64_t T, int64_t n_in,
@@ -1213,9 +1225,11 @@ static void cpu_chain_task(void *ctx, int64_t part, int64_t parts_end) {
     (void)parts_end;
     cpu_async_wait_x(a, part, f->gate, f->up, (size_t)dj_row_bytes(f->wtype, (uint64_t)f->dim), c->chunk, hid);
     cpu_stage(&a->staged, cpu_aj.multi ? NULL : (cpu_xq *)cpu_aj.mv[0].xq, f->x, f->dim, f->wtype);
-    float *buf = cpu_aj.multi ? cpu_multi_buf(f->dim > hid ? f->dim : hid) : NULL;
+    float *buf = NULL;
+    const int oom = cpu_aj.multi && cpu_multi_buf(f->dim > hid ? f->dim : hid, &buf);
+    if (oom) atomic_store(&cpu_aj.oom, 1);  // its rows are counted, not computed: the GPU waits for the count
     for (cpu_claim_it it = {0}; cpu_claim(a, &c->next, c->chunk, hid, part, &it, &b, &e);) {
-        cpu_chain_rows(0, b, e, buf), cpu_chain_rows(1, b, e, buf);
+        if (!oom) cpu_chain_rows(0, b, e, buf), cpu_chain_rows(1, b, e, buf);
         for (int64_t t = 0; t < T; t++) {
             size_t o = (size_t)(t * hid + b);
             cpu_swiglu(f->h + o, f->gate_up + o, f->gate_up + (size_t)(T * hid) + o, e - b);
@@ -1231,7 +1245,7 @@ static void cpu_chain_task(void *ctx, int64_t part, int64_t parts_end) {
         while (atomic_load_explicit(&c->units, memory_order_acquire) < hid) cpu_relax_once();
         cpu_stage(&c->staged, cpu_aj.multi ? NULL : (cpu_xq *)cpu_aj.mv[2].xq, f->h, hid, f->wtype);
         for (cpu_claim_it it = {0}; cpu_claim(NULL, &c->next_down, c->chunk_down, f->n_down, part, &it, &b, &e);) {
-            cpu_chain_rows(2, b, e, buf);
+            if (!oom) cpu_chain_rows(2, b, e, buf);
             cpu_async_rows(a, e - b);
         }
     }
@@ -1254,7 +1268,7 @@ void cpu_ffn_start(const cpu_ffn_args *f, const _Atomic uint32_t *ready, _Atomic
     if (!cpu_aj.inline_) cpu_parallel_start(cpu_threads(), cpu_chain_task, &cpu_aj.ch);
 }
 
-void cpu_matvec_finish(double t[3]) {
+int cpu_matvec_finish(double t[3]) {
     if (cpu_aj.inline_) {
         if (cpu_aj.chain) cpu_chain_task(&cpu_aj.ch, 0, 1);
         else if (cpu_aj.multi) cpu_multi_task(&cpu_aj.mm[0], 0, 1);
@@ -1266,7 +1280,9 @@ void cpu_matvec_finish(double t[3]) {
     uint64_t bits = atomic_load(&cpu_aj.a.t_x);
     memcpy(&t[0], &bits, sizeof t[0]);
     t[2] = cpu_aj.a.t_done, t[1] = cpu_aj.chain ? cpu_aj.ch.t_mid : t[2];
+    const int oom = atomic_load(&cpu_aj.oom) || (cpu_aj.multi && !cpu_aj.chain && atomic_load(&cpu_aj.mm[0].oom));
     pthread_mutex_unlock(&cpu_aj_mu);
+    return oom ? -1 : 0;
 }
 
 // ---- norm, RoPE, attention, SwiGLU
@@ -1507,6 +1523,8 @@ static void cpu_embed(const dj_model *m, int32_t token, float *out) {
 // Runs T <= CPU_CHUNK rows through every layer; logits (T, vocab) if not NULL. Every row's keys and values are
 // written before any row attends, so rows of one slot at consecutive positions see each other causally; rows of
 // different slots never meet.
+static int cpu_oom(dj_err *e) { return dj_fail(e, "cpu: out of memory for a matmul's rows"); }
+
 static int cpu_forward_rows(dj_cpu_state *s, const int32_t *tokens, int64_t T, const cpu_rows *r, float *logits,
                             dj_err *e) {
     const dj_model *m = s->m;
@@ -1525,9 +1543,10 @@ static int cpu_forward_rows(dj_cpu_state *s, const int32_t *tokens, int64_t T, c
         // attention block
         for (int64_t t = 0; t < T; t++)
             cpu_rmsnorm(s->xb + t * dim, s->x + t * dim, (const float *)(slab + L->attn_norm), dim, c->norm_eps);
-        cpu_matmul(s->q, s->xb, slab + L->wq, wt, T, dim, qd);
-        cpu_matmul(s->k, s->xb, slab + L->wk, wt, T, dim, kvd);
-        cpu_matmul(s->v, s->xb, slab + L->wv, wt, T, dim, kvd);
+        if (cpu_matmul(s->q, s->xb, slab + L->wq, wt, T, dim, qd) ||
+            cpu_matmul(s->k, s->xb, slab + L->wk, wt, T, dim, kvd) ||
+            cpu_matmul(s->v, s->xb, slab + L->wv, wt, T, dim, kvd))
+            return cpu_oom(e);
         for (int64_t t = 0; t < T; t++) {
             cpu_rope(s->q + t * qd, c->n_heads, hd, r->pos[t], s->inv_freq);
             cpu_rope(s->k + t * kvd, c->n_kv_heads, hd, r->pos[t], s->inv_freq);
@@ -1540,16 +1559,17 @@ static int cpu_forward_rows(dj_cpu_state *s, const int32_t *tokens, int64_t T, c
         }
         cpu_attn_job aj = {s, r, l, max_pos};
         cpu_parallel_for(T * c->n_heads, (double)T * (double)qd * (double)(max_pos + 1) * 2.0, cpu_attn_task, &aj);
-        cpu_matmul(s->xb, s->att, slab + L->wo, wt, T, qd, dim);
+        if (cpu_matmul(s->xb, s->att, slab + L->wo, wt, T, qd, dim)) return cpu_oom(e);
         for (int64_t i = 0; i < T * dim; i++) s->x[i] += s->xb[i];
 
         // feed-forward block
         for (int64_t t = 0; t < T; t++)
             cpu_rmsnorm(s->xb + t * dim, s->x + t * dim, (const float *)(slab + L->ffn_norm), dim, c->norm_eps);
-        cpu_matmul(s->hb, s->xb, slab + L->w_gate, wt, T, dim, hidden);
-        cpu_matmul(s->hb2, s->xb, slab + L->w_up, wt, T, dim, hidden);
+        if (cpu_matmul(s->hb, s->xb, slab + L->w_gate, wt, T, dim, hidden) ||
+            cpu_matmul(s->hb2, s->xb, slab + L->w_up, wt, T, dim, hidden))
+            return cpu_oom(e);
         cpu_swiglu(s->hb, s->hb, s->hb2, T * hidden);
-        cpu_matmul(s->xb, s->hb, slab + L->w_down, wt, T, hidden, dim);
+        if (cpu_matmul(s->xb, s->hb, slab + L->w_down, wt, T, hidden, dim)) return cpu_oom(e);
         for (int64_t i = 0; i < T * dim; i++) s->x[i] += s->xb[i];
         // probes: a control vector added to the residual stream, the rows dumped
         if (s->probe && probe_rows(s->probe, l, s->x, T, tokens, r->pos, r->slot, e)) return -1;
@@ -1558,8 +1578,7 @@ static int cpu_forward_rows(dj_cpu_state *s, const int32_t *tokens, int64_t T, c
     if (!logits) return 0;
     const float *norm = (const float *)(dj_head_ptr(m) + m->info.head.norm);
     for (int64_t t = 0; t < T; t++) cpu_rmsnorm(s->xb + t * dim, s->x + t * dim, norm, dim, c->norm_eps);
-    cpu_matmul(logits, s->xb, dj_lm_head_ptr(m), dj_lm_head_type(m), T, dim, c->vocab_size);
-    return 0;
+    return cpu_matmul(logits, s->xb, dj_lm_head_ptr(m), dj_lm_head_type(m), T, dim, c->vocab_size) ? cpu_oom(e) : 0;
 }
 
 void cpu_set_probe(dj_cpu_state *s, dj_probe *p) { s->probe = p; }

@@ -10,17 +10,18 @@
 #include "probe.h"
 
 // ---- ops: fp32 arithmetic throughout; weights stay in their stored dtype and are widened on the fly.
-// y (T, n_out) = x (T, n_in) . W^T, with W (n_out, n_in) in wtype; multithreaded.
-void cpu_matmul(float *y, const float *x, const void *w, uint32_t wtype, int64_t T, int64_t n_in, int64_t n_out);
+// y (T, n_out) = x (T, n_in) . W^T, with W (n_out, n_in) in wtype; multithreaded. cpu_matmul, cpu_matvec and
+// cpu_matvec_multi return -1 when a thread's buffer could not be allocated (y then incomplete), else 0.
+int cpu_matmul(float *y, const float *x, const void *w, uint32_t wtype, int64_t T, int64_t n_in, int64_t n_out);
 // y (n_out) = W x for one token (W (n_out, n_in) in wtype): cpu_matmul's result up to summation order, at the
 // host's memory bandwidth (AVX2 + FMA + F16C where the CPU has them, detected at run time); multithreaded. The
 // GPU engine's CPU share (dj_gpu_opts.cpu_share) runs on it.
-void cpu_matvec(float *y, const float *x, const void *w, uint32_t wtype, int64_t n_in, int64_t n_out);
+int cpu_matvec(float *y, const float *x, const void *w, uint32_t wtype, int64_t n_in, int64_t n_out);
 // y (T, n_out) = x (T, n_in) . W^T for a few tokens, each weight row read from memory once for all T (the CPU
 // share of a pass of several rows): cpu_matmul's result up to summation order; T = 1 is cpu_matvec where
 // the AVX-512 tiles do not run or the weights are q8 or q4.
-void cpu_matvec_multi(float *y, const float *x, const void *w, uint32_t wtype, int64_t T, int64_t n_in,
-                      int64_t n_out);
+int cpu_matvec_multi(float *y, const float *x, const void *w, uint32_t wtype, int64_t T, int64_t n_in,
+                     int64_t n_out);
 // cpu_matvec_multi on the pool's workers, asynchronously: they begin once *ready reaches seq (in wrapping order:
 // x has landed), and the thread that computes the last row stores seq in *done (release), while the caller goes
 // on with other work, until cpu_matvec_finish. One job at a time (another thread's start waits for this one's
@@ -44,8 +45,8 @@ void cpu_ffn_start(const cpu_ffn_args *f, const _Atomic uint32_t *ready, _Atomic
                    _Atomic uint32_t *done, uint32_t seq);
 // Joins cpu_matvec_start's or cpu_ffn_start's job: the caller computes rows still unclaimed and returns when every
 // thread is done, with the host's clock (dj_now) when a thread first saw x (t[0]), when h was whole (t[1]; a
-// matvec: t[2]) and when the last row was done (t[2]).
-void cpu_matvec_finish(double t[3]);
+// matvec: t[2]) and when the last row was done (t[2]). -1: out of memory, some rows left out (all counted done).
+int cpu_matvec_finish(double t[3]);
 // For tests and benchmarks: the widest vector code cpu_matvec and cpu_matvec_multi may take (the default
 // CPU_SIMD_BEST): 0 their portable loops; CPU_SIMD_AVX2 AVX2 + FMA + F16C; CPU_SIMD_AVX512 also AVX-512 for
 // cpu_matvec_multi's tiles and, where the CPU has VNNI too, for cpu_matvec's q8/q4 rows. Returns the level in use:

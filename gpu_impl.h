@@ -1,7 +1,9 @@
-// gpu_impl.h: the GPU engine's state, shared by its three files and nothing else:
-//   gpu.c     set-up (device, budget, plan, buffers, warm-up), the layer, the pass
-//   stream.c  the copy schedule: streamed units through the ring's slots, copy and compute streams in step
-//   share.c   the CPU share: the rows of streamed matrices the CPU computes from host memory
+// gpu_impl.h: the GPU engine's state, shared by its files and nothing else:
+//   gpu.c        set-up (device, budget, plan, buffers, warm-up), the layer, the pass
+//   stream.c     the copy schedule: streamed units through the ring's slots, copy and compute streams in step
+//   share.c      the CPU share: the rows of streamed matrices the CPU computes from host memory
+//   park.c       KV slots parked in page-locked host memory and restored
+//   probe_gpu.c  probes: control vectors added after layers, layers' rows dumped
 #ifndef DJINN_GPU_IMPL_H
 #define DJINN_GPU_IMPL_H
 

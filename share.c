@@ -232,7 +232,7 @@ int share_flush(dj_gpu_state *s, dj_err *e) {
     if (!sh->job.on) return 0;
     sh->job.on = 0;
     double t[3];
-    cpu_matvec_finish(t);
+    if (cpu_matvec_finish(t)) return dj_fail(e, "gpu: out of memory for the CPU share's rows");
     double t0 = sh->job.posted < t[0] ? sh->job.posted : t[0];
     sh->pass_wait_s += t[0] - t0, sh->pass_cpu_s += t[2] - t[0];
     sh->pass_cpu_bytes += sh->job.bytes[0] + sh->job.bytes[1];
@@ -249,7 +249,7 @@ void share_release(dj_gpu_state *s) {
     sh->job.on = 0;
     atomic_store_explicit(&sh->h_words[SW_X], sh->jobs, memory_order_release);
     double t[3];
-    cpu_matvec_finish(t);
+    (void)cpu_matvec_finish(t);  // its rows are garbage anyway
 }
 
 // ---- --cpu-share auto
@@ -265,14 +265,10 @@ void share_release(dj_gpu_state *s) {
 // The CPU's rate for T rows is what passes of T rows measured (its time on its rows, share_learn), and until one
 // has run, its rate alone measured at set-up over one streamed unit's matrices ("iso": one row best of three, the
 // first touch warming; 4 and 16 rows best of two, and a line through those two for the other T, never faster than
-// one row) times what a pass leaves of it: the CPU computes slower within passes than alone, more so the more rows
-// (H100 machine, 2026-11-25, 8B f16 and q4 at the minimum ring: 0.7-0.8 of its rate alone at one row, 0.55-0.65
-// at 8, 0.5-0.6 at 16): 0.8 / (1 + (T - 1) / DERATE_ROWS), scaled to what passes of the nearest T measured.
-// Learnt rates follow the machine of the day (the same share of 0.6 took 126-168 ms a token on different calls)
-// and keep a pass of many rows from waiting on the CPU.
-// With the learnt rates the sweep's best fixed shares were: 0.6 at 1 and 2 rows, 0.3-0.45 at 4-8, 0.2 at 16, 0.1
-// at 32 (f16); 0.6 at 1, 0-0.1 at 2-4, none from 8 (q4, whose CPU rows cost as many flops in a third of the
-// bytes).
+// one row) times what a pass leaves of it: the CPU computes slower within passes than alone, more so the more rows:
+// DERATE_ONE / (1 + (T - 1) / DERATE_ROWS), scaled to what passes of the nearest T measured. Learnt rates follow
+// the machine of the day and keep a pass of many rows from waiting on the CPU. (Figures: bench/results/code_notes,
+// share_auto.)
 #define SH_TOP 95    // automatic shares go up to SH_TOP / SH_GRID, as fixed ones do
 #define SH_KEEP 0.03
 #define SH_MIN_UNIT 8e6  // bytes a streamed unit, on average, below which no share pays (~2 round trips of copy)

@@ -1638,6 +1638,73 @@ int cpu_step_batch(dj_cpu_state *s, int32_t B, const int32_t *slots, const int64
     return 0;
 }
 
+int cpu_forward_last(dj_cpu_state *s, int32_t slot, const int32_t *tokens, int64_t T, int64_t pos, float *logits,
+                     dj_err *e) {
+    if (!logits || T <= 1) return cpu_forward_slot(s, slot, tokens, T, pos, logits, e);
+    // the head runs for the last position only
+    if (cpu_forward_slot(s, slot, tokens, T - 1, pos, NULL, e)) return -1;
+    return cpu_forward_slot(s, slot, tokens + T - 1, 1, pos + T - 1, logits, e);
+}
+
+// The rows alone in their slot (decode tokens) in one cpu_step_batch, each longer run (a prompt's chunk) by
+// cpu_forward_last or, when rows before its last are wanted, cpu_forward_slot; the wanted rows' logits copied out.
+int cpu_step_rows(dj_cpu_state *s, int64_t n, const int32_t *slots, const int64_t *pos, const int32_t *tokens,
+                  int64_t n_want, const int32_t *want, float *logits, dj_err *e) {
+    const int64_t V = s->c.vocab_size;
+    for (int64_t w = 0; w < n_want; w++)
+        if (want[w] < 0 || want[w] >= n || (w && want[w] <= want[w - 1]))
+            return dj_fail(e, "cpu: the rows wanted are not ascending rows of the %" PRId64, n);
+    int32_t *bs = malloc((size_t)n * 4), *bt = malloc((size_t)n * 4);
+    int64_t *bp = malloc((size_t)n * 8), *bw = malloc((size_t)n * 8);  // a single row: its index in want, or -1
+    float *tmp = NULL;
+    int rc = -1;
+    int32_t B = 0;
+    if (!bs || !bt || !bp || !bw) {
+        dj_fail(e, "out of memory");
+        goto out;
+    }
+    for (int64_t r = 0, len, w = 0; r < n; r += len) {
+        for (len = 1; r + len < n && slots[r + len] == slots[r]; len++)
+            if (pos[r + len] != pos[r + len - 1] + 1) {
+                dj_fail(e, "cpu: rows %" PRId64 " and %" PRId64 " of KV slot %d are not consecutive positions",
+                        r + len - 1, r + len, slots[r]);
+                goto out;
+            }
+        int64_t w0 = w;
+        while (w < n_want && want[w] < r + len) w++;
+        if (len == 1) {
+            bs[B] = slots[r], bp[B] = pos[r], bt[B] = tokens[r], bw[B++] = w > w0 ? w0 : -1;
+            continue;
+        }
+        // a run: none wanted, its last row only (the head once), or any (every row's logits, then the wanted)
+        if (w == w0 || (w == w0 + 1 && want[w0] == r + len - 1)) {
+            if (cpu_forward_last(s, slots[r], tokens + r, len, pos[r], w > w0 ? logits + w0 * V : NULL, e)) goto out;
+            continue;
+        }
+        free(tmp);
+        if (!(tmp = malloc((size_t)(len * V) * sizeof *tmp))) {
+            dj_fail(e, "out of memory");
+            goto out;
+        }
+        if (cpu_forward_slot(s, slots[r], tokens + r, len, pos[r], tmp, e)) goto out;
+        for (int64_t k = w0; k < w; k++) memcpy(logits + k * V, tmp + (want[k] - r) * V, (size_t)V * sizeof *tmp);
+    }
+    if (B) {
+        free(tmp);
+        if (!(tmp = malloc((size_t)B * V * sizeof *tmp))) {
+            dj_fail(e, "out of memory");
+            goto out;
+        }
+        if (cpu_step_batch(s, B, bs, bp, bt, tmp, e)) goto out;
+        for (int32_t b = 0; b < B; b++)
+            if (bw[b] >= 0) memcpy(logits + bw[b] * V, tmp + (int64_t)b * V, (size_t)V * sizeof *tmp);
+    }
+    rc = 0;
+out:
+    free(bs), free(bt), free(bp), free(bw), free(tmp);
+    return rc;
+}
+
 // ---- parking
 struct dj_cpu_parked {
     int64_t n;     // positions

@@ -87,6 +87,14 @@ int cpu_forward_slot(dj_cpu_state *s, int32_t slot, const int32_t *tokens, int64
 // row over its own slot. Each row's logits are bitwise those of cpu_forward_slot on that token alone.
 int cpu_step_batch(dj_cpu_state *s, int32_t B, const int32_t *slots, const int64_t *pos, const int32_t *tokens,
                    float *logits, dj_err *e);
+// cpu_forward_slot with the logits (vocab) of the last row only (NULL: none): the head runs once.
+int cpu_forward_last(dj_cpu_state *s, int32_t slot, const int32_t *tokens, int64_t T, int64_t pos, float *logits,
+                     dj_err *e);
+// One pass over n rows of several sequences (engine.h's step_rows): row r is tokens[r] at position pos[r] of slot
+// slots[r]; a slot's rows adjacent and at consecutive positions; logits (n_want, vocab) of the rows want[] (ascending).
+// Each row's logits are bitwise those of cpu_forward_slot of its slot's rows alone.
+int cpu_step_rows(dj_cpu_state *s, int64_t n, const int32_t *slots, const int64_t *pos, const int32_t *tokens,
+                  int64_t n_want, const int32_t *want, float *logits, dj_err *e);
 // Parking: a slot's first n positions (every layer's keys and values) copied into host memory of their own
 // (malloc'd: 2 * n_layers * n_kv_heads * n * head_dim floats), and back into any slot.
 typedef struct dj_cpu_parked dj_cpu_parked;

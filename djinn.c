@@ -436,9 +436,8 @@ static int open_draft(dj_draft *d, const dj_model *target, const dj_tokenizer *t
     dj_gpu_opts go = {.max_seq = ctx, .no_graph = o->no_graph, .fma_attn = o->fma_attn, .warm_rows = warm, .quiet = 1};
     if (engine_open(&d->eng, &d->m, &go, 1, e)) return -1;
     double kv_gb = (double)engine_kv_pos_bytes(c) * (double)ctx / 1e9;
-    if (d->eng.is_gpu) {
-        dj_gpu_stats g;
-        gpu_state_stats(d->eng.ctx, &g);
+    dj_gpu_stats g;
+    if (engine_gpu_stats(&d->eng, &g)) {
         if (g.n_streamed)
             return dj_fail(e, "--draft %s does not fit on the GPU beside its KV cache (%.2f GB for -c %" PRId64 "): %d "
                               "of its units would stream; a smaller draft (--dtype q4) or a lower -c", o->draft_path,
@@ -603,9 +602,8 @@ static int write_stats(dj_out *out, const dj_model *m, const dj_engine *eng, con
             r->prompt_tokens, r->prefill_s, (double)r->prompt_tokens / fmax(r->prefill_s, 1e-9), r->ttft_ms);
     fprintf(f, " \"decode_tokens\": %" PRId64 ", \"decode_ms_per_token\": %.6f, \"decode_tok_s\": %.4f",
             r->decode_tokens, dec_ms, dec_ms > 0 ? 1e3 / dec_ms : 0.0);
-    if (eng->is_gpu) {
-        dj_gpu_stats g;
-        gpu_state_stats(eng->ctx, &g);
+    dj_gpu_stats g;
+    if (engine_gpu_stats(eng, &g))
         fprintf(f, ",\n \"ring_gb\": %.4f, \"stream_all\": %d, \"sync_copy\": %d, \"resident_units\": %d, "
                    "\"streamed_units\": %d, \"resident_gb\": %.6f,\n \"streamed_gb_per_token\": %.6f, \"h2d_gb_s\": %.4f, "
                    "\"wait_ms_per_token\": %.6f, \"passes\": %" PRId64 ", \"tc_attn\": %d,\n"
@@ -615,7 +613,6 @@ static int write_stats(dj_out *out, const dj_model *m, const dj_engine *eng, con
                 g.copy_ms > 0 ? (double)g.copied_bytes / 1e6 / g.copy_ms : 0.0,
                 g.passes > 0 ? g.wait_ms / (double)g.passes : 0.0, g.passes, g.tc_attn, g.cpu_share,
                 (double)g.cpu_bytes_per_token / 1e9, cpu_threads_planned());
-    }
     if (r->spec) {
         dj_spec_stats sp;
         spec_stats(r->spec, &sp);
@@ -892,9 +889,8 @@ static int run_generate(const dj_model *m, const dj_tokenizer *tok, const dj_opt
                 ss.draft_s * 1e3, ss.draft_steps ? ss.draft_s * 1e3 / (double)ss.draft_steps : 0.0, ss.target_s * 1e3,
                 ss.passes ? ss.target_s * 1e3 / (double)ss.passes : 0.0);
     }
-    if (eng.is_gpu) {
-        dj_gpu_stats g;
-        gpu_state_stats(eng.ctx, &g);
+    dj_gpu_stats g;
+    if (engine_gpu_stats(&eng, &g)) {
         if (g.n_streamed)
             fprintf(stderr, "djinn: streamed %d units, %.3f GB per pass over PCIe at %.2f GB/s achieved; compute "
                             "waited %.2f ms per pass for copies (%" PRId64 " passes)\n", g.n_streamed,

@@ -527,16 +527,6 @@ int gpu_step_rows(dj_gpu_state *s, int64_t n, const int32_t *slots, const int64_
     return 0;
 }
 
-int gpu_step_batch(dj_gpu_state *s, int32_t B, const int32_t *slots, const int64_t *pos, const int32_t *tokens,
-                   float *logits, dj_err *e) {
-    if (B < 1 || B > s->n_slots) return dj_fail(e, "gpu_step_batch: %d rows for %d KV slots", B, s->n_slots);
-    for (int32_t i = 0; i < B; i++) s->step_all[i] = i;
-    for (int32_t i = 1; i < B; i++)  // one row each: a slot twice is not a run here
-        for (int32_t j = 0; j < i; j++)
-            if (slots[j] == slots[i]) return dj_fail(e, "gpu: KV slot %d twice in one batch", slots[i]);
-    return gpu_step_rows(s, B, slots, pos, tokens, B, s->step_all, logits, e);
-}
-
 void gpu_state_stats(dj_gpu_state *s, dj_gpu_stats *out) {
     park_stats(s);
     *out = s->st;
@@ -680,8 +670,8 @@ static int alloc_buffers(dj_gpu_state *s, const gpu_sizes *z, dj_err *e) {
         gpu_host_alloc((void **)&b->h_slot, mb * 4, "position staging", e))
         return -1;
     s->runs = malloc(mb * sizeof *s->runs), s->step_tok = malloc(mb * 4), s->step_wanted = malloc(mb);
-    s->step_all = malloc((size_t)s->n_slots * 4), s->step_seen = malloc((size_t)s->n_slots * 4);
-    if (!s->runs || !s->step_tok || !s->step_wanted || !s->step_all || !s->step_seen) return dj_fail(e, "out of memory");
+    s->step_seen = malloc((size_t)s->n_slots * 4);
+    if (!s->runs || !s->step_tok || !s->step_wanted || !s->step_seen) return dj_fail(e, "out of memory");
     float *inv = malloc((size_t)hd / 2 * 4);
     if (!inv) return dj_fail(e, "out of memory");
     cpu_rope_freqs(c, inv);
@@ -798,7 +788,7 @@ void gpu_state_free(dj_gpu_state *s) {
                    b->logits, b->pos, b->slot, b->pick, b->counts, b->next, b->pick_scratch};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) gpu_free(dev[i]);
     gpu_host_free(b->h_x), gpu_host_free(b->h_logits), gpu_host_free(b->h_pos), gpu_host_free(b->h_slot);
-    free(s->runs), free(s->step_tok), free(s->step_wanted), free(s->step_all), free(s->step_seen);
+    free(s->runs), free(s->step_tok), free(s->step_wanted), free(s->step_seen);
     gpu_host_free(b->h_pick), gpu_host_free(b->h_next);
     if (s->compute) gpu_stream_destroy(s->compute);
     if (s->copy) gpu_stream_destroy(s->copy);

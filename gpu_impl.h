@@ -208,7 +208,7 @@ struct dj_gpu_state {
     int64_t n_runs;                //   runs[0, n_runs) (prefill kernel)
     int64_t step_logits;           //   rows [0, step_logits) want logits
     step_run *runs;                // (max_batch) host
-    int32_t *step_tok, *step_all, *step_seen;  // (max_batch), (n_slots), (n_slots) host
+    int32_t *step_tok, *step_seen;  // (max_batch), (n_slots) host
     uint8_t *step_wanted;          // (max_batch) host
     gpu_parking *park;
     gpu_bufs b;

@@ -684,204 +684,195 @@ static int read_prompt(const char *path, char **text, size_t *len, dj_err *e) {
     return 0;
 }
 
-static int run_generate(const dj_model *m, const dj_tokenizer *tok, const dj_opts *o, dj_outputs *out, double load_s,
-                        dj_err *e) {
-    dj_run_stats rs = {.load_s = load_s};
-    const dj_config *c = &m->info.config;
-    int64_t vocab = c->vocab_size;
-    int32_t *ids = NULL;
-    size_t n_prompt = 0;
-    if (tok_encode(tok, o->prompt, o->prompt_len, 1, &ids, &n_prompt, e)) return EXIT_ERR;
-    // A prompt that starts with the BOS token's own text (a hand-written chat prompt) would begin with two: the one
-    // the model's post-processor adds is dropped, with a warning (HF would keep both; llama.cpp keeps both and warns).
-    int32_t bos = tok_bos(tok);
-    if (bos >= 0 && n_prompt >= 2 && ids[0] == bos && ids[1] == bos) {
-        memmove(ids, ids + 1, (n_prompt - 1) * sizeof *ids);
-        n_prompt--;
-        fprintf(stderr, "djinn: warning: the prompt starts with the BOS token's text: not adding a second BOS\n");
-    }
-    if (o->tokenize) {
-        for (size_t i = 0; i < n_prompt; i++) printf("%s%d", i ? " " : "", ids[i]);
-        printf("\n");
-        free(ids);
-        return stdout_ok(e) ? EXIT_ERR : 0;
-    }
-    int64_t ctx = context_of(c, o);
-    int rc = EXIT_ERR;
-    dj_engine eng = {0};
-    float *logits = NULL;
-    int want_rows = out->logits.tmp != NULL;  // --logits: every position's row
-    dj_tok_stream *stream = NULL;
-    dj_sampler *smp = NULL;
-    dj_held held = {0};  // --stop: the generated text not yet printed
-    int hit = -1;        // the --stop string found
-    dj_draft draft = {0};  // --draft
-    dj_spec *sp = NULL;
-    dj_session ses = {0};  // --load-session: its tokens take the prompt's place
+// Why a run stopped generating before -n tokens (GEN_RAN: it did not).
+typedef enum { GEN_RAN, GEN_EOS, GEN_STOP_STRING, GEN_CONTEXT_FULL, GEN_INTERRUPTED } gen_stop;
+
+// One generation run, from its set-up through prefill and decode to its report.
+typedef struct {
+    const dj_model *m;
+    const dj_tokenizer *tok;
+    const dj_opts *o;
+    dj_outputs *out;
+    int64_t ctx, vocab;
+    int32_t *ids;       // the prompt, then the tokens generated (cap + 1)
+    size_t n_prompt;
+    float *logits;      // (n_prompt with --logits, else 1, vocab)
+    int want_rows;      // --logits: every position's row
+    dj_engine eng;
+    dj_draft draft;     // --draft
+    dj_spec *sp;
+    dj_session ses;     // --load-session: its tokens take the prompt's place
+    dj_sampler *smp;
+    const dj_sampling *smp_set;  // the sampling in effect (a resumed session's, or the options')
+    dj_tok_stream *stream;
+    dj_held held;       // --stop: the generated text not yet printed
+    int hit;            // the --stop string found, or -1
+    int32_t cand;       // the token the last pass picked
+    int64_t n, n_gen;   // tokens in ids; of them generated
+    double t_start, t_first, t_decode0;
+    gen_stop stop;
+    dj_run_stats rs;
+} gen_run;
+
+// The prompt's ids (or a session's), the engine (and --draft's), the sampler and the text stream.
+static int gen_open(gen_run *g, dj_err *e) {
+    const dj_opts *o = g->o;
     if (o->load_session) {
-        if (session_open(&ses, o->load_session, m, o->model_path, ctx, e)) goto out;
-        free(ids), n_prompt = (size_t)ses.n_tokens;
-        if (!(ids = malloc(n_prompt * sizeof *ids))) {
-            dj_fail(e, "out of memory");
-            goto out;
-        }
-        memcpy(ids, ses.ids, n_prompt * sizeof *ids);
+        if (session_open(&g->ses, o->load_session, g->m, o->model_path, g->ctx, e)) return -1;
+        free(g->ids), g->n_prompt = (size_t)g->ses.n_tokens;
+        if (!(g->ids = malloc(g->n_prompt * sizeof *g->ids))) return dj_fail(e, "out of memory");
+        memcpy(g->ids, g->ses.ids, g->n_prompt * sizeof *g->ids);
     }
-    if (n_prompt == 0) {
-        dj_fail(e, "the prompt is empty and the model has no BOS token: give a prompt with -p");
-        goto out;
-    }
-    if ((int64_t)n_prompt > ctx) {
-        dj_fail(e, "the prompt is %zu tokens, longer than the context of %" PRId64 " tokens (-c)", n_prompt, ctx);
-        goto out;
-    }
-    int64_t cap = o->n_new < ctx ? (int64_t)n_prompt + o->n_new : ctx;  // ids: prompt + new tokens, <= ctx
-    int32_t *grown = realloc(ids, (size_t)(cap + 1) * sizeof *ids);
-    logits = malloc((want_rows ? n_prompt : 1) * (size_t)vocab * sizeof(float));  // (rows, vocab)
-    if (!grown || !logits) {
-        if (grown) ids = grown;
-        dj_fail(e, "out of memory");
-        goto out;
-    }
-    ids = grown;
+    if (g->n_prompt == 0)
+        return dj_fail(e, "the prompt is empty and the model has no BOS token: give a prompt with -p");
+    if ((int64_t)g->n_prompt > g->ctx)
+        return dj_fail(e, "the prompt is %zu tokens, longer than the context of %" PRId64 " tokens (-c)", g->n_prompt,
+                       g->ctx);
+    int64_t cap = o->n_new < g->ctx ? (int64_t)g->n_prompt + o->n_new : g->ctx;  // ids: prompt + new tokens, <= ctx
+    int32_t *grown = realloc(g->ids, (size_t)(cap + 1) * sizeof *g->ids);
+    if (grown) g->ids = grown;
+    g->logits = malloc((g->want_rows ? g->n_prompt : 1) * (size_t)g->vocab * sizeof(float));  // (rows, vocab)
+    if (!grown || !g->logits) return dj_fail(e, "out of memory");
     double t_setup = dj_now();
-    if (o->draft_path && open_draft(&draft, m, tok, o, ctx, (int64_t)n_prompt, e)) goto out;  // first: all resident
-    if (open_engine(&eng, m, o, ctx, (int64_t)n_prompt, e)) goto out;
-    rs.setup_s = dj_now() - t_setup;
-    fprintf(stderr, "djinn: %s engine set up in %.3f s%s\n", eng.name, rs.setup_s,
-            eng.is_gpu ? " (buffers, a warm-up pass of the prompt's length, the decode graph)" : "");
-    if (interrupted_during("the engine's setup")) {
-        rc = EXIT_INTERRUPTED;
-        goto out;
-    }
+    if (o->draft_path && open_draft(&g->draft, g->m, g->tok, o, g->ctx, (int64_t)g->n_prompt, e))
+        return -1;  // first: all resident
+    if (open_engine(&g->eng, g->m, o, g->ctx, (int64_t)g->n_prompt, e)) return -1;
+    g->rs.setup_s = dj_now() - t_setup;
+    fprintf(stderr, "djinn: %s engine set up in %.3f s%s\n", g->eng.name, g->rs.setup_s,
+            g->eng.is_gpu ? " (buffers, a warm-up pass of the prompt's length, the decode graph)" : "");
+    if (interrupted_during("the engine's setup")) return 1;
     uint64_t seed = o->seed_given ? o->seed : fresh_seed();
     // a resumed run samples as the session did, unless this run's sampling options say otherwise
-    const dj_sampling *smp_set = o->load_session && sampling_is_default(&o->smp) ? &ses.smp : &o->smp;
-    if (!(smp = sampler_new_with(vocab, smp_set, seed, e))) goto out;
-    if (o->draft_path && !(rs.spec = sp = spec_new(&eng, &draft.eng, vocab, smp, &o->smp, seed ^ 0xD1B54A32D192ED03ull,
-                                                   tok, ctx, &o->spec, e)))
-        goto out;
-    for (size_t i = 0; i < n_prompt; i++) sampler_accept(smp, ids[i]);  // the penalties' window starts in the prompt
-    if (o->load_session && !o->seed_given) sampler_set_rng_state(smp, ses.rng);  // -s reseeds
-    else if (!o->seed_given && !sampler_is_greedy(smp)) fprintf(stderr, "djinn: seed %" PRIu64 " (-s to repeat)\n", seed);
-    stream = tok_stream_new(tok);
-    if (!stream) {
-        dj_fail(e, "out of memory");
-        goto out;
-    }
-    size_t len;
+    g->smp_set = o->load_session && sampling_is_default(&o->smp) ? &g->ses.smp : &o->smp;
+    if (!(g->smp = sampler_new_with(g->vocab, g->smp_set, seed, e))) return -1;
+    if (o->draft_path && !(g->rs.spec = g->sp = spec_new(&g->eng, &g->draft.eng, g->vocab, g->smp, &o->smp,
+                                                         seed ^ 0xD1B54A32D192ED03ull, g->tok, g->ctx, &o->spec, e)))
+        return -1;
+    // the penalties' window starts in the prompt
+    for (size_t i = 0; i < g->n_prompt; i++) sampler_accept(g->smp, g->ids[i]);
+    if (o->load_session && !o->seed_given) sampler_set_rng_state(g->smp, g->ses.rng);  // -s reseeds
+    else if (!o->seed_given && !sampler_is_greedy(g->smp))
+        fprintf(stderr, "djinn: seed %" PRIu64 " (-s to repeat)\n", seed);
+    if (!(g->stream = tok_stream_new(g->tok))) return dj_fail(e, "out of memory");
+    return 0;
+}
 
-    // Prefill: every row when --logits wants them (the host samples), otherwise the first token picked where the
-    // logits are (engine_next).
-    double t_start = dj_now();
-    int32_t cand;  // the token the last pass picked
+// Prefill: every row when --logits wants them (the host samples), otherwise the first token picked where the logits
+// are (engine_next); then the prompt's text (stdout is decode(all ids), so the prompt goes through the same stream:
+// on a terminal, where stdout and stderr share the screen, no statistics line lands inside it until it ends).
+static int gen_prefill(gen_run *g, dj_err *e) {
+    int64_t np = (int64_t)g->n_prompt;
+    g->t_start = dj_now();
     test_sigint_before("prefill");
-    if (o->load_session) {  // the session's KV cache, then the token after its text
-        if (session_resume(&ses, &eng, 0, smp, logits, &cand, e)) goto out;
-    } else if (want_rows) {
-        if (eng.forward(eng.ctx, 0, ids, (int64_t)n_prompt, 0, logits, 1, e) ||
-            write_rows(out, logits, (int64_t)n_prompt, vocab, e))
-            goto out;
-        cand = sampler_next(smp, logits + (n_prompt - 1) * (size_t)vocab);
-    } else if (sp ? spec_prefill(sp, ids, (int64_t)n_prompt, &cand, e)
-                  : engine_next(&eng, smp, 0, ids, (int64_t)n_prompt, 0, logits, &cand, e)) {
-        goto out;
+    if (g->o->load_session) {  // the session's KV cache, then the token after its text
+        if (session_resume(&g->ses, &g->eng, 0, g->smp, g->logits, &g->cand, e)) return -1;
+    } else if (g->want_rows) {
+        if (g->eng.forward(g->eng.ctx, 0, g->ids, np, 0, g->logits, 1, e) ||
+            write_rows(g->out, g->logits, np, g->vocab, e))
+            return -1;
+        g->cand = sampler_next(g->smp, g->logits + (g->n_prompt - 1) * (size_t)g->vocab);
+    } else if (g->sp ? spec_prefill(g->sp, g->ids, np, &g->cand, e)
+                     : engine_next(&g->eng, g->smp, 0, g->ids, np, 0, g->logits, &g->cand, e)) {
+        return -1;
     }
-    double t_prefill = dj_now() - t_start;
-    rs.prompt_tokens = (int64_t)n_prompt, rs.prefill_s = t_prefill;
-    fprintf(stderr, "djinn: prompt %zu tokens, prefill %.1f tokens/s (%.3f s)\n", n_prompt,
-            (double)n_prompt / fmax(t_prefill, 1e-9), t_prefill);
-    // Then the text, prompt first (stdout is decode(all ids), so the prompt goes through the same stream): on a
-    // terminal, where stdout and stderr share the screen, no statistics line lands inside it until it ends.
-    for (size_t i = 0; i < n_prompt; i++) {
-        const char *s = tok_stream_push(stream, ids[i], &len);
-        if (emit(s, len, e)) goto out;
+    double t_prefill = dj_now() - g->t_start;
+    g->rs.prompt_tokens = np, g->rs.prefill_s = t_prefill;
+    fprintf(stderr, "djinn: prompt %zu tokens, prefill %.1f tokens/s (%.3f s)\n", g->n_prompt,
+            (double)g->n_prompt / fmax(t_prefill, 1e-9), t_prefill);
+    size_t len;
+    for (size_t i = 0; i < g->n_prompt; i++) {
+        const char *s = tok_stream_push(g->stream, g->ids[i], &len);
+        if (emit(s, len, e)) return -1;
     }
+    return 0;
+}
 
-    // Decode: take the pick, feed the token back (the pass picks the next). The last token is fed only when its
-    // logits row is wanted (--logits), so the file has one row per token of the output.
-    int64_t n = (int64_t)n_prompt, n_gen = 0;
-    double t_first = 0, t_decode0 = 0;
-    const char *stop = NULL;
+// Decode: take the pick, feed the token back (the pass picks the next). The last token is fed only when its logits
+// row is wanted (--logits), so the file has one row per token of the output.
+static int gen_decode(gen_run *g, dj_err *e) {
+    const dj_opts *o = g->o;
     const int64_t sigint_after = test_sigint_token();
-    while (n_gen < o->n_new) {  // a Ctrl-C during prefill stops it before the first token is sampled
-        if (n_gen == sigint_after) raise(SIGINT);
-        if (interrupted) {
-            stop = "interrupted";
-            break;
-        }
-        if (n >= ctx) {
-            stop = "context full";
-            break;
-        }
-        int32_t next = cand;
-        if (next < 0) {
-            dj_fail(e, "the logits at position %" PRId64 " hold NaN or infinity: the model's weights or its "
-                       "arithmetic overflowed", n - 1);
-            goto out;
-        }
-        if (n_gen == 0) t_first = t_decode0 = dj_now();
-        sampler_accept(smp, next);
-        ids[n++] = next;
-        n_gen++;
-        const char *s = tok_stream_push(stream, next, &len);
-        if (o->n_stops ? (hit = held_feed(&held, s, len, o->stops, o->n_stops, emit_to_stdout, NULL, e)) == -2
+    size_t len;
+    g->n = (int64_t)g->n_prompt;
+    while (g->n_gen < o->n_new) {  // a Ctrl-C during prefill stops it before the first token is sampled
+        if (g->n_gen == sigint_after) raise(SIGINT);
+        if (interrupted) return g->stop = GEN_INTERRUPTED, 0;
+        if (g->n >= g->ctx) return g->stop = GEN_CONTEXT_FULL, 0;
+        int32_t next = g->cand;
+        if (next < 0)
+            return dj_fail(e, "the logits at position %" PRId64 " hold NaN or infinity: the model's weights or its "
+                              "arithmetic overflowed", g->n - 1);
+        if (g->n_gen == 0) g->t_first = g->t_decode0 = dj_now();
+        sampler_accept(g->smp, next);
+        g->ids[g->n++] = next;
+        g->n_gen++;
+        const char *s = tok_stream_push(g->stream, next, &len);
+        if (o->n_stops ? (g->hit = held_feed(&g->held, s, len, o->stops, o->n_stops, emit_to_stdout, NULL, e)) == -2
                        : emit(s, len, e))
-            goto out;
-        int eos = tok_is_eos(tok, next);
-        int more = n_gen < o->n_new && !eos && hit < 0;
-        if (want_rows) {  // position n-1 < ctx: always fits
-            if (eng.forward(eng.ctx, 0, &next, 1, n - 1, logits, 0, e) || write_rows(out, logits, 1, vocab, e))
-                goto out;
-            if (more) cand = sampler_next(smp, logits);
-        } else if (more && (sp ? spec_next(sp, ids, n, o->n_new - n_gen, &cand, e)  // a verified run's next
-                               : engine_next(&eng, smp, 0, &next, 1, n - 1, logits, &cand, e))) {
-            goto out;
+            return -1;
+        int eos = tok_is_eos(g->tok, next);
+        int more = g->n_gen < o->n_new && !eos && g->hit < 0;
+        if (g->want_rows) {  // position n-1 < ctx: always fits
+            if (g->eng.forward(g->eng.ctx, 0, &next, 1, g->n - 1, g->logits, 0, e) ||
+                write_rows(g->out, g->logits, 1, g->vocab, e))
+                return -1;
+            if (more) g->cand = sampler_next(g->smp, g->logits);
+        } else if (more && (g->sp ? spec_next(g->sp, g->ids, g->n, o->n_new - g->n_gen, &g->cand, e)  // verified run's
+                                  : engine_next(&g->eng, g->smp, 0, &next, 1, g->n - 1, g->logits, &g->cand, e))) {
+            return -1;
         }
-        if (hit >= 0) {
-            stop = "stop string";
-            break;
-        }
-        if (eos) {
-            stop = "end of sequence";
-            break;
-        }
+        if (g->hit >= 0) return g->stop = GEN_STOP_STRING, 0;
+        if (eos) return g->stop = GEN_EOS, 0;
     }
-    // --save-session: the last token's pass ran (and picked the next) when none was generated or the loop stopped
-    // before sampling again; otherwise the last token is not fed yet (with --logits: fed, nothing picked)
-    const int last_ran = n_gen == 0 || (stop && (!strcmp(stop, "interrupted") || !strcmp(stop, "context full")));
-    if (!stop && interrupted) stop = "interrupted";  // during the prefill of -n 0, or the last token's pass
-    const char *tail = tok_stream_flush(stream, &len);
-    if (o->n_stops) {  // the held text: up to the stop string found, or all of it
-        if (hit < 0 && (hit = held_feed(&held, tail, len, o->stops, o->n_stops, emit_to_stdout, NULL, e)) == -2)
-            goto out;
-        if (hit >= 0) stop = "stop string";
-        if (emit(held.buf, held.len, e)) goto out;
-    } else if (emit(tail, len, e)) {
-        goto out;
-    }
-    if (emit("\n", 1, e)) goto out;
+    return 0;
+}
 
-    if (stop && !strcmp(stop, "stop string"))
-        fprintf(stderr, "djinn: stopped at --stop '%s' after %" PRId64 " new tokens\n", o->stops[hit], n_gen);
-    else if (stop && !strcmp(stop, "context full"))
+// The text still held (the stream's tail; with --stop, up to the stop string found), then the final newline.
+static int gen_flush_text(gen_run *g, dj_err *e) {
+    const dj_opts *o = g->o;
+    size_t len;
+    const char *tail = tok_stream_flush(g->stream, &len);
+    if (o->n_stops) {  // the held text: up to the stop string found, or all of it
+        if (g->hit < 0 &&
+            (g->hit = held_feed(&g->held, tail, len, o->stops, o->n_stops, emit_to_stdout, NULL, e)) == -2)
+            return -1;
+        if (g->hit >= 0) g->stop = GEN_STOP_STRING;
+        if (emit(g->held.buf, g->held.len, e)) return -1;
+    } else if (emit(tail, len, e)) {
+        return -1;
+    }
+    return emit("\n", 1, e);
+}
+
+// The run's figures on stderr: why it stopped, time to first token and decode rate, speculation, streaming.
+static void gen_report(gen_run *g) {
+    const dj_opts *o = g->o;
+    int64_t n_gen = g->n_gen;
+    switch (g->stop) {
+    case GEN_STOP_STRING:
+        fprintf(stderr, "djinn: stopped at --stop '%s' after %" PRId64 " new tokens\n", o->stops[g->hit], n_gen);
+        break;
+    case GEN_CONTEXT_FULL:
         fprintf(stderr, "djinn: stopped after %" PRId64 " of %" PRId64 " new tokens: the context of %" PRId64
-                        " tokens is full (-c)\n", n_gen, o->n_new, ctx);
-    else if (stop && !strcmp(stop, "interrupted"))
-        fprintf(stderr, "djinn: interrupted after %" PRId64 " new tokens\n", n_gen);
-    else if (stop)
+                        " tokens is full (-c)\n", n_gen, o->n_new, g->ctx);
+        break;
+    case GEN_INTERRUPTED: fprintf(stderr, "djinn: interrupted after %" PRId64 " new tokens\n", n_gen); break;
+    case GEN_EOS:
         fprintf(stderr, "djinn: stopped at the end-of-sequence token after %" PRId64 " new tokens\n", n_gen);
+        break;
+    case GEN_RAN: break;
+    }
     if (n_gen > 0) {
-        double t_end = dj_now(), t_dec = t_end - t_decode0;
-        fprintf(stderr, "djinn: time to first token %.1f ms\n", (t_first - t_start) * 1e3);
-        rs.ttft_ms = (t_first - t_start) * 1e3, rs.decode_s = t_dec, rs.decode_tokens = n_gen - 1;
+        double t_end = dj_now(), t_dec = t_end - g->t_decode0;
+        fprintf(stderr, "djinn: time to first token %.1f ms\n", (g->t_first - g->t_start) * 1e3);
+        g->rs.ttft_ms = (g->t_first - g->t_start) * 1e3, g->rs.decode_s = t_dec, g->rs.decode_tokens = n_gen - 1;
         if (n_gen > 1)
             fprintf(stderr, "djinn: decode %" PRId64 " tokens, %.1f tokens/s, %.2f ms/token\n", n_gen - 1,
                     (double)(n_gen - 1) / fmax(t_dec, 1e-9), t_dec * 1e3 / (double)(n_gen - 1));
     }
-    if (sp) {
+    if (g->sp) {
         dj_spec_stats ss;
-        spec_stats(sp, &ss);
+        spec_stats(g->sp, &ss);
         fprintf(stderr, "djinn: speculative: %" PRId64 " passes of the target, %.2f tokens a pass; %" PRId64 " of %"
                         PRId64 " drafted tokens accepted (%.1f%%); draft %.1f ms (%.2f ms a step), target %.1f ms "
                         "(%.2f ms a pass)\n", ss.passes, ss.passes ? (double)ss.produced / (double)ss.passes : 0.0,
@@ -889,36 +880,84 @@ static int run_generate(const dj_model *m, const dj_tokenizer *tok, const dj_opt
                 ss.draft_s * 1e3, ss.draft_steps ? ss.draft_s * 1e3 / (double)ss.draft_steps : 0.0, ss.target_s * 1e3,
                 ss.passes ? ss.target_s * 1e3 / (double)ss.passes : 0.0);
     }
-    dj_gpu_stats g;
-    if (engine_gpu_stats(&eng, &g)) {
-        if (g.n_streamed)
+    dj_gpu_stats gs;
+    if (engine_gpu_stats(&g->eng, &gs)) {
+        if (gs.n_streamed)
             fprintf(stderr, "djinn: streamed %d units, %.3f GB per pass over PCIe at %.2f GB/s achieved; compute "
-                            "waited %.2f ms per pass for copies (%" PRId64 " passes)\n", g.n_streamed,
-                    (double)g.bytes_per_token / 1e9, g.copy_ms > 0 ? (double)g.copied_bytes / 1e6 / g.copy_ms : 0.0,
-                    g.passes ? g.wait_ms / (double)g.passes : 0.0, g.passes);
-        if (g.cpu_share > 0)
+                            "waited %.2f ms per pass for copies (%" PRId64 " passes)\n", gs.n_streamed,
+                    (double)gs.bytes_per_token / 1e9, gs.copy_ms > 0 ? (double)gs.copied_bytes / 1e6 / gs.copy_ms : 0.0,
+                    gs.passes ? gs.wait_ms / (double)gs.passes : 0.0, gs.passes);
+        if (gs.cpu_share > 0)
             fprintf(stderr, "djinn: CPU share %.2f: %.3f GB per decode token read by the CPU from host memory\n",
-                    g.cpu_share, (double)g.cpu_bytes_per_token / 1e9);
+                    gs.cpu_share, (double)gs.cpu_bytes_per_token / 1e9);
     }
-    if (out->stats.tmp && write_stats(&out->stats, m, &eng, o, &rs, e)) goto out;
+}
+
+// The output files: --stats-json, --save-session, --logits.
+static int gen_write_outputs(gen_run *g, int last_ran, dj_err *e) {
+    const dj_opts *o = g->o;
+    dj_outputs *out = g->out;
+    int64_t n = g->n;
+    if (out->stats.tmp && write_stats(&out->stats, g->m, &g->eng, o, &g->rs, e)) return -1;
     if (out->session.tmp) {
-        dj_session save = {.ids = ids, .n_tokens = n, .n_prompt = o->load_session ? ses.n_prompt : (int64_t)n_prompt,
-                           .n_kv = last_ran || want_rows ? n : n - 1, .next = last_ran ? cand : -1,
-                           .rng = sampler_rng_state(smp), .smp = *smp_set, .ctx = ctx};
-        if (session_save(&out->session, m, &eng, 0, &save, e)) goto out;
+        dj_session save = {.ids = g->ids, .n_tokens = n,
+                           .n_prompt = o->load_session ? g->ses.n_prompt : (int64_t)g->n_prompt,
+                           .n_kv = last_ran || g->want_rows ? n : n - 1, .next = last_ran ? g->cand : -1,
+                           .rng = sampler_rng_state(g->smp), .smp = *g->smp_set, .ctx = g->ctx};
+        if (session_save(&out->session, g->m, &g->eng, 0, &save, e)) return -1;
     }
-    if (want_rows && out_commit(&out->logits, 0, e)) goto out;
+    return g->want_rows && out_commit(&out->logits, 0, e) ? -1 : 0;
+}
+
+static void gen_close(gen_run *g) {
+    held_free(&g->held);
+    if (g->stream) tok_stream_free(g->stream);
+    session_close(&g->ses);
+    spec_free(g->sp);
+    engine_close(&g->eng);
+    close_draft(&g->draft);
+    sampler_free(g->smp);
+    free(g->logits);
+    free(g->ids);
+}
+
+static int run_generate(const dj_model *m, const dj_tokenizer *tok, const dj_opts *o, dj_outputs *out, double load_s,
+                        dj_err *e) {
+    gen_run g = {.m = m, .tok = tok, .o = o, .out = out, .vocab = m->info.config.vocab_size, .hit = -1,
+                 .want_rows = out->logits.tmp != NULL, .rs = {.load_s = load_s}};
+    if (tok_encode(tok, o->prompt, o->prompt_len, 1, &g.ids, &g.n_prompt, e)) return EXIT_ERR;
+    // A prompt that starts with the BOS token's own text (a hand-written chat prompt) would begin with two: the one
+    // the model's post-processor adds is dropped, with a warning (HF would keep both; llama.cpp keeps both and warns).
+    int32_t bos = tok_bos(tok);
+    if (bos >= 0 && g.n_prompt >= 2 && g.ids[0] == bos && g.ids[1] == bos) {
+        memmove(g.ids, g.ids + 1, (g.n_prompt - 1) * sizeof *g.ids);
+        g.n_prompt--;
+        fprintf(stderr, "djinn: warning: the prompt starts with the BOS token's text: not adding a second BOS\n");
+    }
+    if (o->tokenize) {
+        for (size_t i = 0; i < g.n_prompt; i++) printf("%s%d", i ? " " : "", g.ids[i]);
+        printf("\n");
+        free(g.ids);
+        return stdout_ok(e) ? EXIT_ERR : 0;
+    }
+    g.ctx = context_of(&m->info.config, o);
+    int rc = gen_open(&g, e);
+    if (rc) {
+        gen_close(&g);
+        return rc > 0 ? EXIT_INTERRUPTED : EXIT_ERR;
+    }
+    rc = EXIT_ERR;
+    if (gen_prefill(&g, e) || gen_decode(&g, e)) goto out;
+    // --save-session: the last token's pass ran (and picked the next) when none was generated or the loop stopped
+    // before sampling again; otherwise the last token is not fed yet (with --logits: fed, nothing picked)
+    const int last_ran = g.n_gen == 0 || g.stop == GEN_INTERRUPTED || g.stop == GEN_CONTEXT_FULL;
+    if (!g.stop && interrupted) g.stop = GEN_INTERRUPTED;  // during the prefill of -n 0, or the last token's pass
+    if (gen_flush_text(&g, e)) goto out;
+    gen_report(&g);
+    if (gen_write_outputs(&g, last_ran, e)) goto out;
     rc = interrupted ? EXIT_INTERRUPTED : 0;
 out:
-    held_free(&held);
-    if (stream) tok_stream_free(stream);
-    session_close(&ses);
-    spec_free(sp);
-    engine_close(&eng);
-    close_draft(&draft);
-    sampler_free(smp);
-    free(logits);
-    free(ids);
+    gen_close(&g);
     return rc;
 }
 

@@ -1,5 +1,6 @@
-// cpu.h: the CPU side of the engine: the reference ops (the oracle every GPU kernel is tested against), the
-// SIMD matvec the GPU engine's CPU share runs on, and the CPU forward pass (the engine where no GPU is present).
+// cpu.h: the CPU side of the engine: the reference ops (the oracle every GPU kernel is tested against) and the
+// SIMD matvec the GPU engine's CPU share runs on (cpu.c), and the CPU forward pass (cpu_forward.c: the engine where
+// no GPU is present).
 #ifndef DJINN_CPU_H
 #define DJINN_CPU_H
 
@@ -67,8 +68,15 @@ void cpu_attention(float *out, const float *q, const float *k_cache, const float
                    int64_t n_kv_heads, int64_t head_dim, int64_t pos, int64_t max_seq);
 // out (n) = silu(gate) * up. out may alias gate.
 void cpu_swiglu(float *out, const float *gate, const float *up, int64_t n);
+// One query head over keys 0..pos (k, v (pos+1, head_dim)); scores (pos+1) is scratch. cpu_attention's per head.
+void cpu_attention_head(float *out, const float *q, const float *k, const float *v, int64_t head_dim, int64_t pos,
+                        float *scores);
+// dst (n) = row `r` of w (rows of n elements in wtype, dj_row_bytes apart), widened to f32 (q8, q4: dequantized,
+// exactly); w's own row for f32. f16 needs cpu_f16_init first (its table).
+const float *cpu_widen_row(float *dst, const void *w, uint32_t wtype, int64_t r, int64_t n);
+void cpu_f16_init(void);  // the f16 -> f32 table, once
 
-// ---- the forward pass
+// ---- the forward pass (cpu_forward.c)
 // A forward-pass state: activations and n_slots KV slots, each one sequence's cache of max_seq positions laid out
 // (n_layers, n_kv_heads, max_seq, head_dim) in f32; the slots one after the other. Slot memory is touched only
 // where positions are written, so slots that are never used cost address space, not RAM.

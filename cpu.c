@@ -1355,11 +1355,11 @@ void cpu_attention_head(float *out, const float *q, const float *k, const float 
     }
 }
 
-void cpu_attention(float *out, const float *q, const float *k_cache, const float *v_cache, int64_t n_heads,
-                   int64_t n_kv_heads, int64_t head_dim, int64_t pos, int64_t max_seq) {
+int cpu_attention(float *out, const float *q, const float *k_cache, const float *v_cache, int64_t n_heads,
+                  int64_t n_kv_heads, int64_t head_dim, int64_t pos, int64_t max_seq) {
     assert(n_kv_heads > 0 && n_heads % n_kv_heads == 0 && pos < max_seq);
     float *scores = malloc((size_t)(pos + 1) * sizeof(float));
-    assert(scores && "out of memory in cpu_attention");
+    if (!scores) return -1;
     int64_t group = n_heads / n_kv_heads;
     for (int64_t h = 0; h < n_heads; h++) {
         int64_t kvh = h / group;
@@ -1367,6 +1367,7 @@ void cpu_attention(float *out, const float *q, const float *k_cache, const float
                            v_cache + kvh * max_seq * head_dim, head_dim, pos, scores);
     }
     free(scores);
+    return 0;
 }
 
 void cpu_swiglu(float *out, const float *gate, const float *up, int64_t n) {

@@ -63,9 +63,9 @@ void cpu_rope_freqs(const dj_config *c, float *inv_freq);
 void cpu_rope(float *x, int64_t n_heads, int64_t head_dim, int64_t pos, const float *inv_freq);
 // Causal GQA attention of one query at position pos over keys 0..pos; query head h reads kv head
 // h / (n_heads / n_kv_heads). q, out (n_heads, head_dim); k_cache, v_cache (n_kv_heads, max_seq, head_dim).
-// Scale 1/sqrt(head_dim), softmax in f32.
-void cpu_attention(float *out, const float *q, const float *k_cache, const float *v_cache, int64_t n_heads,
-                   int64_t n_kv_heads, int64_t head_dim, int64_t pos, int64_t max_seq);
+// Scale 1/sqrt(head_dim), softmax in f32. -1: out of memory for the scores (out untouched).
+int cpu_attention(float *out, const float *q, const float *k_cache, const float *v_cache, int64_t n_heads,
+                  int64_t n_kv_heads, int64_t head_dim, int64_t pos, int64_t max_seq);
 // out (n) = silu(gate) * up. out may alias gate.
 void cpu_swiglu(float *out, const float *gate, const float *up, int64_t n);
 // One query head over keys 0..pos (k, v (pos+1, head_dim)); scores (pos+1) is scratch. cpu_attention's per head.

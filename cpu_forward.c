@@ -1,7 +1,7 @@
 // cpu_forward.c: the CPU forward pass (cpu.h): n_slots KV caches, a pass of up to CPU_CHUNK rows through every
 // layer on cpu.c's ops, decode steps of several sequences, the rows of a continuous-batching turn, and parking.
-#include <assert.h>
 #include <inttypes.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -127,15 +127,19 @@ typedef struct {
     const cpu_rows *r;
     uint32_t layer;
     int64_t max_pos;  // the largest pos of the rows
+    _Atomic int oom;  // a task could not allocate its scores: its rows are not computed
 } cpu_attn_job;
 
 // Parallel over (row, head) pairs; each task has its own scores scratch.
 static void cpu_attn_task(void *ctx, int64_t begin, int64_t end) {
-    const cpu_attn_job *j = ctx;
+    cpu_attn_job *j = ctx;
     const dj_cpu_state *s = j->s;
     int64_t nh = s->c.n_heads, hd = s->c.head_dim, group = nh / s->c.n_kv_heads;
     float *scores = malloc((size_t)(j->max_pos + 1) * sizeof(float));
-    assert(scores && "out of memory in cpu attention");
+    if (!scores) {
+        atomic_store(&j->oom, 1);
+        return;
+    }
     for (int64_t i = begin; i < end; i++) {
         int64_t t = i / nh, h = i % nh;
         size_t kv_off = cpu_kv_off(s, j->r->slot[t], j->layer, h / group, 0);
@@ -155,7 +159,7 @@ static void cpu_embed(const dj_model *m, int32_t token, float *out) {
 // Runs T <= CPU_CHUNK rows through every layer; logits (T, vocab) if not NULL. Every row's keys and values are
 // written before any row attends, so rows of one slot at consecutive positions see each other causally; rows of
 // different slots never meet.
-static int cpu_oom(dj_err *e) { return dj_fail(e, "cpu: out of memory for a matmul's rows"); }
+static int cpu_oom(dj_err *e) { return dj_fail(e, "cpu: out of memory for a pass's scratch rows"); }
 
 static int cpu_forward_rows(dj_cpu_state *s, const int32_t *tokens, int64_t T, const cpu_rows *r, float *logits,
                             dj_err *e) {
@@ -189,8 +193,9 @@ static int cpu_forward_rows(dj_cpu_state *s, const int32_t *tokens, int64_t T, c
                 memcpy(s->v_cache + off, s->v + t * kvd + h * hd, (size_t)hd * sizeof(float));
             }
         }
-        cpu_attn_job aj = {s, r, l, max_pos};
+        cpu_attn_job aj = {s, r, l, max_pos, 0};
         cpu_parallel_for(T * c->n_heads, (double)T * (double)qd * (double)(max_pos + 1) * 2.0, cpu_attn_task, &aj);
+        if (atomic_load(&aj.oom)) return cpu_oom(e);
         if (cpu_matmul(s->xb, s->att, slab + L->wo, wt, T, qd, dim)) return cpu_oom(e);
         for (int64_t i = 0; i < T * dim; i++) s->x[i] += s->xb[i];
 

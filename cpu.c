@@ -1147,12 +1147,16 @@ typedef struct {
     _Atomic int staged;                      // h's records for down (cpu_async's staged)
     int64_t chunk, chunk_down;
     double t_mid;
+    cpu_job *job;  // the job it is part of
 } cpu_chain;
 
-// cpu_matvec_start's or cpu_ffn_start's one job at a time (mu: held from start to finish, by the thread that
-// started it), and x's records for cpu_matvec's path ([1]: h's, for down).
-static pthread_mutex_t cpu_aj_mu = PTHREAD_MUTEX_INITIALIZER;
-static struct {
+// The pool runs one asynchronous job at a time: held from cpu_matvec_start or cpu_ffn_start to cpu_matvec_finish,
+// by the thread that started it.
+static pthread_mutex_t cpu_job_mu = PTHREAD_MUTEX_INITIALIZER;
+
+// An asynchronous job's state (cpu.h: its owner keeps it from start to finish), and x's records for cpu_matvec's
+// path ([1]: h's, for down).
+struct cpu_job {
     struct cpu_async a;
     cpu_matvec_job mv[3];  // a matvec's ([0]), or the chain's gate, up and down
     cpu_multi_job mm[3];
@@ -1163,75 +1167,77 @@ static struct {
     int multi, chain, inline_;  // the tiles' path; cpu_ffn_start's; one thread: the caller computes it all in
                                 // cpu_matvec_finish
     _Atomic int oom;            // a buffer could not be allocated: rows left out (cpu_matvec_finish fails)
-} cpu_aj;
+};
+
+cpu_job *cpu_job_new(void) { return calloc(1, sizeof(cpu_job)); }
+void cpu_job_free(cpu_job *j) { free(j); }
 
 // Rows per claim: a share of each of `parts` threads' eighth, whole tiles (multiples of 12) on the tiles' path.
-static int64_t cpu_aj_chunk(int64_t n_out, int64_t parts) {
-    int64_t c = cpu_aj.multi ? n_out / (8 * parts) / 12 * 12 : n_out / (8 * parts);
-    return cpu_aj.multi ? (c < 12 ? 12 : c) : c < 16 ? 16 : c;
+static int64_t cpu_job_chunk(const cpu_job *j, int64_t n_out, int64_t parts) {
+    int64_t c = j->multi ? n_out / (8 * parts) / 12 * 12 : n_out / (8 * parts);
+    return j->multi ? (c < 12 ? 12 : c) : c < 16 ? 16 : c;
 }
 
-// The k-th matrix's job of the one running (k: cpu_aj.mv's index) over x, writing y (T, n_out); `rec`: which of
-// cpu_aj.xq holds x's records for cpu_matvec's path, made where it needs them.
-static void cpu_aj_job(int k, int rec, float *y, const float *x, const void *w, uint32_t wtype, int64_t T,
-                       int64_t n_in, int64_t n_out) {
-    if (cpu_aj.multi) {
-        cpu_aj.mm[k] = (cpu_multi_job){y, x, w, wtype, T, n_in, n_out, cpu_aj_chunk(n_out, cpu_threads()), 0,
-                                       &cpu_aj.a, 0};
+// The k-th matrix's job of the one running (k: j->mv's index) over x, writing y (T, n_out); `rec`: which of
+// j->xq holds x's records for cpu_matvec's path, made where it needs them.
+static void cpu_job_matrix(cpu_job *j, int k, int rec, float *y, const float *x, const void *w, uint32_t wtype,
+                           int64_t T, int64_t n_in, int64_t n_out) {
+    if (j->multi) {
+        j->mm[k] = (cpu_multi_job){y, x, w, wtype, T, n_in, n_out, cpu_job_chunk(j, n_out, cpu_threads()), 0, &j->a,
+                                   0};
         return;
     }
-    cpu_aj.mv[k] = (cpu_matvec_job){y, x, w, wtype, n_in, n_out, cpu_aj_chunk(n_out, cpu_threads()), NULL, 0,
-                                    &cpu_aj.a};
-    if (!cpu_aj.xbuf[rec] && cpu_xq_alloc(&cpu_aj.xq[rec], wtype, n_in, &cpu_aj.xbuf[rec]))
-        atomic_store(&cpu_aj.oom, 1);  // no records: cpu_matvec's portable rows, and the job fails at its finish
-    if (cpu_aj.xbuf[rec] && rec == 0) cpu_aj.a.staged = 0;  // [1]'s: cpu_chain's staged
-    if (cpu_aj.xbuf[rec]) cpu_aj.mv[k].xq = &cpu_aj.xq[rec];
+    j->mv[k] = (cpu_matvec_job){y, x, w, wtype, n_in, n_out, cpu_job_chunk(j, n_out, cpu_threads()), NULL, 0, &j->a};
+    if (!j->xbuf[rec] && cpu_xq_alloc(&j->xq[rec], wtype, n_in, &j->xbuf[rec]))
+        atomic_store(&j->oom, 1);  // no records: cpu_matvec's portable rows, and the job fails at its finish
+    if (j->xbuf[rec] && rec == 0) j->a.staged = 0;  // [1]'s: cpu_chain's staged
+    if (j->xbuf[rec]) j->mv[k].xq = &j->xq[rec];
 }
 
-// Locks the one job and sets its common part.
-static void cpu_aj_begin(uint32_t wtype, int64_t T, int64_t n_out, const _Atomic uint32_t *ready,
-                         _Atomic uint32_t *done, uint32_t seq) {
+// Takes the pool (cpu_job_mu) and sets the job's common part.
+static void cpu_job_begin(cpu_job *j, uint32_t wtype, int64_t T, int64_t n_out, const _Atomic uint32_t *ready,
+                          _Atomic uint32_t *done, uint32_t seq) {
     if (wtype == DJ_F16) pthread_once(&cpu_f16_once, cpu_f16_table_init);
-    pthread_mutex_lock(&cpu_aj_mu);
-    cpu_aj.a = (struct cpu_async){ready, done, seq, 2, 0, n_out, UINT64_MAX, 0, 0, {0}};
-    cpu_aj.multi = !(T == 1 && (!cpu_avx512_on() || dj_is_quant(wtype)));
-    cpu_aj.chain = 0;
-    cpu_aj.xbuf[0] = cpu_aj.xbuf[1] = NULL;
-    cpu_aj.inline_ = cpu_threads() == 1;
-    atomic_store(&cpu_aj.oom, 0);
+    pthread_mutex_lock(&cpu_job_mu);
+    j->a = (struct cpu_async){ready, done, seq, 2, 0, n_out, UINT64_MAX, 0, 0, {0}};
+    j->multi = !(T == 1 && (!cpu_avx512_on() || dj_is_quant(wtype)));
+    j->chain = 0;
+    j->xbuf[0] = j->xbuf[1] = NULL;
+    j->inline_ = cpu_threads() == 1;
+    atomic_store(&j->oom, 0);
 }
 
-void cpu_matvec_start(float *y, const float *x, const void *w, uint32_t wtype, int64_t T, int64_t n_in,
+void cpu_matvec_start(cpu_job *j, float *y, const float *x, const void *w, uint32_t wtype, int64_t T, int64_t n_in,
                       int64_t n_out, const _Atomic uint32_t *ready, _Atomic uint32_t *done, uint32_t seq) {
     assert(dj_row_bytes(wtype, 1) > 0 && n_out > 0);
-    cpu_aj_begin(wtype, T, n_out, ready, done, seq);
-    cpu_aj_job(0, 0, y, x, w, wtype, T, n_in, n_out);
-    if (cpu_aj.multi) cpu_aj.mm[0].next = cpu_first_chunks(&cpu_aj.a, n_out, cpu_aj.mm[0].chunk, cpu_threads());
-    else cpu_aj.mv[0].next = cpu_first_chunks(&cpu_aj.a, n_out, cpu_aj.mv[0].chunk, cpu_threads());
-    if (!cpu_aj.inline_)
-        cpu_parallel_start(cpu_threads(), cpu_aj.multi ? cpu_multi_task : cpu_matvec_task,
-                           cpu_aj.multi ? (void *)&cpu_aj.mm[0] : (void *)&cpu_aj.mv[0]);
+    cpu_job_begin(j, wtype, T, n_out, ready, done, seq);
+    cpu_job_matrix(j, 0, 0, y, x, w, wtype, T, n_in, n_out);
+    if (j->multi) j->mm[0].next = cpu_first_chunks(&j->a, n_out, j->mm[0].chunk, cpu_threads());
+    else j->mv[0].next = cpu_first_chunks(&j->a, n_out, j->mv[0].chunk, cpu_threads());
+    if (!j->inline_)
+        cpu_parallel_start(cpu_threads(), j->multi ? cpu_multi_task : cpu_matvec_task,
+                           j->multi ? (void *)&j->mm[0] : (void *)&j->mv[0]);
 }
 
 // The chain's rows [b, e) of its k-th matrix (0 gate, 1 up, 2 down); buf: cpu_multi_buf's.
-static void cpu_chain_rows(int k, int64_t b, int64_t e, float *buf) {
-    if (cpu_aj.multi) cpu_multi_chunk(&cpu_aj.mm[k], b, e, buf);
-    else cpu_matvec_rows(&cpu_aj.mv[k], b, e);
+static void cpu_chain_rows(const cpu_job *j, int k, int64_t b, int64_t e, float *buf) {
+    if (j->multi) cpu_multi_chunk(&j->mm[k], b, e, buf);
+    else cpu_matvec_rows(&j->mv[k], b, e);
 }
 
 static void cpu_chain_task(void *ctx, int64_t part, int64_t parts_end) {
     cpu_chain *c = ctx;
     const cpu_ffn_args *f = c->f;
-    struct cpu_async *a = &cpu_aj.a;
+    struct cpu_async *a = &c->job->a;
     int64_t T = f->T, hid = f->hid, b, e;
     (void)parts_end;
     cpu_async_wait_x(a, part, f->gate, f->up, (size_t)dj_row_bytes(f->wtype, (uint64_t)f->dim), c->chunk, hid);
-    cpu_stage(&a->staged, cpu_aj.multi ? NULL : (cpu_xq *)cpu_aj.mv[0].xq, f->x, f->dim, f->wtype);
+    cpu_stage(&a->staged, c->job->multi ? NULL : (cpu_xq *)c->job->mv[0].xq, f->x, f->dim, f->wtype);
     float *buf = NULL;
-    const int oom = cpu_aj.multi && cpu_multi_buf(f->dim > hid ? f->dim : hid, &buf);
-    if (oom) atomic_store(&cpu_aj.oom, 1);  // its rows are counted, not computed: the GPU waits for the count
+    const int oom = c->job->multi && cpu_multi_buf(f->dim > hid ? f->dim : hid, &buf);
+    if (oom) atomic_store(&c->job->oom, 1);  // its rows are counted, not computed: the GPU waits for the count
     for (cpu_claim_it it = {0}; cpu_claim(a, &c->next, c->chunk, hid, part, &it, &b, &e);) {
-        if (!oom) cpu_chain_rows(0, b, e, buf), cpu_chain_rows(1, b, e, buf);
+        if (!oom) cpu_chain_rows(c->job, 0, b, e, buf), cpu_chain_rows(c->job, 1, b, e, buf);
         for (int64_t t = 0; t < T; t++) {
             size_t o = (size_t)(t * hid + b);
             cpu_swiglu(f->h + o, f->gate_up + o, f->gate_up + (size_t)(T * hid) + o, e - b);
@@ -1245,45 +1251,46 @@ static void cpu_chain_task(void *ctx, int64_t part, int64_t parts_end) {
     }
     if (f->n_down) {
         while (atomic_load_explicit(&c->units, memory_order_acquire) < hid) cpu_relax_once();
-        cpu_stage(&c->staged, cpu_aj.multi ? NULL : (cpu_xq *)cpu_aj.mv[2].xq, f->h, hid, f->wtype);
+        cpu_stage(&c->staged, c->job->multi ? NULL : (cpu_xq *)c->job->mv[2].xq, f->h, hid, f->wtype);
         for (cpu_claim_it it = {0}; cpu_claim(NULL, &c->next_down, c->chunk_down, f->n_down, part, &it, &b, &e);) {
-            if (!oom) cpu_chain_rows(2, b, e, buf);
+            if (!oom) cpu_chain_rows(c->job, 2, b, e, buf);
             cpu_async_rows(a, e - b);
         }
     }
     free(buf);
 }
 
-void cpu_ffn_start(const cpu_ffn_args *f, const _Atomic uint32_t *ready, _Atomic uint32_t *mid,
+void cpu_ffn_start(cpu_job *j, const cpu_ffn_args *f, const _Atomic uint32_t *ready, _Atomic uint32_t *mid,
                    _Atomic uint32_t *done, uint32_t seq) {
     assert(dj_row_bytes(f->wtype, 1) > 0 && f->hid > 0 && f->n_down >= 0);
-    cpu_aj_begin(f->wtype, f->T, f->n_down, ready, done, seq);
-    cpu_aj.chain = 1, cpu_aj.ffn = *f;
-    const cpu_ffn_args *g = &cpu_aj.ffn;
+    cpu_job_begin(j, f->wtype, f->T, f->n_down, ready, done, seq);
+    j->chain = 1, j->ffn = *f;
+    const cpu_ffn_args *g = &j->ffn;
     int64_t T = g->T, hid = g->hid;
-    cpu_aj_job(0, 0, g->gate_up, g->x, g->gate, g->wtype, T, g->dim, hid);
-    cpu_aj_job(1, 0, g->gate_up + (size_t)(T * hid), g->x, g->up, g->wtype, T, g->dim, hid);
-    cpu_aj_job(2, 1, g->y, g->h, g->down, g->wtype, T, hid, g->n_down > 0 ? g->n_down : 1);
-    int64_t chunk = cpu_aj_chunk(hid, cpu_threads());
-    cpu_aj.ch = (cpu_chain){g, mid, cpu_first_chunks(&cpu_aj.a, hid, chunk, cpu_threads()), 0, 0,
-                            cpu_aj.xbuf[1] ? 0 : 2, chunk, cpu_aj_chunk(g->n_down, cpu_threads()), 0};
-    if (!cpu_aj.inline_) cpu_parallel_start(cpu_threads(), cpu_chain_task, &cpu_aj.ch);
+    cpu_job_matrix(j, 0, 0, g->gate_up, g->x, g->gate, g->wtype, T, g->dim, hid);
+    cpu_job_matrix(j, 1, 0, g->gate_up + (size_t)(T * hid), g->x, g->up, g->wtype, T, g->dim, hid);
+    cpu_job_matrix(j, 2, 1, g->y, g->h, g->down, g->wtype, T, hid, g->n_down > 0 ? g->n_down : 1);
+    int64_t chunk = cpu_job_chunk(j, hid, cpu_threads());
+    j->ch = (cpu_chain){.f = g, .mid = mid, .next = cpu_first_chunks(&j->a, hid, chunk, cpu_threads()),
+                        .staged = j->xbuf[1] ? 0 : 2, .chunk = chunk,
+                        .chunk_down = cpu_job_chunk(j, g->n_down, cpu_threads()), .job = j};
+    if (!j->inline_) cpu_parallel_start(cpu_threads(), cpu_chain_task, &j->ch);
 }
 
-int cpu_matvec_finish(double t[3]) {
-    if (cpu_aj.inline_) {
-        if (cpu_aj.chain) cpu_chain_task(&cpu_aj.ch, 0, 1);
-        else if (cpu_aj.multi) cpu_multi_task(&cpu_aj.mm[0], 0, 1);
-        else cpu_matvec_task(&cpu_aj.mv[0], 0, 1);
+int cpu_matvec_finish(cpu_job *j, double t[3]) {
+    if (j->inline_) {
+        if (j->chain) cpu_chain_task(&j->ch, 0, 1);
+        else if (j->multi) cpu_multi_task(&j->mm[0], 0, 1);
+        else cpu_matvec_task(&j->mv[0], 0, 1);
     } else {
         cpu_parallel_join();
     }
-    for (int k = 0; k < 2; k++) free(cpu_aj.xbuf[k]), cpu_aj.xbuf[k] = NULL;
-    uint64_t bits = atomic_load(&cpu_aj.a.t_x);
+    for (int k = 0; k < 2; k++) free(j->xbuf[k]), j->xbuf[k] = NULL;
+    uint64_t bits = atomic_load(&j->a.t_x);
     memcpy(&t[0], &bits, sizeof t[0]);
-    t[2] = cpu_aj.a.t_done, t[1] = cpu_aj.chain ? cpu_aj.ch.t_mid : t[2];
-    const int oom = atomic_load(&cpu_aj.oom) || (cpu_aj.multi && !cpu_aj.chain && atomic_load(&cpu_aj.mm[0].oom));
-    pthread_mutex_unlock(&cpu_aj_mu);
+    t[2] = j->a.t_done, t[1] = j->chain ? j->ch.t_mid : t[2];
+    const int oom = atomic_load(&j->oom) || (j->multi && !j->chain && atomic_load(&j->mm[0].oom));
+    pthread_mutex_unlock(&cpu_job_mu);
     return oom ? -1 : 0;
 }
 

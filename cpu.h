@@ -23,12 +23,17 @@ int cpu_matvec(float *y, const float *x, const void *w, uint32_t wtype, int64_t 
 // the AVX-512 tiles do not run or the weights are q8 or q4.
 int cpu_matvec_multi(float *y, const float *x, const void *w, uint32_t wtype, int64_t T, int64_t n_in,
                      int64_t n_out);
+// An asynchronous job's state on the pool's workers: its owner (the GPU engine's CPU share) makes one, passes it to
+// each start and its finish, and frees it when no job runs. NULL from cpu_job_new: out of memory.
+typedef struct cpu_job cpu_job;
+cpu_job *cpu_job_new(void);
+void cpu_job_free(cpu_job *j);
 // cpu_matvec_multi on the pool's workers, asynchronously: they begin once *ready reaches seq (in wrapping order:
 // x has landed), and the thread that computes the last row stores seq in *done (release), while the caller goes
-// on with other work, until cpu_matvec_finish. One job at a time (another thread's start waits for this one's
-// finish), and nothing else on the pool in between.
+// on with other work, until cpu_matvec_finish. The pool runs one job at a time (another start, with any job
+// object, waits for this one's finish), and nothing else on the pool in between.
 // (The GPU engine's CPU share: the GPU writes *ready and waits for *done, both in mapped host memory.)
-void cpu_matvec_start(float *y, const float *x, const void *w, uint32_t wtype, int64_t T, int64_t n_in,
+void cpu_matvec_start(cpu_job *j, float *y, const float *x, const void *w, uint32_t wtype, int64_t T, int64_t n_in,
                       int64_t n_out, const _Atomic uint32_t *ready, _Atomic uint32_t *done, uint32_t seq);
 // The CPU's part of a layer's MLP block where it has every row of gate and up (the GPU engine's CPU share, its
 // chain): asynchronously as cpu_matvec_start, h = silu(gate . x) * (up . x) for T rows, then y = the last n_down
@@ -42,12 +47,12 @@ typedef struct {
     uint32_t wtype;
     int64_t T, dim, hid, n_down;
 } cpu_ffn_args;
-void cpu_ffn_start(const cpu_ffn_args *f, const _Atomic uint32_t *ready, _Atomic uint32_t *mid,
+void cpu_ffn_start(cpu_job *j, const cpu_ffn_args *f, const _Atomic uint32_t *ready, _Atomic uint32_t *mid,
                    _Atomic uint32_t *done, uint32_t seq);
 // Joins cpu_matvec_start's or cpu_ffn_start's job: the caller computes rows still unclaimed and returns when every
 // thread is done, with the host's clock (dj_now) when a thread first saw x (t[0]), when h was whole (t[1]; a
 // matvec: t[2]) and when the last row was done (t[2]). -1: out of memory, some rows left out (all counted done).
-int cpu_matvec_finish(double t[3]);
+int cpu_matvec_finish(cpu_job *j, double t[3]);
 // For tests and benchmarks: the widest vector code cpu_matvec and cpu_matvec_multi may take (the default
 // CPU_SIMD_BEST): 0 their portable loops; CPU_SIMD_AVX2 AVX2 + FMA + F16C; CPU_SIMD_AVX512 also AVX-512 for
 // cpu_matvec_multi's tiles and, where the CPU has VNNI too, for cpu_matvec's q8/q4 rows. Returns the level in use:

@@ -141,6 +141,7 @@ typedef struct {
     float *d_cx;                      // h_cx's device view
     unsigned *d_count;                // gpu_to_host's block count
     share_job job;                    // the job queued (on) or the last computed
+    struct cpu_job *work;             // the workers' state of that job (cpu.h), kept from share_init to share_free
     uint64_t chains;                  // share_ffn's jobs so far
     double warm_h2d;                  // GB/s of the warm-up's copies (the automatic share's H2D rate)
     const uint8_t *cur_host;          // the unit computing now is split: its host slab; NULL: all on the GPU

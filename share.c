@@ -121,6 +121,7 @@ int share_init(dj_gpu_state *s, dj_err *e) {
         gpu_malloc((void **)&sh->d_count, sizeof *sh->d_count, "the CPU share's block count", e) ||
         gpu_memset(sh->d_count, 0, sizeof *sh->d_count, s->compute, e))
         return -1;
+    if (!(sh->work = cpu_job_new())) return dj_fail(e, "out of memory");
     for (int k = 0; k < SW_N; k++) atomic_store(&sh->h_words[k], 0);
     sh->jobs = 0;
     gpu_set_hold(s->g, share_hold, s);
@@ -130,6 +131,7 @@ int share_init(dj_gpu_state *s, dj_err *e) {
 void share_free(dj_gpu_state *s) {
     gpu_host_free(s->sh.h_cx), gpu_host_free(s->sh.h_cy), gpu_host_free((void *)s->sh.h_words);
     gpu_free(s->sh.d_sy), gpu_free(s->sh.d_count);
+    cpu_job_free(s->sh.work);
 }
 
 // ---- the split matmul
@@ -180,7 +182,7 @@ int share_matmul(dj_gpu_state *s, float *y, const float *x, int64_t T, const uin
     if (trace_split(s->tr, k, 1, e)) return -1;
     const uint8_t *cw = hw + dj_matrix_bytes(wt, (uint64_t)gr, (uint64_t)mt->n_in);
     sh->job = (share_job){1, {dj_matrix_bytes(wt, (uint64_t)nc, (uint64_t)mt->n_in), 0}, {-1, -1}, dj_now()};
-    cpu_matvec_start(sh->h_cy, sh->h_cx, cw, wt, T, mt->n_in, nc, &sh->h_words[SW_X], &sh->h_words[SW_DONE], seq);
+    cpu_matvec_start(sh->work, sh->h_cy, sh->h_cx, cw, wt, T, mt->n_in, nc, &sh->h_words[SW_X], &sh->h_words[SW_DONE], seq);
     return gpu_place_rows_after(y + gr, mt->n_out, sh->d_cy, nc, T, nc, &sh->d_words[SW_DONE], seq, s->compute, e) ||
                    trace_split_placed(s->tr, k, &sh->job.mark[0], e) || share_posted(s, e)
                ? -1
@@ -213,7 +215,7 @@ int share_ffn(dj_gpu_state *s, float *y, float *hb, const float *x, int64_t T, c
     sh->job = (share_job){1, {dj_matrix_bytes(wt, 2 * (uint64_t)hid, (uint64_t)dim),
                               dj_matrix_bytes(wt, (uint64_t)nd, (uint64_t)hid)}, {-1, -1}, dj_now()};
     sh->chains++;
-    cpu_ffn_start(&f, &sh->h_words[SW_X], &sh->h_words[SW_MID], &sh->h_words[SW_DONE], seq);
+    cpu_ffn_start(sh->work, &f, &sh->h_words[SW_X], &sh->h_words[SW_MID], &sh->h_words[SW_DONE], seq);
     if (gr && gpu_place_rows_after(hb, hid, sh->d_cy, hid, T, hid, &sh->d_words[SW_MID], seq, s->compute, e))
         return -1;
     if (trace_split_placed(s->tr, sh->k_gu, &sh->job.mark[0], e)) return -1;
@@ -232,7 +234,7 @@ int share_flush(dj_gpu_state *s, dj_err *e) {
     if (!sh->job.on) return 0;
     sh->job.on = 0;
     double t[3];
-    if (cpu_matvec_finish(t)) return dj_fail(e, "gpu: out of memory for the CPU share's rows");
+    if (cpu_matvec_finish(sh->work, t)) return dj_fail(e, "gpu: out of memory for the CPU share's rows");
     double t0 = sh->job.posted < t[0] ? sh->job.posted : t[0];
     sh->pass_wait_s += t[0] - t0, sh->pass_cpu_s += t[2] - t[0];
     sh->pass_cpu_bytes += sh->job.bytes[0] + sh->job.bytes[1];
@@ -249,7 +251,7 @@ void share_release(dj_gpu_state *s) {
     sh->job.on = 0;
     atomic_store_explicit(&sh->h_words[SW_X], sh->jobs, memory_order_release);
     double t[3];
-    (void)cpu_matvec_finish(t);  // its rows are garbage anyway
+    (void)cpu_matvec_finish(sh->work, t);  // its rows are garbage anyway
 }
 
 // ---- --cpu-share auto

@@ -118,6 +118,8 @@ Test(cpu_kernels, matvec_async_equals_sync) {
     uint32_t types[] = {DJ_F32, DJ_F16, DJ_Q8, DJ_Q4};
     uint32_t seq = 0xfffffff0u;  // the numbers wrap within the test; each word starts at the last job's
     _Atomic uint32_t ready = seq, done = seq;
+    cpu_job *job = cpu_job_new();
+    cr_assert(job);
     tc_rng_seed(5);
     for (int k = 0; k < 8; k++)  // each dtype on a thread a core, then on 7 threads (a late worker's chunk taken)
         for (size_t c = 0; c < sizeof sizes / sizeof *sizes; c++) {
@@ -144,7 +146,7 @@ Test(cpu_kernels, matvec_async_equals_sync) {
             tcpu_later l = {&ready, 0, seq, x, x0, T * n_in};
             pthread_t th;
             cr_assert_eq(pthread_create(&th, NULL, tcpu_ready_later, &l), 0);
-            cpu_matvec_start(got, x, w, wt, T, n_in, n_out, &ready, &done, seq);
+            cpu_matvec_start(job, got, x, w, wt, T, n_in, n_out, &ready, &done, seq);
             struct timespec ts = {0, 5 * 1000 * 1000};
             nanosleep(&ts, NULL);
             cr_assert(atomic_load(&done) != seq, "%s T=%ld: done before x landed", dj_dtype_name(wt), (long)T);
@@ -152,7 +154,7 @@ Test(cpu_kernels, matvec_async_equals_sync) {
                       dj_dtype_name(wt));
             atomic_store(&l.go, 1);
             double t[3];
-            cpu_matvec_finish(t);
+            cpu_matvec_finish(job, t);
             pthread_join(th, NULL);
             cr_assert_eq(atomic_load(&done), seq, "%s T=%ld n_in=%ld n_out=%ld: done word %u", dj_dtype_name(wt),
                          (long)T, (long)n_in, (long)n_out, atomic_load(&done));
@@ -163,6 +165,7 @@ Test(cpu_kernels, matvec_async_equals_sync) {
             free(x), free(x0), free(wf), free(want), free(got), free(w);
         }
     cpu_pool_stop(), cpu_set_threads(0);
+    cpu_job_free(job);
 }
 
 // Weights (n_out, n_in) of wtype from uniform values in [-1, 1): stored, or quantized row by row.
@@ -190,6 +193,8 @@ Test(cpu_kernels, ffn_chain_equals_steps) {
     uint32_t types[] = {DJ_F32, DJ_F16, DJ_BF16, DJ_Q8, DJ_Q4};
     uint32_t seq = 0xfffffff8u;
     _Atomic uint32_t ready = seq, mid = seq, done = seq;
+    cpu_job *job = cpu_job_new();
+    cr_assert(job);
     tc_rng_seed(6);
     // each dtype at each vector level (the widest, AVX2, the portable loops), on a thread a core and on 7 threads
     // (more than CI's cores: a late worker's own first chunk is taken by another)
@@ -229,7 +234,7 @@ Test(cpu_kernels, ffn_chain_equals_steps) {
             pthread_t th;
             cr_assert_eq(pthread_create(&th, NULL, tcpu_ready_later, &l), 0);
             cpu_ffn_args f = {h, y, scratch, x, gu, up, dn_rows, wt, T, dim, hid, nd};
-            cpu_ffn_start(&f, &ready, &mid, &done, seq);
+            cpu_ffn_start(job, &f, &ready, &mid, &done, seq);
             struct timespec ts = {0, 5 * 1000 * 1000};
             nanosleep(&ts, NULL);
             const char *name = dj_dtype_name(wt);
@@ -237,7 +242,7 @@ Test(cpu_kernels, ffn_chain_equals_steps) {
             cr_assert(h[0] == -7.0f && h[T * hid - 1] == -7.0f && y[0] == -7.0f, "%s: written before x", name);
             atomic_store(&l.go, 1);
             double t[3];
-            cpu_matvec_finish(t);
+            cpu_matvec_finish(job, t);
             pthread_join(th, NULL);
             cr_assert(atomic_load(&mid) == seq && atomic_load(&done) == seq, "%s case %zu: words %u %u, want %u", name,
                       c, atomic_load(&mid), atomic_load(&done), seq);
@@ -251,6 +256,7 @@ Test(cpu_kernels, ffn_chain_equals_steps) {
             free(h), free(y), free(scratch);
         }
     cpu_pool_stop(), cpu_set_threads(0);
+    cpu_job_free(job);
     cpu_set_simd(CPU_SIMD_BEST);
 }
 

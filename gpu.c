@@ -84,10 +84,10 @@ typedef struct {
     int64_t ld;
 } ffn_rows;
 
-// The k-th of the layer's matmuls (s->sh.lmats) on T rows: on the GPU, or split with the CPU when the unit is (the
+// The k-th of the layer's matmuls (s->mats.layer) on T rows: on the GPU, or split with the CPU when the unit is (the
 // CPU share).
 static int layer_mm(dj_gpu_state *s, const uint8_t *w, int k, float *y, const float *x, int64_t T, dj_err *e) {
-    const sp_mat *mt = &s->sh.lmats[k];
+    const sp_mat *mt = &s->mats.layer[k];
     const uint8_t *hw = s->sh.cur_host;
     if (hw) return share_matmul(s, y, x, T, w + mt->off, hw + mt->off, mt, e);
     return gpu_matmul(s->g, y, x, w + mt->off, mt->dtype, T, mt->n_in, mt->n_out, s->compute, e);
@@ -187,7 +187,7 @@ static int norms_fused(const dj_gpu_state *s, const uint8_t *w, int64_t T) {
     if (T != 1 || !s->fused_qkv || !s->fused_gate_up || s->sh.cur_host) return 0;
     uintptr_t ptrs = (uintptr_t)(w + L->attn_norm) | (uintptr_t)(w + L->ffn_norm) | (uintptr_t)b->x |
                      (uintptr_t)b->xb | (uintptr_t)b->delta;
-    const sp_mat *qkv = &s->sh.lmats[0], *gu = &s->sh.lmats[2];
+    const sp_mat *qkv = &s->mats.layer[0], *gu = &s->mats.layer[2];
     return !(ptrs & 15) && gpu_fused_ok(qkv->dtype, w + qkv->off, qkv->n_in, qkv->n_out) &&
            gpu_fused_ok(gu->dtype, w + gu->off, gu->n_in, gu->n_out);
 }
@@ -199,7 +199,7 @@ static int norms_fused(const dj_gpu_state *s, const uint8_t *w, int64_t T) {
 static int norm_matmul(dj_gpu_state *s, const uint8_t *w, int k, const float *norm, int add, qkv_rows *qkv,
                        dj_err *e) {
     const dj_config *c = &s->m->info.config;
-    const sp_mat *mt = &s->sh.lmats[k];
+    const sp_mat *mt = &s->mats.layer[k];
     gpu_bufs *b = &s->b;
     const float *delta = add ? b->delta : NULL;
     if (qkv) *qkv = qkv_fused_rows(s);
@@ -226,7 +226,7 @@ static int gpu_layer(dj_gpu_state *s, const uint8_t *w, int l, int64_t T, int pe
     size_t layer_kv = (size_t)l * c->n_kv_heads * (size_t)s->max_seq * c->head_dim +
                       (s->step_rows ? 0 : (size_t)s->slot * (size_t)s->slot_floats);
     float *kc = b->k + layer_kv, *vc = b->v + layer_kv;
-    int k_wo = s->fused_qkv ? 1 : 3, k_down = s->sh.n_lmats - 1;
+    int k_wo = s->fused_qkv ? 1 : 3, k_down = s->mats.n_layer - 1;
     qkv_rows qkv;
     ffn_rows ffn;
 
@@ -250,12 +250,12 @@ static int gpu_layer(dj_gpu_state *s, const uint8_t *w, int l, int64_t T, int pe
         return 0;
     }
     STEP(NORM, gpu_add_rmsnorm(b->x, b->delta, b->xb, ffn_norm, T, dim, eps, st, e));
-    if (s->sh.cur_host && share_chain(&s->sh, s->sh.cur_share)) {  // the CPU has all of gate and up
+    if (s->sh.cur_host && share_chain(&s->mats, s->sh.cur_share)) {  // the CPU has all of gate and up
         STEP(DOWN, share_ffn(s, b->delta, b->hb, b->xb, T, w, e));
         return 0;
     }
     STEP(GATE_UP, gate_up_matmul(s, w, T, &ffn, e));
-    const sp_mat *dn = &s->sh.lmats[k_down];
+    const sp_mat *dn = &s->mats.layer[k_down];
     const uint8_t *wd = w + dn->off;
     if (!s->sh.cur_host || sp_gpu_rows(dn, s->sh.cur_share) == dn->n_out) {
         // all on the GPU: q8/q4 products compute silu(gate) * up as they read it
@@ -296,7 +296,7 @@ static int gpu_body(dj_gpu_state *s, int64_t T, const uint8_t **head, const uint
 static int head_logits(dj_gpu_state *s, int64_t T, int64_t r0, int64_t rows, const uint8_t *lm, dj_err *e) {
     const dj_config *c = &s->m->info.config;
     const float *x = s->b.xb + r0 * c->dim;
-    if (s->sh.cur_host) return share_matmul(s, s->b.logits, x, rows, lm, dj_lm_head_ptr(s->m), &s->sh.hmat, e);
+    if (s->sh.cur_host) return share_matmul(s, s->b.logits, x, rows, lm, dj_lm_head_ptr(s->m), &s->mats.lm_head, e);
     return gpu_matmul(s->g, s->b.logits, x, lm, dj_lm_head_type(s->m), rows, c->dim, c->vocab_size, s->compute, e);
 }
 

@@ -1,6 +1,7 @@
 // gpu_impl.h: the GPU engine's state, shared by its files and nothing else:
 //   gpu.c        set-up (device, budget, plan, buffers, warm-up), the layer, the pass
 //   stream.c     the copy schedule: streamed units through the ring's slots, copy and compute streams in step
+//   share_split.c  the CPU share's geometry: a unit's matrices and where a share cuts them
 //   share.c      the CPU share: the rows of streamed matrices the CPU computes from host memory
 //   park.c       KV slots parked in page-locked host memory and restored
 //   probe_gpu.c  probes: control vectors added after layers, layers' rows dumped
@@ -46,6 +47,17 @@ static inline int64_t sp_gpu_rows(const sp_mat *m, double share) {
 }
 // Sets lo and hi of a unit's n matrices: the largest first (the earlier on a tie).
 void share_fill(sp_mat *mats, int n);
+// Bytes of the matrices' rows: all of them, or (share > 0) the CPU's at that share.
+uint64_t sp_bytes(const sp_mat *mats, int n, double share);
+
+// The matrices of a layer and of the head (share_split.c): their shapes for the GPU's matmuls, and where a CPU share
+// cuts them.
+typedef struct {
+    sp_mat layer[7];        // a layer's matrices in slab order (fused q|k|v and gate|up: one each)
+    int n_layer;
+    int gate_up_at, n_gate_up;  // gate|up's index in `layer` and its matrices (fused: 1, else gate and up)
+    sp_mat lm_head;         // in its region (the head slab; tied: the embedding table)
+} unit_mats;
 
 // Device activations, the KV cache and pinned staging, sized for max_batch rows.
 typedef struct {
@@ -123,10 +135,6 @@ typedef struct {
     double share;                     // the fraction of a one-row pass (the decode step); 0: off
     double by_rows[SH_ROWS + 1];      // the fraction of a pass of T rows, T = 1..max_rows
     int64_t max_rows;                 // SH_ROWS, or max_batch when smaller
-    sp_mat lmats[7];                  // a layer's matrices in slab order (fused q|k|v and gate|up: one each)
-    int n_lmats;
-    int k_gu, n_gu;                   // gate|up's index in lmats and its matrices (fused: 1, else gate and up)
-    sp_mat hmat;                      // the lm_head, in its region (the head slab; tied: the embedding table)
     uint64_t part_bytes[2], cpu_bytes[2];  // a layer [0], the head [1]: bytes a decode copy moves; the CPU's
     float *h_cx, *h_cy, *d_cy;        // pinned (SH_ROWS, widest input), (SH_ROWS, widest output): x for the CPU;
                                       // its rows' results (d_cy: the GPU's mapped view)
@@ -213,6 +221,7 @@ struct dj_gpu_state {
     uint8_t *step_wanted;          // (max_batch) host
     gpu_parking *park;
     gpu_bufs b;
+    unit_mats mats;
     gpu_sched sc;
     gpu_share sh;
     cudaGraphExec_t graph;         // the all-resident decode step, captured on first use
@@ -252,10 +261,15 @@ void park_free(dj_gpu_state *s);
 int park_order(dj_gpu_state *s, int32_t slot, dj_err *e);
 void park_stats(dj_gpu_state *s);  // the finished copies' bytes and times into s->st
 
-// ---- share.c: the CPU share
+// ---- share_split.c: the CPU share's geometry
 void share_split(dj_gpu_state *s, double share);  // the matrices; `share` for every pass of up to SH_ROWS rows
 double share_for(const dj_gpu_state *s, int64_t T);  // the share of a pass of T rows (0: none)
 void share_rates(dj_gpu_state *s);                // after by_rows changed: the one-row share and its bytes
+void share_stats(dj_gpu_state *s);                // bytes per decode token over PCIe and read by the CPU
+// Whether the CPU has every row of gate and up at `share`: the MLP block is then share_ffn's.
+int share_chain(const unit_mats *um, double share);
+
+// ---- share.c: the CPU share
 uint64_t share_device_bytes(const dj_gpu_state *s);  // GPU memory share_init will take (opts.cpu_share != 0)
 void share_learn(dj_gpu_state *s, int64_t T);     // after a pass of T rows: its CPU time into the stats (and auto)
 int share_init(dj_gpu_state *s, dj_err *e);       // pinned and device buffers, the event
@@ -264,13 +278,10 @@ void share_auto(dj_gpu_state *s);                 // --cpu-share auto, after the
 // by_rows[T] from sh's rates, round trips and the pass's time outside its streamed units (share_auto's model; no
 // GPU needed)
 void share_model(gpu_share *sh, int64_t T);
-void share_stats(dj_gpu_state *s);                // bytes per decode token over PCIe and read by the CPU
 // y (T, n_out) = x (T, n_in) . W^T, T <= SH_ROWS, split at the unit's share (sh.cur_share): rows
 // [0, sp_gpu_rows) by the GPU from w, the rest by the CPU from hw.
 int share_matmul(dj_gpu_state *s, float *y, const float *x, int64_t T, const uint8_t *w, const uint8_t *hw,
                  const sp_mat *mt, dj_err *e);
-// Whether the CPU has every row of gate and up at `share`: the MLP block is then share_ffn's.
-int share_chain(const gpu_share *sh, double share);
 // y (T, dim) = down . (silu(gate . x) * (up . x)), the CPU's job computing all of gate and up and its rows of down,
 // the GPU the rest of down over h, which it gets in hb (T, hid); w: the layer's slab on the device.
 int share_ffn(dj_gpu_state *s, float *y, float *hb, const float *x, int64_t T, const uint8_t *w, dj_err *e);

@@ -11,80 +11,6 @@
 #include "cpu.h"
 #include "gpu_impl.h"
 
-// ---- the split
-static sp_mat sp_mat_of(uint64_t off, int64_t n_in, int64_t n_out, uint32_t dtype) {
-    return (sp_mat){off, n_in, n_out, dtype, 0, 1};
-}
-
-// Bytes of the matrices' rows: all of them, or (share > 0) the CPU's at that share.
-static uint64_t sp_bytes(const sp_mat *mats, int n, double share) {
-    uint64_t b = 0;
-    for (int i = 0; i < n; i++)
-        b += dj_matrix_bytes(mats[i].dtype, (uint64_t)(mats[i].n_out - (share > 0 ? sp_gpu_rows(&mats[i], share) : 0)),
-                             (uint64_t)mats[i].n_in);
-    return b;
-}
-
-void share_fill(sp_mat *mats, int n) {
-    double total = (double)sp_bytes(mats, n, 0), at = 0;
-    uint32_t taken = 0;  // bit i: matrix i has its interval (n <= 7: a layer's matrices)
-    for (int k = 0; k < n; k++) {
-        int big = -1;
-        double bb = -1;
-        for (int i = 0; i < n; i++) {
-            double b = (double)sp_bytes(&mats[i], 1, 0);
-            if (!(taken >> i & 1) && b > bb) big = i, bb = b;
-        }
-        taken |= 1u << big;
-        mats[big].lo = at, at += total > 0 ? bb / total : 1.0 / n;
-        mats[big].hi = k == n - 1 ? 1 : at;  // the last ends at 1 whatever the rounding
-    }
-}
-
-// The matrices of a layer and the head, `share` for every pass of up to SH_ROWS rows (0: none), and the bytes each
-// kind of unit moves in a decode pass.
-void share_split(dj_gpu_state *s, double share) {
-    const dj_config *c = &s->m->info.config;
-    const dj_layer_layout *L = &s->m->info.layer;
-    gpu_share *sh = &s->sh;
-    int64_t dim = c->dim, q = (int64_t)c->n_heads * c->head_dim, kv = (int64_t)c->n_kv_heads * c->head_dim,
-            hid = c->hidden_dim;
-    int n = 0;
-#define MAT(o, ni, no) (sh->lmats[n++] = sp_mat_of((o), (ni), (no), c->wtype))
-    if (s->fused_qkv) {
-        MAT(L->wq, dim, q + 2 * kv);
-    } else {
-        MAT(L->wq, dim, q), MAT(L->wk, dim, kv), MAT(L->wv, dim, kv);
-    }
-    MAT(L->wo, q, dim);
-    sh->k_gu = n, sh->n_gu = s->fused_gate_up ? 1 : 2;
-    if (s->fused_gate_up) {
-        MAT(L->w_gate, dim, 2 * hid);
-    } else {
-        MAT(L->w_gate, dim, hid), MAT(L->w_up, dim, hid);
-    }
-    MAT(L->w_down, hid, dim);
-#undef MAT
-    sh->n_lmats = n;
-    share_fill(sh->lmats, n);
-    sh->hmat = sp_mat_of(c->tied ? 0 : s->m->info.head.lm_head, dim, c->vocab_size, dj_lm_head_type(s->m));
-    for (int T = 0; T <= SH_ROWS; T++) sh->by_rows[T] = T >= 1 && T <= sh->max_rows ? share : 0;
-    share_rates(s);
-}
-
-// The one-row share's bytes: a decode copy's and the CPU's, per kind of unit.
-void share_rates(dj_gpu_state *s) {
-    gpu_share *sh = &s->sh;
-    const dj_config *c = &s->m->info.config;
-    sh->share = sh->by_rows[1];
-    uint64_t tot[2] = {s->m->info.layer.size, s->m->info.head.size + (c->tied ? s->m->info.embed_size : 0)};
-    sh->cpu_bytes[0] = sp_bytes(sh->lmats, sh->n_lmats, sh->share), sh->cpu_bytes[1] = sp_bytes(&sh->hmat, 1, sh->share);
-    for (int k = 0; k < 2; k++) sh->part_bytes[k] = tot[k] - sh->cpu_bytes[k];
-}
-
-double share_for(const dj_gpu_state *s, int64_t T) { return T >= 1 && T <= SH_ROWS ? s->sh.by_rows[T] : 0; }
-double gpu_cpu_share_for(const dj_gpu_state *s, int64_t T) { return share_for(s, T); }
-
 // The widest input and output of the split matmuls.
 static void share_widths(const dj_gpu_state *s, int64_t *in, int64_t *out) {
     const dj_config *c = &s->m->info.config;
@@ -175,7 +101,7 @@ int share_matmul(dj_gpu_state *s, float *y, const float *x, int64_t T, const uin
     gpu_share *sh = &s->sh;
     uint32_t wt = mt->dtype, seq = sh->jobs + 1;
     int64_t gr = sp_gpu_rows(mt, sh->cur_share), nc = mt->n_out - gr;
-    int k = mt == &sh->hmat ? 0 : (int)(mt - sh->lmats);  // the matrix in its unit (the trace's label)
+    int k = mt == &s->mats.lm_head ? 0 : (int)(mt - s->mats.layer);  // the matrix in its unit (the trace's label)
     if (nc && share_send_x(s, x, T, mt->n_in, k, seq, e)) return -1;
     if (share_gpu_rows(s, y, x, T, w, mt, gr, nc, e)) return -1;
     if (!nc) return 0;
@@ -189,28 +115,22 @@ int share_matmul(dj_gpu_state *s, float *y, const float *x, int64_t T, const uin
                : 0;
 }
 
-int share_chain(const gpu_share *sh, double share) {
-    if (share <= 0) return 0;
-    for (int i = 0; i < sh->n_gu; i++)
-        if (sp_gpu_rows(&sh->lmats[sh->k_gu + i], share) != 0) return 0;
-    return 1;
-}
-
 // The MLP block where the CPU has every row of gate and up (share_chain): one job of the workers computes h =
 // silu(gate . x) * (up . x) and goes straight on to its rows of down over h (cpu_ffn_start), with no round trip in
 // between. The GPU places h once it is whole (T * hid floats, half of gate|up's rows) for its own rows of down (w:
 // the layer's slab on the device), then the CPU's rows of down once they are, into y.
 int share_ffn(dj_gpu_state *s, float *y, float *hb, const float *x, int64_t T, const uint8_t *w, dj_err *e) {
     gpu_share *sh = &s->sh;
-    const sp_mat *gm = &sh->lmats[sh->k_gu], *dn = &sh->lmats[sh->n_lmats - 1];
+    const unit_mats *um = &s->mats;
+    const sp_mat *gm = &um->layer[um->gate_up_at], *dn = &um->layer[um->n_layer - 1];
     const uint8_t *hw = sh->cur_host;
     uint32_t wt = gm->dtype, seq = sh->jobs + 1;
-    int kd = sh->n_lmats - 1;
+    int kd = um->n_layer - 1;
     int64_t dim = gm->n_in, hid = dn->n_in, gr = sp_gpu_rows(dn, sh->cur_share), nd = dn->n_out - gr;
-    if (share_send_x(s, x, T, dim, sh->k_gu, seq, e) || trace_split(s->tr, sh->k_gu, 1, e)) return -1;
+    if (share_send_x(s, x, T, dim, um->gate_up_at, seq, e) || trace_split(s->tr, um->gate_up_at, 1, e)) return -1;
     const uint8_t *gw = hw + gm->off;
     cpu_ffn_args f = {sh->h_cy, sh->h_cy + 3 * T * hid, sh->h_cy + T * hid, sh->h_cx, gw,
-                      sh->n_gu == 2 ? hw + gm[1].off : gw + dj_matrix_bytes(wt, (uint64_t)hid, (uint64_t)dim),
+                      um->n_gate_up == 2 ? hw + gm[1].off : gw + dj_matrix_bytes(wt, (uint64_t)hid, (uint64_t)dim),
                       hw + dn->off + dj_matrix_bytes(wt, (uint64_t)gr, (uint64_t)hid), wt, T, dim, hid, nd};
     sh->job = (share_job){1, {dj_matrix_bytes(wt, 2 * (uint64_t)hid, (uint64_t)dim),
                               dj_matrix_bytes(wt, (uint64_t)nd, (uint64_t)hid)}, {-1, -1}, dj_now()};
@@ -218,7 +138,7 @@ int share_ffn(dj_gpu_state *s, float *y, float *hb, const float *x, int64_t T, c
     cpu_ffn_start(sh->work, &f, &sh->h_words[SW_X], &sh->h_words[SW_MID], &sh->h_words[SW_DONE], seq);
     if (gr && gpu_place_rows_after(hb, hid, sh->d_cy, hid, T, hid, &sh->d_words[SW_MID], seq, s->compute, e))
         return -1;
-    if (trace_split_placed(s->tr, sh->k_gu, &sh->job.mark[0], e)) return -1;
+    if (trace_split_placed(s->tr, um->gate_up_at, &sh->job.mark[0], e)) return -1;
     if (!nd) return share_gpu_rows(s, y, hb, T, w + dn->off, dn, gr, 0, e) || share_posted(s, e) ? -1 : 0;
     return trace_split(s->tr, kd, 0, e) || share_gpu_rows(s, y, hb, T, w + dn->off, dn, gr, nd, e) ||
                    trace_split(s->tr, kd, 1, e) ||
@@ -322,15 +242,15 @@ static double share_derate(const gpu_share *sh, int64_t T) {
 // A pass's round trips at `share` and the PCIe bytes they move per row: x down, the CPU's rows back, for each matrix
 // the CPU has rows of, in every streamed unit.
 // A chain (share_chain) makes one trip of gate, up and down: x down, h and the CPU's rows of down back.
-static void share_trips(const gpu_share *sh, double share, double *trips, double *io) {
-    int chain = share_chain(sh, share), kd = sh->n_lmats - 1;
+static void share_trips(const gpu_share *sh, const unit_mats *um, double share, double *trips, double *io) {
+    int chain = share_chain(um, share), kd = um->n_layer - 1;
     *trips = *io = 0;
-    for (int i = 0; i <= sh->n_lmats; i++) {
-        const sp_mat *mt = i < sh->n_lmats ? &sh->lmats[i] : &sh->hmat;
-        double units = i < sh->n_lmats ? sh->m_layers : sh->m_head;
+    for (int i = 0; i <= um->n_layer; i++) {
+        const sp_mat *mt = i < um->n_layer ? &um->layer[i] : &um->lm_head;
+        double units = i < um->n_layer ? sh->m_layers : sh->m_head;
         int64_t nc = mt->n_out - sp_gpu_rows(mt, share);
-        if (chain && i == sh->k_gu) *trips += units, *io += units * 4.0 * (double)(mt->n_in + sh->lmats[kd].n_in);
-        else if (chain && (i > sh->k_gu && i < sh->k_gu + sh->n_gu)) continue;
+        if (chain && i == um->gate_up_at) *trips += units, *io += units * 4.0 * (double)(mt->n_in + um->layer[kd].n_in);
+        else if (chain && (i > um->gate_up_at && i < um->gate_up_at + um->n_gate_up)) continue;
         else if (chain && i == kd) *io += units * 4.0 * (double)nc;
         else if (nc > 0) *trips += units, *io += units * 4.0 * (double)(mt->n_in + nc);
     }
@@ -368,10 +288,10 @@ void share_auto(dj_gpu_state *s) {
     const rb_plan *p = s->sc.plan;
     gpu_share *sh = &s->sh;
     int u = p->stream_order[0], nl = (int)s->m->info.config.n_layers;
-    const sp_mat *mats = u < nl ? sh->lmats : &sh->hmat;
+    const sp_mat *mats = u < nl ? s->mats.layer : &s->mats.lm_head;
     const uint8_t *base = u < nl ? dj_layer_ptr(s->m, (uint32_t)u)
                                  : s->m->info.config.tied ? dj_embed_ptr(s->m) : dj_head_ptr(s->m);
-    int n = u < nl ? sh->n_lmats : 1;
+    int n = u < nl ? s->mats.n_layer : 1;
     double bytes = (double)sp_bytes(mats, n, 0);
     sh->automatic = 1;
     sh->m_streamed = (double)p->streamed_bytes, sh->m_link = sh->warm_h2d, sh->m_layers = sh->m_head = 0;
@@ -384,7 +304,7 @@ void share_auto(dj_gpu_state *s) {
     double t1 = small ? 0 : cpu_unit_time(s, mats, n, base, 1, 3);
     double t_a = ta > 1 && !small ? cpu_unit_time(s, mats, n, base, ta, 2) : t1;
     double t_b = tb > ta && !small ? cpu_unit_time(s, mats, n, base, tb, 2) : t_a;
-    for (int k = 0; k <= SH_TOP; k++) share_trips(sh, (double)k / SH_GRID, &sh->grid_trips[k], &sh->grid_io[k]);
+    for (int k = 0; k <= SH_TOP; k++) share_trips(sh, &s->mats, (double)k / SH_GRID, &sh->grid_trips[k], &sh->grid_io[k]);
     for (int64_t T = 1; T <= SH_ROWS; T++) {
         double t = T == 1 ? t1 : tb > ta ? t_a + (double)(T - ta) * (t_b - t_a) / (double)(tb - ta) : t_a;
         if (t < t1) t = t1;
@@ -436,17 +356,4 @@ void share_learn(dj_gpu_state *s, int64_t T) {
     double was = sh->by_rows[1];
     learn(s, T);
     s->st.share_moves += sh->by_rows[1] != was;
-}
-
-void share_stats(dj_gpu_state *s) {
-    const rb_plan *p = s->sc.plan;
-    const gpu_share *sh = &s->sh;
-    int nl = (int)s->m->info.config.n_layers;
-    if (sh->share <= 0) return;
-    uint64_t pcie = 0, cpu = 0;
-    for (int k = 0; k < p->n_streamed; k++) {
-        int h = p->stream_order[k] == nl;
-        pcie += sh->part_bytes[h], cpu += sh->cpu_bytes[h];
-    }
-    s->st.bytes_per_token = pcie, s->st.cpu_bytes_per_token = cpu, s->st.cpu_share = sh->share;
 }

@@ -50,16 +50,16 @@ static int region_copy(uint8_t *dst, const uint8_t *src, uint64_t size, const sp
 int unit_copy(dj_gpu_state *s, int u, uint8_t *dst, cudaStream_t st, double from, double to, uint64_t *bytes,
               dj_err *e) {
     const dj_model *m = s->m;
-    const gpu_share *sh = &s->sh;
+    const unit_mats *um = &s->mats;
     if (u < (int)m->info.config.n_layers)
-        return region_copy(dst, dj_layer_ptr(m, (uint32_t)u), m->info.layer.size, sh->lmats, sh->n_lmats, from, to,
+        return region_copy(dst, dj_layer_ptr(m, (uint32_t)u), m->info.layer.size, um->layer, um->n_layer, from, to,
                            bytes, st, e);
     if (!m->info.config.tied)
-        return region_copy(dst, dj_head_ptr(m), m->info.head.size, &sh->hmat, 1, from, to, bytes, st, e);
+        return region_copy(dst, dj_head_ptr(m), m->info.head.size, &um->lm_head, 1, from, to, bytes, st, e);
     if (from >= SH_NONE &&
         region_copy(dst, dj_head_ptr(m), m->info.head.size, NULL, 0, SH_NONE, 0, bytes, st, e))
         return -1;
-    return region_copy(dst + s->sc.head_lm_off, dj_embed_ptr(m), m->info.embed_size, &sh->hmat, 1, from, to, bytes,
+    return region_copy(dst + s->sc.head_lm_off, dj_embed_ptr(m), m->info.embed_size, &um->lm_head, 1, from, to, bytes,
                        st, e);
 }
 

@@ -3,6 +3,7 @@
 //   stream.c     the copy schedule: streamed units through the ring's slots, copy and compute streams in step
 //   share_split.c  the CPU share's geometry: a unit's matrices and where a share cuts them
 //   share.c      the CPU share: the rows of streamed matrices the CPU computes from host memory
+//   share_auto.c   --cpu-share auto: the share's tuner
 //   park.c       KV slots parked in page-locked host memory and restored
 //   probe_gpu.c  probes: control vectors added after layers, layers' rows dumped
 #ifndef DJINN_GPU_IMPL_H
@@ -128,6 +129,19 @@ typedef struct {
     double posted;                    // dj_now when the host queued it
 } share_job;
 
+// --cpu-share auto (share_auto.c): the model's terms and what the passes taught it.
+typedef struct {
+    int automatic;
+    // the CPU's rate (GB/s of weights) for T rows: measured alone at set-up, and within passes (0: not yet)
+    double rate_alone[SH_ROWS + 1], rate_in_passes[SH_ROWS + 1];
+    int off_passes[SH_ROWS + 1];                  // passes of T rows since T's share went off
+    double m_streamed, m_layers, m_head, m_link;  // bytes streamed a pass, the layers and heads among its units, GB/s
+    double grid_trips[SH_GRID], grid_io[SH_GRID];  // a pass's round trips and their PCIe bytes a row, at k / SH_GRID
+    // a pass of T rows' time on the compute stream outside its streamed units (the resident units, the head's
+    // kernels when resident, the gathers; 0: not measured yet), learnt like rate_in_passes
+    double outside_s[SH_ROWS + 1];
+} share_tuner;
+
 // The CPU share (share.c): in a pass of up to SH_ROWS rows the CPU computes a fraction of every streamed unit's
 // matrices (share_fill) from host memory (cpu_matvec_multi) while the GPU computes the rest; those rows never cross
 // PCIe. The fraction depends on the pass's rows: the CPU's part of a matmul grows with them, the link's does not.
@@ -154,19 +168,12 @@ typedef struct {
     double warm_h2d;                  // GB/s of the warm-up's copies (the automatic share's H2D rate)
     const uint8_t *cur_host;          // the unit computing now is split: its host slab; NULL: all on the GPU
     double cur_share;                 // its share
-    // --cpu-share auto (share_auto, share_learn): the model's terms, the CPU's rates for T rows measured alone
-    // (iso) and within passes (seen, 0: not yet), passes since T's share went off, and the pass running's CPU
-    // time and bytes
-    int automatic;
-    double iso[SH_ROWS + 1], seen[SH_ROWS + 1];
-    int off_passes[SH_ROWS + 1];
-    double m_streamed, m_layers, m_head, m_link;  // bytes streamed a pass, the layers and heads among its units
-    double grid_trips[SH_GRID], grid_io[SH_GRID];  // a pass's round trips and their PCIe bytes a row, at k / SH_GRID
+    share_tuner tune;                 // --cpu-share auto
+    // the pass running: its CPU time on its rows and waiting for x, the bytes they read, its time outside its
+    // streamed units (share_learn puts them into the stats, and the tuner learns from them)
     double pass_cpu_s, pass_wait_s;
     uint64_t pass_cpu_bytes;
-    // a pass of T rows' time on the compute stream outside its streamed units (the resident units, the head's
-    // kernels when resident, the gathers; 0: not measured yet), learnt like seen; the pass running's
-    double outside_s[SH_ROWS + 1], pass_outside_s;
+    double pass_outside_s;
 } gpu_share;
 
 // DJINN_PROFILE=1: events between the kernels of each layer, summed per phase (prefill and decode apart) and
@@ -271,13 +278,8 @@ int share_chain(const unit_mats *um, double share);
 
 // ---- share.c: the CPU share
 uint64_t share_device_bytes(const dj_gpu_state *s);  // GPU memory share_init will take (opts.cpu_share != 0)
-void share_learn(dj_gpu_state *s, int64_t T);     // after a pass of T rows: its CPU time into the stats (and auto)
 int share_init(dj_gpu_state *s, dj_err *e);       // pinned and device buffers, the event
 void share_free(dj_gpu_state *s);
-void share_auto(dj_gpu_state *s);                 // --cpu-share auto, after the warm-up measured the copies
-// by_rows[T] from sh's rates, round trips and the pass's time outside its streamed units (share_auto's model; no
-// GPU needed)
-void share_model(gpu_share *sh, int64_t T);
 // y (T, n_out) = x (T, n_in) . W^T, T <= SH_ROWS, split at the unit's share (sh.cur_share): rows
 // [0, sp_gpu_rows) by the GPU from w, the rest by the CPU from hw.
 int share_matmul(dj_gpu_state *s, float *y, const float *x, int64_t T, const uint8_t *w, const uint8_t *hw,
@@ -289,6 +291,13 @@ int share_ffn(dj_gpu_state *s, float *y, float *hb, const float *x, int64_t T, c
 // on the compute stream within a pass comes after it: the stream waits for those rows.
 int share_flush(dj_gpu_state *s, dj_err *e);
 void share_release(dj_gpu_state *s);  // a failed pass: the queued job ended whether x came or not (rows garbage)
+
+// ---- share_auto.c: the automatic share's tuner
+void share_auto(dj_gpu_state *s);                 // --cpu-share auto, after the warm-up measured the copies
+void share_learn(dj_gpu_state *s, int64_t T);     // after a pass of T rows: its CPU time into the stats (and auto)
+// by_rows[T] from the tuner's rates, round trips and the pass's time outside its streamed units (share_auto's model;
+// no GPU needed)
+void share_model(gpu_share *sh, int64_t T);
 
 // ---- probe_gpu.c: probes
 // After layer l of a pass of T rows (its output still in d_delta, *pending): the layer's control vector added to the

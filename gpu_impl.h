@@ -2,6 +2,7 @@
 //   gpu.c        set-up (device, budget, plan, buffers, warm-up), the layer, the pass
 //   stream.c     the copy schedule: streamed units through the ring's slots, copy and compute streams in step
 //   share_split.c  the CPU share's geometry: a unit's matrices and where a share cuts them
+//   share_chan.c   the CPU share's job channel: x to the host, the CPU's rows back, the job's words
 //   share.c      the CPU share: the rows of streamed matrices the CPU computes from host memory
 //   share_auto.c   --cpu-share auto: the share's tuner
 //   park.c       KV slots parked in page-locked host memory and restored
@@ -17,10 +18,10 @@
 #define GPU_ALIGN 4096u     // units in device memory
 #define GPU_MAX_BATCH 4096  // most tokens one pass processes (prefill of a longer prompt takes several)
 #define GPU_LOGIT_ROWS 64   // head rows computed per chunk when every position's logits are wanted
-#define SW_X 0              // the CPU share's job words (gpu_share.h_words), a cache line apart
-#define SW_DONE 16
-#define SW_MID 32
-#define SW_N 48
+#define SW_X_LANDED 0       // the CPU share's job words (share_chan.h_words), a cache line apart: x is in h_in;
+#define SW_ROWS_DONE 16     //   the CPU's rows are in h_out;
+#define SW_H_DONE 32        //   a chain's h is in h_out (share_ffn)
+#define SW_WORDS 48
 #define SH_ROWS 64          // passes of up to this many rows take a CPU share (longer ones: none)
 #define SH_GRID 100         // --cpu-share auto tries the shares k / SH_GRID
 #define SH_NONE 2.0         // unit_copy's `from` for a slot that holds nothing of the unit yet
@@ -129,6 +130,21 @@ typedef struct {
     double posted;                    // dj_now when the host queued it
 } share_job;
 
+// The CPU share's job channel (share_chan.c). The CPU's rows of a split are a job of the pool's workers
+// (cpu_matvec_start), which begin when the GPU says x has landed in h_in and say when their rows are in h_out; the
+// GPU's work after the split is queued behind a wait on the GPU for that, and the host goes on queueing meanwhile.
+typedef struct {
+    float *h_in, *h_out;              // pinned (SH_ROWS, widest input): x for the CPU; (SH_ROWS, widest output): its
+    float *d_in, *d_out;              // rows' results; d_in, d_out: their mapped device views
+    _Atomic uint32_t *h_words;        // pinned, mapped: [SW_X_LANDED] the last job whose x has landed (the GPU writes
+    uint32_t *d_words;                // it), [SW_ROWS_DONE] the last whose rows are in h_out, [SW_H_DONE] the last
+                                      // chain's h (the CPU writes them)
+    uint32_t jobs;                    // the number of the last job queued
+    unsigned *d_count;                // gpu_to_host's block count
+    share_job job;                    // the job queued (on) or the last computed
+    struct cpu_job *work;             // the workers' state of that job (cpu.h), kept from share_init to share_free
+} share_chan;
+
 // --cpu-share auto (share_auto.c): the model's terms and what the passes taught it.
 typedef struct {
     int automatic;
@@ -150,20 +166,8 @@ typedef struct {
     double by_rows[SH_ROWS + 1];      // the fraction of a pass of T rows, T = 1..max_rows
     int64_t max_rows;                 // SH_ROWS, or max_batch when smaller
     uint64_t part_bytes[2], cpu_bytes[2];  // a layer [0], the head [1]: bytes a decode copy moves; the CPU's
-    float *h_cx, *h_cy, *d_cy;        // pinned (SH_ROWS, widest input), (SH_ROWS, widest output): x for the CPU;
-                                      // its rows' results (d_cy: the GPU's mapped view)
-    float *d_sy;                      // (SH_ROWS, widest output): the GPU's rows of a split over several rows
-    // The CPU's rows of a split are a job of the pool's workers (cpu_matvec_start), which begin when the GPU says
-    // x has landed in h_cx and say when their rows are in h_cy; the GPU's work after the split is queued behind a
-    // wait on the GPU for that, and the host goes on queueing meanwhile.
-    _Atomic uint32_t *h_words;        // pinned, mapped: [SW_X] the last job whose x has landed (the GPU writes it),
-    uint32_t *d_words;                // [SW_DONE] the last whose rows are in h_cy, [SW_MID] the last chain's h (the
-                                      // CPU writes them); a cache line apart
-    uint32_t jobs;                    // the number of the last job queued
-    float *d_cx;                      // h_cx's device view
-    unsigned *d_count;                // gpu_to_host's block count
-    share_job job;                    // the job queued (on) or the last computed
-    struct cpu_job *work;             // the workers' state of that job (cpu.h), kept from share_init to share_free
+    share_chan chan;                  // x to the CPU, its rows back
+    float *d_gpu_part;                // (SH_ROWS, widest output): the GPU's rows of a split over several rows
     uint64_t chains;                  // share_ffn's jobs so far
     double warm_h2d;                  // GB/s of the warm-up's copies (the automatic share's H2D rate)
     const uint8_t *cur_host;          // the unit computing now is split: its host slab; NULL: all on the GPU
@@ -276,10 +280,22 @@ void share_stats(dj_gpu_state *s);                // bytes per decode token over
 // Whether the CPU has every row of gate and up at `share`: the MLP block is then share_ffn's.
 int share_chain(const unit_mats *um, double share);
 
-// ---- share.c: the CPU share
+// ---- share_chan.c: the CPU share's job channel
 uint64_t share_device_bytes(const dj_gpu_state *s);  // GPU memory share_init will take (opts.cpu_share != 0)
-int share_init(dj_gpu_state *s, dj_err *e);       // pinned and device buffers, the event
+int share_init(dj_gpu_state *s, dj_err *e);       // the channel's pinned buffers and words, the GPU rows' buffer
 void share_free(dj_gpu_state *s);
+// The job before first (h_in, h_out and the pool are taken again), then x (T, n_in) to h_in for job `seq`; `mat`:
+// the matrix in its unit (the trace's label).
+int share_send_x(dj_gpu_state *s, const float *x, int64_t T, int64_t n_in, int mat, uint32_t seq, dj_err *e);
+// The queued split's CPU rows done (the caller joins the workers; none queued: nothing). Every wait of the host
+// on the compute stream within a pass comes after it: the stream waits for those rows.
+int share_flush(dj_gpu_state *s, dj_err *e);
+// share_flush where a launch may block the host because a kernel is not loaded yet (gpu_kernels_loaded): no job may
+// wait then.
+int share_flush_if_loading(dj_gpu_state *s, dj_err *e);
+void share_release(dj_gpu_state *s);  // a failed pass: the queued job ended whether x came or not (rows garbage)
+
+// ---- share.c: the CPU share's split matmuls
 // y (T, n_out) = x (T, n_in) . W^T, T <= SH_ROWS, split at the unit's share (sh.cur_share): rows
 // [0, sp_gpu_rows) by the GPU from w, the rest by the CPU from hw.
 int share_matmul(dj_gpu_state *s, float *y, const float *x, int64_t T, const uint8_t *w, const uint8_t *hw,
@@ -287,10 +303,6 @@ int share_matmul(dj_gpu_state *s, float *y, const float *x, int64_t T, const uin
 // y (T, dim) = down . (silu(gate . x) * (up . x)), the CPU's job computing all of gate and up and its rows of down,
 // the GPU the rest of down over h, which it gets in hb (T, hid); w: the layer's slab on the device.
 int share_ffn(dj_gpu_state *s, float *y, float *hb, const float *x, int64_t T, const uint8_t *w, dj_err *e);
-// The queued split's CPU rows done (the caller joins the workers; none queued: nothing). Every wait of the host
-// on the compute stream within a pass comes after it: the stream waits for those rows.
-int share_flush(dj_gpu_state *s, dj_err *e);
-void share_release(dj_gpu_state *s);  // a failed pass: the queued job ended whether x came or not (rows garbage)
 
 // ---- share_auto.c: the automatic share's tuner
 void share_auto(dj_gpu_state *s);                 // --cpu-share auto, after the warm-up measured the copies

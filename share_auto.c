@@ -34,13 +34,13 @@
 
 // Seconds for the CPU to compute the unit's matrices over T rows (x zero), best of `reps`.
 static double cpu_unit_time(dj_gpu_state *s, const sp_mat *mats, int n, const uint8_t *base, int64_t T, int reps) {
-    gpu_share *sh = &s->sh;
+    const share_chan *ch = &s->sh.chan;
     double best = 0;
     for (int r = 0; r < reps; r++) {
         double t0 = dj_now();
         for (int i = 0; i < n; i++) {
-            memset(sh->h_cx, 0, (size_t)(T * mats[i].n_in) * 4);
-            cpu_matvec_multi(sh->h_cy, sh->h_cx, base + mats[i].off, mats[i].dtype, T, mats[i].n_in, mats[i].n_out);
+            memset(ch->h_in, 0, (size_t)(T * mats[i].n_in) * 4);
+            cpu_matvec_multi(ch->h_out, ch->h_in, base + mats[i].off, mats[i].dtype, T, mats[i].n_in, mats[i].n_out);
         }
         double t = dj_now() - t0;
         if (t > 0 && (best == 0 || t < best)) best = t;

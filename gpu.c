@@ -86,11 +86,10 @@ typedef struct {
 
 // The k-th of the layer's matmuls (s->mats.layer) on T rows: on the GPU, or split with the CPU when the unit is (the
 // CPU share).
-static int layer_mm(dj_gpu_state *s, const uint8_t *w, int k, float *y, const float *x, int64_t T, dj_err *e) {
+static int layer_mm(dj_gpu_state *s, const gpu_unit *un, int k, float *y, const float *x, int64_t T, dj_err *e) {
     const sp_mat *mt = &s->mats.layer[k];
-    const uint8_t *hw = s->sh.cur_host;
-    if (hw) return share_matmul(s, y, x, T, w + mt->off, hw + mt->off, mt, e);
-    return gpu_matmul(s->g, y, x, w + mt->off, mt->dtype, T, mt->n_in, mt->n_out, s->compute, e);
+    if (un->host) return share_matmul(s, y, x, T, un->w + mt->off, un->host + mt->off, mt, un->share, e);
+    return gpu_matmul(s->g, y, x, un->w + mt->off, mt->dtype, T, mt->n_in, mt->n_out, s->compute, e);
 }
 
 // The fused layouts: rows [q | k | v] of d_qkv, rows [gate | up] of d_ffn.
@@ -104,17 +103,17 @@ static ffn_rows ffn_fused_rows(const dj_gpu_state *s) {
     return (ffn_rows){s->b.ffn, s->b.ffn + hid, 2 * hid};
 }
 
-static int qkv_matmul(dj_gpu_state *s, const uint8_t *w, int64_t T, qkv_rows *r, dj_err *e) {
+static int qkv_matmul(dj_gpu_state *s, const gpu_unit *un, int64_t T, qkv_rows *r, dj_err *e) {
     const dj_config *c = &s->m->info.config;
     int64_t q = (int64_t)c->n_heads * c->head_dim, kv = (int64_t)c->n_kv_heads * c->head_dim;
     float *xb = s->b.xb;
     if (s->fused_qkv) {
         *r = qkv_fused_rows(s);
-        return layer_mm(s, w, 0, r->q, xb, T, e);
+        return layer_mm(s, un, 0, r->q, xb, T, e);
     }
     *r = (qkv_rows){s->b.qkv, s->b.qkv + T * q, s->b.qkv + T * (q + kv), q, kv};
-    return layer_mm(s, w, 0, r->q, xb, T, e) || layer_mm(s, w, 1, r->k, xb, T, e) ||
-                   layer_mm(s, w, 2, r->v, xb, T, e)
+    return layer_mm(s, un, 0, r->q, xb, T, e) || layer_mm(s, un, 1, r->k, xb, T, e) ||
+                   layer_mm(s, un, 2, r->v, xb, T, e)
                ? -1
                : 0;
 }
@@ -168,23 +167,24 @@ static int attention(dj_gpu_state *s, const qkv_rows *r, const float *kc, const 
                                  s->compute, e);
 }
 
-static int gate_up_matmul(dj_gpu_state *s, const uint8_t *w, int64_t T, ffn_rows *r, dj_err *e) {
+static int gate_up_matmul(dj_gpu_state *s, const gpu_unit *un, int64_t T, ffn_rows *r, dj_err *e) {
     int64_t hid = s->m->info.config.hidden_dim;
     int k = s->fused_qkv ? 2 : 4;  // after q|k|v and wo
     if (s->fused_gate_up) {
         *r = ffn_fused_rows(s);
-        return layer_mm(s, w, k, r->gate, s->b.xb, T, e);
+        return layer_mm(s, un, k, r->gate, s->b.xb, T, e);
     }
     *r = (ffn_rows){s->b.ffn, s->b.ffn + T * hid, hid};
-    return layer_mm(s, w, k, r->gate, s->b.xb, T, e) || layer_mm(s, w, k + 1, r->up, s->b.xb, T, e) ? -1 : 0;
+    return layer_mm(s, un, k, r->gate, s->b.xb, T, e) || layer_mm(s, un, k + 1, r->up, s->b.xb, T, e) ? -1 : 0;
 }
 
 // One token with every row on the GPU, q|k|v and gate|up each one matmul: both norms of the layer (and the residual
 // adds) can run inside the quantized GEMV that follows them (gpu_norm_matmul). Both or neither: see norm_matmul.
-static int norms_fused(const dj_gpu_state *s, const uint8_t *w, int64_t T) {
+static int norms_fused(const dj_gpu_state *s, const gpu_unit *un, int64_t T) {
     const dj_layer_layout *L = &s->m->info.layer;
     const gpu_bufs *b = &s->b;
-    if (T != 1 || !s->fused_qkv || !s->fused_gate_up || s->sh.cur_host) return 0;
+    const uint8_t *w = un->w;
+    if (T != 1 || !s->fused_qkv || !s->fused_gate_up || un->host) return 0;
     uintptr_t ptrs = (uintptr_t)(w + L->attn_norm) | (uintptr_t)(w + L->ffn_norm) | (uintptr_t)b->x |
                      (uintptr_t)b->xb | (uintptr_t)b->delta;
     const sp_mat *qkv = &s->mats.layer[0], *gu = &s->mats.layer[2];
@@ -215,13 +215,14 @@ static int norm_matmul(dj_gpu_state *s, const uint8_t *w, int k, const float *no
 
 // One transformer layer on T rows of the residual stream d_x; w: the layer's slab on the device. `pending`: the
 // previous layer's output (in d_delta) still has to be added, fused with this layer's first norm.
-static int gpu_layer(dj_gpu_state *s, const uint8_t *w, int l, int64_t T, int pending, dj_err *e) {
+static int gpu_layer(dj_gpu_state *s, const gpu_unit *un, int l, int64_t T, int pending, dj_err *e) {
     const dj_config *c = &s->m->info.config;
     const dj_layer_layout *L = &s->m->info.layer;
     gpu_bufs *b = &s->b;
     cudaStream_t st = s->compute;
     int64_t dim = c->dim, hid = c->hidden_dim;
     float eps = c->norm_eps;
+    const uint8_t *w = un->w;
     const float *attn_norm = (const float *)(w + L->attn_norm), *ffn_norm = (const float *)(w + L->ffn_norm);
     size_t layer_kv = (size_t)l * c->n_kv_heads * (size_t)s->max_seq * c->head_dim +
                       (s->step_rows ? 0 : (size_t)s->slot * (size_t)s->slot_floats);
@@ -232,71 +233,72 @@ static int gpu_layer(dj_gpu_state *s, const uint8_t *w, int l, int64_t T, int pe
 
     prof_mark(s, PROF_OTHER);  // what came before: streaming waits, the embeddings
     // attention block: x += wo . attention(rope(wq|wk|wv . rmsnorm(x)))
-    const int fuse = norms_fused(s, w, T);
+    const int fuse = norms_fused(s, un, T);
     if (fuse) {
         STEP(QKV, norm_matmul(s, w, 0, attn_norm, pending, &qkv, e));
     } else {
         STEP(NORM, pending ? gpu_add_rmsnorm(b->x, b->delta, b->xb, attn_norm, T, dim, eps, st, e)
                            : gpu_rmsnorm(b->xb, b->x, attn_norm, T, dim, eps, st, e));
-        STEP(QKV, qkv_matmul(s, w, T, &qkv, e));
+        STEP(QKV, qkv_matmul(s, un, T, &qkv, e));
     }
     STEP(ROPE_KV, rope_kv_write(s, &qkv, kc, vc, T, e));
     STEP(ATTENTION, attention(s, &qkv, kc, vc, T, e));
-    STEP(WO, layer_mm(s, w, k_wo, b->delta, b->att, T, e));
+    STEP(WO, layer_mm(s, un, k_wo, b->delta, b->att, T, e));
     // MLP block: x += w_down . (silu(w_gate . n) * (w_up . n)), n = rmsnorm(x)
     if (fuse) {  // one token: silu(gate) * up straight out of the gate|up GEMV
         STEP(GATE_UP, norm_matmul(s, w, 2, ffn_norm, 1, NULL, e));
-        STEP(DOWN, layer_mm(s, w, k_down, b->delta, b->hb, T, e));
+        STEP(DOWN, layer_mm(s, un, k_down, b->delta, b->hb, T, e));
         return 0;
     }
     STEP(NORM, gpu_add_rmsnorm(b->x, b->delta, b->xb, ffn_norm, T, dim, eps, st, e));
-    if (s->sh.cur_host && share_chain(&s->mats, s->sh.cur_share)) {  // the CPU has all of gate and up
-        STEP(DOWN, share_ffn(s, b->delta, b->hb, b->xb, T, w, e));
+    if (un->host && share_chain(&s->mats, un->share)) {  // the CPU has all of gate and up
+        STEP(DOWN, share_ffn(s, b->delta, b->hb, b->xb, T, un, e));
         return 0;
     }
-    STEP(GATE_UP, gate_up_matmul(s, w, T, &ffn, e));
+    STEP(GATE_UP, gate_up_matmul(s, un, T, &ffn, e));
     const sp_mat *dn = &s->mats.layer[k_down];
     const uint8_t *wd = w + dn->off;
-    if (!s->sh.cur_host || sp_gpu_rows(dn, s->sh.cur_share) == dn->n_out) {
+    if (!un->host || sp_gpu_rows(dn, un->share) == dn->n_out) {
         // all on the GPU: q8/q4 products compute silu(gate) * up as they read it
         STEP(DOWN, gpu_swiglu_matmul(s->g, b->delta, b->hb, ffn.gate, ffn.up, ffn.ld, wd, dn->dtype, T, dn->n_in,
                                      dn->n_out, st, e));
     } else {
         STEP(SWIGLU, gpu_swiglu(b->hb, ffn.gate, ffn.up, T, hid, ffn.ld, st, e));
-        STEP(DOWN, layer_mm(s, w, k_down, b->delta, b->hb, T, e));
+        STEP(DOWN, layer_mm(s, un, k_down, b->delta, b->hb, T, e));
     }
     return 0;
 }
 
 // ---- the pass
 // The embedding rows (in d_delta unless f32) widened into d_x, every layer, then the head's final norm (fused with
-// the last residual add) into d_xb. *head: the head unit (the final norm at its start), *lm: the lm_head.
-static int gpu_body(dj_gpu_state *s, int64_t T, const uint8_t **head, const uint8_t **lm, dj_err *e) {
+// the last residual add) into d_xb. *head: the head unit (the final norm at its start, then the lm_head).
+static int gpu_body(dj_gpu_state *s, int64_t T, gpu_unit *head, dj_err *e) {
     const dj_config *c = &s->m->info.config;
     gpu_bufs *b = &s->b;
     int nl = (int)c->n_layers;
     if (c->embed_type != DJ_F32 && gpu_widen_rows(b->x, b->delta, c->embed_type, T, c->dim, s->compute, e)) return -1;
     int pending = 0;  // a layer's output in d_delta not yet added to d_x (a probe may add it: probe_gpu.c)
     for (int l = 0; l < nl; l++) {
-        const uint8_t *w;
-        if (unit_begin(s, l, &w, e) || trace_unit(s->tr, l, 0, e) || gpu_layer(s, w, l, T, pending, e) ||
+        gpu_unit un;
+        if (unit_begin(s, l, &un, e) || trace_unit(s->tr, l, 0, e) || gpu_layer(s, &un, l, T, pending, e) ||
             trace_unit(s->tr, l, 1, e) || unit_end(s, l, e))
             return -1;
         pending = 1;
         if (gpu_probe_layer(s, l, T, &pending, e)) return -1;
     }
     if (unit_begin(s, nl, head, e) || trace_unit(s->tr, nl, 0, e)) return -1;
-    *lm = *head + s->sc.head_lm_off;
-    const float *norm = (const float *)*head;
+    const float *norm = (const float *)head->w;
     return pending ? gpu_add_rmsnorm(b->x, b->delta, b->xb, norm, T, c->dim, c->norm_eps, s->compute, e)
                    : gpu_rmsnorm(b->xb, b->x, norm, T, c->dim, c->norm_eps, s->compute, e);
 }
 
 // Logits (rows, vocab) into d_logits for rows r0.. of the pass, from the head gpu_body left ready.
-static int head_logits(dj_gpu_state *s, int64_t T, int64_t r0, int64_t rows, const uint8_t *lm, dj_err *e) {
+static int head_logits(dj_gpu_state *s, int64_t T, int64_t r0, int64_t rows, const gpu_unit *head, dj_err *e) {
     const dj_config *c = &s->m->info.config;
     const float *x = s->b.xb + r0 * c->dim;
-    if (s->sh.cur_host) return share_matmul(s, s->b.logits, x, rows, lm, dj_lm_head_ptr(s->m), &s->mats.lm_head, e);
+    const uint8_t *lm = head->w + s->sc.head_lm_off;
+    if (head->host)
+        return share_matmul(s, s->b.logits, x, rows, lm, dj_lm_head_ptr(s->m), &s->mats.lm_head, head->share, e);
     return gpu_matmul(s->g, s->b.logits, x, lm, dj_lm_head_type(s->m), rows, c->dim, c->vocab_size, s->compute, e);
 }
 
@@ -349,9 +351,9 @@ static int queue_pick(dj_gpu_state *s, const pick_req *pk, dj_err *e) {
 static int graph_step(dj_gpu_state *s, float *logits, const pick_req *pk, dj_err *e) {
     int64_t vocab = s->m->info.config.vocab_size;
     if (!s->graph) {
-        const uint8_t *head, *lm;
+        gpu_unit head;
         if (gpu_graph_begin(s->compute, e)) return -1;
-        int rc = gpu_body(s, 1, &head, &lm, e) || head_logits(s, 1, 0, 1, lm, e);
+        int rc = gpu_body(s, 1, &head, e) || head_logits(s, 1, 0, 1, &head, e);
         dj_err ge;
         if (gpu_graph_end(s->compute, &s->graph, rc ? &ge : e) || rc) return -1;
     }
@@ -373,13 +375,14 @@ static int pass_run(dj_gpu_state *s, const int32_t *tokens, int64_t T, float *lo
     int nl = (int)s->m->info.config.n_layers;
     if (trace_pass_begin(s->tr, T, s->sc.issued, e)) return -1;
     sched_pass_begin(s, T);
+    share_pass_begin(&s->sh);
     if (upload_tokens(s, tokens, T, e)) return -1;
     if (T == 1 && !s->sc.plan->n_streamed && (logits || pk) && !s->opts.no_graph && !s->prof.on && !s->tr &&
         gpu_probe_graphable(s))
         return graph_step(s, logits, pk, e);
-    const uint8_t *head, *lm;
+    gpu_unit head;
     const int streams = s->sc.plan->n_streamed > 0;  // the pass's time outside its streamed units is measured
-    if ((streams && gpu_event_record(s->sc.p0, s->compute, e)) || gpu_body(s, T, &head, &lm, e)) return -1;
+    if ((streams && gpu_event_record(s->sc.p0, s->compute, e)) || gpu_body(s, T, &head, e)) return -1;
     // The head's logits in chunks of GPU_LOGIT_ROWS; its slot is released (and the next pass's first copies
     // issued) before the final wait.
     // Rows [first, end): a prefill's last or all; a step's first step_logits (none wanted: one round without a
@@ -389,7 +392,7 @@ static int pass_run(dj_gpu_state *s, const int32_t *tokens, int64_t T, float *lo
     if (end <= first) logits = NULL, first = T - 1, end = T;
     for (int64_t r0 = first; r0 < end; r0 += GPU_LOGIT_ROWS) {
         int64_t rows = end - r0 < GPU_LOGIT_ROWS ? end - r0 : GPU_LOGIT_ROWS, last = r0 + rows >= end;
-        if ((logits || pk) && head_logits(s, T, r0, rows, lm, e)) return -1;
+        if ((logits || pk) && head_logits(s, T, r0, rows, &head, e)) return -1;
         if (pk ? queue_pick(s, pk, e)
                : logits && gpu_d2h_async(s->b.h_logits, s->b.logits, (size_t)(rows * vocab) * 4, s->compute, e))
             return -1;

@@ -170,8 +170,6 @@ typedef struct {
     float *d_gpu_part;                // (SH_ROWS, widest output): the GPU's rows of a split over several rows
     uint64_t chains;                  // share_ffn's jobs so far
     double warm_h2d;                  // GB/s of the warm-up's copies (the automatic share's H2D rate)
-    const uint8_t *cur_host;          // the unit computing now is split: its host slab; NULL: all on the GPU
-    double cur_share;                 // its share
     share_tuner tune;                 // --cpu-share auto
     // the pass running: its CPU time on its rows and waiting for x, the bytes they read, its time outside its
     // streamed units (share_learn puts them into the stats, and the tuner learns from them)
@@ -204,6 +202,13 @@ typedef struct {
     int32_t *slot;          // (max_batch) host: their KV slots
     const int32_t *tokens;  // the pass's tokens (upload_tokens)
 } gpu_probe;
+
+// A unit's weights for a pass (unit_begin): on the device, and where the CPU share splits it, the split.
+typedef struct {
+    const uint8_t *w;     // its slab on the device
+    const uint8_t *host;  // split with the CPU: its slab in host memory (the CPU's rows); NULL: all on the GPU
+    double share;         // the split's share (share_fill's), where host is set
+} gpu_unit;
 
 // A run of a step pass: rows r0 .. r0+len-1 are consecutive positions of one slot (a prompt's chunk), attending
 // with the prefill kernel.
@@ -254,9 +259,9 @@ int unit_copy(dj_gpu_state *s, int u, uint8_t *dst, cudaStream_t st, double from
 int sched_init(dj_gpu_state *s, dj_err *e);  // the ring and its events; nothing when no unit streams
 void sched_free(dj_gpu_state *s);
 void sched_pass_begin(dj_gpu_state *s, int64_t T);  // a pass of T tokens starts
-// Device pointer to unit u's weights for this pass (a streamed unit: the compute stream waits for its copy);
+// Unit u's weights for this pass (a streamed unit: the compute stream waits for its copy) and its split with the CPU;
 // unit_end after its kernels releases a streamed unit's slot and issues the copies that were waiting for it.
-int unit_begin(dj_gpu_state *s, int u, const uint8_t **w, dj_err *e);
+int unit_begin(dj_gpu_state *s, int u, gpu_unit *un, dj_err *e);
 int unit_end(dj_gpu_state *s, int u, dj_err *e);
 int sched_harvest(dj_gpu_state *s, dj_err *e);  // after the pass's last sync: copy and wait times into s->st
 // After sched_harvest, with p0 and p1 recorded around the pass: its time outside its streamed units, in seconds.
@@ -296,16 +301,17 @@ int share_flush_if_loading(dj_gpu_state *s, dj_err *e);
 void share_release(dj_gpu_state *s);  // a failed pass: the queued job ended whether x came or not (rows garbage)
 
 // ---- share.c: the CPU share's split matmuls
-// y (T, n_out) = x (T, n_in) . W^T, T <= SH_ROWS, split at the unit's share (sh.cur_share): rows
-// [0, sp_gpu_rows) by the GPU from w, the rest by the CPU from hw.
+// y (T, n_out) = x (T, n_in) . W^T, T <= SH_ROWS, split at `share`: rows [0, sp_gpu_rows) by the GPU from w, the
+// rest by the CPU from hw.
 int share_matmul(dj_gpu_state *s, float *y, const float *x, int64_t T, const uint8_t *w, const uint8_t *hw,
-                 const sp_mat *mt, dj_err *e);
+                 const sp_mat *mt, double share, dj_err *e);
 // y (T, dim) = down . (silu(gate . x) * (up . x)), the CPU's job computing all of gate and up and its rows of down,
-// the GPU the rest of down over h, which it gets in hb (T, hid); w: the layer's slab on the device.
-int share_ffn(dj_gpu_state *s, float *y, float *hb, const float *x, int64_t T, const uint8_t *w, dj_err *e);
+// the GPU the rest of down over h, which it gets in hb (T, hid); un: the layer, split.
+int share_ffn(dj_gpu_state *s, float *y, float *hb, const float *x, int64_t T, const gpu_unit *un, dj_err *e);
 
 // ---- share_auto.c: the automatic share's tuner
 void share_auto(dj_gpu_state *s);                 // --cpu-share auto, after the warm-up measured the copies
+void share_pass_begin(gpu_share *sh);             // a pass starts: its measures from zero
 void share_learn(dj_gpu_state *s, int64_t T);     // after a pass of T rows: its CPU time into the stats (and auto)
 // by_rows[T] from the tuner's rates, round trips and the pass's time outside its streamed units (share_auto's model;
 // no GPU needed)

@@ -30,11 +30,11 @@ static int share_gpu_rows(dj_gpu_state *s, float *y, const float *x, int64_t T, 
 }
 
 int share_matmul(dj_gpu_state *s, float *y, const float *x, int64_t T, const uint8_t *w, const uint8_t *hw,
-                 const sp_mat *mt, dj_err *e) {
+                 const sp_mat *mt, double share, dj_err *e) {
     gpu_share *sh = &s->sh;
     share_chan *ch = &sh->chan;
     uint32_t wt = mt->dtype, seq = ch->jobs + 1;
-    int64_t gr = sp_gpu_rows(mt, sh->cur_share), nc = mt->n_out - gr;
+    int64_t gr = sp_gpu_rows(mt, share), nc = mt->n_out - gr;
     int k = mt == &s->mats.lm_head ? 0 : (int)(mt - s->mats.layer);  // the matrix in its unit (the trace's label)
     if (nc && share_send_x(s, x, T, mt->n_in, k, seq, e)) return -1;
     if (share_gpu_rows(s, y, x, T, w, mt, gr, nc, e)) return -1;
@@ -55,15 +55,15 @@ int share_matmul(dj_gpu_state *s, float *y, const float *x, int64_t T, const uin
 // silu(gate . x) * (up . x) and goes straight on to its rows of down over h (cpu_ffn_start), with no round trip in
 // between. The GPU places h once it is whole (T * hid floats, half of gate|up's rows) for its own rows of down (w:
 // the layer's slab on the device), then the CPU's rows of down once they are, into y.
-int share_ffn(dj_gpu_state *s, float *y, float *hb, const float *x, int64_t T, const uint8_t *w, dj_err *e) {
+int share_ffn(dj_gpu_state *s, float *y, float *hb, const float *x, int64_t T, const gpu_unit *un, dj_err *e) {
     gpu_share *sh = &s->sh;
     share_chan *ch = &sh->chan;
     const unit_mats *um = &s->mats;
     const sp_mat *gm = &um->layer[um->gate_up_at], *dn = &um->layer[um->n_layer - 1];
-    const uint8_t *hw = sh->cur_host;
+    const uint8_t *hw = un->host, *w = un->w;
     uint32_t wt = gm->dtype, seq = ch->jobs + 1;
     int kd = um->n_layer - 1;
-    int64_t dim = gm->n_in, hid = dn->n_in, gr = sp_gpu_rows(dn, sh->cur_share), nd = dn->n_out - gr;
+    int64_t dim = gm->n_in, hid = dn->n_in, gr = sp_gpu_rows(dn, un->share), nd = dn->n_out - gr;
     if (share_send_x(s, x, T, dim, um->gate_up_at, seq, e) || trace_split(s->tr, um->gate_up_at, 1, e)) return -1;
     const uint8_t *gw = hw + gm->off;
     cpu_ffn_args f = {ch->h_out, ch->h_out + 3 * T * hid, ch->h_out + T * hid, ch->h_in, gw,

@@ -188,6 +188,10 @@ static void learn(dj_gpu_state *s, int64_t T) {
     if (T == 1) share_rates(s), share_stats(s);  // the decode share's bytes
 }
 
+void share_pass_begin(gpu_share *sh) {
+    sh->pass_cpu_s = sh->pass_wait_s = sh->pass_outside_s = 0, sh->pass_cpu_bytes = 0;
+}
+
 // The pass's CPU time into the stats, then learn; a move of the decode share counted.
 void share_learn(dj_gpu_state *s, int64_t T) {
     gpu_share *sh = &s->sh;

@@ -70,7 +70,8 @@ void share_rates(dj_gpu_state *s) {
     sh->share = sh->by_rows[1];
     uint64_t tot[2] = {s->m->info.layer.size, s->m->info.head.size + (c->tied ? s->m->info.embed_size : 0)};
     const unit_mats *um = &s->mats;
-    sh->cpu_bytes[0] = sp_bytes(um->layer, um->n_layer, sh->share), sh->cpu_bytes[1] = sp_bytes(&um->lm_head, 1, sh->share);
+    sh->cpu_bytes[0] = sp_bytes(um->layer, um->n_layer, sh->share);
+    sh->cpu_bytes[1] = sp_bytes(&um->lm_head, 1, sh->share);
     for (int k = 0; k < 2; k++) sh->part_bytes[k] = tot[k] - sh->cpu_bytes[k];
 }
 

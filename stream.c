@@ -108,7 +108,6 @@ void sched_pass_begin(dj_gpu_state *s, int64_t T) {
     sc->pass_end = sc->computed + sc->plan->n_streamed;
     sc->pass_share = share_for(s, T);
     sc->pass_first = sc->computed, sc->pass_units_ms = 0;
-    s->sh.pass_cpu_s = s->sh.pass_wait_s = s->sh.pass_outside_s = 0, s->sh.pass_cpu_bytes = 0;
     if (T <= SH_ROWS) sc->next_share = sc->pass_share;
 }
 
@@ -152,12 +151,12 @@ static int issue_copies(dj_gpu_state *s, dj_err *e) {
     }
 }
 
-int unit_begin(dj_gpu_state *s, int u, const uint8_t **w, dj_err *e) {
+int unit_begin(dj_gpu_state *s, int u, gpu_unit *un, dj_err *e) {
     gpu_sched *sc = &s->sc;
     const rb_plan *p = sc->plan;
-    s->sh.cur_host = NULL;
+    *un = (gpu_unit){0};
     if (p->resident[u]) {
-        *w = sc->d_w + p->offset[u];
+        un->w = sc->d_w + p->offset[u];
         return 0;
     }
     if (issue_copies(s, e)) return -1;
@@ -166,7 +165,7 @@ int unit_begin(dj_gpu_state *s, int u, const uint8_t **w, dj_err *e) {
     if (stream_unit(sc, seq) != u || sc->issued <= seq)
         return dj_fail(e, "internal error: streaming schedule out of step at unit %d", u);
     uint8_t *slot = sc->d_w + p->ring_off + q->off;
-    *w = slot;
+    un->w = slot;
     // The split: the pass's share, or less where the copy (issued ahead) brought more of the unit. Where it
     // brought less (a pass of more rows than expected), the GPU's missing rows follow.
     if (q->share > sc->pass_share) {
@@ -177,8 +176,8 @@ int unit_begin(dj_gpu_state *s, int u, const uint8_t **w, dj_err *e) {
         q->share = sc->pass_share;
     }
     if (q->share > 0) {  // split with the CPU: its rows come from the host slab
-        s->sh.cur_host = u < (int)s->m->info.config.n_layers ? dj_layer_ptr(s->m, (uint32_t)u) : dj_head_ptr(s->m);
-        s->sh.cur_share = q->share;
+        un->host = u < (int)s->m->info.config.n_layers ? dj_layer_ptr(s->m, (uint32_t)u) : dj_head_ptr(s->m);
+        un->share = q->share;
     }
     return gpu_event_record(q->w0, s->compute, e) || gpu_stream_wait(s->compute, sc->copied[q->slot], e) ||
                    gpu_event_record(q->w1, s->compute, e)

@@ -118,19 +118,21 @@ static int qkv_matmul(dj_gpu_state *s, const gpu_unit *un, int64_t T, qkv_rows *
                : 0;
 }
 
-// The rows of a decode step: each at its own position in its own slot.
-static gpu_kv_rows step_rows(const dj_gpu_state *s) { return (gpu_kv_rows){s->b.pos, s->b.slot, s->slot_floats}; }
+// The rows of a step pass: each at its own position in its own KV slot.
+static gpu_kv_rows step_kv_rows(const dj_gpu_state *s) {
+    return (gpu_kv_rows){s->b.pos, s->b.slot, s->slot_floats};
+}
 
 // RoPE on q and k, and k, v into the cache: one launch for a decode step's rows (each in its slot) or where each
 // row is [q | k | v] (the fused layout), three otherwise. kc, vc: the layer's caches in slot 0 (a decode step) or
 // in the pass's slot.
-static int rope_kv_write(dj_gpu_state *s, const qkv_rows *r, float *kc, float *vc, int64_t T, dj_err *e) {
+static int rope_kv_write(dj_gpu_state *s, const pass_desc *pd, const qkv_rows *r, float *kc, float *vc, dj_err *e) {
     const dj_config *c = &s->m->info.config;
     const gpu_bufs *b = &s->b;
-    int64_t nh = c->n_heads, nkv = c->n_kv_heads, hd = c->head_dim;
+    int64_t nh = c->n_heads, nkv = c->n_kv_heads, hd = c->head_dim, T = pd->T;
     cudaStream_t st = s->compute;
-    if (s->step_rows) {
-        gpu_kv_rows kv = step_rows(s);
+    if (pd->step) {
+        gpu_kv_rows kv = step_kv_rows(s);
         return gpu_rope_kv_rows(s->g, r->q, r->ldq, r->k, r->v, r->ldkv, T, kc, vc, nh, nkv, hd, s->max_seq,
                                 b->inv_freq, &kv, st, e);
     }
@@ -145,16 +147,17 @@ static int rope_kv_write(dj_gpu_state *s, const qkv_rows *r, float *kc, float *v
 
 // Causal attention of the T queries over the cache into d_att (T, q_dim): a decode step's rows each over its own
 // slot, a prefill's over the pass's slot.
-static int attention(dj_gpu_state *s, const qkv_rows *r, const float *kc, const float *vc, int64_t T, dj_err *e) {
+static int attention(dj_gpu_state *s, const pass_desc *pd, const qkv_rows *r, const float *kc, const float *vc,
+                     dj_err *e) {
     const dj_config *c = &s->m->info.config;
-    int64_t nh = c->n_heads, nkv = c->n_kv_heads, hd = c->head_dim;
-    if (s->step_rows) {  // the single rows in one launch, then each run of a prompt over its own slot
-        gpu_kv_rows kv = step_rows(s);
-        if (s->step_singles && gpu_attention_decode_rows(s->g, s->b.att, r->q, r->ldq, kc, vc, s->step_singles, nh,
-                                                         nkv, hd, s->max_seq, &kv, s->compute, e))
+    int64_t nh = c->n_heads, nkv = c->n_kv_heads, hd = c->head_dim, T = pd->T;
+    if (pd->step) {  // the single rows in one launch, then each run of a prompt over its own slot
+        gpu_kv_rows kv = step_kv_rows(s);
+        if (pd->singles && gpu_attention_decode_rows(s->g, s->b.att, r->q, r->ldq, kc, vc, pd->singles, nh, nkv, hd,
+                                                     s->max_seq, &kv, s->compute, e))
             return -1;
-        for (int64_t i = 0; i < s->n_runs; i++) {
-            const step_run *u = &s->runs[i];
+        for (int64_t i = 0; i < pd->n_runs; i++) {
+            const step_run *u = &pd->runs[i];
             int64_t off = (int64_t)u->slot * s->slot_floats;
             if (gpu_attention_prefill(s->g, s->b.att + u->r0 * nh * hd, nh * hd, r->q + u->r0 * r->ldq, r->ldq,
                                       kc + off, vc + off, u->len, nh, nkv, hd, s->max_seq, s->b.pos + u->r0,
@@ -213,19 +216,19 @@ static int norm_matmul(dj_gpu_state *s, const uint8_t *w, int k, const float *no
     return 0;
 }
 
-// One transformer layer on T rows of the residual stream d_x; w: the layer's slab on the device. `pending`: the
+// One transformer layer on the pass's T rows of the residual stream d_x; un: the layer's weights. `pending`: the
 // previous layer's output (in d_delta) still has to be added, fused with this layer's first norm.
-static int gpu_layer(dj_gpu_state *s, const gpu_unit *un, int l, int64_t T, int pending, dj_err *e) {
+static int gpu_layer(dj_gpu_state *s, const pass_desc *pd, const gpu_unit *un, int l, int pending, dj_err *e) {
     const dj_config *c = &s->m->info.config;
     const dj_layer_layout *L = &s->m->info.layer;
     gpu_bufs *b = &s->b;
     cudaStream_t st = s->compute;
-    int64_t dim = c->dim, hid = c->hidden_dim;
+    int64_t dim = c->dim, hid = c->hidden_dim, T = pd->T;
     float eps = c->norm_eps;
     const uint8_t *w = un->w;
     const float *attn_norm = (const float *)(w + L->attn_norm), *ffn_norm = (const float *)(w + L->ffn_norm);
     size_t layer_kv = (size_t)l * c->n_kv_heads * (size_t)s->max_seq * c->head_dim +
-                      (s->step_rows ? 0 : (size_t)s->slot * (size_t)s->slot_floats);
+                      (pd->step ? 0 : (size_t)pd->kv_slot * (size_t)s->slot_floats);
     float *kc = b->k + layer_kv, *vc = b->v + layer_kv;
     int k_wo = s->fused_qkv ? 1 : 3, k_down = s->mats.n_layer - 1;
     qkv_rows qkv;
@@ -241,8 +244,8 @@ static int gpu_layer(dj_gpu_state *s, const gpu_unit *un, int l, int64_t T, int 
                            : gpu_rmsnorm(b->xb, b->x, attn_norm, T, dim, eps, st, e));
         STEP(QKV, qkv_matmul(s, un, T, &qkv, e));
     }
-    STEP(ROPE_KV, rope_kv_write(s, &qkv, kc, vc, T, e));
-    STEP(ATTENTION, attention(s, &qkv, kc, vc, T, e));
+    STEP(ROPE_KV, rope_kv_write(s, pd, &qkv, kc, vc, e));
+    STEP(ATTENTION, attention(s, pd, &qkv, kc, vc, e));
     STEP(WO, layer_mm(s, un, k_wo, b->delta, b->att, T, e));
     // MLP block: x += w_down . (silu(w_gate . n) * (w_up . n)), n = rmsnorm(x)
     if (fuse) {  // one token: silu(gate) * up straight out of the gate|up GEMV
@@ -272,19 +275,20 @@ static int gpu_layer(dj_gpu_state *s, const gpu_unit *un, int l, int64_t T, int 
 // ---- the pass
 // The embedding rows (in d_delta unless f32) widened into d_x, every layer, then the head's final norm (fused with
 // the last residual add) into d_xb. *head: the head unit (the final norm at its start, then the lm_head).
-static int gpu_body(dj_gpu_state *s, int64_t T, gpu_unit *head, dj_err *e) {
+static int gpu_body(dj_gpu_state *s, const pass_desc *pd, gpu_unit *head, dj_err *e) {
     const dj_config *c = &s->m->info.config;
     gpu_bufs *b = &s->b;
     int nl = (int)c->n_layers;
+    int64_t T = pd->T;
     if (c->embed_type != DJ_F32 && gpu_widen_rows(b->x, b->delta, c->embed_type, T, c->dim, s->compute, e)) return -1;
     int pending = 0;  // a layer's output in d_delta not yet added to d_x (a probe may add it: probe_gpu.c)
     for (int l = 0; l < nl; l++) {
         gpu_unit un;
-        if (unit_begin(s, l, &un, e) || trace_unit(s->tr, l, 0, e) || gpu_layer(s, &un, l, T, pending, e) ||
+        if (unit_begin(s, l, &un, e) || trace_unit(s->tr, l, 0, e) || gpu_layer(s, pd, &un, l, pending, e) ||
             trace_unit(s->tr, l, 1, e) || unit_end(s, l, e))
             return -1;
         pending = 1;
-        if (gpu_probe_layer(s, l, T, &pending, e)) return -1;
+        if (gpu_probe_layer(s, pd, l, &pending, e)) return -1;
     }
     if (unit_begin(s, nl, head, e) || trace_unit(s->tr, nl, 0, e)) return -1;
     const float *norm = (const float *)head->w;
@@ -305,28 +309,22 @@ static int head_logits(dj_gpu_state *s, int64_t T, int64_t r0, int64_t rows, con
 // The embedding rows of the pass's tokens and its positions (h_pos, and a decode step's h_slot, filled by the
 // caller), uploaded on the compute stream. The rows are gathered on the host as stored (a copy per row) and land
 // in d_x for f32, else in d_delta (free at the start of a pass), which gpu_body widens into d_x.
-static int upload_tokens(dj_gpu_state *s, const int32_t *tokens, int64_t T, dj_err *e) {
+static int upload_tokens(dj_gpu_state *s, const pass_desc *pd, dj_err *e) {
     const dj_config *c = &s->m->info.config;
     gpu_bufs *b = &s->b;
+    const int32_t *tokens = pd->tokens;
+    int64_t T = pd->T;
     size_t row_bytes = (size_t)dj_row_bytes(c->embed_type, c->dim);
     for (int64_t t = 0; t < T; t++)
         memcpy(b->h_x + (size_t)t * row_bytes, dj_embed_ptr(s->m) + (size_t)tokens[t] * row_bytes, row_bytes);
-    s->pr.tokens = tokens;  // a probe's records name them
     void *dst = c->embed_type == DJ_F32 ? (void *)b->x : (void *)b->delta;
-    size_t np = s->step_rows ? (size_t)T : 1;
+    size_t np = pd->step ? (size_t)T : 1;
     return gpu_h2d_async(dst, b->h_x, (size_t)T * row_bytes, s->compute, e) ||
                    gpu_h2d_async(b->pos, b->h_pos, np * 4, s->compute, e) ||
-                   (s->step_rows && gpu_h2d_async(b->slot, b->h_slot, np * 4, s->compute, e))
+                   (pd->step && gpu_h2d_async(b->slot, b->h_slot, np * 4, s->compute, e))
                ? -1
                : 0;
 }
-
-// What a pass gives back for its last token instead of logits: a token picked where they are.
-typedef struct {
-    const dj_pick_args *args;
-    const int32_t *counts;  // the sampler's (vocab), NULL when no penalty is on
-    int32_t *next;
-} pick_req;
 
 // Queues the pick from d_logits's first row and the id's copy to the host; the caller waits for the stream. The
 // counts go whole when the sampler says so or is not the one last seen, else as the changes in the arguments.
@@ -348,12 +346,14 @@ static int queue_pick(dj_gpu_state *s, const pick_req *pk, dj_err *e) {
 
 // All resident and one token: the whole step is one CUDA graph, captured on first use (the position is read from
 // d_pos, so every step replays the same graph); then the logits come back, or the token picked from them.
-static int graph_step(dj_gpu_state *s, float *logits, const pick_req *pk, dj_err *e) {
+static int graph_step(dj_gpu_state *s, const pass_desc *pd, dj_err *e) {
     int64_t vocab = s->m->info.config.vocab_size;
+    float *logits = pd->logits;
+    const pick_req *pk = pd->pick;
     if (!s->graph) {
         gpu_unit head;
         if (gpu_graph_begin(s->compute, e)) return -1;
-        int rc = gpu_body(s, 1, &head, e) || head_logits(s, 1, 0, 1, &head, e);
+        int rc = gpu_body(s, pd, &head, e) || head_logits(s, 1, 0, 1, &head, e);
         dj_err ge;
         if (gpu_graph_end(s->compute, &s->graph, rc ? &ge : e) || rc) return -1;
     }
@@ -367,28 +367,26 @@ static int graph_step(dj_gpu_state *s, float *logits, const pick_req *pk, dj_err
     return 0;
 }
 
-// One pass over T <= max_batch tokens, placed by the caller (s->step_rows, s->slot, h_pos, h_slot). logits:
-// (T, vocab) when all, else (vocab) for the last token; or with pk, the last token's pick.
-static int pass_run(dj_gpu_state *s, const int32_t *tokens, int64_t T, float *logits, int all, const pick_req *pk,
-                    dj_err *e) {
-    int64_t vocab = s->m->info.config.vocab_size;
+// One pass over pd->T <= max_batch tokens, whose positions and KV slots the caller staged in h_pos and h_slot.
+static int pass_run(dj_gpu_state *s, const pass_desc *pd, dj_err *e) {
+    int64_t vocab = s->m->info.config.vocab_size, T = pd->T;
     int nl = (int)s->m->info.config.n_layers;
+    float *logits = pd->logits;
+    const pick_req *pk = pd->pick;
     if (trace_pass_begin(s->tr, T, s->sc.issued, e)) return -1;
     sched_pass_begin(s, T);
     share_pass_begin(&s->sh);
-    if (upload_tokens(s, tokens, T, e)) return -1;
+    if (upload_tokens(s, pd, e)) return -1;
     if (T == 1 && !s->sc.plan->n_streamed && (logits || pk) && !s->opts.no_graph && !s->prof.on && !s->tr &&
         gpu_probe_graphable(s))
-        return graph_step(s, logits, pk, e);
+        return graph_step(s, pd, e);
     gpu_unit head;
     const int streams = s->sc.plan->n_streamed > 0;  // the pass's time outside its streamed units is measured
-    if ((streams && gpu_event_record(s->sc.p0, s->compute, e)) || gpu_body(s, T, &head, e)) return -1;
+    if ((streams && gpu_event_record(s->sc.p0, s->compute, e)) || gpu_body(s, pd, &head, e)) return -1;
     // The head's logits in chunks of GPU_LOGIT_ROWS; its slot is released (and the next pass's first copies
     // issued) before the final wait.
-    // Rows [first, end): a prefill's last or all; a step's first step_logits (none wanted: one round without a
-    // head, which still releases the head's unit).
-    int64_t first = all && !pk ? 0 : T - 1, end = T;
-    if (s->step_rows && !pk) first = 0, end = s->step_logits;
+    // Rows [first, end): the ones wanted (none: one round without a head, which still releases the head's unit).
+    int64_t first = pd->logit_first, end = pd->logit_end;
     if (end <= first) logits = NULL, first = T - 1, end = T;
     for (int64_t r0 = first; r0 < end; r0 += GPU_LOGIT_ROWS) {
         int64_t rows = end - r0 < GPU_LOGIT_ROWS ? end - r0 : GPU_LOGIT_ROWS, last = r0 + rows >= end;
@@ -415,9 +413,8 @@ static int pass_run(dj_gpu_state *s, const int32_t *tokens, int64_t T, float *lo
 }
 
 // A pass that fails lets go the GPU's wait for a CPU job it queued: a later wait on the stream would never end.
-static int gpu_pass(dj_gpu_state *s, const int32_t *tokens, int64_t T, float *logits, int all, const pick_req *pk,
-                    dj_err *e) {
-    if (pass_run(s, tokens, T, logits, all, pk, e)) {
+static int gpu_pass(dj_gpu_state *s, const pass_desc *pd, dj_err *e) {
+    if (pass_run(s, pd, e)) {
         share_release(s);
         return -1;
     }
@@ -445,9 +442,11 @@ static int forward(dj_gpu_state *s, int32_t slot, const int32_t *tokens, int64_t
     for (int64_t t0 = 0; t0 < T; t0 += s->max_batch) {
         int64_t n = T - t0 < s->max_batch ? T - t0 : s->max_batch, last = t0 + n == T;
         float *out = !logits ? NULL : all ? logits + t0 * (int64_t)c->vocab_size : last ? logits : NULL;
-        s->step_rows = n == 1, s->slot = slot, s->step_singles = 1, s->n_runs = 0, s->step_logits = out ? 1 : 0;
+        const pick_req *pick = last ? pk : NULL;  // the logits of every row, or of the last (picked, or none)
+        pass_desc pd = {.tokens = tokens + t0, .T = n, .step = n == 1, .kv_slot = slot, .singles = 1, .logits = out,
+                        .logit_first = all && !pick ? 0 : n - 1, .logit_end = n, .pick = pick};
         s->b.h_pos[0] = (int32_t)(pos + t0), s->b.h_slot[0] = slot;
-        if (gpu_pass(s, tokens + t0, n, out, all, last ? pk : NULL, e)) return -1;
+        if (gpu_pass(s, &pd, e)) return -1;
     }
     return 0;
 }
@@ -474,21 +473,21 @@ static int step_pass(dj_gpu_state *s, int64_t a, int64_t b, const int32_t *slots
     for (int64_t w = w0; w < w1; w++) wanted[want[w]] = 1;
 #define PLACE(k) (s->step_tok[n] = tokens[k], s->b.h_pos[n] = (int32_t)pos[k], s->b.h_slot[n] = slots[k], n++)
     for (int64_t w = w0; w < w1; w++) PLACE(want[w]);
-    s->n_runs = 0;
+    pass_desc pd = {.tokens = s->step_tok, .step = 1, .runs = s->runs, .logits = logits, .logit_end = w1 - w0};
     for (int runs = 0; runs < 2; runs++) {  // the rows alone first, then the runs
         for (int64_t r = a, len; r < b; r += len) {
             len = 1;
             if (wanted[r]) continue;
             while (r + len < b && !wanted[r + len] && slots[r + len] == slots[r]) len++;
             if ((len > 1) != runs) continue;
-            if (runs) s->runs[s->n_runs++] = (step_run){n, len, slots[r]};
+            if (runs) s->runs[pd.n_runs++] = (step_run){n, len, slots[r]};
             for (int64_t k = r; k < r + len; k++) PLACE(k);
         }
-        if (!runs) s->step_singles = n;
+        if (!runs) pd.singles = n;
     }
 #undef PLACE
-    s->step_rows = n, s->step_logits = w1 - w0;
-    return gpu_pass(s, s->step_tok, n, logits, 1, NULL, e);
+    pd.T = n;
+    return gpu_pass(s, &pd, e);
 }
 
 int gpu_step_rows(dj_gpu_state *s, int64_t n, const int32_t *slots, const int64_t *pos, const int32_t *tokens,

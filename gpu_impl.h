@@ -200,7 +200,6 @@ typedef struct {
     float *h_rows;          // pinned (max_batch, dim): a dumped layer's rows
     int64_t *pos;           // (max_batch) host: their positions
     int32_t *slot;          // (max_batch) host: their KV slots
-    const int32_t *tokens;  // the pass's tokens (upload_tokens)
 } gpu_probe;
 
 // A unit's weights for a pass (unit_begin): on the device, and where the CPU share splits it, the split.
@@ -217,6 +216,29 @@ typedef struct {
     int32_t slot;
 } step_run;
 
+// What a pass gives back for its last token instead of logits: a token picked where they are.
+typedef struct {
+    const dj_pick_args *args;
+    const int32_t *counts;  // the sampler's (vocab), NULL when no penalty is on
+    int32_t *next;
+} pick_req;
+
+// A pass's inputs (gpu.c's forward and step_pass make one), handed to the pass, the layers and the head. The
+// caller stages its positions in b.h_pos and, a step's, its KV slots in b.h_slot.
+typedef struct {
+    const int32_t *tokens;  // (T)
+    int64_t T;              // rows, <= max_batch
+    int step;               // each row at its own position of its own KV slot (b.pos[r], b.slot[r]); else a prefill:
+                            // positions b.pos[0] + r of kv_slot
+    int32_t kv_slot;        // a prefill's
+    int64_t singles;        // a step: rows [0, singles) attend alone (decode kernel), then
+    int64_t n_runs;         //   runs[0, n_runs) (prefill kernel)
+    const step_run *runs;
+    float *logits;          // (logit_end - logit_first, vocab) of rows [logit_first, logit_end); NULL: none
+    int64_t logit_first, logit_end;  // end <= first: no row wanted
+    const pick_req *pick;   // instead of logits: the last row's token, picked on the GPU
+} pass_desc;
+
 struct dj_gpu_state {
     const dj_model *m;
     dj_gpu_opts opts;
@@ -227,14 +249,11 @@ struct dj_gpu_state {
     int64_t max_seq, max_batch;
     int32_t n_slots;               // KV slots, slot_floats apart in b.k and b.v
     int64_t slot_floats;
-    int32_t slot;                  // the slot of a prefill pass (consecutive positions from b.pos[0])
-    int64_t step_rows;             // > 0: the pass is a step of this many rows, each at b.pos[r] of b.slot[r]:
-    int64_t step_singles;          //   rows [0, step_singles) attend alone (decode kernel), then
-    int64_t n_runs;                //   runs[0, n_runs) (prefill kernel)
-    int64_t step_logits;           //   rows [0, step_logits) want logits
-    step_run *runs;                // (max_batch) host
-    int32_t *step_tok, *step_seen;  // (max_batch), (n_slots) host
-    uint8_t *step_wanted;          // (max_batch) host
+    // host scratch of gpu_step_rows: a step pass's runs, tokens in the pass's order, the wanted rows; the row that
+    // began each KV slot's run
+    step_run *runs;                // (max_batch)
+    int32_t *step_tok, *step_seen;  // (max_batch), (n_slots)
+    uint8_t *step_wanted;          // (max_batch)
     gpu_parking *park;
     gpu_bufs b;
     unit_mats mats;
@@ -318,9 +337,9 @@ void share_learn(dj_gpu_state *s, int64_t T);     // after a pass of T rows: its
 void share_model(gpu_share *sh, int64_t T);
 
 // ---- probe_gpu.c: probes
-// After layer l of a pass of T rows (its output still in d_delta, *pending): the layer's control vector added to the
+// After layer l of the pass pd (its output still in d_delta, *pending): the layer's control vector added to the
 // residual stream, which then holds the add (*pending = 0), and its rows dumped (the compute stream waits for them).
-int gpu_probe_layer(dj_gpu_state *s, int l, int64_t T, int *pending, dj_err *e);
+int gpu_probe_layer(dj_gpu_state *s, const pass_desc *pd, int l, int *pending, dj_err *e);
 int gpu_probe_graphable(const dj_gpu_state *s);  // the decode graph can hold the probes: none dumps
 void gpu_probe_free(dj_gpu_state *s);
 

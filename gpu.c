@@ -120,7 +120,7 @@ static int qkv_matmul(dj_gpu_state *s, const gpu_unit *un, int64_t T, qkv_rows *
 
 // The rows of a step pass: each at its own position in its own KV slot.
 static gpu_kv_rows step_kv_rows(const dj_gpu_state *s) {
-    return (gpu_kv_rows){s->b.pos, s->b.slot, s->slot_floats};
+    return (gpu_kv_rows){s->b.pos, s->b.kv_slot, s->slot_floats};
 }
 
 // RoPE on q and k, and k, v into the cache: one launch for a decode step's rows (each in its slot) or where each
@@ -158,7 +158,7 @@ static int attention(dj_gpu_state *s, const pass_desc *pd, const qkv_rows *r, co
             return -1;
         for (int64_t i = 0; i < pd->n_runs; i++) {
             const step_run *u = &pd->runs[i];
-            int64_t off = (int64_t)u->slot * s->slot_floats;
+            int64_t off = (int64_t)u->kv_slot * s->slot_floats;
             if (gpu_attention_prefill(s->g, s->b.att + u->r0 * nh * hd, nh * hd, r->q + u->r0 * r->ldq, r->ldq,
                                       kc + off, vc + off, u->len, nh, nkv, hd, s->max_seq, s->b.pos + u->r0,
                                       s->compute, e))
@@ -306,7 +306,7 @@ static int head_logits(dj_gpu_state *s, int64_t T, int64_t r0, int64_t rows, con
     return gpu_matmul(s->g, s->b.logits, x, lm, dj_lm_head_type(s->m), rows, c->dim, c->vocab_size, s->compute, e);
 }
 
-// The embedding rows of the pass's tokens and its positions (h_pos, and a decode step's h_slot, filled by the
+// The embedding rows of the pass's tokens and its positions (h_pos, and a decode step's h_kv_slot, filled by the
 // caller), uploaded on the compute stream. The rows are gathered on the host as stored (a copy per row) and land
 // in d_x for f32, else in d_delta (free at the start of a pass), which gpu_body widens into d_x.
 static int upload_tokens(dj_gpu_state *s, const pass_desc *pd, dj_err *e) {
@@ -321,7 +321,7 @@ static int upload_tokens(dj_gpu_state *s, const pass_desc *pd, dj_err *e) {
     size_t np = pd->step ? (size_t)T : 1;
     return gpu_h2d_async(dst, b->h_x, (size_t)T * row_bytes, s->compute, e) ||
                    gpu_h2d_async(b->pos, b->h_pos, np * 4, s->compute, e) ||
-                   (pd->step && gpu_h2d_async(b->slot, b->h_slot, np * 4, s->compute, e))
+                   (pd->step && gpu_h2d_async(b->kv_slot, b->h_kv_slot, np * 4, s->compute, e))
                ? -1
                : 0;
 }
@@ -367,7 +367,7 @@ static int graph_step(dj_gpu_state *s, const pass_desc *pd, dj_err *e) {
     return 0;
 }
 
-// One pass over pd->T <= max_batch tokens, whose positions and KV slots the caller staged in h_pos and h_slot.
+// One pass over pd->T <= max_batch tokens, whose positions and KV slots the caller staged in h_pos and h_kv_slot.
 static int pass_run(dj_gpu_state *s, const pass_desc *pd, dj_err *e) {
     int64_t vocab = s->m->info.config.vocab_size, T = pd->T;
     int nl = (int)s->m->info.config.n_layers;
@@ -421,7 +421,7 @@ static int gpu_pass(dj_gpu_state *s, const pass_desc *pd, dj_err *e) {
     return 0;
 }
 
-int slot_ok(const dj_gpu_state *s, int32_t slot, dj_err *e) {
+int kv_slot_ok(const dj_gpu_state *s, int32_t slot, dj_err *e) {
     if (slot < 0 || slot >= s->n_slots)
         return dj_fail(e, "gpu: KV slot %d does not exist (%d slots)", slot, s->n_slots);
     return 0;
@@ -432,7 +432,7 @@ int slot_ok(const dj_gpu_state *s, int32_t slot, dj_err *e) {
 static int forward(dj_gpu_state *s, int32_t slot, const int32_t *tokens, int64_t T, int64_t pos, float *logits,
                    int all, const pick_req *pk, dj_err *e) {
     const dj_config *c = &s->m->info.config;
-    if (slot_ok(s, slot, e) || park_order(s, slot, e)) return -1;
+    if (kv_slot_ok(s, slot, e) || park_order(s, slot, e)) return -1;
     if (T < 1 || pos < 0 || pos + T > s->max_seq)
         return dj_fail(e, "positions %lld..%lld outside the context of %lld", (long long)pos, (long long)(pos + T - 1),
                        (long long)s->max_seq);
@@ -445,7 +445,7 @@ static int forward(dj_gpu_state *s, int32_t slot, const int32_t *tokens, int64_t
         const pick_req *pick = last ? pk : NULL;  // the logits of every row, or of the last (picked, or none)
         pass_desc pd = {.tokens = tokens + t0, .T = n, .step = n == 1, .kv_slot = slot, .singles = 1, .logits = out,
                         .logit_first = all && !pick ? 0 : n - 1, .logit_end = n, .pick = pick};
-        s->b.h_pos[0] = (int32_t)(pos + t0), s->b.h_slot[0] = slot;
+        s->b.h_pos[0] = (int32_t)(pos + t0), s->b.h_kv_slot[0] = slot;
         if (gpu_pass(s, &pd, e)) return -1;
     }
     return 0;
@@ -471,7 +471,7 @@ static int step_pass(dj_gpu_state *s, int64_t a, int64_t b, const int32_t *slots
     int64_t n = 0;
     memset(wanted + a, 0, (size_t)(b - a));
     for (int64_t w = w0; w < w1; w++) wanted[want[w]] = 1;
-#define PLACE(k) (s->step_tok[n] = tokens[k], s->b.h_pos[n] = (int32_t)pos[k], s->b.h_slot[n] = slots[k], n++)
+#define PLACE(k) (s->step_tok[n] = tokens[k], s->b.h_pos[n] = (int32_t)pos[k], s->b.h_kv_slot[n] = slots[k], n++)
     for (int64_t w = w0; w < w1; w++) PLACE(want[w]);
     pass_desc pd = {.tokens = s->step_tok, .step = 1, .runs = s->runs, .logits = logits, .logit_end = w1 - w0};
     for (int runs = 0; runs < 2; runs++) {  // the rows alone first, then the runs
@@ -494,10 +494,10 @@ int gpu_step_rows(dj_gpu_state *s, int64_t n, const int32_t *slots, const int64_
                   int64_t n_want, const int32_t *want, float *logits, dj_err *e) {
     const dj_config *c = &s->m->info.config;
     if (n < 1) return dj_fail(e, "gpu_step_rows: %lld rows", (long long)n);
-    int32_t *seen = s->step_seen;  // the row that last began a run of each slot, + 1
-    memset(seen, 0, (size_t)s->n_slots * sizeof *seen);
+    int32_t *began = s->slot_began;  // a run of this KV slot began in an earlier row
+    memset(began, 0, (size_t)s->n_slots * sizeof *began);
     for (int64_t i = 0; i < n; i++) {
-        if (slot_ok(s, slots[i], e)) return -1;
+        if (kv_slot_ok(s, slots[i], e)) return -1;
         if (pos[i] < 0 || pos[i] >= s->max_seq)
             return dj_fail(e, "gpu: row %lld: position %lld outside the context of %lld", (long long)i,
                            (long long)pos[i], (long long)s->max_seq);
@@ -507,10 +507,10 @@ int gpu_step_rows(dj_gpu_state *s, int64_t n, const int32_t *slots, const int64_
             if (pos[i] != pos[i - 1] + 1)
                 return dj_fail(e, "gpu: rows %lld and %lld of KV slot %d are not consecutive positions",
                                (long long)i - 1, (long long)i, slots[i]);
-        } else if (seen[slots[i]]) {
+        } else if (began[slots[i]]) {
             return dj_fail(e, "gpu: KV slot %d twice in one batch", slots[i]);
         } else {
-            seen[slots[i]] = 1;
+            began[slots[i]] = 1;
         }
     }
     for (int64_t w = 0; w < n_want; w++)
@@ -659,7 +659,7 @@ static int alloc_buffers(dj_gpu_state *s, const gpu_sizes *z, dj_err *e) {
         gpu_malloc((void **)&b->ffn, mb * 2 * hid * 4, "activations", e) ||
         gpu_malloc((void **)&b->hb, mb * hid * 4, "activations", e) ||
         gpu_malloc((void **)&b->logits, GPU_LOGIT_ROWS * vocab * 4, "logits", e) ||
-        gpu_malloc((void **)&b->pos, mb * 4, "positions", e) || gpu_malloc((void **)&b->slot, mb * 4, "KV slots", e) ||
+        gpu_malloc((void **)&b->pos, mb * 4, "positions", e) || gpu_malloc((void **)&b->kv_slot, mb * 4, "KV slots", e) ||
         gpu_reserve(s->g, z->scratch, e) ||
         gpu_malloc((void **)&b->pick, sizeof *b->pick, "sampling", e) ||
         gpu_malloc((void **)&b->counts, vocab * 4, "sampling", e) || gpu_malloc((void **)&b->next, 4, "sampling", e) ||
@@ -669,11 +669,11 @@ static int alloc_buffers(dj_gpu_state *s, const gpu_sizes *z, dj_err *e) {
         gpu_host_alloc((void **)&b->h_x, mb * dim * 4, "embedding staging", e) ||
         gpu_host_alloc((void **)&b->h_logits, GPU_LOGIT_ROWS * vocab * 4, "logits staging", e) ||
         gpu_host_alloc((void **)&b->h_pos, mb * 4, "position staging", e) ||
-        gpu_host_alloc((void **)&b->h_slot, mb * 4, "position staging", e))
+        gpu_host_alloc((void **)&b->h_kv_slot, mb * 4, "position staging", e))
         return -1;
     s->runs = malloc(mb * sizeof *s->runs), s->step_tok = malloc(mb * 4), s->step_wanted = malloc(mb);
-    s->step_seen = malloc((size_t)s->n_slots * 4);
-    if (!s->runs || !s->step_tok || !s->step_wanted || !s->step_seen) return dj_fail(e, "out of memory");
+    s->slot_began = malloc((size_t)s->n_slots * 4);
+    if (!s->runs || !s->step_tok || !s->step_wanted || !s->slot_began) return dj_fail(e, "out of memory");
     float *inv = malloc((size_t)hd / 2 * 4);
     if (!inv) return dj_fail(e, "out of memory");
     cpu_rope_freqs(c, inv);
@@ -787,10 +787,10 @@ void gpu_state_free(dj_gpu_state *s) {
     prof_free(s);
     gpu_bufs *b = &s->b;
     void *dev[] = {s->sc.d_w, b->inv_freq, b->k, b->v, b->x, b->xb, b->delta, b->qkv, b->att, b->ffn, b->hb,
-                   b->logits, b->pos, b->slot, b->pick, b->counts, b->next, b->pick_scratch};
+                   b->logits, b->pos, b->kv_slot, b->pick, b->counts, b->next, b->pick_scratch};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) gpu_free(dev[i]);
-    gpu_host_free(b->h_x), gpu_host_free(b->h_logits), gpu_host_free(b->h_pos), gpu_host_free(b->h_slot);
-    free(s->runs), free(s->step_tok), free(s->step_wanted), free(s->step_seen);
+    gpu_host_free(b->h_x), gpu_host_free(b->h_logits), gpu_host_free(b->h_pos), gpu_host_free(b->h_kv_slot);
+    free(s->runs), free(s->step_tok), free(s->step_wanted), free(s->slot_began);
     gpu_host_free(b->h_pick), gpu_host_free(b->h_next);
     if (s->compute) gpu_stream_destroy(s->compute);
     if (s->copy) gpu_stream_destroy(s->copy);

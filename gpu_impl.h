@@ -73,14 +73,14 @@ typedef struct {
     float *k, *v;           // (n_slots, n_layers, n_kv_heads, max_seq, head_dim) each
     float *inv_freq;        // (head_dim/2)
     int32_t *pos;           // (max_batch) a prefill's first position; a step's position of each row
-    int32_t *slot;          // (max_batch) a step's KV slot of each row
+    int32_t *kv_slot;       // (max_batch) a step's KV slot of each row
     dj_pick_args *pick;     // (1) the draw's arguments (gpu_pick)
     int32_t *counts;        // (vocab) the sampler's window counts, kept in step by the arguments
     int32_t *next;          // (1) the token picked
     void *pick_scratch;     // gpu_pick_scratch(1)
     uint8_t *h_x;           // pinned (max_batch, dim) f32 bytes: gathered embedding rows as stored
     float *h_logits;        // pinned (GPU_LOGIT_ROWS, vocab)
-    int32_t *h_pos, *h_slot;  // pinned (max_batch) each
+    int32_t *h_pos, *h_kv_slot;  // pinned (max_batch) each
     dj_pick_args *h_pick;   // pinned (1)
     int32_t *h_next;        // pinned (1)
     const int32_t *counts_of;  // the host counts d_counts copies (a new sampler's are uploaded whole)
@@ -93,7 +93,7 @@ typedef struct {
     cudaEvent_t e1;      // the unit's kernels done (compute stream)
     uint64_t off;        // ring offset
     uint64_t bytes;      // bytes the copy moved
-    int slot;            // ring slot
+    int ring_slot;       // the ring slot it went to
     double share;        // the copy left out the CPU's rows at this share (0: the unit is whole on the GPU)
 } gpu_seq;
 
@@ -199,7 +199,7 @@ typedef struct {
     uint8_t *steered;       // (n_layers) host: that layer has one
     float *h_rows;          // pinned (max_batch, dim): a dumped layer's rows
     int64_t *pos;           // (max_batch) host: their positions
-    int32_t *slot;          // (max_batch) host: their KV slots
+    int32_t *kv_slot;       // (max_batch) host: their KV slots
 } gpu_probe;
 
 // A unit's weights for a pass (unit_begin): on the device, and where the CPU share splits it, the split.
@@ -213,7 +213,7 @@ typedef struct {
 // with the prefill kernel.
 typedef struct {
     int64_t r0, len;
-    int32_t slot;
+    int32_t kv_slot;
 } step_run;
 
 // What a pass gives back for its last token instead of logits: a token picked where they are.
@@ -224,12 +224,12 @@ typedef struct {
 } pick_req;
 
 // A pass's inputs (gpu.c's forward and step_pass make one), handed to the pass, the layers and the head. The
-// caller stages its positions in b.h_pos and, a step's, its KV slots in b.h_slot.
+// caller stages its positions in b.h_pos and, a step's, its KV slots in b.h_kv_slot.
 typedef struct {
     const int32_t *tokens;  // (T)
     int64_t T;              // rows, <= max_batch
-    int step;               // each row at its own position of its own KV slot (b.pos[r], b.slot[r]); else a prefill:
-                            // positions b.pos[0] + r of kv_slot
+    int step;               // each row at its own position of its own KV slot (b.pos[r], b.kv_slot[r]); else a
+                            // prefill: positions b.pos[0] + r of kv_slot
     int32_t kv_slot;        // a prefill's
     int64_t singles;        // a step: rows [0, singles) attend alone (decode kernel), then
     int64_t n_runs;         //   runs[0, n_runs) (prefill kernel)
@@ -249,10 +249,10 @@ struct dj_gpu_state {
     int64_t max_seq, max_batch;
     int32_t n_slots;               // KV slots, slot_floats apart in b.k and b.v
     int64_t slot_floats;
-    // host scratch of gpu_step_rows: a step pass's runs, tokens in the pass's order, the wanted rows; the row that
-    // began each KV slot's run
+    // host scratch of gpu_step_rows: a step pass's runs, tokens in the pass's order, the wanted rows; whether a run
+    // of each KV slot has begun
     step_run *runs;                // (max_batch)
-    int32_t *step_tok, *step_seen;  // (max_batch), (n_slots)
+    int32_t *step_tok, *slot_began;  // (max_batch), (n_slots)
     uint8_t *step_wanted;          // (max_batch)
     gpu_parking *park;
     gpu_bufs b;
@@ -287,7 +287,7 @@ int sched_harvest(dj_gpu_state *s, dj_err *e);  // after the pass's last sync: c
 int sched_pass_outside(dj_gpu_state *s, double *outside_s, dj_err *e);
 
 // ---- gpu.c
-int slot_ok(const dj_gpu_state *s, int32_t slot, dj_err *e);  // slot names one of the engine's KV slots
+int kv_slot_ok(const dj_gpu_state *s, int32_t slot, dj_err *e);  // slot names one of the engine's KV slots
 
 // ---- park.c: parking
 int park_init(dj_gpu_state *s, dj_err *e);

@@ -145,7 +145,7 @@ static int issue_copies(dj_gpu_state *s, dj_err *e) {
             return -1;
         q->share = share;
         q->off = sc->pend.off;
-        q->slot = sc->pend.slot;
+        q->ring_slot = sc->pend.slot;
         sc->issued++;
         sc->have_pend = 0;
     }
@@ -164,14 +164,14 @@ int unit_begin(dj_gpu_state *s, int u, gpu_unit *un, dj_err *e) {
     gpu_seq *q = &sc->seq[seq % sc->n_seq];
     if (stream_unit(sc, seq) != u || sc->issued <= seq)
         return dj_fail(e, "internal error: streaming schedule out of step at unit %d", u);
-    uint8_t *slot = sc->d_w + p->ring_off + q->off;
-    un->w = slot;
+    uint8_t *in_ring = sc->d_w + p->ring_off + q->off;
+    un->w = in_ring;
     // The split: the pass's share, or less where the copy (issued ahead) brought more of the unit. Where it
     // brought less (a pass of more rows than expected), the GPU's missing rows follow.
     if (q->share > sc->pass_share) {
         uint64_t extra = 0;
-        if (unit_copy(s, u, slot, s->copy, q->share, sc->pass_share, &extra, e) ||
-            gpu_event_record(sc->copied[q->slot], s->copy, e))
+        if (unit_copy(s, u, in_ring, s->copy, q->share, sc->pass_share, &extra, e) ||
+            gpu_event_record(sc->copied[q->ring_slot], s->copy, e))
             return -1;
         q->share = sc->pass_share;
     }
@@ -179,7 +179,7 @@ int unit_begin(dj_gpu_state *s, int u, gpu_unit *un, dj_err *e) {
         un->host = u < (int)s->m->info.config.n_layers ? dj_layer_ptr(s->m, (uint32_t)u) : dj_head_ptr(s->m);
         un->share = q->share;
     }
-    return gpu_event_record(q->w0, s->compute, e) || gpu_stream_wait(s->compute, sc->copied[q->slot], e) ||
+    return gpu_event_record(q->w0, s->compute, e) || gpu_stream_wait(s->compute, sc->copied[q->ring_slot], e) ||
                    gpu_event_record(q->w1, s->compute, e)
                ? -1
                : 0;
@@ -189,7 +189,7 @@ int unit_end(dj_gpu_state *s, int u, dj_err *e) {
     gpu_sched *sc = &s->sc;
     if (sc->plan->resident[u]) return 0;
     const gpu_seq *q = &sc->seq[sc->computed % sc->n_seq];
-    if (gpu_event_record(sc->freed[q->slot], s->compute, e) || gpu_event_record(q->e1, s->compute, e)) return -1;
+    if (gpu_event_record(sc->freed[q->ring_slot], s->compute, e) || gpu_event_record(q->e1, s->compute, e)) return -1;
     sc->computed++;
     return issue_copies(s, e);
 }

@@ -659,7 +659,8 @@ static int alloc_buffers(dj_gpu_state *s, const gpu_sizes *z, dj_err *e) {
         gpu_malloc((void **)&b->ffn, mb * 2 * hid * 4, "activations", e) ||
         gpu_malloc((void **)&b->hb, mb * hid * 4, "activations", e) ||
         gpu_malloc((void **)&b->logits, GPU_LOGIT_ROWS * vocab * 4, "logits", e) ||
-        gpu_malloc((void **)&b->pos, mb * 4, "positions", e) || gpu_malloc((void **)&b->kv_slot, mb * 4, "KV slots", e) ||
+        gpu_malloc((void **)&b->pos, mb * 4, "positions", e) ||
+        gpu_malloc((void **)&b->kv_slot, mb * 4, "KV slots", e) ||
         gpu_reserve(s->g, z->scratch, e) ||
         gpu_malloc((void **)&b->pick, sizeof *b->pick, "sampling", e) ||
         gpu_malloc((void **)&b->counts, vocab * 4, "sampling", e) || gpu_malloc((void **)&b->next, 4, "sampling", e) ||
@@ -686,7 +687,8 @@ static int alloc_buffers(dj_gpu_state *s, const gpu_sizes *z, dj_err *e) {
 static int copy_resident(dj_gpu_state *s, dj_err *e) {
     const rb_plan *p = s->sc.plan;
     for (int u = 0; u <= (int)s->m->info.config.n_layers; u++)
-        if (p->resident[u] && unit_copy(s, u, s->sc.d_w + p->offset[u], s->copy, SH_NONE, 0, &(uint64_t){0}, e)) return -1;
+        if (p->resident[u] && unit_copy(s, u, s->sc.d_w + p->offset[u], s->copy, SLOT_EMPTY, 0, &(uint64_t){0}, e))
+            return -1;
     return gpu_stream_sync(s->copy, e);
 }
 

@@ -24,7 +24,6 @@
 #define SW_WORDS 48
 #define SH_ROWS 64          // passes of up to this many rows take a CPU share (longer ones: none)
 #define SH_GRID 100         // --cpu-share auto tries the shares k / SH_GRID
-#define SH_NONE 2.0         // unit_copy's `from` for a slot that holds nothing of the unit yet
 #define SH_RETRY 16         // automatic: passes of T rows with T's share turned off by what passes measured,
                             // after which T tries its neighbours' rate again
 #define PROF_CATS 10
@@ -47,6 +46,15 @@ static inline int64_t sp_gpu_rows(const sp_mat *m, double share) {
     double f = share <= m->lo ? 0 : share >= m->hi ? 1 : (share - m->lo) / (m->hi - m->lo);
     return m->n_out - (int64_t)((double)m->n_out * f);
 }
+// What a ring slot holds of its unit (unit_copy's `from`): nothing yet (SLOT_EMPTY), or the unit split at `share`
+// (0: whole; SLOT_SPLIT_AT).
+typedef struct {
+    int empty;
+    double share;
+} slot_held;
+#define SLOT_EMPTY ((slot_held){.empty = 1})
+#define SLOT_SPLIT_AT(f) ((slot_held){.share = (f)})
+
 // Sets lo and hi of a unit's n matrices: the largest first (the earlier on a tie).
 void share_fill(sp_mat *mats, int n);
 // Bytes of the matrices' rows: all of them, or (share > 0) the CPU's at that share.
@@ -270,10 +278,10 @@ struct dj_gpu_state {
 // Bytes of unit u (a layer, or the head: its slab, and for a tied model the embedding table after it as the
 // lm_head, whose offset goes to *lm_off).
 uint64_t unit_bytes(const dj_model *m, int u, uint64_t *lm_off);
-// Unit u host -> device at dst on stream st, so that a slot holding it split at share `from` (SH_NONE: nothing
-// yet) holds it split at `to` <= from (0: whole): the GPU's rows at `to` it lacks, and with SH_NONE everything
-// outside the matrices. *bytes += the bytes moved.
-int unit_copy(dj_gpu_state *s, int u, uint8_t *dst, cudaStream_t st, double from, double to, uint64_t *bytes,
+// Unit u host -> device at dst on stream st, so that a ring slot holding `from` of it holds it split at `to` (<=
+// from's share; 0: whole): the GPU's rows at `to` it lacks, and from an empty slot everything outside the matrices.
+// *bytes += the bytes moved.
+int unit_copy(dj_gpu_state *s, int u, uint8_t *dst, cudaStream_t st, slot_held from, double to, uint64_t *bytes,
               dj_err *e);
 int sched_init(dj_gpu_state *s, dj_err *e);  // the ring and its events; nothing when no unit streams
 void sched_free(dj_gpu_state *s);

@@ -20,18 +20,19 @@ uint64_t unit_bytes(const dj_model *m, int u, uint64_t *lm_off) {
 }
 
 // Copies what a region of `size` bytes holding the matrices `mats` (slab order) needs on the GPU at share `to`
-// and lacks at share `from` (unit_copy), from src to dst: with from = SH_NONE the bytes between the matrices and
-// each one's rows [0, gpu rows at to), else each one's rows [gpu rows at from, gpu rows at to). Adjacent pieces go
-// as one copy. *bytes += the bytes moved.
-static int region_copy(uint8_t *dst, const uint8_t *src, uint64_t size, const sp_mat *mats, int n, double from,
+// and lacks in `from` (unit_copy), from src to dst: from an empty slot the bytes between the matrices and each
+// one's rows [0, gpu rows at to), else each one's rows [gpu rows at from's share, gpu rows at to). Adjacent pieces
+// go as one copy. *bytes += the bytes moved.
+static int region_copy(uint8_t *dst, const uint8_t *src, uint64_t size, const sp_mat *mats, int n, slot_held from,
                        double to, uint64_t *bytes, cudaStream_t st, dj_err *e) {
     uint64_t start = 0, run = 0, run_end = 0;  // the copy pending: [run, run_end)
     for (int i = 0; i <= n; i++) {
-        uint64_t b = from >= SH_NONE ? start : size, x = size, end = size;  // the piece [b, x)
+        uint64_t b = from.empty ? start : size, x = size, end = size;  // the piece [b, x)
         if (i < n) {
             uint64_t rb = dj_row_bytes(mats[i].dtype, (uint64_t)mats[i].n_in);
-            x = mats[i].off + (uint64_t)sp_gpu_rows(&mats[i], to) * rb, end = mats[i].off + (uint64_t)mats[i].n_out * rb;
-            if (from < SH_NONE) b = mats[i].off + (uint64_t)sp_gpu_rows(&mats[i], from) * rb;
+            x = mats[i].off + (uint64_t)sp_gpu_rows(&mats[i], to) * rb;
+            end = mats[i].off + (uint64_t)mats[i].n_out * rb;
+            if (!from.empty) b = mats[i].off + (uint64_t)sp_gpu_rows(&mats[i], from.share) * rb;
         }
         start = end;
         if (x <= b) continue;
@@ -47,7 +48,7 @@ static int region_copy(uint8_t *dst, const uint8_t *src, uint64_t size, const sp
     return 0;
 }
 
-int unit_copy(dj_gpu_state *s, int u, uint8_t *dst, cudaStream_t st, double from, double to, uint64_t *bytes,
+int unit_copy(dj_gpu_state *s, int u, uint8_t *dst, cudaStream_t st, slot_held from, double to, uint64_t *bytes,
               dj_err *e) {
     const dj_model *m = s->m;
     const unit_mats *um = &s->mats;
@@ -56,8 +57,7 @@ int unit_copy(dj_gpu_state *s, int u, uint8_t *dst, cudaStream_t st, double from
                            bytes, st, e);
     if (!m->info.config.tied)
         return region_copy(dst, dj_head_ptr(m), m->info.head.size, &um->lm_head, 1, from, to, bytes, st, e);
-    if (from >= SH_NONE &&
-        region_copy(dst, dj_head_ptr(m), m->info.head.size, NULL, 0, SH_NONE, 0, bytes, st, e))
+    if (from.empty && region_copy(dst, dj_head_ptr(m), m->info.head.size, NULL, 0, SLOT_EMPTY, 0, bytes, st, e))
         return -1;
     return region_copy(dst + s->sc.head_lm_off, dj_embed_ptr(m), m->info.embed_size, &um->lm_head, 1, from, to, bytes,
                        st, e);
@@ -140,7 +140,7 @@ static int issue_copies(dj_gpu_state *s, dj_err *e) {
         double share = seq < sc->pass_end ? sc->pass_share : sc->warming ? 0 : sc->next_share;
         q->bytes = 0;
         if (gpu_event_record(q->c0, s->copy, e) ||
-            unit_copy(s, stream_unit(sc, seq), dst, s->copy, SH_NONE, share, &q->bytes, e) ||
+            unit_copy(s, stream_unit(sc, seq), dst, s->copy, SLOT_EMPTY, share, &q->bytes, e) ||
             gpu_event_record(q->c1, s->copy, e) || gpu_event_record(sc->copied[sc->pend.slot], s->copy, e))
             return -1;
         q->share = share;
@@ -170,7 +170,7 @@ int unit_begin(dj_gpu_state *s, int u, gpu_unit *un, dj_err *e) {
     // brought less (a pass of more rows than expected), the GPU's missing rows follow.
     if (q->share > sc->pass_share) {
         uint64_t extra = 0;
-        if (unit_copy(s, u, in_ring, s->copy, q->share, sc->pass_share, &extra, e) ||
+        if (unit_copy(s, u, in_ring, s->copy, SLOT_SPLIT_AT(q->share), sc->pass_share, &extra, e) ||
             gpu_event_record(sc->copied[q->ring_slot], s->copy, e))
             return -1;
         q->share = sc->pass_share;

@@ -216,60 +216,96 @@ static int norm_matmul(dj_gpu_state *s, const uint8_t *w, int k, const float *no
     return 0;
 }
 
-// One transformer layer on the pass's T rows of the residual stream d_x; un: the layer's weights. `pending`: the
-// previous layer's output (in d_delta) still has to be added, fused with this layer's first norm.
-static int gpu_layer(dj_gpu_state *s, const pass_desc *pd, const gpu_unit *un, int l, int pending, dj_err *e) {
+// How a layer runs on its unit in this pass, decided before its kernels (plan_layer) from where its matrices run:
+// the norms inside the GEMVs after them, and the MLP block's form.
+typedef enum {
+    MLP_NORMS_FUSED,  // one token, all on the GPU: the norm inside the gate|up GEMV, silu(gate) * up out of it
+    MLP_GPU_DOWN,     // down all on the GPU: its q8/q4 products compute silu(gate) * up as they read it
+    MLP_SPLIT_DOWN,   // down split with the CPU: silu(gate) * up into d_hb first
+    MLP_CPU_CHAIN,    // the CPU has all of gate and up: one CPU job from x to its rows of down (share_ffn)
+} mlp_form;
+
+typedef struct {
+    int norms_fused;  // both norms inside the GEMVs after them (norms_fused, norm_matmul)
+    mlp_form mlp;
+} layer_plan;
+
+static layer_plan plan_layer(const dj_gpu_state *s, const gpu_unit *un, int64_t T) {
+    const sp_mat *dn = &s->mats.layer[s->mats.n_layer - 1];
+    if (norms_fused(s, un, T)) return (layer_plan){1, MLP_NORMS_FUSED};
+    if (un->host && share_chain(&s->mats, un->share)) return (layer_plan){0, MLP_CPU_CHAIN};
+    if (!un->host || sp_gpu_rows(dn, un->share) == dn->n_out) return (layer_plan){0, MLP_GPU_DOWN};
+    return (layer_plan){0, MLP_SPLIT_DOWN};
+}
+
+// q|k|v = wq|wk|wv . rmsnorm(x), x += delta first where `pending`: the norm inside the GEMV, or before the matmuls.
+static int norm_qkv(dj_gpu_state *s, const gpu_unit *un, const layer_plan *pl, int64_t T, const float *norm,
+                    int pending, qkv_rows *qkv, dj_err *e) {
     const dj_config *c = &s->m->info.config;
-    const dj_layer_layout *L = &s->m->info.layer;
+    gpu_bufs *b = &s->b;
+    if (pl->norms_fused) {
+        STEP(QKV, norm_matmul(s, un->w, 0, norm, pending, qkv, e));
+        return 0;
+    }
+    STEP(NORM, pending ? gpu_add_rmsnorm(b->x, b->delta, b->xb, norm, T, c->dim, c->norm_eps, s->compute, e)
+                       : gpu_rmsnorm(b->xb, b->x, norm, T, c->dim, c->norm_eps, s->compute, e));
+    STEP(QKV, qkv_matmul(s, un, T, qkv, e));
+    return 0;
+}
+
+// delta = w_down . (silu(w_gate . n) * (w_up . n)), n = rmsnorm(x += delta), in the plan's form.
+static int mlp_block(dj_gpu_state *s, const gpu_unit *un, const layer_plan *pl, int64_t T, const float *norm,
+                     dj_err *e) {
+    const dj_config *c = &s->m->info.config;
     gpu_bufs *b = &s->b;
     cudaStream_t st = s->compute;
-    int64_t dim = c->dim, hid = c->hidden_dim, T = pd->T;
-    float eps = c->norm_eps;
-    const uint8_t *w = un->w;
-    const float *attn_norm = (const float *)(w + L->attn_norm), *ffn_norm = (const float *)(w + L->ffn_norm);
-    size_t layer_kv = (size_t)l * c->n_kv_heads * (size_t)s->max_seq * c->head_dim +
-                      (pd->step ? 0 : (size_t)pd->kv_slot * (size_t)s->slot_floats);
-    float *kc = b->k + layer_kv, *vc = b->v + layer_kv;
-    int k_wo = s->fused_qkv ? 1 : 3, k_down = s->mats.n_layer - 1;
-    qkv_rows qkv;
+    const int k_down = s->mats.n_layer - 1;
+    const sp_mat *dn = &s->mats.layer[k_down];
     ffn_rows ffn;
-
-    prof_mark(s, PROF_OTHER);  // what came before: streaming waits, the embeddings
-    // attention block: x += wo . attention(rope(wq|wk|wv . rmsnorm(x)))
-    const int fuse = norms_fused(s, un, T);
-    if (fuse) {
-        STEP(QKV, norm_matmul(s, w, 0, attn_norm, pending, &qkv, e));
-    } else {
-        STEP(NORM, pending ? gpu_add_rmsnorm(b->x, b->delta, b->xb, attn_norm, T, dim, eps, st, e)
-                           : gpu_rmsnorm(b->xb, b->x, attn_norm, T, dim, eps, st, e));
-        STEP(QKV, qkv_matmul(s, un, T, &qkv, e));
-    }
-    STEP(ROPE_KV, rope_kv_write(s, pd, &qkv, kc, vc, e));
-    STEP(ATTENTION, attention(s, pd, &qkv, kc, vc, e));
-    STEP(WO, layer_mm(s, un, k_wo, b->delta, b->att, T, e));
-    // MLP block: x += w_down . (silu(w_gate . n) * (w_up . n)), n = rmsnorm(x)
-    if (fuse) {  // one token: silu(gate) * up straight out of the gate|up GEMV
-        STEP(GATE_UP, norm_matmul(s, w, 2, ffn_norm, 1, NULL, e));
+    if (pl->mlp == MLP_NORMS_FUSED) {
+        STEP(GATE_UP, norm_matmul(s, un->w, 2, norm, 1, NULL, e));
         STEP(DOWN, layer_mm(s, un, k_down, b->delta, b->hb, T, e));
         return 0;
     }
-    STEP(NORM, gpu_add_rmsnorm(b->x, b->delta, b->xb, ffn_norm, T, dim, eps, st, e));
-    if (un->host && share_chain(&s->mats, un->share)) {  // the CPU has all of gate and up
+    STEP(NORM, gpu_add_rmsnorm(b->x, b->delta, b->xb, norm, T, c->dim, c->norm_eps, st, e));
+    if (pl->mlp == MLP_CPU_CHAIN) {
         STEP(DOWN, share_ffn(s, b->delta, b->hb, b->xb, T, un, e));
         return 0;
     }
     STEP(GATE_UP, gate_up_matmul(s, un, T, &ffn, e));
-    const sp_mat *dn = &s->mats.layer[k_down];
-    const uint8_t *wd = w + dn->off;
-    if (!un->host || sp_gpu_rows(dn, un->share) == dn->n_out) {
-        // all on the GPU: q8/q4 products compute silu(gate) * up as they read it
-        STEP(DOWN, gpu_swiglu_matmul(s->g, b->delta, b->hb, ffn.gate, ffn.up, ffn.ld, wd, dn->dtype, T, dn->n_in,
-                                     dn->n_out, st, e));
-    } else {
-        STEP(SWIGLU, gpu_swiglu(b->hb, ffn.gate, ffn.up, T, hid, ffn.ld, st, e));
-        STEP(DOWN, layer_mm(s, un, k_down, b->delta, b->hb, T, e));
+    if (pl->mlp == MLP_GPU_DOWN) {
+        STEP(DOWN, gpu_swiglu_matmul(s->g, b->delta, b->hb, ffn.gate, ffn.up, ffn.ld, un->w + dn->off, dn->dtype, T,
+                                     dn->n_in, dn->n_out, st, e));
+        return 0;
     }
+    STEP(SWIGLU, gpu_swiglu(b->hb, ffn.gate, ffn.up, T, c->hidden_dim, ffn.ld, st, e));
+    STEP(DOWN, layer_mm(s, un, k_down, b->delta, b->hb, T, e));
     return 0;
+}
+
+// One transformer layer on the pass's T rows of the residual stream d_x, on its unit's weights as planned. `pending`:
+// the previous layer's output (in d_delta) still has to be added, fused with this layer's first norm.
+static int gpu_layer(dj_gpu_state *s, const pass_desc *pd, const gpu_unit *un, const layer_plan *pl, int l,
+                     int pending, dj_err *e) {
+    const dj_config *c = &s->m->info.config;
+    const dj_layer_layout *L = &s->m->info.layer;
+    gpu_bufs *b = &s->b;
+    int64_t T = pd->T;
+    const float *attn_norm = (const float *)(un->w + L->attn_norm), *ffn_norm = (const float *)(un->w + L->ffn_norm);
+    size_t layer_kv = (size_t)l * c->n_kv_heads * (size_t)s->max_seq * c->head_dim +
+                      (pd->step ? 0 : (size_t)pd->kv_slot * (size_t)s->slot_floats);
+    float *kc = b->k + layer_kv, *vc = b->v + layer_kv;  // the layer's keys and values (of the prefill's KV slot)
+    const int k_wo = s->fused_qkv ? 1 : 3;
+    qkv_rows qkv;
+
+    prof_mark(s, PROF_OTHER);  // what came before: streaming waits, the embeddings
+    // attention block: x += wo . attention(rope(wq|wk|wv . rmsnorm(x)))
+    if (norm_qkv(s, un, pl, T, attn_norm, pending, &qkv, e)) return -1;  // q|k|v of the normed x
+    STEP(ROPE_KV, rope_kv_write(s, pd, &qkv, kc, vc, e));                // RoPE on q and k; k and v into the cache
+    STEP(ATTENTION, attention(s, pd, &qkv, kc, vc, e));                  // each query over its slot's keys, causal
+    STEP(WO, layer_mm(s, un, k_wo, b->delta, b->att, T, e));             // delta = wo . att
+    // MLP block: x += w_down . (silu(w_gate . n) * (w_up . n)), n = rmsnorm(x)
+    return mlp_block(s, un, pl, T, ffn_norm, e);
 }
 
 // ---- the pass
@@ -284,9 +320,9 @@ static int gpu_body(dj_gpu_state *s, const pass_desc *pd, gpu_unit *head, dj_err
     int pending = 0;  // a layer's output in d_delta not yet added to d_x (a probe may add it: probe_gpu.c)
     for (int l = 0; l < nl; l++) {
         gpu_unit un;
-        if (unit_begin(s, l, &un, e) || trace_unit(s->tr, l, 0, e) || gpu_layer(s, pd, &un, l, pending, e) ||
-            trace_unit(s->tr, l, 1, e) || unit_end(s, l, e))
-            return -1;
+        if (unit_begin(s, l, &un, e) || trace_unit(s->tr, l, 0, e)) return -1;
+        const layer_plan pl = plan_layer(s, &un, T);  // where its matrices run, decided once
+        if (gpu_layer(s, pd, &un, &pl, l, pending, e) || trace_unit(s->tr, l, 1, e) || unit_end(s, l, e)) return -1;
         pending = 1;
         if (gpu_probe_layer(s, pd, l, &pending, e)) return -1;
     }

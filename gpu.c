@@ -403,41 +403,55 @@ static int graph_step(dj_gpu_state *s, const pass_desc *pd, dj_err *e) {
     return 0;
 }
 
-// One pass over pd->T <= max_batch tokens, whose positions and KV slots the caller staged in h_pos and h_kv_slot.
-static int pass_run(dj_gpu_state *s, const pass_desc *pd, dj_err *e) {
+// The decode step runs as one CUDA graph where it can be captured whole: one row, every unit resident, an output
+// wanted, and nothing that asks for it kernel by kernel (--no-graph, profiling, a trace, a probe that reads rows
+// back mid-pass).
+static int graph_fits(const dj_gpu_state *s, const pass_desc *pd) {
+    const int all_resident = !s->sc.plan->n_streamed, wants_output = pd->logits || pd->pick;
+    const int kernel_by_kernel = s->opts.no_graph || s->prof.on || s->tr || !gpu_probe_graphable(s);
+    return pd->T == 1 && all_resident && wants_output && !kernel_by_kernel;
+}
+
+// The head's rows [r0, r0 + rows) of the pass: their logits into d_logits and on to h_logits, or the pick from
+// them, queued on the compute stream (logits NULL and no pick: nothing).
+static int head_chunk(dj_gpu_state *s, const pass_desc *pd, const gpu_unit *head, const float *logits, int64_t r0,
+                      int64_t rows, dj_err *e) {
+    const pick_req *pk = pd->pick;
+    int64_t vocab = s->m->info.config.vocab_size;
+    if ((logits || pk) && head_logits(s, pd->T, r0, rows, head, e)) return -1;
+    return (pk ? queue_pick(s, pk, e)
+               : logits && gpu_d2h_async(s->b.h_logits, s->b.logits, (size_t)(rows * vocab) * 4, s->compute, e))
+               ? -1
+               : 0;
+}
+
+// The head over the rows wanted, in chunks of GPU_LOGIT_ROWS (none wanted: one round without its kernels, which
+// still ends its unit). After the last chunk's kernels the head's unit ends (its ring slot released, the next
+// pass's first copies issued) before the final wait; each wait joins the CPU's rows first (share_flush), then the
+// chunk's logits, or the pick, go to the caller.
+static int pass_head(dj_gpu_state *s, const pass_desc *pd, const gpu_unit *head, int streams, dj_err *e) {
     int64_t vocab = s->m->info.config.vocab_size, T = pd->T;
     int nl = (int)s->m->info.config.n_layers;
     float *logits = pd->logits;
-    const pick_req *pk = pd->pick;
-    if (trace_pass_begin(s->tr, T, s->sc.issued, e)) return -1;
-    sched_pass_begin(s, T);
-    share_pass_begin(&s->sh);
-    if (upload_tokens(s, pd, e)) return -1;
-    if (T == 1 && !s->sc.plan->n_streamed && (logits || pk) && !s->opts.no_graph && !s->prof.on && !s->tr &&
-        gpu_probe_graphable(s))
-        return graph_step(s, pd, e);
-    gpu_unit head;
-    const int streams = s->sc.plan->n_streamed > 0;  // the pass's time outside its streamed units is measured
-    if ((streams && gpu_event_record(s->sc.p0, s->compute, e)) || gpu_body(s, pd, &head, e)) return -1;
-    // The head's logits in chunks of GPU_LOGIT_ROWS; its slot is released (and the next pass's first copies
-    // issued) before the final wait.
-    // Rows [first, end): the ones wanted (none: one round without a head, which still releases the head's unit).
     int64_t first = pd->logit_first, end = pd->logit_end;
     if (end <= first) logits = NULL, first = T - 1, end = T;
     for (int64_t r0 = first; r0 < end; r0 += GPU_LOGIT_ROWS) {
         int64_t rows = end - r0 < GPU_LOGIT_ROWS ? end - r0 : GPU_LOGIT_ROWS, last = r0 + rows >= end;
-        if ((logits || pk) && head_logits(s, T, r0, rows, &head, e)) return -1;
-        if (pk ? queue_pick(s, pk, e)
-               : logits && gpu_d2h_async(s->b.h_logits, s->b.logits, (size_t)(rows * vocab) * 4, s->compute, e))
-            return -1;
+        if (head_chunk(s, pd, head, logits, r0, rows, e)) return -1;
         prof_mark(s, PROF_HEAD);
         if (last && (trace_unit(s->tr, nl, 1, e) || unit_end(s, nl, e) ||
-                     (streams && gpu_event_record(s->sc.p1, s->compute, e))))
+                     (streams && gpu_event_record(s->sc.p1, s->compute, e))))  // the pass's end on the stream
             return -1;
         if (share_flush(s, e) || gpu_stream_sync(s->compute, e)) return -1;
-        if (pk) *pk->next = *s->b.h_next;
+        if (pd->pick) *pd->pick->next = *s->b.h_next;
         else if (logits) memcpy(logits + (r0 - first) * vocab, s->b.h_logits, (size_t)(rows * vocab) * 4);
     }
+    return 0;
+}
+
+// After the pass's last wait: its copies' timings and its time outside its streamed units, the trace, what the
+// CPU share learns from it, the profile.
+static int pass_end(dj_gpu_state *s, int64_t T, int streams, dj_err *e) {
     if (sched_harvest(s, e) || (streams && sched_pass_outside(s, &s->sh.pass_outside_s, e)) ||
         trace_pass_end(s->tr, e))
         return -1;
@@ -446,6 +460,21 @@ static int pass_run(dj_gpu_state *s, const pass_desc *pd, dj_err *e) {
     prof_collect(s, T == 1);
     s->st.passes++;
     return 0;
+}
+
+// One pass over pd->T <= max_batch tokens, whose positions and KV slots the caller staged in h_pos and h_kv_slot.
+static int pass_run(dj_gpu_state *s, const pass_desc *pd, dj_err *e) {
+    if (trace_pass_begin(s->tr, pd->T, s->sc.issued, e)) return -1;
+    sched_pass_begin(s, pd->T);
+    share_pass_begin(&s->sh);
+    if (upload_tokens(s, pd, e)) return -1;
+    if (graph_fits(s, pd)) return graph_step(s, pd, e);
+    gpu_unit head;
+    const int streams = s->sc.plan->n_streamed > 0;  // the pass's time outside its streamed units is measured
+    if ((streams && gpu_event_record(s->sc.p0, s->compute, e)) || gpu_body(s, pd, &head, e) ||
+        pass_head(s, pd, &head, streams, e))
+        return -1;
+    return pass_end(s, pd->T, streams, e);
 }
 
 // A pass that fails lets go the GPU's wait for a CPU job it queued: a later wait on the stream would never end.

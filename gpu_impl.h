@@ -1,12 +1,12 @@
 // gpu_impl.h: the GPU engine's state, shared by its files and nothing else:
-//   gpu.c        set-up (device, budget, plan, buffers, warm-up), the layer, the pass
-//   stream.c     the copy schedule: streamed units through the ring's slots, copy and compute streams in step
+//   gpu.c          set-up (device, budget, plan, buffers, warm-up), the layer, the pass
+//   stream.c       the copy schedule: streamed units through the ring's slots, copy and compute streams in step
+//   share.c        the CPU share: the rows of streamed matrices the CPU computes from host memory (split matmuls)
 //   share_split.c  the CPU share's geometry: a unit's matrices and where a share cuts them
 //   share_chan.c   the CPU share's job channel: x to the host, the CPU's rows back, the job's words
-//   share.c      the CPU share: the rows of streamed matrices the CPU computes from host memory
 //   share_auto.c   --cpu-share auto: the share's tuner
-//   park.c       KV slots parked in page-locked host memory and restored
-//   probe_gpu.c  probes: control vectors added after layers, layers' rows dumped
+//   park.c         KV slots parked in page-locked host memory and restored
+//   probe_gpu.c    probes: control vectors added after layers, layers' rows dumped
 #ifndef DJINN_GPU_IMPL_H
 #define DJINN_GPU_IMPL_H
 

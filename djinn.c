@@ -239,141 +239,134 @@ static int check_probe_args(const dj_opts *o) {
     return 0;
 }
 
-// Returns 0 when parsed, else the exit code (EXIT_USAGE, or -1 for --help, -2 for --version).
-static int parse_args(int argc, char **argv, dj_opts *o) {
-    *o = (dj_opts){.prompt = "", .n_new = 256, .smp = DJ_SAMPLING_DEFAULT, .tol = -1, .cpu_share = -1,
-                   .spec = {.k_max = DEFAULT_DRAFT_MAX}};
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (!strcmp(a, "--help") || !strcmp(a, "-h")) return -1;
-        if (!strcmp(a, "--version")) return -2;
-        if (!strcmp(a, "--cpu")) { o->force_cpu = 1; continue; }
-        if (!strcmp(a, "--tokenize")) { o->tokenize = 1; continue; }
-        if (!strcmp(a, "--chat")) { o->chat = 1; continue; }
-        if (!strcmp(a, "--stream-all")) { o->stream_all = 1; continue; }
-        if (!strcmp(a, "--sync-copy")) { o->sync_copy = 1; continue; }
-        if (!strcmp(a, "--no-graph")) { o->no_graph = 1; continue; }
-        if (!strcmp(a, "--fma-attn")) { o->fma_attn = 1; continue; }
-        if (!strcmp(a, "--no-pin")) { o->no_pin = 1; continue; }
-        // probes and sessions; --dump-act takes two values
-        if (!strcmp(a, "--dump-act") || !strcmp(a, "--steer") || !strcmp(a, "--save-session") ||
-            !strcmp(a, "--load-session")) {
-            int two = !strcmp(a, "--dump-act");
-            if (i + 1 + two >= argc)
-                return usage_error(two ? "option '%s' needs LAYERS and FILE" : "option '%s' needs a value", a);
-            const char *v = argv[++i];
-            if (two) {
-                o->dump_layers = v, o->dump_path = argv[++i];
-            } else if (!strcmp(a, "--steer")) {
-                if (o->n_steers == MAX_STEERS) return usage_error("more than %s --steer vectors", "64");
-                o->steers[o->n_steers++] = v;
-            } else if (!strcmp(a, "--save-session")) {
-                o->save_session = v;
-            } else {
-                o->load_session = v;
-            }
-            continue;
-        }
-        if (a[0] != '-' || a[1] == 0) {
-            if (o->model_path) return usage_error("unexpected argument '%s'", a);
-            o->model_path = a;
-            continue;
-        }
-        static const char *with_value[] = {"-p", "-f", "--stop", "--system", "--top-k", "--min-p", "--repeat-penalty",
-                                           "--repeat-last-n", "--presence-penalty", "--frequency-penalty", "-n", "-t", "--top-p", "-s", "-c", "--ring-gb", "--logits",
-                                           "--check", "--tol", "--stats-json", "--cpu-share", "--perplexity",
-                                           "--threads", "--draft", "--draft-max", "--draft-p-min", "--trace",
-                                           "--trace-steps"};
-        int known = 0;
-        for (size_t k = 0; k < sizeof with_value / sizeof *with_value; k++) known |= !strcmp(a, with_value[k]);
-        if (!known) return usage_error("unknown option '%s'", a);
-        if (i + 1 >= argc) return usage_error("option '%s' needs a value", a);
-        const char *v = argv[++i];
-        int64_t n;
-        double d;
-        if (!strcmp(a, "-p")) {
-            o->prompt = v, o->prompt_len = strlen(v);
-        } else if (!strcmp(a, "-f")) {
-            o->prompt_file = v;
-        } else if (!strcmp(a, "--system")) {
-            o->system = v;
-        } else if (!strcmp(a, "--stop")) {
-            if (!v[0]) return usage_error("%s", "--stop needs a non-empty string");
-            if (o->n_stops == MAX_STOPS) return usage_error("more than %s --stop strings", "16");
-            o->stops[o->n_stops++] = v;
-        } else if (!strcmp(a, "-n")) {
-            if (parse_i64(v, &n) || n < 0) return usage_error("-n needs a count >= 0, not '%s'", v);
-            o->n_new = n;
-        } else if (!strcmp(a, "-t")) {
-            if (parse_f64(v, &d) || d < 0) return usage_error("-t needs a temperature >= 0, not '%s'", v);
-            o->smp.temp = d;
-        } else if (!strcmp(a, "--top-p")) {
-            if (parse_f64(v, &d) || d < 0 || d > 1) return usage_error("--top-p needs a value in [0, 1], not '%s'", v);
-            o->smp.top_p = d;
-        } else if (!strcmp(a, "--top-k")) {
-            if (parse_i64(v, &n) || n < 0) return usage_error("--top-k needs a count >= 0, not '%s'", v);
-            o->smp.top_k = n;
-        } else if (!strcmp(a, "--min-p")) {
-            if (parse_f64(v, &d) || d < 0 || d > 1) return usage_error("--min-p needs a value in [0, 1], not '%s'", v);
-            o->smp.min_p = d;
-        } else if (!strcmp(a, "--repeat-penalty")) {
-            if (parse_f64(v, &d) || d <= 0) return usage_error("--repeat-penalty needs a positive factor, not '%s'", v);
-            o->smp.repeat_penalty = d;
-        } else if (!strcmp(a, "--repeat-last-n")) {
-            if (parse_i64(v, &n) || n < 0 || n > (1 << 24))
-                return usage_error("--repeat-last-n needs a count from 0 to 16777216, not '%s'", v);
-            o->smp.repeat_last_n = n;
-        } else if (!strcmp(a, "--presence-penalty") || !strcmp(a, "--frequency-penalty")) {
-            if (parse_f64(v, &d)) return usage_error("%s needs a number", a);
-            if (a[2] == 'p') o->smp.presence_penalty = d;
-            else o->smp.frequency_penalty = d;
-        } else if (!strcmp(a, "-s")) {
-            if (parse_i64(v, &n) || n < 0) return usage_error("-s needs a non-negative integer seed, not '%s'", v);
-            o->seed = (uint64_t)n;
-            o->seed_given = 1;
-        } else if (!strcmp(a, "-c")) {
-            if (parse_i64(v, &n) || n <= 0) return usage_error("-c needs a positive context size, not '%s'", v);
-            o->ctx = n;
-        } else if (!strcmp(a, "--threads")) {
-            if (parse_i64(v, &n) || n < 1 || n > 256) return usage_error("--threads needs a count from 1 to 256, not '%s'", v);
-            o->threads = n;
-        } else if (!strcmp(a, "--ring-gb")) {
-            if (parse_f64(v, &d) || d <= 0) return usage_error("--ring-gb needs a positive number of GB, not '%s'", v);
-            o->ring_gb = d;
-        } else if (!strcmp(a, "--cpu-share")) {
-            if (!strcmp(v, "auto")) d = -1;
-            else if (parse_f64(v, &d) || d < 0 || d > 0.95)
-                return usage_error("--cpu-share needs 'auto' or a fraction from 0 to 0.95, not '%s'", v);
-            o->cpu_share = d;
-            o->cpu_share_given = 1;
-        } else if (!strcmp(a, "--logits")) {
-            o->logits_path = v;
-        } else if (!strcmp(a, "--stats-json")) {
-            o->stats_path = v;
-        } else if (!strcmp(a, "--check")) {
-            o->check_path = v;
-        } else if (!strcmp(a, "--perplexity")) {
-            o->ppl_path = v;
-        } else if (!strcmp(a, "--draft")) {
-            o->draft_path = v;
-        } else if (!strcmp(a, "--trace")) {
-            o->trace_path = v;
-        } else if (!strcmp(a, "--trace-steps")) {
-            if (parse_i64(v, &n) || n < 1 || n > TRACE_STEPS_MAX)
-                return usage_error("--trace-steps needs a count from 1 to 64, not '%s'", v);  // TRACE_STEPS_MAX
-            o->trace_steps = n;
-        } else if (!strcmp(a, "--draft-max")) {
-            if (parse_i64(v, &n) || n < 1 || n > SPEC_K_MAX)
-                return usage_error("--draft-max needs a count from 1 to 32, not '%s'", v);  // SPEC_K_MAX
-            o->spec.k_max = n, o->spec_given = 1;
-        } else if (!strcmp(a, "--draft-p-min")) {
-            if (parse_f64(v, &d) || d < 0 || d > 1) return usage_error("--draft-p-min needs a value in [0, 1], not '%s'", v);
-            o->spec.p_min = d, o->spec_given = 1;
-        } else if (!strcmp(a, "--tol")) {
-            if (parse_f64(v, &d) || d < 0) return usage_error("--tol needs a non-negative number, not '%s'", v);
-            o->tol = d;
-        }
+// A flag without a value: set (1), or not one (0).
+static int parse_flag(const char *a, dj_opts *o) {
+    if (!strcmp(a, "--cpu")) { o->force_cpu = 1; return 1; }
+    if (!strcmp(a, "--tokenize")) { o->tokenize = 1; return 1; }
+    if (!strcmp(a, "--chat")) { o->chat = 1; return 1; }
+    if (!strcmp(a, "--stream-all")) { o->stream_all = 1; return 1; }
+    if (!strcmp(a, "--sync-copy")) { o->sync_copy = 1; return 1; }
+    if (!strcmp(a, "--no-graph")) { o->no_graph = 1; return 1; }
+    if (!strcmp(a, "--fma-attn")) { o->fma_attn = 1; return 1; }
+    if (!strcmp(a, "--no-pin")) { o->no_pin = 1; return 1; }
+    return 0;
+}
+
+// --dump-act LAYERS FILE, --steer, --save-session or --load-session at argv[*i] (*taken, *i then past its values):
+// 0, or EXIT_USAGE after its line.
+static int parse_probe_or_session(int argc, char **argv, int *i, dj_opts *o, int *taken) {
+    const char *a = argv[*i];
+    *taken = !strcmp(a, "--dump-act") || !strcmp(a, "--steer") || !strcmp(a, "--save-session") ||
+             !strcmp(a, "--load-session");
+    if (!*taken) return 0;
+    int two = !strcmp(a, "--dump-act");
+    if (*i + 1 + two >= argc)
+        return usage_error(two ? "option '%s' needs LAYERS and FILE" : "option '%s' needs a value", a);
+    const char *v = argv[++*i];
+    if (two) {
+        o->dump_layers = v, o->dump_path = argv[++*i];
+    } else if (!strcmp(a, "--steer")) {
+        if (o->n_steers == MAX_STEERS) return usage_error("more than %s --steer vectors", "64");
+        o->steers[o->n_steers++] = v;
+    } else if (!strcmp(a, "--save-session")) {
+        o->save_session = v;
+    } else {
+        o->load_session = v;
     }
+    return 0;
+}
+
+// Option `a`'s value v (a is one of with_value's): 0, or EXIT_USAGE after its line.
+static int parse_value(const char *a, const char *v, dj_opts *o) {
+    int64_t n;
+    double d;
+    if (!strcmp(a, "-p")) {
+        o->prompt = v, o->prompt_len = strlen(v);
+    } else if (!strcmp(a, "-f")) {
+        o->prompt_file = v;
+    } else if (!strcmp(a, "--system")) {
+        o->system = v;
+    } else if (!strcmp(a, "--stop")) {
+        if (!v[0]) return usage_error("%s", "--stop needs a non-empty string");
+        if (o->n_stops == MAX_STOPS) return usage_error("more than %s --stop strings", "16");
+        o->stops[o->n_stops++] = v;
+    } else if (!strcmp(a, "-n")) {
+        if (parse_i64(v, &n) || n < 0) return usage_error("-n needs a count >= 0, not '%s'", v);
+        o->n_new = n;
+    } else if (!strcmp(a, "-t")) {
+        if (parse_f64(v, &d) || d < 0) return usage_error("-t needs a temperature >= 0, not '%s'", v);
+        o->smp.temp = d;
+    } else if (!strcmp(a, "--top-p")) {
+        if (parse_f64(v, &d) || d < 0 || d > 1) return usage_error("--top-p needs a value in [0, 1], not '%s'", v);
+        o->smp.top_p = d;
+    } else if (!strcmp(a, "--top-k")) {
+        if (parse_i64(v, &n) || n < 0) return usage_error("--top-k needs a count >= 0, not '%s'", v);
+        o->smp.top_k = n;
+    } else if (!strcmp(a, "--min-p")) {
+        if (parse_f64(v, &d) || d < 0 || d > 1) return usage_error("--min-p needs a value in [0, 1], not '%s'", v);
+        o->smp.min_p = d;
+    } else if (!strcmp(a, "--repeat-penalty")) {
+        if (parse_f64(v, &d) || d <= 0) return usage_error("--repeat-penalty needs a positive factor, not '%s'", v);
+        o->smp.repeat_penalty = d;
+    } else if (!strcmp(a, "--repeat-last-n")) {
+        if (parse_i64(v, &n) || n < 0 || n > (1 << 24))
+            return usage_error("--repeat-last-n needs a count from 0 to 16777216, not '%s'", v);
+        o->smp.repeat_last_n = n;
+    } else if (!strcmp(a, "--presence-penalty") || !strcmp(a, "--frequency-penalty")) {
+        if (parse_f64(v, &d)) return usage_error("%s needs a number", a);
+        if (a[2] == 'p') o->smp.presence_penalty = d;
+        else o->smp.frequency_penalty = d;
+    } else if (!strcmp(a, "-s")) {
+        if (parse_i64(v, &n) || n < 0) return usage_error("-s needs a non-negative integer seed, not '%s'", v);
+        o->seed = (uint64_t)n;
+        o->seed_given = 1;
+    } else if (!strcmp(a, "-c")) {
+        if (parse_i64(v, &n) || n <= 0) return usage_error("-c needs a positive context size, not '%s'", v);
+        o->ctx = n;
+    } else if (!strcmp(a, "--threads")) {
+        if (parse_i64(v, &n) || n < 1 || n > 256) return usage_error("--threads needs a count from 1 to 256, not '%s'", v);
+        o->threads = n;
+    } else if (!strcmp(a, "--ring-gb")) {
+        if (parse_f64(v, &d) || d <= 0) return usage_error("--ring-gb needs a positive number of GB, not '%s'", v);
+        o->ring_gb = d;
+    } else if (!strcmp(a, "--cpu-share")) {
+        if (!strcmp(v, "auto")) d = -1;
+        else if (parse_f64(v, &d) || d < 0 || d > 0.95)
+            return usage_error("--cpu-share needs 'auto' or a fraction from 0 to 0.95, not '%s'", v);
+        o->cpu_share = d;
+        o->cpu_share_given = 1;
+    } else if (!strcmp(a, "--logits")) {
+        o->logits_path = v;
+    } else if (!strcmp(a, "--stats-json")) {
+        o->stats_path = v;
+    } else if (!strcmp(a, "--check")) {
+        o->check_path = v;
+    } else if (!strcmp(a, "--perplexity")) {
+        o->ppl_path = v;
+    } else if (!strcmp(a, "--draft")) {
+        o->draft_path = v;
+    } else if (!strcmp(a, "--trace")) {
+        o->trace_path = v;
+    } else if (!strcmp(a, "--trace-steps")) {
+        if (parse_i64(v, &n) || n < 1 || n > TRACE_STEPS_MAX)
+            return usage_error("--trace-steps needs a count from 1 to 64, not '%s'", v);  // TRACE_STEPS_MAX
+        o->trace_steps = n;
+    } else if (!strcmp(a, "--draft-max")) {
+        if (parse_i64(v, &n) || n < 1 || n > SPEC_K_MAX)
+            return usage_error("--draft-max needs a count from 1 to 32, not '%s'", v);  // SPEC_K_MAX
+        o->spec.k_max = n, o->spec_given = 1;
+    } else if (!strcmp(a, "--draft-p-min")) {
+        if (parse_f64(v, &d) || d < 0 || d > 1) return usage_error("--draft-p-min needs a value in [0, 1], not '%s'", v);
+        o->spec.p_min = d, o->spec_given = 1;
+    } else if (!strcmp(a, "--tol")) {
+        if (parse_f64(v, &d) || d < 0) return usage_error("--tol needs a non-negative number, not '%s'", v);
+        o->tol = d;
+    }
+    return 0;
+}
+
+// The options given together: 0, or EXIT_USAGE after its line.
+static int check_args(const dj_opts *o) {
     if (!o->model_path) return usage_error("%s", "no MODEL given");
     if (o->prompt_file && o->prompt[0]) return usage_error("%s", "-p and -f both give the prompt: one of them");
     if (o->chat && (o->prompt[0] || o->prompt_file || o->tokenize || o->check_path || o->ppl_path || o->logits_path ||
@@ -394,6 +387,39 @@ static int parse_args(int argc, char **argv, dj_opts *o) {
         return usage_error("%s", "--draft speeds up generation: not with --chat, --check, --perplexity, --tokenize or "
                                  "--logits");
     return check_probe_args(o);
+}
+
+// Options that take a value (parse_value).
+static const char *with_value[] = {"-p", "-f", "--stop", "--system", "--top-k", "--min-p", "--repeat-penalty",
+                                   "--repeat-last-n", "--presence-penalty", "--frequency-penalty", "-n", "-t",
+                                   "--top-p", "-s", "-c", "--ring-gb", "--logits", "--check", "--tol", "--stats-json",
+                                   "--cpu-share", "--perplexity", "--threads", "--draft", "--draft-max",
+                                   "--draft-p-min", "--trace", "--trace-steps"};
+
+// Returns 0 when parsed, else the exit code (EXIT_USAGE, or -1 for --help, -2 for --version).
+static int parse_args(int argc, char **argv, dj_opts *o) {
+    *o = (dj_opts){.prompt = "", .n_new = 256, .smp = DJ_SAMPLING_DEFAULT, .tol = -1, .cpu_share = -1,
+                   .spec = {.k_max = DEFAULT_DRAFT_MAX}};
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) return -1;
+        if (!strcmp(a, "--version")) return -2;
+        if (parse_flag(a, o)) continue;
+        int taken, rc = parse_probe_or_session(argc, argv, &i, o, &taken);  // --dump-act takes two values
+        if (rc) return rc;
+        if (taken) continue;
+        if (a[0] != '-' || a[1] == 0) {
+            if (o->model_path) return usage_error("unexpected argument '%s'", a);
+            o->model_path = a;
+            continue;
+        }
+        int known = 0;
+        for (size_t k = 0; k < sizeof with_value / sizeof *with_value; k++) known |= !strcmp(a, with_value[k]);
+        if (!known) return usage_error("unknown option '%s'", a);
+        if (i + 1 >= argc) return usage_error("option '%s' needs a value", a);
+        if ((rc = parse_value(a, argv[++i], o))) return rc;
+    }
+    return check_args(o);
 }
 
 // ---- engines

@@ -993,9 +993,83 @@ out:
 // conversation. The end of input ends it. On a terminal a "> " prompt goes to stderr; stdout carries the answers,
 // each ended by a newline.
 #define CHAT_LINE_MAX ((size_t)1 << 20)
+// A conversation (run_chat): the engine, the sampler, and where the context stands.
+typedef struct {
+    const dj_tokenizer *tok;
+    const dj_opts *o;
+    dj_engine eng;
+    dj_sampler *smp;
+    float *logits;                      // (vocab)
+    int64_t ctx, pos, turns, answered;  // answered: tokens of every answer so far
+    int32_t end_tok;  // the previous answer's end token, fed with the next turn (-1: it was cut short)
+} chat_run;
+
+// The next turn's line from stdin into *line (*len bytes): 1, or 0 at the end of input (the conversation is over),
+// -1 on an error.
+static int chat_read_line(int tty, char **line, size_t *cap, size_t *len, dj_err *e) {
+    if (tty) fputs("> ", stderr);
+    errno = 0;
+    ssize_t got = getline(line, cap, stdin);
+    if (got < 0) {
+        if (ferror(stdin) && errno != EINTR) return dj_fail(e, "cannot read stdin: %s", strerror(errno));
+        if (tty) fputc('\n', stderr);
+        return 0;
+    }
+    if (interrupted) {  // Ctrl-C at the prompt: nothing to stop
+        interrupted = 0;
+        signal(SIGINT, on_sigint);
+    }
+    if ((size_t)got > CHAT_LINE_MAX)
+        return dj_fail(e, "--chat: a turn of %zd bytes, over the %zu MB a line may hold", got, CHAT_LINE_MAX >> 20);
+    if (memchr(*line, 0, (size_t)got)) return dj_fail(e, "--chat: a turn holds a NUL byte");
+    *len = (size_t)got;
+    return 1;
+}
+
+// The answer whose first token is `next`, streamed to stdout until its end token, -n tokens, the context's end or
+// Ctrl-C, then a newline. -1 on an error.
+static int chat_answer(chat_run *g, int32_t next, dj_err *e) {
+    dj_tok_stream *stream = tok_stream_new(g->tok);
+    if (!stream) return dj_fail(e, "out of memory");
+    int64_t gen = 0;
+    size_t len;
+    int rc = 0;
+    const int64_t sigint_after = test_sigint_token();
+    g->end_tok = -1;
+    while (gen < g->o->n_new && g->pos < g->ctx) {
+        if (gen == sigint_after && g->turns == 1) raise(SIGINT);  // tests: Ctrl-C in the first answer
+        if (interrupted) break;
+        if (next < 0) {
+            rc = dj_fail(e, "the logits at position %" PRId64 " hold NaN or infinity", g->pos - 1);
+            break;
+        }
+        sampler_accept(g->smp, next);
+        gen++;
+        if (tok_is_eos(g->tok, next)) {
+            g->end_tok = next;
+            break;
+        }
+        const char *piece = tok_stream_push(stream, next, &len);
+        if ((rc = emit(piece, len, e) || engine_next(&g->eng, g->smp, 0, &next, 1, g->pos, g->logits, &next, e)))
+            break;
+        g->pos++;
+    }
+    if (!rc) {
+        const char *tail = tok_stream_flush(stream, &len);  // the stream's own memory: written before it is freed
+        rc = emit(tail, len, e) || emit("\n", 1, e);
+    }
+    tok_stream_free(stream);
+    g->answered += gen;
+    return rc ? -1 : 0;
+}
+
+static void chat_context_full(const chat_run *g) {
+    fprintf(stderr, "djinn: the conversation fills the context of %" PRId64 " tokens (-c): it ends here\n", g->ctx);
+}
+
 static int run_chat(const dj_model *m, const dj_tokenizer *tok, const dj_opts *o, dj_err *e) {
     const dj_config *c = &m->info.config;
-    int64_t vocab = c->vocab_size, ctx = context_of(c, o);
+    int64_t vocab = c->vocab_size;
     chat_kind kind = chat_recognise(tok_chat_template(tok));
     if (kind == CHAT_NONE)
         return dj_fail(e, "--chat: %s has no chat template (tokenizer_config.json's chat_template): give the prompt "
@@ -1004,109 +1078,53 @@ static int run_chat(const dj_model *m, const dj_tokenizer *tok, const dj_opts *o
         return dj_fail(e, "--chat: the model's chat template is neither Llama 2's ([INST], <<SYS>>) nor Llama 3's "
                           "(<|start_header_id|>): write the prompt out with -p"), EXIT_ERR;
     int rc = EXIT_ERR, tty = isatty(STDIN_FILENO);
-    dj_engine eng = {0};
-    dj_sampler *smp = NULL;
-    dj_tok_stream *stream = NULL;
-    float *logits = malloc((size_t)vocab * sizeof(float));
+    chat_run g = {.tok = tok, .o = o, .ctx = context_of(c, o), .end_tok = -1};
     char *line = NULL;
-    size_t cap = 0;
+    size_t cap = 0, got;
     int32_t *turn = NULL;
-    if (!logits) {
+    if (!(g.logits = malloc((size_t)vocab * sizeof(float)))) {
         dj_fail(e, "out of memory");
         goto out;
     }
-    if (open_engine(&eng, m, o, ctx, 16, e)) goto out;
+    if (open_engine(&g.eng, m, o, g.ctx, 16, e)) goto out;
     uint64_t seed = o->seed_given ? o->seed : fresh_seed();
-    if (!(smp = sampler_new_with(vocab, &o->smp, seed, e))) goto out;
-    fprintf(stderr, "djinn: chat, %s template, context %" PRId64 " tokens%s", chat_kind_name(kind), ctx,
-            sampler_is_greedy(smp) ? "\n" : "");
-    if (!sampler_is_greedy(smp)) fprintf(stderr, ", seed %" PRIu64 " (-s to repeat)\n", seed);
-    int64_t pos = 0, turns = 0, answered = 0;
-    int32_t end_tok = -1;  // the previous answer's end token, fed with the next turn (-1: it was cut short)
-    for (;;) {
-        if (tty) fputs("> ", stderr);
-        errno = 0;
-        ssize_t got = getline(&line, &cap, stdin);
-        if (got < 0) {
-            if (ferror(stdin) && errno != EINTR) {
-                dj_fail(e, "cannot read stdin: %s", strerror(errno));
-                goto out;
-            }
-            if (tty) fputc('\n', stderr);
-            break;  // the end of input: the conversation is over
-        }
-        if (interrupted) {  // Ctrl-C at the prompt: nothing to stop
-            interrupted = 0;
-            signal(SIGINT, on_sigint);
-        }
-        if ((size_t)got > CHAT_LINE_MAX) {
-            dj_fail(e, "--chat: a turn of %zd bytes, over the %zu MB a line may hold", got, CHAT_LINE_MAX >> 20);
-            goto out;
-        }
-        if (memchr(line, 0, (size_t)got)) {
-            dj_fail(e, "--chat: a turn holds a NUL byte");
-            goto out;
-        }
+    if (!(g.smp = sampler_new_with(vocab, &o->smp, seed, e))) goto out;
+    fprintf(stderr, "djinn: chat, %s template, context %" PRId64 " tokens%s", chat_kind_name(kind), g.ctx,
+            sampler_is_greedy(g.smp) ? "\n" : "");
+    if (!sampler_is_greedy(g.smp)) fprintf(stderr, ", seed %" PRIu64 " (-s to repeat)\n", seed);
+    for (int more; (more = chat_read_line(tty, &line, &cap, &got, e));) {
+        if (more < 0) goto out;
         if (!line[strspn(line, " \t\r\n")]) continue;  // an empty line: no turn
+        // the turn in the template's words, then the answer's first token
         size_t nt = 0;
         free(turn), turn = NULL;
-        if (chat_turn_ids(tok, kind, o->system, line, turns == 0, end_tok, &turn, &nt, e)) goto out;
-        if (pos + (int64_t)nt >= ctx) {
-            fprintf(stderr, "djinn: the conversation fills the context of %" PRId64 " tokens (-c): it ends here\n", ctx);
+        if (chat_turn_ids(tok, kind, o->system, line, g.turns == 0, g.end_tok, &turn, &nt, e)) goto out;
+        if (g.pos + (int64_t)nt >= g.ctx) {
+            chat_context_full(&g);
             break;
         }
-        for (size_t i = 0; i < nt; i++) sampler_accept(smp, turn[i]);
+        for (size_t i = 0; i < nt; i++) sampler_accept(g.smp, turn[i]);
         int32_t next;
-        if (engine_next(&eng, smp, 0, turn, (int64_t)nt, pos, logits, &next, e)) goto out;
-        pos += (int64_t)nt, turns++;
-        if (!(stream = tok_stream_new(tok))) {
-            dj_fail(e, "out of memory");
-            goto out;
-        }
-        int64_t gen = 0;
-        end_tok = -1;
-        size_t len;
-        const int64_t sigint_after = test_sigint_token();
-        while (gen < o->n_new && pos < ctx) {
-            if (gen == sigint_after && turns == 1) raise(SIGINT);  // tests: Ctrl-C in the first answer
-            if (interrupted) break;
-            if (next < 0) {
-                dj_fail(e, "the logits at position %" PRId64 " hold NaN or infinity", pos - 1);
-                goto out;
-            }
-            sampler_accept(smp, next);
-            gen++;
-            if (tok_is_eos(tok, next)) {
-                end_tok = next;
-                break;
-            }
-            const char *piece = tok_stream_push(stream, next, &len);
-            if (emit(piece, len, e)) goto out;
-            if (engine_next(&eng, smp, 0, &next, 1, pos, logits, &next, e)) goto out;
-            pos++;
-        }
-        const char *tail = tok_stream_flush(stream, &len);
-        tok_stream_free(stream), stream = NULL;
-        if (emit(tail, len, e) || emit("\n", 1, e)) goto out;
-        answered += gen;
+        if (engine_next(&g.eng, g.smp, 0, turn, (int64_t)nt, g.pos, g.logits, &next, e)) goto out;
+        g.pos += (int64_t)nt, g.turns++;
+        if (chat_answer(&g, next, e)) goto out;
         if (interrupted) {  // Ctrl-C stops this answer only
             fprintf(stderr, "djinn: answer stopped (Ctrl-C); Ctrl-D ends the conversation\n");
             interrupted = 0;
             signal(SIGINT, on_sigint);
         }
-        if (pos >= ctx) {
-            fprintf(stderr, "djinn: the conversation fills the context of %" PRId64 " tokens (-c): it ends here\n", ctx);
+        if (g.pos >= g.ctx) {
+            chat_context_full(&g);
             break;
         }
     }
     fprintf(stderr, "djinn: chat: %" PRId64 " turns, %" PRId64 " tokens answered, %" PRId64 " of %" PRId64
-                    " context tokens used\n", turns, answered, pos, ctx);
+                    " context tokens used\n", g.turns, g.answered, g.pos, g.ctx);
     rc = 0;
 out:
-    if (stream) tok_stream_free(stream);
-    engine_close(&eng);
-    sampler_free(smp);
-    free(logits), free(line), free(turn);
+    engine_close(&g.eng);
+    sampler_free(g.smp);
+    free(g.logits), free(line), free(turn);
     return rc;
 }
 

@@ -71,14 +71,16 @@ typedef struct {
     uint64_t seed;
     int seed_given;
     int64_t ctx;         // 0: the model's max_seq_len, at most DEFAULT_CTX
-    double ring_gb;      // GPU memory for weights, GB; 0: automatic
+    struct {             // the GPU engine's own options (dj_gpu_opts); given on the CPU, a warning
+        double ring_gb;  // GPU memory for weights, GB; 0: automatic
+        int stream_all;  // ablation: nothing resident
+        int sync_copy;   // ablation: no copy/compute overlap
+        int no_graph;    // all-resident decode launch by launch
+        int fma_attn;    // prefill attention on the fp32 FMA kernel, not the tensor cores
+        double cpu_share;  // dj_gpu_opts.cpu_share: < 0 automatic (the default), 0 off
+        int cpu_share_given;
+    } gpu;
     int force_cpu;
-    int stream_all;      // ablation: nothing resident
-    int sync_copy;       // ablation: no copy/compute overlap
-    int no_graph;        // all-resident decode launch by launch
-    int fma_attn;        // prefill attention on the fp32 FMA kernel, not the tensor cores
-    double cpu_share;    // dj_gpu_opts.cpu_share: < 0 automatic (the default), 0 off
-    int cpu_share_given;
     int no_pin;          // pageable host memory for the weights
     int64_t threads;     // CPU threads (the pool's size); 0: one per CPU of the process's affinity mask
     int chat;                 // --chat: an interactive conversation with the model's chat template
@@ -244,10 +246,10 @@ static int parse_flag(const char *a, dj_opts *o) {
     if (!strcmp(a, "--cpu")) { o->force_cpu = 1; return 1; }
     if (!strcmp(a, "--tokenize")) { o->tokenize = 1; return 1; }
     if (!strcmp(a, "--chat")) { o->chat = 1; return 1; }
-    if (!strcmp(a, "--stream-all")) { o->stream_all = 1; return 1; }
-    if (!strcmp(a, "--sync-copy")) { o->sync_copy = 1; return 1; }
-    if (!strcmp(a, "--no-graph")) { o->no_graph = 1; return 1; }
-    if (!strcmp(a, "--fma-attn")) { o->fma_attn = 1; return 1; }
+    if (!strcmp(a, "--stream-all")) { o->gpu.stream_all = 1; return 1; }
+    if (!strcmp(a, "--sync-copy")) { o->gpu.sync_copy = 1; return 1; }
+    if (!strcmp(a, "--no-graph")) { o->gpu.no_graph = 1; return 1; }
+    if (!strcmp(a, "--fma-attn")) { o->gpu.fma_attn = 1; return 1; }
     if (!strcmp(a, "--no-pin")) { o->no_pin = 1; return 1; }
     return 0;
 }
@@ -328,13 +330,13 @@ static int parse_value(const char *a, const char *v, dj_opts *o) {
         o->threads = n;
     } else if (!strcmp(a, "--ring-gb")) {
         if (parse_f64(v, &d) || d <= 0) return usage_error("--ring-gb needs a positive number of GB, not '%s'", v);
-        o->ring_gb = d;
+        o->gpu.ring_gb = d;
     } else if (!strcmp(a, "--cpu-share")) {
         if (!strcmp(v, "auto")) d = -1;
         else if (parse_f64(v, &d) || d < 0 || d > 0.95)
             return usage_error("--cpu-share needs 'auto' or a fraction from 0 to 0.95, not '%s'", v);
-        o->cpu_share = d;
-        o->cpu_share_given = 1;
+        o->gpu.cpu_share = d;
+        o->gpu.cpu_share_given = 1;
     } else if (!strcmp(a, "--logits")) {
         o->logits_path = v;
     } else if (!strcmp(a, "--stats-json")) {
@@ -398,7 +400,7 @@ static const char *with_value[] = {"-p", "-f", "--stop", "--system", "--top-k", 
 
 // Returns 0 when parsed, else the exit code (EXIT_USAGE, or -1 for --help, -2 for --version).
 static int parse_args(int argc, char **argv, dj_opts *o) {
-    *o = (dj_opts){.prompt = "", .n_new = 256, .smp = DJ_SAMPLING_DEFAULT, .tol = -1, .cpu_share = -1,
+    *o = (dj_opts){.prompt = "", .n_new = 256, .smp = DJ_SAMPLING_DEFAULT, .tol = -1, .gpu.cpu_share = -1,
                    .spec = {.k_max = DEFAULT_DRAFT_MAX}};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -430,9 +432,9 @@ static int64_t context_of(const dj_config *c, const dj_opts *o) {
 }
 
 static int open_engine(dj_engine *eng, const dj_model *m, const dj_opts *o, int64_t ctx, int64_t warm, dj_err *e) {
-    dj_gpu_opts go = {.ring_gb = o->ring_gb, .max_seq = ctx, .stream_all = o->stream_all,
-                      .sync_copy = o->sync_copy, .no_graph = o->no_graph, .fma_attn = o->fma_attn,
-                      .warm_rows = warm, .cpu_share = o->cpu_share, .trace = o->trace_path,
+    dj_gpu_opts go = {.ring_gb = o->gpu.ring_gb, .max_seq = ctx, .stream_all = o->gpu.stream_all,
+                      .sync_copy = o->gpu.sync_copy, .no_graph = o->gpu.no_graph, .fma_attn = o->gpu.fma_attn,
+                      .warm_rows = warm, .cpu_share = o->gpu.cpu_share, .trace = o->trace_path,
                       .trace_steps = (int)o->trace_steps};
     if (engine_open(eng, m, &go, 1, e)) return -1;
     return o->probe ? eng->set_probe(eng->ctx, o->probe, e) : 0;
@@ -459,7 +461,8 @@ static int open_draft(dj_draft *d, const dj_model *target, const dj_tokenizer *t
     if (ctx > (int64_t)c->max_seq_len)
         return dj_fail(e, "--draft %s: a context of %u positions (max_position_embeddings), the run's is %" PRId64
                           ": lower -c", o->draft_path, c->max_seq_len, ctx);
-    dj_gpu_opts go = {.max_seq = ctx, .no_graph = o->no_graph, .fma_attn = o->fma_attn, .warm_rows = warm, .quiet = 1};
+    dj_gpu_opts go = {.max_seq = ctx, .no_graph = o->gpu.no_graph, .fma_attn = o->gpu.fma_attn, .warm_rows = warm,
+                      .quiet = 1};
     if (engine_open(&d->eng, &d->m, &go, 1, e)) return -1;
     double kv_gb = (double)engine_kv_pos_bytes(c) * (double)ctx / 1e9;
     dj_gpu_stats g;
@@ -634,8 +637,8 @@ static int write_stats(dj_out *out, const dj_model *m, const dj_engine *eng, con
                    "\"streamed_units\": %d, \"resident_gb\": %.6f,\n \"streamed_gb_per_token\": %.6f, \"h2d_gb_s\": %.4f, "
                    "\"wait_ms_per_token\": %.6f, \"passes\": %" PRId64 ", \"tc_attn\": %d,\n"
                    " \"cpu_share\": %.4f, \"cpu_gb_per_token\": %.6f, \"cpu_threads\": %d",
-                o->ring_gb, o->stream_all, o->sync_copy, g.n_resident, g.n_streamed, (double)g.resident_bytes / 1e9,
-                (double)g.bytes_per_token / 1e9,
+                o->gpu.ring_gb, o->gpu.stream_all, o->gpu.sync_copy, g.n_resident, g.n_streamed,
+                (double)g.resident_bytes / 1e9, (double)g.bytes_per_token / 1e9,
                 g.copy_ms > 0 ? (double)g.copied_bytes / 1e6 / g.copy_ms : 0.0,
                 g.passes > 0 ? g.wait_ms / (double)g.passes : 0.0, g.passes, g.tc_attn, g.cpu_share,
                 (double)g.cpu_bytes_per_token / 1e9, cpu_threads_planned());
@@ -1228,8 +1231,8 @@ int main(int argc, char **argv) {
     if (o.force_cpu) fprintf(stderr, "djinn: running on the CPU (--cpu), %d threads\n", cpu_threads_planned());
     else if (!o.tokenize && !use_gpu)
         fprintf(stderr, "djinn: warning: no GPU found: running on the CPU, %d threads\n", cpu_threads_planned());
-    if (!use_gpu &&
-        (o.stream_all || o.sync_copy || o.ring_gb > 0 || o.no_graph || o.fma_attn || o.cpu_share_given))
+    if (!use_gpu && (o.gpu.stream_all || o.gpu.sync_copy || o.gpu.ring_gb > 0 || o.gpu.no_graph || o.gpu.fma_attn ||
+                     o.gpu.cpu_share_given))
         fprintf(stderr, "djinn: warning: --ring-gb, --stream-all, --sync-copy, --no-graph, --fma-attn and "
                         "--cpu-share apply to the GPU engine only\n");
     dj_load_opts lo = {.want_pinned = use_gpu, .no_pin = o.no_pin, .quiet = 0};

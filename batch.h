@@ -1,7 +1,7 @@
 // batch.h: continuous batching over one engine's KV slots (engine.h), for the server. Requests ("jobs") queue; a
 // job joins as soon as a slot is free and fewer than `parallel` sequences run; its prompt is prefilled a chunk at a
 // time (at most prefill_chunk tokens a step, over every job still prefilling), and every sequence past its prefill
-// advances one token per step, all of them in one step_batch. A job ends at an end token, a stop string, max_tokens
+// advances one token per step, all of them in one step_rows pass. A job ends at an end token, a stop string, max_tokens
 // or the end of the context.
 //
 // A slot keeps the tokens its cache holds after its job ends, and the next job of the same tenant that takes it
@@ -89,7 +89,7 @@ struct bt_job {
     bt_job *next_queued;
 };
 
-// The engine must have slots (step_batch, park, restore): else NULL with e naming what it lacks. c: the model's.
+// The engine must have slots (step_rows, park, restore): else NULL with e naming what it lacks. c: the model's.
 bt_sched *bt_new(dj_engine *eng, const dj_tokenizer *tok, const dj_config *c, const bt_opts *o, const bt_callbacks *cb,
                  dj_err *e);
 void bt_free(bt_sched *s);  // jobs still there end without callbacks

@@ -1,5 +1,5 @@
-// cpu.c: the CPU side of the engine (cpu.h): reference ops in fp32 with weights widened on the fly, the SIMD
-// matvec of the GPU engine's CPU share, and the CPU forward pass, all parallel over the pool (pool.h).
+// cpu.c: the CPU's arithmetic (cpu.h): reference ops in fp32 with weights widened on the fly and the SIMD matvec of
+// the GPU engine's CPU share, all parallel over the pool (pool.h). The CPU forward pass built on them: cpu_forward.c.
 #include "cpu.h"
 
 #include <assert.h>
@@ -19,10 +19,11 @@ static pthread_once_t cpu_f16_once = PTHREAD_ONCE_INIT;
 static void cpu_f16_table_init(void) {
     for (uint32_t i = 0; i < 65536; i++) cpu_f16_table[i] = dj_f16_to_f32((uint16_t)i);
 }
+void cpu_f16_init(void) { pthread_once(&cpu_f16_once, cpu_f16_table_init); }
 
 // dst (n) = row `r` of w (rows of n elements in wtype, dj_row_bytes apart), widened to f32 (q8, q4: dequantized,
 // exactly). Returns dst, or w's own row for f32.
-static const float *cpu_widen_row(float *dst, const void *w, uint32_t wtype, int64_t r, int64_t n) {
+const float *cpu_widen_row(float *dst, const void *w, uint32_t wtype, int64_t r, int64_t n) {
     if (wtype == DJ_F32) return (const float *)w + r * n;
     if (dj_is_quant(wtype)) {
         dequant_row(wtype, (const uint8_t *)w + (uint64_t)r * dj_row_bytes(wtype, (uint64_t)n), n, dst);
@@ -54,6 +55,7 @@ typedef struct {
     const void *w;   // (n_out, n_in) wtype
     uint32_t wtype;
     int64_t T, n_in, n_out;
+    _Atomic int oom;  // a thread could not allocate its row: its rows are not computed
 } cpu_matmul_job;
 
 static void cpu_matmul_task(void *ctx, int64_t begin, int64_t end) {
@@ -61,7 +63,10 @@ static void cpu_matmul_task(void *ctx, int64_t begin, int64_t end) {
     float *row = NULL;
     if (j->wtype != DJ_F32) {
         row = malloc((size_t)j->n_in * sizeof(float));
-        assert(row && "out of memory in cpu_matmul");
+        if (!row) {
+            atomic_store(&j->oom, 1);
+            return;
+        }
     }
     for (int64_t o = begin; o < end; o++) {
         const float *wr = cpu_widen_row(row, j->w, j->wtype, o, j->n_in);
@@ -70,11 +75,12 @@ static void cpu_matmul_task(void *ctx, int64_t begin, int64_t end) {
     free(row);
 }
 
-void cpu_matmul(float *y, const float *x, const void *w, uint32_t wtype, int64_t T, int64_t n_in, int64_t n_out) {
+int cpu_matmul(float *y, const float *x, const void *w, uint32_t wtype, int64_t T, int64_t n_in, int64_t n_out) {
     assert(dj_row_bytes(wtype, 1) > 0);
     if (wtype == DJ_F16) pthread_once(&cpu_f16_once, cpu_f16_table_init);
-    cpu_matmul_job j = {y, x, w, wtype, T, n_in, n_out};
+    cpu_matmul_job j = {y, x, w, wtype, T, n_in, n_out, 0};
     cpu_parallel_for(n_out, (double)T * (double)n_in * (double)n_out, cpu_matmul_task, &j);
+    return atomic_load(&j.oom) ? -1 : 0;
 }
 
 // ---- matvec at the host's memory bandwidth: the GPU engine's CPU share (dj_gpu_opts.cpu_share)
@@ -528,8 +534,7 @@ int cpu_set_simd(int level) {
 // Its first chunks of rows are the workers' own, one each (worker p's is chunk p - 1, the caller has none): a worker
 // waiting for x reads its chunk's weights into its cache meanwhile (cpu_async_wait_x) and takes it first; the other
 // chunks go in order to whoever asks, and a first chunk its worker has not come for is taken at the end by anyone.
-// (H200 machine, 2026-11-27, 8B q4 at the minimum ring: 0.92-0.96 of the time without; two chunks a worker: no
-// better.)
+// (Figures: bench/results/code_notes, cpu_async_first.)
 #define CPU_FIRST_MAX 256
 #define CPU_PREFETCH_MAX (1 << 20)  // bytes a worker reads ahead: within a core's L2
 struct cpu_async {
@@ -699,7 +704,7 @@ static void cpu_matvec_rows(const cpu_matvec_job *j, int64_t begin, int64_t end)
     }
 }
 
-static void *cpu_xq_alloc(cpu_xq *xq, uint32_t wtype, int64_t n_in);
+static int cpu_xq_alloc(cpu_xq *xq, uint32_t wtype, int64_t n_in, void **xbuf);
 static void cpu_xq_fill(cpu_xq *xq, const float *x, int64_t n_in, uint32_t wtype);
 
 // x's records (xq NULL: none), built once by the first thread to get here while the others wait for them.
@@ -753,42 +758,47 @@ static void cpu_x4_layout(const cpu_xq *q, size_t blocks) {
 }
 #endif
 
-void cpu_matvec(float *y, const float *x, const void *w, uint32_t wtype, int64_t n_in, int64_t n_out) {
+int cpu_matvec(float *y, const float *x, const void *w, uint32_t wtype, int64_t n_in, int64_t n_out) {
     assert(dj_row_bytes(wtype, 1) > 0);
     if (wtype == DJ_F16) pthread_once(&cpu_f16_once, cpu_f16_table_init);
     int64_t parts = cpu_threads(), chunk = n_out / (8 * parts);
     if (chunk < 16) chunk = 16;
     cpu_matvec_job j = {y, x, w, wtype, n_in, n_out, chunk, NULL, 0, NULL};
     cpu_xq xq;
-    void *xbuf = cpu_xq_alloc(&xq, wtype, n_in);
+    void *xbuf;
+    if (cpu_xq_alloc(&xq, wtype, n_in, &xbuf)) return -1;
     if (xbuf) {
         cpu_xq_fill(&xq, x, n_in, wtype);
         j.xq = &xq;
     }
     cpu_parallel_for(parts, (double)n_in * (double)n_out, cpu_matvec_task, &j);
     free(xbuf);
+    return 0;
 }
 
-// q8, q4 on the vector path: room for x's records (NULL: none needed), one allocation per call (72 bytes per 32
-// inputs, 9 KB at n_in = 4096, after q4's cpu_x4 blocks or q8's x16 on VNNI: 64 bytes a group), so concurrent
-// callers share nothing. Fewer than 4 groups of q4 leave no block: simd_dot_q4 takes them a group at a time.
-static void *cpu_xq_alloc(cpu_xq *xq, uint32_t wtype, int64_t n_in) {
+// q8, q4 on the vector path: room for x's records (*xbuf NULL: none needed; -1: out of memory), one allocation
+// per call (72 bytes per 32 inputs, 9 KB at n_in = 4096, after q4's cpu_x4 blocks or q8's x16 on VNNI: 64 bytes a
+// group), so concurrent callers share nothing. Fewer than 4 groups of q4 leave no block: simd_dot_q4 takes them a
+// group at a time.
+static int cpu_xq_alloc(cpu_xq *xq, uint32_t wtype, int64_t n_in, void **xbuf_out) {
+    *xbuf_out = NULL;
 #ifdef CPU_SIMD
     if (dj_is_quant(wtype) && cpu_avx2_on() && n_in > 0) {
         size_t groups = (size_t)(n_in + DJ_QGROUP - 1) / DJ_QGROUP, base = groups * (2 * DJ_QGROUP + 8);
         size_t lay = wtype == DJ_Q4 ? groups / 4 * sizeof(cpu_x4) : cpu_vnni_on() ? groups * 2 * DJ_QGROUP : 0;
         void *xbuf = aligned_alloc(64, (lay + base + 63) / 64 * 64);
-        assert(xbuf && "out of memory in cpu_matvec");
+        if (!xbuf) return -1;
         int8_t *b = (int8_t *)xbuf + lay;  // q4's blocks or q8's x16 first: 64-byte aligned
         *xq = (cpu_xq){b, b + groups * DJ_QGROUP, (float *)(b + groups * 2 * DJ_QGROUP),
                        (int32_t *)(b + groups * (2 * DJ_QGROUP + 4)), NULL, NULL, 0};
         if (lay && wtype == DJ_Q8) xq->x16 = xbuf;
         else if (lay) xq->x4 = xbuf;
-        return xbuf;
+        *xbuf_out = xbuf;
+        return 0;
     }
 #endif
     (void)xq, (void)wtype, (void)n_in;
-    return NULL;
+    return 0;
 }
 
 // x quantized into the records cpu_xq_alloc made room for, once for every row.
@@ -823,6 +833,7 @@ typedef struct {
     int64_t T, n_in, n_out, chunk;  // chunk: rows claimed at a time, a multiple of MV_R
     _Atomic int64_t next;
     struct cpu_async *as;  // cpu_matvec_start's: x lands later; NULL: x is there
+    _Atomic int oom;       // a thread could not allocate its buffer: its rows are not computed
 } cpu_multi_job;
 
 #ifdef CPU_SIMD
@@ -1051,14 +1062,14 @@ SIMD512_FN static void z_rows(const cpu_multi_job *j, int64_t b, int64_t end) {
 #endif
 
 // A thread's buffer for the tiles' rows of up to n inputs (cpu_multi_chunk's): NULL on the AVX-512 path, which
-// widens in registers.
-static float *cpu_multi_buf(int64_t n) {
+// widens in registers. -1: out of memory.
+static int cpu_multi_buf(int64_t n, float **buf) {
+    *buf = NULL;
 #ifdef CPU_SIMD
-    if (cpu_avx512_on()) return NULL;
+    if (cpu_avx512_on()) return 0;
 #endif
-    float *buf = malloc((size_t)(MV_RC * MV_KB + n + DJ_QGROUP) * sizeof(float));
-    assert(buf && "out of memory in cpu_matvec_multi");
-    return buf;
+    *buf = malloc((size_t)(MV_RC * MV_KB + n + DJ_QGROUP) * sizeof(float));
+    return *buf ? 0 : -1;
 }
 
 // Rows [b, end) of a tiles' job.
@@ -1104,30 +1115,30 @@ static void cpu_multi_task(void *ctx, int64_t part, int64_t parts_end) {
     if (j->as)
         cpu_async_wait_x(j->as, part, j->w, NULL, (size_t)dj_row_bytes(j->wtype, (uint64_t)j->n_in), j->chunk,
                          j->n_out);
-    float *buf = cpu_multi_buf(j->n_in);
+    float *buf;
+    const int oom = cpu_multi_buf(j->n_in, &buf);
+    if (oom) atomic_store(&j->oom, 1);
     int64_t b, end;
     for (cpu_claim_it it = {0}; cpu_claim(j->as, &j->next, j->chunk, j->n_out, part, &it, &b, &end);) {
-        cpu_multi_chunk(j, b, end, buf);
-        if (j->as) cpu_async_rows(j->as, end - b);
+        if (!oom) cpu_multi_chunk(j, b, end, buf);
+        if (j->as) cpu_async_rows(j->as, end - b);  // counted even when not computed: the GPU waits for the count
     }
     free(buf);
 }
 
-void cpu_matvec_multi(float *y, const float *x, const void *w, uint32_t wtype, int64_t T, int64_t n_in,
-                      int64_t n_out) {
+int cpu_matvec_multi(float *y, const float *x, const void *w, uint32_t wtype, int64_t T, int64_t n_in,
+                     int64_t n_out) {
     assert(dj_row_bytes(wtype, 1) > 0);
     // one row: cpu_matvec, unless the AVX-512 tiles take it (f16, bf16, f32: their wider loads read host memory
     // faster than cpu_matvec's AVX2; q8 and q4 keep cpu_matvec's integer sums)
-    if (T == 1 && (!cpu_avx512_on() || dj_is_quant(wtype))) {
-        cpu_matvec(y, x, w, wtype, n_in, n_out);
-        return;
-    }
+    if (T == 1 && (!cpu_avx512_on() || dj_is_quant(wtype))) return cpu_matvec(y, x, w, wtype, n_in, n_out);
     if (wtype == DJ_F16) pthread_once(&cpu_f16_once, cpu_f16_table_init);
     // chunks of whole tiles on both vector paths (3 rows, 4 rows): multiples of 12
     int64_t parts = cpu_threads(), chunk = n_out / (8 * parts) / 12 * 12;
     if (chunk < 12) chunk = 12;
-    cpu_multi_job j = {y, x, w, wtype, T, n_in, n_out, chunk, 0, NULL};
+    cpu_multi_job j = {y, x, w, wtype, T, n_in, n_out, chunk, 0, NULL, 0};
     cpu_parallel_for(parts, (double)T * (double)n_in * (double)n_out, cpu_multi_task, &j);
+    return atomic_load(&j.oom) ? -1 : 0;
 }
 
 // cpu_ffn_start's job: phase one claims the hidden units a chunk at a time (cpu_claim), each chunk's gate rows and
@@ -1140,12 +1151,16 @@ typedef struct {
     _Atomic int staged;                      // h's records for down (cpu_async's staged)
     int64_t chunk, chunk_down;
     double t_mid;
+    cpu_job *job;  // the job it is part of
 } cpu_chain;
 
-// cpu_matvec_start's or cpu_ffn_start's one job at a time (mu: held from start to finish, by the thread that
-// started it), and x's records for cpu_matvec's path ([1]: h's, for down).
-static pthread_mutex_t cpu_aj_mu = PTHREAD_MUTEX_INITIALIZER;
-static struct {
+// The pool runs one asynchronous job at a time: held from cpu_matvec_start or cpu_ffn_start to cpu_matvec_finish,
+// by the thread that started it.
+static pthread_mutex_t cpu_job_mu = PTHREAD_MUTEX_INITIALIZER;
+
+// An asynchronous job's state (cpu.h: its owner keeps it from start to finish), and x's records for cpu_matvec's
+// path ([1]: h's, for down).
+struct cpu_job {
     struct cpu_async a;
     cpu_matvec_job mv[3];  // a matvec's ([0]), or the chain's gate, up and down
     cpu_multi_job mm[3];
@@ -1155,71 +1170,78 @@ static struct {
     cpu_chain ch;
     int multi, chain, inline_;  // the tiles' path; cpu_ffn_start's; one thread: the caller computes it all in
                                 // cpu_matvec_finish
-} cpu_aj;
+    _Atomic int oom;            // a buffer could not be allocated: rows left out (cpu_matvec_finish fails)
+};
+
+cpu_job *cpu_job_new(void) { return calloc(1, sizeof(cpu_job)); }
+void cpu_job_free(cpu_job *j) { free(j); }
 
 // Rows per claim: a share of each of `parts` threads' eighth, whole tiles (multiples of 12) on the tiles' path.
-static int64_t cpu_aj_chunk(int64_t n_out, int64_t parts) {
-    int64_t c = cpu_aj.multi ? n_out / (8 * parts) / 12 * 12 : n_out / (8 * parts);
-    return cpu_aj.multi ? (c < 12 ? 12 : c) : c < 16 ? 16 : c;
+static int64_t cpu_job_chunk(const cpu_job *j, int64_t n_out, int64_t parts) {
+    int64_t c = j->multi ? n_out / (8 * parts) / 12 * 12 : n_out / (8 * parts);
+    return j->multi ? (c < 12 ? 12 : c) : c < 16 ? 16 : c;
 }
 
-// The k-th matrix's job of the one running (k: cpu_aj.mv's index) over x, writing y (T, n_out); `rec`: which of
-// cpu_aj.xq holds x's records for cpu_matvec's path, made where it needs them.
-static void cpu_aj_job(int k, int rec, float *y, const float *x, const void *w, uint32_t wtype, int64_t T,
-                       int64_t n_in, int64_t n_out) {
-    if (cpu_aj.multi) {
-        cpu_aj.mm[k] = (cpu_multi_job){y, x, w, wtype, T, n_in, n_out, cpu_aj_chunk(n_out, cpu_threads()), 0,
-                                       &cpu_aj.a};
+// The k-th matrix's job of the one running (k: j->mv's index) over x, writing y (T, n_out); `rec`: which of
+// j->xq holds x's records for cpu_matvec's path, made where it needs them.
+static void cpu_job_matrix(cpu_job *j, int k, int rec, float *y, const float *x, const void *w, uint32_t wtype,
+                           int64_t T, int64_t n_in, int64_t n_out) {
+    if (j->multi) {
+        j->mm[k] = (cpu_multi_job){y, x, w, wtype, T, n_in, n_out, cpu_job_chunk(j, n_out, cpu_threads()), 0, &j->a,
+                                   0};
         return;
     }
-    cpu_aj.mv[k] = (cpu_matvec_job){y, x, w, wtype, n_in, n_out, cpu_aj_chunk(n_out, cpu_threads()), NULL, 0,
-                                    &cpu_aj.a};
-    if (!cpu_aj.xbuf[rec] && (cpu_aj.xbuf[rec] = cpu_xq_alloc(&cpu_aj.xq[rec], wtype, n_in)) && rec == 0)
-        cpu_aj.a.staged = 0;  // [1]'s: cpu_chain's staged
-    if (cpu_aj.xbuf[rec]) cpu_aj.mv[k].xq = &cpu_aj.xq[rec];
+    j->mv[k] = (cpu_matvec_job){y, x, w, wtype, n_in, n_out, cpu_job_chunk(j, n_out, cpu_threads()), NULL, 0, &j->a};
+    if (!j->xbuf[rec] && cpu_xq_alloc(&j->xq[rec], wtype, n_in, &j->xbuf[rec]))
+        atomic_store(&j->oom, 1);  // no records: cpu_matvec's portable rows, and the job fails at its finish
+    if (j->xbuf[rec] && rec == 0) j->a.staged = 0;  // [1]'s: cpu_chain's staged
+    if (j->xbuf[rec]) j->mv[k].xq = &j->xq[rec];
 }
 
-// Locks the one job and sets its common part.
-static void cpu_aj_begin(uint32_t wtype, int64_t T, int64_t n_out, const _Atomic uint32_t *ready,
-                         _Atomic uint32_t *done, uint32_t seq) {
+// Takes the pool (cpu_job_mu) and sets the job's common part.
+static void cpu_job_begin(cpu_job *j, uint32_t wtype, int64_t T, int64_t n_out, const _Atomic uint32_t *ready,
+                          _Atomic uint32_t *done, uint32_t seq) {
     if (wtype == DJ_F16) pthread_once(&cpu_f16_once, cpu_f16_table_init);
-    pthread_mutex_lock(&cpu_aj_mu);
-    cpu_aj.a = (struct cpu_async){ready, done, seq, 2, 0, n_out, UINT64_MAX, 0, 0, {0}};
-    cpu_aj.multi = !(T == 1 && (!cpu_avx512_on() || dj_is_quant(wtype)));
-    cpu_aj.chain = 0;
-    cpu_aj.xbuf[0] = cpu_aj.xbuf[1] = NULL;
-    cpu_aj.inline_ = cpu_threads() == 1;
+    pthread_mutex_lock(&cpu_job_mu);
+    j->a = (struct cpu_async){ready, done, seq, 2, 0, n_out, UINT64_MAX, 0, 0, {0}};
+    j->multi = !(T == 1 && (!cpu_avx512_on() || dj_is_quant(wtype)));
+    j->chain = 0;
+    j->xbuf[0] = j->xbuf[1] = NULL;
+    j->inline_ = cpu_threads() == 1;
+    atomic_store(&j->oom, 0);
 }
 
-void cpu_matvec_start(float *y, const float *x, const void *w, uint32_t wtype, int64_t T, int64_t n_in,
+void cpu_matvec_start(cpu_job *j, float *y, const float *x, const void *w, uint32_t wtype, int64_t T, int64_t n_in,
                       int64_t n_out, const _Atomic uint32_t *ready, _Atomic uint32_t *done, uint32_t seq) {
     assert(dj_row_bytes(wtype, 1) > 0 && n_out > 0);
-    cpu_aj_begin(wtype, T, n_out, ready, done, seq);
-    cpu_aj_job(0, 0, y, x, w, wtype, T, n_in, n_out);
-    if (cpu_aj.multi) cpu_aj.mm[0].next = cpu_first_chunks(&cpu_aj.a, n_out, cpu_aj.mm[0].chunk, cpu_threads());
-    else cpu_aj.mv[0].next = cpu_first_chunks(&cpu_aj.a, n_out, cpu_aj.mv[0].chunk, cpu_threads());
-    if (!cpu_aj.inline_)
-        cpu_parallel_start(cpu_threads(), cpu_aj.multi ? cpu_multi_task : cpu_matvec_task,
-                           cpu_aj.multi ? (void *)&cpu_aj.mm[0] : (void *)&cpu_aj.mv[0]);
+    cpu_job_begin(j, wtype, T, n_out, ready, done, seq);
+    cpu_job_matrix(j, 0, 0, y, x, w, wtype, T, n_in, n_out);
+    if (j->multi) j->mm[0].next = cpu_first_chunks(&j->a, n_out, j->mm[0].chunk, cpu_threads());
+    else j->mv[0].next = cpu_first_chunks(&j->a, n_out, j->mv[0].chunk, cpu_threads());
+    if (!j->inline_)
+        cpu_parallel_start(cpu_threads(), j->multi ? cpu_multi_task : cpu_matvec_task,
+                           j->multi ? (void *)&j->mm[0] : (void *)&j->mv[0]);
 }
 
 // The chain's rows [b, e) of its k-th matrix (0 gate, 1 up, 2 down); buf: cpu_multi_buf's.
-static void cpu_chain_rows(int k, int64_t b, int64_t e, float *buf) {
-    if (cpu_aj.multi) cpu_multi_chunk(&cpu_aj.mm[k], b, e, buf);
-    else cpu_matvec_rows(&cpu_aj.mv[k], b, e);
+static void cpu_chain_rows(const cpu_job *j, int k, int64_t b, int64_t e, float *buf) {
+    if (j->multi) cpu_multi_chunk(&j->mm[k], b, e, buf);
+    else cpu_matvec_rows(&j->mv[k], b, e);
 }
 
 static void cpu_chain_task(void *ctx, int64_t part, int64_t parts_end) {
     cpu_chain *c = ctx;
     const cpu_ffn_args *f = c->f;
-    struct cpu_async *a = &cpu_aj.a;
+    struct cpu_async *a = &c->job->a;
     int64_t T = f->T, hid = f->hid, b, e;
     (void)parts_end;
     cpu_async_wait_x(a, part, f->gate, f->up, (size_t)dj_row_bytes(f->wtype, (uint64_t)f->dim), c->chunk, hid);
-    cpu_stage(&a->staged, cpu_aj.multi ? NULL : (cpu_xq *)cpu_aj.mv[0].xq, f->x, f->dim, f->wtype);
-    float *buf = cpu_aj.multi ? cpu_multi_buf(f->dim > hid ? f->dim : hid) : NULL;
+    cpu_stage(&a->staged, c->job->multi ? NULL : (cpu_xq *)c->job->mv[0].xq, f->x, f->dim, f->wtype);
+    float *buf = NULL;
+    const int oom = c->job->multi && cpu_multi_buf(f->dim > hid ? f->dim : hid, &buf);
+    if (oom) atomic_store(&c->job->oom, 1);  // its rows are counted, not computed: the GPU waits for the count
     for (cpu_claim_it it = {0}; cpu_claim(a, &c->next, c->chunk, hid, part, &it, &b, &e);) {
-        cpu_chain_rows(0, b, e, buf), cpu_chain_rows(1, b, e, buf);
+        if (!oom) cpu_chain_rows(c->job, 0, b, e, buf), cpu_chain_rows(c->job, 1, b, e, buf);
         for (int64_t t = 0; t < T; t++) {
             size_t o = (size_t)(t * hid + b);
             cpu_swiglu(f->h + o, f->gate_up + o, f->gate_up + (size_t)(T * hid) + o, e - b);
@@ -1233,44 +1255,47 @@ static void cpu_chain_task(void *ctx, int64_t part, int64_t parts_end) {
     }
     if (f->n_down) {
         while (atomic_load_explicit(&c->units, memory_order_acquire) < hid) cpu_relax_once();
-        cpu_stage(&c->staged, cpu_aj.multi ? NULL : (cpu_xq *)cpu_aj.mv[2].xq, f->h, hid, f->wtype);
+        cpu_stage(&c->staged, c->job->multi ? NULL : (cpu_xq *)c->job->mv[2].xq, f->h, hid, f->wtype);
         for (cpu_claim_it it = {0}; cpu_claim(NULL, &c->next_down, c->chunk_down, f->n_down, part, &it, &b, &e);) {
-            cpu_chain_rows(2, b, e, buf);
+            if (!oom) cpu_chain_rows(c->job, 2, b, e, buf);
             cpu_async_rows(a, e - b);
         }
     }
     free(buf);
 }
 
-void cpu_ffn_start(const cpu_ffn_args *f, const _Atomic uint32_t *ready, _Atomic uint32_t *mid,
+void cpu_ffn_start(cpu_job *j, const cpu_ffn_args *f, const _Atomic uint32_t *ready, _Atomic uint32_t *mid,
                    _Atomic uint32_t *done, uint32_t seq) {
     assert(dj_row_bytes(f->wtype, 1) > 0 && f->hid > 0 && f->n_down >= 0);
-    cpu_aj_begin(f->wtype, f->T, f->n_down, ready, done, seq);
-    cpu_aj.chain = 1, cpu_aj.ffn = *f;
-    const cpu_ffn_args *g = &cpu_aj.ffn;
+    cpu_job_begin(j, f->wtype, f->T, f->n_down, ready, done, seq);
+    j->chain = 1, j->ffn = *f;
+    const cpu_ffn_args *g = &j->ffn;
     int64_t T = g->T, hid = g->hid;
-    cpu_aj_job(0, 0, g->gate_up, g->x, g->gate, g->wtype, T, g->dim, hid);
-    cpu_aj_job(1, 0, g->gate_up + (size_t)(T * hid), g->x, g->up, g->wtype, T, g->dim, hid);
-    cpu_aj_job(2, 1, g->y, g->h, g->down, g->wtype, T, hid, g->n_down > 0 ? g->n_down : 1);
-    int64_t chunk = cpu_aj_chunk(hid, cpu_threads());
-    cpu_aj.ch = (cpu_chain){g, mid, cpu_first_chunks(&cpu_aj.a, hid, chunk, cpu_threads()), 0, 0,
-                            cpu_aj.xbuf[1] ? 0 : 2, chunk, cpu_aj_chunk(g->n_down, cpu_threads()), 0};
-    if (!cpu_aj.inline_) cpu_parallel_start(cpu_threads(), cpu_chain_task, &cpu_aj.ch);
+    cpu_job_matrix(j, 0, 0, g->gate_up, g->x, g->gate, g->wtype, T, g->dim, hid);
+    cpu_job_matrix(j, 1, 0, g->gate_up + (size_t)(T * hid), g->x, g->up, g->wtype, T, g->dim, hid);
+    cpu_job_matrix(j, 2, 1, g->y, g->h, g->down, g->wtype, T, hid, g->n_down > 0 ? g->n_down : 1);
+    int64_t chunk = cpu_job_chunk(j, hid, cpu_threads());
+    j->ch = (cpu_chain){.f = g, .mid = mid, .next = cpu_first_chunks(&j->a, hid, chunk, cpu_threads()),
+                        .staged = j->xbuf[1] ? 0 : 2, .chunk = chunk,
+                        .chunk_down = cpu_job_chunk(j, g->n_down, cpu_threads()), .job = j};
+    if (!j->inline_) cpu_parallel_start(cpu_threads(), cpu_chain_task, &j->ch);
 }
 
-void cpu_matvec_finish(double t[3]) {
-    if (cpu_aj.inline_) {
-        if (cpu_aj.chain) cpu_chain_task(&cpu_aj.ch, 0, 1);
-        else if (cpu_aj.multi) cpu_multi_task(&cpu_aj.mm[0], 0, 1);
-        else cpu_matvec_task(&cpu_aj.mv[0], 0, 1);
+int cpu_matvec_finish(cpu_job *j, double t[3]) {
+    if (j->inline_) {
+        if (j->chain) cpu_chain_task(&j->ch, 0, 1);
+        else if (j->multi) cpu_multi_task(&j->mm[0], 0, 1);
+        else cpu_matvec_task(&j->mv[0], 0, 1);
     } else {
         cpu_parallel_join();
     }
-    for (int k = 0; k < 2; k++) free(cpu_aj.xbuf[k]), cpu_aj.xbuf[k] = NULL;
-    uint64_t bits = atomic_load(&cpu_aj.a.t_x);
+    for (int k = 0; k < 2; k++) free(j->xbuf[k]), j->xbuf[k] = NULL;
+    uint64_t bits = atomic_load(&j->a.t_x);
     memcpy(&t[0], &bits, sizeof t[0]);
-    t[2] = cpu_aj.a.t_done, t[1] = cpu_aj.chain ? cpu_aj.ch.t_mid : t[2];
-    pthread_mutex_unlock(&cpu_aj_mu);
+    t[2] = j->a.t_done, t[1] = j->chain ? j->ch.t_mid : t[2];
+    const int oom = atomic_load(&j->oom) || (j->multi && !j->chain && atomic_load(&j->mm[0].oom));
+    pthread_mutex_unlock(&cpu_job_mu);
+    return oom ? -1 : 0;
 }
 
 // ---- norm, RoPE, attention, SwiGLU
@@ -1320,8 +1345,7 @@ void cpu_rope(float *x, int64_t n_heads, int64_t head_dim, int64_t pos, const fl
     }
 }
 
-// One query head over keys 0..pos; scores (pos+1) is scratch.
-static void cpu_attention_head(float *out, const float *q, const float *k, const float *v, int64_t head_dim,
+void cpu_attention_head(float *out, const float *q, const float *k, const float *v, int64_t head_dim,
                                int64_t pos, float *scores) {
     float scale = 1.0f / sqrtf((float)head_dim), mx = -INFINITY;
     for (int64_t t = 0; t <= pos; t++) {
@@ -1342,11 +1366,11 @@ static void cpu_attention_head(float *out, const float *q, const float *k, const
     }
 }
 
-void cpu_attention(float *out, const float *q, const float *k_cache, const float *v_cache, int64_t n_heads,
-                   int64_t n_kv_heads, int64_t head_dim, int64_t pos, int64_t max_seq) {
+int cpu_attention(float *out, const float *q, const float *k_cache, const float *v_cache, int64_t n_heads,
+                  int64_t n_kv_heads, int64_t head_dim, int64_t pos, int64_t max_seq) {
     assert(n_kv_heads > 0 && n_heads % n_kv_heads == 0 && pos < max_seq);
     float *scores = malloc((size_t)(pos + 1) * sizeof(float));
-    assert(scores && "out of memory in cpu_attention");
+    if (!scores) return -1;
     int64_t group = n_heads / n_kv_heads;
     for (int64_t h = 0; h < n_heads; h++) {
         int64_t kvh = h / group;
@@ -1354,6 +1378,7 @@ void cpu_attention(float *out, const float *q, const float *k_cache, const float
                            v_cache + kvh * max_seq * head_dim, head_dim, pos, scores);
     }
     free(scores);
+    return 0;
 }
 
 void cpu_swiglu(float *out, const float *gate, const float *up, int64_t n) {
@@ -1362,313 +1387,3 @@ void cpu_swiglu(float *out, const float *gate, const float *up, int64_t n) {
         out[i] = g / (1.0f + expf(-g)) * up[i];
     }
 }
-
-// ---- the forward pass
-#define CPU_CHUNK 32  // rows per pass through the layers: bounds the activation buffers
-
-struct dj_cpu_state {
-    const dj_model *m;
-    dj_config c;
-    int64_t max_seq;
-    int32_t n_slots;
-    int64_t q_dim, kv_dim;
-    size_t slot_floats;  // one slot's K (or V) cache: n_layers * kv_dim * max_seq
-    float *inv_freq;   // (head_dim/2)
-    float *x;          // (CPU_CHUNK, dim) residual stream
-    float *xb;         // (CPU_CHUNK, dim) normed input / block output
-    float *q;          // (CPU_CHUNK, q_dim)
-    float *k, *v;      // (CPU_CHUNK, kv_dim)
-    float *att;        // (CPU_CHUNK, q_dim)
-    float *hb, *hb2;   // (CPU_CHUNK, hidden_dim)
-    float *k_cache;    // (n_slots, n_layers, n_kv_heads, max_seq, head_dim)
-    float *v_cache;    // (n_slots, n_layers, n_kv_heads, max_seq, head_dim)
-    dj_probe *probe;   // dumps and steering after layers (probe.h), or NULL
-};
-
-int64_t cpu_vocab(const dj_cpu_state *s) { return s->c.vocab_size; }
-
-void cpu_state_free(dj_cpu_state *s) {
-    if (!s) return;
-    free(s->inv_freq);
-    free(s->x);
-    free(s->xb);
-    free(s->q);
-    free(s->k);
-    free(s->v);
-    free(s->att);
-    free(s->hb);
-    free(s->hb2);
-    free(s->k_cache);
-    free(s->v_cache);
-    free(s);
-}
-
-static float *cpu_alloc_floats(uint64_t n, const char *what, dj_err *e) {
-    uint64_t bytes;
-    if (dj_mul_u64(n, sizeof(float), &bytes) || bytes > SIZE_MAX) {
-        dj_fail(e, "cpu: %s of %" PRIu64 " floats is too large", what, n);
-        return NULL;
-    }
-    float *p = calloc(1, bytes ? (size_t)bytes : 1);
-    if (!p) dj_fail(e, "cpu: cannot allocate %.2f GB for the %s", (double)bytes / 1e9, what);
-    return p;
-}
-
-dj_cpu_state *cpu_state_new(const dj_model *m, int64_t max_seq, dj_err *e) {
-    return cpu_state_new_slots(m, max_seq, 1, e);
-}
-
-dj_cpu_state *cpu_state_new_slots(const dj_model *m, int64_t max_seq, int32_t n_slots, dj_err *e) {
-    const dj_config *c = &m->info.config;
-    if (max_seq <= 0) {
-        dj_fail(e, "cpu: context size must be positive (got %" PRId64 ")", max_seq);
-        return NULL;
-    }
-    if (n_slots <= 0) {
-        dj_fail(e, "cpu: the number of KV slots must be positive (got %d)", n_slots);
-        return NULL;
-    }
-    dj_cpu_state *s = calloc(1, sizeof *s);
-    if (!s) {
-        dj_fail(e, "cpu: out of memory");
-        return NULL;
-    }
-    s->m = m;
-    s->c = *c;
-    s->max_seq = max_seq;
-    s->n_slots = n_slots;
-    s->q_dim = (int64_t)c->n_heads * c->head_dim;
-    s->kv_dim = (int64_t)c->n_kv_heads * c->head_dim;
-    uint64_t slot, cache;
-    if (dj_mul_u64((uint64_t)c->n_layers * (uint64_t)s->kv_dim, (uint64_t)max_seq, &slot) || slot > SIZE_MAX ||
-        dj_mul_u64(slot, (uint64_t)n_slots, &cache)) {
-        dj_fail(e, "cpu: KV cache size overflows");
-        cpu_state_free(s);
-        return NULL;
-    }
-    s->slot_floats = (size_t)slot;
-    if (!(s->inv_freq = cpu_alloc_floats(c->head_dim / 2 + 1, "rope table", e)) ||
-        !(s->x = cpu_alloc_floats((uint64_t)CPU_CHUNK * c->dim, "activations", e)) ||
-        !(s->xb = cpu_alloc_floats((uint64_t)CPU_CHUNK * c->dim, "activations", e)) ||
-        !(s->q = cpu_alloc_floats((uint64_t)CPU_CHUNK * s->q_dim, "activations", e)) ||
-        !(s->k = cpu_alloc_floats((uint64_t)CPU_CHUNK * s->kv_dim, "activations", e)) ||
-        !(s->v = cpu_alloc_floats((uint64_t)CPU_CHUNK * s->kv_dim, "activations", e)) ||
-        !(s->att = cpu_alloc_floats((uint64_t)CPU_CHUNK * s->q_dim, "activations", e)) ||
-        !(s->hb = cpu_alloc_floats((uint64_t)CPU_CHUNK * c->hidden_dim, "activations", e)) ||
-        !(s->hb2 = cpu_alloc_floats((uint64_t)CPU_CHUNK * c->hidden_dim, "activations", e)) ||
-        !(s->k_cache = cpu_alloc_floats(cache, "KV cache", e)) ||
-        !(s->v_cache = cpu_alloc_floats(cache, "KV cache", e))) {
-        cpu_state_free(s);
-        return NULL;
-    }
-    cpu_rope_freqs(c, s->inv_freq);
-    return s;
-}
-
-// A pass's rows: row t is a token at position pos[t] of slot slot[t].
-typedef struct {
-    int32_t slot[CPU_CHUNK];
-    int64_t pos[CPU_CHUNK];
-} cpu_rows;
-
-// Where (layer, kv head h, position p) of a slot's K or V cache starts, in floats from the cache's base.
-static size_t cpu_kv_off(const dj_cpu_state *s, int32_t slot, uint32_t layer, int64_t h, int64_t p) {
-    return (size_t)slot * s->slot_floats +
-           (((size_t)layer * (size_t)s->c.n_kv_heads + (size_t)h) * (size_t)s->max_seq + (size_t)p) *
-               (size_t)s->c.head_dim;
-}
-
-typedef struct {
-    dj_cpu_state *s;
-    const cpu_rows *r;
-    uint32_t layer;
-    int64_t max_pos;  // the largest pos of the rows
-} cpu_attn_job;
-
-// Parallel over (row, head) pairs; each task has its own scores scratch.
-static void cpu_attn_task(void *ctx, int64_t begin, int64_t end) {
-    const cpu_attn_job *j = ctx;
-    const dj_cpu_state *s = j->s;
-    int64_t nh = s->c.n_heads, hd = s->c.head_dim, group = nh / s->c.n_kv_heads;
-    float *scores = malloc((size_t)(j->max_pos + 1) * sizeof(float));
-    assert(scores && "out of memory in cpu attention");
-    for (int64_t i = begin; i < end; i++) {
-        int64_t t = i / nh, h = i % nh;
-        size_t kv_off = cpu_kv_off(s, j->r->slot[t], j->layer, h / group, 0);
-        cpu_attention_head(s->att + t * s->q_dim + h * hd, s->q + t * s->q_dim + h * hd, s->k_cache + kv_off,
-                           s->v_cache + kv_off, hd, j->r->pos[t], scores);
-    }
-    free(scores);
-}
-
-// The embedding row of `token`, widened: out (dim).
-static void cpu_embed(const dj_model *m, int32_t token, float *out) {
-    const dj_config *c = &m->info.config;
-    const float *row = cpu_widen_row(out, dj_embed_ptr(m), c->embed_type, token, c->dim);
-    if (row != out) memcpy(out, row, (size_t)c->dim * sizeof(float));  // f32: widen_row returned the table's row
-}
-
-// Runs T <= CPU_CHUNK rows through every layer; logits (T, vocab) if not NULL. Every row's keys and values are
-// written before any row attends, so rows of one slot at consecutive positions see each other causally; rows of
-// different slots never meet.
-static int cpu_forward_rows(dj_cpu_state *s, const int32_t *tokens, int64_t T, const cpu_rows *r, float *logits,
-                            dj_err *e) {
-    const dj_model *m = s->m;
-    const dj_config *c = &s->c;
-    const dj_layer_layout *L = &m->info.layer;
-    int64_t dim = c->dim, hd = c->head_dim, hidden = c->hidden_dim, qd = s->q_dim, kvd = s->kv_dim, max_pos = 0;
-    uint32_t wt = c->wtype;
-    pthread_once(&cpu_f16_once, cpu_f16_table_init);
-    for (int64_t t = 0; t < T; t++) {
-        cpu_embed(m, tokens[t], s->x + t * dim);
-        if (r->pos[t] > max_pos) max_pos = r->pos[t];
-    }
-
-    for (uint32_t l = 0; l < c->n_layers; l++) {
-        const uint8_t *slab = dj_layer_ptr(m, l);
-        // attention block
-        for (int64_t t = 0; t < T; t++)
-            cpu_rmsnorm(s->xb + t * dim, s->x + t * dim, (const float *)(slab + L->attn_norm), dim, c->norm_eps);
-        cpu_matmul(s->q, s->xb, slab + L->wq, wt, T, dim, qd);
-        cpu_matmul(s->k, s->xb, slab + L->wk, wt, T, dim, kvd);
-        cpu_matmul(s->v, s->xb, slab + L->wv, wt, T, dim, kvd);
-        for (int64_t t = 0; t < T; t++) {
-            cpu_rope(s->q + t * qd, c->n_heads, hd, r->pos[t], s->inv_freq);
-            cpu_rope(s->k + t * kvd, c->n_kv_heads, hd, r->pos[t], s->inv_freq);
-            // k, v stored (head, pos, head_dim): each head's keys are contiguous for the attention loop
-            for (int64_t h = 0; h < c->n_kv_heads; h++) {
-                size_t off = cpu_kv_off(s, r->slot[t], l, h, r->pos[t]);
-                memcpy(s->k_cache + off, s->k + t * kvd + h * hd, (size_t)hd * sizeof(float));
-                memcpy(s->v_cache + off, s->v + t * kvd + h * hd, (size_t)hd * sizeof(float));
-            }
-        }
-        cpu_attn_job aj = {s, r, l, max_pos};
-        cpu_parallel_for(T * c->n_heads, (double)T * (double)qd * (double)(max_pos + 1) * 2.0, cpu_attn_task, &aj);
-        cpu_matmul(s->xb, s->att, slab + L->wo, wt, T, qd, dim);
-        for (int64_t i = 0; i < T * dim; i++) s->x[i] += s->xb[i];
-
-        // feed-forward block
-        for (int64_t t = 0; t < T; t++)
-            cpu_rmsnorm(s->xb + t * dim, s->x + t * dim, (const float *)(slab + L->ffn_norm), dim, c->norm_eps);
-        cpu_matmul(s->hb, s->xb, slab + L->w_gate, wt, T, dim, hidden);
-        cpu_matmul(s->hb2, s->xb, slab + L->w_up, wt, T, dim, hidden);
-        cpu_swiglu(s->hb, s->hb, s->hb2, T * hidden);
-        cpu_matmul(s->xb, s->hb, slab + L->w_down, wt, T, hidden, dim);
-        for (int64_t i = 0; i < T * dim; i++) s->x[i] += s->xb[i];
-        // probes: a control vector added to the residual stream, the rows dumped
-        if (s->probe && probe_rows(s->probe, l, s->x, T, tokens, r->pos, r->slot, e)) return -1;
-    }
-
-    if (!logits) return 0;
-    const float *norm = (const float *)(dj_head_ptr(m) + m->info.head.norm);
-    for (int64_t t = 0; t < T; t++) cpu_rmsnorm(s->xb + t * dim, s->x + t * dim, norm, dim, c->norm_eps);
-    cpu_matmul(logits, s->xb, dj_lm_head_ptr(m), dj_lm_head_type(m), T, dim, c->vocab_size);
-    return 0;
-}
-
-void cpu_set_probe(dj_cpu_state *s, dj_probe *p) { s->probe = p; }
-
-static int cpu_check_slot(const dj_cpu_state *s, int32_t slot, dj_err *e) {
-    if (slot < 0 || slot >= s->n_slots)
-        return dj_fail(e, "cpu: KV slot %d does not exist (%d slots)", slot, s->n_slots);
-    return 0;
-}
-
-static int cpu_check_tokens(const dj_cpu_state *s, const int32_t *tokens, int64_t T, dj_err *e) {
-    for (int64_t t = 0; t < T; t++)
-        if (tokens[t] < 0 || (uint32_t)tokens[t] >= s->c.vocab_size)
-            return dj_fail(e, "cpu: token id %d out of range (vocab %u)", tokens[t], s->c.vocab_size);
-    return 0;
-}
-
-int cpu_forward(dj_cpu_state *s, const int32_t *tokens, int64_t T, int64_t pos, float *logits, dj_err *e) {
-    return cpu_forward_slot(s, 0, tokens, T, pos, logits, e);
-}
-
-int cpu_forward_slot(dj_cpu_state *s, int32_t slot, const int32_t *tokens, int64_t T, int64_t pos, float *logits,
-                     dj_err *e) {
-    if (cpu_check_slot(s, slot, e)) return -1;
-    if (T < 0 || pos < 0 || pos > s->max_seq - T)
-        return dj_fail(e, "cpu: positions %" PRId64 "..%" PRId64 " exceed the context of %" PRId64 " tokens", pos,
-                       pos + T - 1, s->max_seq);
-    if (cpu_check_tokens(s, tokens, T, e)) return -1;
-    cpu_rows r;
-    for (int64_t t0 = 0; t0 < T; t0 += CPU_CHUNK) {
-        int64_t n = T - t0 < CPU_CHUNK ? T - t0 : CPU_CHUNK;
-        for (int64_t t = 0; t < n; t++) r.slot[t] = slot, r.pos[t] = pos + t0 + t;
-        if (cpu_forward_rows(s, tokens + t0, n, &r, logits ? logits + t0 * (int64_t)s->c.vocab_size : NULL, e))
-            return -1;
-    }
-    return 0;
-}
-
-int cpu_step_batch(dj_cpu_state *s, int32_t B, const int32_t *slots, const int64_t *pos, const int32_t *tokens,
-                   float *logits, dj_err *e) {
-    if (B < 0) return dj_fail(e, "cpu: a batch of %d rows", B);
-    for (int32_t b = 0; b < B; b++) {
-        if (cpu_check_slot(s, slots[b], e)) return -1;
-        if (pos[b] < 0 || pos[b] >= s->max_seq)
-            return dj_fail(e, "cpu: position %" PRId64 " is outside the context of %" PRId64 " tokens", pos[b],
-                           s->max_seq);
-        for (int32_t a = 0; a < b; a++)
-            if (slots[a] == slots[b]) return dj_fail(e, "cpu: KV slot %d twice in one batch", slots[b]);
-    }
-    if (cpu_check_tokens(s, tokens, B, e)) return -1;
-    cpu_rows r;
-    for (int32_t b0 = 0; b0 < B; b0 += CPU_CHUNK) {
-        int32_t n = B - b0 < CPU_CHUNK ? B - b0 : CPU_CHUNK;
-        for (int32_t t = 0; t < n; t++) r.slot[t] = slots[b0 + t], r.pos[t] = pos[b0 + t];
-        if (cpu_forward_rows(s, tokens + b0, n, &r, logits + (size_t)b0 * s->c.vocab_size, e)) return -1;
-    }
-    return 0;
-}
-
-// ---- parking
-struct dj_cpu_parked {
-    int64_t n;     // positions
-    float kv[];    // K then V, each (n_layers, n_kv_heads, n, head_dim)
-};
-
-// Copies positions 0..n-1 of every (layer, kv head) run of one slot between the cache and a parked copy.
-static void cpu_park_copy(dj_cpu_state *s, int32_t slot, dj_cpu_parked *p, int out) {
-    size_t run = (size_t)p->n * (size_t)s->c.head_dim, runs = (size_t)s->c.n_layers * (size_t)s->c.n_kv_heads;
-    for (int kv = 0; kv < 2; kv++) {
-        float *cache = kv ? s->v_cache : s->k_cache, *dst = p->kv + (size_t)kv * runs * run;
-        for (size_t i = 0; i < runs; i++) {
-            float *at = cache + cpu_kv_off(s, slot, (uint32_t)(i / s->c.n_kv_heads), (int64_t)(i % s->c.n_kv_heads), 0);
-            if (out) memcpy(dst + i * run, at, run * sizeof(float));
-            else memcpy(at, dst + i * run, run * sizeof(float));
-        }
-    }
-}
-
-dj_cpu_parked *cpu_park(dj_cpu_state *s, int32_t slot, int64_t n, dj_err *e) {
-    if (cpu_check_slot(s, slot, e)) return NULL;
-    if (n < 0 || n > s->max_seq) {
-        dj_fail(e, "cpu: cannot park %" PRId64 " positions of a slot of %" PRId64, n, s->max_seq);
-        return NULL;
-    }
-    size_t floats = 2 * (size_t)s->c.n_layers * (size_t)s->kv_dim * (size_t)n;
-    dj_cpu_parked *p = malloc(sizeof *p + floats * sizeof(float));
-    if (!p) {
-        dj_fail(e, "cpu: cannot allocate %.3f GB to park a KV slot", (double)(floats * sizeof(float)) / 1e9);
-        return NULL;
-    }
-    p->n = n;
-    cpu_park_copy(s, slot, p, 1);
-    return p;
-}
-
-int cpu_restore(dj_cpu_state *s, dj_cpu_parked *p, int32_t slot, dj_err *e) {
-    if (cpu_check_slot(s, slot, e)) return -1;
-    if (p->n > s->max_seq)
-        return dj_fail(e, "cpu: a parked cache of %" PRId64 " positions does not fit a slot of %" PRId64, p->n,
-                       s->max_seq);
-    cpu_park_copy(s, slot, p, 0);
-    free(p);
-    return 0;
-}
-
-float *cpu_parked_kv(dj_cpu_parked *p) { return p->kv; }
-
-void cpu_parked_free(dj_cpu_parked *p) { free(p); }

@@ -1,5 +1,6 @@
-// cpu.h: the CPU side of the engine: the reference ops (the oracle every GPU kernel is tested against), the
-// SIMD matvec the GPU engine's CPU share runs on, and the CPU forward pass (the engine where no GPU is present).
+// cpu.h: the CPU side of the engine: the reference ops (the oracle every GPU kernel is tested against) and the
+// SIMD matvec the GPU engine's CPU share runs on (cpu.c), and the CPU forward pass (cpu_forward.c: the engine where
+// no GPU is present).
 #ifndef DJINN_CPU_H
 #define DJINN_CPU_H
 
@@ -10,23 +11,29 @@
 #include "probe.h"
 
 // ---- ops: fp32 arithmetic throughout; weights stay in their stored dtype and are widened on the fly.
-// y (T, n_out) = x (T, n_in) . W^T, with W (n_out, n_in) in wtype; multithreaded.
-void cpu_matmul(float *y, const float *x, const void *w, uint32_t wtype, int64_t T, int64_t n_in, int64_t n_out);
+// y (T, n_out) = x (T, n_in) . W^T, with W (n_out, n_in) in wtype; multithreaded. cpu_matmul, cpu_matvec and
+// cpu_matvec_multi return -1 when a thread's buffer could not be allocated (y then incomplete), else 0.
+int cpu_matmul(float *y, const float *x, const void *w, uint32_t wtype, int64_t T, int64_t n_in, int64_t n_out);
 // y (n_out) = W x for one token (W (n_out, n_in) in wtype): cpu_matmul's result up to summation order, at the
 // host's memory bandwidth (AVX2 + FMA + F16C where the CPU has them, detected at run time); multithreaded. The
 // GPU engine's CPU share (dj_gpu_opts.cpu_share) runs on it.
-void cpu_matvec(float *y, const float *x, const void *w, uint32_t wtype, int64_t n_in, int64_t n_out);
+int cpu_matvec(float *y, const float *x, const void *w, uint32_t wtype, int64_t n_in, int64_t n_out);
 // y (T, n_out) = x (T, n_in) . W^T for a few tokens, each weight row read from memory once for all T (the CPU
 // share of a pass of several rows): cpu_matmul's result up to summation order; T = 1 is cpu_matvec where
 // the AVX-512 tiles do not run or the weights are q8 or q4.
-void cpu_matvec_multi(float *y, const float *x, const void *w, uint32_t wtype, int64_t T, int64_t n_in,
-                      int64_t n_out);
+int cpu_matvec_multi(float *y, const float *x, const void *w, uint32_t wtype, int64_t T, int64_t n_in,
+                     int64_t n_out);
+// An asynchronous job's state on the pool's workers: its owner (the GPU engine's CPU share) makes one, passes it to
+// each start and its finish, and frees it when no job runs. NULL from cpu_job_new: out of memory.
+typedef struct cpu_job cpu_job;
+cpu_job *cpu_job_new(void);
+void cpu_job_free(cpu_job *j);
 // cpu_matvec_multi on the pool's workers, asynchronously: they begin once *ready reaches seq (in wrapping order:
 // x has landed), and the thread that computes the last row stores seq in *done (release), while the caller goes
-// on with other work, until cpu_matvec_finish. One job at a time (another thread's start waits for this one's
-// finish), and nothing else on the pool in between.
+// on with other work, until cpu_matvec_finish. The pool runs one job at a time (another start, with any job
+// object, waits for this one's finish), and nothing else on the pool in between.
 // (The GPU engine's CPU share: the GPU writes *ready and waits for *done, both in mapped host memory.)
-void cpu_matvec_start(float *y, const float *x, const void *w, uint32_t wtype, int64_t T, int64_t n_in,
+void cpu_matvec_start(cpu_job *j, float *y, const float *x, const void *w, uint32_t wtype, int64_t T, int64_t n_in,
                       int64_t n_out, const _Atomic uint32_t *ready, _Atomic uint32_t *done, uint32_t seq);
 // The CPU's part of a layer's MLP block where it has every row of gate and up (the GPU engine's CPU share, its
 // chain): asynchronously as cpu_matvec_start, h = silu(gate . x) * (up . x) for T rows, then y = the last n_down
@@ -40,12 +47,12 @@ typedef struct {
     uint32_t wtype;
     int64_t T, dim, hid, n_down;
 } cpu_ffn_args;
-void cpu_ffn_start(const cpu_ffn_args *f, const _Atomic uint32_t *ready, _Atomic uint32_t *mid,
+void cpu_ffn_start(cpu_job *j, const cpu_ffn_args *f, const _Atomic uint32_t *ready, _Atomic uint32_t *mid,
                    _Atomic uint32_t *done, uint32_t seq);
 // Joins cpu_matvec_start's or cpu_ffn_start's job: the caller computes rows still unclaimed and returns when every
 // thread is done, with the host's clock (dj_now) when a thread first saw x (t[0]), when h was whole (t[1]; a
-// matvec: t[2]) and when the last row was done (t[2]).
-void cpu_matvec_finish(double t[3]);
+// matvec: t[2]) and when the last row was done (t[2]). -1: out of memory, some rows left out (all counted done).
+int cpu_matvec_finish(cpu_job *j, double t[3]);
 // Test-only: called by each thread of cpu_matvec_start's or cpu_ffn_start's job that finds x not landed yet, once,
 // before it waits for it (a test lands x once every thread waits). NULL in every real run.
 extern void (*cpu_test_hook_waiting_x)(void);
@@ -64,13 +71,20 @@ void cpu_rope_freqs(const dj_config *c, float *inv_freq);
 void cpu_rope(float *x, int64_t n_heads, int64_t head_dim, int64_t pos, const float *inv_freq);
 // Causal GQA attention of one query at position pos over keys 0..pos; query head h reads kv head
 // h / (n_heads / n_kv_heads). q, out (n_heads, head_dim); k_cache, v_cache (n_kv_heads, max_seq, head_dim).
-// Scale 1/sqrt(head_dim), softmax in f32.
-void cpu_attention(float *out, const float *q, const float *k_cache, const float *v_cache, int64_t n_heads,
-                   int64_t n_kv_heads, int64_t head_dim, int64_t pos, int64_t max_seq);
+// Scale 1/sqrt(head_dim), softmax in f32. -1: out of memory for the scores (out untouched).
+int cpu_attention(float *out, const float *q, const float *k_cache, const float *v_cache, int64_t n_heads,
+                  int64_t n_kv_heads, int64_t head_dim, int64_t pos, int64_t max_seq);
 // out (n) = silu(gate) * up. out may alias gate.
 void cpu_swiglu(float *out, const float *gate, const float *up, int64_t n);
+// One query head over keys 0..pos (k, v (pos+1, head_dim)); scores (pos+1) is scratch. cpu_attention's per head.
+void cpu_attention_head(float *out, const float *q, const float *k, const float *v, int64_t head_dim, int64_t pos,
+                        float *scores);
+// dst (n) = row `r` of w (rows of n elements in wtype, dj_row_bytes apart), widened to f32 (q8, q4: dequantized,
+// exactly); w's own row for f32. f16 needs cpu_f16_init first (its table).
+const float *cpu_widen_row(float *dst, const void *w, uint32_t wtype, int64_t r, int64_t n);
+void cpu_f16_init(void);  // the f16 -> f32 table, once
 
-// ---- the forward pass
+// ---- the forward pass (cpu_forward.c)
 // A forward-pass state: activations and n_slots KV slots, each one sequence's cache of max_seq positions laid out
 // (n_layers, n_kv_heads, max_seq, head_dim) in f32; the slots one after the other. Slot memory is touched only
 // where positions are written, so slots that are never used cost address space, not RAM.
@@ -89,6 +103,14 @@ int cpu_forward_slot(dj_cpu_state *s, int32_t slot, const int32_t *tokens, int64
 // row over its own slot. Each row's logits are bitwise those of cpu_forward_slot on that token alone.
 int cpu_step_batch(dj_cpu_state *s, int32_t B, const int32_t *slots, const int64_t *pos, const int32_t *tokens,
                    float *logits, dj_err *e);
+// cpu_forward_slot with the logits (vocab) of the last row only (NULL: none): the head runs once.
+int cpu_forward_last(dj_cpu_state *s, int32_t slot, const int32_t *tokens, int64_t T, int64_t pos, float *logits,
+                     dj_err *e);
+// One pass over n rows of several sequences (engine.h's step_rows): row r is tokens[r] at position pos[r] of slot
+// slots[r]; a slot's rows adjacent and at consecutive positions; logits (n_want, vocab) of the rows want[] (ascending).
+// Each row's logits are bitwise those of cpu_forward_slot of its slot's rows alone.
+int cpu_step_rows(dj_cpu_state *s, int64_t n, const int32_t *slots, const int64_t *pos, const int32_t *tokens,
+                  int64_t n_want, const int32_t *want, float *logits, dj_err *e);
 // Parking: a slot's first n positions (every layer's keys and values) copied into host memory of their own
 // (malloc'd: 2 * n_layers * n_kv_heads * n * head_dim floats), and back into any slot.
 typedef struct dj_cpu_parked dj_cpu_parked;

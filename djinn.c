@@ -71,14 +71,16 @@ typedef struct {
     uint64_t seed;
     int seed_given;
     int64_t ctx;         // 0: the model's max_seq_len, at most DEFAULT_CTX
-    double ring_gb;      // GPU memory for weights, GB; 0: automatic
+    struct {             // the GPU engine's own options (dj_gpu_opts); given on the CPU, a warning
+        double ring_gb;  // GPU memory for weights, GB; 0: automatic
+        int stream_all;  // ablation: nothing resident
+        int sync_copy;   // ablation: no copy/compute overlap
+        int no_graph;    // all-resident decode launch by launch
+        int fma_attn;    // prefill attention on the fp32 FMA kernel, not the tensor cores
+        double cpu_share;  // dj_gpu_opts.cpu_share: < 0 automatic (the default), 0 off
+        int cpu_share_given;
+    } gpu;
     int force_cpu;
-    int stream_all;      // ablation: nothing resident
-    int sync_copy;       // ablation: no copy/compute overlap
-    int no_graph;        // all-resident decode launch by launch
-    int fma_attn;        // prefill attention on the fp32 FMA kernel, not the tensor cores
-    double cpu_share;    // dj_gpu_opts.cpu_share: < 0 automatic (the default), 0 off
-    int cpu_share_given;
     int no_pin;          // pageable host memory for the weights
     int64_t threads;     // CPU threads (the pool's size); 0: one per CPU of the process's affinity mask
     int chat;                 // --chat: an interactive conversation with the model's chat template
@@ -239,141 +241,134 @@ static int check_probe_args(const dj_opts *o) {
     return 0;
 }
 
-// Returns 0 when parsed, else the exit code (EXIT_USAGE, or -1 for --help, -2 for --version).
-static int parse_args(int argc, char **argv, dj_opts *o) {
-    *o = (dj_opts){.prompt = "", .n_new = 256, .smp = DJ_SAMPLING_DEFAULT, .tol = -1, .cpu_share = -1,
-                   .spec = {.k_max = DEFAULT_DRAFT_MAX}};
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (!strcmp(a, "--help") || !strcmp(a, "-h")) return -1;
-        if (!strcmp(a, "--version")) return -2;
-        if (!strcmp(a, "--cpu")) { o->force_cpu = 1; continue; }
-        if (!strcmp(a, "--tokenize")) { o->tokenize = 1; continue; }
-        if (!strcmp(a, "--chat")) { o->chat = 1; continue; }
-        if (!strcmp(a, "--stream-all")) { o->stream_all = 1; continue; }
-        if (!strcmp(a, "--sync-copy")) { o->sync_copy = 1; continue; }
-        if (!strcmp(a, "--no-graph")) { o->no_graph = 1; continue; }
-        if (!strcmp(a, "--fma-attn")) { o->fma_attn = 1; continue; }
-        if (!strcmp(a, "--no-pin")) { o->no_pin = 1; continue; }
-        // probes and sessions; --dump-act takes two values
-        if (!strcmp(a, "--dump-act") || !strcmp(a, "--steer") || !strcmp(a, "--save-session") ||
-            !strcmp(a, "--load-session")) {
-            int two = !strcmp(a, "--dump-act");
-            if (i + 1 + two >= argc)
-                return usage_error(two ? "option '%s' needs LAYERS and FILE" : "option '%s' needs a value", a);
-            const char *v = argv[++i];
-            if (two) {
-                o->dump_layers = v, o->dump_path = argv[++i];
-            } else if (!strcmp(a, "--steer")) {
-                if (o->n_steers == MAX_STEERS) return usage_error("more than %s --steer vectors", "64");
-                o->steers[o->n_steers++] = v;
-            } else if (!strcmp(a, "--save-session")) {
-                o->save_session = v;
-            } else {
-                o->load_session = v;
-            }
-            continue;
-        }
-        if (a[0] != '-' || a[1] == 0) {
-            if (o->model_path) return usage_error("unexpected argument '%s'", a);
-            o->model_path = a;
-            continue;
-        }
-        static const char *with_value[] = {"-p", "-f", "--stop", "--system", "--top-k", "--min-p", "--repeat-penalty",
-                                           "--repeat-last-n", "--presence-penalty", "--frequency-penalty", "-n", "-t", "--top-p", "-s", "-c", "--ring-gb", "--logits",
-                                           "--check", "--tol", "--stats-json", "--cpu-share", "--perplexity",
-                                           "--threads", "--draft", "--draft-max", "--draft-p-min", "--trace",
-                                           "--trace-steps"};
-        int known = 0;
-        for (size_t k = 0; k < sizeof with_value / sizeof *with_value; k++) known |= !strcmp(a, with_value[k]);
-        if (!known) return usage_error("unknown option '%s'", a);
-        if (i + 1 >= argc) return usage_error("option '%s' needs a value", a);
-        const char *v = argv[++i];
-        int64_t n;
-        double d;
-        if (!strcmp(a, "-p")) {
-            o->prompt = v, o->prompt_len = strlen(v);
-        } else if (!strcmp(a, "-f")) {
-            o->prompt_file = v;
-        } else if (!strcmp(a, "--system")) {
-            o->system = v;
-        } else if (!strcmp(a, "--stop")) {
-            if (!v[0]) return usage_error("%s", "--stop needs a non-empty string");
-            if (o->n_stops == MAX_STOPS) return usage_error("more than %s --stop strings", "16");
-            o->stops[o->n_stops++] = v;
-        } else if (!strcmp(a, "-n")) {
-            if (parse_i64(v, &n) || n < 0) return usage_error("-n needs a count >= 0, not '%s'", v);
-            o->n_new = n;
-        } else if (!strcmp(a, "-t")) {
-            if (parse_f64(v, &d) || d < 0) return usage_error("-t needs a temperature >= 0, not '%s'", v);
-            o->smp.temp = d;
-        } else if (!strcmp(a, "--top-p")) {
-            if (parse_f64(v, &d) || d < 0 || d > 1) return usage_error("--top-p needs a value in [0, 1], not '%s'", v);
-            o->smp.top_p = d;
-        } else if (!strcmp(a, "--top-k")) {
-            if (parse_i64(v, &n) || n < 0) return usage_error("--top-k needs a count >= 0, not '%s'", v);
-            o->smp.top_k = n;
-        } else if (!strcmp(a, "--min-p")) {
-            if (parse_f64(v, &d) || d < 0 || d > 1) return usage_error("--min-p needs a value in [0, 1], not '%s'", v);
-            o->smp.min_p = d;
-        } else if (!strcmp(a, "--repeat-penalty")) {
-            if (parse_f64(v, &d) || d <= 0) return usage_error("--repeat-penalty needs a positive factor, not '%s'", v);
-            o->smp.repeat_penalty = d;
-        } else if (!strcmp(a, "--repeat-last-n")) {
-            if (parse_i64(v, &n) || n < 0 || n > (1 << 24))
-                return usage_error("--repeat-last-n needs a count from 0 to 16777216, not '%s'", v);
-            o->smp.repeat_last_n = n;
-        } else if (!strcmp(a, "--presence-penalty") || !strcmp(a, "--frequency-penalty")) {
-            if (parse_f64(v, &d)) return usage_error("%s needs a number", a);
-            if (a[2] == 'p') o->smp.presence_penalty = d;
-            else o->smp.frequency_penalty = d;
-        } else if (!strcmp(a, "-s")) {
-            if (parse_i64(v, &n) || n < 0) return usage_error("-s needs a non-negative integer seed, not '%s'", v);
-            o->seed = (uint64_t)n;
-            o->seed_given = 1;
-        } else if (!strcmp(a, "-c")) {
-            if (parse_i64(v, &n) || n <= 0) return usage_error("-c needs a positive context size, not '%s'", v);
-            o->ctx = n;
-        } else if (!strcmp(a, "--threads")) {
-            if (parse_i64(v, &n) || n < 1 || n > 256) return usage_error("--threads needs a count from 1 to 256, not '%s'", v);
-            o->threads = n;
-        } else if (!strcmp(a, "--ring-gb")) {
-            if (parse_f64(v, &d) || d <= 0) return usage_error("--ring-gb needs a positive number of GB, not '%s'", v);
-            o->ring_gb = d;
-        } else if (!strcmp(a, "--cpu-share")) {
-            if (!strcmp(v, "auto")) d = -1;
-            else if (parse_f64(v, &d) || d < 0 || d > 0.95)
-                return usage_error("--cpu-share needs 'auto' or a fraction from 0 to 0.95, not '%s'", v);
-            o->cpu_share = d;
-            o->cpu_share_given = 1;
-        } else if (!strcmp(a, "--logits")) {
-            o->logits_path = v;
-        } else if (!strcmp(a, "--stats-json")) {
-            o->stats_path = v;
-        } else if (!strcmp(a, "--check")) {
-            o->check_path = v;
-        } else if (!strcmp(a, "--perplexity")) {
-            o->ppl_path = v;
-        } else if (!strcmp(a, "--draft")) {
-            o->draft_path = v;
-        } else if (!strcmp(a, "--trace")) {
-            o->trace_path = v;
-        } else if (!strcmp(a, "--trace-steps")) {
-            if (parse_i64(v, &n) || n < 1 || n > TRACE_STEPS_MAX)
-                return usage_error("--trace-steps needs a count from 1 to 64, not '%s'", v);  // TRACE_STEPS_MAX
-            o->trace_steps = n;
-        } else if (!strcmp(a, "--draft-max")) {
-            if (parse_i64(v, &n) || n < 1 || n > SPEC_K_MAX)
-                return usage_error("--draft-max needs a count from 1 to 32, not '%s'", v);  // SPEC_K_MAX
-            o->spec.k_max = n, o->spec_given = 1;
-        } else if (!strcmp(a, "--draft-p-min")) {
-            if (parse_f64(v, &d) || d < 0 || d > 1) return usage_error("--draft-p-min needs a value in [0, 1], not '%s'", v);
-            o->spec.p_min = d, o->spec_given = 1;
-        } else if (!strcmp(a, "--tol")) {
-            if (parse_f64(v, &d) || d < 0) return usage_error("--tol needs a non-negative number, not '%s'", v);
-            o->tol = d;
-        }
+// A flag without a value: set (1), or not one (0).
+static int parse_flag(const char *a, dj_opts *o) {
+    if (!strcmp(a, "--cpu")) { o->force_cpu = 1; return 1; }
+    if (!strcmp(a, "--tokenize")) { o->tokenize = 1; return 1; }
+    if (!strcmp(a, "--chat")) { o->chat = 1; return 1; }
+    if (!strcmp(a, "--stream-all")) { o->gpu.stream_all = 1; return 1; }
+    if (!strcmp(a, "--sync-copy")) { o->gpu.sync_copy = 1; return 1; }
+    if (!strcmp(a, "--no-graph")) { o->gpu.no_graph = 1; return 1; }
+    if (!strcmp(a, "--fma-attn")) { o->gpu.fma_attn = 1; return 1; }
+    if (!strcmp(a, "--no-pin")) { o->no_pin = 1; return 1; }
+    return 0;
+}
+
+// --dump-act LAYERS FILE, --steer, --save-session or --load-session at argv[*i] (*taken, *i then past its values):
+// 0, or EXIT_USAGE after its line.
+static int parse_probe_or_session(int argc, char **argv, int *i, dj_opts *o, int *taken) {
+    const char *a = argv[*i];
+    *taken = !strcmp(a, "--dump-act") || !strcmp(a, "--steer") || !strcmp(a, "--save-session") ||
+             !strcmp(a, "--load-session");
+    if (!*taken) return 0;
+    int two = !strcmp(a, "--dump-act");
+    if (*i + 1 + two >= argc)
+        return usage_error(two ? "option '%s' needs LAYERS and FILE" : "option '%s' needs a value", a);
+    const char *v = argv[++*i];
+    if (two) {
+        o->dump_layers = v, o->dump_path = argv[++*i];
+    } else if (!strcmp(a, "--steer")) {
+        if (o->n_steers == MAX_STEERS) return usage_error("more than %s --steer vectors", "64");
+        o->steers[o->n_steers++] = v;
+    } else if (!strcmp(a, "--save-session")) {
+        o->save_session = v;
+    } else {
+        o->load_session = v;
     }
+    return 0;
+}
+
+// Option `a`'s value v (a is one of with_value's): 0, or EXIT_USAGE after its line.
+static int parse_value(const char *a, const char *v, dj_opts *o) {
+    int64_t n;
+    double d;
+    if (!strcmp(a, "-p")) {
+        o->prompt = v, o->prompt_len = strlen(v);
+    } else if (!strcmp(a, "-f")) {
+        o->prompt_file = v;
+    } else if (!strcmp(a, "--system")) {
+        o->system = v;
+    } else if (!strcmp(a, "--stop")) {
+        if (!v[0]) return usage_error("%s", "--stop needs a non-empty string");
+        if (o->n_stops == MAX_STOPS) return usage_error("more than %s --stop strings", "16");
+        o->stops[o->n_stops++] = v;
+    } else if (!strcmp(a, "-n")) {
+        if (parse_i64(v, &n) || n < 0) return usage_error("-n needs a count >= 0, not '%s'", v);
+        o->n_new = n;
+    } else if (!strcmp(a, "-t")) {
+        if (parse_f64(v, &d) || d < 0) return usage_error("-t needs a temperature >= 0, not '%s'", v);
+        o->smp.temp = d;
+    } else if (!strcmp(a, "--top-p")) {
+        if (parse_f64(v, &d) || d < 0 || d > 1) return usage_error("--top-p needs a value in [0, 1], not '%s'", v);
+        o->smp.top_p = d;
+    } else if (!strcmp(a, "--top-k")) {
+        if (parse_i64(v, &n) || n < 0) return usage_error("--top-k needs a count >= 0, not '%s'", v);
+        o->smp.top_k = n;
+    } else if (!strcmp(a, "--min-p")) {
+        if (parse_f64(v, &d) || d < 0 || d > 1) return usage_error("--min-p needs a value in [0, 1], not '%s'", v);
+        o->smp.min_p = d;
+    } else if (!strcmp(a, "--repeat-penalty")) {
+        if (parse_f64(v, &d) || d <= 0) return usage_error("--repeat-penalty needs a positive factor, not '%s'", v);
+        o->smp.repeat_penalty = d;
+    } else if (!strcmp(a, "--repeat-last-n")) {
+        if (parse_i64(v, &n) || n < 0 || n > (1 << 24))
+            return usage_error("--repeat-last-n needs a count from 0 to 16777216, not '%s'", v);
+        o->smp.repeat_last_n = n;
+    } else if (!strcmp(a, "--presence-penalty") || !strcmp(a, "--frequency-penalty")) {
+        if (parse_f64(v, &d)) return usage_error("%s needs a number", a);
+        if (a[2] == 'p') o->smp.presence_penalty = d;
+        else o->smp.frequency_penalty = d;
+    } else if (!strcmp(a, "-s")) {
+        if (parse_i64(v, &n) || n < 0) return usage_error("-s needs a non-negative integer seed, not '%s'", v);
+        o->seed = (uint64_t)n;
+        o->seed_given = 1;
+    } else if (!strcmp(a, "-c")) {
+        if (parse_i64(v, &n) || n <= 0) return usage_error("-c needs a positive context size, not '%s'", v);
+        o->ctx = n;
+    } else if (!strcmp(a, "--threads")) {
+        if (parse_i64(v, &n) || n < 1 || n > 256) return usage_error("--threads needs a count from 1 to 256, not '%s'", v);
+        o->threads = n;
+    } else if (!strcmp(a, "--ring-gb")) {
+        if (parse_f64(v, &d) || d <= 0) return usage_error("--ring-gb needs a positive number of GB, not '%s'", v);
+        o->gpu.ring_gb = d;
+    } else if (!strcmp(a, "--cpu-share")) {
+        if (!strcmp(v, "auto")) d = -1;
+        else if (parse_f64(v, &d) || d < 0 || d > 0.95)
+            return usage_error("--cpu-share needs 'auto' or a fraction from 0 to 0.95, not '%s'", v);
+        o->gpu.cpu_share = d;
+        o->gpu.cpu_share_given = 1;
+    } else if (!strcmp(a, "--logits")) {
+        o->logits_path = v;
+    } else if (!strcmp(a, "--stats-json")) {
+        o->stats_path = v;
+    } else if (!strcmp(a, "--check")) {
+        o->check_path = v;
+    } else if (!strcmp(a, "--perplexity")) {
+        o->ppl_path = v;
+    } else if (!strcmp(a, "--draft")) {
+        o->draft_path = v;
+    } else if (!strcmp(a, "--trace")) {
+        o->trace_path = v;
+    } else if (!strcmp(a, "--trace-steps")) {
+        if (parse_i64(v, &n) || n < 1 || n > TRACE_STEPS_MAX)
+            return usage_error("--trace-steps needs a count from 1 to 64, not '%s'", v);  // TRACE_STEPS_MAX
+        o->trace_steps = n;
+    } else if (!strcmp(a, "--draft-max")) {
+        if (parse_i64(v, &n) || n < 1 || n > SPEC_K_MAX)
+            return usage_error("--draft-max needs a count from 1 to 32, not '%s'", v);  // SPEC_K_MAX
+        o->spec.k_max = n, o->spec_given = 1;
+    } else if (!strcmp(a, "--draft-p-min")) {
+        if (parse_f64(v, &d) || d < 0 || d > 1) return usage_error("--draft-p-min needs a value in [0, 1], not '%s'", v);
+        o->spec.p_min = d, o->spec_given = 1;
+    } else if (!strcmp(a, "--tol")) {
+        if (parse_f64(v, &d) || d < 0) return usage_error("--tol needs a non-negative number, not '%s'", v);
+        o->tol = d;
+    }
+    return 0;
+}
+
+// The options given together: 0, or EXIT_USAGE after its line.
+static int check_args(const dj_opts *o) {
     if (!o->model_path) return usage_error("%s", "no MODEL given");
     if (o->prompt_file && o->prompt[0]) return usage_error("%s", "-p and -f both give the prompt: one of them");
     if (o->chat && (o->prompt[0] || o->prompt_file || o->tokenize || o->check_path || o->ppl_path || o->logits_path ||
@@ -396,6 +391,39 @@ static int parse_args(int argc, char **argv, dj_opts *o) {
     return check_probe_args(o);
 }
 
+// Options that take a value (parse_value).
+static const char *with_value[] = {"-p", "-f", "--stop", "--system", "--top-k", "--min-p", "--repeat-penalty",
+                                   "--repeat-last-n", "--presence-penalty", "--frequency-penalty", "-n", "-t",
+                                   "--top-p", "-s", "-c", "--ring-gb", "--logits", "--check", "--tol", "--stats-json",
+                                   "--cpu-share", "--perplexity", "--threads", "--draft", "--draft-max",
+                                   "--draft-p-min", "--trace", "--trace-steps"};
+
+// Returns 0 when parsed, else the exit code (EXIT_USAGE, or -1 for --help, -2 for --version).
+static int parse_args(int argc, char **argv, dj_opts *o) {
+    *o = (dj_opts){.prompt = "", .n_new = 256, .smp = DJ_SAMPLING_DEFAULT, .tol = -1, .gpu.cpu_share = -1,
+                   .spec = {.k_max = DEFAULT_DRAFT_MAX}};
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) return -1;
+        if (!strcmp(a, "--version")) return -2;
+        if (parse_flag(a, o)) continue;
+        int taken, rc = parse_probe_or_session(argc, argv, &i, o, &taken);  // --dump-act takes two values
+        if (rc) return rc;
+        if (taken) continue;
+        if (a[0] != '-' || a[1] == 0) {
+            if (o->model_path) return usage_error("unexpected argument '%s'", a);
+            o->model_path = a;
+            continue;
+        }
+        int known = 0;
+        for (size_t k = 0; k < sizeof with_value / sizeof *with_value; k++) known |= !strcmp(a, with_value[k]);
+        if (!known) return usage_error("unknown option '%s'", a);
+        if (i + 1 >= argc) return usage_error("option '%s' needs a value", a);
+        if ((rc = parse_value(a, argv[++i], o))) return rc;
+    }
+    return check_args(o);
+}
+
 // ---- engines
 // warm: the length of the first pass to come (the GPU engine warms up on that shape)
 // The context in tokens: -c, else the model's max_seq_len capped at DEFAULT_CTX.
@@ -404,9 +432,9 @@ static int64_t context_of(const dj_config *c, const dj_opts *o) {
 }
 
 static int open_engine(dj_engine *eng, const dj_model *m, const dj_opts *o, int64_t ctx, int64_t warm, dj_err *e) {
-    dj_gpu_opts go = {.ring_gb = o->ring_gb, .max_seq = ctx, .stream_all = o->stream_all,
-                      .sync_copy = o->sync_copy, .no_graph = o->no_graph, .fma_attn = o->fma_attn,
-                      .warm_rows = warm, .cpu_share = o->cpu_share, .trace = o->trace_path,
+    dj_gpu_opts go = {.ring_gb = o->gpu.ring_gb, .max_seq = ctx, .stream_all = o->gpu.stream_all,
+                      .sync_copy = o->gpu.sync_copy, .no_graph = o->gpu.no_graph, .fma_attn = o->gpu.fma_attn,
+                      .warm_rows = warm, .cpu_share = o->gpu.cpu_share, .trace = o->trace_path,
                       .trace_steps = (int)o->trace_steps};
     if (engine_open(eng, m, &go, 1, e)) return -1;
     return o->probe ? eng->set_probe(eng->ctx, o->probe, e) : 0;
@@ -433,12 +461,12 @@ static int open_draft(dj_draft *d, const dj_model *target, const dj_tokenizer *t
     if (ctx > (int64_t)c->max_seq_len)
         return dj_fail(e, "--draft %s: a context of %u positions (max_position_embeddings), the run's is %" PRId64
                           ": lower -c", o->draft_path, c->max_seq_len, ctx);
-    dj_gpu_opts go = {.max_seq = ctx, .no_graph = o->no_graph, .fma_attn = o->fma_attn, .warm_rows = warm, .quiet = 1};
+    dj_gpu_opts go = {.max_seq = ctx, .no_graph = o->gpu.no_graph, .fma_attn = o->gpu.fma_attn, .warm_rows = warm,
+                      .quiet = 1};
     if (engine_open(&d->eng, &d->m, &go, 1, e)) return -1;
     double kv_gb = (double)engine_kv_pos_bytes(c) * (double)ctx / 1e9;
-    if (d->eng.is_gpu) {
-        dj_gpu_stats g;
-        gpu_state_stats(d->eng.ctx, &g);
+    dj_gpu_stats g;
+    if (engine_gpu_stats(&d->eng, &g)) {
         if (g.n_streamed)
             return dj_fail(e, "--draft %s does not fit on the GPU beside its KV cache (%.2f GB for -c %" PRId64 "): %d "
                               "of its units would stream; a smaller draft (--dtype q4) or a lower -c", o->draft_path,
@@ -603,19 +631,17 @@ static int write_stats(dj_out *out, const dj_model *m, const dj_engine *eng, con
             r->prompt_tokens, r->prefill_s, (double)r->prompt_tokens / fmax(r->prefill_s, 1e-9), r->ttft_ms);
     fprintf(f, " \"decode_tokens\": %" PRId64 ", \"decode_ms_per_token\": %.6f, \"decode_tok_s\": %.4f",
             r->decode_tokens, dec_ms, dec_ms > 0 ? 1e3 / dec_ms : 0.0);
-    if (eng->is_gpu) {
-        dj_gpu_stats g;
-        gpu_state_stats(eng->ctx, &g);
+    dj_gpu_stats g;
+    if (engine_gpu_stats(eng, &g))
         fprintf(f, ",\n \"ring_gb\": %.4f, \"stream_all\": %d, \"sync_copy\": %d, \"resident_units\": %d, "
                    "\"streamed_units\": %d, \"resident_gb\": %.6f,\n \"streamed_gb_per_token\": %.6f, \"h2d_gb_s\": %.4f, "
                    "\"wait_ms_per_token\": %.6f, \"passes\": %" PRId64 ", \"tc_attn\": %d,\n"
                    " \"cpu_share\": %.4f, \"cpu_gb_per_token\": %.6f, \"cpu_threads\": %d",
-                o->ring_gb, o->stream_all, o->sync_copy, g.n_resident, g.n_streamed, (double)g.resident_bytes / 1e9,
-                (double)g.bytes_per_token / 1e9,
+                o->gpu.ring_gb, o->gpu.stream_all, o->gpu.sync_copy, g.n_resident, g.n_streamed,
+                (double)g.resident_bytes / 1e9, (double)g.bytes_per_token / 1e9,
                 g.copy_ms > 0 ? (double)g.copied_bytes / 1e6 / g.copy_ms : 0.0,
                 g.passes > 0 ? g.wait_ms / (double)g.passes : 0.0, g.passes, g.tc_attn, g.cpu_share,
                 (double)g.cpu_bytes_per_token / 1e9, cpu_threads_planned());
-    }
     if (r->spec) {
         dj_spec_stats sp;
         spec_stats(r->spec, &sp);
@@ -687,204 +713,195 @@ static int read_prompt(const char *path, char **text, size_t *len, dj_err *e) {
     return 0;
 }
 
-static int run_generate(const dj_model *m, const dj_tokenizer *tok, const dj_opts *o, dj_outputs *out, double load_s,
-                        dj_err *e) {
-    dj_run_stats rs = {.load_s = load_s};
-    const dj_config *c = &m->info.config;
-    int64_t vocab = c->vocab_size;
-    int32_t *ids = NULL;
-    size_t n_prompt = 0;
-    if (tok_encode(tok, o->prompt, o->prompt_len, 1, &ids, &n_prompt, e)) return EXIT_ERR;
-    // A prompt that starts with the BOS token's own text (a hand-written chat prompt) would begin with two: the one
-    // the model's post-processor adds is dropped, with a warning (HF would keep both; llama.cpp keeps both and warns).
-    int32_t bos = tok_bos(tok);
-    if (bos >= 0 && n_prompt >= 2 && ids[0] == bos && ids[1] == bos) {
-        memmove(ids, ids + 1, (n_prompt - 1) * sizeof *ids);
-        n_prompt--;
-        fprintf(stderr, "djinn: warning: the prompt starts with the BOS token's text: not adding a second BOS\n");
-    }
-    if (o->tokenize) {
-        for (size_t i = 0; i < n_prompt; i++) printf("%s%d", i ? " " : "", ids[i]);
-        printf("\n");
-        free(ids);
-        return stdout_ok(e) ? EXIT_ERR : 0;
-    }
-    int64_t ctx = context_of(c, o);
-    int rc = EXIT_ERR;
-    dj_engine eng = {0};
-    float *logits = NULL;
-    int want_rows = out->logits.tmp != NULL;  // --logits: every position's row
-    dj_tok_stream *stream = NULL;
-    dj_sampler *smp = NULL;
-    dj_held held = {0};  // --stop: the generated text not yet printed
-    int hit = -1;        // the --stop string found
-    dj_draft draft = {0};  // --draft
-    dj_spec *sp = NULL;
-    dj_session ses = {0};  // --load-session: its tokens take the prompt's place
+// Why a run stopped generating before -n tokens (GEN_RAN: it did not).
+typedef enum { GEN_RAN, GEN_EOS, GEN_STOP_STRING, GEN_CONTEXT_FULL, GEN_INTERRUPTED } gen_stop;
+
+// One generation run, from its set-up through prefill and decode to its report.
+typedef struct {
+    const dj_model *m;
+    const dj_tokenizer *tok;
+    const dj_opts *o;
+    dj_outputs *out;
+    int64_t ctx, vocab;
+    int32_t *ids;       // the prompt, then the tokens generated (cap + 1)
+    size_t n_prompt;
+    float *logits;      // (n_prompt with --logits, else 1, vocab)
+    int want_rows;      // --logits: every position's row
+    dj_engine eng;
+    dj_draft draft;     // --draft
+    dj_spec *sp;
+    dj_session ses;     // --load-session: its tokens take the prompt's place
+    dj_sampler *smp;
+    const dj_sampling *smp_set;  // the sampling in effect (a resumed session's, or the options')
+    dj_tok_stream *stream;
+    dj_held held;       // --stop: the generated text not yet printed
+    int hit;            // the --stop string found, or -1
+    int32_t cand;       // the token the last pass picked
+    int64_t n, n_gen;   // tokens in ids; of them generated
+    double t_start, t_first, t_decode0;
+    gen_stop stop;
+    dj_run_stats rs;
+} gen_run;
+
+// The prompt's ids (or a session's), the engine (and --draft's), the sampler and the text stream.
+static int gen_open(gen_run *g, dj_err *e) {
+    const dj_opts *o = g->o;
     if (o->load_session) {
-        if (session_open(&ses, o->load_session, m, o->model_path, ctx, e)) goto out;
-        free(ids), n_prompt = (size_t)ses.n_tokens;
-        if (!(ids = malloc(n_prompt * sizeof *ids))) {
-            dj_fail(e, "out of memory");
-            goto out;
-        }
-        memcpy(ids, ses.ids, n_prompt * sizeof *ids);
+        if (session_open(&g->ses, o->load_session, g->m, o->model_path, g->ctx, e)) return -1;
+        free(g->ids), g->n_prompt = (size_t)g->ses.n_tokens;
+        if (!(g->ids = malloc(g->n_prompt * sizeof *g->ids))) return dj_fail(e, "out of memory");
+        memcpy(g->ids, g->ses.ids, g->n_prompt * sizeof *g->ids);
     }
-    if (n_prompt == 0) {
-        dj_fail(e, "the prompt is empty and the model has no BOS token: give a prompt with -p");
-        goto out;
-    }
-    if ((int64_t)n_prompt > ctx) {
-        dj_fail(e, "the prompt is %zu tokens, longer than the context of %" PRId64 " tokens (-c)", n_prompt, ctx);
-        goto out;
-    }
-    int64_t cap = o->n_new < ctx ? (int64_t)n_prompt + o->n_new : ctx;  // ids: prompt + new tokens, <= ctx
-    int32_t *grown = realloc(ids, (size_t)(cap + 1) * sizeof *ids);
-    logits = malloc((want_rows ? n_prompt : 1) * (size_t)vocab * sizeof(float));  // (rows, vocab)
-    if (!grown || !logits) {
-        if (grown) ids = grown;
-        dj_fail(e, "out of memory");
-        goto out;
-    }
-    ids = grown;
+    if (g->n_prompt == 0)
+        return dj_fail(e, "the prompt is empty and the model has no BOS token: give a prompt with -p");
+    if ((int64_t)g->n_prompt > g->ctx)
+        return dj_fail(e, "the prompt is %zu tokens, longer than the context of %" PRId64 " tokens (-c)", g->n_prompt,
+                       g->ctx);
+    int64_t cap = o->n_new < g->ctx ? (int64_t)g->n_prompt + o->n_new : g->ctx;  // ids: prompt + new tokens, <= ctx
+    int32_t *grown = realloc(g->ids, (size_t)(cap + 1) * sizeof *g->ids);
+    if (grown) g->ids = grown;
+    g->logits = malloc((g->want_rows ? g->n_prompt : 1) * (size_t)g->vocab * sizeof(float));  // (rows, vocab)
+    if (!grown || !g->logits) return dj_fail(e, "out of memory");
     double t_setup = dj_now();
-    if (o->draft_path && open_draft(&draft, m, tok, o, ctx, (int64_t)n_prompt, e)) goto out;  // first: all resident
-    if (open_engine(&eng, m, o, ctx, (int64_t)n_prompt, e)) goto out;
-    rs.setup_s = dj_now() - t_setup;
-    fprintf(stderr, "djinn: %s engine set up in %.3f s%s\n", eng.name, rs.setup_s,
-            eng.is_gpu ? " (buffers, a warm-up pass of the prompt's length, the decode graph)" : "");
-    if (interrupted_during("the engine's setup")) {
-        rc = EXIT_INTERRUPTED;
-        goto out;
-    }
+    if (o->draft_path && open_draft(&g->draft, g->m, g->tok, o, g->ctx, (int64_t)g->n_prompt, e))
+        return -1;  // first: all resident
+    if (open_engine(&g->eng, g->m, o, g->ctx, (int64_t)g->n_prompt, e)) return -1;
+    g->rs.setup_s = dj_now() - t_setup;
+    fprintf(stderr, "djinn: %s engine set up in %.3f s%s\n", g->eng.name, g->rs.setup_s,
+            g->eng.is_gpu ? " (buffers, a warm-up pass of the prompt's length, the decode graph)" : "");
+    if (interrupted_during("the engine's setup")) return 1;
     uint64_t seed = o->seed_given ? o->seed : fresh_seed();
     // a resumed run samples as the session did, unless this run's sampling options say otherwise
-    const dj_sampling *smp_set = o->load_session && sampling_is_default(&o->smp) ? &ses.smp : &o->smp;
-    if (!(smp = sampler_new_with(vocab, smp_set, seed, e))) goto out;
-    if (o->draft_path && !(rs.spec = sp = spec_new(&eng, &draft.eng, vocab, smp, &o->smp, seed ^ 0xD1B54A32D192ED03ull,
-                                                   tok, ctx, &o->spec, e)))
-        goto out;
-    for (size_t i = 0; i < n_prompt; i++) sampler_accept(smp, ids[i]);  // the penalties' window starts in the prompt
-    if (o->load_session && !o->seed_given) sampler_set_rng_state(smp, ses.rng);  // -s reseeds
-    else if (!o->seed_given && !sampler_is_greedy(smp)) fprintf(stderr, "djinn: seed %" PRIu64 " (-s to repeat)\n", seed);
-    stream = tok_stream_new(tok);
-    if (!stream) {
-        dj_fail(e, "out of memory");
-        goto out;
-    }
-    size_t len;
+    g->smp_set = o->load_session && sampling_is_default(&o->smp) ? &g->ses.smp : &o->smp;
+    if (!(g->smp = sampler_new_with(g->vocab, g->smp_set, seed, e))) return -1;
+    if (o->draft_path && !(g->rs.spec = g->sp = spec_new(&g->eng, &g->draft.eng, g->vocab, g->smp, &o->smp,
+                                                         seed ^ 0xD1B54A32D192ED03ull, g->tok, g->ctx, &o->spec, e)))
+        return -1;
+    // the penalties' window starts in the prompt
+    for (size_t i = 0; i < g->n_prompt; i++) sampler_accept(g->smp, g->ids[i]);
+    if (o->load_session && !o->seed_given) sampler_set_rng_state(g->smp, g->ses.rng);  // -s reseeds
+    else if (!o->seed_given && !sampler_is_greedy(g->smp))
+        fprintf(stderr, "djinn: seed %" PRIu64 " (-s to repeat)\n", seed);
+    if (!(g->stream = tok_stream_new(g->tok))) return dj_fail(e, "out of memory");
+    return 0;
+}
 
-    // Prefill: every row when --logits wants them (the host samples), otherwise the first token picked where the
-    // logits are (engine_next).
-    double t_start = dj_now();
-    int32_t cand;  // the token the last pass picked
+// Prefill: every row when --logits wants them (the host samples), otherwise the first token picked where the logits
+// are (engine_next); then the prompt's text (stdout is decode(all ids), so the prompt goes through the same stream:
+// on a terminal, where stdout and stderr share the screen, no statistics line lands inside it until it ends).
+static int gen_prefill(gen_run *g, dj_err *e) {
+    int64_t np = (int64_t)g->n_prompt;
+    g->t_start = dj_now();
     test_sigint_before("prefill");
-    if (o->load_session) {  // the session's KV cache, then the token after its text
-        if (session_resume(&ses, &eng, 0, smp, logits, &cand, e)) goto out;
-    } else if (want_rows) {
-        if (eng.forward(eng.ctx, 0, ids, (int64_t)n_prompt, 0, logits, 1, e) ||
-            write_rows(out, logits, (int64_t)n_prompt, vocab, e))
-            goto out;
-        cand = sampler_next(smp, logits + (n_prompt - 1) * (size_t)vocab);
-    } else if (sp ? spec_prefill(sp, ids, (int64_t)n_prompt, &cand, e)
-                  : engine_next(&eng, smp, 0, ids, (int64_t)n_prompt, 0, logits, &cand, e)) {
-        goto out;
+    if (g->o->load_session) {  // the session's KV cache, then the token after its text
+        if (session_resume(&g->ses, &g->eng, 0, g->smp, g->logits, &g->cand, e)) return -1;
+    } else if (g->want_rows) {
+        if (g->eng.forward(g->eng.ctx, 0, g->ids, np, 0, g->logits, 1, e) ||
+            write_rows(g->out, g->logits, np, g->vocab, e))
+            return -1;
+        g->cand = sampler_next(g->smp, g->logits + (g->n_prompt - 1) * (size_t)g->vocab);
+    } else if (g->sp ? spec_prefill(g->sp, g->ids, np, &g->cand, e)
+                     : engine_next(&g->eng, g->smp, 0, g->ids, np, 0, g->logits, &g->cand, e)) {
+        return -1;
     }
-    double t_prefill = dj_now() - t_start;
-    rs.prompt_tokens = (int64_t)n_prompt, rs.prefill_s = t_prefill;
-    fprintf(stderr, "djinn: prompt %zu tokens, prefill %.1f tokens/s (%.3f s)\n", n_prompt,
-            (double)n_prompt / fmax(t_prefill, 1e-9), t_prefill);
-    // Then the text, prompt first (stdout is decode(all ids), so the prompt goes through the same stream): on a
-    // terminal, where stdout and stderr share the screen, no statistics line lands inside it until it ends.
-    for (size_t i = 0; i < n_prompt; i++) {
-        const char *s = tok_stream_push(stream, ids[i], &len);
-        if (emit(s, len, e)) goto out;
+    double t_prefill = dj_now() - g->t_start;
+    g->rs.prompt_tokens = np, g->rs.prefill_s = t_prefill;
+    fprintf(stderr, "djinn: prompt %zu tokens, prefill %.1f tokens/s (%.3f s)\n", g->n_prompt,
+            (double)g->n_prompt / fmax(t_prefill, 1e-9), t_prefill);
+    size_t len;
+    for (size_t i = 0; i < g->n_prompt; i++) {
+        const char *s = tok_stream_push(g->stream, g->ids[i], &len);
+        if (emit(s, len, e)) return -1;
     }
+    return 0;
+}
 
-    // Decode: take the pick, feed the token back (the pass picks the next). The last token is fed only when its
-    // logits row is wanted (--logits), so the file has one row per token of the output.
-    int64_t n = (int64_t)n_prompt, n_gen = 0;
-    double t_first = 0, t_decode0 = 0;
-    const char *stop = NULL;
+// Decode: take the pick, feed the token back (the pass picks the next). The last token is fed only when its logits
+// row is wanted (--logits), so the file has one row per token of the output.
+static int gen_decode(gen_run *g, dj_err *e) {
+    const dj_opts *o = g->o;
     const int64_t sigint_after = test_sigint_token();
-    while (n_gen < o->n_new) {  // a Ctrl-C during prefill stops it before the first token is sampled
-        if (n_gen == sigint_after) raise(SIGINT);
-        if (interrupted) {
-            stop = "interrupted";
-            break;
-        }
-        if (n >= ctx) {
-            stop = "context full";
-            break;
-        }
-        int32_t next = cand;
-        if (next < 0) {
-            dj_fail(e, "the logits at position %" PRId64 " hold NaN or infinity: the model's weights or its "
-                       "arithmetic overflowed", n - 1);
-            goto out;
-        }
-        if (n_gen == 0) t_first = t_decode0 = dj_now();
-        sampler_accept(smp, next);
-        ids[n++] = next;
-        n_gen++;
-        const char *s = tok_stream_push(stream, next, &len);
-        if (o->n_stops ? (hit = held_feed(&held, s, len, o->stops, o->n_stops, emit_to_stdout, NULL, e)) == -2
+    size_t len;
+    g->n = (int64_t)g->n_prompt;
+    while (g->n_gen < o->n_new) {  // a Ctrl-C during prefill stops it before the first token is sampled
+        if (g->n_gen == sigint_after) raise(SIGINT);
+        if (interrupted) return g->stop = GEN_INTERRUPTED, 0;
+        if (g->n >= g->ctx) return g->stop = GEN_CONTEXT_FULL, 0;
+        int32_t next = g->cand;
+        if (next < 0)
+            return dj_fail(e, "the logits at position %" PRId64 " hold NaN or infinity: the model's weights or its "
+                              "arithmetic overflowed", g->n - 1);
+        if (g->n_gen == 0) g->t_first = g->t_decode0 = dj_now();
+        sampler_accept(g->smp, next);
+        g->ids[g->n++] = next;
+        g->n_gen++;
+        const char *s = tok_stream_push(g->stream, next, &len);
+        if (o->n_stops ? (g->hit = held_feed(&g->held, s, len, o->stops, o->n_stops, emit_to_stdout, NULL, e)) == -2
                        : emit(s, len, e))
-            goto out;
-        int eos = tok_is_eos(tok, next);
-        int more = n_gen < o->n_new && !eos && hit < 0;
-        if (want_rows) {  // position n-1 < ctx: always fits
-            if (eng.forward(eng.ctx, 0, &next, 1, n - 1, logits, 0, e) || write_rows(out, logits, 1, vocab, e))
-                goto out;
-            if (more) cand = sampler_next(smp, logits);
-        } else if (more && (sp ? spec_next(sp, ids, n, o->n_new - n_gen, &cand, e)  // a verified run's next
-                               : engine_next(&eng, smp, 0, &next, 1, n - 1, logits, &cand, e))) {
-            goto out;
+            return -1;
+        int eos = tok_is_eos(g->tok, next);
+        int more = g->n_gen < o->n_new && !eos && g->hit < 0;
+        if (g->want_rows) {  // position n-1 < ctx: always fits
+            if (g->eng.forward(g->eng.ctx, 0, &next, 1, g->n - 1, g->logits, 0, e) ||
+                write_rows(g->out, g->logits, 1, g->vocab, e))
+                return -1;
+            if (more) g->cand = sampler_next(g->smp, g->logits);
+        } else if (more && (g->sp ? spec_next(g->sp, g->ids, g->n, o->n_new - g->n_gen, &g->cand, e)  // verified run's
+                                  : engine_next(&g->eng, g->smp, 0, &next, 1, g->n - 1, g->logits, &g->cand, e))) {
+            return -1;
         }
-        if (hit >= 0) {
-            stop = "stop string";
-            break;
-        }
-        if (eos) {
-            stop = "end of sequence";
-            break;
-        }
+        if (g->hit >= 0) return g->stop = GEN_STOP_STRING, 0;
+        if (eos) return g->stop = GEN_EOS, 0;
     }
-    // --save-session: the last token's pass ran (and picked the next) when none was generated or the loop stopped
-    // before sampling again; otherwise the last token is not fed yet (with --logits: fed, nothing picked)
-    const int last_ran = n_gen == 0 || (stop && (!strcmp(stop, "interrupted") || !strcmp(stop, "context full")));
-    if (!stop && interrupted) stop = "interrupted";  // during the prefill of -n 0, or the last token's pass
-    const char *tail = tok_stream_flush(stream, &len);
-    if (o->n_stops) {  // the held text: up to the stop string found, or all of it
-        if (hit < 0 && (hit = held_feed(&held, tail, len, o->stops, o->n_stops, emit_to_stdout, NULL, e)) == -2)
-            goto out;
-        if (hit >= 0) stop = "stop string";
-        if (emit(held.buf, held.len, e)) goto out;
-    } else if (emit(tail, len, e)) {
-        goto out;
-    }
-    if (emit("\n", 1, e)) goto out;
+    return 0;
+}
 
-    if (stop && !strcmp(stop, "stop string"))
-        fprintf(stderr, "djinn: stopped at --stop '%s' after %" PRId64 " new tokens\n", o->stops[hit], n_gen);
-    else if (stop && !strcmp(stop, "context full"))
+// The text still held (the stream's tail; with --stop, up to the stop string found), then the final newline.
+static int gen_flush_text(gen_run *g, dj_err *e) {
+    const dj_opts *o = g->o;
+    size_t len;
+    const char *tail = tok_stream_flush(g->stream, &len);
+    if (o->n_stops) {  // the held text: up to the stop string found, or all of it
+        if (g->hit < 0 &&
+            (g->hit = held_feed(&g->held, tail, len, o->stops, o->n_stops, emit_to_stdout, NULL, e)) == -2)
+            return -1;
+        if (g->hit >= 0) g->stop = GEN_STOP_STRING;
+        if (emit(g->held.buf, g->held.len, e)) return -1;
+    } else if (emit(tail, len, e)) {
+        return -1;
+    }
+    return emit("\n", 1, e);
+}
+
+// The run's figures on stderr: why it stopped, time to first token and decode rate, speculation, streaming.
+static void gen_report(gen_run *g) {
+    const dj_opts *o = g->o;
+    int64_t n_gen = g->n_gen;
+    switch (g->stop) {
+    case GEN_STOP_STRING:
+        fprintf(stderr, "djinn: stopped at --stop '%s' after %" PRId64 " new tokens\n", o->stops[g->hit], n_gen);
+        break;
+    case GEN_CONTEXT_FULL:
         fprintf(stderr, "djinn: stopped after %" PRId64 " of %" PRId64 " new tokens: the context of %" PRId64
-                        " tokens is full (-c)\n", n_gen, o->n_new, ctx);
-    else if (stop && !strcmp(stop, "interrupted"))
-        fprintf(stderr, "djinn: interrupted after %" PRId64 " new tokens\n", n_gen);
-    else if (stop)
+                        " tokens is full (-c)\n", n_gen, o->n_new, g->ctx);
+        break;
+    case GEN_INTERRUPTED: fprintf(stderr, "djinn: interrupted after %" PRId64 " new tokens\n", n_gen); break;
+    case GEN_EOS:
         fprintf(stderr, "djinn: stopped at the end-of-sequence token after %" PRId64 " new tokens\n", n_gen);
+        break;
+    case GEN_RAN: break;
+    }
     if (n_gen > 0) {
-        double t_end = dj_now(), t_dec = t_end - t_decode0;
-        fprintf(stderr, "djinn: time to first token %.1f ms\n", (t_first - t_start) * 1e3);
-        rs.ttft_ms = (t_first - t_start) * 1e3, rs.decode_s = t_dec, rs.decode_tokens = n_gen - 1;
+        double t_end = dj_now(), t_dec = t_end - g->t_decode0;
+        fprintf(stderr, "djinn: time to first token %.1f ms\n", (g->t_first - g->t_start) * 1e3);
+        g->rs.ttft_ms = (g->t_first - g->t_start) * 1e3, g->rs.decode_s = t_dec, g->rs.decode_tokens = n_gen - 1;
         if (n_gen > 1)
             fprintf(stderr, "djinn: decode %" PRId64 " tokens, %.1f tokens/s, %.2f ms/token\n", n_gen - 1,
                     (double)(n_gen - 1) / fmax(t_dec, 1e-9), t_dec * 1e3 / (double)(n_gen - 1));
     }
-    if (sp) {
+    if (g->sp) {
         dj_spec_stats ss;
-        spec_stats(sp, &ss);
+        spec_stats(g->sp, &ss);
         fprintf(stderr, "djinn: speculative: %" PRId64 " passes of the target, %.2f tokens a pass; %" PRId64 " of %"
                         PRId64 " drafted tokens accepted (%.1f%%); draft %.1f ms (%.2f ms a step), target %.1f ms "
                         "(%.2f ms a pass)\n", ss.passes, ss.passes ? (double)ss.produced / (double)ss.passes : 0.0,
@@ -892,37 +909,84 @@ static int run_generate(const dj_model *m, const dj_tokenizer *tok, const dj_opt
                 ss.draft_s * 1e3, ss.draft_steps ? ss.draft_s * 1e3 / (double)ss.draft_steps : 0.0, ss.target_s * 1e3,
                 ss.passes ? ss.target_s * 1e3 / (double)ss.passes : 0.0);
     }
-    if (eng.is_gpu) {
-        dj_gpu_stats g;
-        gpu_state_stats(eng.ctx, &g);
-        if (g.n_streamed)
+    dj_gpu_stats gs;
+    if (engine_gpu_stats(&g->eng, &gs)) {
+        if (gs.n_streamed)
             fprintf(stderr, "djinn: streamed %d units, %.3f GB per pass over PCIe at %.2f GB/s achieved; compute "
-                            "waited %.2f ms per pass for copies (%" PRId64 " passes)\n", g.n_streamed,
-                    (double)g.bytes_per_token / 1e9, g.copy_ms > 0 ? (double)g.copied_bytes / 1e6 / g.copy_ms : 0.0,
-                    g.passes ? g.wait_ms / (double)g.passes : 0.0, g.passes);
-        if (g.cpu_share > 0)
+                            "waited %.2f ms per pass for copies (%" PRId64 " passes)\n", gs.n_streamed,
+                    (double)gs.bytes_per_token / 1e9, gs.copy_ms > 0 ? (double)gs.copied_bytes / 1e6 / gs.copy_ms : 0.0,
+                    gs.passes ? gs.wait_ms / (double)gs.passes : 0.0, gs.passes);
+        if (gs.cpu_share > 0)
             fprintf(stderr, "djinn: CPU share %.2f: %.3f GB per decode token read by the CPU from host memory\n",
-                    g.cpu_share, (double)g.cpu_bytes_per_token / 1e9);
+                    gs.cpu_share, (double)gs.cpu_bytes_per_token / 1e9);
     }
-    if (out->stats.tmp && write_stats(&out->stats, m, &eng, o, &rs, e)) goto out;
+}
+
+// The output files: --stats-json, --save-session, --logits.
+static int gen_write_outputs(gen_run *g, int last_ran, dj_err *e) {
+    const dj_opts *o = g->o;
+    dj_outputs *out = g->out;
+    int64_t n = g->n;
+    if (out->stats.tmp && write_stats(&out->stats, g->m, &g->eng, o, &g->rs, e)) return -1;
     if (out->session.tmp) {
-        dj_session save = {.ids = ids, .n_tokens = n, .n_prompt = o->load_session ? ses.n_prompt : (int64_t)n_prompt,
-                           .n_kv = last_ran || want_rows ? n : n - 1, .next = last_ran ? cand : -1,
-                           .rng = sampler_rng_state(smp), .smp = *smp_set, .ctx = ctx};
-        if (session_save(&out->session, m, &eng, 0, &save, e)) goto out;
+        dj_session save = {.ids = g->ids, .n_tokens = n,
+                           .n_prompt = o->load_session ? g->ses.n_prompt : (int64_t)g->n_prompt,
+                           .n_kv = last_ran || g->want_rows ? n : n - 1, .next = last_ran ? g->cand : -1,
+                           .rng = sampler_rng_state(g->smp), .smp = *g->smp_set, .ctx = g->ctx};
+        if (session_save(&out->session, g->m, &g->eng, 0, &save, e)) return -1;
     }
-    if (want_rows && out_commit(&out->logits, 0, e)) goto out;
+    return g->want_rows && out_commit(&out->logits, 0, e) ? -1 : 0;
+}
+
+static void gen_close(gen_run *g) {
+    held_free(&g->held);
+    if (g->stream) tok_stream_free(g->stream);
+    session_close(&g->ses);
+    spec_free(g->sp);
+    engine_close(&g->eng);
+    close_draft(&g->draft);
+    sampler_free(g->smp);
+    free(g->logits);
+    free(g->ids);
+}
+
+static int run_generate(const dj_model *m, const dj_tokenizer *tok, const dj_opts *o, dj_outputs *out, double load_s,
+                        dj_err *e) {
+    gen_run g = {.m = m, .tok = tok, .o = o, .out = out, .vocab = m->info.config.vocab_size, .hit = -1,
+                 .want_rows = out->logits.tmp != NULL, .rs = {.load_s = load_s}};
+    if (tok_encode(tok, o->prompt, o->prompt_len, 1, &g.ids, &g.n_prompt, e)) return EXIT_ERR;
+    // A prompt that starts with the BOS token's own text (a hand-written chat prompt) would begin with two: the one
+    // the model's post-processor adds is dropped, with a warning (HF would keep both; llama.cpp keeps both and warns).
+    int32_t bos = tok_bos(tok);
+    if (bos >= 0 && g.n_prompt >= 2 && g.ids[0] == bos && g.ids[1] == bos) {
+        memmove(g.ids, g.ids + 1, (g.n_prompt - 1) * sizeof *g.ids);
+        g.n_prompt--;
+        fprintf(stderr, "djinn: warning: the prompt starts with the BOS token's text: not adding a second BOS\n");
+    }
+    if (o->tokenize) {
+        for (size_t i = 0; i < g.n_prompt; i++) printf("%s%d", i ? " " : "", g.ids[i]);
+        printf("\n");
+        free(g.ids);
+        return stdout_ok(e) ? EXIT_ERR : 0;
+    }
+    g.ctx = context_of(&m->info.config, o);
+    int rc = gen_open(&g, e);
+    if (rc) {
+        gen_close(&g);
+        return rc > 0 ? EXIT_INTERRUPTED : EXIT_ERR;
+    }
+    rc = EXIT_ERR;
+    if (gen_prefill(&g, e) || gen_decode(&g, e)) goto out;
+    // --save-session: the last token's pass ran (and picked the next) when none was generated or the loop stopped
+    // before sampling again; otherwise the last token is not fed yet (with --logits: fed, nothing picked)
+    const int last_ran = g.n_gen == 0 || g.stop == GEN_INTERRUPTED || g.stop == GEN_CONTEXT_FULL;
+    if (!g.stop && interrupted) g.stop = GEN_INTERRUPTED;  // during the prefill of -n 0, or the last token's pass
+    if (gen_flush_text(&g, e)) goto out;
+    gen_report(&g);
+    if (gen_write_outputs(&g, last_ran, e)) goto out;
     rc = interrupted ? EXIT_INTERRUPTED : 0;
 out:
-    held_free(&held);
-    if (stream) tok_stream_free(stream);
-    session_close(&ses);
-    spec_free(sp);
-    engine_close(&eng);
-    close_draft(&draft);
-    sampler_free(smp);
-    free(logits);
-    free(ids);
+    gen_close(&g);
     return rc;
 }
 
@@ -932,9 +996,83 @@ out:
 // conversation. The end of input ends it. On a terminal a "> " prompt goes to stderr; stdout carries the answers,
 // each ended by a newline.
 #define CHAT_LINE_MAX ((size_t)1 << 20)
+// A conversation (run_chat): the engine, the sampler, and where the context stands.
+typedef struct {
+    const dj_tokenizer *tok;
+    const dj_opts *o;
+    dj_engine eng;
+    dj_sampler *smp;
+    float *logits;                      // (vocab)
+    int64_t ctx, pos, turns, answered;  // answered: tokens of every answer so far
+    int32_t end_tok;  // the previous answer's end token, fed with the next turn (-1: it was cut short)
+} chat_run;
+
+// The next turn's line from stdin into *line (*len bytes): 1, or 0 at the end of input (the conversation is over),
+// -1 on an error.
+static int chat_read_line(int tty, char **line, size_t *cap, size_t *len, dj_err *e) {
+    if (tty) fputs("> ", stderr);
+    errno = 0;
+    ssize_t got = getline(line, cap, stdin);
+    if (got < 0) {
+        if (ferror(stdin) && errno != EINTR) return dj_fail(e, "cannot read stdin: %s", strerror(errno));
+        if (tty) fputc('\n', stderr);
+        return 0;
+    }
+    if (interrupted) {  // Ctrl-C at the prompt: nothing to stop
+        interrupted = 0;
+        signal(SIGINT, on_sigint);
+    }
+    if ((size_t)got > CHAT_LINE_MAX)
+        return dj_fail(e, "--chat: a turn of %zd bytes, over the %zu MB a line may hold", got, CHAT_LINE_MAX >> 20);
+    if (memchr(*line, 0, (size_t)got)) return dj_fail(e, "--chat: a turn holds a NUL byte");
+    *len = (size_t)got;
+    return 1;
+}
+
+// The answer whose first token is `next`, streamed to stdout until its end token, -n tokens, the context's end or
+// Ctrl-C, then a newline. -1 on an error.
+static int chat_answer(chat_run *g, int32_t next, dj_err *e) {
+    dj_tok_stream *stream = tok_stream_new(g->tok);
+    if (!stream) return dj_fail(e, "out of memory");
+    int64_t gen = 0;
+    size_t len;
+    int rc = 0;
+    const int64_t sigint_after = test_sigint_token();
+    g->end_tok = -1;
+    while (gen < g->o->n_new && g->pos < g->ctx) {
+        if (gen == sigint_after && g->turns == 1) raise(SIGINT);  // tests: Ctrl-C in the first answer
+        if (interrupted) break;
+        if (next < 0) {
+            rc = dj_fail(e, "the logits at position %" PRId64 " hold NaN or infinity", g->pos - 1);
+            break;
+        }
+        sampler_accept(g->smp, next);
+        gen++;
+        if (tok_is_eos(g->tok, next)) {
+            g->end_tok = next;
+            break;
+        }
+        const char *piece = tok_stream_push(stream, next, &len);
+        if ((rc = emit(piece, len, e) || engine_next(&g->eng, g->smp, 0, &next, 1, g->pos, g->logits, &next, e)))
+            break;
+        g->pos++;
+    }
+    if (!rc) {
+        const char *tail = tok_stream_flush(stream, &len);  // the stream's own memory: written before it is freed
+        rc = emit(tail, len, e) || emit("\n", 1, e);
+    }
+    tok_stream_free(stream);
+    g->answered += gen;
+    return rc ? -1 : 0;
+}
+
+static void chat_context_full(const chat_run *g) {
+    fprintf(stderr, "djinn: the conversation fills the context of %" PRId64 " tokens (-c): it ends here\n", g->ctx);
+}
+
 static int run_chat(const dj_model *m, const dj_tokenizer *tok, const dj_opts *o, dj_err *e) {
     const dj_config *c = &m->info.config;
-    int64_t vocab = c->vocab_size, ctx = context_of(c, o);
+    int64_t vocab = c->vocab_size;
     chat_kind kind = chat_recognise(tok_chat_template(tok));
     if (kind == CHAT_NONE)
         return dj_fail(e, "--chat: %s has no chat template (tokenizer_config.json's chat_template): give the prompt "
@@ -943,109 +1081,53 @@ static int run_chat(const dj_model *m, const dj_tokenizer *tok, const dj_opts *o
         return dj_fail(e, "--chat: the model's chat template is neither Llama 2's ([INST], <<SYS>>) nor Llama 3's "
                           "(<|start_header_id|>): write the prompt out with -p"), EXIT_ERR;
     int rc = EXIT_ERR, tty = isatty(STDIN_FILENO);
-    dj_engine eng = {0};
-    dj_sampler *smp = NULL;
-    dj_tok_stream *stream = NULL;
-    float *logits = malloc((size_t)vocab * sizeof(float));
+    chat_run g = {.tok = tok, .o = o, .ctx = context_of(c, o), .end_tok = -1};
     char *line = NULL;
-    size_t cap = 0;
+    size_t cap = 0, got;
     int32_t *turn = NULL;
-    if (!logits) {
+    if (!(g.logits = malloc((size_t)vocab * sizeof(float)))) {
         dj_fail(e, "out of memory");
         goto out;
     }
-    if (open_engine(&eng, m, o, ctx, 16, e)) goto out;
+    if (open_engine(&g.eng, m, o, g.ctx, 16, e)) goto out;
     uint64_t seed = o->seed_given ? o->seed : fresh_seed();
-    if (!(smp = sampler_new_with(vocab, &o->smp, seed, e))) goto out;
-    fprintf(stderr, "djinn: chat, %s template, context %" PRId64 " tokens%s", chat_kind_name(kind), ctx,
-            sampler_is_greedy(smp) ? "\n" : "");
-    if (!sampler_is_greedy(smp)) fprintf(stderr, ", seed %" PRIu64 " (-s to repeat)\n", seed);
-    int64_t pos = 0, turns = 0, answered = 0;
-    int32_t end_tok = -1;  // the previous answer's end token, fed with the next turn (-1: it was cut short)
-    for (;;) {
-        if (tty) fputs("> ", stderr);
-        errno = 0;
-        ssize_t got = getline(&line, &cap, stdin);
-        if (got < 0) {
-            if (ferror(stdin) && errno != EINTR) {
-                dj_fail(e, "cannot read stdin: %s", strerror(errno));
-                goto out;
-            }
-            if (tty) fputc('\n', stderr);
-            break;  // the end of input: the conversation is over
-        }
-        if (interrupted) {  // Ctrl-C at the prompt: nothing to stop
-            interrupted = 0;
-            signal(SIGINT, on_sigint);
-        }
-        if ((size_t)got > CHAT_LINE_MAX) {
-            dj_fail(e, "--chat: a turn of %zd bytes, over the %zu MB a line may hold", got, CHAT_LINE_MAX >> 20);
-            goto out;
-        }
-        if (memchr(line, 0, (size_t)got)) {
-            dj_fail(e, "--chat: a turn holds a NUL byte");
-            goto out;
-        }
+    if (!(g.smp = sampler_new_with(vocab, &o->smp, seed, e))) goto out;
+    fprintf(stderr, "djinn: chat, %s template, context %" PRId64 " tokens%s", chat_kind_name(kind), g.ctx,
+            sampler_is_greedy(g.smp) ? "\n" : "");
+    if (!sampler_is_greedy(g.smp)) fprintf(stderr, ", seed %" PRIu64 " (-s to repeat)\n", seed);
+    for (int more; (more = chat_read_line(tty, &line, &cap, &got, e));) {
+        if (more < 0) goto out;
         if (!line[strspn(line, " \t\r\n")]) continue;  // an empty line: no turn
+        // the turn in the template's words, then the answer's first token
         size_t nt = 0;
         free(turn), turn = NULL;
-        if (chat_turn_ids(tok, kind, o->system, line, turns == 0, end_tok, &turn, &nt, e)) goto out;
-        if (pos + (int64_t)nt >= ctx) {
-            fprintf(stderr, "djinn: the conversation fills the context of %" PRId64 " tokens (-c): it ends here\n", ctx);
+        if (chat_turn_ids(tok, kind, o->system, line, g.turns == 0, g.end_tok, &turn, &nt, e)) goto out;
+        if (g.pos + (int64_t)nt >= g.ctx) {
+            chat_context_full(&g);
             break;
         }
-        for (size_t i = 0; i < nt; i++) sampler_accept(smp, turn[i]);
+        for (size_t i = 0; i < nt; i++) sampler_accept(g.smp, turn[i]);
         int32_t next;
-        if (engine_next(&eng, smp, 0, turn, (int64_t)nt, pos, logits, &next, e)) goto out;
-        pos += (int64_t)nt, turns++;
-        if (!(stream = tok_stream_new(tok))) {
-            dj_fail(e, "out of memory");
-            goto out;
-        }
-        int64_t gen = 0;
-        end_tok = -1;
-        size_t len;
-        const int64_t sigint_after = test_sigint_token();
-        while (gen < o->n_new && pos < ctx) {
-            if (gen == sigint_after && turns == 1) raise(SIGINT);  // tests: Ctrl-C in the first answer
-            if (interrupted) break;
-            if (next < 0) {
-                dj_fail(e, "the logits at position %" PRId64 " hold NaN or infinity", pos - 1);
-                goto out;
-            }
-            sampler_accept(smp, next);
-            gen++;
-            if (tok_is_eos(tok, next)) {
-                end_tok = next;
-                break;
-            }
-            const char *piece = tok_stream_push(stream, next, &len);
-            if (emit(piece, len, e)) goto out;
-            if (engine_next(&eng, smp, 0, &next, 1, pos, logits, &next, e)) goto out;
-            pos++;
-        }
-        const char *tail = tok_stream_flush(stream, &len);
-        tok_stream_free(stream), stream = NULL;
-        if (emit(tail, len, e) || emit("\n", 1, e)) goto out;
-        answered += gen;
+        if (engine_next(&g.eng, g.smp, 0, turn, (int64_t)nt, g.pos, g.logits, &next, e)) goto out;
+        g.pos += (int64_t)nt, g.turns++;
+        if (chat_answer(&g, next, e)) goto out;
         if (interrupted) {  // Ctrl-C stops this answer only
             fprintf(stderr, "djinn: answer stopped (Ctrl-C); Ctrl-D ends the conversation\n");
             interrupted = 0;
             signal(SIGINT, on_sigint);
         }
-        if (pos >= ctx) {
-            fprintf(stderr, "djinn: the conversation fills the context of %" PRId64 " tokens (-c): it ends here\n", ctx);
+        if (g.pos >= g.ctx) {
+            chat_context_full(&g);
             break;
         }
     }
     fprintf(stderr, "djinn: chat: %" PRId64 " turns, %" PRId64 " tokens answered, %" PRId64 " of %" PRId64
-                    " context tokens used\n", turns, answered, pos, ctx);
+                    " context tokens used\n", g.turns, g.answered, g.pos, g.ctx);
     rc = 0;
 out:
-    if (stream) tok_stream_free(stream);
-    engine_close(&eng);
-    sampler_free(smp);
-    free(logits), free(line), free(turn);
+    engine_close(&g.eng);
+    sampler_free(g.smp);
+    free(g.logits), free(line), free(turn);
     return rc;
 }
 
@@ -1149,8 +1231,8 @@ int main(int argc, char **argv) {
     if (o.force_cpu) fprintf(stderr, "djinn: running on the CPU (--cpu), %d threads\n", cpu_threads_planned());
     else if (!o.tokenize && !use_gpu)
         fprintf(stderr, "djinn: warning: no GPU found: running on the CPU, %d threads\n", cpu_threads_planned());
-    if (!use_gpu &&
-        (o.stream_all || o.sync_copy || o.ring_gb > 0 || o.no_graph || o.fma_attn || o.cpu_share_given))
+    if (!use_gpu && (o.gpu.stream_all || o.gpu.sync_copy || o.gpu.ring_gb > 0 || o.gpu.no_graph || o.gpu.fma_attn ||
+                     o.gpu.cpu_share_given))
         fprintf(stderr, "djinn: warning: --ring-gb, --stream-all, --sync-copy, --no-graph, --fma-attn and "
                         "--cpu-share apply to the GPU engine only\n");
     dj_load_opts lo = {.want_pinned = use_gpu, .no_pin = o.no_pin, .quiet = 0};

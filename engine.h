@@ -4,7 +4,7 @@
 // KV slots. An engine holds n_slots KV caches ("slots"), each one sequence's keys and values for max_seq positions,
 // laid out as a single sequence's cache always was: (n_layers, n_kv_heads, max_seq, head_dim) in f32, the slots
 // one after the other. A sequence lives in one slot: its prefill is forward() on that slot (in chunks, if the
-// caller wants), and its decode steps go through step_batch() together with every other sequence decoding at the
+// caller wants), and its decode steps go through step_rows() together with every other sequence decoding at the
 // same time, each row one new token at its own position in its own slot. The command line uses slot 0 of one.
 // A slot's first n positions can be parked in host memory and restored, into any slot, bitwise.
 #ifndef DJINN_ENGINE_H
@@ -31,18 +31,12 @@ typedef struct {
     // engine has none, the host samples
     int (*pick)(void *ctx, int32_t slot, const int32_t *tokens, int64_t T, int64_t pos, const dj_pick_args *a,
                 const int32_t *counts, int32_t *next, dj_err *e);
-    // One decode step of B sequences in one pass: row b is token tokens[b] at position pos[b] of slot slots[b]
-    // (each slot at most once a step; pos[b] < max_seq); logits (B, vocab), host memory. Every weight row is read
-    // once for all B rows (a matmul over B vectors, not B matvecs); attention is per row over its own slot's
-    // positions 0..pos[b]. Row b's logits equal forward(slots[b], &tokens[b], 1, pos[b]) up to summation order
-    // (the CPU engine: bitwise). NULL: the engine has none (the server refuses it).
-    int (*step_batch)(void *ctx, int32_t B, const int32_t *slots, const int64_t *pos, const int32_t *tokens,
-                      float *logits, dj_err *e);
     // One pass over n rows of several sequences, a continuous-batching turn: row r is tokens[r] at position pos[r]
     // of slot slots[r]; a slot's rows are adjacent and at consecutive positions (a sequence's decode token, or a
     // chunk of its prompt), positions past what the slot holds. logits (n_want, vocab), host memory: the rows
     // want[0..n_want-1] (ascending). Each row's logits equal those of forward() of its slot's rows alone (the CPU
-    // engine: bitwise); a GPU pass reads every weight row once for all its rows.
+    // engine: bitwise); a GPU pass reads every weight row once for all its rows (a matmul over the rows, not a
+    // matvec each); attention is per row over its own slot's positions.
     int (*step_rows)(void *ctx, int64_t n, const int32_t *slots, const int64_t *pos, const int32_t *tokens,
                      int64_t n_want, const int32_t *want, float *logits, dj_err *e);
     // Parking (NULL: none). park copies positions 0..n-1 of `slot` (every layer's K and V: n * kv_pos_bytes) to
@@ -60,6 +54,8 @@ typedef struct {
     // Probes (probe.h: dumps and control vectors after layers) for every later pass; NULL: none. The caller keeps
     // the probe alive while it is set, and sets it again after changing its vectors.
     int (*set_probe)(void *ctx, dj_probe *p, dj_err *e);
+    // The GPU engine's figures so far (gpu.h), the parking copies finished included; NULL: the engine has none.
+    void (*gpu_stats)(void *ctx, dj_gpu_stats *out);
 } dj_engine;
 
 // Bytes of one position's keys and values over every layer (f32): a slot is max_seq of them.
@@ -68,6 +64,8 @@ uint64_t engine_kv_pos_bytes(const dj_config *c);
 // options `go`, otherwise on the CPU; either with n_slots KV slots of go->max_seq positions.
 int engine_open(dj_engine *eng, const dj_model *m, const dj_gpu_opts *go, int32_t n_slots, dj_err *e);
 void engine_close(dj_engine *eng);  // a zeroed engine is fine
+// The GPU engine's figures into *out: 1; 0 (out untouched) for an engine without them (the CPU's).
+int engine_gpu_stats(const dj_engine *eng, dj_gpu_stats *out);
 // Runs tokens (T) at positions pos.. of `slot` and picks the next token with the sampler: where the logits are
 // when the engine can (only the id comes back), else from `logits` (vocab), host memory the host sampler reads.
 // *next: -1 when the last row held a NaN or +infinity, or only -infinity.

@@ -84,13 +84,12 @@ typedef struct {
     int64_t ld;
 } ffn_rows;
 
-// The k-th of the layer's matmuls (s->sh.lmats) on T rows: on the GPU, or split with the CPU when the unit is (the
+// The k-th of the layer's matmuls (s->mats.layer) on T rows: on the GPU, or split with the CPU when the unit is (the
 // CPU share).
-static int layer_mm(dj_gpu_state *s, const uint8_t *w, int k, float *y, const float *x, int64_t T, dj_err *e) {
-    const sp_mat *mt = &s->sh.lmats[k];
-    const uint8_t *hw = s->sh.cur_host;
-    if (hw) return share_matmul(s, y, x, T, w + mt->off, hw + mt->off, mt, e);
-    return gpu_matmul(s->g, y, x, w + mt->off, mt->dtype, T, mt->n_in, mt->n_out, s->compute, e);
+static int layer_mm(dj_gpu_state *s, const gpu_unit *un, int k, float *y, const float *x, int64_t T, dj_err *e) {
+    const sp_mat *mt = &s->mats.layer[k];
+    if (un->host) return share_matmul(s, y, x, T, un->w + mt->off, un->host + mt->off, mt, un->share, e);
+    return gpu_matmul(s->g, y, x, un->w + mt->off, mt->dtype, T, mt->n_in, mt->n_out, s->compute, e);
 }
 
 // The fused layouts: rows [q | k | v] of d_qkv, rows [gate | up] of d_ffn.
@@ -104,34 +103,36 @@ static ffn_rows ffn_fused_rows(const dj_gpu_state *s) {
     return (ffn_rows){s->b.ffn, s->b.ffn + hid, 2 * hid};
 }
 
-static int qkv_matmul(dj_gpu_state *s, const uint8_t *w, int64_t T, qkv_rows *r, dj_err *e) {
+static int qkv_matmul(dj_gpu_state *s, const gpu_unit *un, int64_t T, qkv_rows *r, dj_err *e) {
     const dj_config *c = &s->m->info.config;
     int64_t q = (int64_t)c->n_heads * c->head_dim, kv = (int64_t)c->n_kv_heads * c->head_dim;
     float *xb = s->b.xb;
     if (s->fused_qkv) {
         *r = qkv_fused_rows(s);
-        return layer_mm(s, w, 0, r->q, xb, T, e);
+        return layer_mm(s, un, 0, r->q, xb, T, e);
     }
     *r = (qkv_rows){s->b.qkv, s->b.qkv + T * q, s->b.qkv + T * (q + kv), q, kv};
-    return layer_mm(s, w, 0, r->q, xb, T, e) || layer_mm(s, w, 1, r->k, xb, T, e) ||
-                   layer_mm(s, w, 2, r->v, xb, T, e)
+    return layer_mm(s, un, 0, r->q, xb, T, e) || layer_mm(s, un, 1, r->k, xb, T, e) ||
+                   layer_mm(s, un, 2, r->v, xb, T, e)
                ? -1
                : 0;
 }
 
-// The rows of a decode step: each at its own position in its own slot.
-static gpu_kv_rows step_rows(const dj_gpu_state *s) { return (gpu_kv_rows){s->b.pos, s->b.slot, s->slot_floats}; }
+// The rows of a step pass: each at its own position in its own KV slot.
+static gpu_kv_rows step_kv_rows(const dj_gpu_state *s) {
+    return (gpu_kv_rows){s->b.pos, s->b.kv_slot, s->slot_floats};
+}
 
 // RoPE on q and k, and k, v into the cache: one launch for a decode step's rows (each in its slot) or where each
 // row is [q | k | v] (the fused layout), three otherwise. kc, vc: the layer's caches in slot 0 (a decode step) or
 // in the pass's slot.
-static int rope_kv_write(dj_gpu_state *s, const qkv_rows *r, float *kc, float *vc, int64_t T, dj_err *e) {
+static int rope_kv_write(dj_gpu_state *s, const pass_desc *pd, const qkv_rows *r, float *kc, float *vc, dj_err *e) {
     const dj_config *c = &s->m->info.config;
     const gpu_bufs *b = &s->b;
-    int64_t nh = c->n_heads, nkv = c->n_kv_heads, hd = c->head_dim;
+    int64_t nh = c->n_heads, nkv = c->n_kv_heads, hd = c->head_dim, T = pd->T;
     cudaStream_t st = s->compute;
-    if (s->step_rows) {
-        gpu_kv_rows kv = step_rows(s);
+    if (pd->step) {
+        gpu_kv_rows kv = step_kv_rows(s);
         return gpu_rope_kv_rows(s->g, r->q, r->ldq, r->k, r->v, r->ldkv, T, kc, vc, nh, nkv, hd, s->max_seq,
                                 b->inv_freq, &kv, st, e);
     }
@@ -146,17 +147,18 @@ static int rope_kv_write(dj_gpu_state *s, const qkv_rows *r, float *kc, float *v
 
 // Causal attention of the T queries over the cache into d_att (T, q_dim): a decode step's rows each over its own
 // slot, a prefill's over the pass's slot.
-static int attention(dj_gpu_state *s, const qkv_rows *r, const float *kc, const float *vc, int64_t T, dj_err *e) {
+static int attention(dj_gpu_state *s, const pass_desc *pd, const qkv_rows *r, const float *kc, const float *vc,
+                     dj_err *e) {
     const dj_config *c = &s->m->info.config;
-    int64_t nh = c->n_heads, nkv = c->n_kv_heads, hd = c->head_dim;
-    if (s->step_rows) {  // the single rows in one launch, then each run of a prompt over its own slot
-        gpu_kv_rows kv = step_rows(s);
-        if (s->step_singles && gpu_attention_decode_rows(s->g, s->b.att, r->q, r->ldq, kc, vc, s->step_singles, nh,
-                                                         nkv, hd, s->max_seq, &kv, s->compute, e))
+    int64_t nh = c->n_heads, nkv = c->n_kv_heads, hd = c->head_dim, T = pd->T;
+    if (pd->step) {  // the single rows in one launch, then each run of a prompt over its own slot
+        gpu_kv_rows kv = step_kv_rows(s);
+        if (pd->singles && gpu_attention_decode_rows(s->g, s->b.att, r->q, r->ldq, kc, vc, pd->singles, nh, nkv, hd,
+                                                     s->max_seq, &kv, s->compute, e))
             return -1;
-        for (int64_t i = 0; i < s->n_runs; i++) {
-            const step_run *u = &s->runs[i];
-            int64_t off = (int64_t)u->slot * s->slot_floats;
+        for (int64_t i = 0; i < pd->n_runs; i++) {
+            const step_run *u = &pd->runs[i];
+            int64_t off = (int64_t)u->kv_slot * s->slot_floats;
             if (gpu_attention_prefill(s->g, s->b.att + u->r0 * nh * hd, nh * hd, r->q + u->r0 * r->ldq, r->ldq,
                                       kc + off, vc + off, u->len, nh, nkv, hd, s->max_seq, s->b.pos + u->r0,
                                       s->compute, e))
@@ -168,26 +170,27 @@ static int attention(dj_gpu_state *s, const qkv_rows *r, const float *kc, const 
                                  s->compute, e);
 }
 
-static int gate_up_matmul(dj_gpu_state *s, const uint8_t *w, int64_t T, ffn_rows *r, dj_err *e) {
+static int gate_up_matmul(dj_gpu_state *s, const gpu_unit *un, int64_t T, ffn_rows *r, dj_err *e) {
     int64_t hid = s->m->info.config.hidden_dim;
     int k = s->fused_qkv ? 2 : 4;  // after q|k|v and wo
     if (s->fused_gate_up) {
         *r = ffn_fused_rows(s);
-        return layer_mm(s, w, k, r->gate, s->b.xb, T, e);
+        return layer_mm(s, un, k, r->gate, s->b.xb, T, e);
     }
     *r = (ffn_rows){s->b.ffn, s->b.ffn + T * hid, hid};
-    return layer_mm(s, w, k, r->gate, s->b.xb, T, e) || layer_mm(s, w, k + 1, r->up, s->b.xb, T, e) ? -1 : 0;
+    return layer_mm(s, un, k, r->gate, s->b.xb, T, e) || layer_mm(s, un, k + 1, r->up, s->b.xb, T, e) ? -1 : 0;
 }
 
 // One token with every row on the GPU, q|k|v and gate|up each one matmul: both norms of the layer (and the residual
 // adds) can run inside the quantized GEMV that follows them (gpu_norm_matmul). Both or neither: see norm_matmul.
-static int norms_fused(const dj_gpu_state *s, const uint8_t *w, int64_t T) {
+static int norms_fused(const dj_gpu_state *s, const gpu_unit *un, int64_t T) {
     const dj_layer_layout *L = &s->m->info.layer;
     const gpu_bufs *b = &s->b;
-    if (T != 1 || !s->fused_qkv || !s->fused_gate_up || s->sh.cur_host) return 0;
+    const uint8_t *w = un->w;
+    if (T != 1 || !s->fused_qkv || !s->fused_gate_up || un->host) return 0;
     uintptr_t ptrs = (uintptr_t)(w + L->attn_norm) | (uintptr_t)(w + L->ffn_norm) | (uintptr_t)b->x |
                      (uintptr_t)b->xb | (uintptr_t)b->delta;
-    const sp_mat *qkv = &s->sh.lmats[0], *gu = &s->sh.lmats[2];
+    const sp_mat *qkv = &s->mats.layer[0], *gu = &s->mats.layer[2];
     return !(ptrs & 15) && gpu_fused_ok(qkv->dtype, w + qkv->off, qkv->n_in, qkv->n_out) &&
            gpu_fused_ok(gu->dtype, w + gu->off, gu->n_in, gu->n_out);
 }
@@ -199,7 +202,7 @@ static int norms_fused(const dj_gpu_state *s, const uint8_t *w, int64_t T) {
 static int norm_matmul(dj_gpu_state *s, const uint8_t *w, int k, const float *norm, int add, qkv_rows *qkv,
                        dj_err *e) {
     const dj_config *c = &s->m->info.config;
-    const sp_mat *mt = &s->sh.lmats[k];
+    const sp_mat *mt = &s->mats.layer[k];
     gpu_bufs *b = &s->b;
     const float *delta = add ? b->delta : NULL;
     if (qkv) *qkv = qkv_fused_rows(s);
@@ -213,118 +216,151 @@ static int norm_matmul(dj_gpu_state *s, const uint8_t *w, int k, const float *no
     return 0;
 }
 
-// One transformer layer on T rows of the residual stream d_x; w: the layer's slab on the device. `pending`: the
-// previous layer's output (in d_delta) still has to be added, fused with this layer's first norm.
-static int gpu_layer(dj_gpu_state *s, const uint8_t *w, int l, int64_t T, int pending, dj_err *e) {
+// How a layer runs on its unit in this pass, decided before its kernels (plan_layer) from where its matrices run:
+// the norms inside the GEMVs after them, and the MLP block's form.
+typedef enum {
+    MLP_NORMS_FUSED,  // one token, all on the GPU: the norm inside the gate|up GEMV, silu(gate) * up out of it
+    MLP_GPU_DOWN,     // down all on the GPU: its q8/q4 products compute silu(gate) * up as they read it
+    MLP_SPLIT_DOWN,   // down split with the CPU: silu(gate) * up into d_hb first
+    MLP_CPU_CHAIN,    // the CPU has all of gate and up: one CPU job from x to its rows of down (share_ffn)
+} mlp_form;
+
+typedef struct {
+    int norms_fused;  // both norms inside the GEMVs after them (norms_fused, norm_matmul)
+    mlp_form mlp;
+} layer_plan;
+
+static layer_plan plan_layer(const dj_gpu_state *s, const gpu_unit *un, int64_t T) {
+    const sp_mat *dn = &s->mats.layer[s->mats.n_layer - 1];
+    if (norms_fused(s, un, T)) return (layer_plan){1, MLP_NORMS_FUSED};
+    if (un->host && share_chain(&s->mats, un->share)) return (layer_plan){0, MLP_CPU_CHAIN};
+    if (!un->host || sp_gpu_rows(dn, un->share) == dn->n_out) return (layer_plan){0, MLP_GPU_DOWN};
+    return (layer_plan){0, MLP_SPLIT_DOWN};
+}
+
+// q|k|v = wq|wk|wv . rmsnorm(x), x += delta first where `pending`: the norm inside the GEMV, or before the matmuls.
+static int norm_qkv(dj_gpu_state *s, const gpu_unit *un, const layer_plan *pl, int64_t T, const float *norm,
+                    int pending, qkv_rows *qkv, dj_err *e) {
+    const dj_config *c = &s->m->info.config;
+    gpu_bufs *b = &s->b;
+    if (pl->norms_fused) {
+        STEP(QKV, norm_matmul(s, un->w, 0, norm, pending, qkv, e));
+        return 0;
+    }
+    STEP(NORM, pending ? gpu_add_rmsnorm(b->x, b->delta, b->xb, norm, T, c->dim, c->norm_eps, s->compute, e)
+                       : gpu_rmsnorm(b->xb, b->x, norm, T, c->dim, c->norm_eps, s->compute, e));
+    STEP(QKV, qkv_matmul(s, un, T, qkv, e));
+    return 0;
+}
+
+// delta = w_down . (silu(w_gate . n) * (w_up . n)), n = rmsnorm(x += delta), in the plan's form.
+static int mlp_block(dj_gpu_state *s, const gpu_unit *un, const layer_plan *pl, int64_t T, const float *norm,
+                     dj_err *e) {
+    const dj_config *c = &s->m->info.config;
+    gpu_bufs *b = &s->b;
+    cudaStream_t st = s->compute;
+    const int k_down = s->mats.n_layer - 1;
+    const sp_mat *dn = &s->mats.layer[k_down];
+    ffn_rows ffn;
+    if (pl->mlp == MLP_NORMS_FUSED) {
+        STEP(GATE_UP, norm_matmul(s, un->w, 2, norm, 1, NULL, e));
+        STEP(DOWN, layer_mm(s, un, k_down, b->delta, b->hb, T, e));
+        return 0;
+    }
+    STEP(NORM, gpu_add_rmsnorm(b->x, b->delta, b->xb, norm, T, c->dim, c->norm_eps, st, e));
+    if (pl->mlp == MLP_CPU_CHAIN) {
+        STEP(DOWN, share_ffn(s, b->delta, b->hb, b->xb, T, un, e));
+        return 0;
+    }
+    STEP(GATE_UP, gate_up_matmul(s, un, T, &ffn, e));
+    if (pl->mlp == MLP_GPU_DOWN) {
+        STEP(DOWN, gpu_swiglu_matmul(s->g, b->delta, b->hb, ffn.gate, ffn.up, ffn.ld, un->w + dn->off, dn->dtype, T,
+                                     dn->n_in, dn->n_out, st, e));
+        return 0;
+    }
+    STEP(SWIGLU, gpu_swiglu(b->hb, ffn.gate, ffn.up, T, c->hidden_dim, ffn.ld, st, e));
+    STEP(DOWN, layer_mm(s, un, k_down, b->delta, b->hb, T, e));
+    return 0;
+}
+
+// One transformer layer on the pass's T rows of the residual stream d_x, on its unit's weights as planned. `pending`:
+// the previous layer's output (in d_delta) still has to be added, fused with this layer's first norm.
+static int gpu_layer(dj_gpu_state *s, const pass_desc *pd, const gpu_unit *un, const layer_plan *pl, int l,
+                     int pending, dj_err *e) {
     const dj_config *c = &s->m->info.config;
     const dj_layer_layout *L = &s->m->info.layer;
     gpu_bufs *b = &s->b;
-    cudaStream_t st = s->compute;
-    int64_t dim = c->dim, hid = c->hidden_dim;
-    float eps = c->norm_eps;
-    const float *attn_norm = (const float *)(w + L->attn_norm), *ffn_norm = (const float *)(w + L->ffn_norm);
+    int64_t T = pd->T;
+    const float *attn_norm = (const float *)(un->w + L->attn_norm), *ffn_norm = (const float *)(un->w + L->ffn_norm);
     size_t layer_kv = (size_t)l * c->n_kv_heads * (size_t)s->max_seq * c->head_dim +
-                      (s->step_rows ? 0 : (size_t)s->slot * (size_t)s->slot_floats);
-    float *kc = b->k + layer_kv, *vc = b->v + layer_kv;
-    int k_wo = s->fused_qkv ? 1 : 3, k_down = s->sh.n_lmats - 1;
+                      (pd->step ? 0 : (size_t)pd->kv_slot * (size_t)s->slot_floats);
+    float *kc = b->k + layer_kv, *vc = b->v + layer_kv;  // the layer's keys and values (of the prefill's KV slot)
+    const int k_wo = s->fused_qkv ? 1 : 3;
     qkv_rows qkv;
-    ffn_rows ffn;
 
     prof_mark(s, PROF_OTHER);  // what came before: streaming waits, the embeddings
     // attention block: x += wo . attention(rope(wq|wk|wv . rmsnorm(x)))
-    const int fuse = norms_fused(s, w, T);
-    if (fuse) {
-        STEP(QKV, norm_matmul(s, w, 0, attn_norm, pending, &qkv, e));
-    } else {
-        STEP(NORM, pending ? gpu_add_rmsnorm(b->x, b->delta, b->xb, attn_norm, T, dim, eps, st, e)
-                           : gpu_rmsnorm(b->xb, b->x, attn_norm, T, dim, eps, st, e));
-        STEP(QKV, qkv_matmul(s, w, T, &qkv, e));
-    }
-    STEP(ROPE_KV, rope_kv_write(s, &qkv, kc, vc, T, e));
-    STEP(ATTENTION, attention(s, &qkv, kc, vc, T, e));
-    STEP(WO, layer_mm(s, w, k_wo, b->delta, b->att, T, e));
+    if (norm_qkv(s, un, pl, T, attn_norm, pending, &qkv, e)) return -1;  // q|k|v of the normed x
+    STEP(ROPE_KV, rope_kv_write(s, pd, &qkv, kc, vc, e));                // RoPE on q and k; k and v into the cache
+    STEP(ATTENTION, attention(s, pd, &qkv, kc, vc, e));                  // each query over its slot's keys, causal
+    STEP(WO, layer_mm(s, un, k_wo, b->delta, b->att, T, e));             // delta = wo . att
     // MLP block: x += w_down . (silu(w_gate . n) * (w_up . n)), n = rmsnorm(x)
-    if (fuse) {  // one token: silu(gate) * up straight out of the gate|up GEMV
-        STEP(GATE_UP, norm_matmul(s, w, 2, ffn_norm, 1, NULL, e));
-        STEP(DOWN, layer_mm(s, w, k_down, b->delta, b->hb, T, e));
-        return 0;
-    }
-    STEP(NORM, gpu_add_rmsnorm(b->x, b->delta, b->xb, ffn_norm, T, dim, eps, st, e));
-    if (s->sh.cur_host && share_chain(&s->sh, s->sh.cur_share)) {  // the CPU has all of gate and up
-        STEP(DOWN, share_ffn(s, b->delta, b->hb, b->xb, T, w, e));
-        return 0;
-    }
-    STEP(GATE_UP, gate_up_matmul(s, w, T, &ffn, e));
-    const sp_mat *dn = &s->sh.lmats[k_down];
-    const uint8_t *wd = w + dn->off;
-    if (!s->sh.cur_host || sp_gpu_rows(dn, s->sh.cur_share) == dn->n_out) {
-        // all on the GPU: q8/q4 products compute silu(gate) * up as they read it
-        STEP(DOWN, gpu_swiglu_matmul(s->g, b->delta, b->hb, ffn.gate, ffn.up, ffn.ld, wd, dn->dtype, T, dn->n_in,
-                                     dn->n_out, st, e));
-    } else {
-        STEP(SWIGLU, gpu_swiglu(b->hb, ffn.gate, ffn.up, T, hid, ffn.ld, st, e));
-        STEP(DOWN, layer_mm(s, w, k_down, b->delta, b->hb, T, e));
-    }
-    return 0;
+    return mlp_block(s, un, pl, T, ffn_norm, e);
 }
 
 // ---- the pass
 // The embedding rows (in d_delta unless f32) widened into d_x, every layer, then the head's final norm (fused with
-// the last residual add) into d_xb. *head: the head unit (the final norm at its start), *lm: the lm_head.
-static int gpu_body(dj_gpu_state *s, int64_t T, const uint8_t **head, const uint8_t **lm, dj_err *e) {
+// the last residual add) into d_xb. *head: the head unit (the final norm at its start, then the lm_head).
+static int gpu_body(dj_gpu_state *s, const pass_desc *pd, gpu_unit *head, dj_err *e) {
     const dj_config *c = &s->m->info.config;
     gpu_bufs *b = &s->b;
     int nl = (int)c->n_layers;
+    int64_t T = pd->T;
     if (c->embed_type != DJ_F32 && gpu_widen_rows(b->x, b->delta, c->embed_type, T, c->dim, s->compute, e)) return -1;
     int pending = 0;  // a layer's output in d_delta not yet added to d_x (a probe may add it: probe_gpu.c)
     for (int l = 0; l < nl; l++) {
-        const uint8_t *w;
-        if (unit_begin(s, l, &w, e) || trace_unit(s->tr, l, 0, e) || gpu_layer(s, w, l, T, pending, e) ||
-            trace_unit(s->tr, l, 1, e) || unit_end(s, l, e))
-            return -1;
+        gpu_unit un;
+        if (unit_begin(s, l, &un, e) || trace_unit(s->tr, l, 0, e)) return -1;
+        const layer_plan pl = plan_layer(s, &un, T);  // where its matrices run, decided once
+        if (gpu_layer(s, pd, &un, &pl, l, pending, e) || trace_unit(s->tr, l, 1, e) || unit_end(s, l, e)) return -1;
         pending = 1;
-        if (gpu_probe_layer(s, l, T, &pending, e)) return -1;
+        if (gpu_probe_layer(s, pd, l, &pending, e)) return -1;
     }
     if (unit_begin(s, nl, head, e) || trace_unit(s->tr, nl, 0, e)) return -1;
-    *lm = *head + s->sc.head_lm_off;
-    const float *norm = (const float *)*head;
+    const float *norm = (const float *)head->w;
     return pending ? gpu_add_rmsnorm(b->x, b->delta, b->xb, norm, T, c->dim, c->norm_eps, s->compute, e)
                    : gpu_rmsnorm(b->xb, b->x, norm, T, c->dim, c->norm_eps, s->compute, e);
 }
 
 // Logits (rows, vocab) into d_logits for rows r0.. of the pass, from the head gpu_body left ready.
-static int head_logits(dj_gpu_state *s, int64_t T, int64_t r0, int64_t rows, const uint8_t *lm, dj_err *e) {
+static int head_logits(dj_gpu_state *s, int64_t T, int64_t r0, int64_t rows, const gpu_unit *head, dj_err *e) {
     const dj_config *c = &s->m->info.config;
     const float *x = s->b.xb + r0 * c->dim;
-    if (s->sh.cur_host) return share_matmul(s, s->b.logits, x, rows, lm, dj_lm_head_ptr(s->m), &s->sh.hmat, e);
+    const uint8_t *lm = head->w + s->sc.head_lm_off;
+    if (head->host)
+        return share_matmul(s, s->b.logits, x, rows, lm, dj_lm_head_ptr(s->m), &s->mats.lm_head, head->share, e);
     return gpu_matmul(s->g, s->b.logits, x, lm, dj_lm_head_type(s->m), rows, c->dim, c->vocab_size, s->compute, e);
 }
 
-// The embedding rows of the pass's tokens and its positions (h_pos, and a decode step's h_slot, filled by the
+// The embedding rows of the pass's tokens and its positions (h_pos, and a decode step's h_kv_slot, filled by the
 // caller), uploaded on the compute stream. The rows are gathered on the host as stored (a copy per row) and land
 // in d_x for f32, else in d_delta (free at the start of a pass), which gpu_body widens into d_x.
-static int upload_tokens(dj_gpu_state *s, const int32_t *tokens, int64_t T, dj_err *e) {
+static int upload_tokens(dj_gpu_state *s, const pass_desc *pd, dj_err *e) {
     const dj_config *c = &s->m->info.config;
     gpu_bufs *b = &s->b;
+    const int32_t *tokens = pd->tokens;
+    int64_t T = pd->T;
     size_t row_bytes = (size_t)dj_row_bytes(c->embed_type, c->dim);
     for (int64_t t = 0; t < T; t++)
         memcpy(b->h_x + (size_t)t * row_bytes, dj_embed_ptr(s->m) + (size_t)tokens[t] * row_bytes, row_bytes);
-    s->pr.tokens = tokens;  // a probe's records name them
     void *dst = c->embed_type == DJ_F32 ? (void *)b->x : (void *)b->delta;
-    size_t np = s->step_rows ? (size_t)T : 1;
+    size_t np = pd->step ? (size_t)T : 1;
     return gpu_h2d_async(dst, b->h_x, (size_t)T * row_bytes, s->compute, e) ||
                    gpu_h2d_async(b->pos, b->h_pos, np * 4, s->compute, e) ||
-                   (s->step_rows && gpu_h2d_async(b->slot, b->h_slot, np * 4, s->compute, e))
+                   (pd->step && gpu_h2d_async(b->kv_slot, b->h_kv_slot, np * 4, s->compute, e))
                ? -1
                : 0;
 }
-
-// What a pass gives back for its last token instead of logits: a token picked where they are.
-typedef struct {
-    const dj_pick_args *args;
-    const int32_t *counts;  // the sampler's (vocab), NULL when no penalty is on
-    int32_t *next;
-} pick_req;
 
 // Queues the pick from d_logits's first row and the id's copy to the host; the caller waits for the stream. The
 // counts go whole when the sampler says so or is not the one last seen, else as the changes in the arguments.
@@ -346,12 +382,14 @@ static int queue_pick(dj_gpu_state *s, const pick_req *pk, dj_err *e) {
 
 // All resident and one token: the whole step is one CUDA graph, captured on first use (the position is read from
 // d_pos, so every step replays the same graph); then the logits come back, or the token picked from them.
-static int graph_step(dj_gpu_state *s, float *logits, const pick_req *pk, dj_err *e) {
+static int graph_step(dj_gpu_state *s, const pass_desc *pd, dj_err *e) {
     int64_t vocab = s->m->info.config.vocab_size;
+    float *logits = pd->logits;
+    const pick_req *pk = pd->pick;
     if (!s->graph) {
-        const uint8_t *head, *lm;
+        gpu_unit head;
         if (gpu_graph_begin(s->compute, e)) return -1;
-        int rc = gpu_body(s, 1, &head, &lm, e) || head_logits(s, 1, 0, 1, lm, e);
+        int rc = gpu_body(s, pd, &head, e) || head_logits(s, 1, 0, 1, &head, e);
         dj_err ge;
         if (gpu_graph_end(s->compute, &s->graph, rc ? &ge : e) || rc) return -1;
     }
@@ -365,42 +403,55 @@ static int graph_step(dj_gpu_state *s, float *logits, const pick_req *pk, dj_err
     return 0;
 }
 
-// One pass over T <= max_batch tokens, placed by the caller (s->step_rows, s->slot, h_pos, h_slot). logits:
-// (T, vocab) when all, else (vocab) for the last token; or with pk, the last token's pick.
-static int pass_run(dj_gpu_state *s, const int32_t *tokens, int64_t T, float *logits, int all, const pick_req *pk,
-                    dj_err *e) {
+// The decode step runs as one CUDA graph where it can be captured whole: one row, every unit resident, an output
+// wanted, and nothing that asks for it kernel by kernel (--no-graph, profiling, a trace, a probe that reads rows
+// back mid-pass).
+static int graph_fits(const dj_gpu_state *s, const pass_desc *pd) {
+    const int all_resident = !s->sc.plan->n_streamed, wants_output = pd->logits || pd->pick;
+    const int kernel_by_kernel = s->opts.no_graph || s->prof.on || s->tr || !gpu_probe_graphable(s);
+    return pd->T == 1 && all_resident && wants_output && !kernel_by_kernel;
+}
+
+// The head's rows [r0, r0 + rows) of the pass: their logits into d_logits and on to h_logits, or the pick from
+// them, queued on the compute stream (logits NULL and no pick: nothing).
+static int head_chunk(dj_gpu_state *s, const pass_desc *pd, const gpu_unit *head, const float *logits, int64_t r0,
+                      int64_t rows, dj_err *e) {
+    const pick_req *pk = pd->pick;
     int64_t vocab = s->m->info.config.vocab_size;
+    if ((logits || pk) && head_logits(s, pd->T, r0, rows, head, e)) return -1;
+    return (pk ? queue_pick(s, pk, e)
+               : logits && gpu_d2h_async(s->b.h_logits, s->b.logits, (size_t)(rows * vocab) * 4, s->compute, e))
+               ? -1
+               : 0;
+}
+
+// The head over the rows wanted, in chunks of GPU_LOGIT_ROWS (none wanted: one round without its kernels, which
+// still ends its unit). After the last chunk's kernels the head's unit ends (its ring slot released, the next
+// pass's first copies issued) before the final wait; each wait joins the CPU's rows first (share_flush), then the
+// chunk's logits, or the pick, go to the caller.
+static int pass_head(dj_gpu_state *s, const pass_desc *pd, const gpu_unit *head, int streams, dj_err *e) {
+    int64_t vocab = s->m->info.config.vocab_size, T = pd->T;
     int nl = (int)s->m->info.config.n_layers;
-    if (trace_pass_begin(s->tr, T, s->sc.issued, e)) return -1;
-    sched_pass_begin(s, T);
-    if (upload_tokens(s, tokens, T, e)) return -1;
-    if (T == 1 && !s->sc.plan->n_streamed && (logits || pk) && !s->opts.no_graph && !s->prof.on && !s->tr &&
-        gpu_probe_graphable(s))
-        return graph_step(s, logits, pk, e);
-    const uint8_t *head, *lm;
-    const int streams = s->sc.plan->n_streamed > 0;  // the pass's time outside its streamed units is measured
-    if ((streams && gpu_event_record(s->sc.p0, s->compute, e)) || gpu_body(s, T, &head, &lm, e)) return -1;
-    // The head's logits in chunks of GPU_LOGIT_ROWS; its slot is released (and the next pass's first copies
-    // issued) before the final wait.
-    // Rows [first, end): a prefill's last or all; a step's first step_logits (none wanted: one round without a
-    // head, which still releases the head's unit).
-    int64_t first = all && !pk ? 0 : T - 1, end = T;
-    if (s->step_rows && !pk) first = 0, end = s->step_logits;
+    float *logits = pd->logits;
+    int64_t first = pd->logit_first, end = pd->logit_end;
     if (end <= first) logits = NULL, first = T - 1, end = T;
     for (int64_t r0 = first; r0 < end; r0 += GPU_LOGIT_ROWS) {
         int64_t rows = end - r0 < GPU_LOGIT_ROWS ? end - r0 : GPU_LOGIT_ROWS, last = r0 + rows >= end;
-        if ((logits || pk) && head_logits(s, T, r0, rows, lm, e)) return -1;
-        if (pk ? queue_pick(s, pk, e)
-               : logits && gpu_d2h_async(s->b.h_logits, s->b.logits, (size_t)(rows * vocab) * 4, s->compute, e))
-            return -1;
+        if (head_chunk(s, pd, head, logits, r0, rows, e)) return -1;
         prof_mark(s, PROF_HEAD);
         if (last && (trace_unit(s->tr, nl, 1, e) || unit_end(s, nl, e) ||
-                     (streams && gpu_event_record(s->sc.p1, s->compute, e))))
+                     (streams && gpu_event_record(s->sc.p1, s->compute, e))))  // the pass's end on the stream
             return -1;
         if (share_flush(s, e) || gpu_stream_sync(s->compute, e)) return -1;
-        if (pk) *pk->next = *s->b.h_next;
+        if (pd->pick) *pd->pick->next = *s->b.h_next;
         else if (logits) memcpy(logits + (r0 - first) * vocab, s->b.h_logits, (size_t)(rows * vocab) * 4);
     }
+    return 0;
+}
+
+// After the pass's last wait: its copies' timings and its time outside its streamed units, the trace, what the
+// CPU share learns from it, the profile.
+static int pass_end(dj_gpu_state *s, int64_t T, int streams, dj_err *e) {
     if (sched_harvest(s, e) || (streams && sched_pass_outside(s, &s->sh.pass_outside_s, e)) ||
         trace_pass_end(s->tr, e))
         return -1;
@@ -411,17 +462,31 @@ static int pass_run(dj_gpu_state *s, const int32_t *tokens, int64_t T, float *lo
     return 0;
 }
 
+// One pass over pd->T <= max_batch tokens, whose positions and KV slots the caller staged in h_pos and h_kv_slot.
+static int pass_run(dj_gpu_state *s, const pass_desc *pd, dj_err *e) {
+    if (trace_pass_begin(s->tr, pd->T, s->sc.issued, e)) return -1;
+    sched_pass_begin(s, pd->T);
+    share_pass_begin(&s->sh);
+    if (upload_tokens(s, pd, e)) return -1;
+    if (graph_fits(s, pd)) return graph_step(s, pd, e);
+    gpu_unit head;
+    const int streams = s->sc.plan->n_streamed > 0;  // the pass's time outside its streamed units is measured
+    if ((streams && gpu_event_record(s->sc.p0, s->compute, e)) || gpu_body(s, pd, &head, e) ||
+        pass_head(s, pd, &head, streams, e))
+        return -1;
+    return pass_end(s, pd->T, streams, e);
+}
+
 // A pass that fails lets go the GPU's wait for a CPU job it queued: a later wait on the stream would never end.
-static int gpu_pass(dj_gpu_state *s, const int32_t *tokens, int64_t T, float *logits, int all, const pick_req *pk,
-                    dj_err *e) {
-    if (pass_run(s, tokens, T, logits, all, pk, e)) {
+static int gpu_pass(dj_gpu_state *s, const pass_desc *pd, dj_err *e) {
+    if (pass_run(s, pd, e)) {
         share_release(s);
         return -1;
     }
     return 0;
 }
 
-int slot_ok(const dj_gpu_state *s, int32_t slot, dj_err *e) {
+int kv_slot_ok(const dj_gpu_state *s, int32_t slot, dj_err *e) {
     if (slot < 0 || slot >= s->n_slots)
         return dj_fail(e, "gpu: KV slot %d does not exist (%d slots)", slot, s->n_slots);
     return 0;
@@ -432,7 +497,7 @@ int slot_ok(const dj_gpu_state *s, int32_t slot, dj_err *e) {
 static int forward(dj_gpu_state *s, int32_t slot, const int32_t *tokens, int64_t T, int64_t pos, float *logits,
                    int all, const pick_req *pk, dj_err *e) {
     const dj_config *c = &s->m->info.config;
-    if (slot_ok(s, slot, e) || park_order(s, slot, e)) return -1;
+    if (kv_slot_ok(s, slot, e) || park_order(s, slot, e)) return -1;
     if (T < 1 || pos < 0 || pos + T > s->max_seq)
         return dj_fail(e, "positions %lld..%lld outside the context of %lld", (long long)pos, (long long)(pos + T - 1),
                        (long long)s->max_seq);
@@ -442,9 +507,11 @@ static int forward(dj_gpu_state *s, int32_t slot, const int32_t *tokens, int64_t
     for (int64_t t0 = 0; t0 < T; t0 += s->max_batch) {
         int64_t n = T - t0 < s->max_batch ? T - t0 : s->max_batch, last = t0 + n == T;
         float *out = !logits ? NULL : all ? logits + t0 * (int64_t)c->vocab_size : last ? logits : NULL;
-        s->step_rows = n == 1, s->slot = slot, s->step_singles = 1, s->n_runs = 0, s->step_logits = out ? 1 : 0;
-        s->b.h_pos[0] = (int32_t)(pos + t0), s->b.h_slot[0] = slot;
-        if (gpu_pass(s, tokens + t0, n, out, all, last ? pk : NULL, e)) return -1;
+        const pick_req *pick = last ? pk : NULL;  // the logits of every row, or of the last (picked, or none)
+        pass_desc pd = {.tokens = tokens + t0, .T = n, .step = n == 1, .kv_slot = slot, .singles = 1, .logits = out,
+                        .logit_first = all && !pick ? 0 : n - 1, .logit_end = n, .pick = pick};
+        s->b.h_pos[0] = (int32_t)(pos + t0), s->b.h_kv_slot[0] = slot;
+        if (gpu_pass(s, &pd, e)) return -1;
     }
     return 0;
 }
@@ -469,33 +536,33 @@ static int step_pass(dj_gpu_state *s, int64_t a, int64_t b, const int32_t *slots
     int64_t n = 0;
     memset(wanted + a, 0, (size_t)(b - a));
     for (int64_t w = w0; w < w1; w++) wanted[want[w]] = 1;
-#define PLACE(k) (s->step_tok[n] = tokens[k], s->b.h_pos[n] = (int32_t)pos[k], s->b.h_slot[n] = slots[k], n++)
+#define PLACE(k) (s->step_tok[n] = tokens[k], s->b.h_pos[n] = (int32_t)pos[k], s->b.h_kv_slot[n] = slots[k], n++)
     for (int64_t w = w0; w < w1; w++) PLACE(want[w]);
-    s->n_runs = 0;
+    pass_desc pd = {.tokens = s->step_tok, .step = 1, .runs = s->runs, .logits = logits, .logit_end = w1 - w0};
     for (int runs = 0; runs < 2; runs++) {  // the rows alone first, then the runs
         for (int64_t r = a, len; r < b; r += len) {
             len = 1;
             if (wanted[r]) continue;
             while (r + len < b && !wanted[r + len] && slots[r + len] == slots[r]) len++;
             if ((len > 1) != runs) continue;
-            if (runs) s->runs[s->n_runs++] = (step_run){n, len, slots[r]};
+            if (runs) s->runs[pd.n_runs++] = (step_run){n, len, slots[r]};
             for (int64_t k = r; k < r + len; k++) PLACE(k);
         }
-        if (!runs) s->step_singles = n;
+        if (!runs) pd.singles = n;
     }
 #undef PLACE
-    s->step_rows = n, s->step_logits = w1 - w0;
-    return gpu_pass(s, s->step_tok, n, logits, 1, NULL, e);
+    pd.T = n;
+    return gpu_pass(s, &pd, e);
 }
 
 int gpu_step_rows(dj_gpu_state *s, int64_t n, const int32_t *slots, const int64_t *pos, const int32_t *tokens,
                   int64_t n_want, const int32_t *want, float *logits, dj_err *e) {
     const dj_config *c = &s->m->info.config;
     if (n < 1) return dj_fail(e, "gpu_step_rows: %lld rows", (long long)n);
-    int32_t *seen = s->step_seen;  // the row that last began a run of each slot, + 1
-    memset(seen, 0, (size_t)s->n_slots * sizeof *seen);
+    int32_t *began = s->slot_began;  // a run of this KV slot began in an earlier row
+    memset(began, 0, (size_t)s->n_slots * sizeof *began);
     for (int64_t i = 0; i < n; i++) {
-        if (slot_ok(s, slots[i], e)) return -1;
+        if (kv_slot_ok(s, slots[i], e)) return -1;
         if (pos[i] < 0 || pos[i] >= s->max_seq)
             return dj_fail(e, "gpu: row %lld: position %lld outside the context of %lld", (long long)i,
                            (long long)pos[i], (long long)s->max_seq);
@@ -505,10 +572,10 @@ int gpu_step_rows(dj_gpu_state *s, int64_t n, const int32_t *slots, const int64_
             if (pos[i] != pos[i - 1] + 1)
                 return dj_fail(e, "gpu: rows %lld and %lld of KV slot %d are not consecutive positions",
                                (long long)i - 1, (long long)i, slots[i]);
-        } else if (seen[slots[i]]) {
+        } else if (began[slots[i]]) {
             return dj_fail(e, "gpu: KV slot %d twice in one batch", slots[i]);
         } else {
-            seen[slots[i]] = 1;
+            began[slots[i]] = 1;
         }
     }
     for (int64_t w = 0; w < n_want; w++)
@@ -525,16 +592,6 @@ int gpu_step_rows(dj_gpu_state *s, int64_t n, const int32_t *slots, const int64_
         a = b, w = wb;
     }
     return 0;
-}
-
-int gpu_step_batch(dj_gpu_state *s, int32_t B, const int32_t *slots, const int64_t *pos, const int32_t *tokens,
-                   float *logits, dj_err *e) {
-    if (B < 1 || B > s->n_slots) return dj_fail(e, "gpu_step_batch: %d rows for %d KV slots", B, s->n_slots);
-    for (int32_t i = 0; i < B; i++) s->step_all[i] = i;
-    for (int32_t i = 1; i < B; i++)  // one row each: a slot twice is not a run here
-        for (int32_t j = 0; j < i; j++)
-            if (slots[j] == slots[i]) return dj_fail(e, "gpu: KV slot %d twice in one batch", slots[i]);
-    return gpu_step_rows(s, B, slots, pos, tokens, B, s->step_all, logits, e);
 }
 
 void gpu_state_stats(dj_gpu_state *s, dj_gpu_stats *out) {
@@ -667,7 +724,8 @@ static int alloc_buffers(dj_gpu_state *s, const gpu_sizes *z, dj_err *e) {
         gpu_malloc((void **)&b->ffn, mb * 2 * hid * 4, "activations", e) ||
         gpu_malloc((void **)&b->hb, mb * hid * 4, "activations", e) ||
         gpu_malloc((void **)&b->logits, GPU_LOGIT_ROWS * vocab * 4, "logits", e) ||
-        gpu_malloc((void **)&b->pos, mb * 4, "positions", e) || gpu_malloc((void **)&b->slot, mb * 4, "KV slots", e) ||
+        gpu_malloc((void **)&b->pos, mb * 4, "positions", e) ||
+        gpu_malloc((void **)&b->kv_slot, mb * 4, "KV slots", e) ||
         gpu_reserve(s->g, z->scratch, e) ||
         gpu_malloc((void **)&b->pick, sizeof *b->pick, "sampling", e) ||
         gpu_malloc((void **)&b->counts, vocab * 4, "sampling", e) || gpu_malloc((void **)&b->next, 4, "sampling", e) ||
@@ -677,11 +735,11 @@ static int alloc_buffers(dj_gpu_state *s, const gpu_sizes *z, dj_err *e) {
         gpu_host_alloc((void **)&b->h_x, mb * dim * 4, "embedding staging", e) ||
         gpu_host_alloc((void **)&b->h_logits, GPU_LOGIT_ROWS * vocab * 4, "logits staging", e) ||
         gpu_host_alloc((void **)&b->h_pos, mb * 4, "position staging", e) ||
-        gpu_host_alloc((void **)&b->h_slot, mb * 4, "position staging", e))
+        gpu_host_alloc((void **)&b->h_kv_slot, mb * 4, "position staging", e))
         return -1;
     s->runs = malloc(mb * sizeof *s->runs), s->step_tok = malloc(mb * 4), s->step_wanted = malloc(mb);
-    s->step_all = malloc((size_t)s->n_slots * 4), s->step_seen = malloc((size_t)s->n_slots * 4);
-    if (!s->runs || !s->step_tok || !s->step_wanted || !s->step_all || !s->step_seen) return dj_fail(e, "out of memory");
+    s->slot_began = malloc((size_t)s->n_slots * 4);
+    if (!s->runs || !s->step_tok || !s->step_wanted || !s->slot_began) return dj_fail(e, "out of memory");
     float *inv = malloc((size_t)hd / 2 * 4);
     if (!inv) return dj_fail(e, "out of memory");
     cpu_rope_freqs(c, inv);
@@ -694,7 +752,8 @@ static int alloc_buffers(dj_gpu_state *s, const gpu_sizes *z, dj_err *e) {
 static int copy_resident(dj_gpu_state *s, dj_err *e) {
     const rb_plan *p = s->sc.plan;
     for (int u = 0; u <= (int)s->m->info.config.n_layers; u++)
-        if (p->resident[u] && unit_copy(s, u, s->sc.d_w + p->offset[u], s->copy, SH_NONE, 0, &(uint64_t){0}, e)) return -1;
+        if (p->resident[u] && unit_copy(s, u, s->sc.d_w + p->offset[u], s->copy, SLOT_EMPTY, 0, &(uint64_t){0}, e))
+            return -1;
     return gpu_stream_sync(s->copy, e);
 }
 
@@ -795,10 +854,10 @@ void gpu_state_free(dj_gpu_state *s) {
     prof_free(s);
     gpu_bufs *b = &s->b;
     void *dev[] = {s->sc.d_w, b->inv_freq, b->k, b->v, b->x, b->xb, b->delta, b->qkv, b->att, b->ffn, b->hb,
-                   b->logits, b->pos, b->slot, b->pick, b->counts, b->next, b->pick_scratch};
+                   b->logits, b->pos, b->kv_slot, b->pick, b->counts, b->next, b->pick_scratch};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) gpu_free(dev[i]);
-    gpu_host_free(b->h_x), gpu_host_free(b->h_logits), gpu_host_free(b->h_pos), gpu_host_free(b->h_slot);
-    free(s->runs), free(s->step_tok), free(s->step_wanted), free(s->step_all), free(s->step_seen);
+    gpu_host_free(b->h_x), gpu_host_free(b->h_logits), gpu_host_free(b->h_pos), gpu_host_free(b->h_kv_slot);
+    free(s->runs), free(s->step_tok), free(s->step_wanted), free(s->slot_began);
     gpu_host_free(b->h_pick), gpu_host_free(b->h_next);
     if (s->compute) gpu_stream_destroy(s->compute);
     if (s->copy) gpu_stream_destroy(s->copy);

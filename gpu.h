@@ -79,9 +79,6 @@ int gpu_forward_pick(dj_gpu_state *s, int32_t slot, const int32_t *tokens, int64
 // is a plain decode step (the CUDA graph when all is resident, the CPU share when it streams).
 int gpu_step_rows(dj_gpu_state *s, int64_t n, const int32_t *slots, const int64_t *pos, const int32_t *tokens,
                   int64_t n_want, const int32_t *want, float *logits, dj_err *e);
-// gpu_step_rows with one row per slot, every row's logits (engine.h's step_batch).
-int gpu_step_batch(dj_gpu_state *s, int32_t B, const int32_t *slots, const int64_t *pos, const int32_t *tokens,
-                   float *logits, dj_err *e);
 // Parking (engine.h): a slot's first n positions copied to page-locked host memory on the parking stream, back
 // into any slot, or released. Every later pass on the slots concerned waits for the copies on the device.
 typedef struct dj_gpu_parked dj_gpu_parked;

@@ -199,10 +199,6 @@ int gpu_fused_ok(uint32_t wtype, const void *w, int64_t n_in, int64_t n_out);
 int gpu_norm_matmul_swiglu(dj_gpu *g, float *h, const float *x, const float *delta, float *xo, const float *nw,
                            float eps, const void *w, uint32_t wtype, int64_t n_in, int64_t n_out, cudaStream_t s,
                            dj_err *e);
-// bench/qp_probe.cu's stamps of the persistent GEMV's blocks (6 a block: start, pdl_wait's return, x staged, end,
-// blockIdx.x, gridDim.x), in a build with -DQP_PROBE. reset: the slots emptied (0, or 1 on failure); otherwise up to
-// max slots copied to out: their number. -1 on failure, and always in a build without the stamps.
-int gpu_qp_probe(unsigned long long *out, int max, int reset);
 // Rows of W (n_out rows of wtype) a warp of the persistent GEMV takes at a time for one token on this device: 1 or 2
 // (tests reach both with it).
 int gpu_qgemv_rows_a_warp(const dj_gpu *g, uint32_t wtype, int64_t n_out);

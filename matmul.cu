@@ -50,12 +50,8 @@ __device__ __forceinline__ uint4 ld_stream(const uint4 *p) {
 }
 
 // ---- GEMV
-#ifndef GEMV_WARPS
 #define GEMV_WARPS 8   // rows per block: one warp per row
-#endif
-#ifndef GEMV_UNROLL
 #define GEMV_UNROLL 4  // 16-byte loads in flight per lane
-#endif
 
 // y (T, n_out) = x (T, n_in) . W^T for NT rows of x per block (blockIdx.y), one row of W per warp.
 // PRECOND: n_in % VEC == 0, W and x 16-byte aligned (so every row of both is).
@@ -307,18 +303,10 @@ __global__ __launch_bounds__(QG_WARPS * 32) void gemv_quant_kernel(float *y, con
 // computing the current ones, so loads stay in flight across rows; few blocks keep x's quantization, which every
 // block repeats, small beside the rows each block reads.
 // PRECOND: as gemv_quant_kernel; n_in <= QP_MAX; dynamic shared memory qp_smem(WT, n_in) bytes.
-#ifndef QP_MAX
 #define QP_MAX 32768  // x's largest n_in (q8: 96 KB of shared memory)
-#endif
-#ifndef QP_WARPS
 #define QP_WARPS 16
-#endif
-#ifndef QP_BPS
 #define QP_BPS 1       // blocks a streaming multiprocessor
-#endif
-#ifndef QP_UNROLL
 #define QP_UNROLL 4    // chunks of each row in flight per lane, twice: the current ones and the next
-#endif
 static __host__ __device__ constexpr int qr_bytes(uint32_t wt) { return 2 * q_chunk_weights(wt) + 16; }
 static size_t qp_smem(uint32_t wt, int64_t n_in) {
     return (size_t)(n_in / q_chunk_weights(wt)) * (size_t)qr_bytes(wt);
@@ -427,9 +415,6 @@ template <int WT> __device__ __forceinline__ void quant_eight(uint8_t *rec, int6
 
 // Up to how many eights of the input a thread holds in registers for QX_NORM's one pass (stage_xq_norm).
 #define QN_EIGHTS 2
-#ifndef QN_ONE_PASS
-#define QN_ONE_PASS 1  // 0: stage_xq's two passes for QX_NORM too (bench/ab.sh variants)
-#endif
 
 // The input's row t (n_in, a multiple of 32) quantized into the records at rec: four adjacent lanes a group, each
 // eight values (a thread a group took 32-deep dependent chains: ~1 us of a kernel of a few). The loop runs whole
@@ -555,31 +540,13 @@ __device__ __forceinline__ void chunk_dots_i8(float *acc, const uint4 *q, const 
     }
 }
 
+// bench/qp_probe.cu's timer stamps in the persistent kernel: nothing outside its build (-DQP_PROBE).
 #ifdef QP_PROBE
-// bench/qp_probe.cu: each block of the persistent kernel stamps the global timer at its start, after pdl_wait, once
-// x is staged and at its end (after a barrier: its last warp's), into the next free slot with its index and grid.
-#define QP_PROBE_SLOTS (1 << 16)
-__device__ unsigned long long qp_probe_buf[QP_PROBE_SLOTS][6];
-__device__ unsigned int qp_probe_n;
-__device__ __forceinline__ unsigned long long gtimer() {
-    unsigned long long t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    return t;
-}
-extern "C" int gpu_qp_probe(unsigned long long *out, int max, int reset) {
-    unsigned int n = 0;
-    if (reset) return cudaMemcpyToSymbol(qp_probe_n, &n, sizeof n) != cudaSuccess;
-    if (cudaMemcpyFromSymbol(&n, qp_probe_n, sizeof n) != cudaSuccess) return -1;
-    if ((int)n > max) n = (unsigned)max;
-    if (n > QP_PROBE_SLOTS) n = QP_PROBE_SLOTS;
-    if (cudaMemcpyFromSymbol(out, qp_probe_buf, (size_t)n * 6 * 8) != cudaSuccess) return -1;
-    return (int)n;
-}
-#define QP_STAMP(k) \
-    do { if (threadIdx.x == 0 && slot < QP_PROBE_SLOTS) qp_probe_buf[slot][k] = gtimer(); } while (0)
+#include "bench/qp_probe.cuh"
 #else
-extern "C" int gpu_qp_probe(unsigned long long *out, int max, int reset) { return -1; }  // no stamps in this build
-#define QP_STAMP(k) do { } while (0)
+#define QP_PROBE_START()
+#define QP_STAMP(k)
+#define QP_PROBE_END()
 #endif
 
 // Launched as a programmatic dependent of the kernel before it (qp_launch): the first weights are loaded before
@@ -601,14 +568,7 @@ __global__ __launch_bounds__(QP_WARPS * 32) void gemv_quant_persist_kernel(float
     static_assert(!SWO || (NT == 1 && NR == 2), "silu(gate) * up pairs a gate row and its up row in one warp");
     constexpr int RB = qr_bytes(WT), U = QP_UNROLL;
     extern __shared__ uint4 rec4[];
-#ifdef QP_PROBE
-    unsigned int slot = 0;
-    if (threadIdx.x == 0) {
-        slot = atomicAdd(&qp_probe_n, 1u);
-        if (slot < QP_PROBE_SLOTS) qp_probe_buf[slot][4] = blockIdx.x, qp_probe_buf[slot][5] = gridDim.x;
-    }
-#endif
-    QP_STAMP(0);
+    QP_PROBE_START();
     const uint8_t *rec = (const uint8_t *)rec4;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int64_t t0 = (int64_t)blockIdx.y * NT, nc = n_in / q_chunk_weights(WT), tb = nc * RB;  // tb: a token's
@@ -629,7 +589,7 @@ __global__ __launch_bounds__(QP_WARPS * 32) void gemv_quant_persist_kernel(float
     };
     int64_t r = (int64_t)blockIdx.x * QP_WARPS + warp, c = lane;  // r: the set
     if (r < sets) load(r, c, q, sc);
-    const bool norm1 = QN_ONE_PASS && MODE == QX_NORM && n_in <= 8 * QN_EIGHTS * (int64_t)blockDim.x;  // stage_xq_norm's rows
+    const bool norm1 = MODE == QX_NORM && n_in <= 8 * QN_EIGHTS * (int64_t)blockDim.x;  // stage_xq_norm's rows
     float4 nwv[QN_EIGHTS][2];
     if (norm1) load_norm_w(in, n_in, nwv);
     pdl_wait();
@@ -680,10 +640,7 @@ __global__ __launch_bounds__(QP_WARPS * 32) void gemv_quant_persist_kernel(float
             for (int k = 0; k < NR; k++) q[u][k] = qn[u][k], sc[u][k] = scn[u][k];
         r = rn, c = cn;
     }
-#ifdef QP_PROBE
-    __syncthreads();
-    QP_STAMP(3);
-#endif
+    QP_PROBE_END();
 }
 
 // Any n_in (a partial last group) and alignment: element loads, one row of x per blockIdx.y.
@@ -725,13 +682,10 @@ static int qp_launch_nr(dj_gpu *g, float *y, const qx_in &in, const uint8_t *w, 
 // 6144 rows, the busiest warp 3 -> 4 rows), 46 -> 51 (wo), 76 -> 93 (gate|up), 56 -> 63 (down), 76 -> 97 (lm_head),
 // 73 -> 87 (70B's down); q8 96 -> 102, 78 -> 80, 92 -> 102, 89 -> 95 on the large matrices, but 77 -> 71 on q|k|v
 // (q8's record, half q4's bytes a weight, saves less) and 69 -> 67 on wo.
-#ifndef QP_NR_RULE
-#define QP_NR_RULE 2  // 0: one row a warp, 1: two, 2: the rule above
-#endif
 static int qp_rows_a_warp(const dj_gpu *g, uint32_t wt, int64_t n_out) {
     const int64_t warps = (int64_t)g->qp_blocks * QP_WARPS;
     const int64_t one = (n_out + warps - 1) / warps, two = 2 * ((n_out + 2 * warps - 1) / (2 * warps));
-    return QP_NR_RULE == 1 || (QP_NR_RULE == 2 && (wt == DJ_Q4 || 16 * two <= 17 * one)) ? 2 : 1;
+    return wt == DJ_Q4 || 16 * two <= 17 * one ? 2 : 1;
 }
 
 extern "C" int gpu_qgemv_rows_a_warp(const dj_gpu *g, uint32_t wtype, int64_t n_out) {
@@ -811,9 +765,7 @@ static int gemv_quant_typed(dj_gpu *g, float *y, const float *x, const void *w, 
 // QCHUNK bytes of f16 rows a chunk, in multiples of 128 rows: measured on the H100 (Llama-3-8B shapes, T = 512),
 // 16 MB chunks left the GEMM too few tiles per wave (428 against 317 us for 28672 x 4096 in q8); 256 MB gained
 // nothing more.
-#ifndef QCHUNK
 #define QCHUNK (64u << 20)
-#endif
 
 static int64_t qchunk_rows(int64_t n_in) {
     int64_t r = (int64_t)QCHUNK / (n_in * 2);

@@ -123,7 +123,7 @@ static int slot_copy(dj_gpu_state *s, dj_gpu_parked *p, int32_t slot, int to_hos
 
 dj_gpu_parked *gpu_park(dj_gpu_state *s, int32_t slot, int64_t n, dj_err *e) {
     gpu_parking *k = s->park;
-    if (slot_ok(s, slot, e)) return NULL;
+    if (kv_slot_ok(s, slot, e)) return NULL;
     if (n < 0 || n > s->max_seq) {
         dj_fail(e, "gpu_park: %lld positions, outside 0..%lld", (long long)n, (long long)s->max_seq);
         return NULL;
@@ -161,7 +161,7 @@ dj_gpu_parked *gpu_park(dj_gpu_state *s, int32_t slot, int64_t n, dj_err *e) {
 }
 
 int gpu_restore(dj_gpu_state *s, dj_gpu_parked *p, int32_t slot, dj_err *e) {
-    if (slot_ok(s, slot, e) || (p->n && slot_copy(s, p, slot, 0, e))) return -1;
+    if (kv_slot_ok(s, slot, e) || (p->n && slot_copy(s, p, slot, 0, e))) return -1;
     gpu_drop(s, p);
     return 0;
 }

@@ -26,8 +26,8 @@ int gpu_set_probe(dj_gpu_state *s, dj_probe *p, dj_err *e) {
             return -1;
         pr->steered = calloc(c->n_layers, 1);
         pr->pos = malloc((size_t)s->max_batch * sizeof *pr->pos);
-        pr->slot = malloc((size_t)s->max_batch * sizeof *pr->slot);
-        if (!pr->steered || !pr->pos || !pr->slot) return dj_fail(e, "out of memory");
+        pr->kv_slot = malloc((size_t)s->max_batch * sizeof *pr->kv_slot);
+        if (!pr->steered || !pr->pos || !pr->kv_slot) return dj_fail(e, "out of memory");
     }
     for (uint32_t l = 0; l < c->n_layers; l++) {
         const float *v = probe_vector(p, l);
@@ -44,11 +44,11 @@ int gpu_probe_graphable(const dj_gpu_state *s) {
 
 // Where each of the pass's T rows sits: a step's rows each at its own place, a prefill's at consecutive positions
 // of its slot.
-static void place_rows(dj_gpu_state *s, int64_t T) {
+static void place_rows(dj_gpu_state *s, const pass_desc *pd) {
     gpu_probe *pr = &s->pr;
-    for (int64_t t = 0; t < T; t++) {
-        pr->pos[t] = s->step_rows ? s->b.h_pos[t] : s->b.h_pos[0] + t;
-        pr->slot[t] = s->step_rows ? s->b.h_slot[t] : s->slot;
+    for (int64_t t = 0; t < pd->T; t++) {
+        pr->pos[t] = pd->step ? s->b.h_pos[t] : s->b.h_pos[0] + t;
+        pr->kv_slot[t] = pd->step ? s->b.h_kv_slot[t] : pd->kv_slot;
     }
 }
 
@@ -64,7 +64,7 @@ static int tap_rows(dj_gpu_state *s, int l, int64_t T, dj_err *e) {
     int64_t run = 0, wrote = 0;  // rows written over just before t; any at all
     for (int64_t t = 0; t <= T; t++) {
         int replace = 0;
-        float *r = t < T ? probe_tap_row(pr->p, (uint32_t)l, pr->slot[t], pr->pos[t], &replace) : NULL;
+        float *r = t < T ? probe_tap_row(pr->p, (uint32_t)l, pr->kv_slot[t], pr->pos[t], &replace) : NULL;
         float *h = pr->h_rows + t * dim;
         if (r && !replace) memcpy(r, h, row);
         if (r && replace) {
@@ -78,9 +78,10 @@ static int tap_rows(dj_gpu_state *s, int l, int64_t T, dj_err *e) {
     return wrote && (share_flush(s, e) || gpu_stream_sync(s->compute, e)) ? -1 : 0;
 }
 
-int gpu_probe_layer(dj_gpu_state *s, int l, int64_t T, int *pending, dj_err *e) {
+int gpu_probe_layer(dj_gpu_state *s, const pass_desc *pd, int l, int *pending, dj_err *e) {
     gpu_probe *pr = &s->pr;
     gpu_bufs *b = &s->b;
+    int64_t T = pd->T;
     if (!pr->p) return 0;
     int64_t dim = s->m->info.config.dim;
     const int dump = probe_dumps(pr->p, (uint32_t)l), tap = probe_tapped(pr->p, (uint32_t)l);
@@ -89,19 +90,19 @@ int gpu_probe_layer(dj_gpu_state *s, int l, int64_t T, int *pending, dj_err *e) 
     float *res = v || tap ? b->x : b->xb;
     if (gpu_residual_add(res, b->x, b->delta, v, T, dim, s->compute, e)) return -1;
     if (v || tap) *pending = 0;
-    place_rows(s, T);
+    place_rows(s, pd);
     if (tap && tap_rows(s, l, T, e)) return -1;
     if (!dump) return 0;
     if (gpu_d2h_async(pr->h_rows, res, (size_t)(T * dim) * 4, s->compute, e) || share_flush(s, e) ||
         gpu_stream_sync(s->compute, e))
         return -1;
-    return probe_record(pr->p, (uint32_t)l, pr->h_rows, T, pr->tokens, pr->pos, pr->slot, e);
+    return probe_record(pr->p, (uint32_t)l, pr->h_rows, T, pd->tokens, pr->pos, pr->kv_slot, e);
 }
 
 void gpu_probe_free(dj_gpu_state *s) {
     gpu_probe *pr = &s->pr;
     gpu_free(pr->d_vec);
     gpu_host_free(pr->h_rows);
-    free(pr->steered), free(pr->pos), free(pr->slot);
+    free(pr->steered), free(pr->pos), free(pr->kv_slot);
     memset(pr, 0, sizeof *pr);
 }

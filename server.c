@@ -445,9 +445,8 @@ static void send_metrics(srv *s, srv_conn *c) {
     metric(&b, "decode_seconds_total", "counter", t.decode_s);
     metric(&b, "decode_tokens_per_second", "gauge", t.decode_s > 0 ? (double)t.step_rows / t.decode_s : 0);
     metric(&b, "tokens_per_second", "gauge", (double)recent / 10.0);
-    if (s->eng.is_gpu) {
-        dj_gpu_stats g;
-        gpu_state_stats(s->eng.ctx, &g);
+    dj_gpu_stats g;
+    if (engine_gpu_stats(&s->eng, &g)) {
         metric(&b, "pcie_bytes_total", "counter", (double)g.copied_bytes);
         metric(&b, "pcie_gb_per_second", "gauge", g.copy_ms > 0 ? (double)g.copied_bytes / 1e6 / g.copy_ms : 0.0);
         // the parking copies as the device timed them (park_seconds_total: the host's calls, which only queue them)

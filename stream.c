@@ -20,18 +20,19 @@ uint64_t unit_bytes(const dj_model *m, int u, uint64_t *lm_off) {
 }
 
 // Copies what a region of `size` bytes holding the matrices `mats` (slab order) needs on the GPU at share `to`
-// and lacks at share `from` (unit_copy), from src to dst: with from = SH_NONE the bytes between the matrices and
-// each one's rows [0, gpu rows at to), else each one's rows [gpu rows at from, gpu rows at to). Adjacent pieces go
-// as one copy. *bytes += the bytes moved.
-static int region_copy(uint8_t *dst, const uint8_t *src, uint64_t size, const sp_mat *mats, int n, double from,
+// and lacks in `from` (unit_copy), from src to dst: from an empty slot the bytes between the matrices and each
+// one's rows [0, gpu rows at to), else each one's rows [gpu rows at from's share, gpu rows at to). Adjacent pieces
+// go as one copy. *bytes += the bytes moved.
+static int region_copy(uint8_t *dst, const uint8_t *src, uint64_t size, const sp_mat *mats, int n, slot_held from,
                        double to, uint64_t *bytes, cudaStream_t st, dj_err *e) {
     uint64_t start = 0, run = 0, run_end = 0;  // the copy pending: [run, run_end)
     for (int i = 0; i <= n; i++) {
-        uint64_t b = from >= SH_NONE ? start : size, x = size, end = size;  // the piece [b, x)
+        uint64_t b = from.empty ? start : size, x = size, end = size;  // the piece [b, x)
         if (i < n) {
             uint64_t rb = dj_row_bytes(mats[i].dtype, (uint64_t)mats[i].n_in);
-            x = mats[i].off + (uint64_t)sp_gpu_rows(&mats[i], to) * rb, end = mats[i].off + (uint64_t)mats[i].n_out * rb;
-            if (from < SH_NONE) b = mats[i].off + (uint64_t)sp_gpu_rows(&mats[i], from) * rb;
+            x = mats[i].off + (uint64_t)sp_gpu_rows(&mats[i], to) * rb;
+            end = mats[i].off + (uint64_t)mats[i].n_out * rb;
+            if (!from.empty) b = mats[i].off + (uint64_t)sp_gpu_rows(&mats[i], from.share) * rb;
         }
         start = end;
         if (x <= b) continue;
@@ -47,19 +48,18 @@ static int region_copy(uint8_t *dst, const uint8_t *src, uint64_t size, const sp
     return 0;
 }
 
-int unit_copy(dj_gpu_state *s, int u, uint8_t *dst, cudaStream_t st, double from, double to, uint64_t *bytes,
+int unit_copy(dj_gpu_state *s, int u, uint8_t *dst, cudaStream_t st, slot_held from, double to, uint64_t *bytes,
               dj_err *e) {
     const dj_model *m = s->m;
-    const gpu_share *sh = &s->sh;
+    const unit_mats *um = &s->mats;
     if (u < (int)m->info.config.n_layers)
-        return region_copy(dst, dj_layer_ptr(m, (uint32_t)u), m->info.layer.size, sh->lmats, sh->n_lmats, from, to,
+        return region_copy(dst, dj_layer_ptr(m, (uint32_t)u), m->info.layer.size, um->layer, um->n_layer, from, to,
                            bytes, st, e);
     if (!m->info.config.tied)
-        return region_copy(dst, dj_head_ptr(m), m->info.head.size, &sh->hmat, 1, from, to, bytes, st, e);
-    if (from >= SH_NONE &&
-        region_copy(dst, dj_head_ptr(m), m->info.head.size, NULL, 0, SH_NONE, 0, bytes, st, e))
+        return region_copy(dst, dj_head_ptr(m), m->info.head.size, &um->lm_head, 1, from, to, bytes, st, e);
+    if (from.empty && region_copy(dst, dj_head_ptr(m), m->info.head.size, NULL, 0, SLOT_EMPTY, 0, bytes, st, e))
         return -1;
-    return region_copy(dst + s->sc.head_lm_off, dj_embed_ptr(m), m->info.embed_size, &sh->hmat, 1, from, to, bytes,
+    return region_copy(dst + s->sc.head_lm_off, dj_embed_ptr(m), m->info.embed_size, &um->lm_head, 1, from, to, bytes,
                        st, e);
 }
 
@@ -108,7 +108,6 @@ void sched_pass_begin(dj_gpu_state *s, int64_t T) {
     sc->pass_end = sc->computed + sc->plan->n_streamed;
     sc->pass_share = share_for(s, T);
     sc->pass_first = sc->computed, sc->pass_units_ms = 0;
-    s->sh.pass_cpu_s = s->sh.pass_wait_s = s->sh.pass_outside_s = 0, s->sh.pass_cpu_bytes = 0;
     if (T <= SH_ROWS) sc->next_share = sc->pass_share;
 }
 
@@ -141,23 +140,23 @@ static int issue_copies(dj_gpu_state *s, dj_err *e) {
         double share = seq < sc->pass_end ? sc->pass_share : sc->warming ? 0 : sc->next_share;
         q->bytes = 0;
         if (gpu_event_record(q->c0, s->copy, e) ||
-            unit_copy(s, stream_unit(sc, seq), dst, s->copy, SH_NONE, share, &q->bytes, e) ||
+            unit_copy(s, stream_unit(sc, seq), dst, s->copy, SLOT_EMPTY, share, &q->bytes, e) ||
             gpu_event_record(q->c1, s->copy, e) || gpu_event_record(sc->copied[sc->pend.slot], s->copy, e))
             return -1;
         q->share = share;
         q->off = sc->pend.off;
-        q->slot = sc->pend.slot;
+        q->ring_slot = sc->pend.slot;
         sc->issued++;
         sc->have_pend = 0;
     }
 }
 
-int unit_begin(dj_gpu_state *s, int u, const uint8_t **w, dj_err *e) {
+int unit_begin(dj_gpu_state *s, int u, gpu_unit *un, dj_err *e) {
     gpu_sched *sc = &s->sc;
     const rb_plan *p = sc->plan;
-    s->sh.cur_host = NULL;
+    *un = (gpu_unit){0};
     if (p->resident[u]) {
-        *w = sc->d_w + p->offset[u];
+        un->w = sc->d_w + p->offset[u];
         return 0;
     }
     if (issue_copies(s, e)) return -1;
@@ -165,22 +164,22 @@ int unit_begin(dj_gpu_state *s, int u, const uint8_t **w, dj_err *e) {
     gpu_seq *q = &sc->seq[seq % sc->n_seq];
     if (stream_unit(sc, seq) != u || sc->issued <= seq)
         return dj_fail(e, "internal error: streaming schedule out of step at unit %d", u);
-    uint8_t *slot = sc->d_w + p->ring_off + q->off;
-    *w = slot;
+    uint8_t *in_ring = sc->d_w + p->ring_off + q->off;
+    un->w = in_ring;
     // The split: the pass's share, or less where the copy (issued ahead) brought more of the unit. Where it
     // brought less (a pass of more rows than expected), the GPU's missing rows follow.
     if (q->share > sc->pass_share) {
         uint64_t extra = 0;
-        if (unit_copy(s, u, slot, s->copy, q->share, sc->pass_share, &extra, e) ||
-            gpu_event_record(sc->copied[q->slot], s->copy, e))
+        if (unit_copy(s, u, in_ring, s->copy, SLOT_SPLIT_AT(q->share), sc->pass_share, &extra, e) ||
+            gpu_event_record(sc->copied[q->ring_slot], s->copy, e))
             return -1;
         q->share = sc->pass_share;
     }
     if (q->share > 0) {  // split with the CPU: its rows come from the host slab
-        s->sh.cur_host = u < (int)s->m->info.config.n_layers ? dj_layer_ptr(s->m, (uint32_t)u) : dj_head_ptr(s->m);
-        s->sh.cur_share = q->share;
+        un->host = u < (int)s->m->info.config.n_layers ? dj_layer_ptr(s->m, (uint32_t)u) : dj_head_ptr(s->m);
+        un->share = q->share;
     }
-    return gpu_event_record(q->w0, s->compute, e) || gpu_stream_wait(s->compute, sc->copied[q->slot], e) ||
+    return gpu_event_record(q->w0, s->compute, e) || gpu_stream_wait(s->compute, sc->copied[q->ring_slot], e) ||
                    gpu_event_record(q->w1, s->compute, e)
                ? -1
                : 0;
@@ -190,7 +189,7 @@ int unit_end(dj_gpu_state *s, int u, dj_err *e) {
     gpu_sched *sc = &s->sc;
     if (sc->plan->resident[u]) return 0;
     const gpu_seq *q = &sc->seq[sc->computed % sc->n_seq];
-    if (gpu_event_record(sc->freed[q->slot], s->compute, e) || gpu_event_record(q->e1, s->compute, e)) return -1;
+    if (gpu_event_record(sc->freed[q->ring_slot], s->compute, e) || gpu_event_record(q->e1, s->compute, e)) return -1;
     sc->computed++;
     return issue_copies(s, e);
 }

@@ -413,7 +413,7 @@ int main(int argc, char **argv) {
     CK(cudaFree(B));
     CK(cudaFree(C));
 
-    if (getenv("QUANT_ONLY")) {  // QUANT_ONLY=1: the quantized section alone (kernel variants built with NVEXTRA)
+    if (getenv("QUANT_ONLY")) {  // QUANT_ONLY=1: the quantized section alone (a kernel variant: matmul.cu's constants changed in a build folder of its own)
         quant_section(g, s, (size_t)prop.l2CacheSize, prop.multiProcessorCount, d2d_gbs);
         return 0;
     }

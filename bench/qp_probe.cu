@@ -13,6 +13,13 @@
 
 #include "../model.h"  // dtype enum and sizes only
 
+#ifndef QP_PROBE
+#error "bench/qp_probe.cu needs matmul.cu's stamps: build it with NVEXTRA=-DQP_PROBE in a build folder of its own"
+#endif
+// matmul.cu's stamps (bench/qp_probe.cuh): reset empties them; otherwise up to max blocks' 6 copied to out: their
+// number (-1: failure).
+extern "C" int gpu_qp_probe(unsigned long long *out, int max, int reset);
+
 static double med(std::vector<double> v) {
     std::sort(v.begin(), v.end());
     return v.empty() ? 0 : v[v.size() / 2];
@@ -22,7 +29,7 @@ int main() {
     cudaStream_t s;
     cudaDeviceProp prop;
     dj_gpu *g = bench_open("qp_probe", &s, &prop);
-    if (gpu_qp_probe(NULL, 0, 1) < 0) return fprintf(stderr, "qp_probe: this build has no stamps (build it with -DQP_PROBE)\n"), 1;
+    if (gpu_qp_probe(NULL, 0, 1)) return fprintf(stderr, "qp_probe: clearing the stamps failed\n"), 1;
     static const int64_t shapes[][2] = {{4096, 4096}, {6144, 4096}, {4096, 14336}, {28672, 4096}, {8192, 28672}};
     static const uint32_t dtypes[] = {DJ_Q4, DJ_Q8};
     std::vector<unsigned long long> buf(((size_t)1 << 16) * 6);

@@ -151,6 +151,8 @@ Test(cpu_kernels, matvec_async_equals_sync) {
     uint32_t types[] = {DJ_F32, DJ_F16, DJ_Q8, DJ_Q4};
     uint32_t seq = 0xfffffff0u;  // the numbers wrap within the test; each word starts at the last job's
     _Atomic uint32_t ready = seq, done = seq;
+    cpu_job *job = cpu_job_new();
+    cr_assert(job);
     tc_rng_seed(5);
     cpu_test_hook_waiting_x = tcpu_count_waiting;
     for (int k = 0; k < 8; k++)  // each dtype on a thread a core, then on 7 threads (a late worker's chunk taken)
@@ -180,9 +182,9 @@ Test(cpu_kernels, matvec_async_equals_sync) {
             tcpu_waiting = 0;
             pthread_t th;
             cr_assert_eq(pthread_create(&th, NULL, tcpu_gate_open, &gate), 0);
-            cpu_matvec_start(got, x, w, wt, T, n_in, n_out, &ready, &done, seq);
+            cpu_matvec_start(job, got, x, w, wt, T, n_in, n_out, &ready, &done, seq);
             double t[3];
-            cpu_matvec_finish(t);
+            cpu_matvec_finish(job, t);
             char what[96];
             snprintf(what, sizeof what, "%s T=%ld n_in=%ld n_out=%ld", dj_dtype_name(wt), (long)T, (long)n_in,
                      (long)n_out);
@@ -195,6 +197,7 @@ Test(cpu_kernels, matvec_async_equals_sync) {
         }
     cpu_pool_stop(), cpu_set_threads(0);
     cpu_test_hook_waiting_x = NULL;
+    cpu_job_free(job);
 }
 
 // Weights (n_out, n_in) of wtype from uniform values in [-1, 1): stored, or quantized row by row.
@@ -222,6 +225,8 @@ Test(cpu_kernels, ffn_chain_equals_steps) {
     uint32_t types[] = {DJ_F32, DJ_F16, DJ_BF16, DJ_Q8, DJ_Q4};
     uint32_t seq = 0xfffffff8u;
     _Atomic uint32_t ready = seq, mid = seq, done = seq;
+    cpu_job *job = cpu_job_new();
+    cr_assert(job);
     tc_rng_seed(6);
     cpu_test_hook_waiting_x = tcpu_count_waiting;
     // each dtype at each vector level (the widest, AVX2, the portable loops), on a thread a core and on 7 threads
@@ -265,9 +270,9 @@ Test(cpu_kernels, ffn_chain_equals_steps) {
             pthread_t th;
             cr_assert_eq(pthread_create(&th, NULL, tcpu_gate_open, &gate), 0);
             cpu_ffn_args f = {h, y, scratch, x, gu, up, dn_rows, wt, T, dim, hid, nd};
-            cpu_ffn_start(&f, &ready, &mid, &done, seq);
+            cpu_ffn_start(job, &f, &ready, &mid, &done, seq);
             double t[3];
-            cpu_matvec_finish(t);
+            cpu_matvec_finish(job, t);
             const char *name = dj_dtype_name(wt);
             cr_assert(atomic_load(&mid) == seq && atomic_load(&done) == seq, "%s case %zu: words %u %u, want %u", name,
                       c, atomic_load(&mid), atomic_load(&done), seq);
@@ -284,6 +289,7 @@ Test(cpu_kernels, ffn_chain_equals_steps) {
         }
     cpu_pool_stop(), cpu_set_threads(0);
     cpu_test_hook_waiting_x = NULL;
+    cpu_job_free(job);
     cpu_set_simd(CPU_SIMD_BEST);
 }
 

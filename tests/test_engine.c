@@ -10,6 +10,7 @@
 // f16), so rows agree to the kernels' accuracy: relative L2 per row 1e-4 in f32, 1e-2 in q4 (the GPU tests' own
 // tolerances against the CPU: test_gpu.c).
 #include <criterion/criterion.h>
+#include <malloc.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -58,8 +59,17 @@ static void te_open(dj_engine *eng, const dj_model *m, int32_t slots) {
     cr_assert_eq(engine_open(eng, m, &go, slots, &e), 0, "%s", e.msg);
     cr_assert_eq(eng->n_slots, slots);
     cr_assert_eq(eng->is_gpu, K.gpu);
-    cr_assert(eng->step_batch && eng->park && eng->restore && eng->drop, "the %s engine lacks a slot entry point",
+    cr_assert(eng->step_rows && eng->park && eng->restore && eng->drop, "the %s engine lacks a slot entry point",
               eng->name);
+}
+
+// A decode step of n sequences, one row each, every row's logits (n, vocab): step_rows wanting all its rows.
+static int te_step(dj_engine *eng, int n, const int32_t *slots, const int64_t *pos, const int32_t *tokens,
+                   float *logits, dj_err *e) {
+    int32_t want[64];
+    cr_assert_leq(n, 64);
+    for (int r = 0; r < n; r++) want[r] = r;
+    return eng->step_rows(eng->ctx, n, slots, pos, tokens, n, want, logits, e);
 }
 
 // n random token ids (BOS first, as a prompt would start).
@@ -138,7 +148,7 @@ static void te_batch_case(int B) {
         int n = 0;
         for (int b = 0; b < B; b++)
             if (s < steps[b]) bs[n] = slot[b], bp[n] = len[b] + s, bt[n] = fed[b][s], who[n++] = b;
-        cr_assert_eq(eng.step_batch(eng.ctx, n, bs, bp, bt, lg, &e), 0, "%s", e.msg);
+        cr_assert_eq(te_step(&eng, n, bs, bp, bt, lg, &e), 0, "%s", e.msg);
         for (int r = 0; r < n; r++)
             te_same(lg + (size_t)r * V, want[who[r]] + (size_t)(s + 1) * V, V, "batched step", who[r], s + 1);
     }
@@ -234,7 +244,7 @@ static void te_slots_independent(void) {
         cr_assert_eq(eng.forward(eng.ctx, 1, other + s, o, 0, NULL, 0, &e), 0, "%s", e.msg);
         int32_t slot = 0;
         int64_t pos = n + s;
-        cr_assert_eq(eng.step_batch(eng.ctx, 1, &slot, &pos, &fed[s], lg, &e), 0, "%s", e.msg);
+        cr_assert_eq(te_step(&eng, 1, &slot, &pos, &fed[s], lg, &e), 0, "%s", e.msg);
         te_same(lg, want + (size_t)(s + 1) * V, V, "slot 0 beside a busy slot 1", 0, s + 1);
     }
     engine_close(&eng);
@@ -263,7 +273,7 @@ static void te_park_restore(void) {
     int64_t pos;
     for (int s = 0; s < before; s++) {
         pos = n + s;
-        cr_assert_eq(eng.step_batch(eng.ctx, 1, &slot, &pos, &fed[s], lg, &e), 0, "%s", e.msg);
+        cr_assert_eq(te_step(&eng, 1, &slot, &pos, &fed[s], lg, &e), 0, "%s", e.msg);
     }
     dj_parked *p = eng.park(eng.ctx, 0, n + before, &e);
     cr_assert(p, "%s", e.msg);
@@ -276,7 +286,7 @@ static void te_park_restore(void) {
     for (int s = before; s < steps; s++) {  // both decode together: a in slot 2, b in slot 0
         int32_t sl[2] = {2, 0}, tk[2] = {fed[s], fed_b[s - before]};
         int64_t ps[2] = {n + s, nb + s - before};
-        cr_assert_eq(eng.step_batch(eng.ctx, 2, sl, ps, tk, lg, &e), 0, "%s", e.msg);
+        cr_assert_eq(te_step(&eng, 2, sl, ps, tk, lg, &e), 0, "%s", e.msg);
         te_same(lg, want + (size_t)(s + 1) * V, V, "restored into slot 2", 0, s + 1);
         te_same(lg + V, want_b + (size_t)(s - before + 1) * V, V, "beside the restored one", 1, s - before + 1);
     }
@@ -294,20 +304,20 @@ static void te_refusals(void) {
     dj_engine eng;
     te_open(&eng, &m, 2);
     dj_err e;
-    float *lg = malloc((size_t)2 * V * sizeof(float));
-    int32_t tok[2] = {1, 5};
+    float *lg = malloc((size_t)3 * V * sizeof(float));
+    int32_t tok[3] = {1, 5, 7};
     cr_assert_eq(eng.forward(eng.ctx, 2, tok, 1, 0, lg, 0, &e), -1);
     cr_assert(strstr(e.msg, "slot 2 does not exist"), "%s", e.msg);
     cr_assert_eq(eng.forward(eng.ctx, -1, tok, 1, 0, lg, 0, &e), -1);
-    int32_t twice[2] = {1, 1}, ok[2] = {0, 1}, bad_tok[2] = {1, (int32_t)V};
-    int64_t pos[2] = {0, 0}, far[2] = {0, TE_CTX};
-    cr_assert_eq(eng.step_batch(eng.ctx, 2, twice, pos, tok, lg, &e), -1);
+    int32_t twice[3] = {1, 0, 1}, ok[2] = {0, 1}, bad_tok[2] = {1, (int32_t)V};
+    int64_t pos[3] = {0, 0, 0}, far[2] = {0, TE_CTX};
+    cr_assert_eq(te_step(&eng, 3, twice, pos, tok, lg, &e), -1);  // not adjacent: a slot twice, not a run
     cr_assert(strstr(e.msg, "twice"), "%s", e.msg);
-    cr_assert_eq(eng.step_batch(eng.ctx, 2, ok, far, tok, lg, &e), -1);
+    cr_assert_eq(te_step(&eng, 2, ok, far, tok, lg, &e), -1);
     cr_assert(strstr(e.msg, "outside the context"), "%s", e.msg);
-    cr_assert_eq(eng.step_batch(eng.ctx, 2, ok, pos, bad_tok, lg, &e), -1);
+    cr_assert_eq(te_step(&eng, 2, ok, pos, bad_tok, lg, &e), -1);
     cr_assert(strstr(e.msg, "out of range"), "%s", e.msg);
-    cr_assert_eq(eng.step_batch(eng.ctx, 2, ok, pos, tok, lg, &e), 0, "%s", e.msg);
+    cr_assert_eq(te_step(&eng, 2, ok, pos, tok, lg, &e), 0, "%s", e.msg);
     cr_assert_null(eng.park(eng.ctx, 0, TE_CTX + 1, &e));
     cr_assert_null(eng.park(eng.ctx, 5, 1, &e));
     dj_parked *p = eng.park(eng.ctx, 0, 1, &e);
@@ -356,3 +366,28 @@ TE_CASES(engine, (void)0)
 TE_CASES(engine_gpu_f32, te_gpu(DJ_F32, 0, 1e-4))
 TE_CASES(engine_gpu_q4_streamed, te_gpu(DJ_Q4, 1, 1e-2))
 TE_CASES(engine_gpu_f16, te_gpu(DJ_F16, 0, 2e-3))
+
+// A step_rows call refused after it computed a run's logits (the next slot's rows are not at consecutive positions)
+// frees everything it allocated: the heap's bytes in use (glibc's mallinfo2, the calling thread's arena) are what
+// they were before it. CPU engine: its step_rows allocates the run's logits on the host.
+Test(engine, refused_rows_free_their_buffers) {
+    dj_model m;
+    te_load(&m);
+    int64_t V = m.info.config.vocab_size;
+    dj_engine eng;
+    te_open(&eng, &m, 2);
+    dj_err e;
+    float *lg = malloc((size_t)2 * V * sizeof(float));
+    // slot 0's run of three with its first and last rows wanted (every row's logits computed, then copied out)
+    int32_t slots[5] = {0, 0, 0, 1, 1}, tok[5] = {1, 5, 7, 1, 9}, want[2] = {0, 2};
+    int64_t good[5] = {0, 1, 2, 0, 1}, gap[5] = {0, 1, 2, 0, 2};
+    cr_assert_eq(eng.step_rows(eng.ctx, 5, slots, good, tok, 2, want, lg, &e), 0, "%s", e.msg);  // pool, tables
+    size_t before = mallinfo2().uordblks;
+    cr_assert_eq(eng.step_rows(eng.ctx, 5, slots, gap, tok, 2, want, lg, &e), -1);
+    size_t after = mallinfo2().uordblks;
+    cr_assert(strstr(e.msg, "not consecutive"), "%s", e.msg);
+    cr_assert_leq(after, before, "the refused call left %zu bytes allocated", after - before);
+    engine_close(&eng);
+    free(lg);
+    model_free(&m);
+}

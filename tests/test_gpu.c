@@ -441,12 +441,12 @@ Test(share, fill_takes_whole_matrices_first) {
 // within it. Llama-3-8B q4 at a 4 GB ring: 0.74 GB streamed a pass, a link of 55 GB/s, the CPU's 97.5 GB/s.
 Test(share, model_leaves_resident_time_to_the_link) {
     static gpu_share sh;
-    sh.max_rows = 1, sh.m_link = 55, sh.m_streamed = 0.74e9, sh.seen[1] = 97.5;
-    const double t_pure = sh.m_streamed / (sh.m_link * 1e9);
+    sh.max_rows = 1, sh.tune.m_link = 55, sh.tune.m_streamed = 0.74e9, sh.tune.rate_in_passes[1] = 97.5;
+    const double t_pure = sh.tune.m_streamed / (sh.tune.m_link * 1e9);
     double prev = 1, first = -1;
     for (int i = 0; i <= 24; i++) {
         double r = t_pure * i / 16;  // 0 .. 1.5 times the link-only pass
-        sh.outside_s[1] = r, sh.by_rows[1] = 0;
+        sh.tune.outside_s[1] = r, sh.by_rows[1] = 0;
         share_model(&sh, 1);
         double f = sh.by_rows[1];
         if (i == 0) first = f;
@@ -455,7 +455,7 @@ Test(share, model_leaves_resident_time_to_the_link) {
         prev = f;
     }
     cr_assert(first > 0.5, "no time outside the streamed units: share %.2f", first);
-    sh.outside_s[1] = 1.57e-3, sh.by_rows[1] = 0;  // the 8B q4 case's 26 resident layers
+    sh.tune.outside_s[1] = 1.57e-3, sh.by_rows[1] = 0;  // the 8B q4 case's 26 resident layers
     share_model(&sh, 1);
     cr_assert(sh.by_rows[1] > 0 && sh.by_rows[1] <= first - 0.05, "1.57 ms resident: share %.2f against %.2f without",
               sh.by_rows[1], first);

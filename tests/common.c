@@ -15,6 +15,7 @@
 #include "../util.h"
 #include "../model.h"
 #include "../tokenizer.h"
+#include "../convert/convert.h"
 #include "../convert/tokjson.h"
 
 // ---- the environment
@@ -237,4 +238,18 @@ dj_tokenizer *tc_load_tokenizer(const char *rel) {
     free(blob);
     cr_assert(t, "tok_load: %s", e.msg);
     return t;
+}
+
+void tc_load_stories(dj_model *m, int dtype, int gpu) {
+    char stories[4096], out[4200];
+    tc_data_path(stories, sizeof stories, "models/stories260K");
+    char *dir = tc_tmpdir("stories");
+    snprintf(out, sizeof out, "%s/s.bin", dir);
+    convert_opts co = {.hf_dir = stories, .out_path = out, .dtype = dtype, .quiet = 1};
+    dj_err e;
+    cr_assert_eq(convert_run(&co, &e), 0, "%s", e.msg);
+    dj_load_opts lo = {.want_pinned = gpu, .quiet = 1};
+    cr_assert_eq(model_load(out, &lo, m, &e), 0, "%s", e.msg);
+    tc_rm_rf(dir);
+    free(dir);
 }

@@ -7,6 +7,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "../loader.h"
+
 // The tests and the binaries they run are built with the same flags (make test SAN=1 builds both with ASan): gcc
 // says so with __SANITIZE_ADDRESS__, clang with __has_feature.
 #if defined(__SANITIZE_ADDRESS__)
@@ -25,6 +27,9 @@ void tc_data_path(char *path, size_t n, const char *rel);
 // The tokenizer of $DJINN_DATA/rel (a folder of HF tokenizer files) through tokjson and tok_load; skips the test when
 // its tokenizer.json is missing.
 struct dj_tokenizer *tc_load_tokenizer(const char *rel);
+// $DJINN_DATA/models/stories260K converted to dtype (DJ_*) in a fresh folder and loaded into m: for the GPU engine
+// (page-locked) when gpu, else for the CPU's; skips the test when the model is missing.
+void tc_load_stories(dj_model *m, int dtype, int gpu);
 // $DJINN_TESTS (this folder: fixtures/, ref/), else "tests" (the repository root is the working directory).
 const char *tc_tests_dir(void);
 // $DJINN_BIN (the binaries under test): skips the test when unset.

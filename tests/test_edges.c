@@ -7,6 +7,7 @@
 
 #include "../api.h"
 #include "../batch.h"
+#include "../convert/hfconfig.h"
 #include "../engine.h"
 #include "../loader.h"
 #include "../http.h"
@@ -230,25 +231,37 @@ typedef struct {
     dj_engine eng;
     dj_tokenizer *tok;
     bt_sched *s;
+    int status;        // the last job's: its HTTP status when it failed, else 0
+    int64_t n_reused;  //   prompt tokens whose cache it reused
 } tb_ctx;
 
 static void tb_ended(void *owner, bt_job *j, const char *finish, const char *err) {
-    cr_expect(!err, "a job failed: %s", err ? err : "");
+    tb_ctx *c = owner;
+    c->status = err ? (j->status ? j->status : 500) : 0, c->n_reused = j->n_reused;
 }
 static void tb_nothing(void *owner, bt_job *j) {}
 static void tb_text(void *owner, bt_job *j, const char *text, size_t n) {}
 
-// stories260K on the engine (one KV slot) under a scheduler with that parking budget and sessions' limit.
-static void tb_open(tb_ctx *c, uint64_t park_bytes, int32_t max_sessions) {
+// Scheduler options: that parking budget and sessions' limit, breakpoints of at most 3 positions, one paused state.
+static bt_opts tb_opts(uint64_t park_bytes, int32_t max_sessions) {
+    return (bt_opts){.parallel = 1, .prefill_chunk = 64, .max_sessions = max_sessions, .park_bytes = park_bytes,
+                     .max_paused = 1, .brk_rows = 3};
+}
+
+// stories260K on the engine (one KV slot) under a scheduler with options o.
+static void tb_open_with(tb_ctx *c, const bt_opts *o) {
     tc_load_stories(&c->m, DJ_F32, 0);
     dj_err e = {{0}};
     dj_gpu_opts go = {.max_seq = 64, .quiet = 1};
     cr_assert_eq(engine_open(&c->eng, &c->m, &go, 1, &e), 0, "%s", e.msg);
-    bt_opts o = {.parallel = 1, .prefill_chunk = 64, .max_sessions = max_sessions, .park_bytes = park_bytes};
     static const bt_callbacks cb = {tb_nothing, tb_text, tb_ended};
     c->tok = tc_load_tokenizer("models/stories260K");
-    c->s = bt_new(&c->eng, c->tok, &c->m.info.config, &o, &cb, &e);
+    c->s = bt_new(&c->eng, c->tok, &c->m.info.config, o, &cb, &e);
     cr_assert(c->s, "%s", e.msg);
+}
+static void tb_open(tb_ctx *c, uint64_t park_bytes, int32_t max_sessions) {
+    bt_opts o = tb_opts(park_bytes, max_sessions);
+    tb_open_with(c, &o);
 }
 
 static void tb_close(tb_ctx *c) {
@@ -258,20 +271,26 @@ static void tb_close(tb_ctx *c) {
     model_free(&c->m);
 }
 
-// A greedy answer of 3 tokens to a 4-token prompt in `session`, run to its end.
-static void tb_turn(tb_ctx *c, const char *session) {
+// A greedy answer of 3 tokens to the prompt (n ids; NULL: 4 fixed ones) in `session` (NULL: none), run to its end
+// (brk >= 0: a breakpoint after that layer instead); 0 or the HTTP status it failed with.
+static int tb_job(tb_ctx *c, const char *session, const int32_t *prompt, size_t n, int brk) {
+    static const int32_t four[] = {1, 21, 22, 23};
+    if (!prompt) prompt = four, n = 4;
     bt_job *j = calloc(1, sizeof *j);
-    j->n_ids = 4, j->ids = malloc(4 * sizeof *j->ids);
-    for (int i = 0; i < 4; i++) j->ids[i] = i ? 20 + i : 1;
-    j->max_tokens = 3, j->owner = c;
+    j->n_ids = n, j->ids = malloc(n * sizeof *j->ids);
+    memcpy(j->ids, prompt, n * sizeof *j->ids);
+    j->max_tokens = 3, j->owner = c, j->brk = brk >= 0, j->layer = brk >= 0 ? (uint32_t)brk : 0;
     dj_sampling sp = DJ_SAMPLING_DEFAULT;
     sp.temp = 0;
     dj_err e = {{0}};
     cr_assert(j->smp = sampler_new_with(c->m.info.config.vocab_size, &sp, 1, &e), "%s", e.msg);
+    c->status = -1;
     cr_assert_eq(bt_submit(c->s, j, session, &e), 0, "%s", e.msg);
     for (int k = 0; k < 100 && bt_has_work(c->s); k++) bt_step(c->s);
-    cr_assert_not(bt_has_work(c->s), "the turn did not end");
+    cr_assert(!bt_has_work(c->s) && c->status >= 0, "the job did not end");
+    return c->status;
 }
+static void tb_turn(tb_ctx *c, const char *session) { cr_assert_eq(tb_job(c, session, NULL, 0, -1), 0); }
 
 Test(edges, batch_parking_budget_holds_a_cache_of_its_size) {
     tb_ctx c;
@@ -315,4 +334,146 @@ Test(edges, batch_sessions_beyond_the_limit_forget_the_least_recent) {
     cr_expect_eq(bt_park(c.s, "b", &t, &e), 404, "b, the least recently used, should be forgotten");
     cr_expect_eq(bt_park(c.s, "a", &t, &e), 0, "a was used after b: %s", e.msg);
     tb_close(&c);
+}
+
+Test(edges, batch_prefix_reuse_and_limits) {
+    tb_ctx c;
+    tb_open(&c, 1ull << 30, 4);
+    // a prompt sharing 3 of its 5 tokens with the slot's cache (at least half) prefills only the other 2
+    static const int32_t p5[] = {1, 21, 22, 30, 31};
+    tb_turn(&c, NULL);
+    cr_assert_eq(tb_job(&c, NULL, p5, 5, -1), 0);
+    cr_expect_eq(c.n_reused, 3, "%lld tokens reused", (long long)c.n_reused);
+    // a breakpoint returns at most brk_rows (3) positions: 3 new ones are fine, 4 are refused
+    static const int32_t p3[] = {1, 40, 41}, p4[] = {1, 50, 51, 52};
+    cr_expect_eq(tb_job(&c, NULL, p3, 3, 0), 0, "a breakpoint of 3 positions");
+    tb_close(&c);
+    tb_open(&c, 1ull << 30, 4);
+    cr_expect_eq(tb_job(&c, NULL, p4, 4, 0), 400, "a breakpoint of 4 positions");
+    tb_close(&c);
+    // more parallel sequences than the engine has slots
+    tc_load_stories(&c.m, DJ_F32, 0);
+    dj_err e = {{0}};
+    dj_gpu_opts go = {.max_seq = 64, .quiet = 1};
+    cr_assert_eq(engine_open(&c.eng, &c.m, &go, 1, &e), 0, "%s", e.msg);
+    bt_opts o = tb_opts(1 << 20, 4);
+    o.parallel = 2;
+    static const bt_callbacks cb = {tb_nothing, tb_text, tb_ended};
+    cr_expect_null(bt_new(&c.eng, NULL, &c.m.info.config, &o, &cb, &e), "parallel 2 over 1 slot");
+    cr_expect(e.msg[0], "no message");
+    engine_close(&c.eng);
+    model_free(&c.m);
+}
+
+// ---- djinn.c: each flag's value at the limit of its range. Flags are checked before the model is opened: a usage
+// error exits 2, a run that got past them exits 1 on the model that does not exist.
+static int flags_rc(const char *const *args, int n) {
+    char djinn[4200];
+    snprintf(djinn, sizeof djinn, "%s/djinn", tc_bin_dir());
+    char *argv[200] = {djinn, "/nonexistent/model.bin"};
+    cr_assert_lt(n + 3, 200);
+    for (int i = 0; i < n; i++) argv[2 + i] = (char *)args[i];
+    argv[2 + n] = NULL;
+    return tc_run(argv, "/dev/null", "/dev/null", 0, "/dev/null", 30);
+}
+
+Test(edges, djinn_flag_values_at_their_limits) {
+    static const struct { const char *a[4]; int usage; } cases[] = {
+        {{"-n", "99999999999999999999"}, 1},  // past int64: not a count
+        {{"-t", "-0.5"}, 1},              {{"-t", "0"}, 0},
+        {{"--top-p", "1"}, 0},            {{"--top-p", "1.01"}, 1},
+        {{"--min-p", "1"}, 0},            {{"--min-p", "1.01"}, 1},
+        {{"--top-k", "0"}, 0},            {{"--repeat-penalty", "1e-9"}, 0},
+        {{"--repeat-last-n", "16777216"}, 0}, {{"--repeat-last-n", "16777217"}, 1},
+        {{"-s", "0"}, 0},                 {{"-s", "-1"}, 1},
+        {{"-c", "1"}, 0},
+        {{"--threads", "256"}, 0},        {{"--threads", "257"}, 1},
+        {{"--ring-gb", "1e-9"}, 0},
+        {{"--cpu-share", "0.95"}, 0},     {{"--cpu-share", "0.951"}, 1},
+        {{"--tol", "0"}, 0},              {{"--tol", "-0.5"}, 1},
+        {{"--stop", ""}, 1},
+        {{"--system", "x"}, 1},           // --chat's
+        {{"--check", "a", "--perplexity", "b"}, 1},
+        {{"--trace-steps", "5"}, 1},      // needs --trace
+        {{"--draft", "d", "--draft-max", "32"}, 0}, {{"--draft", "d", "--draft-max", "0"}, 1},
+        {{"--draft", "d", "--draft-max", "33"}, 1},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        int n = 0;
+        while (n < 4 && cases[i].a[n]) n++;
+        int rc = flags_rc(cases[i].a, n);
+        cr_expect_eq(rc, cases[i].usage ? 2 : 1, "%s %s %s %s: exit %d, want %s", cases[i].a[0], cases[i].a[1],
+                     n > 2 ? cases[i].a[2] : "", n > 3 ? cases[i].a[3] : "", rc,
+                     cases[i].usage ? "2 (a usage error)" : "1 (past the flags, no model)");
+    }
+}
+
+Test(edges, djinn_repeated_flags_up_to_their_count) {
+    const char *a[140];
+    for (int k = 0; k < 2; k++) {  // 16 --stop strings are fine, 17 are not
+        int n = 0;
+        for (int i = 0; i < 16 + k; i++) a[n++] = "--stop", a[n++] = "x";
+        cr_expect_eq(flags_rc(a, n), k ? 2 : 1, "%d --stop", 16 + k);
+    }
+    for (int k = 0; k < 2; k++) {  // 64 --steer vectors are fine, 65 are not
+        int n = 0;
+        for (int i = 0; i < 64 + k; i++) a[n++] = "--steer", a[n++] = "0:/nonexistent/v.bin";
+        cr_expect_eq(flags_rc(a, n), k ? 2 : 1, "%d --steer", 64 + k);
+    }
+}
+
+// A resume of the newest breakpoint after 256 others ended since it did (its record of why pushed out): still "gone"
+// (410), not "no such state" (404), since no later id was ever given.
+Test(edges, batch_resume_of_a_state_ended_long_ago) {
+    tb_ctx c;
+    bt_opts o = tb_opts(1ull << 30, 300);
+    o.max_paused = 300;
+    tb_open_with(&c, &o);
+    static const int32_t p2[] = {1, 60};
+    char name[16];
+    for (int i = 1; i <= 257; i++) {  // brk-1 .. brk-257, each pausing its session s1 .. s257
+        snprintf(name, sizeof name, "s%d", i);
+        cr_assert_eq(tb_job(&c, name, p2, 2, 0), 0, "breakpoint %d", i);
+    }
+    dj_err e = {{0}};
+    for (int i = 257; i >= 1; i--) {  // brk-257 ends first, then 256 others after it
+        snprintf(name, sizeof name, "s%d", i);
+        cr_assert_eq(bt_forget(c.s, name, &e), 0, "%s", e.msg);
+    }
+    bt_job j = {.resume = 257};
+    cr_expect_eq(bt_submit(c.s, &j, NULL, &e), 410, "a resume of brk-257: %s", e.msg);
+    bt_job later = {.resume = 258};
+    cr_expect_eq(bt_submit(c.s, &later, NULL, &e), 404, "brk-258 was never given: %s", e.msg);
+    tb_close(&c);
+}
+
+// ---- convert/hfconfig.c: refusals that a later check would otherwise turn into another error, or into a crash
+Test(edges, hfconfig_refusals_by_their_own_check) {
+    static const char *base = "{\"architectures\": [\"LlamaForCausalLM\"], \"hidden_size\": 64, "
+                              "\"num_hidden_layers\": 2, \"intermediate_size\": 172, \"vocab_size\": 512, "
+                              "\"max_position_embeddings\": 512, %s}";
+    static const struct { const char *keys, *error; } cases[] = {
+        {"\"num_attention_heads\": 8", NULL},
+        {"\"num_attention_heads\": 0", "num_attention_heads is 0"},  // before dim / n_heads divides by it
+        // -(2^32 - 4) is 4 modulo 2^32: a negative count must not wrap into a valid one
+        {"\"num_attention_heads\": 8, \"num_key_value_heads\": -4294967292", "non-negative integer"},
+        {"\"num_attention_heads\": 8, \"rope_scaling\": {\"rope_type\": \"llama3\", \"factor\": 8, "
+         "\"low_freq_factor\": 1, \"high_freq_factor\": 4}", "needs \"original_max_position_embeddings\""},
+        {"\"num_attention_heads\": 8, \"rope_scaling\": {\"rope_type\": \"llama3\", \"factor\": 8, "
+         "\"low_freq_factor\": 1, \"high_freq_factor\": 4, \"original_max_position_embeddings\": 0}",
+         "\"original_max_position_embeddings\" must be a positive integer"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        char text[1024];
+        snprintf(text, sizeof text, base, cases[i].keys);
+        dj_config c;
+        dj_err e = {{0}};
+        int rc = hf_config_parse(text, strlen(text), &c, &e);
+        if (!cases[i].error) {
+            cr_expect_eq(rc, 0, "%s: %s", cases[i].keys, e.msg);
+            continue;
+        }
+        cr_expect_eq(rc, -1, "%s: accepted", cases[i].keys);
+        cr_expect(strstr(e.msg, cases[i].error), "%s: '%s' should say '%s'", cases[i].keys, e.msg, cases[i].error);
+    }
 }

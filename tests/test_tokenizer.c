@@ -723,3 +723,48 @@ Test(tokenizer, tiny_section_limits) {
     tiny_build(&t, TINY_VOCAB + 1);
     cr_expect_not(tiny_loads(&t, "n_added n_vocab + 1"), "more added tokens than ids loaded");
 }
+
+// tokjson's refusals where a looser check would take the file: each a one-token edit of stories260K's tokenizer.json.
+Test(tokjson, refuses_at_the_limits) {
+    tt_expect_refused("\"continuing_subword_prefix\": null", "\"continuing_subword_prefix\": \"##\"",
+                      "continuing_subword_prefix");
+    tt_expect_refused("\"ids\": [1]", "\"ids\": [-1]", "TemplateProcessing special token <s>");
+    tt_expect_refused("\"single\": [{\"SpecialToken\": {\"id\": \"<s>\", \"type_id\": 0}}, ",
+                      "\"single\": [{\"SpecialToken\": {\"id\": \"<s>\", \"type_id\": 0}}, "
+                      "{\"SpecialToken\": {\"id\": \"<s>\", \"type_id\": 0}}, ", "[bos] $A [eos]");
+    tt_expect_refused("\"<unk>\": 0", "\"<unk>\": -1", "vocab entry \"<unk>\" has a bad id");
+    tt_expect_refused("\"<s>\": 1", "\"<s>\": 0", "id 0 is given to two vocab entries");
+    tt_expect_refused("\"<0x00>\": 3", "\"<unk>\": 3", "vocab entry \"<unk>\" appears twice");  // the one of id 0
+    tt_expect_refused("\"content\": \"<unk>\"", "\"content\": \"\"", "added token 0 has no content");
+    tt_expect_refused("\"unk_token\": \"<unk>\"", "\"unk_token\": \"<nope>\"", "unk_token \"<nope>\"");
+    tt_expect_refused("[\"\xE2\x96\x81\", \"t\"]", "[\"<s>\", \"t\"]", "merge 0: \"<s>t\"");  // both halves known
+    // an eos id of the vocabulary's size (512): one past its last
+    size_t n;
+    char *s = tt_stories_json(&n);
+    uint8_t *blob = NULL;
+    size_t bn;
+    dj_err e = {{0}};
+    const char *gc = "{\"eos_token_id\": 511}";
+    cr_expect_eq(tokjson_build(s, n, NULL, 0, gc, strlen(gc), NULL, 0, &blob, &bn, &e), 0, "%s", e.msg);
+    free(blob);
+    gc = "{\"eos_token_id\": 512}";
+    cr_expect_eq(tokjson_build(s, n, NULL, 0, gc, strlen(gc), NULL, 0, &blob, &bn, &e), -1, "eos id 512 accepted");
+    cr_expect(strstr(e.msg, "outside the vocabulary"), "%s", e.msg);
+    free(s);
+    // 1024 eos ids fit the section, 1025 do not (Llama 3's vocabulary has room for them)
+    char path[4096];
+    tc_data_path(path, sizeof path, "tokenizers/llama3/tokenizer.json");
+    s = tc_must_read(path, &n);
+    for (int k = 0; k < 2; k++) {
+        size_t cap = 16 << 10, len = 0;
+        char *ids = malloc(cap);
+        len += (size_t)snprintf(ids + len, cap - len, "{\"eos_token_id\": [");
+        for (int i = 0; i < TOK_MAX_EOS + k; i++) len += (size_t)snprintf(ids + len, cap - len, "%s%d", i ? ", " : "", 1000 + i);
+        len += (size_t)snprintf(ids + len, cap - len, "]}");
+        blob = NULL;
+        cr_expect_eq(tokjson_build(s, n, NULL, 0, ids, len, NULL, 0, &blob, &bn, &e), k ? -1 : 0, "%d eos ids: %s",
+                     TOK_MAX_EOS + k, e.msg);
+        free(blob), free(ids);
+    }
+    free(s);
+}

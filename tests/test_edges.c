@@ -8,6 +8,7 @@
 #include "../api.h"
 #include "../batch.h"
 #include "../convert/hfconfig.h"
+#include "../cpu.h"
 #include "../engine.h"
 #include "../loader.h"
 #include "../http.h"
@@ -476,4 +477,22 @@ Test(edges, hfconfig_refusals_by_their_own_check) {
         cr_expect_eq(rc, -1, "%s: accepted", cases[i].keys);
         cr_expect(strstr(e.msg, cases[i].error), "%s: '%s' should say '%s'", cases[i].keys, e.msg, cases[i].error);
     }
+}
+
+// ---- cpu.c: a parked cache fits the slot it is restored into, up to the slot's whole context
+Test(edges, cpu_restore_up_to_the_context) {
+    dj_model m;
+    tc_load_stories(&m, DJ_F32, 0);
+    dj_err e = {{0}};
+    dj_cpu_state *big = cpu_state_new_slots(&m, 64, 1, &e), *fits = cpu_state_new_slots(&m, 64, 1, &e),
+                 *small = cpu_state_new_slots(&m, 63, 1, &e);
+    cr_assert(big && fits && small, "%s", e.msg);
+    dj_cpu_parked *p = cpu_park(big, 0, 64, &e);
+    cr_assert(p, "%s", e.msg);
+    cr_assert_eq(cpu_restore(small, p, 0, &e), -1, "64 positions restored into a context of 63");  // p kept
+    cr_expect(e.msg[0], "no message");
+    cr_expect_eq(cpu_restore(fits, p, 0, &e), 0, "64 positions into a context of 64: %s", e.msg);  // p freed
+    cr_expect_null(cpu_park(big, 0, 65, &e), "65 positions parked from a context of 64");
+    cpu_state_free(big), cpu_state_free(fits), cpu_state_free(small);
+    model_free(&m);
 }

@@ -738,6 +738,8 @@ Test(tokjson, refuses_at_the_limits) {
     tt_expect_refused("\"content\": \"<unk>\"", "\"content\": \"\"", "added token 0 has no content");
     tt_expect_refused("\"unk_token\": \"<unk>\"", "\"unk_token\": \"<nope>\"", "unk_token \"<nope>\"");
     tt_expect_refused("[\"\xE2\x96\x81\", \"t\"]", "[\"<s>\", \"t\"]", "merge 0: \"<s>t\"");  // both halves known
+    tt_expect_refused("{\"type\": \"ByteFallback\"}, {\"type\": \"Fuse\"}, {\"type\": \"Strip\", \"content\": \" \", "
+                      "\"start\": 1, \"stop\": 0}", "{\"type\": \"ByteFallback\"}", "decoder Sequence is not supported");
     // an eos id of the vocabulary's size (512): one past its last
     size_t n;
     char *s = tt_stories_json(&n);

@@ -479,7 +479,8 @@ Test(edges, hfconfig_refusals_by_their_own_check) {
     }
 }
 
-// ---- cpu.c: a parked cache fits the slot it is restored into, up to the slot's whole context
+// ---- cpu.c: a parked cache fits the slot it is restored into, up to the slot's whole context; a state has slots and
+// a context
 Test(edges, cpu_restore_up_to_the_context) {
     dj_model m;
     tc_load_stories(&m, DJ_F32, 0);
@@ -493,6 +494,71 @@ Test(edges, cpu_restore_up_to_the_context) {
     cr_expect(e.msg[0], "no message");
     cr_expect_eq(cpu_restore(fits, p, 0, &e), 0, "64 positions into a context of 64: %s", e.msg);  // p freed
     cr_expect_null(cpu_park(big, 0, 65, &e), "65 positions parked from a context of 64");
+    cr_expect_null(cpu_state_new_slots(&m, 64, 0, &e), "a CPU state of 0 KV slots");
+    cr_expect_null(cpu_state_new_slots(&m, 0, 1, &e), "a CPU state of context 0");
     cpu_state_free(big), cpu_state_free(fits), cpu_state_free(small);
     model_free(&m);
+}
+
+// ---- engine.c: the rows a step wants are ascending rows of the step; an engine has slots
+Test(edges, engine_rows_wanted_and_slots) {
+    dj_model m;
+    tc_load_stories(&m, DJ_F32, 0);
+    dj_engine eng = {0};
+    dj_err e = {{0}};
+    dj_gpu_opts go = {.max_seq = 64, .quiet = 1};
+    cr_expect_neq(engine_open(&eng, &m, &go, 0, &e), 0, "an engine of 0 slots");
+    engine_close(&eng);
+    memset(&eng, 0, sizeof eng);
+    cr_assert_eq(engine_open(&eng, &m, &go, 1, &e), 0, "%s", e.msg);
+    const int32_t slots[2] = {0, 0}, tokens[2] = {1, 20};
+    const int64_t pos[2] = {0, 1};
+    float *logits = malloc(2 * sizeof(float) * m.info.config.vocab_size);
+    static const struct { int32_t want[2]; int64_t n_want; int ok; } cases[] = {
+        {{0, 1}, 2, 1}, {{1}, 1, 1},
+        {{2}, 1, 0},     // past the step's 2 rows
+        {{1, 1}, 2, 0},  // a row twice
+        {{1, 0}, 2, 0},  // descending
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        e.msg[0] = 0;
+        int rc = eng.step_rows(eng.ctx, 2, slots, pos, tokens, cases[i].n_want, cases[i].want, logits, &e);
+        cr_expect_eq(rc == 0, cases[i].ok, "want {%d, %d} (%lld of them): rc %d %s", cases[i].want[0],
+                     cases[i].want[1], (long long)cases[i].n_want, rc, e.msg);
+    }
+    free(logits);
+    engine_close(&eng);
+    model_free(&m);
+}
+
+// ---- model.c: a configuration at each limit of dj_config_validate (the rest: test_model.c)
+Test(edges, model_config_limits) {
+    static const char *json = "{\"architectures\": [\"LlamaForCausalLM\"], \"hidden_size\": 64, \"num_hidden_layers\": 2, "
+                              "\"num_attention_heads\": 8, \"intermediate_size\": 172, \"vocab_size\": 512, "
+                              "\"max_position_embeddings\": 512, \"rope_scaling\": {\"rope_type\": \"llama3\", "
+                              "\"factor\": 8, \"low_freq_factor\": 1, \"high_freq_factor\": 4, "
+                              "\"original_max_position_embeddings\": 64}}";
+    dj_config base, c;
+    dj_err e = {{0}};
+    cr_assert_eq(hf_config_parse(json, strlen(json), &base, &e), 0, "%s", e.msg);
+    cr_assert_eq(dj_config_validate(&base, &e), 0, "%s", e.msg);
+#define LIMIT(edit, ok)                                                                                    \
+    do {                                                                                                   \
+        c = base;                                                                                          \
+        edit;                                                                                              \
+        e.msg[0] = 0;                                                                                      \
+        int rc_ = dj_config_validate(&c, &e);                                                              \
+        cr_expect_eq(rc_ == 0, ok, "%s: %s", #edit, rc_ ? e.msg : "accepted");                              \
+    } while (0)
+    LIMIT(c.dim = 65536, 1);
+    LIMIT(c.dim = 65537, 0);
+    LIMIT(c.rope_factor = 1, 1);
+    LIMIT(c.rope_factor = 0.5f, 0);
+    LIMIT(c.rope_high_freq = c.rope_low_freq, 0);
+    LIMIT(c.tied = 1, 1);
+    LIMIT(c.tied = 2, 0);
+    LIMIT(c.norm_eps = 1e-30f, 1);
+    LIMIT(c.norm_eps = 0, 0);
+    LIMIT(c.head_dim = 7, 0);
+#undef LIMIT
 }

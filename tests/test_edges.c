@@ -1,6 +1,7 @@
 // test_edges.c: the limits of the checks that validate input, each at the value where the answer turns, so that a
 // check off by one or missing a condition fails here (the survivors of `make mutate`, tests/mutations.tsv).
 #include <criterion/criterion.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -11,6 +12,9 @@
 #include "../cpu.h"
 #include "../engine.h"
 #include "../loader.h"
+#include "../model.h"
+#include "../quant.h"
+#include "../util.h"
 #include "../http.h"
 #include "../stops.h"
 #include "common.h"
@@ -531,16 +535,25 @@ Test(edges, engine_rows_wanted_and_slots) {
     model_free(&m);
 }
 
-// ---- model.c: a configuration at each limit of dj_config_validate (the rest: test_model.c)
-Test(edges, model_config_limits) {
+// ---- model.c: a configuration at each limit of dj_config_validate, and a model.bin header at each limit of
+// model_parse (the rest: test_model.c)
+
+// A small llama3-RoPE config (2 layers, dim 64, f32).
+static dj_config edge_config(void) {
     static const char *json = "{\"architectures\": [\"LlamaForCausalLM\"], \"hidden_size\": 64, \"num_hidden_layers\": 2, "
                               "\"num_attention_heads\": 8, \"intermediate_size\": 172, \"vocab_size\": 512, "
                               "\"max_position_embeddings\": 512, \"rope_scaling\": {\"rope_type\": \"llama3\", "
                               "\"factor\": 8, \"low_freq_factor\": 1, \"high_freq_factor\": 4, "
                               "\"original_max_position_embeddings\": 64}}";
-    dj_config base, c;
+    dj_config c;
     dj_err e = {{0}};
-    cr_assert_eq(hf_config_parse(json, strlen(json), &base, &e), 0, "%s", e.msg);
+    cr_assert_eq(hf_config_parse(json, strlen(json), &c, &e), 0, "%s", e.msg);
+    dj_config_set_wtype(&c, DJ_F32);
+    return c;
+}
+Test(edges, model_config_limits) {
+    dj_config base = edge_config(), c;
+    dj_err e = {{0}};
     cr_assert_eq(dj_config_validate(&base, &e), 0, "%s", e.msg);
 #define LIMIT(edit, ok)                                                                                    \
     do {                                                                                                   \
@@ -561,4 +574,100 @@ Test(edges, model_config_limits) {
     LIMIT(c.norm_eps = 0, 0);
     LIMIT(c.head_dim = 7, 0);
 #undef LIMIT
+}
+
+// The header of a model.bin of edge_config() with a 100-byte tokenizer section, in a zeroed buffer of the whole
+// file's size; the edit, then its CRC made right again (so that each check, not the CRC, must refuse it).
+typedef struct {
+    uint8_t *img;
+    uint64_t size;
+    dj_disk_header h;
+    dj_disk_section *sec;  // (n_layers + 3) in img
+} edge_bin;
+
+static void bin_make(edge_bin *b) {
+    dj_config c = edge_config();
+    dj_model_info plan;
+    dj_err e = {{0}};
+    cr_assert_eq(model_plan(&c, 100, &plan, &e), 0, "%s", e.msg);
+    b->size = plan.file_size;
+    b->img = calloc(1, b->size);
+    cr_assert_eq(model_write_header(&plan, b->img, model_header_bytes(c.n_layers), &e), 0, "%s", e.msg);
+    dj_info_free(&plan);
+    memcpy(&b->h, b->img, sizeof b->h);
+    b->sec = (dj_disk_section *)(void *)(b->img + DJ_HEADER_SIZE);
+}
+
+static void bin_fix(edge_bin *b) {
+    memcpy(b->img, &b->h, sizeof b->h);
+    const size_t tables = (size_t)b->h.n_sections * sizeof(dj_disk_section) +
+                          (size_t)(DJ_N_TENSOR_KINDS - b->h.config.tied) * sizeof(dj_disk_tensor);
+    uint8_t copy[sizeof(dj_disk_header)];
+    memcpy(copy, b->img, sizeof copy);
+    memset(copy + offsetof(dj_disk_header, crc), 0, 4);
+    uint32_t crc = dj_crc32(0, copy, sizeof copy);
+    crc = dj_crc32(crc, b->img + sizeof copy, DJ_HEADER_SIZE - sizeof copy);
+    b->h.crc = dj_crc32(crc, b->img + DJ_HEADER_SIZE, tables);
+    memcpy(b->img, &b->h, sizeof b->h);
+}
+
+// model_parse of the first n bytes of a file of file_size; expects a refusal whose message holds `want`, or
+// (want NULL) success.
+static void bin_expect(const edge_bin *b, size_t n, uint64_t file_size, const char *want, const char *what) {
+    dj_model_info info;
+    dj_err e = {{0}};
+    int rc = model_parse(b->img, n, file_size, &info, &e);
+    if (!rc) dj_info_free(&info);
+    if (!want) cr_expect_eq(rc, 0, "%s: %s", what, e.msg);
+    else cr_expect(rc == -1 && strstr(e.msg, want), "%s: %s (want '%s')", what, rc ? e.msg : "accepted", want);
+}
+
+Test(edges, model_header_limits) {
+    edge_bin b;
+    bin_make(&b);
+    const size_t hb = (size_t)model_header_bytes(b.h.config.n_layers);
+    bin_fix(&b);
+    bin_expect(&b, hb, b.size, NULL, "as written");
+    bin_expect(&b, DJ_HEADER_SIZE - 1, b.size, "shorter than", "the header cut by one byte in memory");
+    bin_expect(&b, DJ_HEADER_SIZE + 8, b.size, "run past the end", "the tables cut in memory");
+    b.h.header_size = DJ_HEADER_SIZE - 8, bin_fix(&b);
+    bin_expect(&b, hb, b.size, "header size", "a smaller header_size");
+    b.h.header_size = DJ_HEADER_SIZE, b.img[DJ_HEADER_SIZE - 1] = 1, bin_fix(&b);
+    bin_expect(&b, hb, b.size, "padding byte 4095", "the header's last padding byte set");
+    b.img[DJ_HEADER_SIZE - 1] = 0;
+    b.h.version = 2, b.h.n_tensors++, bin_fix(&b);  // version 2 files have the tensor table too
+    bin_expect(&b, hb, b.size, "entries in the tensor table", "a version 2 file with one tensor entry too many");
+    b.h.version = DJ_VERSION, b.h.n_tensors--, bin_fix(&b);
+    uint64_t end = 0;  // where the last section ends: the file one byte shorter than that
+    for (uint32_t i = 0; i < b.h.n_sections; i++)
+        if (b.sec[i].offset + b.sec[i].size > end) end = b.sec[i].offset + b.sec[i].size;
+    b.h.file_size = end - 1, bin_fix(&b);
+    bin_expect(&b, hb, end - 1, "outside the file", "a section ending one byte past the file");
+    free(b.img);
+}
+
+// ---- quant.c: groups at the ends of the zero point's range: all zeros (parameter 0, every byte 0), all equal and
+// negative (the zero point at the top of its range: u = 255 is z + x / s)
+Test(edges, quant_groups_at_the_zero_points_ends) {
+    float x[DJ_QGROUP], back[DJ_QGROUP];
+    uint8_t row[256];
+    const uint32_t dtypes[] = {DJ_Q8, DJ_Q4};
+    for (int d = 0; d < 2; d++) {
+        const uint64_t rb = dj_row_bytes(dtypes[d], DJ_QGROUP);
+        cr_assert_leq(rb, sizeof row);
+        memset(x, 0, sizeof x);
+        memset(row, 0xAB, sizeof row);
+        cr_assert_eq(quant_row(dtypes[d], x, DJ_QGROUP, row, NULL, NULL), 0);
+        for (uint64_t i = 0; i < rb; i++) cr_expect_eq(row[i], 0, "dtype %u: all zeros gives byte %llu = %u", dtypes[d],
+                                                       (unsigned long long)i, row[i]);
+        for (int v = 0; v < 3; v++) {
+            const float val = v == 0 ? -1.0f : v == 1 ? -0.37f : -1000.0f;
+            for (int i = 0; i < DJ_QGROUP; i++) x[i] = val;
+            cr_assert_eq(quant_row(dtypes[d], x, DJ_QGROUP, row, NULL, NULL), 0);
+            dequant_row(dtypes[d], row, DJ_QGROUP, back);
+            for (int i = 0; i < DJ_QGROUP; i++)
+                cr_expect(fabsf(back[i] - val) <= 0.07f * fabsf(val), "dtype %u: %g came back as %g", dtypes[d], val,
+                          back[i]);
+        }
+    }
 }

@@ -14,6 +14,7 @@
 #include "../loader.h"
 #include "../model.h"
 #include "../quant.h"
+#include "../sampler.h"
 #include "../util.h"
 #include "../http.h"
 #include "../stops.h"
@@ -669,5 +670,34 @@ Test(edges, quant_groups_at_the_zero_points_ends) {
                 cr_expect(fabsf(back[i] - val) <= 0.07f * fabsf(val), "dtype %u: %g came back as %g", dtypes[d], val,
                           back[i]);
         }
+    }
+}
+
+// ---- sampler.c: settings at their limits; an id outside the vocabulary never enters the penalties' window
+Test(edges, sampler_limits_and_window) {
+    dj_err e = {{0}};
+    dj_sampling sp = DJ_SAMPLING_DEFAULT;
+    dj_sampler *s;
+    sp.top_p = 1;
+    cr_assert(s = sampler_new_with(4, &sp, 1, &e), "top_p 1: %s", e.msg);
+    sampler_free(s);
+    sp.top_p = 1.5;
+    cr_expect_null(sampler_new_with(4, &sp, 1, &e), "top_p 1.5");
+    sp = DJ_SAMPLING_DEFAULT;
+    cr_expect_null(sampler_new_with(0, &sp, 1, &e), "a vocabulary of 0");
+    // a window of 3: the id 4 (one past a vocabulary of 4) is skipped, so accepting 3 still keeps 1 and 2
+    sp.repeat_last_n = 3, sp.repeat_penalty = 2;
+    for (int way = 0; way < 2; way++) {
+        cr_assert(s = sampler_new_with(4, &sp, 1, &e), "%s", e.msg);
+        if (way == 0) {
+            sampler_accept(s, 1), sampler_accept(s, 4), sampler_accept(s, 2);
+        } else {
+            sampler_history(s, (const int32_t[]){1, 4, 2}, 3);
+        }
+        sampler_accept(s, 3);
+        const int32_t *c = sampler_counts(s);
+        cr_expect(c[0] == 0 && c[1] == 1 && c[2] == 1 && c[3] == 1, "%s: counts %d %d %d %d",
+                  way ? "history" : "accept", c[0], c[1], c[2], c[3]);
+        sampler_free(s);
     }
 }

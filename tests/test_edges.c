@@ -685,6 +685,20 @@ Test(edges, sampler_limits_and_window) {
     cr_expect_null(sampler_new_with(4, &sp, 1, &e), "top_p 1.5");
     sp = DJ_SAMPLING_DEFAULT;
     cr_expect_null(sampler_new_with(0, &sp, 1, &e), "a vocabulary of 0");
+    sp.repeat_last_n = 1 << 24, sp.repeat_penalty = 2;
+    cr_assert(s = sampler_new_with(4, &sp, 1, &e), "repeat_last_n 2^24: %s", e.msg);
+    // the changes to the counts since the last step: up to DJ_PICK_SETS of them listed, past that "take them whole"
+    dj_pick_args a;
+    sampler_step_args(s, &a);
+    for (int k = 0; k < 2; k++) {
+        for (int i = 0; i < DJ_PICK_SETS + k; i++) sampler_accept(s, i % 4);
+        sampler_step_args(s, &a);
+        cr_expect_eq(a.n_set, k ? -1 : DJ_PICK_SETS, "%d changes: n_set %d", DJ_PICK_SETS + k, a.n_set);
+    }
+    sampler_free(s);
+    sp.repeat_last_n = (1 << 24) + 1;
+    cr_expect_null(sampler_new_with(4, &sp, 1, &e), "repeat_last_n 2^24 + 1");
+    sp = DJ_SAMPLING_DEFAULT;
     // a window of 3: the id 4 (one past a vocabulary of 4) is skipped, so accepting 3 still keeps 1 and 2
     sp.repeat_last_n = 3, sp.repeat_penalty = 2;
     for (int way = 0; way < 2; way++) {

@@ -15,6 +15,8 @@
 #include "../model.h"
 #include "../quant.h"
 #include "../sampler.h"
+#include "../session.h"
+#include "../convert/convert.h"
 #include "../util.h"
 #include "../http.h"
 #include "../stops.h"
@@ -714,4 +716,51 @@ Test(edges, sampler_limits_and_window) {
                   way ? "history" : "accept", c[0], c[1], c[2], c[3]);
         sampler_free(s);
     }
+}
+
+// ---- session.c: a session file's counts and tokens, each edited with its header's CRC made right again
+static int ses_open_edited(const char *dir, const dj_model *m, int at, uint64_t v, int width, int tok_at) {
+    char src[4300], dst[4300];
+    snprintf(src, sizeof src, "%s/x.ses", dir), snprintf(dst, sizeof dst, "%s/y.ses", dir);
+    size_t n;
+    uint8_t *f = (uint8_t *)tc_must_read(src, &n);
+    if (at >= 0) memcpy(f + at, &v, (size_t)width);  // little-endian: the low bytes
+    if (tok_at >= 0) {
+        int32_t id = (int32_t)m->info.config.vocab_size;  // one past the last token
+        memcpy(f + SESSION_HEADER + 4 * tok_at, &id, 4);
+    }
+    memset(f + 24, 0, 4);  // H_HCRC: the CRC of the header with this field zero
+    uint32_t crc = dj_crc32(0, f, SESSION_HEADER);
+    memcpy(f + 24, &crc, 4);
+    tc_write(dst, f, n);
+    free(f);
+    dj_session s;
+    dj_err e = {{0}};
+    int rc = session_open(&s, dst, m, "s.bin", 64, &e);
+    if (!rc) session_close(&s);
+    return rc;
+}
+
+Test(edges, session_header_counts_and_tokens) {
+    char stories[4096], bin[4200], ses[4200];
+    tc_data_path(stories, sizeof stories, "models/stories260K");
+    char *dir = tc_tmpdir("edges_session");
+    snprintf(bin, sizeof bin, "%s/s.bin", dir), snprintf(ses, sizeof ses, "%s/x.ses", dir);
+    convert_opts co = {.hf_dir = stories, .out_path = bin, .dtype = DJ_F32, .quiet = 1};
+    dj_err e = {{0}};
+    cr_assert_eq(convert_run(&co, &e), 0, "%s", e.msg);
+    char djinn[4200];
+    snprintf(djinn, sizeof djinn, "%s/djinn", tc_bin_dir());
+    char *argv[] = {djinn, bin, "-p", "Once upon", "-n", "3", "-t", "0", "-c", "64", "--cpu", "--save-session", ses, NULL};
+    cr_assert_eq(tc_run(argv, "/dev/null", "/dev/null", 0, "/dev/null", 60), 0, "djinn --save-session failed");
+    dj_model m;
+    dj_load_opts lo = {.quiet = 1};
+    cr_assert_eq(model_load(bin, &lo, &m, &e), 0, "%s", e.msg);
+    cr_expect_eq(ses_open_edited(dir, &m, -1, 0, 0, -1), 0, "the file as saved");
+    cr_expect_eq(ses_open_edited(dir, &m, 80, 0, 8, -1), -1, "a prompt of 0 tokens (H_NPROMPT)");
+    cr_expect_eq(ses_open_edited(dir, &m, 96, (uint32_t)-2, 4, -1), -1, "next token -2 (H_NEXT)");
+    cr_expect_eq(ses_open_edited(dir, &m, -1, 0, 0, 1), -1, "a token of id vocab_size");
+    model_free(&m);
+    tc_rm_rf(dir);
+    free(dir);
 }

@@ -719,11 +719,23 @@ Test(edges, sampler_limits_and_window) {
 }
 
 // ---- session.c: a session file's counts and tokens, each edited with its header's CRC made right again
-static int ses_open_edited(const char *dir, const dj_model *m, int at, uint64_t v, int width, int tok_at) {
+static char ses_msg[512];  // the last refusal's message
+
+// The saved session x.ses with `width` bytes at `at` set to v (at < 0: none), token tok_at set to vocab_size (< 0:
+// none) and `extra` zero bytes appended (the header's file size grown by as much when grow), opened with context ctx.
+static int ses_open_edited(const char *dir, const dj_model *m, int at, uint64_t v, int width, int tok_at, int extra,
+                           int grow, int64_t ctx) {
     char src[4300], dst[4300];
     snprintf(src, sizeof src, "%s/x.ses", dir), snprintf(dst, sizeof dst, "%s/y.ses", dir);
     size_t n;
     uint8_t *f = (uint8_t *)tc_must_read(src, &n);
+    f = realloc(f, n + (size_t)extra);
+    memset(f + n, 0, (size_t)extra);
+    n += (size_t)extra;
+    if (grow) {
+        uint64_t fs;
+        memcpy(&fs, f + 16, 8), fs += (uint64_t)extra, memcpy(f + 16, &fs, 8);  // H_FSIZE
+    }
     if (at >= 0) memcpy(f + at, &v, (size_t)width);  // little-endian: the low bytes
     if (tok_at >= 0) {
         int32_t id = (int32_t)m->info.config.vocab_size;  // one past the last token
@@ -736,8 +748,9 @@ static int ses_open_edited(const char *dir, const dj_model *m, int at, uint64_t 
     free(f);
     dj_session s;
     dj_err e = {{0}};
-    int rc = session_open(&s, dst, m, "s.bin", 64, &e);
+    int rc = session_open(&s, dst, m, "s.bin", ctx, &e);
     if (!rc) session_close(&s);
+    snprintf(ses_msg, sizeof ses_msg, "%s", rc ? e.msg : "");
     return rc;
 }
 
@@ -756,10 +769,15 @@ Test(edges, session_header_counts_and_tokens) {
     dj_model m;
     dj_load_opts lo = {.quiet = 1};
     cr_assert_eq(model_load(bin, &lo, &m, &e), 0, "%s", e.msg);
-    cr_expect_eq(ses_open_edited(dir, &m, -1, 0, 0, -1), 0, "the file as saved");
-    cr_expect_eq(ses_open_edited(dir, &m, 80, 0, 8, -1), -1, "a prompt of 0 tokens (H_NPROMPT)");
-    cr_expect_eq(ses_open_edited(dir, &m, 96, (uint32_t)-2, 4, -1), -1, "next token -2 (H_NEXT)");
-    cr_expect_eq(ses_open_edited(dir, &m, -1, 0, 0, 1), -1, "a token of id vocab_size");
+    cr_expect_eq(ses_open_edited(dir, &m, -1, 0, 0, -1, 0, 0, 64), 0, "the file as saved");
+    cr_expect_eq(ses_open_edited(dir, &m, 80, 0, 8, -1, 0, 0, 64), -1, "a prompt of 0 tokens (H_NPROMPT)");
+    cr_expect_eq(ses_open_edited(dir, &m, 96, (uint32_t)-2, 4, -1, 0, 0, 64), -1, "next token -2 (H_NEXT)");
+    cr_expect_eq(ses_open_edited(dir, &m, -1, 0, 0, 1, 0, 0, 64), -1, "a token of id vocab_size");
+    cr_expect_eq(ses_open_edited(dir, &m, -1, 0, 0, -1, 0, 0, 65), -1, "saved with a context of 64, opened with 65");
+    cr_expect_eq(ses_open_edited(dir, &m, -1, 0, 0, -1, 4, 1, 64), -1, "4 bytes after the KV cache, the header's size "
+                                                                        "saying so");
+    cr_expect_eq(ses_open_edited(dir, &m, -1, 0, 0, -1, 4, 0, 64), -1, "4 bytes more than the header's size");
+    cr_expect(strstr(ses_msg, "longer than it should be"), "%s", ses_msg);
     model_free(&m);
     tc_rm_rf(dir);
     free(dir);

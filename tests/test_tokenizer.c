@@ -686,6 +686,9 @@ Test(tokenizer, tiny_section_loads_and_works) {
 
 Test(tokenizer, tiny_section_limits) {
     tiny_tok t;
+    // the whole magic
+    tiny_build(&t, 2), t.b[7] = 'X';
+    cr_expect_not(tiny_loads(&t, "magic DJINNTOX"), "magic DJINNTOX loaded");
     // unk/bos/eos-appended ids: n_vocab - 1 is the last
     tiny_build(&t, 2), tt_put32(t.b + 24, TINY_VOCAB - 1);
     cr_expect(tiny_loads(&t, "bos id n_vocab - 1"));
@@ -769,4 +772,25 @@ Test(tokjson, refuses_at_the_limits) {
         free(blob), free(ids);
     }
     free(s);
+}
+
+// Every ill-formed sequence at the edge of each lead byte's second-byte range (the overlong forms, the surrogates,
+// past U+10FFFF, a continuation byte past 0xBF) is an error; the valid sequences at the same edges encode.
+Test(tokenizer, utf8_second_byte_ranges) {
+    dj_tokenizer *t = tc_load_tokenizer("tokenizers/llama3");
+    static const char *const bad[] = {"\xe0\x9f\xbf", "\xe0\x80\x80", "\xed\xa0\x80", "\xf0\x8f\xbf\xbf",
+                                      "\xf0\x80\x80\x80", "\xf4\x90\x80\x80", "\xc2\xc0", "\xe1\x80\xc0",
+                                      "\xf1\x80\x80\xc0"};
+    static const char *const good[] = {"\xe0\xa0\x80", "\xed\x9f\xbf", "\xf0\x90\x80\x80", "\xf4\x8f\xbf\xbf",
+                                       "\xc2\xbf", "\xe1\xbf\xbf", "\xf1\xbf\xbf\xbf"};
+    int32_t *ids;
+    size_t k;
+    dj_err e = {{0}};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++)
+        cr_expect_eq(tok_encode(t, bad[i], strlen(bad[i]), 0, &ids, &k, &e), -1, "bad case %zu accepted", i);
+    for (size_t i = 0; i < sizeof good / sizeof *good; i++) {
+        cr_expect_eq(tok_encode(t, good[i], strlen(good[i]), 0, &ids, &k, &e), 0, "good case %zu: %s", i, e.msg);
+        free(ids);
+    }
+    tok_free(t);
 }

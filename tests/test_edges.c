@@ -256,17 +256,18 @@ static bt_opts tb_opts(uint64_t park_bytes, int32_t max_sessions) {
                      .max_paused = 1, .brk_rows = 3};
 }
 
-// stories260K on the engine (one KV slot) under a scheduler with options o.
-static void tb_open_with(tb_ctx *c, const bt_opts *o) {
+// stories260K on the engine (`slots` KV slots) under a scheduler with options o.
+static void tb_open_slots(tb_ctx *c, const bt_opts *o, int32_t slots) {
     tc_load_stories(&c->m, DJ_F32, 0);
     dj_err e = {{0}};
     dj_gpu_opts go = {.max_seq = 64, .quiet = 1};
-    cr_assert_eq(engine_open(&c->eng, &c->m, &go, 1, &e), 0, "%s", e.msg);
+    cr_assert_eq(engine_open(&c->eng, &c->m, &go, slots, &e), 0, "%s", e.msg);
     static const bt_callbacks cb = {tb_nothing, tb_text, tb_ended};
     c->tok = tc_load_tokenizer("models/stories260K");
     c->s = bt_new(&c->eng, c->tok, &c->m.info.config, o, &cb, &e);
     cr_assert(c->s, "%s", e.msg);
 }
+static void tb_open_with(tb_ctx *c, const bt_opts *o) { tb_open_slots(c, o, 1); }
 static void tb_open(tb_ctx *c, uint64_t park_bytes, int32_t max_sessions) {
     bt_opts o = tb_opts(park_bytes, max_sessions);
     tb_open_with(c, &o);
@@ -352,6 +353,17 @@ Test(edges, batch_prefix_reuse_and_limits) {
     tb_turn(&c, NULL);
     cr_assert_eq(tb_job(&c, NULL, p5, 5, -1), 0);
     cr_expect_eq(c.n_reused, 3, "%lld tokens reused", (long long)c.n_reused);
+    tb_close(&c);
+    // two slots: a prompt sharing at least half with one slot's cache goes there, though the other is older
+    bt_opts two = tb_opts(1ull << 30, 4);
+    tb_open_slots(&c, &two, 2);
+    static const int32_t q4[] = {1, 40, 41, 42}, q5[] = {1, 40, 41, 50, 51};
+    tb_turn(&c, NULL);  // slot 0: {1, 21, 22, 23} and its answer
+    cr_assert_eq(tb_job(&c, NULL, q4, 4, -1), 0);  // slot 1
+    cr_assert_eq(tb_job(&c, NULL, q5, 5, -1), 0);
+    cr_expect_eq(c.n_reused, 3, "%lld tokens reused: the slot holding {1, 40, 41} should be taken", (long long)c.n_reused);
+    tb_close(&c);
+    tb_open(&c, 1ull << 30, 4);
     // a breakpoint returns at most brk_rows (3) positions: 3 new ones are fine, 4 are refused
     static const int32_t p3[] = {1, 40, 41}, p4[] = {1, 50, 51, 52};
     cr_expect_eq(tb_job(&c, NULL, p3, 3, 0), 0, "a breakpoint of 3 positions");
@@ -515,6 +527,7 @@ Test(edges, engine_rows_wanted_and_slots) {
     dj_err e = {{0}};
     dj_gpu_opts go = {.max_seq = 64, .quiet = 1};
     cr_expect_neq(engine_open(&eng, &m, &go, 0, &e), 0, "an engine of 0 slots");
+    cr_expect(strstr(e.msg, "KV slots"), "%s", e.msg);
     engine_close(&eng);
     memset(&eng, 0, sizeof eng);
     cr_assert_eq(engine_open(&eng, &m, &go, 1, &e), 0, "%s", e.msg);

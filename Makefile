@@ -130,6 +130,18 @@ soak: $(BUILD)/bin/djinn $(BUILD)/bin/convert
 	python3 tests/soak.py $(abspath $(BUILD))/bin/djinn $(abspath $(BUILD))/bin/convert \
 	  $(abspath $(DATA))/models/stories260K $(abspath $(BUILD))/soak $(SOAK_S)
 
+# ---- mutation testing: `make mutate` breaks each check listed in tests/mutations.tsv in a scratch copy of the tree
+# and runs the suites named for it (tools/mutate.py; docs/testing.md). MUTATE_SAMPLE=N runs N of them, chosen by
+# MUTATE_SEED; MUTATE_TIMEOUT limits each mutation's suites (seconds).
+MUTATE_SAMPLE ?= 0
+MUTATE_SEED ?=
+MUTATE_TIMEOUT ?= 180
+.PHONY: mutate
+mutate: criterion
+	$(MAKE) $(BUILD)/run_tests $(BUILD)/bin/djinn $(BUILD)/bin/convert
+	DJINN_DATA=$(abspath $(DATA)) MUTATE_BUILD=$(BUILD) MUTATE_SAMPLE=$(MUTATE_SAMPLE) MUTATE_SEED=$(MUTATE_SEED) \
+	  MUTATE_TIMEOUT=$(MUTATE_TIMEOUT) python3 tools/mutate.py
+
 # ---- the README's first command: convert the tiny real model and generate from it
 demo: djinn convert/convert
 	./convert/convert $(DATA)/models/stories260K stories260K.bin --dtype f32

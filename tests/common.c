@@ -242,13 +242,30 @@ dj_tokenizer *tc_load_tokenizer(const char *rel) {
 }
 
 // ---- models
-void tc_stories_model(const char *dir, const char *name, uint32_t dtype, dj_model *m, char *path, size_t n) {
+// stories260K converted in dtype to path.
+static void stories_convert(const char *path, uint32_t dtype) {
     char stories[4096];
     tc_data_path(stories, sizeof stories, "models/stories260K");
-    snprintf(path, n, "%s/%s", dir, name);
     convert_opts co = {.hf_dir = stories, .out_path = path, .dtype = dtype, .quiet = 1};
     dj_err e = {{0}};
     cr_assert_eq(convert_run(&co, &e), 0, "converting %s: %s", stories, e.msg);
+}
+
+void tc_stories_model(const char *dir, const char *name, uint32_t dtype, dj_model *m, char *path, size_t n) {
+    snprintf(path, n, "%s/%s", dir, name);
+    stories_convert(path, dtype);
     dj_load_opts lo = {.quiet = 1};
+    dj_err e = {{0}};
     cr_assert_eq(model_load(path, &lo, m, &e), 0, "%s: %s", path, e.msg);
+}
+
+void tc_load_stories(dj_model *m, int dtype, int gpu) {
+    char *dir = tc_tmpdir("stories"), out[4200];
+    snprintf(out, sizeof out, "%s/s.bin", dir);
+    stories_convert(out, (uint32_t)dtype);
+    dj_load_opts lo = {.want_pinned = gpu, .quiet = 1};
+    dj_err e = {{0}};
+    cr_assert_eq(model_load(out, &lo, m, &e), 0, "%s: %s", out, e.msg);
+    tc_rm_rf(dir);
+    free(dir);
 }

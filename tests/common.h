@@ -7,6 +7,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "../loader.h"
+
 // The tests and the binaries they run are built with the same flags (make test SAN=1 builds both with ASan): gcc
 // says so with __SANITIZE_ADDRESS__, clang with __has_feature.
 #if defined(__SANITIZE_ADDRESS__)
@@ -14,19 +16,7 @@
 #elif defined(__has_feature)
 #if __has_feature(address_sanitizer)
 #define DJ_TEST_ASAN 1
-// ---- models
-#include "../loader.h"
-// stories260K converted in `dtype` (model.h's DJ_F32...) to dir/name (path: n bytes) and loaded for the CPU engine (not
-// page-locked); skips the test when the shared data lacks it.
-void tc_stories_model(const char *dir, const char *name, uint32_t dtype, dj_model *m, char *path, size_t n);
-
 #endif
-// ---- models
-#include "../loader.h"
-// stories260K converted in `dtype` (model.h's DJ_F32...) to dir/name (path: n bytes) and loaded for the CPU engine (not
-// page-locked); skips the test when the shared data lacks it.
-void tc_stories_model(const char *dir, const char *name, uint32_t dtype, dj_model *m, char *path, size_t n);
-
 #endif
 
 // ---- the environment (set by `make test`)
@@ -37,6 +27,9 @@ void tc_data_path(char *path, size_t n, const char *rel);
 // The tokenizer of $DJINN_DATA/rel (a folder of HF tokenizer files) through tokjson and tok_load; skips the test when
 // its tokenizer.json is missing.
 struct dj_tokenizer *tc_load_tokenizer(const char *rel);
+// $DJINN_DATA/models/stories260K converted to dtype (DJ_*) in a fresh folder and loaded into m: for the GPU engine
+// (page-locked) when gpu, else for the CPU's; skips the test when the model is missing.
+void tc_load_stories(dj_model *m, int dtype, int gpu);
 // $DJINN_TESTS (this folder: fixtures/, ref/), else "tests" (the repository root is the working directory).
 const char *tc_tests_dir(void);
 // $DJINN_BIN (the binaries under test): skips the test when unset.

@@ -1099,3 +1099,131 @@ Test(convert, non_finite_weights_refused_by_name) {
         free(hf);
     }
 }
+
+// ---- shapes and the tokenizer's size, checked exactly: a vector stored as a one-column matrix, a matrix whose bytes
+// fit the expected shape in another dtype, a tokenizer of one token more than the model's vocabulary
+// stories260K's safetensors read into *raw (malloc'd) and parsed into st; the tensor `name` of it.
+static st_tensor *stories_tensor(uint8_t **raw, st_file *st, const char *name) {
+    char p[4200];
+    size_t n;
+    snprintf(p, sizeof p, "%s/model.safetensors", stories);
+    *raw = (uint8_t *)tc_must_read(p, &n);
+    dj_err e;
+    cr_assert_eq(st_parse(*raw, n, st, &e), 0, "%s", e.msg);
+    st_tensor *t = (st_tensor *)st_find(st, name);
+    cr_assert(t, "no %s", name);
+    return t;
+}
+
+// Every tensor of st, in its order, into a safetensors file at path.
+static void write_all_tensors(const char *path, const st_file *st) {
+    size_t *idx = calloc(st->n, sizeof *idx);
+    for (size_t i = 0; i < st->n; i++) idx[i] = i;
+    write_safetensors(path, st, idx, st->n);
+    free(idx);
+}
+
+static void write_stories_with(const char *hf, const char *name, int dtype, int ndim, int64_t d0, int64_t d1) {
+    char p[4200];
+    write_config(hf, NULL, NULL, name);
+    uint8_t *raw;
+    st_file st;
+    st_tensor *t = stories_tensor(&raw, &st, name);
+    t->dtype = dtype, t->ndim = ndim, t->shape[0] = d0, t->shape[1] = d1;
+    snprintf(p, sizeof p, "%s/model.safetensors", hf);
+    write_all_tensors(p, &st);
+    st_free(&st);
+    free(raw);
+}
+
+Test(convert, shapes_and_tokenizer_size_exactly) {
+    need_stories();
+    static const struct { const char *name; int dtype, ndim; int64_t d0, d1; const char *needle; } cases[] = {
+        {"model.norm.weight", ST_F32, 2, 64, 1, "expected [64]"},  // the same floats, one more dimension
+        {"model.layers.1.mlp.gate_proj.weight", ST_F16, 2, 172, 128, "expected [172, 64]"},  // the same bytes
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        char *hf = tc_tmpdir("conv"), out[4200];
+        write_stories_with(hf, cases[i].name, cases[i].dtype, cases[i].ndim, cases[i].d0, cases[i].d1);
+        snprintf(out, sizeof out, "%s/out.bin", hf);
+        dj_err e = {{0}};
+        cr_expect_eq(run_convert(hf, out, DJ_F32, stories, &e), -1, "%s stored as [%lld, %lld]: converted",
+                     cases[i].name, (long long)cases[i].d0, (long long)cases[i].d1);
+        cr_expect(strstr(e.msg, cases[i].needle), "%s: '%s' should say '%s'", cases[i].name, e.msg, cases[i].needle);
+        tc_rm_rf(hf);
+        free(hf);
+    }
+    // a tokenizer of 513 tokens (one added after the 512 of the model's vocabulary) beside vocab_size 512
+    char *model = tc_tmpdir("conv"), *tok = tc_tmpdir("conv"), p[4200], out[4200];
+    write_config(model, NULL, NULL, "model");
+    link_stories(model, "model.safetensors");
+    link_stories(tok, "tokenizer_config.json");
+    snprintf(p, sizeof p, "%s/tokenizer.json", stories);
+    size_t n;
+    char *tj = tc_must_read(p, &n), *at = strstr(tj, "\"added_tokens\": [");
+    cr_assert(at, "no added_tokens in %s", p);
+    at += strlen("\"added_tokens\": [");
+    const char *extra = "{\"id\": 512, \"content\": \"<extra>\", \"single_word\": false, \"lstrip\": false, "
+                        "\"rstrip\": false, \"normalized\": false, \"special\": true}, ";
+    char *edited = malloc(n + strlen(extra) + 1);
+    memcpy(edited, tj, (size_t)(at - tj));
+    strcpy(edited + (at - tj), extra);
+    strcat(edited, at);
+    snprintf(p, sizeof p, "%s/tokenizer.json", tok);
+    tc_write(p, edited, strlen(edited));
+    snprintf(out, sizeof out, "%s/o.bin", model);
+    dj_err e = {{0}};
+    cr_expect_eq(run_convert(model, out, DJ_F32, tok, &e), -1, "a tokenizer of 513 tokens for a vocabulary of 512");
+    cr_expect(strstr(e.msg, "513 tokens"), "%s", e.msg);
+    free(tj), free(edited);
+    tc_rm_rf(model), tc_rm_rf(tok);
+    free(model), free(tok);
+}
+
+// A file touched while the converter reads it (same size, same zeros, a new time): refused at the end, as a file
+// that may have changed between the reads, and nothing written.
+Test(convert_big, input_touched_during_conversion, .timeout = 120) {
+    big_ckpt b;
+    big_setup(&b);
+    char st_path[4300], err[1 << 16];
+    snprintf(st_path, sizeof st_path, "%s/model.safetensors", b.dir);
+    int fd;
+    pid_t pid = spawn_convert(b.dir, b.out, 1, -1, 0, &fd);
+    wait_writing(pid, b.tmp);
+    kill(pid, SIGSTOP);
+    cr_assert_eq(utimensat(AT_FDCWD, st_path, NULL, 0), 0);  // now
+    kill(pid, SIGCONT);
+    int rc = finish_child(pid, fd, err, sizeof err);
+    cr_assert_eq(rc, 1, "exit %d: %s", rc, err);
+    cr_assert(count_lines(err) == 1 && strstr(err, "changed while"), "%s", err);
+    cr_assert(!exists(b.out) && !exists(b.tmp), "output left behind");
+    big_teardown(&b);
+}
+
+// A weight that is not a number as the first element of its tensor (the first of a chunk read), in the source's
+// dtype and quantized.
+Test(convert, non_finite_first_weight_refused) {
+    need_stories();
+    char *hf = tc_tmpdir("conv"), out[4400];
+    uint8_t *raw;
+    st_file f;
+    dj_err e;
+    st_tensor *t = stories_tensor(&raw, &f, "model.layers.0.self_attn.q_proj.weight");
+    const uint32_t nan = 0x7fc00000u;
+    memcpy((uint8_t *)t->data, &nan, 4);
+    snprintf(out, sizeof out, "%s/model.safetensors", hf);
+    write_all_tensors(out, &f);
+    st_free(&f);
+    free(raw);
+    const char *names[] = {"config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json"};
+    for (int i = 0; i < 4; i++) link_stories(hf, names[i]);
+    snprintf(out, sizeof out, "%s/o.bin", hf);
+    const int dtypes[] = {-1, DJ_Q8};
+    for (int d = 0; d < 2; d++) {
+        cr_expect_eq(run_convert(hf, out, dtypes[d], NULL, &e), -1, "dtype %d: a NaN first weight converted", dtypes[d]);
+        cr_expect(strstr(e.msg, "q_proj") && strstr(e.msg, "NaN") && strstr(e.msg, "at element 0:"), "dtype %d: %s",
+                  dtypes[d], e.msg);
+    }
+    tc_rm_rf(hf);
+    free(hf);
+}

@@ -39,17 +39,7 @@ static void te_gpu(int dtype, int streamed, double tol) {
 
 // stories260K converted in a fresh folder, loaded for the engine under test.
 static void te_load(dj_model *m) {
-    char stories[4096], out[4200];
-    tc_data_path(stories, sizeof stories, "models/stories260K");
-    char *dir = tc_tmpdir("engine");
-    snprintf(out, sizeof out, "%s/s.bin", dir);
-    convert_opts co = {.hf_dir = stories, .out_path = out, .dtype = K.dtype, .quiet = 1};
-    dj_err e;
-    cr_assert_eq(convert_run(&co, &e), 0, "%s", e.msg);
-    dj_load_opts lo = {.want_pinned = K.gpu, .quiet = 1};
-    cr_assert_eq(model_load(out, &lo, m, &e), 0, "%s", e.msg);
-    tc_rm_rf(dir);
-    free(dir);
+    tc_load_stories(m, K.dtype, K.gpu);
 }
 
 static void te_open(dj_engine *eng, const dj_model *m, int32_t slots) {

@@ -42,17 +42,7 @@ static void pr_gpu(int dtype, int streamed, double tol) {
 
 // stories260K converted to `dtype` in a fresh folder, loaded for the GPU (page-locked) or the CPU.
 static void pr_load(dj_model *m, int dtype, int gpu) {
-    char stories[4096], out[4200];
-    tc_data_path(stories, sizeof stories, "models/stories260K");
-    char *dir = tc_tmpdir("probe");
-    snprintf(out, sizeof out, "%s/s.bin", dir);
-    convert_opts co = {.hf_dir = stories, .out_path = out, .dtype = dtype, .quiet = 1};
-    dj_err e;
-    cr_assert_eq(convert_run(&co, &e), 0, "%s", e.msg);
-    dj_load_opts lo = {.want_pinned = gpu, .quiet = 1};
-    cr_assert_eq(model_load(out, &lo, m, &e), 0, "%s", e.msg);
-    tc_rm_rf(dir);
-    free(dir);
+    tc_load_stories(m, dtype, gpu);
 }
 
 static void pr_open(dj_engine *eng, const dj_model *m, int gpu, int streamed) {

@@ -610,3 +610,28 @@ Test(ringbuf_plan, gb_bytes) {
     cr_assert_eq(rb_gb_bytes(NAN), 0);
     cr_assert_eq(rb_gb_bytes(1e30), UINT64_MAX);
 }
+
+// Ties and exact fits, found by comparing the planner with its off-by-one variants over every small plan: the budget
+// a plan needs is named by streaming slots of the largest unit when a smaller slot with resident units costs the
+// same; units that fill the room exactly stay resident; one unit more than RB_MAX_UNITS is refused.
+Test(ringbuf_plan, ties_exact_fits_and_unit_count) {
+    static rb_plan p;
+    dj_err e = {{0}};
+    uint64_t tie[3] = {rb_gb_bytes(2), rb_gb_bytes(1), rb_gb_bytes(1)};  // 2 x 2 GB = 2 GB resident + 2 x 1 GB
+    cr_assert_eq(rb_plan_make(&p, tie, 3, rb_gb_bytes(1), 0, 1, 0, &e), -1);
+    cr_assert_str_eq(e.msg, "--ring-gb 1.00 is too small: this model needs at least 4.00 GB (two 2.00 GB streaming "
+                            "slots)");
+    // {2, 2, 2, 1} in 6 bytes: a 2-byte layer resident beside two 2-byte slots fills the budget exactly
+    uint64_t fit[4] = {2, 2, 2, 1};
+    cr_assert_eq(rb_plan_make(&p, fit, 4, 6, 0, 1, 0, &e), 0, "%s", e.msg);
+    uint64_t kept = 0;
+    for (int u = 0; u < 4; u++) kept += p.resident[u] ? fit[u] : 0;
+    cr_expect_eq(kept, 2, "resident bytes %llu of a budget of 6 (slot %llu)", (unsigned long long)kept,
+                 (unsigned long long)p.slot_bytes);
+    static uint64_t many[RB_MAX_UNITS + 1];
+    for (int u = 0; u <= RB_MAX_UNITS; u++) many[u] = 4096;
+    uint64_t min;
+    cr_expect_eq(rb_plan_make(&p, many, RB_MAX_UNITS + 1, UINT64_MAX / 8, 0, 4096, 0, &e), -1);
+    cr_expect_eq(rb_min_budget(many, RB_MAX_UNITS + 1, 0, 4096, 0, &min, &e), -1);
+    cr_expect_eq(rb_min_budget(many, RB_MAX_UNITS, 0, 4096, 0, &min, &e), 0, "%s", e.msg);
+}

@@ -424,3 +424,21 @@ Test(safetensors, real_stories260k) {
     st_free(&f);
     free(bytes);
 }
+
+// Parses b and expects success.
+static void tst_parses(tst_buf b) {
+    st_file f;
+    dj_err e;
+    cr_assert_eq(st_parse(b.bytes, b.n, &f, &e), 0, "%s", e.msg);
+    st_free(&f);
+    free(b.bytes);
+}
+
+// Ranges that share exactly one byte overlap; ranges that touch do not.
+Test(safetensors, overlap_of_one_byte) {
+    tst_fails(tst_build("{\"a\": {\"dtype\": \"U8\", \"shape\": [8], \"data_offsets\": [0, 8]},"
+                        " \"b\": {\"dtype\": \"U8\", \"shape\": [8], \"data_offsets\": [7, 15]}}", 15),
+              "tensor 'b'", "overlaps tensor 'a'");
+    tst_parses(tst_build("{\"a\": {\"dtype\": \"U8\", \"shape\": [8], \"data_offsets\": [0, 8]},"
+                         " \"b\": {\"dtype\": \"U8\", \"shape\": [7], \"data_offsets\": [8, 15]}}", 15));
+}

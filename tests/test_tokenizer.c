@@ -610,3 +610,187 @@ Test(tokenizer, chat_templates) {
     cr_assert_neq(chat_turn_ids(l2, CHAT_UNKNOWN, NULL, "x", 1, -1, &ids, &n, &e), 0);
     tok_free(l2), tok_free(l3);
 }
+
+// ---- tok_load's checks, each at the value where the answer turns, on a section built by hand: five pieces
+// ("<unk>" and "<s>" special added tokens, "a", "b", "ab"), the merge a + b = ab, eos "<s>".
+enum { TINY_VOCAB = 5, TINY_POOL = 12 };
+typedef struct {
+    uint8_t b[1024];
+    size_t n;
+    uint64_t off[TOK_N_SEC];  // where each part starts, to patch it
+} tiny_tok;
+
+static void tt_put32(uint8_t *p, uint32_t v) { memcpy(p, &v, 4); }
+static void tt_put64(uint8_t *p, uint64_t v) { memcpy(p, &v, 8); }
+
+// n_added: how many added-token entries (the first two real, the rest repeat "<s>").
+static void tiny_build(tiny_tok *t, uint32_t n_added) {
+    static const uint64_t piece_off[TINY_VOCAB + 1] = {0, 5, 8, 9, 10, 12};
+    static const uint8_t attr[TINY_VOCAB] = {TOK_A_EXISTS | TOK_A_ADDED | TOK_A_SPECIAL,
+                                             TOK_A_EXISTS | TOK_A_ADDED | TOK_A_SPECIAL, TOK_A_EXISTS | TOK_A_MODEL,
+                                             TOK_A_EXISTS | TOK_A_MODEL, TOK_A_EXISTS | TOK_A_MODEL};
+    uint8_t *b = t->b;
+    memset(t, 0, sizeof *t);
+    memcpy(b, TOK_MAGIC, 8);
+    tt_put32(b + 8, TOK_VERSION), tt_put32(b + 12, TOK_TYPE_SPM);
+    tt_put32(b + 20, 0), tt_put32(b + 24, 1), tt_put32(b + 28, (uint32_t)-1);  // unk, bos, no eos appended
+    tt_put32(b + 32, TINY_VOCAB), tt_put32(b + 36, 1), tt_put32(b + 40, n_added), tt_put32(b + 44, 1);
+    size_t at = TOK_HEADER_SIZE;
+    const uint64_t size[TOK_N_SEC] = {8 * (TINY_VOCAB + 1), TINY_VOCAB, TINY_POOL, 12, 24ull * n_added, 4, 0};
+    for (int i = 0; i < TOK_N_SEC; i++) {
+        tt_put64(b + 64 + 16 * i, at), tt_put64(b + 72 + 16 * i, size[i]);
+        t->off[i] = at, at += size[i];
+    }
+    cr_assert_leq(at, sizeof t->b);
+    t->n = at;
+    for (int i = 0; i <= TINY_VOCAB; i++) tt_put64(b + t->off[TOK_SEC_PIECE_OFF] + 8 * i, piece_off[i]);
+    memcpy(b + t->off[TOK_SEC_ATTR], attr, TINY_VOCAB);
+    memcpy(b + t->off[TOK_SEC_POOL], "<unk><s>abab", TINY_POOL);
+    uint8_t *m = b + t->off[TOK_SEC_MERGES];
+    tt_put32(m, 2), tt_put32(m + 4, 3), tt_put32(m + 8, 4);
+    for (uint32_t i = 0; i < n_added; i++) {
+        uint8_t *a = b + t->off[TOK_SEC_ADDED] + 24 * i;
+        tt_put32(a, i == 0 ? 0 : 1), tt_put64(a + 8, i == 0 ? 0 : 5), tt_put64(a + 16, i == 0 ? 5 : 3);
+    }
+    tt_put32(b + t->off[TOK_SEC_EOS], 1);
+}
+
+// Loads the section; 1 when it loads.
+static int tiny_loads(const tiny_tok *t, const char *what) {
+    dj_err e = {{0}};
+    dj_tokenizer *k = tok_load(t->b, t->n, &e);
+    cr_expect(k || e.msg[0], "%s: refused without a message", what);
+    tok_free(k);
+    return k != NULL;
+}
+
+Test(tokenizer, tiny_section_loads_and_works) {
+    tiny_tok t;
+    tiny_build(&t, 2);
+    dj_err e = {{0}};
+    dj_tokenizer *k = tok_load(t.b, t.n, &e);
+    cr_assert(k, "%s", e.msg);
+    int32_t *ids;
+    size_t n;
+    cr_assert_eq(tok_encode(k, "ab<s>", 5, 0, &ids, &n, &e), 0, "%s", e.msg);
+    cr_expect(n == 2 && ids[0] == 4 && ids[1] == 1, "\"ab<s>\": %zu ids", n);  // the added token at the text's end
+    free(ids);
+    size_t len;
+    cr_expect_null(tok_piece(k, TINY_VOCAB, &len), "an id past the vocabulary has no piece");
+    cr_expect(tok_piece(k, TINY_VOCAB - 1, &len) && len == 2);
+    char *s = tok_decode(k, (const int32_t[]){4, TINY_VOCAB, 2}, 3, &len);
+    cr_expect_str_eq(s, "aba", "an id past the vocabulary decodes to nothing");
+    free(s);
+    tok_free(k);
+}
+
+Test(tokenizer, tiny_section_limits) {
+    tiny_tok t;
+    // the whole magic
+    tiny_build(&t, 2), t.b[7] = 'X';
+    cr_expect_not(tiny_loads(&t, "magic DJINNTOX"), "magic DJINNTOX loaded");
+    // unk/bos/eos-appended ids: n_vocab - 1 is the last
+    tiny_build(&t, 2), tt_put32(t.b + 24, TINY_VOCAB - 1);
+    cr_expect(tiny_loads(&t, "bos id n_vocab - 1"));
+    tiny_build(&t, 2), tt_put32(t.b + 24, TINY_VOCAB);
+    cr_expect_not(tiny_loads(&t, "bos id n_vocab"), "bos id n_vocab loaded");
+    tiny_build(&t, 2), tt_put32(t.b + 20, TINY_VOCAB);
+    cr_expect_not(tiny_loads(&t, "unk id n_vocab"), "unk id n_vocab loaded");
+    // the post-processor's BOS needs a BOS
+    tiny_build(&t, 2), tt_put32(t.b + 16, TOK_F_ADD_BOS);
+    cr_expect(tiny_loads(&t, "ADD_BOS with a bos id"));
+    tiny_build(&t, 2), tt_put32(t.b + 16, TOK_F_ADD_BOS), tt_put32(t.b + 24, (uint32_t)-1);
+    cr_expect_not(tiny_loads(&t, "ADD_BOS without"), "ADD_BOS without a bos id loaded");
+    // strip_start: at most 64
+    tiny_build(&t, 2), tt_put32(t.b + 56, 64);
+    cr_expect(tiny_loads(&t, "strip 64"));
+    tiny_build(&t, 2), tt_put32(t.b + 56, 65);
+    cr_expect_not(tiny_loads(&t, "strip 65"), "strip_start 65 loaded");
+    // the last piece may end at the pool's end, not past it
+    tiny_build(&t, 2), tt_put64(t.b + t.off[TOK_SEC_PIECE_OFF] + 8 * TINY_VOCAB, TINY_POOL + 1);
+    cr_expect_not(tiny_loads(&t, "piece past the pool"), "a piece ending past the pool loaded");
+    // a merge's ids: each below n_vocab, the merged one too
+    tiny_build(&t, 2), tt_put32(t.b + t.off[TOK_SEC_MERGES] + 8, TINY_VOCAB);
+    cr_expect_not(tiny_loads(&t, "merged id n_vocab"), "a merge into id n_vocab loaded");
+    // an added token is never empty
+    tiny_build(&t, 2), tt_put64(t.b + t.off[TOK_SEC_ADDED] + 16, 0);
+    cr_expect_not(tiny_loads(&t, "empty added token"), "an empty added token loaded");
+    // eos ids below n_vocab
+    tiny_build(&t, 2), tt_put32(t.b + t.off[TOK_SEC_EOS], TINY_VOCAB - 1);
+    cr_expect(tiny_loads(&t, "eos n_vocab - 1"));
+    tiny_build(&t, 2), tt_put32(t.b + t.off[TOK_SEC_EOS], TINY_VOCAB);
+    cr_expect_not(tiny_loads(&t, "eos n_vocab"), "eos id n_vocab loaded");
+    // at most as many added tokens as the vocabulary has ids
+    tiny_build(&t, TINY_VOCAB);
+    cr_expect(tiny_loads(&t, "n_added n_vocab"));
+    tiny_build(&t, TINY_VOCAB + 1);
+    cr_expect_not(tiny_loads(&t, "n_added n_vocab + 1"), "more added tokens than ids loaded");
+}
+
+// tokjson's refusals where a looser check would take the file: each a one-token edit of stories260K's tokenizer.json.
+Test(tokjson, refuses_at_the_limits) {
+    tt_expect_refused("\"continuing_subword_prefix\": null", "\"continuing_subword_prefix\": \"##\"",
+                      "continuing_subword_prefix");
+    tt_expect_refused("\"ids\": [1]", "\"ids\": [-1]", "TemplateProcessing special token <s>");
+    tt_expect_refused("\"single\": [{\"SpecialToken\": {\"id\": \"<s>\", \"type_id\": 0}}, ",
+                      "\"single\": [{\"SpecialToken\": {\"id\": \"<s>\", \"type_id\": 0}}, "
+                      "{\"SpecialToken\": {\"id\": \"<s>\", \"type_id\": 0}}, ", "[bos] $A [eos]");
+    tt_expect_refused("\"<unk>\": 0", "\"<unk>\": -1", "vocab entry \"<unk>\" has a bad id");
+    tt_expect_refused("\"<s>\": 1", "\"<s>\": 0", "id 0 is given to two vocab entries");
+    tt_expect_refused("\"<0x00>\": 3", "\"<unk>\": 3", "vocab entry \"<unk>\" appears twice");  // the one of id 0
+    tt_expect_refused("\"content\": \"<unk>\"", "\"content\": \"\"", "added token 0 has no content");
+    tt_expect_refused("\"unk_token\": \"<unk>\"", "\"unk_token\": \"<nope>\"", "unk_token \"<nope>\"");
+    tt_expect_refused("[\"\xE2\x96\x81\", \"t\"]", "[\"<s>\", \"t\"]", "merge 0: \"<s>t\"");  // both halves known
+    tt_expect_refused("{\"type\": \"ByteFallback\"}, {\"type\": \"Fuse\"}, {\"type\": \"Strip\", \"content\": \" \", "
+                      "\"start\": 1, \"stop\": 0}", "{\"type\": \"ByteFallback\"}", "decoder Sequence is not supported");
+    // an eos id of the vocabulary's size (512): one past its last
+    size_t n;
+    char *s = tt_stories_json(&n);
+    uint8_t *blob = NULL;
+    size_t bn;
+    dj_err e = {{0}};
+    const char *gc = "{\"eos_token_id\": 511}";
+    cr_expect_eq(tokjson_build(s, n, NULL, 0, gc, strlen(gc), NULL, 0, &blob, &bn, &e), 0, "%s", e.msg);
+    free(blob);
+    gc = "{\"eos_token_id\": 512}";
+    cr_expect_eq(tokjson_build(s, n, NULL, 0, gc, strlen(gc), NULL, 0, &blob, &bn, &e), -1, "eos id 512 accepted");
+    cr_expect(strstr(e.msg, "outside the vocabulary"), "%s", e.msg);
+    free(s);
+    // 1024 eos ids fit the section, 1025 do not (Llama 3's vocabulary has room for them)
+    char path[4096];
+    tc_data_path(path, sizeof path, "tokenizers/llama3/tokenizer.json");
+    s = tc_must_read(path, &n);
+    for (int k = 0; k < 2; k++) {
+        size_t cap = 16 << 10, len = 0;
+        char *ids = malloc(cap);
+        len += (size_t)snprintf(ids + len, cap - len, "{\"eos_token_id\": [");
+        for (int i = 0; i < TOK_MAX_EOS + k; i++) len += (size_t)snprintf(ids + len, cap - len, "%s%d", i ? ", " : "", 1000 + i);
+        len += (size_t)snprintf(ids + len, cap - len, "]}");
+        blob = NULL;
+        cr_expect_eq(tokjson_build(s, n, NULL, 0, ids, len, NULL, 0, &blob, &bn, &e), k ? -1 : 0, "%d eos ids: %s",
+                     TOK_MAX_EOS + k, e.msg);
+        free(blob), free(ids);
+    }
+    free(s);
+}
+
+// Every ill-formed sequence at the edge of each lead byte's second-byte range (the overlong forms, the surrogates,
+// past U+10FFFF, a continuation byte past 0xBF) is an error; the valid sequences at the same edges encode.
+Test(tokenizer, utf8_second_byte_ranges) {
+    dj_tokenizer *t = tc_load_tokenizer("tokenizers/llama3");
+    static const char *const bad[] = {"\xe0\x9f\xbf", "\xe0\x80\x80", "\xed\xa0\x80", "\xf0\x8f\xbf\xbf",
+                                      "\xf0\x80\x80\x80", "\xf4\x90\x80\x80", "\xc2\xc0", "\xe1\x80\xc0",
+                                      "\xf1\x80\x80\xc0"};
+    static const char *const good[] = {"\xe0\xa0\x80", "\xed\x9f\xbf", "\xf0\x90\x80\x80", "\xf4\x8f\xbf\xbf",
+                                       "\xc2\xbf", "\xe1\xbf\xbf", "\xf1\xbf\xbf\xbf"};
+    int32_t *ids;
+    size_t k;
+    dj_err e = {{0}};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++)
+        cr_expect_eq(tok_encode(t, bad[i], strlen(bad[i]), 0, &ids, &k, &e), -1, "bad case %zu accepted", i);
+    for (size_t i = 0; i < sizeof good / sizeof *good; i++) {
+        cr_expect_eq(tok_encode(t, good[i], strlen(good[i]), 0, &ids, &k, &e), 0, "good case %zu: %s", i, e.msg);
+        free(ids);
+    }
+    tok_free(t);
+}

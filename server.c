@@ -13,6 +13,8 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <fcntl.h>
@@ -228,6 +230,9 @@ typedef struct {
     int32_t n_conns, n_rejecting;
     size_t held, held_max;   // bytes buffered for all connections (srv_conn.held), and the bound (--buffer-mb)
     int spare_fd;            // kept open to be given up when accept runs out of descriptors (-1: none)
+    _Atomic int load_state;  // the loading thread's: 0 while it loads, 1 ready, -1 failed (-2: a usage error)
+    dj_err load_err;         //   and why it failed
+    int ready;               // the loop's own view: the model is loaded and the scheduler runs
     uint64_t shed;           // connections closed at once for want of a descriptor
     uint64_t seq;            // request ids
     uint64_t requests, errors;
@@ -544,6 +549,18 @@ static int check_head(srv *s, srv_conn *c, const http_req *h) {
 
 // A whole request (head and body at body) whose head passed check_head: answered, or its completion queued.
 static void handle_request(srv *s, srv_conn *c, const http_req *h, const char *body) {
+    if (!s->ready) {  // the model is loading: /health says so, the rest waits for it
+        if (c->route == ROUTE_HEALTH) {
+            dj_buf b = {0};
+            buf_str(&b, "{\"status\":\"loading\"}\n");
+            send_json(c, 503, &b);
+            buf_free(&b);
+        } else {
+            send_error(s, c, 503, NULL, "the model is still loading: try again shortly (GET /health says when)");
+        }
+        c->t_req = 0, c->sent_continue = 0, c->head_ok = 0;
+        return;
+    }
     switch (c->route) {
     case ROUTE_COMPLETION:
     case ROUTE_CHAT: start_completion(s, c, body, h->content_length, c->route == ROUTE_CHAT); break;
@@ -790,6 +807,12 @@ static void srv_loop(srv *s) {
     double accept_after = 0;  // out of descriptors with none to shed: the listening socket rests until then
     int again = 0;            // requests wait in a connection's input for this turn (SRV_REQS_TURN)
     while (!srv_stop) {
+        if (!s->ready) {  // the loading thread ended: serve, or stop with its error
+            const int ls = atomic_load(&s->load_state);
+            if (ls < 0) break;
+            s->ready = ls == 1;
+        }
+        const int work = s->ready && bt_has_work(s->bt);
         double now = dj_now();
         pf[0] = (struct pollfd){.fd = s->lfd, .events = now >= accept_after ? POLLIN : 0};
         for (int32_t i = 0; i < s->n_conns; i++) {
@@ -799,7 +822,7 @@ static void srv_loop(srv *s) {
             pf[i + 1] = (struct pollfd){.fd = c->fd, .events = ev};  // errors and hang-ups come whatever ev is
         }
         int32_t n = s->n_conns;
-        int ready = poll(pf, (nfds_t)n + 1, bt_has_work(s->bt) || again ? 0 : now < accept_after ? 100 : 250);
+        int ready = poll(pf, (nfds_t)n + 1, work || again ? 0 : now < accept_after || !s->ready ? 100 : 250);
         if (ready < 0 && errno != EINTR) {
             fprintf(stderr, "djinn serve: poll: %s\n", strerror(errno));
             break;
@@ -833,9 +856,11 @@ static void srv_loop(srv *s) {
             if (drop) conn_close(s, i);
         }
         if (ready > 0 && (pf[0].revents & POLLIN) && accept_all(s)) accept_after = now + 0.1;
-        if (step_us > 0 && bt_has_work(s->bt)) usleep((useconds_t)step_us);
-        bt_step(s->bt);
-        count_tokens(s);
+        if (s->ready) {
+            if (step_us > 0 && bt_has_work(s->bt)) usleep((useconds_t)step_us);
+            bt_step(s->bt);
+            count_tokens(s);
+        }
         // what the turn produced goes out now, not after the next poll; requests that waited (behind an answer on
         // their connection, or past the turn's SRV_REQS_TURN) are taken up
         now = dj_now();
@@ -876,6 +901,60 @@ static int srv_fd_limit(srv_opts *o, dj_err *e) {
     return 0;
 }
 
+// The model, its tokenizer, the engine and the scheduler, on a thread of their own while the server already answers
+// (/health: 503 "loading"). 0; 1 with e set; 2 with e set (a usage error: the options do not fit this model).
+static int srv_open_model(srv *s, dj_err *e) {
+    srv_opts *o = &s->o;
+    int use_gpu = !o->force_cpu && gpu_count() > 0;
+    dj_load_opts lo = {.want_pinned = use_gpu};
+    if (model_load(o->model, &lo, &s->m, e)) return 1;
+    const dj_config *cfg = &s->m.info.config;
+    if (!(s->tok = tok_load(s->m.data + s->m.info.tok_off, (size_t)s->m.info.tok_size, e))) return 1;
+    if (tok_vocab_size(s->tok) > (int32_t)cfg->vocab_size)
+        return dj_fail(e, "%s: the tokenizer has more tokens than the model's vocabulary: a damaged file", o->model), 1;
+    int64_t ctx = o->ctx ? o->ctx : cfg->max_seq_len < SRV_DEFAULT_CTX ? (int64_t)cfg->max_seq_len : SRV_DEFAULT_CTX;
+    if (ctx > (int64_t)cfg->max_seq_len)
+        return dj_fail(e, "-c %" PRId64 " is beyond the model's max_seq_len of %u", ctx, cfg->max_seq_len), 2;
+    // KV slots: --kv-gb over one slot's bytes, or twice --parallel's
+    double slot_gb = (double)engine_kv_pos_bytes(cfg) * (double)ctx / 1e9;
+    int32_t parallel = o->parallel ? o->parallel : SRV_DEFAULT_PARALLEL;
+    double slots = o->kv_gb > 0 ? floor(o->kv_gb / slot_gb * (1 + 1e-12)) : 2.0 * parallel;
+    if (slots < 1)
+        return dj_fail(e, "--kv-gb %g holds no KV slot: one slot of %" PRId64 " positions takes %.4g GB", o->kv_gb,
+                       ctx, slot_gb), 2;
+    if (slots > 65536) slots = 65536;
+    if (parallel > slots && o->parallel)
+        return dj_fail(e, "--parallel %d needs as many KV slots, --kv-gb %g holds %.0f (%.4g GB each): raise --kv-gb "
+                          "to %.4g or lower --parallel", parallel, o->kv_gb, slots, slot_gb, slot_gb * parallel), 2;
+    if (parallel > slots) parallel = (int32_t)slots;
+    s->am = (api_model){s->tok, chat_recognise(tok_chat_template(s->tok)), ctx, cfg->vocab_size, cfg->n_layers,
+                        cfg->dim, o->breakpoints > 0};
+    dj_gpu_opts go = {.ring_gb = o->ring_gb, .max_seq = ctx, .cpu_share = o->cpu_share, .stream_all = o->stream_all};
+    if (engine_open(&s->eng, &s->m, &go, (int32_t)slots, e)) return 1;
+    // a breakpoint's rows must come back in a resume's body, base64 (4 characters for 3 bytes) beside its fields
+    int64_t brk_rows = (int64_t)((SRV_BODY_MAX - 65536) / 4 * 3 / (4 * (size_t)cfg->dim));
+    bt_opts bo = {parallel, o->prefill_chunk, o->sessions, (uint64_t)(o->park_gb * 1e9), o->breakpoints, brk_rows};
+    bt_callbacks cb = {on_started, on_text, on_ended};
+    if (!(s->bt = bt_new(&s->eng, s->tok, cfg, &bo, &cb, e))) return 1;
+    fprintf(stderr, "djinn serve: %s on the %s engine: %d KV slots of %" PRId64 " positions (%.3f GB), up to %d "
+                    "sequences a step, parking up to %.3g GB; chat template: %s\n", s->model_name, s->eng.name,
+            (int)slots, ctx, slot_gb * slots, parallel, o->park_gb, chat_kind_name(s->am.chat));
+    return 0;
+}
+
+static void *srv_load_thread(void *arg) {
+    srv *s = arg;
+    // tests only: the load waits for a byte on this descriptor, so a test can ask the loading server what it says
+    const char *gate = getenv("DJINN_TEST_LOAD_GATE_FD");
+    if (gate) {
+        char byte;
+        while (read(atoi(gate), &byte, 1) < 0 && errno == EINTR) {}
+    }
+    int rc = srv_open_model(s, &s->load_err);
+    atomic_store(&s->load_state, rc ? -rc : 1);
+    return NULL;
+}
+
 int serve_main(int argc, char **argv) {
     srv s = {.lfd = -1, .spare_fd = -1, .t_start = (double)time(NULL)};
     int prc = srv_parse(argc, argv, &s.o);
@@ -890,74 +969,52 @@ int serve_main(int argc, char **argv) {
     signal(SIGINT, srv_on_signal);
     signal(SIGTERM, srv_on_signal);
     srv_self = &s;
-    dj_err e = {{0}};
-    int rc = 1;
-    int use_gpu = !o->force_cpu && gpu_count() > 0;
-    dj_load_opts lo = {.want_pinned = use_gpu};
-    if (model_load(o->model, &lo, &s.m, &e)) goto out;
-    const dj_config *cfg = &s.m.info.config;
-    if (!(s.tok = tok_load(s.m.data + s.m.info.tok_off, (size_t)s.m.info.tok_size, &e))) goto out;
-    if (tok_vocab_size(s.tok) > (int32_t)cfg->vocab_size) {
-        dj_fail(&e, "%s: the tokenizer has more tokens than the model's vocabulary: a damaged file", o->model);
-        goto out;
-    }
-    int64_t ctx = o->ctx ? o->ctx : cfg->max_seq_len < SRV_DEFAULT_CTX ? (int64_t)cfg->max_seq_len : SRV_DEFAULT_CTX;
-    if (ctx > (int64_t)cfg->max_seq_len) {
-        fprintf(stderr, "djinn serve: -c %" PRId64 " is beyond the model's max_seq_len of %u\n", ctx, cfg->max_seq_len);
-        rc = 2;
-        goto out;
-    }
-    // KV slots: --kv-gb over one slot's bytes, or twice --parallel's
-    double slot_gb = (double)engine_kv_pos_bytes(cfg) * (double)ctx / 1e9;
-    int32_t parallel = o->parallel ? o->parallel : SRV_DEFAULT_PARALLEL;
-    double slots = o->kv_gb > 0 ? floor(o->kv_gb / slot_gb * (1 + 1e-12)) : 2.0 * parallel;
-    if (slots < 1) {
-        fprintf(stderr, "djinn serve: --kv-gb %g holds no KV slot: one slot of %" PRId64 " positions takes %.4g GB\n",
-                o->kv_gb, ctx, slot_gb);
-        rc = 2;
-        goto out;
-    }
-    if (slots > 65536) slots = 65536;
-    if (parallel > slots && o->parallel) {
-        fprintf(stderr, "djinn serve: --parallel %d needs as many KV slots, --kv-gb %g holds %.0f (%.4g GB each): "
-                        "raise --kv-gb to %.4g or lower --parallel\n", parallel, o->kv_gb, slots, slot_gb,
-                slot_gb * parallel);
-        rc = 2;
-        goto out;
-    }
-    if (parallel > slots) parallel = (int32_t)slots;
-    s.am = (api_model){s.tok, chat_recognise(tok_chat_template(s.tok)), ctx, cfg->vocab_size, cfg->n_layers, cfg->dim,
-                       o->breakpoints > 0};
     const char *base = strrchr(o->model, '/');
     snprintf(s.model_name, sizeof s.model_name, "%s", base ? base + 1 : o->model);
-    dj_gpu_opts go = {.ring_gb = o->ring_gb, .max_seq = ctx, .cpu_share = o->cpu_share, .stream_all = o->stream_all};
-    if (engine_open(&s.eng, &s.m, &go, (int32_t)slots, &e)) goto out;
-    // a breakpoint's rows must come back in a resume's body, base64 (4 characters for 3 bytes) beside its fields
-    int64_t brk_rows = (int64_t)((SRV_BODY_MAX - 65536) / 4 * 3 / (4 * (size_t)cfg->dim));
-    bt_opts bo = {parallel, o->prefill_chunk, o->sessions, (uint64_t)(o->park_gb * 1e9), o->breakpoints, brk_rows};
-    bt_callbacks cb = {on_started, on_text, on_ended};
-    if (!(s.bt = bt_new(&s.eng, s.tok, cfg, &bo, &cb, &e))) goto out;
+    dj_err e = {{0}};
+    int rc = 1, loader = 0;
+    pthread_t tid;
+    if (access(o->model, R_OK)) {  // a missing model is said at once, not after the port is taken
+        dj_fail(&e, "cannot open model %s: %s", o->model, strerror(errno));
+        goto out;
+    }
     if (srv_fd_limit(o, &e)) goto out;
     if (!(s.conns = calloc((size_t)o->max_conns + SRV_REJECT_MAX, sizeof *s.conns))) {
         dj_fail(&e, "out of memory");
         goto out;
     }
-    fprintf(stderr, "djinn serve: %s on the %s engine: %d KV slots of %" PRId64 " positions (%.3f GB), up to %d "
-                    "sequences a step, parking up to %.3g GB; chat template: %s\n", s.model_name, s.eng.name,
-            (int)slots, ctx, slot_gb * slots, parallel, o->park_gb, chat_kind_name(s.am.chat));
+    // the port first (a port in use is said before a long load), then the model while /health answers "loading"
     if (srv_listen(&s, &e)) goto out;
     if ((s.spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC)) < 0) {
         dj_fail(&e, "/dev/null: %s", strerror(errno));
         goto out;
     }
+    sigset_t block, old;
+    sigemptyset(&block), sigaddset(&block, SIGINT), sigaddset(&block, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &block, &old);  // the signals reach the loop's thread, whose poll they wake
+    int perr = pthread_create(&tid, NULL, srv_load_thread, &s);
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    if (perr) {
+        dj_fail(&e, "pthread_create: %s", strerror(perr));
+        goto out;
+    }
+    loader = 1;
     srv_loop(&s);
+    pthread_join(tid, NULL), loader = 0;  // a stop during the load waits for it to end
+    int ls = atomic_load(&s.load_state);
+    if (ls < 0) {
+        e = s.load_err;
+        rc = -ls;
+        goto out;
+    }
     bt_stats t;
     bt_get_stats(s.bt, &t);
     fprintf(stderr, "djinn serve: stopped: %" PRIu64 " requests, %" PRIu64 " tokens generated\n", s.requests,
             t.gen_tokens);
     rc = 0;
 out:
-    if (rc == 1 && e.msg[0]) fprintf(stderr, "djinn serve: %s\n", e.msg);
+    if (loader) pthread_join(tid, NULL);
+    if (rc && e.msg[0]) fprintf(stderr, "djinn serve: %s\n", e.msg);
     while (s.n_conns) conn_close(&s, s.n_conns - 1);
     free(s.conns);
     bt_free(s.bt);

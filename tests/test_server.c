@@ -257,6 +257,7 @@ static char *ts_text(const ts_resp *r, int chat, int stream, char *finish, size_
 // on the GPU, servers keep no layer resident when ts_gpu_streamed (--stream-all).
 static int ts_on_gpu, ts_gpu_streamed;
 static int ts_nofile;  // > 0: the servers ts_start starts have this descriptor limit (soft and hard)
+static int ts_gate = -1;  // >= 0: the servers ts_start starts load their model once a byte can be read from it
 
 // Starts `djinn serve MODEL --port 0 --cpu` (ts_on_gpu: without --cpu) with `extra` arguments (NULL-terminated); ready when its port is on
 // stderr and /health answers.
@@ -278,6 +279,7 @@ static void ts_start(ts_srv *s, const ts_env *t, const char *model, const char *
         if (getppid() != test) _exit(1);
         struct rlimit rl = {(rlim_t)ts_nofile, (rlim_t)ts_nofile};
         if (ts_nofile > 0 && setrlimit(RLIMIT_NOFILE, &rl)) _exit(126);
+        if (ts_gate >= 0 && (dup2(ts_gate, 3) != 3 || setenv("DJINN_TEST_LOAD_GATE_FD", "3", 1))) _exit(126);
         int o = open("/dev/null", O_WRONLY), e = open(s->err, O_WRONLY | O_CREAT | O_TRUNC, 0644);
         dup2(o, 0), dup2(o, 1), dup2(e, 2);
         execv(argv[0], argv);
@@ -293,7 +295,14 @@ static void ts_start(ts_srv *s, const ts_env *t, const char *model, const char *
         free(err);
     }
     cr_assert(s->port > 0, "djinn serve did not listen within %g s", TS_WAIT_S);
-    ts_resp r = ts_http(s->port, "GET", "/health", NULL, NULL);
+    if (ts_gate >= 0) return;  // its load waits for the test
+    ts_resp r = {0};
+    for (double t0 = dj_now(); dj_now() - t0 < TS_WAIT_S; usleep(10000)) {  // 503 "loading" until the model is in
+        r = ts_http(s->port, "GET", "/health", NULL, NULL);
+        if (r.status != 503) break;
+        free(r.raw), r.raw = NULL;
+    }
+    cr_assert(r.raw, "/health said 'loading' for %g s", TS_WAIT_S);
     cr_assert_eq(r.status, 200, "/health: %s", r.raw);
     free(r.raw);
 }
@@ -2042,6 +2051,59 @@ Test(server, tenants_see_only_their_own) {
         cr_assert_eq(r.status, auth[i].status, "%s: %s", auth[i].h, r.raw);
         free(r.raw);
     }
+    ts_stop(&s);
+    ts_teardown(&t);
+}
+
+// The port is taken before the model is loaded: while it loads, /health answers 503 {"status":"loading"} and every
+// other endpoint 503 (a client can wait for it), and a port already in use is said at once, before any load
+// (before: "Address already in use" came after the whole load). The load here waits for a byte from the test
+// (DJINN_TEST_LOAD_GATE_FD), so what the loading server says is asked while it is certainly loading.
+Test(server, port_first_then_the_model) {
+    ts_env t;
+    ts_setup(&t);
+    ts_srv s;
+    int gate[2];
+    cr_assert(!pipe(gate));
+    ts_gate = gate[0];
+    ts_start(&s, &t, t.model, NULL);
+    ts_gate = -1;
+    close(gate[0]);
+    ts_resp r = ts_http(s.port, "GET", "/health", NULL, NULL);
+    cr_assert(r.status == 503 && strstr(r.body, "{\"status\":\"loading\"}"), "%s", r.raw);
+    free(r.raw);
+    char *body = ts_completion_body("Once upon a time", 8, "\"temperature\":0");
+    r = ts_post(s.port, "/v1/completions", body);
+    ts_expect_error(&r, 503, "still loading", NULL);
+    free(r.raw);
+    r = ts_http(s.port, "GET", "/metrics", NULL, NULL);
+    cr_assert_eq(r.status, 503, "%s", r.raw);
+    free(r.raw);
+    char *err = tc_read(s.err, NULL);
+    cr_assert(err && !strstr(err, "loading:") && !strstr(err, "engine"), "the model loaded before the gate: %s", err);
+    free(err);
+    // a second server on the same port: refused before it loads anything
+    char port[16], out[400], errp[400];
+    snprintf(port, sizeof port, "%d", s.port);
+    snprintf(out, sizeof out, "%s/busy.out", t.dir);
+    snprintf(errp, sizeof errp, "%s/busy.err", t.dir);
+    int rc = ts_run((char *[]){ts_djinn, "serve", t.model, "--cpu", "--port", port, NULL}, NULL, out, errp);
+    err = tc_must_read(errp, NULL);
+    cr_assert(rc == 1 && strstr(err, "cannot listen on 127.0.0.1") && !strstr(err, "loading:"), "exit %d: %s", rc, err);
+    free(err);
+    cr_assert_eq(write(gate[1], "g", 1), 1);
+    close(gate[1]);
+    for (double t0 = dj_now(); dj_now() - t0 < TS_WAIT_S; usleep(10000)) {
+        r = ts_http(s.port, "GET", "/health", NULL, NULL);
+        if (r.status == 200) break;
+        free(r.raw), r.raw = NULL;
+    }
+    cr_assert(r.raw, "the server did not finish loading");
+    free(r.raw);
+    char *want = ts_cli(&t, "Once upon a time", 8, "0", NULL), *got = ts_complete(&s, "Once upon a time", 8,
+                                                                                  "\"temperature\":0", 0, NULL);
+    cr_assert_str_eq(got, want);
+    free(want), free(got), free(body);
     ts_stop(&s);
     ts_teardown(&t);
 }

@@ -66,7 +66,8 @@ typedef struct {
     const char *prompt;       // -p, or the -f file's text (main reads it)
     size_t prompt_len;
     const char *prompt_file;  // -f PATH, "-": stdin
-    int64_t n_new;       // new tokens
+    int64_t n_new;       // new tokens (-n -1: INT64_MAX, until the context is full or an end token)
+    int temp_named;      // the option being parsed was spelt --temp
     dj_sampling smp;     // -t, --top-p, --top-k, --min-p, the penalties
     uint64_t seed;
     int seed_given;
@@ -107,12 +108,13 @@ typedef struct {
 
 static void usage(FILE *f) {
     fprintf(f,
-            "usage: djinn MODEL [-p PROMPT] [options]\n"
-            "  MODEL            a model.bin written by ./convert/convert\n"
+            "usage: djinn MODEL [-p PROMPT] [options]      (djinn serve MODEL: the OpenAI-compatible server)\n"
+            "  MODEL, -m MODEL  a model.bin written by ./convert/convert\n"
             "  -p PROMPT        prompt text (default: empty, i.e. BOS only)\n"
             "  -f FILE          the prompt from a file, or from stdin with -f - (any length up to the context)\n"
-            "  -n N             new tokens to generate (default 256; 0: prefill only)\n"
-            "  -t TEMP          temperature (default 1.0; 0: greedy)\n"
+            "  -n N             new tokens to generate (default 256; 0: prefill only; -1: until the context is full)\n"
+            "  -t TEMP, --temp TEMP  temperature (default 1.0; 0: greedy). -t is llama2.c's temperature, not\n"
+            "                   llama.cpp's threads (--threads): -t with a whole number of 2 or more is refused\n"
             "  --top-p P        nucleus sampling mass in [0, 1] (default 0.9; 0: greedy)\n"
             "  --top-k K        sample from the K most likely tokens only (default 0: off; 1: greedy)\n"
             "  --min-p P        only tokens at least P times as likely as the most likely one (default 0: off)\n"
@@ -136,6 +138,9 @@ static void usage(FILE *f) {
             "                   (bf16x3, f32-class accuracy; used for head_dim a multiple of 16 up to 256)\n"
             "  --threads N      CPU threads for the CPU engine and the CPU share (default: the CPUs this process\n"
             "                   may run on, its affinity mask)\n"
+            "  llama.cpp's spellings work too: -m/--model, --temp, --seed, --ctx-size, --n-predict, --prompt, --file,\n"
+            "                   -r/--reverse-prompt (--stop), -cnv/--conversation (--chat); -ngl/--n-gpu-layers N\n"
+            "                   is answered with one line: Djinn sizes the GPU's share in GB (--ring-gb)\n"
             "  --cpu-share F    while layers stream, the CPU computes fraction F (0 to 0.95) of each streamed\n"
             "                   layer's weights (whole matrices, the largest first) from host memory in each\n"
             "                   decode step, so those bytes never cross PCIe; 'auto' (the default) balances the\n"
@@ -293,11 +298,22 @@ static int parse_value(const char *a, const char *v, dj_opts *o) {
         if (o->n_stops == MAX_STOPS) return usage_error("more than %s --stop strings", "16");
         o->stops[o->n_stops++] = v;
     } else if (!strcmp(a, "-n")) {
-        if (parse_i64(v, &n) || n < 0) return usage_error("-n needs a count >= 0, not '%s'", v);
-        o->n_new = n;
+        if (parse_i64(v, &n) || n < -1) return usage_error("-n needs a count >= 0 (-1: until the context is full), not '%s'", v);
+        o->n_new = n < 0 ? INT64_MAX : n;
     } else if (!strcmp(a, "-t")) {
+        // llama2.c's temperature; a whole number of 2 or more is a llama.cpp user's thread count
+        if (!parse_i64(v, &n) && n >= 2 && !o->temp_named)
+            return usage_error("-t %s: -t is the temperature in Djinn (as in llama2.c); threads are --threads, a "
+                               "temperature this high is --temp", v);
         if (parse_f64(v, &d) || d < 0) return usage_error("-t needs a temperature >= 0, not '%s'", v);
         o->smp.temp = d;
+    } else if (!strcmp(a, "-m")) {
+        if (o->model_path) return usage_error("a second model '%s'", v);
+        o->model_path = v;
+    } else if (!strcmp(a, "-ngl")) {  // llama.cpp's layer count: said once, then the automatic sizing
+        if (parse_i64(v, &n) || n < -1) return usage_error("-ngl needs a layer count, not '%s'", v);
+        fprintf(stderr, "djinn: -ngl %s: Djinn sizes the GPU's share by memory, not layers: --ring-gb G (automatic by "
+                        "default) keeps as many layers resident as fit and streams the rest\n", v);
     } else if (!strcmp(a, "--top-p")) {
         if (parse_f64(v, &d) || d < 0 || d > 1) return usage_error("--top-p needs a value in [0, 1], not '%s'", v);
         o->smp.top_p = d;
@@ -396,14 +412,28 @@ static const char *with_value[] = {"-p", "-f", "--stop", "--system", "--top-k", 
                                    "--repeat-last-n", "--presence-penalty", "--frequency-penalty", "-n", "-t",
                                    "--top-p", "-s", "-c", "--ring-gb", "--logits", "--check", "--tol", "--stats-json",
                                    "--cpu-share", "--perplexity", "--threads", "--draft", "--draft-max",
-                                   "--draft-p-min", "--trace", "--trace-steps"};
+                                   "--draft-p-min", "--trace", "--trace-steps", "-m", "-ngl"};
+
+// llama.cpp's spellings of the same options (its users type them): the name Djinn parses them under.
+static const char *canonical_flag(const char *a) {
+    static const char *const alias[][2] = {
+        {"--model", "-m"},     {"--temp", "-t"},      {"--seed", "-s"},           {"--ctx-size", "-c"},
+        {"--n-predict", "-n"}, {"--prompt", "-p"},    {"--file", "-f"},           {"-r", "--stop"},
+        {"--reverse-prompt", "--stop"},  {"--n-gpu-layers", "-ngl"},  {"--gpu-layers", "-ngl"},
+        {"-cnv", "--chat"},    {"--conversation", "--chat"},
+    };
+    for (size_t k = 0; k < sizeof alias / sizeof *alias; k++)
+        if (!strcmp(a, alias[k][0])) return alias[k][1];
+    return a;
+}
 
 // Returns 0 when parsed, else the exit code (EXIT_USAGE, or -1 for --help, -2 for --version).
 static int parse_args(int argc, char **argv, dj_opts *o) {
     *o = (dj_opts){.prompt = "", .n_new = 256, .smp = DJ_SAMPLING_DEFAULT, .tol = -1, .gpu.cpu_share = -1,
                    .spec = {.k_max = DEFAULT_DRAFT_MAX}};
     for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
+        const char *a = canonical_flag(argv[i]);
+        o->temp_named = !strcmp(argv[i], "--temp");  // --temp 8 is a temperature, where -t 8 is refused
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) return -1;
         if (!strcmp(a, "--version")) return -2;
         if (parse_flag(a, o)) continue;
@@ -882,8 +912,12 @@ static void gen_report(gen_run *g) {
         fprintf(stderr, "djinn: stopped at --stop '%s' after %" PRId64 " new tokens\n", o->stops[g->hit], n_gen);
         break;
     case GEN_CONTEXT_FULL:
-        fprintf(stderr, "djinn: stopped after %" PRId64 " of %" PRId64 " new tokens: the context of %" PRId64
-                        " tokens is full (-c)\n", n_gen, o->n_new, g->ctx);
+        if (o->n_new == INT64_MAX)  // -n -1: the context's end is where it was to stop
+            fprintf(stderr, "djinn: stopped after %" PRId64 " new tokens: the context of %" PRId64 " tokens is full "
+                            "(-c)\n", n_gen, g->ctx);
+        else
+            fprintf(stderr, "djinn: stopped after %" PRId64 " of %" PRId64 " new tokens: the context of %" PRId64
+                            " tokens is full (-c)\n", n_gen, o->n_new, g->ctx);
         break;
     case GEN_INTERRUPTED: fprintf(stderr, "djinn: interrupted after %" PRId64 " new tokens\n", n_gen); break;
     case GEN_EOS:

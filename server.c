@@ -69,7 +69,7 @@ typedef struct {
 
 static void srv_usage(FILE *f) {
     fprintf(f,
-            "usage: djinn serve MODEL.bin [options]\n"
+            "usage: djinn serve MODEL.bin [options]      (llama-server's -m/--model, --ctx-size, -np and -ngl work too)\n"
             "  --host ADDR          listen address (127.0.0.1; 0.0.0.0 for every interface)\n"
             "  --port N             TCP port (8080; 0: any free one, printed on stderr)\n"
             "  --api-key KEY        require 'Authorization: Bearer KEY' on /v1/* and /metrics (none); may be given\n"
@@ -104,13 +104,28 @@ static void srv_usage(FILE *f) {
 }
 
 static int srv_bad_usage(const char *what, const char *arg) {
-    fprintf(stderr, "djinn serve: %s%s%s (see djinn serve --help)\n", what, arg ? ": " : "", arg ? arg : "");
+    fprintf(stderr, "djinn serve: %s%s%s%s (see djinn serve --help)\n", what, arg ? " '" : "", arg ? arg : "",
+            arg ? "'" : "");
     return 2;
+}
+
+static int srv_no_value(const char *flag) {  // djinn's own words for it
+    fprintf(stderr, "djinn serve: option '%s' needs a value (see djinn serve --help)\n", flag);
+    return 2;
+}
+
+// llama-server's spellings of the same options: the name the server parses them under.
+static const char *srv_canonical(const char *a) {
+    static const char *const alias[][2] = {{"--model", "-m"},     {"--ctx-size", "-c"},  {"-np", "--parallel"},
+                                           {"--n-gpu-layers", "-ngl"}, {"--gpu-layers", "-ngl"}};
+    for (size_t k = 0; k < sizeof alias / sizeof *alias; k++)
+        if (!strcmp(a, alias[k][0])) return alias[k][1];
+    return a;
 }
 
 // A number within [lo, hi], or a usage error naming the flag.
 static int srv_num(const char *flag, const char *v, double lo, double hi, int integer, double *out) {
-    if (!v) return srv_bad_usage("a value is missing after", flag);
+    if (!v) return srv_no_value(flag);
     char *end;
     errno = 0;
     double d = strtod(v, &end);
@@ -128,7 +143,7 @@ static int srv_parse(int argc, char **argv, srv_opts *o) {
                     .sessions = 256, .max_conns = 256, .cpu_share = -1, .breakpoints = SRV_DEFAULT_PAUSED,
                     .buffer_mb = SRV_DEFAULT_BUFFER_MB};
     for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
+        const char *a = srv_canonical(argv[i]);
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             srv_usage(stdout);
             return -1;
@@ -147,6 +162,11 @@ static int srv_parse(int argc, char **argv, srv_opts *o) {
         int rc = 0;
         dj_err e = {{0}};
         if (!strcmp(a, "--host")) o->host = v;
+        else if (!strcmp(a, "-m") && v && o->model) return srv_bad_usage("a second model path", v);
+        else if (!strcmp(a, "-m")) o->model = v;
+        else if (!strcmp(a, "-ngl") && v)  // llama-server's layer count: said once, then the automatic sizing
+            fprintf(stderr, "djinn serve: -ngl %s: Djinn sizes the GPU's share by memory, not layers: --ring-gb G "
+                            "(automatic by default) keeps as many layers resident as fit and streams the rest\n", v);
         else if (!strcmp(a, "--api-key")) rc = v && keys_add(&o->keys, v, strlen(v), a, &e) ? 2 : 0;
         else if (!strcmp(a, "--api-key-file")) rc = v && keys_add_file(&o->keys, v, &e) ? 2 : 0;
         else if (!strcmp(a, "--port")) rc = srv_num(a, v, 0, 65535, 1, &d), o->port = (int)d;
@@ -167,7 +187,7 @@ static int srv_parse(int argc, char **argv, srv_opts *o) {
         else return srv_bad_usage("unknown option", a);
         if (rc && e.msg[0]) return srv_bad_usage(e.msg, NULL);
         if (rc) return rc;
-        if (!v) return srv_bad_usage("a value is missing after", a);
+        if (!v) return srv_no_value(a);
     }
     if (!o->model) return srv_bad_usage("no model given", NULL);
     return 0;

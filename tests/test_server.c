@@ -1624,10 +1624,10 @@ Test(server, usage_errors) {
         int code, flag;  // flag: a bad flag, refused before the model is read: one line sending to --help
         const char *msg;
     } cases[] = {
-        {{"--bogus", NULL}, 2, 1, "unknown option: --bogus"},
-        {{"--bogus", "3", NULL}, 2, 1, "unknown option: --bogus"},
-        {{"--port", NULL}, 2, 1, "a value is missing after: --port"},
-        {{"--host", NULL}, 2, 1, "a value is missing after: --host"},
+        {{"--bogus", NULL}, 2, 1, "unknown option '--bogus'"},
+        {{"--bogus", "3", NULL}, 2, 1, "unknown option '--bogus'"},
+        {{"--port", NULL}, 2, 1, "option '--port' needs a value"},
+        {{"--host", NULL}, 2, 1, "option '--host' needs a value"},
         {{"--port", "70000", NULL}, 2, 1, "--port wants an integer"},
         {{"--parallel", "0", NULL}, 2, 1, "--parallel wants"},
         {{"--kv-gb", "0.0001", NULL}, 2, 0, "holds no KV slot"},
@@ -1638,7 +1638,7 @@ Test(server, usage_errors) {
         {{"--api-key", "a b", NULL}, 2, 1, "visible ASCII characters only (no spaces), not byte 0x20 at 2"},
         {{"--api-key", "k", "--api-key", "k", NULL}, 2, 1, "--api-key: a key given twice"},
         {{"--api-key-file", "/nonexistent/keys", NULL}, 2, 1, "/nonexistent/keys"},
-        {{"--api-key-file", NULL}, 2, 1, "a value is missing after: --api-key-file"},
+        {{"--api-key-file", NULL}, 2, 1, "option '--api-key-file' needs a value"},
         {{"--buffer-mb", "0", NULL}, 2, 1, "--buffer-mb wants a number"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {

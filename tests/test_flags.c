@@ -1,0 +1,124 @@
+// test_flags.c: the habits a llama.cpp user brings, on djinn and djinn serve ($DJINN_BIN) with stories260K: llama.cpp's
+// spellings give byte for byte what Djinn's own give; -t with a whole number of 2 or more (a thread count there) is
+// refused with one line naming --threads and --temp, while --temp 8 is a temperature; -n -1 runs to the context's
+// end; -ngl is answered with one line and ignored; llama-server's -m, --ctx-size and -np reach the server's options.
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "common.h"
+
+typedef struct {
+    char dir[256], model[400], out[400], err[400], djinn[1100];
+} tf_env;
+
+static void tf_setup(tf_env *t) {
+    char *d = tc_tmpdir("flags"), src[1100], convert[1100];
+    snprintf(t->dir, sizeof t->dir, "%s", d);
+    free(d);
+    tc_data_path(src, sizeof src, "models/stories260K");
+    snprintf(t->djinn, sizeof t->djinn, "%s/djinn", tc_bin_dir());
+    snprintf(convert, sizeof convert, "%s/convert", tc_bin_dir());
+    snprintf(t->model, sizeof t->model, "%s/s.bin", t->dir);
+    snprintf(t->out, sizeof t->out, "%s/out", t->dir);
+    snprintf(t->err, sizeof t->err, "%s/err", t->dir);
+    cr_assert_eq(tc_run((char *[]){convert, src, t->model, "--dtype", "f32", "-q", NULL}, "/dev/null", t->out, 0,
+                        t->err, 120), 0, "convert failed");
+}
+
+// Runs djinn with argv[1..] (argv[0] is replaced by the binary); the exit code, stdout and stderr (malloc'd).
+static int tf_run(tf_env *t, char **argv, char **out, char **err) {
+    argv[0] = t->djinn;
+    int rc = tc_run(argv, "/dev/null", t->out, 0, t->err, 120);
+    *out = tc_must_read(t->out, NULL), *err = tc_must_read(t->err, NULL);
+    return rc;
+}
+
+Test(flags, llama_cpp_spellings_mean_the_same) {
+    tf_env t;
+    tf_setup(&t);
+    char *o1, *e1, *o2, *e2;
+    int r1 = tf_run(&t, (char *[]){NULL, t.model, "-p", "Once upon a time", "-n", "24", "-t", "0.8", "-s", "7", "-c",
+                                   "64", "--stop", "park", "--cpu", NULL}, &o1, &e1);
+    int r2 = tf_run(&t, (char *[]){NULL, "-m", t.model, "--prompt", "Once upon a time", "--n-predict", "24", "--temp",
+                                   "0.8", "--seed", "7", "--ctx-size", "64", "-r", "park", "--cpu", NULL}, &o2, &e2);
+    cr_assert(r1 == 0 && r2 == 0, "exit %d and %d: %s / %s", r1, r2, e1, e2);
+    cr_assert_str_eq(o2, o1, "llama.cpp's spellings gave another text");
+    free(o1), free(e1), free(o2), free(e2);
+    tc_rm_rf(t.dir);
+}
+
+Test(flags, t_as_a_thread_count_is_refused) {
+    tf_env t;
+    tf_setup(&t);
+    static const char *const refused[] = {"8", "2", "16"}, *const taken[] = {"1", "0", "1.5", "2.0", "0.7"};
+    char *o, *e;
+    for (size_t i = 0; i < 3; i++) {
+        int rc = tf_run(&t, (char *[]){NULL, t.model, "-p", "hi", "-n", "2", "-t", (char *)refused[i], "--cpu", NULL},
+                        &o, &e);
+        cr_assert(rc == 2 && strstr(e, "--threads") && strstr(e, "--temp") && !*o && strchr(e, '\n') == e + strlen(e) - 1,
+                  "-t %s: exit %d, stdout '%s', stderr '%s'", refused[i], rc, o, e);
+        free(o), free(e);
+    }
+    for (size_t i = 0; i < 5; i++) {
+        int rc = tf_run(&t, (char *[]){NULL, t.model, "-p", "hi", "-n", "2", "-t", (char *)taken[i], "-s", "1", "--cpu",
+                                       NULL}, &o, &e);
+        cr_assert_eq(rc, 0, "-t %s: %s", taken[i], e);
+        free(o), free(e);
+    }
+    int rc = tf_run(&t, (char *[]){NULL, t.model, "-p", "hi", "-n", "2", "--temp", "8", "-s", "1", "--cpu", NULL}, &o, &e);
+    cr_assert_eq(rc, 0, "--temp 8 is a temperature: %s", e);
+    free(o), free(e);
+    tc_rm_rf(t.dir);
+}
+
+Test(flags, n_minus_one_runs_to_the_context) {
+    tf_env t;
+    tf_setup(&t);
+    char *o, *e;
+    int rc = tf_run(&t, (char *[]){NULL, t.model, "-p", "Once", "-n", "-1", "-t", "0", "-c", "24", "--cpu", NULL}, &o, &e);
+    // "Once" is BOS and one token: 22 new tokens fill the context of 24
+    cr_assert(rc == 0 && strstr(e, "stopped after 22 new tokens: the context of 24 tokens is full"), "exit %d: %s", rc,
+              e);
+    free(o), free(e);
+    rc = tf_run(&t, (char *[]){NULL, t.model, "-n", "-2", "--cpu", NULL}, &o, &e);
+    cr_assert(rc == 2 && strstr(e, "-n needs a count >= 0 (-1: until the context is full)"), "exit %d: %s", rc, e);
+    free(o), free(e);
+    tc_rm_rf(t.dir);
+}
+
+Test(flags, ngl_is_answered_and_ignored) {
+    tf_env t;
+    tf_setup(&t);
+    char *o1, *e1, *o2, *e2;
+    int r1 = tf_run(&t, (char *[]){NULL, t.model, "-p", "hi", "-n", "8", "-t", "0", "--cpu", NULL}, &o1, &e1);
+    int r2 = tf_run(&t, (char *[]){NULL, t.model, "-p", "hi", "-n", "8", "-t", "0", "--cpu", "-ngl", "99", NULL}, &o2,
+                    &e2);
+    cr_assert(r1 == 0 && r2 == 0, "%s / %s", e1, e2);
+    cr_assert_str_eq(o2, o1);
+    cr_assert(strstr(e2, "-ngl 99: Djinn sizes the GPU's share by memory, not layers: --ring-gb"), "%s", e2);
+    free(o1), free(e1), free(o2), free(e2);
+    tc_rm_rf(t.dir);
+}
+
+// The server's refusals after reading the model say which options reached it: -m is the model, --ctx-size the
+// context (-c), -np the sequences a step (--parallel).
+Test(flags, llama_server_spellings) {
+    tf_env t;
+    tf_setup(&t);
+    char *o, *e;
+    int rc = tf_run(&t, (char *[]){NULL, "serve", "-m", t.model, "--cpu", "--port", "0", "--ctx-size", "64", "--kv-gb",
+                                   "0.00001", NULL}, &o, &e);
+    cr_assert(rc == 2 && strstr(e, "one slot of 64 positions"), "exit %d: %s", rc, e);
+    free(o), free(e);
+    rc = tf_run(&t, (char *[]){NULL, "serve", "--model", t.model, "--cpu", "--port", "0", "-c", "512", "-np", "4",
+                               "--kv-gb", "0.0014", NULL}, &o, &e);
+    cr_assert(rc == 2 && strstr(e, "--parallel 4 needs as many KV slots"), "exit %d: %s", rc, e);
+    free(o), free(e);
+    rc = tf_run(&t, (char *[]){NULL, "serve", t.model, "-m", t.model, NULL}, &o, &e);
+    cr_assert(rc == 2 && strstr(e, "a second model path"), "exit %d: %s", rc, e);
+    free(o), free(e);
+    tc_rm_rf(t.dir);
+}

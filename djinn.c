@@ -1239,7 +1239,9 @@ int main(int argc, char **argv) {
         return 0;
     }
     if (prc == -2) {
-        printf("djinn %s (model.bin versions 1 and 2: f32, f16, bf16, q8, q4)\n", DJINN_VERSION);
+        printf("djinn %s (model.bin version %u, as ./convert/convert writes it; versions %u to %u read but version "
+               "2's q8 and q4; weights f32, f16, bf16, q8, q4)\n", DJINN_VERSION, DJ_VERSION, DJ_VERSION_MIN,
+               DJ_VERSION);
         return fflush(stdout) || ferror(stdout) ? EXIT_ERR : 0;
     }
     if (prc) return prc;
@@ -1257,19 +1259,25 @@ int main(int argc, char **argv) {
         if (read_prompt(o.prompt_file, &prompt_text, &o.prompt_len, &e)) goto done;
         o.prompt = prompt_text;
     }
+    if (access(o.model_path, R_OK)) {  // a missing model is said before any GPU is looked for
+        dj_fail(&e, "cannot open model %s: %s", o.model_path, strerror(errno));
+        goto done;
+    }
     int use_gpu = !o.force_cpu && !o.tokenize && gpu_count() > 0;
     if (o.trace_path && !use_gpu) {
         dj_fail(&e, "--trace records the GPU engine's decode steps, and no GPU was found");
         goto done;
     }
-    if (o.force_cpu) fprintf(stderr, "djinn: running on the CPU (--cpu), %d threads\n", cpu_threads_planned());
+    const int nt = cpu_threads_planned();
+    if (o.force_cpu) fprintf(stderr, "djinn: running on the CPU (--cpu), %d thread%s\n", nt, nt == 1 ? "" : "s");
     else if (!o.tokenize && !use_gpu)
-        fprintf(stderr, "djinn: warning: no GPU found: running on the CPU, %d threads\n", cpu_threads_planned());
+        fprintf(stderr, "djinn: warning: no GPU found: running on the CPU, %d thread%s\n", nt, nt == 1 ? "" : "s");
     if (!use_gpu && (o.gpu.stream_all || o.gpu.sync_copy || o.gpu.ring_gb > 0 || o.gpu.no_graph || o.gpu.fma_attn ||
                      o.gpu.cpu_share_given))
         fprintf(stderr, "djinn: warning: --ring-gb, --stream-all, --sync-copy, --no-graph, --fma-attn and "
                         "--cpu-share apply to the GPU engine only\n");
-    dj_load_opts lo = {.want_pinned = use_gpu, .no_pin = o.no_pin, .quiet = 0};
+    // the load's progress on a terminal only: a log gets the one line below
+    dj_load_opts lo = {.want_pinned = use_gpu, .no_pin = o.no_pin, .quiet = !isatty(STDERR_FILENO)};
     double t0 = dj_now();
     test_sigint_before("load");
     if (model_load(o.model_path, &lo, &m, &e)) goto done;
@@ -1285,7 +1293,8 @@ int main(int argc, char **argv) {
         goto done;
     }
     if (o.ctx > (int64_t)c->max_seq_len) {
-        fprintf(stderr, "djinn: -c %" PRId64 " is beyond the model's max_seq_len of %u\n", o.ctx, c->max_seq_len);
+        fprintf(stderr, "djinn: -c %" PRId64 " is beyond the model's max_seq_len of %u (see djinn --help)\n", o.ctx,
+                c->max_seq_len);
         rc = EXIT_USAGE;
         goto done;
     }

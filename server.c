@@ -90,7 +90,8 @@ static void srv_usage(FILE *f) {
             "  --timeout S          seconds a request may take to arrive, an idle connection stays open and a\n"
             "                       client may leave output unread (60)\n"
             "  --ring-gb G          GPU memory for weights, in GB (as djinn's)\n"
-            "  --cpu-share F|auto   fraction of streamed rows the CPU computes in one-sequence steps (auto)\n"
+            "  --cpu-share F|auto   fraction of each streamed layer's rows the CPU computes, in steps of any number\n"
+            "                       of sequences (auto)\n"
             "  --threads N          CPU threads (the CPUs in the affinity mask)\n"
             "  --cpu                run on the CPU even with a GPU present\n"
             "  --stream-all         ablation (tests): keep no layer resident on the GPU, stream every layer\n"
@@ -926,7 +927,7 @@ static int srv_fd_limit(srv_opts *o, dj_err *e) {
 static int srv_open_model(srv *s, dj_err *e) {
     srv_opts *o = &s->o;
     int use_gpu = !o->force_cpu && gpu_count() > 0;
-    dj_load_opts lo = {.want_pinned = use_gpu};
+    dj_load_opts lo = {.want_pinned = use_gpu, .quiet = !isatty(STDERR_FILENO)};  // progress on a terminal only
     if (model_load(o->model, &lo, &s->m, e)) return 1;
     const dj_config *cfg = &s->m.info.config;
     if (!(s->tok = tok_load(s->m.data + s->m.info.tok_off, (size_t)s->m.info.tok_size, e))) return 1;

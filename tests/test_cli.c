@@ -214,7 +214,7 @@ Test(cli, threads_flag_sets_the_pool) {
     cpu_set_t set;
     cr_assert_eq(sched_getaffinity(0, sizeof set, &set), 0);
     char want[64];
-    snprintf(want, sizeof want, "running on the CPU (--cpu), %d threads", CPU_COUNT(&set));
+    snprintf(want, sizeof want, "running on the CPU (--cpu), %d thread%s", CPU_COUNT(&set), CPU_COUNT(&set) == 1 ? "" : "s");
     char *argv2[] = {tcli_djinn_path, c.model, "-p", "Hi", "-n", "2", "-t", "0", "--cpu", NULL};
     cr_assert_eq(tcli_run(&c, argv2), 0);
     err = tcli_stderr(&c);

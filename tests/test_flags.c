@@ -122,3 +122,26 @@ Test(flags, llama_server_spellings) {
     free(o), free(e);
     tc_rm_rf(t.dir);
 }
+
+// What djinn says about itself and its start: --version names the model.bin version the converter writes (model.h's
+// DJ_VERSION, 3); a missing model is the first and only line (no GPU probe before it); a run into a log says its
+// load in one line and "1 thread" in the singular.
+Test(flags, the_first_lines) {
+    tf_env t;
+    tf_setup(&t);
+    char *o, *e;
+    int rc = tf_run(&t, (char *[]){NULL, "--version", NULL}, &o, &e);
+    cr_assert(rc == 0 && strstr(o, "model.bin version 3,") && !strstr(o, "versions 1 and 2"), "%s", o);
+    free(o), free(e);
+    rc = tf_run(&t, (char *[]){NULL, "/nonexistent/m.bin", "-p", "hi", NULL}, &o, &e);
+    cr_assert(rc == 1 && !strncmp(e, "djinn: cannot open model /nonexistent/m.bin:", 44) && strchr(e, '\n') ==
+              e + strlen(e) - 1, "exit %d: %s", rc, e);
+    free(o), free(e);
+    rc = tf_run(&t, (char *[]){NULL, t.model, "-p", "hi", "-n", "2", "-t", "0", "--cpu", "--threads", "1", NULL}, &o, &e);
+    cr_assert_eq(rc, 0, "%s", e);
+    int loads = 0;
+    for (const char *p = e; (p = strstr(p, "load")); p++) loads += p == e || p[-1] == '\n' || !strncmp(p, "loaded", 6);
+    cr_assert(loads == 1 && strstr(e, "(--cpu), 1 thread\n"), "%d load lines: %s", loads, e);
+    free(o), free(e);
+    tc_rm_rf(t.dir);
+}

@@ -147,6 +147,12 @@ demo: djinn convert/convert
 	./convert/convert $(DATA)/models/stories260K stories260K.bin --dtype f32
 	./djinn stories260K.bin -p "Once upon a time" -n 200 -t 0
 
+# The chat on the tiny model, which has no template of its own: Llama 2's, two turns from stdin.
+.PHONY: demo-chat
+demo-chat: djinn convert/convert
+	./convert/convert $(DATA)/models/stories260K stories260K.bin --dtype f32
+	printf 'Tell me about a cat.\nAnd then?\n' | ./djinn stories260K.bin --chat --chat-template llama2 -n 60 -t 0
+
 clean:
 	rm -rf build build-san build-fuzz djinn convert/convert stories260K.bin
 

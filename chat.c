@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "buf.h"
+#include "fileio.h"
 
 chat_kind chat_recognise(const char *tmpl) {
     if (!tmpl || !tmpl[0]) return CHAT_NONE;
@@ -125,5 +126,17 @@ int chat_prompt_ids(const dj_tokenizer *tok, chat_kind k, const char *const *rol
         return dj_fail(e, "messages: the last message is not the user's");
     }
     *ids = all, *n_ids = m;
+    return 0;
+}
+
+int chat_choose(const char *choice, const char *model, chat_kind *k, dj_err *e) {
+    if (!choice) return *k = chat_recognise(model), 0;
+    if (!strcmp(choice, "llama2")) return *k = CHAT_LLAMA2, 0;
+    if (!strcmp(choice, "llama3")) return *k = CHAT_LLAMA3, 0;
+    char *text;
+    size_t n;
+    if (in_read_all(choice, "--chat-template", (size_t)1 << 20, &text, &n, e)) return -1;
+    *k = chat_recognise(text);
+    free(text);
     return 0;
 }

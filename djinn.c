@@ -86,6 +86,7 @@ typedef struct {
     int64_t threads;     // CPU threads (the pool's size); 0: one per CPU of the process's affinity mask
     int chat;                 // --chat: an interactive conversation with the model's chat template
     const char *system;       // --system
+    const char *chat_template;  // --chat-template llama2|llama3|FILE (NULL: the model's own)
     const char *stops[MAX_STOPS];  // --stop: the generation ends where one of these appears, without it
     int n_stops;
     const char *stats_path;
@@ -165,6 +166,8 @@ static void usage(FILE *f) {
             "                   line on stdin is a turn; each answer is -n tokens at most; Ctrl-C stops the\n"
             "                   answer, Ctrl-D (end of input) ends the conversation\n"
             "  --system TEXT    the system message of --chat\n"
+            "  --chat-template llama2|llama3|FILE  --chat (and djinn serve's chat endpoint) in this template instead\n"
+            "                   of the model's own (FILE: a Jinja chat_template, recognised as Llama 2's or 3's)\n"
             "  --draft DRAFT    speculative decoding: DRAFT, a small model.bin with the same tokenizer (the target's\n"
             "                   own --dtype q4 copy is the natural one), resident on the GPU, proposes tokens and\n"
             "                   MODEL verifies them all in one pass; greedy text is MODEL's own, sampled text follows\n"
@@ -291,6 +294,8 @@ static int parse_value(const char *a, const char *v, dj_opts *o) {
         o->prompt = v, o->prompt_len = strlen(v);
     } else if (!strcmp(a, "-f")) {
         o->prompt_file = v;
+    } else if (!strcmp(a, "--chat-template")) {
+        o->chat_template = v;
     } else if (!strcmp(a, "--system")) {
         o->system = v;
     } else if (!strcmp(a, "--stop")) {
@@ -408,7 +413,7 @@ static int check_args(const dj_opts *o) {
 }
 
 // Options that take a value (parse_value).
-static const char *with_value[] = {"-p", "-f", "--stop", "--system", "--top-k", "--min-p", "--repeat-penalty",
+static const char *with_value[] = {"-p", "-f", "--stop", "--system", "--chat-template", "--top-k", "--min-p", "--repeat-penalty",
                                    "--repeat-last-n", "--presence-penalty", "--frequency-penalty", "-n", "-t",
                                    "--top-p", "-s", "-c", "--ring-gb", "--logits", "--check", "--tol", "--stats-json",
                                    "--cpu-share", "--perplexity", "--threads", "--draft", "--draft-max",
@@ -1107,10 +1112,11 @@ static void chat_context_full(const chat_run *g) {
 static int run_chat(const dj_model *m, const dj_tokenizer *tok, const dj_opts *o, dj_err *e) {
     const dj_config *c = &m->info.config;
     int64_t vocab = c->vocab_size;
-    chat_kind kind = chat_recognise(tok_chat_template(tok));
+    chat_kind kind;
+    if (chat_choose(o->chat_template, tok_chat_template(tok), &kind, e)) return EXIT_ERR;
     if (kind == CHAT_NONE)
-        return dj_fail(e, "--chat: %s has no chat template (tokenizer_config.json's chat_template): give the prompt "
-                          "with -p", o->model_path), EXIT_ERR;
+        return dj_fail(e, "--chat: %s has no chat template (tokenizer_config.json's chat_template): give one with "
+                          "--chat-template llama2|llama3|FILE, or the prompt with -p", o->model_path), EXIT_ERR;
     if (kind == CHAT_UNKNOWN)
         return dj_fail(e, "--chat: the model's chat template is neither Llama 2's ([INST], <<SYS>>) nor Llama 3's "
                           "(<|start_header_id|>): write the prompt out with -p"), EXIT_ERR;

@@ -59,7 +59,7 @@ static void srv_on_signal(int sig) {
 
 // ---- options
 typedef struct {
-    const char *model, *host;
+    const char *model, *host, *chat_template;
     dj_keys keys;            // none: every client one tenant, no key asked
     int port, force_cpu, threads, quiet, stream_all;
     double ring_gb, kv_gb, park_gb, timeout_s, cpu_share, buffer_mb;
@@ -76,6 +76,7 @@ static void srv_usage(FILE *f) {
             "                       several times: each key a tenant, whose sessions, paused breakpoints and cached\n"
             "                       prompts no other key's requests can reach\n"
             "  --api-key-file FILE  keys one a line, each a tenant (with --api-key too)\n"
+            "  --chat-template llama2|llama3|FILE  /v1/chat/completions in this template, not the model's own\n"
             "  -c N                 context: positions per KV slot (the model's, at most %d)\n"
             "  --parallel N         most sequences decoded together in one step (%d, at most the slots)\n"
             "  --kv-gb G            memory for KV slots, in GB: slots = G / (context x bytes a position)\n"
@@ -163,6 +164,7 @@ static int srv_parse(int argc, char **argv, srv_opts *o) {
         int rc = 0;
         dj_err e = {{0}};
         if (!strcmp(a, "--host")) o->host = v;
+        else if (!strcmp(a, "--chat-template")) o->chat_template = v;
         else if (!strcmp(a, "-m") && v && o->model) return srv_bad_usage("a second model path", v);
         else if (!strcmp(a, "-m")) o->model = v;
         else if (!strcmp(a, "-ngl") && v)  // llama-server's layer count: said once, then the automatic sizing
@@ -948,8 +950,9 @@ static int srv_open_model(srv *s, dj_err *e) {
         return dj_fail(e, "--parallel %d needs as many KV slots, --kv-gb %g holds %.0f (%.4g GB each): raise --kv-gb "
                           "to %.4g or lower --parallel", parallel, o->kv_gb, slots, slot_gb, slot_gb * parallel), 2;
     if (parallel > slots) parallel = (int32_t)slots;
-    s->am = (api_model){s->tok, chat_recognise(tok_chat_template(s->tok)), ctx, cfg->vocab_size, cfg->n_layers,
-                        cfg->dim, o->breakpoints > 0};
+    chat_kind chat;
+    if (chat_choose(o->chat_template, tok_chat_template(s->tok), &chat, e)) return 2;
+    s->am = (api_model){s->tok, chat, ctx, cfg->vocab_size, cfg->n_layers, cfg->dim, o->breakpoints > 0};
     dj_gpu_opts go = {.ring_gb = o->ring_gb, .max_seq = ctx, .cpu_share = o->cpu_share, .stream_all = o->stream_all};
     if (engine_open(&s->eng, &s->m, &go, (int32_t)slots, e)) return 1;
     // a breakpoint's rows must come back in a resume's body, base64 (4 characters for 3 bytes) beside its fields

@@ -145,3 +145,31 @@ Test(flags, the_first_lines) {
     free(o), free(e);
     tc_rm_rf(t.dir);
 }
+
+// stories260K holds no chat template: --chat refuses it by name, --chat-template llama2 chats in Llama 2's (the
+// same ids as a model converted with that template: the same text), and a template file that cannot be read is
+// one line.
+Test(flags, chat_template_for_a_model_without_one) {
+    tf_env t;
+    tf_setup(&t);
+    char in[500], *o, *e;
+    snprintf(in, sizeof in, "%s/in", t.dir);
+    tc_write(in, "Tell me about a cat.\n", 21);
+    char *argv[] = {t.djinn, t.model, "--chat", "-n", "20", "-t", "0", "--cpu", NULL, NULL, NULL};
+    int rc = tc_run(argv, in, t.out, 0, t.err, 120);
+    e = tc_must_read(t.err, NULL);
+    cr_assert(rc == 1 && strstr(e, "--chat-template llama2|llama3|FILE"), "exit %d: %s", rc, e);
+    free(e);
+    argv[8] = "--chat-template", argv[9] = "llama2";
+    rc = tc_run(argv, in, t.out, 0, t.err, 120);
+    o = tc_must_read(t.out, NULL), e = tc_must_read(t.err, NULL);
+    cr_assert(rc == 0 && strlen(o) > 20 && strstr(e, "Llama 2 ([INST]) template"), "exit %d: %s / %s", rc, o, e);
+    free(o), free(e);
+    argv[9] = "/nonexistent/template.jinja";
+    rc = tc_run(argv, in, t.out, 0, t.err, 120);
+    e = tc_must_read(t.err, NULL);
+    const char *last = strstr(e, "djinn: cannot open --chat-template /nonexistent/template.jinja");
+    cr_assert(rc == 1 && last && strchr(last, '\n') == e + strlen(e) - 1, "exit %d: %s", rc, e);  // the last line
+    free(e);
+    tc_rm_rf(t.dir);
+}

@@ -82,31 +82,45 @@ static uint64_t ts_get64(const uint8_t *h, int at) {
 }
 
 // ---- another model
-// A model of the same file size and shape whose weights differ (a value in its embeddings) is another model: its
-// fingerprint says so.
-Test(session, another_model_of_the_same_size) {
-    ts_ctx c;
-    ts_setup(&c);
+// A copy of the model with the float at byte `at` changed, of the same file size and shape: a session saved with the
+// model is refused by it (its fingerprint differs).
+static void ts_refused_by_a_copy_changed_at(ts_ctx *c, uint64_t at) {
     char msg[600], other[4300];
-    cr_assert_eq(ts_open(c.path, &c.m, TS_CTX, msg, sizeof msg), 0, "its own model: %s", msg);
     size_t n;
-    uint8_t *b = (uint8_t *)tc_must_read(c.model, &n);
+    uint8_t *b = (uint8_t *)tc_must_read(c->model, &n);
+    cr_assert(at + 4 <= n);
     float v;
-    memcpy(&v, b + c.m.info.embed_off, 4);
+    memcpy(&v, b + at, 4);
     v += 0.25f;
-    memcpy(b + c.m.info.embed_off, &v, 4);
-    snprintf(other, sizeof other, "%s/b.bin", c.dir);
+    memcpy(b + at, &v, 4);
+    snprintf(other, sizeof other, "%s/b.bin", c->dir);
     tc_write(other, b, n);
     free(b);
     dj_model mb;
     dj_load_opts lo = {.quiet = 1};
     dj_err e = {{0}};
     cr_assert_eq(model_load(other, &lo, &mb, &e), 0, "%s", e.msg);
-    cr_assert_eq(mb.info.file_size, c.m.info.file_size);
-    cr_assert_eq(memcmp(&mb.info.config, &c.m.info.config, sizeof mb.info.config), 0);
-    cr_assert_eq(ts_open(c.path, &mb, TS_CTX, msg, sizeof msg), -1, "loaded into another model of the same size");
+    cr_assert_eq(mb.info.file_size, c->m.info.file_size);
+    cr_assert_eq(memcmp(&mb.info.config, &c->m.info.config, sizeof mb.info.config), 0);
+    cr_assert_eq(ts_open(c->path, &mb, TS_CTX, msg, sizeof msg), -1, "loaded into a model changed at byte %llu",
+                 (unsigned long long)at);
     cr_assert(strstr(msg, "was saved with another model"), "%s", msg);
     model_free(&mb);
+}
+
+// A model of the same file size and shape whose weights differ is another model: a value at the start of its
+// embeddings, and one in the middle of its last layer (past the first 4 KB of every section: the fingerprint reads
+// each section at its start and at its middle).
+Test(session, another_model_of_the_same_size) {
+    ts_ctx c;
+    ts_setup(&c);
+    char msg[600];
+    cr_assert_eq(ts_open(c.path, &c.m, TS_CTX, msg, sizeof msg), 0, "its own model: %s", msg);
+    ts_refused_by_a_copy_changed_at(&c, c.m.info.embed_off);
+    const dj_model_info *in = &c.m.info;
+    uint64_t mid = in->layer_off[in->config.n_layers - 1] + in->layer.size / 2;
+    cr_assert_gt(in->layer.size / 2, 4096, "the layer is too small for its middle to lie past its first 4 KB");
+    ts_refused_by_a_copy_changed_at(&c, mid / 4 * 4);
     ts_teardown(&c);
 }
 

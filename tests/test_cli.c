@@ -861,6 +861,14 @@ Test(cli, missing_or_corrupt_model) {
     memset(junk, 'x', sizeof junk);
     tc_write(path, junk, sizeof junk);
     tcli_expect_fail(&c, (char *[]){tcli_djinn_path, path, "-p", "x", NULL}, 1, "djinn: ");
+    // llama.cpp's format: named, with what to do instead
+    memcpy(junk, "GGUF\3\0\0\0", 8);
+    snprintf(path, sizeof path, "%s/model.gguf", c.dir);
+    tc_write(path, junk, sizeof junk);
+    char want[900];
+    snprintf(want, sizeof want, "djinn: %s: a GGUF file (llama.cpp's format), which Djinn does not read: convert the "
+             "Hugging Face checkpoint with ./convert/convert instead\n", path);
+    tcli_expect_fail(&c, (char *[]){tcli_djinn_path, path, "-p", "x", NULL}, 1, want);
     size_t n;
     char *whole = tc_read(c.model, &n);
     snprintf(path, sizeof path, "%s/truncated.bin", c.dir);

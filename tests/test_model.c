@@ -200,7 +200,7 @@ Test(model_format, structural_errors_with_valid_crc) {
         expect_parse_error(copy, size, size, needle);       \
     } while (0)
 
-    CASE(memcpy(h.magic, "GGUFxxxx", 8), "magic");
+    CASE(memcpy(h.magic, "NOTDJINN", 8), "magic");
     CASE(h.version = DJ_VERSION + 1, "newer than this build reads");
     CASE(h.version = 0, "version 0");
     CASE(h.header_size = 8192, "header size");
@@ -267,6 +267,17 @@ Test(model_format, load_errors) {
     unlink(path);
     dj_info_free(&plan);
     free(img);
+}
+
+// llama.cpp's GGUF files are named as such, whatever their length, with the way to a Djinn model; a near miss of the
+// magic is a plain bad magic.
+Test(model_format, gguf_is_recognised) {
+    uint8_t img[DJ_HEADER_SIZE + 64] = "GGUF\3\0\0\0";
+    for (size_t n = 4; n <= sizeof img; n += sizeof img - 4)
+        expect_parse_error(img, n, n, "a GGUF file (llama.cpp's format), which Djinn does not read: convert the "
+                                      "Hugging Face checkpoint with ./convert/convert instead");
+    img[3] = 'X';
+    expect_parse_error(img, sizeof img, sizeof img, "not a Djinn model (bad magic)");
 }
 
 // ---- dtype conversions

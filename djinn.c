@@ -16,7 +16,7 @@
 #include "cpu.h"
 #include "engine.h"
 #include "fileio.h"
-#include "kernels.h"
+#include "gpu_host.h"
 #include "loader.h"
 #include "probe.h"
 #include "sampler.h"
@@ -1271,13 +1271,13 @@ int main(int argc, char **argv) {
     }
     int use_gpu = !o.force_cpu && !o.tokenize && gpu_count() > 0;
     if (o.trace_path && !use_gpu) {
-        dj_fail(&e, "--trace records the GPU engine's decode steps, and no GPU was found");
+        dj_fail(&e, "--trace records the GPU engine's decode steps: " GPU_ABSENT);
         goto done;
     }
     const int nt = cpu_threads_planned();
     if (o.force_cpu) fprintf(stderr, "djinn: running on the CPU (--cpu), %d thread%s\n", nt, nt == 1 ? "" : "s");
     else if (!o.tokenize && !use_gpu)
-        fprintf(stderr, "djinn: warning: no GPU found: running on the CPU, %d thread%s\n", nt, nt == 1 ? "" : "s");
+        fprintf(stderr, "djinn: warning: " GPU_ABSENT ": running on the CPU, %d thread%s\n", nt, nt == 1 ? "" : "s");
     if (!use_gpu && (o.gpu.stream_all || o.gpu.sync_copy || o.gpu.ring_gb > 0 || o.gpu.no_graph || o.gpu.fma_attn ||
                      o.gpu.cpu_share_given))
         fprintf(stderr, "djinn: warning: --ring-gb, --stream-all, --sync-copy, --no-graph, --fma-attn and "

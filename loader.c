@@ -15,7 +15,7 @@
 #include <unistd.h>
 
 #include "fileio.h"
-#include "kernels.h"
+#include "gpu_host.h"
 
 // ---- reading in parallel
 // Every section is read by several threads into anonymous memory. For the GPU the sections that travel

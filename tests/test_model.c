@@ -11,9 +11,9 @@
 #include <fcntl.h>
 #include <unistd.h>
 
-#include "../kernels.h"
-#include "../model.h"
+#include "../gpu_host.h"
 #include "../loader.h"
+#include "../model.h"
 
 // A small GQA config with untied head.
 static dj_config small_config(void) {

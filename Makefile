@@ -2,23 +2,51 @@
 # binary sits beside them); `make test` builds and runs the Criterion suite
 # (installing libcriterion-dev first when missing and running as root); `make test SAN=1` runs it under
 # ASan+UBSan; `make demo` converts and runs the tiny real model from $(DATA).
+# Builds run one job a core unless -j says otherwise, one short line a file (V=1: the commands).
+# Without the CUDA toolkit (no nvcc at $(CUDA), or make CUDA=/nowhere) the build is CPU-only, with cc alone, in
+# build-cpu/: the GPU engine's files are left out (DJINN_NO_GPU) and gpu_none.c stands in for them.
 
 DATA ?= ../shared
 CUDA ?= /usr/local/cuda
 NVCC ?= $(CUDA)/bin/nvcc
 CC ?= cc
 
+ifeq ($(filter -j% j%,$(MAKEFLAGS))$(filter fuzz-run%,$(MAKECMDGOALS)),)
+MAKEFLAGS += -j$(shell nproc 2>/dev/null || echo 2)  # fuzz-run: one target at a time unless -j asks for more
+endif
+V ?= 0
+ifeq ($(V),1)
+Q :=
+show :=
+else
+Q := @
+show = @printf '  %-5s %s\n' '$(1)' '$(2)'
+MAKEFLAGS += --no-print-directory
+endif
+
+HAVE_CUDA := $(if $(and $(wildcard $(NVCC)),$(wildcard $(CUDA)/include/cuda_runtime_api.h)),1,0)
+ifeq ($(HAVE_CUDA),1)
+GPU_CFLAGS := -I$(CUDA)/include
+CPU_ONLY :=
+else
+GPU_CFLAGS := -DDJINN_NO_GPU
+CPU_ONLY := -cpu
+endif
+
 SAN ?= 0
 ifeq ($(SAN),1)
-BUILD ?= build-san
+BUILD ?= build-san$(CPU_ONLY)
 SANFLAGS := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
 else
-BUILD ?= build
+BUILD ?= build$(CPU_ONLY)
 SANFLAGS :=
+endif
+ifeq ($(HAVE_CUDA)$(MAKELEVEL),00)
+$(info make: no CUDA toolkit at $(CUDA) (no $(NVCC)): a CPU-only djinn, without the GPU engine, in $(BUILD)/)
 endif
 
 CFLAGS := -std=c11 -O2 -g -Wall -Wextra -Werror -Wno-unused-parameter -D_GNU_SOURCE -pthread \
-          -I$(CUDA)/include -MMD -MP $(SANFLAGS) $(CEXTRA)
+          $(GPU_CFLAGS) -MMD -MP $(SANFLAGS) $(CEXTRA)
 CEXTRA ?=
 NVEXTRA ?=
 # sm_90 code with a PTX fallback; qgemm.cu's Hopper kernel (wgmma) needs the arch-specific sm_90a target, with the
@@ -27,21 +55,35 @@ NVARCH = -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=compu
 $(BUILD)/qgemm.o: NVARCH = -gencode arch=compute_90a,code=sm_90a -gencode arch=compute_90,code=compute_90
 NVFLAGS = $(NVEXTRA) -O3 -std=c++17 $(NVARCH) \
            -Xcompiler -Wall,-Werror -MMD -MP
+ifeq ($(HAVE_CUDA),1)
 LDLIBS := -L$(CUDA)/lib64 -Wl,-rpath,$(CUDA)/lib64 -lcublas -lcudart -lstdc++ -lm -lpthread -ldl
+else
+LDLIBS := -lm -lpthread -ldl
+endif
 # What reads and writes model.bin without running it (the converter, the fuzz targets): no CUDA.
 FORMAT_OBJ := $(BUILD)/model.o $(BUILD)/tokenizer.o $(BUILD)/util.o
 LDFLAGS := $(SANFLAGS)
 
 # GPU objects: every top-level .cu (kernels.cu and the op families beside it, one C API: kernels.h).
+# The GPU engine's C files: those that include the CUDA runtime's API (kernels.h, or gpu_impl.h, kernels_impl.h).
+# Its test files: those that include them or trace.h. Without CUDA, gpu_none.c and tests/test_gpu_none.c stand in.
+GPU_C_SRC := $(shell grep -l '^\#include "\(kernels\|gpu_impl\|kernels_impl\)\.h"' *.c)
+GPU_TEST_SRC := $(shell grep -l '^\#include "\.\./\(kernels\|gpu_impl\|kernels_impl\|trace\)\.h"' tests/test_*.c)
+ifeq ($(HAVE_CUDA),1)
 KERNEL_SRC := $(wildcard *.cu)
+NOT_BUILT := gpu_none.c tests/test_gpu_none.c
+else
+KERNEL_SRC :=
+NOT_BUILT := $(GPU_C_SRC) $(GPU_TEST_SRC)
+endif
 KERNEL_OBJ := $(KERNEL_SRC:%.cu=$(BUILD)/%.o)
 # Engine objects: every top-level .c except the CLI's main, plus the GPU objects.
-ENGINE_SRC := $(filter-out djinn.c,$(wildcard *.c))
+ENGINE_SRC := $(filter-out djinn.c $(NOT_BUILT),$(wildcard *.c))
 ENGINE_OBJ := $(ENGINE_SRC:%.c=$(BUILD)/%.o) $(KERNEL_OBJ)
 # Converter objects: everything in convert/ except its main.
 CONVERT_SRC := $(filter-out convert/main.c,$(wildcard convert/*.c))
 CONVERT_OBJ := $(CONVERT_SRC:%.c=$(BUILD)/%.o)
-TEST_SRC := $(wildcard tests/test_*.c) tests/common.c
+TEST_SRC := $(filter-out $(NOT_BUILT),$(wildcard tests/test_*.c)) tests/common.c
 TEST_OBJ := $(TEST_SRC:%.c=$(BUILD)/%.o)
 
 .PHONY: all test demo clean criterion npm-client fuzz
@@ -50,26 +92,32 @@ all: djinn convert/convert
 
 $(BUILD)/%.o: %.c
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -c $< -o $@
+	$(call show,CC,$<)
+	$(Q)$(CC) $(CFLAGS) -c $< -o $@
 
 $(BUILD)/%.o: %.cu
 	@mkdir -p $(dir $@)
-	$(NVCC) $(NVFLAGS) -c $< -o $@
+	$(call show,NVCC,$<)
+	$(Q)$(NVCC) $(NVFLAGS) -c $< -o $@
 
 $(BUILD)/bin/djinn: $(BUILD)/djinn.o $(ENGINE_OBJ)
 	@mkdir -p $(dir $@)
-	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS)
+	$(call show,LD,$@)
+	$(Q)$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS)
 
 $(BUILD)/bin/convert: $(BUILD)/convert/main.o $(CONVERT_OBJ) $(FORMAT_OBJ) $(BUILD)/json.o $(BUILD)/fileio.o \
                       $(BUILD)/pool.o $(BUILD)/quant.o
 	@mkdir -p $(dir $@)
-	$(CC) $(LDFLAGS) $^ -o $@ -lm -lpthread
+	$(call show,LD,$@)
+	$(Q)$(CC) $(LDFLAGS) $^ -o $@ -lm -lpthread
 
+# Copied whenever they differ from this build's (phony): a build with CUDA and one without each put theirs here.
+.PHONY: djinn convert/convert
 djinn: $(BUILD)/bin/djinn
-	cp $< $@
+	$(Q)cmp -s $< $@ || cp $< $@
 
 convert/convert: $(BUILD)/bin/convert
-	cp $< $@
+	$(Q)cmp -s $< $@ || cp $< $@
 
 # ---- tests
 # CRITERION=DIR: a Criterion unpacked in DIR (include/, lib/) instead of the system's, for machines that
@@ -88,7 +136,8 @@ criterion:
 	elif [ ! -f /usr/include/criterion/criterion.h ] || ! command -v valgrind >/dev/null \
 	     || ! command -v curl >/dev/null; then \
 	  if [ "$$(id -u)" = 0 ]; then \
-	    echo "make: installing libcriterion-dev, valgrind and curl" >&2; \
+	    echo "make test: installing with apt-get: libcriterion-dev (the test framework), valgrind and curl (two" \
+	         "tests use them)" >&2; \
 	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libcriterion-dev valgrind curl) >&2 \
 	      || [ -f /usr/include/criterion/criterion.h ] || exit 1; \
 	  elif [ ! -f /usr/include/criterion/criterion.h ]; then \
@@ -97,29 +146,35 @@ criterion:
 	fi
 
 $(BUILD)/run_tests: $(TEST_OBJ) $(CONVERT_OBJ) $(ENGINE_OBJ)
-	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS) $(TEST_LIBS) -lcriterion
+	$(call show,LD,$@)
+	$(Q)$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS) $(TEST_LIBS) -lcriterion
 
 $(TEST_OBJ): | criterion
 $(TEST_OBJ): CFLAGS += $(TEST_CFLAGS)
+$(BUILD)/tests/test_gpu_none.o: CFLAGS += -DDJ_GPU_TESTS='"$(GPU_TEST_SRC)"'
 
 # OpenAI's own npm client, which server::openai_node_client drives: installed into tests/npm when node and npm are
 # there and it is not (package.json pins its version). Without npm's registry the test skips and says why.
 npm-client:
 	@if [ ! -f tests/npm/node_modules/openai/package.json ] && command -v node >/dev/null \
 	     && command -v npm >/dev/null; then \
-	  echo "make: installing the openai npm package into tests/npm" >&2; \
+	  echo "make test: installing with npm: the openai package into tests/npm (server::openai_node_client)" >&2; \
 	  (cd tests/npm && npm install --no-audit --no-fund --fetch-retries=1 --fetch-timeout=30000 >/dev/null 2>&1) \
 	    || echo "make: npm could not install it ('npm install' in tests/npm says why): server::openai_node_client" \
 	            "will skip" >&2; \
 	fi
 
 # Tests find the shared data and the binaries under test through the environment. The log is kept
-# ($(BUILD)/test.log); after a failure tests/failures.sh repeats its failures at the end.
+# ($(BUILD)/test.log); the last line adds the skipped tests to Criterion's count (each [SKIP] line says why); after a
+# failure tests/failures.sh repeats its failures at the end.
 test: criterion npm-client
-	$(MAKE) $(BUILD)/run_tests $(BUILD)/bin/djinn $(BUILD)/bin/convert
+	$(Q)$(MAKE) $(BUILD)/run_tests $(BUILD)/bin/djinn $(BUILD)/bin/convert
 	@{ DJINN_DATA=$(abspath $(DATA)) DJINN_BIN=$(abspath $(BUILD))/bin DJINN_TESTS=$(abspath tests) \
 	   ASAN_OPTIONS=protect_shadow_gap=0:detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
 	   $(BUILD)/run_tests --verbose $(TESTFLAGS) 2>&1; echo $$? > $(BUILD)/test.rc; } | tee $(BUILD)/test.log; \
+	echo "make test: $$(grep -o 'Tested: .*' $(BUILD)/test.log | tail -1 | sed 's/ *$$//') | Skipped:" \
+	     "$$(grep '^\[SKIP\]' $(BUILD)/test.log | grep -vc ': Test is disabled$$') (grep SKIP $(BUILD)/test.log:" \
+	     "each says why)"; \
 	rc=$$(cat $(BUILD)/test.rc); [ "$$rc" = 0 ] || tests/failures.sh $(BUILD)/test.log; exit $$rc
 
 # A minute of hostile and well-behaved clients against `djinn serve` on loopback (tests/soak.py says what it checks);
@@ -154,7 +209,7 @@ demo-chat: djinn convert/convert
 	printf 'Tell me about a cat.\nAnd then?\n' | ./djinn stories260K.bin --chat --chat-template llama2 -n 60 -t 0
 
 clean:
-	rm -rf build build-san build-fuzz djinn convert/convert stories260K.bin
+	rm -rf build build-san build-cpu build-san-cpu build-fuzz djinn convert/convert stories260K.bin
 
 -include $(shell find $(BUILD) -name '*.d' 2>/dev/null)
 

@@ -16,7 +16,7 @@
 #include "cpu.h"
 #include "engine.h"
 #include "fileio.h"
-#include "kernels.h"
+#include "gpu_host.h"
 #include "loader.h"
 #include "probe.h"
 #include "sampler.h"
@@ -38,11 +38,11 @@ enum { EXIT_ERR = 1, EXIT_USAGE = 2, EXIT_CHECK = 3, EXIT_INTERRUPTED = 130 };
 #define DEFAULT_DRAFT_MAX 8
 _Static_assert(SPEC_K_MAX == 32, "--draft-max's message names SPEC_K_MAX");
 
-// Ctrl-C during generation stops after the current token, during loading or prefill as that phase ends (a phase
-// itself runs to its end); a second one kills at once.
+// Ctrl-C during generation stops after the current token, during loading within a read chunk (loader.h), during
+// set-up or prefill as that phase ends; a second one kills at once.
 static volatile sig_atomic_t interrupted;
 static void on_sigint(int sig) {
-    interrupted = 1;
+    interrupted = 1, dj_load_cancel = 1;  // a load stops within a chunk
     signal(sig, SIG_DFL);
 }
 
@@ -799,7 +799,7 @@ static int gen_open(gen_run *g, dj_err *e) {
     if (!grown || !g->logits) return dj_fail(e, "out of memory");
     double t_setup = dj_now();
     if (o->draft_path && open_draft(&g->draft, g->m, g->tok, o, g->ctx, (int64_t)g->n_prompt, e))
-        return -1;  // first: all resident
+        return interrupted_during("the draft's load") ? 1 : -1;  // first: all resident
     if (open_engine(&g->eng, g->m, o, g->ctx, (int64_t)g->n_prompt, e)) return -1;
     g->rs.setup_s = dj_now() - t_setup;
     fprintf(stderr, "djinn: %s engine set up in %.3f s%s\n", g->eng.name, g->rs.setup_s,
@@ -1271,13 +1271,13 @@ int main(int argc, char **argv) {
     }
     int use_gpu = !o.force_cpu && !o.tokenize && gpu_count() > 0;
     if (o.trace_path && !use_gpu) {
-        dj_fail(&e, "--trace records the GPU engine's decode steps, and no GPU was found");
+        dj_fail(&e, "--trace records the GPU engine's decode steps: " GPU_ABSENT);
         goto done;
     }
     const int nt = cpu_threads_planned();
     if (o.force_cpu) fprintf(stderr, "djinn: running on the CPU (--cpu), %d thread%s\n", nt, nt == 1 ? "" : "s");
     else if (!o.tokenize && !use_gpu)
-        fprintf(stderr, "djinn: warning: no GPU found: running on the CPU, %d thread%s\n", nt, nt == 1 ? "" : "s");
+        fprintf(stderr, "djinn: warning: " GPU_ABSENT ": running on the CPU, %d thread%s\n", nt, nt == 1 ? "" : "s");
     if (!use_gpu && (o.gpu.stream_all || o.gpu.sync_copy || o.gpu.ring_gb > 0 || o.gpu.no_graph || o.gpu.fma_attn ||
                      o.gpu.cpu_share_given))
         fprintf(stderr, "djinn: warning: --ring-gb, --stream-all, --sync-copy, --no-graph, --fma-attn and "
@@ -1286,7 +1286,10 @@ int main(int argc, char **argv) {
     dj_load_opts lo = {.want_pinned = use_gpu, .no_pin = o.no_pin, .quiet = !isatty(STDERR_FILENO)};
     double t0 = dj_now();
     test_sigint_before("load");
-    if (model_load(o.model_path, &lo, &m, &e)) goto done;
+    if (model_load(o.model_path, &lo, &m, &e)) {
+        rc = interrupted_during("loading") ? EXIT_INTERRUPTED : EXIT_ERR;
+        goto done;
+    }
     double dt = dj_now() - t0;
     const dj_config *c = &m.info.config;
     fprintf(stderr,

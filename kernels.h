@@ -33,11 +33,9 @@
 extern "C" {  // util.h has no C++ guard of its own; its system headers are already included above
 #endif
 
+#include "gpu_host.h"  // gpu_count, gpu_host_register, gpu_host_unregister
 #include "sampler.h"
 #include "util.h"
-
-// Number of usable CUDA devices; 0 when there is no GPU or no driver (any error from cudaGetDeviceCount).
-int gpu_count(void);
 
 // ---- context: device, cuBLAS handle, workspace and scratch
 typedef struct dj_gpu dj_gpu;
@@ -78,14 +76,12 @@ int gpu_d2h_async(void *dst, const void *src, size_t bytes, cudaStream_t s, dj_e
 // device (the direction from the pointers), ordered on s.
 int gpu_copy2d_async(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width, size_t height,
                      cudaStream_t s, dj_err *e);
-// Page-locked host memory for the loader and the streaming ring: cudaHostAlloc (portable, mapped) or
-// cudaHostRegister of existing memory (read_only: the pages are only read by the GPU, e.g. an mmap).
-// gpu_host_device_ptr: the address kernels use to read or write gpu_host_alloc's memory directly over PCIe.
+// Page-locked host memory for the streaming ring: cudaHostAlloc (portable, mapped); the loader's registration of
+// existing memory is in gpu_host.h. gpu_host_device_ptr: the address kernels use to read or write gpu_host_alloc's
+// memory directly over PCIe.
 int gpu_host_alloc(void **p, size_t bytes, const char *what, dj_err *e);
 int gpu_host_device_ptr(void **dev, void *host, dj_err *e);
 void gpu_host_free(void *p);  // NULL is fine
-int gpu_host_register(void *p, size_t bytes, int read_only, dj_err *e);
-int gpu_host_unregister(void *p, dj_err *e);
 
 // ---- streams, events, graphs
 int gpu_stream_create(cudaStream_t *s, dj_err *e);  // non-blocking with respect to the legacy stream

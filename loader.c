@@ -15,7 +15,7 @@
 #include <unistd.h>
 
 #include "fileio.h"
-#include "kernels.h"
+#include "gpu_host.h"
 
 // ---- reading in parallel
 // Every section is read by several threads into anonymous memory. For the GPU the sections that travel
@@ -23,6 +23,9 @@
 // cudaHostRegister as they land, so every H2D copy of a slab runs at full PCIe speed; a slab never spans
 // two registrations, so each copy stays on the pinned path.
 #define LOAD_CHUNK (64ull << 20)
+
+volatile sig_atomic_t dj_load_cancel;
+#define INTERRUPTED "interrupted"
 
 typedef struct {
     int fd;
@@ -32,6 +35,7 @@ typedef struct {
     uint32_t n_jobs;
     _Atomic uint32_t next_job;
     _Atomic uint64_t done_bytes;
+    uint64_t test_bps;               // test-only (DJINN_TEST_LOAD_BPS; 0 in every real load): see load_worker
     _Atomic int failed;
     _Atomic int pin_failed;          // sections left pageable because page-locking was refused
     _Atomic uint64_t pin_failed_bytes;
@@ -70,8 +74,16 @@ static void *load_worker(void *arg) {
         uint64_t from = 0;
         if (j > 0) job_span(c->info, j - 1, &prev_off, &prev_size, &prev_pin), from = prev_off + prev_size;
         for (uint64_t at = from; at < off + size && !c->failed;) {
+            if (dj_load_cancel) {  // Ctrl-C: a chunk is the longest wait (64 MiB: tens of ms at disk speed)
+                load_fail(c, INTERRUPTED);
+                return NULL;
+            }
             size_t want = (size_t)(off + size - at < LOAD_CHUNK ? off + size - at : LOAD_CHUNK);
+            // Test-only: DJINN_TEST_LOAD_BPS=N reads at most N bytes a second a thread, a disk slow enough that a
+            // test can interrupt a load of the tiny model while it runs.
+            if (c->test_bps) want = want < c->test_bps / 20 + 1 ? want : (size_t)(c->test_bps / 20 + 1);
             ssize_t got = pread(c->fd, c->base + at, want, (off_t)at);
+            if (c->test_bps) usleep(50000);
             if (got <= 0) {
                 char msg[256];
                 if (got < 0) snprintf(msg, sizeof msg, "read error at byte %llu: %s", (unsigned long long)at,
@@ -87,6 +99,10 @@ static void *load_worker(void *arg) {
         // Page-locking refused (a locked-memory limit, a busy system): the section stays pageable; the
         // caller warns with the cost.
         dj_err ge;
+        if (dj_load_cancel) {  // page-locking a section takes as long as reading it: not after Ctrl-C
+            load_fail(c, INTERRUPTED);
+            return NULL;
+        }
         if (c->pin && pin && gpu_host_register(c->base + off, size, 0, &ge)) {
             pthread_mutex_lock(&c->err_lock);
             if (!c->pin_failed) c->pin_err = ge;
@@ -133,6 +149,8 @@ int model_load(const char *path, const dj_load_opts *o, dj_model *m, dj_err *e) 
     madvise(p, size, MADV_HUGEPAGE);
     load_ctx c = {.fd = fd, .base = p, .info = &m->info, .pin = o->want_pinned && !o->no_pin,
                   .n_jobs = LOAD_JOBS(&m->info)};
+    const char *bps = getenv("DJINN_TEST_LOAD_BPS");
+    c.test_bps = bps ? strtoull(bps, NULL, 10) : 0;
     pthread_mutex_init(&c.err_lock, NULL);
     int nt = o->threads > 0 ? o->threads : 8;
     pthread_t th[64];

@@ -3,6 +3,7 @@
 #ifndef DJINN_LOADER_H
 #define DJINN_LOADER_H
 
+#include <signal.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -28,6 +29,10 @@ typedef struct {
     void (*test_hook_after_header)(void *test_hook_arg);
     void *test_hook_arg;
 } dj_load_opts;
+
+// Set by a SIGINT handler (djinn's Ctrl-C): a load under way stops within a read chunk and fails with "interrupted",
+// having freed what it took; a load started after it fails at once. Never cleared: a second load is as unwanted.
+extern volatile sig_atomic_t dj_load_cancel;
 
 int model_load(const char *path, const dj_load_opts *o, dj_model *m, dj_err *e);
 void model_free(dj_model *m);

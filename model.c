@@ -12,6 +12,7 @@ _Static_assert(sizeof(dj_disk_section) == 32, "dj_disk_section is 32 bytes on di
 _Static_assert(sizeof(dj_disk_tensor) == 40, "dj_disk_tensor is 40 bytes on disk");
 
 #define FIX_HINT "re-run ./convert/convert to rewrite the file"
+#define GGUF_MAGIC "GGUF"  // llama.cpp's model files start with these 4 bytes
 
 // ---- dtypes
 size_t dj_dtype_size(uint32_t dtype) {
@@ -252,6 +253,11 @@ static int check_tensor_table(const dj_model_info *m, const void *stored, uint32
 int model_parse(const void *data, size_t n, uint64_t file_size, dj_model_info *m, dj_err *e) {
     memset(m, 0, sizeof *m);
     const uint8_t *p = data;
+    // llama.cpp's files are the likeliest wrong input from a new user: say what the file is and what to do, before
+    // any size check (a GGUF file of any length is still a GGUF file).
+    if (n >= sizeof GGUF_MAGIC - 1 && !memcmp(p, GGUF_MAGIC, sizeof GGUF_MAGIC - 1))
+        return dj_fail(e, "a GGUF file (llama.cpp's format), which Djinn does not read: convert the Hugging Face "
+                          "checkpoint with ./convert/convert instead");
     if (file_size < DJ_HEADER_SIZE || n < DJ_HEADER_SIZE)
         return dj_fail(e, "not a Djinn model: %llu bytes is shorter than the %u-byte header",
                        (unsigned long long)file_size, DJ_HEADER_SIZE);

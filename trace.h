@@ -27,7 +27,9 @@
 
 #include <stdint.h>
 
+#ifndef DJINN_NO_GPU  // a build without CUDA (gpu_host.h) keeps only the constants: djinn's --trace-steps
 #include <cuda_runtime_api.h>
+#endif
 
 #include "buf.h"
 #include "util.h"
@@ -86,6 +88,7 @@ void trace_summary(const dj_trace *t, int k, tr_step *out);                 // w
 int trace_json(const dj_trace *t, dj_buf *b);  // the file's text: -1 out of memory
 
 // ---- the engine's side
+#ifndef DJINN_NO_GPU
 // A tracer of `steps` decode steps into `path` (created now as PATH.tmp, renamed when written: fileio.h) for the
 // engine's two streams; quiet: no summary on stderr.
 dj_trace *trace_open(const char *path, int steps, const tr_info *in, cudaStream_t compute, cudaStream_t copy,
@@ -134,5 +137,7 @@ static inline int trace_copy(dj_trace *t, int64_t seq, int unit, uint64_t bytes,
 }
 // After the pass's final synchronisation and the copies' harvest: its marks read; the file written after the last.
 static inline int trace_pass_end(dj_trace *t, dj_err *e) { return t ? trace_pass_end_(t, e) : 0; }
+
+#endif  // DJINN_NO_GPU
 
 #endif

@@ -529,8 +529,33 @@ Test(convert, cli_errors) {
     snprintf(cmd, sizeof cmd, "%s/convert %s %s/o.bin --bogus", bin, stories, dir);
     cr_assert_eq(run_cmd(cmd, err, sizeof err), 2, "%s", err);
     cr_assert(strstr(err, "--bogus"), "%s", err);
+    cr_assert_eq(count_lines(err), 1, "an unknown option is one line, as djinn's: %s", err);
     snprintf(cmd, sizeof cmd, "%s/convert %s", bin, stories);
     cr_assert_eq(run_cmd(cmd, err, sizeof err), 2, "%s", err);
+    cr_assert(count_lines(err) == 1 && strstr(err, "need HF_DIR and OUT.bin (see convert --help)\n"), "%s", err);
+    // no arguments: the synopsis in one line, as djinn answers with one
+    snprintf(cmd, sizeof cmd, "%s/convert", bin);
+    cr_assert_eq(run_cmd(cmd, err, sizeof err), 2, "%s", err);
+    const char *synopsis = "usage: convert HF_DIR OUT.bin [--dtype f16|bf16|f32|q8|q4]";
+    cr_assert(count_lines(err) == 1 && !strncmp(err, synopsis, strlen(synopsis)) &&
+                  strstr(err, "(see convert --help)\n"), "%s", err);
+    // --help on stdout: the quantized formats' figures are model.h's (the bits a weight of a row of whole groups,
+    // the group, the format version written), not words that outlive them
+    char help[4400], want[200];
+    snprintf(help, sizeof help, "%s/help.txt", dir);
+    snprintf(cmd, sizeof cmd, "{ %s/convert --help > %s; }", bin, help);
+    cr_assert_eq(run_cmd(cmd, err, sizeof err), 0, "%s", err);
+    char *h = tc_must_read(help, NULL);
+    const uint64_t n = DJ_QGROUP * DJ_ROW_ALIGN;
+    snprintf(want, sizeof want, "(%.1f / %.1f bits per weight", dj_row_bytes(DJ_Q8, n) * 8.0 / n,
+             dj_row_bytes(DJ_Q4, n) * 8.0 / n);
+    cr_assert(strstr(h, want), "--help lacks '%s': %s", want, h);
+    snprintf(want, sizeof want, "groups of %d along each row, a 16-bit scale and zero point each", DJ_QGROUP);
+    cr_assert(strstr(h, want), "--help lacks '%s': %s", want, h);
+    snprintf(want, sizeof want, "(model.bin format version %u)", DJ_VERSION);
+    cr_assert(strstr(h, want) && !strstr(h, "f16 scale"), "--help: '%s', no f16 scale: %s", want, h);
+    free(h);
+    unlink(help);
 
     // Disk full (a file-size limit on the process): no output, one clear line, exit 1.
     snprintf(cmd, sizeof cmd, "ulimit -f 64; %s/convert -q %s %s/o.bin --dtype f32", bin, stories, dir);

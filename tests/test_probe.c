@@ -19,7 +19,7 @@
 #include "../convert/convert.h"
 #include "../cpu.h"
 #include "../engine.h"
-#include "../kernels.h"
+#include "../gpu_host.h"
 #include "../loader.h"
 #include "../probe.h"
 #include "common.h"

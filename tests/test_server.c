@@ -26,9 +26,9 @@
 #include <unistd.h>
 
 #include "../buf.h"
+#include "../gpu_host.h"
 #include "../http.h"
 #include "../json.h"
-#include "../kernels.h"
 #include "../util.h"
 #include "common.h"
 

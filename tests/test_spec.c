@@ -20,7 +20,7 @@
 
 #include "../convert/convert.h"
 #include "../engine.h"
-#include "../kernels.h"
+#include "../gpu_host.h"
 #include "../loader.h"
 #include "../spec.h"
 #include "../tokenizer.h"

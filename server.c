@@ -54,7 +54,7 @@
 static volatile sig_atomic_t srv_stop;
 static void srv_on_signal(int sig) {
     (void)sig;
-    srv_stop = 1;
+    srv_stop = 1, dj_load_cancel = 1;  // a model still loading stops within a chunk
 }
 
 // ---- options

@@ -173,3 +173,87 @@ Test(flags, chat_template_for_a_model_without_one) {
     free(e);
     tc_rm_rf(t.dir);
 }
+
+// The README's table of flags and the programs' --help say the same: every option line of `djinn --help` (a line
+// that starts with spaces and a dash) names a flag in the table's first column, and every flag there that the
+// table gives to `run` is in djinn's --help, every one it gives to `serve` in serve's (`both`: in both). The table is
+// the README's "| flag | for | meaning [default] |".
+static char *tf_help(tf_env *t, int serve) {
+    char *o, *e;
+    int rc = tf_run(t, serve ? (char *[]){NULL, "serve", "--help", NULL} : (char *[]){NULL, "--help", NULL}, &o, &e);
+    cr_assert_eq(rc, 0, "%s", e);
+    free(e);
+    return o;
+}
+
+// The flags (a dash and letters) in s[0..n) that stand in backquotes, or at a line's start after spaces (help's
+// option lines), each followed by a space: into out, separated by spaces.
+static void tf_flags(const char *s, size_t n, int help, char *out, size_t cap) {
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++) {
+        int start = help ? (s[i] == '-' && i > 0 && s[i - 1] == ' ' && (i < 2 || s[i - 2] == ' ' || s[i - 2] == '\n'))
+                         : (s[i] == '-' && i > 0 && (s[i - 1] == '`' || s[i - 1] == ' '));
+        if (help && start) {  // only where the line holds nothing but spaces before it
+            size_t j = i;
+            while (j > 0 && s[j - 1] == ' ') j--;
+            start = j == 0 || s[j - 1] == '\n';
+        }
+        if (!start || i + 1 >= n || !(s[i + 1] == '-' || (s[i + 1] >= 'a' && s[i + 1] <= 'z'))) continue;
+        size_t j = i + 1;
+        while (j < n && (s[j] == '-' || (s[j] >= 'a' && s[j] <= 'z') || (s[j] >= '0' && s[j] <= '9'))) j++;
+        if (k + (j - i) + 2 < cap) memcpy(out + k, s + i, j - i), k += j - i, out[k++] = ' ';
+        i = j;
+    }
+    out[k] = 0;
+}
+
+// Whether flag (n bytes) stands in text as a word of its own (between spaces, slashes, commas or parentheses).
+static int tf_has(const char *text, const char *flag, size_t n) {
+    for (const char *p = text; (p = strstr(p, flag)); p += n)
+        if ((p == text || strchr(" /(,\n", p[-1])) && strchr(" /),\n", p[n])) return 1;
+    return 0;
+}
+
+Test(flags, readme_table_and_help_agree) {
+    tf_env t;
+    tf_setup(&t);
+    char path[1200];
+    snprintf(path, sizeof path, "%s/../README.md", tc_tests_dir());
+    char *readme = tc_must_read(path, NULL);
+    const char *table = strstr(readme, "| flag | for | meaning [default] |");
+    cr_assert(table, "no flag table in %s", path);
+    static char in_run[8192], in_serve[8192], all[16384], help_run[8192], help_serve[8192];
+    in_run[0] = in_serve[0] = all[0] = 0;
+    for (const char *line = strchr(table, '\n') + 1; *line == '|'; line = strchr(line, '\n') + 1) {
+        const char *c1 = strchr(line + 1, '|'), *c2 = c1 ? strchr(c1 + 1, '|') : NULL;
+        cr_assert(c1 && c2, "a malformed table line: %.80s", line);
+        char flags[1024];
+        tf_flags(line, (size_t)(c1 - line), 0, flags, sizeof flags);
+        int run = !!memmem(c1, (size_t)(c2 - c1), " run ", 5) || !!memmem(c1, (size_t)(c2 - c1), " both ", 6);
+        int serve = !!memmem(c1, (size_t)(c2 - c1), " serve ", 7) || !!memmem(c1, (size_t)(c2 - c1), " both ", 6);
+        if (run) strncat(in_run, flags, sizeof in_run - strlen(in_run) - 1);
+        if (serve) strncat(in_serve, flags, sizeof in_serve - strlen(in_serve) - 1);
+        strncat(all, flags, sizeof all - strlen(all) - 1);
+    }
+    char *hr = tf_help(&t, 0), *hs = tf_help(&t, 1);
+    tf_flags(hr, strlen(hr), 1, help_run, sizeof help_run);
+    tf_flags(hs, strlen(hs), 1, help_serve, sizeof help_serve);
+    cr_assert(strlen(help_run) > 100 && strlen(help_serve) > 50, "help without options? %s / %s", help_run, help_serve);
+    const struct {
+        const char *from, *to, *what;
+    } checks[] = {{help_run, all, "djinn --help's option is not in the README's table"},
+                  {help_serve, all, "djinn serve --help's option is not in the README's table"},
+                  {in_run, hr, "the README's table gives djinn an option its --help lacks"},
+                  {in_serve, hs, "the README's table gives djinn serve an option its --help lacks"}};
+    for (size_t c = 0; c < 4; c++)
+        for (const char *p = checks[c].from; *p;) {
+            const char *sp = strchr(p, ' ');
+            char f[64];
+            snprintf(f, sizeof f, "%.*s", (int)(sp - p), p);
+            // -h is --help's other name; the table's serve rows may name djinn's own flags in prose
+            if (strcmp(f, "-h")) cr_expect(tf_has(checks[c].to, f, strlen(f)), "%s: %s", checks[c].what, f);
+            p = sp + 1;
+        }
+    free(hr), free(hs), free(readme);
+    tc_rm_rf(t.dir);
+}

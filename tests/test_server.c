@@ -14,6 +14,7 @@
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -619,11 +620,13 @@ Test(server, openai_node_client) {
 typedef struct {
     int port, i, stream;
     char *text;
+    _Atomic int *sent;  // counts the clients whose request is out (in the kernel's buffers), or failed
 } ts_client;
 
 static void *ts_client_run(void *arg) {
     ts_client *c = arg;
     int fd = ts_open_completion(c->port, ts_prompts[c->i], 60, c->stream);
+    atomic_fetch_add(c->sent, 1);
     if (fd >= 0) c->text = ts_recv_all(fd, NULL), close(fd);  // the raw response: the main thread parses it
     return NULL;
 }
@@ -640,11 +643,13 @@ static void ts_concurrent_clients(void) {
     ts_client c[N];
     pthread_t th[N];
     kill(s.pid, SIGSTOP);
+    _Atomic int sent = 0;
     for (int i = 0; i < N; i++) {
-        c[i] = (ts_client){s.port, i, i % 2, NULL};
+        c[i] = (ts_client){s.port, i, i % 2, NULL, &sent};
         cr_assert_eq(pthread_create(&th[i], NULL, ts_client_run, &c[i]), 0);
     }
-    usleep(200000);  // the clients' connects and sends complete into the kernel's buffers while it is stopped
+    // the clients' connects and sends complete into the kernel's buffers while the server is stopped
+    for (double t0 = dj_now(); atomic_load(&sent) < N && dj_now() - t0 < TS_WAIT_S; usleep(1000)) {}
     kill(s.pid, SIGCONT);
     for (int i = 0; i < N; i++) pthread_join(th[i], NULL);
     for (int i = 0; i < N; i++) {

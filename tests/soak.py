@@ -223,6 +223,17 @@ def main():
         time.sleep(0.1)
     if not port:
         fail("the server did not listen")
+    for _ in range(600):  # the port comes first, then the model: /health says 503 "loading" until it is in
+        try:
+            s = connect(port)
+            s.sendall(b"GET /health HTTP/1.1\r\nConnection: close\r\n\r\n")
+            if read_all(s).startswith(b"HTTP/1.1 200"):
+                break
+        except OSError:
+            pass
+        time.sleep(0.1)
+    else:
+        fail("the server did not finish loading")
     soak = Soak(port, want)
     try:
         soak.round(seconds / 3, 1)

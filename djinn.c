@@ -67,7 +67,6 @@ typedef struct {
     size_t prompt_len;
     const char *prompt_file;  // -f PATH, "-": stdin
     int64_t n_new;       // new tokens (-n -1: INT64_MAX, until the context is full or an end token)
-    int temp_named;      // the option being parsed was spelt --temp
     dj_sampling smp;     // -t, --top-p, --top-k, --min-p, the penalties
     uint64_t seed;
     int seed_given;
@@ -305,9 +304,9 @@ static int parse_value(const char *a, const char *v, dj_opts *o) {
     } else if (!strcmp(a, "-n")) {
         if (parse_i64(v, &n) || n < -1) return usage_error("-n needs a count >= 0 (-1: until the context is full), not '%s'", v);
         o->n_new = n < 0 ? INT64_MAX : n;
-    } else if (!strcmp(a, "-t")) {
-        // llama2.c's temperature; a whole number of 2 or more is a llama.cpp user's thread count
-        if (!parse_i64(v, &n) && n >= 2 && !o->temp_named)
+    } else if (!strcmp(a, "-t") || !strcmp(a, "--temp")) {
+        // llama2.c's temperature; after -t a whole number of 2 or more is a llama.cpp user's thread count
+        if (!parse_i64(v, &n) && n >= 2 && a[1] == 't')
             return usage_error("-t %s: -t is the temperature in Djinn (as in llama2.c); threads are --threads, a "
                                "temperature this high is --temp", v);
         if (parse_f64(v, &d) || d < 0) return usage_error("-t needs a temperature >= 0, not '%s'", v);
@@ -317,8 +316,7 @@ static int parse_value(const char *a, const char *v, dj_opts *o) {
         o->model_path = v;
     } else if (!strcmp(a, "-ngl")) {  // llama.cpp's layer count: said once, then the automatic sizing
         if (parse_i64(v, &n) || n < -1) return usage_error("-ngl needs a layer count, not '%s'", v);
-        fprintf(stderr, "djinn: -ngl %s: Djinn sizes the GPU's share by memory, not layers: --ring-gb G (automatic by "
-                        "default) keeps as many layers resident as fit and streams the rest\n", v);
+        fprintf(stderr, "djinn: -ngl %s: %s\n", v, ENGINE_NGL_NOTE);
     } else if (!strcmp(a, "--top-p")) {
         if (parse_f64(v, &d) || d < 0 || d > 1) return usage_error("--top-p needs a value in [0, 1], not '%s'", v);
         o->smp.top_p = d;
@@ -417,12 +415,12 @@ static const char *with_value[] = {"-p", "-f", "--stop", "--system", "--chat-tem
                                    "--repeat-last-n", "--presence-penalty", "--frequency-penalty", "-n", "-t",
                                    "--top-p", "-s", "-c", "--ring-gb", "--logits", "--check", "--tol", "--stats-json",
                                    "--cpu-share", "--perplexity", "--threads", "--draft", "--draft-max",
-                                   "--draft-p-min", "--trace", "--trace-steps", "-m", "-ngl"};
+                                   "--draft-p-min", "--trace", "--trace-steps", "-m", "-ngl", "--temp"};
 
 // llama.cpp's spellings of the same options (its users type them): the name Djinn parses them under.
 static const char *canonical_flag(const char *a) {
     static const char *const alias[][2] = {
-        {"--model", "-m"},     {"--temp", "-t"},      {"--seed", "-s"},           {"--ctx-size", "-c"},
+        {"--model", "-m"},     {"--seed", "-s"},      {"--ctx-size", "-c"},
         {"--n-predict", "-n"}, {"--prompt", "-p"},    {"--file", "-f"},           {"-r", "--stop"},
         {"--reverse-prompt", "--stop"},  {"--n-gpu-layers", "-ngl"},  {"--gpu-layers", "-ngl"},
         {"-cnv", "--chat"},    {"--conversation", "--chat"},
@@ -438,7 +436,6 @@ static int parse_args(int argc, char **argv, dj_opts *o) {
                    .spec = {.k_max = DEFAULT_DRAFT_MAX}};
     for (int i = 1; i < argc; i++) {
         const char *a = canonical_flag(argv[i]);
-        o->temp_named = !strcmp(argv[i], "--temp");  // --temp 8 is a temperature, where -t 8 is refused
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) return -1;
         if (!strcmp(a, "--version")) return -2;
         if (parse_flag(a, o)) continue;

@@ -72,4 +72,9 @@ int engine_gpu_stats(const dj_engine *eng, dj_gpu_stats *out);
 int engine_next(dj_engine *eng, dj_sampler *smp, int32_t slot, const int32_t *tokens, int64_t T, int64_t pos,
                 float *logits, int32_t *next, dj_err *e);
 
+// What djinn and djinn serve answer to llama.cpp's -ngl (a layer count), which they then ignore.
+#define ENGINE_NGL_NOTE                                                                                            \
+    "Djinn sizes the GPU's share by memory, not layers: --ring-gb G (automatic by default) keeps as many layers " \
+    "resident as fit and streams the rest"
+
 #endif

@@ -168,8 +168,7 @@ static int srv_parse(int argc, char **argv, srv_opts *o) {
         else if (!strcmp(a, "-m") && v && o->model) return srv_bad_usage("a second model path", v);
         else if (!strcmp(a, "-m")) o->model = v;
         else if (!strcmp(a, "-ngl") && v)  // llama-server's layer count: said once, then the automatic sizing
-            fprintf(stderr, "djinn serve: -ngl %s: Djinn sizes the GPU's share by memory, not layers: --ring-gb G "
-                            "(automatic by default) keeps as many layers resident as fit and streams the rest\n", v);
+            fprintf(stderr, "djinn serve: -ngl %s: %s\n", v, ENGINE_NGL_NOTE);
         else if (!strcmp(a, "--api-key")) rc = v && keys_add(&o->keys, v, strlen(v), a, &e) ? 2 : 0;
         else if (!strcmp(a, "--api-key-file")) rc = v && keys_add_file(&o->keys, v, &e) ? 2 : 0;
         else if (!strcmp(a, "--port")) rc = srv_num(a, v, 0, 65535, 1, &d), o->port = (int)d;
@@ -518,11 +517,7 @@ static void session_request(srv *s, srv_conn *c, const http_req *h) {
                    API_SESSION_MAX);
         return;
     }
-    if (park ? strcmp(h->method, "POST") : strcmp(h->method, "DELETE")) {
-        send_error(s, c, 405, NULL, "%s %s: use %s", h->method, h->path, park ? "POST" : "DELETE");
-        return;
-    }
-    dj_err e = {{0}};
+    dj_err e = {{0}};  // (the method was checked from the head: check_head)
     int64_t tokens = 0;
     int status = park ? bt_park(s->bt, c->tenant, name, &tokens, &e) : bt_forget(s->bt, c->tenant, name, &e);
     if (status) {
@@ -558,9 +553,10 @@ static int check_head(srv *s, srv_conn *c, const http_req *h) {
     const char *want = NULL;
     for (size_t i = 0; i < sizeof routes / sizeof *routes; i++)
         if (!strcmp(p, routes[i].path)) want = routes[i].method, c->route = routes[i].route;
-    if (!want && !strncmp(p, "/v1/sessions/", 13)) {
-        size_t n = strlen(p);
-        want = n > 5 && !strcmp(p + n - 5, "/park") ? "POST" : "DELETE", c->route = ROUTE_SESSION;
+    if (!want && !strncmp(p, "/v1/sessions/", 13)) {  // as session_request reads it: a malformed one is its 400
+        char name[API_SESSION_MAX + 1];
+        int park;
+        want = session_path(p, name, sizeof name, &park) ? m : park ? "POST" : "DELETE", c->route = ROUTE_SESSION;
     }
     c->keep_alive = h->keep_alive;
     c->tenant = c->route == ROUTE_HEALTH ? 0 : tenant_of(s, h);
@@ -570,18 +566,19 @@ static int check_head(srv *s, srv_conn *c, const http_req *h) {
     return !want || c->tenant < 0 || strcmp(m, want) ? -1 : 0;
 }
 
+// /health's answer: {"status": status}.
+static void send_health(srv_conn *c, int code, const char *status) {
+    dj_buf b = {0};
+    buf_fmt(&b, "{\"status\":\"%s\"}\n", status);
+    send_json(c, code, &b);
+    buf_free(&b);
+}
+
 // A whole request (head and body at body) whose head passed check_head: answered, or its completion queued.
 static void handle_request(srv *s, srv_conn *c, const http_req *h, const char *body) {
     if (!s->ready) {  // the model is loading: /health says so, the rest waits for it
-        if (c->route == ROUTE_HEALTH) {
-            dj_buf b = {0};
-            buf_str(&b, "{\"status\":\"loading\"}\n");
-            send_json(c, 503, &b);
-            buf_free(&b);
-        } else {
-            send_error(s, c, 503, NULL, "the model is still loading: try again shortly (GET /health says when)");
-        }
-        c->t_req = 0, c->sent_continue = 0, c->head_ok = 0;
+        if (c->route == ROUTE_HEALTH) send_health(c, 503, "loading");
+        else send_error(s, c, 503, NULL, "the model is still loading: try again shortly (GET /health says when)");
         return;
     }
     switch (c->route) {
@@ -590,14 +587,8 @@ static void handle_request(srv *s, srv_conn *c, const http_req *h, const char *b
     case ROUTE_SESSION: session_request(s, c, h); break;
     case ROUTE_METRICS: send_metrics(s, c); break;
     case ROUTE_MODELS: send_models(s, c); break;
-    case ROUTE_HEALTH: {
-        dj_buf b = {0};
-        buf_str(&b, "{\"status\":\"ok\"}\n");
-        send_json(c, 200, &b);
-        buf_free(&b);
+    case ROUTE_HEALTH: send_health(c, 200, "ok"); break;
     }
-    }
-    c->t_req = 0, c->sent_continue = 0, c->head_ok = 0;
 }
 
 // ---- connections
@@ -761,6 +752,7 @@ static void conn_parse(srv *s, srv_conn *c, double now) {
             break;
         }
         handle_request(s, c, &h, p + h.head_len);
+        c->t_req = 0, c->sent_continue = 0, c->head_ok = 0;  // the next request starts afresh
         c->in_off += h.head_len + h.content_length, answered++;
     }
     if (c->in_off == c->in.n) c->in.n = c->in_off = 0;

@@ -108,7 +108,7 @@ bt_sched *bt_new(dj_engine *eng, const dj_tokenizer *tok, const dj_config *c, co
     s->eng = eng, s->tok = tok, s->o = *o, s->cb = *cb;
     s->ctx = eng->max_seq;
     s->vocab = c->vocab_size;
-    s->pos_bytes = engine_kv_pos_bytes(c);
+    s->pos_bytes = engine_kv_pos_bytes(c, eng->kv_type);
     size_t P = (size_t)o->parallel;
     s->slots = calloc((size_t)eng->n_slots, sizeof *s->slots);
     s->active = calloc(P, sizeof *s->active);

@@ -496,7 +496,7 @@ static int open_draft(dj_draft *d, const dj_model *target, const dj_tokenizer *t
     dj_gpu_opts go = {.max_seq = ctx, .no_graph = o->gpu.no_graph, .fma_attn = o->gpu.fma_attn, .warm_rows = warm,
                       .quiet = 1};
     if (engine_open(&d->eng, &d->m, &go, 1, e)) return -1;
-    double kv_gb = (double)engine_kv_pos_bytes(c) * (double)ctx / 1e9;
+    double kv_gb = (double)engine_kv_pos_bytes(c, d->eng.kv_type) * (double)ctx / 1e9;
     dj_gpu_stats g;
     if (engine_gpu_stats(&d->eng, &g)) {
         if (g.n_streamed)

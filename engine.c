@@ -56,16 +56,20 @@ static int gpu_engine_set_probe(void *ctx, dj_probe *p, dj_err *e) { return gpu_
 static void gpu_engine_stats(void *ctx, dj_gpu_stats *out) { gpu_state_stats(ctx, out); }
 static void gpu_engine_free(void *ctx) { gpu_state_free(ctx); }
 
-uint64_t engine_kv_pos_bytes(const dj_config *c) {
-    return 2ull * c->n_layers * c->n_kv_heads * c->head_dim * sizeof(float);
+uint64_t engine_kv_pos_bytes(const dj_config *c, int kv_type) {
+    return 2ull * c->n_layers * c->n_kv_heads * dj_kv_row_bytes(kv_type, c->head_dim);
 }
 
 int engine_open(dj_engine *eng, const dj_model *m, const dj_gpu_opts *go, int32_t n_slots, dj_err *e) {
     memset(eng, 0, sizeof *eng);
+    if (go->kv_type < 0 || go->kv_type >= DJ_KV_TYPES) return dj_fail(e, "KV type %d unknown", go->kv_type);
     if (!m->for_gpu) {
+        if (go->kv_type != DJ_KV_F32)
+            return dj_fail(e, "the CPU engine has no %s KV cache yet: --kv-type f32", dj_kv_name(go->kv_type));
         dj_cpu_state *s = cpu_state_new_slots(m, go->max_seq, n_slots, e);
         if (!s) return -1;
-        *eng = (dj_engine){.name = "cpu", .is_gpu = 0, .ctx = s, .n_slots = n_slots, .max_seq = go->max_seq,
+        *eng = (dj_engine){.name = "cpu", .is_gpu = 0, .ctx = s, .n_slots = n_slots, .kv_type = go->kv_type,
+                           .max_seq = go->max_seq,
                            .forward = cpu_engine_forward, .pick = NULL, .step_rows = cpu_engine_rows,
                            .park = cpu_engine_park, .restore = cpu_engine_restore, .drop = cpu_engine_drop,
                            .free = cpu_engine_free, .parked_kv = cpu_engine_parked_kv,
@@ -73,11 +77,14 @@ int engine_open(dj_engine *eng, const dj_model *m, const dj_gpu_opts *go, int32_
         return 0;
     }
     if (n_slots < 1) return dj_fail(e, "%d KV slots asked for", n_slots);
+    if (go->kv_type != DJ_KV_F32)
+        return dj_fail(e, "the GPU engine has no %s KV cache yet: --kv-type f32", dj_kv_name(go->kv_type));
     dj_gpu_opts o = *go;
     o.n_slots = n_slots;
     dj_gpu_state *s = gpu_state_new(m, &o, e);
     if (!s) return -1;
-    *eng = (dj_engine){.name = "gpu", .is_gpu = 1, .ctx = s, .n_slots = n_slots, .max_seq = go->max_seq,
+    *eng = (dj_engine){.name = "gpu", .is_gpu = 1, .ctx = s, .n_slots = n_slots, .kv_type = go->kv_type,
+                       .max_seq = go->max_seq,
                        .forward = gpu_engine_forward, .pick = gpu_engine_pick, .step_rows = gpu_engine_rows,
                        .park = gpu_engine_park, .restore = gpu_engine_restore, .drop = gpu_engine_drop,
                        .free = gpu_engine_free, .parked_kv = gpu_engine_parked_kv,

@@ -2,10 +2,11 @@
 // generation, --check and the server see a model only through it.
 //
 // KV slots. An engine holds n_slots KV caches ("slots"), each one sequence's keys and values for max_seq positions,
-// laid out as a single sequence's cache always was: (n_layers, n_kv_heads, max_seq, head_dim) in f32, the slots
-// one after the other. A sequence lives in one slot: its prefill is forward() on that slot (in chunks, if the
-// caller wants), and its decode steps go through step_rows() together with every other sequence decoding at the
-// same time, each row one new token at its own position in its own slot. The command line uses slot 0 of one.
+// laid out as a single sequence's cache always was: (n_layers, n_kv_heads, max_seq, head_dim) elements of the
+// engine's KV type (kvtype.h: f32, f16, q8 with its scales beside), the slots one after the other. A sequence lives
+// in one slot: its prefill is forward() on that slot (in chunks, if the caller wants), and its decode steps go
+// through step_rows() together with every other sequence decoding at the same time, each row one new token at its
+// own position in its own slot. The command line uses slot 0 of one.
 // A slot's first n positions can be parked in host memory and restored, into any slot, bitwise.
 #ifndef DJINN_ENGINE_H
 #define DJINN_ENGINE_H
@@ -22,6 +23,7 @@ typedef struct {
     int is_gpu;
     void *ctx;         // dj_gpu_state or dj_cpu_state
     int32_t n_slots;   // KV slots, each max_seq positions
+    int kv_type;       // their elements (kvtype.h)
     int64_t max_seq;
     // Runs tokens (T) at positions pos .. pos+T-1 of `slot`, filling that slot's KV cache. logits: (T, vocab)
     // when all, else (vocab) for the last token; NULL for none.
@@ -48,8 +50,9 @@ typedef struct {
     int (*restore)(void *ctx, dj_parked *p, int32_t slot, dj_err *e);
     void (*drop)(void *ctx, dj_parked *p);
     void (*free)(void *ctx);
-    // A parked cache's keys, then values, each (n_layers, n_kv_heads, n, head_dim) f32 (n * engine_kv_pos_bytes
-    // bytes) in host memory, its copies done: read it, or fill it before restore (session.h).
+    // A parked cache in host memory, its copies done: read it, or fill it before restore (session.h). Its keys,
+    // then its values, each (n_layers, n_kv_heads, n, head_dim) elements of the engine's KV type; for q8 then the
+    // keys' scales and the values' scales, each (n_layers, n_kv_heads, n) f32: n * engine_kv_pos_bytes in all.
     void *(*parked_kv)(void *ctx, dj_parked *p, dj_err *e);
     // Probes (probe.h: dumps and control vectors after layers) for every later pass; NULL: none. The caller keeps
     // the probe alive while it is set, and sets it again after changing its vectors.
@@ -58,8 +61,9 @@ typedef struct {
     void (*gpu_stats)(void *ctx, dj_gpu_stats *out);
 } dj_engine;
 
-// Bytes of one position's keys and values over every layer (f32): a slot is max_seq of them.
-uint64_t engine_kv_pos_bytes(const dj_config *c);
+// Bytes of one position's keys and values over every layer in KV type kv_type (kvtype.h): a slot is max_seq of
+// them.
+uint64_t engine_kv_pos_bytes(const dj_config *c, int kv_type);
 // The engine follows how the model was loaded: page-locked for the GPU (loader.h) runs on the GPU with the
 // options `go`, otherwise on the CPU; either with n_slots KV slots of go->max_seq positions.
 int engine_open(dj_engine *eng, const dj_model *m, const dj_gpu_opts *go, int32_t n_slots, dj_err *e);

@@ -6,6 +6,7 @@
 
 #include <stdint.h>
 
+#include "kvtype.h"
 #include "loader.h"
 #include "probe.h"
 #include "sampler.h"
@@ -15,6 +16,7 @@ typedef struct {
                         // activations and a margin
     int64_t max_seq;    // context: KV cache length (of each slot)
     int32_t n_slots;    // KV slots, each a sequence's cache of max_seq positions (0: 1)
+    int kv_type;        // the KV cache's elements (kvtype.h; 0: f32)
     int64_t max_batch;  // most tokens per pass (0: 4096); longer prompts take several passes
     int64_t warm_rows;  // rows of the set-up's warm-up prefill (0: 2): the prompt length, so that its first
                         // pass finds its cuBLAS kernels loaded (lazy module loading: ~5 ms per new kernel)

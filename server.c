@@ -931,7 +931,7 @@ static int srv_open_model(srv *s, dj_err *e) {
     if (ctx > (int64_t)cfg->max_seq_len)
         return dj_fail(e, "-c %" PRId64 " is beyond the model's max_seq_len of %u", ctx, cfg->max_seq_len), 2;
     // KV slots: --kv-gb over one slot's bytes, or twice --parallel's
-    double slot_gb = (double)engine_kv_pos_bytes(cfg) * (double)ctx / 1e9;
+    double slot_gb = (double)engine_kv_pos_bytes(cfg, DJ_KV_F32) * (double)ctx / 1e9;
     int32_t parallel = o->parallel ? o->parallel : SRV_DEFAULT_PARALLEL;
     double slots = o->kv_gb > 0 ? floor(o->kv_gb / slot_gb * (1 + 1e-12)) : 2.0 * parallel;
     if (slots < 1)

@@ -82,7 +82,7 @@ static void model_fields(uint8_t *h, const dj_model *m) {
 
 // ---- saving
 int session_save(dj_out *out, const dj_model *m, dj_engine *eng, int32_t slot, const dj_session *s, dj_err *e) {
-    const uint64_t kv_bytes = (uint64_t)s->n_kv * engine_kv_pos_bytes(&m->info.config),
+    const uint64_t kv_bytes = (uint64_t)s->n_kv * engine_kv_pos_bytes(&m->info.config, eng->kv_type),
                    tok_bytes = (uint64_t)s->n_tokens * 4;
     if (s->n_kv < 0 || s->n_kv > s->n_tokens || s->n_tokens > s->ctx)
         return dj_fail(e, "internal error: a session of %" PRId64 " tokens, %" PRId64 " cached, context %" PRId64,
@@ -151,7 +151,8 @@ static int check_header(const uint8_t *h, uint64_t size, const char *path, const
     if (n < 1 || n > (uint64_t)ctx || n_kv > n || (n_kv < n - 1) || np > n || np < 1 ||
         (next >= 0 && (n_kv != n || (uint32_t)next >= c->vocab_size)) || next < -1 || !get64(h, H_RNG) ||
         get64(h, H_TOKOFF) != SESSION_HEADER || get64(h, H_KVOFF) != SESSION_HEADER + 4 * n ||
-        get64(h, H_KVBYTES) != n_kv * engine_kv_pos_bytes(c) || get64(h, H_KVOFF) + get64(h, H_KVBYTES) != size)
+        get64(h, H_KVBYTES) != n_kv * engine_kv_pos_bytes(c, DJ_KV_F32) ||
+        get64(h, H_KVOFF) + get64(h, H_KVBYTES) != size)
         return dj_fail(e, "%s is corrupt: its counts do not agree (%" PRIu64 " tokens, %" PRIu64 " cached, next %d)",
                        path, n, n_kv, next);
     return 0;

@@ -163,7 +163,7 @@ Test(batch, parking_drops_the_least_recently_used) {
     cr_assert(n_ids[0] == n_ids[1] && n_ids[1] == n_ids[2], "the prompts must be of one length: %zu %zu %zu",
               n_ids[0], n_ids[1], n_ids[2]);
     const int64_t cache = (int64_t)n_ids[0] + 1;  // the prompt and the first token fed (max_tokens 2)
-    const uint64_t bytes = (uint64_t)cache * engine_kv_pos_bytes(&c.m.info.config);
+    const uint64_t bytes = (uint64_t)cache * engine_kv_pos_bytes(&c.m.info.config, DJ_KV_F32);
     for (int budget = 0; budget < 2; budget++) {
         tb_open(&c, 64, 3, budget ? 2 * bytes : 2 * bytes - 1);
         for (int i = 0; i < 3; i++) tb_run(&c, texts[i], 2, names[i]);  // one slot each
@@ -208,7 +208,7 @@ Test(batch, jobs_park_and_drop_the_least_recently_used) {
     for (int i = 0; i < 4; i++) free(tb_ids(&c, texts[i], &n_ids[i]));
     for (int i = 1; i < 4; i++) cr_assert_eq(n_ids[i], n_ids[0], "the prompts must be of one length");
     const int64_t cache = (int64_t)n_ids[0] + 1;
-    tb_open(&c, 64, 1, 2 * (uint64_t)cache * engine_kv_pos_bytes(&c.m.info.config));
+    tb_open(&c, 64, 1, 2 * (uint64_t)cache * engine_kv_pos_bytes(&c.m.info.config, DJ_KV_F32));
     for (int i = 0; i < 4; i++) tb_run(&c, texts[i], 2, names[i]);
     bt_stats st;
     bt_get_stats(c.s, &st);
@@ -227,7 +227,7 @@ Test(batch, a_cache_the_size_of_the_budget) {
     size_t n_ids;
     free(tb_ids(&c, "Once upon a time", &n_ids));
     const int64_t cache = (int64_t)n_ids + 1;
-    const uint64_t bytes = (uint64_t)cache * engine_kv_pos_bytes(&c.m.info.config);
+    const uint64_t bytes = (uint64_t)cache * engine_kv_pos_bytes(&c.m.info.config, DJ_KV_F32);
     for (int fits = 0; fits < 2; fits++) {
         tb_open(&c, 64, 1, fits ? bytes : bytes - 1);
         tb_run(&c, "Once upon a time", 2, "A");

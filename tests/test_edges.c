@@ -309,7 +309,7 @@ Test(edges, batch_parking_budget_holds_a_cache_of_its_size) {
     dj_err e = {{0}};
     cr_assert_eq(bt_park(c.s, 0, "a", &tokens, &e), 0, "%s", e.msg);
     cr_assert_gt(tokens, 0);
-    const uint64_t bytes = (uint64_t)tokens * engine_kv_pos_bytes(&c.m.info.config);
+    const uint64_t bytes = (uint64_t)tokens * engine_kv_pos_bytes(&c.m.info.config, DJ_KV_F32);
     tb_close(&c);
     for (int less = 0; less < 2; less++) {  // a budget of exactly the cache parks it; one byte less drops it
         tb_open(&c, bytes - (uint64_t)less, 4);

@@ -52,7 +52,7 @@ static void ts_setup(ts_ctx *c) {
     cr_assert_eq(session_save(&out, &c->m, &eng, 0, &s, &e), 0, "%s", e.msg);
     free(logits), sampler_free(smp), engine_close(&eng);
     c->file = (uint8_t *)tc_must_read(c->path, &c->size);
-    c->pos_bytes = engine_kv_pos_bytes(&c->m.info.config);
+    c->pos_bytes = engine_kv_pos_bytes(&c->m.info.config, DJ_KV_F32);
     cr_assert_eq(c->size, SESSION_HEADER + 4 * TS_N + TS_N * c->pos_bytes);
 }
 

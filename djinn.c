@@ -17,6 +17,8 @@
 #include "engine.h"
 #include "fileio.h"
 #include "gpu_host.h"
+#include "kvsize.h"
+#include "kvtype.h"
 #include "loader.h"
 #include "probe.h"
 #include "sampler.h"
@@ -34,9 +36,9 @@ enum { EXIT_ERR = 1, EXIT_USAGE = 2, EXIT_CHECK = 3, EXIT_INTERRUPTED = 130 };
 #define DJINN_VERSION "0.4.0"
 #define MAX_STOPS 16
 #define MAX_STEERS 64
-#define DEFAULT_CTX 4096  // a KV cache for Llama 3.1's 131072 positions would not fit most GPUs
 #define DEFAULT_DRAFT_MAX 8
 _Static_assert(SPEC_K_MAX == 32, "--draft-max's message names SPEC_K_MAX");
+_Static_assert(KV_MEM_SHARE == 4, "the default context's line and --help say 'a quarter'");
 
 // Ctrl-C during generation stops after the current token, during loading within a read chunk (loader.h), during
 // set-up or prefill as that phase ends; a second one kills at once.
@@ -70,7 +72,8 @@ typedef struct {
     dj_sampling smp;     // -t, --top-p, --top-k, --min-p, the penalties
     uint64_t seed;
     int seed_given;
-    int64_t ctx;         // 0: the model's max_seq_len, at most DEFAULT_CTX
+    int64_t ctx;         // -c; 0 until main sets the default (default_context)
+    int kv_type;         // --kv-type (kvtype.h)
     struct {             // the GPU engine's own options (dj_gpu_opts); given on the CPU, a warning
         double ring_gb;  // GPU memory for weights, GB; 0: automatic
         int stream_all;  // ablation: nothing resident
@@ -126,8 +129,11 @@ static void usage(FILE *f) {
             "  -s SEED          RNG seed (default: a fresh one from the clock's nanoseconds and the process,\n"
             "                   printed on stderr); same seed, same text\n"
             "  -c CTX           context size in tokens: the KV cache length (default: the model's\n"
-            "                   max_position_embeddings, capped at %d; an explicit -c may go up to\n"
-            "                   max_position_embeddings)\n"
+            "                   max_position_embeddings where its KV cache takes at most a quarter of the GPU's\n"
+            "                   memory, or of the host's available memory on the CPU; else the multiple of 256\n"
+            "                   that does, said on stderr; -c may go up to max_position_embeddings)\n"
+            "  --kv-type T      the KV cache's elements: " DJ_KV_NAMES " (default %s; q8: int8 values with a scale\n"
+            "                   per head and position, about a quarter of f32's bytes)\n"
             "  --ring-gb G      GPU memory for weights, in GB (1e9 bytes): layers that fit stay resident, the rest\n"
             "                   stream over PCIe every token (default: free GPU memory minus the KV cache,\n"
             "                   activations and a margin; the plan is printed on stderr)\n"
@@ -191,7 +197,7 @@ static void usage(FILE *f) {
             "  --version        print the version and the model.bin versions this build reads\n"
             "  --help           this text\n"
             "stdout carries only the text (prompt + generation); statistics go to stderr.\n",
-            DEFAULT_CTX, SPEC_K_MAX, DEFAULT_DRAFT_MAX, TRACE_STEPS_MAX, TRACE_STEPS_DEFAULT);
+            dj_kv_name(DJ_KV_DEFAULT), SPEC_K_MAX, DEFAULT_DRAFT_MAX, TRACE_STEPS_MAX, TRACE_STEPS_DEFAULT);
 }
 
 // One line: what was wrong, and where to look.
@@ -344,6 +350,8 @@ static int parse_value(const char *a, const char *v, dj_opts *o) {
     } else if (!strcmp(a, "-c")) {
         if (parse_i64(v, &n) || n <= 0) return usage_error("-c needs a positive context size, not '%s'", v);
         o->ctx = n;
+    } else if (!strcmp(a, "--kv-type")) {
+        if ((o->kv_type = dj_kv_parse(v)) < 0) return usage_error("--kv-type needs " DJ_KV_NAMES ", not '%s'", v);
     } else if (!strcmp(a, "--threads")) {
         if (parse_i64(v, &n) || n < 1 || n > 256) return usage_error("--threads needs a count from 1 to 256, not '%s'", v);
         o->threads = n;
@@ -415,7 +423,7 @@ static const char *with_value[] = {"-p", "-f", "--stop", "--system", "--chat-tem
                                    "--repeat-last-n", "--presence-penalty", "--frequency-penalty", "-n", "-t",
                                    "--top-p", "-s", "-c", "--ring-gb", "--logits", "--check", "--tol", "--stats-json",
                                    "--cpu-share", "--perplexity", "--threads", "--draft", "--draft-max",
-                                   "--draft-p-min", "--trace", "--trace-steps", "-m", "-ngl", "--temp"};
+                                   "--draft-p-min", "--trace", "--trace-steps", "-m", "-ngl", "--temp", "--kv-type"};
 
 // llama.cpp's spellings of the same options (its users type them): the name Djinn parses them under.
 static const char *canonical_flag(const char *a) {
@@ -433,7 +441,7 @@ static const char *canonical_flag(const char *a) {
 // Returns 0 when parsed, else the exit code (EXIT_USAGE, or -1 for --help, -2 for --version).
 static int parse_args(int argc, char **argv, dj_opts *o) {
     *o = (dj_opts){.prompt = "", .n_new = 256, .smp = DJ_SAMPLING_DEFAULT, .tol = -1, .gpu.cpu_share = -1,
-                   .spec = {.k_max = DEFAULT_DRAFT_MAX}};
+                   .spec = {.k_max = DEFAULT_DRAFT_MAX}, .kv_type = DJ_KV_DEFAULT};
     for (int i = 1; i < argc; i++) {
         const char *a = canonical_flag(argv[i]);
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) return -1;
@@ -457,17 +465,26 @@ static int parse_args(int argc, char **argv, dj_opts *o) {
 }
 
 // ---- engines
-// warm: the length of the first pass to come (the GPU engine warms up on that shape)
-// The context in tokens: -c, else the model's max_seq_len capped at DEFAULT_CTX.
-static int64_t context_of(const dj_config *c, const dj_opts *o) {
-    return o->ctx ? o->ctx : c->max_seq_len < DEFAULT_CTX ? (int64_t)c->max_seq_len : DEFAULT_CTX;
+// The context without -c: the model's max_seq_len where its KV cache of kv_type takes at most a quarter of the
+// engine's memory (kvsize.h), else the multiple of 256 that does, said in one line.
+static int64_t default_context(const dj_config *c, int kv_type, int gpu) {
+    const char *mem;
+    const uint64_t budget = kv_budget(gpu, &mem), pos_bytes = engine_kv_pos_bytes(c, kv_type);
+    if (!budget) return c->max_seq_len;  // the memory is unknown: the engine's own allocation says if it fits
+    int64_t ctx = kv_fit_context(pos_bytes, 1, budget, c->max_seq_len);
+    if (ctx < (int64_t)c->max_seq_len)
+        fprintf(stderr, "djinn: context %" PRId64 " of the model's %u: its KV cache (%.3g GB, %s) takes at most a "
+                        "quarter of %s, %.3g GB (-c to change)\n", ctx, c->max_seq_len,
+                (double)pos_bytes * (double)ctx / 1e9, dj_kv_name(kv_type), mem, (double)budget / 1e9);
+    return ctx;
 }
 
+// warm: the length of the first pass to come (the GPU engine warms up on that shape)
 static int open_engine(dj_engine *eng, const dj_model *m, const dj_opts *o, int64_t ctx, int64_t warm, dj_err *e) {
     dj_gpu_opts go = {.ring_gb = o->gpu.ring_gb, .max_seq = ctx, .stream_all = o->gpu.stream_all,
                       .sync_copy = o->gpu.sync_copy, .no_graph = o->gpu.no_graph, .fma_attn = o->gpu.fma_attn,
                       .warm_rows = warm, .cpu_share = o->gpu.cpu_share, .trace = o->trace_path,
-                      .trace_steps = (int)o->trace_steps};
+                      .trace_steps = (int)o->trace_steps, .kv_type = o->kv_type};
     if (engine_open(eng, m, &go, 1, e)) return -1;
     return o->probe ? eng->set_probe(eng->ctx, o->probe, e) : 0;
 }
@@ -494,7 +511,7 @@ static int open_draft(dj_draft *d, const dj_model *target, const dj_tokenizer *t
         return dj_fail(e, "--draft %s: a context of %u positions (max_position_embeddings), the run's is %" PRId64
                           ": lower -c", o->draft_path, c->max_seq_len, ctx);
     dj_gpu_opts go = {.max_seq = ctx, .no_graph = o->gpu.no_graph, .fma_attn = o->gpu.fma_attn, .warm_rows = warm,
-                      .quiet = 1};
+                      .quiet = 1, .kv_type = o->kv_type};
     if (engine_open(&d->eng, &d->m, &go, 1, e)) return -1;
     double kv_gb = (double)engine_kv_pos_bytes(c, d->eng.kv_type) * (double)ctx / 1e9;
     dj_gpu_stats g;
@@ -503,9 +520,9 @@ static int open_draft(dj_draft *d, const dj_model *target, const dj_tokenizer *t
             return dj_fail(e, "--draft %s does not fit on the GPU beside its KV cache (%.2f GB for -c %" PRId64 "): %d "
                               "of its units would stream; a smaller draft (--dtype q4) or a lower -c", o->draft_path,
                            kv_gb, ctx, g.n_streamed);
-        fprintf(stderr, "djinn: draft %s: %.3f GB of %s weights resident on the GPU, KV cache %.2f GB; up to %" PRId64
-                        " tokens drafted a pass (%.2f s)\n", o->draft_path, (double)g.resident_bytes / 1e9,
-                dj_dtype_name(c->wtype), kv_gb, o->spec.k_max, dj_now() - t0);
+        fprintf(stderr, "djinn: draft %s: %.3f GB of %s weights resident on the GPU, KV cache %.2f GB (%s); up to %"
+                        PRId64 " tokens drafted a pass (%.2f s)\n", o->draft_path, (double)g.resident_bytes / 1e9,
+                dj_dtype_name(c->wtype), kv_gb, dj_kv_name(d->eng.kv_type), o->spec.k_max, dj_now() - t0);
     } else {
         fprintf(stderr, "djinn: draft %s: %s weights on the CPU; up to %" PRId64 " tokens drafted a pass\n",
                 o->draft_path, dj_dtype_name(c->wtype), o->spec.k_max);
@@ -596,7 +613,7 @@ out:
 static int run_perplexity(const dj_model *m, const dj_tokenizer *tok, const dj_opts *o, dj_err *e) {
     const dj_config *c = &m->info.config;
     int64_t vocab = c->vocab_size;
-    int64_t ctx = context_of(c, o);
+    int64_t ctx = o->ctx;
     char *text = NULL;
     size_t n_text, n_ids = 0;
     int32_t *ids = NULL;
@@ -799,8 +816,11 @@ static int gen_open(gen_run *g, dj_err *e) {
         return interrupted_during("the draft's load") ? 1 : -1;  // first: all resident
     if (open_engine(&g->eng, g->m, o, g->ctx, (int64_t)g->n_prompt, e)) return -1;
     g->rs.setup_s = dj_now() - t_setup;
-    fprintf(stderr, "djinn: %s engine set up in %.3f s%s\n", g->eng.name, g->rs.setup_s,
-            g->eng.is_gpu ? " (buffers, a warm-up pass of the prompt's length, the decode graph)" : "");
+    fprintf(stderr, "djinn: %s engine set up in %.3f s%s; KV cache %.3g GB (%s) for a context of %" PRId64 "\n",
+            g->eng.name, g->rs.setup_s,
+            g->eng.is_gpu ? " (buffers, a warm-up pass of the prompt's length, the decode graph)" : "",
+            (double)engine_kv_pos_bytes(&g->m->info.config, g->eng.kv_type) * (double)g->ctx / 1e9,
+            dj_kv_name(g->eng.kv_type), g->ctx);
     if (interrupted_during("the engine's setup")) return 1;
     uint64_t seed = o->seed_given ? o->seed : fresh_seed();
     // a resumed run samples as the session did, unless this run's sampling options say otherwise
@@ -1005,7 +1025,7 @@ static int run_generate(const dj_model *m, const dj_tokenizer *tok, const dj_opt
         free(g.ids);
         return stdout_ok(e) ? EXIT_ERR : 0;
     }
-    g.ctx = context_of(&m->info.config, o);
+    g.ctx = o->ctx;
     int rc = gen_open(&g, e);
     if (rc) {
         gen_close(&g);
@@ -1118,7 +1138,7 @@ static int run_chat(const dj_model *m, const dj_tokenizer *tok, const dj_opts *o
         return dj_fail(e, "--chat: the model's chat template is neither Llama 2's ([INST], <<SYS>>) nor Llama 3's "
                           "(<|start_header_id|>): write the prompt out with -p"), EXIT_ERR;
     int rc = EXIT_ERR, tty = isatty(STDIN_FILENO);
-    chat_run g = {.tok = tok, .o = o, .ctx = context_of(c, o), .end_tok = -1};
+    chat_run g = {.tok = tok, .o = o, .ctx = o->ctx, .end_tok = -1};
     char *line = NULL;
     size_t cap = 0, got;
     int32_t *turn = NULL;
@@ -1304,6 +1324,7 @@ int main(int argc, char **argv) {
         rc = EXIT_USAGE;
         goto done;
     }
+    if (!o.ctx && !o.check_path && !o.tokenize) o.ctx = default_context(c, o.kv_type, m.for_gpu);
     if ((o.dump_path || o.n_steers) && (rc = make_probe(&m, &o, &out, &e))) goto done;
     rc = EXIT_ERR;
     if (o.check_path) {

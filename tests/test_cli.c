@@ -20,6 +20,7 @@
 
 #include "../gpu_host.h"
 #include "../json.h"
+#include "../kvtype.h"
 #include "../model.h"
 #include "../util.h"
 #include "common.h"
@@ -202,6 +203,70 @@ Test(cli, announces_the_engine) {
     else
         cr_assert(strstr(err, "warning: " GPU_ABSENT ": running on the CPU"),
                   "must say on stderr why it runs on the CPU: %s", err);
+    free(err);
+    tcli_teardown(&c);
+}
+
+// --kv-type: each type reaches the engine, whose set-up line states it with the KV cache's bytes for the context
+// (stories260K: a position's K and V over 5 layers of 4 KV heads of head_dim 8); without it, DJ_KV_DEFAULT's;
+// anything else is one line naming the choices, exit 2.
+Test(cli, kv_type_reaches_the_engine) {
+    tcli_ctx c;
+    tcli_setup(&c);
+    char want[120], *err;
+    for (int t = -1; t < DJ_KV_TYPES; t++) {
+        const int type = t < 0 ? DJ_KV_DEFAULT : t;
+        char *argv[] = {tcli_djinn_path, c.model, "-p", "Hi", "-n", "4", "-t", "0", "--cpu", "--kv-type",
+                        (char *)dj_kv_name(type), NULL};
+        if (t < 0) argv[9] = NULL;
+        int rc = tcli_run(&c, argv);
+        err = tcli_stderr(&c);
+        cr_assert_eq(rc, 0, "%s: %s", dj_kv_name(type), err);
+        snprintf(want, sizeof want, "; KV cache %.3g GB (%s) for a context of 512\n",
+                 512.0 * 2 * 5 * 4 * (double)dj_kv_row_bytes(type, 8) / 1e9, dj_kv_name(type));
+        cr_expect(strstr(err, want), "%s: not '%s' in %s", t < 0 ? "the default" : dj_kv_name(type), want, err);
+        free(err);
+    }
+    tcli_expect_fail(&c, (char *[]){tcli_djinn_path, c.model, "--kv-type", "f64", NULL}, 2,
+                     "djinn: --kv-type needs f32|f16|q8, not 'f64' (see djinn --help)\n");
+    err = tcli_stderr(&c);
+    cr_expect(strchr(err, '\n') == err + strlen(err) - 1, "more than one line: %s", err);
+    free(err);
+    tcli_teardown(&c);
+}
+
+// The context without -c (kvsize.h), with DJINN_TEST_MEM standing for the host's available memory: stories260K's 512
+// positions while their KV cache takes at most a quarter of it (to the byte), else 256, said in one line; an explicit
+// -c is kept whatever the memory.
+static char *tcli_context_run(tcli_ctx *c, uint64_t mem, const char *ctx) {
+    char m[32];
+    snprintf(m, sizeof m, "%llu", (unsigned long long)mem);
+    setenv("DJINN_TEST_MEM", m, 1);
+    char *argv[] = {tcli_djinn_path, c->model, "-p", "Hi", "-n", "2", "-t", "0", "--cpu", "--kv-type", "f32",
+                    ctx ? "-c" : NULL, (char *)ctx, NULL};
+    int rc = tcli_run(c, argv);
+    unsetenv("DJINN_TEST_MEM");
+    char *err = tcli_stderr(c);
+    cr_assert_eq(rc, 0, "%s", err);
+    return err;
+}
+
+Test(cli, default_context_from_memory) {
+    tcli_ctx c;
+    tcli_setup(&c);
+    const uint64_t slot = 512 * 2 * 5 * 4 * dj_kv_row_bytes(DJ_KV_F32, 8);  // 512 positions of stories260K, f32
+    char *err = tcli_context_run(&c, 4 * slot, NULL);
+    cr_expect(!strstr(err, "djinn: context") && strstr(err, "for a context of 512\n"), "%s", err);
+    free(err);
+    err = tcli_context_run(&c, 4 * slot - 4, NULL);
+    char want[300];
+    snprintf(want, sizeof want, "\ndjinn: context 256 of the model's 512: its KV cache (%.3g GB, f32) takes at most a "
+             "quarter of the host's available memory, %.3g GB (-c to change)\n", (double)slot / 2e9,
+             (double)(slot - 1) / 1e9);
+    cr_expect(strstr(err, want) && strstr(err, "for a context of 256\n"), "not '%s' in %s", want, err);
+    free(err);
+    err = tcli_context_run(&c, 4 * slot - 4, "512");
+    cr_expect(!strstr(err, "djinn: context") && strstr(err, "for a context of 512\n"), "%s", err);
     free(err);
     tcli_teardown(&c);
 }
@@ -822,6 +887,7 @@ Test(cli, bad_flags_give_usage) {
     tcli_expect_fail(&c, (char *[]){d, m, "--frequency-penalty", "nan", NULL}, 2, "--frequency-penalty");
     tcli_expect_fail(&c, (char *[]){d, m, "--threads", "257", NULL}, 2, "--threads");
     tcli_expect_fail(&c, (char *[]){d, m, "--threads", "four", NULL}, 2, "--threads");
+    tcli_expect_fail(&c, (char *[]){d, m, "--kv-type", "q4", NULL}, 2, "--kv-type");
     // --help lists every option on stdout
     cr_assert_eq(tcli_run(&c, (char *[]){d, "--help", NULL}), 0);
     char *out = tcli_stdout(&c, NULL);
@@ -829,9 +895,14 @@ Test(cli, bad_flags_give_usage) {
                           "--tol", "--tokenize", "--stream-all", "--sync-copy", "--no-graph", "--no-pin",
                           "--stats-json", "--fma-attn", "--cpu-share", "--threads", "-f", "--version", "--stop",
                           "--top-k", "--min-p", "--repeat-penalty", "--repeat-last-n", "--presence-penalty",
-                          "--frequency-penalty", "--chat", "--system", "--trace", "--trace-steps"};
+                          "--frequency-penalty", "--chat", "--system", "--trace", "--trace-steps", "--kv-type"};
     for (size_t i = 0; i < sizeof opts / sizeof *opts; i++) cr_assert(strstr(out, opts[i]), "--help lacks %s", opts[i]);
-    cr_assert(strstr(out, "max_position_embeddings, capped at 4096"), "--help does not state -c's cap: %s", out);
+    char kv_help[100];
+    snprintf(kv_help, sizeof kv_help, "--kv-type T      the KV cache's elements: f32|f16|q8 (default %s;",
+             dj_kv_name(DJ_KV_DEFAULT));
+    cr_assert(strstr(out, kv_help), "--help does not state --kv-type's choices and default: %s", out);
+    cr_assert(strstr(out, "max_position_embeddings where its KV cache takes at most a quarter of the GPU's"),
+              "--help does not state -c's default: %s", out);
     // a valid --ring-gb is accepted
     cr_assert_eq(tcli_run(&c, (char *[]){d, m, "--ring-gb", "1.5", "-n", "1", "-t", "0", NULL}), 0);
     free(out);

@@ -34,6 +34,8 @@
 #include "gpu_host.h"
 #include "http.h"
 #include "keys.h"
+#include "kvsize.h"
+#include "kvtype.h"
 #include "loader.h"
 #include "pool.h"
 #include "tokenizer.h"
@@ -47,8 +49,7 @@
 #define SRV_DRAIN_S 2.0                  // after a refusal, the client's unread bytes are read for this long
 #define SRV_FDS_OWN 64                   // descriptors the server needs besides its connections'
 #define SRV_DEFAULT_BUFFER_MB 256
-#define SRV_DEFAULT_CTX 4096
-#define SRV_DEFAULT_PARALLEL 8
+#define SRV_DEFAULT_CTX 8192  // the default context's cap: room for many slots where a model's is 128k
 #define SRV_DEFAULT_PAUSED 16
 
 static volatile sig_atomic_t srv_stop;
@@ -61,8 +62,8 @@ static void srv_on_signal(int sig) {
 typedef struct {
     const char *model, *host, *chat_template;
     dj_keys keys;            // none: every client one tenant, no key asked
-    int port, force_cpu, threads, quiet, stream_all;
-    double ring_gb, kv_gb, park_gb, timeout_s, cpu_share, buffer_mb;
+    int port, force_cpu, threads, quiet, stream_all, kv_type;
+    double ring_gb, kv_gb, park_gb, timeout_s, cpu_share, buffer_mb;  // kv_gb 0, park_gb < 0: from the memory
     int64_t ctx, prefill_chunk;
     int32_t parallel, sessions, max_conns, breakpoints;
 } srv_opts;
@@ -77,11 +78,15 @@ static void srv_usage(FILE *f) {
             "                       prompts no other key's requests can reach\n"
             "  --api-key-file FILE  keys one a line, each a tenant (with --api-key too)\n"
             "  --chat-template llama2|llama3|FILE  /v1/chat/completions in this template, not the model's own\n"
-            "  -c N                 context: positions per KV slot (the model's, at most %d)\n"
-            "  --parallel N         most sequences decoded together in one step (%d, at most the slots)\n"
-            "  --kv-gb G            memory for KV slots, in GB: slots = G / (context x bytes a position)\n"
-            "                       (room for twice --parallel)\n"
-            "  --park-gb G          host memory for parked sessions' caches, in GB (8)\n"
+            "  -c N                 context: positions per KV slot (the model's, at most %d, and at most what\n"
+            "                       --kv-gb holds in one slot)\n"
+            "  --kv-type T          the KV cache's elements: " DJ_KV_NAMES " (%s)\n"
+            "  --kv-gb G            memory for KV slots, in GB: slots = G / (context x bytes a position), at most\n"
+            "                       %d (a quarter of the GPU's memory; on the CPU of the host's available memory)\n"
+            "  --parallel N         most sequences decoded together in one step (half the slots, the other half\n"
+            "                       for idle sessions' caches; at least 1, at most %d)\n"
+            "  --park-gb G          host memory for parked sessions' caches, in GB (half the host's available\n"
+            "                       memory once the model is loaded)\n"
             "  --sessions N         sessions remembered (256); the least recently used idle one goes\n"
             "  --breakpoints N      paused breakpoints held (%d; 0: none taken); past it the oldest goes\n"
             "  --prefill-chunk N    most prompt tokens prefilled between two decode steps (256)\n"
@@ -102,7 +107,8 @@ static void srv_usage(FILE *f) {
             "endpoints: POST /v1/completions, POST /v1/chat/completions, GET /v1/models, GET /health, GET /metrics,\n"
             "  POST /v1/sessions/NAME/park, DELETE /v1/sessions/NAME; request fields beyond OpenAI's: session, park,\n"
             "  break_after_layer, resume (README: Serving)\n",
-            SRV_DEFAULT_CTX, SRV_DEFAULT_PARALLEL, SRV_DEFAULT_PAUSED, SRV_DEFAULT_BUFFER_MB, SRV_REQS_TURN);
+            SRV_DEFAULT_CTX, dj_kv_name(DJ_KV_DEFAULT), KV_SLOTS_MAX, KV_PARALLEL_MAX, SRV_DEFAULT_PAUSED,
+            SRV_DEFAULT_BUFFER_MB, SRV_REQS_TURN);
 }
 
 static int srv_bad_usage(const char *what, const char *arg) {
@@ -141,9 +147,9 @@ static int srv_num(const char *flag, const char *v, double lo, double hi, int in
 }
 
 static int srv_parse(int argc, char **argv, srv_opts *o) {
-    *o = (srv_opts){.host = "127.0.0.1", .port = 8080, .park_gb = 8, .timeout_s = 60, .prefill_chunk = 256,
+    *o = (srv_opts){.host = "127.0.0.1", .port = 8080, .park_gb = -1, .timeout_s = 60, .prefill_chunk = 256,
                     .sessions = 256, .max_conns = 256, .cpu_share = -1, .breakpoints = SRV_DEFAULT_PAUSED,
-                    .buffer_mb = SRV_DEFAULT_BUFFER_MB};
+                    .buffer_mb = SRV_DEFAULT_BUFFER_MB, .kv_type = DJ_KV_DEFAULT};
     for (int i = 1; i < argc; i++) {
         const char *a = srv_canonical(argv[i]);
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
@@ -184,6 +190,8 @@ static int srv_parse(int argc, char **argv, srv_opts *o) {
         else if (!strcmp(a, "--kv-gb")) rc = srv_num(a, v, 1e-9, 1e6, 0, &d), o->kv_gb = d;
         else if (!strcmp(a, "--park-gb")) rc = srv_num(a, v, 0, 1e6, 0, &d), o->park_gb = d;
         else if (!strcmp(a, "--buffer-mb")) rc = srv_num(a, v, 1, 1 << 20, 0, &d), o->buffer_mb = d;
+        else if (!strcmp(a, "--kv-type"))
+            rc = v && (o->kv_type = dj_kv_parse(v)) < 0 ? srv_bad_usage("--kv-type wants " DJ_KV_NAMES ", not", v) : 0;
         else if (!strcmp(a, "--cpu-share") && v && !strcmp(v, "auto")) o->cpu_share = -1;
         else if (!strcmp(a, "--cpu-share")) rc = srv_num(a, v, 0, 0.95, 0, &d), o->cpu_share = d;
         else return srv_bad_usage("unknown option", a);
@@ -916,6 +924,50 @@ static int srv_fd_limit(srv_opts *o, dj_err *e) {
     return 0;
 }
 
+// The KV cache's shape (kvsize.h): the memory (--kv-gb, else a quarter of the engine's), the context (-c, else the
+// model's up to SRV_DEFAULT_CTX, cut to what the memory holds in one slot), the slots the memory holds, the sequences
+// a step (--parallel, else half the slots) and the parking memory (--park-gb, else half what the host has free).
+typedef struct {
+    int64_t ctx;
+    int32_t slots, parallel;
+    double slot_gb, park_gb;
+    char why_ctx[64], why_kv[64], why_par[64], why_park[64];  // where each came from, for the startup line
+} srv_kv;
+
+// 0; 2 with e set: the options do not fit this model.
+static int srv_size_kv(const srv_opts *o, const dj_config *cfg, int gpu, srv_kv *kv, dj_err *e) {
+    const char *mem = "--kv-gb", *type = dj_kv_name(o->kv_type);
+    const uint64_t budget = o->kv_gb > 0 ? (uint64_t)llround(o->kv_gb * 1e9) : kv_budget(gpu, &mem);
+    const uint64_t pos_bytes = engine_kv_pos_bytes(cfg, o->kv_type);
+    const int64_t max_seq = cfg->max_seq_len, cap = max_seq < SRV_DEFAULT_CTX ? max_seq : SRV_DEFAULT_CTX;
+    if (!budget) return dj_fail(e, "%s cannot be read: give --kv-gb", mem), 2;
+    if (o->ctx > max_seq)
+        return dj_fail(e, "-c %" PRId64 " is beyond the model's max_seq_len of %u", o->ctx, cfg->max_seq_len), 2;
+    snprintf(kv->why_kv, sizeof kv->why_kv, "%s%s (%.4g GB)", o->kv_gb > 0 ? "" : "a quarter of ", mem,
+             (double)budget / 1e9);
+    kv->ctx = o->ctx ? o->ctx : kv_fit_context(pos_bytes, 1, budget, cap);
+    if (o->ctx) snprintf(kv->why_ctx, sizeof kv->why_ctx, " (-c)");
+    else if (kv->ctx == max_seq) snprintf(kv->why_ctx, sizeof kv->why_ctx, " (the model's)");
+    else if (kv->ctx == cap) snprintf(kv->why_ctx, sizeof kv->why_ctx, " (the model's %u, at most %d)", cfg->max_seq_len,
+                                      SRV_DEFAULT_CTX);
+    else snprintf(kv->why_ctx, sizeof kv->why_ctx, " (of the model's %u: what the memory holds)", cfg->max_seq_len);
+    kv->slot_gb = (double)pos_bytes * (double)kv->ctx / 1e9;
+    if ((kv->slots = kv_slots(pos_bytes * (uint64_t)kv->ctx, budget)) < 1)
+        return dj_fail(e, "%s holds no KV slot: one slot of %" PRId64 " positions takes %.4g GB (%s); lower -c or "
+                          "raise --kv-gb", kv->why_kv, kv->ctx, kv->slot_gb, type), 2;
+    kv->parallel = o->parallel ? o->parallel : kv_default_parallel(kv->slots);
+    if (kv->parallel > kv->slots)
+        return dj_fail(e, "--parallel %d needs as many KV slots, %s holds %d (%.4g GB each, %s): raise --kv-gb to "
+                          "%.4g or lower --parallel", kv->parallel, kv->why_kv, kv->slots, kv->slot_gb, type,
+                       kv->slot_gb * kv->parallel), 2;
+    snprintf(kv->why_par, sizeof kv->why_par, o->parallel ? "" : " (half the slots, at most %d)", KV_PARALLEL_MAX);
+    const uint64_t avail = host_mem_available();
+    kv->park_gb = o->park_gb >= 0 ? o->park_gb : kv_park_gb(avail);
+    snprintf(kv->why_park, sizeof kv->why_park, "%s", o->park_gb >= 0 ? "" : avail ? " (half the host's available "
+             "memory)" : " (the host's memory unknown)");
+    return 0;
+}
+
 // The model, its tokenizer, the engine and the scheduler, on a thread of their own while the server already answers
 // (/health: 503 "loading"). 0; 1 with e set; 2 with e set (a usage error: the options do not fit this model).
 static int srv_open_model(srv *s, dj_err *e) {
@@ -927,34 +979,27 @@ static int srv_open_model(srv *s, dj_err *e) {
     if (!(s->tok = tok_load(s->m.data + s->m.info.tok_off, (size_t)s->m.info.tok_size, e))) return 1;
     if (tok_vocab_size(s->tok) > (int32_t)cfg->vocab_size)
         return dj_fail(e, "%s: the tokenizer has more tokens than the model's vocabulary: a damaged file", o->model), 1;
-    int64_t ctx = o->ctx ? o->ctx : cfg->max_seq_len < SRV_DEFAULT_CTX ? (int64_t)cfg->max_seq_len : SRV_DEFAULT_CTX;
-    if (ctx > (int64_t)cfg->max_seq_len)
-        return dj_fail(e, "-c %" PRId64 " is beyond the model's max_seq_len of %u", ctx, cfg->max_seq_len), 2;
-    // KV slots: --kv-gb over one slot's bytes, or twice --parallel's
-    double slot_gb = (double)engine_kv_pos_bytes(cfg, DJ_KV_F32) * (double)ctx / 1e9;
-    int32_t parallel = o->parallel ? o->parallel : SRV_DEFAULT_PARALLEL;
-    double slots = o->kv_gb > 0 ? floor(o->kv_gb / slot_gb * (1 + 1e-12)) : 2.0 * parallel;
-    if (slots < 1)
-        return dj_fail(e, "--kv-gb %g holds no KV slot: one slot of %" PRId64 " positions takes %.4g GB", o->kv_gb,
-                       ctx, slot_gb), 2;
-    if (slots > 65536) slots = 65536;
-    if (parallel > slots && o->parallel)
-        return dj_fail(e, "--parallel %d needs as many KV slots, --kv-gb %g holds %.0f (%.4g GB each): raise --kv-gb "
-                          "to %.4g or lower --parallel", parallel, o->kv_gb, slots, slot_gb, slot_gb * parallel), 2;
-    if (parallel > slots) parallel = (int32_t)slots;
+    srv_kv kv;
+    int rc = srv_size_kv(o, cfg, use_gpu, &kv, e);
+    if (rc) return rc;
+    const int64_t ctx = kv.ctx;
     chat_kind chat;
     if (chat_choose(o->chat_template, tok_chat_template(s->tok), &chat, e)) return 2;
     s->am = (api_model){s->tok, chat, ctx, cfg->vocab_size, cfg->n_layers, cfg->dim, o->breakpoints > 0};
-    dj_gpu_opts go = {.ring_gb = o->ring_gb, .max_seq = ctx, .cpu_share = o->cpu_share, .stream_all = o->stream_all};
-    if (engine_open(&s->eng, &s->m, &go, (int32_t)slots, e)) return 1;
+    dj_gpu_opts go = {.ring_gb = o->ring_gb, .max_seq = ctx, .cpu_share = o->cpu_share, .stream_all = o->stream_all,
+                      .kv_type = o->kv_type};
+    if (engine_open(&s->eng, &s->m, &go, kv.slots, e)) return 1;
     // a breakpoint's rows must come back in a resume's body, base64 (4 characters for 3 bytes) beside its fields
     int64_t brk_rows = (int64_t)((SRV_BODY_MAX - 65536) / 4 * 3 / (4 * (size_t)cfg->dim));
-    bt_opts bo = {parallel, o->prefill_chunk, o->sessions, (uint64_t)(o->park_gb * 1e9), o->breakpoints, brk_rows};
+    bt_opts bo = {kv.parallel, o->prefill_chunk, o->sessions, (uint64_t)(kv.park_gb * 1e9), o->breakpoints,
+                  brk_rows};
     bt_callbacks cb = {on_started, on_text, on_ended};
     if (!(s->bt = bt_new(&s->eng, s->tok, cfg, &bo, &cb, e))) return 1;
-    fprintf(stderr, "djinn serve: %s on the %s engine: %d KV slots of %" PRId64 " positions (%.3f GB), up to %d "
-                    "sequences a step, parking up to %.3g GB; chat template: %s\n", s->model_name, s->eng.name,
-            (int)slots, ctx, slot_gb * slots, parallel, o->park_gb, chat_kind_name(s->am.chat));
+    fprintf(stderr, "djinn serve: %s on the %s engine: %d KV slot%s of %" PRId64 " positions%s, %s, %.3f GB of %s; "
+                    "up to %d sequence%s a step%s; parking up to %.3g GB%s; chat template: %s\n", s->model_name,
+            s->eng.name, kv.slots, kv.slots == 1 ? "" : "s", ctx, kv.why_ctx, dj_kv_name(s->eng.kv_type),
+            kv.slot_gb * kv.slots, kv.why_kv, kv.parallel, kv.parallel == 1 ? "" : "s", kv.why_par, kv.park_gb,
+            kv.why_park, chat_kind_name(s->am.chat));
     return 0;
 }
 

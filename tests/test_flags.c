@@ -113,9 +113,9 @@ Test(flags, llama_server_spellings) {
                                    "0.00001", NULL}, &o, &e);
     cr_assert(rc == 2 && strstr(e, "one slot of 64 positions"), "exit %d: %s", rc, e);
     free(o), free(e);
-    rc = tf_run(&t, (char *[]){NULL, "serve", "--model", t.model, "--cpu", "--port", "0", "-c", "512", "-np", "4",
-                               "--kv-gb", "0.0014", NULL}, &o, &e);
-    cr_assert(rc == 2 && strstr(e, "--parallel 4 needs as many KV slots"), "exit %d: %s", rc, e);
+    rc = tf_run(&t, (char *[]){NULL, "serve", "--model", t.model, "--cpu", "--port", "0", "-c", "512", "-np", "5",
+                               "--kv-gb", "0.0014", NULL}, &o, &e);  // 4 slots of f16, 2 of f32
+    cr_assert(rc == 2 && strstr(e, "--parallel 5 needs as many KV slots"), "exit %d: %s", rc, e);
     free(o), free(e);
     rc = tf_run(&t, (char *[]){NULL, "serve", t.model, "-m", t.model, NULL}, &o, &e);
     cr_assert(rc == 2 && strstr(e, "a second model path"), "exit %d: %s", rc, e);

@@ -30,6 +30,7 @@
 #include "../gpu_host.h"
 #include "../http.h"
 #include "../json.h"
+#include "../kvtype.h"
 #include "../util.h"
 #include "common.h"
 
@@ -1610,6 +1611,42 @@ Test(server, gpu_breakpoints) { ts_breakpoints_gpu(0); }
 Test(server, gpu_breakpoints_streamed) { ts_breakpoints_gpu(1); }
 
 // ---- the command line
+// The sizes a server takes from the memory when no flag gives them (kvsize.h), with DJINN_TEST_MEM standing for the
+// host's available memory: the KV slots fill a quarter of it, half of them decode together, parking takes half of it;
+// the startup line states each figure, where it came from and the KV type, /metrics the slots and sequences. Under
+// one slot of the model's 512 positions, the context is cut to 256.
+static void ts_sizes_case(const ts_env *t, int kv_type, uint64_t mem, const char *want_slots, double slots,
+                          double parallel) {
+    char m[32], want[300], *args[] = {"--kv-type", (char *)dj_kv_name(kv_type), NULL};
+    snprintf(m, sizeof m, "%llu", (unsigned long long)mem);
+    setenv("DJINN_TEST_MEM", m, 1);
+    ts_srv s;
+    ts_start(&s, t, t->model, (const char *const *)args);
+    unsetenv("DJINN_TEST_MEM");
+    char *err = tc_must_read(s.err, NULL);
+    cr_expect(strstr(err, want_slots), "not '%s' in: %s", want_slots, err);
+    snprintf(want, sizeof want, "of a quarter of the host's available memory (%.4g GB); up to %g sequence%s a step "
+             "(half the slots, at most 256); parking up to %.3g GB (half the host's available memory)",
+             (double)(mem / 4) / 1e9, parallel, parallel == 1 ? "" : "s", (double)(mem / 2) / 1e9);
+    cr_expect(strstr(err, want), "not '%s' in: %s", want, err);
+    cr_expect_eq(ts_metric(&s, "kv_slots"), slots);
+    cr_expect_eq(ts_metric(&s, "parallel"), parallel);
+    free(err);
+    ts_stop(&s);
+}
+
+Test(server, sizes_from_memory) {
+    ts_env t;
+    ts_setup(&t);
+    // stories260K: a position's K and V over 5 layers of 4 KV heads of head_dim 8
+    const uint64_t f16 = 2 * 5 * 4 * dj_kv_row_bytes(DJ_KV_F16, 8), f32 = 2 * 5 * 4 * dj_kv_row_bytes(DJ_KV_F32, 8);
+    ts_sizes_case(&t, DJ_KV_F16, 4 * 10 * 512 * f16 + 3, "10 KV slots of 512 positions (the model's), f16, ", 10, 5);
+    ts_sizes_case(&t, DJ_KV_F32, 4 * 10 * 512 * f32 - 4, "9 KV slots of 512 positions (the model's), f32, ", 9, 4);
+    ts_sizes_case(&t, DJ_KV_F32, 4 * 511 * f32, "1 KV slot of 256 positions (of the model's 512: what the memory "
+                  "holds), f32, ", 1, 1);
+    ts_teardown(&t);
+}
+
 Test(server, usage_errors) {
     ts_env t;
     ts_setup(&t);
@@ -1620,7 +1657,7 @@ Test(server, usage_errors) {
     char *help = tc_must_read(out, NULL);
     const char *flags[] = {"--host",     "--port",     "--api-key", "--api-key-file", "--buffer-mb",
                            "--parallel", "--kv-gb",    "--park-gb", "--sessions",     "--prefill-chunk",
-                           "--max-conns", "--timeout", "/v1/sessions/NAME/park"};
+                           "--max-conns", "--timeout", "/v1/sessions/NAME/park", "--kv-type"};
     for (size_t i = 0; i < sizeof flags / sizeof *flags; i++)
         cr_assert(strstr(help, flags[i]), "%s: %s", flags[i], help);
     free(help);
@@ -1636,7 +1673,8 @@ Test(server, usage_errors) {
         {{"--port", "70000", NULL}, 2, 1, "--port wants an integer"},
         {{"--parallel", "0", NULL}, 2, 1, "--parallel wants"},
         {{"--kv-gb", "0.0001", NULL}, 2, 0, "holds no KV slot"},
-        {{"--kv-gb", "0.0014", "--parallel", "4", NULL}, 2, 0, "--parallel 4 needs as many KV slots"},
+        {{"--kv-gb", "0.0014", "--parallel", "5", NULL}, 2, 0, "--parallel 5 needs as many KV slots"},  // 4 at f16
+        {{"--kv-type", "f64", NULL}, 2, 1, "--kv-type wants f32|f16|q8, not 'f64'"},
         {{"-c", "100000", NULL}, 2, 0, "beyond the model's max_seq_len"},
         {{"--host", "nowhere", "--port", "0", NULL}, 1, 0, "not an IPv4 address"},
         {{"--api-key", "", NULL}, 2, 1, "--api-key: a key holds 1 to 256 characters, not 0"},

@@ -798,6 +798,9 @@ Test(cpu_forward, rejects_bad_tokens_and_positions) {
     cr_assert(strstr(e.msg, "context"), "%s", e.msg);
     cr_assert_eq(cpu_forward(s, &ok, 1, 7, logits, &e), 0, "%s", e.msg);
     cr_assert_null(cpu_state_new(&tm.m, 0, &e));
+    cr_assert_null(cpu_state_new_slots(&tm.m, 8, 1, DJ_KV_TYPES, &e), "a KV type past the last");
+    cr_assert(strstr(e.msg, "KV type 3 unknown"), "%s", e.msg);
+    cr_assert_null(cpu_state_new_slots(&tm.m, 8, 1, -1, &e), "KV type -1");
     cpu_state_free(s);
     tcpu_free(&tm);
 }

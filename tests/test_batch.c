@@ -44,9 +44,12 @@ static void tb_load(tb_ctx *c) {
     cr_assert(c->tok, "%s", e.msg);
 }
 
+// The KV type of the engines here: the server's default, whose bytes the parking budgets below count.
+#define TB_KV DJ_KV_DEFAULT
+
 // An engine of `slots` KV slots of ctx positions, and a scheduler over it (one sequence at a time).
 static void tb_open(tb_ctx *c, int64_t ctx, int32_t slots, uint64_t park_bytes) {
-    dj_gpu_opts go = {.max_seq = ctx, .quiet = 1};
+    dj_gpu_opts go = {.max_seq = ctx, .quiet = 1, .kv_type = TB_KV};
     dj_err e = {{0}};
     cr_assert_eq(engine_open(&c->eng, &c->m, &go, slots, &e), 0, "%s", e.msg);
     cr_assert(!c->eng.is_gpu);
@@ -163,7 +166,7 @@ Test(batch, parking_drops_the_least_recently_used) {
     cr_assert(n_ids[0] == n_ids[1] && n_ids[1] == n_ids[2], "the prompts must be of one length: %zu %zu %zu",
               n_ids[0], n_ids[1], n_ids[2]);
     const int64_t cache = (int64_t)n_ids[0] + 1;  // the prompt and the first token fed (max_tokens 2)
-    const uint64_t bytes = (uint64_t)cache * engine_kv_pos_bytes(&c.m.info.config, DJ_KV_F32);
+    const uint64_t bytes = (uint64_t)cache * engine_kv_pos_bytes(&c.m.info.config, TB_KV);
     for (int budget = 0; budget < 2; budget++) {
         tb_open(&c, 64, 3, budget ? 2 * bytes : 2 * bytes - 1);
         for (int i = 0; i < 3; i++) tb_run(&c, texts[i], 2, names[i]);  // one slot each
@@ -208,7 +211,7 @@ Test(batch, jobs_park_and_drop_the_least_recently_used) {
     for (int i = 0; i < 4; i++) free(tb_ids(&c, texts[i], &n_ids[i]));
     for (int i = 1; i < 4; i++) cr_assert_eq(n_ids[i], n_ids[0], "the prompts must be of one length");
     const int64_t cache = (int64_t)n_ids[0] + 1;
-    tb_open(&c, 64, 1, 2 * (uint64_t)cache * engine_kv_pos_bytes(&c.m.info.config, DJ_KV_F32));
+    tb_open(&c, 64, 1, 2 * (uint64_t)cache * engine_kv_pos_bytes(&c.m.info.config, TB_KV));
     for (int i = 0; i < 4; i++) tb_run(&c, texts[i], 2, names[i]);
     bt_stats st;
     bt_get_stats(c.s, &st);
@@ -227,7 +230,7 @@ Test(batch, a_cache_the_size_of_the_budget) {
     size_t n_ids;
     free(tb_ids(&c, "Once upon a time", &n_ids));
     const int64_t cache = (int64_t)n_ids + 1;
-    const uint64_t bytes = (uint64_t)cache * engine_kv_pos_bytes(&c.m.info.config, DJ_KV_F32);
+    const uint64_t bytes = (uint64_t)cache * engine_kv_pos_bytes(&c.m.info.config, TB_KV);
     for (int fits = 0; fits < 2; fits++) {
         tb_open(&c, 64, 1, fits ? bytes : bytes - 1);
         tb_run(&c, "Once upon a time", 2, "A");

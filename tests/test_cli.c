@@ -1106,13 +1106,18 @@ Test(cli, check_committed_references, .timeout = 300) {
             tcli_convert_fixture(&c, names[i], model, sizeof model);
         snprintf(ref, sizeof ref, "%s/ref/%s.bin", c.tests, names[i]);
         cr_assert(!access(ref, R_OK), "%s is missing (tools/make_refs.sh makes it on the GPU machine)", ref);
-        int rc = tcli_run(&c, (char *[]){tcli_djinn_path, model, "--check", ref, "--cpu", "--tol", "1e-4", NULL});
-        char *out = tcli_stdout(&c, NULL);
-        const char *summary = strstr(out, "overall:");
-        cr_assert(rc == 0 && strstr(out, "check PASSED"), "%s: CPU logits off the HF reference (exit %d): %s\n%s",
-                  names[i], rc, summary ? summary : out, tcli_stderr(&c));
-        cr_log_info("%s: %s", names[i], summary ? summary : "");
-        free(out);
+        // the f32 KV cache at 1e-4; the default one (f16) at its type's default tolerance (check.h)
+        for (int kv = 0; kv < 2; kv++) {
+            char *argv[] = {tcli_djinn_path, model, "--check", ref, "--cpu", "--kv-type", "f32", "--tol", "1e-4", NULL};
+            if (kv) argv[5] = NULL;
+            int rc = tcli_run(&c, argv);
+            char *out = tcli_stdout(&c, NULL);
+            const char *summary = strstr(out, "overall:"), *kv_name = kv ? dj_kv_name(DJ_KV_DEFAULT) : "f32";
+            cr_assert(rc == 0 && strstr(out, "check PASSED"), "%s, %s KV: CPU logits off the HF reference (exit %d): "
+                      "%s\n%s", names[i], kv_name, rc, summary ? summary : out, tcli_stderr(&c));
+            cr_log_info("%s, %s KV: %s", names[i], kv_name, summary ? summary : "");
+            free(out);
+        }
     }
     tcli_teardown(&c);
 }
@@ -1538,6 +1543,11 @@ Test(cli, session_refusals) {
     tcli_expect_fail(&c, TCLI_ARGV(other, "--load-session", ses, "--cpu"), 1, "was saved with another model");
     tcli_expect_fail(&c, TCLI_ARGV(c.model, "--load-session", ses, "-c", "100", "--cpu"), 1,
                      "was saved with a context of 512 tokens, this run's is 100: give -c 512");
+    // saved at the default KV type (f16), resumed at another: refused by name
+    char kv_want[100];
+    snprintf(kv_want, sizeof kv_want, "holds its KV cache in %s; this run's is in q8: give --kv-type %s",
+             dj_kv_name(DJ_KV_DEFAULT), dj_kv_name(DJ_KV_DEFAULT));
+    tcli_expect_fail(&c, TCLI_ARGV(c.model, "--load-session", ses, "--kv-type", "q8", "--cpu"), 1, kv_want);
     tc_write(bad, b, n - 100);
     tcli_expect_fail(&c, TCLI_ARGV(c.model, "--load-session", bad, "--cpu"), 1, "is truncated");
     tc_write(bad, b, 100);

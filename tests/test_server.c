@@ -319,6 +319,15 @@ static void ts_start_slow_us(ts_srv *s, const ts_env *t, const char *const *extr
 
 static void ts_start_slow(ts_srv *s, const ts_env *t, const char *const *extra) { ts_start_slow_us(s, t, extra, "2000"); }
 
+// stories260K's bytes a position in KV type `type`: K and V over 5 layers of 4 KV heads of head_dim 8.
+static uint64_t ts_pos_bytes(int type) { return 2 * 5 * 4 * dj_kv_row_bytes(type, 8); }
+
+// --kv-gb for n KV slots of stories260K's 512 positions in the server's default KV type (half a slot to spare).
+static const char *ts_kv_gb(int n, char buf[32]) {
+    snprintf(buf, 32, "%.9g", (n + 0.5) * 512 * (double)ts_pos_bytes(DJ_KV_DEFAULT) / 1e9);
+    return buf;
+}
+
 // SIGTERM: the server stops cleanly (exit 0; under ASan, with no leak).
 static void ts_stop(ts_srv *s) {
     kill(s->pid, SIGTERM);
@@ -980,8 +989,8 @@ static void ts_sessions_parked(void) {
     ts_setup(&t);
     ts_srv big, small;
     ts_start(&big, &t, t.model, NULL);
-    // stories260K: 5 layers x 4 kv heads x 8 x 2 (K, V) x 4 bytes = 1280 bytes a position; 512 positions a slot
-    ts_start(&small, &t, t.model, (const char *[]){"--kv-gb", "0.0014", "--parallel", "1", NULL});
+    char kv_gb[32];
+    ts_start(&small, &t, t.model, (const char *[]){"--kv-gb", ts_kv_gb(2, kv_gb), "--parallel", "1", NULL});
     cr_assert_eq(ts_metric(&small, "kv_slots"), 2);
     const char *names[] = {"alice", "bob", "carol"};
     char *first[3], prompt2[3][2048];
@@ -996,7 +1005,7 @@ static void ts_sessions_parked(void) {
     cr_assert_eq(ts_metric(&small, "parks_total"), 1);
     cr_assert_eq(ts_metric(&small, "sessions_parked"), 1);
     // the slot holds the prompt's 5 positions and 39 of the 40 tokens: the last one picked ends the answer unrun
-    cr_assert_eq(ts_metric(&small, "park_bytes_total"), 44 * 1280, "alice's 5 + 39 positions");
+    cr_assert_eq(ts_metric(&small, "park_bytes_total"), 44 * ts_pos_bytes(DJ_KV_DEFAULT), "alice's 5 + 39 positions");
     for (int i = 0; i < 3; i++) {
         int64_t cached;
         char *got = ts_turn(&small, names[i], prompt2[i], 50, 0, &cached);
@@ -1055,7 +1064,8 @@ Test(server, sessions_beyond_the_parking_budget_lose_only_time) {
     ts_env t;
     ts_setup(&t);
     ts_srv s;
-    ts_start(&s, &t, t.model, (const char *[]){"--kv-gb", "0.0007", "--park-gb", "0.00001", NULL});
+    char kv_gb[32];
+    ts_start(&s, &t, t.model, (const char *[]){"--kv-gb", ts_kv_gb(1, kv_gb), "--park-gb", "0.00001", NULL});
     cr_assert_eq(ts_metric(&s, "kv_slots"), 1);
     char *a1 = ts_turn(&s, "a", ts_prompts[0], 30, 0, NULL), *b1 = ts_turn(&s, "b", ts_prompts[1], 30, 0, NULL);
     char p2[1024];
@@ -1522,7 +1532,8 @@ Test(server, breakpoint_refusals) {
     free(got);
     ts_stop(&s);
     // one KV slot, no room to park: the paused session's cache is dropped when another request needs the slot
-    ts_start(&s, &t, t.model, (const char *[]){"--kv-gb", "0.0007", "--park-gb", "0.00001", NULL});
+    char kv_gb[32];
+    ts_start(&s, &t, t.model, (const char *[]){"--kv-gb", ts_kv_gb(1, kv_gb), "--park-gb", "0.00001", NULL});
     snprintf(body, sizeof body, "{\"prompt\":\"Once upon a time, there was a little girl named Lily. She loved to\","
              "\"session\":\"a\",\"break_after_layer\":2}");  // more positions than 10 KB of parking hold
     b = ts_break(&s, C, body);
@@ -1638,8 +1649,7 @@ static void ts_sizes_case(const ts_env *t, int kv_type, uint64_t mem, const char
 Test(server, sizes_from_memory) {
     ts_env t;
     ts_setup(&t);
-    // stories260K: a position's K and V over 5 layers of 4 KV heads of head_dim 8
-    const uint64_t f16 = 2 * 5 * 4 * dj_kv_row_bytes(DJ_KV_F16, 8), f32 = 2 * 5 * 4 * dj_kv_row_bytes(DJ_KV_F32, 8);
+    const uint64_t f16 = ts_pos_bytes(DJ_KV_F16), f32 = ts_pos_bytes(DJ_KV_F32);
     ts_sizes_case(&t, DJ_KV_F16, 4 * 10 * 512 * f16 + 3, "10 KV slots of 512 positions (the model's), f16, ", 10, 5);
     ts_sizes_case(&t, DJ_KV_F32, 4 * 10 * 512 * f32 - 4, "9 KV slots of 512 positions (the model's), f32, ", 9, 4);
     ts_sizes_case(&t, DJ_KV_F32, 4 * 511 * f32, "1 KV slot of 256 positions (of the model's 512: what the memory "

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "fileio.h"
+#include "kvtype.h"
 #include "model.h"
 #include "sampler.h"
 
@@ -138,14 +139,21 @@ double check_nll(const float *logits, int64_t vocab, int32_t target) {
     return log(z) + mx - logits[target];
 }
 
-double check_measure(const dj_check *c, uint32_t wtype, const char **name) {
-    *name = dj_is_quant(wtype) ? "mean KL" : "worst rel_l2";
-    return dj_is_quant(wtype) ? c->mean_kl : c->worst_rel;
+double check_measure(const dj_check *c, uint32_t wtype, int kv_type, const char **name) {
+    const int kl = dj_is_quant(wtype) || kv_type == DJ_KV_Q8;
+    *name = kl ? "mean KL" : "worst rel_l2";
+    return kl ? c->mean_kl : c->worst_rel;
 }
 
-double check_default_tol(int is_gpu, uint32_t wtype) {
-    if (wtype == DJ_Q8) return 1e-2;
+// The KV types' tolerances, measured on the CPU against the four committed references (tests/ref: stories260K in
+// f32, three random-weight fixtures), teacher-forced: an f16 cache moves the worst relative L2 by at most 2.2e-3
+// (stories260K 1.5e-3, max|dlogit| 2.5e-2), so 5e-3 more; a q8 cache's mean KL is at most 8.0e-4 (stories260K;
+// max|dlogit| 1.08, worst relative L2 9.3e-2: what a relative L2 cannot bound well) and 1.0e-3 with q8 weights
+// too, within q8 weights' 1e-2.
+double check_default_tol(int is_gpu, uint32_t wtype, int kv_type) {
     if (wtype == DJ_Q4) return 0.3;
-    if (!is_gpu) return 1e-4;
-    return wtype == DJ_F32 ? 1e-4 : wtype == DJ_F16 ? 5e-3 : 1e-2;
+    if (wtype == DJ_Q8 || kv_type == DJ_KV_Q8) return 1e-2;
+    const double kv = kv_type == DJ_KV_F16 ? 5e-3 : 0;
+    if (!is_gpu) return 1e-4 + kv;
+    return (wtype == DJ_F32 ? 1e-4 : wtype == DJ_F16 ? 5e-3 : 1e-2) + kv;
 }

@@ -39,12 +39,14 @@ void check_logits(const dj_ref *r, const float *logits, FILE *out, dj_check *c);
 // --perplexity: -log of the softmax of logits (vocab) at target, in double; NaN when a logit is not finite.
 double check_nll(const float *logits, int64_t vocab, int32_t target);
 
-// What --check holds to its tolerance: float weights, the worst relative L2 (the same model in other arithmetic);
-// q8 and q4, the mean KL (a model whose weights moved on purpose: how far its distributions moved). *name: which.
-double check_measure(const dj_check *c, uint32_t wtype, const char **name);
+// What --check holds to its tolerance: float weights in an f32 or f16 KV cache (kvtype.h), the worst relative L2
+// (the same model in other arithmetic); q8 or q4 weights, or a q8 cache, the mean KL (a model whose weights or
+// cache moved on purpose: how far its distributions moved). *name: which.
+double check_measure(const dj_check *c, uint32_t wtype, int kv_type, const char **name);
 // The default tolerance: float weights on the CPU (exact widening, f32 arithmetic) 1e-4; on the GPU, whose prefill
-// rounds activations to the weight dtype, f32 1e-4, f16 5e-3, bf16 1e-2; q8 1e-2 and q4 0.3 (mean KL: bounds that
-// every reference model meets, far below what a broken kernel gives, ~log(vocab)).
-double check_default_tol(int is_gpu, uint32_t wtype);
+// rounds activations to the weight dtype, f32 1e-4, f16 5e-3, bf16 1e-2; an f16 KV cache adds 5e-3 to these; q8
+// weights or a q8 cache 1e-2 and q4 weights 0.3 (mean KL: bounds that every reference model meets, far below what a
+// broken kernel gives, ~log(vocab)). The KV types' figures: check.c.
+double check_default_tol(int is_gpu, uint32_t wtype, int kv_type);
 
 #endif

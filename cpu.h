@@ -6,6 +6,7 @@
 
 #include <stdint.h>
 
+#include "kvtype.h"
 #include "loader.h"
 #include "pool.h"
 #include "probe.h"
@@ -86,11 +87,13 @@ void cpu_f16_init(void);  // the f16 -> f32 table, once
 
 // ---- the forward pass (cpu_forward.c)
 // A forward-pass state: activations and n_slots KV slots, each one sequence's cache of max_seq positions laid out
-// (n_layers, n_kv_heads, max_seq, head_dim) in f32; the slots one after the other. Slot memory is touched only
-// where positions are written, so slots that are never used cost address space, not RAM.
+// (n_layers, n_kv_heads, max_seq, head_dim) in a KV type (kvtype.h: f32, f16, or q8 with its scales in an array
+// beside); the slots one after the other. Attention reads a kv head's rows widened to f32 (f16 exactly, q8 as
+// k * scale). Slot memory is touched only where positions are written, so slots that are never used cost address
+// space, not RAM.
 typedef struct dj_cpu_state dj_cpu_state;
-dj_cpu_state *cpu_state_new(const dj_model *m, int64_t max_seq, dj_err *e);  // one slot
-dj_cpu_state *cpu_state_new_slots(const dj_model *m, int64_t max_seq, int32_t n_slots, dj_err *e);
+dj_cpu_state *cpu_state_new(const dj_model *m, int64_t max_seq, dj_err *e);  // one slot, f32
+dj_cpu_state *cpu_state_new_slots(const dj_model *m, int64_t max_seq, int32_t n_slots, int kv_type, dj_err *e);
 void cpu_state_free(dj_cpu_state *s);
 int64_t cpu_vocab(const dj_cpu_state *s);  // the model's vocabulary: a logits row's length
 // Runs tokens (T) at positions pos .. pos+T-1 of slot 0, filling its KV cache; logits (T, vocab) if not NULL.
@@ -112,14 +115,14 @@ int cpu_forward_last(dj_cpu_state *s, int32_t slot, const int32_t *tokens, int64
 int cpu_step_rows(dj_cpu_state *s, int64_t n, const int32_t *slots, const int64_t *pos, const int32_t *tokens,
                   int64_t n_want, const int32_t *want, float *logits, dj_err *e);
 // Parking: a slot's first n positions (every layer's keys and values) copied into host memory of their own
-// (malloc'd: 2 * n_layers * n_kv_heads * n * head_dim floats), and back into any slot.
+// (malloc'd: n * engine_kv_pos_bytes), and back into any slot, bitwise.
 typedef struct dj_cpu_parked dj_cpu_parked;
 dj_cpu_parked *cpu_park(dj_cpu_state *s, int32_t slot, int64_t n, dj_err *e);
 // Copies p into positions 0..n-1 of `slot` (n: p's) and frees p; on an error p is kept.
 int cpu_restore(dj_cpu_state *s, dj_cpu_parked *p, int32_t slot, dj_err *e);
 void cpu_parked_free(dj_cpu_parked *p);
-// The parked keys, then values, each (n_layers, n_kv_heads, n, head_dim): what a session file holds.
-float *cpu_parked_kv(dj_cpu_parked *p);
+// The parked cache in engine.h's parked layout for the KV type (keys, values, q8's scales): what a session file holds.
+void *cpu_parked_kv(dj_cpu_parked *p);
 // Probes (probe.h) after every layer of later passes; NULL: none. The caller keeps p alive meanwhile.
 void cpu_set_probe(dj_cpu_state *s, dj_probe *p);
 

@@ -10,13 +10,21 @@
 // ---- the forward pass
 #define CPU_CHUNK 32  // rows per pass through the layers: bounds the activation buffers
 
+// The keys' or the values' cache of every slot, in rows (kvtype.h): row r, a kv head's head_dim values at one
+// position, is data's elements r * head_dim .. and, for q8, scale[r].
+typedef struct {
+    void *data;    // (n_slots, n_layers, n_kv_heads, max_seq, head_dim) elements of the state's kv_type
+    float *scale;  // q8: (n_slots, n_layers, n_kv_heads, max_seq); else NULL
+} cpu_kv_cache;
+
 struct dj_cpu_state {
     const dj_model *m;
     dj_config c;
     int64_t max_seq;
     int32_t n_slots;
+    int kv_type;       // the caches' elements (kvtype.h)
     int64_t q_dim, kv_dim;
-    size_t slot_floats;  // one slot's K (or V) cache: n_layers * kv_dim * max_seq
+    size_t slot_rows;  // one slot's rows of K (or V): n_layers * n_kv_heads * max_seq
     float *inv_freq;   // (head_dim/2)
     float *x;          // (CPU_CHUNK, dim) residual stream
     float *xb;         // (CPU_CHUNK, dim) normed input / block output
@@ -24,8 +32,7 @@ struct dj_cpu_state {
     float *k, *v;      // (CPU_CHUNK, kv_dim)
     float *att;        // (CPU_CHUNK, q_dim)
     float *hb, *hb2;   // (CPU_CHUNK, hidden_dim)
-    float *k_cache;    // (n_slots, n_layers, n_kv_heads, max_seq, head_dim)
-    float *v_cache;    // (n_slots, n_layers, n_kv_heads, max_seq, head_dim)
+    cpu_kv_cache kv[2];  // the keys, the values
     dj_probe *probe;   // dumps and steering after layers (probe.h), or NULL
 };
 
@@ -42,28 +49,33 @@ void cpu_state_free(dj_cpu_state *s) {
     free(s->att);
     free(s->hb);
     free(s->hb2);
-    free(s->k_cache);
-    free(s->v_cache);
+    for (int i = 0; i < 2; i++) free(s->kv[i].data), free(s->kv[i].scale);
     free(s);
 }
 
-static float *cpu_alloc_floats(uint64_t n, const char *what, dj_err *e) {
+// n zeroed elements of `size` bytes.
+static void *cpu_alloc(uint64_t n, size_t size, const char *what, dj_err *e) {
     uint64_t bytes;
-    if (dj_mul_u64(n, sizeof(float), &bytes) || bytes > SIZE_MAX) {
-        dj_fail(e, "cpu: %s of %" PRIu64 " floats is too large", what, n);
+    if (dj_mul_u64(n, size, &bytes) || bytes > SIZE_MAX) {
+        dj_fail(e, "cpu: %s of %" PRIu64 " elements is too large", what, n);
         return NULL;
     }
-    float *p = calloc(1, bytes ? (size_t)bytes : 1);
+    void *p = calloc(1, bytes ? (size_t)bytes : 1);
     if (!p) dj_fail(e, "cpu: cannot allocate %.2f GB for the %s", (double)bytes / 1e9, what);
     return p;
 }
+static float *cpu_alloc_floats(uint64_t n, const char *what, dj_err *e) { return cpu_alloc(n, sizeof(float), what, e); }
 
 dj_cpu_state *cpu_state_new(const dj_model *m, int64_t max_seq, dj_err *e) {
-    return cpu_state_new_slots(m, max_seq, 1, e);
+    return cpu_state_new_slots(m, max_seq, 1, DJ_KV_F32, e);
 }
 
-dj_cpu_state *cpu_state_new_slots(const dj_model *m, int64_t max_seq, int32_t n_slots, dj_err *e) {
+dj_cpu_state *cpu_state_new_slots(const dj_model *m, int64_t max_seq, int32_t n_slots, int kv_type, dj_err *e) {
     const dj_config *c = &m->info.config;
+    if (kv_type < 0 || kv_type >= DJ_KV_TYPES) {
+        dj_fail(e, "cpu: KV type %d unknown", kv_type);
+        return NULL;
+    }
     if (max_seq <= 0) {
         dj_fail(e, "cpu: context size must be positive (got %" PRId64 ")", max_seq);
         return NULL;
@@ -81,16 +93,23 @@ dj_cpu_state *cpu_state_new_slots(const dj_model *m, int64_t max_seq, int32_t n_
     s->c = *c;
     s->max_seq = max_seq;
     s->n_slots = n_slots;
+    s->kv_type = kv_type;
     s->q_dim = (int64_t)c->n_heads * c->head_dim;
     s->kv_dim = (int64_t)c->n_kv_heads * c->head_dim;
-    uint64_t slot, cache;
-    if (dj_mul_u64((uint64_t)c->n_layers * (uint64_t)s->kv_dim, (uint64_t)max_seq, &slot) || slot > SIZE_MAX ||
-        dj_mul_u64(slot, (uint64_t)n_slots, &cache)) {
+    uint64_t slot, rows, elems;
+    if (dj_mul_u64((uint64_t)c->n_layers * c->n_kv_heads, (uint64_t)max_seq, &slot) || slot > SIZE_MAX ||
+        dj_mul_u64(slot, (uint64_t)n_slots, &rows) || dj_mul_u64(rows, c->head_dim, &elems)) {
         dj_fail(e, "cpu: KV cache size overflows");
         cpu_state_free(s);
         return NULL;
     }
-    s->slot_floats = (size_t)slot;
+    s->slot_rows = (size_t)slot;
+    for (int i = 0; i < 2; i++)
+        if (!(s->kv[i].data = cpu_alloc(elems, dj_kv_elem_bytes(kv_type), "KV cache", e)) ||
+            (kv_type == DJ_KV_Q8 && !(s->kv[i].scale = cpu_alloc_floats(rows, "KV cache's scales", e)))) {
+            cpu_state_free(s);
+            return NULL;
+        }
     if (!(s->inv_freq = cpu_alloc_floats(c->head_dim / 2 + 1, "rope table", e)) ||
         !(s->x = cpu_alloc_floats((uint64_t)CPU_CHUNK * c->dim, "activations", e)) ||
         !(s->xb = cpu_alloc_floats((uint64_t)CPU_CHUNK * c->dim, "activations", e)) ||
@@ -99,9 +118,7 @@ dj_cpu_state *cpu_state_new_slots(const dj_model *m, int64_t max_seq, int32_t n_
         !(s->v = cpu_alloc_floats((uint64_t)CPU_CHUNK * s->kv_dim, "activations", e)) ||
         !(s->att = cpu_alloc_floats((uint64_t)CPU_CHUNK * s->q_dim, "activations", e)) ||
         !(s->hb = cpu_alloc_floats((uint64_t)CPU_CHUNK * c->hidden_dim, "activations", e)) ||
-        !(s->hb2 = cpu_alloc_floats((uint64_t)CPU_CHUNK * c->hidden_dim, "activations", e)) ||
-        !(s->k_cache = cpu_alloc_floats(cache, "KV cache", e)) ||
-        !(s->v_cache = cpu_alloc_floats(cache, "KV cache", e))) {
+        !(s->hb2 = cpu_alloc_floats((uint64_t)CPU_CHUNK * c->hidden_dim, "activations", e))) {
         cpu_state_free(s);
         return NULL;
     }
@@ -115,11 +132,34 @@ typedef struct {
     int64_t pos[CPU_CHUNK];
 } cpu_rows;
 
-// Where (layer, kv head h, position p) of a slot's K or V cache starts, in floats from the cache's base.
-static size_t cpu_kv_off(const dj_cpu_state *s, int32_t slot, uint32_t layer, int64_t h, int64_t p) {
-    return (size_t)slot * s->slot_floats +
-           (((size_t)layer * (size_t)s->c.n_kv_heads + (size_t)h) * (size_t)s->max_seq + (size_t)p) *
-               (size_t)s->c.head_dim;
+// The row of (layer, kv head h, position p) of a slot's K or V cache.
+static size_t cpu_kv_row(const dj_cpu_state *s, int32_t slot, uint32_t layer, int64_t h, int64_t p) {
+    return (size_t)slot * s->slot_rows +
+           ((size_t)layer * (size_t)s->c.n_kv_heads + (size_t)h) * (size_t)s->max_seq + (size_t)p;
+}
+
+// Row r of cache kc = x (head_dim), in the state's KV type: f16 rounded to nearest even, q8 by dj_kv_q8_row.
+static void cpu_kv_put(const dj_cpu_state *s, const cpu_kv_cache *kc, size_t r, const float *x) {
+    const int64_t hd = s->c.head_dim;
+    switch (s->kv_type) {
+    case DJ_KV_F32: memcpy((float *)kc->data + r * hd, x, (size_t)hd * sizeof(float)); break;
+    case DJ_KV_F16:
+        for (int64_t d = 0; d < hd; d++) ((uint16_t *)kc->data)[r * hd + d] = dj_f32_to_f16(x[d]);
+        break;
+    case DJ_KV_Q8: dj_kv_q8_row(x, hd, (int8_t *)kc->data + r * hd, &kc->scale[r]); break;
+    }
+}
+
+// Rows r .. r+n-1 of cache kc as floats (n, head_dim): f32's own rows, else widened into dst (f16 exactly; q8 each
+// value k * its row's scale, in f32).
+static const float *cpu_kv_get(const dj_cpu_state *s, const cpu_kv_cache *kc, size_t r, int64_t n, float *dst) {
+    const int64_t hd = s->c.head_dim;
+    if (s->kv_type == DJ_KV_F32) return (const float *)kc->data + r * hd;
+    if (s->kv_type == DJ_KV_F16) return cpu_widen_row(dst, (const uint16_t *)kc->data + r * hd, DJ_F16, 0, n * hd);
+    const int8_t *q = (const int8_t *)kc->data + r * hd;
+    for (int64_t i = 0; i < n; i++)
+        for (int64_t d = 0; d < hd; d++) dst[i * hd + d] = (float)q[i * hd + d] * kc->scale[r + (size_t)i];
+    return dst;
 }
 
 typedef struct {
@@ -130,21 +170,30 @@ typedef struct {
     _Atomic int oom;  // a task could not allocate its scores: its rows are not computed
 } cpu_attn_job;
 
-// Parallel over (row, head) pairs; each task has its own scores scratch.
+// Parallel over (row, head) pairs; each task has its own scratch: scores, and (f16, q8) its kv head's keys and
+// values widened, which the query heads of a group, adjacent, share.
 static void cpu_attn_task(void *ctx, int64_t begin, int64_t end) {
     cpu_attn_job *j = ctx;
     const dj_cpu_state *s = j->s;
-    int64_t nh = s->c.n_heads, hd = s->c.head_dim, group = nh / s->c.n_kv_heads;
-    float *scores = malloc((size_t)(j->max_pos + 1) * sizeof(float));
+    int64_t nh = s->c.n_heads, hd = s->c.head_dim, group = nh / s->c.n_kv_heads, n = j->max_pos + 1;
+    size_t widened = s->kv_type == DJ_KV_F32 ? 0 : 2 * (size_t)n * (size_t)hd;
+    float *scores = malloc(((size_t)n + widened) * sizeof(float));
     if (!scores) {
         atomic_store(&j->oom, 1);
         return;
     }
+    float *kw = widened ? scores + n : NULL, *vw = widened ? kw + (size_t)n * hd : NULL;
+    const float *k = NULL, *v = NULL;
+    size_t have = SIZE_MAX;  // the first row of the keys in k and v, read for positions 0..have_pos
+    int64_t have_pos = -1;
     for (int64_t i = begin; i < end; i++) {
-        int64_t t = i / nh, h = i % nh;
-        size_t kv_off = cpu_kv_off(s, j->r->slot[t], j->layer, h / group, 0);
-        cpu_attention_head(s->att + t * s->q_dim + h * hd, s->q + t * s->q_dim + h * hd, s->k_cache + kv_off,
-                           s->v_cache + kv_off, hd, j->r->pos[t], scores);
+        int64_t t = i / nh, h = i % nh, pos = j->r->pos[t];
+        size_t r0 = cpu_kv_row(s, j->r->slot[t], j->layer, h / group, 0);
+        if (r0 != have || pos != have_pos) {
+            k = cpu_kv_get(s, &s->kv[0], r0, pos + 1, kw), v = cpu_kv_get(s, &s->kv[1], r0, pos + 1, vw);
+            have = r0, have_pos = pos;
+        }
+        cpu_attention_head(s->att + t * s->q_dim + h * hd, s->q + t * s->q_dim + h * hd, k, v, hd, pos, scores);
     }
     free(scores);
 }
@@ -188,9 +237,9 @@ static int cpu_forward_rows(dj_cpu_state *s, const int32_t *tokens, int64_t T, c
             cpu_rope(s->k + t * kvd, c->n_kv_heads, hd, r->pos[t], s->inv_freq);
             // k, v stored (head, pos, head_dim): each head's keys are contiguous for the attention loop
             for (int64_t h = 0; h < c->n_kv_heads; h++) {
-                size_t off = cpu_kv_off(s, r->slot[t], l, h, r->pos[t]);
-                memcpy(s->k_cache + off, s->k + t * kvd + h * hd, (size_t)hd * sizeof(float));
-                memcpy(s->v_cache + off, s->v + t * kvd + h * hd, (size_t)hd * sizeof(float));
+                size_t row = cpu_kv_row(s, r->slot[t], l, h, r->pos[t]);
+                cpu_kv_put(s, &s->kv[0], row, s->k + t * kvd + h * hd);
+                cpu_kv_put(s, &s->kv[1], row, s->v + t * kvd + h * hd);
             }
         }
         cpu_attn_job aj = {s, r, l, max_pos, 0};
@@ -344,19 +393,25 @@ out:
 
 // ---- parking
 struct dj_cpu_parked {
-    int64_t n;     // positions
-    float kv[];    // K then V, each (n_layers, n_kv_heads, n, head_dim)
+    int64_t n;      // positions
+    uint8_t kv[];   // engine.h's parked layout: K then V, each (n_layers, n_kv_heads, n, head_dim) elements of the
+                    // KV type; q8: then K's and V's scales, each (n_layers, n_kv_heads, n) f32
 };
 
-// Copies positions 0..n-1 of every (layer, kv head) run of one slot between the cache and a parked copy.
+// Copies positions 0..n-1 of every (layer, kv head) run of one slot between the cache and a parked copy: the
+// elements of K and V, then (q8) their scales, each run `bytes` long for a position.
 static void cpu_park_copy(dj_cpu_state *s, int32_t slot, dj_cpu_parked *p, int out) {
-    size_t run = (size_t)p->n * (size_t)s->c.head_dim, runs = (size_t)s->c.n_layers * (size_t)s->c.n_kv_heads;
-    for (int kv = 0; kv < 2; kv++) {
-        float *cache = kv ? s->v_cache : s->k_cache, *dst = p->kv + (size_t)kv * runs * run;
-        for (size_t i = 0; i < runs; i++) {
-            float *at = cache + cpu_kv_off(s, slot, (uint32_t)(i / s->c.n_kv_heads), (int64_t)(i % s->c.n_kv_heads), 0);
-            if (out) memcpy(dst + i * run, at, run * sizeof(float));
-            else memcpy(at, dst + i * run, run * sizeof(float));
+    const size_t runs = (size_t)s->c.n_layers * (size_t)s->c.n_kv_heads, elem = dj_kv_elem_bytes(s->kv_type);
+    uint8_t *at = p->kv;
+    for (int part = 0; part < (s->kv_type == DJ_KV_Q8 ? 4 : 2); part++) {
+        const cpu_kv_cache *kc = &s->kv[part % 2];
+        uint8_t *base = part < 2 ? (uint8_t *)kc->data : (uint8_t *)kc->scale;
+        const size_t bytes = part < 2 ? (size_t)s->c.head_dim * elem : sizeof(float), run = (size_t)p->n * bytes;
+        for (size_t i = 0; i < runs; i++, at += run) {
+            const uint32_t layer = (uint32_t)(i / s->c.n_kv_heads);
+            uint8_t *c = base + cpu_kv_row(s, slot, layer, (int64_t)(i % s->c.n_kv_heads), 0) * bytes;
+            if (out) memcpy(at, c, run);
+            else memcpy(c, at, run);
         }
     }
 }
@@ -367,10 +422,11 @@ dj_cpu_parked *cpu_park(dj_cpu_state *s, int32_t slot, int64_t n, dj_err *e) {
         dj_fail(e, "cpu: cannot park %" PRId64 " positions of a slot of %" PRId64, n, s->max_seq);
         return NULL;
     }
-    size_t floats = 2 * (size_t)s->c.n_layers * (size_t)s->kv_dim * (size_t)n;
-    dj_cpu_parked *p = malloc(sizeof *p + floats * sizeof(float));
+    size_t bytes = 2 * (size_t)s->c.n_layers * (size_t)s->c.n_kv_heads * (size_t)n *
+                   (size_t)dj_kv_row_bytes(s->kv_type, s->c.head_dim);  // n * engine_kv_pos_bytes
+    dj_cpu_parked *p = malloc(sizeof *p + bytes);
     if (!p) {
-        dj_fail(e, "cpu: cannot allocate %.3f GB to park a KV slot", (double)(floats * sizeof(float)) / 1e9);
+        dj_fail(e, "cpu: cannot allocate %.3f GB to park a KV slot", (double)bytes / 1e9);
         return NULL;
     }
     p->n = n;
@@ -388,6 +444,6 @@ int cpu_restore(dj_cpu_state *s, dj_cpu_parked *p, int32_t slot, dj_err *e) {
     return 0;
 }
 
-float *cpu_parked_kv(dj_cpu_parked *p) { return p->kv; }
+void *cpu_parked_kv(dj_cpu_parked *p) { return p->kv; }
 
 void cpu_parked_free(dj_cpu_parked *p) { free(p); }

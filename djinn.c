@@ -575,11 +575,11 @@ static int run_check(const dj_model *m, const dj_opts *o, dj_err *e) {
     double dt = dj_now() - t0;
     fprintf(stderr, "djinn: check: %u positions (%u prompt) in %.3f s on the %s\n", r.n_tokens, r.n_prompt, dt,
             eng.name);
-    double tol = o->tol >= 0 ? o->tol : check_default_tol(eng.is_gpu, c->wtype);
+    double tol = o->tol >= 0 ? o->tol : check_default_tol(eng.is_gpu, c->wtype, eng.kv_type);
     dj_check ck;
     check_logits(&r, logits, stdout, &ck);
     const char *what;
-    double v = check_measure(&ck, c->wtype, &what);
+    double v = check_measure(&ck, c->wtype, eng.kv_type, &what);
     int pass = v <= tol;  // false for NaN too
     printf("check %s: %s %.4e %s tolerance %.1e (%s weights, %s engine)\n", pass ? "PASSED" : "FAILED", what, v,
            pass ? "<=" : ">", tol, dj_dtype_name(c->wtype), eng.name);

@@ -64,9 +64,7 @@ int engine_open(dj_engine *eng, const dj_model *m, const dj_gpu_opts *go, int32_
     memset(eng, 0, sizeof *eng);
     if (go->kv_type < 0 || go->kv_type >= DJ_KV_TYPES) return dj_fail(e, "KV type %d unknown", go->kv_type);
     if (!m->for_gpu) {
-        if (go->kv_type != DJ_KV_F32)
-            return dj_fail(e, "the CPU engine has no %s KV cache yet: --kv-type f32", dj_kv_name(go->kv_type));
-        dj_cpu_state *s = cpu_state_new_slots(m, go->max_seq, n_slots, e);
+        dj_cpu_state *s = cpu_state_new_slots(m, go->max_seq, n_slots, go->kv_type, e);
         if (!s) return -1;
         *eng = (dj_engine){.name = "cpu", .is_gpu = 0, .ctx = s, .n_slots = n_slots, .kv_type = go->kv_type,
                            .max_seq = go->max_seq,

@@ -13,7 +13,7 @@
 enum {
     H_VERSION = 8, H_HSIZE = 12, H_FSIZE = 16, H_HCRC = 24, H_DCRC = 28, H_MBYTES = 32, H_MID = 40, H_LAYERS = 44,
     H_DIM = 48, H_KVH = 52, H_HD = 56, H_VOCAB = 60, H_CTX = 64, H_NTOK = 72, H_NPROMPT = 80, H_NKV = 88, H_NEXT = 96,
-    H_RNG = 104, H_SMP = 112, H_TOKOFF = 176, H_KVOFF = 184, H_KVBYTES = 192
+    H_KVTYPE = 100, H_RNG = 104, H_SMP = 112, H_TOKOFF = 176, H_KVOFF = 184, H_KVBYTES = 192
 };
 
 static void put32(uint8_t *h, int at, uint32_t v) { memcpy(h + at, &v, 4); }
@@ -100,7 +100,7 @@ int session_save(dj_out *out, const dj_model *m, dj_engine *eng, int32_t slot, c
     model_fields(h, m);
     put64(h, H_CTX, (uint64_t)s->ctx), put64(h, H_NTOK, (uint64_t)s->n_tokens);
     put64(h, H_NPROMPT, (uint64_t)s->n_prompt), put64(h, H_NKV, (uint64_t)s->n_kv);
-    put32(h, H_NEXT, (uint32_t)s->next), put64(h, H_RNG, s->rng);
+    put32(h, H_NEXT, (uint32_t)s->next), put32(h, H_KVTYPE, (uint32_t)eng->kv_type), put64(h, H_RNG, s->rng);
     put_smp(h, &s->smp);
     put64(h, H_TOKOFF, SESSION_HEADER), put64(h, H_KVOFF, SESSION_HEADER + tok_bytes), put64(h, H_KVBYTES, kv_bytes);
     put32(h, H_HCRC, header_crc(h));
@@ -146,12 +146,16 @@ static int check_header(const uint8_t *h, uint64_t size, const char *path, const
     if ((int64_t)get64(h, H_CTX) != ctx)
         return dj_fail(e, "%s was saved with a context of %" PRIu64 " tokens, this run's is %" PRId64 ": give -c %" PRIu64,
                        path, get64(h, H_CTX), ctx, get64(h, H_CTX));
+    const uint32_t kv_type = get32(h, H_KVTYPE);
+    if (kv_type >= DJ_KV_TYPES)
+        return dj_fail(e, "%s holds a KV cache of type %u, which this djinn does not know: update djinn", path,
+                       kv_type);
     uint64_t n = get64(h, H_NTOK), n_kv = get64(h, H_NKV), np = get64(h, H_NPROMPT);
     int32_t next = (int32_t)get32(h, H_NEXT);
     if (n < 1 || n > (uint64_t)ctx || n_kv > n || (n_kv < n - 1) || np > n || np < 1 ||
         (next >= 0 && (n_kv != n || (uint32_t)next >= c->vocab_size)) || next < -1 || !get64(h, H_RNG) ||
         get64(h, H_TOKOFF) != SESSION_HEADER || get64(h, H_KVOFF) != SESSION_HEADER + 4 * n ||
-        get64(h, H_KVBYTES) != n_kv * engine_kv_pos_bytes(c, DJ_KV_F32) ||
+        get64(h, H_KVBYTES) != n_kv * engine_kv_pos_bytes(c, (int)kv_type) ||
         get64(h, H_KVOFF) + get64(h, H_KVBYTES) != size)
         return dj_fail(e, "%s is corrupt: its counts do not agree (%" PRIu64 " tokens, %" PRIu64 " cached, next %d)",
                        path, n, n_kv, next);
@@ -173,6 +177,7 @@ int session_open(dj_session *s, const char *path, const dj_model *m, const char 
         goto fail;
     s->n_tokens = (int64_t)get64(h, H_NTOK), s->n_prompt = (int64_t)get64(h, H_NPROMPT);
     s->n_kv = (int64_t)get64(h, H_NKV), s->ctx = ctx, s->next = (int32_t)get32(h, H_NEXT), s->rng = get64(h, H_RNG);
+    s->kv_type = (int)get32(h, H_KVTYPE);
     get_smp(h, &s->smp);
     s->kv_off = get64(h, H_KVOFF), s->kv_bytes = get64(h, H_KVBYTES), s->data_crc = get32(h, H_DCRC);
     if (!(s->ids = malloc((size_t)s->n_tokens * sizeof *s->ids))) {
@@ -193,6 +198,9 @@ fail:
 
 int session_resume(dj_session *s, dj_engine *eng, int32_t slot, dj_sampler *smp, float *logits, int32_t *next,
                    dj_err *e) {
+    if (eng->kv_type != s->kv_type)
+        return dj_fail(e, "%s holds its KV cache in %s; this run's is in %s: give --kv-type %s", s->path,
+                       dj_kv_name(s->kv_type), dj_kv_name(eng->kv_type), dj_kv_name(s->kv_type));
     dj_parked *p = eng->park(eng->ctx, slot, s->n_kv, e);  // a host buffer of n_kv positions, to fill
     if (!p) return -1;
     uint8_t *kv = eng->parked_kv(eng->ctx, p, e);

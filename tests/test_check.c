@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "../check.h"
+#include "../engine.h"
 #include "../model.h"
 #include "common.h"
 
@@ -128,9 +129,69 @@ Test(check, every_position_and_the_worst) {
     cr_assert_eq(overall, 1);
 }
 
+// The weights' tolerances in an f32 KV cache as they were; f16's adds 5e-3 to the float weights' relative L2; q8's
+// is held to the mean KL, as q8 weights are.
 Test(check, default_tolerances) {
-    cr_assert_eq(check_default_tol(0, DJ_BF16), 1e-4);
-    cr_assert_eq(check_default_tol(1, DJ_F32), 1e-4);
-    cr_assert_eq(check_default_tol(1, DJ_F16), 5e-3);
-    cr_assert_eq(check_default_tol(1, DJ_BF16), 1e-2);
+    cr_assert_eq(check_default_tol(0, DJ_BF16, DJ_KV_F32), 1e-4);
+    cr_assert_eq(check_default_tol(0, DJ_F32, DJ_KV_F32), 1e-4);
+    cr_assert_eq(check_default_tol(1, DJ_F32, DJ_KV_F32), 1e-4);
+    cr_assert_eq(check_default_tol(1, DJ_F16, DJ_KV_F32), 5e-3);
+    cr_assert_eq(check_default_tol(1, DJ_BF16, DJ_KV_F32), 1e-2);
+    cr_assert_eq(check_default_tol(0, DJ_Q8, DJ_KV_F32), 1e-2);
+    cr_assert_eq(check_default_tol(0, DJ_Q4, DJ_KV_F32), 0.3);
+    cr_assert_eq(check_default_tol(0, DJ_F32, DJ_KV_F16), 1e-4 + 5e-3);
+    cr_assert_eq(check_default_tol(1, DJ_BF16, DJ_KV_F16), 1e-2 + 5e-3);
+    cr_assert_eq(check_default_tol(0, DJ_Q8, DJ_KV_F16), 1e-2);
+    cr_assert_eq(check_default_tol(0, DJ_F32, DJ_KV_Q8), 1e-2);
+    cr_assert_eq(check_default_tol(1, DJ_F16, DJ_KV_Q8), 1e-2);
+    cr_assert_eq(check_default_tol(0, DJ_Q4, DJ_KV_Q8), 0.3);
+    const dj_check c = {.worst_rel = 0.25, .mean_kl = 0.5};
+    const char *name;
+    cr_assert_eq(check_measure(&c, DJ_F16, DJ_KV_F16, &name), 0.25);
+    cr_assert_str_eq(name, "worst rel_l2");
+    cr_assert_eq(check_measure(&c, DJ_F32, DJ_KV_Q8, &name), 0.5);
+    cr_assert_str_eq(name, "mean KL");
+    cr_assert_eq(check_measure(&c, DJ_Q4, DJ_KV_F32, &name), 0.5);
+    cr_assert_str_eq(name, "mean KL");
 }
+
+// ---- the CPU engine against HF in each KV type
+// stories260K's committed reference (tests/ref, HF in float64) teacher-forced through the CPU engine with its
+// weights in f32 and its cache in kv: check_measure's figure, within check_default_tol's tolerance.
+static double tchk_stories_kv(int kv, double *tol) {
+    char path[1200];
+    snprintf(path, sizeof path, "%s/ref/stories260K.bin", tc_tests_dir());
+    dj_ref r;
+    dj_err e = {{0}};
+    cr_assert_eq(ref_load(path, &r, &e), 0, "%s", e.msg);
+    dj_model m;
+    tc_load_stories(&m, DJ_F32, 0);
+    dj_gpu_opts go = {.max_seq = r.n_tokens, .quiet = 1, .kv_type = kv};
+    dj_engine eng;
+    cr_assert_eq(engine_open(&eng, &m, &go, 1, &e), 0, "%s", e.msg);
+    float *lg = malloc((size_t)r.n_tokens * r.vocab * sizeof(float));
+    cr_assert_eq(eng.forward(eng.ctx, 0, r.ids, r.n_tokens, 0, lg, 1, &e), 0, "%s", e.msg);
+    FILE *table = fopen("/dev/null", "w");
+    dj_check ck;
+    check_logits(&r, lg, table, &ck);
+    fclose(table);
+    const char *name;
+    double v = check_measure(&ck, DJ_F32, kv, &name);
+    *tol = check_default_tol(0, DJ_F32, kv);
+    cr_log_info("%s KV: max|dlogit| %.3e, worst rel_l2 %.3e, mean KL %.3e; %s %.3e, tolerance %.1e", dj_kv_name(kv),
+                ck.worst_abs, ck.worst_rel, ck.mean_kl, name, v, *tol);
+    engine_close(&eng);
+    free(lg);
+    ref_free(&r);
+    model_free(&m);
+    return v;
+}
+
+Test(check, cpu_kv_types_meet_the_hf_reference) {
+    for (int kv = 0; kv < DJ_KV_TYPES; kv++) {
+        double tol, v = tchk_stories_kv(kv, &tol);
+        cr_assert(v <= tol, "%s KV: %.3e from HF, over the tolerance %.1e", dj_kv_name(kv), v, tol);
+    }
+}
+
+

@@ -701,6 +701,63 @@ Test(cpu_forward, f32_untied_default_rope) { tcpu_forward_case(DJ_F32, 0, 0, 45)
 Test(cpu_forward, f16_tied_default_rope) { tcpu_forward_case(DJ_F16, 1, 0, 20); }
 Test(cpu_forward, bf16_untied_llama3_rope) { tcpu_forward_case(DJ_BF16, 0, 1, 70); }
 
+// The KV cache in each type (kvtype.h), with two kv heads and with one (MQA: the query heads of every row of a pass
+// read the same kv head's rows): the prompt in one pass, token by token, and in cpu_step_rows's passes of runs of
+// two slots interleaved give bitwise the same logits, each the same dot products over the same stored keys; and
+// those are within `tol` relative L2 of the double reference at every position (f32 2e-5 as above; f16 1e-2 and q8
+// 0.2, the worst of 20 seeds being 2.6e-3 and 5.8e-2).
+static void tcpu_kv_case(int kv, uint32_t n_kv_heads, int64_t T, double tol) {
+    dj_config c = tcpu_config(DJ_F32, 0, 0);
+    c.n_kv_heads = n_kv_heads;
+    tcpu_model tm;
+    tcpu_build(&tm, &c);
+    const int64_t V = c.vocab_size;
+    int32_t *tok = malloc(sizeof(int32_t) * T), slots[2 * 16], toks[2 * 16], want[2 * 16];
+    for (int64_t t = 0; t < T; t++) tok[t] = (int32_t)tc_below((uint32_t)V);
+    double *ref = malloc(sizeof(double) * T * V);
+    float *all = malloc(sizeof(float) * T * V), *one = malloc(sizeof(float) * V),
+          *rows = malloc(sizeof(float) * 2 * 16 * V);
+    int64_t pos[2 * 16];
+    tcpu_ref_forward(&tm, tok, T, ref);
+    dj_err e;
+    dj_cpu_state *s = cpu_state_new_slots(&tm.m, T, 2, kv, &e), *s1 = cpu_state_new_slots(&tm.m, T, 1, kv, &e),
+                 *s2 = cpu_state_new_slots(&tm.m, T, 2, kv, &e);
+    cr_assert(s && s1 && s2, "%s", e.msg);
+    cr_assert_eq(cpu_forward_slot(s, 1, tok, T, 0, all, &e), 0, "%s", e.msg);
+    for (int64_t t = 0; t < T; t++) {
+        double err = tc_rel_l2_d(all + t * V, ref + t * V, V);
+        cr_assert_lt(err, tol, "%s KV, %u kv heads: position %ld rel L2 %g from the reference (seed %llu)",
+                     dj_kv_name(kv), n_kv_heads, (long)t, err, (unsigned long long)tc_seed_used());
+        cr_assert_eq(cpu_forward(s1, tok + t, 1, t, one, &e), 0, "%s", e.msg);
+        cr_assert_eq(memcmp(one, all + t * V, sizeof(float) * V), 0, "%s KV, %u kv heads: position %ld token by "
+                     "token differs from the prompt's pass (seed %llu)", dj_kv_name(kv), n_kv_heads, (long)t,
+                     (unsigned long long)tc_seed_used());
+    }
+    // both slots of s2 fed the same tokens in runs of 1 to 16 rows, slot 1's runs after slot 0's in each pass
+    for (int64_t done[2] = {0, 0}; done[0] < T || done[1] < T;) {
+        int64_t n = 0;
+        for (int32_t k = 0; k < 2; k++)
+            for (int64_t take = 1 + tc_below(16); take > 0 && done[k] < T; take--, done[k]++)
+                slots[n] = k, pos[n] = done[k], toks[n] = tok[done[k]], want[n] = (int32_t)n, n++;
+        cr_assert_eq(cpu_step_rows(s2, n, slots, pos, toks, n, want, rows, &e), 0, "%s", e.msg);
+        for (int64_t r = 0; r < n; r++)
+            cr_assert_eq(memcmp(rows + r * V, all + pos[r] * V, sizeof(float) * V), 0,
+                         "%s KV, %u kv heads: slot %d position %ld in a pass of runs differs from the prompt's pass "
+                         "(seed %llu)", dj_kv_name(kv), n_kv_heads, slots[r], (long)pos[r],
+                         (unsigned long long)tc_seed_used());
+    }
+    cpu_state_free(s), cpu_state_free(s1), cpu_state_free(s2);
+    free(tok), free(ref), free(all), free(one), free(rows);
+    tcpu_free(&tm);
+}
+
+Test(cpu_forward, kv_types_every_pass_alike) {
+    tc_rng_fresh("cpu_forward.kv_types_every_pass_alike");
+    const double tol[DJ_KV_TYPES] = {2e-5, 1e-2, 0.2};
+    for (int kv = 0; kv < DJ_KV_TYPES; kv++)
+        for (uint32_t nkv = 1; nkv <= 2; nkv++) tcpu_kv_case(kv, nkv, 50, tol[kv]);
+}
+
 Test(cpu_forward, llama3_scaling_changes_logits) {
     // The llama3 case above would pass vacuously if scaling had no effect at these positions.
     dj_config a = tcpu_config(DJ_F32, 0, 1), b = a;
@@ -741,6 +798,9 @@ Test(cpu_forward, rejects_bad_tokens_and_positions) {
     cr_assert(strstr(e.msg, "context"), "%s", e.msg);
     cr_assert_eq(cpu_forward(s, &ok, 1, 7, logits, &e), 0, "%s", e.msg);
     cr_assert_null(cpu_state_new(&tm.m, 0, &e));
+    cr_assert_null(cpu_state_new_slots(&tm.m, 8, 1, DJ_KV_TYPES, &e), "a KV type past the last");
+    cr_assert(strstr(e.msg, "KV type 3 unknown"), "%s", e.msg);
+    cr_assert_null(cpu_state_new_slots(&tm.m, 8, 1, -1, &e), "KV type -1");
     cpu_state_free(s);
     tcpu_free(&tm);
 }

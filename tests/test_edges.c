@@ -504,8 +504,9 @@ Test(edges, cpu_restore_up_to_the_context) {
     dj_model m;
     tc_load_stories(&m, DJ_F32, 0);
     dj_err e = {{0}};
-    dj_cpu_state *big = cpu_state_new_slots(&m, 64, 1, &e), *fits = cpu_state_new_slots(&m, 64, 1, &e),
-                 *small = cpu_state_new_slots(&m, 63, 1, &e);
+    dj_cpu_state *big = cpu_state_new_slots(&m, 64, 1, DJ_KV_F32, &e),
+                 *fits = cpu_state_new_slots(&m, 64, 1, DJ_KV_F32, &e),
+                 *small = cpu_state_new_slots(&m, 63, 1, DJ_KV_F32, &e);
     cr_assert(big && fits && small, "%s", e.msg);
     dj_cpu_parked *p = cpu_park(big, 0, 64, &e);
     cr_assert(p, "%s", e.msg);
@@ -513,8 +514,8 @@ Test(edges, cpu_restore_up_to_the_context) {
     cr_expect(e.msg[0], "no message");
     cr_expect_eq(cpu_restore(fits, p, 0, &e), 0, "64 positions into a context of 64: %s", e.msg);  // p freed
     cr_expect_null(cpu_park(big, 0, 65, &e), "65 positions parked from a context of 64");
-    cr_expect_null(cpu_state_new_slots(&m, 64, 0, &e), "a CPU state of 0 KV slots");
-    cr_expect_null(cpu_state_new_slots(&m, 0, 1, &e), "a CPU state of context 0");
+    cr_expect_null(cpu_state_new_slots(&m, 64, 0, DJ_KV_F32, &e), "a CPU state of 0 KV slots");
+    cr_expect_null(cpu_state_new_slots(&m, 0, 1, DJ_KV_F32, &e), "a CPU state of context 0");
     cpu_state_free(big), cpu_state_free(fits), cpu_state_free(small);
     model_free(&m);
 }

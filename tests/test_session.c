@@ -15,7 +15,7 @@
 
 // Header offsets (session.h's layout).
 enum { TS_FSIZE = 16, TS_HCRC = 24, TS_CTXO = 64, TS_NTOK = 72, TS_NPROMPT = 80, TS_NKV = 88, TS_NEXT = 96,
-       TS_RNG = 104, TS_TOKOFF = 176, TS_KVOFF = 184, TS_KVBYTES = 192 };
+       TS_KVTYPE = 100, TS_RNG = 104, TS_TOKOFF = 176, TS_KVOFF = 184, TS_KVBYTES = 192 };
 
 static const int32_t ts_ids[] = {1, 403, 39, 261, 378, 7, 90};
 #define TS_N ((int64_t)(sizeof ts_ids / sizeof *ts_ids))
@@ -202,6 +202,14 @@ static void e_kvbytes(uint8_t *h, int64_t n, uint64_t pb, int64_t *x) {
 static void e_tail(uint8_t *h, int64_t n, uint64_t pb, int64_t *x) { *x = 4; }  // 4 bytes past the KV cache
 static void e_ctx_n(uint8_t *h, int64_t n, uint64_t pb, int64_t *x) { ts_put64(h, TS_CTXO, (uint64_t)n); }
 static void e_ctx_under(uint8_t *h, int64_t n, uint64_t pb, int64_t *x) { ts_put64(h, TS_CTXO, (uint64_t)n - 1); }
+static void ts_set_kv(uint8_t *h, uint32_t kv) { memcpy(h + TS_KVTYPE, &kv, 4); }
+static void e_kv_unknown(uint8_t *h, int64_t n, uint64_t pb, int64_t *x) { ts_set_kv(h, DJ_KV_TYPES); }
+static void e_kv_f16_named(uint8_t *h, int64_t n, uint64_t pb, int64_t *x) { ts_set_kv(h, DJ_KV_F16); }
+static void e_kv_f16_bytes(uint8_t *h, int64_t n, uint64_t pb, int64_t *x) {  // f16: half of f32's bytes
+    ts_set_kv(h, DJ_KV_F16);
+    ts_put64(h, TS_KVBYTES, (uint64_t)n * pb / 2);
+    *x = -n * (int64_t)pb / 2;
+}
 
 Test(session, each_count_at_its_limit) {
     ts_ctx c;
@@ -232,6 +240,9 @@ Test(session, each_count_at_its_limit) {
         {"bytes after the KV cache", e_tail, 0, "counts do not agree"},
         {"as many tokens as the context", e_ctx_n, TS_N, NULL},
         {"more tokens than the context", e_ctx_under, TS_N - 1, "counts do not agree"},
+        {"a KV type past the last", e_kv_unknown, 0, "holds a KV cache of type 3, which this djinn does not know"},
+        {"f16 named over f32's bytes", e_kv_f16_named, 0, "counts do not agree"},
+        {"f16 named over f16's bytes", e_kv_f16_bytes, 0, NULL},
     };
     char msg[600];
     for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) {
@@ -252,5 +263,133 @@ Test(session, each_count_at_its_limit) {
     cr_assert_eq(ts_open(c.bad, &c.m, TS_CTX, msg, sizeof msg), -1);
     cr_assert(strstr(msg, "token 3 is 512, outside the vocabulary"), "%s", msg);
     free(b);
+    ts_teardown(&c);
+}
+
+// ---- the KV types (kvtype.h)
+#define TS_GEN 24
+#define TS_AT 5
+
+// The file's KV cache replaced by a fresh engine of KV type kv resuming it: *eng closed and opened anew,
+// session_resume's pick in *next and (when it fed a token) its logits in row.
+static void ts_resume(ts_ctx *c, dj_engine *eng, int kv, dj_sampler *smp, float *row, int32_t *next) {
+    engine_close(eng);
+    dj_gpu_opts go = {.max_seq = TS_CTX, .quiet = 1, .kv_type = kv};
+    dj_err e = {{0}};
+    cr_assert_eq(engine_open(eng, &c->m, &go, 1, &e), 0, "%s", e.msg);
+    dj_session s;
+    cr_assert_eq(session_open(&s, c->path, &c->m, "the model", TS_CTX, &e), 0, "%s", e.msg);
+    cr_assert_eq(s.kv_type, kv);
+    cr_assert_eq(session_resume(&s, eng, 0, smp, row, next, &e), 0, "%s", e.msg);
+    session_close(&s);
+}
+
+// stories260K's greedy continuation of ts_ids on a CPU engine of KV type kv: gen (TS_GEN) the tokens picked, lg
+// (TS_GEN, vocab) the logits each was picked from. save: the run is saved to c->path after TS_AT picks (cut: its
+// last pick among the tokens, not fed yet, else held as the next token) and goes on in a fresh engine resuming it.
+static void ts_greedy(ts_ctx *c, int kv, int save, int cut, int32_t *gen, float *lg) {
+    const int64_t V = c->m.info.config.vocab_size;
+    dj_engine eng = {0};
+    dj_gpu_opts go = {.max_seq = TS_CTX, .quiet = 1, .kv_type = kv};
+    dj_err e = {{0}};
+    cr_assert_eq(engine_open(&eng, &c->m, &go, 1, &e), 0, "%s", e.msg);
+    dj_sampler *smp = sampler_new(V, 0, 1.0, 1, &e);
+    int32_t ids[TS_N + TS_GEN], next;
+    memcpy(ids, ts_ids, sizeof ts_ids);
+    cr_assert_eq(engine_next(&eng, smp, 0, ids, TS_N, 0, lg, &next, &e), 0, "%s", e.msg);
+    for (int g = 0; g < TS_GEN - 1; g++) {  // at g: the prompt and gen[0..g-1] fed, gen[g] picked
+        gen[g] = ids[TS_N + g] = next;
+        float *row = lg + (g + 1) * V;
+        if (save && g == TS_AT) {
+            dj_session s = {.ids = ids, .n_tokens = TS_N + g + cut, .n_prompt = TS_N, .n_kv = TS_N + g,
+                            .next = cut ? -1 : next, .rng = sampler_rng_state(smp), .smp = DJ_SAMPLING_DEFAULT,
+                            .ctx = TS_CTX};
+            dj_out out;
+            cr_assert_eq(out_open(&out, c->path, "--save-session", NULL, 0, &e), 0, "%s", e.msg);
+            cr_assert_eq(session_save(&out, &c->m, &eng, 0, &s, &e), 0, "%s", e.msg);
+            ts_resume(c, &eng, kv, smp, row, &next);
+            if (cut) continue;  // the resume fed gen[g] and picked the next
+            cr_assert_eq(next, gen[g], "the pick held in the file");
+        }
+        cr_assert_eq(engine_next(&eng, smp, 0, &gen[g], 1, TS_N + g, row, &next, &e), 0, "%s", e.msg);
+    }
+    gen[TS_GEN - 1] = next;
+    sampler_free(smp);
+    engine_close(&eng);
+}
+
+// At each KV type: a greedy run saved and resumed (its last pick fed or held) is the uninterrupted run, bitwise in
+// every logit; the file records the type and holds n_kv positions of that type's bytes.
+Test(session, resume_at_each_kv_type) {
+    ts_ctx c;
+    ts_setup(&c);
+    const int64_t V = c.m.info.config.vocab_size;
+    int32_t want[TS_GEN], got[TS_GEN];
+    float *lw = malloc((size_t)(TS_GEN * V) * sizeof(float)), *lg = malloc((size_t)(TS_GEN * V) * sizeof(float));
+    for (int kv = 0; kv < DJ_KV_TYPES; kv++) {
+        ts_greedy(&c, kv, 0, 0, want, lw);
+        for (int cut = 0; cut < 2; cut++) {
+            ts_greedy(&c, kv, 1, cut, got, lg);
+            for (int g = 0; g < TS_GEN; g++)
+                cr_assert_eq(got[g], want[g], "%s KV, cut %d: token %d is %d, uninterrupted %d", dj_kv_name(kv), cut,
+                             g, got[g], want[g]);
+            cr_assert_eq(memcmp(lg, lw, (size_t)(TS_GEN * V) * sizeof(float)), 0,
+                         "%s KV, cut %d: the resumed run's logits differ from the uninterrupted run's", dj_kv_name(kv),
+                         cut);
+            size_t n;
+            uint8_t *f = (uint8_t *)tc_must_read(c.path, &n);
+            uint32_t type;
+            memcpy(&type, f + TS_KVTYPE, 4);
+            cr_assert_eq(type, (uint32_t)kv, "%s KV: the header says %u", dj_kv_name(kv), type);
+            cr_assert_eq(n, SESSION_HEADER + 4 * (TS_N + TS_AT + cut) +
+                                (TS_N + TS_AT) * engine_kv_pos_bytes(&c.m.info.config, kv),
+                         "%s KV: a file of %zu bytes", dj_kv_name(kv), n);
+            free(f);
+        }
+    }
+    free(lw), free(lg);
+    ts_teardown(&c);
+}
+
+// A file resumed into an engine of another KV type is refused, naming both and the flag to give, the engine's slot
+// untouched; a file of the layout before the types (0 where the type is: ts_setup's f32 file) reads as f32.
+Test(session, another_kv_type_refused_by_name) {
+    ts_ctx c;
+    ts_setup(&c);
+    uint32_t zero;
+    memcpy(&zero, c.file + TS_KVTYPE, 4);
+    cr_assert_eq(zero, 0, "an f32 session's type field is not the old layout's zero");
+    const int64_t V = c.m.info.config.vocab_size;
+    int32_t gen[TS_GEN];
+    float *lg = malloc((size_t)(TS_GEN * V) * sizeof(float));
+    for (int saved = 0; saved < DJ_KV_TYPES; saved++) {
+        if (saved) ts_greedy(&c, saved, 1, 1, gen, lg);  // c.path: a file of that type
+        for (int kv = 0; kv < DJ_KV_TYPES; kv++) {
+            dj_engine eng;
+            dj_gpu_opts go = {.max_seq = TS_CTX, .quiet = 1, .kv_type = kv};
+            dj_err e = {{0}};
+            cr_assert_eq(engine_open(&eng, &c.m, &go, 1, &e), 0, "%s", e.msg);
+            dj_session s;
+            cr_assert_eq(session_open(&s, c.path, &c.m, "the model", TS_CTX, &e), 0, "%s", e.msg);
+            cr_assert_eq(s.kv_type, saved);
+            dj_sampler *smp = sampler_new(V, 0, 1.0, 1, &e);
+            int32_t next = -7;
+            int rc = session_resume(&s, &eng, 0, smp, lg, &next, &e);
+            if (kv == saved) {
+                cr_assert_eq(rc, 0, "%s into %s: %s", dj_kv_name(saved), dj_kv_name(kv), e.msg);
+            } else {
+                char want[4400];
+                snprintf(want, sizeof want, "%s holds its KV cache in %s; this run's is in %s: give --kv-type %s",
+                         c.path, dj_kv_name(saved), dj_kv_name(kv), dj_kv_name(saved));
+                cr_assert_eq(rc, -1, "%s resumed into %s", dj_kv_name(saved), dj_kv_name(kv));
+                cr_assert_str_eq(e.msg, want);
+                cr_assert_eq(next, -7, "a refused resume picked a token");
+            }
+            sampler_free(smp);
+            session_close(&s);
+            engine_close(&eng);
+        }
+    }
+    free(lg);
     ts_teardown(&c);
 }

@@ -1,6 +1,7 @@
-// attention.cu: causal GQA attention over the f32 KV cache: prefill (a tiled flash-attention kernel on the
-// tensor cores in bf16x3, and one in fp32 FMAs for the other head_dims or on request) and decode (split over the
-// KV length, then a combine pass), their shared-memory set-up at gpu_open, and the scratch decode needs.
+// attention.cu: causal GQA attention over the KV cache (f32, f16 or q8: kvtype.h): prefill (a tiled
+// flash-attention kernel on the tensor cores in bf16x3, and one in fp32 FMAs for the other head_dims or on request)
+// and decode (split over the KV length, then a combine pass), their shared-memory set-up at gpu_open, and the
+// scratch decode needs.
 #include <cuda_bf16.h>
 #include <cuda_pipeline.h>
 #include <cuda_runtime.h>
@@ -9,6 +10,27 @@
 
 // ---- shapes
 #define HD_MAX 256  // largest head_dim (decode holds HD_MAX / 32 values of each query per lane)
+
+// Elements i..i+3 of a cache of type KT widened (q8: times sc). PRECOND: i a multiple of 4, the row 16-byte
+// aligned in f32 (8 in f16, 4 in q8).
+template <int KT> static __device__ __forceinline__ float4 kv_get4(const void *p, int64_t i, float sc) {
+    if constexpr (KT == DJ_KV_F32) {
+        return *(const float4 *)((const float *)p + i);
+    } else if constexpr (KT == DJ_KV_F16) {
+        const uint2 u = *(const uint2 *)((const __half *)p + i);
+        const float2 a = __half22float2(*(const __half2 *)&u.x), b = __half22float2(*(const __half2 *)&u.y);
+        return make_float4(a.x, a.y, b.x, b.y);
+    } else {
+        const char4 c = *(const char4 *)((const int8_t *)p + i);
+        return make_float4((float)c.x * sc, (float)c.y * sc, (float)c.z * sc, (float)c.w * sc);
+    }
+}
+
+// The scale of row `row` of a q8 cache (1 for the other types, which have none).
+template <int KT> static __device__ __forceinline__ float kv_scale(const float *scales, int64_t row) {
+    if constexpr (KT == DJ_KV_Q8) return scales[row];
+    else return 1.0f;
+}
 
 int attn_check(const char *fn, int64_t n_heads, int64_t n_kv_heads, int64_t head_dim, int64_t max_seq, dj_err *e) {
     if (n_heads < 1 || n_kv_heads < 1 || n_heads % n_kv_heads || head_dim < 2 || head_dim % 2 ||
@@ -34,11 +56,10 @@ static size_t prefill_smem(int hd) {
 // banks). Shared memory: Qs (BQ, hd+1), Ks (BK, hd+1), Vs (BK, hd), Ps (BQ, BK+1); the +1 pads keep
 // the 16 rows a warp reads at once in distinct banks.
 // PRECOND: head_dim even, <= HD; blockDim.x == PF_THREADS.
-template <int HD>
+template <int HD, int KT>
 __global__ __launch_bounds__(PF_THREADS) void attn_prefill_kernel(float *out, int64_t ldo, const float *q, int64_t ldq,
-                                                                 const float *k_cache, const float *v_cache, int T,
-                                                                 int group, int hd, int max_seq, float scale,
-                                                                 const int32_t *d_pos) {
+                                                                 gpu_kv_cache c, int T, int group, int hd, int max_seq,
+                                                                 float scale, const int32_t *d_pos) {
     extern __shared__ float smem[];
     const int hs = hd + 1;
     float *Qs = smem, *Ks = Qs + PF_BQ * hs, *Vs = Ks + PF_BK * hs, *Ps = Vs + PF_BK * hd;
@@ -53,7 +74,7 @@ __global__ __launch_bounds__(PF_THREADS) void attn_prefill_kernel(float *out, in
     const int t = t0 + r;
     const int last_key = min(pos0 + min(t0 + PF_BQ - 1, T - 1), max_seq - 1);
     const int my_last = min(pos0 + min(t, T - 1), last_key);  // rows past T mirror the last row, unwritten
-    const float *kb = k_cache + (int64_t)kvh * max_seq * hd, *vb = v_cache + (int64_t)kvh * max_seq * hd;
+    const int64_t row0 = (int64_t)kvh * max_seq;  // the kv head's first cache row
 
     float m = -INFINITY, l = 0.0f;
     float acc[HD / 2];
@@ -65,8 +86,9 @@ __global__ __launch_bounds__(PF_THREADS) void attn_prefill_kernel(float *out, in
         for (int idx = tid; idx < PF_BK * hd; idx += PF_THREADS) {
             const int j = idx / hd, d = idx - j * hd, key = k0 + j;
             const bool ok = key <= last_key;
-            Ks[j * hs + d] = ok ? kb[(int64_t)key * hd + d] : 0.0f;
-            Vs[j * hd + d] = ok ? vb[(int64_t)key * hd + d] : 0.0f;
+            const int64_t i = (row0 + key) * hd + d;
+            Ks[j * hs + d] = ok ? kv_get<KT>(c.k, i, kv_scale<KT>(c.ks, row0 + key)) : 0.0f;
+            Vs[j * hd + d] = ok ? kv_get<KT>(c.v, i, kv_scale<KT>(c.vs, row0 + key)) : 0.0f;
         }
         __syncthreads();
 
@@ -176,11 +198,10 @@ __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t r[4], const __nv_bflo
 }
 
 // PRECOND: HD % 16 == 0, head_dim == HD; blockDim.x == TC_THREADS; tc_smem(HD) bytes of dynamic shared memory;
-// k_cache, v_cache 16-byte aligned.
-template <int HD>
+// the caches 16-byte aligned.
+template <int HD, int KT>
 __global__ __launch_bounds__(TC_THREADS) void attn_prefill_tc_kernel(float *out, int64_t ldo, const float *q,
-                                                                    int64_t ldq, const float *k_cache,
-                                                                    const float *v_cache, int T, int group,
+                                                                    int64_t ldq, gpu_kv_cache kvc, int T, int group,
                                                                     int max_seq, float scale, const int32_t *d_pos) {
     extern __shared__ __align__(128) __nv_bfloat16 tc_sm[];
     constexpr int LD = HD + 8, KS = HD / 16, ND = HD / 8;
@@ -211,15 +232,16 @@ __global__ __launch_bounds__(TC_THREADS) void attn_prefill_tc_kernel(float *out,
 #pragma unroll
     for (int n = 0; n < ND; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
     float ma = -INFINITY, mb = -INFINITY, la = 0.0f, lb = 0.0f;  // this thread's partial row sums
-    const float *kb = k_cache + (int64_t)kvh * max_seq * HD, *vb = v_cache + (int64_t)kvh * max_seq * HD;
+    const int64_t row0 = (int64_t)kvh * max_seq;  // the kv head's first cache row
 
     for (int k0 = 0; k0 <= last_key; k0 += TC_BK) {
         __syncthreads();  // every warp is done with the previous tile
         for (int idx = tid; idx < TC_BK * HD / 4; idx += TC_THREADS) {
             const int j = idx / (HD / 4), d = (idx - j * (HD / 4)) * 4, key = k0 + j;
             const bool ok = key <= last_key;  // never read past the context (the cache may hold anything there)
-            const float4 kv4 = ok ? *(const float4 *)(kb + (int64_t)key * HD + d) : make_float4(0, 0, 0, 0);
-            const float4 vv4 = ok ? *(const float4 *)(vb + (int64_t)key * HD + d) : make_float4(0, 0, 0, 0);
+            const int64_t i = (row0 + key) * HD + d;
+            const float4 kv4 = ok ? kv_get4<KT>(kvc.k, i, kv_scale<KT>(kvc.ks, row0 + key)) : make_float4(0, 0, 0, 0);
+            const float4 vv4 = ok ? kv_get4<KT>(kvc.v, i, kv_scale<KT>(kvc.vs, row0 + key)) : make_float4(0, 0, 0, 0);
             uint2 hi, lo;
             split_bf16x2(kv4.x, kv4.y, &hi.x, &lo.x), split_bf16x2(kv4.z, kv4.w, &hi.y, &lo.y);
             *(uint2 *)(Kh + j * LD + d) = hi, *(uint2 *)(Kl + j * LD + d) = lo;
@@ -325,28 +347,36 @@ extern "C" int gpu_tc_attn_supported(const dj_gpu *g, int64_t head_dim) {
 
 // The tensor-core prefill for this call, if switched on (the default) and the shape is one it has: launches it
 // and sets *done, else leaves the call to the FMA kernel.
-static int attn_prefill_tc(dj_gpu *g, int *done, float *out, int64_t ldo, const float *q, int64_t ldq,
-                           const float *k_cache, const float *v_cache, int T, int group, int hd, int max_seq,
-                           float scale, const int32_t *d_pos, int n_heads, cudaStream_t s, dj_err *e) {
-    *done = 0;
-    if (!g->tc_attn || !gpu_tc_attn_supported(g, hd) || ((uintptr_t)k_cache & 15) || ((uintptr_t)v_cache & 15))
-        return 0;
-    *done = 1;
-    dim3 grid((unsigned)((T + TC_BQ - 1) / TC_BQ), (unsigned)n_heads);
-    const size_t sm = tc_smem(hd);
+template <int KT>
+static void attn_prefill_tc_launch(dim3 grid, size_t sm, cudaStream_t s, float *out, int64_t ldo, const float *q,
+                                   int64_t ldq, const gpu_kv_cache *c, int T, int group, int hd, int max_seq,
+                                   float scale, const int32_t *d_pos) {
 #define TC_LAUNCH(HDV)                                                                                             \
     case HDV:                                                                                                      \
-        attn_prefill_tc_kernel<HDV><<<grid, TC_THREADS, sm, s>>>(out, ldo, q, ldq, k_cache, v_cache, T, group,    \
-                                                                 max_seq, scale, d_pos);                          \
+        attn_prefill_tc_kernel<HDV, KT><<<grid, TC_THREADS, sm, s>>>(out, ldo, q, ldq, *c, T, group, max_seq,     \
+                                                                     scale, d_pos);                               \
         break;
     switch (hd) { TC_HDS(TC_LAUNCH) }
 #undef TC_LAUNCH
+}
+
+static int attn_prefill_tc(dj_gpu *g, int *done, float *out, int64_t ldo, const float *q, int64_t ldq,
+                           const gpu_kv_cache *c, int T, int group, int hd, int max_seq, float scale,
+                           const int32_t *d_pos, int n_heads, cudaStream_t s, dj_err *e) {
+    *done = 0;
+    if (!g->tc_attn || !gpu_tc_attn_supported(g, hd) || ((uintptr_t)c->k & 15) || ((uintptr_t)c->v & 15)) return 0;
+    *done = 1;
+    dim3 grid((unsigned)((T + TC_BQ - 1) / TC_BQ), (unsigned)n_heads);
+    const size_t sm = tc_smem(hd);
+#define TC_TYPE(KT) attn_prefill_tc_launch<KT>(grid, sm, s, out, ldo, q, ldq, c, T, group, hd, max_seq, scale, d_pos)
+    KV_SWITCH(c->type, TC_TYPE)
+#undef TC_TYPE
     LAUNCH_CHECK("attn_prefill_tc", s);
     return 0;
 }
 
 extern "C" int gpu_attention_prefill(dj_gpu *g, float *out, int64_t ldo, const float *q, int64_t ldq,
-                                     const float *k_cache, const float *v_cache, int64_t T, int64_t n_heads,
+                                     const gpu_kv_cache *c, int64_t T, int64_t n_heads,
                                      int64_t n_kv_heads, int64_t head_dim, int64_t max_seq, const int32_t *d_pos,
                                      cudaStream_t s, dj_err *e) {
     if (attn_check("gpu_attention_prefill", n_heads, n_kv_heads, head_dim, max_seq, e)) return -1;
@@ -361,21 +391,24 @@ extern "C" int gpu_attention_prefill(dj_gpu *g, float *out, int64_t ldo, const f
     const int group = (int)(n_heads / n_kv_heads), hd = (int)head_dim;
     const float scale = 1.0f / sqrtf((float)head_dim);
     int done;
-    if (attn_prefill_tc(g, &done, out, ldo, q, ldq, k_cache, v_cache, (int)T, group, hd, (int)max_seq, scale, d_pos,
-                        (int)n_heads, s, e))
+    if (attn_prefill_tc(g, &done, out, ldo, q, ldq, c, (int)T, group, hd, (int)max_seq, scale, d_pos, (int)n_heads,
+                        s, e))
         return -1;
     if (done) return 0;
     dim3 grid((unsigned)((T + PF_BQ - 1) / PF_BQ), (unsigned)n_heads);
     const size_t sm = prefill_smem(hd);
-    if (hd <= 64)
-        attn_prefill_kernel<64><<<grid, PF_THREADS, sm, s>>>(out, ldo, q, ldq, k_cache, v_cache, (int)T, group, hd,
-                                                             (int)max_seq, scale, d_pos);
-    else if (hd <= 128)
-        attn_prefill_kernel<128><<<grid, PF_THREADS, sm, s>>>(out, ldo, q, ldq, k_cache, v_cache, (int)T, group, hd,
-                                                              (int)max_seq, scale, d_pos);
-    else
-        attn_prefill_kernel<256><<<grid, PF_THREADS, sm, s>>>(out, ldo, q, ldq, k_cache, v_cache, (int)T, group, hd,
-                                                              (int)max_seq, scale, d_pos);
+#define PF_LAUNCH(KT)                                                                                              \
+    if (hd <= 64)                                                                                                  \
+        attn_prefill_kernel<64, KT><<<grid, PF_THREADS, sm, s>>>(out, ldo, q, ldq, *c, (int)T, group, hd,         \
+                                                                 (int)max_seq, scale, d_pos);                     \
+    else if (hd <= 128)                                                                                            \
+        attn_prefill_kernel<128, KT><<<grid, PF_THREADS, sm, s>>>(out, ldo, q, ldq, *c, (int)T, group, hd,        \
+                                                                  (int)max_seq, scale, d_pos);                    \
+    else                                                                                                           \
+        attn_prefill_kernel<256, KT><<<grid, PF_THREADS, sm, s>>>(out, ldo, q, ldq, *c, (int)T, group, hd,        \
+                                                                  (int)max_seq, scale, d_pos)
+    KV_SWITCH(c->type, PF_LAUNCH)
+#undef PF_LAUNCH
     LAUNCH_CHECK("attn_prefill", s);
     return 0;
 }
@@ -399,25 +432,46 @@ static __device__ __forceinline__ int dec_chunk(int pos, int n_splits) {
     return DEC_CHUNK;
 }
 
+// Copies n bytes from global src to shared dst with every copy in flight at once (cp.async), in 16-byte pieces where
+// both are 16-byte aligned and n a multiple of 16, else 4-byte, else byte by byte (plain loads). Then commit.
+static __device__ __forceinline__ void stage_bytes(void *dst, const void *src, int n) {
+    const int tid = threadIdx.x;
+    if ((((uintptr_t)src | (uintptr_t)dst | (uintptr_t)n) & 15) == 0) {
+        for (int i = 16 * tid; i < n; i += 16 * DEC_THREADS)
+            __pipeline_memcpy_async((char *)dst + i, (const char *)src + i, 16);
+    } else if ((((uintptr_t)src | (uintptr_t)dst | (uintptr_t)n) & 3) == 0) {
+        for (int i = 4 * tid; i < n; i += 4 * DEC_THREADS)
+            __pipeline_memcpy_async((char *)dst + i, (const char *)src + i, 4);
+    } else {
+        for (int i = tid; i < n; i += DEC_THREADS) ((char *)dst)[i] = ((const char *)src)[i];
+    }
+    __pipeline_commit();
+}
+
 // One block per (split, kv head, row and group of <= 8 query heads: blockIdx.z = row * n_gz + group chunk). Row
-// b's query at q + b ldq, its position kv.pos[b], its caches kv.slot[b] * kv.slot_stride floats on (kv.slot NULL:
-// the caches given). Scores for the chunk go to shared memory, then softmax per head, then P.V; writes the
-// unnormalised partial output with its max and sum:
+// b's query at q + b ldq, its position kv.pos[b], its caches kv.slot[b] * kv.slot_stride elements on (kv.slot
+// NULL: the caches given). The chunk's keys and values are staged in shared memory as stored (KT), widened where
+// read. Scores for the chunk go to shared memory, then softmax per head, then P.V; writes the unnormalised partial
+// output with its max and sum:
 //   part_o (rows, n_heads, n_splits, head_dim), part_ml (rows, n_heads, n_splits, 2) = (max score, sum of exp).
 // PRECOND: head_dim even, <= 256; blockDim.x == DEC_THREADS.
-__global__ __launch_bounds__(DEC_THREADS) void attn_decode_split_kernel(
-    float *part_o, float *part_ml, const float *q, int64_t ldq, const float *k_cache, const float *v_cache,
-    int n_heads, int group, int n_gz, int head_dim, int max_seq, int n_splits, float scale, gpu_kv_rows kv) {
+template <int KT>
+__global__ __launch_bounds__(DEC_THREADS) void attn_decode_split_kernel(float *part_o, float *part_ml, const float *q,
+                                                                       int64_t ldq, gpu_kv_cache c, int n_heads,
+                                                                       int group, int n_gz, int head_dim, int max_seq,
+                                                                       int n_splits, float scale, gpu_kv_rows kv) {
+    typedef typename kv_elem<KT>::T E;
     __shared__ float sc[DEC_G * DEC_CHUNK];      // scores, then probabilities (g, key)
     __shared__ float red[DEC_THREADS * DEC_G];   // P.V partials across key slices
     __shared__ float ml[DEC_G * 2];
-    extern __shared__ __align__(16) float dec_kv[];  // the chunk's keys, then its values: (2, DEC_CHUNK, hd)
+    __shared__ float kvs[2 * DEC_CHUNK];         // q8: the chunk's key scales, then its value scales
+    extern __shared__ __align__(16) unsigned char dec_kv[];  // the chunk's keys, then its values: (2, DEC_CHUNK, hd)
     const int split = blockIdx.x, kvh = blockIdx.y, row = blockIdx.z / n_gz, g0 = (blockIdx.z - row * n_gz) * DEC_G;
     const int ng = min(DEC_G, group - g0), hd = head_dim;
     pdl_wait();
     pdl_trigger();
     const int pos = min(kv.pos[row], max_seq - 1);
-    if (kv.slot) k_cache += kv.slot[row] * kv.slot_stride, v_cache += kv.slot[row] * kv.slot_stride;
+    const int64_t slot_off = kv.slot ? (int64_t)kv.slot[row] * kv.slot_stride : 0;  // elements
     q += row * ldq;
     part_o += (int64_t)row * n_heads * n_splits * head_dim, part_ml += (int64_t)row * n_heads * n_splits * 2;
     const int chunk = dec_chunk(pos, n_splits), k0 = split * chunk;
@@ -425,26 +479,18 @@ __global__ __launch_bounds__(DEC_THREADS) void attn_decode_split_kernel(
     const int nk = min(chunk, pos + 1 - k0);
     const int h0 = kvh * group + g0;  // first query head of this block
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-    const float *kb = k_cache + ((int64_t)kvh * max_seq + k0) * hd;
-    const float *vb = v_cache + ((int64_t)kvh * max_seq + k0) * hd;
-    float *Ks = dec_kv, *Vs = dec_kv + DEC_CHUNK * hd;
+    const int64_t row0 = slot_off / hd + (int64_t)kvh * max_seq + k0;  // the chunk's first cache row
+    const E *kb = (const E *)c.k + row0 * hd, *vb = (const E *)c.v + row0 * hd;
+    E *Ks = (E *)dec_kv, *Vs = Ks + DEC_CHUNK * hd;
+    float *Kss = kvs, *Vss = kvs + DEC_CHUNK;
 
     // The chunk's keys and values (nk rows, contiguous in the cache) into shared memory with every copy in
     // flight at once (cp.async): one memory round trip, where loads inside the loops below would be one per
     // step. Rows past nk are never read, here or below.
-    const int n = nk * hd;
-    if (hd % 4 == 0) {
-        for (int i = 4 * tid; i < n; i += 4 * DEC_THREADS) {
-            __pipeline_memcpy_async(Ks + i, kb + i, 16);
-            __pipeline_memcpy_async(Vs + i, vb + i, 16);
-        }
-    } else {
-        for (int i = tid; i < n; i += DEC_THREADS) {
-            __pipeline_memcpy_async(Ks + i, kb + i, 4);
-            __pipeline_memcpy_async(Vs + i, vb + i, 4);
-        }
-    }
-    __pipeline_commit();
+    stage_bytes(Ks, kb, nk * hd * (int)sizeof(E));
+    stage_bytes(Vs, vb, nk * hd * (int)sizeof(E));
+    if (KT == DJ_KV_Q8)
+        for (int j = tid; j < nk; j += DEC_THREADS) Kss[j] = c.ks[row0 + j], Vss[j] = c.vs[row0 + j];
 
     // q in registers: lane holds dims lane + 32 i of each head
     float qr[DEC_G][HD_MAX / 32];
@@ -464,7 +510,7 @@ __global__ __launch_bounds__(DEC_THREADS) void attn_decode_split_kernel(
 #pragma unroll
         for (int i = 0; i < HD_MAX / 32; i++) {
             const int d = lane + 32 * i;
-            kv[i] = d < hd ? Ks[j * hd + d] : 0.0f;
+            kv[i] = d < hd ? kv_get<KT>(Ks, j * hd + d, kv_scale<KT>(Kss, j)) : 0.0f;
         }
 #pragma unroll
         for (int g = 0; g < DEC_G; g++) {
@@ -505,8 +551,9 @@ __global__ __launch_bounds__(DEC_THREADS) void attn_decode_split_kernel(
         const bool two = dd + DEC_THREADS < hd;
 #pragma unroll 4
         for (int j = sl; j < nk; j += nsl) {
-            const float v0 = Vs[j * hd + dd];
-            const float v1 = two ? Vs[j * hd + dd + DEC_THREADS] : 0.0f;
+            const float vsc = kv_scale<KT>(Vss, j);
+            const float v0 = kv_get<KT>(Vs, j * hd + dd, vsc);
+            const float v1 = two ? kv_get<KT>(Vs, j * hd + dd + DEC_THREADS, vsc) : 0.0f;
 #pragma unroll
             for (int g = 0; g < DEC_G; g++) {
                 if (g >= ng) break;
@@ -564,14 +611,16 @@ __global__ void attn_decode_combine_kernel(float *out, const float *part_o, cons
 }
 
 static int64_t dec_splits(int64_t max_seq) { return (max_seq + DEC_CHUNK - 1) / DEC_CHUNK; }
-static size_t dec_smem(int hd) { return 2 * sizeof(float) * DEC_CHUNK * (size_t)hd; }  // a chunk's K and V
+static size_t dec_smem(int hd, int kv_type) {  // a chunk's K and V as stored
+    return 2 * dj_kv_elem_bytes(kv_type) * DEC_CHUNK * (size_t)hd;
+}
 
 extern "C" size_t gpu_attention_scratch(int64_t rows, int64_t n_heads, int64_t head_dim, int64_t max_seq) {
     return (size_t)rows * (size_t)n_heads * (size_t)dec_splits(max_seq) * (size_t)(head_dim + 2) * sizeof(float);
 }
 
 static int attn_decode_launch(dj_gpu *g, const char *fn, float *out, const float *q, int64_t ldq,
-                              const float *k_cache, const float *v_cache, int64_t B, int64_t n_heads,
+                              const gpu_kv_cache *c, int64_t B, int64_t n_heads,
                               int64_t n_kv_heads, int64_t head_dim, int64_t max_seq, gpu_kv_rows kv, cudaStream_t s,
                               dj_err *e) {
     if (attn_check(fn, n_heads, n_kv_heads, head_dim, max_seq, e)) return -1;
@@ -582,9 +631,12 @@ static int attn_decode_launch(dj_gpu *g, const char *fn, float *out, const float
     float *part_o = (float *)g->scratch, *part_ml = part_o + B * n_heads * ns * head_dim;
     dim3 grid((unsigned)ns, (unsigned)n_kv_heads, (unsigned)(B * n_gz));
     const float scale = 1.0f / sqrtf((float)head_dim);
-    CUDA_CHECK(pdl_launch(attn_decode_split_kernel, grid, dim3(DEC_THREADS), dec_smem((int)head_dim), s, part_o,
-                          part_ml, q, ldq, k_cache, v_cache, (int)n_heads, (int)group, (int)n_gz, (int)head_dim,
-                          (int)max_seq, (int)ns, scale, kv));
+#define DEC_LAUNCH(KT)                                                                                             \
+    CUDA_CHECK(pdl_launch(attn_decode_split_kernel<KT>, grid, dim3(DEC_THREADS), dec_smem((int)head_dim, KT), s,     \
+                          part_o, part_ml, q, ldq, *c, (int)n_heads, (int)group, (int)n_gz, (int)head_dim,           \
+                          (int)max_seq, (int)ns, scale, kv))
+    KV_SWITCH(c->type, DEC_LAUNCH)
+#undef DEC_LAUNCH
     LAUNCH_CHECK("attn_decode_split", s);
     CUDA_CHECK(pdl_launch(attn_decode_combine_kernel, dim3((unsigned)n_heads, (unsigned)B), dim3(128), 0, s, out,
                           part_o, part_ml, (int)head_dim, (int)max_seq, (int)ns, kv));
@@ -592,44 +644,54 @@ static int attn_decode_launch(dj_gpu *g, const char *fn, float *out, const float
     return 0;
 }
 
-extern "C" int gpu_attention_decode(dj_gpu *g, float *out, const float *q, const float *k_cache, const float *v_cache,
-                                    int64_t n_heads, int64_t n_kv_heads, int64_t head_dim, int64_t max_seq,
-                                    const int32_t *d_pos, cudaStream_t s, dj_err *e) {
-    return attn_decode_launch(g, "gpu_attention_decode", out, q, 0, k_cache, v_cache, 1, n_heads, n_kv_heads,
-                              head_dim, max_seq, gpu_kv_rows{d_pos, NULL, 0}, s, e);
+extern "C" int gpu_attention_decode(dj_gpu *g, float *out, const float *q, const gpu_kv_cache *c, int64_t n_heads,
+                                    int64_t n_kv_heads, int64_t head_dim, int64_t max_seq, const int32_t *d_pos,
+                                    cudaStream_t s, dj_err *e) {
+    return attn_decode_launch(g, "gpu_attention_decode", out, q, 0, c, 1, n_heads, n_kv_heads, head_dim, max_seq,
+                              gpu_kv_rows{d_pos, NULL, 0}, s, e);
 }
 
-extern "C" int gpu_attention_decode_rows(dj_gpu *g, float *out, const float *q, int64_t ldq, const float *k_cache,
-                                         const float *v_cache, int64_t B, int64_t n_heads, int64_t n_kv_heads,
-                                         int64_t head_dim, int64_t max_seq, const gpu_kv_rows *kv, cudaStream_t s,
-                                         dj_err *e) {
-    if (!kv->pos || !kv->slot || kv->slot_stride < 0)
+extern "C" int gpu_attention_decode_rows(dj_gpu *g, float *out, const float *q, int64_t ldq, const gpu_kv_cache *c,
+                                         int64_t B, int64_t n_heads, int64_t n_kv_heads, int64_t head_dim,
+                                         int64_t max_seq, const gpu_kv_rows *kv, cudaStream_t s, dj_err *e) {
+    if (!kv->pos || !kv->slot || kv->slot_stride < 0 || kv->slot_stride % head_dim)
         return dj_fail(e, "gpu_attention_decode_rows: no positions or slots");
-    return attn_decode_launch(g, "gpu_attention_decode_rows", out, q, ldq, k_cache, v_cache, B, n_heads, n_kv_heads,
-                              head_dim, max_seq, *kv, s, e);
+    return attn_decode_launch(g, "gpu_attention_decode_rows", out, q, ldq, c, B, n_heads, n_kv_heads, head_dim,
+                              max_seq, *kv, s, e);
 }
 
 // ---- set-up, run once by gpu_open
+// The FMA prefill's shared-memory limit raised to `bytes` for every KV type (its tiles are f32 whichever the cache).
+template <int HD> static cudaError_t prefill_allow(int bytes) {
+    const cudaFuncAttribute a = cudaFuncAttributeMaxDynamicSharedMemorySize;
+    cudaError_t r = cudaFuncSetAttribute(attn_prefill_kernel<HD, DJ_KV_F32>, a, bytes);
+    if (r == cudaSuccess) r = cudaFuncSetAttribute(attn_prefill_kernel<HD, DJ_KV_F16>, a, bytes);
+    if (r == cudaSuccess) r = cudaFuncSetAttribute(attn_prefill_kernel<HD, DJ_KV_Q8>, a, bytes);
+    return r;
+}
 // Raises the dynamic shared-memory limit of decode, and of each FMA prefill instantiation to what its largest
 // head_dim needs as far as the device allows (H100: 227 KB, all of them); records the largest head_dim that fits.
 int attention_setup(dj_gpu *g, dj_err *e) {
-    if (load_module_of(g, (const void *)attn_decode_split_kernel, e)) return -1;
+    if (load_module_of(g, (const void *)attn_decode_split_kernel<DJ_KV_F32>, e)) return -1;
     int optin = 0;
     CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, g->device));
     // Decode stages a chunk's keys and values: 128 KiB at head_dim 256 (every device Djinn runs on has that).
-    if (dec_smem(HD_MAX) + 8 * 1024 > (size_t)optin)
+    if (dec_smem(HD_MAX, DJ_KV_F32) + 8 * 1024 > (size_t)optin)
         return dj_fail(e, "cuda: %s allows %d bytes of shared memory per block; decode attention needs %zu",
-                       g->name, optin, dec_smem(HD_MAX) + 8 * 1024);
-    CUDA_CHECK(cudaFuncSetAttribute(attn_decode_split_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    (int)dec_smem(HD_MAX)));
+                       g->name, optin, dec_smem(HD_MAX, DJ_KV_F32) + 8 * 1024);
+#define DEC_SET(KT)                                                                                                \
+    CUDA_CHECK(cudaFuncSetAttribute(attn_decode_split_kernel<KT>, cudaFuncAttributeMaxDynamicSharedMemorySize,     \
+                                    (int)dec_smem(HD_MAX, KT)))
+    DEC_SET(DJ_KV_F32);
+    DEC_SET(DJ_KV_F16);
+    DEC_SET(DJ_KV_Q8);
+#undef DEC_SET
     g->prefill_max_hd = 0;
     if (prefill_smem(64) > (size_t)optin) return 0;
-    CUDA_CHECK(cudaFuncSetAttribute(attn_prefill_kernel<64>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    (int)prefill_smem(64)));
+    CUDA_CHECK(prefill_allow<64>((int)prefill_smem(64)));
     g->prefill_max_hd = 64;
     if (prefill_smem(128) > (size_t)optin) return 0;
-    CUDA_CHECK(cudaFuncSetAttribute(attn_prefill_kernel<128>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    (int)prefill_smem(128)));
+    CUDA_CHECK(prefill_allow<128>((int)prefill_smem(128)));
     g->prefill_max_hd = 128;
     if (prefill_smem(256) > (size_t)optin) {
         g->prefill_max_hd = (int)((optin / sizeof(float) - PF_BQ * (PF_BK + 1) - PF_BQ - PF_BK) / (PF_BQ + 2 * PF_BK)) & ~1;
@@ -638,8 +700,7 @@ int attention_setup(dj_gpu *g, dj_err *e) {
         g->prefill_max_hd = HD_MAX;
     }
     if (g->prefill_max_hd > 128)
-        CUDA_CHECK(cudaFuncSetAttribute(attn_prefill_kernel<256>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        (int)prefill_smem(g->prefill_max_hd)));
+        CUDA_CHECK(prefill_allow<256>((int)prefill_smem(g->prefill_max_hd)));
     return 0;
 }
 
@@ -650,9 +711,14 @@ int tc_setup(dj_gpu *g, dj_err *e) {
     g->tc_optin = optin;
     g->tc_attn = 1;
 #define TC_SET(HDV)                                                                                              \
-    if (tc_smem(HDV) <= (size_t)optin)                                                                           \
-        CUDA_CHECK(cudaFuncSetAttribute(attn_prefill_tc_kernel<HDV>, cudaFuncAttributeMaxDynamicSharedMemorySize, \
-                                        (int)tc_smem(HDV)));
+    if (tc_smem(HDV) <= (size_t)optin) {                                                                         \
+        CUDA_CHECK(cudaFuncSetAttribute(attn_prefill_tc_kernel<HDV, DJ_KV_F32>,                                  \
+                                        cudaFuncAttributeMaxDynamicSharedMemorySize, (int)tc_smem(HDV)));        \
+        CUDA_CHECK(cudaFuncSetAttribute(attn_prefill_tc_kernel<HDV, DJ_KV_F16>,                                  \
+                                        cudaFuncAttributeMaxDynamicSharedMemorySize, (int)tc_smem(HDV)));        \
+        CUDA_CHECK(cudaFuncSetAttribute(attn_prefill_tc_kernel<HDV, DJ_KV_Q8>,                                   \
+                                        cudaFuncAttributeMaxDynamicSharedMemorySize, (int)tc_smem(HDV)));        \
+    }
     TC_HDS(TC_SET)
 #undef TC_SET
     return 0;

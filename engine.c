@@ -75,8 +75,6 @@ int engine_open(dj_engine *eng, const dj_model *m, const dj_gpu_opts *go, int32_
         return 0;
     }
     if (n_slots < 1) return dj_fail(e, "%d KV slots asked for", n_slots);
-    if (go->kv_type != DJ_KV_F32)
-        return dj_fail(e, "the GPU engine has no %s KV cache yet: --kv-type f32", dj_kv_name(go->kv_type));
     dj_gpu_opts o = *go;
     o.n_slots = n_slots;
     dj_gpu_state *s = gpu_state_new(m, &o, e);

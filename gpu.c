@@ -120,53 +120,52 @@ static int qkv_matmul(dj_gpu_state *s, const gpu_unit *un, int64_t T, qkv_rows *
 
 // The rows of a step pass: each at its own position in its own KV slot.
 static gpu_kv_rows step_kv_rows(const dj_gpu_state *s) {
-    return (gpu_kv_rows){s->b.pos, s->b.kv_slot, s->slot_floats};
+    return (gpu_kv_rows){s->b.pos, s->b.kv_slot, s->slot_elems};
 }
 
 // RoPE on q and k, and k, v into the cache: one launch for a decode step's rows (each in its slot) or where each
-// row is [q | k | v] (the fused layout), three otherwise. kc, vc: the layer's caches in slot 0 (a decode step) or
-// in the pass's slot.
-static int rope_kv_write(dj_gpu_state *s, const pass_desc *pd, const qkv_rows *r, float *kc, float *vc, dj_err *e) {
+// row is [q | k | v] (the fused layout), three otherwise. kc: the layer's cache in slot 0 (a decode step) or in the
+// pass's slot.
+static int rope_kv_write(dj_gpu_state *s, const pass_desc *pd, const qkv_rows *r, const gpu_kv_cache *kc,
+                         dj_err *e) {
     const dj_config *c = &s->m->info.config;
     const gpu_bufs *b = &s->b;
     int64_t nh = c->n_heads, nkv = c->n_kv_heads, hd = c->head_dim, T = pd->T;
     cudaStream_t st = s->compute;
     if (pd->step) {
         gpu_kv_rows kv = step_kv_rows(s);
-        return gpu_rope_kv_rows(s->g, r->q, r->ldq, r->k, r->v, r->ldkv, T, kc, vc, nh, nkv, hd, s->max_seq,
+        return gpu_rope_kv_rows(s->g, r->q, r->ldq, r->k, r->v, r->ldkv, T, kc, nh, nkv, hd, s->max_seq,
                                 b->inv_freq, &kv, st, e);
     }
     if (s->fused_qkv)
-        return gpu_rope_kv(s->g, r->q, r->ldq, T, kc, vc, nh, nkv, hd, s->max_seq, b->inv_freq, b->pos, st, e);
+        return gpu_rope_kv(s->g, r->q, r->ldq, T, kc, nh, nkv, hd, s->max_seq, b->inv_freq, b->pos, st, e);
     return gpu_rope(r->q, T, nh, hd, r->ldq, b->inv_freq, b->pos, st, e) ||
                    gpu_rope(r->k, T, nkv, hd, r->ldkv, b->inv_freq, b->pos, st, e) ||
-                   gpu_kv_write(kc, vc, r->k, r->v, r->ldkv, T, nkv, hd, s->max_seq, b->pos, st, e)
+                   gpu_kv_write(kc, r->k, r->v, r->ldkv, T, nkv, hd, s->max_seq, b->pos, st, e)
                ? -1
                : 0;
 }
 
 // Causal attention of the T queries over the cache into d_att (T, q_dim): a decode step's rows each over its own
 // slot, a prefill's over the pass's slot.
-static int attention(dj_gpu_state *s, const pass_desc *pd, const qkv_rows *r, const float *kc, const float *vc,
-                     dj_err *e) {
+static int attention(dj_gpu_state *s, const pass_desc *pd, const qkv_rows *r, const gpu_kv_cache *kc, dj_err *e) {
     const dj_config *c = &s->m->info.config;
     int64_t nh = c->n_heads, nkv = c->n_kv_heads, hd = c->head_dim, T = pd->T;
     if (pd->step) {  // the single rows in one launch, then each run of a prompt over its own slot
         gpu_kv_rows kv = step_kv_rows(s);
-        if (pd->singles && gpu_attention_decode_rows(s->g, s->b.att, r->q, r->ldq, kc, vc, pd->singles, nh, nkv, hd,
+        if (pd->singles && gpu_attention_decode_rows(s->g, s->b.att, r->q, r->ldq, kc, pd->singles, nh, nkv, hd,
                                                      s->max_seq, &kv, s->compute, e))
             return -1;
         for (int64_t i = 0; i < pd->n_runs; i++) {
             const step_run *u = &pd->runs[i];
-            int64_t off = (int64_t)u->kv_slot * s->slot_floats;
+            const gpu_kv_cache slot = gpu_kv_at(*kc, (int64_t)u->kv_slot * s->slot_elems, hd);
             if (gpu_attention_prefill(s->g, s->b.att + u->r0 * nh * hd, nh * hd, r->q + u->r0 * r->ldq, r->ldq,
-                                      kc + off, vc + off, u->len, nh, nkv, hd, s->max_seq, s->b.pos + u->r0,
-                                      s->compute, e))
+                                      &slot, u->len, nh, nkv, hd, s->max_seq, s->b.pos + u->r0, s->compute, e))
                 return -1;
         }
         return 0;
     }
-    return gpu_attention_prefill(s->g, s->b.att, nh * hd, r->q, r->ldq, kc, vc, T, nh, nkv, hd, s->max_seq, s->b.pos,
+    return gpu_attention_prefill(s->g, s->b.att, nh * hd, r->q, r->ldq, kc, T, nh, nkv, hd, s->max_seq, s->b.pos,
                                  s->compute, e);
 }
 
@@ -292,17 +291,17 @@ static int gpu_layer(dj_gpu_state *s, const pass_desc *pd, const gpu_unit *un, c
     gpu_bufs *b = &s->b;
     int64_t T = pd->T;
     const float *attn_norm = (const float *)(un->w + L->attn_norm), *ffn_norm = (const float *)(un->w + L->ffn_norm);
-    size_t layer_kv = (size_t)l * c->n_kv_heads * (size_t)s->max_seq * c->head_dim +
-                      (pd->step ? 0 : (size_t)pd->kv_slot * (size_t)s->slot_floats);
-    float *kc = b->k + layer_kv, *vc = b->v + layer_kv;  // the layer's keys and values (of the prefill's KV slot)
+    const int64_t layer_kv = (int64_t)l * c->n_kv_heads * s->max_seq * c->head_dim +
+                             (pd->step ? 0 : (int64_t)pd->kv_slot * s->slot_elems);
+    const gpu_kv_cache kc = gpu_kv_at(b->kv, layer_kv, c->head_dim);  // the layer's (in the prefill's KV slot)
     const int k_wo = s->fused_qkv ? 1 : 3;
     qkv_rows qkv;
 
     prof_mark(s, PROF_OTHER);  // what came before: streaming waits, the embeddings
     // attention block: x += wo . attention(rope(wq|wk|wv . rmsnorm(x)))
     if (norm_qkv(s, un, pl, T, attn_norm, pending, &qkv, e)) return -1;  // q|k|v of the normed x
-    STEP(ROPE_KV, rope_kv_write(s, pd, &qkv, kc, vc, e));                // RoPE on q and k; k and v into the cache
-    STEP(ATTENTION, attention(s, pd, &qkv, kc, vc, e));                  // each query over its slot's keys, causal
+    STEP(ROPE_KV, rope_kv_write(s, pd, &qkv, &kc, e));                   // RoPE on q and k; k and v into the cache
+    STEP(ATTENTION, attention(s, pd, &qkv, &kc, e));                     // each query over its slot's keys, causal
     STEP(WO, layer_mm(s, un, k_wo, b->delta, b->att, T, e));             // delta = wo . att
     // MLP block: x += w_down . (silu(w_gate . n) * (w_up . n)), n = rmsnorm(x)
     return mlp_block(s, un, pl, T, ffn_norm, e);
@@ -620,7 +619,10 @@ static int open_device(dj_gpu_state *s, dj_err *e) {
                                         "to 256)");
     s->max_seq = s->opts.max_seq;
     s->n_slots = s->opts.n_slots > 0 ? s->opts.n_slots : 1;
-    s->slot_floats = (int64_t)c->n_layers * c->n_kv_heads * s->max_seq * c->head_dim;
+    s->slot_elems = (int64_t)c->n_layers * c->n_kv_heads * s->max_seq * c->head_dim;
+    s->b.kv.type = s->opts.kv_type;
+    if (s->b.kv.type < 0 || s->b.kv.type >= DJ_KV_TYPES)
+        return dj_fail(e, "KV cache type %d unknown", s->b.kv.type);
     s->max_batch = s->opts.max_batch > 0 ? s->opts.max_batch : GPU_MAX_BATCH;
     if (s->max_batch > s->max_seq) s->max_batch = s->max_seq;
     return 0;
@@ -628,7 +630,8 @@ static int open_device(dj_gpu_state *s, dj_err *e) {
 
 // Device memory outside the weights, so that the automatic budget and the free-memory check see it.
 typedef struct {
-    uint64_t kv, act, scratch;
+    uint64_t kv, act, scratch;  // kv: keys and values with their scales
+    uint64_t kv_elems;          // the bytes of each of keys and values without scales
     uint64_t other;  // all of it, with the cuBLAS workspace and some slack
 } gpu_sizes;
 
@@ -637,7 +640,9 @@ static gpu_sizes buffer_sizes(const dj_gpu_state *s) {
     uint64_t dim = c->dim, hd = c->head_dim, q = (uint64_t)c->n_heads * hd, kv = (uint64_t)c->n_kv_heads * hd,
              hid = c->hidden_dim, mb = (uint64_t)s->max_batch;
     gpu_sizes z;
-    z.kv = 2ull * c->n_layers * c->n_kv_heads * (uint64_t)s->max_seq * hd * 4 * (uint64_t)s->n_slots;
+    const uint64_t rows = (uint64_t)c->n_layers * c->n_kv_heads * (uint64_t)s->max_seq * (uint64_t)s->n_slots;
+    z.kv_elems = rows * hd * dj_kv_elem_bytes(s->opts.kv_type);
+    z.kv = 2 * rows * dj_kv_row_bytes(s->opts.kv_type, hd);
     z.act = 4 * (mb * (3 * dim + q + 2 * kv + q + 3 * hid) + (GPU_LOGIT_ROWS + 1) * (uint64_t)c->vocab_size) +
             gpu_pick_scratch(1);
     int64_t widest = (int64_t)(hid > dim ? hid : (q > dim ? q : dim));
@@ -699,9 +704,9 @@ static int make_plan(dj_gpu_state *s, const gpu_sizes *z, uint64_t budget, size_
             p->n_resident - (p->resident[nl] ? 1 : 0), nl, (double)p->resident_bytes / 1e9, p->n_streamed,
             (double)p->streamed_bytes / 1e9, (double)p->ring_size / 1e9, p->slots,
             o->stream_all ? ", --stream-all" : "", o->sync_copy ? ", --sync-copy" : "");
-    fprintf(stderr, "gpu: KV cache %.2f GB (%d slot%s of context %lld, f32), activations %.2f GB\n",
+    fprintf(stderr, "gpu: KV cache %.2f GB (%d slot%s of context %lld, %s), activations %.2f GB\n",
             (double)z->kv / 1e9, s->n_slots, s->n_slots == 1 ? "" : "s", (long long)s->max_seq,
-            (double)(z->act + z->scratch) / 1e9);
+            dj_kv_name(s->b.kv.type), (double)(z->act + z->scratch) / 1e9);
     return 0;
 }
 
@@ -713,8 +718,10 @@ static int alloc_buffers(dj_gpu_state *s, const gpu_sizes *z, dj_err *e) {
     uint64_t dim = c->dim, hd = c->head_dim, q = (uint64_t)c->n_heads * hd, kv = (uint64_t)c->n_kv_heads * hd,
              hid = c->hidden_dim, mb = (uint64_t)s->max_batch, vocab = c->vocab_size;
     if (gpu_malloc((void **)&s->sc.d_w, s->sc.plan->weight_bytes, "weights (resident layers and the ring)", e) ||
-        gpu_malloc((void **)&b->k, z->kv / 2, "KV cache (keys)", e) ||
-        gpu_malloc((void **)&b->v, z->kv / 2, "KV cache (values)", e) ||
+        gpu_malloc(&b->kv.k, z->kv_elems, "KV cache (keys)", e) ||
+        gpu_malloc(&b->kv.v, z->kv_elems, "KV cache (values)", e) ||
+        (b->kv.type == DJ_KV_Q8 && (gpu_malloc((void **)&b->kv.ks, z->kv / 2 - z->kv_elems, "KV cache (scales)", e) ||
+                                    gpu_malloc((void **)&b->kv.vs, z->kv / 2 - z->kv_elems, "KV cache (scales)", e))) ||
         gpu_malloc((void **)&b->inv_freq, hd / 2 * 4, "rope table", e) ||
         gpu_malloc((void **)&b->x, mb * dim * 4, "activations", e) ||
         gpu_malloc((void **)&b->xb, mb * dim * 4, "activations", e) ||
@@ -853,8 +860,8 @@ void gpu_state_free(dj_gpu_state *s) {
     gpu_probe_free(s);
     prof_free(s);
     gpu_bufs *b = &s->b;
-    void *dev[] = {s->sc.d_w, b->inv_freq, b->k, b->v, b->x, b->xb, b->delta, b->qkv, b->att, b->ffn, b->hb,
-                   b->logits, b->pos, b->kv_slot, b->pick, b->counts, b->next, b->pick_scratch};
+    void *dev[] = {s->sc.d_w, b->inv_freq, b->kv.k, b->kv.v, b->kv.ks, b->kv.vs, b->x, b->xb, b->delta, b->qkv,
+                   b->att, b->ffn, b->hb, b->logits, b->pos, b->kv_slot, b->pick, b->counts, b->next, b->pick_scratch};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) gpu_free(dev[i]);
     gpu_host_free(b->h_x), gpu_host_free(b->h_logits), gpu_host_free(b->h_pos), gpu_host_free(b->h_kv_slot);
     free(s->runs), free(s->step_tok), free(s->step_wanted), free(s->slot_began);

@@ -78,7 +78,8 @@ typedef struct {
     float *ffn;             // (max_batch, 2 hidden)
     float *hb;              // (max_batch, hidden)
     float *logits;          // (GPU_LOGIT_ROWS, vocab)
-    float *k, *v;           // (n_slots, n_layers, n_kv_heads, max_seq, head_dim) each
+    gpu_kv_cache kv;        // keys and values, (n_slots, n_layers, n_kv_heads, max_seq, head_dim) each, of the
+                            // options' kv_type (q8: with their scales)
     float *inv_freq;        // (head_dim/2)
     int32_t *pos;           // (max_batch) a prefill's first position; a step's position of each row
     int32_t *kv_slot;       // (max_batch) a step's KV slot of each row
@@ -255,8 +256,8 @@ struct dj_gpu_state {
     int fused_qkv, fused_gate_up;  // wq|wk|wv and w_gate|w_up adjacent in the slab: one matmul each
     int tc_attn;                   // prefill attention on the tensor cores (head_dim allows, no fma_attn)
     int64_t max_seq, max_batch;
-    int32_t n_slots;               // KV slots, slot_floats apart in b.k and b.v
-    int64_t slot_floats;
+    int32_t n_slots;               // KV slots, slot_elems elements apart in b.kv
+    int64_t slot_elems;
     // host scratch of gpu_step_rows: a step pass's runs, tokens in the pass's order, the wanted rows; whether a run
     // of each KV slot has begun
     step_run *runs;                // (max_batch)

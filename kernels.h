@@ -34,6 +34,7 @@ extern "C" {  // util.h has no C++ guard of its own; its system headers are alre
 #endif
 
 #include "gpu_host.h"  // gpu_count, gpu_host_register, gpu_host_unregister
+#include "kvtype.h"
 #include "sampler.h"
 #include "util.h"
 
@@ -213,20 +214,36 @@ int gpu_rope(float *x, int64_t T, int64_t n_heads, int64_t head_dim, int64_t ld,
              const int32_t *d_pos, cudaStream_t s, dj_err *e);
 
 // ---- KV cache and attention
+// A KV cache as the kernels see it: keys from k and values from v, each (n_kv_heads, max_seq, head_dim) elements of
+// `type` (kvtype.h: f32, f16, q8) for one layer (of one slot, or of slot 0 for a step's rows); for q8 each row's
+// scale in ks and vs, laid out as the elements with head_dim = 1 (element i's scale at i / head_dim). Rows are
+// written as kvtype.h says (f16 round to nearest even; q8 s = max|x| / 127, k = x / s rounded half to even), so a
+// cache the CPU engine wrote reads back the same here; every read widens to f32 (q8: k * s).
+typedef struct {
+    void *k, *v;
+    float *ks, *vs;  // q8; NULL otherwise
+    int type;
+} gpu_kv_cache;
+// The view `elems` elements further on (a multiple of head_dim): another layer or slot of the same cache.
+static inline gpu_kv_cache gpu_kv_at(gpu_kv_cache c, int64_t elems, int64_t head_dim) {
+    const int64_t bytes = elems * (int64_t)dj_kv_elem_bytes(c.type);
+    c.k = (char *)c.k + bytes, c.v = (char *)c.v + bytes;
+    if (c.ks) c.ks += elems / head_dim, c.vs += elems / head_dim;
+    return c;
+}
 // Writes k, v rows (T rows `ld` floats apart, each n_kv_heads * head_dim) into the caches at positions
 // *d_pos + t (rows whose position is >= max_seq are skipped).
-int gpu_kv_write(float *k_cache, float *v_cache, const float *k, const float *v, int64_t ld, int64_t T,
-                 int64_t n_kv_heads, int64_t head_dim, int64_t max_seq, const int32_t *d_pos, cudaStream_t s,
-                 dj_err *e);
+int gpu_kv_write(const gpu_kv_cache *c, const float *k, const float *v, int64_t ld, int64_t T, int64_t n_kv_heads,
+                 int64_t head_dim, int64_t max_seq, const int32_t *d_pos, cudaStream_t s, dj_err *e);
 // RoPE + KV write in one launch: T rows of qkv, `ld` floats apart (ignored for T = 1), each
 // (n_heads + 2 n_kv_heads, head_dim) = [q | k | v]; row t's q and k rotated in place for position *d_pos + t
 // (as gpu_rope), then its k and v written into the caches there (as gpu_kv_write): the same values. T <= 65535.
 // PRECOND: the shapes of gpu_attention_decode.
-int gpu_rope_kv(dj_gpu *g, float *qkv, int64_t ld, int64_t T, float *k_cache, float *v_cache, int64_t n_heads,
+int gpu_rope_kv(dj_gpu *g, float *qkv, int64_t ld, int64_t T, const gpu_kv_cache *c, int64_t n_heads,
                 int64_t n_kv_heads, int64_t head_dim, int64_t max_seq, const float *inv_freq, const int32_t *d_pos,
                 cudaStream_t s, dj_err *e);
 // The rows of a batched decode step (device memory): row b is at position pos[b] of KV slot slot[b], whose caches
-// start slot[b] * slot_stride floats after the ones given (slots one after the other, each (n_kv_heads, max_seq,
+// start slot[b] * slot_stride elements after the ones given (slots one after the other, each (n_kv_heads, max_seq,
 // head_dim) of a layer at the same offset).
 typedef struct {
     const int32_t *pos, *slot;
@@ -234,8 +251,8 @@ typedef struct {
 } gpu_kv_rows;
 // gpu_rope_kv for B rows each at its own position and slot: row b's q heads at q + b ldq, its k and v heads at
 // k + b ldkv and v + b ldkv (the fused [q | k | v] rows, or separate q, k, v blocks). B <= 65535.
-int gpu_rope_kv_rows(dj_gpu *g, float *q, int64_t ldq, float *k, float *v, int64_t ldkv, int64_t B, float *k_cache,
-                     float *v_cache, int64_t n_heads, int64_t n_kv_heads, int64_t head_dim, int64_t max_seq,
+int gpu_rope_kv_rows(dj_gpu *g, float *q, int64_t ldq, float *k, float *v, int64_t ldkv, int64_t B,
+                     const gpu_kv_cache *c, int64_t n_heads, int64_t n_kv_heads, int64_t head_dim, int64_t max_seq,
                      const float *inv_freq, const gpu_kv_rows *kv, cudaStream_t s, dj_err *e);
 // Decode: one query per head at position pos = *d_pos over keys 0..pos, GQA (query head h reads kv head
 // h / (n_heads / n_kv_heads)), scale 1/sqrt(head_dim), f32 softmax. q, out (n_heads, head_dim).
@@ -243,14 +260,14 @@ int gpu_rope_kv_rows(dj_gpu *g, float *q, int64_t ldq, float *k, float *v, int64
 // splits a kv head, chosen on the device from pos), then a combine pass; the grid is sized by max_seq so a captured
 // graph serves every pos. Needs gpu_attention_scratch() bytes of scratch.
 // PRECOND: head_dim even, <= 256; n_heads % n_kv_heads == 0.
-int gpu_attention_decode(dj_gpu *g, float *out, const float *q, const float *k_cache, const float *v_cache,
-                         int64_t n_heads, int64_t n_kv_heads, int64_t head_dim, int64_t max_seq,
-                         const int32_t *d_pos, cudaStream_t s, dj_err *e);
+int gpu_attention_decode(dj_gpu *g, float *out, const float *q, const gpu_kv_cache *c, int64_t n_heads,
+                         int64_t n_kv_heads, int64_t head_dim, int64_t max_seq, const int32_t *d_pos, cudaStream_t s,
+                         dj_err *e);
 // gpu_attention_decode for B rows of a batched step, each over its own slot's keys 0..kv->pos[b] (gpu_kv_rows):
 // row b's query at q + b ldq, its output at out + b n_heads head_dim. Scratch: gpu_attention_scratch(B, ...).
-int gpu_attention_decode_rows(dj_gpu *g, float *out, const float *q, int64_t ldq, const float *k_cache,
-                              const float *v_cache, int64_t B, int64_t n_heads, int64_t n_kv_heads, int64_t head_dim,
-                              int64_t max_seq, const gpu_kv_rows *kv, cudaStream_t s, dj_err *e);
+int gpu_attention_decode_rows(dj_gpu *g, float *out, const float *q, int64_t ldq, const gpu_kv_cache *c, int64_t B,
+                              int64_t n_heads, int64_t n_kv_heads, int64_t head_dim, int64_t max_seq,
+                              const gpu_kv_rows *kv, cudaStream_t s, dj_err *e);
 // Prefill: queries t = 0..T-1 at positions *d_pos + t, each over keys 0..*d_pos + t (causal; the cache
 // already holds this chunk's keys, so chunked prefill works). q rows `ldq` floats apart, out rows `ldo`
 // apart, each (n_heads, head_dim). Tiled flash-attention (online softmax in registers and shared memory):
@@ -260,8 +277,8 @@ int gpu_attention_decode_rows(dj_gpu *g, float *out, const float *q, int64_t ldq
 //   bf16x3 split (each f32 operand as a bf16 high part plus a bf16 residual, three products), fp32
 //   accumulation: f32-class accuracy (rows within ~3e-5 of the f32 CPU reference) at tensor-core speed;
 //   fp32 FMAs from shared memory: every other head_dim, or when gpu_set_tc_attn(g, 0) (rows within 1e-5).
-int gpu_attention_prefill(dj_gpu *g, float *out, int64_t ldo, const float *q, int64_t ldq, const float *k_cache,
-                          const float *v_cache, int64_t T, int64_t n_heads, int64_t n_kv_heads, int64_t head_dim,
+int gpu_attention_prefill(dj_gpu *g, float *out, int64_t ldo, const float *q, int64_t ldq, const gpu_kv_cache *c,
+                          int64_t T, int64_t n_heads, int64_t n_kv_heads, int64_t head_dim,
                           int64_t max_seq, const int32_t *d_pos, cudaStream_t s, dj_err *e);
 
 // The tensor-core prefill kernel on (the default) or off (the FMA kernel for every head_dim); applies to later

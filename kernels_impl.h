@@ -124,6 +124,29 @@ int attn_check(const char *fn, int64_t n_heads, int64_t n_kv_heads, int64_t head
 // and qgemm's x) gives the same float.
 static __device__ __forceinline__ float silu_mul(float g, float u) { return g / (1.0f + expf(-g)) * u; }
 
+// ---- KV cache elements (kvtype.h): how the kernels that write the cache (ops.cu) and read it (attention.cu) store
+// and widen one element of each type. KT is a dj_kv_type; KV_SWITCH turns a run-time type into it.
+template <int KT> struct kv_elem;
+template <> struct kv_elem<DJ_KV_F32> { typedef float T; };
+template <> struct kv_elem<DJ_KV_F16> { typedef __half T; };
+template <> struct kv_elem<DJ_KV_Q8> { typedef int8_t T; };
+
+// Element i of a cache of type KT, widened (q8: times its row's scale sc; ignored otherwise).
+template <int KT> static __device__ __forceinline__ float kv_get(const void *p, int64_t i, float sc) {
+    if constexpr (KT == DJ_KV_F32) return ((const float *)p)[i];
+    else if constexpr (KT == DJ_KV_F16) return __half2float(((const __half *)p)[i]);
+    else return (float)((const int8_t *)p)[i] * sc;
+}
+
+// CALL(KT) for the run-time type t (a statement; needs `dj_err *e` in a function returning int).
+#define KV_SWITCH(t, CALL)                                                       \
+    switch (t) {                                                                 \
+    case DJ_KV_F32: CALL(DJ_KV_F32); break;                                      \
+    case DJ_KV_F16: CALL(DJ_KV_F16); break;                                      \
+    case DJ_KV_Q8: CALL(DJ_KV_Q8); break;                                        \
+    default: return dj_fail(e, "KV cache type %d has no kernels", (int)(t));    \
+    }
+
 // ---- warp and block reductions
 static __device__ __forceinline__ float warp_sum(float v) {
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
@@ -132,6 +155,36 @@ static __device__ __forceinline__ float warp_sum(float v) {
 static __device__ __forceinline__ float warp_max(float v) {
     for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
     return v;
+}
+// One warp writes row x (head_dim floats, any memory) as the cache row `row` (in rows of head_dim from `cache`;
+// its q8 scale at scales[row]), rounding as kvtype.h says: f16 to nearest even (NaN as dj_f32_to_f16), q8 with
+// s = max|x| / 127 and k = x / s rounded half to even (0 where that is NaN or beyond +-127), as dj_kv_q8_row does on
+// the CPU.
+template <int KT>
+static __device__ __forceinline__ void kv_put_row_warp(void *cache, float *scales, int64_t row, const float *x,
+                                                       int hd) {
+    const int lane = threadIdx.x & 31;
+    typedef typename kv_elem<KT>::T T;
+    T *dst = (T *)cache + row * hd;
+    if constexpr (KT == DJ_KV_Q8) {
+        float amax = 0.0f;
+        for (int d = lane; d < hd; d += 32) amax = fmaxf(amax, fabsf(x[d]));
+        amax = warp_max(amax);  // exact in any order
+        const float sc = amax / 127.0f;
+        if (lane == 0) scales[row] = sc;
+        for (int d = lane; d < hd; d += 32) {
+            const float r = sc > 0.0f ? rintf(x[d] / sc) : 0.0f;
+            dst[d] = r >= -127.0f && r <= 127.0f ? (int8_t)r : (int8_t)0;
+        }
+    } else if constexpr (KT == DJ_KV_F16) {
+        for (int d = lane; d < hd; d += 32) {  // a NaN as dj_f32_to_f16 has it: its sign, quiet, no payload
+            const float v = x[d];
+            dst[d] = isnan(v) ? __ushort_as_half((unsigned short)(((__float_as_uint(v) >> 16) & 0x8000u) | 0x7e00u))
+                              : __float2half_rn(v);
+        }
+    } else {
+        for (int d = lane; d < hd; d += 32) dst[d] = x[d];
+    }
 }
 static __device__ __forceinline__ unsigned long long warp_sum_u64(unsigned long long v) {
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);

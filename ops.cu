@@ -191,21 +191,26 @@ extern "C" int gpu_residual_add(float *out, const float *x, const float *delta, 
 }
 
 // ---- RoPE
-// One thread per rotated pair (t, head, i). The products and the difference are rounded separately
-// (no FMA contraction), as the CPU reference computes them.
+// Pair (i, i + half) of the head row xr rotated for position pos. The products and the difference are rounded
+// separately (no FMA contraction), as the CPU reference computes them.
+static __device__ __forceinline__ void rope_pair(float *xr, int64_t i, int64_t half, int64_t pos,
+                                                 const float *inv_freq) {
+    const float ang = __fmul_rn((float)pos, inv_freq[i]);
+    float sn, cs;
+    sincosf(ang, &sn, &cs);
+    const float a = xr[i], b = xr[i + half];
+    xr[i] = __fsub_rn(__fmul_rn(a, cs), __fmul_rn(b, sn));
+    xr[i + half] = __fadd_rn(__fmul_rn(a, sn), __fmul_rn(b, cs));
+}
+
+// One thread per rotated pair (t, head, i).
 __global__ void rope_kernel(float *x, int64_t T, int64_t n_heads, int64_t head_dim, int64_t ld, const float *inv_freq,
                             const int32_t *d_pos) {
     const int64_t half = head_dim / 2, per_t = n_heads * half;
     const int32_t pos0 = *d_pos;
     for (int64_t k = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; k < T * per_t; k += (int64_t)gridDim.x * blockDim.x) {
         const int64_t t = k / per_t, r = k - t * per_t, h = r / half, i = r - h * half;
-        float *xr = x + t * ld + h * head_dim;
-        const float ang = __fmul_rn((float)(pos0 + t), inv_freq[i]);
-        float sn, cs;
-        sincosf(ang, &sn, &cs);
-        const float a = xr[i], b = xr[i + half];
-        xr[i] = __fsub_rn(__fmul_rn(a, cs), __fmul_rn(b, sn));
-        xr[i + half] = __fadd_rn(__fmul_rn(a, sn), __fmul_rn(b, cs));
+        rope_pair(x + t * ld + h * head_dim, i, half, pos0 + t, inv_freq);
     }
 }
 
@@ -221,106 +226,121 @@ extern "C" int gpu_rope(float *x, int64_t T, int64_t n_heads, int64_t head_dim, 
 }
 
 // ---- KV-cache write
-__global__ void kv_write_kernel(float *k_cache, float *v_cache, const float *k, const float *v, int64_t ld, int64_t T,
-                                int64_t n_kv_heads, int64_t head_dim, int64_t max_seq, const int32_t *d_pos) {
-    const int64_t per_t = n_kv_heads * head_dim;
-    const int64_t pos0 = *d_pos;
-    for (int64_t j = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; j < T * per_t; j += (int64_t)gridDim.x * blockDim.x) {
-        const int64_t t = j / per_t, r = j - t * per_t, h = r / head_dim, d = r - h * head_dim;
-        const int64_t pos = pos0 + t;
-        if (pos < 0 || pos >= max_seq) continue;
-        const int64_t dst = (h * max_seq + pos) * head_dim + d;
-        k_cache[dst] = k[t * ld + r];
-        v_cache[dst] = v[t * ld + r];
-    }
+// Row r of a pass's k or v (2 n_kv_heads rows a token: k's heads, then v's) and its place in the cache: (kv head,
+// position) of the one layer and slot the cache view starts at.
+static __device__ __forceinline__ int64_t kv_row_of(int h, int n_kv_heads, int max_seq, int pos) {
+    return (int64_t)(h % n_kv_heads) * max_seq + pos;
 }
 
-extern "C" int gpu_kv_write(float *k_cache, float *v_cache, const float *k, const float *v, int64_t ld, int64_t T,
+// Warp (blockIdx.x * 8 + warp) < 2 n_kv_heads of token t = blockIdx.y writes one k or v head row at *d_pos + t.
+template <int KT>
+__global__ void kv_write_kernel(gpu_kv_cache c, const float *k, const float *v, int64_t ld, int n_kv_heads,
+                                int head_dim, int max_seq, const int32_t *d_pos) {
+    const int w = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), t = (int)blockIdx.y;
+    const int64_t pos = (int64_t)*d_pos + t;
+    if (w >= 2 * n_kv_heads || pos < 0 || pos >= max_seq) return;  // whole warps
+    const bool is_v = w >= n_kv_heads;
+    const float *x = (is_v ? v : k) + (int64_t)t * ld + (int64_t)(w % n_kv_heads) * head_dim;
+    kv_put_row_warp<KT>(is_v ? c.v : c.k, is_v ? c.vs : c.ks, kv_row_of(w, n_kv_heads, max_seq, (int)pos), x,
+                        head_dim);
+}
+
+extern "C" int gpu_kv_write(const gpu_kv_cache *c, const float *k, const float *v, int64_t ld, int64_t T,
                             int64_t n_kv_heads, int64_t head_dim, int64_t max_seq, const int32_t *d_pos,
                             cudaStream_t s, dj_err *e) {
-    if (T < 0 || n_kv_heads < 1 || head_dim < 1 || max_seq < 1 || ld < n_kv_heads * head_dim)
+    if (T < 0 || T > 65535 || n_kv_heads < 1 || n_kv_heads > 65535 || head_dim < 1 || max_seq < 1 ||
+        max_seq > INT32_MAX || ld < n_kv_heads * head_dim)
         return dj_fail(e, "gpu_kv_write: bad shape T=%lld n_kv_heads=%lld head_dim=%lld ld=%lld", (long long)T,
                        (long long)n_kv_heads, (long long)head_dim, (long long)ld);
     if (T == 0) return 0;
-    kv_write_kernel<<<grid_1d(T * n_kv_heads * head_dim, 256), 256, 0, s>>>(k_cache, v_cache, k, v, ld, T, n_kv_heads,
-                                                                           head_dim, max_seq, d_pos);
+    dim3 grid((unsigned)((2 * n_kv_heads + 7) / 8), (unsigned)T);
+#define KV_WRITE(KT)                                                                                          \
+    kv_write_kernel<KT><<<grid, 256, 0, s>>>(*c, k, v, ld, (int)n_kv_heads, (int)head_dim, (int)max_seq, d_pos)
+    KV_SWITCH(c->type, KV_WRITE)
+#undef KV_WRITE
     LAUNCH_CHECK("kv_write", s);
     return 0;
 }
 
 // ---- RoPE + KV write in one launch
-// Row t = blockIdx.y: its q heads (n_heads, at q + t ldq) and k heads (n_kv_heads, at k + t ldkv) rotated in place
-// for its position (as rope_kernel), then k and v (at v + t ldkv) written into the caches there (as
-// kv_write_kernel), in one launch. Position and caches: *d_pos + t in the caches given (kv.slot NULL: a prefill's
-// consecutive rows), or kv.pos[t] in slot kv.slot[t], kv.slot_stride floats further (a batched decode step).
-__global__ void rope_kv_kernel(float *q, int64_t ldq, float *k, float *v, int64_t ldkv, float *k_cache,
-                               float *v_cache, int n_heads, int n_kv_heads, int head_dim, int max_seq,
-                               const float *inv_freq, const int32_t *d_pos, gpu_kv_rows kv) {
-    const int half = head_dim / 2, nrot = (n_heads + n_kv_heads) * half, kvd = n_kv_heads * head_dim;
+// Row t = blockIdx.y: its q heads (n_heads, at q + t ldq) rotated in place for its position (as rope_kernel) by the
+// first q_blocks blocks, its k heads (n_kv_heads, at k + t ldkv) rotated in place and written into the cache and
+// its v heads (at v + t ldkv) written, a warp a head row, by the blocks after them: the same values as rope_kernel
+// then kv_write_kernel, in one launch. Position and cache: *d_pos + t in the cache given (kv.slot NULL: a
+// prefill's consecutive rows), or kv.pos[t] in slot kv.slot[t], kv.slot_stride elements further (a batched step).
+template <int KT>
+__global__ void rope_kv_kernel(float *q, int64_t ldq, float *k, float *v, int64_t ldkv, gpu_kv_cache c, int n_heads,
+                               int n_kv_heads, int head_dim, int max_seq, int q_blocks, const float *inv_freq,
+                               const int32_t *d_pos, gpu_kv_rows kv) {
+    const int half = head_dim / 2;
     const int t = (int)blockIdx.y;
     pdl_wait();
     pdl_trigger();
     const int pos = kv.slot ? kv.pos[t] : *d_pos + t;
-    const bool store = pos >= 0 && pos < max_seq;
-    if (kv.slot) k_cache += kv.slot[t] * kv.slot_stride, v_cache += kv.slot[t] * kv.slot_stride;
     q += (int64_t)t * ldq, k += (int64_t)t * ldkv, v += (int64_t)t * ldkv;
-    for (int j = blockIdx.x * blockDim.x + threadIdx.x; j < nrot + kvd; j += gridDim.x * blockDim.x) {
-        if (j < nrot) {
+    if ((int)blockIdx.x < q_blocks) {
+        for (int j = blockIdx.x * blockDim.x + threadIdx.x; j < n_heads * half; j += q_blocks * blockDim.x) {
             const int h = j / half, i = j - h * half;
-            float *xr = h < n_heads ? q + (int64_t)h * head_dim : k + (int64_t)(h - n_heads) * head_dim;
-            const float ang = __fmul_rn((float)pos, inv_freq[i]);
-            float sn, cs;
-            sincosf(ang, &sn, &cs);
-            const float a = xr[i], b = xr[i + half];
-            const float ra = __fsub_rn(__fmul_rn(a, cs), __fmul_rn(b, sn));
-            const float rb = __fadd_rn(__fmul_rn(a, sn), __fmul_rn(b, cs));
-            xr[i] = ra, xr[i + half] = rb;
-            if (h >= n_heads && store) {
-                float *kc = k_cache + ((int64_t)(h - n_heads) * max_seq + pos) * head_dim;
-                kc[i] = ra, kc[i + half] = rb;
-            }
-        } else if (store) {
-            const int r = j - nrot, h = r / head_dim, d = r - h * head_dim;
-            v_cache[((int64_t)h * max_seq + pos) * head_dim + d] = v[r];
+            rope_pair(q + (int64_t)h * head_dim, i, half, pos, inv_freq);
         }
+        return;
     }
+    const int w = ((int)blockIdx.x - q_blocks) * (blockDim.x >> 5) + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+    if (w >= 2 * n_kv_heads) return;  // whole warps
+    const bool is_v = w >= n_kv_heads;
+    float *x = (is_v ? v : k) + (int64_t)(w % n_kv_heads) * head_dim;
+    if (!is_v) {
+        for (int i = lane; i < half; i += 32) rope_pair(x, i, half, pos, inv_freq);
+        __syncwarp();  // the row's rotated values, written by every lane, read by every lane below
+    }
+    if (pos < 0 || pos >= max_seq) return;
+    if (kv.slot) {
+        const int64_t off = (int64_t)kv.slot[t] * kv.slot_stride;
+        const int64_t bytes = off * (int64_t)sizeof(typename kv_elem<KT>::T);
+        c.k = (char *)c.k + bytes, c.v = (char *)c.v + bytes;
+        if (KT == DJ_KV_Q8) c.ks += off / head_dim, c.vs += off / head_dim;
+    }
+    kv_put_row_warp<KT>(is_v ? c.v : c.k, is_v ? c.vs : c.ks, kv_row_of(w, n_kv_heads, max_seq, pos), x, head_dim);
 }
 
-static int rope_kv_launch(float *q, int64_t ldq, float *k, float *v, int64_t ldkv, int64_t T, float *k_cache,
-                          float *v_cache, int64_t n_heads, int64_t n_kv_heads, int64_t head_dim, int64_t max_seq,
+static int rope_kv_launch(float *q, int64_t ldq, float *k, float *v, int64_t ldkv, int64_t T, const gpu_kv_cache *c,
+                          int64_t n_heads, int64_t n_kv_heads, int64_t head_dim, int64_t max_seq,
                           const float *inv_freq, const int32_t *d_pos, gpu_kv_rows kv, cudaStream_t s, dj_err *e) {
-    const int64_t n = (n_heads + n_kv_heads) * (head_dim / 2) + n_kv_heads * head_dim;
-    CUDA_CHECK(pdl_launch(rope_kv_kernel, dim3((unsigned)((n + 255) / 256), (unsigned)T), dim3(256), 0, s, q, ldq, k,
-                          v, ldkv, k_cache, v_cache, (int)n_heads, (int)n_kv_heads, (int)head_dim, (int)max_seq,
-                          inv_freq, d_pos, kv));
+    const int q_blocks = (int)((n_heads * (head_dim / 2) + 255) / 256), kv_blocks = (int)((2 * n_kv_heads + 7) / 8);
+    dim3 grid((unsigned)(q_blocks + kv_blocks), (unsigned)T);
+#define ROPE_KV(KT)                                                                                               \
+    CUDA_CHECK(pdl_launch(rope_kv_kernel<KT>, grid, dim3(256), 0, s, q, ldq, k, v, ldkv, *c, (int)n_heads,         \
+                          (int)n_kv_heads, (int)head_dim, (int)max_seq, q_blocks, inv_freq, d_pos, kv))
+    KV_SWITCH(c->type, ROPE_KV)
+#undef ROPE_KV
     LAUNCH_CHECK("rope_kv", s);
     return 0;
 }
 
-extern "C" int gpu_rope_kv(dj_gpu *g, float *qkv, int64_t ld, int64_t T, float *k_cache, float *v_cache,
-                           int64_t n_heads, int64_t n_kv_heads, int64_t head_dim, int64_t max_seq,
-                           const float *inv_freq, const int32_t *d_pos, cudaStream_t s, dj_err *e) {
+extern "C" int gpu_rope_kv(dj_gpu *g, float *qkv, int64_t ld, int64_t T, const gpu_kv_cache *c, int64_t n_heads,
+                           int64_t n_kv_heads, int64_t head_dim, int64_t max_seq, const float *inv_freq,
+                           const int32_t *d_pos, cudaStream_t s, dj_err *e) {
     if (attn_check("gpu_rope_kv", n_heads, n_kv_heads, head_dim, max_seq, e)) return -1;
     if (T < 0 || T > 65535 || (T > 1 && ld < (n_heads + 2 * n_kv_heads) * head_dim))
         return dj_fail(e, "gpu_rope_kv: bad T=%lld ld=%lld", (long long)T, (long long)ld);
     if (T == 0) return 0;
     float *k = qkv + n_heads * head_dim, *v = k + n_kv_heads * head_dim;
-    return rope_kv_launch(qkv, ld, k, v, ld, T, k_cache, v_cache, n_heads, n_kv_heads, head_dim, max_seq, inv_freq,
-                          d_pos, gpu_kv_rows{NULL, NULL, 0}, s, e);
+    return rope_kv_launch(qkv, ld, k, v, ld, T, c, n_heads, n_kv_heads, head_dim, max_seq, inv_freq, d_pos,
+                          gpu_kv_rows{NULL, NULL, 0}, s, e);
 }
 
 extern "C" int gpu_rope_kv_rows(dj_gpu *g, float *q, int64_t ldq, float *k, float *v, int64_t ldkv, int64_t B,
-                                float *k_cache, float *v_cache, int64_t n_heads, int64_t n_kv_heads, int64_t head_dim,
+                                const gpu_kv_cache *c, int64_t n_heads, int64_t n_kv_heads, int64_t head_dim,
                                 int64_t max_seq, const float *inv_freq, const gpu_kv_rows *kv, cudaStream_t s,
                                 dj_err *e) {
     if (attn_check("gpu_rope_kv_rows", n_heads, n_kv_heads, head_dim, max_seq, e)) return -1;
-    if (B < 0 || B > 65535 || !kv->pos || !kv->slot || kv->slot_stride < 0 ||
+    if (B < 0 || B > 65535 || !kv->pos || !kv->slot || kv->slot_stride < 0 || kv->slot_stride % head_dim ||
         (B > 1 && (ldq < n_heads * head_dim || ldkv < n_kv_heads * head_dim)))
         return dj_fail(e, "gpu_rope_kv_rows: bad B=%lld ldq=%lld ldkv=%lld", (long long)B, (long long)ldq,
                        (long long)ldkv);
     if (B == 0) return 0;
-    return rope_kv_launch(q, ldq, k, v, ldkv, B, k_cache, v_cache, n_heads, n_kv_heads, head_dim, max_seq, inv_freq,
-                          NULL, *kv, s, e);
+    return rope_kv_launch(q, ldq, k, v, ldkv, B, c, n_heads, n_kv_heads, head_dim, max_seq, inv_freq, NULL, *kv, s,
+                          e);
 }
 
 // ---- SwiGLU

@@ -1,6 +1,7 @@
 // park.c: the GPU engine's KV slots parked in page-locked host memory and restored (gpu.h: gpu_park, gpu_restore,
-// gpu_drop). A slot's positions 0..n-1 are, in every layer and KV head, one run of n * head_dim floats: the keys
-// (and the values) of a slot are one 2-D copy of n_layers * n_kv_heads such runs. The copies run on a stream of
+// gpu_drop). A slot's positions 0..n-1 are, in every layer and KV head, one run of n rows: the keys (the values,
+// and for q8 each's scales) of a slot are one 2-D copy of n_layers * n_kv_heads such runs, into engine.h's parked
+// layout. The copies run on a stream of
 // their own, so that they overlap the weights' copies (the other direction of the link, or the same one) and the
 // compute; events order them with the compute stream both ways, and the host never waits for them.
 #include <stdlib.h>
@@ -12,7 +13,8 @@
 #define PARK_ROUND 256   // a buffer holds a multiple of this many positions, so that released ones fit again
 
 struct dj_gpu_parked {
-    uint8_t *host;  // keys, then values: (n_layers * n_kv_heads, n, head_dim) f32 each
+    uint8_t *host;  // engine.h's parked layout: keys, values (n_layers * n_kv_heads, n, head_dim) of the KV type
+                    // each, then for q8 the keys' and values' scales (n_layers * n_kv_heads, n) f32 each
     int64_t n, cap; // positions held, positions it can hold
 };
 
@@ -100,22 +102,32 @@ void park_stats(dj_gpu_state *s) {
 static int slot_copy(dj_gpu_state *s, dj_gpu_parked *p, int32_t slot, int to_host, dj_err *e) {
     gpu_parking *k = s->park;
     const dj_config *c = &s->m->info.config;
-    const size_t run = (size_t)p->n * c->head_dim * 4, pitch = (size_t)s->max_seq * c->head_dim * 4;
-    const size_t rows = (size_t)c->n_layers * c->n_kv_heads;
+    const gpu_kv_cache *kv = &s->b.kv;
+    const size_t rows = (size_t)c->n_layers * c->n_kv_heads, slot_rows = (size_t)s->slot_elems / c->head_dim;
+    // the arrays: keys, values, then the scales, each a row of `unit` bytes a position
+    const size_t row_bytes = c->head_dim * dj_kv_elem_bytes(kv->type);
+    uint8_t *dev[4] = {(uint8_t *)kv->k + (size_t)slot * slot_rows * row_bytes,
+                       (uint8_t *)kv->v + (size_t)slot * slot_rows * row_bytes,
+                       kv->ks ? (uint8_t *)(kv->ks + (size_t)slot * slot_rows) : NULL,
+                       kv->vs ? (uint8_t *)(kv->vs + (size_t)slot * slot_rows) : NULL};
+    const size_t unit[4] = {row_bytes, row_bytes, sizeof(float), sizeof(float)};
     if (k->rec_head - k->rec_tail >= PARK_RECS && harvest(s, 1, e)) return -1;
     park_rec *r = &k->rec[k->rec_head % PARK_RECS];
     // the compute stream's work on the slot so far (its last steps, or the previous occupant's) comes first
     if (gpu_event_record(k->used, s->compute, e) || gpu_stream_wait(k->st, k->used, e) ||
         gpu_event_record(r->t0, k->st, e))
         return -1;
-    float *dk = s->b.k + (int64_t)slot * s->slot_floats, *dv = s->b.v + (int64_t)slot * s->slot_floats;
-    uint8_t *hk = p->host, *hv = p->host + run * rows;
-    int rc = to_host ? gpu_copy2d_async(hk, run, dk, pitch, run, rows, k->st, e) ||
-                           gpu_copy2d_async(hv, run, dv, pitch, run, rows, k->st, e)
-                     : gpu_copy2d_async(dk, pitch, hk, run, run, rows, k->st, e) ||
-                           gpu_copy2d_async(dv, pitch, hv, run, run, rows, k->st, e);
-    if (rc || gpu_event_record(r->t1, k->st, e) || gpu_event_record(k->ready[slot], k->st, e)) return -1;
-    r->bytes = 2 * run * rows, r->restore = !to_host;
+    uint8_t *h = p->host;
+    r->bytes = 0;
+    for (int a = 0; a < 4 && dev[a]; a++) {
+        const size_t run = (size_t)p->n * unit[a], pitch = (size_t)s->max_seq * unit[a];
+        if (to_host ? gpu_copy2d_async(h, run, dev[a], pitch, run, rows, k->st, e)
+                    : gpu_copy2d_async(dev[a], pitch, h, run, run, rows, k->st, e))
+            return -1;
+        h += run * rows, r->bytes += run * rows;
+    }
+    if (gpu_event_record(r->t1, k->st, e) || gpu_event_record(k->ready[slot], k->st, e)) return -1;
+    r->restore = !to_host;
     k->rec_head++;
     k->pending[slot] = 1;
     return 0;
@@ -146,8 +158,8 @@ dj_gpu_parked *gpu_park(dj_gpu_state *s, int32_t slot, int64_t n, dj_err *e) {
         }
         p->cap = cap;
         const dj_config *c = &s->m->info.config;
-        if (gpu_host_alloc((void **)&p->host, (size_t)cap * 2 * c->n_layers * c->n_kv_heads * c->head_dim * 4,
-                           "a parked KV cache", e)) {
+        const size_t pos_bytes = 2 * (size_t)c->n_layers * c->n_kv_heads * dj_kv_row_bytes(s->b.kv.type, c->head_dim);
+        if (gpu_host_alloc((void **)&p->host, (size_t)cap * pos_bytes, "a parked KV cache", e)) {
             free(p);
             return NULL;
         }

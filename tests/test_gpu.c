@@ -182,13 +182,13 @@ Test(gpu_forward, fixtures_match_cpu) {
 }
 
 // Streaming must not change a single bit: the same kernels run on the same bytes, wherever they sit.
-static void streamed_bitwise(int dtype) {
+static void streamed_bitwise(int dtype, int kv_type) {
     dj_model m;
     load_stories(&m, dtype);
     int64_t V = m.info.config.vocab_size, n = 33, nd = 20;
     int32_t ids[64];
     make_ids(ids, n + nd, V);
-    dj_gpu_opts o = {.max_seq = 128, .quiet = 1, .ring_gb = 1.0};
+    dj_gpu_opts o = {.max_seq = 128, .quiet = 1, .ring_gb = 1.0, .kv_type = kv_type};
     float *ref = run_gpu(&m, &o, ids, n, nd);
 
     uint64_t total, minb = min_budget(&m, &total);  // stories260K is tied
@@ -219,13 +219,53 @@ static void streamed_bitwise(int dtype) {
 
 Test(gpu_forward, streamed_bitwise_equal_to_resident) {
     tc_rng_fresh("gpu_forward.streamed_bitwise_equal_to_resident");
-    streamed_bitwise(DJ_F16);
+    streamed_bitwise(DJ_F16, DJ_KV_F32);
 }
 
 // Quantized slabs are smaller and stream the same way: still bitwise.
 Test(gpu_forward, streamed_bitwise_equal_to_resident_q4) {
     tc_rng_fresh("gpu_forward.streamed_bitwise_equal_to_resident_q4");
-    streamed_bitwise(DJ_Q4);
+    streamed_bitwise(DJ_Q4, DJ_KV_F32);
+}
+
+// With an f16 and a q8 KV cache too: the cache's type changes nothing of how the weights arrive.
+Test(gpu_forward, streamed_bitwise_equal_to_resident_kv_types) {
+    tc_rng_fresh("gpu_forward.streamed_bitwise_equal_to_resident_kv_types");
+    streamed_bitwise(DJ_Q4, DJ_KV_F16);
+    streamed_bitwise(DJ_F16, DJ_KV_Q8);
+}
+
+// The GPU engine with an f16 and a q8 KV cache against its f32 cache (f32 weights: the cache is the only
+// difference), prefill and decode, at every position: within what the cache's rounding costs (measured on the
+// H200: see the tolerances), and not equal to it (the type really is the one used).
+Test(gpu_forward, kv_types_near_the_f32_cache) {
+    tc_rng_fresh("gpu_forward.kv_types_near_the_f32_cache");
+    dj_model m;
+    load_stories(&m, DJ_F32);
+    int64_t V = m.info.config.vocab_size, n = 60, nd = 40;
+    int32_t ids[128];
+    make_ids(ids, n + nd, V);
+    dj_gpu_opts o = {.max_seq = 128, .quiet = 1};
+    float *ref = run_gpu(&m, &o, ids, n, nd);
+    static const double tol[DJ_KV_TYPES] = {0, 2e-3, 5e-2};  // measured: 6.7e-4 and 2.6e-2 (stories260K, head_dim 8)
+    for (int kt = DJ_KV_F16; kt < DJ_KV_TYPES; kt++) {
+        o.kv_type = kt;
+        float *got = run_gpu(&m, &o, ids, n, nd);
+        double worst = 0;
+        for (int64_t t = 0; t < n + nd; t++) {
+            double r = tc_rel_l2(got + t * V, ref + t * V, V);
+            if (r > worst) worst = r;
+        }
+        fprintf(stderr, "kv_types_near_the_f32_cache: %s cache: worst relative L2 from f32's %.3e\n", dj_kv_name(kt),
+                worst);
+        cr_expect(worst <= tol[kt], "%s KV cache: relative L2 %.3e from the f32 cache's logits, over %.1e (seed %llu)",
+                  dj_kv_name(kt), worst, tol[kt], (unsigned long long)tc_seed_used());
+        cr_expect(worst > 0, "%s KV cache: logits bitwise those of the f32 cache: the type was not used",
+                  dj_kv_name(kt));
+        free(got);
+    }
+    free(ref);
+    model_free(&m);
 }
 
 // The token picked on the GPU (gpu_forward_pick) is the host sampler's pick from the same logits (gpu_forward of the

@@ -85,6 +85,56 @@ static void tk_poison(void *dev, size_t bytes) {  // 0xffffffff is a NaN
 }
 static int32_t *tk_pos(int32_t pos) { return tk_up(&pos, sizeof pos); }
 
+// An f32 cache view of device keys and values.
+static gpu_kv_cache tk_kv32(float *dk, float *dv) { return (gpu_kv_cache){dk, dv, NULL, NULL, DJ_KV_F32}; }
+
+// Row x (hd) stored as kvtype.h says into dst (and *scale for q8), x then overwritten with what the stored row
+// widens to: a CPU reference over x reads exactly what the kernels read.
+static void tk_kv_row(int t, float *x, int64_t hd, void *dst, float *scale) {
+    if (t == DJ_KV_F32) {
+        memcpy(dst, x, (size_t)hd * 4);
+    } else if (t == DJ_KV_F16) {
+        uint16_t *h = dst;
+        for (int64_t d = 0; d < hd; d++) h[d] = dj_f32_to_f16(x[d]), x[d] = dj_f16_to_f32(h[d]);
+    } else {
+        dj_kv_q8_row(x, hd, dst, scale);
+        for (int64_t d = 0; d < hd; d++) x[d] = (float)((int8_t *)dst)[d] * *scale;
+    }
+}
+
+// The device cache of type t holding f32 caches kc, vc (cn elements, rows of hd), each row as tk_kv_row stores it
+// (kc, vc left holding the widened values). Host copies of what was uploaded in *hk, *hv, *hs (NULL: not wanted).
+static gpu_kv_cache tk_kv_up(int t, float *kc, float *vc, int64_t cn, int64_t hd) {
+    const size_t eb = dj_kv_elem_bytes(t), rows = (size_t)(cn / hd);
+    uint8_t *h[2] = {malloc((size_t)cn * eb), malloc((size_t)cn * eb)};
+    float *sc[2] = {malloc(rows * 4), malloc(rows * 4)};
+    for (int w = 0; w < 2; w++)
+        for (size_t r = 0; r < rows; r++) tk_kv_row(t, (w ? vc : kc) + r * hd, hd, h[w] + r * hd * eb, &sc[w][r]);
+    gpu_kv_cache c = {tk_up(h[0], (size_t)cn * eb), tk_up(h[1], (size_t)cn * eb), NULL, NULL, t};
+    if (t == DJ_KV_Q8) c.ks = tk_up(sc[0], rows * 4), c.vs = tk_up(sc[1], rows * 4);
+    free(h[0]), free(h[1]), free(sc[0]), free(sc[1]);
+    return c;
+}
+
+// The device cache c (cn elements, rows of hd) widened into kc, vc on the host.
+static void tk_kv_down(const gpu_kv_cache *c, float *kc, float *vc, int64_t cn, int64_t hd) {
+    const size_t eb = dj_kv_elem_bytes(c->type), rows = (size_t)(cn / hd);
+    uint8_t *h = malloc((size_t)cn * eb);
+    float *sc = malloc(rows * 4);
+    for (int w = 0; w < 2; w++) {
+        float *x = w ? vc : kc;
+        tk_down(h, w ? c->v : c->k, (size_t)cn * eb);
+        if (c->type == DJ_KV_Q8) tk_down(sc, w ? c->vs : c->ks, rows * 4);
+        for (int64_t i = 0; i < cn; i++)
+            x[i] = c->type == DJ_KV_F32   ? ((float *)h)[i]
+                   : c->type == DJ_KV_F16 ? dj_f16_to_f32(((uint16_t *)h)[i])
+                                          : (float)((int8_t *)h)[i] * sc[i / hd];
+    }
+    free(h), free(sc);
+}
+
+static void tk_kv_free(gpu_kv_cache *c) { gpu_free(c->k), gpu_free(c->v), gpu_free(c->ks), gpu_free(c->vs); }
+
 // Relative L2 error of got against ref over n values; NaNs in got (unwritten or broken) fail by name.
 static int tk_close(const float *got, const float *ref, int64_t n, double tol, const char *what) {
     double num = 0, den = 0;
@@ -362,7 +412,8 @@ Test(kernels, rope_kv) {
         float *dqkv = tk_up(qkv, (size_t)n * 4), *dinv = tk_up(inv, (size_t)hd / 2 * 4);
         float *dk = tk_up(kc, (size_t)cache_n * 4), *dv = tk_up(vc, (size_t)cache_n * 4);
         int32_t *dpos = tk_pos((int32_t)pos);
-        cr_assert_eq(gpu_rope_kv(tk_g, dqkv, ld, T, dk, dv, nh, nkv, hd, max_seq, dinv, dpos, tk_s, &e), 0, "%s", e.msg);
+        const gpu_kv_cache kv = tk_kv32(dk, dv);
+        cr_assert_eq(gpu_rope_kv(tk_g, dqkv, ld, T, &kv, nh, nkv, hd, max_seq, dinv, dpos, tk_s, &e), 0, "%s", e.msg);
         float *gq = malloc((size_t)n * 4);
         tk_down(gq, dqkv, (size_t)n * 4);
         for (int64_t t = 0; t < T; t++) {
@@ -778,8 +829,9 @@ Test(kernels, kv_write) {
         float *dk = tk_up(kc, (size_t)cache_n * 4), *dv = tk_up(vc, (size_t)cache_n * 4);
         float *dr = tk_up(rows, (size_t)(T * ld) * 4);
         int32_t *dpos = tk_pos((int32_t)pos0);
-        cr_assert_eq(gpu_kv_write(dk, dv, dr + kv_dim, dr + 2 * kv_dim, ld, T, n_kv, hd, max_seq, dpos, tk_s, &e), 0,
-                     "%s", e.msg);
+        const gpu_kv_cache kv = tk_kv32(dk, dv);
+        cr_assert_eq(gpu_kv_write(&kv, dr + kv_dim, dr + 2 * kv_dim, ld, T, n_kv, hd, max_seq, dpos, tk_s, &e), 0, "%s",
+                     e.msg);
         for (int64_t t = 0; t < T; t++)
             for (int64_t h = 0; h < n_kv; h++)
                 for (int64_t d = 0; d < hd; d++) {
@@ -812,8 +864,9 @@ static void tk_cache(float *c, int64_t n_kv, int64_t max_seq, int64_t hd, int64_
             for (int64_t d = 0; d < hd; d++) c[(h * max_seq + p) * hd + d] = p <= last ? tc_sym() : NAN;
 }
 
-// max_seq 0: len + 37, a max_seq that is no multiple of anything
-static void tk_decode_case_ms(int64_t group, int64_t n_kv, int64_t hd, int64_t len, int64_t max_seq) {
+// max_seq 0: len + 37, a max_seq that is no multiple of anything. The cache of type kt, the CPU reference over
+// what its rows widen to.
+static void tk_decode_case_kt(int kt, int64_t group, int64_t n_kv, int64_t hd, int64_t len, int64_t max_seq) {
     dj_err e;
     const int64_t nh = group * n_kv, pos = len - 1;
     if (!max_seq) max_seq = len + 37;
@@ -822,22 +875,26 @@ static void tk_decode_case_ms(int64_t group, int64_t n_kv, int64_t hd, int64_t l
     float *ref = malloc((size_t)(nh * hd) * 4), *got = malloc((size_t)(nh * hd) * 4);
     tk_cache(kc, n_kv, max_seq, hd, pos), tk_cache(vc, n_kv, max_seq, hd, pos);
     tk_fill(q, nh * hd, 3.0f);  // scores of order 1: a softmax that is neither flat nor one-hot
-    float *dk = tk_up(kc, (size_t)cn * 4), *dv = tk_up(vc, (size_t)cn * 4), *dq = tk_up(q, (size_t)(nh * hd) * 4);
-    float *dout = tk_dev((size_t)(nh * hd) * 4);
+    gpu_kv_cache kv = tk_kv_up(kt, kc, vc, cn, hd);
+    float *dq = tk_up(q, (size_t)(nh * hd) * 4), *dout = tk_dev((size_t)(nh * hd) * 4);
     int32_t *dpos = tk_pos((int32_t)pos);
     tk_poison(dout, (size_t)(nh * hd) * 4);
-    int rc = gpu_attention_decode(tk_g, dout, dq, dk, dv, nh, n_kv, hd, max_seq, dpos, tk_s, &e);
+    int rc = gpu_attention_decode(tk_g, dout, dq, &kv, nh, n_kv, hd, max_seq, dpos, tk_s, &e);
     char what[128];
-    snprintf(what, sizeof what, "attention decode group=%lld n_kv=%lld head_dim=%lld len=%lld max_seq=%lld",
-             (long long)group, (long long)n_kv, (long long)hd, (long long)len, (long long)max_seq);
+    snprintf(what, sizeof what, "attention decode %s group=%lld n_kv=%lld head_dim=%lld len=%lld max_seq=%lld",
+             dj_kv_name(kt), (long long)group, (long long)n_kv, (long long)hd, (long long)len, (long long)max_seq);
     cr_expect_eq(rc, 0, "%s: %s", what, e.msg);
     if (!rc) {
         tk_down(got, dout, (size_t)(nh * hd) * 4);
         cpu_attention(ref, q, kc, vc, nh, n_kv, hd, pos, max_seq);
         tk_close(got, ref, nh * hd, 1e-5, what);
     }
-    gpu_free(dk), gpu_free(dv), gpu_free(dq), gpu_free(dout), gpu_free(dpos);
+    tk_kv_free(&kv), gpu_free(dq), gpu_free(dout), gpu_free(dpos);
     free(kc), free(vc), free(q), free(ref), free(got);
+}
+
+static void tk_decode_case_ms(int64_t group, int64_t n_kv, int64_t hd, int64_t len, int64_t max_seq) {
+    tk_decode_case_kt(DJ_KV_F32, group, n_kv, hd, len, max_seq);
 }
 
 static void tk_decode_case(int64_t group, int64_t n_kv, int64_t hd, int64_t len) {
@@ -865,7 +922,7 @@ Test(kernels, attention_decode) {
 
 // Prefill of T queries at pos0.. against cpu_attention row by row (every row when T <= 512, else a
 // sample of rows that includes the first and the last).
-static void tk_prefill_case_tol(int64_t group, int64_t n_kv, int64_t hd, int64_t T, int64_t pos0, double tol) {
+static void tk_prefill_case_kt(int kt, int64_t group, int64_t n_kv, int64_t hd, int64_t T, int64_t pos0, double tol) {
     dj_err e;
     const int64_t nh = group * n_kv, last = pos0 + T - 1, max_seq = last + 1 + 19;
     const int64_t cn = n_kv * max_seq * hd, qd = nh * hd, ldq = qd + 2 * n_kv * hd;  // q rows as in a fused [q|k|v]
@@ -873,14 +930,14 @@ static void tk_prefill_case_tol(int64_t group, int64_t n_kv, int64_t hd, int64_t
     float *ref = malloc((size_t)qd * 4), *got = malloc((size_t)(T * qd) * 4);
     tk_cache(kc, n_kv, max_seq, hd, last), tk_cache(vc, n_kv, max_seq, hd, last);
     tk_fill(q, T * ldq, 3.0f);
-    float *dk = tk_up(kc, (size_t)cn * 4), *dv = tk_up(vc, (size_t)cn * 4), *dq = tk_up(q, (size_t)(T * ldq) * 4);
-    float *dout = tk_dev((size_t)(T * qd) * 4);
+    gpu_kv_cache kv = tk_kv_up(kt, kc, vc, cn, hd);
+    float *dq = tk_up(q, (size_t)(T * ldq) * 4), *dout = tk_dev((size_t)(T * qd) * 4);
     int32_t *dpos = tk_pos((int32_t)pos0);
     tk_poison(dout, (size_t)(T * qd) * 4);
-    int rc = gpu_attention_prefill(tk_g, dout, qd, dq, ldq, dk, dv, T, nh, n_kv, hd, max_seq, dpos, tk_s, &e);
+    int rc = gpu_attention_prefill(tk_g, dout, qd, dq, ldq, &kv, T, nh, n_kv, hd, max_seq, dpos, tk_s, &e);
     char what[160];
-    snprintf(what, sizeof what, "attention prefill group=%lld n_kv=%lld head_dim=%lld T=%lld pos0=%lld", (long long)group,
-             (long long)n_kv, (long long)hd, (long long)T, (long long)pos0);
+    snprintf(what, sizeof what, "attention prefill %s group=%lld n_kv=%lld head_dim=%lld T=%lld pos0=%lld",
+             dj_kv_name(kt), (long long)group, (long long)n_kv, (long long)hd, (long long)T, (long long)pos0);
     cr_expect_eq(rc, 0, "%s: %s", what, e.msg);
     if (!rc) {
         tk_down(got, dout, (size_t)(T * qd) * 4);
@@ -892,8 +949,12 @@ static void tk_prefill_case_tol(int64_t group, int64_t n_kv, int64_t hd, int64_t
             if (!tk_close(got + t * qd, ref, qd, tol, row) || t == T - 1) break;
         }
     }
-    gpu_free(dk), gpu_free(dv), gpu_free(dq), gpu_free(dout), gpu_free(dpos);
+    tk_kv_free(&kv), gpu_free(dq), gpu_free(dout), gpu_free(dpos);
     free(kc), free(vc), free(q), free(ref), free(got);
+}
+
+static void tk_prefill_case_tol(int64_t group, int64_t n_kv, int64_t hd, int64_t T, int64_t pos0, double tol) {
+    tk_prefill_case_kt(DJ_KV_F32, group, n_kv, hd, T, pos0, tol);
 }
 
 static void tk_prefill_case(int64_t group, int64_t n_kv, int64_t hd, int64_t T, int64_t pos0) {
@@ -954,8 +1015,9 @@ Test(kernels, attention_prefill_tc, .timeout = 600) {
 }
 
 // A batched decode step's rows (gpu_rope_kv_rows, gpu_attention_decode_rows): rows in shuffled slots at their
-// own positions (one at 0, one at the context's end), q, k, v in separate blocks (ldq != ldkv) and fused rows:
-// each row's rotated q and k, its cache writes in its own slot only, and its attention over that slot's keys,
+// own positions (one at 0, one at the context's end), q, k, v in separate blocks (ldq != ldkv) and fused rows, for
+// every KV type: each row's rotated q and k, its cache rows in its own slot only, stored exactly as kvtype.h says
+// (the rotated rows the GPU computed, stored on the host: the same bits), and its attention over that slot's keys,
 // against the CPU; the other slots' caches untouched.
 Test(kernels, decode_rows) {
     tk_start("decode_rows");
@@ -967,57 +1029,153 @@ Test(kernels, decode_rows) {
     c.head_dim = (uint32_t)hd, c.rope_theta = 10000.0f;
     float inv[16];
     cpu_rope_freqs(&c, inv);
-    float *kc = malloc((size_t)all * 4), *vc = malloc((size_t)all * 4), *got = malloc((size_t)all * 4);
-    for (int fused = 0; fused < 2; fused++) {
-        tk_fill(kc, all, 1.0f), tk_fill(vc, all, 1.0f);
-        int32_t slot[5] = {4, 0, 6, 2, 3}, pos[5] = {0, 149, 77, 5, 64};
-        // rows: fused [q | k | v] each (ld = qd + 2 kvd), or blocks q (B, qd), k (B, kvd), v (B, kvd)
-        const int64_t n = B * (qd + 2 * kvd), ldq = fused ? qd + 2 * kvd : qd, ldkv = fused ? qd + 2 * kvd : kvd;
-        float *rows = malloc((size_t)n * 4), *q = rows, *k = fused ? rows + qd : rows + B * qd;
-        float *v = fused ? rows + qd + kvd : rows + B * (qd + kvd);
-        tk_fill(rows, n, 2.0f);
-        float *drows = tk_up(rows, (size_t)n * 4), *dk = tk_up(kc, (size_t)all * 4), *dv = tk_up(vc, (size_t)all * 4);
-        float *dinv = tk_up(inv, sizeof inv), *dout = tk_dev((size_t)B * qd * 4);
-        int32_t *dpos = tk_up(pos, sizeof pos), *dslot = tk_up(slot, sizeof slot);
-        gpu_kv_rows kv = {dpos, dslot, cn};
-        float *gq = drows, *gk = drows + (k - rows), *gv = drows + (v - rows);
-        cr_assert_eq(gpu_rope_kv_rows(tk_g, gq, ldq, gk, gv, ldkv, B, dk, dv, nh, n_kv, hd, max_seq, dinv, &kv, tk_s, &e),
-                     0, "%s", e.msg);
-        tk_poison(dout, (size_t)B * qd * 4);
-        cr_assert_eq(gpu_attention_decode_rows(tk_g, dout, gq, ldq, dk, dv, B, nh, n_kv, hd, max_seq, &kv, tk_s, &e),
-                     0, "%s", e.msg);
-        // the CPU: rotate each row's q and k (q then k heads, as the GPU's rows), write its slot, attend
-        float *att = malloc((size_t)B * qd * 4), *gatt = malloc((size_t)B * qd * 4), *grows = malloc((size_t)n * 4);
-        float *qk = malloc((size_t)(qd + kvd) * 4);
-        for (int b = 0; b < B; b++) {
-            memcpy(qk, q + b * ldq, (size_t)qd * 4), memcpy(qk + qd, k + b * ldkv, (size_t)kvd * 4);
-            cpu_rope(qk, nh + n_kv, hd, pos[b], inv);
-            memcpy(q + b * ldq, qk, (size_t)qd * 4), memcpy(k + b * ldkv, qk + qd, (size_t)kvd * 4);
-            for (int64_t h = 0; h < n_kv; h++)
-                for (int64_t d = 0; d < hd; d++) {
-                    kc[slot[b] * cn + (h * max_seq + pos[b]) * hd + d] = k[b * ldkv + h * hd + d];
-                    vc[slot[b] * cn + (h * max_seq + pos[b]) * hd + d] = v[b * ldkv + h * hd + d];
-                }
+    float *kc = malloc((size_t)all * 4), *vc = malloc((size_t)all * 4), *gk = malloc((size_t)all * 4);
+    float *gvc = malloc((size_t)all * 4);
+    uint8_t row_bytes[32 * 4];
+    float row_scale;
+    for (int kt = 0; kt < DJ_KV_TYPES; kt++)
+        for (int fused = 0; fused < 2; fused++) {
+            tk_fill(kc, all, 1.0f), tk_fill(vc, all, 1.0f);
+            gpu_kv_cache cache = tk_kv_up(kt, kc, vc, all, hd);  // kc, vc: what the cache holds, widened
+            int32_t slot[5] = {4, 0, 6, 2, 3}, pos[5] = {0, 149, 77, 5, 64};
+            // rows: fused [q | k | v] each (ld = qd + 2 kvd), or blocks q (B, qd), k (B, kvd), v (B, kvd)
+            const int64_t n = B * (qd + 2 * kvd), ldq = fused ? qd + 2 * kvd : qd, ldkv = fused ? qd + 2 * kvd : kvd;
+            float *rows = malloc((size_t)n * 4), *q = rows, *k = fused ? rows + qd : rows + B * qd;
+            float *v = fused ? rows + qd + kvd : rows + B * (qd + kvd);
+            tk_fill(rows, n, 2.0f);
+            float *drows = tk_up(rows, (size_t)n * 4), *dinv = tk_up(inv, sizeof inv);
+            float *dout = tk_dev((size_t)B * qd * 4);
+            int32_t *dpos = tk_up(pos, sizeof pos), *dslot = tk_up(slot, sizeof slot);
+            gpu_kv_rows kv = {dpos, dslot, cn};
+            float *gq = drows, *gkr = drows + (k - rows), *gvr = drows + (v - rows);
+            cr_assert_eq(gpu_rope_kv_rows(tk_g, gq, ldq, gkr, gvr, ldkv, B, &cache, nh, n_kv, hd, max_seq, dinv, &kv,
+                                          tk_s, &e),
+                         0, "%s", e.msg);
+            tk_poison(dout, (size_t)B * qd * 4);
+            cr_assert_eq(
+                gpu_attention_decode_rows(tk_g, dout, gq, ldq, &cache, B, nh, n_kv, hd, max_seq, &kv, tk_s, &e), 0,
+                "%s", e.msg);
+            // the CPU: rotate each row's q and k (q then k heads, as the GPU's rows)
+            float *att = malloc((size_t)B * qd * 4), *gatt = malloc((size_t)B * qd * 4), *grows = malloc((size_t)n * 4);
+            float *qk = malloc((size_t)(qd + kvd) * 4);
+            for (int b = 0; b < B; b++) {
+                memcpy(qk, q + b * ldq, (size_t)qd * 4), memcpy(qk + qd, k + b * ldkv, (size_t)kvd * 4);
+                cpu_rope(qk, nh + n_kv, hd, pos[b], inv);
+                memcpy(q + b * ldq, qk, (size_t)qd * 4), memcpy(k + b * ldkv, qk + qd, (size_t)kvd * 4);
+            }
+            char what[96];
+            const char *layout = fused ? "fused" : "blocks";
+            snprintf(what, sizeof what, "decode rows (%s, %s): rotated q, k", dj_kv_name(kt), layout);
+            tk_down(grows, drows, (size_t)n * 4);
+            tk_close(grows, rows, n, 1e-6, what);
+            // each row's slot, from the GPU's rotated k and its v, stored as kvtype.h says
+            for (int b = 0; b < B; b++)
+                for (int64_t h = 0; h < n_kv; h++)
+                    for (int w = 0; w < 2; w++) {
+                        float *dst = (w ? vc : kc) + slot[b] * cn + (h * max_seq + pos[b]) * hd;
+                        memcpy(dst, grows + (w ? v - rows : k - rows) + b * ldkv + h * hd, (size_t)hd * 4);
+                        tk_kv_row(kt, dst, hd, row_bytes, &row_scale);
+                    }
+            for (int b = 0; b < B; b++)
+                cpu_attention(att + b * qd, q + b * ldq, kc + slot[b] * cn, vc + slot[b] * cn, nh, n_kv, hd, pos[b],
+                              max_seq);
+            tk_kv_down(&cache, gk, gvc, all, hd);
+            snprintf(what, sizeof what, "decode rows (%s, %s): caches", dj_kv_name(kt), layout);
+            tk_close(gk, kc, all, 0, what);
+            tk_close(gvc, vc, all, 0, what);
+            snprintf(what, sizeof what, "decode rows (%s, %s): attention", dj_kv_name(kt), layout);
+            tk_down(gatt, dout, (size_t)B * qd * 4);
+            tk_close(gatt, att, B * qd, 1e-5, what);
+            tk_kv_free(&cache), gpu_free(drows), gpu_free(dinv), gpu_free(dout), gpu_free(dpos), gpu_free(dslot);
+            free(rows), free(att), free(gatt), free(grows), free(qk);
         }
-        for (int b = 0; b < B; b++)
-            cpu_attention(att + b * qd, q + b * ldq, kc + slot[b] * cn, vc + slot[b] * cn, nh, n_kv, hd, pos[b], max_seq);
-        char what[96];
-        snprintf(what, sizeof what, "decode rows (%s): rotated q, k", fused ? "fused rows" : "blocks");
-        tk_down(grows, drows, (size_t)n * 4);
-        tk_close(grows, rows, n, 1e-6, what);
-        snprintf(what, sizeof what, "decode rows (%s): caches", fused ? "fused rows" : "blocks");
-        tk_down(got, dk, (size_t)all * 4);
-        tk_close(got, kc, all, 1e-6, what);
-        tk_down(got, dv, (size_t)all * 4);
-        tk_close(got, vc, all, 1e-6, what);
-        snprintf(what, sizeof what, "decode rows (%s): attention", fused ? "fused rows" : "blocks");
-        tk_down(gatt, dout, (size_t)B * qd * 4);
-        tk_close(gatt, att, B * qd, 1e-5, what);
-        gpu_free(drows), gpu_free(dk), gpu_free(dv), gpu_free(dinv), gpu_free(dout), gpu_free(dpos), gpu_free(dslot);
-        free(rows), free(att), free(gatt), free(grows), free(qk);
-    }
-    free(kc), free(vc), free(got);
+    free(kc), free(vc), free(gk), free(gvc);
     tk_end("decode_rows");
+}
+
+// The cache types' rows as the kernels store them (gpu_kv_write, gpu_rope_kv), byte for byte what kvtype.h's rule
+// gives on the CPU (dj_f32_to_f16, dj_kv_q8_row): rows of random values, an all-zero row, rows holding a NaN or an
+// infinity, values at the f16 rounding ties, for head_dims whose rows are and are not 16-byte multiples.
+static void tk_kv_store_case(int kt, int64_t n_kv, int64_t hd, int64_t T, int64_t pos0, int rope) {
+    dj_err e;
+    const int64_t nh = 2 * n_kv, max_seq = pos0 + T + 3, kvd = n_kv * hd, ld = nh * hd + 2 * kvd;
+    const int64_t cn = n_kv * max_seq * hd;
+    const size_t eb = dj_kv_elem_bytes(kt);
+    float *rows = malloc((size_t)(T * ld) * 4), *inv = malloc((size_t)hd / 2 * 4);
+    dj_config c = {0};
+    c.head_dim = (uint32_t)hd, c.rope_theta = 10000.0f;
+    cpu_rope_freqs(&c, inv);
+    tk_fill(rows, T * ld, 4.0f);
+    float *k0 = rows + nh * hd;  // the first row's k heads: the special values
+    for (int64_t d = 0; d < hd; d++) k0[d] = 0.0f;  // an all-zero row (head 0)
+    if (n_kv > 1) k0[hd + 1] = NAN, k0[hd + 3] = INFINITY;                       // head 1: a NaN and an infinity
+    if (T > 1) rows[ld + nh * hd] = 1.0f + 1.0f / 2048, rows[ld + nh * hd + 1] = 1.0f + 3.0f / 2048;  // f16 ties
+    float *drows = tk_up(rows, (size_t)(T * ld) * 4), *dinv = tk_up(inv, (size_t)hd / 2 * 4);
+    uint8_t *zero = calloc((size_t)cn, eb > 4 ? eb : 4);
+    gpu_kv_cache kv = {tk_up(zero, (size_t)cn * eb), tk_up(zero, (size_t)cn * eb), NULL, NULL, kt};
+    if (kt == DJ_KV_Q8) kv.ks = tk_up(zero, (size_t)(cn / hd) * 4), kv.vs = tk_up(zero, (size_t)(cn / hd) * 4);
+    int32_t *dpos = tk_pos((int32_t)pos0);
+    int rc = rope ? gpu_rope_kv(tk_g, drows, ld, T, &kv, nh, n_kv, hd, max_seq, dinv, dpos, tk_s, &e)
+                  : gpu_kv_write(&kv, drows + nh * hd, drows + nh * hd + kvd, ld, T, n_kv, hd, max_seq, dpos, tk_s, &e);
+    char what[160];
+    snprintf(what, sizeof what, "%s %s n_kv=%lld head_dim=%lld T=%lld pos0=%lld", rope ? "rope_kv" : "kv_write",
+             dj_kv_name(kt), (long long)n_kv, (long long)hd, (long long)T, (long long)pos0);
+    cr_assert_eq(rc, 0, "%s: %s", what, e.msg);
+    tk_down(rows, drows, (size_t)(T * ld) * 4);  // k rotated by the GPU (rope_kv): what its cache rows hold
+    uint8_t *got = malloc((size_t)cn * eb), *want = malloc((size_t)hd * eb);
+    float *gs = malloc((size_t)(cn / hd) * 4), ws, *x = malloc((size_t)hd * 4);
+    for (int w = 0; w < 2; w++) {
+        tk_down(got, w ? kv.v : kv.k, (size_t)cn * eb);
+        if (kt == DJ_KV_Q8) tk_down(gs, w ? kv.vs : kv.ks, (size_t)(cn / hd) * 4);
+        for (int64_t t = 0; t < T; t++)
+            for (int64_t h = 0; h < n_kv; h++) {
+                memcpy(x, rows + t * ld + nh * hd + w * kvd + h * hd, (size_t)hd * 4);
+                tk_kv_row(kt, x, hd, want, &ws);
+                const int64_t r = h * max_seq + pos0 + t;
+                cr_expect(!memcmp(got + r * hd * eb, want, (size_t)hd * eb), "%s: %s row t=%lld head %lld differs",
+                          what, w ? "v" : "k", (long long)t, (long long)h);
+                if (kt == DJ_KV_Q8)
+                    cr_expect(!memcmp(&gs[r], &ws, 4), "%s: %s row t=%lld head %lld: scale %g, want %g", what,
+                              w ? "v" : "k", (long long)t, (long long)h, gs[r], ws);
+            }
+    }
+    tk_kv_free(&kv), gpu_free(drows), gpu_free(dinv), gpu_free(dpos);
+    free(rows), free(inv), free(zero), free(got), free(want), free(gs), free(x);
+}
+
+Test(kernels, kv_types_stored_as_kvtype_says) {
+    tk_start("kv_types_stored_as_kvtype_says");
+    for (int kt = 0; kt < DJ_KV_TYPES; kt++)
+        for (int rope = 0; rope < 2; rope++) {
+            tk_kv_store_case(kt, 3, 48, 5, 10, rope);
+            tk_kv_store_case(kt, 2, 128, 3, 0, rope);
+            tk_kv_store_case(kt, 2, 10, 4, 7, rope);   // q8 rows of 10 bytes, f16 rows of 20
+            tk_kv_store_case(kt, 1, 256, 2, 50, rope);
+        }
+    tk_end("kv_types_stored_as_kvtype_says");
+}
+
+// Decode and prefill (both kernels) over f16 and q8 caches against the CPU over what the caches' rows widen to: the
+// kernels read each type's bytes and scales right, at every alignment a row can have.
+Test(kernels, attention_kv_types, .timeout = 600) {
+    tk_start("attention_kv_types");
+    for (int kt = DJ_KV_F16; kt < DJ_KV_TYPES; kt++) {
+        static const int64_t hds[] = {128, 64, 48, 24, 10};
+        for (size_t hi = 0; hi < 5; hi++) {
+            tk_decode_case_kt(kt, 4, 2, hds[hi], 300, 0);
+            tk_decode_case_kt(kt, 1, 2, hds[hi], 1, 0);
+            gpu_set_tc_attn(tk_g, 0);
+            tk_prefill_case_kt(kt, 2, 2, hds[hi], 70, 30, 1e-5);
+            gpu_set_tc_attn(tk_g, 1);
+            tk_prefill_case_kt(kt, 2, 2, hds[hi], 70, 30, 3e-5);  // the tensor cores where hd allows (not 24, 10)
+        }
+        tk_decode_case_kt(kt, 8, 1, 128, 4096, 0);
+        tk_decode_case_kt(kt, 3, 2, 256, 1000, 0);
+        tk_decode_case_kt(kt, 4, 2, 128, 257, 4096);
+        tk_prefill_case_kt(kt, 4, 2, 128, 512, 0, 3e-5);
+        tk_prefill_case_kt(kt, 1, 1, 256, 100, 37, 3e-5);
+    }
+    tk_end("attention_kv_types");
 }
 
 // Decode captured once as a graph (RoPE on q and k, KV write, attention), replayed with only the
@@ -1042,8 +1200,10 @@ Test(kernels, decode_graph_replay) {
     cudaGraphExec_t exec;
     cr_assert_eq(gpu_graph_begin(tk_s, &e), 0, "%s", e.msg);
     cr_assert_eq(gpu_rope(drow, 1, nh + n_kv, hd, ld, dinv, dpos, tk_s, &e), 0, "%s", e.msg);
-    cr_assert_eq(gpu_kv_write(dk, dv, drow + qd, drow + qd + kvd, ld, 1, n_kv, hd, max_seq, dpos, tk_s, &e), 0, "%s", e.msg);
-    cr_assert_eq(gpu_attention_decode(tk_g, dout, drow, dk, dv, nh, n_kv, hd, max_seq, dpos, tk_s, &e), 0, "%s", e.msg);
+    const gpu_kv_cache kv = tk_kv32(dk, dv);
+    cr_assert_eq(gpu_kv_write(&kv, drow + qd, drow + qd + kvd, ld, 1, n_kv, hd, max_seq, dpos, tk_s, &e), 0, "%s",
+                 e.msg);
+    cr_assert_eq(gpu_attention_decode(tk_g, dout, drow, &kv, nh, n_kv, hd, max_seq, dpos, tk_s, &e), 0, "%s", e.msg);
     cr_assert_eq(gpu_graph_end(tk_s, &exec, &e), 0, "%s", e.msg);
     for (int32_t pos = 0; pos < 520; pos++) {
         tk_fill(row, ld, 2.0f);

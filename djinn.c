@@ -130,8 +130,9 @@ static void usage(FILE *f) {
             "                   printed on stderr); same seed, same text\n"
             "  -c CTX           context size in tokens: the KV cache length (default: the model's\n"
             "                   max_position_embeddings where its KV cache takes at most a quarter of the GPU's\n"
-            "                   memory, or of the host's available memory on the CPU; else the multiple of 256\n"
-            "                   that does, said on stderr; -c may go up to max_position_embeddings)\n"
+            "                   memory and what the model's weights leave of it (room for 4096 positions at\n"
+            "                   least), or a quarter of the host's available memory on the CPU; else the multiple\n"
+            "                   of 256 that does, said on stderr; -c may go up to max_position_embeddings)\n"
             "  --kv-type T      the KV cache's elements: " DJ_KV_NAMES " (default %s; q8: int8 values with a scale\n"
             "                   per head and position, about a quarter of f32's bytes)\n"
             "  --ring-gb G      GPU memory for weights, in GB (1e9 bytes): layers that fit stay resident, the rest\n"
@@ -465,17 +466,37 @@ static int parse_args(int argc, char **argv, dj_opts *o) {
 }
 
 // ---- engines
-// The context without -c: the model's max_seq_len where its KV cache of kv_type takes at most a quarter of the
-// engine's memory (kvsize.h), else the multiple of 256 that does, said in one line.
-static int64_t default_context(const dj_config *c, int kv_type, int gpu) {
+// The context without -c: the model's max_seq_len where its KV cache of kv_type fits the memory it may take, else
+// the multiple of 256 that does, said in one line. That memory: a quarter of the engine's (kvsize.h); on the GPU no
+// more than what the model's weights leave of it (a margin kept), so that a default context never takes room that
+// would hold layers resident, though always room for DEFAULT_CTX_FLOOR positions (the engine streams what no longer
+// fits, as it did with the old default).
+#define DEFAULT_CTX_FLOOR 4096
+#define DEFAULT_CTX_MARGIN (2ull << 30)  // GPU memory kept for activations, scratch and cuBLAS beside weights and KV
+static int64_t default_context(const dj_model *m, int kv_type, int gpu) {
+    const dj_config *c = &m->info.config;
     const char *mem;
-    const uint64_t budget = kv_budget(gpu, &mem), pos_bytes = engine_kv_pos_bytes(c, kv_type);
+    uint64_t budget = kv_budget(gpu, &mem);
+    const uint64_t pos_bytes = engine_kv_pos_bytes(c, kv_type);
+    char why[96];
+    snprintf(why, sizeof why, "a quarter of %s", mem);
     if (!budget) return c->max_seq_len;  // the memory is unknown: the engine's own allocation says if it fits
+    if (gpu) {
+        const uint64_t total = budget * KV_MEM_SHARE, used = m->info.file_size + DEFAULT_CTX_MARGIN;
+        const uint64_t left = total > used ? total - used : 0;
+        const uint64_t floor = pos_bytes * (uint64_t)(c->max_seq_len < DEFAULT_CTX_FLOOR ? c->max_seq_len
+                                                                                          : DEFAULT_CTX_FLOOR);
+        const uint64_t room = left > floor ? left : floor;
+        if (room < budget) {
+            budget = room;
+            snprintf(why, sizeof why, "what the model's weights leave of the GPU's memory");
+        }
+    }
     int64_t ctx = kv_fit_context(pos_bytes, 1, budget, c->max_seq_len);
     if (ctx < (int64_t)c->max_seq_len)
-        fprintf(stderr, "djinn: context %" PRId64 " of the model's %u: its KV cache (%.3g GB, %s) takes at most a "
-                        "quarter of %s, %.3g GB (-c to change)\n", ctx, c->max_seq_len,
-                (double)pos_bytes * (double)ctx / 1e9, dj_kv_name(kv_type), mem, (double)budget / 1e9);
+        fprintf(stderr, "djinn: context %" PRId64 " of the model's %u: its KV cache (%.3g GB, %s) takes at most %s, "
+                        "%.3g GB (-c to change)\n", ctx, c->max_seq_len, (double)pos_bytes * (double)ctx / 1e9,
+                dj_kv_name(kv_type), why, (double)budget / 1e9);
     return ctx;
 }
 
@@ -1324,7 +1345,7 @@ int main(int argc, char **argv) {
         rc = EXIT_USAGE;
         goto done;
     }
-    if (!o.ctx && !o.check_path && !o.tokenize) o.ctx = default_context(c, o.kv_type, m.for_gpu);
+    if (!o.ctx && !o.check_path && !o.tokenize) o.ctx = default_context(&m, o.kv_type, m.for_gpu);
     if ((o.dump_path || o.n_steers) && (rc = make_probe(&m, &o, &out, &e))) goto done;
     rc = EXIT_ERR;
     if (o.check_path) {

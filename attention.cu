@@ -164,21 +164,74 @@ __global__ __launch_bounds__(PF_THREADS) void attn_prefill_kernel(float *out, in
 
 static size_t tc_smem(int hd) { return (size_t)4 * TC_BK * (hd + 8) * sizeof(__nv_bfloat16); }
 
-__device__ __forceinline__ uint32_t bf2_bits(__nv_bfloat162 v) { return *(uint32_t *)&v; }
-
-// (a, b) -> hi = bf16(a, b), lo = bf16 of what hi missed; a in the low half, as the fragments want it.
-__device__ __forceinline__ void split_bf16x2(float a, float b, uint32_t *hi, uint32_t *lo) {
-    const __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
-    const float2 hf = __bfloat1622float2(h);
-    *hi = bf2_bits(h);
-    *lo = bf2_bits(__floats2bfloat162_rn(a - hf.x, b - hf.y));
+// Two floats as a pair of 16-bit halves (F16: f16, else bf16), rounded to nearest; a in the low half, as the
+// fragments want it; and such a pair back to floats.
+template <bool F16> __device__ __forceinline__ uint32_t pack2(float a, float b) {
+    uint32_t u;
+    if constexpr (F16) {
+        const __half2 h = __floats2half2_rn(a, b);
+        u = *(const uint32_t *)&h;
+    } else {
+        const __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
+        u = *(const uint32_t *)&h;
+    }
+    return u;
+}
+template <bool F16> __device__ __forceinline__ float2 unpack2(uint32_t u) {
+    if constexpr (F16) return __half22float2(*(const __half2 *)&u);
+    else return __bfloat1622float2(*(const __nv_bfloat162 *)&u);
 }
 
+// (a, b) -> hi = the pair rounded, lo = what hi missed, rounded: hi + lo carries ~16 (bf16) or ~22 (f16) bits.
+template <bool F16> __device__ __forceinline__ void split_x2(float a, float b, uint32_t *hi, uint32_t *lo) {
+    *hi = pack2<F16>(a, b);
+    const float2 hf = unpack2<F16>(*hi);
+    *lo = pack2<F16>(a - hf.x, b - hf.y);
+}
+__device__ __forceinline__ void split_bf16x2(float a, float b, uint32_t *hi, uint32_t *lo) {
+    split_x2<false>(a, b, hi, lo);
+}
+
+// c += a.b on the tensor cores (m16n8k16, f32 accumulation), operands f16 (F16) or bf16.
+template <bool F16> __device__ __forceinline__ void mma16816(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
+    if constexpr (F16)
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                     "{%0,%1,%2,%3};\n"
+                     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    else
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                     "{%0,%1,%2,%3};\n"
+                     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
 __device__ __forceinline__ void mma_bf16(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-                 "{%0,%1,%2,%3};\n"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    mma16816<false>(c, a, b0, b1);
+}
+
+// A fragment row's value over the 4 lanes that hold it (lane 4 g + c, c = 0..3): its max, its sum.
+__device__ __forceinline__ float quad_max(float x) {
+    x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
+    return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+}
+__device__ __forceinline__ float quad_sum(float x) {
+    x += __shfl_xor_sync(0xffffffffu, x, 1);
+    return x + __shfl_xor_sync(0xffffffffu, x, 2);
+}
+
+// The A fragments of two query rows (lane 4 g + c: row qa is fragment row g, qb row g + 8; NULL: a zero row) over
+// KS k-steps of 16 dims, scaled, split (F16: f16, else bf16): k-step s covers dims 16s..16s+15.
+template <int KS, bool F16>
+__device__ __forceinline__ void q_frags(uint32_t qh[KS][4], uint32_t ql[KS][4], const float *qa, const float *qb,
+                                        float scale, int c) {
+#pragma unroll
+    for (int s = 0; s < KS; s++) {
+        const int d0 = 16 * s + 2 * c, d1 = d0 + 8;
+        split_x2<F16>(qa ? qa[d0] * scale : 0.0f, qa ? qa[d0 + 1] * scale : 0.0f, &qh[s][0], &ql[s][0]);
+        split_x2<F16>(qb ? qb[d0] * scale : 0.0f, qb ? qb[d0 + 1] * scale : 0.0f, &qh[s][1], &ql[s][1]);
+        split_x2<F16>(qa ? qa[d1] * scale : 0.0f, qa ? qa[d1 + 1] * scale : 0.0f, &qh[s][2], &ql[s][2]);
+        split_x2<F16>(qb ? qb[d1] * scale : 0.0f, qb ? qb[d1 + 1] * scale : 0.0f, &qh[s][3], &ql[s][3]);
+    }
 }
 
 // c += a.b in bf16x3, the small terms first.
@@ -190,7 +243,7 @@ __device__ __forceinline__ void mma_bf16x3(float c[4], const uint32_t ah[4], con
 }
 
 // Two B fragments (k 16 x n 8, n-tiles n0 and n0 + 8) of V^T from row-major V (keys x dims) in shared memory.
-__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t r[4], const __nv_bfloat16 *p) {
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t r[4], const void *p) {
     const unsigned a = (unsigned)__cvta_generic_to_shared(p);
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
@@ -216,18 +269,8 @@ __global__ __launch_bounds__(TC_THREADS) void attn_prefill_tc_kernel(float *out,
 
     // Q fragments (rows ta, tb), scaled, split: k-step s covers dims 16s..16s+15.
     uint32_t qh[KS][4], ql[KS][4];
-    {
-        const float *qa = q + (int64_t)ta * ldq + (int64_t)h * HD, *qb = q + (int64_t)tb * ldq + (int64_t)h * HD;
-        const bool oka = ta < T, okb = tb < T;
-#pragma unroll
-        for (int s = 0; s < KS; s++) {
-            const int d0 = 16 * s + 2 * c, d1 = d0 + 8;
-            split_bf16x2(oka ? qa[d0] * scale : 0.0f, oka ? qa[d0 + 1] * scale : 0.0f, &qh[s][0], &ql[s][0]);
-            split_bf16x2(okb ? qb[d0] * scale : 0.0f, okb ? qb[d0 + 1] * scale : 0.0f, &qh[s][1], &ql[s][1]);
-            split_bf16x2(oka ? qa[d1] * scale : 0.0f, oka ? qa[d1 + 1] * scale : 0.0f, &qh[s][2], &ql[s][2]);
-            split_bf16x2(okb ? qb[d1] * scale : 0.0f, okb ? qb[d1 + 1] * scale : 0.0f, &qh[s][3], &ql[s][3]);
-        }
-    }
+    q_frags<KS, false>(qh, ql, ta < T ? q + (int64_t)ta * ldq + (int64_t)h * HD : NULL,
+                       tb < T ? q + (int64_t)tb * ldq + (int64_t)h * HD : NULL, scale, c);
     float o[ND][4];
 #pragma unroll
     for (int n = 0; n < ND; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
@@ -275,10 +318,7 @@ __global__ __launch_bounds__(TC_THREADS) void attn_prefill_tc_kernel(float *out,
             mta = fmaxf(mta, fmaxf(sc[n][0], sc[n][1]));
             mtb = fmaxf(mtb, fmaxf(sc[n][2], sc[n][3]));
         }
-        mta = fmaxf(mta, __shfl_xor_sync(0xffffffffu, mta, 1));
-        mta = fmaxf(mta, __shfl_xor_sync(0xffffffffu, mta, 2));
-        mtb = fmaxf(mtb, __shfl_xor_sync(0xffffffffu, mtb, 1));
-        mtb = fmaxf(mtb, __shfl_xor_sync(0xffffffffu, mtb, 2));
+        mta = quad_max(mta), mtb = quad_max(mtb);
         // finite from the first tile on: key 0 <= last_a, last_b
         const float mna = fmaxf(ma, mta), mnb = fmaxf(mb, mtb);
         const float aa = expf(ma - mna), ab = expf(mb - mnb);  // m = -inf on the first tile: 0
@@ -321,10 +361,7 @@ __global__ __launch_bounds__(TC_THREADS) void attn_prefill_tc_kernel(float *out,
             for (int i = 0; i < 4; i++) o[2 * n2][i] += pv[0][i], o[2 * n2 + 1][i] += pv[1][i];
         }
     }
-    la += __shfl_xor_sync(0xffffffffu, la, 1);
-    la += __shfl_xor_sync(0xffffffffu, la, 2);
-    lb += __shfl_xor_sync(0xffffffffu, lb, 1);
-    lb += __shfl_xor_sync(0xffffffffu, lb, 2);
+    la = quad_sum(la), lb = quad_sum(lb);
     const float ia = 1.0f / la, ib = 1.0f / lb;
     float *oa = out + (int64_t)ta * ldo + (int64_t)h * HD, *ob = out + (int64_t)tb * ldo + (int64_t)h * HD;
 #pragma unroll
@@ -414,26 +451,34 @@ extern "C" int gpu_attention_prefill(dj_gpu *g, float *out, int64_t ldo, const f
 }
 
 // ---- decode: split-KV, then combine
-#define DEC_CHUNK 64    // the most keys a split takes (shared memory holds that many keys and values)
+#define DEC_CHUNK 64    // keys staged in shared memory at a time (a split loops over chunks of its keys)
 #ifndef DEC_SPLITS
-#define DEC_SPLITS 16   // splits a kv head aims at (dec_chunk)
+#define DEC_SPLITS 16   // splits a kv head aims at in a short context (dec_span)
 #endif
 #define DEC_G 8         // query heads of one kv head handled per block (more: blockIdx.z)
 #define DEC_THREADS 128
+#ifndef DEC_BLOCKS
+#define DEC_BLOCKS 1024     // split blocks a launch aims at in a deep context: several waves of 132 SMs
+#endif
+#define DEC_MAX_SPLITS 1024 // the most splits a row's kv head is given (dec_grid_splits: at most DEC_BLOCKS)
 
-// Keys a split takes at a context of pos + 1 keys: the smallest of 16, 32 and 64 that needs at most DEC_SPLITS
-// splits (and no more than the grid's n_splits, made for 64), so that a short context still spreads over about 16
-// blocks a kv head, while a long one keeps 64 (fewer partials to write and combine). Measured on an H200
-// (bench/results/gemv_rows, q4 Llama-3-8B, decode ms/token): 16 keys a split at every context took a short one's
-// step from 2.21 to 1.98 ms but a 2000-token one's from 2.60 to 2.97; 8 keys gained 1% more on the short one.
-static __device__ __forceinline__ int dec_chunk(int pos, int n_splits) {
-    for (int c = 16; c < DEC_CHUNK; c *= 2)
-        if ((pos + c) / c <= min(DEC_SPLITS, n_splits)) return c;
-    return DEC_CHUNK;
+// Keys a split takes at a context of n keys, with the grid's n_splits splits a kv head. A short context (up to
+// DEC_SPLITS chunks): the smallest of 16, 32 and 64 that needs at most DEC_SPLITS splits, so that it still spreads
+// over about 16 blocks a kv head while a longer one keeps 64 (fewer partials to write and combine); measured on an
+// H200 (bench/results/gemv_rows, q4 Llama-3-8B, decode ms/token): 16 keys a split at every context took a short
+// one's step from 2.21 to 1.98 ms but a 2000-token one's from 2.60 to 2.97. A deep context: whole chunks, as
+// few a split as spread it over every split of the grid (each split loops over its chunks).
+static __device__ __forceinline__ int dec_span(int n, int n_splits) {
+    if (n <= DEC_SPLITS * DEC_CHUNK) {
+        for (int c = 16; c < DEC_CHUNK; c *= 2)
+            if ((n + c - 1) / c <= min(DEC_SPLITS, n_splits)) return c;
+        if ((n + DEC_CHUNK - 1) / DEC_CHUNK <= n_splits) return DEC_CHUNK;
+    }
+    return DEC_CHUNK * ((n + DEC_CHUNK * n_splits - 1) / (DEC_CHUNK * n_splits));
 }
 
 // Copies n bytes from global src to shared dst with every copy in flight at once (cp.async), in 16-byte pieces where
-// both are 16-byte aligned and n a multiple of 16, else 4-byte, else byte by byte (plain loads). Then commit.
+// both are 16-byte aligned and n a multiple of 16, else 4-byte, else byte by byte (plain loads). The caller commits.
 static __device__ __forceinline__ void stage_bytes(void *dst, const void *src, int n) {
     const int tid = threadIdx.x;
     if ((((uintptr_t)src | (uintptr_t)dst | (uintptr_t)n) & 15) == 0) {
@@ -445,52 +490,59 @@ static __device__ __forceinline__ void stage_bytes(void *dst, const void *src, i
     } else {
         for (int i = tid; i < n; i += DEC_THREADS) ((char *)dst)[i] = ((const char *)src)[i];
     }
-    __pipeline_commit();
 }
 
 // One block per (split, kv head, row and group of <= 8 query heads: blockIdx.z = row * n_gz + group chunk). Row
 // b's query at q + b ldq, its position kv.pos[b], its caches kv.slot[b] * kv.slot_stride elements on (kv.slot
-// NULL: the caches given). The chunk's keys and values are staged in shared memory as stored (KT), widened where
-// read. Scores for the chunk go to shared memory, then softmax per head, then P.V; writes the unnormalised partial
-// output with its max and sum:
+// NULL: the caches given). The split's keys go through shared memory a chunk of 64 at a time, as stored (KT, widened
+// where read), the next chunk's copies in flight while this one is used when `stages` is 2; per chunk: scores, an
+// online softmax per head (running max and sum), P.V into registers. Writes the unnormalised partial output with its
+// max and sum:
 //   part_o (rows, n_heads, n_splits, head_dim), part_ml (rows, n_heads, n_splits, 2) = (max score, sum of exp).
-// PRECOND: head_dim even, <= 256; blockDim.x == DEC_THREADS.
+// PRECOND: head_dim even, <= 256; blockDim.x == DEC_THREADS; stages * dec_smem(head_dim, KT) bytes of dynamic
+// shared memory.
 template <int KT>
 __global__ __launch_bounds__(DEC_THREADS) void attn_decode_split_kernel(float *part_o, float *part_ml, const float *q,
                                                                        int64_t ldq, gpu_kv_cache c, int n_heads,
                                                                        int group, int n_gz, int head_dim, int max_seq,
-                                                                       int n_splits, float scale, gpu_kv_rows kv) {
+                                                                       int n_splits, int stages, float scale,
+                                                                       gpu_kv_rows kv) {
     typedef typename kv_elem<KT>::T E;
     __shared__ float sc[DEC_G * DEC_CHUNK];      // scores, then probabilities (g, key)
     __shared__ float red[DEC_THREADS * DEC_G];   // P.V partials across key slices
-    __shared__ float ml[DEC_G * 2];
-    __shared__ float kvs[2 * DEC_CHUNK];         // q8: the chunk's key scales, then its value scales
-    extern __shared__ __align__(16) unsigned char dec_kv[];  // the chunk's keys, then its values: (2, DEC_CHUNK, hd)
+    __shared__ float ml[DEC_G * 2];              // each head's running max and sum
+    __shared__ float alpha[DEC_G];               // each head's rescale of what is summed so far, this chunk
+    __shared__ float kvs[2][2 * DEC_CHUNK];      // q8: a stage's key scales, then its value scales
+    extern __shared__ __align__(16) unsigned char dec_kv[];  // per stage: keys, then values (2, DEC_CHUNK, hd)
     const int split = blockIdx.x, kvh = blockIdx.y, row = blockIdx.z / n_gz, g0 = (blockIdx.z - row * n_gz) * DEC_G;
     const int ng = min(DEC_G, group - g0), hd = head_dim;
     pdl_wait();
     pdl_trigger();
-    const int pos = min(kv.pos[row], max_seq - 1);
+    const int n = min(kv.pos[row], max_seq - 1) + 1;  // keys 0..pos
     const int64_t slot_off = kv.slot ? (int64_t)kv.slot[row] * kv.slot_stride : 0;  // elements
     q += row * ldq;
     part_o += (int64_t)row * n_heads * n_splits * head_dim, part_ml += (int64_t)row * n_heads * n_splits * 2;
-    const int chunk = dec_chunk(pos, n_splits), k0 = split * chunk;
-    if (k0 > pos) return;  // whole block: this split is beyond the context
-    const int nk = min(chunk, pos + 1 - k0);
+    const int span = dec_span(n, n_splits), k_begin = split * span;
+    if (k_begin >= n) return;  // whole block: this split is beyond the context
+    const int k_end = min(n, k_begin + span);
     const int h0 = kvh * group + g0;  // first query head of this block
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-    const int64_t row0 = slot_off / hd + (int64_t)kvh * max_seq + k0;  // the chunk's first cache row
-    const E *kb = (const E *)c.k + row0 * hd, *vb = (const E *)c.v + row0 * hd;
-    E *Ks = (E *)dec_kv, *Vs = Ks + DEC_CHUNK * hd;
-    float *Kss = kvs, *Vss = kvs + DEC_CHUNK;
+    const int64_t row0 = slot_off / hd + (int64_t)kvh * max_seq;  // the kv head's first cache row
+    const int stage_elems = 2 * DEC_CHUNK * hd;
 
-    // The chunk's keys and values (nk rows, contiguous in the cache) into shared memory with every copy in
-    // flight at once (cp.async): one memory round trip, where loads inside the loops below would be one per
-    // step. Rows past nk are never read, here or below.
-    stage_bytes(Ks, kb, nk * hd * (int)sizeof(E));
-    stage_bytes(Vs, vb, nk * hd * (int)sizeof(E));
-    if (KT == DJ_KV_Q8)
-        for (int j = tid; j < nk; j += DEC_THREADS) Kss[j] = c.ks[row0 + j], Vss[j] = c.vs[row0 + j];
+    // Chunk k0's keys and values (rows contiguous in the cache) and q8's scales into stage st: every copy in
+    // flight at once (cp.async), one memory round trip where loads inside the loops would be one per step.
+    auto stage = [&](int st, int k0) {
+        const int nk = min(DEC_CHUNK, k_end - k0);
+        E *Ks = (E *)dec_kv + st * stage_elems;
+        stage_bytes(Ks, (const E *)c.k + (row0 + k0) * hd, nk * hd * (int)sizeof(E));
+        stage_bytes(Ks + DEC_CHUNK * hd, (const E *)c.v + (row0 + k0) * hd, nk * hd * (int)sizeof(E));
+        __pipeline_commit();  // one group a stage
+        if (KT == DJ_KV_Q8)
+            for (int j = tid; j < nk; j += DEC_THREADS)
+                kvs[st][j] = c.ks[row0 + k0 + j], kvs[st][DEC_CHUNK + j] = c.vs[row0 + k0 + j];
+    };
+    stage(0, k_begin);
 
     // q in registers: lane holds dims lane + 32 i of each head
     float qr[DEC_G][HD_MAX / 32];
@@ -501,68 +553,99 @@ __global__ __launch_bounds__(DEC_THREADS) void attn_decode_split_kernel(float *p
             const int d = lane + 32 * i;
             qr[g][i] = (g < ng && d < hd) ? q[(int64_t)(h0 + g) * hd + d] : 0.0f;
         }
-    __pipeline_wait_prior(0);
-    __syncthreads();
-
-    // scores: warp per key, lanes across head_dim
-    for (int j = warp; j < nk; j += DEC_THREADS / 32) {
-        float kv[HD_MAX / 32];
-#pragma unroll
-        for (int i = 0; i < HD_MAX / 32; i++) {
-            const int d = lane + 32 * i;
-            kv[i] = d < hd ? kv_get<KT>(Ks, j * hd + d, kv_scale<KT>(Kss, j)) : 0.0f;
-        }
-#pragma unroll
-        for (int g = 0; g < DEC_G; g++) {
-            if (g >= ng) break;  // block-uniform
-            float p = 0.0f;
-#pragma unroll
-            for (int i = 0; i < HD_MAX / 32; i++) p += qr[g][i] * kv[i];
-            p = warp_sum(p);
-            if (lane == 0) sc[g * DEC_CHUNK + j] = p * scale;
-        }
-    }
-    __syncthreads();
-
-    // softmax over the chunk, warp per query head
-    for (int g = warp; g < ng; g += 4) {
-        float m = -INFINITY;
-        for (int j = lane; j < nk; j += 32) m = fmaxf(m, sc[g * DEC_CHUNK + j]);
-        m = warp_max(m);
-        float l = 0.0f;
-        for (int j = lane; j < nk; j += 32) {
-            const float p = expf(sc[g * DEC_CHUNK + j] - m);
-            sc[g * DEC_CHUNK + j] = p;
-            l += p;
-        }
-        l = warp_sum(l);
-        if (lane == 0) ml[2 * g] = m, ml[2 * g + 1] = l;
-    }
-    __syncthreads();
+    if (tid < DEC_G) ml[2 * tid] = -INFINITY, ml[2 * tid + 1] = 0.0f;
 
     // P.V: thread (slice, d) sums keys slice, slice + nsl, ... for dims d and d + 128
     const int dpt = hd >= DEC_THREADS ? DEC_THREADS : hd;  // threads per slice
     const int nsl = DEC_THREADS / dpt;                     // key slices
     const int sl = tid / dpt, dd = tid - sl * dpt;
+    const bool two = dd + DEC_THREADS < hd;
     float acc[2][DEC_G];
 #pragma unroll
     for (int g = 0; g < DEC_G; g++) acc[0][g] = acc[1][g] = 0.0f;
-    if (sl < nsl) {
-        const bool two = dd + DEC_THREADS < hd;
-#pragma unroll 4
-        for (int j = sl; j < nk; j += nsl) {
-            const float vsc = kv_scale<KT>(Vss, j);
-            const float v0 = kv_get<KT>(Vs, j * hd + dd, vsc);
-            const float v1 = two ? kv_get<KT>(Vs, j * hd + dd + DEC_THREADS, vsc) : 0.0f;
+
+    for (int k0 = k_begin, st = 0; k0 < k_end; k0 += DEC_CHUNK) {
+        const int nk = min(DEC_CHUNK, k_end - k0);
+        const bool more = k0 + DEC_CHUNK < k_end;
+        if (stages == 2 && more) {  // the next chunk's copies start now, into the other stage
+            stage(st ^ 1, k0 + DEC_CHUNK);
+            __pipeline_wait_prior(1);
+        } else {
+            __pipeline_wait_prior(0);
+        }
+        __syncthreads();  // this chunk staged by every thread
+        const E *Ks = (const E *)dec_kv + st * stage_elems, *Vs = Ks + DEC_CHUNK * hd;
+        const float *Kss = kvs[st], *Vss = kvs[st] + DEC_CHUNK;
+
+        // scores: warp per key, lanes across head_dim
+        for (int j = warp; j < nk; j += DEC_THREADS / 32) {
+            float kr[HD_MAX / 32];
+            const float ksc = kv_scale<KT>(Kss, j);
+#pragma unroll
+            for (int i = 0; i < HD_MAX / 32; i++) {
+                const int d = lane + 32 * i;
+                kr[i] = d < hd ? kv_get<KT>(Ks, j * hd + d, ksc) : 0.0f;
+            }
 #pragma unroll
             for (int g = 0; g < DEC_G; g++) {
-                if (g >= ng) break;
-                const float p = sc[g * DEC_CHUNK + j];
-                acc[0][g] += p * v0;
-                acc[1][g] += p * v1;
+                if (g >= ng) break;  // block-uniform
+                float p = 0.0f;
+#pragma unroll
+                for (int i = 0; i < HD_MAX / 32; i++) p += qr[g][i] * kr[i];
+                p = warp_sum(p);
+                if (lane == 0) sc[g * DEC_CHUNK + j] = p * scale;
             }
         }
+        __syncthreads();
+
+        // the online softmax, warp per query head: the running max, this chunk's probabilities, the running sum
+        for (int g = warp; g < ng; g += DEC_THREADS / 32) {
+            float m = -INFINITY;
+            for (int j = lane; j < nk; j += 32) m = fmaxf(m, sc[g * DEC_CHUNK + j]);
+            m = fmaxf(warp_max(m), ml[2 * g]);
+            float l = 0.0f;
+            for (int j = lane; j < nk; j += 32) {
+                const float p = expf(sc[g * DEC_CHUNK + j] - m);
+                sc[g * DEC_CHUNK + j] = p;
+                l += p;
+            }
+            l = warp_sum(l);
+            __syncwarp();  // every lane has read ml[2 g] before lane 0 rewrites it
+            if (lane == 0) {
+                const float a = expf(ml[2 * g] - m);  // the first chunk: exp(-inf) = 0
+                alpha[g] = a, ml[2 * g] = m, ml[2 * g + 1] = ml[2 * g + 1] * a + l;
+            }
+        }
+        __syncthreads();
+
+        if (sl < nsl) {
+#pragma unroll
+            for (int g = 0; g < DEC_G; g++) acc[0][g] *= alpha[g < ng ? g : 0], acc[1][g] *= alpha[g < ng ? g : 0];
+#pragma unroll 4
+            for (int j = sl; j < nk; j += nsl) {
+                const float vsc = kv_scale<KT>(Vss, j);
+                const float v0 = kv_get<KT>(Vs, j * hd + dd, vsc);
+                const float v1 = two ? kv_get<KT>(Vs, j * hd + dd + DEC_THREADS, vsc) : 0.0f;
+#pragma unroll
+                for (int g = 0; g < DEC_G; g++) {
+                    if (g >= ng) break;
+                    const float p = sc[g * DEC_CHUNK + j];
+                    acc[0][g] += p * v0;
+                    acc[1][g] += p * v1;
+                }
+            }
+        }
+        if (more) {
+            if (stages == 1) {
+                __syncthreads();  // this stage is read by every thread before it is overwritten
+                stage(0, k0 + DEC_CHUNK);
+            } else {
+                st ^= 1;
+            }
+        }
+        __syncthreads();  // sc, alpha and (two stages) the stage read here are rewritten by the next chunk
     }
+
     if (nsl > 1) {  // then hd <= 64... < 128: one dim per thread, reduce the slices in shared memory
         if (sl < nsl)
 #pragma unroll
@@ -580,43 +663,264 @@ __global__ __launch_bounds__(DEC_THREADS) void attn_decode_split_kernel(float *p
         for (int g = 0; g < ng; g++) {
             const int64_t base = ((int64_t)(h0 + g) * n_splits + split);
             part_o[base * hd + dd] = acc[0][g];
-            if (dd + DEC_THREADS < hd) part_o[base * hd + dd + DEC_THREADS] = acc[1][g];
+            if (two) part_o[base * hd + dd + DEC_THREADS] = acc[1][g];
             if (dd == 0) part_ml[2 * base] = ml[2 * g], part_ml[2 * base + 1] = ml[2 * g + 1];
         }
     }
 }
 
-// out (rows, n_heads, head_dim) from the partials of the splits that hold keys 0..pos. One block per (query head,
-// row).
-__global__ void attn_decode_combine_kernel(float *out, const float *part_o, const float *part_ml, int head_dim,
-                                           int max_seq, int n_splits, gpu_kv_rows kv) {
-    const int h = blockIdx.x, row = blockIdx.y, n_heads = gridDim.x;
+// ---- decode on the tensor cores, over an f16 cache
+// The same split and the same partials as attn_decode_split_kernel, with both products on the tensor cores
+// (mma.sync m16n8k16, f16 operands, f32 accumulation). The 16 rows of the A operand are the kv head's query heads
+// (group <= 8; the rest zero), so one block serves a kv head of a row. The cache's keys and values are f16 already:
+// each is one exact operand; the query (scaled) and the probabilities are split into an f16 high part and an f16
+// residual, two products each, so scores and outputs keep f32-class accuracy (the dropped term is ~2^-22 of each
+// product). Each of the 4 warps takes 16 keys of every 64-key chunk, with its own online softmax in registers (no
+// barrier inside a chunk); at the end the warps' partials are merged through shared memory. Chunks are staged with
+// cp.async into rows padded by 8 halves (fragment loads in distinct banks), two stages in flight.
+#define TD_WARPS 4
+#define TD_STAGES 2
+
+template <int HD> static size_t td_smem() { return (size_t)TD_STAGES * 2 * DEC_CHUNK * (HD + 8) * sizeof(__half); }
+
+__device__ __forceinline__ void split_f16x2(float a, float b, uint32_t *hi, uint32_t *lo) {
+    split_x2<true>(a, b, hi, lo);
+}
+__device__ __forceinline__ void mma_f16(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
+    mma16816<true>(c, a, b0, b1);
+}
+
+// PRECOND: HD % 16 == 0; group <= 8; blockDim.x == 32 TD_WARPS; td_smem<HD>() bytes of dynamic shared memory; the
+// cache f16 with 16-byte aligned rows.
+template <int HD>
+__global__ __launch_bounds__(32 * TD_WARPS) void attn_decode_tc_kernel(float *part_o, float *part_ml, const float *q,
+                                                                      int64_t ldq, gpu_kv_cache c, int n_heads,
+                                                                      int group, int max_seq, int n_splits,
+                                                                      float scale, gpu_kv_rows kv) {
+    constexpr int LD = HD + 8, KS = HD / 16, ND = HD / 8, PIECES = HD / 8;  // 16-byte pieces a row
+    extern __shared__ __align__(16) __half td_sm[];  // per stage: keys (64, LD), then values (64, LD)
+    const int split = blockIdx.x, kvh = blockIdx.y, row = blockIdx.z;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, cq = lane & 3;
     pdl_wait();
     pdl_trigger();
-    const int pos = min(kv.pos[row], max_seq - 1);
-    out += (int64_t)row * n_heads * head_dim;
-    part_o += (int64_t)row * n_heads * n_splits * head_dim, part_ml += (int64_t)row * n_heads * n_splits * 2;
-    const int ns = pos / dec_chunk(pos, n_splits) + 1;
-    const float *mlh = part_ml + (int64_t)h * n_splits * 2;
-    float m = -INFINITY;
-    for (int s = 0; s < ns; s++) m = fmaxf(m, mlh[2 * s]);
-    float l = 0.0f;
-    for (int s = 0; s < ns; s++) l += mlh[2 * s + 1] * expf(mlh[2 * s] - m);
-    const float inv = 1.0f / l;
-    for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
-        float o = 0.0f;
-        for (int s = 0; s < ns; s++) o += part_o[((int64_t)h * n_splits + s) * head_dim + d] * expf(mlh[2 * s] - m);
-        out[(int64_t)h * head_dim + d] = o * inv;
+    const int n = min(kv.pos[row], max_seq - 1) + 1;
+    const int64_t slot_off = kv.slot ? (int64_t)kv.slot[row] * kv.slot_stride : 0;
+    q += row * ldq;
+    part_o += (int64_t)row * n_heads * n_splits * HD, part_ml += (int64_t)row * n_heads * n_splits * 2;
+    const int span = dec_span(n, n_splits), k_begin = split * span;
+    if (k_begin >= n) return;
+    const int k_end = min(n, k_begin + span);
+    const int h0 = kvh * group;
+    const __half *kb = (const __half *)c.k + (slot_off / HD + (int64_t)kvh * max_seq) * HD;
+    const __half *vb = (const __half *)c.v + (slot_off / HD + (int64_t)kvh * max_seq) * HD;
+
+    // Chunk k0 into stage st: its rows' 16-byte pieces in flight at once; rows past the split's end zeroed (their
+    // probabilities are 0, and 0 times a stale NaN would not be).
+    auto stage = [&](int st, int k0) {
+        const int nk = min(DEC_CHUNK, k_end - k0);
+        __half *Ks = td_sm + st * 2 * DEC_CHUNK * LD, *Vs = Ks + DEC_CHUNK * LD;
+        for (int i = tid; i < DEC_CHUNK * PIECES; i += 32 * TD_WARPS) {
+            const int j = i / PIECES, p = (i - j * PIECES) * 8;
+            if (j < nk) {
+                __pipeline_memcpy_async(Ks + j * LD + p, kb + (int64_t)(k0 + j) * HD + p, 16);
+                __pipeline_memcpy_async(Vs + j * LD + p, vb + (int64_t)(k0 + j) * HD + p, 16);
+            } else {
+                const uint4 z = make_uint4(0, 0, 0, 0);
+                *(uint4 *)(Ks + j * LD + p) = z, *(uint4 *)(Vs + j * LD + p) = z;
+            }
+        }
+        __pipeline_commit();
+    };
+    stage(0, k_begin);
+
+    // Q fragments (rows g and g + 8: query heads h0 + g, h0 + g + 8 where < group), scaled, split: k-step s covers
+    // dims 16s..16s+15.
+    uint32_t qh[KS][4], ql[KS][4];
+    q_frags<KS, true>(qh, ql, g < group ? q + (int64_t)(h0 + g) * HD : NULL,
+                      g + 8 < group ? q + (int64_t)(h0 + g + 8) * HD : NULL, scale, cq);
+    float o[ND][4];
+#pragma unroll
+    for (int i = 0; i < ND; i++) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
+    float ma = -INFINITY, mb = -INFINITY, la = 0.0f, lb = 0.0f;  // rows g, g + 8: running max, partial sums
+    const int lrow = (lane & 7) + 8 * ((lane >> 3) & 1), lcol = 8 * (lane >> 4);
+
+    for (int k0 = k_begin, st = 0; k0 < k_end; k0 += DEC_CHUNK, st ^= 1) {
+        const bool more = k0 + DEC_CHUNK < k_end;
+        if (more) {
+            stage(st ^ 1, k0 + DEC_CHUNK);
+            __pipeline_wait_prior(1);
+        } else {
+            __pipeline_wait_prior(0);
+        }
+        __syncthreads();  // this chunk staged by every thread
+        const __half *Ks = td_sm + st * 2 * DEC_CHUNK * LD + 16 * warp * LD, *Vs = Ks + DEC_CHUNK * LD;
+        const int key0 = k0 + 16 * warp;  // this warp's 16 keys
+
+        // S (16 heads x 16 keys): n-tile t holds keys key0 + 8t .. key0 + 8t + 7
+        float sc[2][4];
+#pragma unroll
+        for (int t = 0; t < 2; t++) {
+            sc[t][0] = sc[t][1] = sc[t][2] = sc[t][3] = 0.0f;
+            const __half *kr = Ks + (8 * t + g) * LD + 2 * cq;
+#pragma unroll
+            for (int s = 0; s < KS; s++) {
+                const uint32_t b0 = *(const uint32_t *)(kr + 16 * s), b1 = *(const uint32_t *)(kr + 16 * s + 8);
+                mma_f16(sc[t], ql[s], b0, b1);
+                mma_f16(sc[t], qh[s], b0, b1);
+            }
+        }
+        // keys past the split's end out; the online softmax of rows g (sc[.][0..1]) and g + 8 (sc[.][2..3])
+        float mta = -INFINITY, mtb = -INFINITY;
+#pragma unroll
+        for (int t = 0; t < 2; t++) {
+            const int key = key0 + 8 * t + 2 * cq;
+            if (key >= k_end) sc[t][0] = sc[t][2] = -INFINITY;
+            if (key + 1 >= k_end) sc[t][1] = sc[t][3] = -INFINITY;
+            mta = fmaxf(mta, fmaxf(sc[t][0], sc[t][1]));
+            mtb = fmaxf(mtb, fmaxf(sc[t][2], sc[t][3]));
+        }
+        mta = quad_max(mta), mtb = quad_max(mtb);
+        const float mna = fmaxf(ma, mta), mnb = fmaxf(mb, mtb);
+        // a warp with no key yet (all of its keys past the end) keeps its state: exponents taken from 0, not -inf
+        const float ua = mna == -INFINITY ? 0.0f : mna, ub = mnb == -INFINITY ? 0.0f : mnb;
+        const float aa = expf(ma - ua), ab = expf(mb - ub);
+        ma = mna, mb = mnb;
+        float sa = 0.0f, sb = 0.0f;
+#pragma unroll
+        for (int t = 0; t < 2; t++) {
+            sc[t][0] = expf(sc[t][0] - ua), sc[t][1] = expf(sc[t][1] - ua);
+            sc[t][2] = expf(sc[t][2] - ub), sc[t][3] = expf(sc[t][3] - ub);
+            sa += sc[t][0] + sc[t][1], sb += sc[t][2] + sc[t][3];
+        }
+        la = la * aa + sa, lb = lb * ab + sb;
+        // P as A fragments (one k-step: the 16 keys), split
+        uint32_t ph[4], pl[4];
+        split_f16x2(sc[0][0], sc[0][1], &ph[0], &pl[0]);
+        split_f16x2(sc[0][2], sc[0][3], &ph[1], &pl[1]);
+        split_f16x2(sc[1][0], sc[1][1], &ph[2], &pl[2]);
+        split_f16x2(sc[1][2], sc[1][3], &ph[3], &pl[3]);
+        // O = O alpha + P V, two 8-wide dim tiles at a time (V^T fragments by ldmatrix.trans)
+#pragma unroll
+        for (int n2 = 0; n2 < ND / 2; n2++) {
+            uint32_t vf[4];
+            ldmatrix_x4_trans(vf, Vs + lrow * LD + 16 * n2 + lcol);
+            float pv[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
+            mma_f16(pv[0], pl, vf[0], vf[1]);
+            mma_f16(pv[0], ph, vf[0], vf[1]);
+            mma_f16(pv[1], pl, vf[2], vf[3]);
+            mma_f16(pv[1], ph, vf[2], vf[3]);
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                const float a = i < 2 ? aa : ab;
+                o[2 * n2][i] = o[2 * n2][i] * a + pv[0][i];
+                o[2 * n2 + 1][i] = o[2 * n2 + 1][i] * a + pv[1][i];
+            }
+        }
+        __syncthreads();  // every warp is done with this stage before it is refilled
+    }
+    la = quad_sum(la), lb = quad_sum(lb);
+
+    // the warps' partials merged: (max, sum) and O of each warp's rows into shared memory, then one thread per
+    // (head, dim) sums the warps at the largest max
+    float *wo = (float *)td_sm;                  // (TD_WARPS, 16, HD)
+    float *wml = wo + TD_WARPS * 16 * HD;        // (TD_WARPS, 16, 2)
+    float *wo_w = wo + warp * 16 * HD;
+#pragma unroll
+    for (int i = 0; i < ND; i++) {
+        const int d = 8 * i + 2 * cq;
+        wo_w[g * HD + d] = o[i][0], wo_w[g * HD + d + 1] = o[i][1];
+        wo_w[(g + 8) * HD + d] = o[i][2], wo_w[(g + 8) * HD + d + 1] = o[i][3];
+    }
+    if (cq == 0) {
+        float *ml_w = wml + warp * 32;
+        ml_w[2 * g] = ma, ml_w[2 * g + 1] = la, ml_w[2 * (g + 8)] = mb, ml_w[2 * (g + 8) + 1] = lb;
+    }
+    __syncthreads();
+    for (int i = tid; i < group * HD; i += 32 * TD_WARPS) {
+        const int r = i / HD, d = i - r * HD;
+        float m = -INFINITY;
+#pragma unroll
+        for (int w = 0; w < TD_WARPS; w++) m = fmaxf(m, wml[w * 32 + 2 * r]);
+        float l = 0.0f, acc = 0.0f;
+#pragma unroll
+        for (int w = 0; w < TD_WARPS; w++) {
+            const float f = expf(wml[w * 32 + 2 * r] - m);  // a warp without keys: exp(-inf) = 0
+            l += wml[w * 32 + 2 * r + 1] * f, acc += wo[(w * 16 + r) * HD + d] * f;
+        }
+        const int64_t base = (int64_t)(h0 + r) * n_splits + split;
+        part_o[base * HD + d] = acc;
+        if (d == 0) part_ml[2 * base] = m, part_ml[2 * base + 1] = l;
     }
 }
 
-static int64_t dec_splits(int64_t max_seq) { return (max_seq + DEC_CHUNK - 1) / DEC_CHUNK; }
-static size_t dec_smem(int hd, int kv_type) {  // a chunk's K and V as stored
+// The head_dims with a tensor-core decode kernel.
+#define TD_HDS(X) X(64) X(128)
+
+// out (rows, n_heads, head_dim) from the partials of the splits that hold keys 0..pos. One block per (query head,
+// row): the splits' weights exp(m_s - m) in shared memory (threads over splits), then each dim summed over the
+// splits (threads over dims, reads coalesced).
+__global__ __launch_bounds__(DEC_THREADS) void attn_decode_combine_kernel(float *out, const float *part_o,
+                                                                         const float *part_ml, int head_dim,
+                                                                         int max_seq, int n_splits, gpu_kv_rows kv) {
+    __shared__ float w[DEC_MAX_SPLITS];
+    __shared__ float red[DEC_THREADS / 32];
+    const int h = blockIdx.x, row = blockIdx.y, n_heads = gridDim.x, tid = threadIdx.x;
+    pdl_wait();
+    pdl_trigger();
+    const int n = min(kv.pos[row], max_seq - 1) + 1;
+    out += (int64_t)row * n_heads * head_dim;
+    part_o += (int64_t)row * n_heads * n_splits * head_dim, part_ml += (int64_t)row * n_heads * n_splits * 2;
+    const int span = dec_span(n, n_splits), ns = (n + span - 1) / span;
+    const float *mlh = part_ml + (int64_t)h * n_splits * 2;
+    float m = -INFINITY;
+    for (int s = tid; s < ns; s += DEC_THREADS) m = fmaxf(m, mlh[2 * s]);
+    m = warp_max(m);
+    if ((tid & 31) == 0) red[tid >> 5] = m;
+    __syncthreads();
+    static_assert(DEC_THREADS == 128, "the combine's max reads four warps' maxima");
+    m = fmaxf(fmaxf(red[0], red[1]), fmaxf(red[2], red[3]));
+    float l = 0.0f;
+    for (int s = tid; s < ns; s += DEC_THREADS) {
+        const float ws = expf(mlh[2 * s] - m);
+        w[s] = ws;
+        l += mlh[2 * s + 1] * ws;
+    }
+    l = block_sum(l);  // its barriers also order the writes of w before the reads below
+    const float inv = 1.0f / l;
+    const float *po = part_o + (int64_t)h * n_splits * head_dim;
+    for (int d = tid; d < head_dim; d += DEC_THREADS) {
+        float o0 = 0.0f, o1 = 0.0f;  // two chains: the loads of both in flight
+        int s = 0;
+        for (; s + 1 < ns; s += 2)
+            o0 += po[(int64_t)s * head_dim + d] * w[s], o1 += po[(int64_t)(s + 1) * head_dim + d] * w[s + 1];
+        if (s < ns) o0 += po[(int64_t)s * head_dim + d] * w[s];
+        out[(int64_t)h * head_dim + d] = (o0 + o1) * inv;
+    }
+}
+
+// Splits a kv head gets in a launch of B rows: DEC_SPLITS, more where the rows and heads leave the GPU short of
+// DEC_BLOCKS blocks, and never more than the context has chunks of 64 (every split then holds whole chunks).
+static int64_t dec_grid_splits(int64_t B, int64_t n_kv_heads, int64_t n_gz, int64_t max_seq) {
+    const int64_t want = (DEC_BLOCKS + B * n_kv_heads * n_gz - 1) / (B * n_kv_heads * n_gz);
+    const int64_t chunks = (max_seq + DEC_CHUNK - 1) / DEC_CHUNK;
+    int64_t ns = want > DEC_SPLITS ? want : DEC_SPLITS;
+    if (ns > chunks) ns = chunks;
+    return ns < 1 ? 1 : ns;
+}
+static size_t dec_smem(int hd, int kv_type) {  // a stage: a chunk's K and V as stored
     return 2 * dj_kv_elem_bytes(kv_type) * DEC_CHUNK * (size_t)hd;
 }
 
-extern "C" size_t gpu_attention_scratch(int64_t rows, int64_t n_heads, int64_t head_dim, int64_t max_seq) {
-    return (size_t)rows * (size_t)n_heads * (size_t)dec_splits(max_seq) * (size_t)(head_dim + 2) * sizeof(float);
+extern "C" size_t gpu_attention_scratch(int64_t rows, int64_t n_heads, int64_t n_kv_heads, int64_t head_dim,
+                                        int64_t max_seq) {
+    // any launch of up to `rows` rows: the largest rows * splits over them (not monotone in the rows, by a little)
+    const int64_t group = n_kv_heads > 0 ? n_heads / n_kv_heads : 1, n_gz = (group + DEC_G - 1) / DEC_G;
+    int64_t most = 0;
+    for (int64_t B = 1; B <= rows; B++) {
+        const int64_t u = B * dec_grid_splits(B, n_kv_heads > 0 ? n_kv_heads : 1, n_gz, max_seq);
+        if (u > most) most = u;
+    }
+    return (size_t)most * (size_t)n_heads * (size_t)(head_dim + 2) * sizeof(float);
 }
 
 static int attn_decode_launch(dj_gpu *g, const char *fn, float *out, const float *q, int64_t ldq,
@@ -624,22 +928,36 @@ static int attn_decode_launch(dj_gpu *g, const char *fn, float *out, const float
                               int64_t n_kv_heads, int64_t head_dim, int64_t max_seq, gpu_kv_rows kv, cudaStream_t s,
                               dj_err *e) {
     if (attn_check(fn, n_heads, n_kv_heads, head_dim, max_seq, e)) return -1;
-    const int64_t ns = dec_splits(max_seq), group = n_heads / n_kv_heads, n_gz = (group + DEC_G - 1) / DEC_G;
-    if (B < 1 || B * n_gz > 65535 || ns > INT32_MAX || (B > 1 && ldq < n_heads * head_dim))
+    const int64_t group = n_heads / n_kv_heads, n_gz = (group + DEC_G - 1) / DEC_G;
+    if (B < 1 || B * n_gz > 65535 || (B > 1 && ldq < n_heads * head_dim))
         return dj_fail(e, "%s: bad rows B=%lld ldq=%lld", fn, (long long)B, (long long)ldq);
-    if (scratch_need(g, gpu_attention_scratch(B, n_heads, head_dim, max_seq), s, e)) return -1;
+    const int64_t ns = dec_grid_splits(B, n_kv_heads, n_gz, max_seq);
+    if (scratch_need(g, gpu_attention_scratch(B, n_heads, n_kv_heads, head_dim, max_seq), s, e)) return -1;
     float *part_o = (float *)g->scratch, *part_ml = part_o + B * n_heads * ns * head_dim;
     dim3 grid((unsigned)ns, (unsigned)n_kv_heads, (unsigned)(B * n_gz));
     const float scale = 1.0f / sqrtf((float)head_dim);
+    if (c->type == DJ_KV_F16 && g->tc_attn && group <= DEC_G && !((uintptr_t)c->k & 15) && !((uintptr_t)c->v & 15) &&
+        (head_dim == 64 || head_dim == 128)) {
+        dim3 tgrid((unsigned)ns, (unsigned)n_kv_heads, (unsigned)B);
+#define TD_LAUNCH(HDV)                                                                                             \
+    if (head_dim == HDV)                                                                                           \
+        CUDA_CHECK(pdl_launch(attn_decode_tc_kernel<HDV>, tgrid, dim3(32 * TD_WARPS), td_smem<HDV>(), s, part_o,   \
+                              part_ml, q, ldq, *c, (int)n_heads, (int)group, (int)max_seq, (int)ns, scale, kv));
+        TD_HDS(TD_LAUNCH)
+#undef TD_LAUNCH
+        LAUNCH_CHECK("attn_decode_tc", s);
+    } else {
+    const int stages = 2 * dec_smem((int)head_dim, c->type) <= (size_t)g->dec_smem_max ? 2 : 1;
 #define DEC_LAUNCH(KT)                                                                                             \
-    CUDA_CHECK(pdl_launch(attn_decode_split_kernel<KT>, grid, dim3(DEC_THREADS), dec_smem((int)head_dim, KT), s,     \
-                          part_o, part_ml, q, ldq, *c, (int)n_heads, (int)group, (int)n_gz, (int)head_dim,           \
-                          (int)max_seq, (int)ns, scale, kv))
+    CUDA_CHECK(pdl_launch(attn_decode_split_kernel<KT>, grid, dim3(DEC_THREADS),                                  \
+                          stages * dec_smem((int)head_dim, KT), s, part_o, part_ml, q, ldq, *c, (int)n_heads,     \
+                          (int)group, (int)n_gz, (int)head_dim, (int)max_seq, (int)ns, stages, scale, kv))
     KV_SWITCH(c->type, DEC_LAUNCH)
 #undef DEC_LAUNCH
     LAUNCH_CHECK("attn_decode_split", s);
-    CUDA_CHECK(pdl_launch(attn_decode_combine_kernel, dim3((unsigned)n_heads, (unsigned)B), dim3(128), 0, s, out,
-                          part_o, part_ml, (int)head_dim, (int)max_seq, (int)ns, kv));
+    }
+    CUDA_CHECK(pdl_launch(attn_decode_combine_kernel, dim3((unsigned)n_heads, (unsigned)B), dim3(DEC_THREADS), 0, s,
+                          out, part_o, part_ml, (int)head_dim, (int)max_seq, (int)ns, kv));
     LAUNCH_CHECK("attn_decode_combine", s);
     return 0;
 }
@@ -676,12 +994,16 @@ int attention_setup(dj_gpu *g, dj_err *e) {
     int optin = 0;
     CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, g->device));
     // Decode stages a chunk's keys and values: 128 KiB at head_dim 256 (every device Djinn runs on has that).
-    if (dec_smem(HD_MAX, DJ_KV_F32) + 8 * 1024 > (size_t)optin)
+    // Decode stages a chunk's keys and values (two stages where they fit): at least one stage of f32 at head_dim 256
+    // (128 KiB; every device Djinn runs on has that) beside its static arrays (under 16 KiB).
+    const size_t dec_static = 16 * 1024;
+    if (dec_smem(HD_MAX, DJ_KV_F32) + dec_static > (size_t)optin)
         return dj_fail(e, "cuda: %s allows %d bytes of shared memory per block; decode attention needs %zu",
-                       g->name, optin, dec_smem(HD_MAX, DJ_KV_F32) + 8 * 1024);
+                       g->name, optin, dec_smem(HD_MAX, DJ_KV_F32) + dec_static);
+    g->dec_smem_max = optin - (int)dec_static;
 #define DEC_SET(KT)                                                                                                \
     CUDA_CHECK(cudaFuncSetAttribute(attn_decode_split_kernel<KT>, cudaFuncAttributeMaxDynamicSharedMemorySize,     \
-                                    (int)dec_smem(HD_MAX, KT)))
+                                    g->dec_smem_max))
     DEC_SET(DJ_KV_F32);
     DEC_SET(DJ_KV_F16);
     DEC_SET(DJ_KV_Q8);
@@ -721,5 +1043,10 @@ int tc_setup(dj_gpu *g, dj_err *e) {
     }
     TC_HDS(TC_SET)
 #undef TC_SET
+#define TD_SET(HDV)                                                                                               \
+    CUDA_CHECK(cudaFuncSetAttribute(attn_decode_tc_kernel<HDV>, cudaFuncAttributeMaxDynamicSharedMemorySize,       \
+                                    (int)td_smem<HDV>()));
+    TD_HDS(TD_SET)
+#undef TD_SET
     return 0;
 }

@@ -650,7 +650,7 @@ static gpu_sizes buffer_sizes(const dj_gpu_state *s) {
     uint64_t head = gpu_matmul_scratch(dj_lm_head_type(s->m), GPU_LOGIT_ROWS, (int64_t)dim);
     if (head > z.scratch) z.scratch = head;
     int64_t step = s->n_slots < s->max_batch ? s->n_slots : s->max_batch;  // rows of a step attending alone
-    uint64_t att = gpu_attention_scratch(step, c->n_heads, (int64_t)hd, s->max_seq);
+    uint64_t att = gpu_attention_scratch(step, c->n_heads, c->n_kv_heads, (int64_t)hd, s->max_seq);
     if (att > z.scratch) z.scratch = att;
     z.act += share_device_bytes(s);
     z.other = z.kv + z.act + z.scratch + (64ull << 20);

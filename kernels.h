@@ -58,13 +58,13 @@ void gpu_set_hold(dj_gpu *g, int (*release)(void *ctx, dj_err *e), void *ctx);
 // growing inside a capture is refused with an error.
 int gpu_reserve(dj_gpu *g, size_t bytes, dj_err *e);
 size_t gpu_matmul_scratch(uint32_t wtype, int64_t T, int64_t n_in);          // bytes gpu_matmul needs
-size_t gpu_attention_scratch(int64_t rows, int64_t n_heads, int64_t head_dim, int64_t max_seq);  // decode's
+size_t gpu_attention_scratch(int64_t rows, int64_t n_heads, int64_t n_kv_heads, int64_t head_dim,
+                             int64_t max_seq);  // decode's, for any launch of up to `rows` rows
 
 // ---- memory
 // cudaMalloc; on failure the message names `what`, the size, and the free/total device memory.
 int gpu_malloc(void **p, size_t bytes, const char *what, dj_err *e);
 void gpu_free(void *p);  // NULL is fine
-int gpu_mem_info(size_t *free_bytes, size_t *total_bytes, dj_err *e);
 int gpu_memset(void *p, int byte, size_t bytes, cudaStream_t s, dj_err *e);  // async on s
 // Copies: the *_async ones are ordered on s (and truly asynchronous only for pinned host memory);
 // the others are synchronous (the data has landed when they return) and ordered after nothing: call
@@ -256,9 +256,10 @@ int gpu_rope_kv_rows(dj_gpu *g, float *q, int64_t ldq, float *k, float *v, int64
                      const float *inv_freq, const gpu_kv_rows *kv, cudaStream_t s, dj_err *e);
 // Decode: one query per head at position pos = *d_pos over keys 0..pos, GQA (query head h reads kv head
 // h / (n_heads / n_kv_heads)), scale 1/sqrt(head_dim), f32 softmax. q, out (n_heads, head_dim).
-// Split across the KV length in chunks of 16, 32 or 64 keys (flash-decoding; the smallest that needs at most 16
-// splits a kv head, chosen on the device from pos), then a combine pass; the grid is sized by max_seq so a captured
-// graph serves every pos. Needs gpu_attention_scratch() bytes of scratch.
+// Split across the KV length (flash-decoding): a short context in splits of 16, 32 or 64 keys (the smallest that
+// needs at most 16 splits a kv head), a deep one over every split of the grid (enough to fill the GPU with the
+// rows and heads at hand), each looping over its keys 64 at a time with an online softmax; the split chosen on the
+// device from pos, so a captured graph serves every pos. Then a combine pass. Needs gpu_attention_scratch() bytes.
 // PRECOND: head_dim even, <= 256; n_heads % n_kv_heads == 0.
 int gpu_attention_decode(dj_gpu *g, float *out, const float *q, const gpu_kv_cache *c, int64_t n_heads,
                          int64_t n_kv_heads, int64_t head_dim, int64_t max_seq, const int32_t *d_pos, cudaStream_t s,
@@ -281,8 +282,9 @@ int gpu_attention_prefill(dj_gpu *g, float *out, int64_t ldo, const float *q, in
                           int64_t T, int64_t n_heads, int64_t n_kv_heads, int64_t head_dim,
                           int64_t max_seq, const int32_t *d_pos, cudaStream_t s, dj_err *e);
 
-// The tensor-core prefill kernel on (the default) or off (the FMA kernel for every head_dim); applies to later
-// gpu_attention_prefill calls.
+// The tensor-core attention kernels on (the default) or off (the FMA kernels for every head_dim and KV type);
+// applies to later gpu_attention_prefill and decode calls (decode: an f16 cache at head_dim 64 or 128, up to 8
+// query heads a kv head, has a tensor-core kernel).
 void gpu_set_tc_attn(dj_gpu *g, int on);
 int gpu_tc_attn_supported(const dj_gpu *g, int64_t head_dim);  // 1: that head_dim has the tensor-core kernel
 

@@ -82,6 +82,7 @@ struct dj_gpu {
     int prefill_max_hd;     // largest head_dim whose prefill tiles fit the device's shared memory
     int tc_attn;            // prefill attention on the tensor cores (bf16x3) where head_dim allows; default on
     int tc_optin;           // the device's opt-in shared memory per block
+    int dec_smem_max;       // dynamic shared memory decode attention may take a block (attention_setup)
     int qp_blocks;          // the persistent quantized GEMV's grid: QP_BPS blocks per SM where the device holds them
     int wgmma;              // qgemm.cu's Hopper kernel runs here (compute capability 9.0)
     int n_sm;               // multiprocessors (qgemm.cu's dispatch)

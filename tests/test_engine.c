@@ -39,6 +39,10 @@ static void te_gpu(int dtype, int streamed, double tol) {
     K = (te_kind){1, dtype, streamed, tol, DJ_KV_F32};
 }
 static void te_cpu_kv(int kv) { K = (te_kind){0, DJ_F32, 0, 0, kv}; }
+static void te_gpu_kv(int dtype, int streamed, double tol, int kv) {
+    te_gpu(dtype, streamed, tol);
+    K.kv = kv;
+}
 
 // stories260K converted in a fresh folder, loaded for the engine under test.
 static void te_load(dj_model *m) {
@@ -363,6 +367,8 @@ TE_CASES(engine_kv_q8, te_cpu_kv(DJ_KV_Q8))
 TE_CASES(engine_gpu_f32, te_gpu(DJ_F32, 0, 1e-4))
 TE_CASES(engine_gpu_q4_streamed, te_gpu(DJ_Q4, 1, 1e-2))
 TE_CASES(engine_gpu_f16, te_gpu(DJ_F16, 0, 2e-3))
+TE_CASES(engine_gpu_q4_kv_f16, te_gpu_kv(DJ_Q4, 0, 1e-2, DJ_KV_F16))
+TE_CASES(engine_gpu_f32_streamed_kv_q8, te_gpu_kv(DJ_F32, 1, 1e-4, DJ_KV_Q8))
 
 // A step_rows call refused after it computed a run's logits (the next slot's rows are not at consecutive positions)
 // frees everything it allocated: the heap's bytes in use (glibc's mallinfo2, the calling thread's arena) are what

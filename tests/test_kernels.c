@@ -1155,6 +1155,46 @@ Test(kernels, kv_types_stored_as_kvtype_says) {
     tk_end("kv_types_stored_as_kvtype_says");
 }
 
+// Deep contexts, where a split loops over several chunks of keys with the online softmax (the grid's splits are
+// fewer than the context's chunks): one row with 8 kv heads (128 splits a head) at 9000 and 20000 keys, each type,
+// head_dims whose stages fit twice (128, 64: two key slices a thread block) and once (f32 at 256); and rows of a
+// step in three slots at their own depths (gpu_attention_decode_rows), one of them shallow.
+Test(kernels, attention_decode_deep, .timeout = 600) {
+    tk_start("attention_decode_deep");
+    for (int kt = 0; kt < DJ_KV_TYPES; kt++) {
+        tk_decode_case_kt(kt, 4, 8, 128, 20000, 0);
+        tk_decode_case_kt(kt, 4, 8, 128, 9000, 20037);
+        tk_decode_case_kt(kt, 2, 8, 64, 12000, 0);
+    }
+    tk_decode_case_kt(DJ_KV_F32, 2, 8, 256, 10000, 0);
+    dj_err e;
+    const int64_t n_kv = 8, group = 4, nh = n_kv * group, hd = 128, max_seq = 9000, qd = nh * hd;
+    const int64_t cn = n_kv * max_seq * hd, all = 3 * cn;
+    const int32_t B = 3, slot[3] = {2, 0, 1}, pos[3] = {8999, 100, 5000};
+    for (int kt = 0; kt < DJ_KV_TYPES; kt++) {
+        float *kc = malloc((size_t)all * 4), *vc = malloc((size_t)all * 4), *q = malloc((size_t)B * qd * 4);
+        float *ref = malloc((size_t)B * qd * 4), *got = malloc((size_t)B * qd * 4);
+        tk_fill(kc, all, 1.0f), tk_fill(vc, all, 1.0f), tk_fill(q, B * qd, 3.0f);
+        gpu_kv_cache kv = tk_kv_up(kt, kc, vc, all, hd);
+        float *dq = tk_up(q, (size_t)B * qd * 4), *dout = tk_dev((size_t)B * qd * 4);
+        int32_t *dpos = tk_up(pos, sizeof pos), *dslot = tk_up(slot, sizeof slot);
+        gpu_kv_rows rows = {dpos, dslot, cn};
+        tk_poison(dout, (size_t)B * qd * 4);
+        cr_assert_eq(gpu_attention_decode_rows(tk_g, dout, dq, qd, &kv, B, nh, n_kv, hd, max_seq, &rows, tk_s, &e), 0,
+                     "%s", e.msg);
+        tk_down(got, dout, (size_t)B * qd * 4);
+        for (int b = 0; b < B; b++)
+            cpu_attention(ref + b * qd, q + b * qd, kc + slot[b] * cn, vc + slot[b] * cn, nh, n_kv, hd, pos[b],
+                          max_seq);
+        char what[96];
+        snprintf(what, sizeof what, "deep decode rows (%s)", dj_kv_name(kt));
+        tk_close(got, ref, B * qd, 1e-5, what);
+        tk_kv_free(&kv), gpu_free(dq), gpu_free(dout), gpu_free(dpos), gpu_free(dslot);
+        free(kc), free(vc), free(q), free(ref), free(got);
+    }
+    tk_end("attention_decode_deep");
+}
+
 // Decode and prefill (both kernels) over f16 and q8 caches against the CPU over what the caches' rows widen to: the
 // kernels read each type's bytes and scales right, at every alignment a row can have.
 Test(kernels, attention_kv_types, .timeout = 600) {
@@ -1162,14 +1202,16 @@ Test(kernels, attention_kv_types, .timeout = 600) {
     for (int kt = DJ_KV_F16; kt < DJ_KV_TYPES; kt++) {
         static const int64_t hds[] = {128, 64, 48, 24, 10};
         for (size_t hi = 0; hi < 5; hi++) {
-            tk_decode_case_kt(kt, 4, 2, hds[hi], 300, 0);
+            tk_decode_case_kt(kt, 4, 2, hds[hi], 300, 0);  // f16 at head_dim 64, 128: the tensor-core kernel
             tk_decode_case_kt(kt, 1, 2, hds[hi], 1, 0);
-            gpu_set_tc_attn(tk_g, 0);
+            gpu_set_tc_attn(tk_g, 0);  // the FMA kernels, decode and prefill
+            tk_decode_case_kt(kt, 4, 2, hds[hi], 300, 0);
             tk_prefill_case_kt(kt, 2, 2, hds[hi], 70, 30, 1e-5);
             gpu_set_tc_attn(tk_g, 1);
             tk_prefill_case_kt(kt, 2, 2, hds[hi], 70, 30, 3e-5);  // the tensor cores where hd allows (not 24, 10)
         }
         tk_decode_case_kt(kt, 8, 1, 128, 4096, 0);
+        tk_decode_case_kt(kt, 8, 3, 64, 2000, 0);  // a group of 8: every row of the tensor-core kernel's A but 8
         tk_decode_case_kt(kt, 3, 2, 256, 1000, 0);
         tk_decode_case_kt(kt, 4, 2, 128, 257, 4096);
         tk_prefill_case_kt(kt, 4, 2, 128, 512, 0, 3e-5);
@@ -1196,7 +1238,7 @@ Test(kernels, decode_graph_replay) {
     int32_t *dpos = tk_pos(0);
     cr_assert_eq(gpu_memset(dk, 0, (size_t)cn * 4, tk_s, &e), 0, "%s", e.msg);
     cr_assert_eq(gpu_memset(dv, 0, (size_t)cn * 4, tk_s, &e), 0, "%s", e.msg);
-    cr_assert_eq(gpu_reserve(tk_g, gpu_attention_scratch(1, nh, hd, max_seq), &e), 0, "%s", e.msg);
+    cr_assert_eq(gpu_reserve(tk_g, gpu_attention_scratch(1, nh, n_kv, hd, max_seq), &e), 0, "%s", e.msg);
     cudaGraphExec_t exec;
     cr_assert_eq(gpu_graph_begin(tk_s, &e), 0, "%s", e.msg);
     cr_assert_eq(gpu_rope(drow, 1, nh + n_kv, hd, ld, dinv, dpos, tk_s, &e), 0, "%s", e.msg);

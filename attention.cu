@@ -457,11 +457,13 @@ extern "C" int gpu_attention_prefill(dj_gpu *g, float *out, int64_t ldo, const f
 #endif
 #define DEC_G 8         // query heads of one kv head handled per block (more: blockIdx.z)
 #define DEC_THREADS 128
-// Split blocks a launch aims at in a deep context: about two a multiprocessor (132 on an H200), each then looping over
-// more keys. Measured there (bench/results/kv_depth, 8B q4 resident, f16 cache, ms a step at depth 0 / 8k / 32k):
-// 1024 blocks 1.77 / 2.64 / 4.18, 512 1.75 / 2.49 / 3.69, 256 2.0 (noise: depth 0 has no split) / 2.37 / 3.16.
+// Split blocks a launch aims at in a deep context: about four a multiprocessor (132 on an H200), each then looping
+// over more keys. Measured there (bench/results/kv_depth, 8B q4 resident, f16 cache, ms a step at depth 0 / 8k /
+// 32k): 1024 blocks 1.77 / 2.64 / 4.18, 512 1.75 / 2.49 / 3.69, 256 1.95 / 2.35 / 3.16, 128 1.96 / 2.44 / 3.39.
+// 256 is the deep contexts' best but costs a short one 0.2 ms (seen twice, not yet explained: at depth 0 every
+// configuration runs the same one block a kv head), so 512 until that is understood.
 #ifndef DEC_BLOCKS
-#define DEC_BLOCKS 256
+#define DEC_BLOCKS 512
 #endif
 #define DEC_MAX_SPLITS 1024 // the most splits a row's kv head is given (dec_grid_splits: at most DEC_BLOCKS)
 

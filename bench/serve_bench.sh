@@ -8,7 +8,8 @@
 # 2. concurrency: N = $CONCURRENCY (default "1 8 32 64") simultaneous greedy completions of $MAX_TOKENS (64) tokens,
 #    all resident and streamed at the minimum ring (-c 512, --parallel 64), each with --cpu-share 0 (the link
 #    alone) and, streamed, auto -> OUT_DIR/<case>_n<N>.json
-# 3. agents: --kv-gb sized for 32 sessions of 2048 positions, --parallel 32, $AGENTS (96) agents of $TURNS (4)
+# 3. agents: --kv-gb sized for 32 sessions of 2048 positions at f32 (64 at the f16 default), --parallel 32,
+#    $AGENTS (96) agents of $TURNS (4)
 #    chat turns of 200-token answers and 2-second tool waits (each parks its session while it waits); all resident
 #    -> OUT_DIR/agents.json
 # DTYPE (default f16) picks the weights; models live in $BENCH_WORK (default /tmp/djinn_qbench, shared with
@@ -83,10 +84,13 @@ for case in $CASES; do
 done
 
 if [ "$AGENTS" -gt 0 ]; then
+    # the --kv-gb of the f32 cache's days (32 slots): issue 47's comparison, the same memory holding twice the slots
+    # at the f16 default (KV_TYPE=f32 gives the old case)
     pos_bytes=$(python3 -c 'print(2 * 32 * 8 * 128 * 4)')  # Llama-3-8B: a position's K and V over every layer, f32
     kv_gb=$(python3 -c "print(32 * 2048 * $pos_bytes / 1e9)")
-    say "agents: djinn serve -c 2048 --kv-gb $kv_gb (32 slots) --parallel 32, $AGENTS agents"
-    if start_server "$OUT_DIR/agents_server.log" -c 2048 --kv-gb "$kv_gb" --parallel 32 --park-gb 64 --cpu-share 0; then
+    say "agents: djinn serve -c 2048 --kv-gb $kv_gb (32 slots at f32, 64 at f16) --parallel 32, $AGENTS agents"
+    if start_server "$OUT_DIR/agents_server.log" -c 2048 --kv-gb "$kv_gb" --kv-type "${KV_TYPE:-f16}" --parallel 32 \
+        --park-gb 64 --cpu-share 0; then
         timeout 1200 python3 bench/serve_client.py agents $PORT "$AGENTS" "$TURNS" 200 2 "$OUT_DIR/agents.json" ||
             echo "  agents FAILED"
         curl -s "http://127.0.0.1:$PORT/metrics" > "$OUT_DIR/agents_metrics.txt"

@@ -654,8 +654,9 @@ static void add_row(bt_sched *s, int64_t *n, int32_t slot, int64_t pos, int32_t 
 // One pass of the engine over every sequence past its prefill (its last token, after the token takes its place in
 // the text) and up to prefill_chunk prompt tokens of those still prefilling, in the order they joined: each
 // streamed weight crosses the link once a turn whatever the mix. The logits come back for the decoding sequences
-// and for each prompt completed; their next tokens are sampled here.
-static void turn(bt_sched *s) {
+// and for each prompt completed; their next tokens are sampled here. Returns the seconds the pass took, or -1 when
+// the turn had nothing to run.
+static double turn(bt_sched *s) {
     int64_t n = 0, budget = s->o.prefill_chunk;
     int32_t nw = 0, n_dec = 0, n_pf = 0;
     for (int32_t i = 0; i < s->n_active; i++) {
@@ -685,11 +686,12 @@ static void turn(bt_sched *s) {
         s->pf_job[n_pf] = j, s->pf_take[n_pf++] = take;
         budget -= take;
     }
-    if (!n) return;
+    if (!n) return -1;
     dj_err e = {{0}};
     double t0 = dj_now();
     int rc = s->eng->step_rows(s->eng->ctx, n, s->row_slot, s->row_pos, s->row_tok, nw, s->want, s->logits, &e);
-    *(n_dec ? &s->st.decode_s : &s->st.prefill_s) += dj_now() - t0;
+    const double pass_s = dj_now() - t0;
+    *(n_dec ? &s->st.decode_s : &s->st.prefill_s) += pass_s;
     if (n_dec) {
         s->st.steps++, s->st.step_rows += (uint64_t)n_dec;
         if (n_dec > s->st.max_rows) s->st.max_rows = n_dec;
@@ -699,7 +701,7 @@ static void turn(bt_sched *s) {
             if (s->pf_take[k] < (int64_t)s->pf_job[k]->n_ids - s->pf_job[k]->done || s->pf_job[k]->brk)
                 job_end(s, s->pf_job[k], NULL, e.msg);
         for (int32_t w = 0; w < nw; w++) job_end(s, s->want_job[w], NULL, e.msg);
-        return;
+        return pass_s;
     }
     for (int32_t k = 0; k < n_pf; k++) {  // the prompts' chunks are in their slots
         bt_job *j = s->pf_job[k];
@@ -725,12 +727,17 @@ static void turn(bt_sched *s) {
         }
         j->next = sampler_next(j->smp, s->logits + (size_t)w * (size_t)s->vocab);
     }
+    return pass_s;
 }
 
 void bt_step(bt_sched *s) {
+    const double t0 = dj_now();
     reap(s);
     admit(s);
-    turn(s);
+    const double pass_s = turn(s);
+    if (pass_s < 0) return;  // nothing ran: no turn to count
+    const double all = dj_now() - t0;
+    s->st.turns++, s->st.turn_s += all, s->st.turn_host_s += all > pass_s ? all - pass_s : 0;
 }
 
 // ---- sessions on request, statistics

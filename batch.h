@@ -125,6 +125,10 @@ typedef struct {
     int32_t max_rows;                         // the largest step
     uint64_t prompt_tokens, reused_tokens, prefill_tokens, gen_tokens;
     double prefill_s, decode_s;
+    // turns that ran a pass: their time (bt_step's, from admitting to sampling) and the part of it the host spent
+    // outside the engine's pass (the scheduler, sampling, the text)
+    uint64_t turns;
+    double turn_s, turn_host_s;
 } bt_stats;
 void bt_get_stats(const bt_sched *s, bt_stats *out);
 uint64_t bt_generated(const bt_sched *s);  // tokens generated so far

@@ -479,6 +479,11 @@ static void send_metrics(srv *s, srv_conn *c) {
     metric(&b, "decode_rows_max", "gauge", t.max_rows);
     metric(&b, "decode_seconds_total", "counter", t.decode_s);
     metric(&b, "decode_tokens_per_second", "gauge", t.decode_s > 0 ? (double)t.step_rows / t.decode_s : 0);
+    // the scheduler's turns that ran a pass, and the host's part of them (outside the engine's pass)
+    metric(&b, "turns_total", "counter", (double)t.turns);
+    metric(&b, "turn_seconds_total", "counter", t.turn_s);
+    metric(&b, "turn_host_seconds_total", "counter", t.turn_host_s);
+    metric(&b, "turn_host_fraction", "gauge", t.turn_s > 0 ? t.turn_host_s / t.turn_s : 0);
     metric(&b, "tokens_per_second", "gauge", (double)recent / 10.0);
     dj_gpu_stats g;
     if (engine_gpu_stats(&s->eng, &g)) {

@@ -673,6 +673,15 @@ static void ts_concurrent_clients(void) {
     }
     cr_assert_eq(ts_metric(&s, "decode_rows_max"), 4, "the step never ran four sequences together");
     cr_assert_eq(ts_metric(&s, "requests_total"), N);
+    // every turn that ran a pass is counted (at least the decode steps), its time holds the passes' and the host's
+    const double turns = ts_metric(&s, "turns_total"), turn_s = ts_metric(&s, "turn_seconds_total");
+    const double host_s = ts_metric(&s, "turn_host_seconds_total");
+    const double pass_s = ts_metric(&s, "decode_seconds_total") + ts_metric(&s, "prefill_seconds_total");
+    cr_assert_geq(turns, ts_metric(&s, "decode_steps_total"), "turns_total %g", turns);
+    cr_assert(host_s > 0 && turn_s >= pass_s + host_s - 1e-4 && turn_s <= pass_s + host_s + 1e-4,
+              "a turn's %g s are not its passes' %g s and the host's %g s", turn_s, pass_s, host_s);
+    const double frac = ts_metric(&s, "turn_host_fraction");
+    cr_assert(fabs(frac - host_s / turn_s) < 1e-3, "turn_host_fraction %g, not %g", frac, host_s / turn_s);
     ts_stop(&s);
     ts_teardown(&t);
 }

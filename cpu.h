@@ -125,5 +125,8 @@ void cpu_parked_free(dj_cpu_parked *p);
 void *cpu_parked_kv(dj_cpu_parked *p);
 // Probes (probe.h) after every layer of later passes; NULL: none. The caller keeps p alive meanwhile.
 void cpu_set_probe(dj_cpu_state *s, dj_probe *p);
+// Ctrl-C's flag (NULL: none): once set, a pass stops before its next layer with "interrupted", the positions it was
+// computing left undefined (the caller gives them up: the command line exits).
+void cpu_set_cancel(dj_cpu_state *s, const volatile sig_atomic_t *cancel);
 
 #endif

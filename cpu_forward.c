@@ -34,6 +34,7 @@ struct dj_cpu_state {
     float *hb, *hb2;   // (CPU_CHUNK, hidden_dim)
     cpu_kv_cache kv[2];  // the keys, the values
     dj_probe *probe;   // dumps and steering after layers (probe.h), or NULL
+    const volatile sig_atomic_t *cancel;  // Ctrl-C (cpu_set_cancel), or NULL
 };
 
 int64_t cpu_vocab(const dj_cpu_state *s) { return s->c.vocab_size; }
@@ -224,6 +225,7 @@ static int cpu_forward_rows(dj_cpu_state *s, const int32_t *tokens, int64_t T, c
     }
 
     for (uint32_t l = 0; l < c->n_layers; l++) {
+        if (s->cancel && *s->cancel) return dj_fail(e, "interrupted");  // a layer is the longest wait
         const uint8_t *slab = dj_layer_ptr(m, l);
         // attention block
         for (int64_t t = 0; t < T; t++)
@@ -268,6 +270,7 @@ static int cpu_forward_rows(dj_cpu_state *s, const int32_t *tokens, int64_t T, c
 }
 
 void cpu_set_probe(dj_cpu_state *s, dj_probe *p) { s->probe = p; }
+void cpu_set_cancel(dj_cpu_state *s, const volatile sig_atomic_t *cancel) { s->cancel = cancel; }
 
 static int cpu_check_slot(const dj_cpu_state *s, int32_t slot, dj_err *e) {
     if (slot < 0 || slot >= s->n_slots)

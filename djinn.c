@@ -41,11 +41,21 @@ _Static_assert(SPEC_K_MAX == 32, "--draft-max's message names SPEC_K_MAX");
 _Static_assert(KV_MEM_SHARE == 4, "the default context's line and --help say 'a quarter'");
 
 // Ctrl-C during generation stops after the current token, during loading within a read chunk (loader.h), during
-// set-up or prefill as that phase ends; a second one kills at once.
+// the engine's set-up, a prompt's prefill, --check's or --perplexity's passes within the engine (before its next
+// layer on the CPU; before its next unit's copy or its next pass of up to 4096 tokens on the GPU: dj_gpu_opts.cancel);
+// a chat turn's prefill and every decode step finish their pass. A second Ctrl-C kills at once.
 static volatile sig_atomic_t interrupted;
+static volatile sig_atomic_t cuttable, cut;  // a phase the engine may cut short runs; the engines' flag
 static void on_sigint(int sig) {
     interrupted = 1, dj_load_cancel = 1;  // a load stops within a chunk
+    cut = cuttable;
     signal(sig, SIG_DFL);
+}
+
+// Enters (1) or leaves (0) a phase the engine may cut short; one entered after a Ctrl-C is cut at once.
+static void cuttable_phase(int on) {
+    cuttable = on;
+    cut = on && interrupted;
 }
 
 // Tests deliver Ctrl-C at an exact point through DJINN_TEST_SIGINT_AT (a real SIGINT, through the handler):
@@ -506,7 +516,11 @@ static int open_engine(dj_engine *eng, const dj_model *m, const dj_opts *o, int6
                       .sync_copy = o->gpu.sync_copy, .no_graph = o->gpu.no_graph, .fma_attn = o->gpu.fma_attn,
                       .warm_rows = warm, .cpu_share = o->gpu.cpu_share, .trace = o->trace_path,
                       .trace_steps = (int)o->trace_steps, .kv_type = o->kv_type};
-    if (engine_open(eng, m, &go, 1, e)) return -1;
+    go.cancel = &cut;
+    cuttable_phase(1);
+    int rc = engine_open(eng, m, &go, 1, e);
+    cuttable_phase(0);
+    if (rc) return -1;
     return o->probe ? eng->set_probe(eng->ctx, o->probe, e) : 0;
 }
 
@@ -598,9 +612,8 @@ static int run_check(const dj_model *m, const dj_opts *o, dj_err *e) {
                 o->check_path, r.n_tokens, c->max_seq_len);
         goto out;
     }
-    if (open_engine(&eng, m, o, r.n_tokens, r.n_tokens, e)) goto out;
-    if (interrupted_during("the engine's setup")) {
-        rc = EXIT_INTERRUPTED;
+    if (open_engine(&eng, m, o, r.n_tokens, r.n_tokens, e) || interrupted) {
+        if (interrupted_during("the engine's setup")) rc = EXIT_INTERRUPTED;
         goto out;
     }
     logits = malloc(4ull * r.n_tokens * r.vocab);
@@ -609,7 +622,13 @@ static int run_check(const dj_model *m, const dj_opts *o, dj_err *e) {
         goto out;
     }
     double t0 = dj_now();
-    if (eng.forward(eng.ctx, 0, r.ids, r.n_tokens, 0, logits, 1, e)) goto out;
+    cuttable_phase(1);
+    int frc = eng.forward(eng.ctx, 0, r.ids, r.n_tokens, 0, logits, 1, e);
+    cuttable_phase(0);
+    if (frc || interrupted) {
+        if (interrupted_during("--check's pass")) rc = EXIT_INTERRUPTED;
+        goto out;
+    }
     double dt = dj_now() - t0;
     fprintf(stderr, "djinn: check: %u positions (%u prompt) in %.3f s on the %s\n", r.n_tokens, r.n_prompt, dt,
             eng.name);
@@ -653,12 +672,19 @@ static int run_perplexity(const dj_model *m, const dj_tokenizer *tok, const dj_o
         dj_fail(e, "out of memory for %lld x %lld logits", (long long)win, (long long)vocab);
         goto out;
     }
-    if (open_engine(&eng, m, o, ctx, win, e)) goto out;
+    if (open_engine(&eng, m, o, ctx, win, e) || interrupted) {
+        if (interrupted_during("the engine's setup")) rc = EXIT_INTERRUPTED;
+        goto out;
+    }
     double nll = 0, t0 = dj_now();
     int64_t scored = 0, windows = 0;
     for (int64_t w0 = 0; w0 + 1 < (int64_t)n_ids && !interrupted; w0 += ctx, windows++) {
         int64_t T = (int64_t)n_ids - w0 < ctx ? (int64_t)n_ids - w0 : ctx;
-        if (eng.forward(eng.ctx, 0, ids + w0, T, 0, logits, 1, e)) goto out;
+        cuttable_phase(1);
+        int frc = eng.forward(eng.ctx, 0, ids + w0, T, 0, logits, 1, e);
+        cuttable_phase(0);
+        if (frc && interrupted) break;  // the window cut short: the score of those before it
+        if (frc) goto out;
         for (int64_t t = 0; t + 1 < T; t++, scored++) {
             double v = check_nll(logits + t * vocab, vocab, ids[w0 + t + 1]);
             if (!isfinite(v)) {
@@ -667,6 +693,11 @@ static int run_perplexity(const dj_model *m, const dj_tokenizer *tok, const dj_o
             }
             nll += v;
         }
+    }
+    if (!scored && interrupted) {  // Ctrl-C before a window was scored
+        interrupted_during("--perplexity's first window");
+        rc = EXIT_INTERRUPTED;
+        goto out;
     }
     fprintf(stderr, "djinn: perplexity: %lld tokens in %lld windows of up to %lld, %.3f s on the %s\n",
             (long long)scored, (long long)windows, (long long)ctx, dj_now() - t0, eng.name);
@@ -810,6 +841,7 @@ typedef struct {
     int64_t n, n_gen;   // tokens in ids; of them generated
     double t_start, t_first, t_decode0;
     gen_stop stop;
+    int cut;            // the prefill was cut short by Ctrl-C: nothing to report or save
     dj_run_stats rs;
 } gen_run;
 
@@ -835,7 +867,8 @@ static int gen_open(gen_run *g, dj_err *e) {
     double t_setup = dj_now();
     if (o->draft_path && open_draft(&g->draft, g->m, g->tok, o, g->ctx, (int64_t)g->n_prompt, e))
         return interrupted_during("the draft's load") ? 1 : -1;  // first: all resident
-    if (open_engine(&g->eng, g->m, o, g->ctx, (int64_t)g->n_prompt, e)) return -1;
+    if (open_engine(&g->eng, g->m, o, g->ctx, (int64_t)g->n_prompt, e))
+        return interrupted_during("the engine's setup") ? 1 : -1;
     g->rs.setup_s = dj_now() - t_setup;
     fprintf(stderr, "djinn: %s engine set up in %.3f s%s; KV cache %.3g GB (%s) for a context of %" PRId64 "\n",
             g->eng.name, g->rs.setup_s,
@@ -868,14 +901,19 @@ static int gen_prefill(gen_run *g, dj_err *e) {
     test_sigint_before("prefill");
     if (g->o->load_session) {  // the session's KV cache, then the token after its text
         if (session_resume(&g->ses, &g->eng, 0, g->smp, g->logits, &g->cand, e)) return -1;
-    } else if (g->want_rows) {
-        if (g->eng.forward(g->eng.ctx, 0, g->ids, np, 0, g->logits, 1, e) ||
-            write_rows(g->out, g->logits, np, g->vocab, e))
-            return -1;
-        g->cand = sampler_next(g->smp, g->logits + (g->n_prompt - 1) * (size_t)g->vocab);
-    } else if (g->sp ? spec_prefill(g->sp, g->ids, np, &g->cand, e)
-                     : engine_next(&g->eng, g->smp, 0, g->ids, np, 0, g->logits, &g->cand, e)) {
-        return -1;
+    } else {
+        cuttable_phase(1);  // Ctrl-C cuts the prompt's passes short (the run then ends: its cache is not kept)
+        int rc = g->want_rows ? g->eng.forward(g->eng.ctx, 0, g->ids, np, 0, g->logits, 1, e)
+                 : g->sp      ? spec_prefill(g->sp, g->ids, np, &g->cand, e)
+                              : engine_next(&g->eng, g->smp, 0, g->ids, np, 0, g->logits, &g->cand, e);
+        cuttable_phase(0);
+        if (rc && interrupted) {
+            fprintf(stderr, "djinn: interrupted during the prompt's prefill (%zu tokens): nothing generated or "
+                            "written\n", g->n_prompt);
+            return g->cut = 1, g->stop = GEN_INTERRUPTED, 0;
+        }
+        if (rc || (g->want_rows && write_rows(g->out, g->logits, np, g->vocab, e))) return -1;
+        if (g->want_rows) g->cand = sampler_next(g->smp, g->logits + (g->n_prompt - 1) * (size_t)g->vocab);
     }
     double t_prefill = dj_now() - g->t_start;
     g->rs.prompt_tokens = np, g->rs.prefill_s = t_prefill;
@@ -1053,7 +1091,12 @@ static int run_generate(const dj_model *m, const dj_tokenizer *tok, const dj_opt
         return rc > 0 ? EXIT_INTERRUPTED : EXIT_ERR;
     }
     rc = EXIT_ERR;
-    if (gen_prefill(&g, e) || gen_decode(&g, e)) goto out;
+    if (gen_prefill(&g, e)) goto out;
+    if (g.cut) {  // Ctrl-C cut the prefill short: no text, no statistics of a prefill, no output file
+        rc = EXIT_INTERRUPTED;
+        goto out;
+    }
+    if (gen_decode(&g, e)) goto out;
     // --save-session: the last token's pass ran (and picked the next) when none was generated or the loop stopped
     // before sampling again; otherwise the last token is not fed yet (with --logits: fed, nothing picked)
     const int last_ran = g.n_gen == 0 || g.stop == GEN_INTERRUPTED || g.stop == GEN_CONTEXT_FULL;
@@ -1167,7 +1210,10 @@ static int run_chat(const dj_model *m, const dj_tokenizer *tok, const dj_opts *o
         dj_fail(e, "out of memory");
         goto out;
     }
-    if (open_engine(&g.eng, m, o, g.ctx, 16, e)) goto out;
+    if (open_engine(&g.eng, m, o, g.ctx, 16, e) || interrupted) {
+        if (interrupted_during("the engine's setup")) rc = EXIT_INTERRUPTED;
+        goto out;
+    }
     uint64_t seed = o->seed_given ? o->seed : fresh_seed();
     if (!(g.smp = sampler_new_with(vocab, &o->smp, seed, e))) goto out;
     fprintf(stderr, "djinn: chat, %s template, context %" PRId64 " tokens%s", chat_kind_name(kind), g.ctx,

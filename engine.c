@@ -66,6 +66,7 @@ int engine_open(dj_engine *eng, const dj_model *m, const dj_gpu_opts *go, int32_
     if (!m->for_gpu) {
         dj_cpu_state *s = cpu_state_new_slots(m, go->max_seq, n_slots, go->kv_type, e);
         if (!s) return -1;
+        cpu_set_cancel(s, go->cancel);
         *eng = (dj_engine){.name = "cpu", .is_gpu = 0, .ctx = s, .n_slots = n_slots, .kv_type = go->kv_type,
                            .max_seq = go->max_seq,
                            .forward = cpu_engine_forward, .pick = NULL, .step_rows = cpu_engine_rows,

@@ -491,8 +491,14 @@ int kv_slot_ok(const dj_gpu_state *s, int32_t slot, dj_err *e) {
     return 0;
 }
 
+// Ctrl-C (dj_gpu_opts.cancel): 1 with e set ("interrupted") once it came.
+static int cancelled(const dj_gpu_state *s, dj_err *e) {
+    return s->opts.cancel && *s->opts.cancel ? (dj_fail(e, "interrupted"), 1) : 0;
+}
+
 // A prompt longer than one pass takes several; each streams the weights once. The last one gives the logits or
-// the pick. A pass of one token is a decode step of one row (the graph serves every slot).
+// the pick. A pass of one token is a decode step of one row (the graph serves every slot). Ctrl-C stops it between
+// passes.
 static int forward(dj_gpu_state *s, int32_t slot, const int32_t *tokens, int64_t T, int64_t pos, float *logits,
                    int all, const pick_req *pk, dj_err *e) {
     const dj_config *c = &s->m->info.config;
@@ -504,6 +510,7 @@ static int forward(dj_gpu_state *s, int32_t slot, const int32_t *tokens, int64_t
         if (tokens[t] < 0 || (uint32_t)tokens[t] >= c->vocab_size)
             return dj_fail(e, "token id %d outside the vocabulary (%u)", tokens[t], c->vocab_size);
     for (int64_t t0 = 0; t0 < T; t0 += s->max_batch) {
+        if (cancelled(s, e)) return -1;
         int64_t n = T - t0 < s->max_batch ? T - t0 : s->max_batch, last = t0 + n == T;
         float *out = !logits ? NULL : all ? logits + t0 * (int64_t)c->vocab_size : last ? logits : NULL;
         const pick_req *pick = last ? pk : NULL;  // the logits of every row, or of the last (picked, or none)
@@ -758,9 +765,11 @@ static int alloc_buffers(dj_gpu_state *s, const gpu_sizes *z, dj_err *e) {
 // Resident units: copied once.
 static int copy_resident(dj_gpu_state *s, dj_err *e) {
     const rb_plan *p = s->sc.plan;
-    for (int u = 0; u <= (int)s->m->info.config.n_layers; u++)
+    for (int u = 0; u <= (int)s->m->info.config.n_layers; u++) {
+        if (cancelled(s, e)) return -1;
         if (p->resident[u] && unit_copy(s, u, s->sc.d_w + p->offset[u], s->copy, SLOT_EMPTY, 0, &(uint64_t){0}, e))
             return -1;
+    }
     return gpu_stream_sync(s->copy, e);
 }
 

@@ -32,6 +32,10 @@ typedef struct {
                         // path up to summation order (not bitwise).
     int quiet;          // no plan on stderr
     const char *trace;  // the timeline of decode steps into this file (trace.h); NULL: none
+    // Ctrl-C (the command line's flag, set by its handler; NULL: none): once set, the set-up stops before its next
+    // unit's copy, and a forward before its next pass, each failing with "interrupted" (a pass is never cut, so the
+    // engine stays consistent); both engines (the CPU's stops before its next layer)
+    const volatile sig_atomic_t *cancel;
     int trace_steps;    // the steps it records (0: TRACE_STEPS_DEFAULT)
 } dj_gpu_opts;
 

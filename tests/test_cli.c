@@ -376,12 +376,38 @@ Test(cli, ctrl_c_prints_stats_and_exits_cleanly) {
     cr_assert_str_eq(out, "", "text printed after Ctrl-C during loading");
     free(out), free(err);
 
+    // during prefill the engine stops its pass (before its next layer): no prefill figure, no text
     err = tcli_interrupted_run(&c, "prefill", &out);
-    cr_assert(strstr(err, "djinn: prompt 5 tokens, prefill ") && strstr(err, "interrupted after 0 new tokens"), "%s",
-              err);
-    cr_assert(!strstr(err, "time to first token"), "decoded after Ctrl-C during prefill: %s", err);
-    cr_assert_str_eq(out, "Once upon a time\n");
+    cr_assert(strstr(err, "djinn: interrupted during the prompt's prefill (5 tokens): nothing generated or written\n"),
+              "%s", err);
+    cr_assert(!strstr(err, "djinn: prompt 5 tokens, prefill ") && !strstr(err, "time to first token"),
+              "the prefill ran through Ctrl-C: %s", err);
+    cr_assert_str_eq(out, "", "text printed after Ctrl-C during prefill");
     free(out), free(err);
+    tcli_teardown(&c);
+}
+
+// Ctrl-C during the prompt's prefill with --save-session and --logits: the run ends (exit 130) and neither file is
+// written, not even in part (its cache was cut short: a session of it could not be resumed).
+Test(cli, ctrl_c_during_prefill_writes_no_file) {
+    tcli_ctx c;
+    tcli_setup(&c);
+    char ses[600], lg[600];
+    snprintf(ses, sizeof ses, "%s/cut.ses", c.dir), snprintf(lg, sizeof lg, "%s/cut.logits", c.dir);
+    setenv("DJINN_TEST_SIGINT_AT", "prefill", 1);
+    int rc = tcli_run(&c, (char *[]){tcli_djinn_path, c.model, "-p", "Once upon a time", "-n", "10", "-t", "0",
+                                     "--cpu", "--save-session", ses, "--logits", lg, NULL});
+    unsetenv("DJINN_TEST_SIGINT_AT");
+    char *err = tcli_stderr(&c);
+    cr_assert_eq(rc, 130, "exit %d: %s", rc, err);
+    cr_assert(strstr(err, "interrupted during the prompt's prefill"), "%s", err);
+    struct stat st;
+    cr_assert(stat(ses, &st) && stat(lg, &st), "a file was written after a cut prefill");
+    DIR *d = opendir(c.dir);
+    for (struct dirent *de; (de = readdir(d));)
+        cr_assert(!strstr(de->d_name, "cut."), "%s left behind in the folder", de->d_name);
+    closedir(d);
+    free(err);
     tcli_teardown(&c);
 }
 

@@ -49,10 +49,12 @@ static void te_load(dj_model *m) {
     tc_load_stories(m, K.dtype, K.gpu);
 }
 
+static volatile sig_atomic_t te_cut;  // the engines' Ctrl-C flag (dj_gpu_opts.cancel)
+
 static void te_open(dj_engine *eng, const dj_model *m, int32_t slots) {
     // streamed: every layer through a ring of the smallest size, a third of each matrix's rows on the CPU in steps
     dj_gpu_opts go = {.max_seq = TE_CTX, .quiet = 1, .stream_all = K.streamed, .cpu_share = K.streamed ? 0.3 : 0,
-                      .kv_type = K.kv};
+                      .kv_type = K.kv, .cancel = &te_cut};
     dj_err e;
     cr_assert_eq(engine_open(eng, m, &go, slots, &e), 0, "%s", e.msg);
     cr_assert_eq(eng->n_slots, slots);
@@ -328,6 +330,39 @@ static void te_refusals(void) {
     model_free(&m);
 }
 
+// Ctrl-C's flag (dj_gpu_opts.cancel): set, a prompt's pass stops with "interrupted" (the GPU before its pass, the
+// CPU before its next layer); cleared, the same prompt run again gives bitwise a fresh engine's logits (a cut pass
+// leaves nothing the positions' rerun does not overwrite); an engine's set-up with the flag set stops too.
+static void te_cut_pass(void) {
+    dj_model m;
+    te_load(&m);
+    const int64_t V = m.info.config.vocab_size, n = 40;
+    int32_t *tok = te_tokens(&m, n);
+    float *lg = malloc((size_t)V * sizeof(float)), *fresh = malloc((size_t)V * sizeof(float));
+    dj_engine eng;
+    dj_err e;
+    te_cut = 0;
+    te_open(&eng, &m, 1);
+    cr_assert_eq(eng.forward(eng.ctx, 0, tok, n, 0, fresh, 0, &e), 0, "%s", e.msg);
+    engine_close(&eng);
+    te_open(&eng, &m, 1);
+    te_cut = 1;
+    cr_assert_eq(eng.forward(eng.ctx, 0, tok, n, 0, lg, 0, &e), -1, "a pass ran through Ctrl-C");
+    cr_assert(strstr(e.msg, "interrupted"), "%s", e.msg);
+    te_cut = 0;
+    cr_assert_eq(eng.forward(eng.ctx, 0, tok, n, 0, lg, 0, &e), 0, "%s", e.msg);
+    cr_assert_eq(memcmp(lg, fresh, (size_t)V * sizeof(float)), 0, "the rerun after a cut pass differs");
+    engine_close(&eng);
+    te_cut = 1;  // Ctrl-C before the set-up: the GPU's stops before its first copy (the CPU's has no long set-up)
+    dj_gpu_opts go = {.max_seq = TE_CTX, .quiet = 1, .kv_type = K.kv, .cancel = &te_cut};
+    int rc = engine_open(&eng, &m, &go, 1, &e);
+    te_cut = 0;
+    if (K.gpu) cr_assert(rc == -1 && strstr(e.msg, "interrupted"), "the GPU's set-up ran through Ctrl-C: %d", rc);
+    engine_close(&eng);
+    free(tok), free(lg), free(fresh);
+    model_free(&m);
+}
+
 // Each case on each engine: the CPU's (bitwise) with each KV type, the GPU's in f32 resident, in q4 streamed with a
 // CPU share (its lone steps split with the CPU, its batches not), and in f16 resident.
 #define TE_CASES(suite, setup)                                                       \
@@ -359,6 +394,11 @@ static void te_refusals(void) {
     Test(suite, refuses_bad_slots_and_rows) {                                        \
         setup;                                                                       \
         te_refusals();                                                               \
+    }                                                                                \
+    Test(suite, ctrl_c_cuts_a_pass) {                                                \
+        setup;                                                                       \
+        tc_rng_fresh(#suite ".ctrl_c_cuts_a_pass");                                  \
+        te_cut_pass();                                                               \
     }
 
 TE_CASES(engine, (void)0)

@@ -637,8 +637,8 @@ static int open_device(dj_gpu_state *s, dj_err *e) {
 
 // Device memory outside the weights, so that the automatic budget and the free-memory check see it.
 typedef struct {
-    uint64_t kv, act, scratch;  // kv: keys and values with their scales
-    uint64_t kv_elems;          // the bytes of each of keys and values without scales
+    uint64_t kv, act, scratch;    // kv: keys and values with their scales
+    uint64_t kv_elems, kv_scales;  // the bytes of each of keys and values, and of each's scales (q8; else 0)
     uint64_t other;  // all of it, with the cuBLAS workspace and some slack
 } gpu_sizes;
 
@@ -649,7 +649,8 @@ static gpu_sizes buffer_sizes(const dj_gpu_state *s) {
     gpu_sizes z;
     const uint64_t rows = (uint64_t)c->n_layers * c->n_kv_heads * (uint64_t)s->max_seq * (uint64_t)s->n_slots;
     z.kv_elems = rows * hd * dj_kv_elem_bytes(s->opts.kv_type);
-    z.kv = 2 * rows * dj_kv_row_bytes(s->opts.kv_type, hd);
+    z.kv_scales = rows * (dj_kv_row_bytes(s->opts.kv_type, hd) - hd * dj_kv_elem_bytes(s->opts.kv_type));
+    z.kv = 2 * (z.kv_elems + z.kv_scales);
     z.act = 4 * (mb * (3 * dim + q + 2 * kv + q + 3 * hid) + (GPU_LOGIT_ROWS + 1) * (uint64_t)c->vocab_size) +
             gpu_pick_scratch(1);
     int64_t widest = (int64_t)(hid > dim ? hid : (q > dim ? q : dim));
@@ -727,8 +728,8 @@ static int alloc_buffers(dj_gpu_state *s, const gpu_sizes *z, dj_err *e) {
     if (gpu_malloc((void **)&s->sc.d_w, s->sc.plan->weight_bytes, "weights (resident layers and the ring)", e) ||
         gpu_malloc(&b->kv.k, z->kv_elems, "KV cache (keys)", e) ||
         gpu_malloc(&b->kv.v, z->kv_elems, "KV cache (values)", e) ||
-        (b->kv.type == DJ_KV_Q8 && (gpu_malloc((void **)&b->kv.ks, z->kv / 2 - z->kv_elems, "KV cache (scales)", e) ||
-                                    gpu_malloc((void **)&b->kv.vs, z->kv / 2 - z->kv_elems, "KV cache (scales)", e))) ||
+        (z->kv_scales && (gpu_malloc((void **)&b->kv.ks, z->kv_scales, "KV cache (scales)", e) ||
+                          gpu_malloc((void **)&b->kv.vs, z->kv_scales, "KV cache (scales)", e))) ||
         gpu_malloc((void **)&b->inv_freq, hd / 2 * 4, "rope table", e) ||
         gpu_malloc((void **)&b->x, mb * dim * 4, "activations", e) ||
         gpu_malloc((void **)&b->xb, mb * dim * 4, "activations", e) ||

@@ -340,6 +340,256 @@ __global__ void __launch_bounds__(WM *WN * 32)
     });
 }
 
+// ---- the register kernel: passes of a few tokens at the weights' bytes
+// The kernels above stage the weights through shared memory (a copy, a barrier and an ldmatrix a stage), which holds
+// them at 4-5x the time a read of their bytes takes up to 32 tokens (bench/results/qgemm_split). Here each lane
+// loads its weights from memory straight into registers and widens them into the mma's A fragments. Lane (g, c) of
+// a warp holds, for each of the warp's MT tiles of 16 rows, rows g and g + 8 of groups 4 KC i + KC c .. + KC - 1 in
+// iteration i (a quad reads 4 KC consecutive groups of a row: 64 KC bytes of q4). A group's 32 weights feed 8 k16
+// steps, 4 a step, in the lane's slots 2c, 2c + 1, 2c + 8, 2c + 9, so a step mixes the quad's four groups, each
+// weight widened with its own group's parameters before the product. x is laid out to match (qreg_x_kernel): lane
+// (g, c)'s B fragment is token g's inputs in the same slots of the same group, two steps' in one 16-byte load, a
+// warp's 512 bytes contiguous. Which weight of its group a step's slot e takes (the order q4_pair and q8_pair hand
+// a word's weights out): q4, step 2w + h: 16h + 4w + {0, 2, 1, 3}[e]; q8, step s: 4s + {0, 2, 1, 3}[e].
+// A CTA's warps take different rows and the same inputs, so x stays in L1 for all of them; the inputs are split into
+// gridDim.z parts, added up as qgemm_kernel's split does (the last part of a tile to finish adds them in order).
+template <int WT> static __device__ __forceinline__ int qreg_slot(int s, int e) {
+    const int o = 2 * (e & 1) + (e >> 1);
+    return WT == DJ_Q4 ? 16 * (s & 1) + 4 * (s >> 1) + o : 4 * s + o;
+}
+
+// v = inputs a0 .. a0 + 3 of a row (zeros past n_in)
+static __device__ __forceinline__ void load4(float *v, const float *row, int64_t a0, int64_t n_in) {
+    if (a0 + 4 <= n_in && (((uintptr_t)(row + a0)) & 15) == 0) {
+        const float4 f = *(const float4 *)(row + a0);
+        v[0] = f.x, v[1] = f.y, v[2] = f.z, v[3] = f.w;
+    } else {
+#pragma unroll
+        for (int j = 0; j < 4; j++) v[j] = a0 + j < n_in ? row[a0 + j] : 0.0f;
+    }
+}
+
+// xf (uint4 a lane's two steps): for each block tb of 8 NT tokens, iteration i, group j of a lane's KC, step pair w,
+// n8 tile nt and lane (g, c), token 8 NT tb + 8 nt + g's inputs of group 4 KC i + KC c + j in the slots of steps
+// 2w and 2w + 1, in f16 (zeros past T and n_in). n16: the uint4s; a thread each. The split kernel's n_tickets
+// tickets are zeroed on the way, as qgemm_x_kernel does.
+template <int WT, int NT, int KC>
+__global__ void qreg_x_kernel(uint4 *xf, qgemm_src src, int64_t T, int64_t n_in, int64_t iters, int64_t n16,
+                              unsigned *tickets, int n_tickets) {
+    if (blockIdx.x == 0)
+        for (int i = threadIdx.x; i < n_tickets; i += blockDim.x) tickets[i] = 0;
+    const int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= n16) return;
+    const int lane = (int)(idx & 31);
+    int64_t r = idx >> 5;
+    const int nt = (int)(r % NT);
+    r /= NT;
+    const int w = (int)(r & 3);
+    r >>= 2;
+    const int j = (int)(r % KC);
+    r /= KC;
+    const int64_t tb = r / iters, i = r - tb * iters;
+    const int64_t tok = tb * 8 * NT + 8 * nt + (lane >> 2), grp = i * 4 * KC + (int64_t)KC * (lane & 3) + j;
+    float a[4] = {0, 0, 0, 0}, b[4] = {0, 0, 0, 0};  // the inputs of steps 2w and 2w + 1, from their first slot on
+    if (tok < T) {
+        const int64_t a0 = 32 * grp + qreg_slot<WT>(2 * w, 0), b0 = 32 * grp + qreg_slot<WT>(2 * w + 1, 0);
+        load4(a, src.x + tok * src.ld, a0, n_in);
+        load4(b, src.x + tok * src.ld, b0, n_in);
+        if (src.up) {
+            float ua[4], ub[4];
+            load4(ua, src.up + tok * src.ld, a0, n_in);
+            load4(ub, src.up + tok * src.ld, b0, n_in);
+#pragma unroll
+            for (int k = 0; k < 4; k++) a[k] = silu_mul(a[k], ua[k]), b[k] = silu_mul(b[k], ub[k]);
+        }
+    }
+    xf[idx] = make_uint4(f16x2(a[0], a[2]), f16x2(a[1], a[3]), f16x2(b[0], b[2]), f16x2(b[1], b[3]));
+}
+
+// 16 bytes of weights, read once: past L1, which keeps x.
+static __device__ __forceinline__ uint4 ld_stream(const void *p) {
+    uint4 v;
+    asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+        : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+        : "l"(p));
+    return v;
+}
+static __device__ __forceinline__ uint32_t u4_at(const uint4 &v, int k) {
+    return k == 0 ? v.x : k == 1 ? v.y : k == 2 ? v.z : v.w;
+}
+
+// A lane's weights of an iteration: values q (QV 16-byte loads a group) and parameters p, rows g (h 0) and g + 8.
+template <int WT, int MT, int KC> struct qreg_frag {
+    static constexpr int QV = WT == DJ_Q8 ? 2 : 1;
+    uint4 q[MT][2][KC * QV];
+    uint32_t p[MT][2][KC];
+};
+
+// PRECOND: w and every row (row_bytes apart) 16-byte aligned; xf from qreg_x_kernel with the same NT and KC; iters =
+// ceil(groups / (4 KC)).
+template <int WT, int NT, int MT, int KC, int WARPS>
+__global__ void __launch_bounds__(WARPS * 32)
+    qreg_kernel(float *__restrict__ y, const uint4 *__restrict__ xf, const uint8_t *__restrict__ w, int64_t T,
+                int64_t n_out, int64_t groups, int64_t row_bytes, int iters, qgemm_split split) {
+    using F = qreg_frag<WT, MT, KC>;
+    constexpr int QB = q_group_bytes(WT), QV = F::QV;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, c = lane & 3;
+    const int64_t so = groups * QB;  // where a row's parameters start
+    const int64_t m0 = ((int64_t)blockIdx.x * WARPS + warp) * MT * 16;
+    // the lane's rows (tile mt, half h), clamped to the last: a row past n_out computes sums never stored
+    const uint8_t *rp[MT][2];
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const int64_t row = m0 + 16 * mt + 8 * h + g;
+            rp[mt][h] = w + (row < n_out ? row : n_out - 1) * row_bytes;
+        }
+    // this part's iterations [I0, I1)
+    const int I0 = (int)((int64_t)iters * blockIdx.z / gridDim.z);
+    const int I1 = (int)((int64_t)iters * (blockIdx.z + 1) / gridDim.z);
+    const uint4 *xb = xf + (int64_t)blockIdx.y * iters * (KC * 4 * NT * 32) + lane;
+
+    auto load = [&](int i, F &f) {
+        const int64_t g0 = (int64_t)i * 4 * KC + KC * c;  // the lane's first group
+        if (g0 + KC <= groups) {
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+#pragma unroll
+                    for (int k = 0; k < KC * QV; k++) f.q[mt][h][k] = ld_stream(rp[mt][h] + g0 * QB + 16 * k);
+                    const uint8_t *ps = rp[mt][h] + so + 2 * g0;
+                    if (KC == 1) {
+                        f.p[mt][h][0] = *(const uint16_t *)ps;
+                    } else if (KC == 2) {
+                        const uint32_t v = *(const uint32_t *)ps;
+                        f.p[mt][h][0] = v & 0xFFFFu, f.p[mt][h][KC - 1] = v >> 16;
+                    } else {
+#pragma unroll
+                        for (int k = 0; k < KC; k += 2) {
+                            const uint32_t v = *(const uint32_t *)(ps + 2 * k);
+                            f.p[mt][h][k] = v & 0xFFFFu, f.p[mt][h][k + 1] = v >> 16;
+                        }
+                    }
+                }
+        } else {  // the last iteration's groups past the row's end: zeros (x is zero there too)
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+                for (int h = 0; h < 2; h++)
+#pragma unroll
+                    for (int k = 0; k < KC; k++) {
+                        const bool ok = g0 + k < groups;
+#pragma unroll
+                        for (int v = 0; v < QV; v++)
+                            f.q[mt][h][k * QV + v] =
+                                ok ? ld_stream(rp[mt][h] + (g0 + k) * QB + 16 * v) : make_uint4(0, 0, 0, 0);
+                        f.p[mt][h][k] = ok ? *(const uint16_t *)(rp[mt][h] + so + 2 * (g0 + k)) : 0u;
+                    }
+        }
+    };
+
+    float acc[MT][NT][4];
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++) acc[mt][nt][0] = acc[mt][nt][1] = acc[mt][nt][2] = acc[mt][nt][3] = 0.0f;
+
+    auto compute = [&](int i, const F &f) {
+        const uint4 *xi = xb + (int64_t)i * (KC * 4 * NT * 32);
+#pragma unroll
+        for (int k = 0; k < KC; k++) {
+            __half2 sc[MT][2], off[MT][2];
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+                for (int h = 0; h < 2; h++) q_widen_params<WT>(f.p[mt][h][k], &sc[mt][h], &off[mt][h]);
+#pragma unroll
+            for (int wp = 0; wp < 4; wp++) {
+                uint4 xv[NT];
+#pragma unroll
+                for (int nt = 0; nt < NT; nt++) xv[nt] = __ldg(xi + ((k * 4 + wp) * NT + nt) * 32);
+#pragma unroll
+                for (int hh = 0; hh < 2; hh++) {
+                    const int s = 2 * wp + hh;  // the step
+#pragma unroll
+                    for (int mt = 0; mt < MT; mt++) {
+                        uint32_t a[4];
+                        if (WT == DJ_Q4) {
+                            const uint32_t ug = u4_at(f.q[mt][0][k], wp), ug8 = u4_at(f.q[mt][1][k], wp);
+                            a[0] = q_widen2(q4_pair(ug, 4 * hh), sc[mt][0], off[mt][0]);
+                            a[1] = q_widen2(q4_pair(ug8, 4 * hh), sc[mt][1], off[mt][1]);
+                            a[2] = q_widen2(q4_pair(ug, 8 + 4 * hh), sc[mt][0], off[mt][0]);
+                            a[3] = q_widen2(q4_pair(ug8, 8 + 4 * hh), sc[mt][1], off[mt][1]);
+                        } else {
+                            const uint32_t ug = u4_at(f.q[mt][0][k * QV + s / 4], s % 4);
+                            const uint32_t ug8 = u4_at(f.q[mt][1][k * QV + s / 4], s % 4);
+                            a[0] = q_widen2(q8_pair(ug, 0x4240), sc[mt][0], off[mt][0]);
+                            a[1] = q_widen2(q8_pair(ug8, 0x4240), sc[mt][1], off[mt][1]);
+                            a[2] = q_widen2(q8_pair(ug, 0x4341), sc[mt][0], off[mt][0]);
+                            a[3] = q_widen2(q8_pair(ug8, 0x4341), sc[mt][1], off[mt][1]);
+                        }
+#pragma unroll
+                        for (int nt = 0; nt < NT; nt++) {
+                            const uint32_t b[2] = {hh ? xv[nt].z : xv[nt].x, hh ? xv[nt].w : xv[nt].y};
+                            mma16816(acc[mt][nt], a, b);
+                        }
+                    }
+                }
+            }
+        }
+    };
+
+    // two iterations' weights in registers: the next one's loads in flight while this one is multiplied
+    F fa, fb;
+    if (I0 < I1) load(I0, fa);
+    for (int i = I0; i < I1; i += 2) {
+        if (i + 1 < I1) load(i + 1, fb);
+        compute(i, fa);
+        if (i + 2 < I1) load(i + 2, fa);
+        if (i + 1 < I1) compute(i + 1, fb);
+    }
+
+    // y[token][row] (or this part's sums): c0, c1 at (row g, tokens 2c, 2c + 1), c2, c3 at row g + 8
+    const int64_t n0 = (int64_t)blockIdx.y * 8 * NT;
+    float *out = gridDim.z == 1 ? y : split.part + (size_t)blockIdx.z * (size_t)T * (size_t)n_out;
+    auto each = [&](auto &&fn) {  // fn(offset in y, the lane's value) for each output the lane holds
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++) {
+            const int64_t row = m0 + 16 * mt + g;
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++) {
+                const int64_t tok = n0 + 8 * nt + 2 * c;
+                float *d = acc[mt][nt];
+                if (row < n_out) {
+                    if (tok < T) fn(tok * n_out + row, d[0]);
+                    if (tok + 1 < T) fn((tok + 1) * n_out + row, d[1]);
+                }
+                if (row + 8 < n_out) {
+                    if (tok < T) fn(tok * n_out + row + 8, d[2]);
+                    if (tok + 1 < T) fn((tok + 1) * n_out + row + 8, d[3]);
+                }
+            }
+        }
+    };
+    each([&](int64_t i, float &v) { out[i] = v; });
+    if (gridDim.z == 1) return;
+    __shared__ unsigned ticket;
+    __threadfence();  // this part's sums are visible before its ticket is
+    __syncthreads();
+    if (threadIdx.x == 0) ticket = atomicAdd(split.tickets + blockIdx.y * gridDim.x + blockIdx.x, 1u);
+    __syncthreads();
+    if (ticket != gridDim.z - 1) return;
+    __threadfence();
+    const size_t stride = (size_t)T * (size_t)n_out;
+    each([&](int64_t i, float &v) {
+        float sum = __ldcg(split.part + i);
+        for (unsigned z = 1; z < gridDim.z; z++) sum += __ldcg(split.part + z * stride + (size_t)i);
+        y[i] = sum;
+    });
+}
+
 // ---- the Hopper kernel: warpgroup MMAs (wgmma, sm_90a), the weights widened into A registers, x from shared memory
 // A CTA is two warpgroups, each 64 rows of W (a warp 16, its A fragments laid out as mma.sync's), times BN tokens
 // (one m64nBNk16 product a k16 step); 64 inputs a stage, ST stages. x's stage is the swizzled 128-byte-row layout of
@@ -682,11 +932,69 @@ static int qgemm_launch(float *y, const qgemm_src &x, __half *xp, const void *w,
     return 0;
 }
 
+// The register kernel's shapes, (id, NT, MT, KC, WARPS, PER_SM): blocks of 8 NT tokens, MT tiles of 16 rows a warp,
+// KC groups a lane an iteration, WARPS warps a CTA, the inputs split into parts until about PER_SM CTAs a
+// multiprocessor.
+#define QREG_VARIANTS(X)        \
+    X(14, 1, 1, 2, 8, 2)        \
+    X(15, 2, 1, 2, 8, 2)        \
+    X(16, 2, 2, 2, 4, 4)        \
+    X(17, 4, 2, 1, 4, 4)        \
+    X(18, 8, 1, 1, 8, 2)        \
+    X(19, 1, 2, 2, 4, 4)        \
+    X(20, 1, 1, 4, 8, 2)
+
+// qreg_x_kernel's x for T tokens and n_in inputs, bytes, for every shape above (tokens to 64, groups to 16): the
+// tickets and partial sums follow it.
+static size_t qreg_x_bytes(int64_t T, int64_t n_in) {
+    const int64_t groups = (n_in + DJ_QGROUP - 1) / DJ_QGROUP;
+    return (size_t)((T + 63) / 64 * 64) * (size_t)((groups + 15) / 16 * 16) * 64;
+}
+
 // x in f16, T rounded up to whole blocks of 256 tokens; up to QGEMM_SPLIT_T tokens, the split kernels' tickets and
-// partial sums after it.
+// partial sums after it. The register kernel's x and its split's the same way.
 extern "C" size_t gpu_qgemm_scratch(int64_t T, int64_t n_in) {
     const size_t x = (size_t)(T + 255) / 256 * 256 * (size_t)((n_in + 63) / 64 * 64) * 2;
-    return x + (T <= QGEMM_SPLIT_T ? QGEMM_TICKETS * 4 + (size_t)T * QGEMM_SPLIT_COLS * 4 : 0);
+    const size_t split = T <= QGEMM_SPLIT_T ? QGEMM_TICKETS * 4 + (size_t)T * QGEMM_SPLIT_COLS * 4 : 0;
+    const size_t xr = qreg_x_bytes(T, n_in);
+    return (x > xr ? x : xr) + split;
+}
+
+// How many parts the register kernel cuts the inputs into: as qgemm_parts, with iterations of 4 KC groups, each part
+// one iteration or more.
+static int qreg_parts(const dj_gpu *g, int per_sm, int64_t T, int64_t tiles, int64_t iters, int64_t n_out) {
+    const int64_t want = (int64_t)per_sm * g->n_sm;
+    if (T > QGEMM_SPLIT_T || tiles > QGEMM_TICKETS || tiles >= want) return 1;
+    int64_t k = (want + tiles - 1) / tiles;
+    if (k > QGEMM_SPLIT_MAX) k = QGEMM_SPLIT_MAX;
+    if (k > iters) k = iters;
+    if (k * n_out > QGEMM_SPLIT_COLS) k = QGEMM_SPLIT_COLS / n_out;
+    return k > 1 ? (int)k : 1;
+}
+
+template <int WT, int NT, int MT, int KC, int WARPS>
+static int qreg_launch(const dj_gpu *g, int per_sm, float *y, const qgemm_src &x, void *scratch, const void *w,
+                       int64_t T, int64_t n_in, int64_t n_out, cudaStream_t s, dj_err *e) {
+    const int64_t groups = (n_in + DJ_QGROUP - 1) / DJ_QGROUP, iters = (groups + 4 * KC - 1) / (4 * KC);
+    const int64_t rows = WARPS * MT * 16, rb = (int64_t)dj_row_bytes(WT, (uint64_t)n_in);
+    for (int64_t t0 = 0; t0 < T; t0 += (int64_t)65535 * 8 * NT) {  // grid.y: blocks of 8 NT tokens
+        const int64_t Tc = T - t0 < (int64_t)65535 * 8 * NT ? T - t0 : (int64_t)65535 * 8 * NT;
+        const int64_t tb = (Tc + 8 * NT - 1) / (8 * NT), tiles = tb * ((n_out + rows - 1) / rows);
+        const int parts = qreg_parts(g, per_sm, Tc, tiles, iters, n_out);
+        uint4 *xf = (uint4 *)scratch;
+        unsigned *tickets = (unsigned *)((uint8_t *)scratch + qreg_x_bytes(Tc, n_in));
+        const qgemm_split split = {(float *)(tickets + QGEMM_TICKETS), tickets};
+        const qgemm_src xc = {x.x + t0 * x.ld, x.up ? x.up + t0 * x.ld : NULL, x.ld};
+        const int64_t n16 = tb * iters * KC * 4 * NT * 32;
+        qreg_x_kernel<WT, NT, KC><<<(unsigned)((n16 + 255) / 256), 256, 0, s>>>(xf, xc, Tc, n_in, iters, n16, tickets,
+                                                                              parts > 1 ? (int)tiles : 0);
+        LAUNCH_CHECK("qreg_x", s);
+        const dim3 grid((unsigned)((n_out + rows - 1) / rows), (unsigned)tb, (unsigned)parts);
+        qreg_kernel<WT, NT, MT, KC, WARPS><<<grid, WARPS * 32, 0, s>>>(y + t0 * n_out, xf, (const uint8_t *)w, Tc,
+                                                                      n_out, groups, rb, (int)iters, split);
+        LAUNCH_CHECK("qreg", s);
+    }
+    return 0;
 }
 
 extern "C" int gpu_qgemm_ok(uint32_t wtype, const void *w, int64_t T, int64_t n_in, int64_t n_out) {
@@ -766,8 +1074,8 @@ extern "C" int gpu_qgemm_wins(const dj_gpu *g, uint32_t wtype, const void *w, in
 
 extern "C" int gpu_qgemm_has(const dj_gpu *g, int variant) {
 #define QGEMM_COUNT(...) +1
-    static_assert(0 QGEMM_VARIANTS(QGEMM_COUNT) QGEMM_WG_VARIANTS(QGEMM_COUNT) QGEMM_SPLIT_VARIANTS(QGEMM_COUNT) ==
-                      GPU_QGEMM_VARIANTS,
+    static_assert(0 QGEMM_VARIANTS(QGEMM_COUNT) QGEMM_WG_VARIANTS(QGEMM_COUNT) QGEMM_SPLIT_VARIANTS(QGEMM_COUNT)
+                          QREG_VARIANTS(QGEMM_COUNT) == GPU_QGEMM_VARIANTS,
                   "kernels.h's GPU_QGEMM_VARIANTS counts the tile shapes");
     const int n_mma = 0 QGEMM_VARIANTS(QGEMM_COUNT), n_wg = 0 QGEMM_WG_VARIANTS(QGEMM_COUNT);
 #undef QGEMM_COUNT
@@ -797,16 +1105,23 @@ static int qgemm_run(dj_gpu *g, int variant, float *y, const qgemm_src &x, const
         if (!g->wgmma) return dj_fail(e, "gpu_qgemm: tile shape %d needs an sm_90 device", variant);            \
         return wtype == DJ_Q8 ? qgemm_wg_launch<DJ_Q8, BN, ST, KS, XB, MINB>(y, x, xp, w, T, n_in, n_out, s, e)  \
                               : qgemm_wg_launch<DJ_Q4, BN, ST, KS, XB, MINB>(y, x, xp, w, T, n_in, n_out, s, e);
+#define QREG_CASE(id, NT, MT, KC, WARPS, PER_SM)                                                                  \
+    case id:                                                                                                      \
+        return wtype == DJ_Q8                                                                                     \
+                   ? qreg_launch<DJ_Q8, NT, MT, KC, WARPS>(g, PER_SM, y, x, g->scratch, w, T, n_in, n_out, s, e)   \
+                   : qreg_launch<DJ_Q4, NT, MT, KC, WARPS>(g, PER_SM, y, x, g->scratch, w, T, n_in, n_out, s, e);
     switch (variant) {
         QGEMM_VARIANTS(QGEMM_CASE)
         QGEMM_WG_VARIANTS(QGEMM_WG_CASE)
         QGEMM_SPLIT_VARIANTS(QGEMM_SPLIT_CASE)
+        QREG_VARIANTS(QREG_CASE)
     default:
         return dj_fail(e, "gpu_qgemm: no tile shape %d", variant);
     }
 #undef QGEMM_CASE
 #undef QGEMM_WG_CASE
 #undef QGEMM_SPLIT_CASE
+#undef QREG_CASE
 }
 
 extern "C" int gpu_qgemm_variant(dj_gpu *g, int variant, float *y, const float *x, const void *w, uint32_t wtype,

@@ -686,7 +686,13 @@ __global__ __launch_bounds__(DEC_THREADS) void attn_decode_split_kernel(float *p
 #define TD_WARPS 4
 #define TD_STAGES 2
 
-template <int HD> static size_t td_smem() { return (size_t)TD_STAGES * 2 * DEC_CHUNK * (HD + 8) * sizeof(__half); }
+// f16: TD_STAGES stages of f16 key and value tiles (rows padded by 8). q8: one pair of f16 tiles the staged int8 rows
+// are widened into, then TD_STAGES stages of the int8 rows and of their scales.
+template <int HD, int KT> static size_t td_smem() {
+    const size_t tiles = 2 * DEC_CHUNK * (HD + 8) * sizeof(__half);
+    if (KT == DJ_KV_F16) return TD_STAGES * tiles;
+    return tiles + (size_t)TD_STAGES * 2 * DEC_CHUNK * (HD + sizeof(float));
+}
 
 __device__ __forceinline__ void split_f16x2(float a, float b, uint32_t *hi, uint32_t *lo) {
     split_x2<true>(a, b, hi, lo);
@@ -697,13 +703,17 @@ __device__ __forceinline__ void mma_f16(float c[4], const uint32_t a[4], uint32_
 
 // PRECOND: HD % 16 == 0; group <= 8; blockDim.x == 32 TD_WARPS; td_smem<HD>() bytes of dynamic shared memory; the
 // cache f16 with 16-byte aligned rows.
-template <int HD>
+template <int HD, int KT>
 __global__ __launch_bounds__(32 * TD_WARPS) void attn_decode_tc_kernel(float *part_o, float *part_ml, const float *q,
                                                                       int64_t ldq, gpu_kv_cache c, int n_heads,
                                                                       int group, int max_seq, int n_splits,
                                                                       float scale, gpu_kv_rows kv) {
-    constexpr int LD = HD + 8, KS = HD / 16, ND = HD / 8, PIECES = HD / 8;  // 16-byte pieces a row
-    extern __shared__ __align__(16) __half td_sm[];  // per stage: keys (64, LD), then values (64, LD)
+    constexpr int LD = HD + 8, KS = HD / 16, ND = HD / 8;
+    constexpr int PIECES = KT == DJ_KV_F16 ? HD / 8 : HD / 16;  // 16-byte pieces a stored row
+    constexpr bool Q8 = KT == DJ_KV_Q8;
+    extern __shared__ __align__(16) __half td_sm[];  // f16: per stage keys (64, LD), then values; q8: td_smem
+    int8_t *raw = (int8_t *)(td_sm + 2 * DEC_CHUNK * LD);          // q8: per stage keys (64, HD), then values
+    float *rsc = (float *)(raw + TD_STAGES * 2 * DEC_CHUNK * HD);  // q8: per stage key scales (64), value scales
     const int split = blockIdx.x, kvh = blockIdx.y, row = blockIdx.z;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, cq = lane & 3;
     pdl_wait();
@@ -716,24 +726,33 @@ __global__ __launch_bounds__(32 * TD_WARPS) void attn_decode_tc_kernel(float *pa
     if (k_begin >= n) return;
     const int k_end = min(n, k_begin + span);
     const int h0 = kvh * group;
-    const __half *kb = (const __half *)c.k + (slot_off / HD + (int64_t)kvh * max_seq) * HD;
-    const __half *vb = (const __half *)c.v + (slot_off / HD + (int64_t)kvh * max_seq) * HD;
+    typedef typename kv_elem<KT>::T E;
+    const int64_t row0 = slot_off / HD + (int64_t)kvh * max_seq;  // the kv head's first cache row
+    const E *kb = (const E *)c.k + row0 * HD, *vb = (const E *)c.v + row0 * HD;
 
-    // Chunk k0 into stage st: its rows' 16-byte pieces in flight at once; rows past the split's end zeroed (their
-    // probabilities are 0, and 0 times a stale NaN would not be).
+    // Chunk k0 into stage st: its rows' 16-byte pieces in flight at once (q8: and their scales); rows past the
+    // split's end zeroed (their probabilities are 0, and 0 times a stale NaN would not be).
     auto stage = [&](int st, int k0) {
         const int nk = min(DEC_CHUNK, k_end - k0);
-        __half *Ks = td_sm + st * 2 * DEC_CHUNK * LD, *Vs = Ks + DEC_CHUNK * LD;
+        constexpr int RL = Q8 ? HD : LD;  // a staged row's elements
+        E *Ks = Q8 ? (E *)(raw + st * 2 * DEC_CHUNK * HD) : (E *)(td_sm + st * 2 * DEC_CHUNK * LD);
+        E *Vs = Ks + DEC_CHUNK * RL;
+        constexpr int PE = 16 / sizeof(E);  // elements a piece
         for (int i = tid; i < DEC_CHUNK * PIECES; i += 32 * TD_WARPS) {
-            const int j = i / PIECES, p = (i - j * PIECES) * 8;
+            const int j = i / PIECES, p = (i - j * PIECES) * PE;
             if (j < nk) {
-                __pipeline_memcpy_async(Ks + j * LD + p, kb + (int64_t)(k0 + j) * HD + p, 16);
-                __pipeline_memcpy_async(Vs + j * LD + p, vb + (int64_t)(k0 + j) * HD + p, 16);
+                __pipeline_memcpy_async(Ks + j * RL + p, kb + (int64_t)(k0 + j) * HD + p, 16);
+                __pipeline_memcpy_async(Vs + j * RL + p, vb + (int64_t)(k0 + j) * HD + p, 16);
             } else {
                 const uint4 z = make_uint4(0, 0, 0, 0);
-                *(uint4 *)(Ks + j * LD + p) = z, *(uint4 *)(Vs + j * LD + p) = z;
+                *(uint4 *)(Ks + j * RL + p) = z, *(uint4 *)(Vs + j * RL + p) = z;
             }
         }
+        if (Q8)
+            for (int j = tid; j < DEC_CHUNK; j += 32 * TD_WARPS) {
+                float *sk = rsc + st * 2 * DEC_CHUNK;
+                sk[j] = j < nk ? c.ks[row0 + k0 + j] : 0.0f, sk[DEC_CHUNK + j] = j < nk ? c.vs[row0 + k0 + j] : 0.0f;
+            }
         __pipeline_commit();
     };
     stage(0, k_begin);
@@ -758,7 +777,16 @@ __global__ __launch_bounds__(32 * TD_WARPS) void attn_decode_tc_kernel(float *pa
             __pipeline_wait_prior(0);
         }
         __syncthreads();  // this chunk staged by every thread
-        const __half *Ks = td_sm + st * 2 * DEC_CHUNK * LD + 16 * warp * LD, *Vs = Ks + DEC_CHUNK * LD;
+        if (Q8) {  // the int8 rows widened into the f16 tiles (exact: |k| <= 127); their scales stay beside
+            const int8_t *rk = raw + st * 2 * DEC_CHUNK * HD;
+            for (int i = tid; i < 2 * DEC_CHUNK * HD / 2; i += 32 * TD_WARPS) {
+                const int e2 = 2 * i, j = e2 / HD, d = e2 - j * HD;  // j: 0..127 over keys then values
+                *(__half2 *)(td_sm + j * LD + d) = __halves2half2(__int2half_rn(rk[e2]), __int2half_rn(rk[e2 + 1]));
+            }
+            __syncthreads();
+        }
+        const __half *Ks = td_sm + (Q8 ? 0 : st * 2 * DEC_CHUNK * LD) + 16 * warp * LD, *Vs = Ks + DEC_CHUNK * LD;
+        const float *ksc = rsc + st * 2 * DEC_CHUNK + 16 * warp, *vsc = ksc + DEC_CHUNK;  // q8: this warp's keys'
         const int key0 = k0 + 16 * warp;  // this warp's 16 keys
 
         // S (16 heads x 16 keys): n-tile t holds keys key0 + 8t .. key0 + 8t + 7
@@ -774,11 +802,16 @@ __global__ __launch_bounds__(32 * TD_WARPS) void attn_decode_tc_kernel(float *pa
                 mma_f16(sc[t], qh[s], b0, b1);
             }
         }
-        // keys past the split's end out; the online softmax of rows g (sc[.][0..1]) and g + 8 (sc[.][2..3])
+        // q8: each key's scale; keys past the split's end out; the online softmax of rows g (sc[.][0..1]) and g + 8
+        // (sc[.][2..3])
         float mta = -INFINITY, mtb = -INFINITY;
 #pragma unroll
         for (int t = 0; t < 2; t++) {
             const int key = key0 + 8 * t + 2 * cq;
+            if (Q8) {
+                const float s0 = ksc[8 * t + 2 * cq], s1 = ksc[8 * t + 2 * cq + 1];
+                sc[t][0] *= s0, sc[t][2] *= s0, sc[t][1] *= s1, sc[t][3] *= s1;
+            }
             if (key >= k_end) sc[t][0] = sc[t][2] = -INFINITY;
             if (key + 1 >= k_end) sc[t][1] = sc[t][3] = -INFINITY;
             mta = fmaxf(mta, fmaxf(sc[t][0], sc[t][1]));
@@ -798,6 +831,12 @@ __global__ __launch_bounds__(32 * TD_WARPS) void attn_decode_tc_kernel(float *pa
             sa += sc[t][0] + sc[t][1], sb += sc[t][2] + sc[t][3];
         }
         la = la * aa + sa, lb = lb * ab + sb;
+        if (Q8)  // each value row's scale folded into its probability: P (diag s) V
+#pragma unroll
+            for (int t = 0; t < 2; t++) {
+                const float s0 = vsc[8 * t + 2 * cq], s1 = vsc[8 * t + 2 * cq + 1];
+                sc[t][0] *= s0, sc[t][2] *= s0, sc[t][1] *= s1, sc[t][3] *= s1;
+            }
         // P as A fragments (one k-step: the 16 keys), split
         uint32_t ph[4], pl[4];
         split_f16x2(sc[0][0], sc[0][1], &ph[0], &pl[0]);
@@ -941,14 +980,17 @@ static int attn_decode_launch(dj_gpu *g, const char *fn, float *out, const float
     float *part_o = (float *)g->scratch, *part_ml = part_o + B * n_heads * ns * head_dim;
     dim3 grid((unsigned)ns, (unsigned)n_kv_heads, (unsigned)(B * n_gz));
     const float scale = 1.0f / sqrtf((float)head_dim);
-    if (c->type == DJ_KV_F16 && g->tc_attn && group <= DEC_G && !((uintptr_t)c->k & 15) && !((uintptr_t)c->v & 15) &&
-        (head_dim == 64 || head_dim == 128)) {
+    if ((c->type == DJ_KV_F16 || c->type == DJ_KV_Q8) && g->tc_attn && group <= DEC_G && !((uintptr_t)c->k & 15) &&
+        !((uintptr_t)c->v & 15) && (head_dim == 64 || head_dim == 128)) {
         dim3 tgrid((unsigned)ns, (unsigned)n_kv_heads, (unsigned)B);
-#define TD_LAUNCH(HDV)                                                                                             \
-    if (head_dim == HDV)                                                                                           \
-        CUDA_CHECK(pdl_launch(attn_decode_tc_kernel<HDV>, tgrid, dim3(32 * TD_WARPS), td_smem<HDV>(), s, part_o,   \
-                              part_ml, q, ldq, *c, (int)n_heads, (int)group, (int)max_seq, (int)ns, scale, kv));
-        TD_HDS(TD_LAUNCH)
+#define TD_LAUNCH(HDV, KT)                                                                                         \
+    if (head_dim == HDV && c->type == KT)                                                                          \
+        CUDA_CHECK(pdl_launch(attn_decode_tc_kernel<HDV, KT>, tgrid, dim3(32 * TD_WARPS), td_smem<HDV, KT>(), s,   \
+                              part_o, part_ml, q, ldq, *c, (int)n_heads, (int)group, (int)max_seq, (int)ns, scale,  \
+                              kv));
+#define TD_TYPES(HDV) TD_LAUNCH(HDV, DJ_KV_F16) TD_LAUNCH(HDV, DJ_KV_Q8)
+        TD_HDS(TD_TYPES)
+#undef TD_TYPES
 #undef TD_LAUNCH
         LAUNCH_CHECK("attn_decode_tc", s);
     } else {
@@ -1049,8 +1091,10 @@ int tc_setup(dj_gpu *g, dj_err *e) {
     TC_HDS(TC_SET)
 #undef TC_SET
 #define TD_SET(HDV)                                                                                               \
-    CUDA_CHECK(cudaFuncSetAttribute(attn_decode_tc_kernel<HDV>, cudaFuncAttributeMaxDynamicSharedMemorySize,       \
-                                    (int)td_smem<HDV>()));
+    CUDA_CHECK(cudaFuncSetAttribute(attn_decode_tc_kernel<HDV, DJ_KV_F16>,                                        \
+                                    cudaFuncAttributeMaxDynamicSharedMemorySize, (int)td_smem<HDV, DJ_KV_F16>()));  \
+    CUDA_CHECK(cudaFuncSetAttribute(attn_decode_tc_kernel<HDV, DJ_KV_Q8>,                                         \
+                                    cudaFuncAttributeMaxDynamicSharedMemorySize, (int)td_smem<HDV, DJ_KV_Q8>()));
     TD_HDS(TD_SET)
 #undef TD_SET
     return 0;

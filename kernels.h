@@ -283,8 +283,9 @@ int gpu_attention_prefill(dj_gpu *g, float *out, int64_t ldo, const float *q, in
                           int64_t max_seq, const int32_t *d_pos, cudaStream_t s, dj_err *e);
 
 // The tensor-core attention kernels on (the default) or off (the FMA kernels for every head_dim and KV type);
-// applies to later gpu_attention_prefill and decode calls (decode: an f16 cache at head_dim 64 or 128, up to 8
-// query heads a kv head, has a tensor-core kernel).
+// applies to later gpu_attention_prefill and decode calls (decode: an f16 or q8 cache at head_dim 64 or 128, up to 8
+// query heads a kv head, has a tensor-core kernel; q8's int8 rows widened to f16 exactly, its scales applied to the
+// scores and folded into the probabilities).
 void gpu_set_tc_attn(dj_gpu *g, int on);
 int gpu_tc_attn_supported(const dj_gpu *g, int64_t head_dim);  // 1: that head_dim has the tensor-core kernel
 

@@ -954,17 +954,13 @@ extern "C" size_t gpu_matmul_scratch(uint32_t wtype, int64_t T, int64_t n_in) {
 }
 
 // Up to how many tokens a pass over q8/q4 W (n_out, n_in) goes to the persistent GEMV, which reads W once for the
-// tokens a block holds (qp_fit): 4, and 6 where W has too few rows for the tensor-core kernel to fill the device with
-// tiles of 128 rows (qgemm.cu then splits the inputs: on the H200, bench/results/qgemm_split, the GEMV costs 2.6-8.2
-// us a token on Llama-3-8B's q|k|v, wo and down in q4, the split kernel 17-41 us flat up to 16 tokens, so the two
-// cross at 5-7 tokens); never so many that W is read more than twice. Measured on the H100 (bench/results/qgemm/few_tokens*.txt: the layers of Llama-3-8B, Llama-2-13B and
-// Llama-3-70B, q8 and q4), the GEMV's time against the tensor-core kernel's: at 2 tokens 0.25-0.55x, at 4
-// 0.40-0.99x; the matrices of 4096-10240 rows at 6 tokens 0.55-0.89x, at 8 0.69-1.14x (above 1 on 70B's wo and
-// 13B's wo and down, where compute bounds the GEMV), while gate|up (27648-57344 rows) takes 0.92-1.19x at 6 and
-// 1.18-1.53x at 8. 70B's down projection (x of 28672: two tokens a block) took 0.71-0.99x at 4 tokens (W read
-// twice) and 1.04-1.45x at 6 (three times).
+// tokens a block holds (qp_fit): 4, and 3 where W's rows fill the device with 128-row blocks (gate|up), past which
+// qgemm.cu's register kernel is faster: on the H200 (bench/results/qgemm_reg, Llama-3-8B in q4) the GEMV costs
+// 3-13 us a token, the register kernel is nearly flat up to 8 tokens (q|k|v 18.4-18.7 us, wo 17.0-17.6, gate|up
+// 41-45, down 28-30); at 4 tokens the GEMV still wins on q|k|v and wo (0.81x, 0.67x its time) and loses on gate|up
+// (1.21x) and down (1.14x). Never so many that W is read more than twice.
 static int64_t qp_tokens(const dj_gpu *g, uint32_t wtype, int64_t n_in, int64_t n_out) {
-    const int64_t most = 10 * ((n_out + 127) / 128) < 9 * (int64_t)g->n_sm ? 6 : 4;
+    const int64_t most = 10 * ((n_out + 127) / 128) < 9 * (int64_t)g->n_sm ? 4 : 3;
     const int64_t twice = 2 * (int64_t)qp_fit(g, wtype, n_in);
     return most < twice ? most : twice;
 }

@@ -66,12 +66,8 @@ static __device__ __forceinline__ void x16_halves(uint4 *even, uint4 *odd, const
     *odd = make_uint4(f16x2(v[1], v[3]), f16x2(v[5], v[7]), f16x2(v[9], v[11]), f16x2(v[13], v[15]));
 }
 
-// xp (T, kp) f16. Threads: x over the kp / 16 runs of 16 inputs, y (strided) over the tokens. The split kernel's
-// n_tickets tickets are zeroed on the way (by the first block's threads: it runs before, on the same stream).
-__global__ void qgemm_x_kernel(__half *xp, qgemm_src src, int64_t T, int64_t n_in, int64_t kp, unsigned *tickets,
-                               int n_tickets) {
-    if (blockIdx.x == 0 && blockIdx.y == 0)
-        for (int i = threadIdx.x; i < n_tickets; i += blockDim.x) tickets[i] = 0;
+// xp (T, kp) f16. Threads: x over the kp / 16 runs of 16 inputs, y (strided) over the tokens.
+__global__ void qgemm_x_kernel(__half *xp, qgemm_src src, int64_t T, int64_t n_in, int64_t kp) {
     const int64_t r = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (r >= kp / 16) return;
     for (int64_t t = blockIdx.y; t < T; t += gridDim.y) {
@@ -214,29 +210,18 @@ template <int WT, int BM, int BN, int WM, int WN, int ST> struct qgemm_cfg {
     static_assert(NT % 2 == 0 || NT == 1, "B fragments two n8 tiles at a time, or one");
 };
 
-// Split over the inputs (gridDim.z parts, for passes of a few tokens whose tiles alone leave multiprocessors idle):
-// each part writes its sums to part[z] (T, n_out), and the part that finishes its tile last adds the parts' sums
-// in order 0, 1, ... into y, so that y does not depend on which finished first. tickets: one a tile, zero before
-// the launch (qgemm_x_kernel zeroes them).
-struct qgemm_split {
-    float *part;
-    unsigned *tickets;
-};
-
 // PRECOND: w and every row (row_bytes apart) 16-byte aligned; xp from qgemm_x_kernel (kp = 32 * groups).
 template <int WT, int BM, int BN, int WM, int WN, int ST>
 __global__ void __launch_bounds__(WM *WN * 32)
     qgemm_kernel(float *__restrict__ y, const __half *__restrict__ xp, const uint8_t *__restrict__ w, int64_t T,
-                 int64_t n_out, int64_t groups, int64_t row_bytes, qgemm_split split) {
+                 int64_t n_out, int64_t groups, int64_t row_bytes) {
     using C = qgemm_cfg<WT, BM, BN, WM, WN, ST>;
     extern __shared__ __align__(16) uint8_t sm[];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int wm = warp % WM, wn = warp / WM;
     const int64_t m0 = (int64_t)blockIdx.y * BM, n0 = (int64_t)blockIdx.x * BN;
     const int64_t kp = groups * DJ_QGROUP, so = groups * C::QB;  // x's row length; where a row's scales start
-    // this part's stages of 64 inputs: [K0, KT)
-    const int KT_ALL = (int)((groups + 1) / 2), KPER = (KT_ALL + (int)gridDim.z - 1) / (int)gridDim.z;
-    const int K0 = (int)blockIdx.z * KPER, KT = K0 + KPER < KT_ALL ? K0 + KPER : KT_ALL;
+    const int K0 = 0, KT = (int)((groups + 1) / 2);  // stages of 64 inputs: [K0, KT)
 
     // stage `st` <- inputs 64 kt .. 64 kt + 63: values, scales, x (past the end: zeros)
     auto load = [&](int st, int kt) {
@@ -300,59 +285,45 @@ __global__ void __launch_bounds__(WM *WN * 32)
     }
     cp_async_wait<0>();
 
-    // y[token][row] (or this part's sums): c0, c1 at (row g, tokens 2c, 2c + 1), c2, c3 at row g + 8
+    // y[token][row]: c0, c1 at (row g, tokens 2c, 2c + 1), c2, c3 at row g + 8
     const int c2 = 2 * (lane & 3);
-    float *out = gridDim.z == 1 ? y : split.part + (size_t)blockIdx.z * (size_t)T * (size_t)n_out;
-    auto each = [&](auto &&f) {  // f(offset in y, the thread's value) for each output the thread holds
 #pragma unroll
-        for (int mt = 0; mt < C::MT; mt++) {
-            const int64_t row = m0 + wm * (BM / WM) + mt * 16 + g;
+    for (int mt = 0; mt < C::MT; mt++) {
+        const int64_t row = m0 + wm * (BM / WM) + mt * 16 + g;
 #pragma unroll
-            for (int nt = 0; nt < C::NT; nt++) {
-                const int64_t tok = n0 + wn * (BN / WN) + nt * 8 + c2;
-                float *d = acc[mt][nt];
-                if (row < n_out) {
-                    if (tok < T) f(tok * n_out + row, d[0]);
-                    if (tok + 1 < T) f((tok + 1) * n_out + row, d[1]);
-                }
-                if (row + 8 < n_out) {
-                    if (tok < T) f(tok * n_out + row + 8, d[2]);
-                    if (tok + 1 < T) f((tok + 1) * n_out + row + 8, d[3]);
-                }
+        for (int nt = 0; nt < C::NT; nt++) {
+            const int64_t tok = n0 + wn * (BN / WN) + nt * 8 + c2;
+            const float *d = acc[mt][nt];
+            if (row < n_out) {
+                if (tok < T) y[tok * n_out + row] = d[0];
+                if (tok + 1 < T) y[(tok + 1) * n_out + row] = d[1];
+            }
+            if (row + 8 < n_out) {
+                if (tok < T) y[tok * n_out + row + 8] = d[2];
+                if (tok + 1 < T) y[(tok + 1) * n_out + row + 8] = d[3];
             }
         }
-    };
-    each([&](int64_t i, float &v) { out[i] = v; });
-    if (gridDim.z == 1) return;
-    // the last part of this tile to finish adds the parts in order
-    __shared__ unsigned ticket;
-    __threadfence();  // this part's sums are visible before its ticket is
-    __syncthreads();
-    if (tid == 0) ticket = atomicAdd(split.tickets + blockIdx.y * gridDim.x + blockIdx.x, 1u);
-    __syncthreads();
-    if (ticket != gridDim.z - 1) return;
-    __threadfence();
-    const size_t stride = (size_t)T * (size_t)n_out;
-    each([&](int64_t i, float &v) {
-        float sum = __ldcg(split.part + i);
-        for (unsigned z = 1; z < gridDim.z; z++) sum += __ldcg(split.part + z * stride + (size_t)i);
-        y[i] = sum;
-    });
+    }
 }
 
 // ---- the register kernel: passes of a few tokens at the weights' bytes
-// The kernels above stage the weights through shared memory (a copy, a barrier and an ldmatrix a stage), which holds
-// them at 4-5x the time a read of their bytes takes up to 32 tokens (bench/results/qgemm_split). Here each lane
-// loads its weights from memory straight into registers and widens them into the mma's A fragments. Lane (g, c) of
-// a warp holds, for each of the warp's MT tiles of 16 rows, rows g and g + 8 of groups 4 KC i + KC c .. + KC - 1 in
-// iteration i (a quad reads 4 KC consecutive groups of a row: 64 KC bytes of q4). A group's 32 weights feed 8 k16
-// steps, 4 a step, in the lane's slots 2c, 2c + 1, 2c + 8, 2c + 9, so a step mixes the quad's four groups, each
-// weight widened with its own group's parameters before the product. x is laid out to match (qreg_x_kernel): lane
-// (g, c)'s B fragment is token g's inputs in the same slots of the same group, two steps' in one 16-byte load, a
-// warp's 512 bytes contiguous. Which weight of its group a step's slot e takes (the order q4_pair and q8_pair hand
-// a word's weights out): q4, step 2w + h: 16h + 4w + {0, 2, 1, 3}[e]; q8, step s: 4s + {0, 2, 1, 3}[e].
-// A CTA's warps take different rows and the same inputs, so x stays in L1 for all of them; the inputs are split into
-// gridDim.z parts, added up as qgemm_kernel's split does (the last part of a tile to finish adds them in order).
+// The kernels above share each stage's weights between warps through shared memory (a copy, a barrier and an
+// ldmatrix a stage), which holds them at 4-5x the time a read of their bytes takes up to 32 tokens
+// (bench/results/qgemm_split). Here every lane widens the weights it copied itself, so no barrier orders the warps:
+// a lane's 16-byte chunks go by cp.async into a ring of ST stages of its own in shared memory (deep in flight without
+// the registers), and from there into the mma's A fragments. Lane (g, c) of a warp holds, for each of the warp's MT
+// tiles of 16 rows, rows g and g + 8's chunks 4 NQ i + 4 k + c (k < NQ) of unit i (a quad's copies are 64
+// contiguous bytes). A chunk is 16 bytes of values: a q4 group (8 k16 steps) or half a q8 group (4 steps), 4 weights
+// a step in the lane's slots 2c, 2c + 1, 2c + 8, 2c + 9, so a step mixes the quad's chunks, each weight widened with
+// its own group's parameters before the product. x is laid out to match (qreg_x_kernel): lane (g, c)'s B fragment
+// is token g's inputs in the same slots of the same chunk, two steps' in one 16-byte load, a warp's 512 bytes
+// contiguous. Which weight of its chunk a step's slot e takes (the order q4_pair and q8_pair hand a word's weights
+// out): q4, step 2w + h: 16h + 4w + {0, 2, 1, 3}[e]; q8, step s: 4s + {0, 2, 1, 3}[e].
+// Work is split stream-K: a row block (the CTA's WARPS x MT x 16 rows) times its units of 4 NQ chunks a row make a
+// line of units, cut into gridDim.x equal runs, one a CTA (as many CTAs as fit the device at once, so none waits for
+// a second wave). A run that covers a block whole writes y; the runs sharing a block write their sums to scratch, and
+// the last to finish (a ticket per warp's rows) adds them in run order, so y does not depend on which finished first.
+// The warps of a CTA read the same inputs, so x stays in L1 for all of them.
 template <int WT> static __device__ __forceinline__ int qreg_slot(int s, int e) {
     const int o = 2 * (e & 1) + (e >> 1);
     return WT == DJ_Q4 ? 16 * (s & 1) + 4 * (s >> 1) + o : 4 * s + o;
@@ -369,30 +340,37 @@ static __device__ __forceinline__ void load4(float *v, const float *row, int64_t
     }
 }
 
-// xf (uint4 a lane's two steps): for each block tb of 8 NT tokens, iteration i, group j of a lane's KC, step pair w,
-// n8 tile nt and lane (g, c), token 8 NT tb + 8 nt + g's inputs of group 4 KC i + KC c + j in the slots of steps
-// 2w and 2w + 1, in f16 (zeros past T and n_in). n16: the uint4s; a thread each. The split kernel's n_tickets
-// tickets are zeroed on the way, as qgemm_x_kernel does.
-template <int WT, int NT, int KC>
+template <int WT> struct qreg_shape {
+    static constexpr int STEPS = WT == DJ_Q4 ? 8 : 4;  // k16 steps a chunk
+    static constexpr int SP = STEPS / 2;               // 16-byte x loads a chunk a lane (two steps each)
+    static constexpr int IN = WT == DJ_Q4 ? 32 : 16;   // inputs a chunk
+};
+
+// xf (uint4: a lane's two steps): for each block tb of 8 NT tokens, unit i, chunk k of a lane's NQ, step pair w, n8
+// tile nt and lane (g, c), token 8 NT tb + 8 nt + g's inputs of chunk 4 NQ i + 4 k + c in the slots of steps 2w and
+// 2w + 1, in f16 (zeros past T and n_in). n16: the uint4s, a thread each. The first n_tickets tickets are zeroed on
+// the way (this kernel runs before the product, on the same stream).
+template <int WT, int NT, int NQ>
 __global__ void qreg_x_kernel(uint4 *xf, qgemm_src src, int64_t T, int64_t n_in, int64_t iters, int64_t n16,
-                              unsigned *tickets, int n_tickets) {
-    if (blockIdx.x == 0)
-        for (int i = threadIdx.x; i < n_tickets; i += blockDim.x) tickets[i] = 0;
+                              unsigned *tickets, int64_t n_tickets) {
+    using S = qreg_shape<WT>;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n_tickets; i += (int64_t)gridDim.x * blockDim.x)
+        tickets[i] = 0;
     const int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (idx >= n16) return;
     const int lane = (int)(idx & 31);
     int64_t r = idx >> 5;
     const int nt = (int)(r % NT);
     r /= NT;
-    const int w = (int)(r & 3);
-    r >>= 2;
-    const int j = (int)(r % KC);
-    r /= KC;
+    const int w = (int)(r % S::SP);
+    r /= S::SP;
+    const int k = (int)(r % NQ);
+    r /= NQ;
     const int64_t tb = r / iters, i = r - tb * iters;
-    const int64_t tok = tb * 8 * NT + 8 * nt + (lane >> 2), grp = i * 4 * KC + (int64_t)KC * (lane & 3) + j;
-    float a[4] = {0, 0, 0, 0}, b[4] = {0, 0, 0, 0};  // the inputs of steps 2w and 2w + 1, from their first slot on
+    const int64_t tok = tb * 8 * NT + 8 * nt + (lane >> 2), chunk = i * 4 * NQ + 4 * k + (lane & 3);
+    float a[4] = {0, 0, 0, 0}, b[4] = {0, 0, 0, 0};  // steps 2w and 2w + 1's inputs, from their first slot's on
     if (tok < T) {
-        const int64_t a0 = 32 * grp + qreg_slot<WT>(2 * w, 0), b0 = 32 * grp + qreg_slot<WT>(2 * w + 1, 0);
+        const int64_t a0 = S::IN * chunk + qreg_slot<WT>(2 * w, 0), b0 = S::IN * chunk + qreg_slot<WT>(2 * w + 1, 0);
         load4(a, src.x + tok * src.ld, a0, n_in);
         load4(b, src.x + tok * src.ld, b0, n_in);
         if (src.up) {
@@ -400,140 +378,140 @@ __global__ void qreg_x_kernel(uint4 *xf, qgemm_src src, int64_t T, int64_t n_in,
             load4(ua, src.up + tok * src.ld, a0, n_in);
             load4(ub, src.up + tok * src.ld, b0, n_in);
 #pragma unroll
-            for (int k = 0; k < 4; k++) a[k] = silu_mul(a[k], ua[k]), b[k] = silu_mul(b[k], ub[k]);
+            for (int j = 0; j < 4; j++) a[j] = silu_mul(a[j], ua[j]), b[j] = silu_mul(b[j], ub[j]);
         }
     }
     xf[idx] = make_uint4(f16x2(a[0], a[2]), f16x2(a[1], a[3]), f16x2(b[0], b[2]), f16x2(b[1], b[3]));
 }
 
-// 16 bytes of weights, read once: past L1, which keeps x.
-static __device__ __forceinline__ uint4 ld_stream(const void *p) {
-    uint4 v;
-    asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n"
-        : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-        : "l"(p));
-    return v;
-}
 static __device__ __forceinline__ uint32_t u4_at(const uint4 &v, int k) {
     return k == 0 ? v.x : k == 1 ? v.y : k == 2 ? v.z : v.w;
 }
 
-// A lane's weights of an iteration: values q (QV 16-byte loads a group) and parameters p, rows g (h 0) and g + 8.
-template <int WT, int MT, int KC> struct qreg_frag {
-    static constexpr int QV = WT == DJ_Q8 ? 2 : 1;
-    uint4 q[MT][2][KC * QV];
-    uint32_t p[MT][2][KC];
+template <int WT, int NT, int MT, int NQ, int WARPS, int ST> struct qreg_cfg {
+    static constexpr int THREADS = WARPS * 32;
+    static constexpr int ROWS = WARPS * MT * 16;  // a row block
+    static constexpr int NC = MT * 2 * NQ;        // chunks a lane copies a unit (and parameter words)
+    static constexpr int Q_BYTES = NC * THREADS * 16;
+    static constexpr int STAGE = Q_BYTES + NC * THREADS * 4;
+    static constexpr int SMEM = ST * STAGE;
+    static constexpr int ACC = MT * NT * 4;  // a lane's sums
+    static constexpr int XU = NQ * qreg_shape<WT>::SP * NT * 32;  // xf's uint4s a unit
 };
 
-// PRECOND: w and every row (row_bytes apart) 16-byte aligned; xf from qreg_x_kernel with the same NT and KC; iters =
-// ceil(groups / (4 KC)).
-template <int WT, int NT, int MT, int KC, int WARPS>
-__global__ void __launch_bounds__(WARPS * 32)
-    qreg_kernel(float *__restrict__ y, const uint4 *__restrict__ xf, const uint8_t *__restrict__ w, int64_t T,
-                int64_t n_out, int64_t groups, int64_t row_bytes, int iters, qgemm_split split) {
-    using F = qreg_frag<WT, MT, KC>;
-    constexpr int QB = q_group_bytes(WT), QV = F::QV;
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, c = lane & 3;
-    const int64_t so = groups * QB;  // where a row's parameters start
-    const int64_t m0 = ((int64_t)blockIdx.x * WARPS + warp) * MT * 16;
-    // the lane's rows (tile mt, half h), clamped to the last: a row past n_out computes sums never stored
-    const uint8_t *rp[MT][2];
-#pragma unroll
-    for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-            const int64_t row = m0 + 16 * mt + 8 * h + g;
-            rp[mt][h] = w + (row < n_out ? row : n_out - 1) * row_bytes;
-        }
-    // this part's iterations [I0, I1)
-    const int I0 = (int)((int64_t)iters * blockIdx.z / gridDim.z);
-    const int I1 = (int)((int64_t)iters * (blockIdx.z + 1) / gridDim.z);
-    const uint4 *xb = xf + (int64_t)blockIdx.y * iters * (KC * 4 * NT * 32) + lane;
+struct qreg_args {
+    float *y;                 // (T, n_out)
+    const uint4 *xf;          // qreg_x_kernel's
+    const uint8_t *w;         // (n_out, row_bytes), model.h's rows
+    int64_t T, n_out, chunks, groups, row_bytes;
+    int64_t iters, n_rb;      // units a row block; row blocks
+    float *part;              // runs' sums: (token blocks, gridDim.x, 2, WARPS, ACC, 32)
+    unsigned *tickets;        // (token blocks, n_rb, WARPS), zero
+};
 
-    auto load = [&](int i, F &f) {
-        const int64_t g0 = (int64_t)i * 4 * KC + KC * c;  // the lane's first group
-        if (g0 + KC <= groups) {
+// PRECOND: w and every row 16-byte aligned; xf from qreg_x_kernel with the same NT and NQ; iters = ceil(chunks /
+// (4 NQ)); gridDim.x <= n_rb * iters; gridDim.y blocks of 8 NT tokens.
+template <int WT, int NT, int MT, int NQ, int WARPS, int ST>
+__global__ void __launch_bounds__(WARPS * 32) qreg_kernel(qreg_args a) {
+    using C = qreg_cfg<WT, NT, MT, NQ, WARPS, ST>;
+    constexpr int SP = qreg_shape<WT>::SP;
+    extern __shared__ __align__(16) uint8_t sm[];
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, c = lane & 3;
+    const int64_t G = gridDim.x, U = a.n_rb * a.iters;
+    const int64_t u0 = (int64_t)blockIdx.x * U / G, u1 = ((int64_t)blockIdx.x + 1) * U / G;  // this CTA's run
+    const int64_t so = a.groups * q_group_bytes(WT);                                            // parameters
+    const int par = WT == DJ_Q4 ? (c & 1) : (c >> 1) & 1;  // which half of its parameter word a lane's chunks take
+    const uint4 *xb = a.xf + (int64_t)blockIdx.y * a.iters * C::XU + lane;
+
+    // unit (lrb, i) into stage st: the lane's chunks, and for each the 4-byte word holding its group's parameter
+    // (chunks past the row: zeros). lrp: the lane's rows of block lrb (tile mt, half h), clamped to the last row (a
+    // row past n_out computes sums never stored).
+    const uint8_t *lrp[MT][2];
+    auto rows_of = [&](int64_t rb) {
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const int64_t row = rb * C::ROWS + (warp * MT + mt) * 16 + 8 * h + g;
+                lrp[mt][h] = a.w + (row < a.n_out ? row : a.n_out - 1) * a.row_bytes;
+            }
+    };
+    auto load = [&](int64_t i, int st) {
+        uint8_t *q = sm + st * C::STAGE + tid * 16, *p = sm + st * C::STAGE + C::Q_BYTES + tid * 4;
+#pragma unroll
+        for (int k = 0; k < NQ; k++) {
+            const int64_t j = i * 4 * NQ + 4 * k + c, grp = WT == DJ_Q4 ? j : j >> 1;
+            const int64_t pj = so + 2 * (grp & ~(int64_t)1);
+            const bool ok = j < a.chunks;
 #pragma unroll
             for (int mt = 0; mt < MT; mt++)
 #pragma unroll
                 for (int h = 0; h < 2; h++) {
-#pragma unroll
-                    for (int k = 0; k < KC * QV; k++) f.q[mt][h][k] = ld_stream(rp[mt][h] + g0 * QB + 16 * k);
-                    const uint8_t *ps = rp[mt][h] + so + 2 * g0;
-                    if (KC == 1) {
-                        f.p[mt][h][0] = *(const uint16_t *)ps;
-                    } else if (KC == 2) {
-                        const uint32_t v = *(const uint32_t *)ps;
-                        f.p[mt][h][0] = v & 0xFFFFu, f.p[mt][h][KC - 1] = v >> 16;
-                    } else {
-#pragma unroll
-                        for (int k = 0; k < KC; k += 2) {
-                            const uint32_t v = *(const uint32_t *)(ps + 2 * k);
-                            f.p[mt][h][k] = v & 0xFFFFu, f.p[mt][h][k + 1] = v >> 16;
-                        }
-                    }
+                    const int n = (mt * 2 + h) * NQ + k;
+                    cp_async16(q + n * C::THREADS * 16, ok ? lrp[mt][h] + j * 16 : a.w, ok ? 16 : 0);
+                    cp_async4(p + n * C::THREADS * 4, ok ? lrp[mt][h] + pj : a.w, ok ? 4 : 0);
                 }
-        } else {  // the last iteration's groups past the row's end: zeros (x is zero there too)
-#pragma unroll
-            for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-                for (int h = 0; h < 2; h++)
-#pragma unroll
-                    for (int k = 0; k < KC; k++) {
-                        const bool ok = g0 + k < groups;
-#pragma unroll
-                        for (int v = 0; v < QV; v++)
-                            f.q[mt][h][k * QV + v] =
-                                ok ? ld_stream(rp[mt][h] + (g0 + k) * QB + 16 * v) : make_uint4(0, 0, 0, 0);
-                        f.p[mt][h][k] = ok ? *(const uint16_t *)(rp[mt][h] + so + 2 * (g0 + k)) : 0u;
-                    }
         }
     };
 
     float acc[MT][NT][4];
+    auto zero = [&]() {
 #pragma unroll
-    for (int mt = 0; mt < MT; mt++)
+        for (int mt = 0; mt < MT; mt++)
 #pragma unroll
-        for (int nt = 0; nt < NT; nt++) acc[mt][nt][0] = acc[mt][nt][1] = acc[mt][nt][2] = acc[mt][nt][3] = 0.0f;
+            for (int nt = 0; nt < NT; nt++) acc[mt][nt][0] = acc[mt][nt][1] = acc[mt][nt][2] = acc[mt][nt][3] = 0.0f;
+    };
 
-    auto compute = [&](int i, const F &f) {
-        const uint4 *xi = xb + (int64_t)i * (KC * 4 * NT * 32);
+    auto compute = [&](int64_t i, int st) {
+        const uint4 *qs = (const uint4 *)(sm + st * C::STAGE) + tid;
+        const uint32_t *ps = (const uint32_t *)(sm + st * C::STAGE + C::Q_BYTES) + tid;
+        const uint4 *xi = xb + i * C::XU;
 #pragma unroll
-        for (int k = 0; k < KC; k++) {
-            __half2 sc[MT][2], off[MT][2];
+        for (int k = 0; k < NQ; k++) {
+            uint4 q[MT][2];
+            __half2 sc[MT][2], off[MT][2], off16[MT][2];  // off16: q4's other offset, 16 + z / 4 (0x4C00 | z << 4)
 #pragma unroll
             for (int mt = 0; mt < MT; mt++)
 #pragma unroll
-                for (int h = 0; h < 2; h++) q_widen_params<WT>(f.p[mt][h][k], &sc[mt][h], &off[mt][h]);
+                for (int h = 0; h < 2; h++) {
+                    const int n = (mt * 2 + h) * NQ + k;
+                    q[mt][h] = qs[n * C::THREADS];
+                    const uint32_t pm = (ps[n * C::THREADS] >> (16 * par)) & 0xFFFFu;
+                    q_widen_params<WT>(pm, &sc[mt][h], &off[mt][h]);
+                    off16[mt][h] = __half2half2(__ushort_as_half((unsigned short)(0x4C00u | (pm >> 10) << 4)));
+                }
 #pragma unroll
-            for (int wp = 0; wp < 4; wp++) {
+            for (int wp = 0; wp < SP; wp++) {
                 uint4 xv[NT];
 #pragma unroll
-                for (int nt = 0; nt < NT; nt++) xv[nt] = __ldg(xi + ((k * 4 + wp) * NT + nt) * 32);
+                for (int nt = 0; nt < NT; nt++) xv[nt] = __ldg(xi + ((k * SP + wp) * NT + nt) * 32);
 #pragma unroll
                 for (int hh = 0; hh < 2; hh++) {
-                    const int s = 2 * wp + hh;  // the step
 #pragma unroll
                     for (int mt = 0; mt < MT; mt++) {
-                        uint32_t a[4];
-                        if (WT == DJ_Q4) {
-                            const uint32_t ug = u4_at(f.q[mt][0][k], wp), ug8 = u4_at(f.q[mt][1][k], wp);
-                            a[0] = q_widen2(q4_pair(ug, 4 * hh), sc[mt][0], off[mt][0]);
-                            a[1] = q_widen2(q4_pair(ug8, 4 * hh), sc[mt][1], off[mt][1]);
-                            a[2] = q_widen2(q4_pair(ug, 8 + 4 * hh), sc[mt][0], off[mt][0]);
-                            a[3] = q_widen2(q4_pair(ug8, 8 + 4 * hh), sc[mt][1], off[mt][1]);
-                        } else {
-                            const uint32_t ug = u4_at(f.q[mt][0][k * QV + s / 4], s % 4);
-                            const uint32_t ug8 = u4_at(f.q[mt][1][k * QV + s / 4], s % 4);
-                            a[0] = q_widen2(q8_pair(ug, 0x4240), sc[mt][0], off[mt][0]);
-                            a[1] = q_widen2(q8_pair(ug8, 0x4240), sc[mt][1], off[mt][1]);
-                            a[2] = q_widen2(q8_pair(ug, 0x4341), sc[mt][0], off[mt][0]);
-                            a[3] = q_widen2(q8_pair(ug8, 0x4341), sc[mt][1], off[mt][1]);
+                        uint32_t af[4];
+                        if (WT == DJ_Q4) {  // step 2 wp + hh: word wp's low (hh 0) or high nibbles
+                            // u << 2 holds (B0, B2)'s low nibbles at bits 2-5 of each half (256 + k under exponent
+                            // 0x5C00) and their high ones at bits 6-9 (16 + k under 0x4C00); u >> 6 (B1, B3)'s: two
+                            // shifts for four pairs, and the same halves as q4_pair's, less the same exact offsets
+                            const uint32_t u = u4_at(q[mt][0], wp), u8 = u4_at(q[mt][1], wp);
+                            const uint32_t m = hh ? 0x03C003C0u : 0x003C003Cu, e = hh ? 0x4C004C00u : 0x5C005C00u;
+                            const __half2 o0 = hh ? off16[mt][0] : off[mt][0], o1 = hh ? off16[mt][1] : off[mt][1];
+                            af[0] = q_widen2(((u << 2) & m) | e, sc[mt][0], o0);
+                            af[1] = q_widen2(((u8 << 2) & m) | e, sc[mt][1], o1);
+                            af[2] = q_widen2(((u >> 6) & m) | e, sc[mt][0], o0);
+                            af[3] = q_widen2(((u8 >> 6) & m) | e, sc[mt][1], o1);
+                        } else {  // step 2 wp + hh: word 2 wp + hh
+                            const uint32_t ug = u4_at(q[mt][0], 2 * wp + hh), ug8 = u4_at(q[mt][1], 2 * wp + hh);
+                            af[0] = q_widen2(q8_pair(ug, 0x4240), sc[mt][0], off[mt][0]);
+                            af[1] = q_widen2(q8_pair(ug8, 0x4240), sc[mt][1], off[mt][1]);
+                            af[2] = q_widen2(q8_pair(ug, 0x4341), sc[mt][0], off[mt][0]);
+                            af[3] = q_widen2(q8_pair(ug8, 0x4341), sc[mt][1], off[mt][1]);
                         }
 #pragma unroll
                         for (int nt = 0; nt < NT; nt++) {
-                            const uint32_t b[2] = {hh ? xv[nt].z : xv[nt].x, hh ? xv[nt].w : xv[nt].y};
-                            mma16816(acc[mt][nt], a, b);
+                            const uint32_t bf[2] = {hh ? xv[nt].z : xv[nt].x, hh ? xv[nt].w : xv[nt].y};
+                            mma16816(acc[mt][nt], af, bf);
                         }
                     }
                 }
@@ -541,53 +519,89 @@ __global__ void __launch_bounds__(WARPS * 32)
         }
     };
 
-    // two iterations' weights in registers: the next one's loads in flight while this one is multiplied
-    F fa, fb;
-    if (I0 < I1) load(I0, fa);
-    for (int i = I0; i < I1; i += 2) {
-        if (i + 1 < I1) load(i + 1, fb);
-        compute(i, fa);
-        if (i + 2 < I1) load(i + 2, fa);
-        if (i + 1 < I1) compute(i + 1, fb);
-    }
-
-    // y[token][row] (or this part's sums): c0, c1 at (row g, tokens 2c, 2c + 1), c2, c3 at row g + 8
+    // the lane's sums of row block rb into y, or into this run's slot and, for the last run of the block, the runs'
+    // sums in order into y. (row g, tokens 2c, 2c + 1) in acc[.][.][0..1], row g + 8 in [2..3].
     const int64_t n0 = (int64_t)blockIdx.y * 8 * NT;
-    float *out = gridDim.z == 1 ? y : split.part + (size_t)blockIdx.z * (size_t)T * (size_t)n_out;
-    auto each = [&](auto &&fn) {  // fn(offset in y, the lane's value) for each output the lane holds
+    auto store = [&](int64_t rb, const float *v) {  // v: the lane's ACC values, acc's order
 #pragma unroll
         for (int mt = 0; mt < MT; mt++) {
-            const int64_t row = m0 + 16 * mt + g;
+            const int64_t row = rb * C::ROWS + (warp * MT + mt) * 16 + g;
 #pragma unroll
             for (int nt = 0; nt < NT; nt++) {
                 const int64_t tok = n0 + 8 * nt + 2 * c;
-                float *d = acc[mt][nt];
-                if (row < n_out) {
-                    if (tok < T) fn(tok * n_out + row, d[0]);
-                    if (tok + 1 < T) fn((tok + 1) * n_out + row, d[1]);
+                const float *d = v + (mt * NT + nt) * 4;
+                if (row < a.n_out) {
+                    if (tok < a.T) a.y[tok * a.n_out + row] = d[0];
+                    if (tok + 1 < a.T) a.y[(tok + 1) * a.n_out + row] = d[1];
                 }
-                if (row + 8 < n_out) {
-                    if (tok < T) fn(tok * n_out + row + 8, d[2]);
-                    if (tok + 1 < T) fn((tok + 1) * n_out + row + 8, d[3]);
+                if (row + 8 < a.n_out) {
+                    if (tok < a.T) a.y[tok * a.n_out + row + 8] = d[2];
+                    if (tok + 1 < a.T) a.y[(tok + 1) * a.n_out + row + 8] = d[3];
                 }
             }
         }
     };
-    each([&](int64_t i, float &v) { out[i] = v; });
-    if (gridDim.z == 1) return;
-    __shared__ unsigned ticket;
-    __threadfence();  // this part's sums are visible before its ticket is
-    __syncthreads();
-    if (threadIdx.x == 0) ticket = atomicAdd(split.tickets + blockIdx.y * gridDim.x + blockIdx.x, 1u);
-    __syncthreads();
-    if (ticket != gridDim.z - 1) return;
-    __threadfence();
-    const size_t stride = (size_t)T * (size_t)n_out;
-    each([&](int64_t i, float &v) {
-        float sum = __ldcg(split.part + i);
-        for (unsigned z = 1; z < gridDim.z; z++) sum += __ldcg(split.part + z * stride + (size_t)i);
-        y[i] = sum;
-    });
+    auto slot_of = [&](int64_t run, int64_t rb) {  // runs[run]'s slot for block rb: 0 where the run starts in it
+        return (run * U / G) / a.iters == rb ? 0 : 1;
+    };
+    auto flush = [&](int64_t rb) {
+        const int64_t first = rb * a.iters, last = first + a.iters;
+        if (u0 <= first && last <= u1) {
+            store(rb, &acc[0][0][0]);
+            return;
+        }
+        const size_t runs = (size_t)blockIdx.y * (size_t)G;
+        float *mine = a.part + (((runs + blockIdx.x) * 2 + slot_of(blockIdx.x, rb)) * WARPS + warp) * (C::ACC * 32);
+#pragma unroll
+        for (int e = 0; e < C::ACC; e++) mine[e * 32 + lane] = (&acc[0][0][0])[e];
+        __threadfence();  // the sums are visible before the ticket is
+        __syncwarp();
+        unsigned t = 0;
+        if (lane == 0) t = atomicAdd(a.tickets + ((int64_t)blockIdx.y * a.n_rb + rb) * WARPS + warp, 1u);
+        t = __shfl_sync(0xFFFFFFFFu, t, 0);
+        const int64_t lo = ((first + 1) * G - 1) / U, hi = (last * G - 1) / U;  // the runs holding the block's ends
+        if ((int64_t)t != hi - lo) return;
+        __threadfence();
+        float sum[C::ACC];
+#pragma unroll
+        for (int e = 0; e < C::ACC; e++) sum[e] = 0.0f;
+        for (int64_t r = lo; r <= hi; r++) {
+            const float *src = a.part + (((runs + r) * 2 + slot_of(r, rb)) * WARPS + warp) * (C::ACC * 32);
+#pragma unroll
+            for (int e = 0; e < C::ACC; e++) sum[e] += __ldcg(src + e * 32 + lane);
+        }
+        store(rb, sum);
+    };
+
+    // ST - 1 units in flight ahead of the one multiplied; each lane reads back only what it copied itself
+    int64_t lrb = u0 / a.iters, li = u0 - lrb * a.iters;  // the next unit to load
+    rows_of(lrb);
+#pragma unroll
+    for (int st = 0; st < ST - 1; st++) {
+        if (u0 + st < u1) {
+            load(li, st);
+            if (++li == a.iters) li = 0, rows_of(++lrb);
+        }
+        cp_async_commit();
+    }
+    zero();
+    int64_t rb = u0 / a.iters, i = u0 - rb * a.iters;
+    for (int64_t u = u0; u < u1; u++) {
+        cp_async_wait<ST - 2>();
+        const int st = (int)((u - u0) % ST);
+        if (u + ST - 1 < u1) {
+            load(li, (st + ST - 1) % ST);  // the stage this lane read last iteration
+            if (++li == a.iters) li = 0, rows_of(++lrb);
+        }
+        cp_async_commit();
+        compute(i, st);
+        if (++i == a.iters || u + 1 == u1) {
+            flush(rb);
+            zero();
+            i = 0, rb++;
+        }
+    }
+    cp_async_wait<0>();
 }
 
 // ---- the Hopper kernel: warpgroup MMAs (wgmma, sm_90a), the weights widened into A registers, x from shared memory
@@ -849,29 +863,15 @@ __global__ void __launch_bounds__(256, MINB)
     X(10, 128, 4, 2, true, 2)     \
     X(11, 128, 4, 1, true, 2)
 
-// The mma.sync kernel split over the inputs, for passes of a few tokens on matrices whose rows alone leave
-// multiprocessors idle: (id, BM, BN, WM, ST, PER_SM), its tiles times the parts about PER_SM CTAs a multiprocessor
-// (qgemm_parts). Of six shapes measured on the H200 (bench/results/qgemm_split: BM 32-128, BN 16-64, 2-6 CTAs a
-// multiprocessor), these two won: on Llama-3-8B's q|k|v, wo and down in q4, 1.17-1.61x the engine's previous
-// choice at T = 8, 1.27-2.07x at 16, 1.03-1.43x at 32; past 32 tokens and on gate|up the other shapes stay ahead.
-#define QGEMM_SPLIT_VARIANTS(X)   \
-    X(12, 64, 16, 4, 6, 4)        \
-    X(13, 64, 32, 4, 6, 3)
+#define QGEMM_FEW_T 64  // the most tokens the register kernel splits a row block's inputs for
 
-#define QGEMM_SPLIT_T 64                     // the most tokens the split kernels take
-#define QGEMM_SPLIT_COLS ((int64_t)1 << 16)  // parts x rows: the partial sums' floats a token (scratch)
-#define QGEMM_TICKETS 1024                   // tiles of a split launch (one ticket each)
-#define QGEMM_SPLIT_MAX 16                   // parts at most
-
-// xp = x in f16 for the kernels: qgemm_x_kernel's layout (bn 0; n_tickets of tickets zeroed), or qgemm_xt_kernel's
-// in blocks of bn tokens.
-static int qgemm_x(__half *xp, const qgemm_src &x, int64_t T, int64_t n_in, int bn, unsigned *tickets, int n_tickets,
-                   cudaStream_t s, dj_err *e) {
+// xp = x in f16 for the kernels: qgemm_x_kernel's layout (bn 0), or qgemm_xt_kernel's in blocks of bn tokens.
+static int qgemm_x(__half *xp, const qgemm_src &x, int64_t T, int64_t n_in, int bn, cudaStream_t s, dj_err *e) {
     const int64_t kp = (n_in + DJ_QGROUP - 1) / DJ_QGROUP * DJ_QGROUP;
     const int64_t KT = (kp + 63) / 64, runs = bn ? KT * 4 : kp / 16, rows = bn ? (T + bn - 1) / bn * bn : T;
     const dim3 grid((unsigned)((runs + 63) / 64), (unsigned)(rows < 65535 ? rows : 65535));
     if (bn) qgemm_xt_kernel<<<grid, 64, 0, s>>>(xp, x, T, rows, n_in, KT, __builtin_ctz((unsigned)bn));  // 128, 256
-    else qgemm_x_kernel<<<grid, 64, 0, s>>>(xp, x, T, n_in, kp, tickets, n_tickets);
+    else qgemm_x_kernel<<<grid, 64, 0, s>>>(xp, x, T, n_in, kp);
     LAUNCH_CHECK("qgemm_x", s);
     return 0;
 }
@@ -880,7 +880,7 @@ template <int WT, int BN, int ST, int KS, bool XB, int MINB>
 static int qgemm_wg_launch(float *y, const qgemm_src &x, __half *xp, const void *w, int64_t T, int64_t n_in,
                            int64_t n_out, cudaStream_t s, dj_err *e) {
     using C = qgemm_wg_cfg<WT, BN, ST>;
-    if (qgemm_x(xp, x, T, n_in, XB ? BN : 0, NULL, 0, s, e)) return -1;
+    if (qgemm_x(xp, x, T, n_in, XB ? BN : 0, s, e)) return -1;
     static int ready;
     if (!ready) {
         CUDA_CHECK(cudaFuncSetAttribute(qgemm_wg_kernel<WT, BN, ST, KS, XB, MINB>,
@@ -896,29 +896,12 @@ static int qgemm_wg_launch(float *y, const qgemm_src &x, __half *xp, const void 
     return 0;
 }
 
-// How many parts the split kernel cuts the inputs into: enough that tiles x parts make about per_sm CTAs a
-// multiprocessor, each part two stages of 64 inputs or more, the partial sums within QGEMM_SPLIT_COLS a token; 1
-// (no split) where the tiles alone fill the device or the pass is too long for the scratch.
-static int qgemm_parts(const dj_gpu *g, int per_sm, int64_t T, int64_t tiles, int64_t n_in, int64_t n_out) {
-    const int64_t stages = ((n_in + DJ_QGROUP - 1) / DJ_QGROUP + 1) / 2, want = (int64_t)per_sm * g->n_sm;
-    if (T > QGEMM_SPLIT_T || tiles > QGEMM_TICKETS || tiles >= want) return 1;
-    int64_t k = (want + tiles - 1) / tiles;
-    if (k > QGEMM_SPLIT_MAX) k = QGEMM_SPLIT_MAX;
-    if (k > stages / 2) k = stages / 2;
-    if (k * n_out > QGEMM_SPLIT_COLS) k = QGEMM_SPLIT_COLS / n_out;
-    return k > 1 ? (int)k : 1;
-}
-
-// split: the parts (1: the plain kernel); where they go in the scratch after xp: the tickets, then the sums.
 template <int WT, int BM, int BN, int WM, int WN, int ST>
 static int qgemm_launch(float *y, const qgemm_src &x, __half *xp, const void *w, int64_t T, int64_t n_in, int64_t n_out,
-                        int parts, cudaStream_t s, dj_err *e) {
+                        cudaStream_t s, dj_err *e) {
     using C = qgemm_cfg<WT, BM, BN, WM, WN, ST>;
-    const dim3 grid((unsigned)((T + BN - 1) / BN), (unsigned)((n_out + BM - 1) / BM), (unsigned)parts);
-    const int64_t kp64 = (n_in + 63) / 64 * 64;
-    unsigned *tickets = (unsigned *)(xp + (T + 255) / 256 * 256 * kp64);
-    qgemm_split split = {(float *)(tickets + QGEMM_TICKETS), tickets};
-    if (qgemm_x(xp, x, T, n_in, 0, tickets, parts > 1 ? (int)(grid.x * grid.y) : 0, s, e)) return -1;
+    const dim3 grid((unsigned)((T + BN - 1) / BN), (unsigned)((n_out + BM - 1) / BM));
+    if (qgemm_x(xp, x, T, n_in, 0, s, e)) return -1;
     static int ready;  // the shared-memory opt-in, once per instantiation (the process uses one device)
     if (!ready) {
         CUDA_CHECK(cudaFuncSetAttribute(qgemm_kernel<WT, BM, BN, WM, WN, ST>,
@@ -927,71 +910,75 @@ static int qgemm_launch(float *y, const qgemm_src &x, __half *xp, const void *w,
     }
     const int64_t groups = (n_in + DJ_QGROUP - 1) / DJ_QGROUP, rb = (int64_t)dj_row_bytes(WT, (uint64_t)n_in);
     qgemm_kernel<WT, BM, BN, WM, WN, ST><<<grid, C::THREADS, C::SMEM, s>>>(y, xp, (const uint8_t *)w, T, n_out,
-                                                                         groups, rb, split);
+                                                                         groups, rb);
     LAUNCH_CHECK("qgemm", s);
     return 0;
 }
 
-// The register kernel's shapes, (id, NT, MT, KC, WARPS, PER_SM): blocks of 8 NT tokens, MT tiles of 16 rows a warp,
-// KC groups a lane an iteration, WARPS warps a CTA, the inputs split into parts until about PER_SM CTAs a
-// multiprocessor.
+// The register kernel's shapes, (id, NT, MT, NQ, WARPS, ST): blocks of 8 NT tokens, MT tiles of 16 rows a warp, NQ
+// chunks a lane a row a unit, WARPS warps a CTA, ST stages.
 #define QREG_VARIANTS(X)        \
-    X(14, 1, 1, 2, 8, 2)        \
-    X(15, 2, 1, 2, 8, 2)        \
-    X(16, 2, 2, 2, 4, 4)        \
-    X(17, 4, 2, 1, 4, 4)        \
-    X(18, 8, 1, 1, 8, 2)        \
-    X(19, 1, 2, 2, 4, 4)        \
-    X(20, 1, 1, 4, 8, 2)
+    X(12, 1, 1, 2, 8, 4)        \
+    X(13, 2, 1, 2, 8, 4)        \
+    X(14, 4, 2, 1, 4, 4)        \
+    X(15, 8, 2, 1, 4, 4)
 
-// qreg_x_kernel's x for T tokens and n_in inputs, bytes, for every shape above (tokens to 64, groups to 16): the
-// tickets and partial sums follow it.
+#define QREG_TICKETS ((int64_t)1 << 16)  // a warp's rows of a row block of a token block (one ticket each)
+#define QREG_CTA_PART (2 * 128 * 4)      // the runs' sums' bytes a CTA a token, at most (2 slots, 128 rows, floats)
+
+// qreg_x_kernel's x for T tokens and n_in inputs, bytes, for every shape above (tokens to 64, inputs to 512 a unit);
+// the tickets and the runs' sums follow it.
 static size_t qreg_x_bytes(int64_t T, int64_t n_in) {
-    const int64_t groups = (n_in + DJ_QGROUP - 1) / DJ_QGROUP;
-    return (size_t)((T + 63) / 64 * 64) * (size_t)((groups + 15) / 16 * 16) * 64;
+    return (size_t)((T + 63) / 64 * 64) * (size_t)((n_in + 511) / 512 * 512) * 2;
 }
+// The runs' sums up to QGEMM_FEW_T tokens: as many CTAs as 3 a multiprocessor on 132 fill, at 8 tokens a block or
+// more (a launch that would need more runs fewer CTAs).
+static size_t qreg_part_bytes(int64_t T) { return (size_t)(3 * 132) * QREG_CTA_PART * (size_t)((T + 7) / 8 * 8); }
 
-// x in f16, T rounded up to whole blocks of 256 tokens; up to QGEMM_SPLIT_T tokens, the split kernels' tickets and
-// partial sums after it. The register kernel's x and its split's the same way.
+// x in f16, T rounded up to whole blocks of 256 tokens; or the register kernel's x, and up to QGEMM_FEW_T tokens
+// its tickets and runs' sums, where they take more.
 extern "C" size_t gpu_qgemm_scratch(int64_t T, int64_t n_in) {
     const size_t x = (size_t)(T + 255) / 256 * 256 * (size_t)((n_in + 63) / 64 * 64) * 2;
-    const size_t split = T <= QGEMM_SPLIT_T ? QGEMM_TICKETS * 4 + (size_t)T * QGEMM_SPLIT_COLS * 4 : 0;
-    const size_t xr = qreg_x_bytes(T, n_in);
-    return (x > xr ? x : xr) + split;
+    const size_t reg = qreg_x_bytes(T, n_in) + (T <= QGEMM_FEW_T ? QREG_TICKETS * 4 + qreg_part_bytes(T) : 0);
+    return x > reg ? x : reg;
 }
 
-// How many parts the register kernel cuts the inputs into: as qgemm_parts, with iterations of 4 KC groups, each part
-// one iteration or more.
-static int qreg_parts(const dj_gpu *g, int per_sm, int64_t T, int64_t tiles, int64_t iters, int64_t n_out) {
-    const int64_t want = (int64_t)per_sm * g->n_sm;
-    if (T > QGEMM_SPLIT_T || tiles > QGEMM_TICKETS || tiles >= want) return 1;
-    int64_t k = (want + tiles - 1) / tiles;
-    if (k > QGEMM_SPLIT_MAX) k = QGEMM_SPLIT_MAX;
-    if (k > iters) k = iters;
-    if (k * n_out > QGEMM_SPLIT_COLS) k = QGEMM_SPLIT_COLS / n_out;
-    return k > 1 ? (int)k : 1;
-}
-
-template <int WT, int NT, int MT, int KC, int WARPS>
-static int qreg_launch(const dj_gpu *g, int per_sm, float *y, const qgemm_src &x, void *scratch, const void *w,
-                       int64_t T, int64_t n_in, int64_t n_out, cudaStream_t s, dj_err *e) {
-    const int64_t groups = (n_in + DJ_QGROUP - 1) / DJ_QGROUP, iters = (groups + 4 * KC - 1) / (4 * KC);
-    const int64_t rows = WARPS * MT * 16, rb = (int64_t)dj_row_bytes(WT, (uint64_t)n_in);
-    for (int64_t t0 = 0; t0 < T; t0 += (int64_t)65535 * 8 * NT) {  // grid.y: blocks of 8 NT tokens
-        const int64_t Tc = T - t0 < (int64_t)65535 * 8 * NT ? T - t0 : (int64_t)65535 * 8 * NT;
-        const int64_t tb = (Tc + 8 * NT - 1) / (8 * NT), tiles = tb * ((n_out + rows - 1) / rows);
-        const int parts = qreg_parts(g, per_sm, Tc, tiles, iters, n_out);
+template <int WT, int NT, int MT, int NQ, int WARPS, int ST>
+static int qreg_launch(const dj_gpu *g, float *y, const qgemm_src &x, void *scratch, const void *w, int64_t T,
+                       int64_t n_in, int64_t n_out, cudaStream_t s, dj_err *e) {
+    using C = qreg_cfg<WT, NT, MT, NQ, WARPS, ST>;
+    auto kernel = qreg_kernel<WT, NT, MT, NQ, WARPS, ST>;
+    static int per_sm;  // CTAs a multiprocessor holds (once per instantiation: the process uses one device)
+    if (!per_sm) {
+        CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::SMEM));
+        CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, C::THREADS, C::SMEM));
+        if (per_sm < 1) return dj_fail(e, "gpu_qgemm: the register kernel's CTA does not fit a multiprocessor");
+    }
+    const int64_t groups = (n_in + DJ_QGROUP - 1) / DJ_QGROUP, chunks = groups * q_group_bytes(WT) / 16;
+    const int64_t iters = (chunks + 4 * NQ - 1) / (4 * NQ), n_rb = (n_out + C::ROWS - 1) / C::ROWS;
+    const int64_t rb_bytes = (int64_t)dj_row_bytes(WT, (uint64_t)n_in), per_tok = 65535 * 8 * NT;
+    for (int64_t t0 = 0; t0 < T; t0 += per_tok) {  // grid.y: blocks of 8 NT tokens
+        const int64_t Tc = T - t0 < per_tok ? T - t0 : per_tok, tb = (Tc + 8 * NT - 1) / (8 * NT);
+        // runs: the CTAs the device holds at once, shared by the token blocks, within the scratch's sums; whole row
+        // blocks (no sums) past QGEMM_FEW_T tokens or QREG_TICKETS tickets
+        int64_t G = n_rb;
+        if (Tc <= QGEMM_FEW_T && tb * n_rb * WARPS <= QREG_TICKETS) {
+            const int64_t fit = (int64_t)per_sm * g->n_sm / tb;
+            const int64_t room = (int64_t)(qreg_part_bytes(Tc) / ((size_t)2 * C::ROWS * 8 * NT * 4)) / tb;
+            G = fit < room ? fit : room;
+            if (G > n_rb * iters) G = n_rb * iters;
+            if (G < 1) G = 1;
+        }
         uint4 *xf = (uint4 *)scratch;
         unsigned *tickets = (unsigned *)((uint8_t *)scratch + qreg_x_bytes(Tc, n_in));
-        const qgemm_split split = {(float *)(tickets + QGEMM_TICKETS), tickets};
         const qgemm_src xc = {x.x + t0 * x.ld, x.up ? x.up + t0 * x.ld : NULL, x.ld};
-        const int64_t n16 = tb * iters * KC * 4 * NT * 32;
-        qreg_x_kernel<WT, NT, KC><<<(unsigned)((n16 + 255) / 256), 256, 0, s>>>(xf, xc, Tc, n_in, iters, n16, tickets,
-                                                                              parts > 1 ? (int)tiles : 0);
+        const int64_t n16 = tb * iters * C::XU, n_tickets = G == n_rb ? 0 : tb * n_rb * WARPS;
+        qreg_x_kernel<WT, NT, NQ><<<(unsigned)((n16 + 255) / 256), 256, 0, s>>>(xf, xc, Tc, n_in, iters, n16, tickets,
+                                                                              n_tickets);
         LAUNCH_CHECK("qreg_x", s);
-        const dim3 grid((unsigned)((n_out + rows - 1) / rows), (unsigned)tb, (unsigned)parts);
-        qreg_kernel<WT, NT, MT, KC, WARPS><<<grid, WARPS * 32, 0, s>>>(y + t0 * n_out, xf, (const uint8_t *)w, Tc,
-                                                                      n_out, groups, rb, (int)iters, split);
+        const qreg_args args = {y + t0 * n_out, xf, (const uint8_t *)w, Tc, n_out, chunks, groups, rb_bytes, iters,
+                                n_rb, (float *)(tickets + QREG_TICKETS), tickets};
+        kernel<<<dim3((unsigned)G, (unsigned)tb), C::THREADS, C::SMEM, s>>>(args);
         LAUNCH_CHECK("qreg", s);
     }
     return 0;
@@ -1002,14 +989,11 @@ extern "C" int gpu_qgemm_ok(uint32_t wtype, const void *w, int64_t T, int64_t n_
            (n_out + 63) / 64 <= 65535 && (T + 15) / 16 <= INT32_MAX;
 }
 
-// The tile shape for T tokens, n_in inputs and n_out rows (bench/qgemm_bench.cu, bench/results/qgemm: qgemm.txt for
-// T = 8..2048, qgemm_small.txt for 2..64, H100). Up to 32 tokens, where 128 rows a CTA give fewer CTAs than 0.9 of
-// the SMs: the mma.sync kernel split over the inputs, 16 tokens a tile up to 16, 32 up to 32 (bench/results/
-// qgemm_split, H200). Else up to 64 tokens: one 16-row mma tile of tokens up to 16, 32 up to
-// 64; on Hopper, where 128 rows a CTA give fewer CTAs than 0.9 of the SMs, the wgmma kernel with 128 tokens a CTA
-// and the inputs split instead (2..64 tokens: 8B's q|k|v, wo and down 0.47-0.70x the mma tile's time, 13B's wo and
-// down 0.45-0.66x, 70B's 0.44-0.97x), and for larger matrices from 17 tokens the wgmma kernel whole (32 tokens:
-// 0.80-0.94x, 64 tokens: 0.46-0.59x; at 16 and fewer the mma tile stays, 0.86-1.02x the wgmma kernel's time). Beyond
+// The tile shape for T tokens, n_in inputs and n_out rows (bench/qgemm_bench.cu; bench/results/qgemm_reg, H200, the
+// Llama-3-8B layer). Up to 32 tokens the register kernel, 8 tokens a block up to 8, then 16, then 32; the same with
+// 64 a block up to 64 where 128-row blocks leave SMs idle (q4 at 8 tokens, the layer 0.72x the split mma.sync
+// kernel's time; at 16 0.74x, at 32 0.70x; at 64 on q|k|v, wo and down 0.58-0.87x). Where they fill the SMs, from 33
+// tokens the wgmma kernel whole (gate|up at 64: 0.98x the register kernel's time in q4, 0.94x in q8). Beyond
 // 64 tokens on Hopper the wgmma shape of least estimated time: waves of CTAs (as many as multiprocessors; a started
 // wave costs 0.6 of a full one plus 0.4 times its fill, a single wave a whole one) times the stages a CTA runs times
 // a stage's cost: 1.4 for 256 tokens (twice the tokens of 128 for each widened weight), 1.7 split (a pass half as
@@ -1020,11 +1004,9 @@ extern "C" int gpu_qgemm_ok(uint32_t wtype, const void *w, int64_t T, int64_t n_
 static int qgemm_pick_cost(const dj_gpu *g, int64_t T, int64_t n_in, int64_t n_out, double *cost) {
     const int64_t rows = (n_out + 127) / 128, stages = ((n_in + DJ_QGROUP - 1) / DJ_QGROUP + 1) / 2;
     *cost = 0;
-    if (T <= 32 && 10 * rows < 9 * (int64_t)g->n_sm) return T <= 16 ? 12 : 13;  // the mma.sync kernel split
-    if (T <= 64) {
-        if (g->wgmma && 10 * rows < 9 * (int64_t)g->n_sm) return 10;  // split inputs fill the SMs the rows leave idle
-        return T <= 16 ? 6 : g->wgmma ? 11 : 5;
-    }
+    if (T <= 32 || (T <= 64 && (!g->wgmma || 10 * rows < 9 * (int64_t)g->n_sm)))
+        return T <= 8 ? 12 : T <= 16 ? 13 : T <= 32 ? 14 : 15;  // the register kernel
+    if (T <= 64) return 11;
     if (!g->wgmma) return 0;
     static const struct {
         int variant, bn, ks;
@@ -1074,8 +1056,8 @@ extern "C" int gpu_qgemm_wins(const dj_gpu *g, uint32_t wtype, const void *w, in
 
 extern "C" int gpu_qgemm_has(const dj_gpu *g, int variant) {
 #define QGEMM_COUNT(...) +1
-    static_assert(0 QGEMM_VARIANTS(QGEMM_COUNT) QGEMM_WG_VARIANTS(QGEMM_COUNT) QGEMM_SPLIT_VARIANTS(QGEMM_COUNT)
-                          QREG_VARIANTS(QGEMM_COUNT) == GPU_QGEMM_VARIANTS,
+    static_assert(0 QGEMM_VARIANTS(QGEMM_COUNT) QGEMM_WG_VARIANTS(QGEMM_COUNT) QREG_VARIANTS(QGEMM_COUNT) ==
+                      GPU_QGEMM_VARIANTS,
                   "kernels.h's GPU_QGEMM_VARIANTS counts the tile shapes");
     const int n_mma = 0 QGEMM_VARIANTS(QGEMM_COUNT), n_wg = 0 QGEMM_WG_VARIANTS(QGEMM_COUNT);
 #undef QGEMM_COUNT
@@ -1092,35 +1074,26 @@ static int qgemm_run(dj_gpu *g, int variant, float *y, const qgemm_src &x, const
     __half *xp = (__half *)g->scratch;
 #define QGEMM_CASE(id, BM, BN, WM, WN, ST)                                                                       \
     case id:                                                                                                    \
-        return wtype == DJ_Q8 ? qgemm_launch<DJ_Q8, BM, BN, WM, WN, ST>(y, x, xp, w, T, n_in, n_out, 1, s, e)       \
-                              : qgemm_launch<DJ_Q4, BM, BN, WM, WN, ST>(y, x, xp, w, T, n_in, n_out, 1, s, e);
-#define QGEMM_SPLIT_CASE(id, BM, BN, WM, ST, PER_SM)                                                               \
-    case id: {                                                                                                    \
-        const int k = qgemm_parts(g, PER_SM, T, (T + BN - 1) / BN * ((n_out + BM - 1) / BM), n_in, n_out);          \
-        return wtype == DJ_Q8 ? qgemm_launch<DJ_Q8, BM, BN, WM, 1, ST>(y, x, xp, w, T, n_in, n_out, k, s, e)        \
-                              : qgemm_launch<DJ_Q4, BM, BN, WM, 1, ST>(y, x, xp, w, T, n_in, n_out, k, s, e);       \
-    }
+        return wtype == DJ_Q8 ? qgemm_launch<DJ_Q8, BM, BN, WM, WN, ST>(y, x, xp, w, T, n_in, n_out, s, e)          \
+                              : qgemm_launch<DJ_Q4, BM, BN, WM, WN, ST>(y, x, xp, w, T, n_in, n_out, s, e);
 #define QGEMM_WG_CASE(id, BN, ST, KS, XB, MINB)                                                               \
     case id:                                                                                                    \
         if (!g->wgmma) return dj_fail(e, "gpu_qgemm: tile shape %d needs an sm_90 device", variant);            \
         return wtype == DJ_Q8 ? qgemm_wg_launch<DJ_Q8, BN, ST, KS, XB, MINB>(y, x, xp, w, T, n_in, n_out, s, e)  \
                               : qgemm_wg_launch<DJ_Q4, BN, ST, KS, XB, MINB>(y, x, xp, w, T, n_in, n_out, s, e);
-#define QREG_CASE(id, NT, MT, KC, WARPS, PER_SM)                                                                  \
+#define QREG_CASE(id, NT, MT, NQ, WARPS, ST)                                                                      \
     case id:                                                                                                      \
-        return wtype == DJ_Q8                                                                                     \
-                   ? qreg_launch<DJ_Q8, NT, MT, KC, WARPS>(g, PER_SM, y, x, g->scratch, w, T, n_in, n_out, s, e)   \
-                   : qreg_launch<DJ_Q4, NT, MT, KC, WARPS>(g, PER_SM, y, x, g->scratch, w, T, n_in, n_out, s, e);
+        return wtype == DJ_Q8 ? qreg_launch<DJ_Q8, NT, MT, NQ, WARPS, ST>(g, y, x, g->scratch, w, T, n_in, n_out, s, e) \
+                              : qreg_launch<DJ_Q4, NT, MT, NQ, WARPS, ST>(g, y, x, g->scratch, w, T, n_in, n_out, s, e);
     switch (variant) {
         QGEMM_VARIANTS(QGEMM_CASE)
         QGEMM_WG_VARIANTS(QGEMM_WG_CASE)
-        QGEMM_SPLIT_VARIANTS(QGEMM_SPLIT_CASE)
         QREG_VARIANTS(QREG_CASE)
     default:
         return dj_fail(e, "gpu_qgemm: no tile shape %d", variant);
     }
 #undef QGEMM_CASE
 #undef QGEMM_WG_CASE
-#undef QGEMM_SPLIT_CASE
 #undef QREG_CASE
 }
 

@@ -71,6 +71,8 @@ struct bt_sched {
     int64_t *row_pos, *pf_take;
     bt_job **want_job, **pf_job;
     float *logits;       // (parallel, vocab)
+    dj_pick_args *args;  // (parallel) the wanted rows' draws, where the engine picks (engine.h's step_rows_pick)
+    int32_t *picked;     // (parallel) its ids
     // breakpoints: the engine's probe (set at the first tap), the paused states (oldest first), the ended ones
     uint32_t dim;
     dj_probe *probe;
@@ -122,13 +124,16 @@ bt_sched *bt_new(dj_engine *eng, const dj_tokenizer *tok, const dj_config *c, co
     s->pf_job = calloc(P, sizeof *s->pf_job);
     s->pf_take = calloc(P, sizeof *s->pf_take);
     s->logits = malloc(P * (size_t)s->vocab * sizeof(float));
+    s->args = calloc(P, sizeof *s->args);
+    s->picked = calloc(P, sizeof *s->picked);
     s->dim = c->dim;
     if (o->max_paused > 0) {
         s->paused = calloc((size_t)o->max_paused, sizeof *s->paused);
         s->probe = probe_new(c, e);
     }
     int ok = s->slots && s->active && s->sessions && s->row_slot && s->row_tok && s->row_pos && s->want &&
-             s->want_job && s->pf_job && s->pf_take && s->logits && (!o->max_paused || (s->paused && s->probe));
+             s->want_job && s->pf_job && s->pf_take && s->logits && s->args && s->picked &&
+             (!o->max_paused || (s->paused && s->probe));
     for (int32_t i = 0; ok && i < eng->n_slots; i++) ok = (s->slots[i].ids = malloc((size_t)s->ctx * 4)) != NULL;
     if (!ok) {
         bt_free(s);
@@ -171,7 +176,8 @@ void bt_free(bt_sched *s) {
     free(s->paused);
     for (int32_t i = 0; s->slots && i < s->eng->n_slots; i++) free(s->slots[i].ids);
     free(s->slots), free(s->active), free(s->sessions), free(s->row_slot), free(s->row_tok), free(s->row_pos);
-    free(s->want), free(s->want_job), free(s->pf_job), free(s->pf_take), free(s->logits);
+    free(s->want), free(s->want_job), free(s->pf_job), free(s->pf_take), free(s->logits), free(s->args);
+    free(s->picked);
     free(s);
 }
 
@@ -653,9 +659,10 @@ static void add_row(bt_sched *s, int64_t *n, int32_t slot, int64_t pos, int32_t 
 
 // One pass of the engine over every sequence past its prefill (its last token, after the token takes its place in
 // the text) and up to prefill_chunk prompt tokens of those still prefilling, in the order they joined: each
-// streamed weight crosses the link once a turn whatever the mix. The logits come back for the decoding sequences
-// and for each prompt completed; their next tokens are sampled here. Returns the seconds the pass took, or -1 when
-// the turn had nothing to run.
+// streamed weight crosses the link once a turn whatever the mix. The decoding sequences and each prompt completed
+// get their next tokens: picked by the engine where the logits are when it can and no such row's sampler has a
+// penalty on (its counts live here), only the ids coming back; else from their logits, sampled here. Returns the
+// seconds the pass took, or -1 when the turn had nothing to run.
 static double turn(bt_sched *s) {
     int64_t n = 0, budget = s->o.prefill_chunk;
     int32_t nw = 0, n_dec = 0, n_pf = 0;
@@ -687,9 +694,15 @@ static double turn(bt_sched *s) {
         budget -= take;
     }
     if (!n) return -1;
+    int on_device = s->eng->step_rows_pick != NULL;
+    for (int32_t w = 0; w < nw && on_device; w++) on_device = sampler_counts(s->want_job[w]->smp) == NULL;
+    for (int32_t w = 0; w < nw && on_device; w++) sampler_step_args(s->want_job[w]->smp, &s->args[w]);
     dj_err e = {{0}};
     double t0 = dj_now();
-    int rc = s->eng->step_rows(s->eng->ctx, n, s->row_slot, s->row_pos, s->row_tok, nw, s->want, s->logits, &e);
+    int rc = on_device ? s->eng->step_rows_pick(s->eng->ctx, n, s->row_slot, s->row_pos, s->row_tok, nw, s->want,
+                                                s->args, s->picked, &e)
+                       : s->eng->step_rows(s->eng->ctx, n, s->row_slot, s->row_pos, s->row_tok, nw, s->want,
+                                           s->logits, &e);
     const double pass_s = dj_now() - t0;
     *(n_dec ? &s->st.decode_s : &s->st.prefill_s) += pass_s;
     if (n_dec) {
@@ -725,7 +738,7 @@ static double turn(bt_sched *s) {
             j->state = JOB_DECODE;
             if (j->owner) s->cb.started(j->owner, j);
         }
-        j->next = sampler_next(j->smp, s->logits + (size_t)w * (size_t)s->vocab);
+        j->next = on_device ? s->picked[w] : sampler_next(j->smp, s->logits + (size_t)w * (size_t)s->vocab);
     }
     return pass_s;
 }

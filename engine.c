@@ -48,6 +48,11 @@ static int gpu_engine_rows(void *ctx, int64_t n, const int32_t *slots, const int
                            int64_t n_want, const int32_t *want, float *logits, dj_err *e) {
     return gpu_step_rows(ctx, n, slots, pos, tokens, n_want, want, logits, e);
 }
+static int gpu_engine_rows_pick(void *ctx, int64_t n, const int32_t *slots, const int64_t *pos, const int32_t *tokens,
+                                int64_t n_want, const int32_t *want, const dj_pick_args *args, int32_t *next,
+                                dj_err *e) {
+    return gpu_step_rows_pick(ctx, n, slots, pos, tokens, n_want, want, args, next, e);
+}
 static void gpu_engine_drop(void *ctx, dj_parked *p) { gpu_drop(ctx, (dj_gpu_parked *)p); }
 static void *gpu_engine_parked_kv(void *ctx, dj_parked *p, dj_err *e) {
     return gpu_parked_host(ctx, (dj_gpu_parked *)p, e);
@@ -83,7 +88,7 @@ int engine_open(dj_engine *eng, const dj_model *m, const dj_gpu_opts *go, int32_
     *eng = (dj_engine){.name = "gpu", .is_gpu = 1, .ctx = s, .n_slots = n_slots, .kv_type = go->kv_type,
                        .max_seq = go->max_seq,
                        .forward = gpu_engine_forward, .pick = gpu_engine_pick, .step_rows = gpu_engine_rows,
-                       .park = gpu_engine_park, .restore = gpu_engine_restore, .drop = gpu_engine_drop,
+                       .step_rows_pick = gpu_engine_rows_pick, .park = gpu_engine_park, .restore = gpu_engine_restore, .drop = gpu_engine_drop,
                        .free = gpu_engine_free, .parked_kv = gpu_engine_parked_kv,
                        .set_probe = gpu_engine_set_probe, .gpu_stats = gpu_engine_stats};
     return 0;

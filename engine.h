@@ -41,6 +41,11 @@ typedef struct {
     // matvec each); attention is per row over its own slot's positions.
     int (*step_rows)(void *ctx, int64_t n, const int32_t *slots, const int64_t *pos, const int32_t *tokens,
                      int64_t n_want, const int32_t *want, float *logits, dj_err *e);
+    // step_rows with the wanted rows' next tokens picked where the logits are, by sampler.h's rule with args
+    // (n_want, from sampler_step_args; no penalty on: gpu_pick keeps one sampler's counts) into next (n_want): only
+    // the ids come back. NULL: the engine has none, the host samples the logits.
+    int (*step_rows_pick)(void *ctx, int64_t n, const int32_t *slots, const int64_t *pos, const int32_t *tokens,
+                          int64_t n_want, const int32_t *want, const dj_pick_args *args, int32_t *next, dj_err *e);
     // Parking (NULL: none). park copies positions 0..n-1 of `slot` (every layer's K and V: n * kv_pos_bytes) to
     // host memory the engine owns (page-locked on the GPU) and returns it; the slot may then be reused. restore
     // copies a parked cache back into positions 0..n-1 of any slot and releases it (on an error it is kept);

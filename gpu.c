@@ -361,64 +361,76 @@ static int upload_tokens(dj_gpu_state *s, const pass_desc *pd, dj_err *e) {
                : 0;
 }
 
-// Queues the pick from d_logits's first row and the id's copy to the host; the caller waits for the stream. The
-// counts go whole when the sampler says so or is not the one last seen, else as the changes in the arguments.
-static int queue_pick(dj_gpu_state *s, const pick_req *pk, dj_err *e) {
+// Queues the picks from d_logits's rows (rows <= GPU_LOGIT_ROWS; args: theirs) and the ids' copy to the host; the
+// caller waits for the stream. One row's counts go whole when the sampler says so or is not the one last seen, else
+// as the changes in the arguments.
+static int queue_pick(dj_gpu_state *s, const pick_req *pk, const dj_pick_args *args, int64_t rows, dj_err *e) {
     gpu_bufs *b = &s->b;
     int64_t vocab = s->m->info.config.vocab_size;
-    *b->h_pick = *pk->args;
-    if (pk->counts && (pk->args->n_set < 0 || pk->counts != b->counts_of)) {
+    memcpy(b->h_pick, args, (size_t)rows * sizeof *args);
+    if (pk->counts && (args->n_set < 0 || pk->counts != b->counts_of)) {
         b->h_pick->n_set = 0;
         if (gpu_h2d_async(b->counts, pk->counts, (size_t)vocab * 4, s->compute, e)) return -1;  // staged at once
     }
     b->counts_of = pk->counts;
-    return gpu_h2d_async(b->pick, b->h_pick, sizeof *b->h_pick, s->compute, e) ||
-                   gpu_pick(b->pick_scratch, b->next, b->logits, 1, vocab, b->pick, pk->counts ? b->counts : NULL, s->compute, e) ||
-                   gpu_d2h_async(b->h_next, b->next, 4, s->compute, e)
+    return gpu_h2d_async(b->pick, b->h_pick, (size_t)rows * sizeof *args, s->compute, e) ||
+                   gpu_pick(b->pick_scratch, b->next, b->logits, rows, vocab, b->pick, pk->counts ? b->counts : NULL,
+                            s->compute, e) ||
+                   gpu_d2h_async(b->h_next, b->next, (size_t)rows * 4, s->compute, e)
                ? -1
                : 0;
 }
 
-// All resident and one token: the whole step is one CUDA graph, captured on first use (the position is read from
-// d_pos, so every step replays the same graph); then the logits come back, or the token picked from them.
+// All resident, a step of T decoding rows: the whole pass is one CUDA graph for its T (positions and KV slots are
+// read from d_pos and d_kv_slot, so every step of T rows replays the same graph); then the rows' logits come back,
+// or the tokens picked from them. One row's is captured on first use, T rows' at their second pass.
 static int graph_step(dj_gpu_state *s, const pass_desc *pd, dj_err *e) {
-    int64_t vocab = s->m->info.config.vocab_size;
+    const int64_t vocab = s->m->info.config.vocab_size, T = pd->T;
+    cudaGraphExec_t *graph = T == 1 ? &s->graph : &s->row_graph[T];
     float *logits = pd->logits;
     const pick_req *pk = pd->pick;
-    if (!s->graph) {
+    if (!*graph) {
         gpu_unit head;
         if (gpu_graph_begin(s->compute, e)) return -1;
-        int rc = gpu_body(s, pd, &head, e) || head_logits(s, 1, 0, 1, &head, e);
+        int rc = gpu_body(s, pd, &head, e) || head_logits(s, T, 0, T, &head, e);
         dj_err ge;
-        if (gpu_graph_end(s->compute, &s->graph, rc ? &ge : e) || rc) return -1;
+        if (gpu_graph_end(s->compute, graph, rc ? &ge : e) || rc) return -1;
     }
-    if (gpu_graph_launch(s->graph, s->compute, e) ||
-        (pk ? queue_pick(s, pk, e) : gpu_d2h_async(s->b.h_logits, s->b.logits, (size_t)vocab * 4, s->compute, e)) ||
+    if (gpu_graph_launch(*graph, s->compute, e) ||
+        (pk ? queue_pick(s, pk, pk->args, T, e)
+            : gpu_d2h_async(s->b.h_logits, s->b.logits, (size_t)(T * vocab) * 4, s->compute, e)) ||
         gpu_stream_sync(s->compute, e))
         return -1;
-    if (pk) *pk->next = *s->b.h_next;
-    else memcpy(logits, s->b.h_logits, (size_t)vocab * 4);
+    if (pk) memcpy(pk->next, s->b.h_next, (size_t)T * 4);
+    else memcpy(logits, s->b.h_logits, (size_t)(T * vocab) * 4);
     s->st.passes++;
     return 0;
 }
 
-// The decode step runs as one CUDA graph where it can be captured whole: one row, every unit resident, an output
-// wanted, and nothing that asks for it kernel by kernel (--no-graph, profiling, a trace, a probe that reads rows
-// back mid-pass).
-static int graph_fits(const dj_gpu_state *s, const pass_desc *pd) {
+// A pass runs as one CUDA graph where it can be captured whole: every unit resident, one row or a step whose rows
+// all decode (each attending alone) and all want their output, at most a chunk of the head's rows, and nothing
+// that asks for it kernel by kernel (--no-graph, profiling, a trace, a probe that reads rows back mid-pass). A step
+// of T rows goes kernel by kernel the first time (row_graph_seen).
+static int graph_fits(dj_gpu_state *s, const pass_desc *pd) {
     const int all_resident = !s->sc.plan->n_streamed, wants_output = pd->logits || pd->pick;
     const int kernel_by_kernel = s->opts.no_graph || s->prof.on || s->tr || !gpu_probe_graphable(s);
-    return pd->T == 1 && all_resident && wants_output && !kernel_by_kernel;
+    if (!all_resident || !wants_output || kernel_by_kernel) return 0;
+    if (pd->T == 1) return 1;
+    const int64_t T = pd->T;
+    if (!pd->step || pd->singles != T || pd->logit_first != 0 || pd->logit_end != T || T > GPU_LOGIT_ROWS) return 0;
+    if (s->row_graph_seen[T]) return 1;
+    s->row_graph_seen[T] = 1;
+    return 0;
 }
 
-// The head's rows [r0, r0 + rows) of the pass: their logits into d_logits and on to h_logits, or the pick from
-// them, queued on the compute stream (logits NULL and no pick: nothing).
-static int head_chunk(dj_gpu_state *s, const pass_desc *pd, const gpu_unit *head, const float *logits, int64_t r0,
-                      int64_t rows, dj_err *e) {
+// The head's rows [r0, r0 + rows) of the pass (the wanted rows from `first`): their logits into d_logits and on to
+// h_logits, or the picks from them, queued on the compute stream (logits NULL and no pick: nothing).
+static int head_chunk(dj_gpu_state *s, const pass_desc *pd, const gpu_unit *head, const float *logits, int64_t first,
+                      int64_t r0, int64_t rows, dj_err *e) {
     const pick_req *pk = pd->pick;
     int64_t vocab = s->m->info.config.vocab_size;
     if ((logits || pk) && head_logits(s, pd->T, r0, rows, head, e)) return -1;
-    return (pk ? queue_pick(s, pk, e)
+    return (pk ? queue_pick(s, pk, pk->args + (r0 - first), rows, e)
                : logits && gpu_d2h_async(s->b.h_logits, s->b.logits, (size_t)(rows * vocab) * 4, s->compute, e))
                ? -1
                : 0;
@@ -436,13 +448,13 @@ static int pass_head(dj_gpu_state *s, const pass_desc *pd, const gpu_unit *head,
     if (end <= first) logits = NULL, first = T - 1, end = T;
     for (int64_t r0 = first; r0 < end; r0 += GPU_LOGIT_ROWS) {
         int64_t rows = end - r0 < GPU_LOGIT_ROWS ? end - r0 : GPU_LOGIT_ROWS, last = r0 + rows >= end;
-        if (head_chunk(s, pd, head, logits, r0, rows, e)) return -1;
+        if (head_chunk(s, pd, head, logits, first, r0, rows, e)) return -1;
         prof_mark(s, PROF_HEAD);
         if (last && (trace_unit(s->tr, nl, 1, e) || unit_end(s, nl, e) ||
                      (streams && gpu_event_record(s->sc.p1, s->compute, e))))  // the pass's end on the stream
             return -1;
         if (share_flush(s, e) || gpu_stream_sync(s->compute, e)) return -1;
-        if (pd->pick) *pd->pick->next = *s->b.h_next;
+        if (pd->pick) memcpy(pd->pick->next + (r0 - first), s->b.h_next, (size_t)rows * 4);
         else if (logits) memcpy(logits + (r0 - first) * vocab, s->b.h_logits, (size_t)(rows * vocab) * 4);
     }
     return 0;
@@ -483,6 +495,12 @@ static int gpu_pass(dj_gpu_state *s, const pass_desc *pd, dj_err *e) {
         return -1;
     }
     return 0;
+}
+
+void graphs_drop(dj_gpu_state *s) {
+    if (s->graph) gpu_graph_destroy(s->graph), s->graph = NULL;
+    for (int t = 0; t <= GPU_LOGIT_ROWS; t++)
+        if (s->row_graph[t]) gpu_graph_destroy(s->row_graph[t]), s->row_graph[t] = NULL;
 }
 
 int kv_slot_ok(const dj_gpu_state *s, int32_t slot, dj_err *e) {
@@ -535,16 +553,18 @@ int gpu_forward_pick(dj_gpu_state *s, int32_t slot, const int32_t *tokens, int64
 
 // One pass of rows [a, b) of a checked gpu_step_rows call, whose wanted rows in it are want[w0, w1): ordered
 // for the device as the wanted rows (in want's order), the other rows attending alone, then the runs of two or more
-// consecutive rows of one slot (the rest of a prompt's chunk); logits (w1 - w0, vocab).
+// consecutive rows of one slot (the rest of a prompt's chunk); logits (w1 - w0, vocab), or pk's picks of them.
 static int step_pass(dj_gpu_state *s, int64_t a, int64_t b, const int32_t *slots, const int64_t *pos,
-                     const int32_t *tokens, const int32_t *want, int64_t w0, int64_t w1, float *logits, dj_err *e) {
+                     const int32_t *tokens, const int32_t *want, int64_t w0, int64_t w1, float *logits,
+                     const pick_req *pk, dj_err *e) {
     uint8_t *wanted = s->step_wanted;
     int64_t n = 0;
     memset(wanted + a, 0, (size_t)(b - a));
     for (int64_t w = w0; w < w1; w++) wanted[want[w]] = 1;
 #define PLACE(k) (s->step_tok[n] = tokens[k], s->b.h_pos[n] = (int32_t)pos[k], s->b.h_kv_slot[n] = slots[k], n++)
     for (int64_t w = w0; w < w1; w++) PLACE(want[w]);
-    pass_desc pd = {.tokens = s->step_tok, .step = 1, .runs = s->runs, .logits = logits, .logit_end = w1 - w0};
+    pass_desc pd = {.tokens = s->step_tok, .step = 1, .runs = s->runs, .logits = logits, .logit_end = w1 - w0,
+                    .pick = pk};
     for (int runs = 0; runs < 2; runs++) {  // the rows alone first, then the runs
         for (int64_t r = a, len; r < b; r += len) {
             len = 1;
@@ -561,8 +581,10 @@ static int step_pass(dj_gpu_state *s, int64_t a, int64_t b, const int32_t *slots
     return gpu_pass(s, &pd, e);
 }
 
-int gpu_step_rows(dj_gpu_state *s, int64_t n, const int32_t *slots, const int64_t *pos, const int32_t *tokens,
-                  int64_t n_want, const int32_t *want, float *logits, dj_err *e) {
+// gpu_step_rows and gpu_step_rows_pick: logits (n_want, vocab), or the picks by args (n_want) into next (n_want).
+static int step_rows(dj_gpu_state *s, int64_t n, const int32_t *slots, const int64_t *pos, const int32_t *tokens,
+                     int64_t n_want, const int32_t *want, float *logits, const dj_pick_args *args, int32_t *next,
+                     dj_err *e) {
     const dj_config *c = &s->m->info.config;
     if (n < 1) return dj_fail(e, "gpu_step_rows: %lld rows", (long long)n);
     int32_t *began = s->slot_began;  // a run of this KV slot began in an earlier row
@@ -594,10 +616,27 @@ int gpu_step_rows(dj_gpu_state *s, int64_t n, const int32_t *slots, const int64_
         while (wb < n_want && want[wb] < b) wb++;
         for (int64_t r = a; r < b; r++)
             if (park_order(s, slots[r], e)) return -1;
-        if (step_pass(s, a, b, slots, pos, tokens, want, w, wb, logits + w * (int64_t)c->vocab_size, e)) return -1;
+        const pick_req pk = {args ? args + w : NULL, NULL, next ? next + w : NULL};
+        if (step_pass(s, a, b, slots, pos, tokens, want, w, wb, args ? NULL : logits + w * (int64_t)c->vocab_size,
+                      args && wb > w ? &pk : NULL, e))
+            return -1;
         a = b, w = wb;
     }
     return 0;
+}
+
+int gpu_step_rows(dj_gpu_state *s, int64_t n, const int32_t *slots, const int64_t *pos, const int32_t *tokens,
+                  int64_t n_want, const int32_t *want, float *logits, dj_err *e) {
+    return step_rows(s, n, slots, pos, tokens, n_want, want, logits, NULL, NULL, e);
+}
+
+int gpu_step_rows_pick(dj_gpu_state *s, int64_t n, const int32_t *slots, const int64_t *pos, const int32_t *tokens,
+                       int64_t n_want, const int32_t *want, const dj_pick_args *args, int32_t *next, dj_err *e) {
+    for (int64_t w = 0; w < n_want; w++)
+        if (args[w].penalize)
+            return dj_fail(e, "gpu_step_rows_pick: row %lld's sampler has a penalty on: its counts go with "
+                              "gpu_forward_pick, one row at a time", (long long)w);
+    return step_rows(s, n, slots, pos, tokens, n_want, want, NULL, args, next, e);
 }
 
 void gpu_state_stats(dj_gpu_state *s, dj_gpu_stats *out) {
@@ -652,7 +691,7 @@ static gpu_sizes buffer_sizes(const dj_gpu_state *s) {
     z.kv_scales = rows * (dj_kv_row_bytes(s->opts.kv_type, hd) - hd * dj_kv_elem_bytes(s->opts.kv_type));
     z.kv = 2 * (z.kv_elems + z.kv_scales);
     z.act = 4 * (mb * (3 * dim + q + 2 * kv + q + 3 * hid) + (GPU_LOGIT_ROWS + 1) * (uint64_t)c->vocab_size) +
-            gpu_pick_scratch(1);
+            gpu_pick_scratch(GPU_LOGIT_ROWS) + GPU_LOGIT_ROWS * (sizeof(dj_pick_args) + 4);
     int64_t widest = (int64_t)(hid > dim ? hid : (q > dim ? q : dim));
     z.scratch = gpu_matmul_scratch(c->wtype, s->max_batch, widest);
     uint64_t head = gpu_matmul_scratch(dj_lm_head_type(s->m), GPU_LOGIT_ROWS, (int64_t)dim);
@@ -742,11 +781,12 @@ static int alloc_buffers(dj_gpu_state *s, const gpu_sizes *z, dj_err *e) {
         gpu_malloc((void **)&b->pos, mb * 4, "positions", e) ||
         gpu_malloc((void **)&b->kv_slot, mb * 4, "KV slots", e) ||
         gpu_reserve(s->g, z->scratch, e) ||
-        gpu_malloc((void **)&b->pick, sizeof *b->pick, "sampling", e) ||
-        gpu_malloc((void **)&b->counts, vocab * 4, "sampling", e) || gpu_malloc((void **)&b->next, 4, "sampling", e) ||
-        gpu_malloc(&b->pick_scratch, gpu_pick_scratch(1), "sampling", e) ||
-        gpu_host_alloc((void **)&b->h_pick, sizeof *b->h_pick, "sampling staging", e) ||
-        gpu_host_alloc((void **)&b->h_next, 4, "sampling staging", e) ||
+        gpu_malloc((void **)&b->pick, GPU_LOGIT_ROWS * sizeof *b->pick, "sampling", e) ||
+        gpu_malloc((void **)&b->counts, vocab * 4, "sampling", e) ||
+        gpu_malloc((void **)&b->next, GPU_LOGIT_ROWS * 4, "sampling", e) ||
+        gpu_malloc(&b->pick_scratch, gpu_pick_scratch(GPU_LOGIT_ROWS), "sampling", e) ||
+        gpu_host_alloc((void **)&b->h_pick, GPU_LOGIT_ROWS * sizeof *b->h_pick, "sampling staging", e) ||
+        gpu_host_alloc((void **)&b->h_next, GPU_LOGIT_ROWS * 4, "sampling staging", e) ||
         gpu_host_alloc((void **)&b->h_x, mb * dim * 4, "embedding staging", e) ||
         gpu_host_alloc((void **)&b->h_logits, GPU_LOGIT_ROWS * vocab * 4, "logits staging", e) ||
         gpu_host_alloc((void **)&b->h_pos, mb * 4, "position staging", e) ||
@@ -866,7 +906,7 @@ void gpu_state_free(dj_gpu_state *s) {
     park_free(s);
     sched_free(s);
     share_free(s);
-    if (s->graph) gpu_graph_destroy(s->graph);
+    graphs_drop(s);
     gpu_probe_free(s);
     prof_free(s);
     gpu_bufs *b = &s->b;

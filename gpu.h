@@ -85,6 +85,11 @@ int gpu_forward_pick(dj_gpu_state *s, int32_t slot, const int32_t *tokens, int64
 // is a plain decode step (the CUDA graph when all is resident, the CPU share when it streams).
 int gpu_step_rows(dj_gpu_state *s, int64_t n, const int32_t *slots, const int64_t *pos, const int32_t *tokens,
                   int64_t n_want, const int32_t *want, float *logits, dj_err *e);
+// The same pass, the wanted rows' next tokens picked on the GPU by sampler.h's rule (args (n_want) from
+// sampler_step_args, none with a penalty on) into next (n_want): only the ids come back. -1 for a row as
+// sampler_next gives it.
+int gpu_step_rows_pick(dj_gpu_state *s, int64_t n, const int32_t *slots, const int64_t *pos, const int32_t *tokens,
+                       int64_t n_want, const int32_t *want, const dj_pick_args *args, int32_t *next, dj_err *e);
 // Parking (engine.h): a slot's first n positions copied to page-locked host memory on the parking stream, back
 // into any slot, or released. Every later pass on the slots concerned waits for the copies on the device.
 typedef struct dj_gpu_parked dj_gpu_parked;

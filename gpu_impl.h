@@ -83,15 +83,15 @@ typedef struct {
     float *inv_freq;        // (head_dim/2)
     int32_t *pos;           // (max_batch) a prefill's first position; a step's position of each row
     int32_t *kv_slot;       // (max_batch) a step's KV slot of each row
-    dj_pick_args *pick;     // (1) the draw's arguments (gpu_pick)
-    int32_t *counts;        // (vocab) the sampler's window counts, kept in step by the arguments
-    int32_t *next;          // (1) the token picked
-    void *pick_scratch;     // gpu_pick_scratch(1)
+    dj_pick_args *pick;     // (GPU_LOGIT_ROWS) the draws' arguments (gpu_pick)
+    int32_t *counts;        // (vocab) one sampler's window counts, kept in step by the arguments
+    int32_t *next;          // (GPU_LOGIT_ROWS) the tokens picked
+    void *pick_scratch;     // gpu_pick_scratch(GPU_LOGIT_ROWS)
     uint8_t *h_x;           // pinned (max_batch, dim) f32 bytes: gathered embedding rows as stored
     float *h_logits;        // pinned (GPU_LOGIT_ROWS, vocab)
     int32_t *h_pos, *h_kv_slot;  // pinned (max_batch) each
-    dj_pick_args *h_pick;   // pinned (1)
-    int32_t *h_next;        // pinned (1)
+    dj_pick_args *h_pick;   // pinned (GPU_LOGIT_ROWS)
+    int32_t *h_next;        // pinned (GPU_LOGIT_ROWS)
     const int32_t *counts_of;  // the host counts d_counts copies (a new sampler's are uploaded whole)
 } gpu_bufs;
 
@@ -225,11 +225,11 @@ typedef struct {
     int32_t kv_slot;
 } step_run;
 
-// What a pass gives back for its last token instead of logits: a token picked where they are.
+// What a pass gives back for the rows it would return logits of: their tokens, picked where the logits are.
 typedef struct {
-    const dj_pick_args *args;
-    const int32_t *counts;  // the sampler's (vocab), NULL when no penalty is on
-    int32_t *next;
+    const dj_pick_args *args;  // (the rows wanted)
+    const int32_t *counts;     // one row's sampler's (vocab); NULL when no penalty is on (always, for several rows)
+    int32_t *next;             // (the rows wanted)
 } pick_req;
 
 // A pass's inputs (gpu.c's forward and step_pass make one), handed to the pass, the layers and the head. The
@@ -245,7 +245,7 @@ typedef struct {
     const step_run *runs;
     float *logits;          // (logit_end - logit_first, vocab) of rows [logit_first, logit_end); NULL: none
     int64_t logit_first, logit_end;  // end <= first: no row wanted
-    const pick_req *pick;   // instead of logits: the last row's token, picked on the GPU
+    const pick_req *pick;   // instead of logits: the wanted rows' tokens, picked on the GPU
 } pass_desc;
 
 struct dj_gpu_state {
@@ -269,6 +269,10 @@ struct dj_gpu_state {
     gpu_sched sc;
     gpu_share sh;
     cudaGraphExec_t graph;         // the all-resident decode step, captured on first use
+    // the all-resident step of T decoding rows (T <= GPU_LOGIT_ROWS), captured at its second pass (the first runs
+    // kernel by kernel: each kernel's module and set-up loaded outside a capture)
+    cudaGraphExec_t row_graph[GPU_LOGIT_ROWS + 1];
+    uint8_t row_graph_seen[GPU_LOGIT_ROWS + 1];
     dj_gpu_stats st;
     gpu_prof prof;
     gpu_probe pr;
@@ -297,6 +301,7 @@ int sched_pass_outside(dj_gpu_state *s, double *outside_s, dj_err *e);
 
 // ---- gpu.c
 int kv_slot_ok(const dj_gpu_state *s, int32_t slot, dj_err *e);  // slot names one of the engine's KV slots
+void graphs_drop(dj_gpu_state *s);  // the captured steps go (captured again at their next passes)
 
 // ---- park.c: parking
 int park_init(dj_gpu_state *s, dj_err *e);

@@ -36,6 +36,10 @@ int gpu_step_rows(dj_gpu_state *s, int64_t n, const int32_t *slots, const int64_
                   int64_t n_want, const int32_t *want, float *logits, dj_err *e) {
     return absent(e);
 }
+int gpu_step_rows_pick(dj_gpu_state *s, int64_t n, const int32_t *slots, const int64_t *pos, const int32_t *tokens,
+                       int64_t n_want, const int32_t *want, const dj_pick_args *args, int32_t *next, dj_err *e) {
+    return absent(e);
+}
 dj_gpu_parked *gpu_park(dj_gpu_state *s, int32_t slot, int64_t n, dj_err *e) {
     absent(e);
     return NULL;

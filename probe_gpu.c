@@ -16,7 +16,7 @@ int gpu_set_probe(dj_gpu_state *s, dj_probe *p, dj_err *e) {
     gpu_probe *pr = &s->pr;
     size_t dim = c->dim;
     if (gpu_stream_sync(s->compute, e)) return -1;  // no pass still reads the vectors
-    if (s->graph) gpu_graph_destroy(s->graph), s->graph = NULL;  // captured again, with or without the additions
+    graphs_drop(s);  // captured again, with or without the additions
     pr->p = NULL;
     if (!p) return 0;
     if (probe_dim(p) != dim) return dj_fail(e, "gpu: a probe of dim %u for a model of dim %zu", probe_dim(p), dim);

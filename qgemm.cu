@@ -935,12 +935,12 @@ static size_t qreg_x_bytes(int64_t T, int64_t n_in) {
 // more (a launch that would need more runs fewer CTAs).
 static size_t qreg_part_bytes(int64_t T) { return (size_t)(3 * 132) * QREG_CTA_PART * (size_t)((T + 7) / 8 * 8); }
 
-// x in f16, T rounded up to whole blocks of 256 tokens; or the register kernel's x, and up to QGEMM_FEW_T tokens
-// its tickets and runs' sums, where they take more.
+// x in f16, T rounded up to whole blocks of 256 tokens; or the register kernel's x, its tickets and its runs' sums
+// (at most QGEMM_FEW_T tokens' worth), where they take more.
 extern "C" size_t gpu_qgemm_scratch(int64_t T, int64_t n_in) {
     const size_t x = (size_t)(T + 255) / 256 * 256 * (size_t)((n_in + 63) / 64 * 64) * 2;
-    const size_t reg = qreg_x_bytes(T, n_in) + (T <= QGEMM_FEW_T ? QREG_TICKETS * 4 + qreg_part_bytes(T) : 0);
-    return x > reg ? x : reg;
+    const size_t reg = qreg_x_bytes(T, n_in) + QREG_TICKETS * 4 + qreg_part_bytes(T < QGEMM_FEW_T ? T : QGEMM_FEW_T);
+    return x > reg ? x : reg;  // never less for more tokens: a reserve for T covers every pass of fewer
 }
 
 template <int WT, int NT, int MT, int NQ, int WARPS, int ST>

@@ -363,6 +363,54 @@ static void te_cut_pass(void) {
     model_free(&m);
 }
 
+// step_rows_pick (the GPU engine's; the CPU engine has none): 70 sequences' next tokens, greedy and sampled rows
+// mixed, two chunks of the head's rows: the ids the host's rule draws from step_rows's logits with the same draws,
+// bit for bit; a row whose sampler has a penalty on is refused by name.
+static void te_rows_pick(void) {
+    dj_model m;
+    te_load(&m);
+    const int B = 70;
+    const int64_t V = m.info.config.vocab_size;
+    dj_engine eng;
+    dj_err e;
+    te_open(&eng, &m, B);
+    if (!K.gpu) {
+        cr_expect(eng.step_rows_pick == NULL, "the CPU engine picks on the host");
+        engine_close(&eng), model_free(&m);
+        return;
+    }
+    int32_t slots[70], toks[70], want[70], host[70], dev[70];
+    int64_t pos[70];
+    dj_pick_args args[70];
+    dj_sampler *smp[70];
+    float *lg = malloc((size_t)B * V * sizeof(float));
+    cr_assert(lg);
+    for (int b = 0; b < B; b++) {
+        const int64_t n = 1 + tc_below(20);
+        int32_t *p = te_tokens(&m, n);
+        cr_assert_eq(eng.forward(eng.ctx, b, p, n, 0, NULL, 0, &e), 0, "%s", e.msg);
+        free(p);
+        slots[b] = b, pos[b] = n, toks[b] = 3 + (int32_t)tc_below((uint32_t)V - 3), want[b] = b;
+        smp[b] = sampler_new(V, b % 3 ? 0.8 : 0.0, b % 2 ? 0.9 : 1.0, 1000 + (uint64_t)b, &e);
+        cr_assert(smp[b], "%s", e.msg);
+        sampler_step_args(smp[b], &args[b]);
+    }
+    cr_assert_eq(eng.step_rows(eng.ctx, B, slots, pos, toks, B, want, lg, &e), 0, "%s", e.msg);
+    for (int b = 0; b < B; b++) host[b] = sampler_pick_u(smp[b], lg + (size_t)b * V, args[b].u);
+    // the same rows again (they write the same keys): the picks on the device
+    cr_assert_eq(eng.step_rows_pick(eng.ctx, B, slots, pos, toks, B, want, args, dev, &e), 0, "%s", e.msg);
+    for (int b = 0; b < B; b++)
+        cr_expect_eq(dev[b], host[b], "row %d (temp %.1f): picked %d on the device, %d on the host", b, args[b].temp,
+                     dev[b], host[b]);
+    args[5].penalize = 1;
+    cr_expect_neq(eng.step_rows_pick(eng.ctx, B, slots, pos, toks, B, want, args, dev, &e), 0, "a penalty went by");
+    cr_expect(strstr(e.msg, "penalty"), "%s", e.msg);
+    for (int b = 0; b < B; b++) sampler_free(smp[b]);
+    free(lg);
+    engine_close(&eng);
+    model_free(&m);
+}
+
 // Each case on each engine: the CPU's (bitwise) with each KV type, the GPU's in f32 resident, in q4 streamed with a
 // CPU share (its lone steps split with the CPU, its batches not), and in f16 resident.
 #define TE_CASES(suite, setup)                                                       \
@@ -399,6 +447,11 @@ static void te_cut_pass(void) {
         setup;                                                                       \
         tc_rng_fresh(#suite ".ctrl_c_cuts_a_pass");                                  \
         te_cut_pass();                                                               \
+    }                                                                                \
+    Test(suite, rows_pick_as_the_host_samples) {                                     \
+        setup;                                                                       \
+        tc_rng_fresh(#suite ".rows_pick_as_the_host_samples");                       \
+        te_rows_pick();                                                              \
     }
 
 TE_CASES(engine, (void)0)

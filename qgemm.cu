@@ -462,12 +462,21 @@ __global__ void __launch_bounds__(WARPS * 32) qreg_kernel(qreg_args a) {
             for (int nt = 0; nt < NT; nt++) acc[mt][nt][0] = acc[mt][nt][1] = acc[mt][nt][2] = acc[mt][nt][3] = 0.0f;
     };
 
-    auto compute = [&](int64_t i, int st) {
+    // x of chunk k of unit i (its B fragments, SP x NT 16-byte loads): up to 16 tokens loaded a chunk ahead of its
+    // products, as the lane's weights are stages ahead (waiting on each load where it was used cost 44% of the cycles
+    // between issues: bench/results/qgemm_reg); more tokens' would not fit the registers, and are loaded where used
+    constexpr bool XPRE = NT <= 2;
+    auto xload = [&](int64_t i, int k, uint4 (*xv)[NT]) {
+#pragma unroll
+        for (int wp = 0; wp < SP; wp++)
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++) xv[wp][nt] = __ldg(xb + i * C::XU + ((k * SP + wp) * NT + nt) * 32);
+    };
+    // chunk k of unit i in stage st, its x in xc (XPRE) or loaded here
+    auto compute = [&](int64_t i, int st, int k, const uint4 (*xc)[NT]) {
         const uint4 *qs = (const uint4 *)(sm + st * C::STAGE) + tid;
         const uint32_t *ps = (const uint32_t *)(sm + st * C::STAGE + C::Q_BYTES) + tid;
-        const uint4 *xi = xb + i * C::XU;
-#pragma unroll
-        for (int k = 0; k < NQ; k++) {
+        {
             uint4 q[MT][2];
             __half2 sc[MT][2], off[MT][2], off16[MT][2];  // off16: q4's other offset, 16 + z / 4 (0x4C00 | z << 4)
 #pragma unroll
@@ -484,7 +493,8 @@ __global__ void __launch_bounds__(WARPS * 32) qreg_kernel(qreg_args a) {
             for (int wp = 0; wp < SP; wp++) {
                 uint4 xv[NT];
 #pragma unroll
-                for (int nt = 0; nt < NT; nt++) xv[nt] = __ldg(xi + ((k * SP + wp) * NT + nt) * 32);
+                for (int nt = 0; nt < NT; nt++)
+                    xv[nt] = XPRE ? xc[wp][nt] : __ldg(xb + i * C::XU + ((k * SP + wp) * NT + nt) * 32);
 #pragma unroll
                 for (int hh = 0; hh < 2; hh++) {
 #pragma unroll
@@ -586,6 +596,8 @@ __global__ void __launch_bounds__(WARPS * 32) qreg_kernel(qreg_args a) {
     }
     zero();
     int64_t rb = u0 / a.iters, i = u0 - rb * a.iters;
+    uint4 xa[XPRE ? SP : 1][NT], xn[XPRE ? SP : 1][NT];  // x of the chunk multiplied, and of the next (XPRE)
+    if (XPRE && u0 < u1) xload(i, 0, xa);
     for (int64_t u = u0; u < u1; u++) {
         cp_async_wait<ST - 2>();
         const int st = (int)((u - u0) % ST);
@@ -594,7 +606,18 @@ __global__ void __launch_bounds__(WARPS * 32) qreg_kernel(qreg_args a) {
             if (++li == a.iters) li = 0, rows_of(++lrb);
         }
         cp_async_commit();
-        compute(i, st);
+#pragma unroll
+        for (int k = 0; k < NQ; k++) {  // chunk k multiplied from xa (k even) or xn, the next one's x loaded into the other
+            uint4(*cur)[NT] = k % 2 ? xn : xa, (*nxt)[NT] = k % 2 ? xa : xn;
+            if (XPRE && k + 1 < NQ) xload(i, k + 1, nxt);
+            else if (XPRE && u + 1 < u1) xload(i + 1 == a.iters ? 0 : i + 1, 0, nxt);
+            compute(i, st, k, cur);
+        }
+        if (XPRE && NQ % 2)  // the next unit's first chunk is in xn
+#pragma unroll
+            for (int wp = 0; wp < SP; wp++)
+#pragma unroll
+                for (int nt = 0; nt < NT; nt++) xa[wp][nt] = xn[wp][nt];
         if (++i == a.iters || u + 1 == u1) {
             flush(rb);
             zero();

@@ -105,6 +105,10 @@ static __device__ __forceinline__ void cp_async16(void *dst, const void *src, in
 static __device__ __forceinline__ void cp_async4(void *dst, const void *src, int bytes) {
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_u32(dst)), "l"(src), "r"(bytes));
 }
+// Copies `bytes` (0..8) of src and zero-fills the rest of the 8.
+static __device__ __forceinline__ void cp_async8(void *dst, const void *src, int bytes) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(smem_u32(dst)), "l"(src), "r"(bytes));
+}
 static __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N> static __device__ __forceinline__ void cp_async_wait() {
     asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
@@ -388,13 +392,24 @@ static __device__ __forceinline__ uint32_t u4_at(const uint4 &v, int k) {
     return k == 0 ? v.x : k == 1 ? v.y : k == 2 ? v.z : v.w;
 }
 
-template <int WT, int NT, int MT, int NQ, int WARPS, int ST> struct qreg_cfg {
+// RC (row copies): a warp copies its rows' chunks together, each copy instruction whole rows' contiguous bytes (4
+// lines of 128 bytes for 512), where a lane copying its own chunks touches 8 rows' 64 bytes (8 lines); and each
+// row's parameters for the unit in one piece of 8 or 16 bytes, where a lane copies a 4-byte word for each of its
+// chunks. The warp's stage is then shared by its lanes (a __syncwarp orders the copies and the reads), each lane
+// reading its own chunks from it: a row's chunks are CPR 16-byte slots, slot ch ^ (4 (row & 1)) holding chunk ch,
+// so the 8 lanes of a read phase (rows 2p and 2p + 1, 64 bytes each) meet no bank twice. Needs CPR >= 8 (NQ >= 2).
+template <int WT, int NT, int MT, int NQ, int WARPS, int ST, bool RC> struct qreg_cfg {
     static constexpr int THREADS = WARPS * 32;
     static constexpr int ROWS = WARPS * MT * 16;  // a row block
     static constexpr int NC = MT * 2 * NQ;        // chunks a lane copies a unit (and parameter words)
-    static constexpr int Q_BYTES = NC * THREADS * 16;
-    static constexpr int STAGE = Q_BYTES + NC * THREADS * 4;
+    static constexpr int CPR = 4 * NQ;            // a row's chunks a unit (RC)
+    static constexpr int PB = (WT == DJ_Q4 ? 2 : 1) * CPR;  // a row's parameter bytes a unit (RC)
+    static constexpr int PS = PB < 16 ? PB : 16;            // bytes a parameter copy (RC)
+    static constexpr int W_Q = 16 * MT * CPR * 16, W_P = 16 * MT * PB;  // a warp's stage (RC): values, parameters
+    static constexpr int Q_BYTES = RC ? WARPS * W_Q : NC * THREADS * 16;
+    static constexpr int STAGE = RC ? WARPS * (W_Q + W_P) : Q_BYTES + NC * THREADS * 4;
     static constexpr int SMEM = ST * STAGE;
+    static_assert(!RC || (CPR >= 8 && (16 * MT * CPR) % 32 == 0 && PB % 8 == 0), "row copies: whole rows a warp");
     static constexpr int ACC = MT * NT * 4;  // a lane's sums
     static constexpr int XU = NQ * qreg_shape<WT>::SP * NT * 32;  // xf's uint4s a unit
 };
@@ -411,9 +426,9 @@ struct qreg_args {
 
 // PRECOND: w and every row 16-byte aligned; xf from qreg_x_kernel with the same NT and NQ; iters = ceil(chunks /
 // (4 NQ)); gridDim.x <= n_rb * iters; gridDim.y blocks of 8 NT tokens.
-template <int WT, int NT, int MT, int NQ, int WARPS, int ST>
+template <int WT, int NT, int MT, int NQ, int WARPS, int ST, bool RC>
 __global__ void __launch_bounds__(WARPS * 32) qreg_kernel(qreg_args a) {
-    using C = qreg_cfg<WT, NT, MT, NQ, WARPS, ST>;
+    using C = qreg_cfg<WT, NT, MT, NQ, WARPS, ST, RC>;
     constexpr int SP = qreg_shape<WT>::SP;
     extern __shared__ __align__(16) uint8_t sm[];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, c = lane & 3;
@@ -427,30 +442,76 @@ __global__ void __launch_bounds__(WARPS * 32) qreg_kernel(qreg_args a) {
     // (chunks past the row: zeros). lrp: the lane's rows of block lrb (tile mt, half h), clamped to the last row (a
     // row past n_out computes sums never stored).
     const uint8_t *lrp[MT][2];
+    // RC: the rows of the lane's value copies (copy j: the warp's chunk lane + 32 j, row (lane + 32 j) / CPR) and of
+    // its parameter copies (copy j: piece lane + 32 j, row (lane + 32 j) / (PB / PS)), clamped as lrp
+    constexpr int NVC = RC ? 16 * MT * C::CPR / 32 : 1, NPC = RC ? (16 * MT * (C::PB / C::PS) + 31) / 32 : 1;
+    const uint8_t *vrow[NVC], *prow[NPC];
     auto rows_of = [&](int64_t rb) {
+        const int64_t r0 = rb * C::ROWS + warp * MT * 16;
+        if constexpr (RC) {
 #pragma unroll
-        for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-            for (int h = 0; h < 2; h++) {
-                const int64_t row = rb * C::ROWS + (warp * MT + mt) * 16 + 8 * h + g;
-                lrp[mt][h] = a.w + (row < a.n_out ? row : a.n_out - 1) * a.row_bytes;
+            for (int j = 0; j < NVC; j++) {
+                const int64_t row = r0 + (lane + 32 * j) / C::CPR;
+                vrow[j] = a.w + (row < a.n_out ? row : a.n_out - 1) * a.row_bytes;
             }
-    };
-    auto load = [&](int64_t i, int st) {
-        uint8_t *q = sm + st * C::STAGE + tid * 16, *p = sm + st * C::STAGE + C::Q_BYTES + tid * 4;
 #pragma unroll
-        for (int k = 0; k < NQ; k++) {
-            const int64_t j = i * 4 * NQ + 4 * k + c, grp = WT == DJ_Q4 ? j : j >> 1;
-            const int64_t pj = so + 2 * (grp & ~(int64_t)1);
-            const bool ok = j < a.chunks;
+            for (int j = 0; j < NPC; j++) {
+                const int64_t row = r0 + (lane + 32 * j) / (C::PB / C::PS);
+                prow[j] = a.w + (row < a.n_out ? row : a.n_out - 1) * a.row_bytes;
+            }
+        } else {
 #pragma unroll
             for (int mt = 0; mt < MT; mt++)
 #pragma unroll
                 for (int h = 0; h < 2; h++) {
-                    const int n = (mt * 2 + h) * NQ + k;
-                    cp_async16(q + n * C::THREADS * 16, ok ? lrp[mt][h] + j * 16 : a.w, ok ? 16 : 0);
-                    cp_async4(p + n * C::THREADS * 4, ok ? lrp[mt][h] + pj : a.w, ok ? 4 : 0);
+                    const int64_t row = r0 + mt * 16 + 8 * h + g;
+                    lrp[mt][h] = a.w + (row < a.n_out ? row : a.n_out - 1) * a.row_bytes;
                 }
+        }
+    };
+    // RC: unit i into the warp's stage st: values (chunks past the row: zeros) and parameters (groups past the row:
+    // zeros)
+    auto load_rows = [&](int64_t i, int st) {
+        uint8_t *q = sm + st * C::STAGE + warp * C::W_Q, *p = sm + st * C::STAGE + C::Q_BYTES + warp * C::W_P;
+#pragma unroll
+        for (int j = 0; j < NVC; j++) {
+            const int n = lane + 32 * j, r = n / C::CPR, ch = n % C::CPR;
+            const int64_t cj = i * C::CPR + ch;  // the chunk in the row
+            const bool ok = cj < a.chunks;
+            cp_async16(q + (r * C::CPR + (ch ^ (4 * (r & 1)))) * 16, ok ? vrow[j] + cj * 16 : a.w, ok ? 16 : 0);
+        }
+        const int64_t g_unit = i * C::PB / 2;  // the unit's first group
+#pragma unroll
+        for (int j = 0; j < NPC; j++) {
+            const int n = lane + 32 * j, r = n / (C::PB / C::PS), piece = n % (C::PB / C::PS);
+            if (r >= 16 * MT) break;
+            const int64_t g0 = g_unit + piece * (C::PS / 2), left = a.groups - g0;  // the piece's groups
+            const int bytes = left <= 0 ? 0 : left >= C::PS / 2 ? C::PS : (int)(2 * left);
+            uint8_t *dst = p + r * C::PB + piece * C::PS;
+            const uint8_t *src = bytes ? prow[j] + so + 2 * g0 : a.w;
+            if (C::PS == 16) cp_async16(dst, src, bytes);
+            else cp_async8(dst, src, bytes);
+        }
+    };
+    auto load = [&](int64_t i, int st) {
+        if constexpr (RC) {
+            load_rows(i, st);
+        } else {
+            uint8_t *q = sm + st * C::STAGE + tid * 16, *p = sm + st * C::STAGE + C::Q_BYTES + tid * 4;
+#pragma unroll
+            for (int k = 0; k < NQ; k++) {
+                const int64_t j = i * 4 * NQ + 4 * k + c, grp = WT == DJ_Q4 ? j : j >> 1;
+                const int64_t pj = so + 2 * (grp & ~(int64_t)1);
+                const bool ok = j < a.chunks;
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+                    for (int h = 0; h < 2; h++) {
+                        const int n = (mt * 2 + h) * NQ + k;
+                        cp_async16(q + n * C::THREADS * 16, ok ? lrp[mt][h] + j * 16 : a.w, ok ? 16 : 0);
+                        cp_async4(p + n * C::THREADS * 4, ok ? lrp[mt][h] + pj : a.w, ok ? 4 : 0);
+                    }
+            }
         }
     };
 
@@ -476,6 +537,7 @@ __global__ void __launch_bounds__(WARPS * 32) qreg_kernel(qreg_args a) {
     auto compute = [&](int64_t i, int st, int k, const uint4 (*xc)[NT]) {
         const uint4 *qs = (const uint4 *)(sm + st * C::STAGE) + tid;
         const uint32_t *ps = (const uint32_t *)(sm + st * C::STAGE + C::Q_BYTES) + tid;
+        const uint8_t *wq = sm + st * C::STAGE + warp * C::W_Q, *wp_ = sm + st * C::STAGE + C::Q_BYTES + warp * C::W_P;
         {
             uint4 q[MT][2];
             __half2 sc[MT][2], off[MT][2], off16[MT][2];  // off16: q4's other offset, 16 + z / 4 (0x4C00 | z << 4)
@@ -484,8 +546,15 @@ __global__ void __launch_bounds__(WARPS * 32) qreg_kernel(qreg_args a) {
 #pragma unroll
                 for (int h = 0; h < 2; h++) {
                     const int n = (mt * 2 + h) * NQ + k;
-                    q[mt][h] = qs[n * C::THREADS];
-                    const uint32_t pm = (ps[n * C::THREADS] >> (16 * par)) & 0xFFFFu;
+                    uint32_t pm;
+                    if (RC) {  // row mt 16 + 8 h + g of the warp's stage, chunk 4 k + c, its group's parameter
+                        const int r = mt * 16 + 8 * h + g, ch = 4 * k + c;
+                        q[mt][h] = *(const uint4 *)(wq + (r * C::CPR + (ch ^ (4 * (r & 1)))) * 16);
+                        pm = *(const uint16_t *)(wp_ + r * C::PB + 2 * (WT == DJ_Q4 ? ch : ch >> 1));
+                    } else {
+                        q[mt][h] = qs[n * C::THREADS];
+                        pm = (ps[n * C::THREADS] >> (16 * par)) & 0xFFFFu;
+                    }
                     q_widen_params<WT>(pm, &sc[mt][h], &off[mt][h]);
                     off16[mt][h] = __half2half2(__ushort_as_half((unsigned short)(0x4C00u | (pm >> 10) << 4)));
                 }
@@ -600,6 +669,7 @@ __global__ void __launch_bounds__(WARPS * 32) qreg_kernel(qreg_args a) {
     if (XPRE && u0 < u1) xload(i, 0, xa);
     for (int64_t u = u0; u < u1; u++) {
         cp_async_wait<ST - 2>();
+        if (RC) __syncwarp();  // the warp's copies of this unit seen by all its lanes, its reads of the last one done
         const int st = (int)((u - u0) % ST);
         if (u + ST - 1 < u1) {
             load(li, (st + ST - 1) % ST);  // the stage this lane read last iteration
@@ -940,11 +1010,16 @@ static int qgemm_launch(float *y, const qgemm_src &x, __half *xp, const void *w,
 
 // The register kernel's shapes, (id, NT, MT, NQ, WARPS, ST): blocks of 8 NT tokens, MT tiles of 16 rows a warp, NQ
 // chunks a lane a row a unit, WARPS warps a CTA, ST stages.
-#define QREG_VARIANTS(X)        \
-    X(12, 1, 1, 2, 8, 4)        \
-    X(13, 2, 1, 2, 8, 4)        \
-    X(14, 4, 2, 1, 4, 4)        \
-    X(15, 8, 2, 1, 4, 4)
+#define QREG_VARIANTS(X)               \
+    X(12, 1, 1, 2, 8, 4, false)        \
+    X(13, 2, 1, 2, 8, 4, false)        \
+    X(14, 4, 2, 1, 4, 4, false)        \
+    X(15, 8, 2, 1, 4, 4, false)        \
+    X(16, 1, 1, 2, 8, 4, true)         \
+    X(17, 2, 1, 2, 8, 4, true)         \
+    X(18, 1, 2, 4, 4, 3, true)         \
+    X(19, 2, 2, 4, 4, 3, true)         \
+    X(20, 4, 2, 2, 4, 4, true)
 
 #define QREG_TICKETS ((int64_t)1 << 16)  // a warp's rows of a row block of a token block (one ticket each)
 #define QREG_CTA_PART (2 * 128 * 4)      // the runs' sums' bytes a CTA a token, at most (2 slots, 128 rows, floats)
@@ -966,11 +1041,11 @@ extern "C" size_t gpu_qgemm_scratch(int64_t T, int64_t n_in) {
     return x > reg ? x : reg;  // never less for more tokens: a reserve for T covers every pass of fewer
 }
 
-template <int WT, int NT, int MT, int NQ, int WARPS, int ST>
+template <int WT, int NT, int MT, int NQ, int WARPS, int ST, bool RC>
 static int qreg_launch(const dj_gpu *g, float *y, const qgemm_src &x, void *scratch, const void *w, int64_t T,
                        int64_t n_in, int64_t n_out, cudaStream_t s, dj_err *e) {
-    using C = qreg_cfg<WT, NT, MT, NQ, WARPS, ST>;
-    auto kernel = qreg_kernel<WT, NT, MT, NQ, WARPS, ST>;
+    using C = qreg_cfg<WT, NT, MT, NQ, WARPS, ST, RC>;
+    auto kernel = qreg_kernel<WT, NT, MT, NQ, WARPS, ST, RC>;
     static int per_sm;  // CTAs a multiprocessor holds (once per instantiation: the process uses one device)
     if (!per_sm) {
         CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::SMEM));
@@ -1104,10 +1179,11 @@ static int qgemm_run(dj_gpu *g, int variant, float *y, const qgemm_src &x, const
         if (!g->wgmma) return dj_fail(e, "gpu_qgemm: tile shape %d needs an sm_90 device", variant);            \
         return wtype == DJ_Q8 ? qgemm_wg_launch<DJ_Q8, BN, ST, KS, XB, MINB>(y, x, xp, w, T, n_in, n_out, s, e)  \
                               : qgemm_wg_launch<DJ_Q4, BN, ST, KS, XB, MINB>(y, x, xp, w, T, n_in, n_out, s, e);
-#define QREG_CASE(id, NT, MT, NQ, WARPS, ST)                                                                      \
+#define QREG_CASE(id, NT, MT, NQ, WARPS, ST, RC)                                                                  \
     case id:                                                                                                      \
-        return wtype == DJ_Q8 ? qreg_launch<DJ_Q8, NT, MT, NQ, WARPS, ST>(g, y, x, g->scratch, w, T, n_in, n_out, s, e) \
-                              : qreg_launch<DJ_Q4, NT, MT, NQ, WARPS, ST>(g, y, x, g->scratch, w, T, n_in, n_out, s, e);
+        return wtype == DJ_Q8                                                                                     \
+                   ? qreg_launch<DJ_Q8, NT, MT, NQ, WARPS, ST, RC>(g, y, x, g->scratch, w, T, n_in, n_out, s, e)   \
+                   : qreg_launch<DJ_Q4, NT, MT, NQ, WARPS, ST, RC>(g, y, x, g->scratch, w, T, n_in, n_out, s, e);
     switch (variant) {
         QGEMM_VARIANTS(QGEMM_CASE)
         QGEMM_WG_VARIANTS(QGEMM_WG_CASE)

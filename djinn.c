@@ -476,37 +476,20 @@ static int parse_args(int argc, char **argv, dj_opts *o) {
 }
 
 // ---- engines
-// The context without -c: the model's max_seq_len where its KV cache of kv_type fits the memory it may take, else
-// the multiple of 256 that does, said in one line. That memory: a quarter of the engine's (kvsize.h); on the GPU no
-// more than what the model's weights leave of it (a margin kept), so that a default context never takes room that
-// would hold layers resident, though always room for DEFAULT_CTX_FLOOR positions (the engine streams what no longer
-// fits, as it did with the old default).
-#define DEFAULT_CTX_FLOOR 4096
-#define DEFAULT_CTX_MARGIN (2ull << 30)  // GPU memory kept for activations, scratch and cuBLAS beside weights and KV
+// The context without -c (kv_default_context): the model's max_seq_len where its KV cache of kv_type fits the memory
+// it may take, else the multiple of 256 that does, said in one line.
 static int64_t default_context(const dj_model *m, int kv_type, int gpu) {
     const dj_config *c = &m->info.config;
     const char *mem;
-    uint64_t budget = kv_budget(gpu, &mem);
     const uint64_t pos_bytes = engine_kv_pos_bytes(c, kv_type);
-    char why[96];
-    snprintf(why, sizeof why, "a quarter of %s", mem);
-    if (!budget) return c->max_seq_len;  // the memory is unknown: the engine's own allocation says if it fits
-    if (gpu) {
-        const uint64_t total = budget * KV_MEM_SHARE, used = m->info.file_size + DEFAULT_CTX_MARGIN;
-        const uint64_t left = total > used ? total - used : 0;
-        const uint64_t floor = pos_bytes * (uint64_t)(c->max_seq_len < DEFAULT_CTX_FLOOR ? c->max_seq_len
-                                                                                          : DEFAULT_CTX_FLOOR);
-        const uint64_t room = left > floor ? left : floor;
-        if (room < budget) {
-            budget = room;
-            snprintf(why, sizeof why, "what the model's weights leave of the GPU's memory");
-        }
-    }
-    int64_t ctx = kv_fit_context(pos_bytes, 1, budget, c->max_seq_len);
+    const kv_ctx_choice ch = kv_default_context(pos_bytes, c->max_seq_len, kv_budget(gpu, &mem), gpu,
+                                                m->info.file_size);
+    const int64_t ctx = ch.ctx;
     if (ctx < (int64_t)c->max_seq_len)
-        fprintf(stderr, "djinn: context %" PRId64 " of the model's %u: its KV cache (%.3g GB, %s) takes at most %s, "
+        fprintf(stderr, "djinn: context %" PRId64 " of the model's %u: its KV cache (%.3g GB, %s) takes at most %s%s, "
                         "%.3g GB (-c to change)\n", ctx, c->max_seq_len, (double)pos_bytes * (double)ctx / 1e9,
-                dj_kv_name(kv_type), why, (double)budget / 1e9);
+                dj_kv_name(kv_type), ch.by_weights ? "what the model's weights leave of " : "a quarter of ", mem,
+                (double)ch.budget / 1e9);
     return ctx;
 }
 

@@ -72,6 +72,14 @@ static int interrupted_during(const char *phase) {
     return interrupted;
 }
 
+// After a phase of a run that then ends: 1 when it failed or Ctrl-C came during it (said, and *rc set to
+// EXIT_INTERRUPTED; a failure leaves *rc as it was), 0 when the run goes on.
+static int phase_stopped(int failed, const char *phase, int *rc) {
+    if (!interrupted_during(phase)) return failed != 0;
+    *rc = EXIT_INTERRUPTED;
+    return 1;
+}
+
 // ---- options
 typedef struct {
     const char *model_path;
@@ -476,38 +484,29 @@ static int parse_args(int argc, char **argv, dj_opts *o) {
 }
 
 // ---- engines
-// The context without -c: the model's max_seq_len where its KV cache of kv_type fits the memory it may take, else
-// the multiple of 256 that does, said in one line. That memory: a quarter of the engine's (kvsize.h); on the GPU no
-// more than what the model's weights leave of it (a margin kept), so that a default context never takes room that
-// would hold layers resident, though always room for DEFAULT_CTX_FLOOR positions (the engine streams what no longer
-// fits, as it did with the old default).
-#define DEFAULT_CTX_FLOOR 4096
-#define DEFAULT_CTX_MARGIN (2ull << 30)  // GPU memory kept for activations, scratch and cuBLAS beside weights and KV
+// The context without -c (kv_default_context): the model's max_seq_len where its KV cache of kv_type fits the memory
+// it may take, else the multiple of 256 that does, said in one line.
 static int64_t default_context(const dj_model *m, int kv_type, int gpu) {
     const dj_config *c = &m->info.config;
     const char *mem;
-    uint64_t budget = kv_budget(gpu, &mem);
     const uint64_t pos_bytes = engine_kv_pos_bytes(c, kv_type);
-    char why[96];
-    snprintf(why, sizeof why, "a quarter of %s", mem);
-    if (!budget) return c->max_seq_len;  // the memory is unknown: the engine's own allocation says if it fits
-    if (gpu) {
-        const uint64_t total = budget * KV_MEM_SHARE, used = m->info.file_size + DEFAULT_CTX_MARGIN;
-        const uint64_t left = total > used ? total - used : 0;
-        const uint64_t floor = pos_bytes * (uint64_t)(c->max_seq_len < DEFAULT_CTX_FLOOR ? c->max_seq_len
-                                                                                          : DEFAULT_CTX_FLOOR);
-        const uint64_t room = left > floor ? left : floor;
-        if (room < budget) {
-            budget = room;
-            snprintf(why, sizeof why, "what the model's weights leave of the GPU's memory");
-        }
-    }
-    int64_t ctx = kv_fit_context(pos_bytes, 1, budget, c->max_seq_len);
+    const kv_ctx_choice ch = kv_default_context(pos_bytes, c->max_seq_len, kv_budget(gpu, &mem), gpu,
+                                                m->info.file_size);
+    const int64_t ctx = ch.ctx;
     if (ctx < (int64_t)c->max_seq_len)
-        fprintf(stderr, "djinn: context %" PRId64 " of the model's %u: its KV cache (%.3g GB, %s) takes at most %s, "
+        fprintf(stderr, "djinn: context %" PRId64 " of the model's %u: its KV cache (%.3g GB, %s) takes at most %s%s, "
                         "%.3g GB (-c to change)\n", ctx, c->max_seq_len, (double)pos_bytes * (double)ctx / 1e9,
-                dj_kv_name(kv_type), why, (double)budget / 1e9);
+                dj_kv_name(kv_type), ch.by_weights ? "what the model's weights leave of " : "a quarter of ", mem,
+                (double)ch.budget / 1e9);
     return ctx;
+}
+
+// One pass over n ids from position 0, every row's logits (n, vocab), that Ctrl-C may cut short.
+static int cut_forward(dj_engine *eng, const int32_t *ids, int64_t n, float *logits, dj_err *e) {
+    cuttable_phase(1);
+    int rc = eng->forward(eng->ctx, 0, ids, n, 0, logits, 1, e);
+    cuttable_phase(0);
+    return rc;
 }
 
 // warm: the length of the first pass to come (the GPU engine warms up on that shape)
@@ -612,23 +611,14 @@ static int run_check(const dj_model *m, const dj_opts *o, dj_err *e) {
                 o->check_path, r.n_tokens, c->max_seq_len);
         goto out;
     }
-    if (open_engine(&eng, m, o, r.n_tokens, r.n_tokens, e) || interrupted) {
-        if (interrupted_during("the engine's setup")) rc = EXIT_INTERRUPTED;
-        goto out;
-    }
+    if (phase_stopped(open_engine(&eng, m, o, r.n_tokens, r.n_tokens, e), "the engine's setup", &rc)) goto out;
     logits = malloc(4ull * r.n_tokens * r.vocab);
     if (!logits) {
         dj_fail(e, "out of memory for %u x %u logits", r.n_tokens, r.vocab);
         goto out;
     }
     double t0 = dj_now();
-    cuttable_phase(1);
-    int frc = eng.forward(eng.ctx, 0, r.ids, r.n_tokens, 0, logits, 1, e);
-    cuttable_phase(0);
-    if (frc || interrupted) {
-        if (interrupted_during("--check's pass")) rc = EXIT_INTERRUPTED;
-        goto out;
-    }
+    if (phase_stopped(cut_forward(&eng, r.ids, r.n_tokens, logits, e), "--check's pass", &rc)) goto out;
     double dt = dj_now() - t0;
     fprintf(stderr, "djinn: check: %u positions (%u prompt) in %.3f s on the %s\n", r.n_tokens, r.n_prompt, dt,
             eng.name);
@@ -672,17 +662,12 @@ static int run_perplexity(const dj_model *m, const dj_tokenizer *tok, const dj_o
         dj_fail(e, "out of memory for %lld x %lld logits", (long long)win, (long long)vocab);
         goto out;
     }
-    if (open_engine(&eng, m, o, ctx, win, e) || interrupted) {
-        if (interrupted_during("the engine's setup")) rc = EXIT_INTERRUPTED;
-        goto out;
-    }
+    if (phase_stopped(open_engine(&eng, m, o, ctx, win, e), "the engine's setup", &rc)) goto out;
     double nll = 0, t0 = dj_now();
     int64_t scored = 0, windows = 0;
     for (int64_t w0 = 0; w0 + 1 < (int64_t)n_ids && !interrupted; w0 += ctx, windows++) {
         int64_t T = (int64_t)n_ids - w0 < ctx ? (int64_t)n_ids - w0 : ctx;
-        cuttable_phase(1);
-        int frc = eng.forward(eng.ctx, 0, ids + w0, T, 0, logits, 1, e);
-        cuttable_phase(0);
+        int frc = cut_forward(&eng, ids + w0, T, logits, e);
         if (frc && interrupted) break;  // the window cut short: the score of those before it
         if (frc) goto out;
         for (int64_t t = 0; t + 1 < T; t++, scored++) {
@@ -694,11 +679,7 @@ static int run_perplexity(const dj_model *m, const dj_tokenizer *tok, const dj_o
             nll += v;
         }
     }
-    if (!scored && interrupted) {  // Ctrl-C before a window was scored
-        interrupted_during("--perplexity's first window");
-        rc = EXIT_INTERRUPTED;
-        goto out;
-    }
+    if (!scored && phase_stopped(0, "--perplexity's first window", &rc)) goto out;  // Ctrl-C before a window's score
     fprintf(stderr, "djinn: perplexity: %lld tokens in %lld windows of up to %lld, %.3f s on the %s\n",
             (long long)scored, (long long)windows, (long long)ctx, dj_now() - t0, eng.name);
     printf("perplexity %.4f over %lld tokens (mean negative log-likelihood %.6f nats)\n", exp(nll / (double)scored),
@@ -1210,10 +1191,7 @@ static int run_chat(const dj_model *m, const dj_tokenizer *tok, const dj_opts *o
         dj_fail(e, "out of memory");
         goto out;
     }
-    if (open_engine(&g.eng, m, o, g.ctx, 16, e) || interrupted) {
-        if (interrupted_during("the engine's setup")) rc = EXIT_INTERRUPTED;
-        goto out;
-    }
+    if (phase_stopped(open_engine(&g.eng, m, o, g.ctx, 16, e), "the engine's setup", &rc)) goto out;
     uint64_t seed = o->seed_given ? o->seed : fresh_seed();
     if (!(g.smp = sampler_new_with(vocab, &o->smp, seed, e))) goto out;
     fprintf(stderr, "djinn: chat, %s template, context %" PRId64 " tokens%s", chat_kind_name(kind), g.ctx,

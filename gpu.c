@@ -381,14 +381,30 @@ static int queue_pick(dj_gpu_state *s, const pick_req *pk, const dj_pick_args *a
                : 0;
 }
 
+// The output of the head's rows [r0, r0 + rows) of the pass (the wanted rows from `first`), in d_logits: the picks
+// from them (pd->pick) or their logits (logits non-NULL) queued to the host on the compute stream; then, after the
+// caller's wait, taken into the caller's next or logits.
+static int queue_out(dj_gpu_state *s, const pass_desc *pd, const float *logits, int64_t first, int64_t r0,
+                     int64_t rows, dj_err *e) {
+    const pick_req *pk = pd->pick;
+    const int64_t vocab = s->m->info.config.vocab_size;
+    return (pk ? queue_pick(s, pk, pk->args + (r0 - first), rows, e)
+               : logits && gpu_d2h_async(s->b.h_logits, s->b.logits, (size_t)(rows * vocab) * 4, s->compute, e))
+               ? -1
+               : 0;
+}
+static void take_out(dj_gpu_state *s, const pass_desc *pd, float *logits, int64_t first, int64_t r0, int64_t rows) {
+    const int64_t vocab = s->m->info.config.vocab_size;
+    if (pd->pick) memcpy(pd->pick->next + (r0 - first), s->b.h_next, (size_t)rows * 4);
+    else if (logits) memcpy(logits + (r0 - first) * vocab, s->b.h_logits, (size_t)(rows * vocab) * 4);
+}
+
 // All resident, a step of T decoding rows: the whole pass is one CUDA graph for its T (positions and KV slots are
 // read from d_pos and d_kv_slot, so every step of T rows replays the same graph); then the rows' logits come back,
 // or the tokens picked from them. One row's is captured on first use, T rows' at their second pass.
 static int graph_step(dj_gpu_state *s, const pass_desc *pd, dj_err *e) {
-    const int64_t vocab = s->m->info.config.vocab_size, T = pd->T;
+    const int64_t T = pd->T;
     cudaGraphExec_t *graph = T == 1 ? &s->graph : &s->row_graph[T];
-    float *logits = pd->logits;
-    const pick_req *pk = pd->pick;
     if (!*graph) {
         gpu_unit head;
         if (gpu_graph_begin(s->compute, e)) return -1;
@@ -396,13 +412,10 @@ static int graph_step(dj_gpu_state *s, const pass_desc *pd, dj_err *e) {
         dj_err ge;
         if (gpu_graph_end(s->compute, graph, rc ? &ge : e) || rc) return -1;
     }
-    if (gpu_graph_launch(*graph, s->compute, e) ||
-        (pk ? queue_pick(s, pk, pk->args, T, e)
-            : gpu_d2h_async(s->b.h_logits, s->b.logits, (size_t)(T * vocab) * 4, s->compute, e)) ||
+    if (gpu_graph_launch(*graph, s->compute, e) || queue_out(s, pd, pd->logits, 0, 0, T, e) ||
         gpu_stream_sync(s->compute, e))
         return -1;
-    if (pk) memcpy(pk->next, s->b.h_next, (size_t)T * 4);
-    else memcpy(logits, s->b.h_logits, (size_t)(T * vocab) * 4);
+    take_out(s, pd, pd->logits, 0, 0, T);
     s->st.passes++;
     return 0;
 }
@@ -423,17 +436,12 @@ static int graph_fits(dj_gpu_state *s, const pass_desc *pd) {
     return 0;
 }
 
-// The head's rows [r0, r0 + rows) of the pass (the wanted rows from `first`): their logits into d_logits and on to
-// h_logits, or the picks from them, queued on the compute stream (logits NULL and no pick: nothing).
+// The head's rows [r0, r0 + rows) of the pass (the wanted rows from `first`): their logits into d_logits, and
+// queue_out's copy (logits NULL and no pick: nothing).
 static int head_chunk(dj_gpu_state *s, const pass_desc *pd, const gpu_unit *head, const float *logits, int64_t first,
                       int64_t r0, int64_t rows, dj_err *e) {
-    const pick_req *pk = pd->pick;
-    int64_t vocab = s->m->info.config.vocab_size;
-    if ((logits || pk) && head_logits(s, pd->T, r0, rows, head, e)) return -1;
-    return (pk ? queue_pick(s, pk, pk->args + (r0 - first), rows, e)
-               : logits && gpu_d2h_async(s->b.h_logits, s->b.logits, (size_t)(rows * vocab) * 4, s->compute, e))
-               ? -1
-               : 0;
+    if ((logits || pd->pick) && head_logits(s, pd->T, r0, rows, head, e)) return -1;
+    return queue_out(s, pd, logits, first, r0, rows, e);
 }
 
 // The head over the rows wanted, in chunks of GPU_LOGIT_ROWS (none wanted: one round without its kernels, which
@@ -441,7 +449,7 @@ static int head_chunk(dj_gpu_state *s, const pass_desc *pd, const gpu_unit *head
 // pass's first copies issued) before the final wait; each wait joins the CPU's rows first (share_flush), then the
 // chunk's logits, or the pick, go to the caller.
 static int pass_head(dj_gpu_state *s, const pass_desc *pd, const gpu_unit *head, int streams, dj_err *e) {
-    int64_t vocab = s->m->info.config.vocab_size, T = pd->T;
+    const int64_t T = pd->T;
     int nl = (int)s->m->info.config.n_layers;
     float *logits = pd->logits;
     int64_t first = pd->logit_first, end = pd->logit_end;
@@ -454,8 +462,7 @@ static int pass_head(dj_gpu_state *s, const pass_desc *pd, const gpu_unit *head,
                      (streams && gpu_event_record(s->sc.p1, s->compute, e))))  // the pass's end on the stream
             return -1;
         if (share_flush(s, e) || gpu_stream_sync(s->compute, e)) return -1;
-        if (pd->pick) memcpy(pd->pick->next + (r0 - first), s->b.h_next, (size_t)rows * 4);
-        else if (logits) memcpy(logits + (r0 - first) * vocab, s->b.h_logits, (size_t)(rows * vocab) * 4);
+        take_out(s, pd, logits, first, r0, rows);
     }
     return 0;
 }

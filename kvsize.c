@@ -51,6 +51,20 @@ int64_t kv_fit_context(uint64_t pos_bytes, int32_t slots, uint64_t budget, int64
     return ctx < max_seq ? ctx : max_seq;
 }
 
+kv_ctx_choice kv_default_context(uint64_t pos_bytes, int64_t max_seq, uint64_t budget, int gpu, uint64_t weights) {
+    kv_ctx_choice ch = {.ctx = max_seq, .budget = budget};
+    if (!budget) return ch;  // the memory is unknown: the engine's own allocation says if it fits
+    if (gpu) {
+        const uint64_t total = budget * KV_MEM_SHARE, used = weights + KV_GPU_MARGIN;
+        const uint64_t left = total > used ? total - used : 0;
+        const uint64_t floor = pos_bytes * (uint64_t)(max_seq < KV_CTX_FLOOR ? max_seq : KV_CTX_FLOOR);
+        const uint64_t room = left > floor ? left : floor;
+        if (room < budget) ch.budget = room, ch.by_weights = 1;
+    }
+    ch.ctx = kv_fit_context(pos_bytes, 1, ch.budget, max_seq);
+    return ch;
+}
+
 int32_t kv_slots(uint64_t slot_bytes, uint64_t budget) {
     uint64_t n = slot_bytes ? budget / slot_bytes : KV_SLOTS_MAX;
     return n > KV_SLOTS_MAX ? KV_SLOTS_MAX : (int32_t)n;

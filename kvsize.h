@@ -12,6 +12,8 @@
 #define KV_PARALLEL_MAX 256  // the server's default sequences a step, whatever the slots
 #define PARK_MEM_SHARE 2     // parked caches take at most 1/2 of the host memory available at start by default
 #define PARK_GB_UNKNOWN 8.0  // --park-gb's default where the host's available memory cannot be read
+#define KV_CTX_FLOOR 4096    // the command line's default context on the GPU has room for this many positions at least
+#define KV_GPU_MARGIN (2ull << 30)  // GPU memory kept for activations, scratch and cuBLAS beside weights and KV
 
 // The bytes the KV cache may take by default: a quarter of the GPU's total memory (gpu), or of the host memory
 // available now (the CPU engine: its cache is host memory, beside the weights already loaded); 0 when unknown.
@@ -26,6 +28,18 @@ double kv_park_gb(uint64_t avail);
 // The longest context of at most max_seq positions whose KV cache (slots x pos_bytes a position) fits budget bytes:
 // max_seq when it fits, else a multiple of KV_CTX_STEP, at least KV_CTX_STEP (or max_seq when that is smaller).
 int64_t kv_fit_context(uint64_t pos_bytes, int32_t slots, uint64_t budget, int64_t max_seq);
+// The command line's context without -c (kv_default_context): its positions and the bytes its KV cache was held to.
+typedef struct {
+    int64_t ctx;
+    uint64_t budget;  // the bytes the cache may take: the budget given, or less on the GPU (by_weights)
+    int by_weights;   // 1: held to what the weights leave of the GPU's memory, less than the budget given
+} kv_ctx_choice;
+// The command line's context without -c for a model of max_seq positions, pos_bytes of KV cache each: max_seq where
+// the cache fits budget bytes (kv_budget; 0: unknown, then max_seq), else the context that does (kv_fit_context). On
+// the GPU (gpu) the cache also takes no more than what weights bytes leave of the GPU's memory (budget x
+// KV_MEM_SHARE) beside KV_GPU_MARGIN, so that it never takes room that would hold layers resident, though always
+// room for KV_CTX_FLOOR positions (or max_seq, when fewer): the engine streams the layers that no longer fit.
+kv_ctx_choice kv_default_context(uint64_t pos_bytes, int64_t max_seq, uint64_t budget, int gpu, uint64_t weights);
 // The server's KV slots in budget bytes, slot_bytes each: at most KV_SLOTS_MAX (0: not one fits).
 int32_t kv_slots(uint64_t slot_bytes, uint64_t budget);
 // The server's default sequences a step over `slots` KV slots: half of them (the other half holds idle sessions'

@@ -31,17 +31,29 @@ struct qgemm_src {
     int64_t ld;
 };
 
-// v = inputs a0 .. a0 + 15 of a row (zeros past n_in)
-static __device__ __forceinline__ void load16(float *v, const float *row, int64_t a0, int64_t n_in) {
-    if (a0 + 16 <= n_in && (((uintptr_t)(row + a0)) & 15) == 0) {
+// v = inputs a0 .. a0 + N - 1 of a row (zeros past n_in); N a multiple of 4
+template <int N> static __device__ __forceinline__ void load_run(float *v, const float *row, int64_t a0, int64_t n_in) {
+    if (a0 + N <= n_in && (((uintptr_t)(row + a0)) & 15) == 0) {
 #pragma unroll
-        for (int j = 0; j < 4; j++) {
+        for (int j = 0; j < N / 4; j++) {
             const float4 f = ((const float4 *)(row + a0))[j];
             v[4 * j] = f.x, v[4 * j + 1] = f.y, v[4 * j + 2] = f.z, v[4 * j + 3] = f.w;
         }
     } else {
 #pragma unroll
-        for (int j = 0; j < 16; j++) v[j] = a0 + j < n_in ? row[a0 + j] : 0.0f;
+        for (int j = 0; j < N; j++) v[j] = a0 + j < n_in ? row[a0 + j] : 0.0f;
+    }
+}
+
+// v = what the kernels multiply W with, inputs a0 .. a0 + N - 1 of token tok (qgemm_src: x, or silu(x) * up)
+template <int N>
+static __device__ __forceinline__ void load_src(float *v, const qgemm_src &src, int64_t tok, int64_t a0, int64_t n_in) {
+    load_run<N>(v, src.x + tok * src.ld, a0, n_in);
+    if (src.up) {
+        float u[N];
+        load_run<N>(u, src.up + tok * src.ld, a0, n_in);
+#pragma unroll
+        for (int j = 0; j < N; j++) v[j] = silu_mul(v[j], u[j]);
     }
 }
 
@@ -54,13 +66,7 @@ static __device__ __forceinline__ void x16_halves(uint4 *even, uint4 *odd, const
 #pragma unroll
         for (int j = 0; j < 16; j++) v[j] = 0.0f;
     } else {
-        load16(v, src.x + tok * src.ld, a0, n_in);
-        if (src.up) {
-            float u[16];
-            load16(u, src.up + tok * src.ld, a0, n_in);
-#pragma unroll
-            for (int j = 0; j < 16; j++) v[j] = silu_mul(v[j], u[j]);
-        }
+        load_src<16>(v, src, tok, a0, n_in);
     }
     *even = make_uint4(f16x2(v[0], v[2]), f16x2(v[4], v[6]), f16x2(v[8], v[10]), f16x2(v[12], v[14]));
     *odd = make_uint4(f16x2(v[1], v[3]), f16x2(v[5], v[7]), f16x2(v[9], v[11]), f16x2(v[13], v[15]));
@@ -214,6 +220,20 @@ template <int WT, int BM, int BN, int WM, int WN, int ST> struct qgemm_cfg {
     static_assert(NT % 2 == 0 || NT == 1, "B fragments two n8 tiles at a time, or one");
 };
 
+// An m16n8 tile's sums held by a lane into y (T, n_out): d[0], d[1] at (row, tokens tok, tok + 1), d[2], d[3] at
+// row + 8 (row = the tile's first + lane / 4, tok = its first + 2 (lane % 4)); nothing past T or n_out.
+static __device__ __forceinline__ void store_frag(float *y, int64_t T, int64_t n_out, int64_t row, int64_t tok,
+                                                  const float *d) {
+    if (row < n_out) {
+        if (tok < T) y[tok * n_out + row] = d[0];
+        if (tok + 1 < T) y[(tok + 1) * n_out + row] = d[1];
+    }
+    if (row + 8 < n_out) {
+        if (tok < T) y[tok * n_out + row + 8] = d[2];
+        if (tok + 1 < T) y[(tok + 1) * n_out + row + 8] = d[3];
+    }
+}
+
 // PRECOND: w and every row (row_bytes apart) 16-byte aligned; xp from qgemm_x_kernel (kp = 32 * groups).
 template <int WT, int BM, int BN, int WM, int WN, int ST>
 __global__ void __launch_bounds__(WM *WN * 32)
@@ -225,7 +245,7 @@ __global__ void __launch_bounds__(WM *WN * 32)
     const int wm = warp % WM, wn = warp / WM;
     const int64_t m0 = (int64_t)blockIdx.y * BM, n0 = (int64_t)blockIdx.x * BN;
     const int64_t kp = groups * DJ_QGROUP, so = groups * C::QB;  // x's row length; where a row's scales start
-    const int K0 = 0, KT = (int)((groups + 1) / 2);  // stages of 64 inputs: [K0, KT)
+    const int KT = (int)((groups + 1) / 2);  // stages of 64 inputs
 
     // stage `st` <- inputs 64 kt .. 64 kt + 63: values, scales, x (past the end: zeros)
     auto load = [&](int st, int kt) {
@@ -247,18 +267,18 @@ __global__ void __launch_bounds__(WM *WN * 32)
 
 #pragma unroll
     for (int st = 0; st < ST - 1; st++) {
-        if (K0 + st < KT) load(st, K0 + st);
+        if (st < KT) load(st, st);
         cp_async_commit();
     }
 
     const int g = lane >> 2;  // the fragment row (A) or column (B) this thread holds
-    for (int kt = K0; kt < KT; kt++) {
+    for (int kt = 0; kt < KT; kt++) {
         cp_async_wait<ST - 2>();
         __syncthreads();  // stage kt landed for everyone; stage kt - 1 is free
-        if (kt + ST - 1 < KT) load((kt - K0 + ST - 1) % ST, kt + ST - 1);
+        if (kt + ST - 1 < KT) load((kt + ST - 1) % ST, kt + ST - 1);
         cp_async_commit();
 
-        const uint8_t *q = sm + ((kt - K0) % ST) * C::STAGE, *sc = q + C::Q_BYTES, *xs = sc + C::S_BYTES;
+        const uint8_t *q = sm + (kt % ST) * C::STAGE, *sc = q + C::Q_BYTES, *xs = sc + C::S_BYTES;
         // A fragments of the stage's four k16 steps, widened: a[m tile][step][4]
         uint32_t a[C::MT][4][4];
 #pragma unroll
@@ -289,25 +309,12 @@ __global__ void __launch_bounds__(WM *WN * 32)
     }
     cp_async_wait<0>();
 
-    // y[token][row]: c0, c1 at (row g, tokens 2c, 2c + 1), c2, c3 at row g + 8
     const int c2 = 2 * (lane & 3);
 #pragma unroll
-    for (int mt = 0; mt < C::MT; mt++) {
-        const int64_t row = m0 + wm * (BM / WM) + mt * 16 + g;
+    for (int mt = 0; mt < C::MT; mt++)
 #pragma unroll
-        for (int nt = 0; nt < C::NT; nt++) {
-            const int64_t tok = n0 + wn * (BN / WN) + nt * 8 + c2;
-            const float *d = acc[mt][nt];
-            if (row < n_out) {
-                if (tok < T) y[tok * n_out + row] = d[0];
-                if (tok + 1 < T) y[(tok + 1) * n_out + row] = d[1];
-            }
-            if (row + 8 < n_out) {
-                if (tok < T) y[tok * n_out + row + 8] = d[2];
-                if (tok + 1 < T) y[(tok + 1) * n_out + row + 8] = d[3];
-            }
-        }
-    }
+        for (int nt = 0; nt < C::NT; nt++)
+            store_frag(y, T, n_out, m0 + wm * (BM / WM) + mt * 16 + g, n0 + wn * (BN / WN) + nt * 8 + c2, acc[mt][nt]);
 }
 
 // ---- the register kernel: passes of a few tokens at the weights' bytes
@@ -328,20 +335,9 @@ __global__ void __launch_bounds__(WM *WN * 32)
 // a second wave). A run that covers a block whole writes y; the runs sharing a block write their sums to scratch, and
 // the last to finish (a ticket per warp's rows) adds them in run order, so y does not depend on which finished first.
 // The warps of a CTA read the same inputs, so x stays in L1 for all of them.
-template <int WT> static __device__ __forceinline__ int qreg_slot(int s, int e) {
-    const int o = 2 * (e & 1) + (e >> 1);
-    return WT == DJ_Q4 ? 16 * (s & 1) + 4 * (s >> 1) + o : 4 * s + o;
-}
-
-// v = inputs a0 .. a0 + 3 of a row (zeros past n_in)
-static __device__ __forceinline__ void load4(float *v, const float *row, int64_t a0, int64_t n_in) {
-    if (a0 + 4 <= n_in && (((uintptr_t)(row + a0)) & 15) == 0) {
-        const float4 f = *(const float4 *)(row + a0);
-        v[0] = f.x, v[1] = f.y, v[2] = f.z, v[3] = f.w;
-    } else {
-#pragma unroll
-        for (int j = 0; j < 4; j++) v[j] = a0 + j < n_in ? row[a0 + j] : 0.0f;
-    }
+// The chunk's weight in step s's first slot (e = 0): its four are that one + {0, 2, 1, 3}.
+template <int WT> static __device__ __forceinline__ int qreg_step_first(int s) {
+    return WT == DJ_Q4 ? 16 * (s & 1) + 4 * (s >> 1) : 4 * s;
 }
 
 template <int WT> struct qreg_shape {
@@ -374,16 +370,8 @@ __global__ void qreg_x_kernel(uint4 *xf, qgemm_src src, int64_t T, int64_t n_in,
     const int64_t tok = tb * 8 * NT + 8 * nt + (lane >> 2), chunk = i * 4 * NQ + 4 * k + (lane & 3);
     float a[4] = {0, 0, 0, 0}, b[4] = {0, 0, 0, 0};  // steps 2w and 2w + 1's inputs, from their first slot's on
     if (tok < T) {
-        const int64_t a0 = S::IN * chunk + qreg_slot<WT>(2 * w, 0), b0 = S::IN * chunk + qreg_slot<WT>(2 * w + 1, 0);
-        load4(a, src.x + tok * src.ld, a0, n_in);
-        load4(b, src.x + tok * src.ld, b0, n_in);
-        if (src.up) {
-            float ua[4], ub[4];
-            load4(ua, src.up + tok * src.ld, a0, n_in);
-            load4(ub, src.up + tok * src.ld, b0, n_in);
-#pragma unroll
-            for (int j = 0; j < 4; j++) a[j] = silu_mul(a[j], ua[j]), b[j] = silu_mul(b[j], ub[j]);
-        }
+        load_src<4>(a, src, tok, S::IN * chunk + qreg_step_first<WT>(2 * w), n_in);
+        load_src<4>(b, src, tok, S::IN * chunk + qreg_step_first<WT>(2 * w + 1), n_in);
     }
     xf[idx] = make_uint4(f16x2(a[0], a[2]), f16x2(a[1], a[3]), f16x2(b[0], b[2]), f16x2(b[1], b[3]));
 }
@@ -538,60 +526,58 @@ __global__ void __launch_bounds__(WARPS * 32) qreg_kernel(qreg_args a) {
         const uint4 *qs = (const uint4 *)(sm + st * C::STAGE) + tid;
         const uint32_t *ps = (const uint32_t *)(sm + st * C::STAGE + C::Q_BYTES) + tid;
         const uint8_t *wq = sm + st * C::STAGE + warp * C::W_Q, *wp_ = sm + st * C::STAGE + C::Q_BYTES + warp * C::W_P;
-        {
-            uint4 q[MT][2];
-            __half2 sc[MT][2], off[MT][2], off16[MT][2];  // off16: q4's other offset, 16 + z / 4 (0x4C00 | z << 4)
+        uint4 q[MT][2];
+        __half2 sc[MT][2], off[MT][2], off16[MT][2];  // off16: q4's other offset, 16 + z / 4 (0x4C00 | z << 4)
 #pragma unroll
-            for (int mt = 0; mt < MT; mt++)
+        for (int mt = 0; mt < MT; mt++)
 #pragma unroll
-                for (int h = 0; h < 2; h++) {
-                    const int n = (mt * 2 + h) * NQ + k;
-                    uint32_t pm;
-                    if (RC) {  // row mt 16 + 8 h + g of the warp's stage, chunk 4 k + c, its group's parameter
-                        const int r = mt * 16 + 8 * h + g, ch = 4 * k + c;
-                        q[mt][h] = *(const uint4 *)(wq + (r * C::CPR + (ch ^ (4 * (r & 1)))) * 16);
-                        pm = *(const uint16_t *)(wp_ + r * C::PB + 2 * (WT == DJ_Q4 ? ch : ch >> 1));
-                    } else {
-                        q[mt][h] = qs[n * C::THREADS];
-                        pm = (ps[n * C::THREADS] >> (16 * par)) & 0xFFFFu;
-                    }
-                    q_widen_params<WT>(pm, &sc[mt][h], &off[mt][h]);
-                    off16[mt][h] = __half2half2(__ushort_as_half((unsigned short)(0x4C00u | (pm >> 10) << 4)));
+            for (int h = 0; h < 2; h++) {
+                const int n = (mt * 2 + h) * NQ + k;
+                uint32_t pm;
+                if (RC) {  // row mt 16 + 8 h + g of the warp's stage, chunk 4 k + c, its group's parameter
+                    const int r = mt * 16 + 8 * h + g, ch = 4 * k + c;
+                    q[mt][h] = *(const uint4 *)(wq + (r * C::CPR + (ch ^ (4 * (r & 1)))) * 16);
+                    pm = *(const uint16_t *)(wp_ + r * C::PB + 2 * (WT == DJ_Q4 ? ch : ch >> 1));
+                } else {
+                    q[mt][h] = qs[n * C::THREADS];
+                    pm = (ps[n * C::THREADS] >> (16 * par)) & 0xFFFFu;
                 }
+                q_widen_params<WT>(pm, &sc[mt][h], &off[mt][h]);
+                off16[mt][h] = __half2half2(__ushort_as_half((unsigned short)(0x4C00u | (pm >> 10) << 4)));
+            }
 #pragma unroll
-            for (int wp = 0; wp < SP; wp++) {
-                uint4 xv[NT];
+        for (int wp = 0; wp < SP; wp++) {
+            uint4 xv[NT];
 #pragma unroll
-                for (int nt = 0; nt < NT; nt++)
-                    xv[nt] = XPRE ? xc[wp][nt] : __ldg(xb + i * C::XU + ((k * SP + wp) * NT + nt) * 32);
+            for (int nt = 0; nt < NT; nt++)
+                xv[nt] = XPRE ? xc[wp][nt] : __ldg(xb + i * C::XU + ((k * SP + wp) * NT + nt) * 32);
 #pragma unroll
-                for (int hh = 0; hh < 2; hh++) {
+            for (int hh = 0; hh < 2; hh++) {
 #pragma unroll
-                    for (int mt = 0; mt < MT; mt++) {
-                        uint32_t af[4];
-                        if (WT == DJ_Q4) {  // step 2 wp + hh: word wp's low (hh 0) or high nibbles
-                            // u << 2 holds (B0, B2)'s low nibbles at bits 2-5 of each half (256 + k under exponent
-                            // 0x5C00) and their high ones at bits 6-9 (16 + k under 0x4C00); u >> 6 (B1, B3)'s: two
-                            // shifts for four pairs, and the same halves as q4_pair's, less the same exact offsets
-                            const uint32_t u = u4_at(q[mt][0], wp), u8 = u4_at(q[mt][1], wp);
-                            const uint32_t m = hh ? 0x03C003C0u : 0x003C003Cu, e = hh ? 0x4C004C00u : 0x5C005C00u;
-                            const __half2 o0 = hh ? off16[mt][0] : off[mt][0], o1 = hh ? off16[mt][1] : off[mt][1];
-                            af[0] = q_widen2(((u << 2) & m) | e, sc[mt][0], o0);
-                            af[1] = q_widen2(((u8 << 2) & m) | e, sc[mt][1], o1);
-                            af[2] = q_widen2(((u >> 6) & m) | e, sc[mt][0], o0);
-                            af[3] = q_widen2(((u8 >> 6) & m) | e, sc[mt][1], o1);
-                        } else {  // step 2 wp + hh: word 2 wp + hh
-                            const uint32_t ug = u4_at(q[mt][0], 2 * wp + hh), ug8 = u4_at(q[mt][1], 2 * wp + hh);
-                            af[0] = q_widen2(q8_pair(ug, 0x4240), sc[mt][0], off[mt][0]);
-                            af[1] = q_widen2(q8_pair(ug8, 0x4240), sc[mt][1], off[mt][1]);
-                            af[2] = q_widen2(q8_pair(ug, 0x4341), sc[mt][0], off[mt][0]);
-                            af[3] = q_widen2(q8_pair(ug8, 0x4341), sc[mt][1], off[mt][1]);
-                        }
+                for (int mt = 0; mt < MT; mt++) {
+                    uint32_t af[4];
+                    if (WT == DJ_Q4) {  // step 2 wp + hh: word wp's low (hh 0) or high nibbles
+                        // u << 2 holds (B0, B2)'s low nibbles at bits 2-5 of each half (256 + k under exponent
+                        // 0x5C00) and their high ones at bits 6-9 (16 + k under 0x4C00); u >> 6 (B1, B3)'s: two
+                        // shifts for four pairs, and the same halves as q4_pair's, less the same exact offsets
+                        const uint32_t u = u4_at(q[mt][0], wp), u8 = u4_at(q[mt][1], wp);
+                        const uint32_t m = hh ? 0x03C003C0u : 0x003C003Cu, e = hh ? 0x4C004C00u : 0x5C005C00u;
+                        const __half2 o0 = hh ? off16[mt][0] : off[mt][0], o1 = hh ? off16[mt][1] : off[mt][1];
+                        af[0] = q_widen2(((u << 2) & m) | e, sc[mt][0], o0);
+                        af[1] = q_widen2(((u8 << 2) & m) | e, sc[mt][1], o1);
+                        af[2] = q_widen2(((u >> 6) & m) | e, sc[mt][0], o0);
+                        af[3] = q_widen2(((u8 >> 6) & m) | e, sc[mt][1], o1);
+                    } else {  // step 2 wp + hh: word 2 wp + hh
+                        const uint32_t ug = u4_at(q[mt][0], 2 * wp + hh), ug8 = u4_at(q[mt][1], 2 * wp + hh);
+                        af[0] = q_widen2(q8_pair(ug, 0x4240), sc[mt][0], off[mt][0]);
+                        af[1] = q_widen2(q8_pair(ug8, 0x4240), sc[mt][1], off[mt][1]);
+                        af[2] = q_widen2(q8_pair(ug, 0x4341), sc[mt][0], off[mt][0]);
+                        af[3] = q_widen2(q8_pair(ug8, 0x4341), sc[mt][1], off[mt][1]);
+                    }
 #pragma unroll
-                        for (int nt = 0; nt < NT; nt++) {
-                            const uint32_t bf[2] = {hh ? xv[nt].z : xv[nt].x, hh ? xv[nt].w : xv[nt].y};
-                            mma16816(acc[mt][nt], af, bf);
-                        }
+                    for (int nt = 0; nt < NT; nt++) {
+                        const uint32_t bf[2] = {hh ? xv[nt].z : xv[nt].x, hh ? xv[nt].w : xv[nt].y};
+                        mma16816(acc[mt][nt], af, bf);
                     }
                 }
             }
@@ -603,22 +589,11 @@ __global__ void __launch_bounds__(WARPS * 32) qreg_kernel(qreg_args a) {
     const int64_t n0 = (int64_t)blockIdx.y * 8 * NT;
     auto store = [&](int64_t rb, const float *v) {  // v: the lane's ACC values, acc's order
 #pragma unroll
-        for (int mt = 0; mt < MT; mt++) {
-            const int64_t row = rb * C::ROWS + (warp * MT + mt) * 16 + g;
+        for (int mt = 0; mt < MT; mt++)
 #pragma unroll
-            for (int nt = 0; nt < NT; nt++) {
-                const int64_t tok = n0 + 8 * nt + 2 * c;
-                const float *d = v + (mt * NT + nt) * 4;
-                if (row < a.n_out) {
-                    if (tok < a.T) a.y[tok * a.n_out + row] = d[0];
-                    if (tok + 1 < a.T) a.y[(tok + 1) * a.n_out + row] = d[1];
-                }
-                if (row + 8 < a.n_out) {
-                    if (tok < a.T) a.y[tok * a.n_out + row + 8] = d[2];
-                    if (tok + 1 < a.T) a.y[(tok + 1) * a.n_out + row + 8] = d[3];
-                }
-            }
-        }
+            for (int nt = 0; nt < NT; nt++)
+                store_frag(a.y, a.T, a.n_out, rb * C::ROWS + (warp * MT + mt) * 16 + g, n0 + 8 * nt + 2 * c,
+                           v + (mt * NT + nt) * 4);
     };
     auto slot_of = [&](int64_t run, int64_t rb) {  // runs[run]'s slot for block rb: 0 where the run starts in it
         return (run * U / G) / a.iters == rb ? 0 : 1;

@@ -413,46 +413,24 @@ static void te_rows_pick(void) {
 
 // Each case on each engine: the CPU's (bitwise) with each KV type, the GPU's in f32 resident, in q4 streamed with a
 // CPU share (its lone steps split with the CPU, its batches not), and in f16 resident.
+#define TE_TEST(suite, setup, name, call)                                            \
+    Test(suite, name) {                                                              \
+        setup;                                                                       \
+        tc_rng_fresh(#suite "." #name);                                              \
+        call;                                                                        \
+    }
 #define TE_CASES(suite, setup)                                                       \
-    Test(suite, step_batch_equals_each_sequence_alone) {                             \
-        setup;                                                                       \
-        tc_rng_fresh(#suite ".step_batch_equals_each_sequence_alone");               \
-        te_batch_case(5);                                                            \
-    }                                                                                \
-    Test(suite, step_batch_over_32_rows) {                                           \
-        setup;                                                                       \
-        tc_rng_fresh(#suite ".step_batch_over_32_rows");                             \
-        te_batch_case(37);                                                           \
-    }                                                                                \
-    Test(suite, slots_are_independent) {                                             \
-        setup;                                                                       \
-        tc_rng_fresh(#suite ".slots_are_independent");                               \
-        te_slots_independent();                                                      \
-    }                                                                                \
-    Test(suite, park_and_restore_continue) {                                         \
-        setup;                                                                       \
-        tc_rng_fresh(#suite ".park_and_restore_continue");                           \
-        te_park_restore();                                                           \
-    }                                                                                \
-    Test(suite, mixed_passes_equal_each_sequence_alone) {                            \
-        setup;                                                                       \
-        tc_rng_fresh(#suite ".mixed_passes_equal_each_sequence_alone");              \
-        te_rows_case(7);                                                             \
-    }                                                                                \
+    TE_TEST(suite, setup, step_batch_equals_each_sequence_alone, te_batch_case(5))   \
+    TE_TEST(suite, setup, step_batch_over_32_rows, te_batch_case(37))                \
+    TE_TEST(suite, setup, slots_are_independent, te_slots_independent())             \
+    TE_TEST(suite, setup, park_and_restore_continue, te_park_restore())              \
+    TE_TEST(suite, setup, mixed_passes_equal_each_sequence_alone, te_rows_case(7))   \
     Test(suite, refuses_bad_slots_and_rows) {                                        \
         setup;                                                                       \
         te_refusals();                                                               \
     }                                                                                \
-    Test(suite, ctrl_c_cuts_a_pass) {                                                \
-        setup;                                                                       \
-        tc_rng_fresh(#suite ".ctrl_c_cuts_a_pass");                                  \
-        te_cut_pass();                                                               \
-    }                                                                                \
-    Test(suite, rows_pick_as_the_host_samples) {                                     \
-        setup;                                                                       \
-        tc_rng_fresh(#suite ".rows_pick_as_the_host_samples");                       \
-        te_rows_pick();                                                              \
-    }
+    TE_TEST(suite, setup, ctrl_c_cuts_a_pass, te_cut_pass())                         \
+    TE_TEST(suite, setup, rows_pick_as_the_host_samples, te_rows_pick())
 
 TE_CASES(engine, (void)0)
 TE_CASES(engine_kv_f16, te_cpu_kv(DJ_KV_F16))

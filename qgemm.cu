@@ -111,6 +111,10 @@ static __device__ __forceinline__ void cp_async16(void *dst, const void *src, in
 static __device__ __forceinline__ void cp_async4(void *dst, const void *src, int bytes) {
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_u32(dst)), "l"(src), "r"(bytes));
 }
+// Copies `bytes` (0..8) of src and zero-fills the rest of the 8.
+static __device__ __forceinline__ void cp_async8(void *dst, const void *src, int bytes) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(smem_u32(dst)), "l"(src), "r"(bytes));
+}
 static __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N> static __device__ __forceinline__ void cp_async_wait() {
     asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
@@ -316,16 +320,16 @@ __global__ void __launch_bounds__(WM *WN * 32)
 // ---- the register kernel: passes of a few tokens at the weights' bytes
 // The kernels above share each stage's weights between warps through shared memory (a copy, a barrier and an
 // ldmatrix a stage), which holds them at 4-5x the time a read of their bytes takes up to 32 tokens
-// (bench/results/qgemm_split). Here every lane widens the weights it copied itself, so no barrier orders the warps:
-// a lane's 16-byte chunks go by cp.async into a ring of ST stages of its own in shared memory (deep in flight without
-// the registers), and from there into the mma's A fragments. Lane (g, c) of a warp holds, for each of the warp's MT
-// tiles of 16 rows, rows g and g + 8's chunks 4 NQ i + 4 k + c (k < NQ) of unit i (a quad's copies are 64
-// contiguous bytes). A chunk is 16 bytes of values: a q4 group (8 k16 steps) or half a q8 group (4 steps), 4 weights
-// a step in the lane's slots 2c, 2c + 1, 2c + 8, 2c + 9, so a step mixes the quad's chunks, each weight widened with
-// its own group's parameters before the product. x is laid out to match (qreg_x_kernel): lane (g, c)'s B fragment
-// is token g's inputs in the same slots of the same chunk, two steps' in one 16-byte load, a warp's 512 bytes
-// contiguous. Which weight of its chunk a step's slot e takes (the order q4_pair and q8_pair hand a word's weights
-// out): q4, step 2w + h: 16h + 4w + {0, 2, 1, 3}[e]; q8, step s: 4s + {0, 2, 1, 3}[e].
+// (bench/results/qgemm_split). Here each warp widens the weights it copied itself, so no barrier orders the warps:
+// a warp's rows' chunks go by cp.async into a ring of ST stages of its own in shared memory (deep in flight without
+// the registers), and from there into the mma's A fragments. Lane (g, c) of a warp takes, for each of the warp's MT
+// tiles of 16 rows, rows g and g + 8's chunks 4 NQ i + 4 k + c (k < NQ) of unit i. A chunk is 16 bytes of values: a
+// q4 group (8 k16 steps) or half a q8 group (4 steps), 4 weights a step in the lane's slots 2c, 2c + 1, 2c + 8,
+// 2c + 9, so a step mixes the quad's chunks, each weight widened with its own group's parameters before the product.
+// x is laid out to match (qreg_x_kernel): lane (g, c)'s B fragment is token g's inputs in the same slots of the same
+// chunk, two steps' in one 16-byte load, a warp's 512 bytes contiguous. Which weight of its chunk a step's slot e
+// takes (the order q4_pair and q8_pair hand a word's weights out): q4, step 2w + h: 16h + 4w + {0, 2, 1, 3}[e]; q8,
+// step s: 4s + {0, 2, 1, 3}[e].
 // Work is split stream-K: a row block (the CTA's WARPS x MT x 16 rows) times its units of 4 NQ chunks a row make a
 // line of units, cut into gridDim.x equal runs, one a CTA (as many CTAs as fit the device at once, so none waits for
 // a second wave). A run that covers a block whole writes y; the runs sharing a block write their sums to scratch, and
@@ -376,13 +380,24 @@ static __device__ __forceinline__ uint32_t u4_at(const uint4 &v, int k) {
     return k == 0 ? v.x : k == 1 ? v.y : k == 2 ? v.z : v.w;
 }
 
+// A warp's copies are row copies: each copy instruction takes whole rows' contiguous bytes (4 lines of 128 bytes for
+// 512), and each row's parameters for the unit come in one piece of 8 or 16 bytes. (A lane copying its own chunks
+// touched 8 rows' 64 bytes, 8 lines, and a 4-byte parameter word a chunk: about twice the L1/TEX wavefronts a weight
+// byte, 1.05-1.3x the time at 4-64 tokens: bench/results/qgemm_reg.) The warp's stage is shared by its lanes (a
+// __syncwarp orders the copies and the reads), each lane reading its own chunks from it: a row's chunks are CPR
+// 16-byte slots, slot ch ^ (4 (row & 1)) holding chunk ch, so the 8 lanes of a read phase (rows 2p and 2p + 1, 64
+// bytes each) meet no bank twice. Needs CPR >= 8 (NQ >= 2).
 template <int WT, int NT, int MT, int NQ, int WARPS, int ST> struct qreg_cfg {
     static constexpr int THREADS = WARPS * 32;
     static constexpr int ROWS = WARPS * MT * 16;  // a row block
-    static constexpr int NC = MT * 2 * NQ;        // chunks a lane copies a unit (and parameter words)
-    static constexpr int Q_BYTES = NC * THREADS * 16;
-    static constexpr int STAGE = Q_BYTES + NC * THREADS * 4;
+    static constexpr int CPR = 4 * NQ;                      // a row's chunks a unit
+    static constexpr int PB = (WT == DJ_Q4 ? 2 : 1) * CPR;  // a row's parameter bytes a unit
+    static constexpr int PS = PB < 16 ? PB : 16;            // bytes a parameter copy
+    static constexpr int W_Q = 16 * MT * CPR * 16, W_P = 16 * MT * PB;  // a warp's stage: values, parameters
+    static constexpr int Q_BYTES = WARPS * W_Q;
+    static constexpr int STAGE = WARPS * (W_Q + W_P);
     static constexpr int SMEM = ST * STAGE;
+    static_assert(CPR >= 8 && (16 * MT * CPR) % 32 == 0 && PB % 8 == 0, "row copies: whole rows a warp");
     static constexpr int ACC = MT * NT * 4;  // a lane's sums
     static constexpr int XU = NQ * qreg_shape<WT>::SP * NT * 32;  // xf's uint4s a unit
 };
@@ -408,37 +423,47 @@ __global__ void __launch_bounds__(WARPS * 32) qreg_kernel(qreg_args a) {
     const int64_t G = gridDim.x, U = a.n_rb * a.iters;
     const int64_t u0 = (int64_t)blockIdx.x * U / G, u1 = ((int64_t)blockIdx.x + 1) * U / G;  // this CTA's run
     const int64_t so = a.groups * q_group_bytes(WT);                                            // parameters
-    const int par = WT == DJ_Q4 ? (c & 1) : (c >> 1) & 1;  // which half of its parameter word a lane's chunks take
     const uint4 *xb = a.xf + (int64_t)blockIdx.y * a.iters * C::XU + lane;
 
-    // unit (lrb, i) into stage st: the lane's chunks, and for each the 4-byte word holding its group's parameter
-    // (chunks past the row: zeros). lrp: the lane's rows of block lrb (tile mt, half h), clamped to the last row (a
-    // row past n_out computes sums never stored).
-    const uint8_t *lrp[MT][2];
+    // the rows of the lane's value copies (copy j: the warp's chunk lane + 32 j, row (lane + 32 j) / CPR) and of its
+    // parameter copies (copy j: piece lane + 32 j, row (lane + 32 j) / (PB / PS)) in row block rb, clamped to the last
+    // row (a row past n_out computes sums never stored)
+    constexpr int NVC = 16 * MT * C::CPR / 32, NPC = (16 * MT * (C::PB / C::PS) + 31) / 32;
+    const uint8_t *vrow[NVC], *prow[NPC];
     auto rows_of = [&](int64_t rb) {
+        const int64_t r0 = rb * C::ROWS + warp * MT * 16;
 #pragma unroll
-        for (int mt = 0; mt < MT; mt++)
+        for (int j = 0; j < NVC; j++) {
+            const int64_t row = r0 + (lane + 32 * j) / C::CPR;
+            vrow[j] = a.w + (row < a.n_out ? row : a.n_out - 1) * a.row_bytes;
+        }
 #pragma unroll
-            for (int h = 0; h < 2; h++) {
-                const int64_t row = rb * C::ROWS + (warp * MT + mt) * 16 + 8 * h + g;
-                lrp[mt][h] = a.w + (row < a.n_out ? row : a.n_out - 1) * a.row_bytes;
-            }
+        for (int j = 0; j < NPC; j++) {
+            const int64_t row = r0 + (lane + 32 * j) / (C::PB / C::PS);
+            prow[j] = a.w + (row < a.n_out ? row : a.n_out - 1) * a.row_bytes;
+        }
     };
+    // unit i into the warp's stage st: values (chunks past the row: zeros) and parameters (groups past the row: zeros)
     auto load = [&](int64_t i, int st) {
-        uint8_t *q = sm + st * C::STAGE + tid * 16, *p = sm + st * C::STAGE + C::Q_BYTES + tid * 4;
+        uint8_t *q = sm + st * C::STAGE + warp * C::W_Q, *p = sm + st * C::STAGE + C::Q_BYTES + warp * C::W_P;
 #pragma unroll
-        for (int k = 0; k < NQ; k++) {
-            const int64_t j = i * 4 * NQ + 4 * k + c, grp = WT == DJ_Q4 ? j : j >> 1;
-            const int64_t pj = so + 2 * (grp & ~(int64_t)1);
-            const bool ok = j < a.chunks;
+        for (int j = 0; j < NVC; j++) {
+            const int n = lane + 32 * j, r = n / C::CPR, ch = n % C::CPR;
+            const int64_t cj = i * C::CPR + ch;  // the chunk in the row
+            const bool ok = cj < a.chunks;
+            cp_async16(q + (r * C::CPR + (ch ^ (4 * (r & 1)))) * 16, ok ? vrow[j] + cj * 16 : a.w, ok ? 16 : 0);
+        }
+        const int64_t g_unit = i * C::PB / 2;  // the unit's first group
 #pragma unroll
-            for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-                for (int h = 0; h < 2; h++) {
-                    const int n = (mt * 2 + h) * NQ + k;
-                    cp_async16(q + n * C::THREADS * 16, ok ? lrp[mt][h] + j * 16 : a.w, ok ? 16 : 0);
-                    cp_async4(p + n * C::THREADS * 4, ok ? lrp[mt][h] + pj : a.w, ok ? 4 : 0);
-                }
+        for (int j = 0; j < NPC; j++) {
+            const int n = lane + 32 * j, r = n / (C::PB / C::PS), piece = n % (C::PB / C::PS);
+            if (r >= 16 * MT) break;
+            const int64_t g0 = g_unit + piece * (C::PS / 2), left = a.groups - g0;  // the piece's groups
+            const int bytes = left <= 0 ? 0 : left >= C::PS / 2 ? C::PS : (int)(2 * left);
+            uint8_t *dst = p + r * C::PB + piece * C::PS;
+            const uint8_t *src = bytes ? prow[j] + so + 2 * g0 : a.w;
+            if (C::PS == 16) cp_async16(dst, src, bytes);
+            else cp_async8(dst, src, bytes);
         }
     };
 
@@ -462,17 +487,16 @@ __global__ void __launch_bounds__(WARPS * 32) qreg_kernel(qreg_args a) {
     };
     // chunk k of unit i in stage st, its x in xc (XPRE) or loaded here
     auto compute = [&](int64_t i, int st, int k, const uint4 (*xc)[NT]) {
-        const uint4 *qs = (const uint4 *)(sm + st * C::STAGE) + tid;
-        const uint32_t *ps = (const uint32_t *)(sm + st * C::STAGE + C::Q_BYTES) + tid;
+        const uint8_t *wq = sm + st * C::STAGE + warp * C::W_Q, *wp_ = sm + st * C::STAGE + C::Q_BYTES + warp * C::W_P;
         uint4 q[MT][2];
         __half2 sc[MT][2], off[MT][2], off16[MT][2];  // off16: q4's other offset, 16 + z / 4 (0x4C00 | z << 4)
 #pragma unroll
         for (int mt = 0; mt < MT; mt++)
 #pragma unroll
-            for (int h = 0; h < 2; h++) {
-                const int n = (mt * 2 + h) * NQ + k;
-                q[mt][h] = qs[n * C::THREADS];
-                const uint32_t pm = (ps[n * C::THREADS] >> (16 * par)) & 0xFFFFu;
+            for (int h = 0; h < 2; h++) {  // row mt 16 + 8 h + g of the warp's stage, chunk 4 k + c, its parameter
+                const int r = mt * 16 + 8 * h + g, ch = 4 * k + c;
+                q[mt][h] = *(const uint4 *)(wq + (r * C::CPR + (ch ^ (4 * (r & 1)))) * 16);
+                const uint32_t pm = *(const uint16_t *)(wp_ + r * C::PB + 2 * (WT == DJ_Q4 ? ch : ch >> 1));
                 q_widen_params<WT>(pm, &sc[mt][h], &off[mt][h]);
                 off16[mt][h] = __half2half2(__ushort_as_half((unsigned short)(0x4C00u | (pm >> 10) << 4)));
             }
@@ -558,7 +582,7 @@ __global__ void __launch_bounds__(WARPS * 32) qreg_kernel(qreg_args a) {
         store(rb, sum);
     };
 
-    // ST - 1 units in flight ahead of the one multiplied; each lane reads back only what it copied itself
+    // ST - 1 units in flight ahead of the one multiplied
     int64_t lrb = u0 / a.iters, li = u0 - lrb * a.iters;  // the next unit to load
     rows_of(lrb);
 #pragma unroll
@@ -575,9 +599,10 @@ __global__ void __launch_bounds__(WARPS * 32) qreg_kernel(qreg_args a) {
     if (XPRE && u0 < u1) xload(i, 0, xa);
     for (int64_t u = u0; u < u1; u++) {
         cp_async_wait<ST - 2>();
+        __syncwarp();  // the warp's copies of this unit seen by all its lanes, its reads of the last one done
         const int st = (int)((u - u0) % ST);
         if (u + ST - 1 < u1) {
-            load(li, (st + ST - 1) % ST);  // the stage this lane read last iteration
+            load(li, (st + ST - 1) % ST);  // the stage the warp read last iteration
             if (++li == a.iters) li = 0, rows_of(++lrb);
         }
         cp_async_commit();
@@ -915,11 +940,12 @@ static int qgemm_launch(float *y, const qgemm_src &x, __half *xp, const void *w,
 
 // The register kernel's shapes, (id, NT, MT, NQ, WARPS, ST): blocks of 8 NT tokens, MT tiles of 16 rows a warp, NQ
 // chunks a lane a row a unit, WARPS warps a CTA, ST stages.
-#define QREG_VARIANTS(X)        \
-    X(12, 1, 1, 2, 8, 4)        \
-    X(13, 2, 1, 2, 8, 4)        \
-    X(14, 4, 2, 1, 4, 4)        \
-    X(15, 8, 2, 1, 4, 4)
+#define QREG_VARIANTS(X)  \
+    X(12, 1, 2, 4, 4, 3)  \
+    X(13, 2, 1, 2, 8, 4)  \
+    X(14, 2, 2, 4, 4, 3)  \
+    X(15, 4, 2, 4, 4, 3)  \
+    X(16, 8, 2, 2, 4, 3)
 
 #define QREG_TICKETS ((int64_t)1 << 16)  // a warp's rows of a row block of a token block (one ticket each)
 #define QREG_CTA_PART (2 * 128 * 4)      // the runs' sums' bytes a CTA a token, at most (2 slots, 128 rows, floats)
@@ -988,23 +1014,20 @@ extern "C" int gpu_qgemm_ok(uint32_t wtype, const void *w, int64_t T, int64_t n_
 }
 
 // The tile shape for T tokens, n_in inputs and n_out rows (bench/qgemm_bench.cu; bench/results/qgemm_reg, H200, the
-// Llama-3-8B layer). Up to 32 tokens the register kernel, 8 tokens a block up to 8, then 16, then 32; the same with
-// 64 a block up to 64 where 128-row blocks leave SMs idle (q4 at 8 tokens, the layer 0.72x the split mma.sync
-// kernel's time; at 16 0.74x, at 32 0.70x; at 64 on q|k|v, wo and down 0.58-0.87x). Where they fill the SMs, from 33
-// tokens the wgmma kernel whole (gate|up at 64: 0.98x the register kernel's time in q4, 0.94x in q8). Beyond
-// 64 tokens on Hopper the wgmma shape of least estimated time: waves of CTAs (as many as multiprocessors; a started
-// wave costs 0.6 of a full one plus 0.4 times its fill, a single wave a whole one) times the stages a CTA runs times
-// a stage's cost: 1.4 for 256 tokens (twice the tokens of 128 for each widened weight), 1.7 split (a pass half as
-// long pays its start, the zeroing of y, and x without the bulk copy), 1.1 and 1 for 128 split and whole (two CTAs a
-// multiprocessor, which this estimate leaves out: counting them as half a wave fitted worse). Fitted to the H100 run
+// Llama-3-8B layer). Up to 64 tokens the register kernel: 8 tokens a block up to 8, 16 up to 16 (q4 in 2 x 16-row
+// tiles a warp and 512 inputs a unit, 0.97x the time of q8's shape; q8 in one tile and 256, 0.92x q4's), 32 up to
+// 32, 64 up to 64 (the q4 layer at 64 tokens 0.89x the wgmma kernel's time, q8 0.86x). Beyond 64 tokens on Hopper
+// the wgmma shape of least estimated time: waves of CTAs (as many as multiprocessors; a started wave costs 0.6 of a
+// full one plus 0.4 times its fill, a single wave a whole one) times the stages a CTA runs times a stage's cost: 1.4
+// for 256 tokens (twice the tokens of 128 for each widened weight), 1.7 split (a pass half as long pays its start,
+// the zeroing of y, and x without the bulk copy), 1.1 and 1 for 128 split and whole (two CTAs a multiprocessor,
+// which this estimate leaves out: counting them as half a wave fitted worse). Fitted to the H100 run
 // of every shape at T = 128..2048: the chosen shapes take 1.002x the time of the best of the four, at worst 1.06x.
 // At 512 tokens the 4096-row matrices get 256 split (64 CTAs of 256 whole left half the SMs idle: 1.6x the time).
-static int qgemm_pick_cost(const dj_gpu *g, int64_t T, int64_t n_in, int64_t n_out, double *cost) {
+static int qgemm_pick_cost(const dj_gpu *g, uint32_t wtype, int64_t T, int64_t n_in, int64_t n_out, double *cost) {
     const int64_t rows = (n_out + 127) / 128, stages = ((n_in + DJ_QGROUP - 1) / DJ_QGROUP + 1) / 2;
     *cost = 0;
-    if (T <= 32 || (T <= 64 && (!g->wgmma || 10 * rows < 9 * (int64_t)g->n_sm)))
-        return T <= 8 ? 12 : T <= 16 ? 13 : T <= 32 ? 14 : 15;  // the register kernel
-    if (T <= 64) return 11;
+    if (T <= 64) return T <= 8 ? 12 : T <= 16 ? (wtype == DJ_Q4 ? 14 : 13) : T <= 32 ? 15 : 16;  // the register kernel
     if (!g->wgmma) return 0;
     static const struct {
         int variant, bn, ks;
@@ -1022,9 +1045,9 @@ static int qgemm_pick_cost(const dj_gpu *g, int64_t T, int64_t n_in, int64_t n_o
     *cost = best_t;
     return best;
 }
-static int qgemm_pick(const dj_gpu *g, int64_t T, int64_t n_in, int64_t n_out) {
+static int qgemm_pick(const dj_gpu *g, uint32_t wtype, int64_t T, int64_t n_in, int64_t n_out) {
     double cost;
-    return qgemm_pick_cost(g, T, n_in, n_out, &cost);
+    return qgemm_pick_cost(g, wtype, T, n_in, n_out, &cost);
 }
 
 // Tokens at the end of a pass of T that cost the Hopper kernel a block of their own: T % 128 when they are at most
@@ -1034,8 +1057,8 @@ int qgemm_tail(const dj_gpu *g, int64_t T, int64_t n_in, int64_t n_out, int64_t 
     const int64_t r = T % 128;
     if (!g->wgmma || T <= 128 || r == 0 || r > most) return 0;
     double with, without;
-    qgemm_pick_cost(g, T, n_in, n_out, &with);
-    qgemm_pick_cost(g, T - r, n_in, n_out, &without);
+    qgemm_pick_cost(g, DJ_Q4, T, n_in, n_out, &with);
+    qgemm_pick_cost(g, DJ_Q4, T - r, n_in, n_out, &without);
     return with > without ? (int)r : 0;
 }
 
@@ -1067,7 +1090,7 @@ static int qgemm_run(dj_gpu *g, int variant, float *y, const qgemm_src &x, const
     if (!gpu_qgemm_ok(wtype, w, T, n_in, n_out))
         return dj_fail(e, "gpu_qgemm: unsupported: weights of dtype %u at %p, T=%lld n_in=%lld n_out=%lld", wtype, w,
                        (long long)T, (long long)n_in, (long long)n_out);
-    if (variant < 0) variant = qgemm_pick(g, T, n_in, n_out);
+    if (variant < 0) variant = qgemm_pick(g, wtype, T, n_in, n_out);
     if (scratch_need(g, gpu_qgemm_scratch(T, n_in), s, e)) return -1;
     __half *xp = (__half *)g->scratch;
 #define QGEMM_CASE(id, BM, BN, WM, WN, ST)                                                                       \
@@ -1079,10 +1102,11 @@ static int qgemm_run(dj_gpu *g, int variant, float *y, const qgemm_src &x, const
         if (!g->wgmma) return dj_fail(e, "gpu_qgemm: tile shape %d needs an sm_90 device", variant);            \
         return wtype == DJ_Q8 ? qgemm_wg_launch<DJ_Q8, BN, ST, KS, XB, MINB>(y, x, xp, w, T, n_in, n_out, s, e)  \
                               : qgemm_wg_launch<DJ_Q4, BN, ST, KS, XB, MINB>(y, x, xp, w, T, n_in, n_out, s, e);
-#define QREG_CASE(id, NT, MT, NQ, WARPS, ST)                                                                      \
-    case id:                                                                                                      \
-        return wtype == DJ_Q8 ? qreg_launch<DJ_Q8, NT, MT, NQ, WARPS, ST>(g, y, x, g->scratch, w, T, n_in, n_out, s, e) \
-                              : qreg_launch<DJ_Q4, NT, MT, NQ, WARPS, ST>(g, y, x, g->scratch, w, T, n_in, n_out, s, e);
+#define QREG_CASE(id, NT, MT, NQ, WARPS, ST)                                                                  \
+    case id:                                                                                                  \
+        return wtype == DJ_Q8                                                                                 \
+                   ? qreg_launch<DJ_Q8, NT, MT, NQ, WARPS, ST>(g, y, x, g->scratch, w, T, n_in, n_out, s, e)   \
+                   : qreg_launch<DJ_Q4, NT, MT, NQ, WARPS, ST>(g, y, x, g->scratch, w, T, n_in, n_out, s, e);
     switch (variant) {
         QGEMM_VARIANTS(QGEMM_CASE)
         QGEMM_WG_VARIANTS(QGEMM_WG_CASE)

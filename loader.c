@@ -189,6 +189,18 @@ int model_load(const char *path, const dj_load_opts *o, dj_model *m, dj_err *e) 
     return 0;
 }
 
+int model_pin(dj_model *m, dj_err *e) {
+    m->pin_tried = 1;
+    for (uint32_t j = 0; j < LOAD_JOBS(&m->info); j++) {
+        uint64_t off, size;
+        int pin;
+        job_span(&m->info, j, &off, &size, &pin);
+        if (pin && gpu_host_register(m->data + off, size, 0, e)) return -1;
+    }
+    m->pinned = 1;
+    return 0;
+}
+
 void model_free(dj_model *m) {
     if (m->data) {
         if (m->pin_tried) {

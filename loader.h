@@ -36,6 +36,9 @@ extern volatile sig_atomic_t dj_load_cancel;
 
 int model_load(const char *path, const dj_load_opts *o, dj_model *m, dj_err *e);
 void model_free(dj_model *m);
+// Page-locks the travelling sections (layers, head, tied embeddings) of a model built in memory (m->data from an
+// anonymous mmap of m->data_size bytes), as model_load does for the GPU; model_free undoes it.
+int model_pin(dj_model *m, dj_err *e);
 
 // Typed views into a loaded model.
 static inline const uint8_t *dj_layer_ptr(const dj_model *m, uint32_t l) { return m->data + m->info.layer_off[l]; }

@@ -1,8 +1,10 @@
-// tp.c: the tensor-parallel split plan (tp.h): heads and FFN rows to GPUs, their bytes, and cutting columns.
+// tp.c: the tensor-parallel split plan (tp.h): heads and FFN rows to GPUs, their bytes, cutting columns, and a GPU's
+// part of a model.
 #include "tp.h"
 
 #include <assert.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "kvtype.h"
 
@@ -106,4 +108,54 @@ void tp_cut_cols(void *dst, const void *w, uint32_t wtype, int64_t rows, int64_t
         memcpy(d + dj_scales_offset(wtype, (uint64_t)n), s + dj_scales_offset(wtype, (uint64_t)cols) + (size_t)g0 * 2,
                (size_t)ng * 2);
     }
+}
+
+// ---- a GPU's model
+// Rows [lo, hi) of a (rows, cols) wtype matrix: contiguous, one copy.
+static void tp_copy_rows(uint8_t *dst, const uint8_t *w, uint32_t wtype, int64_t cols, tp_range r) {
+    uint64_t rb = dj_row_bytes(wtype, (uint64_t)cols);
+    memcpy(dst, w + (uint64_t)r.lo * rb, (uint64_t)tp_len(r) * rb);
+}
+
+int tp_shard_model(const dj_model *m, const tp_split *s, int pin, dj_model *out, dj_err *e) {
+    memset(out, 0, sizeof *out);
+    const dj_config *c = &m->info.config;
+    dj_config sc = *c;
+    sc.n_heads = (uint32_t)tp_len(s->heads), sc.n_kv_heads = (uint32_t)tp_len(s->kv_heads);
+    sc.hidden_dim = (uint32_t)tp_len(s->ffn_rows);
+    if (model_plan(&sc, m->info.tok_size, &out->info, e)) return -1;
+    const dj_model_info *fi = &m->info, *si = &out->info;
+    void *p = mmap(NULL, si->file_size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) {
+        dj_info_free(&out->info);
+        return dj_fail(e, "cannot allocate %.2f GB of host memory for a GPU's part of the model",
+                       (double)si->file_size / 1e9);
+    }
+    madvise(p, si->file_size, MADV_HUGEPAGE);
+    uint8_t *d = p;
+    out->data = d, out->data_size = si->file_size, out->for_gpu = m->for_gpu;
+    memcpy(d + si->tok_off, m->data + fi->tok_off, fi->tok_size);
+    memcpy(d + si->embed_off, m->data + fi->embed_off, fi->embed_size);
+    memcpy(d + si->head_off, m->data + fi->head_off, fi->head_size);
+    const dj_layer_layout *L = &fi->layer, *S = &si->layer;
+    uint32_t wt = c->wtype;
+    int64_t dim = c->dim, q_dim = (int64_t)c->n_heads * c->head_dim;
+    for (uint32_t l = 0; l < c->n_layers; l++) {
+        const uint8_t *f = dj_layer_ptr(m, l);
+        uint8_t *g = d + si->layer_off[l];
+        memcpy(g + S->attn_norm, f + L->attn_norm, (size_t)dim * 4);
+        memcpy(g + S->ffn_norm, f + L->ffn_norm, (size_t)dim * 4);
+        tp_copy_rows(g + S->wq, f + L->wq, wt, dim, s->q_rows);
+        tp_copy_rows(g + S->wk, f + L->wk, wt, dim, s->kv_rows);
+        tp_copy_rows(g + S->wv, f + L->wv, wt, dim, s->kv_rows);
+        tp_cut_cols(g + S->wo, f + L->wo, wt, dim, q_dim, s->q_rows.lo, s->q_rows.hi);
+        tp_copy_rows(g + S->w_gate, f + L->w_gate, wt, dim, s->ffn_rows);
+        tp_copy_rows(g + S->w_up, f + L->w_up, wt, dim, s->ffn_rows);
+        tp_cut_cols(g + S->w_down, f + L->w_down, wt, dim, c->hidden_dim, s->ffn_rows.lo, s->ffn_rows.hi);
+    }
+    if (pin && model_pin(out, e)) {
+        model_free(out);
+        return -1;
+    }
+    return 0;
 }

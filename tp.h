@@ -12,6 +12,7 @@
 
 #include <stdint.h>
 
+#include "loader.h"
 #include "model.h"
 
 #define TP_MAX_GPUS 8  // one host's GPUs; the plan's kv-head arrangements are searched over 2^n masks
@@ -51,5 +52,11 @@ uint64_t tp_layer_bytes(const dj_config *c, const tp_split *s);
 // (q8, q4: the groups' values and parameters copied, the padding zeroed). PRECOND: 0 <= c0 < c1 <= cols, c0 and c1
 // (unless c1 == cols) multiples of tp_col_granularity(wtype), as tp_plan's cuts are.
 void tp_cut_cols(void *dst, const void *w, uint32_t wtype, int64_t rows, int64_t cols, int64_t c0, int64_t c1);
+
+// out: GPU s's part of m as a model of its own, in memory: m's config with s's heads, kv heads and FFN rows
+// (n_heads, n_kv_heads, hidden_dim), every layer slab laid out for that config (its rows of wq, wk, wv, w_gate, w_up,
+// its columns of wo and w_down), the tokenizer, embeddings and head m's. pin: its travelling sections page-locked
+// (model_pin), as the loader does for the GPU. model_free releases it. PRECOND: s from tp_plan for m's config.
+int tp_shard_model(const dj_model *m, const tp_split *s, int pin, dj_model *out, dj_err *e);
 
 #endif

@@ -242,41 +242,41 @@ Test(tp, cut_columns_widen_to_the_full_rows_slice) {
 }
 
 // ---- the split forward pass on the CPU
-// One GPU's weights of one layer: its rows are views into the slab, its columns of wo and w_down cut copies.
+// One GPU's weights of one layer, from its model (tp_shard_model): its rows of wq, wk, wv, w_gate, w_up, its columns
+// of wo and w_down.
 typedef struct {
-    const uint8_t *wq, *wk, *wv, *gate, *up;
-    uint8_t *wo, *down;
+    const uint8_t *wq, *wk, *wv, *gate, *up, *wo, *down;
 } gpu_layer;
 
-// logits (T, vocab) of tokens at positions 0..T-1, every layer split over n GPUs by s: each GPU's q, k, v rows, RoPE,
-// attention over its heads and its own KV cache, its partial wo; its gate and up rows, swiglu, its partial w_down;
-// the partials added in GPU order (the all-reduce), then the residual.
+// logits (T, vocab) of tokens at positions 0..T-1, every layer split over n GPUs by s, each GPU's weights those of
+// its model (tp_shard_model): each GPU's q, k, v rows, RoPE, attention over its heads and its own KV cache, its
+// partial wo; its gate and up rows, swiglu, its partial w_down; the partials added in GPU order (the all-reduce),
+// then the residual.
 static void tp_forward(const dj_model *m, const tp_split *s, int n, const int32_t *tokens, int64_t T, float *logits) {
     const dj_config *c = &m->info.config;
-    const dj_layer_layout *L = &m->info.layer;
     uint32_t wt = c->wtype, nl = c->n_layers;
     int64_t dim = c->dim, hd = c->head_dim, S = T;
-    uint64_t in_row = dj_row_bytes(wt, dim);
     gpu_layer *gl = calloc((size_t)n * nl, sizeof *gl);
     float *kc[TP_MAX_GPUS], *vc[TP_MAX_GPUS];
+    dj_model sm[TP_MAX_GPUS];
     for (int g = 0; g < n; g++) {
+        dj_err e = {{0}};
+        cr_assert_eq(tp_shard_model(m, &s[g], 0, &sm[g], &e), 0, "%s", e.msg);
+        const dj_config *gc = &sm[g].info.config;
+        cr_assert(gc->dim == c->dim && gc->head_dim == c->head_dim && gc->n_heads == s[g].heads.hi - s[g].heads.lo &&
+                      gc->n_kv_heads == s[g].kv_heads.hi - s[g].kv_heads.lo &&
+                      gc->hidden_dim == s[g].ffn_rows.hi - s[g].ffn_rows.lo,
+                  "GPU %d's config is not its part", g);
         int64_t nkv = s[g].kv_heads.hi - s[g].kv_heads.lo;
         kc[g] = calloc((size_t)(nl * nkv * S * hd), 4), vc[g] = calloc((size_t)(nl * nkv * S * hd), 4);
+        const dj_layer_layout *G = &sm[g].info.layer;
         for (uint32_t l = 0; l < nl; l++) {
-            const uint8_t *slab = dj_layer_ptr(m, l);
-            gpu_layer *w = &gl[g * nl + l];
-            w->wq = slab + L->wq + s[g].q_rows.lo * in_row;
-            w->wk = slab + L->wk + s[g].kv_rows.lo * in_row;
-            w->wv = slab + L->wv + s[g].kv_rows.lo * in_row;
-            w->gate = slab + L->w_gate + s[g].ffn_rows.lo * in_row;
-            w->up = slab + L->w_up + s[g].ffn_rows.lo * in_row;
-            int64_t q0 = s[g].q_rows.lo, q1 = s[g].q_rows.hi, f0 = s[g].ffn_rows.lo, f1 = s[g].ffn_rows.hi;
-            w->wo = malloc(dj_matrix_bytes(wt, dim, q1 - q0));
-            w->down = malloc(dj_matrix_bytes(wt, dim, f1 - f0));
-            tp_cut_cols(w->wo, slab + L->wo, wt, dim, (int64_t)c->n_heads * hd, q0, q1);
-            tp_cut_cols(w->down, slab + L->w_down, wt, dim, c->hidden_dim, f0, f1);
+            const uint8_t *slab = dj_layer_ptr(&sm[g], l);
+            gl[g * nl + l] = (gpu_layer){slab + G->wq, slab + G->wk, slab + G->wv, slab + G->w_gate, slab + G->w_up,
+                                         slab + G->wo, slab + G->w_down};
         }
     }
+    const dj_layer_layout *L = &m->info.layer;
     size_t qb = (size_t)c->n_heads * hd * 4, kb = (size_t)c->n_kv_heads * hd * 4;
     float *inv_freq = malloc(hd / 2 * 4), *x = malloc(dim * 4), *xb = malloc(dim * 4), *acc = malloc(dim * 4),
           *part = malloc(dim * 4), *q = malloc(qb), *k = malloc(kb), *v = malloc(kb), *att = malloc(qb),
@@ -328,10 +328,7 @@ static void tp_forward(const dj_model *m, const tp_split *s, int n, const int32_
         cr_assert_eq(cpu_matmul(logits + t * c->vocab_size, xb, dj_lm_head_ptr(m), dj_lm_head_type(m), 1, dim,
                                 c->vocab_size), 0);
     }
-    for (int g = 0; g < n; g++) {
-        free(kc[g]), free(vc[g]);
-        for (uint32_t l = 0; l < nl; l++) free(gl[g * nl + l].wo), free(gl[g * nl + l].down);
-    }
+    for (int g = 0; g < n; g++) free(kc[g]), free(vc[g]), model_free(&sm[g]);
     free(gl), free(inv_freq), free(x), free(xb), free(acc), free(part), free(q), free(k), free(v), free(att), free(h),
         free(h2);
 }

@@ -81,6 +81,7 @@ int engine_open(dj_engine *eng, const dj_model *m, const dj_gpu_opts *go, int32_
         return 0;
     }
     if (n_slots < 1) return dj_fail(e, "%d KV slots asked for", n_slots);
+    if (go->n_gpus > 1) return tp_engine_open(eng, m, go, n_slots, e);
     dj_gpu_opts o = *go;
     o.n_slots = n_slots;
     dj_gpu_state *s = gpu_state_new(m, &o, e);

@@ -10,6 +10,7 @@
 
 #include "cpu.h"
 #include "gpu_impl.h"
+#include "tp_link.h"
 
 // ---- profiling (DJINN_PROFILE=1)
 enum {
@@ -252,6 +253,14 @@ static int norm_qkv(dj_gpu_state *s, const gpu_unit *un, const layer_plan *pl, i
     return 0;
 }
 
+// Where wo and w_down write: d_delta, or on several GPUs this GPU's partial, which tp_sum adds to the others' into
+// d_delta (tp_link.h).
+static float *part_out(dj_gpu_state *s) { return s->opts.tp ? tp_part(s->opts.tp, s->opts.tp_rank) : s->b.delta; }
+static int tp_sum(dj_gpu_state *s, int64_t T, dj_err *e) {
+    const int64_t dim = s->m->info.config.dim;
+    return s->opts.tp ? tp_allreduce(s->opts.tp, s->opts.tp_rank, s->b.delta, T * dim, s->compute, e) : 0;
+}
+
 // delta = w_down . (silu(w_gate . n) * (w_up . n)), n = rmsnorm(x += delta), in the plan's form.
 static int mlp_block(dj_gpu_state *s, const gpu_unit *un, const layer_plan *pl, int64_t T, const float *norm,
                      dj_err *e) {
@@ -260,25 +269,26 @@ static int mlp_block(dj_gpu_state *s, const gpu_unit *un, const layer_plan *pl, 
     cudaStream_t st = s->compute;
     const int k_down = s->mats.n_layer - 1;
     const sp_mat *dn = &s->mats.layer[k_down];
+    float *out = part_out(s);
     ffn_rows ffn;
     if (pl->mlp == MLP_NORMS_FUSED) {
         STEP(GATE_UP, norm_matmul(s, un->w, 2, norm, 1, NULL, e));
-        STEP(DOWN, layer_mm(s, un, k_down, b->delta, b->hb, T, e));
+        STEP(DOWN, layer_mm(s, un, k_down, out, b->hb, T, e));
         return 0;
     }
     STEP(NORM, gpu_add_rmsnorm(b->x, b->delta, b->xb, norm, T, c->dim, c->norm_eps, st, e));
     if (pl->mlp == MLP_CPU_CHAIN) {
-        STEP(DOWN, share_ffn(s, b->delta, b->hb, b->xb, T, un, e));
+        STEP(DOWN, share_ffn(s, out, b->hb, b->xb, T, un, e));
         return 0;
     }
     STEP(GATE_UP, gate_up_matmul(s, un, T, &ffn, e));
     if (pl->mlp == MLP_GPU_DOWN) {
-        STEP(DOWN, gpu_swiglu_matmul(s->g, b->delta, b->hb, ffn.gate, ffn.up, ffn.ld, un->w + dn->off, dn->dtype, T,
+        STEP(DOWN, gpu_swiglu_matmul(s->g, out, b->hb, ffn.gate, ffn.up, ffn.ld, un->w + dn->off, dn->dtype, T,
                                      dn->n_in, dn->n_out, st, e));
         return 0;
     }
     STEP(SWIGLU, gpu_swiglu(b->hb, ffn.gate, ffn.up, T, c->hidden_dim, ffn.ld, st, e));
-    STEP(DOWN, layer_mm(s, un, k_down, b->delta, b->hb, T, e));
+    STEP(DOWN, layer_mm(s, un, k_down, out, b->hb, T, e));
     return 0;
 }
 
@@ -302,9 +312,10 @@ static int gpu_layer(dj_gpu_state *s, const pass_desc *pd, const gpu_unit *un, c
     if (norm_qkv(s, un, pl, T, attn_norm, pending, &qkv, e)) return -1;  // q|k|v of the normed x
     STEP(ROPE_KV, rope_kv_write(s, pd, &qkv, &kc, e));                   // RoPE on q and k; k and v into the cache
     STEP(ATTENTION, attention(s, pd, &qkv, &kc, e));                     // each query over its slot's keys, causal
-    STEP(WO, layer_mm(s, un, k_wo, b->delta, b->att, T, e));             // delta = wo . att
+    STEP(WO, layer_mm(s, un, k_wo, part_out(s), b->att, T, e));          // delta = wo . att
+    if (tp_sum(s, T, e)) return -1;
     // MLP block: x += w_down . (silu(w_gate . n) * (w_up . n)), n = rmsnorm(x)
-    return mlp_block(s, un, pl, T, ffn_norm, e);
+    return mlp_block(s, un, pl, T, ffn_norm, e) || tp_sum(s, T, e) ? -1 : 0;
 }
 
 // ---- the pass
@@ -394,6 +405,7 @@ static int queue_out(dj_gpu_state *s, const pass_desc *pd, const float *logits, 
                : 0;
 }
 static void take_out(dj_gpu_state *s, const pass_desc *pd, float *logits, int64_t first, int64_t r0, int64_t rows) {
+    if (s->opts.tp_rank > 0) return;  // several GPUs: the first gives the output
     const int64_t vocab = s->m->info.config.vocab_size;
     if (pd->pick) memcpy(pd->pick->next + (r0 - first), s->b.h_next, (size_t)rows * 4);
     else if (logits) memcpy(logits + (r0 - first) * vocab, s->b.h_logits, (size_t)(rows * vocab) * 4);
@@ -426,7 +438,8 @@ static int graph_step(dj_gpu_state *s, const pass_desc *pd, dj_err *e) {
 // of T rows goes kernel by kernel the first time (row_graph_seen).
 static int graph_fits(dj_gpu_state *s, const pass_desc *pd) {
     const int all_resident = !s->sc.plan->n_streamed, wants_output = pd->logits || pd->pick;
-    const int kernel_by_kernel = s->opts.no_graph || s->prof.on || s->tr || !gpu_probe_graphable(s);
+    // (several GPUs: each waits for the others' partials twice a layer, outside any graph)
+    const int kernel_by_kernel = s->opts.no_graph || s->prof.on || s->tr || !gpu_probe_graphable(s) || s->opts.tp;
     if (!all_resident || !wants_output || kernel_by_kernel) return 0;
     if (pd->T == 1) return 1;
     const int64_t T = pd->T;
@@ -440,6 +453,7 @@ static int graph_fits(dj_gpu_state *s, const pass_desc *pd) {
 // queue_out's copy (logits NULL and no pick: nothing).
 static int head_chunk(dj_gpu_state *s, const pass_desc *pd, const gpu_unit *head, const float *logits, int64_t first,
                       int64_t r0, int64_t rows, dj_err *e) {
+    if (s->opts.tp_rank > 0) return 0;  // several GPUs: the first computes the head
     if ((logits || pd->pick) && head_logits(s, pd->T, r0, rows, head, e)) return -1;
     return queue_out(s, pd, logits, first, r0, rows, e);
 }
@@ -657,7 +671,7 @@ void gpu_state_stats(dj_gpu_state *s, dj_gpu_stats *out) {
 static int open_device(dj_gpu_state *s, dj_err *e) {
     const dj_config *c = &s->m->info.config;
     const dj_layer_layout *L = &s->m->info.layer;
-    if (gpu_open(&s->g, 0, e) || gpu_stream_create(&s->compute, e) || gpu_stream_create(&s->copy, e)) return -1;
+    if (gpu_open(&s->g, s->opts.gpus[0], e) || gpu_stream_create(&s->compute, e) || gpu_stream_create(&s->copy, e)) return -1;
     uint64_t dim = c->dim, q = (uint64_t)c->n_heads * c->head_dim, kv = (uint64_t)c->n_kv_heads * c->head_dim;
     uint32_t wt = c->wtype;
     s->fused_qkv = L->wk == L->wq + dj_matrix_bytes(wt, q, dim) && L->wv == L->wk + dj_matrix_bytes(wt, kv, dim);
@@ -720,8 +734,12 @@ static int weight_budget(const dj_gpu_state *s, const gpu_sizes *z, uint64_t *bu
         return dj_fail(e, "GPU has %.2f GB free, not enough for the KV cache (%.2f GB for -c %lld) and activations "
                           "(%.2f GB): lower -c", (double)*free_b / 1e9, (double)z->kv / 1e9, (long long)s->max_seq,
                        (double)(z->act + z->scratch) / 1e9);
-    if (s->opts.ring_gb <= 0) {
-        *budget = *free_b - z->other - GPU_MARGIN;
+    if (s->opts.ring_gb <= 0) {  // GPUs of a tensor-parallel engine sharing this device take equal parts
+        const uint64_t k = s->opts.tp ? (uint64_t)tp_turn_sharers(s->opts.tp, s->opts.tp_rank) : 1;
+        if (*free_b < k * z->other + GPU_MARGIN)
+            return dj_fail(e, "GPU has %.2f GB free, not enough for %d parts of the model's KV cache and activations",
+                           (double)*free_b / 1e9, (int)k);
+        *budget = (*free_b - k * z->other - GPU_MARGIN) / k;
         return 0;
     }
     *budget = rb_gb_bytes(s->opts.ring_gb);
@@ -835,7 +853,9 @@ static int warm_up(dj_gpu_state *s, dj_err *e) {
     if (!toks) return dj_fail(e, "out of memory");
     const dj_pick_args a = {.temp = 1, .top_p = 0.5f, .min_p = 0.01f, .top_k = 8, .repeat_penalty = 1};  // every path
     int rc = gpu_forward_pick(s, 0, toks, T, 0, &a, NULL, &next, e);
-    if (!rc && !s->sc.plan->n_streamed && s->max_seq > T) rc = gpu_forward_pick(s, 0, toks, 1, T, &a, NULL, &next, e);
+    // (several GPUs: every one takes both passes, whatever its own plan, as they meet in each)
+    if (!rc && (!s->sc.plan->n_streamed || s->opts.tp) && s->max_seq > T)
+        rc = gpu_forward_pick(s, 0, toks, 1, T, &a, NULL, &next, e);
     free(toks);
     memset(s->prof.ms, 0, sizeof s->prof.ms);
     memset(s->prof.passes, 0, sizeof s->prof.passes);
@@ -867,9 +887,13 @@ dj_gpu_state *gpu_state_new(const dj_model *m, const dj_gpu_opts *o, dj_err *e) 
     size_t free_b = 0;
     if (open_device(s, e)) goto fail;
     z = buffer_sizes(s);
-    if (weight_budget(s, &z, &budget, &free_b, e) ||  // what the weights may use
-        make_plan(s, &z, budget, free_b, e) ||        // which units stay resident; the ring for the rest
-        alloc_buffers(s, &z, e) ||                    // activations, KV cache, staging
+    // several GPUs: each sizes its memory in turn (parts sharing a device see what the earlier ones took)
+    if (o->tp && tp_turn_begin(o->tp, o->tp_rank, e)) goto fail;
+    int sized = weight_budget(s, &z, &budget, &free_b, e) ||  // what the weights may use
+                make_plan(s, &z, budget, free_b, e) ||        // which units stay resident; the ring for the rest
+                alloc_buffers(s, &z, e);                      // activations, KV cache, staging
+    if (o->tp) tp_turn_end(o->tp, o->tp_rank);
+    if (sized ||
         copy_resident(s, e) ||                        // resident units, copied once
         sched_init(s, e) ||                           // the ring's events and the copy records
         park_init(s, e) ||                            // the parking stream and the slots' events

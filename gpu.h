@@ -37,6 +37,12 @@ typedef struct {
     // engine stays consistent); both engines (the CPU's stops before its next layer)
     const volatile sig_atomic_t *cancel;
     int trace_steps;    // the steps it records (0: TRACE_STEPS_DEFAULT)
+    // Several GPUs (issue 48): gpus[0..n_gpus) the devices of a tensor-parallel engine (engine_open; 0 or 1: one
+    // GPU, device gpus[0]); for each GPU's part, the link it meets the others on (tp_link.h) and its rank there
+    int n_gpus;
+    int gpus[8];
+    struct tp_link *tp;
+    int tp_rank;
 } dj_gpu_opts;
 
 typedef struct {

@@ -3,6 +3,7 @@
 // pass; gpu.h's calls are here for the linker alone, and fail with the reason should one be reached.
 #include <string.h>
 
+#include "engine.h"
 #include "gpu.h"
 #include "gpu_host.h"
 
@@ -52,3 +53,6 @@ void *gpu_parked_host(dj_gpu_state *s, dj_gpu_parked *p, dj_err *e) {
     return NULL;
 }
 int gpu_set_probe(dj_gpu_state *s, dj_probe *p, dj_err *e) { return absent(e); }
+int tp_engine_open(dj_engine *eng, const dj_model *m, const dj_gpu_opts *go, int32_t n_slots, dj_err *e) {
+    return absent(e);
+}

@@ -291,6 +291,27 @@ extern "C" int gpu_event_ms(float *ms, cudaEvent_t start, cudaEvent_t end, dj_er
     CUDA_CHECK(cudaEventElapsedTime(ms, start, end));
     return 0;
 }
+extern "C" int gpu_set_device(int device, dj_err *e) {
+    CUDA_CHECK(cudaSetDevice(device));
+    return 0;
+}
+extern "C" int gpu_peer_enable(int peer, dj_err *e) {
+    int self = 0, can = 0;
+    CUDA_CHECK(cudaGetDevice(&self));
+    if (peer == self) return 0;
+    CUDA_CHECK(cudaDeviceCanAccessPeer(&can, self, peer));
+    if (!can)
+        return dj_fail(e, "GPUs %d and %d have no peer access (cudaDeviceCanAccessPeer): their sums would go through "
+                          "host memory, which feeds the links", self, peer);
+    cudaError_t r = cudaDeviceEnablePeerAccess(peer, 0);
+    if (r == cudaErrorPeerAccessAlreadyEnabled) (void)cudaGetLastError();
+    else CUDA_CHECK(r);
+    return 0;
+}
+extern "C" int gpu_device_sync(dj_err *e) {
+    CUDA_CHECK(cudaDeviceSynchronize());
+    return 0;
+}
 extern "C" int gpu_graph_begin(cudaStream_t s, dj_err *e) {
     CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
     return 0;

@@ -94,6 +94,12 @@ int gpu_event_record(cudaEvent_t ev, cudaStream_t s, dj_err *e);
 int gpu_stream_wait(cudaStream_t s, cudaEvent_t ev, dj_err *e);  // s waits for ev (no host block)
 int gpu_event_sync(cudaEvent_t ev, dj_err *e);
 int gpu_event_ms(float *ms, cudaEvent_t start, cudaEvent_t end, dj_err *e);
+// Several devices (tp_link.c): the calling thread's device; device `peer`'s memory readable by the current one's
+// kernels (cudaDeviceEnablePeerAccess; already enabled is fine), refused by name where the pair has no peer access;
+// everything issued to the current device finished.
+int gpu_set_device(int device, dj_err *e);
+int gpu_peer_enable(int peer, dj_err *e);
+int gpu_device_sync(dj_err *e);
 // Capture the work issued on s into a graph (thread-local capture mode), instantiate it, replay it.
 int gpu_graph_begin(cudaStream_t s, dj_err *e);
 int gpu_graph_end(cudaStream_t s, cudaGraphExec_t *exec, dj_err *e);
@@ -170,6 +176,10 @@ int gpu_rmsnorm(float *out, const float *x, const float *w, int64_t T, int64_t n
                 dj_err *e);
 // Residual add fused with the next norm: x (T, n) += delta (T, n); out (T, n) = rmsnorm(x) * w.
 // out may alias delta (not x).
+// y (len) = parts[0] + parts[1] + ... + parts[n - 1], added in that order (the tensor-parallel all-reduce: every GPU
+// the same bits). The parts may be on other devices with peer access to them.
+#define GPU_MAX_PARTS 8
+int gpu_sum_parts(float *y, const float *const *parts, int n, int64_t len, cudaStream_t s, dj_err *e);
 int gpu_add_rmsnorm(float *x, const float *delta, float *out, const float *w, int64_t T, int64_t n, float eps,
                     cudaStream_t s, dj_err *e);
 // The residual add alone: out (T, n) = x + delta, plus v (n) on every row when v is not NULL (a control vector:

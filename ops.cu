@@ -361,3 +361,26 @@ extern "C" int gpu_swiglu(float *out, const float *gate, const float *up, int64_
 }
 
 int ops_setup(dj_gpu *g, dj_err *e) { return load_module_of(g, (const void *)place_rows_kernel<false>, e); }
+
+// ---- the tensor-parallel all-reduce's sum (tp_link.c): y = parts[0] + parts[1] + ..., in that order on every GPU,
+// so every GPU's sum is the same bits. The parts may live on other devices (peer access).
+struct sum_parts_args {
+    const float *p[GPU_MAX_PARTS];
+};
+__global__ void sum_parts_kernel(float *y, sum_parts_args a, int n, int64_t len) {
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < len; i += (int64_t)gridDim.x * blockDim.x) {
+        float acc = a.p[0][i];
+        for (int k = 1; k < n; k++) acc += a.p[k][i];
+        y[i] = acc;
+    }
+}
+
+extern "C" int gpu_sum_parts(float *y, const float *const *parts, int n, int64_t len, cudaStream_t s, dj_err *e) {
+    if (n < 1 || n > GPU_MAX_PARTS || len < 0) return dj_fail(e, "gpu_sum_parts: %d parts of %lld", n, (long long)len);
+    if (len == 0) return 0;
+    sum_parts_args a = {};
+    for (int k = 0; k < n; k++) a.p[k] = parts[k];
+    sum_parts_kernel<<<grid_1d(len, 256), 256, 0, s>>>(y, a, n, len);
+    LAUNCH_CHECK("sum_parts", s);
+    return 0;
+}

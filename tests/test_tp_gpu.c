@@ -1,0 +1,194 @@
+// test_tp_gpu.c: the engine on several GPUs (tp_engine.c) against the engine on one, with stories260K. Two parts of
+// the model on one device stand in for two devices (engine_open's gpus {0, 0}): every line of the split runs, the
+// all-reduce included (its "peer" reads then stay on one device); the two-GPU machine runs the same tests with
+// gpus {0, 1}. Tolerance: relative L2 of each row's logits against one GPU's. The split adds wo's and w_down's
+// outputs in partial sums (each GPU's columns, then the sum in GPU order) where one GPU sums them whole, so only the
+// order of additions differs: f32 weights 1e-5 (seen on the H200: 3.5e-7 on 2 GPUs, 4.2e-7 on 4; the CPU reference
+// of the same split 1e-7 to 4e-7, test_tp.c); f16, bf16, q8 and q4 1e-3, as their matmuls round x to f16 and a sum
+// one f32 ulp apart may round to the next f16 (2^-11 of the value; seen 1.3e-4 in f16, 1.5e-4 in q8).
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../engine.h"
+#include "../gpu_host.h"
+#include "../loader.h"
+#include "../tp.h"
+#include "common.h"
+
+#define TT_CTX 96
+
+static void tt_need_gpu(void) {
+    if (gpu_count() == 0) cr_skip_test("no GPU: cudaGetDeviceCount found no usable device (GPU tests run on the GPU machine)");
+}
+
+// The two "GPUs" of a test: devices 0 and 1 where there are two, else device 0 twice.
+static void tt_gpus(dj_gpu_opts *go, int n) {
+    go->n_gpus = n;
+    for (int r = 0; r < n; r++) go->gpus[r] = gpu_count() > r ? r : 0;
+}
+
+static void tt_open(dj_engine *eng, const dj_model *m, int n_gpus, int stream_all, int32_t slots) {
+    dj_gpu_opts go = {.max_seq = TT_CTX, .quiet = 1, .stream_all = stream_all};
+    if (n_gpus > 1) tt_gpus(&go, n_gpus);
+    dj_err e = {{0}};
+    cr_assert_eq(engine_open(eng, m, &go, slots, &e), 0, "%d GPUs: %s", n_gpus, e.msg);
+}
+
+// Logits (T + nd rows): a prompt of T tokens (every row's), then nd decode steps, each on the last one's greedy token.
+static float *tt_run(dj_engine *eng, const dj_model *m, const int32_t *prompt, int64_t T, int64_t nd, int32_t *toks) {
+    int64_t V = m->info.config.vocab_size;
+    float *out = malloc((size_t)((T + nd) * V) * 4);
+    dj_err e = {{0}};
+    cr_assert_eq(eng->forward(eng->ctx, 0, prompt, T, 0, out, 1, &e), 0, "%s", e.msg);
+    for (int64_t i = 0; i < nd; i++) {
+        const float *last = out + (T + i - 1) * V;
+        int32_t best = 0;
+        for (int64_t v = 1; v < V; v++)
+            if (last[v] > last[best]) best = (int32_t)v;
+        toks[i] = best;
+        cr_assert_eq(eng->forward(eng->ctx, 0, &best, 1, T + i, out + (T + i) * V, 0, &e), 0, "%s", e.msg);
+    }
+    return out;
+}
+
+static int32_t *tt_prompt(const dj_model *m, int64_t n) {
+    int32_t *t = malloc((size_t)n * 4);
+    for (int64_t i = 0; i < n; i++) t[i] = i ? (int32_t)(3 + tc_below(m->info.config.vocab_size - 3)) : 1;
+    return t;
+}
+
+// Every row of got within tol of ref's; the worst returned.
+static double tt_tol(int dtype) { return dtype == DJ_F32 ? 1e-5 : 1e-3; }
+static double tt_close(const float *got, const float *ref, int64_t rows, int64_t V, double tol, const char *what) {
+    double worst = 0;
+    for (int64_t r = 0; r < rows; r++) {
+        double d = tc_rel_l2(got + r * V, ref + r * V, V);
+        cr_assert(d <= tol, "%s: row %lld's logits %.3e from one GPU's, over %.0e (seed %llu)", what, (long long)r, d,
+                  tol, (unsigned long long)tc_seed_used());
+        if (d > worst) worst = d;
+    }
+    return worst;
+}
+
+// Prefill and greedy decode on 2 (and 4: stories260K has 4 kv heads; f32 and f16 only, q8 and q4 cut wo's columns
+// at 32) GPUs against one, in every dtype: the logits within the tolerance, the greedy tokens the same.
+Test(tp_gpu, logits_match_one_gpu) {
+    tt_need_gpu();
+    tc_rng_fresh("tp_gpu.logits_match_one_gpu");
+    const int dtypes[] = {DJ_F32, DJ_F16, DJ_Q8, DJ_Q4};
+    for (size_t d = 0; d < sizeof dtypes / sizeof dtypes[0]; d++) {
+        dj_model m;
+        tc_load_stories(&m, dtypes[d], 1);
+        int64_t T = 40, nd = 24, V = m.info.config.vocab_size;
+        int32_t *prompt = tt_prompt(&m, T), t1[24], tn[24];
+        dj_engine one;
+        tt_open(&one, &m, 1, 0, 1);
+        float *ref = tt_run(&one, &m, prompt, T, nd, t1);
+        engine_close(&one);
+        for (int n = 2; n <= 4; n += 2) {
+            if (n == 4 && dj_is_quant(dtypes[d])) continue;
+            dj_engine tp;
+            tt_open(&tp, &m, n, 0, 1);
+            float *got = tt_run(&tp, &m, prompt, T, nd, tn);
+            char what[64];
+            snprintf(what, sizeof what, "%s on %d GPUs", dj_dtype_name(dtypes[d]), n);
+            double worst = tt_close(got, ref, T + nd, V, tt_tol(dtypes[d]), what);
+            cr_assert_eq(memcmp(tn, t1, sizeof t1), 0, "%s: the greedy tokens differ from one GPU's", what);
+            fprintf(stderr, "tp_gpu: %s: worst row %.2e from one GPU's logits\n", what, worst);
+            engine_close(&tp);
+            free(got);
+        }
+        free(ref), free(prompt);
+        model_free(&m);
+    }
+}
+
+// Every layer streamed through each GPU's ring (its own part over its own link) gives the resident split's logits
+// bit for bit, as one GPU's streaming does.
+Test(tp_gpu, streamed_bitwise_equal_to_resident) {
+    tt_need_gpu();
+    tc_rng_fresh("tp_gpu.streamed_bitwise_equal_to_resident");
+    dj_model m;
+    tc_load_stories(&m, DJ_Q4, 1);
+    int64_t T = 30, nd = 8, V = m.info.config.vocab_size;
+    int32_t *prompt = tt_prompt(&m, T), ta[8], tb[8];
+    dj_engine res, str;
+    tt_open(&res, &m, 2, 0, 1);
+    float *ref = tt_run(&res, &m, prompt, T, nd, ta);
+    engine_close(&res);
+    tt_open(&str, &m, 2, 1, 1);
+    float *got = tt_run(&str, &m, prompt, T, nd, tb);
+    dj_gpu_stats st;
+    cr_assert(engine_gpu_stats(&str, &st));
+    cr_assert_gt(st.n_streamed, 0, "--stream-all streamed nothing");
+    engine_close(&str);
+    cr_assert_eq(memcmp(got, ref, (size_t)((T + nd) * V) * 4), 0, "streamed logits differ from resident ones");
+    free(ref), free(got), free(prompt);
+    model_free(&m);
+}
+
+// The batched step on 2 GPUs: three sequences' rows in one pass, against one GPU's same step; the picking step's
+// greedy ids are the argmax of the logits step's rows.
+Test(tp_gpu, step_rows_match_one_gpu) {
+    tt_need_gpu();
+    tc_rng_fresh("tp_gpu.step_rows_match_one_gpu");
+    dj_model m;
+    tc_load_stories(&m, DJ_Q8, 1);
+    int64_t V = m.info.config.vocab_size, P = 12;
+    enum { N = 3 };
+    int32_t *prompt[N], slots[N] = {0, 1, 2}, tokens[N], want[N] = {0, 1, 2};
+    int64_t pos[N];
+    for (int i = 0; i < N; i++) prompt[i] = tt_prompt(&m, P + i), pos[i] = P + i, tokens[i] = 5 + 7 * i;
+    float *out[2];
+    dj_err e = {{0}};
+    for (int k = 0; k < 2; k++) {
+        dj_engine eng;
+        tt_open(&eng, &m, k ? 2 : 1, 0, N);
+        for (int i = 0; i < N; i++)
+            cr_assert_eq(eng.forward(eng.ctx, i, prompt[i], P + i, 0, NULL, 0, &e), 0, "%s", e.msg);
+        out[k] = malloc((size_t)(N * V) * 4);
+        cr_assert_eq(eng.step_rows(eng.ctx, N, slots, pos, tokens, N, want, out[k], &e), 0, "%s", e.msg);
+        if (k) {  // the same step again, picking: the KV rows it writes are the same ones
+            dj_pick_args a[N] = {{.temp = 0, .repeat_penalty = 1}, {.temp = 0, .repeat_penalty = 1},
+                                 {.temp = 0, .repeat_penalty = 1}};
+            int32_t next[N];
+            cr_assert_eq(eng.step_rows_pick(eng.ctx, N, slots, pos, tokens, N, want, a, next, &e), 0, "%s", e.msg);
+            for (int i = 0; i < N; i++) {
+                int32_t best = 0;
+                for (int64_t v = 1; v < V; v++)
+                    if (out[k][i * V + v] > out[k][i * V + best]) best = (int32_t)v;
+                cr_assert_eq(next[i], best, "row %d: picked %d, the logits' greedy token is %d", i, next[i], best);
+            }
+        }
+        engine_close(&eng);
+    }
+    tt_close(out[1], out[0], N, V, tt_tol(DJ_Q8), "q8 step of 3 rows on 2 GPUs");
+    for (int i = 0; i < N; i++) free(prompt[i]);
+    free(out[0]), free(out[1]);
+    model_free(&m);
+}
+
+// What the split cannot do is refused by name: more GPUs than kv heads, a CPU share, a device that does not exist.
+Test(tp_gpu, refusals) {
+    tt_need_gpu();
+    dj_model m;
+    tc_load_stories(&m, DJ_F32, 1);
+    dj_engine eng;
+    dj_err e = {{0}};
+    dj_gpu_opts go = {.max_seq = TT_CTX, .quiet = 1};
+    tt_gpus(&go, 5);
+    cr_assert_eq(engine_open(&eng, &m, &go, 1, &e), -1);
+    cr_assert(strstr(e.msg, "at most 4 GPUs"), "%s", e.msg);
+    tt_gpus(&go, 2);
+    go.cpu_share = 0.3;
+    cr_assert_eq(engine_open(&eng, &m, &go, 1, &e), -1);
+    cr_assert(strstr(e.msg, "--cpu-share"), "%s", e.msg);
+    go.cpu_share = 0;
+    go.gpus[1] = 97;
+    cr_assert_eq(engine_open(&eng, &m, &go, 1, &e), -1);
+    cr_assert(strstr(e.msg, "97"), "the error does not name the missing device: %s", e.msg);
+    model_free(&m);
+}

@@ -1,0 +1,235 @@
+// tp_engine.c: the engine on several GPUs (engine.h; issue 48, docs/multigpu.md). Each GPU runs its part of the
+// model (tp_shard_model: its heads, its FFN rows) as a GPU engine of its own (gpu.h) in a thread of its own, the
+// parts meeting twice a layer on a tp_link to add their partial outputs. Every call runs on every GPU with the same
+// arguments (the same passes, rows in the same order); the first GPU computes the head and gives the output.
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine.h"
+#include "kernels.h"
+#include "tp_link.h"
+
+typedef struct tp_engine tp_engine;
+typedef int (*tp_job)(tp_engine *t, int rank, const void *args, dj_err *e);
+
+struct tp_engine {
+    int n;
+    tp_split split[TP_MAX_GPUS];
+    dj_model part[TP_MAX_GPUS];
+    dj_gpu_state *gpu[TP_MAX_GPUS];
+    dj_gpu_opts opts[TP_MAX_GPUS];
+    tp_link *link;
+    pthread_t th[TP_MAX_GPUS];
+    int started;
+    // the call the threads run: job(rank, args) on each, gen counting the calls; `left` still running
+    pthread_mutex_t mu;
+    pthread_cond_t go, done;
+    int gen, left, quit;
+    tp_job job;
+    const void *args;
+    int rc[TP_MAX_GPUS];
+    dj_err err[TP_MAX_GPUS];
+};
+
+typedef struct {
+    tp_engine *t;
+    int rank;
+} tp_worker_arg;
+
+static void *tp_worker(void *p) {
+    tp_worker_arg a = *(tp_worker_arg *)p;
+    free(p);
+    tp_engine *t = a.t;
+    int seen = 0;
+    dj_err e = {{0}};
+    int dev_rc = gpu_set_device(t->opts[a.rank].gpus[0], &e);
+    for (;;) {
+        pthread_mutex_lock(&t->mu);
+        while (!t->quit && t->gen == seen) pthread_cond_wait(&t->go, &t->mu);
+        if (t->quit) {
+            pthread_mutex_unlock(&t->mu);
+            return NULL;
+        }
+        seen = t->gen;
+        tp_job job = t->job;
+        const void *args = t->args;
+        pthread_mutex_unlock(&t->mu);
+        dj_err je = {{0}};
+        int rc = dev_rc ? (je = e, -1) : job(t, a.rank, args, &je);
+        if (rc) tp_fail(t->link);
+        pthread_mutex_lock(&t->mu);
+        t->rc[a.rank] = rc, t->err[a.rank] = je;
+        if (--t->left == 0) pthread_cond_signal(&t->done);
+        pthread_mutex_unlock(&t->mu);
+    }
+}
+
+// job on every GPU at once, each in its thread.
+static void tp_each(tp_engine *t, tp_job job, const void *args) {
+    pthread_mutex_lock(&t->mu);
+    t->job = job, t->args = args, t->left = t->n, t->gen++;
+    pthread_cond_broadcast(&t->go);
+    while (t->left) pthread_cond_wait(&t->done, &t->mu);
+    pthread_mutex_unlock(&t->mu);
+}
+static int job_drain(tp_engine *t, int r, const void *args, dj_err *e) { return gpu_device_sync(e); }
+
+// job on every GPU at once; 0, or -1 with the first GPU's own error (not the "another GPU's pass failed" it caused).
+// After a failure every GPU's device is drained, so the next call's partials start clean.
+static int tp_run(tp_engine *t, tp_job job, const void *args, dj_err *e) {
+    tp_each(t, job, args);
+    int bad = -1;
+    for (int r = 0; r < t->n; r++)
+        if (t->rc[r] && (bad < 0 || (strstr(t->err[bad].msg, "another GPU") && !strstr(t->err[r].msg, "another GPU"))))
+            bad = r;
+    if (bad < 0) return 0;
+    *e = t->err[bad];
+    if (t->n > 1 && !strstr(e->msg, "GPU ")) {
+        char m[sizeof e->msg - 24];
+        memcpy(m, e->msg, sizeof m - 1), m[sizeof m - 1] = 0;
+        snprintf(e->msg, sizeof e->msg, "GPU %d: %s", t->opts[bad].gpus[0], m);
+    }
+    tp_reset(t->link);
+    tp_each(t, job_drain, NULL);
+    tp_reset(t->link);
+    return -1;
+}
+
+// ---- the calls, each run by every GPU
+static int job_open(tp_engine *t, int r, const void *args, dj_err *e) {
+    const dj_gpu_opts *o = &t->opts[r];
+    int64_t rows = o->max_batch > 0 ? o->max_batch : 4096;
+    if (rows > o->max_seq) rows = o->max_seq;
+    if (tp_link_join(t->link, r, rows, t->part[r].info.config.dim, e)) return -1;
+    return (t->gpu[r] = gpu_state_new(&t->part[r], o, e)) ? 0 : -1;
+}
+
+typedef struct {
+    int32_t slot;
+    const int32_t *tokens;
+    int64_t T, pos;
+    float *logits;
+    int all;
+    const dj_pick_args *a;
+    const int32_t *counts;
+    int32_t *next;
+} fwd_args;
+static int job_forward(tp_engine *t, int r, const void *p, dj_err *e) {
+    const fwd_args *a = p;
+    if (a->a && r == 0) return gpu_forward_pick(t->gpu[r], a->slot, a->tokens, a->T, a->pos, a->a, a->counts, a->next, e);
+    return gpu_forward(t->gpu[r], a->slot, a->tokens, a->T, a->pos, r == 0 ? a->logits : NULL, a->all, e);
+}
+static int tp_forward(void *ctx, int32_t slot, const int32_t *tokens, int64_t T, int64_t pos, float *logits, int all,
+                      dj_err *e) {
+    fwd_args a = {.slot = slot, .tokens = tokens, .T = T, .pos = pos, .logits = logits, .all = all};
+    return tp_run(ctx, job_forward, &a, e);
+}
+static int tp_pick(void *ctx, int32_t slot, const int32_t *tokens, int64_t T, int64_t pos, const dj_pick_args *pa,
+                   const int32_t *counts, int32_t *next, dj_err *e) {
+    fwd_args a = {.slot = slot, .tokens = tokens, .T = T, .pos = pos, .a = pa, .counts = counts, .next = next};
+    return tp_run(ctx, job_forward, &a, e);
+}
+
+typedef struct {
+    int64_t n;
+    const int32_t *slots;
+    const int64_t *pos;
+    const int32_t *tokens;
+    int64_t n_want;
+    const int32_t *want;
+    float *logits;
+    const dj_pick_args *args;
+    int32_t *next;
+} rows_args;
+// (every GPU the same rows wanted, so that each orders the pass's rows alike; only the first writes the output)
+static int job_rows(tp_engine *t, int r, const void *p, dj_err *e) {
+    const rows_args *a = p;
+    return a->args ? gpu_step_rows_pick(t->gpu[r], a->n, a->slots, a->pos, a->tokens, a->n_want, a->want, a->args,
+                                        a->next, e)
+                   : gpu_step_rows(t->gpu[r], a->n, a->slots, a->pos, a->tokens, a->n_want, a->want, a->logits, e);
+}
+static int tp_rows(void *ctx, int64_t n, const int32_t *slots, const int64_t *pos, const int32_t *tokens,
+                   int64_t n_want, const int32_t *want, float *logits, dj_err *e) {
+    rows_args a = {n, slots, pos, tokens, n_want, want, logits, NULL, NULL};
+    return tp_run(ctx, job_rows, &a, e);
+}
+static int tp_rows_pick(void *ctx, int64_t n, const int32_t *slots, const int64_t *pos, const int32_t *tokens,
+                        int64_t n_want, const int32_t *want, const dj_pick_args *args, int32_t *next, dj_err *e) {
+    rows_args a = {n, slots, pos, tokens, n_want, want, NULL, args, next};
+    return tp_run(ctx, job_rows, &a, e);
+}
+
+static void tp_stats(void *ctx, dj_gpu_stats *out) {
+    tp_engine *t = ctx;
+    gpu_state_stats(t->gpu[0], out);
+}
+
+static int job_close(tp_engine *t, int r, const void *args, dj_err *e) {
+    gpu_state_free(t->gpu[r]);
+    t->gpu[r] = NULL;
+    return 0;
+}
+static void tp_free(void *ctx) {
+    tp_engine *t = ctx;
+    if (!t) return;
+    if (t->started == t->n) {
+        tp_each(t, job_close, NULL);  // each GPU's state freed in its own thread, its device current
+    }
+    pthread_mutex_lock(&t->mu);
+    t->quit = 1;
+    pthread_cond_broadcast(&t->go);
+    pthread_mutex_unlock(&t->mu);
+    for (int r = 0; r < t->started; r++) pthread_join(t->th[r], NULL);
+    tp_link_free(t->link);
+    for (int r = 0; r < t->n; r++) model_free(&t->part[r]);
+    pthread_mutex_destroy(&t->mu);
+    pthread_cond_destroy(&t->go), pthread_cond_destroy(&t->done);
+    free(t);
+}
+
+int tp_engine_open(dj_engine *eng, const dj_model *m, const dj_gpu_opts *go, int32_t n_slots, dj_err *e) {
+    const int n = go->n_gpus;
+    tp_engine *t = calloc(1, sizeof *t);
+    if (!t) return dj_fail(e, "out of memory");
+    t->n = n;
+    pthread_mutex_init(&t->mu, NULL);
+    pthread_cond_init(&t->go, NULL), pthread_cond_init(&t->done, NULL);
+    if (go->cpu_share != 0) {
+        free(t);
+        return dj_fail(e, "--cpu-share on several GPUs is not built yet: use --cpu-share 0, or --gpus 1");
+    }
+    for (int r = 0; r < n; r++)
+        if (go->gpus[r] < 0 || go->gpus[r] >= gpu_count()) {
+            dj_fail(e, "--gpus: device %d does not exist (%d visible: 0 to %d)", go->gpus[r], gpu_count(),
+                    gpu_count() - 1);
+            goto fail;
+        }
+    if (tp_plan(&m->info.config, n, t->split, e) || !(t->link = tp_link_new(n, go->gpus, e))) goto fail;
+    for (int r = 0; r < n; r++) {
+        if (tp_shard_model(m, &t->split[r], m->pinned, &t->part[r], e)) goto fail;
+        dj_gpu_opts *o = &t->opts[r];
+        *o = *go;
+        o->n_slots = n_slots, o->gpus[0] = go->gpus[r], o->tp = t->link, o->tp_rank = r;
+        o->quiet = go->quiet || r > 0, o->trace = r > 0 ? NULL : go->trace;
+    }
+    for (; t->started < n; t->started++) {
+        tp_worker_arg *a = malloc(sizeof *a);
+        if (!a) goto fail;
+        *a = (tp_worker_arg){t, t->started};
+        if (pthread_create(&t->th[t->started], NULL, tp_worker, a)) {
+            free(a);
+            dj_fail(e, "cannot start a thread for GPU %d", t->started);
+            goto fail;
+        }
+    }
+    if (tp_run(t, job_open, NULL, e)) goto fail;
+    *eng = (dj_engine){.name = "gpu", .is_gpu = 1, .ctx = t, .n_slots = n_slots, .kv_type = go->kv_type,
+                       .max_seq = go->max_seq, .forward = tp_forward, .pick = tp_pick, .step_rows = tp_rows,
+                       .step_rows_pick = tp_rows_pick, .free = tp_free, .gpu_stats = tp_stats};
+    return 0;
+fail:
+    tp_free(t);
+    return -1;
+}

@@ -27,6 +27,7 @@
 #include "spec.h"
 #include "stops.h"
 #include "tokenizer.h"
+#include "tp.h"
 #include "trace.h"
 #include "util.h"
 
@@ -100,6 +101,7 @@ typedef struct {
         int fma_attn;    // prefill attention on the fp32 FMA kernel, not the tensor cores
         double cpu_share;  // dj_gpu_opts.cpu_share: < 0 automatic (the default), 0 off
         int cpu_share_given;
+        int n_gpus, gpus[TP_MAX_GPUS];  // --gpus (0: one GPU, device 0)
     } gpu;
     int force_cpu;
     int no_pin;          // pageable host memory for the weights
@@ -156,6 +158,9 @@ static void usage(FILE *f) {
             "  --ring-gb G      GPU memory for weights, in GB (1e9 bytes): layers that fit stay resident, the rest\n"
             "                   stream over PCIe every token (default: free GPU memory minus the KV cache,\n"
             "                   activations and a margin; the plan is printed on stderr)\n"
+            "  --gpus N|IDS     run on N GPUs (the first N visible), or on the devices listed (--gpus 0,1): every\n"
+            "                   layer split over them (heads and FFN rows), each GPU holding and streaming its\n"
+            "                   part; --ring-gb is per GPU (default: 1 GPU; no CPU share or probes on several yet)\n"
             "  --stream-all     ablation: keep no layer resident, stream every layer every token\n"
             "  --sync-copy      ablation: copy a layer, wait, compute it (no overlap)\n"
             "  --no-graph       ablation: run the all-resident decode step kernel by kernel, not as a CUDA graph\n"
@@ -374,6 +379,9 @@ static int parse_value(const char *a, const char *v, dj_opts *o) {
     } else if (!strcmp(a, "--threads")) {
         if (parse_i64(v, &n) || n < 1 || n > 256) return usage_error("--threads needs a count from 1 to 256, not '%s'", v);
         o->threads = n;
+    } else if (!strcmp(a, "--gpus")) {
+        dj_err pe;
+        if (tp_parse_gpus(v, &o->gpu.n_gpus, o->gpu.gpus, &pe)) return usage_error("%s", pe.msg);
     } else if (!strcmp(a, "--ring-gb")) {
         if (parse_f64(v, &d) || d <= 0) return usage_error("--ring-gb needs a positive number of GB, not '%s'", v);
         o->gpu.ring_gb = d;
@@ -441,7 +449,7 @@ static int check_args(const dj_opts *o) {
 static const char *with_value[] = {"-p", "-f", "--stop", "--system", "--chat-template", "--top-k", "--min-p", "--repeat-penalty",
                                    "--repeat-last-n", "--presence-penalty", "--frequency-penalty", "-n", "-t",
                                    "--top-p", "-s", "-c", "--ring-gb", "--logits", "--check", "--tol", "--stats-json",
-                                   "--cpu-share", "--perplexity", "--threads", "--draft", "--draft-max",
+                                   "--cpu-share", "--gpus", "--perplexity", "--threads", "--draft", "--draft-max",
                                    "--draft-p-min", "--trace", "--trace-steps", "-m", "-ngl", "--temp", "--kv-type"};
 
 // llama.cpp's spellings of the same options (its users type them): the name Djinn parses them under.
@@ -514,12 +522,15 @@ static int open_engine(dj_engine *eng, const dj_model *m, const dj_opts *o, int6
     dj_gpu_opts go = {.ring_gb = o->gpu.ring_gb, .max_seq = ctx, .stream_all = o->gpu.stream_all,
                       .sync_copy = o->gpu.sync_copy, .no_graph = o->gpu.no_graph, .fma_attn = o->gpu.fma_attn,
                       .warm_rows = warm, .cpu_share = o->gpu.cpu_share, .trace = o->trace_path,
-                      .trace_steps = (int)o->trace_steps, .kv_type = o->kv_type};
+                      .trace_steps = (int)o->trace_steps, .kv_type = o->kv_type, .n_gpus = o->gpu.n_gpus};
+    memcpy(go.gpus, o->gpu.gpus, sizeof go.gpus);
     go.cancel = &cut;
     cuttable_phase(1);
     int rc = engine_open(eng, m, &go, 1, e);
     cuttable_phase(0);
     if (rc) return -1;
+    if (o->probe && !eng->set_probe)
+        return dj_fail(e, "--dump-act and --steer on several GPUs are not built yet: use --gpus 1");
     return o->probe ? eng->set_probe(eng->ctx, o->probe, e) : 0;
 }
 
@@ -1341,8 +1352,8 @@ int main(int argc, char **argv) {
     else if (!o.tokenize && !use_gpu)
         fprintf(stderr, "djinn: warning: " GPU_ABSENT ": running on the CPU, %d thread%s\n", nt, nt == 1 ? "" : "s");
     if (!use_gpu && (o.gpu.stream_all || o.gpu.sync_copy || o.gpu.ring_gb > 0 || o.gpu.no_graph || o.gpu.fma_attn ||
-                     o.gpu.cpu_share_given))
-        fprintf(stderr, "djinn: warning: --ring-gb, --stream-all, --sync-copy, --no-graph, --fma-attn and "
+                     o.gpu.cpu_share_given || o.gpu.n_gpus))
+        fprintf(stderr, "djinn: warning: --ring-gb, --stream-all, --sync-copy, --no-graph, --fma-attn, --gpus and "
                         "--cpu-share apply to the GPU engine only\n");
     // the load's progress on a terminal only: a log gets the one line below
     dj_load_opts lo = {.want_pinned = use_gpu, .no_pin = o.no_pin, .quiet = !isatty(STDERR_FILENO)};

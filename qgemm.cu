@@ -15,6 +15,20 @@
 #include <math.h>
 #include <stdint.h>
 
+#include <atomic>
+
+// A kernel's shared-memory opt-in, once per device (a function's attributes belong to a device's context: the
+// engine on several GPUs launches every kernel on each); done: the devices that have it, one bit each.
+static int smem_optin(const void *kernel, int bytes, std::atomic<unsigned> &done, dj_err *e) {
+    int dev = 0;
+    CUDA_CHECK(cudaGetDevice(&dev));
+    const unsigned bit = 1u << (dev & 31);
+    if (done.load() & bit) return 0;
+    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+    done.fetch_or(bit);
+    return 0;
+}
+
 // ---- x rounded to f16, inputs permuted within each 16 (position 2c + j + 8h holds input 4c + h + 2j: the even
 // inputs of the 16 in order, then the odd ones), rows padded with zeros to kp = 32 * groups
 // A thread takes 16 inputs of a token: 64 bytes read (128 with up), two 16-byte chunks written. A thread an element
@@ -904,12 +918,8 @@ static int qgemm_wg_launch(float *y, const qgemm_src &x, __half *xp, const void 
                            int64_t n_out, cudaStream_t s, dj_err *e) {
     using C = qgemm_wg_cfg<WT, BN, ST>;
     if (qgemm_x(xp, x, T, n_in, XB ? BN : 0, s, e)) return -1;
-    static int ready;
-    if (!ready) {
-        CUDA_CHECK(cudaFuncSetAttribute(qgemm_wg_kernel<WT, BN, ST, KS, XB, MINB>,
-                                        cudaFuncAttributeMaxDynamicSharedMemorySize, C::SMEM));
-        ready = 1;
-    }
+    static std::atomic<unsigned> ready;
+    if (smem_optin((const void *)qgemm_wg_kernel<WT, BN, ST, KS, XB, MINB>, C::SMEM, ready, e)) return -1;
     const int64_t groups = (n_in + DJ_QGROUP - 1) / DJ_QGROUP, rb = (int64_t)dj_row_bytes(WT, (uint64_t)n_in);
     const dim3 grid((unsigned)((T + BN - 1) / BN), (unsigned)((n_out + C::BM - 1) / C::BM), KS);
     if (KS > 1) CUDA_CHECK(cudaMemsetAsync(y, 0, (size_t)T * (size_t)n_out * sizeof(float), s));
@@ -925,12 +935,8 @@ static int qgemm_launch(float *y, const qgemm_src &x, __half *xp, const void *w,
     using C = qgemm_cfg<WT, BM, BN, WM, WN, ST>;
     const dim3 grid((unsigned)((T + BN - 1) / BN), (unsigned)((n_out + BM - 1) / BM));
     if (qgemm_x(xp, x, T, n_in, 0, s, e)) return -1;
-    static int ready;  // the shared-memory opt-in, once per instantiation (the process uses one device)
-    if (!ready) {
-        CUDA_CHECK(cudaFuncSetAttribute(qgemm_kernel<WT, BM, BN, WM, WN, ST>,
-                                        cudaFuncAttributeMaxDynamicSharedMemorySize, C::SMEM));
-        ready = 1;
-    }
+    static std::atomic<unsigned> ready;
+    if (smem_optin((const void *)qgemm_kernel<WT, BM, BN, WM, WN, ST>, C::SMEM, ready, e)) return -1;
     const int64_t groups = (n_in + DJ_QGROUP - 1) / DJ_QGROUP, rb = (int64_t)dj_row_bytes(WT, (uint64_t)n_in);
     qgemm_kernel<WT, BM, BN, WM, WN, ST><<<grid, C::THREADS, C::SMEM, s>>>(y, xp, (const uint8_t *)w, T, n_out,
                                                                          groups, rb);
@@ -972,11 +978,14 @@ static int qreg_launch(const dj_gpu *g, float *y, const qgemm_src &x, void *scra
                        int64_t n_in, int64_t n_out, cudaStream_t s, dj_err *e) {
     using C = qreg_cfg<WT, NT, MT, NQ, WARPS, ST>;
     auto kernel = qreg_kernel<WT, NT, MT, NQ, WARPS, ST>;
-    static int per_sm;  // CTAs a multiprocessor holds (once per instantiation: the process uses one device)
+    static std::atomic<unsigned> ready;
+    static std::atomic<int> per_sm_of[32];  // CTAs a multiprocessor holds, by device (0: not asked yet)
+    if (smem_optin((const void *)kernel, C::SMEM, ready, e)) return -1;
+    int per_sm = per_sm_of[g->device & 31].load();
     if (!per_sm) {
-        CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::SMEM));
         CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, C::THREADS, C::SMEM));
         if (per_sm < 1) return dj_fail(e, "gpu_qgemm: the register kernel's CTA does not fit a multiprocessor");
+        per_sm_of[g->device & 31].store(per_sm);
     }
     const int64_t groups = (n_in + DJ_QGROUP - 1) / DJ_QGROUP, chunks = groups * q_group_bytes(WT) / 16;
     const int64_t iters = (chunks + 4 * NQ - 1) / (4 * NQ), n_rb = (n_out + C::ROWS - 1) / C::ROWS;

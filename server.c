@@ -39,6 +39,7 @@
 #include "loader.h"
 #include "pool.h"
 #include "tokenizer.h"
+#include "tp.h"
 
 #define SRV_BODY_MAX ((size_t)8 << 20)   // a request body; more is refused (413)
 #define SRV_OUT_MAX ((size_t)16 << 20)   // unsent output: a client that stops reading is dropped past it
@@ -66,6 +67,7 @@ typedef struct {
     double ring_gb, kv_gb, park_gb, timeout_s, cpu_share, buffer_mb;  // kv_gb 0, park_gb < 0: from the memory
     int64_t ctx, prefill_chunk;
     int32_t parallel, sessions, max_conns, breakpoints;
+    int n_gpus, gpus[TP_MAX_GPUS];  // --gpus (0: one GPU, device 0)
 } srv_opts;
 
 static void srv_usage(FILE *f) {
@@ -95,7 +97,9 @@ static void srv_usage(FILE *f) {
             "                       more is read (a request waits, up to --timeout) and new connections get 503\n"
             "  --timeout S          seconds a request may take to arrive, an idle connection stays open and a\n"
             "                       client may leave output unread (60)\n"
-            "  --ring-gb G          GPU memory for weights, in GB (as djinn's)\n"
+            "  --ring-gb G          GPU memory for weights, in GB (as djinn's; per GPU)\n"
+            "  --gpus N|IDS         several GPUs, each holding its part of every layer (as djinn's; no breakpoints\n"
+            "                       or CPU share there yet)\n"
             "  --cpu-share F|auto   fraction of each streamed layer's rows the CPU computes, in steps of any number\n"
             "                       of sequences (auto)\n"
             "  --threads N          CPU threads (the CPUs in the affinity mask)\n"
@@ -187,6 +191,7 @@ static int srv_parse(int argc, char **argv, srv_opts *o) {
         else if (!strcmp(a, "--prefill-chunk")) rc = srv_num(a, v, 1, 1 << 20, 1, &d), o->prefill_chunk = (int64_t)d;
         else if (!strcmp(a, "--timeout")) rc = srv_num(a, v, 0.1, 86400, 0, &d), o->timeout_s = d;
         else if (!strcmp(a, "--ring-gb")) rc = srv_num(a, v, 1e-3, 1e6, 0, &d), o->ring_gb = d;
+        else if (!strcmp(a, "--gpus")) rc = v ? tp_parse_gpus(v, &o->n_gpus, o->gpus, &e) : 0;
         else if (!strcmp(a, "--kv-gb")) rc = srv_num(a, v, 1e-9, 1e6, 0, &d), o->kv_gb = d;
         else if (!strcmp(a, "--park-gb")) rc = srv_num(a, v, 0, 1e6, 0, &d), o->park_gb = d;
         else if (!strcmp(a, "--buffer-mb")) rc = srv_num(a, v, 1, 1 << 20, 0, &d), o->buffer_mb = d;
@@ -990,13 +995,19 @@ static int srv_open_model(srv *s, dj_err *e) {
     const int64_t ctx = kv.ctx;
     chat_kind chat;
     if (chat_choose(o->chat_template, tok_chat_template(s->tok), &chat, e)) return 2;
-    s->am = (api_model){s->tok, chat, ctx, cfg->vocab_size, cfg->n_layers, cfg->dim, o->breakpoints > 0};
     dj_gpu_opts go = {.ring_gb = o->ring_gb, .max_seq = ctx, .cpu_share = o->cpu_share, .stream_all = o->stream_all,
-                      .kv_type = o->kv_type};
+                      .kv_type = o->kv_type, .n_gpus = o->n_gpus};
+    memcpy(go.gpus, o->gpus, sizeof go.gpus);
     if (engine_open(&s->eng, &s->m, &go, kv.slots, e)) return 1;
+    int32_t breakpoints = o->breakpoints;
+    if (!s->eng.set_probe && breakpoints == SRV_DEFAULT_PAUSED) {  // the default, where the engine has no probes
+        breakpoints = 0;
+        fprintf(stderr, "djinn serve: breakpoints are off: the engine on several GPUs has no probes yet\n");
+    }
+    s->am = (api_model){s->tok, chat, ctx, cfg->vocab_size, cfg->n_layers, cfg->dim, breakpoints > 0};
     // a breakpoint's rows must come back in a resume's body, base64 (4 characters for 3 bytes) beside its fields
     int64_t brk_rows = (int64_t)((SRV_BODY_MAX - 65536) / 4 * 3 / (4 * (size_t)cfg->dim));
-    bt_opts bo = {kv.parallel, o->prefill_chunk, o->sessions, (uint64_t)(kv.park_gb * 1e9), o->breakpoints,
+    bt_opts bo = {kv.parallel, o->prefill_chunk, o->sessions, (uint64_t)(kv.park_gb * 1e9), breakpoints,
                   brk_rows};
     bt_callbacks cb = {on_started, on_text, on_ended};
     if (!(s->bt = bt_new(&s->eng, s->tok, cfg, &bo, &cb, e))) return 1;

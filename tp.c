@@ -110,6 +110,33 @@ void tp_cut_cols(void *dst, const void *w, uint32_t wtype, int64_t rows, int64_t
     }
 }
 
+// ---- --gpus
+int tp_parse_gpus(const char *v, int *n, int ids[TP_MAX_GPUS], dj_err *e) {
+    const char *bad = "--gpus needs a count of GPUs from 1 to %d or a list of device ids such as 0,1, not '%s'";
+    if (!v || !*v) return dj_fail(e, bad, TP_MAX_GPUS, v ? v : "");
+    int k = 0;
+    for (const char *p = v;;) {
+        if (*p < '0' || *p > '9') return dj_fail(e, bad, TP_MAX_GPUS, v);
+        long x = 0;
+        while (*p >= '0' && *p <= '9' && x < 1000) x = x * 10 + (*p++ - '0');
+        if (k == TP_MAX_GPUS) return dj_fail(e, "--gpus '%s': at most %d GPUs", v, TP_MAX_GPUS);
+        ids[k++] = (int)x;
+        if (!*p) break;
+        if (*p++ != ',') return dj_fail(e, bad, TP_MAX_GPUS, v);
+    }
+    if (k == 1 && !strchr(v, ',')) {  // a count
+        int c = ids[0];
+        if (c < 1 || c > TP_MAX_GPUS) return dj_fail(e, bad, TP_MAX_GPUS, v);
+        for (int i = 0; i < c; i++) ids[i] = i;
+        *n = c;
+        return 0;
+    }
+    for (int i = 0; i < k; i++)
+        if (ids[i] > 63) return dj_fail(e, "--gpus '%s': device %d: ids go up to 63", v, ids[i]);
+    *n = k;
+    return 0;
+}
+
 // ---- a GPU's model
 // Rows [lo, hi) of a (rows, cols) wtype matrix: contiguous, one copy.
 static void tp_copy_rows(uint8_t *dst, const uint8_t *w, uint32_t wtype, int64_t cols, tp_range r) {

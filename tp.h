@@ -53,6 +53,11 @@ uint64_t tp_layer_bytes(const dj_config *c, const tp_split *s);
 // (unless c1 == cols) multiples of tp_col_granularity(wtype), as tp_plan's cuts are.
 void tp_cut_cols(void *dst, const void *w, uint32_t wtype, int64_t rows, int64_t cols, int64_t c0, int64_t c1);
 
+// --gpus V: a count N (1 to TP_MAX_GPUS: the first N visible devices) or a comma-separated list of device ids (0 to
+// 63; one may repeat: two parts on one device, a stand-in for two GPUs in tests), into *n and ids; one line naming V
+// where it is neither. Whether the devices exist is the engine's to say (engine_open).
+int tp_parse_gpus(const char *v, int *n, int ids[TP_MAX_GPUS], dj_err *e);
+
 // out: GPU s's part of m as a model of its own, in memory: m's config with s's heads, kv heads and FFN rows
 // (n_heads, n_kv_heads, hidden_dim), every layer slab laid out for that config (its rows of wq, wk, wv, w_gate, w_up,
 // its columns of wo and w_down), the tokenizer, embeddings and head m's. pin: its travelling sections page-locked

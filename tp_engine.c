@@ -161,6 +161,118 @@ static int tp_rows_pick(void *ctx, int64_t n, const int32_t *slots, const int64_
     return tp_run(ctx, job_rows, &a, e);
 }
 
+// ---- parking: each GPU parks its kv heads; parked_kv gathers them into engine.h's layout (every kv head), and a
+// restore after it scatters that layout back (a session file's cache, filled in by the caller)
+struct dj_parked {
+    dj_gpu_parked *p[TP_MAX_GPUS];
+    int64_t n;
+    uint8_t *host;  // engine.h's layout, once parked_kv was asked for (NULL: never)
+};
+typedef struct {
+    struct dj_parked *pk;
+    int32_t slot;
+} park_args;
+static int job_park(tp_engine *t, int r, const void *p, dj_err *e) {
+    const park_args *a = p;
+    return (a->pk->p[r] = gpu_park(t->gpu[r], a->slot, a->pk->n, e)) ? 0 : -1;
+}
+static int job_restore(tp_engine *t, int r, const void *p, dj_err *e) {
+    const park_args *a = p;
+    if (!a->pk->p[r]) return dj_fail(e, "this parked cache lost GPU %d's part in a restore that failed", r);
+    if (gpu_restore(t->gpu[r], a->pk->p[r], a->slot, e)) return -1;
+    a->pk->p[r] = NULL;  // released by the restore
+    return 0;
+}
+static int job_drop(tp_engine *t, int r, const void *p, dj_err *e) {
+    const park_args *a = p;
+    if (a->pk->p[r]) gpu_drop(t->gpu[r], a->pk->p[r]);
+    a->pk->p[r] = NULL;
+    return 0;
+}
+static int job_host(tp_engine *t, int r, const void *p, dj_err *e) {  // each GPU's copies done
+    const park_args *a = p;
+    return gpu_parked_host(t->gpu[r], a->pk->p[r], e) ? 0 : -1;
+}
+static void tp_drop(void *ctx, dj_parked *pk) {
+    park_args a = {pk, 0};
+    tp_each(ctx, job_drop, &a);
+    free(pk->host);
+    free(pk);
+}
+static dj_parked *tp_park(void *ctx, int32_t slot, int64_t n, dj_err *e) {
+    tp_engine *t = ctx;
+    dj_parked *pk = calloc(1, sizeof *pk);
+    if (!pk) {
+        dj_fail(e, "out of memory");
+        return NULL;
+    }
+    pk->n = n;
+    park_args a = {pk, slot};
+    if (tp_run(t, job_park, &a, e)) {
+        tp_drop(t, pk);
+        return NULL;
+    }
+    return pk;
+}
+// Between engine.h's layout of n positions (every kv head) and GPU r's (its kv heads), in the direction `gather`.
+static void tp_kv_move(tp_engine *t, int r, uint8_t *all, uint8_t *mine, int64_t n, int gather) {
+    const dj_config *c = &t->part[0].info.config;
+    const int kt = t->opts[0].kv_type;
+    const uint64_t L = c->n_layers, es = dj_kv_elem_bytes(kt), vb = c->head_dim * es,
+                   sb = dj_kv_row_bytes(kt, c->head_dim) - vb;
+    uint64_t kv_all = 0, k0 = (uint64_t)t->split[r].kv_heads.lo, kl = (uint64_t)(t->split[r].kv_heads.hi - k0);
+    for (int g = 0; g < t->n; g++) kv_all += (uint64_t)(t->split[g].kv_heads.hi - t->split[g].kv_heads.lo);
+    // keys, values (rows of vb bytes), then for q8 the keys' and values' scales (rows of sb bytes)
+    const uint64_t row[4] = {vb, vb, sb, sb};
+    uint64_t off_all = 0, off_mine = 0;
+    for (int part = 0; part < 4; part++) {
+        const uint64_t b = row[part] * (uint64_t)n;  // one head's n positions
+        if (!b) continue;
+        for (uint64_t l = 0; l < L; l++)
+            for (uint64_t j = 0; j < kl; j++) {
+                uint8_t *a = all + off_all + (l * kv_all + k0 + j) * b, *m = mine + off_mine + (l * kl + j) * b;
+                gather ? memcpy(a, m, b) : memcpy(m, a, b);
+            }
+        off_all += L * kv_all * b, off_mine += L * kl * b;
+    }
+}
+static void *tp_parked_kv(void *ctx, dj_parked *pk, dj_err *e) {
+    tp_engine *t = ctx;
+    park_args a = {pk, 0};
+    if (tp_run(t, job_host, &a, e)) return NULL;
+    if (!pk->host) {
+        const dj_config *c = &t->part[0].info.config;
+        uint64_t kv_all = 0;
+        for (int g = 0; g < t->n; g++) kv_all += (uint64_t)(t->split[g].kv_heads.hi - t->split[g].kv_heads.lo);
+        const uint64_t bytes = 2 * c->n_layers * kv_all * dj_kv_row_bytes(t->opts[0].kv_type, c->head_dim) *
+                               (uint64_t)pk->n;
+        if (!(pk->host = malloc(bytes ? bytes : 1))) {
+            dj_fail(e, "out of memory for a parked cache of %.2f GB", (double)bytes / 1e9);
+            return NULL;
+        }
+    }
+    for (int r = 0; r < t->n; r++) {
+        uint8_t *mine = gpu_parked_host(t->gpu[r], pk->p[r], e);  // (its copies done: at once)
+        if (!mine) return NULL;
+        tp_kv_move(t, r, pk->host, mine, pk->n, 1);
+    }
+    return pk->host;
+}
+static int tp_restore(void *ctx, dj_parked *pk, int32_t slot, dj_err *e) {
+    tp_engine *t = ctx;
+    park_args a = {pk, slot};
+    if (pk->host)  // what the caller may have written there, into each GPU's parked copy
+        for (int r = 0; r < t->n; r++) {
+            uint8_t *mine = pk->p[r] ? gpu_parked_host(t->gpu[r], pk->p[r], e) : NULL;
+            if (!mine) return pk->p[r] ? -1 : dj_fail(e, "this parked cache lost GPU %d's part", r);
+            tp_kv_move(t, r, pk->host, mine, pk->n, 0);
+        }
+    if (tp_run(t, job_restore, &a, e)) return -1;  // (kept, less the parts restored)
+    free(pk->host);
+    free(pk);
+    return 0;
+}
+
 static void tp_stats(void *ctx, dj_gpu_stats *out) {
     tp_engine *t = ctx;
     gpu_state_stats(t->gpu[0], out);
@@ -196,9 +308,9 @@ int tp_engine_open(dj_engine *eng, const dj_model *m, const dj_gpu_opts *go, int
     t->n = n;
     pthread_mutex_init(&t->mu, NULL);
     pthread_cond_init(&t->go, NULL), pthread_cond_init(&t->done, NULL);
-    if (go->cpu_share != 0) {
+    if (go->cpu_share > 0) {
         free(t);
-        return dj_fail(e, "--cpu-share on several GPUs is not built yet: use --cpu-share 0, or --gpus 1");
+        return dj_fail(e, "--cpu-share on several GPUs is not built yet: leave it out, or --gpus 1");
     }
     for (int r = 0; r < n; r++)
         if (go->gpus[r] < 0 || go->gpus[r] >= gpu_count()) {
@@ -207,12 +319,19 @@ int tp_engine_open(dj_engine *eng, const dj_model *m, const dj_gpu_opts *go, int
             goto fail;
         }
     if (tp_plan(&m->info.config, n, t->split, e) || !(t->link = tp_link_new(n, go->gpus, e))) goto fail;
+    int repeats = 0;
+    for (int r = 0; r < n; r++)
+        for (int q = 0; q < r; q++) repeats |= go->gpus[q] == go->gpus[r];
+    if (repeats && !go->quiet)
+        fprintf(stderr, "gpu: --gpus names a device more than once: its parts share it (a stand-in for several GPUs "
+                        "in tests, no faster than one)\n");
     for (int r = 0; r < n; r++) {
         if (tp_shard_model(m, &t->split[r], m->pinned, &t->part[r], e)) goto fail;
         dj_gpu_opts *o = &t->opts[r];
         *o = *go;
         o->n_slots = n_slots, o->gpus[0] = go->gpus[r], o->tp = t->link, o->tp_rank = r;
         o->quiet = go->quiet || r > 0, o->trace = r > 0 ? NULL : go->trace;
+        o->cpu_share = 0;  // (automatic: off, as a fixed share is refused above)
     }
     for (; t->started < n; t->started++) {
         tp_worker_arg *a = malloc(sizeof *a);
@@ -225,9 +344,15 @@ int tp_engine_open(dj_engine *eng, const dj_model *m, const dj_gpu_opts *go, int
         }
     }
     if (tp_run(t, job_open, NULL, e)) goto fail;
+    if (!go->quiet)
+        fprintf(stderr, "gpu: %d GPUs, tensor parallel: each holds %lld of %u kv heads and %lld of %u FFN rows a layer "
+                        "(GPU 0's share), adding their partial sums twice a layer; no CPU share\n", n,
+                (long long)(t->split[0].kv_heads.hi - t->split[0].kv_heads.lo), m->info.config.n_kv_heads,
+                (long long)(t->split[0].ffn_rows.hi - t->split[0].ffn_rows.lo), m->info.config.hidden_dim);
     *eng = (dj_engine){.name = "gpu", .is_gpu = 1, .ctx = t, .n_slots = n_slots, .kv_type = go->kv_type,
                        .max_seq = go->max_seq, .forward = tp_forward, .pick = tp_pick, .step_rows = tp_rows,
-                       .step_rows_pick = tp_rows_pick, .free = tp_free, .gpu_stats = tp_stats};
+                       .step_rows_pick = tp_rows_pick, .park = tp_park, .restore = tp_restore, .drop = tp_drop,
+                       .parked_kv = tp_parked_kv, .free = tp_free, .gpu_stats = tp_stats};
     return 0;
 fail:
     tp_free(t);

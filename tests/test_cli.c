@@ -299,13 +299,19 @@ Test(cli, gpu_flags_on_the_cpu_warn) {
     char *argv[] = {tcli_djinn_path, c.model, "-p", "Hi", "-n", "2", "-t", "0", "--cpu", "--no-graph", NULL};
     cr_assert_eq(tcli_run(&c, argv), 0);
     char *err = tcli_stderr(&c);
-    const char *warning = "warning: --ring-gb, --stream-all, --sync-copy, --no-graph, --fma-attn and "
+    const char *warning = "warning: --ring-gb, --stream-all, --sync-copy, --no-graph, --fma-attn, --gpus and "
                           "--cpu-share apply to the GPU engine only";
     cr_assert(strstr(err, warning), "%s", err);
     free(err);
     // --cpu-share too, even at its default value
     char *argv2[] = {tcli_djinn_path, c.model, "-p", "Hi", "-n", "2", "-t", "0", "--cpu", "--cpu-share", "auto", NULL};
     cr_assert_eq(tcli_run(&c, argv2), 0);
+    err = tcli_stderr(&c);
+    cr_assert(strstr(err, warning), "%s", err);
+    free(err);
+    // --gpus too
+    char *argv3[] = {tcli_djinn_path, c.model, "-p", "Hi", "-n", "2", "-t", "0", "--cpu", "--gpus", "2", NULL};
+    cr_assert_eq(tcli_run(&c, argv3), 0);
     err = tcli_stderr(&c);
     cr_assert(strstr(err, warning), "%s", err);
     free(err);

@@ -423,3 +423,25 @@ Test(tp, split_pass_matches_engine_on_fixtures) {
         model_free(&m);
     }
 }
+
+// --gpus: a count means the first N devices, a list names them; anything else, one line quoting what was given.
+Test(tp, parse_gpus) {
+    int n = 0, ids[TP_MAX_GPUS];
+    dj_err e = {{0}};
+    cr_assert_eq(tp_parse_gpus("2", &n, ids, &e), 0, "%s", e.msg);
+    cr_assert(n == 2 && ids[0] == 0 && ids[1] == 1, "--gpus 2: %d GPUs, %d, %d", n, ids[0], ids[1]);
+    cr_assert_eq(tp_parse_gpus("1", &n, ids, &e), 0, "%s", e.msg);
+    cr_assert(n == 1 && ids[0] == 0);
+    cr_assert_eq(tp_parse_gpus("3,1", &n, ids, &e), 0, "%s", e.msg);
+    cr_assert(n == 2 && ids[0] == 3 && ids[1] == 1, "--gpus 3,1: %d GPUs, %d, %d", n, ids[0], ids[1]);
+    cr_assert_eq(tp_parse_gpus("0,0", &n, ids, &e), 0, "%s", e.msg);  // two parts on one device (tests)
+    cr_assert(n == 2 && ids[0] == 0 && ids[1] == 0);
+    cr_assert_eq(tp_parse_gpus("8", &n, ids, &e), 0, "%s", e.msg);
+    cr_assert(n == 8 && ids[7] == 7);
+    static const char *bad[] = {"", "0", "9", "-1", "a", "1,", ",1", "1,,2", "1 ,2", "2x", "0,1,2,3,4,5,6,7,8",
+                                "64", "0,64", "1.5"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        cr_assert_eq(tp_parse_gpus(bad[i], &n, ids, &e), -1, "--gpus '%s' accepted", bad[i]);
+        cr_assert(strstr(e.msg, "--gpus") && !strchr(e.msg, '\n'), "--gpus '%s': %s", bad[i], e.msg);
+    }
+}

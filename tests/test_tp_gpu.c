@@ -4,14 +4,16 @@
 // gpus {0, 1}. Tolerance: relative L2 of each row's logits against one GPU's. The split adds wo's and w_down's
 // outputs in partial sums (each GPU's columns, then the sum in GPU order) where one GPU sums them whole, so only the
 // order of additions differs: f32 weights 1e-5 (seen on the H200: 3.5e-7 on 2 GPUs, 4.2e-7 on 4; the CPU reference
-// of the same split 1e-7 to 4e-7, test_tp.c); f16, bf16, q8 and q4 1e-3, as their matmuls round x to f16 and a sum
-// one f32 ulp apart may round to the next f16 (2^-11 of the value; seen 1.3e-4 in f16, 1.5e-4 in q8).
+// of the same split 1e-7 to 4e-7, test_tp.c); f16, bf16, q8 and q4 2e-3, as their matmuls round x to f16 and a sum
+// one f32 ulp apart may round to the next f16 (2^-11 of the value; seen 1.3e-4 to 4.5e-4 in f16, up to 4e-4 in q4).
 #include <criterion/criterion.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "../check.h"
+#include "../convert/convert.h"
 #include "../engine.h"
 #include "../gpu_host.h"
 #include "../loader.h"
@@ -61,7 +63,7 @@ static int32_t *tt_prompt(const dj_model *m, int64_t n) {
 }
 
 // Every row of got within tol of ref's; the worst returned.
-static double tt_tol(int dtype) { return dtype == DJ_F32 ? 1e-5 : 1e-3; }
+static double tt_tol(int dtype) { return dtype == DJ_F32 ? 1e-5 : 2e-3; }
 static double tt_close(const float *got, const float *ref, int64_t rows, int64_t V, double tol, const char *what) {
     double worst = 0;
     for (int64_t r = 0; r < rows; r++) {
@@ -190,5 +192,101 @@ Test(tp_gpu, refusals) {
     go.gpus[1] = 97;
     cr_assert_eq(engine_open(&eng, &m, &go, 1, &e), -1);
     cr_assert(strstr(e.msg, "97"), "the error does not name the missing device: %s", e.msg);
+    model_free(&m);
+}
+
+// ---- against HF
+// tests/ref's references (HF in float64) teacher-forced through the split engine on 2 GPUs: within the tolerance
+// --check gives one GPU (check_default_tol), for stories260K in every dtype and each fixture in its own and q4
+// (tied_gqa_f16's 16-dim heads cannot be cut at q4's 32 columns of wo: tp_plan refuses that, test_tp.c).
+static void tt_load_fixture(dj_model *m, const char *name, int dtype) {
+    char tok[4096], src[4300], out[4300];
+    tc_data_path(tok, sizeof tok, "models/stories260K");
+    snprintf(src, sizeof src, "%s/fixtures/%s", tc_tests_dir(), name);
+    char *dir = tc_tmpdir("tp_gpu");
+    snprintf(out, sizeof out, "%s/m.bin", dir);
+    convert_opts co = {.hf_dir = src, .out_path = out, .tok_dir = tok, .dtype = dtype, .quiet = 1};
+    dj_err e = {{0}};
+    cr_assert_eq(convert_run(&co, &e), 0, "%s", e.msg);
+    dj_load_opts lo = {.quiet = 1, .want_pinned = 1};
+    cr_assert_eq(model_load(out, &lo, m, &e), 0, "%s", e.msg);
+    tc_rm_rf(dir);
+    free(dir);
+}
+
+Test(tp_gpu, hf_references) {
+    tt_need_gpu();
+    static const struct {
+        const char *name;  // tests/ref/NAME.bin; a fixture unless stories260K
+        int dtype;         // -1: as stored
+    } cases[] = {{"stories260K", DJ_F32}, {"stories260K", DJ_F16}, {"stories260K", DJ_Q8}, {"stories260K", DJ_Q4},
+                 {"llama3_gqa_bf16", -1}, {"llama3_gqa_bf16", DJ_Q4}, {"mha_untied_f16", -1},
+                 {"mha_untied_f16", DJ_Q4}, {"tied_gqa_f16", -1}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char path[1200];
+        snprintf(path, sizeof path, "%s/ref/%s.bin", tc_tests_dir(), cases[i].name);
+        dj_ref r;
+        dj_err e = {{0}};
+        cr_assert_eq(ref_load(path, &r, &e), 0, "%s", e.msg);
+        dj_model m;
+        if (!strcmp(cases[i].name, "stories260K")) tc_load_stories(&m, cases[i].dtype, 1);
+        else tt_load_fixture(&m, cases[i].name, cases[i].dtype);
+        const uint32_t wt = m.info.config.wtype;
+        dj_gpu_opts go = {.max_seq = r.n_tokens, .quiet = 1};
+        tt_gpus(&go, 2);
+        dj_engine eng;
+        cr_assert_eq(engine_open(&eng, &m, &go, 1, &e), 0, "%s %s: %s", cases[i].name, dj_dtype_name(wt), e.msg);
+        float *lg = malloc((size_t)r.n_tokens * r.vocab * sizeof(float));
+        cr_assert_eq(eng.forward(eng.ctx, 0, r.ids, r.n_tokens, 0, lg, 1, &e), 0, "%s", e.msg);
+        FILE *table = fopen("/dev/null", "w");
+        dj_check ck;
+        check_logits(&r, lg, table, &ck);
+        fclose(table);
+        const char *measure;
+        double v = check_measure(&ck, wt, DJ_KV_F32, &measure), tol = check_default_tol(1, wt, DJ_KV_F32);
+        fprintf(stderr, "tp_gpu: %s %s on 2 GPUs against HF: %s %.3e (tolerance %.1e)\n", cases[i].name,
+                dj_dtype_name(wt), measure, v, tol);
+        cr_assert(v <= tol, "%s %s on 2 GPUs: %s %.3e from HF, over %.1e", cases[i].name, dj_dtype_name(wt), measure,
+                  v, tol);
+        engine_close(&eng);
+        free(lg);
+        ref_free(&r);
+        model_free(&m);
+    }
+}
+
+// ---- parking
+// A slot parked on 2 GPUs: parked_kv gathers every kv head into engine.h's layout (one GPU's within the split's
+// rounding: a head misplaced is O(1) off), and restoring it (after parked_kv: the gathered copy scattered back)
+// into another slot continues bit for bit as the slot it came from.
+Test(tp_gpu, parking_gathers_and_restores) {
+    tt_need_gpu();
+    tc_rng_fresh("tp_gpu.parking_gathers_and_restores");
+    dj_model m;
+    tc_load_stories(&m, DJ_F32, 1);
+    const int64_t P = 20, V = m.info.config.vocab_size;
+    const uint64_t bytes = (uint64_t)P * engine_kv_pos_bytes(&m.info.config, DJ_KV_F32);
+    int32_t *prompt = tt_prompt(&m, P), next = 7;
+    float *kv[2], *a = malloc((size_t)V * 4), *b = malloc((size_t)V * 4);
+    dj_err e = {{0}};
+    for (int k = 0; k < 2; k++) {
+        dj_engine eng;
+        tt_open(&eng, &m, k ? 2 : 1, 0, 2);
+        cr_assert_eq(eng.forward(eng.ctx, 0, prompt, P, 0, NULL, 0, &e), 0, "%s", e.msg);
+        dj_parked *pk = eng.park(eng.ctx, 0, P, &e);
+        cr_assert(pk, "%s", e.msg);
+        const void *host = eng.parked_kv(eng.ctx, pk, &e);
+        cr_assert(host, "%s", e.msg);
+        kv[k] = malloc(bytes);
+        memcpy(kv[k], host, bytes);
+        cr_assert_eq(eng.restore(eng.ctx, pk, 1, &e), 0, "%s", e.msg);
+        cr_assert_eq(eng.forward(eng.ctx, 0, &next, 1, P, a, 0, &e), 0, "%s", e.msg);
+        cr_assert_eq(eng.forward(eng.ctx, 1, &next, 1, P, b, 0, &e), 0, "%s", e.msg);
+        cr_assert_eq(memcmp(a, b, (size_t)V * 4), 0, "%d GPU(s): the restored slot goes on otherwise", k ? 2 : 1);
+        engine_close(&eng);
+    }
+    double d = tc_rel_l2(kv[1], kv[0], (int64_t)(bytes / 4));
+    cr_assert(d <= 1e-5, "the parked cache on 2 GPUs is %.3e from one GPU's", d);
+    free(kv[0]), free(kv[1]), free(a), free(b), free(prompt);
     model_free(&m);
 }

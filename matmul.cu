@@ -954,13 +954,14 @@ extern "C" size_t gpu_matmul_scratch(uint32_t wtype, int64_t T, int64_t n_in) {
 }
 
 // Up to how many tokens a pass over q8/q4 W (n_out, n_in) goes to the persistent GEMV, which reads W once for the
-// tokens a block holds (qp_fit): 4, and 3 where W's rows fill the device with 128-row blocks (gate|up), past which
-// qgemm.cu's register kernel is faster: on the H200 (bench/results/qgemm_reg, Llama-3-8B in q4) the GEMV costs
-// 3-13 us a token, the register kernel is nearly flat up to 8 tokens (q|k|v 18.4-18.7 us, wo 17.0-17.6, gate|up
-// 41-45, down 28-30); at 4 tokens the GEMV still wins on q|k|v and wo (0.81x, 0.67x its time) and loses on gate|up
-// (1.21x) and down (1.14x). Never so many that W is read more than twice.
+// tokens a block holds (qp_fit), past which qgemm.cu's register kernel is faster. The GEMV's cost grows with the
+// tokens, about W's read time each; the register kernel's is nearly flat, a fixed cost plus W's bytes: the larger
+// W, the fewer tokens the GEMV wins. On the H200 (bench/results/qgemm_reg, Llama-3-8B, q4 and q8 alike) the GEMV
+// still wins at 4 tokens on q|k|v and wo (25M and 17M weights: 0.79x, 0.73x the register kernel's time), at 3 but not
+// 4 on down (59M: 0.92x, then 1.16x), at 2 but not 3 on gate|up (117M: 0.79x, then 1.13x). So: 4 tokens up to 32M
+// weights, 3 up to 64M, 2 beyond. Never so many that W is read more than twice.
 static int64_t qp_tokens(const dj_gpu *g, uint32_t wtype, int64_t n_in, int64_t n_out) {
-    const int64_t most = 10 * ((n_out + 127) / 128) < 9 * (int64_t)g->n_sm ? 4 : 3;
+    const int64_t weights = n_in * n_out, most = weights <= (32 << 20) ? 4 : weights <= (64 << 20) ? 3 : 2;
     const int64_t twice = 2 * (int64_t)qp_fit(g, wtype, n_in);
     return most < twice ? most : twice;
 }

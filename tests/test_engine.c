@@ -440,9 +440,10 @@ TE_CASES(engine_gpu_q4_streamed, te_gpu(DJ_Q4, 1, 1e-2))
 TE_CASES(engine_gpu_f16, te_gpu(DJ_F16, 0, 2e-3))
 TE_CASES(engine_gpu_q4_kv_f16, te_gpu_kv(DJ_Q4, 0, 1e-2, DJ_KV_F16))
 // a q8 cache: a batch's k differs from a lone step's by the matmuls' rounding, and a row element that lands on the
-// other side of a q8 step moves by max|row| / 127: 1.7e-4 seen on the H200 with the FMA decode kernel, 1.05e-3 with
-// the tensor-core one (its own rounding moves other elements across), so 2e-3
-TE_CASES(engine_gpu_f32_streamed_kv_q8, te_gpu_kv(DJ_F32, 1, 2e-3, DJ_KV_Q8))
+// other side of a q8 step moves by max|row| / 127: 1.7e-4 seen on the H200 with the FMA decode kernel, 1.05e-3 and
+// 3.6e-3 (two seeds) with the tensor-core one (its own rounding moves other elements across), so 1e-2, the q8
+// cache's tolerance against HF (check_default_tol); a row read from the wrong slot or position is O(1) off
+TE_CASES(engine_gpu_f32_streamed_kv_q8, te_gpu_kv(DJ_F32, 1, 1e-2, DJ_KV_Q8))
 
 // A step_rows call refused after it computed a run's logits (the next slot's rows are not at consecutive positions)
 // frees everything it allocated: the heap's bytes in use (glibc's mallinfo2, the calling thread's arena) are what

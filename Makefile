@@ -248,6 +248,16 @@ $(BUILD)/bin/qp_probe: $(BUILD)/bench/qp_probe.o $(ENGINE_OBJ)
 bench-ceilings: $(BUILD)/bin/ceilings
 	$(BUILD)/bin/ceilings $(CEILINGS_JSON)
 
+# ---- bench: several GPUs' ceilings (each link, all links at once, the host's reads beside them, peer copies and
+# the all-reduce's sum); the two-GPU machine
+$(BUILD)/bench/peer_ceilings.o: bench/peer_ceilings.cu bench/bench_gpu.h bench/host_read.h kernels.h util.h
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVFLAGS) -c $< -o $@
+
+$(BUILD)/bin/peer_ceilings: $(BUILD)/bench/peer_ceilings.o $(BUILD)/bench/host_read.o $(ENGINE_OBJ)
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS)
+
 # ---- bench: the quantized product for T > 1, every qgemm.cu tile shape against dequantize + cuBLAS and f16 cuBLAS
 $(BUILD)/bench/qgemm_bench.o: bench/qgemm_bench.cu bench/bench_gpu.h kernels.h model.h
 	@mkdir -p $(dir $@)

@@ -1,0 +1,191 @@
+// bench/peer_ceilings.cu: the ceilings of several GPUs of one host (issue 48), against which the engine on several
+// GPUs is reported.
+//   Per link: pinned H2D in 64 MiB chunks into each GPU alone, then into every GPU at once (each from its own pinned
+//   buffer, one stream a GPU), GB/s each and together.
+//   Host memory: read by every CPU of the affinity mask alone, and while every link copies at once (the combined
+//   ceiling of a streamed step with a CPU share on N GPUs: the links' rate plus the reads' beside them).
+//   Peer: cudaMemcpyPeerAsync of 256 MiB from each GPU to each other (GB/s), and the all-reduce's own step as the
+//   engine runs it (tp_link.c): GPU a's gpu_sum_parts over its partial and GPU b's, read by peer access, for one
+//   decode row (4096 floats) and for 64 rows, each launch timed on a's stream (us).
+// Usage: peer_ceilings [out.json]. GPU machine with two or more GPUs (one: the per-link rows only, said on stderr).
+#include <cuda_runtime.h>
+
+#include <chrono>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <vector>
+
+#include "bench_gpu.h"
+#include "host_read.h"
+extern "C" {
+#include "../pool.h"
+}
+
+#define PC_MAX 8
+#define PC_CHUNK ((size_t)64 << 20)
+#define PC_CHUNKS 16
+
+static double now_s() {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+typedef struct {
+    void *dev, *host;  // PC_CHUNKS chunks each
+    cudaStream_t s;
+} pc_link;
+
+// Every link in `use` copying `rounds` x PC_CHUNKS chunks at once; GB/s of each link into rate[] (its bytes over the
+// wall time from the first issue to its own end). The host reads in between when `reads` (its passes and seconds
+// into *passes, *read_s while any link still copies).
+static void links_at_once(pc_link *l, const int *use, int n, int rounds, double *rate, int reads, const uint8_t *buf,
+                          size_t bytes, int *passes, double *read_s) {
+    std::vector<cudaEvent_t> end(n);
+    for (int k = 0; k < n; k++) {
+        CK(cudaSetDevice(use[k]));
+        CK(cudaEventCreate(&end[k]));
+    }
+    const double t0 = now_s();
+    for (int r = 0; r < rounds; r++)
+        for (int i = 0; i < PC_CHUNKS; i++)
+            for (int k = 0; k < n; k++) {
+                CK(cudaSetDevice(use[k]));
+                CK(cudaMemcpyAsync((char *)l[use[k]].dev + i * PC_CHUNK, (char *)l[use[k]].host + i * PC_CHUNK,
+                                   PC_CHUNK, cudaMemcpyHostToDevice, l[use[k]].s));
+            }
+    for (int k = 0; k < n; k++) {
+        CK(cudaSetDevice(use[k]));
+        CK(cudaEventRecord(end[k], l[use[k]].s));
+    }
+    std::vector<double> done(n, 0);
+    int left = n;
+    if (passes) *passes = 0, *read_s = 0;
+    while (left) {
+        if (reads) {
+            const double t = host_read_pass(buf, bytes);
+            int still = 0;
+            for (int k = 0; k < n; k++) still |= cudaEventQuery(end[k]) == cudaErrorNotReady;
+            if (still) (*passes)++, *read_s += t;
+        }
+        for (int k = 0; k < n; k++)
+            if (!done[k] && cudaEventQuery(end[k]) == cudaSuccess) done[k] = now_s(), left--;
+    }
+    (void)cudaGetLastError();  // the queries' cudaErrorNotReady
+    for (int k = 0; k < n; k++) {
+        rate[k] = (double)rounds * PC_CHUNKS * PC_CHUNK / (done[k] - t0) / 1e9;
+        CK(cudaEventDestroy(end[k]));
+    }
+}
+
+int main(int argc, char **argv) {
+    int n = gpu_count();
+    if (n == 0) {
+        fprintf(stderr, "peer_ceilings: no GPU found\n");
+        return 1;
+    }
+    if (n > PC_MAX) n = PC_MAX;
+    if (n == 1) fprintf(stderr, "peer_ceilings: one GPU: the per-link rows only\n");
+    pc_link l[PC_MAX];
+    for (int d = 0; d < n; d++) {
+        CK(cudaSetDevice(d));
+        CK(cudaStreamCreateWithFlags(&l[d].s, cudaStreamNonBlocking));
+        CK(cudaMalloc(&l[d].dev, PC_CHUNK * PC_CHUNKS));
+        CK(cudaHostAlloc(&l[d].host, PC_CHUNK * PC_CHUNKS, cudaHostAllocPortable));
+        memset(l[d].host, 1 + d, PC_CHUNK * PC_CHUNKS);
+    }
+    int all[PC_MAX];
+    for (int d = 0; d < n; d++) all[d] = d;
+    // ---- each link alone, then all at once
+    double alone[PC_MAX], together[PC_MAX], beside[PC_MAX];
+    for (int d = 0; d < n; d++) {
+        links_at_once(l, &all[d], 1, 1, &alone[d], 0, NULL, 0, NULL, NULL);  // warm
+        links_at_once(l, &all[d], 1, 4, &alone[d], 0, NULL, 0, NULL, NULL);
+    }
+    links_at_once(l, all, n, 4, together, 0, NULL, 0, NULL, NULL);
+    // ---- host reads alone and beside every link's copies
+    const size_t bytes = (size_t)4 << 30;
+    uint8_t *buf = (uint8_t *)aligned_alloc(64, bytes);
+    if (!buf) {
+        fprintf(stderr, "peer_ceilings: no 4 GiB for the host reads\n");
+        return 1;
+    }
+    host_touch(buf, bytes);
+    const double read_alone = host_read_gbs(buf, bytes, 5);
+    int passes = 0;
+    double read_s = 0;
+    links_at_once(l, all, n, 40, beside, 1, buf, bytes, &passes, &read_s);
+    const double read_beside = passes ? (double)passes * (double)bytes / read_s / 1e9 : 0;
+    double sum_alone = 0, sum_together = 0, sum_beside = 0;
+    for (int d = 0; d < n; d++) sum_alone += alone[d], sum_together += together[d], sum_beside += beside[d];
+    printf("%d GPUs of one host\n", n);
+    for (int d = 0; d < n; d++) {
+        cudaDeviceProp p;
+        CK(cudaGetDeviceProperties(&p, d));
+        printf("GPU %d: %s; pinned H2D alone %.2f GB/s, with every link copying %.2f, beside the host's reads %.2f\n",
+               d, p.name, alone[d], together[d], beside[d]);
+    }
+    printf("links together: %.2f GB/s (%.2fx one link alone on average)\n", sum_together, sum_together / (sum_alone / n));
+    printf("host memory read, %d threads: alone %.2f GB/s, beside every link's copies %.2f (%d passes; links %.2f "
+           "GB/s together meanwhile): combined %.2f GB/s\n", cpu_threads(), read_alone, read_beside, passes,
+           sum_beside, read_beside + sum_beside);
+    // ---- peer copies and the all-reduce's sum
+    double peer_gbs[PC_MAX][PC_MAX] = {}, sum_us[PC_MAX][PC_MAX][2] = {};
+    for (int a = 0; a < n; a++)
+        for (int b = 0; b < n; b++) {
+            if (a == b) continue;
+            int can = 0;
+            CK(cudaDeviceCanAccessPeer(&can, a, b));
+            if (!can) {
+                printf("GPU %d -> %d: no peer access\n", a, b);
+                continue;
+            }
+            CK(cudaSetDevice(a));
+            cudaError_t pe = cudaDeviceEnablePeerAccess(b, 0);
+            if (pe == cudaErrorPeerAccessAlreadyEnabled) (void)cudaGetLastError();
+            else CK(pe);
+            const size_t pb = (size_t)256 << 20;
+            peer_gbs[a][b] = (double)pb / (time_ms(l[a].s, 1, 5, [&](int) {
+                                 CK(cudaMemcpyPeerAsync(l[a].dev, a, l[b].dev, b, pb, l[a].s));
+                             }) * 1e-3) / 1e9;
+            const int64_t rows[2] = {1, 64};
+            for (int k = 0; k < 2; k++) {
+                const int64_t len = rows[k] * 4096;
+                const float *parts[2] = {(const float *)l[a].dev + len, (const float *)l[b].dev};
+                sum_us[a][b][k] = 1e3 * time_ms(l[a].s, 200, 5, [&](int) {
+                                      CKD(gpu_sum_parts((float *)l[a].dev, parts, 2, len, l[a].s, &e_));
+                                  });
+            }
+            printf("GPU %d <- %d: peer copy %.2f GB/s; the all-reduce's sum over both partials (peer reads): one row "
+                   "%.2f us, 64 rows %.2f us\n", a, b, peer_gbs[a][b], sum_us[a][b][0], sum_us[a][b][1]);
+        }
+    FILE *f = argc > 1 ? fopen(argv[1], "w") : NULL;
+    if (argc > 1 && !f) {
+        perror(argv[1]);
+        return 1;
+    }
+    if (f) {
+        int bad = fprintf(f, "{\"gpus\": %d, \"h2d_alone_gbs\": [", n) < 0;
+        for (int d = 0; d < n; d++) bad |= fprintf(f, "%s%.3f", d ? ", " : "", alone[d]) < 0;
+        bad |= fprintf(f, "], \"h2d_together_gbs\": [") < 0;
+        for (int d = 0; d < n; d++) bad |= fprintf(f, "%s%.3f", d ? ", " : "", together[d]) < 0;
+        bad |= fprintf(f, "], \"host_read_alone_gbs\": %.3f, \"host_read_beside_links_gbs\": %.3f, "
+                          "\"links_beside_reads_gbs\": %.3f, \"peer\": [", read_alone, read_beside, sum_beside) < 0;
+        int first = 1;
+        for (int a = 0; a < n; a++)
+            for (int b = 0; b < n; b++)
+                if (peer_gbs[a][b] > 0) {
+                    bad |= fprintf(f, "%s{\"to\": %d, \"from\": %d, \"copy_gbs\": %.3f, \"sum_1row_us\": %.3f, "
+                                      "\"sum_64rows_us\": %.3f}", first ? "" : ", ", a, b, peer_gbs[a][b],
+                                   sum_us[a][b][0], sum_us[a][b][1]) < 0;
+                    first = 0;
+                }
+        bad |= fprintf(f, "]}\n") < 0;
+        if (bad || fclose(f)) {
+            perror(argv[1]);
+            return 1;
+        }
+    }
+    free(buf);
+    cpu_pool_stop();
+    return 0;
+}

@@ -1,0 +1,113 @@
+#!/usr/bin/env bash
+# bench/tp_bench.sh: the engine on several GPUs against one, on the two-GPU machine (issue 48), every figure beside
+# the ceilings of the same run.
+#
+#   bench/tp_bench.sh OUT_DIR
+#
+# 1. build/bin/peer_ceilings: each link's pinned H2D alone and all at once, the host's reads beside them, peer copies
+#    and the all-reduce's sum -> OUT_DIR/peer.json, peer.txt
+# 2. Llama-3-8B shape in q4 (random weights, tools/make_random_llama.py): a greedy run of $N_NEW (64) tokens on
+#    --gpus 1 and --gpus $GPUS (default 2), all resident and streamed at each one's minimum ring with --cpu-share 0
+#    -> OUT_DIR/<case>_g<N>.json (djinn's --stats-json)
+# 3. the server at $CONCURRENCY (default "1 64") concurrent 160-token completions, all resident, on each
+#    -> OUT_DIR/serve_g<N>_n<C>.json (bench/serve_client.py)
+# 4. LARGE=1: Llama-3-70B's 80 layers in q4 (bench/repeat_layers from a two-layer donor) streamed through --ring-gb
+#    16 on each GPU, on 1 and $GPUS GPUs -> OUT_DIR/70b_g<N>.json
+# OUT_DIR/report.md: decode ms/token, the speed-up over one GPU, and the streamed rate against the links' ceiling.
+# Models in $BENCH_WORK (default /tmp/djinn_qbench, shared with the other benchmarks).
+set -uo pipefail
+cd "$(dirname "$0")/.." || exit 1
+OUT_DIR=${1:?out dir}
+WORK=${BENCH_WORK:-/tmp/djinn_qbench}
+DATA=${DATA:-.shared}
+GPUS=${GPUS:-2}
+N_NEW=${N_NEW:-64}
+CONCURRENCY=${CONCURRENCY:-1 64}
+PORT=${PORT:-18093}
+mkdir -p "$OUT_DIR" "$WORK" || exit 1
+. bench/lib.sh
+
+build_bench "$WORK" build/bin/peer_ceilings || exit 1
+say "peer ceilings"
+build/bin/peer_ceilings "$OUT_DIR/peer.json" | tee "$OUT_DIR/peer.txt"
+make_hf 8b "$WORK/hf_8b" "$WORK/make.log" || exit 1
+bin=$WORK/spec_8b_q4.bin
+convert_once "$WORK/hf_8b" "$bin" q4 || exit 1
+
+# the smallest --ring-gb (per GPU) that N GPUs take for BIN at context 1024, with 2% to spare
+min_ring_n() {
+    ./djinn "$1" -p x -n 1 -t 0 -c 1024 --ring-gb 0.001 --gpus "$2" 2>&1 >/dev/null |
+        sed -n 's/.*needs at least \([0-9][0-9.]*\) GB.*/\1/p' | head -1 | awk '{printf "%.3f", $1 * 1.02}'
+}
+
+run_case() {  # NAME N ARGS...
+    local name=$1 n=$2
+    shift 2
+    say "$name on $n GPU(s): $*"
+    timeout 600 ./djinn "$bin" -p "The history of the city begins in the year" -n "$N_NEW" -t 0 -c 1024 \
+        --gpus "$n" --cpu-share 0 "$@" --stats-json "$OUT_DIR/${name}_g$n.json" > "$OUT_DIR/${name}_g$n.txt" \
+        2> "$WORK/run.log" || { echo "  FAILED"; tail -3 "$WORK/run.log"; }
+}
+for n in 1 "$GPUS"; do
+    run_case resident "$n"
+    r=$(min_ring_n "$bin" "$n")
+    run_case min_link "$n" --ring-gb "${r:?no minimum ring}"
+done
+cmp -s "$OUT_DIR/resident_g1.txt" "$OUT_DIR/resident_g$GPUS.txt" && echo "  greedy text: the same on 1 and $GPUS GPUs" ||
+    echo "  greedy text: DIFFERS between 1 and $GPUS GPUs"
+
+for n in 1 "$GPUS"; do
+    say "djinn serve --gpus $n -c 512 --parallel 64"
+    ./djinn serve "$bin" --port "$PORT" --gpus "$n" -c 512 --parallel 64 --cpu-share 0 > "$OUT_DIR/serve_g$n.log" 2>&1 &
+    pid=$!
+    for _ in $(seq 600); do curl -sf "http://127.0.0.1:$PORT/health" > /dev/null 2>&1 && break; sleep 0.5; done
+    for c in $CONCURRENCY; do
+        timeout 600 python3 bench/serve_client.py load "$PORT" "$c" 160 "$OUT_DIR/serve_g${n}_n$c.json" ||
+            echo "  n=$c FAILED"
+    done
+    kill "$pid"; wait "$pid" 2> /dev/null
+done
+
+if [ "${LARGE:-0}" = 1 ]; then
+    if [ ! -f "$WORK/hf_70b2/.complete" ]; then
+        say "make 70b, 2 layers"
+        python3 tools/make_random_llama.py --shape 70b --layers 2 --out "$WORK/hf_70b2" --dtype float16 \
+            > "$WORK/make70.log" 2>&1 && touch "$WORK/hf_70b2/.complete" || { tail -5 "$WORK/make70.log"; exit 1; }
+    fi
+    convert_once "$WORK/hf_70b2" "$WORK/donor_70b_q4.bin" q4 || exit 1
+    [ -f "$WORK/70b_q4.bin" ] || { make -j16 build/bin/repeat_layers > /dev/null &&
+        build/bin/repeat_layers "$WORK/donor_70b_q4.bin" "$WORK/70b_q4.bin" 80; } || exit 1
+    bin=$WORK/70b_q4.bin
+    for n in 1 "$GPUS"; do N_NEW=16 run_case 70b "$n" --ring-gb 16; done
+fi
+
+say report
+python3 - "$OUT_DIR" "$GPUS" <<'PY' | tee "$OUT_DIR/report.md"
+import json, os, sys
+d, g = sys.argv[1], sys.argv[2]
+def load(name):
+    p = os.path.join(d, name)
+    return json.load(open(p)) if os.path.exists(p) else None
+peer = load("peer.json")
+if peer:
+    links = sum(peer["h2d_together_gbs"])
+    print(f"links: alone {peer['h2d_alone_gbs']} GB/s, together {links:.2f}; host reads beside them "
+          f"{peer['host_read_beside_links_gbs']:.2f} (combined {peer['links_beside_reads_gbs'] + peer['host_read_beside_links_gbs']:.2f})")
+    for p in peer["peer"]:
+        print(f"peer {p['from']} -> {p['to']}: {p['copy_gbs']:.1f} GB/s; all-reduce sum 1 row {p['sum_1row_us']:.1f} us, 64 rows {p['sum_64rows_us']:.1f} us")
+print()
+print("| case | 1 GPU ms/token | %s GPUs ms/token | speed-up | GPU 0's streamed GB/s (%s GPUs) |" % (g, g))
+print("|---|---|---|---|---|")
+for case in ("resident", "min_link", "70b"):
+    a, b = load(f"{case}_g1.json"), load(f"{case}_g{g}.json")
+    if not a or not b:
+        continue
+    ma, mb = a["decode_ms_per_token"], b["decode_ms_per_token"]
+    rate = b.get("streamed_gb_per_token", 0) / (mb * 1e-3) if mb else 0  # GPU 0's part
+    print(f"| {case} | {ma:.2f} | {mb:.2f} | {ma / mb:.2f}x | {rate:.1f} |")
+for c in os.environ.get("CONCURRENCY", "1 64").split():
+    a, b = load(f"serve_g1_n{c}.json"), load(f"serve_g{g}_n{c}.json")
+    if a and b:
+        print(f"server, {c} concurrent: {a['tokens_per_s']:.1f} tok/s on 1 GPU, {b['tokens_per_s']:.1f} on {g} "
+              f"({b['tokens_per_s'] / a['tokens_per_s']:.2f}x)")
+PY

@@ -87,4 +87,10 @@ double tc_rel_l2_d(const float *got, const double *ref, int64_t n);
 // page-locked); skips the test when the shared data lacks it.
 void tc_stories_model(const char *dir, const char *name, uint32_t dtype, dj_model *m, char *path, size_t n);
 
+// ---- against HF
+#include "../check.h"
+// The logits (r's tokens, vocab) against reference r as --check compares them (the table thrown away): *ck filled,
+// check_measure's figure for weights wtype and KV type kv returned, its name in *name.
+double tc_check(const dj_ref *r, const float *logits, uint32_t wtype, int kv, dj_check *ck, const char **name);
+
 #endif

@@ -595,12 +595,6 @@ static int64_t cpu_first_chunks(struct cpu_async *a, int64_t n, int64_t chunk, i
 
 void (*cpu_test_hook_waiting_x)(void);
 
-static inline void cpu_relax_once(void) {
-#if defined(__x86_64__) || defined(__i386__)
-    __builtin_ia32_pause();
-#endif
-}
-
 // Waits for x (wrapping order), reading the weights of thread part's first chunk meanwhile (up to
 // CPU_PREFETCH_MAX bytes): its rows of w (rb bytes each), and of w2 where it is not NULL (the chain's up beside
 // gate).
@@ -618,7 +612,7 @@ static void cpu_async_wait_x(struct cpu_async *a, int64_t part, const uint8_t *w
         if (!told && cpu_test_hook_waiting_x) cpu_test_hook_waiting_x();
         told = 1;
         if (at >= end) {
-            cpu_relax_once();
+            dj_cpu_relax();
             continue;
         }
         for (size_t stop = at + 1024 < end ? at + 1024 : end; at < stop; at += 64) {
@@ -714,7 +708,7 @@ static void cpu_stage(_Atomic int *staged, cpu_xq *xq, const float *x, int64_t n
         if (xq) cpu_xq_fill(xq, x, n_in, wtype);
         atomic_store_explicit(staged, 2, memory_order_release);
     }
-    while (atomic_load_explicit(staged, memory_order_acquire) != 2) cpu_relax_once();
+    while (atomic_load_explicit(staged, memory_order_acquire) != 2) dj_cpu_relax();
 }
 
 static void cpu_matvec_task(void *ctx, int64_t part, int64_t parts_end) {
@@ -1254,7 +1248,7 @@ static void cpu_chain_task(void *ctx, int64_t part, int64_t parts_end) {
         }
     }
     if (f->n_down) {
-        while (atomic_load_explicit(&c->units, memory_order_acquire) < hid) cpu_relax_once();
+        while (atomic_load_explicit(&c->units, memory_order_acquire) < hid) dj_cpu_relax();
         cpu_stage(&c->staged, c->job->multi ? NULL : (cpu_xq *)c->job->mv[2].xq, f->h, hid, f->wtype);
         for (cpu_claim_it it = {0}; cpu_claim(NULL, &c->next_down, c->chunk_down, f->n_down, part, &it, &b, &e);) {
             if (!oom) cpu_chain_rows(c->job, 2, b, e, buf);

@@ -35,12 +35,6 @@ static struct {
               .mu = PTHREAD_MUTEX_INITIALIZER, .start = PTHREAD_COND_INITIALIZER};
 static int cpu_threads_wanted;  // 0: one per online core
 
-static inline void cpu_relax(void) {
-#if defined(__x86_64__) || defined(__i386__)
-    __builtin_ia32_pause();
-#endif
-}
-
 static void cpu_pool_range(int part, int parts, int64_t n, int64_t *b, int64_t *e) {
     *b = n * part / parts;
     *e = n * (part + 1) / parts;
@@ -52,7 +46,7 @@ static void *cpu_pool_worker(void *arg) {
     for (;;) {
         uint64_t g = atomic_load(&cpu_pool.generation);
         for (double t0 = dj_now(); g == seen; g = atomic_load(&cpu_pool.generation)) {
-            for (int i = 0; i < 64 && g == seen; i++, g = atomic_load(&cpu_pool.generation)) cpu_relax();
+            for (int i = 0; i < 64 && g == seen; i++, g = atomic_load(&cpu_pool.generation)) dj_cpu_relax();
             if (g != seen || dj_now() - t0 < POOL_SPIN_S) continue;
             pthread_mutex_lock(&cpu_pool.mu);  // the caller bumps the generation under mu: no lost wake-up
             cpu_pool.asleep++;
@@ -146,7 +140,7 @@ void cpu_parallel_join(void) {
     int64_t b, e;
     cpu_pool_range(0, cpu_pool.n_threads, cpu_pool.n, &b, &e);
     if (b < e) cpu_pool.fn(cpu_pool.ctx, b, e);
-    while (atomic_load(&cpu_pool.pending) > 0) cpu_relax();
+    while (atomic_load(&cpu_pool.pending) > 0) dj_cpu_relax();
     pthread_mutex_unlock(&cpu_pool.call_mu);
 }
 

@@ -2,6 +2,7 @@
 #include "tp_link.h"
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 
 #include "kernels.h"
@@ -10,7 +11,8 @@ struct tp_link {
     int n, devices[TP_MAX_GPUS];
     pthread_mutex_t mu;
     pthread_cond_t cv;
-    int arrived, gen, failed, turn;
+    int arrived, turn;     // (under mu)
+    _Atomic int gen, failed;  // barriers passed; a GPU failed (set under mu, polled without it)
     // GPU r's partials (two, by the parity of its all-reduces) and the events recorded after each was written
     float *part[TP_MAX_GPUS][2];
     cudaEvent_t ready[TP_MAX_GPUS][2];
@@ -48,28 +50,38 @@ void tp_link_free(tp_link *l) {
 
 int tp_link_size(const tp_link *l) { return l->n; }
 
+// A waiter polls before it sleeps: the GPUs' threads meet twice a layer, a few microseconds apart when the GPUs keep
+// pace, where a sleep and its wake-up cost tens of microseconds each (64 of them a Llama-3-8B token).
+#define TP_SPINS 20000  // polls, some tens of microseconds
+
 int tp_barrier(tp_link *l, dj_err *e) {
     pthread_mutex_lock(&l->mu);
-    int gen = l->gen;
-    if (!l->failed && ++l->arrived == l->n) {
-        l->arrived = 0, l->gen++;
+    const int gen = atomic_load(&l->gen);
+    if (!atomic_load(&l->failed) && ++l->arrived == l->n) {  // the last to arrive lets every one go
+        l->arrived = 0;
+        atomic_fetch_add(&l->gen, 1);
         pthread_cond_broadcast(&l->cv);
+        pthread_mutex_unlock(&l->mu);
+        return 0;
     }
-    while (!l->failed && l->gen == gen) pthread_cond_wait(&l->cv, &l->mu);
-    int failed = l->failed && l->gen == gen;
+    pthread_mutex_unlock(&l->mu);
+    for (int i = 0; i < TP_SPINS && atomic_load(&l->gen) == gen && !atomic_load(&l->failed); i++) dj_cpu_relax();
+    pthread_mutex_lock(&l->mu);  // (the last arrival changes gen under mu: no wake-up is lost)
+    while (!atomic_load(&l->failed) && atomic_load(&l->gen) == gen) pthread_cond_wait(&l->cv, &l->mu);
+    const int failed = atomic_load(&l->gen) == gen;  // let go by a failure, not by every GPU arriving
     pthread_mutex_unlock(&l->mu);
     return failed ? dj_fail(e, "another GPU's pass failed") : 0;
 }
 
 void tp_fail(tp_link *l) {
     pthread_mutex_lock(&l->mu);
-    l->failed = 1;
+    atomic_store(&l->failed, 1);
     pthread_cond_broadcast(&l->cv);
     pthread_mutex_unlock(&l->mu);
 }
 
 void tp_reset(tp_link *l) {
-    l->failed = 0, l->arrived = 0;
+    atomic_store(&l->failed, 0), l->arrived = 0;
     for (int r = 0; r < l->n; r++) l->par[r] = 0;
 }
 

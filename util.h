@@ -110,6 +110,13 @@ static inline uint16_t dj_f32_to_bf16(float f) {
     return (uint16_t)((x + 0x7fffu + ((x >> 16) & 1)) >> 16);
 }
 
+// One spin-wait step (x86's pause: a polling loop yields the core's pipeline to its sibling; elsewhere nothing).
+static inline void dj_cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#endif
+}
+
 #ifdef __cplusplus
 }
 #endif

@@ -2,6 +2,7 @@
 // model (tp_shard_model: its heads, its FFN rows) as a GPU engine of its own (gpu.h) in a thread of its own, the
 // parts meeting twice a layer on a tp_link to add their partial outputs. Every call runs on every GPU with the same
 // arguments (the same passes, rows in the same order); the first GPU computes the head and gives the output.
+#include <math.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -273,9 +274,24 @@ static int tp_restore(void *ctx, dj_parked *pk, int32_t slot, dj_err *e) {
     return 0;
 }
 
+// The GPUs' figures as one engine's: the bytes each moved or holds added up (a token's streamed bytes cross every
+// link at once), the times the longest GPU's, the plan and the passes GPU 0's.
+static int job_stats(tp_engine *t, int r, const void *p, dj_err *e) {
+    gpu_state_stats(t->gpu[r], &((dj_gpu_stats *)p)[r]);
+    return 0;
+}
 static void tp_stats(void *ctx, dj_gpu_stats *out) {
     tp_engine *t = ctx;
-    gpu_state_stats(t->gpu[0], out);
+    dj_gpu_stats st[TP_MAX_GPUS];
+    tp_each(t, job_stats, st);
+    *out = st[0];
+    for (int r = 1; r < t->n; r++) {
+        out->bytes_per_token += st[r].bytes_per_token, out->resident_bytes += st[r].resident_bytes;
+        out->copied_bytes += st[r].copied_bytes, out->park_bytes += st[r].park_bytes;
+        out->restore_bytes += st[r].restore_bytes;
+        out->copy_ms = fmax(out->copy_ms, st[r].copy_ms), out->wait_ms = fmax(out->wait_ms, st[r].wait_ms);
+        out->park_ms = fmax(out->park_ms, st[r].park_ms), out->restore_ms = fmax(out->restore_ms, st[r].restore_ms);
+    }
 }
 
 static int job_close(tp_engine *t, int r, const void *args, dj_err *e) {

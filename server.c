@@ -1002,7 +1002,7 @@ static int srv_open_model(srv *s, dj_err *e) {
         char why[sizeof e->msg] = "";
         if (o->breakpoints > 0 && o->breakpoints != SRV_DEFAULT_PAUSED)
             go.n_gpus = 1, snprintf(why, sizeof why, "--breakpoints runs on one");
-        else tp_default_gpus(cfg, gpu_count(), &go.n_gpus, go.gpus, why, sizeof why);
+        else tp_default_gpus(cfg, gpu_count(), gpu_peer_ok, &go.n_gpus, go.gpus, why, sizeof why);
         if (why[0]) fprintf(stderr, "djinn serve: %d GPUs visible, running on %d: %s\n", gpu_count(), go.n_gpus, why);
     }
     if (go.n_gpus > 1) go.consume = &s->m;  // its weights go to the GPUs' parts; the tokenizer stays

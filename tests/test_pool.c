@@ -96,7 +96,7 @@ static void *tp_pool_a(void *p) {
 }
 Test(pool, own_pools_run_at_once) {
     tp_fresh();
-    alarm(60);
+    alarm(20);
     for (int i = 0; i < TP_MAX; i++) tp_hits[i] = 0;
     atomic_store(&tp_other_done, 0), atomic_store(&tp_a_in, 0);
     cpu_pool *a = cpu_pool_new(2), *b = cpu_pool_new(3);

@@ -527,12 +527,8 @@ static int open_engine(dj_engine *eng, const dj_model *m, const dj_opts *o, int6
                       .warm_rows = warm, .cpu_share = o->gpu.cpu_share, .trace = o->trace_path,
                       .trace_steps = (int)o->trace_steps, .kv_type = o->kv_type, .n_gpus = o->gpu.n_gpus};
     memcpy(go.gpus, o->gpu.gpus, sizeof go.gpus);
-    if (!go.n_gpus && m->for_gpu && gpu_count() > 1) {  // no --gpus: every visible GPU the model splits over
-        char why[sizeof e->msg] = "";
-        if (o->probe) go.n_gpus = 1, snprintf(why, sizeof why, "--dump-act and --steer run on one");
-        else tp_default_gpus(&m->info.config, gpu_count(), gpu_peer_ok, &go.n_gpus, go.gpus, why, sizeof why);
-        if (why[0]) fprintf(stderr, "djinn: %d GPUs visible, running on %d: %s\n", gpu_count(), go.n_gpus, why);
-    }
+    if (m->for_gpu) engine_default_gpus(&go, &m->info.config, o->probe ? "--dump-act and --steer run on one" : NULL,
+                                        "djinn");
     if (go.n_gpus > 1 && o->loaded == m) go.consume = o->loaded;
     go.cancel = &cut;
     cuttable_phase(1);

@@ -1,9 +1,11 @@
 // engine.c: the CPU and GPU forward passes behind one interface (engine.h).
 #include "engine.h"
 
+#include <stdio.h>
 #include <string.h>
 
 #include "cpu.h"
+#include "gpu_host.h"
 
 // ---- the CPU engine
 static int cpu_engine_forward(void *ctx, int32_t slot, const int32_t *tokens, int64_t T, int64_t pos, float *logits,
@@ -93,6 +95,15 @@ int engine_open(dj_engine *eng, const dj_model *m, const dj_gpu_opts *go, int32_
                        .free = gpu_engine_free, .parked_kv = gpu_engine_parked_kv,
                        .set_probe = gpu_engine_set_probe, .gpu_stats = gpu_engine_stats};
     return 0;
+}
+
+void engine_default_gpus(dj_gpu_opts *go, const dj_config *c, const char *one_because, const char *who) {
+    const int visible = gpu_count();
+    if (go->n_gpus || visible < 2) return;
+    char why[sizeof ((dj_err *)0)->msg] = "";
+    if (one_because) go->n_gpus = 1, go->gpus[0] = 0, snprintf(why, sizeof why, "%s", one_because);
+    else tp_default_gpus(c, visible, gpu_peer_ok, &go->n_gpus, go->gpus, why, sizeof why);
+    if (why[0]) fprintf(stderr, "%s: %d GPUs visible, running on %d: %s\n", who, visible, go->n_gpus, why);
 }
 
 void engine_close(dj_engine *eng) {

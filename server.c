@@ -998,13 +998,8 @@ static int srv_open_model(srv *s, dj_err *e) {
     dj_gpu_opts go = {.ring_gb = o->ring_gb, .max_seq = ctx, .cpu_share = o->cpu_share, .stream_all = o->stream_all,
                       .kv_type = o->kv_type, .n_gpus = o->n_gpus};
     memcpy(go.gpus, o->gpus, sizeof go.gpus);
-    if (!go.n_gpus && use_gpu && gpu_count() > 1) {  // no --gpus: every visible GPU the model splits over
-        char why[sizeof e->msg] = "";
-        if (o->breakpoints > 0 && o->breakpoints != SRV_DEFAULT_PAUSED)
-            go.n_gpus = 1, snprintf(why, sizeof why, "--breakpoints runs on one");
-        else tp_default_gpus(cfg, gpu_count(), gpu_peer_ok, &go.n_gpus, go.gpus, why, sizeof why);
-        if (why[0]) fprintf(stderr, "djinn serve: %d GPUs visible, running on %d: %s\n", gpu_count(), go.n_gpus, why);
-    }
+    const int breaks = o->breakpoints > 0 && o->breakpoints != SRV_DEFAULT_PAUSED;  // asked for: one GPU's
+    if (use_gpu) engine_default_gpus(&go, cfg, breaks ? "--breakpoints runs on one" : NULL, "djinn serve");
     if (go.n_gpus > 1) go.consume = &s->m;  // its weights go to the GPUs' parts; the tokenizer stays
     if (engine_open(&s->eng, &s->m, &go, kv.slots, e)) return 1;
     int32_t breakpoints = o->breakpoints;

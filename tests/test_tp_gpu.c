@@ -32,11 +32,16 @@ static void tt_gpus(dj_gpu_opts *go, int n) {
     for (int r = 0; r < n; r++) go->gpus[r] = gpu_count() > r ? r : 0;
 }
 
-static void tt_open(dj_engine *eng, const dj_model *m, int n_gpus, int stream_all, int32_t slots) {
-    dj_gpu_opts go = {.max_seq = TT_CTX, .quiet = 1, .stream_all = stream_all};
+// cpu_share: dj_gpu_opts' (0: off)
+static void tt_open_share(dj_engine *eng, const dj_model *m, int n_gpus, int stream_all, int32_t slots,
+                          double cpu_share) {
+    dj_gpu_opts go = {.max_seq = TT_CTX, .quiet = 1, .stream_all = stream_all, .cpu_share = cpu_share};
     if (n_gpus > 1) tt_gpus(&go, n_gpus);
     dj_err e = {{0}};
     cr_assert_eq(engine_open(eng, m, &go, slots, &e), 0, "%d GPUs: %s", n_gpus, e.msg);
+}
+static void tt_open(dj_engine *eng, const dj_model *m, int n_gpus, int stream_all, int32_t slots) {
+    tt_open_share(eng, m, n_gpus, stream_all, slots, 0);
 }
 
 // Logits (T + nd rows): a prompt of T tokens (every row's), then nd decode steps, each on the last one's greedy token.
@@ -191,10 +196,7 @@ Test(tp_gpu, cpu_share_matches_one_gpu) {
         tt_open(&one, &m, 1, 0, 1);
         float *ref = tt_run(&one, &m, prompt, T, nd, t1);
         engine_close(&one);
-        dj_gpu_opts go = {.max_seq = TT_CTX, .quiet = 1, .stream_all = 1, .cpu_share = 0.5};
-        tt_gpus(&go, 2);
-        dj_err e = {{0}};
-        cr_assert_eq(engine_open(&two, &m, &go, 1, &e), 0, "%s", e.msg);
+        tt_open_share(&two, &m, 2, 1, 1, 0.5);
         float *got = tt_run(&two, &m, prompt, T, nd, tn);
         dj_gpu_stats st;
         cr_assert(engine_gpu_stats(&two, &st));

@@ -2,6 +2,26 @@
 
 say() { echo "== $* ($(date +%T))"; }
 
+# start_server LOG ARGS...: `djinn serve $bin --port $PORT -q ARGS` in the background (stderr into LOG, its pid in
+# SRV_PID), waiting until /health answers (the model loads and page-locks first); stop_server ends it.
+SRV_PID=
+stop_server() {
+    [ -n "$SRV_PID" ] && kill "$SRV_PID" 2> /dev/null && wait "$SRV_PID" 2> /dev/null
+    SRV_PID=
+}
+start_server() {
+    local log=$1
+    shift
+    ./djinn serve "$bin" --port $PORT -q "$@" 2> "$log" &
+    SRV_PID=$!
+    for _ in $(seq 600); do
+        curl -sf "http://127.0.0.1:$PORT/health" > /dev/null 2>&1 && return 0
+        kill -0 "$SRV_PID" 2> /dev/null || { echo "  server died:"; tail -5 "$log"; SRV_PID=; return 1; }
+        sleep 0.5
+    done
+    echo "  server did not come up"; tail -5 "$log"; stop_server; return 1
+}
+
 # make_hf SHAPE DIR LOG: a random-weight f16 HF checkpoint of SHAPE (tools/make_random_llama.py) in DIR, made once:
 # DIR/.complete marks it done; SKIP_MAKE=1 takes DIR as it is.
 make_hf() {

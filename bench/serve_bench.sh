@@ -46,25 +46,7 @@ min=$(./djinn "$bin" -p x -n 1 -t 0 -c 512 --ring-gb 0.001 2>&1 >/dev/null |
 say "minimum ring ${min:-?} GB"
 
 PORT=18080
-SRV_PID=
-stop_server() {
-    [ -n "$SRV_PID" ] && kill "$SRV_PID" 2> /dev/null && wait "$SRV_PID" 2> /dev/null
-    SRV_PID=
-}
 trap stop_server EXIT
-# start_server LOG ARGS...: waits until /health answers (the model loads and page-locks first)
-start_server() {
-    local log=$1
-    shift
-    ./djinn serve "$bin" --port $PORT -q "$@" 2> "$log" &
-    SRV_PID=$!
-    for _ in $(seq 600); do
-        curl -sf "http://127.0.0.1:$PORT/health" > /dev/null 2>&1 && return 0
-        kill -0 "$SRV_PID" 2> /dev/null || { echo "  server died:"; tail -5 "$log"; SRV_PID=; return 1; }
-        sleep 0.5
-    done
-    echo "  server did not come up"; tail -5 "$log"; stop_server; return 1
-}
 
 for case in $CASES; do
     case $case in

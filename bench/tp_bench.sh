@@ -29,6 +29,7 @@ CONCURRENCY=${CONCURRENCY:-1 64}
 PORT=${PORT:-18093}
 mkdir -p "$OUT_DIR" "$WORK" || exit 1
 . bench/lib.sh
+trap stop_server EXIT
 
 build_bench "$WORK" build/bin/peer_ceilings || exit 1
 say "peer ceilings"
@@ -62,14 +63,12 @@ cmp -s "$OUT_DIR/resident_g1.txt" "$OUT_DIR/resident_g$GPUS.txt" && echo "  gree
 
 for n in 1 "$GPUS"; do
     say "djinn serve --gpus $n -c 512 --parallel 64"
-    ./djinn serve "$bin" --port "$PORT" --gpus "$n" -c 512 --parallel 64 --cpu-share 0 > "$OUT_DIR/serve_g$n.log" 2>&1 &
-    pid=$!
-    for _ in $(seq 600); do curl -sf "http://127.0.0.1:$PORT/health" > /dev/null 2>&1 && break; sleep 0.5; done
+    start_server "$OUT_DIR/serve_g$n.log" --gpus "$n" -c 512 --parallel 64 --cpu-share 0 || continue
     for c in $CONCURRENCY; do
         timeout 600 python3 bench/serve_client.py load "$PORT" "$c" 160 "$OUT_DIR/serve_g${n}_n$c.json" ||
             echo "  n=$c FAILED"
     done
-    kill "$pid"; wait "$pid" 2> /dev/null
+    stop_server
 done
 
 # PROFILE=1: where a step's time goes on 1 and N GPUs (DJINN_PROFILE: events between kernel groups, which slow the
@@ -80,12 +79,11 @@ if [ "${PROFILE:-0}" = 1 ]; then
         { echo "== one sequence, $n GPU(s)"; DJINN_PROFILE=1 ./djinn "$bin" -p "The history of the city" -n 32 -t 0 \
             -c 1024 --gpus "$n" --cpu-share 0 2>&1 > /dev/null | grep profile; } >> "$OUT_DIR/profile.txt"
         say "profile, the server at 64 concurrent, $n GPU(s)"
-        DJINN_PROFILE=1 ./djinn serve "$bin" --port "$PORT" --gpus "$n" -c 512 --parallel 64 --cpu-share 0 \
-            > "$WORK/serve_prof.log" 2>&1 &
-        pid=$!
-        for _ in $(seq 600); do curl -sf "http://127.0.0.1:$PORT/health" > /dev/null 2>&1 && break; sleep 0.5; done
-        timeout 600 python3 bench/serve_client.py load "$PORT" 64 160 "$WORK/serve_prof.json" > /dev/null
-        kill "$pid"; wait "$pid" 2> /dev/null
+        export DJINN_PROFILE=1
+        start_server "$WORK/serve_prof.log" --gpus "$n" -c 512 --parallel 64 --cpu-share 0 &&
+            timeout 600 python3 bench/serve_client.py load "$PORT" 64 160 "$WORK/serve_prof.json" > /dev/null
+        unset DJINN_PROFILE
+        stop_server
         { echo "== server, 64 concurrent, $n GPU(s)"; grep profile "$WORK/serve_prof.log"; } >> "$OUT_DIR/profile.txt"
     done
     cat "$OUT_DIR/profile.txt"

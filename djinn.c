@@ -127,6 +127,8 @@ typedef struct {
     const char *trace_path;                   // --trace FILE: the decode steps' timeline (trace.h)
     int64_t trace_steps;                      // --trace-steps N (0: TRACE_STEPS_DEFAULT)
     dj_probe *probe;                      // --dump-act and --steer, made once the model is loaded
+    dj_model *loaded;                     // the model main loaded: on several GPUs its weights go to the GPUs'
+                                          // parts as they are built (dj_gpu_opts.consume), its tokenizer stays
 } dj_opts;
 
 static void usage(FILE *f) {
@@ -524,6 +526,7 @@ static int open_engine(dj_engine *eng, const dj_model *m, const dj_opts *o, int6
                       .warm_rows = warm, .cpu_share = o->gpu.cpu_share, .trace = o->trace_path,
                       .trace_steps = (int)o->trace_steps, .kv_type = o->kv_type, .n_gpus = o->gpu.n_gpus};
     memcpy(go.gpus, o->gpu.gpus, sizeof go.gpus);
+    if (o->gpu.n_gpus > 1 && o->loaded == m) go.consume = o->loaded;
     go.cancel = &cut;
     cuttable_phase(1);
     int rc = engine_open(eng, m, &go, 1, e);
@@ -1363,6 +1366,7 @@ int main(int argc, char **argv) {
         rc = interrupted_during("loading") ? EXIT_INTERRUPTED : EXIT_ERR;
         goto done;
     }
+    o.loaded = &m;
     double dt = dj_now() - t0;
     const dj_config *c = &m.info.config;
     fprintf(stderr,

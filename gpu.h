@@ -43,6 +43,10 @@ typedef struct {
     int gpus[8];
     struct tp_link *tp;
     int tp_rank;
+    // engine_open's model, when the caller lets the engine on several GPUs give its weight sections back as it
+    // copies them into the GPUs' parts (its tokenizer, header and fingerprint stay: loader.h's model_release; after a
+    // failed open too, so the caller can only free it); NULL: the model is kept whole
+    dj_model *consume;
 } dj_gpu_opts;
 
 typedef struct {

@@ -17,6 +17,8 @@ typedef struct {
     int for_gpu;       // 1: loaded for the GPU engine (anonymous memory, travelling sections registered)
     int pinned;        // 1: every travelling section (layers, head, tied embeddings) is page-locked
     int pin_tried;     // page-locking was attempted (sections to unregister on free)
+    int released;          // some weight sections were given back (model_release): their bytes read as zeros
+    uint32_t fingerprint;  // model_fingerprint, taken before the first release
 } dj_model;
 
 typedef struct {
@@ -36,6 +38,13 @@ extern volatile sig_atomic_t dj_load_cancel;
 
 int model_load(const char *path, const dj_load_opts *o, dj_model *m, dj_err *e);
 void model_free(dj_model *m);
+// The model's fingerprint: CRC-32 of its header (config and tables) and of 4 KB at the start and the middle of every
+// section (tokenizer, embeddings, each layer, the head), so that weights of one shape but other values differ; a
+// model whose sections were released keeps the one it had (sessions saved before and after still match).
+uint32_t model_fingerprint(const dj_model *m);
+// Gives the host memory of bytes [off, off + size) of m->data back (unregistered first where it was page-locked):
+// a section whose weights were copied elsewhere (tp_shard_models). PRECOND: off and size multiples of the page size.
+void model_release(dj_model *m, uint64_t off, uint64_t size);
 // Page-locks the travelling sections (layers, head, tied embeddings) of a model built in memory (m->data from an
 // anonymous mmap of m->data_size bytes), as model_load does for the GPU; model_free undoes it.
 int model_pin(dj_model *m, dj_err *e);

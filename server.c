@@ -998,6 +998,7 @@ static int srv_open_model(srv *s, dj_err *e) {
     dj_gpu_opts go = {.ring_gb = o->ring_gb, .max_seq = ctx, .cpu_share = o->cpu_share, .stream_all = o->stream_all,
                       .kv_type = o->kv_type, .n_gpus = o->n_gpus};
     memcpy(go.gpus, o->gpus, sizeof go.gpus);
+    if (o->n_gpus > 1) go.consume = &s->m;  // its weights go to the GPUs' parts; the tokenizer stays
     if (engine_open(&s->eng, &s->m, &go, kv.slots, e)) return 1;
     int32_t breakpoints = o->breakpoints;
     if (!s->eng.set_probe && breakpoints == SRV_DEFAULT_PAUSED) {  // the default, where the engine has no probes

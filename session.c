@@ -56,22 +56,7 @@ static uint32_t header_crc(uint8_t h[SESSION_HEADER]) {
 }
 
 // ---- the model's identity
-uint32_t session_model_id(const dj_model *m) {
-    const dj_model_info *in = &m->info;
-    uint32_t crc = dj_crc32(0, m->data, in->header_bytes < m->data_size ? (size_t)in->header_bytes : m->data_size);
-    uint64_t off[DJ_MAX_LAYERS + 3], size[DJ_MAX_LAYERS + 3];
-    int n = 0;
-    off[n] = in->tok_off, size[n++] = in->tok_size;
-    off[n] = in->embed_off, size[n++] = in->embed_size;
-    for (uint32_t l = 0; l < in->config.n_layers; l++) off[n] = in->layer_off[l], size[n++] = in->layer.size;
-    off[n] = in->head_off, size[n++] = in->head_size;
-    for (int i = 0; i < n; i++) {
-        uint64_t at[2] = {off[i], off[i] + size[i] / 2}, len = size[i] < 4096 ? size[i] : 4096;
-        for (int k = 0; k < 2; k++)
-            if (at[k] + len <= m->data_size) crc = dj_crc32(crc, m->data + at[k], (size_t)len);
-    }
-    return crc;
-}
+uint32_t session_model_id(const dj_model *m) { return model_fingerprint(m); }
 
 static void model_fields(uint8_t *h, const dj_model *m) {
     const dj_config *c = &m->info.config;

@@ -46,8 +46,7 @@ typedef struct {
     uint32_t data_crc;
 } dj_session;
 
-// The model's fingerprint: CRC-32 of its header (config and tables) and of 4 KB at the start and the middle of every
-// section (tokenizer, embeddings, each layer, the head), so that weights of one shape but other values differ.
+// The model's fingerprint (loader.h's model_fingerprint).
 uint32_t session_model_id(const dj_model *m);
 
 // Writes s (ids, n_tokens, n_prompt, n_kv, next, rng, smp, ctx) and positions 0..n_kv-1 of `slot`'s KV cache, in

@@ -144,10 +144,10 @@ static void tp_copy_rows(uint8_t *dst, const uint8_t *w, uint32_t wtype, int64_t
     memcpy(dst, w + (uint64_t)r.lo * rb, (uint64_t)tp_len(r) * rb);
 }
 
-int tp_shard_model(const dj_model *m, const tp_split *s, int pin, dj_model *out, dj_err *e) {
+// GPU s's part of m, its tokenizer, embeddings and head copied, its layers still to fill (tp_part_layer).
+static int tp_part_begin(const dj_model *m, const tp_split *s, dj_model *out, dj_err *e) {
     memset(out, 0, sizeof *out);
-    const dj_config *c = &m->info.config;
-    dj_config sc = *c;
+    dj_config sc = m->info.config;
     sc.n_heads = (uint32_t)tp_len(s->heads), sc.n_kv_heads = (uint32_t)tp_len(s->kv_heads);
     sc.hidden_dim = (uint32_t)tp_len(s->ffn_rows);
     if (model_plan(&sc, m->info.tok_size, &out->info, e)) return -1;
@@ -164,25 +164,55 @@ int tp_shard_model(const dj_model *m, const tp_split *s, int pin, dj_model *out,
     memcpy(d + si->tok_off, m->data + fi->tok_off, fi->tok_size);
     memcpy(d + si->embed_off, m->data + fi->embed_off, fi->embed_size);
     memcpy(d + si->head_off, m->data + fi->head_off, fi->head_size);
-    const dj_layer_layout *L = &fi->layer, *S = &si->layer;
+    return 0;
+}
+
+// Layer l of GPU s's part: its rows and columns of m's.
+static void tp_part_layer(const dj_model *m, const tp_split *s, dj_model *out, uint32_t l) {
+    const dj_config *c = &m->info.config;
+    const dj_layer_layout *L = &m->info.layer, *S = &out->info.layer;
     uint32_t wt = c->wtype;
     int64_t dim = c->dim, q_dim = (int64_t)c->n_heads * c->head_dim;
-    for (uint32_t l = 0; l < c->n_layers; l++) {
-        const uint8_t *f = dj_layer_ptr(m, l);
-        uint8_t *g = d + si->layer_off[l];
-        memcpy(g + S->attn_norm, f + L->attn_norm, (size_t)dim * 4);
-        memcpy(g + S->ffn_norm, f + L->ffn_norm, (size_t)dim * 4);
-        tp_copy_rows(g + S->wq, f + L->wq, wt, dim, s->q_rows);
-        tp_copy_rows(g + S->wk, f + L->wk, wt, dim, s->kv_rows);
-        tp_copy_rows(g + S->wv, f + L->wv, wt, dim, s->kv_rows);
-        tp_cut_cols(g + S->wo, f + L->wo, wt, dim, q_dim, s->q_rows.lo, s->q_rows.hi);
-        tp_copy_rows(g + S->w_gate, f + L->w_gate, wt, dim, s->ffn_rows);
-        tp_copy_rows(g + S->w_up, f + L->w_up, wt, dim, s->ffn_rows);
-        tp_cut_cols(g + S->w_down, f + L->w_down, wt, dim, c->hidden_dim, s->ffn_rows.lo, s->ffn_rows.hi);
+    const uint8_t *f = dj_layer_ptr(m, l);
+    uint8_t *g = out->data + out->info.layer_off[l];
+    memcpy(g + S->attn_norm, f + L->attn_norm, (size_t)dim * 4);
+    memcpy(g + S->ffn_norm, f + L->ffn_norm, (size_t)dim * 4);
+    tp_copy_rows(g + S->wq, f + L->wq, wt, dim, s->q_rows);
+    tp_copy_rows(g + S->wk, f + L->wk, wt, dim, s->kv_rows);
+    tp_copy_rows(g + S->wv, f + L->wv, wt, dim, s->kv_rows);
+    tp_cut_cols(g + S->wo, f + L->wo, wt, dim, q_dim, s->q_rows.lo, s->q_rows.hi);
+    tp_copy_rows(g + S->w_gate, f + L->w_gate, wt, dim, s->ffn_rows);
+    tp_copy_rows(g + S->w_up, f + L->w_up, wt, dim, s->ffn_rows);
+    tp_cut_cols(g + S->w_down, f + L->w_down, wt, dim, c->hidden_dim, s->ffn_rows.lo, s->ffn_rows.hi);
+}
+
+// The parts layer by layer, so that `release` (m itself, or NULL) gives each of m's layers back once every part
+// has its share: the host holds the model about once, not twice.
+static int tp_parts(const dj_model *m, dj_model *release, const tp_split *s, int n, int pin, dj_model out[],
+                    dj_err *e) {
+    int made = 0;
+    for (; made < n; made++)
+        if (tp_part_begin(m, &s[made], &out[made], e)) goto fail;
+    for (uint32_t l = 0; l < m->info.config.n_layers; l++) {
+        for (int g = 0; g < n; g++) tp_part_layer(m, &s[g], &out[g], l);
+        if (release) model_release(release, m->info.layer_off[l], m->info.layer.size);
     }
-    if (pin && model_pin(out, e)) {
-        model_free(out);
-        return -1;
+    if (release) {  // the embeddings and the head are the parts' own now
+        model_release(release, m->info.embed_off, dj_align_up(m->info.embed_size, DJ_SECTION_ALIGN));
+        model_release(release, m->info.head_off, m->info.head_size);
     }
+    for (int g = 0; g < n; g++)
+        if (pin && model_pin(&out[g], e)) goto fail;
     return 0;
+fail:
+    for (int g = 0; g < made; g++) model_free(&out[g]);
+    return -1;
+}
+
+int tp_shard_model(const dj_model *m, const tp_split *s, int pin, dj_model *out, dj_err *e) {
+    return tp_parts(m, NULL, s, 1, pin, out, e);
+}
+
+int tp_shard_models(dj_model *m, const tp_split *s, int n, int pin, int release, dj_model out[], dj_err *e) {
+    return tp_parts(m, release ? m : NULL, s, n, pin, out, e);
 }

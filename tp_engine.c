@@ -21,6 +21,7 @@ struct tp_engine {
     dj_model part[TP_MAX_GPUS];
     dj_gpu_state *gpu[TP_MAX_GPUS];
     dj_gpu_opts opts[TP_MAX_GPUS];
+    int built;  // part[] holds every GPU's part
     tp_link *link;
     pthread_t th[TP_MAX_GPUS];
     int started;
@@ -320,10 +321,20 @@ static void tp_free(void *ctx) {
     pthread_mutex_unlock(&t->mu);
     for (int r = 0; r < t->started; r++) pthread_join(t->th[r], NULL);
     tp_link_free(t->link);
-    for (int r = 0; r < t->n; r++) model_free(&t->part[r]);
+    for (int r = 0; t->built && r < t->n; r++) model_free(&t->part[r]);
     pthread_mutex_destroy(&t->mu);
     pthread_cond_destroy(&t->go), pthread_cond_destroy(&t->done);
     free(t);
+}
+
+// Every GPU's part from m, which stays whole.
+static int tp_parts_kept(const dj_model *m, const tp_split *s, int n, dj_model out[], dj_err *e) {
+    for (int r = 0; r < n; r++)
+        if (tp_shard_model(m, &s[r], m->pinned, &out[r], e)) {
+            for (int q = 0; q < r; q++) model_free(&out[q]);
+            return -1;
+        }
+    return 0;
 }
 
 int tp_engine_open(dj_engine *eng, const dj_model *m, const dj_gpu_opts *go, int32_t n_slots, dj_err *e) {
@@ -350,13 +361,17 @@ int tp_engine_open(dj_engine *eng, const dj_model *m, const dj_gpu_opts *go, int
     if (repeats && !go->quiet)
         fprintf(stderr, "gpu: --gpus names a device more than once: its parts share it (a stand-in for several GPUs "
                         "in tests, no faster than one)\n");
+    if (go->consume == m ? tp_shard_models(go->consume, t->split, n, m->pinned, 1, t->part, e)
+                         : tp_parts_kept(m, t->split, n, t->part, e))
+        goto fail;
+    t->built = 1;
     for (int r = 0; r < n; r++) {
-        if (tp_shard_model(m, &t->split[r], m->pinned, &t->part[r], e)) goto fail;
         dj_gpu_opts *o = &t->opts[r];
         *o = *go;
         o->n_slots = n_slots, o->gpus[0] = go->gpus[r], o->tp = t->link, o->tp_rank = r;
         o->quiet = go->quiet || r > 0, o->trace = r > 0 ? NULL : go->trace;
         o->cpu_share = 0;  // (automatic: off, as a fixed share is refused above)
+        o->consume = NULL;
     }
     for (; t->started < n; t->started++) {
         tp_worker_arg *a = malloc(sizeof *a);

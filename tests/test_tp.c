@@ -445,3 +445,43 @@ Test(tp, parse_gpus) {
         cr_assert(strstr(e.msg, "--gpus") && !strchr(e.msg, '\n'), "--gpus '%s': %s", bad[i], e.msg);
     }
 }
+
+// Every part at once with the source given back (tp_shard_models, release): the parts are those tp_shard_model makes
+// from a whole copy of the model, the source's layers, embeddings and head now read as zeros, its tokenizer and
+// fingerprint (session files) unchanged.
+Test(tp, shard_models_release_the_source) {
+    const uint32_t dtypes[] = {DJ_F32, DJ_Q4};
+    for (size_t d = 0; d < sizeof dtypes / sizeof dtypes[0]; d++) {
+        dj_model m, whole;
+        tc_load_stories(&m, (int)dtypes[d], 0);
+        tc_load_stories(&whole, (int)dtypes[d], 0);
+        const dj_model_info *in = &m.info;
+        const uint32_t fp = model_fingerprint(&m);
+        tp_split s[2];
+        dj_err e = {{0}};
+        cr_assert_eq(tp_plan(&in->config, 2, s, &e), 0, "%s", e.msg);
+        dj_model parts[2], ref;
+        cr_assert_eq(tp_shard_models(&m, s, 2, 0, 1, parts, &e), 0, "%s", e.msg);
+        for (int g = 0; g < 2; g++) {
+            cr_assert_eq(tp_shard_model(&whole, &s[g], 0, &ref, &e), 0, "%s", e.msg);
+            cr_assert(ref.data_size == parts[g].data_size &&
+                          !memcmp(ref.data, parts[g].data, ref.data_size),
+                      "%s: GPU %d's part differs from the one made from the whole model", dj_dtype_name(dtypes[d]), g);
+            model_free(&ref);
+        }
+        const uint64_t spans[][2] = {{in->layer_off[0], in->layer.size},
+                                     {in->layer_off[in->config.n_layers - 1], in->layer.size},
+                                     {in->embed_off, in->embed_size},
+                                     {in->head_off, in->head_size}};
+        for (size_t k = 0; k < sizeof spans / sizeof spans[0]; k++) {
+            int nonzero = 0;
+            for (uint64_t i = 0; i < spans[k][1]; i++) nonzero |= m.data[spans[k][0] + i];
+            cr_assert(!nonzero, "%s: section %zu of the source still holds its weights", dj_dtype_name(dtypes[d]), k);
+        }
+        cr_assert(!memcmp(m.data + in->tok_off, whole.data + in->tok_off, in->tok_size), "the tokenizer went too");
+        cr_assert_eq(model_fingerprint(&m), fp, "the released model's fingerprint changed");
+        cr_assert_eq(model_fingerprint(&whole), fp);
+        for (int g = 0; g < 2; g++) model_free(&parts[g]);
+        model_free(&m), model_free(&whole);
+    }
+}

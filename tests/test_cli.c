@@ -292,6 +292,28 @@ Test(cli, threads_flag_sets_the_pool) {
     tcli_teardown(&c);
 }
 
+// --gpus that is neither a count nor a list of device ids: one line quoting it, exit 2, on djinn and djinn serve,
+// before any model is read.
+Test(cli, bad_gpus_refused) {
+    tcli_ctx c;
+    tcli_setup(&c);
+    static const char *bad[] = {"0", "9", "x", "1,", "0,,1"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
+        for (int serve = 0; serve < 2; serve++) {
+            char *run[] = {tcli_djinn_path, c.model, "-p", "Hi", "-n", "1", "--gpus", (char *)bad[i], NULL};
+            char *srv[] = {tcli_djinn_path, "serve", c.model, "--gpus", (char *)bad[i], NULL};
+            cr_assert_eq(tcli_run(&c, serve ? srv : run), 2, "%s--gpus '%s' not refused", serve ? "serve " : "",
+                         bad[i]);
+            char *err = tcli_stderr(&c);
+            char want[64];
+            snprintf(want, sizeof want, "'%s'", bad[i]);
+            cr_assert(strstr(err, "--gpus") && strstr(err, want) && strchr(err, '\n') == strrchr(err, '\n'),
+                      "%s--gpus '%s': %s", serve ? "serve " : "", bad[i], err);
+            free(err);
+        }
+    tcli_teardown(&c);
+}
+
 // GPU-only flags on the CPU engine: the run goes on, with one warning naming them.
 Test(cli, gpu_flags_on_the_cpu_warn) {
     tcli_ctx c;

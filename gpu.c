@@ -672,7 +672,8 @@ void gpu_state_stats(dj_gpu_state *s, dj_gpu_stats *out) {
 static int open_device(dj_gpu_state *s, dj_err *e) {
     const dj_config *c = &s->m->info.config;
     const dj_layer_layout *L = &s->m->info.layer;
-    if (gpu_open(&s->g, s->opts.gpus[0], e) || gpu_stream_create(&s->compute, e) || gpu_stream_create(&s->copy, e)) return -1;
+    if (gpu_open(&s->g, s->opts.gpus[0], e) || gpu_stream_create(&s->compute, e) || gpu_stream_create(&s->copy, e))
+        return -1;
     uint64_t dim = c->dim, q = (uint64_t)c->n_heads * c->head_dim, kv = (uint64_t)c->n_kv_heads * c->head_dim;
     uint32_t wt = c->wtype;
     s->fused_qkv = L->wk == L->wq + dj_matrix_bytes(wt, q, dim) && L->wv == L->wk + dj_matrix_bytes(wt, kv, dim);
@@ -691,9 +692,13 @@ static int open_device(dj_gpu_state *s, dj_err *e) {
     s->b.kv.type = s->opts.kv_type;
     if (s->b.kv.type < 0 || s->b.kv.type >= DJ_KV_TYPES)
         return dj_fail(e, "KV cache type %d unknown", s->b.kv.type);
-    s->max_batch = s->opts.max_batch > 0 ? s->opts.max_batch : GPU_MAX_BATCH;
-    if (s->max_batch > s->max_seq) s->max_batch = s->max_seq;
+    s->max_batch = gpu_pass_rows(&s->opts);
     return 0;
+}
+
+int64_t gpu_pass_rows(const dj_gpu_opts *o) {
+    const int64_t rows = o->max_batch > 0 ? o->max_batch : GPU_MAX_BATCH;
+    return rows < o->max_seq ? rows : o->max_seq;
 }
 
 // Device memory outside the weights, so that the automatic budget and the free-memory check see it.
@@ -890,11 +895,11 @@ dj_gpu_state *gpu_state_new(const dj_model *m, const dj_gpu_opts *o, dj_err *e) 
     z = buffer_sizes(s);
     // several GPUs: each sizes its memory in turn (parts sharing a device see what the earlier ones took)
     if (o->tp && tp_turn_begin(o->tp, o->tp_rank, e)) goto fail;
-    int sized = weight_budget(s, &z, &budget, &free_b, e) ||  // what the weights may use
-                make_plan(s, &z, budget, free_b, e) ||        // which units stay resident; the ring for the rest
-                alloc_buffers(s, &z, e);                      // activations, KV cache, staging
+    const int unsized = weight_budget(s, &z, &budget, &free_b, e) ||  // what the weights may use
+                        make_plan(s, &z, budget, free_b, e) ||  // which units stay resident; the ring for the rest
+                        alloc_buffers(s, &z, e);                // activations, KV cache, staging
     if (o->tp) tp_turn_end(o->tp, o->tp_rank);
-    if (sized ||
+    if (unsized ||
         copy_resident(s, e) ||                        // resident units, copied once
         sched_init(s, e) ||                           // the ring's events and the copy records
         park_init(s, e) ||                            // the parking stream and the slots' events

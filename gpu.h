@@ -10,6 +10,7 @@
 #include "loader.h"
 #include "probe.h"
 #include "sampler.h"
+#include "tp.h"
 
 typedef struct {
     double ring_gb;     // GPU memory for weights, in GB (1e9 bytes); <= 0: free memory minus KV cache,
@@ -40,7 +41,7 @@ typedef struct {
     // Several GPUs (issue 48): gpus[0..n_gpus) the devices of a tensor-parallel engine (engine_open; 0 or 1: one
     // GPU, device gpus[0]); for each GPU's part, the link it meets the others on (tp_link.h) and its rank there
     int n_gpus;
-    int gpus[8];
+    int gpus[TP_MAX_GPUS];
     struct tp_link *tp;
     int tp_rank;
     // engine_open's model, when the caller lets the engine on several GPUs give its weight sections back as it
@@ -73,6 +74,8 @@ typedef struct {
 } dj_gpu_stats;
 
 typedef struct dj_gpu_state dj_gpu_state;
+// The most rows one pass of an engine with options o takes: max_batch (0: 4096), at most the context.
+int64_t gpu_pass_rows(const dj_gpu_opts *o);
 // Needs a model loaded with want_pinned (loader.h).
 dj_gpu_state *gpu_state_new(const dj_model *m, const dj_gpu_opts *o, dj_err *e);
 void gpu_state_free(dj_gpu_state *s);

@@ -1,4 +1,4 @@
-// session.c: session files (session.h): the header, the model's fingerprint, saving a slot's KV cache through the
+// session.c: session files (session.h): the header, the model's identity in it, saving a slot's KV cache through the
 // engine's parking, and reading one back with every refusal named.
 #include "session.h"
 
@@ -56,11 +56,9 @@ static uint32_t header_crc(uint8_t h[SESSION_HEADER]) {
 }
 
 // ---- the model's identity
-uint32_t session_model_id(const dj_model *m) { return model_fingerprint(m); }
-
 static void model_fields(uint8_t *h, const dj_model *m) {
     const dj_config *c = &m->info.config;
-    put64(h, H_MBYTES, m->info.file_size), put32(h, H_MID, session_model_id(m));
+    put64(h, H_MBYTES, m->info.file_size), put32(h, H_MID, model_fingerprint(m));
     put32(h, H_LAYERS, c->n_layers), put32(h, H_DIM, c->dim), put32(h, H_KVH, c->n_kv_heads);
     put32(h, H_HD, c->head_dim), put32(h, H_VOCAB, c->vocab_size);
 }

@@ -5,7 +5,7 @@
 // ---- the session file (little-endian), written atomically (fileio.h):
 //   [0, 256)   header: char magic[8] "DJINNSES", u32 version (1), u32 header_size (256), u64 file_size,
 //              u32 header_crc (CRC-32 of the header with this field zero), u32 data_crc (of the tokens and the KV
-//              cache, as stored), the model: u64 its model.bin's size, u32 its fingerprint (session_model_id),
+//              cache, as stored), the model: u64 its model.bin's size, u32 its fingerprint (model_fingerprint),
 //              u32 n_layers, u32 dim, u32 n_kv_heads, u32 head_dim, u32 vocab;
 //              at 64: u64 ctx (the context, -c), u64 n_tokens, u64 n_prompt (the first run's prompt), u64 n_kv (the
 //              positions the KV cache holds: n_tokens, or n_tokens - 1 when the last token was not fed yet), i32 next
@@ -45,9 +45,6 @@ typedef struct {
     uint64_t kv_off, kv_bytes;
     uint32_t data_crc;
 } dj_session;
-
-// The model's fingerprint (loader.h's model_fingerprint).
-uint32_t session_model_id(const dj_model *m);
 
 // Writes s (ids, n_tokens, n_prompt, n_kv, next, rng, smp, ctx) and positions 0..n_kv-1 of `slot`'s KV cache, in
 // the engine's KV type, to out (opened by the caller with out_open), and commits it.

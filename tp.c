@@ -186,9 +186,7 @@ static void tp_part_layer(const dj_model *m, const tp_split *s, dj_model *out, u
     tp_cut_cols(g + S->w_down, f + L->w_down, wt, dim, c->hidden_dim, s->ffn_rows.lo, s->ffn_rows.hi);
 }
 
-// The parts layer by layer, so that `release` (m itself, or NULL) gives each of m's layers back once every part
-// has its share: the host holds the model about once, not twice.
-static int tp_parts(const dj_model *m, dj_model *release, const tp_split *s, int n, int pin, dj_model out[],
+int tp_shard_models(const dj_model *m, dj_model *release, const tp_split *s, int n, int pin, dj_model out[],
                     dj_err *e) {
     int made = 0;
     for (; made < n; made++)
@@ -210,9 +208,5 @@ fail:
 }
 
 int tp_shard_model(const dj_model *m, const tp_split *s, int pin, dj_model *out, dj_err *e) {
-    return tp_parts(m, NULL, s, 1, pin, out, e);
-}
-
-int tp_shard_models(dj_model *m, const tp_split *s, int n, int pin, int release, dj_model out[], dj_err *e) {
-    return tp_parts(m, release ? m : NULL, s, n, pin, out, e);
+    return tp_shard_models(m, NULL, s, 1, pin, out, e);
 }

@@ -63,9 +63,10 @@ int tp_parse_gpus(const char *v, int *n, int ids[TP_MAX_GPUS], dj_err *e);
 // its columns of wo and w_down), the tokenizer, embeddings and head m's. pin: its travelling sections page-locked
 // (model_pin), as the loader does for the GPU. model_free releases it. PRECOND: s from tp_plan for m's config.
 int tp_shard_model(const dj_model *m, const tp_split *s, int pin, dj_model *out, dj_err *e);
-// Every GPU's part at once (out[0..n) for s[0..n)), built layer by layer; release: each of m's layers given back
-// (model_release) once every part has copied it, then its embeddings and head, so that the host holds the model about
-// once (m's tokenizer and header stay; its fingerprint is kept).
-int tp_shard_models(dj_model *m, const tp_split *s, int n, int pin, int release, dj_model out[], dj_err *e);
+// Every GPU's part at once (out[0..n) for s[0..n)), built layer by layer; release (m itself, or NULL: m stays whole):
+// each of m's layers given back (model_release) once every part has copied it, then its embeddings and head, so that
+// the host holds the model about once (m's tokenizer and header stay; its fingerprint is kept).
+int tp_shard_models(const dj_model *m, dj_model *release, const tp_split *s, int n, int pin, dj_model out[],
+                    dj_err *e);
 
 #endif

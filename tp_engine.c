@@ -21,6 +21,7 @@ struct tp_engine {
     dj_model part[TP_MAX_GPUS];
     dj_gpu_state *gpu[TP_MAX_GPUS];
     dj_gpu_opts opts[TP_MAX_GPUS];
+    dj_config config;  // the whole model's (its heads over every GPU)
     int built;  // part[] holds every GPU's part
     tp_link *link;
     pthread_t th[TP_MAX_GPUS];
@@ -111,9 +112,7 @@ static int tp_run(tp_engine *t, tp_job job, const void *args, dj_err *e) {
 // ---- the calls, each run by every GPU
 static int job_open(tp_engine *t, int r, const void *args, dj_err *e) {
     const dj_gpu_opts *o = &t->opts[r];
-    int64_t rows = o->max_batch > 0 ? o->max_batch : 4096;
-    if (rows > o->max_seq) rows = o->max_seq;
-    if (tp_link_join(t->link, r, rows, t->part[r].info.config.dim, e)) return -1;
+    if (tp_link_join(t->link, r, gpu_pass_rows(o), t->config.dim, e)) return -1;
     return (t->gpu[r] = gpu_state_new(&t->part[r], o, e)) ? 0 : -1;
 }
 
@@ -129,7 +128,8 @@ typedef struct {
 } fwd_args;
 static int job_forward(tp_engine *t, int r, const void *p, dj_err *e) {
     const fwd_args *a = p;
-    if (a->a && r == 0) return gpu_forward_pick(t->gpu[r], a->slot, a->tokens, a->T, a->pos, a->a, a->counts, a->next, e);
+    if (a->a && r == 0)
+        return gpu_forward_pick(t->gpu[r], a->slot, a->tokens, a->T, a->pos, a->a, a->counts, a->next, e);
     return gpu_forward(t->gpu[r], a->slot, a->tokens, a->T, a->pos, r == 0 ? a->logits : NULL, a->all, e);
 }
 static int tp_forward(void *ctx, int32_t slot, const int32_t *tokens, int64_t T, int64_t pos, float *logits, int all,
@@ -227,12 +227,11 @@ static dj_parked *tp_park(void *ctx, int32_t slot, int64_t n, dj_err *e) {
 }
 // Between engine.h's layout of n positions (every kv head) and GPU r's (its kv heads), in the direction `gather`.
 static void tp_kv_move(tp_engine *t, int r, uint8_t *all, uint8_t *mine, int64_t n, int gather) {
-    const dj_config *c = &t->part[0].info.config;
+    const dj_config *c = &t->config;
     const int kt = t->opts[0].kv_type;
     const uint64_t L = c->n_layers, es = dj_kv_elem_bytes(kt), vb = c->head_dim * es,
-                   sb = dj_kv_row_bytes(kt, c->head_dim) - vb;
-    uint64_t kv_all = 0, k0 = (uint64_t)t->split[r].kv_heads.lo, kl = (uint64_t)(t->split[r].kv_heads.hi - k0);
-    for (int g = 0; g < t->n; g++) kv_all += (uint64_t)(t->split[g].kv_heads.hi - t->split[g].kv_heads.lo);
+                   sb = dj_kv_row_bytes(kt, c->head_dim) - vb, kv_all = c->n_kv_heads;
+    const uint64_t k0 = (uint64_t)t->split[r].kv_heads.lo, kl = (uint64_t)(t->split[r].kv_heads.hi - k0);
     // keys, values (rows of vb bytes), then for q8 the keys' and values' scales (rows of sb bytes)
     const uint64_t row[4] = {vb, vb, sb, sb};
     uint64_t off_all = 0, off_mine = 0;
@@ -252,11 +251,7 @@ static void *tp_parked_kv(void *ctx, dj_parked *pk, dj_err *e) {
     park_args a = {pk, 0};
     if (tp_run(t, job_host, &a, e)) return NULL;
     if (!pk->host) {
-        const dj_config *c = &t->part[0].info.config;
-        uint64_t kv_all = 0;
-        for (int g = 0; g < t->n; g++) kv_all += (uint64_t)(t->split[g].kv_heads.hi - t->split[g].kv_heads.lo);
-        const uint64_t bytes = 2 * c->n_layers * kv_all * dj_kv_row_bytes(t->opts[0].kv_type, c->head_dim) *
-                               (uint64_t)pk->n;
+        const uint64_t bytes = (uint64_t)pk->n * engine_kv_pos_bytes(&t->config, t->opts[0].kv_type);
         if (!(pk->host = malloc(bytes ? bytes : 1))) {
             dj_fail(e, "out of memory for a parked cache of %.2f GB", (double)bytes / 1e9);
             return NULL;
@@ -327,27 +322,14 @@ static void tp_free(void *ctx) {
     free(t);
 }
 
-// Every GPU's part from m, which stays whole.
-static int tp_parts_kept(const dj_model *m, const tp_split *s, int n, dj_model out[], dj_err *e) {
-    for (int r = 0; r < n; r++)
-        if (tp_shard_model(m, &s[r], m->pinned, &out[r], e)) {
-            for (int q = 0; q < r; q++) model_free(&out[q]);
-            return -1;
-        }
-    return 0;
-}
-
 int tp_engine_open(dj_engine *eng, const dj_model *m, const dj_gpu_opts *go, int32_t n_slots, dj_err *e) {
     const int n = go->n_gpus;
+    if (go->cpu_share > 0) return dj_fail(e, "--cpu-share on several GPUs is not built yet: leave it out, or --gpus 1");
     tp_engine *t = calloc(1, sizeof *t);
     if (!t) return dj_fail(e, "out of memory");
-    t->n = n;
+    t->n = n, t->config = m->info.config;
     pthread_mutex_init(&t->mu, NULL);
     pthread_cond_init(&t->go, NULL), pthread_cond_init(&t->done, NULL);
-    if (go->cpu_share > 0) {
-        free(t);
-        return dj_fail(e, "--cpu-share on several GPUs is not built yet: leave it out, or --gpus 1");
-    }
     for (int r = 0; r < n; r++)
         if (go->gpus[r] < 0 || go->gpus[r] >= gpu_count()) {
             dj_fail(e, "--gpus: device %d does not exist (%d visible: 0 to %d)", go->gpus[r], gpu_count(),
@@ -361,9 +343,7 @@ int tp_engine_open(dj_engine *eng, const dj_model *m, const dj_gpu_opts *go, int
     if (repeats && !go->quiet)
         fprintf(stderr, "gpu: --gpus names a device more than once: its parts share it (a stand-in for several GPUs "
                         "in tests, no faster than one)\n");
-    if (go->consume == m ? tp_shard_models(go->consume, t->split, n, m->pinned, 1, t->part, e)
-                         : tp_parts_kept(m, t->split, n, t->part, e))
-        goto fail;
+    if (tp_shard_models(m, go->consume == m ? go->consume : NULL, t->split, n, m->pinned, t->part, e)) goto fail;
     t->built = 1;
     for (int r = 0; r < n; r++) {
         dj_gpu_opts *o = &t->opts[r];

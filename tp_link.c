@@ -55,8 +55,6 @@ void tp_link_free(tp_link *l) {
     free(l);
 }
 
-int tp_link_size(const tp_link *l) { return l->n; }
-
 // A waiter polls before it sleeps: the GPUs' threads meet twice a layer, a few microseconds apart when the GPUs keep
 // pace, where a sleep and its wake-up cost tens of microseconds each (64 of them a Llama-3-8B token).
 #define TP_SPINS 20000  // polls, some tens of microseconds

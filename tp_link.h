@@ -18,7 +18,6 @@ typedef struct tp_link tp_link;
 // n GPUs, GPU r on devices[r] (a device may repeat: two parts on one device stand in for two devices in tests).
 tp_link *tp_link_new(int n, const int *devices, dj_err *e);
 void tp_link_free(tp_link *l);  // after every GPU's thread has left it; NULL is fine
-int tp_link_size(const tp_link *l);
 // In GPU r's thread, its device current: its partial buffers (2 x max_rows x dim f32) and events; then, once every
 // GPU has joined, peer access to the others' devices.
 int tp_link_join(tp_link *l, int rank, int64_t max_rows, int64_t dim, dj_err *e);

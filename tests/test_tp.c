@@ -461,7 +461,7 @@ Test(tp, shard_models_release_the_source) {
         dj_err e = {{0}};
         cr_assert_eq(tp_plan(&in->config, 2, s, &e), 0, "%s", e.msg);
         dj_model parts[2], ref;
-        cr_assert_eq(tp_shard_models(&m, s, 2, 0, 1, parts, &e), 0, "%s", e.msg);
+        cr_assert_eq(tp_shard_models(&m, &m, s, 2, 0, parts, &e), 0, "%s", e.msg);
         for (int g = 0; g < 2; g++) {
             cr_assert_eq(tp_shard_model(&whole, &s[g], 0, &ref, &e), 0, "%s", e.msg);
             cr_assert(ref.data_size == parts[g].data_size &&

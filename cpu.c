@@ -1148,9 +1148,8 @@ typedef struct {
     cpu_job *job;  // the job it is part of
 } cpu_chain;
 
-// The pool runs one asynchronous job at a time: held from cpu_matvec_start or cpu_ffn_start to cpu_matvec_finish,
-// by the thread that started it.
-static pthread_mutex_t cpu_job_mu = PTHREAD_MUTEX_INITIALIZER;
+// The pool runs one asynchronous job at a time: held (cpu_pool_hold) from cpu_matvec_start or cpu_ffn_start to
+// cpu_matvec_finish, by the thread that started it.
 
 // An asynchronous job's state (cpu.h: its owner keeps it from start to finish), and x's records for cpu_matvec's
 // path ([1]: h's, for down).
@@ -1192,11 +1191,11 @@ static void cpu_job_matrix(cpu_job *j, int k, int rec, float *y, const float *x,
     if (j->xbuf[rec]) j->mv[k].xq = &j->xq[rec];
 }
 
-// Takes the pool (cpu_job_mu) and sets the job's common part.
+// Takes the pool (cpu_pool_hold) and sets the job's common part.
 static void cpu_job_begin(cpu_job *j, uint32_t wtype, int64_t T, int64_t n_out, const _Atomic uint32_t *ready,
                           _Atomic uint32_t *done, uint32_t seq) {
     if (wtype == DJ_F16) pthread_once(&cpu_f16_once, cpu_f16_table_init);
-    pthread_mutex_lock(&cpu_job_mu);
+    cpu_pool_hold();
     j->a = (struct cpu_async){ready, done, seq, 2, 0, n_out, UINT64_MAX, 0, 0, {0}};
     j->multi = !(T == 1 && (!cpu_avx512_on() || dj_is_quant(wtype)));
     j->chain = 0;
@@ -1288,7 +1287,7 @@ int cpu_matvec_finish(cpu_job *j, double t[3]) {
     memcpy(&t[0], &bits, sizeof t[0]);
     t[2] = j->a.t_done, t[1] = j->chain ? j->ch.t_mid : t[2];
     const int oom = atomic_load(&j->oom) || (j->multi && !j->chain && atomic_load(&j->mm[0].oom));
-    pthread_mutex_unlock(&cpu_job_mu);
+    cpu_pool_unhold();
     return oom ? -1 : 0;
 }
 

@@ -162,7 +162,8 @@ static void usage(FILE *f) {
             "                   activations and a margin; the plan is printed on stderr)\n"
             "  --gpus N|IDS     run on N GPUs (the first N visible), or on the devices listed (--gpus 0,1): every\n"
             "                   layer split over them (heads and FFN rows), each GPU holding and streaming its\n"
-            "                   part; --ring-gb is per GPU (default: 1 GPU; no CPU share or probes on several yet)\n"
+            "                   part; --ring-gb is per GPU (default: every visible GPU the model splits over;\n"
+            "                   --gpus 1 for one; --dump-act and --steer run on one)\n"
             "  --stream-all     ablation: keep no layer resident, stream every layer every token\n"
             "  --sync-copy      ablation: copy a layer, wait, compute it (no overlap)\n"
             "  --no-graph       ablation: run the all-resident decode step kernel by kernel, not as a CUDA graph\n"
@@ -526,7 +527,13 @@ static int open_engine(dj_engine *eng, const dj_model *m, const dj_opts *o, int6
                       .warm_rows = warm, .cpu_share = o->gpu.cpu_share, .trace = o->trace_path,
                       .trace_steps = (int)o->trace_steps, .kv_type = o->kv_type, .n_gpus = o->gpu.n_gpus};
     memcpy(go.gpus, o->gpu.gpus, sizeof go.gpus);
-    if (o->gpu.n_gpus > 1 && o->loaded == m) go.consume = o->loaded;
+    if (!go.n_gpus && m->for_gpu && gpu_count() > 1) {  // no --gpus: every visible GPU the model splits over
+        char why[sizeof e->msg] = "";
+        if (o->probe) go.n_gpus = 1, snprintf(why, sizeof why, "--dump-act and --steer run on one");
+        else tp_default_gpus(&m->info.config, gpu_count(), gpu_peer_ok, &go.n_gpus, go.gpus, why, sizeof why);
+        if (why[0]) fprintf(stderr, "djinn: %d GPUs visible, running on %d: %s\n", gpu_count(), go.n_gpus, why);
+    }
+    if (go.n_gpus > 1 && o->loaded == m) go.consume = o->loaded;
     go.cancel = &cut;
     cuttable_phase(1);
     int rc = engine_open(eng, m, &go, 1, e);

@@ -15,10 +15,11 @@
 // ---- profiling (DJINN_PROFILE=1)
 enum {
     PROF_NORM, PROF_QKV, PROF_ROPE_KV, PROF_ATTENTION, PROF_WO, PROF_GATE_UP, PROF_SWIGLU, PROF_DOWN, PROF_HEAD,
-    PROF_OTHER
+    PROF_ALLREDUCE, PROF_OTHER
 };
 static const char *prof_names[PROF_CATS] = {"norms", "qkv matmul", "rope+kv write", "attention", "wo matmul",
-                                            "gate/up matmul", "swiglu", "down matmul", "head", "other"};
+                                            "gate/up matmul", "swiglu", "down matmul", "head",
+                                            "all-reduce", "other"};
 
 static int prof_init(dj_gpu_state *s, dj_err *e) {
     const char *pe = getenv("DJINN_PROFILE");
@@ -313,9 +314,11 @@ static int gpu_layer(dj_gpu_state *s, const pass_desc *pd, const gpu_unit *un, c
     STEP(ROPE_KV, rope_kv_write(s, pd, &qkv, &kc, e));                   // RoPE on q and k; k and v into the cache
     STEP(ATTENTION, attention(s, pd, &qkv, &kc, e));                     // each query over its slot's keys, causal
     STEP(WO, layer_mm(s, un, k_wo, part_out(s), b->att, T, e));          // delta = wo . att
-    if (tp_sum(s, T, e)) return -1;
+    STEP(ALLREDUCE, tp_sum(s, T, e));
     // MLP block: x += w_down . (silu(w_gate . n) * (w_up . n)), n = rmsnorm(x)
-    return mlp_block(s, un, pl, T, ffn_norm, e) || tp_sum(s, T, e) ? -1 : 0;
+    if (mlp_block(s, un, pl, T, ffn_norm, e)) return -1;
+    STEP(ALLREDUCE, tp_sum(s, T, e));
+    return 0;
 }
 
 // ---- the pass
@@ -439,7 +442,8 @@ static int graph_step(dj_gpu_state *s, const pass_desc *pd, dj_err *e) {
 // that asks for it kernel by kernel (--no-graph, profiling, a trace, a probe that reads rows back mid-pass). A step
 // of T rows goes kernel by kernel the first time (row_graph_seen).
 static int graph_fits(dj_gpu_state *s, const pass_desc *pd) {
-    const int all_resident = !s->sc.plan->n_streamed, wants_output = pd->logits || pd->pick;
+    // (several GPUs: the others compute no output, and replay the graph whenever the first would)
+    const int all_resident = !s->sc.plan->n_streamed, wants_output = pd->logits || pd->pick || s->opts.tp_rank > 0;
     const int kernel_by_kernel = s->opts.no_graph || s->prof.on || s->tr || !gpu_probe_graphable(s);
     if (!all_resident || !wants_output || kernel_by_kernel) return 0;
     if (pd->T == 1) return 1;

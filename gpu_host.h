@@ -18,6 +18,9 @@
 // Number of usable CUDA devices; 0 when there is no GPU or no driver (any error from cudaGetDeviceCount), and in a
 // build without CUDA.
 int gpu_count(void);
+// Whether devices a and b can read each other's memory (cudaDeviceCanAccessPeer both ways; a == b: yes): the engine
+// on several GPUs adds their partial sums by peer reads. 0 on any error.
+int gpu_peer_ok(int a, int b);
 // The current device's free and total memory in bytes (cudaMemGetInfo; the engine runs on device 0).
 int gpu_mem_info(size_t *free_bytes, size_t *total_bytes, dj_err *e);
 // cudaHostRegister of existing memory (read_only: the pages are only read by the GPU, e.g. an mmap), and its undoing.

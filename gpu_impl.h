@@ -26,8 +26,8 @@
 #define SH_GRID 100         // --cpu-share auto tries the shares k / SH_GRID
 #define SH_RETRY 16         // automatic: passes of T rows with T's share turned off by what passes measured,
                             // after which T tries its neighbours' rate again
-#define PROF_CATS 10
-#define PROF_EVENTS 1024
+#define PROF_CATS 11
+#define PROF_EVENTS 2048
 
 // A matrix of a unit, for the CPU share: at byte offset `off` of its region, (n_out, n_in) in dtype. A share s is
 // that fraction of the bytes of the unit's matrices: the CPU takes whole matrices, the largest first, then the last

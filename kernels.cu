@@ -41,6 +41,16 @@ extern "C" int gpu_count(void) {
     return n;
 }
 
+extern "C" int gpu_peer_ok(int a, int b) {
+    int ab = 0, ba = 0;
+    if (a == b) return 1;
+    if (cudaDeviceCanAccessPeer(&ab, a, b) != cudaSuccess || cudaDeviceCanAccessPeer(&ba, b, a) != cudaSuccess) {
+        cudaGetLastError();
+        return 0;
+    }
+    return ab && ba;
+}
+
 // ---- context
 extern "C" int gpu_open(dj_gpu **out, int device, dj_err *e) {
     *out = NULL;

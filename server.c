@@ -98,8 +98,8 @@ static void srv_usage(FILE *f) {
             "  --timeout S          seconds a request may take to arrive, an idle connection stays open and a\n"
             "                       client may leave output unread (60)\n"
             "  --ring-gb G          GPU memory for weights, in GB (as djinn's; per GPU)\n"
-            "  --gpus N|IDS         several GPUs, each holding its part of every layer (as djinn's; no breakpoints\n"
-            "                       or CPU share there yet)\n"
+            "  --gpus N|IDS         several GPUs, each holding its part of every layer (as djinn's; default: every\n"
+            "                       visible GPU the model splits over; no breakpoints on several yet)\n"
             "  --cpu-share F|auto   fraction of each streamed layer's rows the CPU computes, in steps of any number\n"
             "                       of sequences (auto)\n"
             "  --threads N          CPU threads (the CPUs in the affinity mask)\n"
@@ -998,7 +998,14 @@ static int srv_open_model(srv *s, dj_err *e) {
     dj_gpu_opts go = {.ring_gb = o->ring_gb, .max_seq = ctx, .cpu_share = o->cpu_share, .stream_all = o->stream_all,
                       .kv_type = o->kv_type, .n_gpus = o->n_gpus};
     memcpy(go.gpus, o->gpus, sizeof go.gpus);
-    if (o->n_gpus > 1) go.consume = &s->m;  // its weights go to the GPUs' parts; the tokenizer stays
+    if (!go.n_gpus && use_gpu && gpu_count() > 1) {  // no --gpus: every visible GPU the model splits over
+        char why[sizeof e->msg] = "";
+        if (o->breakpoints > 0 && o->breakpoints != SRV_DEFAULT_PAUSED)
+            go.n_gpus = 1, snprintf(why, sizeof why, "--breakpoints runs on one");
+        else tp_default_gpus(cfg, gpu_count(), gpu_peer_ok, &go.n_gpus, go.gpus, why, sizeof why);
+        if (why[0]) fprintf(stderr, "djinn serve: %d GPUs visible, running on %d: %s\n", gpu_count(), go.n_gpus, why);
+    }
+    if (go.n_gpus > 1) go.consume = &s->m;  // its weights go to the GPUs' parts; the tokenizer stays
     if (engine_open(&s->eng, &s->m, &go, kv.slots, e)) return 1;
     int32_t breakpoints = o->breakpoints;
     if (!s->eng.set_probe && breakpoints == SRV_DEFAULT_PAUSED) {  // the default, where the engine has no probes

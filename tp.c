@@ -3,6 +3,7 @@
 #include "tp.h"
 
 #include <assert.h>
+#include <stdio.h>
 #include <string.h>
 #include <sys/mman.h>
 
@@ -60,6 +61,31 @@ int tp_plan(const dj_config *c, int n_gpus, tp_split out[], dj_err *e) {
         lo = hi;
     }
     return 0;
+}
+
+// The first pair of GPUs 0..k-1 without peer access, set in e; 0 where every pair has it.
+static int tp_peers_missing(int k, int (*peer_ok)(int, int), dj_err *e) {
+    for (int a = 0; a < k; a++)
+        for (int b = a + 1; b < k; b++)
+            if (!peer_ok(a, b))
+                return dj_fail(e, "GPUs %d and %d have no peer access (cudaDeviceCanAccessPeer): --gpus 1, or a "
+                                  "list of GPUs that have it", a, b);
+    return 0;
+}
+
+void tp_default_gpus(const dj_config *c, int visible, int (*peer_ok)(int, int), int *n, int ids[TP_MAX_GPUS],
+                     char *why, size_t why_size) {
+    int k = visible < TP_MAX_GPUS ? visible : TP_MAX_GPUS;
+    tp_split sp[TP_MAX_GPUS];
+    dj_err first = {{0}}, e = {{0}};
+    if (why_size) why[0] = 0;
+    for (; k > 1 && (tp_plan(c, k, sp, &e) || tp_peers_missing(k, peer_ok, &e)); k--)
+        if (!first.msg[0]) first = e;
+    if (k < 1) k = 1;
+    for (int i = 0; i < k; i++) ids[i] = i;
+    *n = k;
+    if (k < visible && why_size && first.msg[0]) snprintf(why, why_size, "%s", first.msg);
+    else if (k < visible && why_size) snprintf(why, why_size, "a run takes at most %d GPUs", TP_MAX_GPUS);
 }
 
 // ---- what a GPU holds

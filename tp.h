@@ -53,6 +53,12 @@ uint64_t tp_layer_bytes(const dj_config *c, const tp_split *s);
 // (unless c1 == cols) multiples of tp_col_granularity(wtype), as tp_plan's cuts are.
 void tp_cut_cols(void *dst, const void *w, uint32_t wtype, int64_t rows, int64_t cols, int64_t c0, int64_t c1);
 
+// The GPUs a run takes where --gpus is not given: every visible one (up to TP_MAX_GPUS) where the model splits
+// over them (tp_plan) and each pair has peer access (peer_ok(a, b): gpu_peer_ok, or a test's), else the most that
+// do, else one; ids 0..*n-1. Fewer than visible: *why says why (the first refusal, one line), else it is empty.
+void tp_default_gpus(const dj_config *c, int visible, int (*peer_ok)(int, int), int *n, int ids[TP_MAX_GPUS],
+                     char *why, size_t why_size);
+
 // --gpus V: a count N (1 to TP_MAX_GPUS: the first N visible devices) or a comma-separated list of device ids (0 to
 // 63; one may repeat: two parts on one device, a stand-in for two GPUs in tests), into *n and ids; one line naming V
 // where it is neither. Whether the devices exist is the engine's to say (engine_open).

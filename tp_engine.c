@@ -10,6 +10,7 @@
 
 #include "engine.h"
 #include "kernels.h"
+#include "pool.h"
 #include "tp_link.h"
 
 typedef struct tp_engine tp_engine;
@@ -21,6 +22,7 @@ struct tp_engine {
     dj_model part[TP_MAX_GPUS];
     dj_gpu_state *gpu[TP_MAX_GPUS];
     dj_gpu_opts opts[TP_MAX_GPUS];
+    cpu_pool *pool[TP_MAX_GPUS];  // each GPU's CPU share's threads (the host's cores divided among the GPUs)
     dj_config config;  // the whole model's (its heads over every GPU)
     int built;  // part[] holds every GPU's part
     tp_link *link;
@@ -48,6 +50,7 @@ static void *tp_worker(void *p) {
     int seen = 0;
     dj_err e = {{0}};
     int dev_rc = gpu_set_device(t->opts[a.rank].gpus[0], &e);
+    cpu_pool_use(t->pool[a.rank]);  // its CPU share's jobs run beside the other GPUs' on threads of their own
     for (;;) {
         pthread_mutex_lock(&t->mu);
         while (!t->quit && t->gen == seen) pthread_cond_wait(&t->go, &t->mu);
@@ -296,7 +299,14 @@ static void tp_stats(void *ctx, dj_gpu_stats *out) {
         out->restore_bytes += st[r].restore_bytes;
         out->copy_ms = fmax(out->copy_ms, st[r].copy_ms), out->wait_ms = fmax(out->wait_ms, st[r].wait_ms);
         out->park_ms = fmax(out->park_ms, st[r].park_ms), out->restore_ms = fmax(out->restore_ms, st[r].restore_ms);
+        out->cpu_bytes_per_token += st[r].cpu_bytes_per_token, out->cpu_bytes += st[r].cpu_bytes;
+        out->cpu_ms = fmax(out->cpu_ms, st[r].cpu_ms), out->cpu_wait_ms = fmax(out->cpu_wait_ms, st[r].cpu_wait_ms);
+        out->cpu_chains += st[r].cpu_chains, out->share_moves += st[r].share_moves;
+        out->outside_ms = fmax(out->outside_ms, st[r].outside_ms);
     }
+    // the share in effect: the fraction of every GPU's streamed matrices the CPU computes
+    const double all = (double)(out->bytes_per_token + out->cpu_bytes_per_token);
+    out->cpu_share = all > 0 ? (double)out->cpu_bytes_per_token / all : 0;
 }
 
 static int job_close(tp_engine *t, int r, const void *args, dj_err *e) {
@@ -317,6 +327,7 @@ static void tp_free(void *ctx) {
     for (int r = 0; r < t->started; r++) pthread_join(t->th[r], NULL);
     tp_link_free(t->link);
     for (int r = 0; t->built && r < t->n; r++) model_free(&t->part[r]);
+    for (int r = 0; r < t->n; r++) cpu_pool_free(t->pool[r]);
     pthread_mutex_destroy(&t->mu);
     pthread_cond_destroy(&t->go), pthread_cond_destroy(&t->done);
     free(t);
@@ -324,7 +335,6 @@ static void tp_free(void *ctx) {
 
 int tp_engine_open(dj_engine *eng, const dj_model *m, const dj_gpu_opts *go, int32_t n_slots, dj_err *e) {
     const int n = go->n_gpus;
-    if (go->cpu_share > 0) return dj_fail(e, "--cpu-share on several GPUs is not built yet: leave it out, or --gpus 1");
     tp_engine *t = calloc(1, sizeof *t);
     if (!t) return dj_fail(e, "out of memory");
     t->n = n, t->config = m->info.config;
@@ -337,6 +347,12 @@ int tp_engine_open(dj_engine *eng, const dj_model *m, const dj_gpu_opts *go, int
             goto fail;
         }
     if (tp_plan(&m->info.config, n, t->split, e) || !(t->link = tp_link_new(n, go->gpus, e))) goto fail;
+    const int cores = cpu_threads_planned();
+    for (int r = 0; r < n; r++)
+        if (!(t->pool[r] = cpu_pool_new(cores / n > 1 ? cores / n : 1))) {
+            dj_fail(e, "out of memory");
+            goto fail;
+        }
     int repeats = 0;
     for (int r = 0; r < n; r++)
         for (int q = 0; q < r; q++) repeats |= go->gpus[q] == go->gpus[r];
@@ -350,7 +366,6 @@ int tp_engine_open(dj_engine *eng, const dj_model *m, const dj_gpu_opts *go, int
         *o = *go;
         o->n_slots = n_slots, o->gpus[0] = go->gpus[r], o->tp = t->link, o->tp_rank = r;
         o->quiet = go->quiet || r > 0, o->trace = r > 0 ? NULL : go->trace;
-        o->cpu_share = 0;  // (automatic: off, as a fixed share is refused above)
         o->consume = NULL;
     }
     for (; t->started < n; t->started++) {
@@ -366,7 +381,7 @@ int tp_engine_open(dj_engine *eng, const dj_model *m, const dj_gpu_opts *go, int
     if (tp_run(t, job_open, NULL, e)) goto fail;
     if (!go->quiet)
         fprintf(stderr, "gpu: %d GPUs, tensor parallel: each holds %lld of %u kv heads and %lld of %u FFN rows a layer "
-                        "(GPU 0's share), adding their partial sums twice a layer; no CPU share\n", n,
+                        "(GPU 0's share), adding their partial sums twice a layer\n", n,
                 (long long)(t->split[0].kv_heads.hi - t->split[0].kv_heads.lo), m->info.config.n_kv_heads,
                 (long long)(t->split[0].ffn_rows.hi - t->split[0].ffn_rows.lo), m->info.config.hidden_dim);
     *eng = (dj_engine){.name = "gpu", .is_gpu = 1, .ctx = t, .n_slots = n_slots, .kv_type = go->kv_type,

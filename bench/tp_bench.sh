@@ -8,9 +8,12 @@
 #    and the all-reduce's sum -> OUT_DIR/peer.json, peer.txt
 # 2. Llama-3-8B shape in q4 (random weights, tools/make_random_llama.py): a greedy run of $N_NEW (64) tokens on
 #    --gpus 1 and --gpus $GPUS (default 2), all resident and streamed at each one's minimum ring with --cpu-share 0
-#    -> OUT_DIR/<case>_g<N>.json (djinn's --stats-json)
+#    -> OUT_DIR/<case>_g<N>.json (djinn's --stats-json); and at the minimum ring with the automatic CPU share
+#    (min_share: each GPU's share computed on its own threads, the host's cores divided among the GPUs)
 # 3. the server at $CONCURRENCY (default "1 64") concurrent 160-token completions, all resident, on each
 #    -> OUT_DIR/serve_g<N>_n<C>.json (bench/serve_client.py)
+# PROFILE=1: DJINN_PROFILE's lines (every GPU's) for one sequence and for the server at 64, on 1 and $GPUS GPUs
+#    -> OUT_DIR/profile.txt
 # 4. LARGE=1: Llama-3-70B's 80 layers in q4 (bench/repeat_layers from a two-layer donor) streamed through --ring-gb
 #    16 on each GPU, on 1 and $GPUS GPUs -> OUT_DIR/70b_g<N>.json
 # OUT_DIR/report.md: decode ms/token, the speed-up over one GPU, and the streamed rate against the links' ceiling.
@@ -52,6 +55,7 @@ for n in 1 "$GPUS"; do
     run_case resident "$n"
     r=$(min_ring_n "$bin" "$n")
     run_case min_link "$n" --ring-gb "${r:?no minimum ring}"
+    run_case min_share "$n" --ring-gb "$r" --cpu-share auto
 done
 cmp -s "$OUT_DIR/resident_g1.txt" "$OUT_DIR/resident_g$GPUS.txt" && echo "  greedy text: the same on 1 and $GPUS GPUs" ||
     echo "  greedy text: DIFFERS between 1 and $GPUS GPUs"
@@ -67,6 +71,25 @@ for n in 1 "$GPUS"; do
     done
     kill "$pid"; wait "$pid" 2> /dev/null
 done
+
+# PROFILE=1: where a step's time goes on 1 and N GPUs (DJINN_PROFILE: events between kernel groups, which slow the
+# step; each GPU prints its own line at exit): one sequence all resident, then the server's steps of 64 rows
+if [ "${PROFILE:-0}" = 1 ]; then
+    for n in 1 "$GPUS"; do
+        say "profile, one sequence, $n GPU(s)"
+        { echo "== one sequence, $n GPU(s)"; DJINN_PROFILE=1 ./djinn "$bin" -p "The history of the city" -n 32 -t 0 \
+            -c 1024 --gpus "$n" --cpu-share 0 2>&1 > /dev/null | grep profile; } >> "$OUT_DIR/profile.txt"
+        say "profile, the server at 64 concurrent, $n GPU(s)"
+        DJINN_PROFILE=1 ./djinn serve "$bin" --port "$PORT" --gpus "$n" -c 512 --parallel 64 --cpu-share 0 \
+            > "$WORK/serve_prof.log" 2>&1 &
+        pid=$!
+        for _ in $(seq 600); do curl -sf "http://127.0.0.1:$PORT/health" > /dev/null 2>&1 && break; sleep 0.5; done
+        timeout 600 python3 bench/serve_client.py load "$PORT" 64 160 "$WORK/serve_prof.json" > /dev/null
+        kill "$pid"; wait "$pid" 2> /dev/null
+        { echo "== server, 64 concurrent, $n GPU(s)"; grep profile "$WORK/serve_prof.log"; } >> "$OUT_DIR/profile.txt"
+    done
+    cat "$OUT_DIR/profile.txt"
+fi
 
 if [ "${LARGE:-0}" = 1 ]; then
     if [ ! -f "$WORK/hf_70b2/.complete" ]; then
@@ -98,13 +121,24 @@ if peer:
 print()
 print("| case | 1 GPU ms/token | %s GPUs ms/token | speed-up | streamed GB/s, every link (%s GPUs) |" % (g, g))
 print("|---|---|---|---|---|")
-for case in ("resident", "min_link", "70b"):
+for case in ("resident", "min_link", "min_share", "70b"):
     a, b = load(f"{case}_g1.json"), load(f"{case}_g{g}.json")
     if not a or not b:
         continue
     ma, mb = a["decode_ms_per_token"], b["decode_ms_per_token"]
     rate = b.get("streamed_gb_per_token", 0) / (mb * 1e-3) if mb else 0  # every GPU's part
     print(f"| {case} | {ma:.2f} | {mb:.2f} | {ma / mb:.2f}x | {rate:.1f} |")
+for n in ("1", g):  # the CPU share: links and the host's reads together, against what they reach together
+    b = load(f"min_share_g{n}.json")
+    if b and peer and b["decode_ms_per_token"] > 0:
+        gb = b["streamed_gb_per_token"] + b["cpu_gb_per_token"]
+        both = gb / (b["decode_ms_per_token"] * 1e-3)
+        line = (f"CPU share on {n} GPU(s): share {b['cpu_share']:.2f}, {gb:.2f} GB a token "
+                f"({b['cpu_gb_per_token']:.2f} by the CPU) at {both:.1f} GB/s, {b['decode_ms_per_token']:.2f} ms a token")
+        if n == g:  # peer_ceilings measures every link with the host's reads beside them
+            ceil = peer["links_beside_reads_gbs"] + peer["host_read_beside_links_gbs"]
+            line += f": {both / ceil:.2f} of the links and host reads together ({ceil:.1f} GB/s)"
+        print(line)
 for c in os.environ.get("CONCURRENCY", "1 64").split():
     a, b = load(f"serve_g1_n{c}.json"), load(f"serve_g{g}_n{c}.json")
     if a and b:

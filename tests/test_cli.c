@@ -1630,9 +1630,12 @@ Test(cli, probes_and_sessions_on_the_gpu) {
     if (gpu_count() == 0) cr_skip_test("no GPU: cudaGetDeviceCount found no usable device (runs on the GPU machine)");
     tcli_ctx c;
     tcli_setup(&c);
+    // --steer runs on one GPU; the runs it is compared with too (with no --gpus they take every visible one)
+    setenv("CUDA_VISIBLE_DEVICES", "0", 1);
     tcli_steer_case(&c, NULL);
     tcli_steer_case(&c, "--stream-all");
     tcli_session_case(&c, NULL);
     tcli_session_case(&c, "--stream-all");
+    unsetenv("CUDA_VISIBLE_DEVICES");
     tcli_teardown(&c);
 }

@@ -4,8 +4,10 @@
 // workers are found by their name, "djinn-pool" (tests/common.c reads /proc/self/task). The GPU engine's side, no
 // pool at all when its CPU share is off, is gpu_forward::no_pool_threads_without_a_share.
 #include <criterion/criterion.h>
+#include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
+#include <unistd.h>
 
 #include "../pool.h"
 #include "common.h"
@@ -70,4 +72,50 @@ Test(pool, idle_workers_sleep, .timeout = 60) {
     cr_assert_eq(n, TP_THREADS - 1, "%d workers, want %d", n, TP_THREADS - 1);
     cr_assert_eq(cpu_pool_asleep(), TP_THREADS - 1, "a worker woke with no call");
     cpu_pool_stop();
+}
+
+// Pools of their own (the GPU engines of a tensor-parallel run, each with its CPU share): a call on one pool runs
+// while another pool's call is in flight, and so does a held job. Thread A starts a call on its pool whose parts
+// wait until the main thread's call on another pool has finished; one pool for both would serialise the calls and
+// never finish (alarm: the test fails rather than hangs). Each pool starts its own workers, freed with it.
+static _Atomic int tp_other_done, tp_a_in;
+static void tp_wait_other(void *ctx, int64_t b, int64_t e) {
+    (void)ctx;
+    atomic_store(&tp_a_in, 1);
+    while (!atomic_load(&tp_other_done)) sched_yield();
+    tp_count(NULL, b, e);
+}
+static void *tp_pool_a(void *p) {
+    cpu_pool_use(p);
+    cpu_pool_hold();  // cpu.c's job on this pool held meanwhile
+    cpu_parallel_start(64, tp_wait_other, NULL);
+    cpu_parallel_join();
+    cpu_pool_unhold();
+    cpu_pool_use(NULL);
+    return NULL;
+}
+Test(pool, own_pools_run_at_once) {
+    tp_fresh();
+    alarm(20);
+    for (int i = 0; i < TP_MAX; i++) tp_hits[i] = 0;
+    atomic_store(&tp_other_done, 0), atomic_store(&tp_a_in, 0);
+    cpu_pool *a = cpu_pool_new(2), *b = cpu_pool_new(3);
+    cr_assert(a && b);
+    pthread_t th;
+    cr_assert_eq(pthread_create(&th, NULL, tp_pool_a, a), 0);
+    cpu_pool_use(b);
+    while (!atomic_load(&tp_a_in)) sched_yield();  // A's call in flight
+    cpu_pool_hold();
+    cpu_parallel_for(1000, 1e12, tp_count, NULL);
+    cpu_pool_unhold();
+    cr_assert_eq(cpu_threads(), 3);
+    atomic_store(&tp_other_done, 1);
+    pthread_join(th, NULL);
+    cpu_pool_use(NULL);
+    for (int64_t i = 0; i < TP_MAX; i++)
+        cr_assert_eq(tp_hits[i], (i < 64) + (i < 1000), "index %lld computed %d times", (long long)i, tp_hits[i]);
+    cr_assert_eq(tp_workers(NULL), 1 + 2, "workers of the two pools: %d, want 3", tp_workers(NULL));
+    cpu_pool_free(a), cpu_pool_free(b);
+    cr_assert_eq(tp_workers(NULL), 0, "workers left after cpu_pool_free");
+    alarm(0);
 }

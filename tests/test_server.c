@@ -1621,10 +1621,12 @@ Test(server, breakpoint_openai_node_client) {
 static void ts_breakpoints_gpu(int streamed) {
     if (gpu_count() == 0) cr_skip_test("no GPU: cudaGetDeviceCount found no usable device (GPU tests run on the GPU machine)");
     ts_on_gpu = 1, ts_gpu_streamed = streamed;
+    setenv("CUDA_VISIBLE_DEVICES", "0", 1);  // breakpoints need probes, which one GPU has (the default takes all)
     ts_breakpoint_exact();
     ts_breakpoint_session();
     ts_breakpoint_changed();
     ts_breakpoint_beside();
+    unsetenv("CUDA_VISIBLE_DEVICES");
 }
 
 Test(server, gpu_breakpoints) { ts_breakpoints_gpu(0); }

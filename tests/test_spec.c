@@ -105,13 +105,16 @@ Test(spec, sampled_rule_gives_the_target_distribution) {
 typedef struct {
     int gpu;        // GPU engines (the target streamed when `streamed`)
     int streamed;   // the target: every layer through the ring, a CPU share of 0.3
+    int gpus;       // the target on this many GPUs (tp_engine.c; 0: one), devices 0 and 1 where there are two, else
+                    // two parts on device 0; the draft on one
 } ts_kind;
-static ts_kind K = {0, 0};
+static ts_kind K = {0, 0, 0};
 
-static void ts_gpu(int streamed) {
+static void ts_gpu_on(int streamed, int gpus) {
     if (gpu_count() == 0) cr_skip_test("no GPU: cudaGetDeviceCount found no usable device (GPU tests run on the GPU machine)");
-    K = (ts_kind){1, streamed};
+    K = (ts_kind){1, streamed, gpus};
 }
+static void ts_gpu(int streamed) { ts_gpu_on(streamed, 0); }
 
 #define TS_CTX 256  // the fixtures' max_position_embeddings
 static const char *ts_models[] = {"stories260K", "tied_gqa_f16", "mha_untied_f16", "llama3_gqa_bf16"};
@@ -137,8 +140,11 @@ static void ts_load(dj_model *m, const char *name, int dtype) {
     free(dir);
 }
 
-static void ts_open(dj_engine *eng, const dj_model *m, int streamed) {
-    dj_gpu_opts go = {.max_seq = TS_CTX, .quiet = 1, .stream_all = streamed, .cpu_share = streamed ? 0.3 : 0};
+// A target (gpus: K.gpus) or a draft (gpus 0: one GPU).
+static void ts_open(dj_engine *eng, const dj_model *m, int streamed, int gpus) {
+    dj_gpu_opts go = {.max_seq = TS_CTX, .quiet = 1, .stream_all = streamed, .cpu_share = streamed ? 0.3 : 0,
+                      .n_gpus = gpus};
+    for (int r = 0; r < gpus; r++) go.gpus[r] = gpu_count() > r ? r : 0;
     dj_err e;
     cr_assert_eq(engine_open(eng, m, &go, 1, &e), 0, "%s", e.msg);
 }
@@ -220,11 +226,11 @@ static void ts_greedy_equals_plain(void) {
     static const int64_t ks[] = {1, 4, 8, 16};
     for (int t = 0; t < NM; t++) {
         dj_engine tgt;
-        ts_open(&tgt, &tm[t], K.streamed);
+        ts_open(&tgt, &tm[t], K.streamed, K.gpus);
         for (int d = 0; d < 3; d++) {
             const dj_model *dm = d == 0 ? &qm[t] : d == 1 ? &tm[(t + 1) % NM] : &tm[t];
             dj_engine dft;
-            ts_open(&dft, dm, 0);
+            ts_open(&dft, dm, 0, 0);
             for (int s = 0; s < 2; s++) {
                 dj_spec_opts so = {.k_max = ks[(t + d + s) % 4]};
                 int32_t plain[NP + N], drafted[NP + N];
@@ -265,6 +271,15 @@ Test(spec_gpu, greedy_equals_plain_streamed) {
     ts_gpu(1);
     ts_greedy_equals_plain();
 }
+// The target on two GPUs (its verification passes and rollbacks on every GPU's part), the draft on one.
+Test(spec_gpu, greedy_equals_plain_two_gpus) {
+    ts_gpu_on(0, 2);
+    ts_greedy_equals_plain();
+}
+Test(spec_gpu, greedy_equals_plain_two_gpus_streamed) {
+    ts_gpu_on(1, 2);
+    ts_greedy_equals_plain();
+}
 
 // Rollback: positions written by a pass whose tokens were then rejected are never read. A run that wrote garbage at
 // positions n..n+6 (a verification pass of 7 rows) and then goes on from n equals one that never did: decode steps,
@@ -282,11 +297,11 @@ static void ts_rejected_kv_never_read(void) {
           *rows = malloc(NA * V * sizeof(float));
     dj_engine eng;
     dj_err e;
-    ts_open(&eng, &m, K.streamed);
+    ts_open(&eng, &m, K.streamed, K.gpus);
     cr_assert_eq(eng.forward(eng.ctx, 0, prompt, NP, 0, NULL, 0, &e), 0, "%s", e.msg);
     for (int i = 0; i < NA; i++) cr_assert_eq(eng.forward(eng.ctx, 0, &a[i], 1, NP + i, clean + i * V, 0, &e), 0);
     engine_close(&eng);
-    ts_open(&eng, &m, K.streamed);
+    ts_open(&eng, &m, K.streamed, K.gpus);
     cr_assert_eq(eng.forward(eng.ctx, 0, prompt, NP, 0, NULL, 0, &e), 0, "%s", e.msg);
     for (int round = 0; round < 2; round++) {
         cr_assert_eq(eng.forward(eng.ctx, 0, garbage, NG, NP, rows, 0, &e), 0, "%s", e.msg);
@@ -313,6 +328,10 @@ Test(spec_gpu, rejected_kv_never_read_resident) {
 }
 Test(spec_gpu, rejected_kv_never_read_streamed) {
     ts_gpu(1);
+    ts_rejected_kv_never_read();
+}
+Test(spec_gpu, rejected_kv_never_read_two_gpus) {
+    ts_gpu_on(1, 2);
     ts_rejected_kv_never_read();
 }
 

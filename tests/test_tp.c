@@ -446,6 +446,37 @@ Test(tp, parse_gpus) {
     }
 }
 
+// No --gpus: every visible GPU the model splits over and whose pairs have peer access, else the most that do (the
+// first refusal said), else one; one visible or none: one, nothing said.
+static int all_peers(int a, int b) { return a >= 0 && b >= 0; }
+static int no_peers(int a, int b) { return a == b; }
+static int third_alone(int a, int b) { return a == b || (a != 2 && b != 2); }  // device 2 reaches no other
+Test(tp, default_gpus) {
+    int n, ids[TP_MAX_GPUS];
+    char why[512];
+    dj_config c = shape(16, 8, 64, 1024, DJ_F16);
+    tp_default_gpus(&c, 2, all_peers, &n, ids, why, sizeof why);
+    cr_assert(n == 2 && ids[0] == 0 && ids[1] == 1 && !why[0], "2 visible: %d GPUs (%s)", n, why);
+    tp_default_gpus(&c, 1, all_peers, &n, ids, why, sizeof why);
+    cr_assert(n == 1 && ids[0] == 0 && !why[0], "1 visible: %d GPUs (%s)", n, why);
+    tp_default_gpus(&c, 0, all_peers, &n, ids, why, sizeof why);
+    cr_assert(n == 1 && ids[0] == 0, "none visible: %d GPUs", n);
+    tp_default_gpus(&c, TP_MAX_GPUS + 3, all_peers, &n, ids, why, sizeof why);
+    cr_assert(n == TP_MAX_GPUS && ids[TP_MAX_GPUS - 1] == TP_MAX_GPUS - 1 && strstr(why, "at most"),
+              "%d visible: %d GPUs (%s)", TP_MAX_GPUS + 3, n, why);
+    dj_config few = shape(8, 2, 64, 1024, DJ_F16);  // 2 kv heads: 2 of 4 GPUs
+    tp_default_gpus(&few, 4, all_peers, &n, ids, why, sizeof why);
+    cr_assert(n == 2 && strstr(why, "--gpus 4") && strstr(why, "2 KV heads"), "4 visible, 2 kv heads: %d (%s)", n,
+              why);
+    dj_config one = shape(8, 1, 64, 1024, DJ_F16);  // 1 kv head: one GPU
+    tp_default_gpus(&one, 2, all_peers, &n, ids, why, sizeof why);
+    cr_assert(n == 1 && strstr(why, "1 KV heads"), "1 kv head: %d (%s)", n, why);
+    tp_default_gpus(&c, 4, third_alone, &n, ids, why, sizeof why);
+    cr_assert(n == 2 && strstr(why, "GPUs 0 and 2 have no peer access"), "device 2 without peers: %d (%s)", n, why);
+    tp_default_gpus(&c, 2, no_peers, &n, ids, why, sizeof why);
+    cr_assert(n == 1 && strstr(why, "GPUs 0 and 1 have no peer access"), "no peer access: %d (%s)", n, why);
+}
+
 // Every part at once with the source given back (tp_shard_models, release): the parts are those tp_shard_model makes
 // from a whole copy of the model, the source's layers, embeddings and head now read as zeros, its tokenizer and
 // fingerprint (session files) unchanged.

@@ -444,7 +444,8 @@ static int graph_step(dj_gpu_state *s, const pass_desc *pd, dj_err *e) {
 static int graph_fits(dj_gpu_state *s, const pass_desc *pd) {
     // (several GPUs: the others compute no output, and replay the graph whenever the first would)
     const int all_resident = !s->sc.plan->n_streamed, wants_output = pd->logits || pd->pick || s->opts.tp_rank > 0;
-    const int kernel_by_kernel = s->opts.no_graph || s->prof.on || s->tr || !gpu_probe_graphable(s);
+    const int kernel_by_kernel = s->opts.no_graph || s->prof.on || s->tr || !gpu_probe_graphable(s) ||
+                                 (s->opts.tp && !tp_graphable(s->opts.tp));
     if (!all_resident || !wants_output || kernel_by_kernel) return 0;
     if (pd->T == 1) return 1;
     const int64_t T = pd->T;

@@ -23,6 +23,11 @@ struct tp_link {
     int clock_khz[TP_MAX_GPUS];
     int *abort_word, *err;  // (1 + TP_MAX_GPUS ints, page-locked and mapped: abort_word then err)
     int *d_abort[TP_MAX_GPUS], *d_err[TP_MAX_GPUS];  // their addresses on GPU r
+    // parts sharing a device (tests' stand-in for GPUs): a meeting spinning on the device could block, in a
+    // hardware queue the device's streams share, the kernel of the part it waits for; they meet on the host instead
+    // (events recorded after each partial, a barrier, waits), as before the device meetings
+    int shared;
+    cudaEvent_t ready[TP_MAX_GPUS][2];
 };
 
 tp_link *tp_link_new(int n, const int *devices, dj_err *e) {
@@ -37,6 +42,8 @@ tp_link *tp_link_new(int n, const int *devices, dj_err *e) {
     }
     l->n = n;
     for (int r = 0; r < n; r++) l->devices[r] = devices[r];
+    for (int r = 0; r < n; r++)
+        for (int q = 0; q < r; q++) l->shared |= devices[q] == devices[r];
     pthread_mutex_init(&l->mu, NULL);
     pthread_cond_init(&l->cv, NULL);
     return l;
@@ -48,6 +55,8 @@ void tp_link_free(tp_link *l) {
         if (l->part[r][0] || l->count[r]) {
             gpu_set_device(l->devices[r], NULL);
             gpu_free(l->part[r][0]), gpu_free(l->part[r][1]), gpu_free(l->count[r]), gpu_free(l->flag[r]);
+            for (int p = 0; p < 2; p++)
+                if (l->ready[r][p]) gpu_event_destroy(l->ready[r][p]);
         }
     gpu_host_free(l->abort_word);
     pthread_mutex_destroy(&l->mu);
@@ -108,7 +117,8 @@ void tp_pass_begin(tp_link *l, int rank) { l->par[rank] = 0; }
 
 int tp_link_join(tp_link *l, int rank, int64_t max_rows, int64_t dim, dj_err *e) {
     for (int p = 0; p < 2; p++)
-        if (gpu_malloc((void **)&l->part[rank][p], (size_t)(max_rows * dim) * 4, "tensor-parallel partial sums", e))
+        if (gpu_malloc((void **)&l->part[rank][p], (size_t)(max_rows * dim) * 4, "tensor-parallel partial sums", e) ||
+            (l->shared && gpu_event_create(&l->ready[rank][p], 0, e)))
             return -1;
     // the host-mapped words, GPU 0's to make (portable: every device maps them)
     if (rank == 0) {
@@ -139,15 +149,25 @@ float *tp_part(tp_link *l, int rank) { return l->part[rank][l->par[rank]]; }
 // which every GPU reaches only after its sum of part[.][p]: no GPU overwrites a partial another is still reading.
 // A pass has an even number of all-reduces and each starts at parity 0 (tp_pass_begin), so a captured pass's
 // pointers are those of every replay.
+// Parts sharing a device meet on the host: each waits for every other's event, whose latest record the barrier
+// makes this all-reduce's.
 int tp_allreduce(tp_link *l, int rank, float *out, int64_t n, cudaStream_t s, dj_err *e) {
     const int p = l->par[rank];
     l->par[rank] ^= 1;
-    if (gpu_tp_meet(l->count[rank], l->flag, l->n, rank, l->d_abort[rank], l->d_err[rank], l->clock_khz[rank], s, e))
-        return -1;
     const float *parts[TP_MAX_GPUS];
     for (int r = 0; r < l->n; r++) parts[r] = l->part[r][p];
+    if (l->shared) {
+        if (gpu_event_record(l->ready[rank][p], s, e) || tp_barrier(l, e)) return -1;
+        for (int r = 0; r < l->n; r++)
+            if (r != rank && gpu_stream_wait(s, l->ready[r][p], e)) return -1;
+        return gpu_sum_parts(out, parts, l->n, n, s, e);
+    }
+    if (gpu_tp_meet(l->count[rank], l->flag, l->n, rank, l->d_abort[rank], l->d_err[rank], l->clock_khz[rank], s, e))
+        return -1;
     return gpu_sum_parts(out, parts, l->n, n, s, e);
 }
+
+int tp_graphable(const tp_link *l) { return !l->shared; }
 
 int tp_turn_begin(tp_link *l, int rank, dj_err *e) {
     pthread_mutex_lock(&l->mu);

@@ -35,7 +35,9 @@ void tp_reset(tp_link *l);  // between calls (every thread idle): the failure fo
 int tp_rejoin(tp_link *l, int rank, dj_err *e);
 // Whether a GPU's meeting gave up (abort or timeout) since tp_reset: the call's sums are not to be trusted.
 int tp_gave_up(const tp_link *l);
-void tp_pass_begin(tp_link *l, int rank);  // GPU r's pass begins: its all-reduces count from parity 0
+void tp_pass_begin(tp_link *l, int rank);
+// Whether a pass may be one CUDA graph: the GPUs meet on the device (not where parts share a device: tp_allreduce).
+int tp_graphable(const tp_link *l);  // GPU r's pass begins: its all-reduces count from parity 0
 // The set-up's turn: GPU r's begins once GPUs 0..r-1 ended theirs (-1 if one failed); tp_turn_sharers is how many
 // GPUs from r on share r's device (the automatic weight budget divides what is free among them).
 int tp_turn_begin(tp_link *l, int rank, dj_err *e);

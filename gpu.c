@@ -347,6 +347,7 @@ static int gpu_body(dj_gpu_state *s, const pass_desc *pd, gpu_unit *head, dj_err
 
 // Logits (rows, vocab) into d_logits for rows r0.. of the pass, from the head gpu_body left ready.
 static int head_logits(dj_gpu_state *s, int64_t T, int64_t r0, int64_t rows, const gpu_unit *head, dj_err *e) {
+    if (s->opts.tp_rank > 0) return 0;  // several GPUs: the first computes the head (and gives the output)
     const dj_config *c = &s->m->info.config;
     const float *x = s->b.xb + r0 * c->dim;
     const uint8_t *lm = head->w + s->sc.head_lm_off;
@@ -400,6 +401,7 @@ static int queue_pick(dj_gpu_state *s, const pick_req *pk, const dj_pick_args *a
 // caller's wait, taken into the caller's next or logits.
 static int queue_out(dj_gpu_state *s, const pass_desc *pd, const float *logits, int64_t first, int64_t r0,
                      int64_t rows, dj_err *e) {
+    if (s->opts.tp_rank > 0) return 0;
     const pick_req *pk = pd->pick;
     const int64_t vocab = s->m->info.config.vocab_size;
     return (pk ? queue_pick(s, pk, pk->args + (r0 - first), rows, e)
@@ -408,7 +410,7 @@ static int queue_out(dj_gpu_state *s, const pass_desc *pd, const float *logits, 
                : 0;
 }
 static void take_out(dj_gpu_state *s, const pass_desc *pd, float *logits, int64_t first, int64_t r0, int64_t rows) {
-    if (s->opts.tp_rank > 0) return;  // several GPUs: the first gives the output
+    if (s->opts.tp_rank > 0) return;
     const int64_t vocab = s->m->info.config.vocab_size;
     if (pd->pick) memcpy(pd->pick->next + (r0 - first), s->b.h_next, (size_t)rows * 4);
     else if (logits) memcpy(logits + (r0 - first) * vocab, s->b.h_logits, (size_t)(rows * vocab) * 4);
@@ -440,9 +442,10 @@ static int graph_step(dj_gpu_state *s, const pass_desc *pd, dj_err *e) {
 // that asks for it kernel by kernel (--no-graph, profiling, a trace, a probe that reads rows back mid-pass). A step
 // of T rows goes kernel by kernel the first time (row_graph_seen).
 static int graph_fits(dj_gpu_state *s, const pass_desc *pd) {
-    const int all_resident = !s->sc.plan->n_streamed, wants_output = pd->logits || pd->pick;
-    // (several GPUs: each waits for the others' partials twice a layer, outside any graph)
-    const int kernel_by_kernel = s->opts.no_graph || s->prof.on || s->tr || !gpu_probe_graphable(s) || s->opts.tp;
+    // (several GPUs: the others compute no output, and replay the graph whenever the first would)
+    const int all_resident = !s->sc.plan->n_streamed, wants_output = pd->logits || pd->pick || s->opts.tp_rank > 0;
+    const int kernel_by_kernel = s->opts.no_graph || s->prof.on || s->tr || !gpu_probe_graphable(s) ||
+                                 (s->opts.tp && !tp_graphable(s->opts.tp));
     if (!all_resident || !wants_output || kernel_by_kernel) return 0;
     if (pd->T == 1) return 1;
     const int64_t T = pd->T;
@@ -456,7 +459,6 @@ static int graph_fits(dj_gpu_state *s, const pass_desc *pd) {
 // queue_out's copy (logits NULL and no pick: nothing).
 static int head_chunk(dj_gpu_state *s, const pass_desc *pd, const gpu_unit *head, const float *logits, int64_t first,
                       int64_t r0, int64_t rows, dj_err *e) {
-    if (s->opts.tp_rank > 0) return 0;  // several GPUs: the first computes the head
     if ((logits || pd->pick) && head_logits(s, pd->T, r0, rows, head, e)) return -1;
     return queue_out(s, pd, logits, first, r0, rows, e);
 }
@@ -502,6 +504,7 @@ static int pass_run(dj_gpu_state *s, const pass_desc *pd, dj_err *e) {
     if (trace_pass_begin(s->tr, pd->T, s->sc.issued, e)) return -1;
     sched_pass_begin(s, pd->T);
     share_pass_begin(&s->sh);
+    if (s->opts.tp) tp_pass_begin(s->opts.tp, s->opts.tp_rank);
     if (upload_tokens(s, pd, e)) return -1;
     if (graph_fits(s, pd)) return graph_step(s, pd, e);
     gpu_unit head;

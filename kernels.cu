@@ -322,6 +322,12 @@ extern "C" int gpu_device_sync(dj_err *e) {
     CUDA_CHECK(cudaDeviceSynchronize());
     return 0;
 }
+extern "C" int gpu_clock_khz(int *khz, dj_err *e) {
+    int dev = 0;
+    CUDA_CHECK(cudaGetDevice(&dev));
+    CUDA_CHECK(cudaDeviceGetAttribute(khz, cudaDevAttrClockRate, dev));
+    return 0;
+}
 extern "C" int gpu_graph_begin(cudaStream_t s, dj_err *e) {
     CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
     return 0;

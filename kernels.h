@@ -100,6 +100,7 @@ int gpu_event_ms(float *ms, cudaEvent_t start, cudaEvent_t end, dj_err *e);
 int gpu_set_device(int device, dj_err *e);
 int gpu_peer_enable(int peer, dj_err *e);
 int gpu_device_sync(dj_err *e);
+int gpu_clock_khz(int *khz, dj_err *e);  // the current device's SM clock (cudaDevAttrClockRate)
 // Capture the work issued on s into a graph (thread-local capture mode), instantiate it, replay it.
 int gpu_graph_begin(cudaStream_t s, dj_err *e);
 int gpu_graph_end(cudaStream_t s, cudaGraphExec_t *exec, dj_err *e);
@@ -180,6 +181,12 @@ int gpu_rmsnorm(float *out, const float *x, const float *w, int64_t T, int64_t n
 // the same bits). The parts may be on other devices with peer access to them.
 #define GPU_MAX_PARTS 8
 int gpu_sum_parts(float *y, const float *const *parts, int n, int64_t len, cudaStream_t s, dj_err *e);
+// GPU `rank` of n meets the others on the device: *count (its device memory) += 1, its flag flags[rank] set to it
+// after everything earlier on s, then a wait until every flags[k] has reached it (the other GPUs' flags by peer
+// access). *err (host-mapped) set where it gave up: *abort (host-mapped) raised, or about 30 s without a GPU coming
+// (clock_khz: the device's clock, cudaDevAttrClockRate). One block: the rest of the device stays free.
+int gpu_tp_meet(unsigned long long *count, unsigned long long *const *flags, int n, int rank, const volatile int *abort,
+                volatile int *err, int clock_khz, cudaStream_t s, dj_err *e);
 int gpu_add_rmsnorm(float *x, const float *delta, float *out, const float *w, int64_t T, int64_t n, float eps,
                     cudaStream_t s, dj_err *e);
 // The residual add alone: out (T, n) = x + delta, plus v (n) on every row when v is not NULL (a control vector:

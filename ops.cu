@@ -384,3 +384,45 @@ extern "C" int gpu_sum_parts(float *y, const float *const *parts, int n, int64_t
     LAUNCH_CHECK("sum_parts", s);
     return 0;
 }
+
+// ---- the tensor-parallel GPUs' meeting on the device (tp_link.c): GPU `rank` announces its partial (its flag set to
+// its next sequence number, after everything before it on the stream) and waits until every GPU's flag has reached
+// that number, one thread a GPU polling it (peer reads). A single block, so that on a device shared by two parts
+// (tests) the other part's kernels still find multiprocessors. It gives up, setting *err, when the host raises
+// *abort (another GPU's call failed) or after about TP_MEET_TIMEOUT_S seconds (a GPU that never comes).
+#define TP_MEET_TIMEOUT_S 30.0
+struct meet_flags {
+    unsigned long long *f[GPU_MAX_PARTS];
+};
+__global__ void tp_meet_kernel(unsigned long long *count, meet_flags fl, int n, int rank, const volatile int *abort,
+                               volatile int *err, long long timeout_cycles) {
+    __shared__ unsigned long long s;
+    if (threadIdx.x == 0) {
+        s = *count + 1;
+        *count = s;
+        __threadfence_system();  // this GPU's partial, written before on the stream, seen before the flag
+        atomicExch(fl.f[rank], s);
+    }
+    __syncthreads();
+    if ((int)threadIdx.x >= n || (int)threadIdx.x == rank) return;
+    const long long t0 = clock64();
+    volatile unsigned long long *peer = fl.f[threadIdx.x];
+    while (*peer < s) {
+        if (*abort || clock64() - t0 > timeout_cycles) {
+            *err = 1;
+            break;
+        }
+    }
+    __threadfence_system();  // the peer's partial read after its flag
+}
+
+extern "C" int gpu_tp_meet(unsigned long long *count, unsigned long long *const *flags, int n, int rank,
+                           const volatile int *abort, volatile int *err, int clock_khz, cudaStream_t s, dj_err *e) {
+    if (n < 1 || n > GPU_MAX_PARTS || rank < 0 || rank >= n)
+        return dj_fail(e, "gpu_tp_meet: rank %d of %d", rank, n);
+    meet_flags fl = {};
+    for (int k = 0; k < n; k++) fl.f[k] = flags[k];
+    tp_meet_kernel<<<1, 32, 0, s>>>(count, fl, n, rank, abort, err, (long long)(TP_MEET_TIMEOUT_S * 1e3 * clock_khz));
+    LAUNCH_CHECK("tp_meet", s);
+    return 0;
+}

@@ -80,12 +80,22 @@ static void tp_each(tp_engine *t, tp_job job, const void *args) {
     while (t->left) pthread_cond_wait(&t->done, &t->mu);
     pthread_mutex_unlock(&t->mu);
 }
-static int job_drain(tp_engine *t, int r, const void *args, dj_err *e) { return gpu_device_sync(e); }
+static int job_drain(tp_engine *t, int r, const void *args, dj_err *e) { return tp_rejoin(t->link, r, e); }
 
-// job on every GPU at once; 0, or -1 with the first GPU's own error (not the "another GPU's pass failed" it caused).
-// After a failure every GPU's device is drained, so the next call's partials start clean.
+// job on every GPU at once; 0, or -1 with the first GPU's own error (not the "another GPU's pass failed" it caused),
+// or where a GPU's meeting gave up (its sums not to be trusted). After a failure every GPU's device is drained (the
+// meetings waiting given up on tp_fail's abort) and the meetings' counts zeroed, so the next call starts clean.
 static int tp_run(tp_engine *t, tp_job job, const void *args, dj_err *e) {
     tp_each(t, job, args);
+    if (tp_gave_up(t->link)) {
+        int r = 0;
+        while (r < t->n && !t->rc[r]) r++;
+        if (r == t->n) {  // no GPU failed, yet one waited in vain: the GPUs' passes did not match
+            tp_fail(t->link);
+            t->rc[0] = -1;
+            dj_fail(&t->err[0], "the GPUs' meeting gave up: a GPU did not come within 30 s (internal error)");
+        }
+    }
     int bad = -1;
     for (int r = 0; r < t->n; r++)
         if (t->rc[r] && (bad < 0 || (strstr(t->err[bad].msg, "another GPU") && !strstr(t->err[r].msg, "another GPU"))))

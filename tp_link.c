@@ -4,6 +4,7 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "kernels.h"
 
@@ -13,10 +14,20 @@ struct tp_link {
     pthread_cond_t cv;
     int arrived, turn;     // (under mu)
     _Atomic int gen, failed;  // barriers passed; a GPU failed (set under mu, polled without it)
-    // GPU r's partials (two, by the parity of its all-reduces) and the events recorded after each was written
+    // GPU r's partials (two, by the parity of its all-reduces within a pass); on its device, the count of its
+    // meetings and its flag (the last it announced, read by the others); the host-mapped words: abort (raised by
+    // tp_fail) and each GPU's err (its meeting gave up)
     float *part[TP_MAX_GPUS][2];
-    cudaEvent_t ready[TP_MAX_GPUS][2];
     int par[TP_MAX_GPUS];
+    unsigned long long *count[TP_MAX_GPUS], *flag[TP_MAX_GPUS];
+    int clock_khz[TP_MAX_GPUS];
+    int *abort_word, *err;  // (1 + TP_MAX_GPUS ints, page-locked and mapped: abort_word then err)
+    int *d_abort[TP_MAX_GPUS], *d_err[TP_MAX_GPUS];  // their addresses on GPU r
+    // parts sharing a device (tests' stand-in for GPUs): a meeting spinning on the device could block, in a
+    // hardware queue the device's streams share, the kernel of the part it waits for; they meet on the host instead
+    // (events recorded after each partial, a barrier, waits), as before the device meetings
+    int shared;
+    cudaEvent_t ready[TP_MAX_GPUS][2];
 };
 
 tp_link *tp_link_new(int n, const int *devices, dj_err *e) {
@@ -31,6 +42,8 @@ tp_link *tp_link_new(int n, const int *devices, dj_err *e) {
     }
     l->n = n;
     for (int r = 0; r < n; r++) l->devices[r] = devices[r];
+    for (int r = 0; r < n; r++)
+        for (int q = 0; q < r; q++) l->shared |= devices[q] == devices[r];
     pthread_mutex_init(&l->mu, NULL);
     pthread_cond_init(&l->cv, NULL);
     return l;
@@ -39,10 +52,13 @@ tp_link *tp_link_new(int n, const int *devices, dj_err *e) {
 void tp_link_free(tp_link *l) {
     if (!l) return;
     for (int r = 0; r < l->n; r++)
-        for (int p = 0; p < 2; p++) {
-            if (l->part[r][p]) gpu_set_device(l->devices[r], NULL), gpu_free(l->part[r][p]);
-            if (l->ready[r][p]) gpu_event_destroy(l->ready[r][p]);
+        if (l->part[r][0] || l->count[r]) {
+            gpu_set_device(l->devices[r], NULL);
+            gpu_free(l->part[r][0]), gpu_free(l->part[r][1]), gpu_free(l->count[r]), gpu_free(l->flag[r]);
+            for (int p = 0; p < 2; p++)
+                if (l->ready[r][p]) gpu_event_destroy(l->ready[r][p]);
         }
+    gpu_host_free(l->abort_word);
     pthread_mutex_destroy(&l->mu);
     pthread_cond_destroy(&l->cv);
     free(l);
@@ -74,21 +90,53 @@ int tp_barrier(tp_link *l, dj_err *e) {
 void tp_fail(tp_link *l) {
     pthread_mutex_lock(&l->mu);
     atomic_store(&l->failed, 1);
+    if (l->abort_word) *(volatile int *)l->abort_word = 1;  // the GPUs waiting in a meeting give up
     pthread_cond_broadcast(&l->cv);
     pthread_mutex_unlock(&l->mu);
 }
 
 void tp_reset(tp_link *l) {
     atomic_store(&l->failed, 0), l->arrived = 0;
+    if (l->abort_word) *(volatile int *)l->abort_word = 0;
     for (int r = 0; r < l->n; r++) l->par[r] = 0;
+    if (l->err) memset(l->err, 0, (size_t)l->n * sizeof(int));
 }
+
+int tp_rejoin(tp_link *l, int rank, dj_err *e) {
+    return gpu_device_sync(e) || gpu_memset(l->count[rank], 0, sizeof(unsigned long long), NULL, e) ||
+           gpu_memset(l->flag[rank], 0, sizeof(unsigned long long), NULL, e) || gpu_device_sync(e);
+}
+
+int tp_gave_up(const tp_link *l) {
+    for (int r = 0; l->err && r < l->n; r++)
+        if (((volatile int *)l->err)[r]) return 1;
+    return 0;
+}
+
+void tp_pass_begin(tp_link *l, int rank) { l->par[rank] = 0; }
 
 int tp_link_join(tp_link *l, int rank, int64_t max_rows, int64_t dim, dj_err *e) {
     for (int p = 0; p < 2; p++)
         if (gpu_malloc((void **)&l->part[rank][p], (size_t)(max_rows * dim) * 4, "tensor-parallel partial sums", e) ||
-            gpu_event_create(&l->ready[rank][p], 0, e))
+            (l->shared && gpu_event_create(&l->ready[rank][p], 0, e)))
             return -1;
+    // the host-mapped words, GPU 0's to make (portable: every device maps them)
+    if (rank == 0) {
+        if (gpu_host_alloc((void **)&l->abort_word, (1 + TP_MAX_GPUS) * sizeof(int), "the GPUs' meeting words", e))
+            return -1;
+        memset(l->abort_word, 0, (1 + TP_MAX_GPUS) * sizeof(int));
+        l->err = l->abort_word + 1;
+    }
+    if (gpu_malloc((void **)&l->count[rank], sizeof(unsigned long long), "the GPUs' meeting words", e) ||
+        gpu_malloc((void **)&l->flag[rank], sizeof(unsigned long long), "the GPUs' meeting words", e) ||
+        gpu_memset(l->count[rank], 0, sizeof(unsigned long long), NULL, e) ||
+        gpu_memset(l->flag[rank], 0, sizeof(unsigned long long), NULL, e) || gpu_device_sync(e) ||
+        gpu_clock_khz(&l->clock_khz[rank], e))
+        return -1;
     if (tp_barrier(l, e)) return -1;  // every GPU's buffers exist
+    if (gpu_host_device_ptr((void **)&l->d_abort[rank], l->abort_word, e) ||
+        gpu_host_device_ptr((void **)&l->d_err[rank], l->err + rank, e))
+        return -1;
     for (int r = 0; r < l->n; r++)
         if (gpu_peer_enable(l->devices[r], e)) return -1;
     return 0;
@@ -96,20 +144,30 @@ int tp_link_join(tp_link *l, int rank, int64_t max_rows, int64_t dim, dj_err *e)
 
 float *tp_part(tp_link *l, int rank) { return l->part[rank][l->par[rank]]; }
 
-// GPU r writes part[r][p] again only two all-reduces later, after waiting at the one between for every GPU's event
-// recorded after its sum of part[.][p]: no GPU overwrites a partial another is still reading. A wait takes the
-// event's latest record, which the barrier makes the one of this all-reduce.
+// The GPUs meet on the device (gpu_tp_meet), so the host threads never wait for each other within a pass and a
+// pass can be one CUDA graph. GPU r writes part[r][p] again only two all-reduces later, after the meeting between,
+// which every GPU reaches only after its sum of part[.][p]: no GPU overwrites a partial another is still reading.
+// A pass has an even number of all-reduces and each starts at parity 0 (tp_pass_begin), so a captured pass's
+// pointers are those of every replay.
+// Parts sharing a device meet on the host: each waits for every other's event, whose latest record the barrier
+// makes this all-reduce's.
 int tp_allreduce(tp_link *l, int rank, float *out, int64_t n, cudaStream_t s, dj_err *e) {
     const int p = l->par[rank];
     l->par[rank] ^= 1;
-    if (gpu_event_record(l->ready[rank][p], s, e) || tp_barrier(l, e)) return -1;
     const float *parts[TP_MAX_GPUS];
-    for (int r = 0; r < l->n; r++) {
-        parts[r] = l->part[r][p];
-        if (r != rank && gpu_stream_wait(s, l->ready[r][p], e)) return -1;
+    for (int r = 0; r < l->n; r++) parts[r] = l->part[r][p];
+    if (l->shared) {
+        if (gpu_event_record(l->ready[rank][p], s, e) || tp_barrier(l, e)) return -1;
+        for (int r = 0; r < l->n; r++)
+            if (r != rank && gpu_stream_wait(s, l->ready[r][p], e)) return -1;
+        return gpu_sum_parts(out, parts, l->n, n, s, e);
     }
+    if (gpu_tp_meet(l->count[rank], l->flag, l->n, rank, l->d_abort[rank], l->d_err[rank], l->clock_khz[rank], s, e))
+        return -1;
     return gpu_sum_parts(out, parts, l->n, n, s, e);
 }
+
+int tp_graphable(const tp_link *l) { return !l->shared; }
 
 int tp_turn_begin(tp_link *l, int rank, dj_err *e) {
     pthread_mutex_lock(&l->mu);

@@ -163,7 +163,7 @@ static void usage(FILE *f) {
             "  --gpus N|IDS     run on N GPUs (the first N visible), or on the devices listed (--gpus 0,1): every\n"
             "                   layer split over them (heads and FFN rows), each GPU holding and streaming its\n"
             "                   part; --ring-gb is per GPU (default: every visible GPU the model splits over;\n"
-            "                   --gpus 1 for one; --dump-act and --steer run on one)\n"
+            "                   --gpus 1 for one)\n"
             "  --stream-all     ablation: keep no layer resident, stream every layer every token\n"
             "  --sync-copy      ablation: copy a layer, wait, compute it (no overlap)\n"
             "  --no-graph       ablation: run the all-resident decode step kernel by kernel, not as a CUDA graph\n"
@@ -529,8 +529,7 @@ static int open_engine(dj_engine *eng, const dj_model *m, const dj_opts *o, int6
     memcpy(go.gpus, o->gpu.gpus, sizeof go.gpus);
     if (!go.n_gpus && m->for_gpu && gpu_count() > 1) {  // no --gpus: every visible GPU the model splits over
         char why[sizeof e->msg] = "";
-        if (o->probe) go.n_gpus = 1, snprintf(why, sizeof why, "--dump-act and --steer run on one");
-        else tp_default_gpus(&m->info.config, gpu_count(), gpu_peer_ok, &go.n_gpus, go.gpus, why, sizeof why);
+        tp_default_gpus(&m->info.config, gpu_count(), gpu_peer_ok, &go.n_gpus, go.gpus, why, sizeof why);
         if (why[0]) fprintf(stderr, "djinn: %d GPUs visible, running on %d: %s\n", gpu_count(), go.n_gpus, why);
     }
     if (go.n_gpus > 1 && o->loaded == m) go.consume = o->loaded;
@@ -539,8 +538,7 @@ static int open_engine(dj_engine *eng, const dj_model *m, const dj_opts *o, int6
     int rc = engine_open(eng, m, &go, 1, e);
     cuttable_phase(0);
     if (rc) return -1;
-    if (o->probe && !eng->set_probe)
-        return dj_fail(e, "--dump-act and --steer on several GPUs are not built yet: use --gpus 1");
+    if (o->probe && !eng->set_probe) return dj_fail(e, "--dump-act and --steer: the %s engine has no probes", eng->name);
     return o->probe ? eng->set_probe(eng->ctx, o->probe, e) : 0;
 }
 

@@ -75,7 +75,7 @@ int engine_open(dj_engine *eng, const dj_model *m, const dj_gpu_opts *go, int32_
 void engine_close(dj_engine *eng);  // a zeroed engine is fine
 // The engine on go->n_gpus >= 2 GPUs (tp_engine.c; engine_open takes it for n_gpus >= 2): every layer split over
 // them by tp_plan, each GPU's part of the model built in host memory. Forward, pick, the batched step and parking as
-// one GPU (logits within rounding of it: the partial sums' order); no probes or CPU share yet (refused by name).
+// one GPU (logits within rounding of it: the partial sums' order), the CPU share and probes too.
 int tp_engine_open(dj_engine *eng, const dj_model *m, const dj_gpu_opts *go, int32_t n_slots, dj_err *e);
 // The GPU engine's figures into *out: 1; 0 (out untouched) for an engine without them (the CPU's).
 int engine_gpu_stats(const dj_engine *eng, dj_gpu_stats *out);

@@ -99,7 +99,7 @@ static void srv_usage(FILE *f) {
             "                       client may leave output unread (60)\n"
             "  --ring-gb G          GPU memory for weights, in GB (as djinn's; per GPU)\n"
             "  --gpus N|IDS         several GPUs, each holding its part of every layer (as djinn's; default: every\n"
-            "                       visible GPU the model splits over; no breakpoints on several yet)\n"
+            "                       visible GPU the model splits over)\n"
             "  --cpu-share F|auto   fraction of each streamed layer's rows the CPU computes, in steps of any number\n"
             "                       of sequences (auto)\n"
             "  --threads N          CPU threads (the CPUs in the affinity mask)\n"
@@ -1000,9 +1000,7 @@ static int srv_open_model(srv *s, dj_err *e) {
     memcpy(go.gpus, o->gpus, sizeof go.gpus);
     if (!go.n_gpus && use_gpu && gpu_count() > 1) {  // no --gpus: every visible GPU the model splits over
         char why[sizeof e->msg] = "";
-        if (o->breakpoints > 0 && o->breakpoints != SRV_DEFAULT_PAUSED)
-            go.n_gpus = 1, snprintf(why, sizeof why, "--breakpoints runs on one");
-        else tp_default_gpus(cfg, gpu_count(), gpu_peer_ok, &go.n_gpus, go.gpus, why, sizeof why);
+        tp_default_gpus(cfg, gpu_count(), gpu_peer_ok, &go.n_gpus, go.gpus, why, sizeof why);
         if (why[0]) fprintf(stderr, "djinn serve: %d GPUs visible, running on %d: %s\n", gpu_count(), go.n_gpus, why);
     }
     if (go.n_gpus > 1) go.consume = &s->m;  // its weights go to the GPUs' parts; the tokenizer stays
@@ -1010,7 +1008,7 @@ static int srv_open_model(srv *s, dj_err *e) {
     int32_t breakpoints = o->breakpoints;
     if (!s->eng.set_probe && breakpoints == SRV_DEFAULT_PAUSED) {  // the default, where the engine has no probes
         breakpoints = 0;
-        fprintf(stderr, "djinn serve: breakpoints are off: the engine on several GPUs has no probes yet\n");
+        fprintf(stderr, "djinn serve: breakpoints are off: the %s engine has no probes\n", s->eng.name);
     }
     s->am = (api_model){s->tok, chat, ctx, cfg->vocab_size, cfg->n_layers, cfg->dim, breakpoints > 0};
     // a breakpoint's rows must come back in a resume's body, base64 (4 characters for 3 bytes) beside its fields

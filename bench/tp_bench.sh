@@ -12,6 +12,8 @@
 #    (min_share: each GPU's share computed on its own threads, the host's cores divided among the GPUs)
 # 3. the server at $CONCURRENCY (default "1 64") concurrent 160-token completions, all resident, on each
 #    -> OUT_DIR/serve_g<N>_n<C>.json (bench/serve_client.py)
+# PROFILE=1: DJINN_PROFILE's lines (every GPU's) for one sequence and for the server at 64, on 1 and $GPUS GPUs
+#    -> OUT_DIR/profile.txt
 # 4. LARGE=1: Llama-3-70B's 80 layers in q4 (bench/repeat_layers from a two-layer donor) streamed through --ring-gb
 #    16 on each GPU, on 1 and $GPUS GPUs -> OUT_DIR/70b_g<N>.json
 # OUT_DIR/report.md: decode ms/token, the speed-up over one GPU, and the streamed rate against the links' ceiling.
@@ -69,6 +71,25 @@ for n in 1 "$GPUS"; do
     done
     kill "$pid"; wait "$pid" 2> /dev/null
 done
+
+# PROFILE=1: where a step's time goes on 1 and N GPUs (DJINN_PROFILE: events between kernel groups, which slow the
+# step; each GPU prints its own line at exit): one sequence all resident, then the server's steps of 64 rows
+if [ "${PROFILE:-0}" = 1 ]; then
+    for n in 1 "$GPUS"; do
+        say "profile, one sequence, $n GPU(s)"
+        { echo "== one sequence, $n GPU(s)"; DJINN_PROFILE=1 ./djinn "$bin" -p "The history of the city" -n 32 -t 0 \
+            -c 1024 --gpus "$n" --cpu-share 0 2>&1 > /dev/null | grep profile; } >> "$OUT_DIR/profile.txt"
+        say "profile, the server at 64 concurrent, $n GPU(s)"
+        DJINN_PROFILE=1 ./djinn serve "$bin" --port "$PORT" --gpus "$n" -c 512 --parallel 64 --cpu-share 0 \
+            > "$WORK/serve_prof.log" 2>&1 &
+        pid=$!
+        for _ in $(seq 600); do curl -sf "http://127.0.0.1:$PORT/health" > /dev/null 2>&1 && break; sleep 0.5; done
+        timeout 600 python3 bench/serve_client.py load "$PORT" 64 160 "$WORK/serve_prof.json" > /dev/null
+        kill "$pid"; wait "$pid" 2> /dev/null
+        { echo "== server, 64 concurrent, $n GPU(s)"; grep profile "$WORK/serve_prof.log"; } >> "$OUT_DIR/profile.txt"
+    done
+    cat "$OUT_DIR/profile.txt"
+fi
 
 if [ "${LARGE:-0}" = 1 ]; then
     if [ ! -f "$WORK/hf_70b2/.complete" ]; then

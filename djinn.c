@@ -163,7 +163,7 @@ static void usage(FILE *f) {
             "  --gpus N|IDS     run on N GPUs (the first N visible), or on the devices listed (--gpus 0,1): every\n"
             "                   layer split over them (heads and FFN rows), each GPU holding and streaming its\n"
             "                   part; --ring-gb is per GPU (default: every visible GPU the model splits over;\n"
-            "                   --gpus 1 for one; --dump-act and --steer run on one)\n"
+            "                   --gpus 1 for one)\n"
             "  --stream-all     ablation: keep no layer resident, stream every layer every token\n"
             "  --sync-copy      ablation: copy a layer, wait, compute it (no overlap)\n"
             "  --no-graph       ablation: run the all-resident decode step kernel by kernel, not as a CUDA graph\n"
@@ -527,16 +527,14 @@ static int open_engine(dj_engine *eng, const dj_model *m, const dj_opts *o, int6
                       .warm_rows = warm, .cpu_share = o->gpu.cpu_share, .trace = o->trace_path,
                       .trace_steps = (int)o->trace_steps, .kv_type = o->kv_type, .n_gpus = o->gpu.n_gpus};
     memcpy(go.gpus, o->gpu.gpus, sizeof go.gpus);
-    if (m->for_gpu) engine_default_gpus(&go, &m->info.config, o->probe ? "--dump-act and --steer run on one" : NULL,
-                                        "djinn");
+    if (m->for_gpu) engine_default_gpus(&go, &m->info.config, "djinn");
     if (go.n_gpus > 1 && o->loaded == m) go.consume = o->loaded;
     go.cancel = &cut;
     cuttable_phase(1);
     int rc = engine_open(eng, m, &go, 1, e);
     cuttable_phase(0);
     if (rc) return -1;
-    if (o->probe && !eng->set_probe)
-        return dj_fail(e, "--dump-act and --steer on several GPUs are not built yet: use --gpus 1");
+    if (o->probe && !eng->set_probe) return dj_fail(e, "--dump-act and --steer: the %s engine has no probes", eng->name);
     return o->probe ? eng->set_probe(eng->ctx, o->probe, e) : 0;
 }
 

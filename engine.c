@@ -97,12 +97,11 @@ int engine_open(dj_engine *eng, const dj_model *m, const dj_gpu_opts *go, int32_
     return 0;
 }
 
-void engine_default_gpus(dj_gpu_opts *go, const dj_config *c, const char *one_because, const char *who) {
+void engine_default_gpus(dj_gpu_opts *go, const dj_config *c, const char *who) {
     const int visible = gpu_count();
     if (go->n_gpus || visible < 2) return;
     char why[sizeof ((dj_err *)0)->msg] = "";
-    if (one_because) go->n_gpus = 1, go->gpus[0] = 0, snprintf(why, sizeof why, "%s", one_because);
-    else tp_default_gpus(c, visible, gpu_peer_ok, &go->n_gpus, go->gpus, why, sizeof why);
+    tp_default_gpus(c, visible, gpu_peer_ok, &go->n_gpus, go->gpus, why, sizeof why);
     if (why[0]) fprintf(stderr, "%s: %d GPUs visible, running on %d: %s\n", who, visible, go->n_gpus, why);
 }
 

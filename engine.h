@@ -75,11 +75,11 @@ int engine_open(dj_engine *eng, const dj_model *m, const dj_gpu_opts *go, int32_
 void engine_close(dj_engine *eng);  // a zeroed engine is fine
 // The engine on go->n_gpus >= 2 GPUs (tp_engine.c; engine_open takes it for n_gpus >= 2): every layer split over
 // them by tp_plan, each GPU's part of the model built in host memory. Forward, pick, the batched step and parking as
-// one GPU (logits within rounding of it: the partial sums' order), the CPU share too; no probes yet (set_probe NULL).
+// one GPU (logits within rounding of it: the partial sums' order), the CPU share and probes too.
 // Where go names no GPUs (n_gpus 0) and several are visible, the GPUs a run takes by default: every one the model
-// splits over (tp_default_gpus), or one where one_because says why (a feature of one GPU's; NULL: none); when that is
-// fewer than visible, one line on stderr after "who: ". The command line's and the server's.
-void engine_default_gpus(dj_gpu_opts *go, const dj_config *c, const char *one_because, const char *who);
+// splits over (tp_default_gpus); when that is fewer than visible, one line on stderr after "who: ". The command
+// line's and the server's.
+void engine_default_gpus(dj_gpu_opts *go, const dj_config *c, const char *who);
 int tp_engine_open(dj_engine *eng, const dj_model *m, const dj_gpu_opts *go, int32_t n_slots, dj_err *e);
 // The GPU engine's figures into *out: 1; 0 (out untouched) for an engine without them (the CPU's).
 int engine_gpu_stats(const dj_engine *eng, dj_gpu_stats *out);

@@ -256,6 +256,16 @@ float *probe_tap_row(dj_probe *p, uint32_t layer, int32_t slot, int64_t pos, int
     return NULL;
 }
 
+const float *probe_tap_peek(const dj_probe *p, uint32_t layer, int32_t slot, int64_t pos, int *replace) {
+    for (int32_t i = 0; i < p->n_taps; i++) {
+        const probe_tap_t *t = &p->taps[i];
+        if (t->slot != slot || t->layer != layer || pos < t->pos0 || pos - t->pos0 >= t->n) continue;
+        *replace = t->replace;
+        return t->rows + (pos - t->pos0) * (int64_t)p->dim;
+    }
+    return NULL;
+}
+
 uint32_t probe_dim(const dj_probe *p) { return p->dim; }
 int probe_dumps(const dj_probe *p, uint32_t layer) { return p->out.fd >= 0 && p->dumped[layer]; }
 int probe_any_dump(const dj_probe *p) { return p->out.fd >= 0 && p->n_dumped > 0; }

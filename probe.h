@@ -66,6 +66,9 @@ int probe_tapped(const dj_probe *p, uint32_t layer);  // a tap reads or writes r
 int probe_any_tap(const dj_probe *p);
 // The tap row of (slot, pos) after `layer` (dim floats: to fill, or *replace 1: to write into the stream), or NULL.
 float *probe_tap_row(dj_probe *p, uint32_t layer, int32_t slot, int64_t pos, int *replace);
+// The same row without counting it as passed (NULL where none): the engine on several GPUs, whose GPUs after the
+// first only write the replacing rows into their own streams (probe_gpu.c).
+const float *probe_tap_peek(const dj_probe *p, uint32_t layer, int32_t slot, int64_t pos, int *replace);
 // The vector added after `layer` (dim floats, the scales applied), or NULL. Its zero entries are -0.0f, the
 // identity of float addition (x + -0.0f is x for every x, -0.0f included; x + 0.0f turns -0.0f into 0.0f): a zero
 // vector leaves the residual stream bitwise as it was.

@@ -5,7 +5,9 @@
 // vector turns d_x into the sum plus the vector, the next norm then adding nothing. The sums are the fused norm's,
 // so a zero vector (-0.0f entries: probe_vector) gives bitwise the logits of no probe at all. A tapped layer (the
 // server's breakpoints) also leaves the sum in d_x: the pass's rows come back, the tapped ones are copied out or
-// written over and copied back, and the next norm adds nothing.
+// written over and copied back, and the next norm adds nothing. On several GPUs (tp_engine.c) every GPU holds the
+// whole residual stream: each adds the vectors and writes the replacing rows into its own, so the streams stay
+// equal; the first alone records the dump and fills the breakpoints' rows (counting them as passed).
 #include <stdlib.h>
 #include <string.h>
 
@@ -56,6 +58,7 @@ static void place_rows(dj_gpu_state *s, const pass_desc *pd) {
 // or written over and copied back with the adjacent ones written over.
 static int tap_rows(dj_gpu_state *s, int l, int64_t T, dj_err *e) {
     gpu_probe *pr = &s->pr;
+    const int lead = s->opts.tp_rank == 0;  // several GPUs: the others only write the replacing rows
     const int64_t dim = s->m->info.config.dim;
     const size_t row = (size_t)dim * 4;
     if (gpu_d2h_async(pr->h_rows, s->b.x, (size_t)T * row, s->compute, e) || share_flush(s, e) ||
@@ -64,9 +67,15 @@ static int tap_rows(dj_gpu_state *s, int l, int64_t T, dj_err *e) {
     int64_t run = 0, wrote = 0;  // rows written over just before t; any at all
     for (int64_t t = 0; t <= T; t++) {
         int replace = 0;
-        float *r = t < T ? probe_tap_row(pr->p, (uint32_t)l, pr->kv_slot[t], pr->pos[t], &replace) : NULL;
         float *h = pr->h_rows + t * dim;
-        if (r && !replace) memcpy(r, h, row);
+        const float *r = NULL;
+        if (t < T && lead) {
+            float *out = probe_tap_row(pr->p, (uint32_t)l, pr->kv_slot[t], pr->pos[t], &replace);
+            if (out && !replace) memcpy(out, h, row);  // a breakpoint's row
+            r = out;
+        } else if (t < T) {
+            r = probe_tap_peek(pr->p, (uint32_t)l, pr->kv_slot[t], pr->pos[t], &replace);
+        }
         if (r && replace) {
             memcpy(h, r, row), run++;
             continue;
@@ -84,7 +93,8 @@ int gpu_probe_layer(dj_gpu_state *s, const pass_desc *pd, int l, int *pending, d
     int64_t T = pd->T;
     if (!pr->p) return 0;
     int64_t dim = s->m->info.config.dim;
-    const int dump = probe_dumps(pr->p, (uint32_t)l), tap = probe_tapped(pr->p, (uint32_t)l);
+    // several GPUs: the first records the dump
+    const int dump = probe_dumps(pr->p, (uint32_t)l) && s->opts.tp_rank == 0, tap = probe_tapped(pr->p, (uint32_t)l);
     const float *v = pr->steered[l] ? pr->d_vec + (int64_t)l * dim : NULL;
     if (!dump && !v && !tap) return 0;
     float *res = v || tap ? b->x : b->xb;

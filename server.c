@@ -99,7 +99,7 @@ static void srv_usage(FILE *f) {
             "                       client may leave output unread (60)\n"
             "  --ring-gb G          GPU memory for weights, in GB (as djinn's; per GPU)\n"
             "  --gpus N|IDS         several GPUs, each holding its part of every layer (as djinn's; default: every\n"
-            "                       visible GPU the model splits over; no breakpoints on several yet)\n"
+            "                       visible GPU the model splits over)\n"
             "  --cpu-share F|auto   fraction of each streamed layer's rows the CPU computes, in steps of any number\n"
             "                       of sequences (auto)\n"
             "  --threads N          CPU threads (the CPUs in the affinity mask)\n"
@@ -998,14 +998,13 @@ static int srv_open_model(srv *s, dj_err *e) {
     dj_gpu_opts go = {.ring_gb = o->ring_gb, .max_seq = ctx, .cpu_share = o->cpu_share, .stream_all = o->stream_all,
                       .kv_type = o->kv_type, .n_gpus = o->n_gpus};
     memcpy(go.gpus, o->gpus, sizeof go.gpus);
-    const int breaks = o->breakpoints > 0 && o->breakpoints != SRV_DEFAULT_PAUSED;  // asked for: one GPU's
-    if (use_gpu) engine_default_gpus(&go, cfg, breaks ? "--breakpoints runs on one" : NULL, "djinn serve");
+    if (use_gpu) engine_default_gpus(&go, cfg, "djinn serve");
     if (go.n_gpus > 1) go.consume = &s->m;  // its weights go to the GPUs' parts; the tokenizer stays
     if (engine_open(&s->eng, &s->m, &go, kv.slots, e)) return 1;
     int32_t breakpoints = o->breakpoints;
     if (!s->eng.set_probe && breakpoints == SRV_DEFAULT_PAUSED) {  // the default, where the engine has no probes
         breakpoints = 0;
-        fprintf(stderr, "djinn serve: breakpoints are off: the engine on several GPUs has no probes yet\n");
+        fprintf(stderr, "djinn serve: breakpoints are off: the %s engine has no probes\n", s->eng.name);
     }
     s->am = (api_model){s->tok, chat, ctx, cfg->vocab_size, cfg->n_layers, cfg->dim, breakpoints > 0};
     // a breakpoint's rows must come back in a resume's body, base64 (4 characters for 3 bytes) beside its fields

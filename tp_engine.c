@@ -282,6 +282,13 @@ static int tp_restore(void *ctx, dj_parked *pk, int32_t slot, dj_err *e) {
     return 0;
 }
 
+// Probes (probe.h) on every GPU: each holds the whole residual stream, adds the vectors and writes replacing rows
+// into its own; GPU 0 records the dump and fills the breakpoints' rows (probe_gpu.c).
+static int job_probe(tp_engine *t, int r, const void *p, dj_err *e) {
+    return gpu_set_probe(t->gpu[r], (dj_probe *)p, e);
+}
+static int tp_set_probe(void *ctx, dj_probe *p, dj_err *e) { return tp_run(ctx, job_probe, p, e); }
+
 // The GPUs' figures as one engine's: the bytes each moved or holds added up (a token's streamed bytes cross every
 // link at once), the times the longest GPU's, the plan and the passes GPU 0's.
 static int job_stats(tp_engine *t, int r, const void *p, dj_err *e) {
@@ -387,7 +394,8 @@ int tp_engine_open(dj_engine *eng, const dj_model *m, const dj_gpu_opts *go, int
     *eng = (dj_engine){.name = "gpu", .is_gpu = 1, .ctx = t, .n_slots = n_slots, .kv_type = go->kv_type,
                        .max_seq = go->max_seq, .forward = tp_forward, .pick = tp_pick, .step_rows = tp_rows,
                        .step_rows_pick = tp_rows_pick, .park = tp_park, .restore = tp_restore, .drop = tp_drop,
-                       .parked_kv = tp_parked_kv, .free = tp_free, .gpu_stats = tp_stats};
+                       .parked_kv = tp_parked_kv, .free = tp_free, .set_probe = tp_set_probe,
+                       .gpu_stats = tp_stats};
     return 0;
 fail:
     tp_free(t);

@@ -218,9 +218,10 @@ Test(tp_gpu, cpu_share_matches_one_gpu) {
 }
 
 // Probes on 2 GPUs (each GPU holds the whole residual stream; GPU 0 fills the breakpoints' rows): a control vector
-// after layer 1, a tap reading positions 5-14 after layer 0 and one writing positions 20-24 after layer 2, against
-// one GPU with the same probe: the logits and the read rows within the split's tolerance (f32: 1e-5), every tapped
-// row counted once. And a zero vector leaves the two GPUs' logits bitwise as they are without a probe.
+// after layer 1 with a tap reading positions 5-14 after layer 0, then the vector with a tap writing positions 20-24
+// after layer 2 (a slot has one tap), against one GPU with the same probes: the logits and the read rows within the
+// split's tolerance (f32: 1e-5), every tapped row counted once. And a zero vector leaves the two GPUs' logits
+// bitwise as they are without a probe.
 static dj_probe *tt_probe(const dj_model *m, const float *vec, float *read, const float *write) {
     dj_err e = {{0}};
     dj_probe *p = probe_new(&m->info.config, &e);
@@ -236,26 +237,33 @@ Test(tp_gpu, probes_match_one_gpu) {
     dj_model m;
     tc_load_stories(&m, DJ_F32, 1);
     const int64_t T = 40, nd = 8, V = m.info.config.vocab_size, dim = m.info.config.dim;
-    int32_t *prompt = tt_prompt(&m, T), t1[8], t2[8];
+    int32_t *prompt = tt_prompt(&m, T), t1[8], t2[8], tw[2][8];
     float *vec = malloc((size_t)dim * 4), *zero = calloc((size_t)dim, 4), *write = malloc((size_t)(5 * dim) * 4);
-    float *read[2] = {malloc((size_t)(10 * dim) * 4), malloc((size_t)(10 * dim) * 4)}, *out[2];
+    float *read[2] = {malloc((size_t)(10 * dim) * 4), malloc((size_t)(10 * dim) * 4)}, *out[2], *outw[2];
     for (int64_t i = 0; i < dim; i++) vec[i] = tc_unif() - 0.5f;
     for (int64_t i = 0; i < 5 * dim; i++) write[i] = 2 * tc_unif() - 1;
     dj_err e = {{0}};
     for (int k = 0; k < 2; k++) {
         dj_engine eng;
         tt_open(&eng, &m, k ? 2 : 1, 0, 1);
-        dj_probe *p = tt_probe(&m, vec, read[k], write);
-        cr_assert_eq(eng.set_probe(eng.ctx, p, &e), 0, "%d GPUs: %s", k + 1, e.msg);
-        out[k] = tt_run(&eng, &m, prompt, T, nd, k ? t2 : t1);
-        cr_assert_eq(probe_untap(p, 0), 10, "%d GPUs: the read tap's rows not each counted once", k + 1);
-        cr_assert_eq(eng.set_probe(eng.ctx, NULL, &e), 0, "%s", e.msg);
+        for (int w = 0; w < 2; w++) {  // the reading tap, then the writing one
+            dj_probe *p = tt_probe(&m, vec, w ? NULL : read[k], w ? write : NULL);
+            cr_assert_eq(eng.set_probe(eng.ctx, p, &e), 0, "%d GPUs: %s", k + 1, e.msg);
+            float *o = tt_run(&eng, &m, prompt, T, nd, w ? tw[k] : k ? t2 : t1);
+            if (w) outw[k] = o;
+            else out[k] = o;
+            cr_assert_eq(probe_untap(p, 0), w ? 5 : 10, "%d GPUs: the %s tap's rows not each counted once", k + 1,
+                         w ? "writing" : "reading");
+            cr_assert_eq(eng.set_probe(eng.ctx, NULL, &e), 0, "%s", e.msg);
+            probe_free(p);
+        }
         engine_close(&eng);
-        probe_free(p);
     }
     tt_close(out[1], out[0], T + nd, V, tt_tol(DJ_F32), "probed f32 on 2 GPUs");
     tt_close(read[1], read[0], 10, dim, tt_tol(DJ_F32), "a breakpoint's rows on 2 GPUs");
+    tt_close(outw[1], outw[0], T + nd, V, tt_tol(DJ_F32), "rows written on 2 GPUs");
     cr_assert_eq(memcmp(t1, t2, sizeof t1), 0, "probed: the greedy tokens differ from one GPU's");
+    cr_assert_eq(memcmp(tw[0], tw[1], sizeof t1), 0, "rows written: the greedy tokens differ from one GPU's");
     // a zero vector on 2 GPUs: bitwise the unprobed 2 GPUs' logits
     float *plain, *zeroed;
     dj_engine eng;
@@ -269,7 +277,7 @@ Test(tp_gpu, probes_match_one_gpu) {
     cr_assert_eq(eng.set_probe(eng.ctx, NULL, &e), 0, "%s", e.msg);
     engine_close(&eng);
     probe_free(p);
-    free(plain), free(zeroed), free(out[0]), free(out[1]), free(read[0]), free(read[1]);
+    free(plain), free(zeroed), free(out[0]), free(out[1]), free(outw[0]), free(outw[1]), free(read[0]), free(read[1]);
     free(vec), free(zero), free(write), free(prompt);
     model_free(&m);
 }

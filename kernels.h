@@ -181,12 +181,23 @@ int gpu_rmsnorm(float *out, const float *x, const float *w, int64_t T, int64_t n
 // the same bits). The parts may be on other devices with peer access to them.
 #define GPU_MAX_PARTS 8
 int gpu_sum_parts(float *y, const float *const *parts, int n, int64_t len, cudaStream_t s, dj_err *e);
-// GPU `rank` of n meets the others on the device: *count (its device memory) += 1, its flag flags[rank] set to it
-// after everything earlier on s, then a wait until every flags[k] has reached it (the other GPUs' flags by peer
-// access). *err (host-mapped) set where it gave up: *abort (host-mapped) raised, or about 30 s without a GPU coming
-// (clock_khz: the device's clock, cudaDevAttrClockRate). One block: the rest of the device stays free.
-int gpu_tp_meet(unsigned long long *count, unsigned long long *const *flags, int n, int rank, const volatile int *abort,
-                volatile int *err, int clock_khz, cudaStream_t s, dj_err *e);
+// The tensor-parallel all-reduce on the device (ops.cu says how), GPU `rank` of n: y (len floats) = every GPU's
+// partial summed in GPU order, every GPU the same bits. This GPU's partial is `mine`; out[k] is GPU k's inbox for
+// it and flag_out[k] this GPU's GPU_TP_XCHG_BLOCKS flags in GPU k's memory (both written by peer access), in[k] and
+// flag_in[k] the same for GPU k in this GPU's memory (entries at rank unused); count: this GPU's
+// GPU_TP_XCHG_BLOCKS counts of exchanges (zeroed with every flag before the first). *err (host-mapped) set where a
+// block gave up: *abort (host-mapped) raised, or about 30 s without a GPU coming (clock_khz: cudaDevAttrClockRate).
+#define GPU_TP_XCHG_BLOCKS 128
+typedef struct {
+    float *out[GPU_MAX_PARTS];
+    unsigned long long *flag_out[GPU_MAX_PARTS];
+    const float *in[GPU_MAX_PARTS];
+    const unsigned long long *flag_in[GPU_MAX_PARTS];
+} gpu_tp_xchg;
+int gpu_tp_exchange(float *y, const float *mine, int64_t len, const gpu_tp_xchg *x, int n, int rank,
+                    unsigned long long *count, const volatile int *abort, volatile int *err, int clock_khz,
+                    cudaStream_t s, dj_err *e);
+int gpu_tp_exchange_blocks(int64_t len);  // the blocks (slices) an exchange of len floats cuts, 1..GPU_TP_XCHG_BLOCKS
 int gpu_add_rmsnorm(float *x, const float *delta, float *out, const float *w, int64_t T, int64_t n, float eps,
                     cudaStream_t s, dj_err *e);
 // The residual add alone: out (T, n) = x + delta, plus v (n) on every row when v is not NULL (a control vector:

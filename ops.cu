@@ -385,44 +385,87 @@ extern "C" int gpu_sum_parts(float *y, const float *const *parts, int n, int64_t
     return 0;
 }
 
-// ---- the tensor-parallel GPUs' meeting on the device (tp_link.c): GPU `rank` announces its partial (its flag set to
-// its next sequence number, after everything before it on the stream) and waits until every GPU's flag has reached
-// that number, one thread a GPU polling it (peer reads). A single block, so that on a device shared by two parts
-// (tests) the other part's kernels still find multiprocessors. It gives up, setting *err, when the host raises
-// *abort (another GPU's call failed) or after about TP_MEET_TIMEOUT_S seconds (a GPU that never comes).
-#define TP_MEET_TIMEOUT_S 30.0
-struct meet_flags {
-    unsigned long long *f[GPU_MAX_PARTS];
+// ---- the tensor-parallel all-reduce on the device (tp_link.c), GPU `rank` of n. Each block b takes its own slice of
+// the len floats (gpu_tp_exchange_blocks: every GPU cuts the same slices) and
+//  1. pushes its slice of this GPU's partial into every other GPU's inbox (stores by peer access: nothing waits on a
+//     remote read's round trip),
+//  2. announces it: its count of exchanges (count[b], this GPU's memory) raised by one and written, after a system
+//     fence, into the block's flag in every other GPU's memory,
+//  3. waits, one thread a GPU polling this GPU's own memory, until every other GPU's flag for block b has reached
+//     that count (>=: a GPU may already be one exchange further), then
+//  4. sums its slice, part 0 + part 1 + ... in GPU order (this GPU's from mine, the others' from its inbox, read past
+//     L1), so every GPU gets the same bits.
+// A GPU's block b counts exactly the exchanges its peers' block b counts (the same sequence of lengths), so the
+// flags need no reset between passes and a captured graph replays them. The block gives up, setting *err, when the
+// host raises *abort (another GPU's call failed) or after about TP_XCHG_TIMEOUT_S seconds (a GPU that never comes).
+#define TP_XCHG_TIMEOUT_S 30.0
+#define TP_XCHG_THREADS 256
+#define TP_XCHG_SLICE 1024  // floats a block at least: one row of 4096 in 4 blocks
+#define TP_XCHG_POLLS 4096
+struct xchg_args {
+    float *out[GPU_MAX_PARTS];                      // GPU k's inbox for this GPU (unused at rank)
+    unsigned long long *flag_out[GPU_MAX_PARTS];    // this GPU's flags in GPU k's memory, one a block
+    const float *in[GPU_MAX_PARTS];                 // this GPU's inbox for GPU k
+    const unsigned long long *flag_in[GPU_MAX_PARTS];  // GPU k's flags in this GPU's memory
 };
-__global__ void tp_meet_kernel(unsigned long long *count, meet_flags fl, int n, int rank, const volatile int *abort,
-                               volatile int *err, long long timeout_cycles) {
-    __shared__ unsigned long long s;
+extern "C" int gpu_tp_exchange_blocks(int64_t len) {
+    const int64_t b = (len + TP_XCHG_SLICE - 1) / TP_XCHG_SLICE;
+    return (int)(b < 1 ? 1 : b > GPU_TP_XCHG_BLOCKS ? GPU_TP_XCHG_BLOCKS : b);
+}
+__global__ void tp_exchange_kernel(float *y, const float *mine, int64_t len, xchg_args a, int n, int rank,
+                                   unsigned long long *count, const volatile int *abort, volatile int *err,
+                                   long long timeout_cycles) {
+    __shared__ unsigned long long gen;
+    const int b = blockIdx.x;
+    const int64_t slice = ((len + gridDim.x - 1) / gridDim.x + 3) & ~(int64_t)3;  // whole float4s
+    const int64_t lo = b * slice, hi = lo + slice < len ? lo + slice : len;
+    const int64_t hi4 = lo + ((hi > lo ? hi - lo : 0) & ~(int64_t)3);  // the float4 part; a tail of 0-3 floats
+    for (int64_t i = lo + 4 * (int64_t)threadIdx.x; i < hi4; i += 4 * TP_XCHG_THREADS) {
+        const float4 v = *(const float4 *)(mine + i);
+        for (int k = 0; k < n; k++)
+            if (k != rank) *(float4 *)(a.out[k] + i) = v;
+    }
+    for (int64_t i = hi4 + threadIdx.x; i < hi; i += TP_XCHG_THREADS)
+        for (int k = 0; k < n; k++)
+            if (k != rank) a.out[k][i] = mine[i];
+    __syncthreads();
     if (threadIdx.x == 0) {
-        s = *count + 1;
-        *count = s;
-        __threadfence_system();  // this GPU's partial, written before on the stream, seen before the flag
-        atomicExch(fl.f[rank], s);
+        gen = count[b] + 1;
+        count[b] = gen;
+        __threadfence_system();  // every thread's pushes (ordered before by the barrier) land before the flags
+        for (int k = 0; k < n; k++)
+            if (k != rank) *(volatile unsigned long long *)(a.flag_out[k] + b) = gen;
     }
     __syncthreads();
-    if ((int)threadIdx.x >= n || (int)threadIdx.x == rank) return;
-    const long long t0 = clock64();
-    volatile unsigned long long *peer = fl.f[threadIdx.x];
-    while (*peer < s) {
-        if (*abort || clock64() - t0 > timeout_cycles) {
-            *err = 1;
-            break;
-        }
+    if ((int)threadIdx.x < n && (int)threadIdx.x != rank) {
+        const volatile unsigned long long *f = a.flag_in[threadIdx.x] + b;
+        const long long t0 = clock64();
+        // (the abort word is host memory: read across PCIe once every TP_XCHG_POLLS polls of the local flag, not each)
+        for (unsigned polls = 1; *f < gen; polls++)
+            if (polls % TP_XCHG_POLLS == 0 && (*abort || clock64() - t0 > timeout_cycles)) {
+                *err = 1;
+                break;
+            }
+        __threadfence_system();  // the peer's slice read after its flag
     }
-    __threadfence_system();  // the peer's partial read after its flag
+    __syncthreads();
+    for (int64_t i = lo + threadIdx.x; i < hi; i += TP_XCHG_THREADS) {
+        float acc = rank == 0 ? mine[i] : __ldcg(a.in[0] + i);
+        for (int k = 1; k < n; k++) acc += k == rank ? mine[i] : __ldcg(a.in[k] + i);
+        y[i] = acc;
+    }
 }
 
-extern "C" int gpu_tp_meet(unsigned long long *count, unsigned long long *const *flags, int n, int rank,
-                           const volatile int *abort, volatile int *err, int clock_khz, cudaStream_t s, dj_err *e) {
-    if (n < 1 || n > GPU_MAX_PARTS || rank < 0 || rank >= n)
-        return dj_fail(e, "gpu_tp_meet: rank %d of %d", rank, n);
-    meet_flags fl = {};
-    for (int k = 0; k < n; k++) fl.f[k] = flags[k];
-    tp_meet_kernel<<<1, 32, 0, s>>>(count, fl, n, rank, abort, err, (long long)(TP_MEET_TIMEOUT_S * 1e3 * clock_khz));
-    LAUNCH_CHECK("tp_meet", s);
+extern "C" int gpu_tp_exchange(float *y, const float *mine, int64_t len, const gpu_tp_xchg *x, int n, int rank,
+                               unsigned long long *count, const volatile int *abort, volatile int *err, int clock_khz,
+                               cudaStream_t s, dj_err *e) {
+    if (n < 1 || n > GPU_MAX_PARTS || rank < 0 || rank >= n || len < 0)
+        return dj_fail(e, "gpu_tp_exchange: rank %d of %d, %lld floats", rank, n, (long long)len);
+    xchg_args a = {};
+    for (int k = 0; k < n; k++)
+        a.out[k] = x->out[k], a.flag_out[k] = x->flag_out[k], a.in[k] = x->in[k], a.flag_in[k] = x->flag_in[k];
+    tp_exchange_kernel<<<gpu_tp_exchange_blocks(len), TP_XCHG_THREADS, 0, s>>>(
+        y, mine, len, a, n, rank, count, abort, err, (long long)(TP_XCHG_TIMEOUT_S * 1e3 * clock_khz));
+    LAUNCH_CHECK("tp_exchange", s);
     return 0;
 }

@@ -80,11 +80,12 @@ static void tp_each(tp_engine *t, tp_job job, const void *args) {
     while (t->left) pthread_cond_wait(&t->done, &t->mu);
     pthread_mutex_unlock(&t->mu);
 }
-static int job_drain(tp_engine *t, int r, const void *args, dj_err *e) { return tp_rejoin(t->link, r, e); }
+static int job_drain(tp_engine *t, int r, const void *args, dj_err *e) { return gpu_device_sync(e); }
+static int job_rejoin(tp_engine *t, int r, const void *args, dj_err *e) { return tp_rejoin(t->link, r, e); }
 
 // job on every GPU at once; 0, or -1 with the first GPU's own error (not the "another GPU's pass failed" it caused),
 // or where a GPU's meeting gave up (its sums not to be trusted). After a failure every GPU's device is drained (the
-// meetings waiting given up on tp_fail's abort) and the meetings' counts zeroed, so the next call starts clean.
+// exchanges waiting given up on tp_fail's abort), then the exchanges' counts and flags zeroed, so the next call starts clean.
 static int tp_run(tp_engine *t, tp_job job, const void *args, dj_err *e) {
     tp_each(t, job, args);
     if (tp_gave_up(t->link)) {
@@ -107,7 +108,8 @@ static int tp_run(tp_engine *t, tp_job job, const void *args, dj_err *e) {
         memcpy(m, e->msg, sizeof m - 1), m[sizeof m - 1] = 0;
         snprintf(e->msg, sizeof e->msg, "GPU %d: %s", t->opts[bad].gpus[0], m);
     }
-    tp_each(t, job_drain, NULL);
+    tp_each(t, job_drain, NULL);  // (every GPU drained before any zeroes its flags: the others write them)
+    tp_each(t, job_rejoin, NULL);
     tp_reset(t->link);
     return -1;
 }

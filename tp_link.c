@@ -14,18 +14,20 @@ struct tp_link {
     pthread_cond_t cv;
     int arrived, turn;     // (under mu)
     _Atomic int gen, failed;  // barriers passed; a GPU failed (set under mu, polled without it)
-    // GPU r's partials (two, by the parity of its all-reduces within a pass); on its device, the count of its
-    // meetings and its flag (the last it announced, read by the others); the host-mapped words: abort (raised by
-    // tp_fail) and each GPU's err (its meeting gave up)
-    float *part[TP_MAX_GPUS][2];
+    // GPU r's partials (two, by the parity of its all-reduces within a pass), written by its matmuls; in its memory,
+    // the inboxes the others push their partials into (inbox[r][p] + k * max_len: GPU k's), the flags they raise
+    // there (flag[r] + k * GPU_TP_XCHG_BLOCKS) and its own counts of exchanges, a block each (gpu_tp_exchange); the
+    // host-mapped words: abort (raised by tp_fail) and each GPU's err (its exchange gave up)
+    float *part[TP_MAX_GPUS][2], *inbox[TP_MAX_GPUS][2];
+    int64_t max_len;
     int par[TP_MAX_GPUS];
     unsigned long long *count[TP_MAX_GPUS], *flag[TP_MAX_GPUS];
     int clock_khz[TP_MAX_GPUS];
     int *abort_word, *err;  // (1 + TP_MAX_GPUS ints, page-locked and mapped: abort_word then err)
     int *d_abort[TP_MAX_GPUS], *d_err[TP_MAX_GPUS];  // their addresses on GPU r
-    // parts sharing a device (tests' stand-in for GPUs): a meeting spinning on the device could block, in a
+    // parts sharing a device (tests' stand-in for GPUs): an exchange spinning on the device could block, in a
     // hardware queue the device's streams share, the kernel of the part it waits for; they meet on the host instead
-    // (events recorded after each partial, a barrier, waits), as before the device meetings
+    // (events recorded after each partial, a barrier, waits, the partials summed where they lie)
     int shared;
     cudaEvent_t ready[TP_MAX_GPUS][2];
 };
@@ -54,9 +56,11 @@ void tp_link_free(tp_link *l) {
     for (int r = 0; r < l->n; r++)
         if (l->part[r][0] || l->count[r]) {
             gpu_set_device(l->devices[r], NULL);
-            gpu_free(l->part[r][0]), gpu_free(l->part[r][1]), gpu_free(l->count[r]), gpu_free(l->flag[r]);
-            for (int p = 0; p < 2; p++)
+            gpu_free(l->count[r]), gpu_free(l->flag[r]);
+            for (int p = 0; p < 2; p++) {
+                gpu_free(l->part[r][p]), gpu_free(l->inbox[r][p]);
                 if (l->ready[r][p]) gpu_event_destroy(l->ready[r][p]);
+            }
         }
     gpu_host_free(l->abort_word);
     pthread_mutex_destroy(&l->mu);
@@ -103,8 +107,10 @@ void tp_reset(tp_link *l) {
 }
 
 int tp_rejoin(tp_link *l, int rank, dj_err *e) {
-    return gpu_device_sync(e) || gpu_memset(l->count[rank], 0, sizeof(unsigned long long), NULL, e) ||
-           gpu_memset(l->flag[rank], 0, sizeof(unsigned long long), NULL, e) || gpu_device_sync(e);
+    if (l->shared) return 0;
+    return gpu_memset(l->count[rank], 0, GPU_TP_XCHG_BLOCKS * sizeof(unsigned long long), NULL, e) ||
+           gpu_memset(l->flag[rank], 0, (size_t)l->n * GPU_TP_XCHG_BLOCKS * sizeof(unsigned long long), NULL, e) ||
+           gpu_device_sync(e);
 }
 
 int tp_gave_up(const tp_link *l) {
@@ -116,9 +122,12 @@ int tp_gave_up(const tp_link *l) {
 void tp_pass_begin(tp_link *l, int rank) { l->par[rank] = 0; }
 
 int tp_link_join(tp_link *l, int rank, int64_t max_rows, int64_t dim, dj_err *e) {
+    const size_t part = (size_t)(max_rows * dim) * 4, words = GPU_TP_XCHG_BLOCKS * sizeof(unsigned long long);
+    l->max_len = max_rows * dim;  // (every GPU's the same)
     for (int p = 0; p < 2; p++)
-        if (gpu_malloc((void **)&l->part[rank][p], (size_t)(max_rows * dim) * 4, "tensor-parallel partial sums", e) ||
-            (l->shared && gpu_event_create(&l->ready[rank][p], 0, e)))
+        if (gpu_malloc((void **)&l->part[rank][p], part, "tensor-parallel partial sums", e) ||
+            (l->shared && gpu_event_create(&l->ready[rank][p], 0, e)) ||
+            (!l->shared && gpu_malloc((void **)&l->inbox[rank][p], part * l->n, "tensor-parallel partial sums", e)))
             return -1;
     // the host-mapped words, GPU 0's to make (portable: every device maps them)
     if (rank == 0) {
@@ -127,11 +136,10 @@ int tp_link_join(tp_link *l, int rank, int64_t max_rows, int64_t dim, dj_err *e)
         memset(l->abort_word, 0, (1 + TP_MAX_GPUS) * sizeof(int));
         l->err = l->abort_word + 1;
     }
-    if (gpu_malloc((void **)&l->count[rank], sizeof(unsigned long long), "the GPUs' meeting words", e) ||
-        gpu_malloc((void **)&l->flag[rank], sizeof(unsigned long long), "the GPUs' meeting words", e) ||
-        gpu_memset(l->count[rank], 0, sizeof(unsigned long long), NULL, e) ||
-        gpu_memset(l->flag[rank], 0, sizeof(unsigned long long), NULL, e) || gpu_device_sync(e) ||
-        gpu_clock_khz(&l->clock_khz[rank], e))
+    if (gpu_malloc((void **)&l->count[rank], words, "the GPUs' meeting words", e) ||
+        gpu_malloc((void **)&l->flag[rank], words * l->n, "the GPUs' meeting words", e) ||
+        gpu_memset(l->count[rank], 0, words, NULL, e) || gpu_memset(l->flag[rank], 0, words * l->n, NULL, e) ||
+        gpu_device_sync(e) || gpu_clock_khz(&l->clock_khz[rank], e))
         return -1;
     if (tp_barrier(l, e)) return -1;  // every GPU's buffers exist
     if (gpu_host_device_ptr((void **)&l->d_abort[rank], l->abort_word, e) ||
@@ -144,27 +152,37 @@ int tp_link_join(tp_link *l, int rank, int64_t max_rows, int64_t dim, dj_err *e)
 
 float *tp_part(tp_link *l, int rank) { return l->part[rank][l->par[rank]]; }
 
-// The GPUs meet on the device (gpu_tp_meet), so the host threads never wait for each other within a pass and a
-// pass can be one CUDA graph. GPU r writes part[r][p] again only two all-reduces later, after the meeting between,
-// which every GPU reaches only after its sum of part[.][p]: no GPU overwrites a partial another is still reading.
-// A pass has an even number of all-reduces and each starts at parity 0 (tp_pass_begin), so a captured pass's
-// pointers are those of every replay.
+// The GPUs exchange their partials on the device (gpu_tp_exchange), so the host threads never wait for each other
+// within a pass and a pass can be one CUDA graph. GPU k pushes into GPU r's inbox of parity p again only two
+// all-reduces later, once its exchange between has seen r's flags for it, which r raises only after its sum of
+// inbox p (stream order): no GPU overwrites a partial another is still reading. A pass has an even number of
+// all-reduces and each starts at parity 0 (tp_pass_begin), so a captured pass's pointers are those of every replay.
 // Parts sharing a device meet on the host: each waits for every other's event, whose latest record the barrier
-// makes this all-reduce's.
+// makes this all-reduce's, and sums the partials where they lie.
 int tp_allreduce(tp_link *l, int rank, float *out, int64_t n, cudaStream_t s, dj_err *e) {
     const int p = l->par[rank];
     l->par[rank] ^= 1;
-    const float *parts[TP_MAX_GPUS];
-    for (int r = 0; r < l->n; r++) parts[r] = l->part[r][p];
+    if (n > l->max_len) return dj_fail(e, "tensor parallel: an all-reduce of %lld floats (at most %lld)", (long long)n,
+                                       (long long)l->max_len);
     if (l->shared) {
+        const float *parts[TP_MAX_GPUS];
+        for (int r = 0; r < l->n; r++) parts[r] = l->part[r][p];
         if (gpu_event_record(l->ready[rank][p], s, e) || tp_barrier(l, e)) return -1;
         for (int r = 0; r < l->n; r++)
             if (r != rank && gpu_stream_wait(s, l->ready[r][p], e)) return -1;
         return gpu_sum_parts(out, parts, l->n, n, s, e);
     }
-    if (gpu_tp_meet(l->count[rank], l->flag, l->n, rank, l->d_abort[rank], l->d_err[rank], l->clock_khz[rank], s, e))
-        return -1;
-    return gpu_sum_parts(out, parts, l->n, n, s, e);
+    gpu_tp_xchg x;
+    memset(&x, 0, sizeof x);
+    for (int k = 0; k < l->n; k++) {
+        if (k == rank) continue;
+        x.out[k] = l->inbox[k][p] + rank * l->max_len;
+        x.flag_out[k] = l->flag[k] + rank * GPU_TP_XCHG_BLOCKS;
+        x.in[k] = l->inbox[rank][p] + k * l->max_len;
+        x.flag_in[k] = l->flag[rank] + k * GPU_TP_XCHG_BLOCKS;
+    }
+    return gpu_tp_exchange(out, l->part[rank][p], n, &x, l->n, rank, l->count[rank], l->d_abort[rank], l->d_err[rank],
+                           l->clock_khz[rank], s, e);
 }
 
 int tp_graphable(const tp_link *l) { return !l->shared; }

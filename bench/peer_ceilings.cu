@@ -6,8 +6,11 @@
 //   ceiling of a streamed step with a CPU share on N GPUs: the links' rate plus the reads' beside them).
 //   Peer: cudaMemcpyPeerAsync of 256 MiB from each GPU to each other (GB/s), and the all-reduce's own step as the
 //   engine runs it (tp_link.c): GPU a's gpu_sum_parts over its partial and GPU b's, read by peer access, for one
-//   decode row (4096 floats) and for 64 rows, each launch timed on a's stream (us).
-// Usage: peer_ceilings [out.json]. GPU machine with two or more GPUs (one: the per-link rows only, said on stderr).
+//   decode row (4096 floats) and for 64 rows, each launch timed on a's stream (us). Then the all-reduce itself as the
+//   engine runs it on GPUs 0 and 1 (gpu_tp_exchange: each pushes its partial and flags into the other's memory,
+//   waits for the other's, sums), 200 back to back captured in a graph on each GPU, both launched at once: us an
+//   all-reduce, one row and 64 rows.
+// Usage: peer_ceilings [out.json] (PC_EXCHANGE_ONLY=1: the all-reduce's line alone). GPU machine with two or more GPUs (one: the per-link rows only, said on stderr).
 #include <cuda_runtime.h>
 
 #include <chrono>
@@ -77,6 +80,92 @@ static void links_at_once(pc_link *l, const int *use, int n, int rounds, double 
     }
 }
 
+// The all-reduce on GPUs 0 and 1 as tp_link.c runs it (peer access enabled both ways), us each, for one row of 4096
+// floats and for 64: PC_XCHG exchanges captured in a graph on each GPU, both graphs launched, timed on GPU 0.
+#define PC_XCHG 200
+static void exchange_us(pc_link *l, double *us) {
+    const int64_t max_len = 64 * 4096;
+    const size_t words = GPU_TP_XCHG_BLOCKS * sizeof(unsigned long long);
+    float *mine[2], *inbox[2], *y[2];
+    unsigned long long *count[2], *flag[2];
+    int *words_h, *abort_d[2], *err_d[2];
+    CK(cudaHostAlloc(&words_h, 3 * sizeof(int), cudaHostAllocPortable | cudaHostAllocMapped));
+    memset(words_h, 0, 3 * sizeof(int));
+    for (int d = 0; d < 2; d++) {
+        CK(cudaSetDevice(d));
+        CK(cudaMalloc(&mine[d], max_len * 4));
+        CK(cudaMalloc(&inbox[d], max_len * 4));
+        CK(cudaMalloc(&y[d], max_len * 4));
+        CK(cudaMalloc(&count[d], words));
+        CK(cudaMalloc(&flag[d], 2 * words));
+        CK(cudaMemset(mine[d], 0, max_len * 4));
+        CK(cudaMemset(count[d], 0, words));
+        CK(cudaMemset(flag[d], 0, 2 * words));
+        CK(cudaHostGetDevicePointer((void **)&abort_d[d], words_h, 0));
+        err_d[d] = abort_d[d] + 1 + d;
+        CK(cudaDeviceSynchronize());
+    }
+    int khz[2];
+    for (int d = 0; d < 2; d++) CK(cudaDeviceGetAttribute(&khz[d], cudaDevAttrClockRate, d));
+    const int64_t rows[2] = {1, 64};
+    for (int k = 0; k < 2; k++) {
+        const int64_t len = rows[k] * 4096;
+        cudaGraphExec_t g[2];
+        for (int d = 0; d < 2; d++) {
+            const int o = 1 - d;
+            gpu_tp_xchg x;
+            memset(&x, 0, sizeof x);
+            x.out[o] = inbox[o], x.flag_out[o] = flag[o] + d * GPU_TP_XCHG_BLOCKS;
+            x.in[o] = inbox[d], x.flag_in[o] = flag[d] + o * GPU_TP_XCHG_BLOCKS;
+            CK(cudaSetDevice(d));
+            cudaGraph_t gr;
+            CK(cudaStreamBeginCapture(l[d].s, cudaStreamCaptureModeThreadLocal));
+            for (int i = 0; i < PC_XCHG; i++)
+                CKD(gpu_tp_exchange(y[d], mine[d], len, &x, 2, d, count[d], abort_d[d], err_d[d], khz[d], l[d].s, &e_));
+            CK(cudaStreamEndCapture(l[d].s, &gr));
+            CK(cudaGraphInstantiate(&g[d], gr, 0));
+            CK(cudaGraphDestroy(gr));
+        }
+        double best = 1e30;
+        for (int rep = 0; rep < 6; rep++) {  // the first warms
+            cudaEvent_t t0, t1;
+            CK(cudaSetDevice(0));
+            CK(cudaEventCreate(&t0));
+            CK(cudaEventCreate(&t1));
+            CK(cudaEventRecord(t0, l[0].s));
+            CK(cudaGraphLaunch(g[0], l[0].s));
+            CK(cudaEventRecord(t1, l[0].s));
+            CK(cudaSetDevice(1));
+            CK(cudaGraphLaunch(g[1], l[1].s));
+            CK(cudaStreamSynchronize(l[1].s));
+            CK(cudaSetDevice(0));
+            CK(cudaEventSynchronize(t1));
+            float ms = 0;
+            CK(cudaEventElapsedTime(&ms, t0, t1));
+            if (rep && ms < best) best = ms;
+            CK(cudaEventDestroy(t0));
+            CK(cudaEventDestroy(t1));
+        }
+        if (words_h[1] || words_h[2]) {
+            fprintf(stderr, "peer_ceilings: an exchange gave up\n");
+            exit(1);
+        }
+        us[k] = 1e3 * best / PC_XCHG;
+        for (int d = 0; d < 2; d++) CK(cudaGraphExecDestroy(g[d]));
+    }
+    printf("the all-reduce on GPUs 0 and 1 (gpu_tp_exchange, in graphs): one row %.2f us, 64 rows %.2f us\n", us[0],
+           us[1]);
+    for (int d = 0; d < 2; d++) {
+        CK(cudaSetDevice(d));
+        CK(cudaFree(mine[d]));
+        CK(cudaFree(inbox[d]));
+        CK(cudaFree(y[d]));
+        CK(cudaFree(count[d]));
+        CK(cudaFree(flag[d]));
+    }
+    CK(cudaFreeHost(words_h));
+}
+
 int main(int argc, char **argv) {
     int n = gpu_count();
     if (n == 0) {
@@ -89,9 +178,19 @@ int main(int argc, char **argv) {
     for (int d = 0; d < n; d++) {
         CK(cudaSetDevice(d));
         CK(cudaStreamCreateWithFlags(&l[d].s, cudaStreamNonBlocking));
+        if (getenv("PC_EXCHANGE_ONLY")) continue;
         CK(cudaMalloc(&l[d].dev, PC_CHUNK * PC_CHUNKS));
         CK(cudaHostAlloc(&l[d].host, PC_CHUNK * PC_CHUNKS, cudaHostAllocPortable));
         memset(l[d].host, 1 + d, PC_CHUNK * PC_CHUNKS);
+    }
+    if (getenv("PC_EXCHANGE_ONLY")) {  // the all-reduce alone (peer access both ways between GPUs 0 and 1)
+        double us[2];
+        for (int d = 0; d < 2 && n >= 2; d++) {
+            CK(cudaSetDevice(d));
+            CK(cudaDeviceEnablePeerAccess(1 - d, 0));
+        }
+        if (n >= 2) exchange_us(l, us);
+        return n >= 2 ? 0 : 1;
     }
     int all[PC_MAX];
     for (int d = 0; d < n; d++) all[d] = d;
@@ -158,6 +257,8 @@ int main(int argc, char **argv) {
             printf("GPU %d <- %d: peer copy %.2f GB/s; the all-reduce's sum over both partials (peer reads): one row "
                    "%.2f us, 64 rows %.2f us\n", a, b, peer_gbs[a][b], sum_us[a][b][0], sum_us[a][b][1]);
         }
+    double xchg_us[2] = {0, 0};
+    if (n >= 2 && peer_gbs[0][1] > 0 && peer_gbs[1][0] > 0) exchange_us(l, xchg_us);
     FILE *f = argc > 1 ? fopen(argv[1], "w") : NULL;
     if (argc > 1 && !f) {
         perror(argv[1]);
@@ -179,7 +280,7 @@ int main(int argc, char **argv) {
                                    sum_us[a][b][0], sum_us[a][b][1]) < 0;
                     first = 0;
                 }
-        bad |= fprintf(f, "]}\n") < 0;
+        bad |= fprintf(f, "], \"exchange_1row_us\": %.3f, \"exchange_64rows_us\": %.3f}\n", xchg_us[0], xchg_us[1]) < 0;
         if (bad || fclose(f)) {
             perror(argv[1]);
             return 1;

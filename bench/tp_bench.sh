@@ -6,7 +6,7 @@
 #
 # 1. build/bin/peer_ceilings: each link's pinned H2D alone and all at once, the host's reads beside them, peer copies
 #    and the all-reduce's sum -> OUT_DIR/peer.json, peer.txt
-# 2. Llama-3-8B shape in q4 (random weights, tools/make_random_llama.py): a greedy run of $N_NEW (64) tokens on
+# 2. ($CASES: any of resident min_link min_share, default all) Llama-3-8B shape in q4 (random weights, tools/make_random_llama.py): a greedy run of $N_NEW (64) tokens on
 #    --gpus 1 and --gpus $GPUS (default 2), all resident and streamed at each one's minimum ring with --cpu-share 0
 #    -> OUT_DIR/<case>_g<N>.json (djinn's --stats-json); and at the minimum ring with the automatic CPU share
 #    (min_share: each GPU's share computed on its own threads, the host's cores divided among the GPUs)
@@ -27,6 +27,8 @@ GPUS=${GPUS:-2}
 N_NEW=${N_NEW:-64}
 CONCURRENCY=${CONCURRENCY:-1 64}
 PORT=${PORT:-18093}
+CASES=${CASES:-resident min_link min_share}
+has_case() { case " $CASES " in *" $1 "*) return 0 ;; esac; return 1; }
 mkdir -p "$OUT_DIR" "$WORK" || exit 1
 . bench/lib.sh
 trap stop_server EXIT
@@ -53,10 +55,11 @@ run_case() {  # NAME N ARGS...
         2> "$WORK/run.log" || { echo "  FAILED"; tail -3 "$WORK/run.log"; }
 }
 for n in 1 "$GPUS"; do
-    run_case resident "$n"
+    has_case resident && run_case resident "$n"
+    has_case min_link || has_case min_share || continue
     r=$(min_ring_n "$bin" "$n")
-    run_case min_link "$n" --ring-gb "${r:?no minimum ring}"
-    run_case min_share "$n" --ring-gb "$r" --cpu-share auto
+    has_case min_link && run_case min_link "$n" --ring-gb "${r:?no minimum ring}"
+    has_case min_share && run_case min_share "$n" --ring-gb "${r:?no minimum ring}" --cpu-share auto
 done
 cmp -s "$OUT_DIR/resident_g1.txt" "$OUT_DIR/resident_g$GPUS.txt" && echo "  greedy text: the same on 1 and $GPUS GPUs" ||
     echo "  greedy text: DIFFERS between 1 and $GPUS GPUs"
@@ -114,6 +117,8 @@ if peer:
     links = sum(peer["h2d_together_gbs"])
     print(f"links: alone {peer['h2d_alone_gbs']} GB/s, together {links:.2f}; host reads beside them "
           f"{peer['host_read_beside_links_gbs']:.2f} (combined {peer['links_beside_reads_gbs'] + peer['host_read_beside_links_gbs']:.2f})")
+    if peer.get("exchange_1row_us"):
+        print(f"all-reduce on GPUs 0 and 1 (gpu_tp_exchange in graphs): 1 row {peer['exchange_1row_us']:.1f} us, 64 rows {peer['exchange_64rows_us']:.1f} us")
     for p in peer["peer"]:
         print(f"peer {p['from']} -> {p['to']}: {p['copy_gbs']:.1f} GB/s; all-reduce sum 1 row {p['sum_1row_us']:.1f} us, 64 rows {p['sum_64rows_us']:.1f} us")
 print()

@@ -1025,18 +1025,21 @@ extern "C" int gpu_qgemm_ok(uint32_t wtype, const void *w, int64_t T, int64_t n_
 // The tile shape for T tokens, n_in inputs and n_out rows (bench/qgemm_bench.cu; bench/results/qgemm_reg, H200, the
 // Llama-3-8B layer). Up to 64 tokens the register kernel: 8 tokens a block up to 8, 16 up to 16 (q4 in 2 x 16-row
 // tiles a warp and 512 inputs a unit, 0.97x the time of q8's shape; q8 in one tile and 256, 0.92x q4's), 32 up to
-// 32, 64 up to 64 (the q4 layer at 64 tokens 0.89x the wgmma kernel's time, q8 0.86x). Beyond 64 tokens on Hopper
-// the wgmma shape of least estimated time: waves of CTAs (as many as multiprocessors; a started wave costs 0.6 of a
-// full one plus 0.4 times its fill, a single wave a whole one) times the stages a CTA runs times a stage's cost: 1.4
-// for 256 tokens (twice the tokens of 128 for each widened weight), 1.7 split (a pass half as long pays its start,
-// the zeroing of y, and x without the bulk copy), 1.1 and 1 for 128 split and whole (two CTAs a multiprocessor,
-// which this estimate leaves out: counting them as half a wave fitted worse). Fitted to the H100 run
-// of every shape at T = 128..2048: the chosen shapes take 1.002x the time of the best of the four, at worst 1.06x.
-// At 512 tokens the 4096-row matrices get 256 split (64 CTAs of 256 whole left half the SMs idle: 1.6x the time).
+// 32, 64 up to 64 (the q4 layer at 64 tokens 0.89x the wgmma kernel's time, q8 0.86x) but for matrices of at most
+// 2^24 weights, which keep 32 (the 8B's wo at 64 tokens: 24.4 against 26.8 us; as each of two GPUs holds the 8B,
+// q|k|v 22.5 against 26.3 and wo 16.5 against 20.6: bench/results/qgemm_reg/tp2_shapes_8b.txt, q64_8b.txt).
+// Beyond 64 tokens on Hopper the wgmma shape of least estimated time: waves of CTAs (as many as multiprocessors; a
+// started wave costs 0.6 of a full one plus 0.4 times its fill, a single wave a whole one) times the stages a CTA runs
+// times a stage's cost: 1.4 for 256 tokens (twice the tokens of 128 for each widened weight), 1.7 split (a pass half as
+// long pays its start, the zeroing of y, and x without the bulk copy), 1.1 and 1 for 128 split and whole (two CTAs a
+// multiprocessor, which this estimate leaves out: counting them as half a wave fitted worse). Fitted to the H100 run of
+// every shape at T = 128..2048: the chosen shapes take 1.002x the time of the best of the four, at worst 1.06x. At 512
+// tokens the 4096-row matrices get 256 split (64 CTAs of 256 whole left half the SMs idle: 1.6x the time).
 static int qgemm_pick_cost(const dj_gpu *g, uint32_t wtype, int64_t T, int64_t n_in, int64_t n_out, double *cost) {
     const int64_t rows = (n_out + 127) / 128, stages = ((n_in + DJ_QGROUP - 1) / DJ_QGROUP + 1) / 2;
     *cost = 0;
-    if (T <= 64) return T <= 8 ? 12 : T <= 16 ? (wtype == DJ_Q4 ? 14 : 13) : T <= 32 ? 15 : 16;  // the register kernel
+    if (T <= 64)  // the register kernel
+        return T <= 8 ? 12 : T <= 16 ? (wtype == DJ_Q4 ? 14 : 13) : T <= 32 || n_in * n_out <= (1 << 24) ? 15 : 16;
     if (!g->wgmma) return 0;
     static const struct {
         int variant, bn, ks;

@@ -1,7 +1,8 @@
 // bench/qgemm_bench.cu: the quantized product y (T, n_out) = x (T, n_in) . W^T for T > 1 on the layer shapes of
-// Llama-3-8B, Llama-2-13B and Llama-3-70B, in q8 and q4: every tile shape of qgemm.cu (gpu_qgemm_variant) beside the
-// path it replaces (rows dequantized to f16 a chunk at a time, then cuBLAS) and beside cuBLAS on f16 weights of
-// the same shape (what the q8/q4 prefill is held to); up to 8 tokens also the persistent GEMV, which reads W once
+// Llama-3-8B, Llama-2-13B and Llama-3-70B (and the 8B as each of two GPUs holds it: 8b_tp2), in q8 and q4: every
+// tile shape of qgemm.cu (gpu_qgemm_variant) beside the path it replaces (rows dequantized to f16 a chunk at a
+// time, then cuBLAS) and beside cuBLAS on f16 weights of the same shape (what the q8/q4 prefill is held to); up
+// to 8 tokens also the persistent GEMV, which reads W once
 // for all of them (gemv us; x quantized per group of 32 in two int8 parts: relative L2 <= 1e-3); and gpu_matmul's own
 // choice among them (matmul us: what the engine runs). Each variant's output is checked against the dequantizing
 // path's (same f16 operands, summation order only: relative L2 <= 1e-4) before it is timed.
@@ -30,6 +31,9 @@ static const shape shapes[] = {
     {"8b", "down", 4096, 14336},    {"13b", "qkv", 15360, 5120},    {"13b", "wo", 5120, 5120},
     {"13b", "gate_up", 27648, 5120}, {"13b", "down", 5120, 13824},  {"70b", "qkv", 10240, 8192},
     {"70b", "wo", 8192, 8192},      {"70b", "gate_up", 57344, 8192}, {"70b", "down", 8192, 28672},
+    // the 8B's matrices on each of two GPUs (tp_plan: half the heads and FFN rows; wo and down half their columns)
+    {"8b_tp2", "qkv", 3072, 4096},  {"8b_tp2", "wo", 4096, 2048},   {"8b_tp2", "gate_up", 14336, 4096},
+    {"8b_tp2", "down", 4096, 7168},
 };
 
 static double rel_l2(const float *a, const float *b, size_t n) {

@@ -453,8 +453,9 @@ static int graph_step(dj_gpu_state *s, const pass_desc *pd, dj_err *e) {
 // that asks for it kernel by kernel (--no-graph, profiling, a trace, a probe that reads rows back mid-pass). A step
 // of T rows goes kernel by kernel the first time (row_graph_seen).
 static int graph_fits(dj_gpu_state *s, const pass_desc *pd) {
-    // (several GPUs: the others give no output, and replay the graph whenever the first would)
-    const int all_resident = !s->sc.plan->n_streamed, wants_output = pd->logits || pd->pick || s->opts.tp_rank > 0;
+    // (several GPUs: every one is asked for the same output, so each captures the same head: a split head's gather
+    // in one GPU's graph and not in another's pass would wait for ever)
+    const int all_resident = !s->sc.plan->n_streamed, wants_output = pd->logits || pd->pick;
     const int kernel_by_kernel = s->opts.no_graph || s->prof.on || s->tr || !gpu_probe_graphable(s) ||
                                  (s->opts.tp && !tp_graphable(s->opts.tp));
     if (!all_resident || !wants_output || kernel_by_kernel) return 0;

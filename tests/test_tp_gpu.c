@@ -96,7 +96,7 @@ static double tt_close(const float *got, const float *ref, int64_t rows, int64_t
 // at 32) GPUs against one, in every dtype: the logits within the tolerance, the greedy tokens the same. On two
 // devices the head splits: the prompt's 70 rows take two chunks of the head (64 and 6 rows, each gathered), the
 // decode steps one row (in the step's graph); a greedy pick (the graph, then the pick on GPU 0) gives the logits'
-// argmax.
+// argmax, and a step that wants no output (no head on any GPU) leaves the next one's logits as they were.
 Test(tp_gpu, logits_match_one_gpu) {
     tt_need_gpu();
     tc_rng_fresh("tp_gpu.logits_match_one_gpu");
@@ -129,6 +129,12 @@ Test(tp_gpu, logits_match_one_gpu) {
             for (int64_t v = 1; v < V; v++)
                 if (last[v] > last[best]) best = (int32_t)v;
             cr_assert_eq(next, best, "%s: the greedy pick %d, the logits' argmax %d", what, next, best);
+            // the step once more wanting nothing (no GPU runs the head: none may gather), then its logits: the same
+            float *again = malloc((size_t)V * 4);
+            cr_assert_eq(tp.forward(tp.ctx, 0, &tn[nd - 1], 1, T + nd - 1, NULL, 0, &e), 0, "%s", e.msg);
+            cr_assert_eq(tp.forward(tp.ctx, 0, &tn[nd - 1], 1, T + nd - 1, again, 0, &e), 0, "%s", e.msg);
+            cr_assert_eq(memcmp(again, last, (size_t)V * 4), 0, "%s: a step after one without output differs", what);
+            free(again);
             fprintf(stderr, "tp_gpu: %s: worst row %.2e from one GPU's logits\n", what, worst);
             engine_close(&tp);
             free(got);

@@ -18,8 +18,9 @@ typedef struct tp_link tp_link;
 // n GPUs, GPU r on devices[r] (a device may repeat: two parts on one device stand in for two devices in tests).
 tp_link *tp_link_new(int n, const int *devices, dj_err *e);
 void tp_link_free(tp_link *l);  // after every GPU's thread has left it; NULL is fine
-// In GPU r's thread, its device current: its partial buffers (2 x max_rows x dim f32) and events, its vocab rows
-// (tp_plan's: the head split); then, once every GPU has joined, peer access to the others' devices.
+// In GPU r's thread, its device current: its partial buffers (2 x max_rows x dim f32), its inboxes for the others'
+// partials and its flags and counts (or, parts sharing a device, events), its vocab rows (tp_plan's: the head
+// split); then, once every GPU has joined, peer access to the others' devices.
 int tp_link_join(tp_link *l, int rank, int64_t max_rows, int64_t dim, tp_range vocab_rows, dj_err *e);
 // Where GPU r's matmul writes its partial for its next all-reduce.
 float *tp_part(tp_link *l, int rank);
@@ -34,7 +35,7 @@ void tp_reset(tp_link *l);  // between calls (every thread idle): the failure fo
 // abort): its counts of exchanges and the flags the others raise in its memory zeroed, so that the GPUs count their
 // exchanges from the same start again (then tp_reset).
 int tp_rejoin(tp_link *l, int rank, dj_err *e);
-// Whether a GPU's meeting gave up (abort or timeout) since tp_reset: the call's sums are not to be trusted.
+// Whether a GPU's exchange gave up (abort or timeout) since tp_reset: the call's sums are not to be trusted.
 int tp_gave_up(const tp_link *l);
 void tp_pass_begin(tp_link *l, int rank);  // GPU r's pass begins: its all-reduces count from parity 0
 // Whether a pass may be one CUDA graph: the GPUs exchange on the device (not where parts share a device: tp_allreduce).

@@ -257,9 +257,10 @@ static int norm_qkv(dj_gpu_state *s, const gpu_unit *un, const layer_plan *pl, i
 // Where wo and w_down write: d_delta, or on several GPUs this GPU's partial, which tp_sum adds to the others' into
 // d_delta (tp_link.h).
 static float *part_out(dj_gpu_state *s) { return s->opts.tp ? tp_part(s->opts.tp, s->opts.tp_rank) : s->b.delta; }
+// (several GPUs only: on one, a profile mark here would time nothing but its own event, 64 of them a token)
 static int tp_sum(dj_gpu_state *s, int64_t T, dj_err *e) {
     const int64_t dim = s->m->info.config.dim;
-    return s->opts.tp ? tp_allreduce(s->opts.tp, s->opts.tp_rank, s->b.delta, T * dim, s->compute, e) : 0;
+    return tp_allreduce(s->opts.tp, s->opts.tp_rank, s->b.delta, T * dim, s->compute, e);
 }
 
 // delta = w_down . (silu(w_gate . n) * (w_up . n)), n = rmsnorm(x += delta), in the plan's form.
@@ -314,10 +315,10 @@ static int gpu_layer(dj_gpu_state *s, const pass_desc *pd, const gpu_unit *un, c
     STEP(ROPE_KV, rope_kv_write(s, pd, &qkv, &kc, e));                   // RoPE on q and k; k and v into the cache
     STEP(ATTENTION, attention(s, pd, &qkv, &kc, e));                     // each query over its slot's keys, causal
     STEP(WO, layer_mm(s, un, k_wo, part_out(s), b->att, T, e));          // delta = wo . att
-    STEP(ALLREDUCE, tp_sum(s, T, e));
+    if (s->opts.tp) STEP(ALLREDUCE, tp_sum(s, T, e));
     // MLP block: x += w_down . (silu(w_gate . n) * (w_up . n)), n = rmsnorm(x)
     if (mlp_block(s, un, pl, T, ffn_norm, e)) return -1;
-    STEP(ALLREDUCE, tp_sum(s, T, e));
+    if (s->opts.tp) STEP(ALLREDUCE, tp_sum(s, T, e));
     return 0;
 }
 

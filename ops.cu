@@ -404,12 +404,6 @@ extern "C" int gpu_sum_parts(float *y, const float *const *parts, int n, int64_t
 #define TP_XCHG_THREADS 256
 #define TP_XCHG_SLICE 1024  // floats a block at least: one row of 4096 in 4 blocks
 #define TP_XCHG_POLLS 4096
-struct xchg_args {
-    float *out[GPU_MAX_PARTS];                      // GPU k's inbox for this GPU (unused at rank)
-    unsigned long long *flag_out[GPU_MAX_PARTS];    // this GPU's flags in GPU k's memory, one a block
-    const float *in[GPU_MAX_PARTS];                 // this GPU's inbox for GPU k
-    const unsigned long long *flag_in[GPU_MAX_PARTS];  // GPU k's flags in this GPU's memory
-};
 extern "C" int gpu_tp_exchange_blocks(int64_t len) {
     const int64_t b = (len + TP_XCHG_SLICE - 1) / TP_XCHG_SLICE;
     return (int)(b < 1 ? 1 : b > GPU_TP_XCHG_BLOCKS ? GPU_TP_XCHG_BLOCKS : b);
@@ -426,7 +420,7 @@ __device__ __forceinline__ int tp_poll(const volatile unsigned long long *f, uns
         }
     return 0;
 }
-__global__ void tp_exchange_kernel(float *y, const float *mine, int64_t len, xchg_args a, int n, int rank,
+__global__ void tp_exchange_kernel(float *y, const float *mine, int64_t len, gpu_tp_xchg a, int n, int rank,
                                    unsigned long long *count, const volatile int *abort, volatile int *err,
                                    long long timeout_cycles) {
     __shared__ unsigned long long gen;
@@ -470,11 +464,8 @@ extern "C" int gpu_tp_exchange(float *y, const float *mine, int64_t len, const g
                                cudaStream_t s, dj_err *e) {
     if (n < 1 || n > GPU_MAX_PARTS || rank < 0 || rank >= n || len < 0)
         return dj_fail(e, "gpu_tp_exchange: rank %d of %d, %lld floats", rank, n, (long long)len);
-    xchg_args a = {};
-    for (int k = 0; k < n; k++)
-        a.out[k] = x->out[k], a.flag_out[k] = x->flag_out[k], a.in[k] = x->in[k], a.flag_in[k] = x->flag_in[k];
     CUDA_CHECK(pdl_launch(tp_exchange_kernel, dim3((unsigned)gpu_tp_exchange_blocks(len)), dim3(TP_XCHG_THREADS), 0, s,
-                          y, mine, len, a, n, rank, count, abort, err,
+                          y, mine, len, *x, n, rank, count, abort, err,
                           (long long)(TP_XCHG_TIMEOUT_S * 1e3 * clock_khz)));
     LAUNCH_CHECK("tp_exchange", s);
     return 0;

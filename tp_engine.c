@@ -87,7 +87,8 @@ static int job_rejoin(tp_engine *t, int r, const void *args, dj_err *e) { return
 
 // job on every GPU at once; 0, or -1 with the first GPU's own error (not the "another GPU's pass failed" it caused),
 // or where a GPU's meeting gave up (its sums not to be trusted). After a failure every GPU's device is drained (the
-// exchanges waiting given up on tp_fail's abort), then the exchanges' counts and flags zeroed, so the next call starts clean.
+// exchanges waiting given up on tp_fail's abort), then the exchanges' counts and flags zeroed, so the next call
+// starts clean.
 static int tp_run(tp_engine *t, tp_job job, const void *args, dj_err *e) {
     tp_each(t, job, args);
     if (tp_gave_up(t->link)) {

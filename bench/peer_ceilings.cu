@@ -10,7 +10,8 @@
 //   engine runs it on GPUs 0 and 1 (gpu_tp_exchange: each pushes its partial and flags into the other's memory,
 //   waits for the other's, sums), 200 back to back captured in a graph on each GPU, both launched at once: us an
 //   all-reduce, one row and 64 rows.
-// Usage: peer_ceilings [out.json] (PC_EXCHANGE_ONLY=1: the all-reduce's line alone). GPU machine with two or more GPUs (one: the per-link rows only, said on stderr).
+// Usage: peer_ceilings [out.json] (PC_EXCHANGE_ONLY=1: the all-reduce's line alone). GPU machine with two or more
+// GPUs (one: the per-link rows only, said on stderr).
 #include <cuda_runtime.h>
 
 #include <chrono>

@@ -346,12 +346,23 @@ static int gpu_body(dj_gpu_state *s, const pass_desc *pd, gpu_unit *head, dj_err
                    : gpu_rmsnorm(b->xb, b->x, norm, T, c->dim, c->norm_eps, s->compute, e);
 }
 
-// Logits (rows, vocab) into d_logits for rows r0.. of the pass, from the head gpu_body left ready.
+// Logits (rows, vocab) into d_logits for rows r0.. of the pass, from the head gpu_body left ready. Several GPUs:
+// each its vocab rows' (lm_head from its first row on: rows are independent in every dtype), gathered into the first
+// GPU's d_logits (tp_head_gather), or where the head does not split, the first GPU the whole head.
 static int head_logits(dj_gpu_state *s, int64_t T, int64_t r0, int64_t rows, const gpu_unit *head, dj_err *e) {
-    if (s->opts.tp_rank > 0) return 0;  // several GPUs: the first computes the head (and gives the output)
     const dj_config *c = &s->m->info.config;
     const float *x = s->b.xb + r0 * c->dim;
     const uint8_t *lm = head->w + s->sc.head_lm_off;
+    if (s->head_split) {
+        const uint32_t ht = dj_lm_head_type(s->m);
+        const tp_range v = tp_vocab_rows(s->opts.tp, s->opts.tp_rank);
+        return gpu_matmul(s->g, s->b.head_part, x, lm + (uint64_t)v.lo * dj_row_bytes(ht, c->dim), ht, rows, c->dim,
+                          v.hi - v.lo, s->compute, e) ||
+                       tp_head_gather(s->opts.tp, s->opts.tp_rank, s->b.head_part, rows, s->compute, e)
+                   ? -1
+                   : 0;
+    }
+    if (s->opts.tp_rank > 0) return 0;
     if (head->host)
         return share_matmul(s, s->b.logits, x, rows, lm, dj_lm_head_ptr(s->m), &s->mats.lm_head, head->share, e);
     return gpu_matmul(s->g, s->b.logits, x, lm, dj_lm_head_type(s->m), rows, c->dim, c->vocab_size, s->compute, e);
@@ -443,8 +454,9 @@ static int graph_step(dj_gpu_state *s, const pass_desc *pd, dj_err *e) {
 // that asks for it kernel by kernel (--no-graph, profiling, a trace, a probe that reads rows back mid-pass). A step
 // of T rows goes kernel by kernel the first time (row_graph_seen).
 static int graph_fits(dj_gpu_state *s, const pass_desc *pd) {
-    // (several GPUs: the others compute no output, and replay the graph whenever the first would)
-    const int all_resident = !s->sc.plan->n_streamed, wants_output = pd->logits || pd->pick || s->opts.tp_rank > 0;
+    // (several GPUs: every one is asked for the same output, so each captures the same head: a split head's gather
+    // in one GPU's graph and not in another's pass would wait for ever)
+    const int all_resident = !s->sc.plan->n_streamed, wants_output = pd->logits || pd->pick;
     const int kernel_by_kernel = s->opts.no_graph || s->prof.on || s->tr || !gpu_probe_graphable(s) ||
                                  (s->opts.tp && !tp_graphable(s->opts.tp));
     if (!all_resident || !wants_output || kernel_by_kernel) return 0;
@@ -707,6 +719,13 @@ int64_t gpu_pass_rows(const dj_gpu_opts *o) {
     return rows < o->max_seq ? rows : o->max_seq;
 }
 
+// Several GPUs: the rows of lm_head this GPU computes where the head splits (tp_head_agree); else 0.
+static uint64_t head_part_rows(const dj_gpu_state *s) {
+    if (!s->opts.tp) return 0;
+    const tp_range v = tp_vocab_rows(s->opts.tp, s->opts.tp_rank);
+    return (uint64_t)(v.hi - v.lo);
+}
+
 // Device memory outside the weights, so that the automatic budget and the free-memory check see it.
 typedef struct {
     uint64_t kv, act, scratch;    // kv: keys and values with their scales
@@ -723,7 +742,8 @@ static gpu_sizes buffer_sizes(const dj_gpu_state *s) {
     z.kv_elems = rows * hd * dj_kv_elem_bytes(s->opts.kv_type);
     z.kv_scales = rows * (dj_kv_row_bytes(s->opts.kv_type, hd) - hd * dj_kv_elem_bytes(s->opts.kv_type));
     z.kv = 2 * (z.kv_elems + z.kv_scales);
-    z.act = 4 * (mb * (3 * dim + q + 2 * kv + q + 3 * hid) + (GPU_LOGIT_ROWS + 1) * (uint64_t)c->vocab_size) +
+    z.act = 4 * (mb * (3 * dim + q + 2 * kv + q + 3 * hid) + (GPU_LOGIT_ROWS + 1) * (uint64_t)c->vocab_size +
+                 GPU_LOGIT_ROWS * head_part_rows(s)) +
             gpu_pick_scratch(GPU_LOGIT_ROWS) + GPU_LOGIT_ROWS * (sizeof(dj_pick_args) + 4);
     int64_t widest = (int64_t)(hid > dim ? hid : (q > dim ? q : dim));
     z.scratch = gpu_matmul_scratch(c->wtype, s->max_batch, widest);
@@ -815,6 +835,7 @@ static int alloc_buffers(dj_gpu_state *s, const gpu_sizes *z, dj_err *e) {
         gpu_malloc((void **)&b->ffn, mb * 2 * hid * 4, "activations", e) ||
         gpu_malloc((void **)&b->hb, mb * hid * 4, "activations", e) ||
         gpu_malloc((void **)&b->logits, GPU_LOGIT_ROWS * vocab * 4, "logits", e) ||
+        (s->opts.tp && gpu_malloc((void **)&b->head_part, GPU_LOGIT_ROWS * head_part_rows(s) * 4, "logits", e)) ||
         gpu_malloc((void **)&b->pos, mb * 4, "positions", e) ||
         gpu_malloc((void **)&b->kv_slot, mb * 4, "KV slots", e) ||
         gpu_reserve(s->g, z->scratch, e) ||
@@ -838,6 +859,21 @@ static int alloc_buffers(dj_gpu_state *s, const gpu_sizes *z, dj_err *e) {
     int rc = gpu_h2d(b->inv_freq, inv, (size_t)hd / 2 * 4, e);
     free(inv);
     return rc;
+}
+
+// Several GPUs: whether the head splits by vocab rows, agreed by every GPU before the first pass and kept for the
+// engine's life (each GPU computing the same head chunks, or the gathers would wait for ever). This GPU can split
+// where no CPU share can take rows of its head (no share, or the head resident: the share takes streamed units only)
+// and its rows start 16 bytes apart, as the whole head's do (the matmuls' vector loads).
+static int head_agree(dj_gpu_state *s, dj_err *e) {
+    const dj_config *c = &s->m->info.config;
+    if (!s->opts.tp) return 0;
+    const int can = (s->opts.cpu_share == 0 || s->sc.plan->resident[c->n_layers]) && head_part_rows(s) > 0 &&
+                    dj_row_bytes(dj_lm_head_type(s->m), c->dim) % 16 == 0;
+    const int split = tp_head_agree(s->opts.tp, s->opts.tp_rank, can, s->b.logits, e);
+    if (split < 0) return -1;
+    s->head_split = split;
+    return 0;
 }
 
 // Resident units: copied once.
@@ -877,7 +913,7 @@ static int warm_up(dj_gpu_state *s, dj_err *e) {
     memset(&s->st, 0, sizeof s->st);
     s->st.bytes_per_token = keep.bytes_per_token, s->st.n_resident = keep.n_resident;
     s->st.n_streamed = keep.n_streamed, s->st.resident_bytes = keep.resident_bytes;
-    s->st.tc_attn = s->tc_attn;
+    s->st.tc_attn = s->tc_attn, s->st.head_split = s->head_split;
     return rc;
 }
 
@@ -906,6 +942,7 @@ dj_gpu_state *gpu_state_new(const dj_model *m, const dj_gpu_opts *o, dj_err *e) 
                         alloc_buffers(s, &z, e);                // activations, KV cache, staging
     if (o->tp) tp_turn_end(o->tp, o->tp_rank);
     if (unsized ||
+        head_agree(s, e) ||                           // several GPUs: the head split by vocab rows, or not
         copy_resident(s, e) ||                        // resident units, copied once
         sched_init(s, e) ||                           // the ring's events and the copy records
         park_init(s, e) ||                            // the parking stream and the slots' events
@@ -954,7 +991,8 @@ void gpu_state_free(dj_gpu_state *s) {
     prof_free(s);
     gpu_bufs *b = &s->b;
     void *dev[] = {s->sc.d_w, b->inv_freq, b->kv.k, b->kv.v, b->kv.ks, b->kv.vs, b->x, b->xb, b->delta, b->qkv,
-                   b->att, b->ffn, b->hb, b->logits, b->pos, b->kv_slot, b->pick, b->counts, b->next, b->pick_scratch};
+                   b->att, b->ffn, b->hb, b->logits, b->head_part, b->pos, b->kv_slot, b->pick, b->counts, b->next,
+                   b->pick_scratch};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) gpu_free(dev[i]);
     gpu_host_free(b->h_x), gpu_host_free(b->h_logits), gpu_host_free(b->h_pos), gpu_host_free(b->h_kv_slot);
     free(s->runs), free(s->step_tok), free(s->step_wanted), free(s->slot_began);

@@ -61,6 +61,7 @@ typedef struct {
     double wait_ms;            // time the compute stream waited for copies
     int64_t passes;
     int tc_attn;               // prefill attention runs on the tensor cores (head_dim allows, no fma_attn)
+    int head_split;            // several GPUs: each computes its vocab rows of the head (tp_head_agree)
     uint64_t park_bytes, restore_bytes;  // KV bytes parked to host memory and restored, copies finished so far
     double park_ms, restore_ms;          // the copies' time on the device
     uint64_t cpu_bytes;        // CPU share, every pass so far: bytes of weights the CPU computed with

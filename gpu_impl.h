@@ -78,6 +78,7 @@ typedef struct {
     float *ffn;             // (max_batch, 2 hidden)
     float *hb;              // (max_batch, hidden)
     float *logits;          // (GPU_LOGIT_ROWS, vocab)
+    float *head_part;       // several GPUs: (GPU_LOGIT_ROWS, its vocab rows), its logits before the gather
     gpu_kv_cache kv;        // keys and values, (n_slots, n_layers, n_kv_heads, max_seq, head_dim) each, of the
                             // options' kv_type (q8: with their scales)
     float *inv_freq;        // (head_dim/2)
@@ -268,6 +269,8 @@ struct dj_gpu_state {
     unit_mats mats;
     gpu_sched sc;
     gpu_share sh;
+    int head_split;                // several GPUs: each computes its vocab rows' logits (tp_head_agree); else the
+                                   // first GPU computes the whole head
     cudaGraphExec_t graph;         // the all-resident decode step, captured on first use
     // the all-resident step of T decoding rows (T <= GPU_LOGIT_ROWS), captured at its second pass (the first runs
     // kernel by kernel: each kernel's module and set-up loaded outside a capture)

@@ -198,6 +198,19 @@ int gpu_tp_exchange(float *y, const float *mine, int64_t len, const gpu_tp_xchg 
                     unsigned long long *count, const volatile int *abort, volatile int *err, int clock_khz,
                     cudaStream_t s, dj_err *e);
 int gpu_tp_exchange_blocks(int64_t len);  // the blocks (slices) an exchange of len floats cuts, 1..GPU_TP_XCHG_BLOCKS
+// The head split's gather on the device (ops.cu says how), GPU `rank` of n: this GPU's logits `mine` (rows, cols,
+// compact) placed at columns [c0, c0 + cols) of GPU 0's logits `dst` (rows, ld), in GPU 0's memory (by peer access
+// from the others). GPU 0 raises its flag_out[k] (GPU k's memory: GPU 0's readers of dst are done) and returns once
+// every flag_in[k] (its memory: GPU k's block placed) has come; GPU k > 0 waits for its flag_in[0], places, raises
+// its flag_out[0]. blocks: the same on every GPU (up to GPU_TP_XCHG_BLOCKS); count, abort, err, clock_khz as in
+// gpu_tp_exchange.
+typedef struct {
+    unsigned long long *flag_out[GPU_MAX_PARTS];
+    const unsigned long long *flag_in[GPU_MAX_PARTS];
+} gpu_tp_flags;
+int gpu_tp_gather(float *dst, int64_t ld, int64_t c0, const float *mine, int64_t rows, int64_t cols, int blocks,
+                  const gpu_tp_flags *f, int n, int rank, unsigned long long *count, const volatile int *abort,
+                  volatile int *err, int clock_khz, cudaStream_t s, dj_err *e);
 int gpu_add_rmsnorm(float *x, const float *delta, float *out, const float *w, int64_t T, int64_t n, float eps,
                     cudaStream_t s, dj_err *e);
 // The residual add alone: out (T, n) = x + delta, plus v (n) on every row when v is not NULL (a control vector:

@@ -408,6 +408,18 @@ extern "C" int gpu_tp_exchange_blocks(int64_t len) {
     const int64_t b = (len + TP_XCHG_SLICE - 1) / TP_XCHG_SLICE;
     return (int)(b < 1 ? 1 : b > GPU_TP_XCHG_BLOCKS ? GPU_TP_XCHG_BLOCKS : b);
 }
+// Polls *f (this GPU's memory) until it reaches gen; 1 where it gave up (*abort raised, or the timeout) and set
+// *err. The abort word is host memory: read across PCIe once every TP_XCHG_POLLS polls of the local flag, not each.
+__device__ __forceinline__ int tp_poll(const volatile unsigned long long *f, unsigned long long gen,
+                                       const volatile int *abort, volatile int *err, long long timeout_cycles) {
+    const long long t0 = clock64();
+    for (unsigned polls = 1; *f < gen; polls++)
+        if (polls % TP_XCHG_POLLS == 0 && (*abort || clock64() - t0 > timeout_cycles)) {
+            *err = 1;
+            return 1;
+        }
+    return 0;
+}
 __global__ void tp_exchange_kernel(float *y, const float *mine, int64_t len, gpu_tp_xchg a, int n, int rank,
                                    unsigned long long *count, const volatile int *abort, volatile int *err,
                                    long long timeout_cycles) {
@@ -436,14 +448,7 @@ __global__ void tp_exchange_kernel(float *y, const float *mine, int64_t len, gpu
     }
     __syncthreads();
     if ((int)threadIdx.x < n && (int)threadIdx.x != rank) {
-        const volatile unsigned long long *f = a.flag_in[threadIdx.x] + b;
-        const long long t0 = clock64();
-        // (the abort word is host memory: read across PCIe once every TP_XCHG_POLLS polls of the local flag, not each)
-        for (unsigned polls = 1; *f < gen; polls++)
-            if (polls % TP_XCHG_POLLS == 0 && (*abort || clock64() - t0 > timeout_cycles)) {
-                *err = 1;
-                break;
-            }
+        tp_poll(a.flag_in[threadIdx.x] + b, gen, abort, err, timeout_cycles);
         __threadfence_system();  // the peer's slice read after its flag
     }
     __syncthreads();
@@ -463,5 +468,70 @@ extern "C" int gpu_tp_exchange(float *y, const float *mine, int64_t len, const g
                           y, mine, len, *x, n, rank, count, abort, err,
                           (long long)(TP_XCHG_TIMEOUT_S * 1e3 * clock_khz)));
     LAUNCH_CHECK("tp_exchange", s);
+    return 0;
+}
+
+// ---- the head split's gather (tp_link.c): every GPU's logits of its vocab rows into GPU 0's d_logits, GPU 0 waiting
+// for them before its pick or its copy to the host. Per block b (the same blocks on every GPU, each its count of
+// gathers, in lockstep as gpu_tp_exchange's):
+//  GPU 0: raises its flag in every other GPU's memory (dst is free: its readers came before in stream order), places
+//    its own slice, waits (one thread a GPU, polling its own memory) for every other GPU's flag, as the exchange does;
+//  GPU k > 0: waits for GPU 0's flag in its own memory, pushes its slice into dst (stores by peer access), then after
+//    a system fence raises its flag in GPU 0's memory.
+// The handshake keeps a GPU from pushing into dst while GPU 0 still reads the last chunk's (nothing else orders the
+// head's chunks between GPUs). Columns may start anywhere (an odd split), so the stores are scalar.
+struct gather_flags {
+    unsigned long long *out[GPU_MAX_PARTS];
+    const unsigned long long *in[GPU_MAX_PARTS];
+};
+__global__ void tp_gather_kernel(float *dst, int64_t ld, int64_t c0, const float *mine, int64_t rows, int64_t cols,
+                                 gather_flags a, int n, int rank, unsigned long long *count, const volatile int *abort,
+                                 volatile int *err, long long timeout_cycles) {
+    __shared__ unsigned long long gen;
+    __shared__ int gave_up;  // GPU k > 0: GPU 0 never came (its call failed): nothing pushed
+    const int b = blockIdx.x;
+    const int64_t len = rows * cols, slice = (len + gridDim.x - 1) / gridDim.x;
+    const int64_t lo = b * slice, hi = lo + slice < len ? lo + slice : len;
+    if (threadIdx.x == 0) {
+        gen = count[b] + 1;
+        count[b] = gen;
+        gave_up = 0;
+        if (rank == 0)
+            for (int k = 1; k < n; k++) *(volatile unsigned long long *)(a.out[k] + b) = gen;
+        else
+            gave_up = tp_poll(a.in[0] + b, gen, abort, err, timeout_cycles);
+    }
+    __syncthreads();
+    if (gave_up) return;
+    for (int64_t i = lo + threadIdx.x; i < hi; i += TP_XCHG_THREADS) {
+        const int64_t r = i / cols, j = i - r * cols;
+        dst[r * ld + c0 + j] = mine[i];
+    }
+    __syncthreads();
+    if (rank > 0) {
+        if (threadIdx.x == 0) {
+            __threadfence_system();  // every thread's pushes (ordered before by the barrier) land before the flag
+            *(volatile unsigned long long *)(a.out[0] + b) = gen;
+        }
+        return;
+    }
+    if ((int)threadIdx.x > 0 && (int)threadIdx.x < n) {
+        tp_poll(a.in[threadIdx.x] + b, gen, abort, err, timeout_cycles);
+        __threadfence_system();  // the peer's slice seen after its flag
+    }
+}
+
+extern "C" int gpu_tp_gather(float *dst, int64_t ld, int64_t c0, const float *mine, int64_t rows, int64_t cols,
+                             int blocks, const gpu_tp_flags *f, int n, int rank, unsigned long long *count,
+                             const volatile int *abort, volatile int *err, int clock_khz, cudaStream_t s, dj_err *e) {
+    if (n < 2 || n > GPU_MAX_PARTS || rank < 0 || rank >= n || rows < 1 || cols < 1 || c0 < 0 || c0 + cols > ld ||
+        blocks < 1 || blocks > GPU_TP_XCHG_BLOCKS)
+        return dj_fail(e, "gpu_tp_gather: rank %d of %d, (%lld, %lld) at column %lld of %lld, %d blocks", rank, n,
+                       (long long)rows, (long long)cols, (long long)c0, (long long)ld, blocks);
+    gather_flags a = {};
+    for (int k = 0; k < n; k++) a.out[k] = f->flag_out[k], a.in[k] = f->flag_in[k];
+    tp_gather_kernel<<<blocks, TP_XCHG_THREADS, 0, s>>>(dst, ld, c0, mine, rows, cols, a, n, rank, count, abort, err,
+                                                        (long long)(TP_XCHG_TIMEOUT_S * 1e3 * clock_khz));
+    LAUNCH_CHECK("tp_gather", s);
     return 0;
 }

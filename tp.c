@@ -60,6 +60,15 @@ int tp_plan(const dj_config *c, int n_gpus, tp_split out[], dj_err *e) {
         out[g].ffn_rows = (tp_range){lo, hi < hid ? hi : hid};
         lo = hi;
     }
+
+    // the head: vocab rows at most one apart, the first GPUs taking the extra ones
+    const int64_t V = c->vocab_size;
+    lo = 0;
+    for (int g = 0; g < n; g++) {
+        const int64_t hi = lo + V / n + (g < V % n);
+        out[g].vocab_rows = (tp_range){lo, hi};
+        lo = hi;
+    }
     return 0;
 }
 

@@ -28,6 +28,7 @@ typedef struct {
     tp_range q_rows;    // rows of wq, and input columns of wo: heads times head_dim
     tp_range kv_rows;   // rows of wk and wv: kv_heads times head_dim
     tp_range ffn_rows;  // rows of w_gate and w_up, and input columns of w_down
+    tp_range vocab_rows;  // rows of lm_head whose logits it computes (the head split; tp_link.h's tp_head_agree)
 } tp_split;
 
 // The columns a cut of a wtype matrix's rows may fall on are multiples of this: DJ_QGROUP for q8 and q4 (a cut row

@@ -1,7 +1,9 @@
 // tp_engine.c: the engine on several GPUs (engine.h; issue 48, docs/multigpu.md). Each GPU runs its part of the
 // model (tp_shard_model: its heads, its FFN rows) as a GPU engine of its own (gpu.h) in a thread of its own, the
 // parts meeting twice a layer on a tp_link to add their partial outputs. Every call runs on every GPU with the same
-// arguments (the same passes, rows in the same order); the first GPU computes the head and gives the output.
+// arguments (the same passes, rows in the same order, the same output wanted); each computes the logits of its vocab
+// rows, gathered on the first GPU (or, where the head does not split, the first computes it whole: tp_head_agree),
+// and the first gives the output.
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -118,7 +120,7 @@ static int tp_run(tp_engine *t, tp_job job, const void *args, dj_err *e) {
 // ---- the calls, each run by every GPU
 static int job_open(tp_engine *t, int r, const void *args, dj_err *e) {
     const dj_gpu_opts *o = &t->opts[r];
-    if (tp_link_join(t->link, r, gpu_pass_rows(o), t->config.dim, e)) return -1;
+    if (tp_link_join(t->link, r, gpu_pass_rows(o), t->config.dim, t->split[r].vocab_rows, e)) return -1;
     return (t->gpu[r] = gpu_state_new(&t->part[r], o, e)) ? 0 : -1;
 }
 
@@ -132,11 +134,11 @@ typedef struct {
     const int32_t *counts;
     int32_t *next;
 } fwd_args;
+// (every GPU the same output wanted, so that each runs the head's chunks alike; only the first writes the output)
 static int job_forward(tp_engine *t, int r, const void *p, dj_err *e) {
     const fwd_args *a = p;
-    if (a->a && r == 0)
-        return gpu_forward_pick(t->gpu[r], a->slot, a->tokens, a->T, a->pos, a->a, a->counts, a->next, e);
-    return gpu_forward(t->gpu[r], a->slot, a->tokens, a->T, a->pos, r == 0 ? a->logits : NULL, a->all, e);
+    if (a->a) return gpu_forward_pick(t->gpu[r], a->slot, a->tokens, a->T, a->pos, a->a, a->counts, a->next, e);
+    return gpu_forward(t->gpu[r], a->slot, a->tokens, a->T, a->pos, a->logits, a->all, e);
 }
 static int tp_forward(void *ctx, int32_t slot, const int32_t *tokens, int64_t T, int64_t pos, float *logits, int all,
                       dj_err *e) {
@@ -160,7 +162,8 @@ typedef struct {
     const dj_pick_args *args;
     int32_t *next;
 } rows_args;
-// (every GPU the same rows wanted, so that each orders the pass's rows alike; only the first writes the output)
+// (every GPU the same rows and output wanted, so that each orders the pass's rows and runs the head alike; only the
+// first writes the output)
 static int job_rows(tp_engine *t, int r, const void *p, dj_err *e) {
     const rows_args *a = p;
     return a->args ? gpu_step_rows_pick(t->gpu[r], a->n, a->slots, a->pos, a->tokens, a->n_want, a->want, a->args,
@@ -391,9 +394,10 @@ int tp_engine_open(dj_engine *eng, const dj_model *m, const dj_gpu_opts *go, int
     if (tp_run(t, job_open, NULL, e)) goto fail;
     if (!go->quiet)
         fprintf(stderr, "gpu: %d GPUs, tensor parallel: each holds %lld of %u kv heads and %lld of %u FFN rows a layer "
-                        "(GPU 0's share), adding their partial sums twice a layer\n", n,
+                        "(GPU 0's share), adding their partial sums twice a layer; %s\n", n,
                 (long long)(t->split[0].kv_heads.hi - t->split[0].kv_heads.lo), m->info.config.n_kv_heads,
-                (long long)(t->split[0].ffn_rows.hi - t->split[0].ffn_rows.lo), m->info.config.hidden_dim);
+                (long long)(t->split[0].ffn_rows.hi - t->split[0].ffn_rows.lo), m->info.config.hidden_dim,
+                tp_head_split(t->link) ? "the head split by vocab rows" : "GPU 0 computes the whole head");
     *eng = (dj_engine){.name = "gpu", .is_gpu = 1, .ctx = t, .n_slots = n_slots, .kv_type = go->kv_type,
                        .max_seq = go->max_seq, .forward = tp_forward, .pick = tp_pick, .step_rows = tp_rows,
                        .step_rows_pick = tp_rows_pick, .park = tp_park, .restore = tp_restore, .drop = tp_drop,

@@ -30,7 +30,16 @@ struct tp_link {
     // (events recorded after each partial, a barrier, waits, the partials summed where they lie)
     int shared;
     cudaEvent_t ready[TP_MAX_GPUS][2];
+    // the head split (tp_head_agree): each GPU's vocab rows, each one's word and the verdict, GPU 0's logits; the
+    // gather's counts and flags are the second halves of count[r] and flag[r] (gather_words)
+    tp_range vocab[TP_MAX_GPUS];
+    int head_can[TP_MAX_GPUS], head_split;
+    float *logits0;
 };
+
+// count[r] and flag[r]: the exchange's words, then the gather's as many (GPU_TP_XCHG_BLOCKS a GPU each)
+#define TP_WORDS (2 * GPU_TP_XCHG_BLOCKS)
+static unsigned long long *gather_words(unsigned long long *w, int n) { return w + (size_t)n * GPU_TP_XCHG_BLOCKS; }
 
 tp_link *tp_link_new(int n, const int *devices, dj_err *e) {
     if (n < 2 || n > TP_MAX_GPUS) {
@@ -108,8 +117,8 @@ void tp_reset(tp_link *l) {
 
 int tp_rejoin(tp_link *l, int rank, dj_err *e) {
     if (l->shared) return 0;
-    return gpu_memset(l->count[rank], 0, GPU_TP_XCHG_BLOCKS * sizeof(unsigned long long), NULL, e) ||
-           gpu_memset(l->flag[rank], 0, (size_t)l->n * GPU_TP_XCHG_BLOCKS * sizeof(unsigned long long), NULL, e) ||
+    return gpu_memset(l->count[rank], 0, TP_WORDS * sizeof(unsigned long long), NULL, e) ||
+           gpu_memset(l->flag[rank], 0, (size_t)l->n * TP_WORDS * sizeof(unsigned long long), NULL, e) ||
            gpu_device_sync(e);
 }
 
@@ -121,9 +130,10 @@ int tp_gave_up(const tp_link *l) {
 
 void tp_pass_begin(tp_link *l, int rank) { l->par[rank] = 0; }
 
-int tp_link_join(tp_link *l, int rank, int64_t max_rows, int64_t dim, dj_err *e) {
-    const size_t part = (size_t)(max_rows * dim) * 4, words = GPU_TP_XCHG_BLOCKS * sizeof(unsigned long long);
+int tp_link_join(tp_link *l, int rank, int64_t max_rows, int64_t dim, tp_range vocab_rows, dj_err *e) {
+    const size_t part = (size_t)(max_rows * dim) * 4, words = TP_WORDS * sizeof(unsigned long long);
     l->max_len = max_rows * dim;  // (every GPU's the same)
+    l->vocab[rank] = vocab_rows;
     for (int p = 0; p < 2; p++)
         if (gpu_malloc((void **)&l->part[rank][p], part, "tensor-parallel partial sums", e) ||
             (l->shared && gpu_event_create(&l->ready[rank][p], 0, e)) ||
@@ -186,6 +196,39 @@ int tp_allreduce(tp_link *l, int rank, float *out, int64_t n, cudaStream_t s, dj
 }
 
 int tp_graphable(const tp_link *l) { return !l->shared; }
+
+// ---- the head split by vocab rows
+tp_range tp_vocab_rows(const tp_link *l, int rank) { return l->vocab[rank]; }
+
+int tp_head_agree(tp_link *l, int rank, int can, float *logits, dj_err *e) {
+    l->head_can[rank] = can;
+    if (rank == 0) l->logits0 = logits;
+    if (tp_barrier(l, e)) return -1;  // every GPU's word is in
+    int all = !l->shared;
+    for (int r = 0; r < l->n; r++) all &= l->head_can[r];
+    if (rank == 0) l->head_split = all;
+    return all;
+}
+
+int tp_head_split(const tp_link *l) { return l->head_split; }
+
+// GPU r's flags are the exchange's layout in the gather's half of the words: GPU k's in GPU r's memory at
+// gather_words(flag[r]) + k * GPU_TP_XCHG_BLOCKS. The blocks are cut for the widest GPU's rows (the first's), so
+// every GPU launches as many.
+int tp_head_gather(tp_link *l, int rank, const float *mine, int64_t rows, cudaStream_t s, dj_err *e) {
+    const tp_range v = l->vocab[rank];
+    const int64_t vocab = l->vocab[l->n - 1].hi;
+    gpu_tp_flags f;
+    memset(&f, 0, sizeof f);
+    for (int k = 0; k < l->n; k++) {
+        if (k == rank) continue;
+        f.flag_out[k] = gather_words(l->flag[k], l->n) + rank * GPU_TP_XCHG_BLOCKS;
+        f.flag_in[k] = gather_words(l->flag[rank], l->n) + k * GPU_TP_XCHG_BLOCKS;
+    }
+    const int blocks = gpu_tp_exchange_blocks(rows * (l->vocab[0].hi - l->vocab[0].lo));
+    return gpu_tp_gather(l->logits0, vocab, v.lo, mine, rows, v.hi - v.lo, blocks, &f, l->n, rank,
+                         gather_words(l->count[rank], 1), l->d_abort[rank], l->d_err[rank], l->clock_khz[rank], s, e);
+}
 
 int tp_turn_begin(tp_link *l, int rank, dj_err *e) {
     pthread_mutex_lock(&l->mu);

@@ -19,9 +19,9 @@ typedef struct tp_link tp_link;
 tp_link *tp_link_new(int n, const int *devices, dj_err *e);
 void tp_link_free(tp_link *l);  // after every GPU's thread has left it; NULL is fine
 // In GPU r's thread, its device current: its partial buffers (2 x max_rows x dim f32), its inboxes for the others'
-// partials and its flags and counts (or, parts sharing a device, events); then, once every GPU has joined, peer
-// access to the others' devices.
-int tp_link_join(tp_link *l, int rank, int64_t max_rows, int64_t dim, dj_err *e);
+// partials and its flags and counts (or, parts sharing a device, events), its vocab rows (tp_plan's: the head
+// split); then, once every GPU has joined, peer access to the others' devices.
+int tp_link_join(tp_link *l, int rank, int64_t max_rows, int64_t dim, tp_range vocab_rows, dj_err *e);
 // Where GPU r's matmul writes its partial for its next all-reduce.
 float *tp_part(tp_link *l, int rank);
 // GPU r's partial (n floats at tp_part, written on stream s) summed with every GPU's, in GPU order, into out, on s:
@@ -40,6 +40,18 @@ int tp_gave_up(const tp_link *l);
 void tp_pass_begin(tp_link *l, int rank);  // GPU r's pass begins: its all-reduces count from parity 0
 // Whether a pass may be one CUDA graph: the GPUs exchange on the device (not where parts share a device: tp_allreduce).
 int tp_graphable(const tp_link *l);
+// The head split by vocab rows (docs/multigpu.md), decided once at set-up: GPU r says whether it can split its head
+// for the engine's life (`can`: no CPU share can take part of it) and, GPU 0, where its logits (rows, vocab) live;
+// once every GPU has said: 1 (the split) where every one can and the GPUs are devices of their own (the gather spins
+// on the device, as the exchange does), else 0 (GPU 0 computes the whole head); -1 if a GPU failed. The same verdict
+// on every GPU; tp_head_split gives it afterwards.
+int tp_head_agree(tp_link *l, int rank, int can, float *logits, dj_err *e);
+int tp_head_split(const tp_link *l);
+tp_range tp_vocab_rows(const tp_link *l, int rank);  // GPU r's rows of lm_head
+// GPU r's logits of its vocab rows (rows, its count of them, compact at mine, written on s) into GPU 0's logits at its
+// columns; on GPU 0 the stream then waits for every GPU's (gpu_tp_gather). On the device, so a graph may hold it;
+// every GPU gathers the same rows in the same order.
+int tp_head_gather(tp_link *l, int rank, const float *mine, int64_t rows, cudaStream_t s, dj_err *e);
 // The set-up's turn: GPU r's begins once GPUs 0..r-1 ended theirs (-1 if one failed); tp_turn_sharers is how many
 // GPUs from r on share r's device (the automatic weight budget divides what is free among them).
 int tp_turn_begin(tp_link *l, int rank, dj_err *e);

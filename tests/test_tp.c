@@ -132,6 +132,7 @@ static int check_shape(uint32_t kv, uint32_t grp, uint32_t hd_, uint32_t hidden,
     check_cover(s, n, offsetof(tp_split, kv_rows), kv * hd, hd, "kv rows", ctx);
     check_cover(s, n, offsetof(tp_split, q_rows), kv * grp * hd, gran, "wo columns", ctx);
     check_cover(s, n, offsetof(tp_split, ffn_rows), hidden, gran, "FFN rows", ctx);
+    check_cover(s, n, offsetof(tp_split, vocab_rows), c.vocab_size, 1, "vocab rows", ctx);
     int64_t kmin = kv, kmax = 0, umin = units, umax = 0;
     for (int g = 0; g < n; g++) {
         int64_t k = s[g].kv_heads.hi - s[g].kv_heads.lo, u = (s[g].ffn_rows.hi - s[g].ffn_rows.lo + gran - 1) / gran;
@@ -161,6 +162,29 @@ Test(tp, plans_cover_every_head_and_row_once_balanced) {
                             planned += check_shape(kv, grp, hds[ih], hiddens[if_], wtypes[iw], n);
     cr_log_info("tp_plan: %d shapes, %d planned, %d refused", shapes, planned, shapes - planned);
     cr_assert_gt(planned, shapes / 4, "too few shapes planned to prove much");
+}
+
+// lm_head's vocab rows: contiguous, covering the vocab once in GPU order, at most one row apart, the larger slices
+// first; vocabs that N divides and ones it does not (Llama-3's 128256, odd ones, one row more than N).
+Test(tp, vocab_rows_tile_the_vocab_balanced) {
+    static const uint32_t vocabs[] = {8, 9, 255, 256, 257, 512, 32000, 32001, 128256, 151936, 151937};
+    for (size_t iv = 0; iv < sizeof vocabs / sizeof vocabs[0]; iv++)
+        for (int n = 1; n <= TP_MAX_GPUS; n++) {
+            dj_config c = shape(8, 8, 16, 256, DJ_F16);
+            c.vocab_size = vocabs[iv];
+            tp_split s[TP_MAX_GPUS];
+            dj_err e = {{0}};
+            cr_assert_eq(tp_plan(&c, n, s, &e), 0, "vocab %u on %d GPUs: %s", vocabs[iv], n, e.msg);
+            char ctx[80];
+            snprintf(ctx, sizeof ctx, "vocab %u on %d GPUs", vocabs[iv], n);
+            check_cover(s, n, offsetof(tp_split, vocab_rows), vocabs[iv], 1, "vocab rows", ctx);
+            for (int g = 1; g < n; g++) {
+                const tp_range p = s[g - 1].vocab_rows, q = s[g].vocab_rows;
+                const int64_t a = p.hi - p.lo, b = q.hi - q.lo;
+                cr_assert(a == b || a == b + 1, "%s: GPU %d has %lld rows, GPU %d %lld", ctx, g - 1, (long long)a, g,
+                          (long long)b);
+            }
+        }
 }
 
 // ---- bytes
@@ -251,7 +275,7 @@ typedef struct {
 // logits (T, vocab) of tokens at positions 0..T-1, every layer split over n GPUs by s, each GPU's weights those of
 // its model (tp_shard_model): each GPU's q, k, v rows, RoPE, attention over its heads and its own KV cache, its
 // partial wo; its gate and up rows, swiglu, its partial w_down; the partials added in GPU order (the all-reduce),
-// then the residual.
+// then the residual; the head by each GPU's vocab rows, placed at their columns (the gather on GPU 0).
 static void tp_forward(const dj_model *m, const tp_split *s, int n, const int32_t *tokens, int64_t T, float *logits) {
     const dj_config *c = &m->info.config;
     uint32_t wt = c->wtype, nl = c->n_layers;
@@ -280,7 +304,8 @@ static void tp_forward(const dj_model *m, const tp_split *s, int n, const int32_
     size_t qb = (size_t)c->n_heads * hd * 4, kb = (size_t)c->n_kv_heads * hd * 4;
     float *inv_freq = malloc(hd / 2 * 4), *x = malloc(dim * 4), *xb = malloc(dim * 4), *acc = malloc(dim * 4),
           *part = malloc(dim * 4), *q = malloc(qb), *k = malloc(kb), *v = malloc(kb), *att = malloc(qb),
-          *h = malloc((size_t)c->hidden_dim * 4), *h2 = malloc((size_t)c->hidden_dim * 4);
+          *h = malloc((size_t)c->hidden_dim * 4), *h2 = malloc((size_t)c->hidden_dim * 4),
+          *slice = malloc((size_t)c->vocab_size * 4);
     cpu_f16_init();
     cpu_rope_freqs(c, inv_freq);
     for (int64_t t = 0; t < T; t++) {
@@ -323,14 +348,20 @@ static void tp_forward(const dj_model *m, const tp_split *s, int n, const int32_
             }
             for (int64_t i = 0; i < dim; i++) x[i] += acc[i];
         }
-        // the head: every GPU holds x whole after the last all-reduce; one computes the logits
+        // the head: every GPU holds x whole after the last all-reduce; each computes the logits of its vocab rows
+        // (lm_head from its row lo on) and places them at those columns
         cpu_rmsnorm(xb, x, (const float *)(dj_head_ptr(m) + m->info.head.norm), dim, c->norm_eps);
-        cr_assert_eq(cpu_matmul(logits + t * c->vocab_size, xb, dj_lm_head_ptr(m), dj_lm_head_type(m), 1, dim,
-                                c->vocab_size), 0);
+        const uint32_t ht = dj_lm_head_type(m);
+        for (int g = 0; g < n; g++) {
+            const tp_range vr = s[g].vocab_rows;
+            const uint8_t *rows = dj_lm_head_ptr(m) + (uint64_t)vr.lo * dj_row_bytes(ht, (uint64_t)dim);
+            cr_assert_eq(cpu_matmul(slice, xb, rows, ht, 1, dim, vr.hi - vr.lo), 0);
+            memcpy(logits + t * c->vocab_size + vr.lo, slice, (size_t)(vr.hi - vr.lo) * 4);
+        }
     }
     for (int g = 0; g < n; g++) free(kc[g]), free(vc[g]), model_free(&sm[g]);
     free(gl), free(inv_freq), free(x), free(xb), free(acc), free(part), free(q), free(k), free(v), free(att), free(h),
-        free(h2);
+        free(h2), free(slice);
 }
 
 #define TP_TOL 1e-5  // relative L2 of the logits: the all-reduce adds partial sums in another order (seen: ~1e-7)

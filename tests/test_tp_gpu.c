@@ -1,9 +1,10 @@
 // test_tp_gpu.c: the engine on several GPUs (tp_engine.c) against the engine on one, with stories260K. Two parts of
 // the model on one device stand in for two devices (engine_open's gpus {0, 0}): every line of the split runs, the
-// all-reduce included (its "peer" reads then stay on one device); the two-GPU machine runs the same tests with
-// gpus {0, 1}. Tolerance: relative L2 of each row's logits against one GPU's. The split adds wo's and w_down's
-// outputs in partial sums (each GPU's columns, then the sum in GPU order) where one GPU sums them whole, so only the
-// order of additions differs: f32 weights 1e-5 (seen on the H200: 3.5e-7 on 2 GPUs, 4.2e-7 on 4; the CPU reference
+// all-reduce included (its "peer" reads then stay on one device), but for the head's split by vocab rows, which
+// needs devices of their own (tt_split_is); the two-GPU machine runs the same tests with gpus {0, 1}, the split in.
+// Tolerance: relative L2 of each row's logits against one GPU's. The split adds wo's and w_down's outputs in partial
+// sums (each GPU's columns, then the sum in GPU order) where one GPU sums them whole, so only the order of additions
+// differs: f32 weights 1e-5 (seen on the H200: 3.5e-7 on 2 GPUs, 4.2e-7 on 4; the CPU reference
 // of the same split 1e-7 to 4e-7, test_tp.c); f16, bf16, q8 and q4 2e-3, as their matmuls round x to f16 and a sum
 // one f32 ulp apart may round to the next f16 (2^-11 of the value; seen 1.3e-4 to 4.5e-4 in f16, up to 4e-4 in q4).
 #include <criterion/criterion.h>
@@ -62,6 +63,16 @@ static float *tt_run(dj_engine *eng, const dj_model *m, const int32_t *prompt, i
     return out;
 }
 
+// Whether the engine on n GPUs splits the head by vocab rows (each GPU its rows' logits, gathered on GPU 0): where
+// the head can run wholly on the GPU (`can`: no CPU share on it) and the GPUs are devices of their own (tt_gpus: the
+// two-GPU machine's 0 and 1); parts sharing a device keep the whole head on GPU 0.
+static void tt_split_is(const dj_engine *eng, int n, int can, const char *what) {
+    dj_gpu_stats st;
+    cr_assert(engine_gpu_stats(eng, &st));
+    const int want = can && gpu_count() >= n;
+    cr_assert_eq(st.head_split, want, "%s: the head %s by vocab rows", what, want ? "does not split" : "splits");
+}
+
 static int32_t *tt_prompt(const dj_model *m, int64_t n) {
     int32_t *t = malloc((size_t)n * 4);
     for (int64_t i = 0; i < n; i++) t[i] = i ? (int32_t)(3 + tc_below(m->info.config.vocab_size - 3)) : 1;
@@ -82,7 +93,10 @@ static double tt_close(const float *got, const float *ref, int64_t rows, int64_t
 }
 
 // Prefill and greedy decode on 2 (and 4: stories260K has 4 kv heads; f32 and f16 only, q8 and q4 cut wo's columns
-// at 32) GPUs against one, in every dtype: the logits within the tolerance, the greedy tokens the same.
+// at 32) GPUs against one, in every dtype: the logits within the tolerance, the greedy tokens the same. On two
+// devices the head splits: the prompt's 70 rows take two chunks of the head (64 and 6 rows, each gathered), the
+// decode steps one row (in the step's graph); a greedy pick (the graph, then the pick on GPU 0) gives the logits'
+// argmax, and a step that wants no output (no head on any GPU) leaves the next one's logits as they were.
 Test(tp_gpu, logits_match_one_gpu) {
     tt_need_gpu();
     tc_rng_fresh("tp_gpu.logits_match_one_gpu");
@@ -90,7 +104,7 @@ Test(tp_gpu, logits_match_one_gpu) {
     for (size_t d = 0; d < sizeof dtypes / sizeof dtypes[0]; d++) {
         dj_model m;
         tc_load_stories(&m, dtypes[d], 1);
-        int64_t T = 40, nd = 24, V = m.info.config.vocab_size;
+        int64_t T = 70, nd = 24, V = m.info.config.vocab_size;
         int32_t *prompt = tt_prompt(&m, T), t1[24], tn[24];
         dj_engine one;
         tt_open(&one, &m, 1, 0, 1);
@@ -105,6 +119,22 @@ Test(tp_gpu, logits_match_one_gpu) {
             snprintf(what, sizeof what, "%s on %d GPUs", dj_dtype_name(dtypes[d]), n);
             double worst = tt_close(got, ref, T + nd, V, tt_tol(dtypes[d]), what);
             cr_assert_eq(memcmp(tn, t1, sizeof t1), 0, "%s: the greedy tokens differ from one GPU's", what);
+            tt_split_is(&tp, n, 1, what);
+            // the last step again (its KV rows the same), picking greedily on the GPU
+            const dj_pick_args greedy = {.temp = 0, .repeat_penalty = 1};
+            const float *last = got + (T + nd - 1) * V;
+            int32_t next = -1, best = 0;
+            dj_err e = {{0}};
+            cr_assert_eq(tp.pick(tp.ctx, 0, &tn[nd - 1], 1, T + nd - 1, &greedy, NULL, &next, &e), 0, "%s", e.msg);
+            for (int64_t v = 1; v < V; v++)
+                if (last[v] > last[best]) best = (int32_t)v;
+            cr_assert_eq(next, best, "%s: the greedy pick %d, the logits' argmax %d", what, next, best);
+            // the step once more wanting nothing (no GPU runs the head: none may gather), then its logits: the same
+            float *again = malloc((size_t)V * 4);
+            cr_assert_eq(tp.forward(tp.ctx, 0, &tn[nd - 1], 1, T + nd - 1, NULL, 0, &e), 0, "%s", e.msg);
+            cr_assert_eq(tp.forward(tp.ctx, 0, &tn[nd - 1], 1, T + nd - 1, again, 0, &e), 0, "%s", e.msg);
+            cr_assert_eq(memcmp(again, last, (size_t)V * 4), 0, "%s: a step after one without output differs", what);
+            free(again);
             fprintf(stderr, "tp_gpu: %s: worst row %.2e from one GPU's logits\n", what, worst);
             engine_close(&tp);
             free(got);
@@ -115,7 +145,7 @@ Test(tp_gpu, logits_match_one_gpu) {
 }
 
 // Every layer streamed through each GPU's ring (its own part over its own link) gives the resident split's logits
-// bit for bit, as one GPU's streaming does.
+// bit for bit, as one GPU's streaming does; with no CPU share the streamed head splits by vocab rows too.
 Test(tp_gpu, streamed_bitwise_equal_to_resident) {
     tt_need_gpu();
     tc_rng_fresh("tp_gpu.streamed_bitwise_equal_to_resident");
@@ -126,12 +156,14 @@ Test(tp_gpu, streamed_bitwise_equal_to_resident) {
     dj_engine res, str;
     tt_open(&res, &m, 2, 0, 1);
     float *ref = tt_run(&res, &m, prompt, T, nd, ta);
+    tt_split_is(&res, 2, 1, "q4 resident on 2 GPUs");
     engine_close(&res);
     tt_open(&str, &m, 2, 1, 1);
     float *got = tt_run(&str, &m, prompt, T, nd, tb);
     dj_gpu_stats st;
     cr_assert(engine_gpu_stats(&str, &st));
     cr_assert_gt(st.n_streamed, 0, "--stream-all streamed nothing");
+    tt_split_is(&str, 2, 1, "q4 streamed on 2 GPUs");
     engine_close(&str);
     cr_assert_eq(memcmp(got, ref, (size_t)((T + nd) * V) * 4), 0, "streamed logits differ from resident ones");
     free(ref), free(got), free(prompt);
@@ -139,7 +171,8 @@ Test(tp_gpu, streamed_bitwise_equal_to_resident) {
 }
 
 // The batched step on 2 GPUs: three sequences' rows in one pass, against one GPU's same step; the picking step's
-// greedy ids are the argmax of the logits step's rows.
+// greedy ids are the argmax of the logits step's rows, the second time (the step's graph captured: the head's
+// gather of 3 rows in it) and the third (the graph replayed).
 Test(tp_gpu, step_rows_match_one_gpu) {
     tt_need_gpu();
     tc_rng_fresh("tp_gpu.step_rows_match_one_gpu");
@@ -163,13 +196,18 @@ Test(tp_gpu, step_rows_match_one_gpu) {
             dj_pick_args a[N] = {{.temp = 0, .repeat_penalty = 1}, {.temp = 0, .repeat_penalty = 1},
                                  {.temp = 0, .repeat_penalty = 1}};
             int32_t next[N];
-            cr_assert_eq(eng.step_rows_pick(eng.ctx, N, slots, pos, tokens, N, want, a, next, &e), 0, "%s", e.msg);
-            for (int i = 0; i < N; i++) {
-                int32_t best = 0;
-                for (int64_t v = 1; v < V; v++)
-                    if (out[k][i * V + v] > out[k][i * V + best]) best = (int32_t)v;
-                cr_assert_eq(next[i], best, "row %d: picked %d, the logits' greedy token is %d", i, next[i], best);
+            for (int again = 0; again < 2; again++) {
+                cr_assert_eq(eng.step_rows_pick(eng.ctx, N, slots, pos, tokens, N, want, a, next, &e), 0, "%s",
+                             e.msg);
+                for (int i = 0; i < N; i++) {
+                    int32_t best = 0;
+                    for (int64_t v = 1; v < V; v++)
+                        if (out[k][i * V + v] > out[k][i * V + best]) best = (int32_t)v;
+                    cr_assert_eq(next[i], best, "pick %d, row %d: picked %d, the logits' greedy token is %d", again, i,
+                                 next[i], best);
+                }
             }
+            tt_split_is(&eng, 2, 1, "q8 step on 2 GPUs");
         }
         engine_close(&eng);
     }
@@ -184,6 +222,7 @@ Test(tp_gpu, step_rows_match_one_gpu) {
 // resident and unshared. The 70-row prompt takes no share (passes over 64 rows) and matches to the split's
 // tolerance; the decode steps add the CPU's order of additions (1e-5 in f32, the CPU share's own bound on one GPU,
 // test_gpu.c; q4's int8 parts of x 5e-4 there) to the split's: 2e-5 in f32, 2e-3 in q4. The greedy tokens agree.
+// The head streams and the CPU may take part of it, so GPU 0 computes it whole (no split by vocab rows).
 Test(tp_gpu, cpu_share_matches_one_gpu) {
     tt_need_gpu();
     tc_rng_fresh("tp_gpu.cpu_share_matches_one_gpu");
@@ -203,6 +242,7 @@ Test(tp_gpu, cpu_share_matches_one_gpu) {
         cr_assert(engine_gpu_stats(&two, &st));
         cr_assert(st.cpu_bytes_per_token > 0 && st.cpu_bytes > 0, "%s: the CPU computed no rows (%llu bytes a token)",
                   dj_dtype_name(dtypes[d]), (unsigned long long)st.cpu_bytes_per_token);
+        tt_split_is(&two, 2, 0, "a CPU share on 2 GPUs");
         engine_close(&two);
         char what[64];
         snprintf(what, sizeof what, "%s prompt on 2 GPUs, CPU share 0.5", dj_dtype_name(dtypes[d]));
@@ -341,6 +381,7 @@ Test(tp_gpu, hf_references) {
         tt_gpus(&go, 2);
         dj_engine eng;
         cr_assert_eq(engine_open(&eng, &m, &go, 1, &e), 0, "%s %s: %s", cases[i].name, dj_dtype_name(wt), e.msg);
+        tt_split_is(&eng, 2, 1, cases[i].name);
         float *lg = malloc((size_t)r.n_tokens * r.vocab * sizeof(float));
         cr_assert_eq(eng.forward(eng.ctx, 0, r.ids, r.n_tokens, 0, lg, 1, &e), 0, "%s", e.msg);
         dj_check ck;

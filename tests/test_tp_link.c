@@ -26,6 +26,7 @@ typedef struct {
     int *order;          // turns: the ranks in the order they began
     _Atomic int *n_order;
     int rc, bad_phase;
+    int can;  // the head split: this GPU's word (tp_head_agree)
     char msg[sizeof(dj_err)];
 } tl_arg;
 
@@ -122,6 +123,39 @@ Test(tp_link, a_failure_lets_every_waiter_go) {
     for (int r = 0; r < TL_THREADS; r++) pthread_join(th[r], NULL);
     for (int r = 0; r < TL_THREADS; r++) cr_assert_eq(a[r].rc, 0, "after tp_reset, thread %d: %s", r, a[r].msg);
     tp_link_free(l);
+}
+
+static void *tl_agree(void *p) {
+    tl_arg *a = p;
+    dj_err e = {{0}};
+    usleep((useconds_t)(1000 * a->rank));  // the first rank says first: the others' words must still count
+    a->rc = tp_head_agree(a->l, a->rank, a->can, NULL, &e);
+    snprintf(a->msg, sizeof a->msg, "%s", e.msg);
+    return NULL;
+}
+
+// The head splits by vocab rows where every GPU can and the GPUs are devices of their own, and every GPU hears the
+// same verdict: one GPU that cannot (the last to say), or two parts sharing a device, keep the whole head on GPU 0.
+Test(tp_link, head_split_agreed_by_every_gpu) {
+    alarm(TL_LIMIT_S);
+    static const struct {
+        int dev[TL_THREADS], cannot, split;  // cannot: the rank that cannot split (-1: none)
+    } cases[] = {{{0, 1, 2, 3}, -1, 1}, {{0, 1, 2, 3}, 3, 0}, {{0, 1, 2, 3}, 0, 0}, {{0, 1, 1, 3}, -1, 0}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        tp_link *l = tl_link(TL_THREADS, cases[i].dev);
+        pthread_t th[TL_THREADS];
+        tl_arg a[TL_THREADS];
+        for (int r = 0; r < TL_THREADS; r++) {
+            a[r] = (tl_arg){.l = l, .rank = r, .rc = -2, .can = r != cases[i].cannot};
+            cr_assert_eq(pthread_create(&th[r], NULL, tl_agree, &a[r]), 0);
+        }
+        for (int r = 0; r < TL_THREADS; r++) pthread_join(th[r], NULL);
+        for (int r = 0; r < TL_THREADS; r++)
+            cr_assert_eq(a[r].rc, cases[i].split, "case %zu, rank %d: verdict %d (%s), %d expected", i, r, a[r].rc,
+                         a[r].msg, cases[i].split);
+        cr_assert_eq(tp_head_split(l), cases[i].split, "case %zu: tp_head_split says otherwise", i);
+        tp_link_free(l);
+    }
 }
 
 static void *tl_turn(void *p) {

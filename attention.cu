@@ -457,13 +457,18 @@ extern "C" int gpu_attention_prefill(dj_gpu *g, float *out, int64_t ldo, const f
 #endif
 #define DEC_G 8         // query heads of one kv head handled per block (more: blockIdx.z)
 #define DEC_THREADS 128
-// Split blocks a launch aims at in a deep context: about four a multiprocessor (132 on an H200), each then looping
-// over more keys. Measured there (bench/results/kv_depth, 8B q4 resident, f16 cache, ms a step at depth 0 / 8k /
-// 32k): 1024 blocks 1.77 / 2.64 / 4.18, 512 1.75 / 2.49 / 3.69, 256 1.95 / 2.35 / 3.16, 128 1.96 / 2.44 / 3.39.
-// 256 is the deep contexts' best but costs a short one 0.2 ms (seen twice, not yet explained: at depth 0 every
-// configuration runs the same one block a kv head), so 512 until that is understood.
+// Split blocks a launch aims at: about four a multiprocessor (132 on an H200). A deep context uses only every
+// DEC_DEEP_DIV-th of them (dec_span), each looping over more keys. Measured there (bench/results/kv_depth, 8B q4
+// resident, f16 cache, ms a step at depth 0 / 8k / 32k, one call, each twice interleaved): 512 blocks 1.76 / 2.49 /
+// 3.71, 512 with half of them deep 1.75 / 2.27 / 3.26 (the choice), 256 1.95 / 2.35 / 3.17, 384 1.94 / 2.42 / 3.28,
+// 1024 with a quarter deep 1.80 / 2.29 / 3.41, 512 with a quarter 1.77 / 2.48 / 4.03. A grid of fewer blocks costs
+// the depth-0 step 0.2 ms though every configuration there runs one block a kv head (not understood; seen in three
+// calls), so the grid keeps 512 and the deep contexts take fewer, longer splits of it.
 #ifndef DEC_BLOCKS
 #define DEC_BLOCKS 512
+#endif
+#ifndef DEC_DEEP_DIV
+#define DEC_DEEP_DIV 2
 #endif
 #define DEC_MAX_SPLITS 1024 // the most splits a row's kv head is given (dec_grid_splits: at most DEC_BLOCKS)
 
@@ -472,14 +477,15 @@ extern "C" int gpu_attention_prefill(dj_gpu *g, float *out, int64_t ldo, const f
 // over about 16 blocks a kv head while a longer one keeps 64 (fewer partials to write and combine); measured on an
 // H200 (bench/results/gemv_rows, q4 Llama-3-8B, decode ms/token): 16 keys a split at every context took a short
 // one's step from 2.21 to 1.98 ms but a 2000-token one's from 2.60 to 2.97. A deep context: whole chunks, as
-// few a split as spread it over every split of the grid (each split loops over its chunks).
+// few a split as spread it over every DEC_DEEP_DIV-th split of the grid (each split loops over its chunks).
 static __device__ __forceinline__ int dec_span(int n, int n_splits) {
     if (n <= DEC_SPLITS * DEC_CHUNK) {
         for (int c = 16; c < DEC_CHUNK; c *= 2)
             if ((n + c - 1) / c <= min(DEC_SPLITS, n_splits)) return c;
         if ((n + DEC_CHUNK - 1) / DEC_CHUNK <= n_splits) return DEC_CHUNK;
     }
-    return DEC_CHUNK * ((n + DEC_CHUNK * n_splits - 1) / (DEC_CHUNK * n_splits));
+    const int deep = n_splits / DEC_DEEP_DIV > 0 ? n_splits / DEC_DEEP_DIV : 1;
+    return DEC_CHUNK * ((n + DEC_CHUNK * deep - 1) / (DEC_CHUNK * deep));
 }
 
 // Copies n bytes from global src to shared dst with every copy in flight at once (cp.async), in 16-byte pieces where

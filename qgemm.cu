@@ -161,6 +161,27 @@ static __device__ __forceinline__ uint32_t q8_pair(uint32_t u, uint32_t sel) {
     return __byte_perm(u ^ 0x80808080u, 0x64646464u, sel);
 }
 
+// The register kernel's widening, one instruction where the compiler makes two: (a & m) | e with m and e immediates
+// takes two LOP3s (one immediate an instruction), and __byte_perm with a constant word and selector copied the word
+// into a register before every PRMT (ptxas, sm_90: 8.6 LOP3 and 3 IMAD a q4 mma, 4 register copies a q8 one). The
+// constants are set once by an asm the compiler cannot fold back into immediates.
+template <uint32_t V> static __device__ __forceinline__ uint32_t reg_const() {
+    uint32_t r;
+    asm("mov.b32 %0, %1;" : "=r"(r) : "n"(V));
+    return r;
+}
+static __device__ __forceinline__ uint32_t and_or(uint32_t a, uint32_t m, uint32_t e) {
+    uint32_t d;
+    asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(d) : "r"(a), "r"(m), "r"(e));  // (a & m) | e
+    return d;
+}
+// q8_pair with the constant word in a register: bytes sel of (u ^ 0x80808080, k64)
+template <uint32_t SEL> static __device__ __forceinline__ uint32_t q8_pair_r(uint32_t ux, uint32_t k64) {
+    uint32_t d;
+    asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(ux), "r"(k64), "n"(SEL));
+    return d;
+}
+
 // The A fragments of a stage's four k16 steps (a[step][4], m16n8k16's layout in the x permutation qgemm_x_kernel
 // makes) for the 16 rows from rb of a stage, widened to f16 from its values q and scales sc in shared memory.
 template <int WT, int BM>
@@ -499,6 +520,9 @@ __global__ void __launch_bounds__(WARPS * 32) qreg_kernel(qreg_args a) {
 #pragma unroll
             for (int nt = 0; nt < NT; nt++) xv[wp][nt] = __ldg(xb + i * C::XU + ((k * SP + wp) * NT + nt) * 32);
     };
+    // the widening's constants in registers (and_or, q8_pair_r)
+    const uint32_t m_lo = reg_const<0x003C003Cu>(), m_hi = reg_const<0x03C003C0u>();
+    const uint32_t e_lo = reg_const<0x5C005C00u>(), e_hi = reg_const<0x4C004C00u>(), k64 = reg_const<0x64646464u>();
     // chunk k of unit i in stage st, its x in xc (XPRE) or loaded here
     auto compute = [&](int64_t i, int st, int k, const uint4 (*xc)[NT]) {
         const uint8_t *wq = sm + st * C::STAGE + warp * C::W_Q, *wp_ = sm + st * C::STAGE + C::Q_BYTES + warp * C::W_P;
@@ -530,18 +554,19 @@ __global__ void __launch_bounds__(WARPS * 32) qreg_kernel(qreg_args a) {
                         // 0x5C00) and their high ones at bits 6-9 (16 + k under 0x4C00); u >> 6 (B1, B3)'s: two
                         // shifts for four pairs, and the same halves as q4_pair's, less the same exact offsets
                         const uint32_t u = u4_at(q[mt][0], wp), u8 = u4_at(q[mt][1], wp);
-                        const uint32_t m = hh ? 0x03C003C0u : 0x003C003Cu, e = hh ? 0x4C004C00u : 0x5C005C00u;
+                        const uint32_t m = hh ? m_hi : m_lo, e = hh ? e_hi : e_lo;
                         const __half2 o0 = hh ? off16[mt][0] : off[mt][0], o1 = hh ? off16[mt][1] : off[mt][1];
-                        af[0] = q_widen2(((u << 2) & m) | e, sc[mt][0], o0);
-                        af[1] = q_widen2(((u8 << 2) & m) | e, sc[mt][1], o1);
-                        af[2] = q_widen2(((u >> 6) & m) | e, sc[mt][0], o0);
-                        af[3] = q_widen2(((u8 >> 6) & m) | e, sc[mt][1], o1);
+                        af[0] = q_widen2(and_or(u << 2, m, e), sc[mt][0], o0);
+                        af[1] = q_widen2(and_or(u8 << 2, m, e), sc[mt][1], o1);
+                        af[2] = q_widen2(and_or(u >> 6, m, e), sc[mt][0], o0);
+                        af[3] = q_widen2(and_or(u8 >> 6, m, e), sc[mt][1], o1);
                     } else {  // step 2 wp + hh: word 2 wp + hh
-                        const uint32_t ug = u4_at(q[mt][0], 2 * wp + hh), ug8 = u4_at(q[mt][1], 2 * wp + hh);
-                        af[0] = q_widen2(q8_pair(ug, 0x4240), sc[mt][0], off[mt][0]);
-                        af[1] = q_widen2(q8_pair(ug8, 0x4240), sc[mt][1], off[mt][1]);
-                        af[2] = q_widen2(q8_pair(ug, 0x4341), sc[mt][0], off[mt][0]);
-                        af[3] = q_widen2(q8_pair(ug8, 0x4341), sc[mt][1], off[mt][1]);
+                        const uint32_t ug = u4_at(q[mt][0], 2 * wp + hh) ^ 0x80808080u;
+                        const uint32_t ug8 = u4_at(q[mt][1], 2 * wp + hh) ^ 0x80808080u;
+                        af[0] = q_widen2(q8_pair_r<0x4240>(ug, k64), sc[mt][0], off[mt][0]);
+                        af[1] = q_widen2(q8_pair_r<0x4240>(ug8, k64), sc[mt][1], off[mt][1]);
+                        af[2] = q_widen2(q8_pair_r<0x4341>(ug, k64), sc[mt][0], off[mt][0]);
+                        af[3] = q_widen2(q8_pair_r<0x4341>(ug8, k64), sc[mt][1], off[mt][1]);
                     }
 #pragma unroll
                     for (int nt = 0; nt < NT; nt++) {

@@ -970,12 +970,14 @@ static int qgemm_launch(float *y, const qgemm_src &x, __half *xp, const void *w,
 }
 
 // The register kernel's shapes, (id, NT, MT, NQ, WARPS, ST): blocks of 8 NT tokens, MT tiles of 16 rows a warp, NQ
-// chunks a lane a row a unit, WARPS warps a CTA, ST stages.
+// chunks a lane a row a unit, WARPS warps a CTA, ST stages. 13 and 15 leave L1 room for x, which every warp of a CTA
+// reads again (two CTAs of three stages of 512 inputs take 220 KB of shared memory, and L1 the rest: 16 tokens of x a
+// unit then miss it): 13 with two stages, 15 with 256 inputs a unit (bench/results/qgemm_reg, session 58).
 #define QREG_VARIANTS(X)  \
     X(12, 1, 2, 4, 4, 3)  \
-    X(13, 2, 1, 2, 8, 4)  \
-    X(14, 2, 2, 4, 4, 3)  \
-    X(15, 4, 2, 4, 4, 3)  \
+    X(13, 2, 2, 4, 4, 2)  \
+    X(14, 4, 2, 4, 4, 3)  \
+    X(15, 4, 2, 2, 4, 3)  \
     X(16, 8, 2, 2, 4, 3)
 
 #define QREG_TICKETS ((int64_t)1 << 16)  // a warp's rows of a row block of a token block (one ticket each)
@@ -1048,11 +1050,13 @@ extern "C" int gpu_qgemm_ok(uint32_t wtype, const void *w, int64_t T, int64_t n_
 }
 
 // The tile shape for T tokens, n_in inputs and n_out rows (bench/qgemm_bench.cu; bench/results/qgemm_reg, H200, the
-// Llama-3-8B layer). Up to 64 tokens the register kernel: 8 tokens a block up to 8, 16 up to 16 (q4 in 2 x 16-row
-// tiles a warp and 512 inputs a unit, 0.97x the time of q8's shape; q8 in one tile and 256, 0.92x q4's), 32 up to
-// 32, 64 up to 64 (the q4 layer at 64 tokens 0.89x the wgmma kernel's time, q8 0.86x) but for matrices of at most
-// 2^24 weights, which keep 32 (the 8B's wo at 64 tokens: 24.4 against 26.8 us; as each of two GPUs holds the 8B,
-// q|k|v 22.5 against 26.3 and wo 16.5 against 20.6: bench/results/qgemm_reg/tp2_shapes_8b.txt, q64_8b.txt).
+// Llama-3-8B layer's matrices and their halves as each of two GPUs holds them, one call: session58/qx_shapes_*.txt).
+// Up to 64 tokens the register kernel: 8 tokens a block up to 8; 16 up to 16 in two stages (the q4 layer at 16 tokens
+// 100.3 us against 105.3 for three stages; q8 the same or better on every matrix); 32 up to 32, in units of 256 inputs
+// for matrices of more than 2^24 weights (q4 gate|up at 32 tokens 46.9 against 53.6 us, down 32.6 against 37.6; the
+// 8B's wo and the halves of q|k|v and wo keep 512: 18.9 against 19.8); 64 up to 64 for matrices of more than 2^25
+// weights (gate|up 63.3 against 72.6), else 32 in units of 256 (the 8B's q|k|v 25.9 against 27.3, a half of down
+// 29.3 against 31.3).
 // Beyond 64 tokens on Hopper the wgmma shape of least estimated time: waves of CTAs (as many as multiprocessors; a
 // started wave costs 0.6 of a full one plus 0.4 times its fill, a single wave a whole one) times the stages a CTA runs
 // times a stage's cost: 1.4 for 256 tokens (twice the tokens of 128 for each widened weight), 1.7 split (a pass half as
@@ -1064,7 +1068,8 @@ static int qgemm_pick_cost(const dj_gpu *g, uint32_t wtype, int64_t T, int64_t n
     const int64_t rows = (n_out + 127) / 128, stages = ((n_in + DJ_QGROUP - 1) / DJ_QGROUP + 1) / 2;
     *cost = 0;
     if (T <= 64)  // the register kernel
-        return T <= 8 ? 12 : T <= 16 ? (wtype == DJ_Q4 ? 14 : 13) : T <= 32 || n_in * n_out <= (1 << 24) ? 15 : 16;
+        return T <= 8 ? 12 : T <= 16 ? 13 : T <= 32 ? (n_in * n_out > (1 << 24) ? 15 : 14)
+                                                     : n_in * n_out > (1 << 25) ? 16 : 15;
     if (!g->wgmma) return 0;
     static const struct {
         int variant, bn, ks;

@@ -163,8 +163,8 @@ static __device__ __forceinline__ uint32_t q8_pair(uint32_t u, uint32_t sel) {
 
 // The register kernel's widening, one instruction where the compiler makes two: (a & m) | e with m and e immediates
 // takes two LOP3s (one immediate an instruction), and __byte_perm with a constant word and selector copied the word
-// into a register before every PRMT (ptxas, sm_90: 8.6 LOP3 and 3 IMAD a q4 mma, 4 register copies a q8 one). The
-// constants are set once by an asm the compiler cannot fold back into immediates.
+// into a register before every PRMT (ptxas, sm_90: 8.6 LOP3 a q4 mma where 4 do, and 4 register copies a q8 one).
+// The constants are set once by an asm the compiler cannot fold back into immediates.
 template <uint32_t V> static __device__ __forceinline__ uint32_t reg_const() {
     uint32_t r;
     asm("mov.b32 %0, %1;" : "=r"(r) : "n"(V));

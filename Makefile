@@ -168,7 +168,7 @@ npm-client:
 # ($(BUILD)/test.log); the last line adds the skipped tests to Criterion's count (each [SKIP] line says why); after a
 # failure tests/failures.sh repeats its failures at the end.
 test: criterion npm-client
-	$(Q)$(MAKE) $(BUILD)/run_tests $(BUILD)/bin/djinn $(BUILD)/bin/convert
+	$(Q)$(MAKE) $(BUILD)/run_tests $(BUILD)/bin/djinn $(BUILD)/bin/convert $(BUILD)/bin/repeat_layers
 	@{ DJINN_DATA=$(abspath $(DATA)) DJINN_BIN=$(abspath $(BUILD))/bin DJINN_TESTS=$(abspath tests) \
 	   ASAN_OPTIONS=protect_shadow_gap=0:detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
 	   $(BUILD)/run_tests --verbose $(TESTFLAGS) 2>&1; echo $$? > $(BUILD)/test.rc; } | tee $(BUILD)/test.log; \
@@ -193,7 +193,7 @@ MUTATE_SEED ?=
 MUTATE_TIMEOUT ?= 180
 .PHONY: mutate
 mutate: criterion
-	$(MAKE) $(BUILD)/run_tests $(BUILD)/bin/djinn $(BUILD)/bin/convert
+	$(MAKE) $(BUILD)/run_tests $(BUILD)/bin/djinn $(BUILD)/bin/convert $(BUILD)/bin/repeat_layers
 	DJINN_DATA=$(abspath $(DATA)) MUTATE_BUILD=$(BUILD) MUTATE_SAMPLE=$(MUTATE_SAMPLE) MUTATE_SEED=$(MUTATE_SEED) \
 	  MUTATE_TIMEOUT=$(MUTATE_TIMEOUT) python3 tools/mutate.py
 

@@ -2,8 +2,11 @@
 // the tokenizer, embeddings and head are the donor's. It gives the real sizes of models whose checkpoints the GPU
 // machine's disk cannot hold in f16: Llama-3-70B in q4 (about 40 GB) from a donor of two layers converted from
 // tools/make_random_llama.py's checkpoint. For timing: the layers repeat, so the logits mean nothing.
+// --sparse: the layers past the donor's are left as holes, zeros on reading, so the disk holds only the donor's bytes:
+// Llama-3-70B's 80 layers in f16 (141 GB; the two-GPU machine's disk is 128 GiB) from a donor of two take 8 GB. A
+// layer of zeros costs the matmuls what a real one does (no kernel skips zeros) and adds nothing to the residual.
 //
-//   repeat_layers DONOR.bin OUT.bin N
+//   repeat_layers DONOR.bin OUT.bin N [--sparse]
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -22,19 +25,22 @@ static int write_zeros(dj_out *o, uint64_t n, dj_err *e) {
     return 0;
 }
 
-// Zeros from *pos up to off, then n bytes of p: the next section at its offset.
-static int put(dj_out *o, uint64_t *pos, uint64_t off, const void *p, uint64_t n, dj_progress *pr, dj_err *e) {
+// Zeros from *pos up to off (a hole where sparse), then n bytes of p: the next section at its offset.
+static int put(dj_out *o, uint64_t *pos, uint64_t off, const void *p, uint64_t n, int sparse, dj_progress *pr,
+               dj_err *e) {
     if (off < *pos) return dj_fail(e, "internal error: section at %llu behind the writer at %llu",
                                    (unsigned long long)off, (unsigned long long)*pos);
-    if (write_zeros(o, off - *pos, e) || out_write(o, p, (size_t)n, e)) return -1;
+    if ((sparse ? out_seek(o, off, e) : write_zeros(o, off - *pos, e)) || out_write(o, p, (size_t)n, e)) return -1;
     *pos = off + n;
     dj_progress_update(pr, *pos);
     return 0;
 }
 
 int main(int argc, char **argv) {
-    if (argc != 4) {
-        fprintf(stderr, "usage: repeat_layers DONOR.bin OUT.bin N   (N layers, the donor's repeated)\n");
+    const int sparse = argc == 5 && !strcmp(argv[4], "--sparse");
+    if (argc != 4 && !sparse) {
+        fprintf(stderr, "usage: repeat_layers DONOR.bin OUT.bin N [--sparse]   (N layers, the donor's repeated; "
+                        "--sparse: those past the donor's left as holes, zeros)\n");
         return 2;
     }
     char *end;
@@ -72,13 +78,15 @@ int main(int argc, char **argv) {
     dj_progress_start(&pr, "repeat_layers", info.file_size, 1);
     uint64_t pos = 0;
     if (!rc)
-        rc = put(&o, &pos, 0, hdr, info.header_bytes, &pr, &e) ||
-             put(&o, &pos, info.tok_off, d.data + d.info.tok_off, d.info.tok_size, &pr, &e) ||
-             put(&o, &pos, info.embed_off, d.data + d.info.embed_off, d.info.embed_size, &pr, &e);
+        rc = put(&o, &pos, 0, hdr, info.header_bytes, 0, &pr, &e) ||
+             put(&o, &pos, info.tok_off, d.data + d.info.tok_off, d.info.tok_size, 0, &pr, &e) ||
+             put(&o, &pos, info.embed_off, d.data + d.info.embed_off, d.info.embed_size, 0, &pr, &e);
     for (uint32_t l = 0; !rc && l < c.n_layers; l++)
-        rc = put(&o, &pos, info.layer_off[l], d.data + d.info.layer_off[l % donor_layers], info.layer.size, &pr, &e);
-    if (!rc)
-        rc = put(&o, &pos, info.head_off, d.data + d.info.head_off, d.info.head_size, &pr, &e) ||
+        if (!sparse || l < donor_layers)
+            rc = put(&o, &pos, info.layer_off[l], d.data + d.info.layer_off[l % donor_layers], info.layer.size, sparse,
+                     &pr, &e);
+    if (!rc)  // the head after the last hole, then the file's zero padding written (its size set by a write)
+        rc = put(&o, &pos, info.head_off, d.data + d.info.head_off, d.info.head_size, sparse, &pr, &e) ||
              write_zeros(&o, info.file_size - pos, &e) || out_commit(&o, 0, &e);
     if (rc) {
         out_abort(&o);

@@ -16,6 +16,10 @@
 #    -> OUT_DIR/profile.txt
 # 4. LARGE=1: Llama-3-70B's 80 layers in q4 (bench/repeat_layers from a two-layer donor) streamed through --ring-gb
 #    16 on each GPU, on 1 and $GPUS GPUs -> OUT_DIR/70b_g<N>.json
+# 5. LARGE_F16=1: Llama-3-70B's 80 layers in f16, 141 GB, more than one GPU holds, all resident on $GPUS GPUs
+#    (bench/repeat_layers --sparse: the donor's two layers, then 78 of zeros, which cost the matmuls what real ones do;
+#    the disk holds 8 GB of it) -> OUT_DIR/70b_f16_g<GPUS>.json
+# An empty CONCURRENCY skips the server.
 # OUT_DIR/report.md: decode ms/token, the speed-up over one GPU, and the streamed rate against the links' ceiling.
 # Models in $BENCH_WORK (default /tmp/djinn_qbench, shared with the other benchmarks).
 set -uo pipefail
@@ -65,6 +69,7 @@ cmp -s "$OUT_DIR/resident_g1.txt" "$OUT_DIR/resident_g$GPUS.txt" && echo "  gree
     echo "  greedy text: DIFFERS between 1 and $GPUS GPUs"
 
 for n in 1 "$GPUS"; do
+    [ -n "$CONCURRENCY" ] || break
     say "djinn serve --gpus $n -c 512 --parallel 64"
     start_server "$OUT_DIR/serve_g$n.log" --gpus "$n" -c 512 --parallel 64 --cpu-share 0 || continue
     for c in $CONCURRENCY; do
@@ -92,17 +97,27 @@ if [ "${PROFILE:-0}" = 1 ]; then
     cat "$OUT_DIR/profile.txt"
 fi
 
+make_70b2() {  # the 70B shape with two layers, the donor of both large cases
+    [ -f "$WORK/hf_70b2/.complete" ] && return 0
+    say "make 70b, 2 layers"
+    python3 tools/make_random_llama.py --shape 70b --layers 2 --out "$WORK/hf_70b2" --dtype float16 \
+        > "$WORK/make70.log" 2>&1 && touch "$WORK/hf_70b2/.complete" || { tail -5 "$WORK/make70.log"; return 1; }
+}
 if [ "${LARGE:-0}" = 1 ]; then
-    if [ ! -f "$WORK/hf_70b2/.complete" ]; then
-        say "make 70b, 2 layers"
-        python3 tools/make_random_llama.py --shape 70b --layers 2 --out "$WORK/hf_70b2" --dtype float16 \
-            > "$WORK/make70.log" 2>&1 && touch "$WORK/hf_70b2/.complete" || { tail -5 "$WORK/make70.log"; exit 1; }
-    fi
+    make_70b2 || exit 1
     convert_once "$WORK/hf_70b2" "$WORK/donor_70b_q4.bin" q4 || exit 1
     [ -f "$WORK/70b_q4.bin" ] || { make -j16 build/bin/repeat_layers > /dev/null &&
         build/bin/repeat_layers "$WORK/donor_70b_q4.bin" "$WORK/70b_q4.bin" 80; } || exit 1
     bin=$WORK/70b_q4.bin
     for n in 1 "$GPUS"; do N_NEW=16 run_case 70b "$n" --ring-gb 16; done
+fi
+if [ "${LARGE_F16:-0}" = 1 ]; then
+    make_70b2 || exit 1
+    convert_once "$WORK/hf_70b2" "$WORK/donor_70b_f16.bin" f16 || exit 1
+    [ -f "$WORK/70b_f16.bin" ] || { make -j16 build/bin/repeat_layers > /dev/null &&
+        build/bin/repeat_layers "$WORK/donor_70b_f16.bin" "$WORK/70b_f16.bin" 80 --sparse; } || exit 1
+    bin=$WORK/70b_f16.bin
+    N_NEW=16 run_case 70b_f16 "$GPUS"
 fi
 
 say report
@@ -131,6 +146,10 @@ for case in ("resident", "min_link", "min_share", "70b"):
     ma, mb = a["decode_ms_per_token"], b["decode_ms_per_token"]
     rate = b.get("streamed_gb_per_token", 0) / (mb * 1e-3) if mb else 0  # every GPU's part
     print(f"| {case} | {ma:.2f} | {mb:.2f} | {ma / mb:.2f}x | {rate:.1f} |")
+b = load(f"70b_f16_g{g}.json")
+if b:
+    print(f"70B f16 (80 layers, {b['model_gb']:.1f} GB) on {g} GPUs: {b['decode_ms_per_token']:.2f} ms/token, "
+          f"{b['resident_units']} units resident ({b['resident_gb']:.1f} GB over the GPUs), {b['streamed_units']} streamed")
 for n in ("1", g):  # the CPU share: links and the host's reads together, against what they reach together
     b = load(f"min_share_g{n}.json")
     if b and peer and b["decode_ms_per_token"] > 0:

@@ -109,7 +109,7 @@ def copy_tree(dst, build):
 
 
 def build_targets(build):
-    return [f'{build}/run_tests', f'{build}/bin/djinn', f'{build}/bin/convert']
+    return [f'{build}/run_tests', f'{build}/bin/djinn', f'{build}/bin/convert', f'{build}/bin/repeat_layers']
 
 
 def make(tree, build, log):

@@ -187,7 +187,9 @@ int gpu_sum_parts(float *y, const float *const *parts, int n, int64_t len, cudaS
 // flag_in[k] the same for GPU k in this GPU's memory (entries at rank unused); count: this GPU's
 // GPU_TP_XCHG_BLOCKS counts of exchanges (zeroed with every flag before the first). *err (host-mapped) set where a
 // block gave up: *abort (host-mapped) raised, or about 30 s without a GPU coming (clock_khz: cudaDevAttrClockRate).
+#ifndef GPU_TP_XCHG_BLOCKS  // (a build may set it, in CEXTRA and NVEXTRA both, to time others: peer_ceilings)
 #define GPU_TP_XCHG_BLOCKS 128
+#endif
 typedef struct {
     float *out[GPU_MAX_PARTS];
     unsigned long long *flag_out[GPU_MAX_PARTS];

@@ -402,7 +402,9 @@ extern "C" int gpu_sum_parts(float *y, const float *const *parts, int n, int64_t
 // it waits for the others (resident 8B q4 on two H200: 1.73 -> 1.58 ms a token, bench/results/tp_x2).
 #define TP_XCHG_TIMEOUT_S 30.0
 #define TP_XCHG_THREADS 256
+#ifndef TP_XCHG_SLICE  // (a build may set it in NVEXTRA to time others: bench/peer_ceilings)
 #define TP_XCHG_SLICE 1024  // floats a block at least: one row of 4096 in 4 blocks
+#endif
 #define TP_XCHG_POLLS 4096
 extern "C" int gpu_tp_exchange_blocks(int64_t len) {
     const int64_t b = (len + TP_XCHG_SLICE - 1) / TP_XCHG_SLICE;

@@ -406,6 +406,7 @@ extern "C" int gpu_sum_parts(float *y, const float *const *parts, int n, int64_t
 #define TP_XCHG_SLICE 1024  // floats a block at least: one row of 4096 in 4 blocks
 #endif
 #define TP_XCHG_POLLS 4096
+static long long tp_timeout_cycles(int clock_khz) { return (long long)(TP_XCHG_TIMEOUT_S * 1e3 * clock_khz); }
 extern "C" int gpu_tp_exchange_blocks(int64_t len) {
     const int64_t b = (len + TP_XCHG_SLICE - 1) / TP_XCHG_SLICE;
     return (int)(b < 1 ? 1 : b > GPU_TP_XCHG_BLOCKS ? GPU_TP_XCHG_BLOCKS : b);
@@ -467,8 +468,7 @@ extern "C" int gpu_tp_exchange(float *y, const float *mine, int64_t len, const g
     if (n < 1 || n > GPU_MAX_PARTS || rank < 0 || rank >= n || len < 0)
         return dj_fail(e, "gpu_tp_exchange: rank %d of %d, %lld floats", rank, n, (long long)len);
     CUDA_CHECK(pdl_launch(tp_exchange_kernel, dim3((unsigned)gpu_tp_exchange_blocks(len)), dim3(TP_XCHG_THREADS), 0, s,
-                          y, mine, len, *x, n, rank, count, abort, err,
-                          (long long)(TP_XCHG_TIMEOUT_S * 1e3 * clock_khz)));
+                          y, mine, len, *x, n, rank, count, abort, err, tp_timeout_cycles(clock_khz)));
     LAUNCH_CHECK("tp_exchange", s);
     return 0;
 }
@@ -482,12 +482,8 @@ extern "C" int gpu_tp_exchange(float *y, const float *mine, int64_t len, const g
 //    a system fence raises its flag in GPU 0's memory.
 // The handshake keeps a GPU from pushing into dst while GPU 0 still reads the last chunk's (nothing else orders the
 // head's chunks between GPUs). Columns may start anywhere (an odd split), so the stores are scalar.
-struct gather_flags {
-    unsigned long long *out[GPU_MAX_PARTS];
-    const unsigned long long *in[GPU_MAX_PARTS];
-};
 __global__ void tp_gather_kernel(float *dst, int64_t ld, int64_t c0, const float *mine, int64_t rows, int64_t cols,
-                                 gather_flags a, int n, int rank, unsigned long long *count, const volatile int *abort,
+                                 gpu_tp_flags a, int n, int rank, unsigned long long *count, const volatile int *abort,
                                  volatile int *err, long long timeout_cycles) {
     __shared__ unsigned long long gen;
     __shared__ int gave_up;  // GPU k > 0: GPU 0 never came (its call failed): nothing pushed
@@ -499,9 +495,9 @@ __global__ void tp_gather_kernel(float *dst, int64_t ld, int64_t c0, const float
         count[b] = gen;
         gave_up = 0;
         if (rank == 0)
-            for (int k = 1; k < n; k++) *(volatile unsigned long long *)(a.out[k] + b) = gen;
+            for (int k = 1; k < n; k++) *(volatile unsigned long long *)(a.flag_out[k] + b) = gen;
         else
-            gave_up = tp_poll(a.in[0] + b, gen, abort, err, timeout_cycles);
+            gave_up = tp_poll(a.flag_in[0] + b, gen, abort, err, timeout_cycles);
     }
     __syncthreads();
     if (gave_up) return;
@@ -513,12 +509,12 @@ __global__ void tp_gather_kernel(float *dst, int64_t ld, int64_t c0, const float
     if (rank > 0) {
         if (threadIdx.x == 0) {
             __threadfence_system();  // every thread's pushes (ordered before by the barrier) land before the flag
-            *(volatile unsigned long long *)(a.out[0] + b) = gen;
+            *(volatile unsigned long long *)(a.flag_out[0] + b) = gen;
         }
         return;
     }
     if ((int)threadIdx.x > 0 && (int)threadIdx.x < n) {
-        tp_poll(a.in[threadIdx.x] + b, gen, abort, err, timeout_cycles);
+        tp_poll(a.flag_in[threadIdx.x] + b, gen, abort, err, timeout_cycles);
         __threadfence_system();  // the peer's slice seen after its flag
     }
 }
@@ -530,10 +526,8 @@ extern "C" int gpu_tp_gather(float *dst, int64_t ld, int64_t c0, const float *mi
         blocks < 1 || blocks > GPU_TP_XCHG_BLOCKS)
         return dj_fail(e, "gpu_tp_gather: rank %d of %d, (%lld, %lld) at column %lld of %lld, %d blocks", rank, n,
                        (long long)rows, (long long)cols, (long long)c0, (long long)ld, blocks);
-    gather_flags a = {};
-    for (int k = 0; k < n; k++) a.out[k] = f->flag_out[k], a.in[k] = f->flag_in[k];
-    tp_gather_kernel<<<blocks, TP_XCHG_THREADS, 0, s>>>(dst, ld, c0, mine, rows, cols, a, n, rank, count, abort, err,
-                                                        (long long)(TP_XCHG_TIMEOUT_S * 1e3 * clock_khz));
+    tp_gather_kernel<<<blocks, TP_XCHG_THREADS, 0, s>>>(dst, ld, c0, mine, rows, cols, *f, n, rank, count, abort, err,
+                                                        tp_timeout_cycles(clock_khz));
     LAUNCH_CHECK("tp_gather", s);
     return 0;
 }

@@ -19,6 +19,7 @@
 #include "../gpu_host.h"
 #include "../loader.h"
 #include "../probe.h"
+#include "../sampler.h"
 #include "../tp.h"
 #include "common.h"
 
@@ -53,10 +54,7 @@ static float *tt_run(dj_engine *eng, const dj_model *m, const int32_t *prompt, i
     dj_err e = {{0}};
     cr_assert_eq(eng->forward(eng->ctx, 0, prompt, T, 0, out, 1, &e), 0, "%s", e.msg);
     for (int64_t i = 0; i < nd; i++) {
-        const float *last = out + (T + i - 1) * V;
-        int32_t best = 0;
-        for (int64_t v = 1; v < V; v++)
-            if (last[v] > last[best]) best = (int32_t)v;
+        int32_t best = dj_argmax(out + (T + i - 1) * V, V);
         toks[i] = best;
         cr_assert_eq(eng->forward(eng->ctx, 0, &best, 1, T + i, out + (T + i) * V, 0, &e), 0, "%s", e.msg);
     }
@@ -123,11 +121,10 @@ Test(tp_gpu, logits_match_one_gpu) {
             // the last step again (its KV rows the same), picking greedily on the GPU
             const dj_pick_args greedy = {.temp = 0, .repeat_penalty = 1};
             const float *last = got + (T + nd - 1) * V;
-            int32_t next = -1, best = 0;
+            int32_t next = -1;
+            const int32_t best = dj_argmax(last, V);
             dj_err e = {{0}};
             cr_assert_eq(tp.pick(tp.ctx, 0, &tn[nd - 1], 1, T + nd - 1, &greedy, NULL, &next, &e), 0, "%s", e.msg);
-            for (int64_t v = 1; v < V; v++)
-                if (last[v] > last[best]) best = (int32_t)v;
             cr_assert_eq(next, best, "%s: the greedy pick %d, the logits' argmax %d", what, next, best);
             // the step once more wanting nothing (no GPU runs the head: none may gather), then its logits: the same
             float *again = malloc((size_t)V * 4);
@@ -200,9 +197,7 @@ Test(tp_gpu, step_rows_match_one_gpu) {
                 cr_assert_eq(eng.step_rows_pick(eng.ctx, N, slots, pos, tokens, N, want, a, next, &e), 0, "%s",
                              e.msg);
                 for (int i = 0; i < N; i++) {
-                    int32_t best = 0;
-                    for (int64_t v = 1; v < V; v++)
-                        if (out[k][i * V + v] > out[k][i * V + best]) best = (int32_t)v;
+                    const int32_t best = dj_argmax(out[k] + i * V, V);
                     cr_assert_eq(next[i], best, "pick %d, row %d: picked %d, the logits' greedy token is %d", again, i,
                                  next[i], best);
                 }

@@ -985,10 +985,12 @@ static int qgemm_launch(float *y, const qgemm_src &x, __half *xp, const void *w,
     return 0;
 }
 
-// The register kernel's shapes, (id, NT, MT, NQ, WARPS, ST): blocks of 8 NT tokens, MT tiles of 16 rows a warp, NQ
-// chunks a lane a row a unit, WARPS warps a CTA, ST stages, XS x staged in shared memory (branch qxs: 17-21). 13 and 15 leave L1 room for x, which every warp of a CTA
-// reads again (two CTAs of three stages of 512 inputs take 220 KB of shared memory, and L1 the rest: 16 tokens of x a
-// unit then miss it): 13 with two stages, 15 with 256 inputs a unit (bench/results/qgemm_reg, session 58).
+// The register kernel's shapes, (id, NT, MT, NQ, WARPS, ST, XS): blocks of 8 NT tokens, MT tiles of 16 rows a warp,
+// NQ chunks a lane a row a unit, WARPS warps a CTA, ST stages, XS x staged in shared memory. 13 and 15 leave L1 room
+// for x, which every warp of a CTA reads again (two CTAs of three stages of 512 inputs take 220 KB of shared memory,
+// and L1 the rest: 16 tokens of x a unit then miss it): 13 with two stages, 15 with 256 inputs a unit
+// (bench/results/qgemm_reg, session 58). Branch qxs: 17-23 with x staged (22 and 23: eight warps of one tile each,
+// sharing a staged x twice as widely; q4's 22 takes 96 registers a thread, so two CTAs, 16 warps a multiprocessor).
 #define QREG_VARIANTS(X)     \
     X(12, 1, 2, 4, 4, 3, 0)  \
     X(13, 2, 2, 4, 4, 2, 0)  \
@@ -999,7 +1001,9 @@ static int qgemm_launch(float *y, const qgemm_src &x, __half *xp, const void *w,
     X(18, 2, 2, 4, 4, 2, 1)  \
     X(19, 2, 2, 2, 4, 3, 1)  \
     X(20, 4, 2, 2, 4, 3, 1)  \
-    X(21, 8, 2, 2, 4, 2, 1)
+    X(21, 8, 2, 2, 4, 2, 1)  \
+    X(22, 1, 1, 4, 8, 2, 1)  \
+    X(23, 2, 1, 4, 8, 2, 1)
 
 #define QREG_TICKETS ((int64_t)1 << 16)  // a warp's rows of a row block of a token block (one ticket each)
 #define QREG_CTA_PART (2 * 128 * 4)      // the runs' sums' bytes a CTA a token, at most (2 slots, 128 rows, floats)

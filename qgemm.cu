@@ -422,7 +422,9 @@ static __device__ __forceinline__ uint32_t u4_at(const uint4 &v, int k) {
 // __syncwarp orders the copies and the reads), each lane reading its own chunks from it: a row's chunks are CPR
 // 16-byte slots, slot ch ^ (4 (row & 1)) holding chunk ch, so the 8 lanes of a read phase (rows 2p and 2p + 1, 64
 // bytes each) meet no bank twice. Needs CPR >= 8 (NQ >= 2).
-template <int WT, int NT, int MT, int NQ, int WARPS, int ST> struct qreg_cfg {
+// XS: x staged in shared memory, a unit's with its weights' stage, copied once a CTA (its warps read the same x) and
+// read by LDS, where without it every warp reads it again through L1, which the rings leave at about 28 KB.
+template <int WT, int NT, int MT, int NQ, int WARPS, int ST, int XS> struct qreg_cfg {
     static constexpr int THREADS = WARPS * 32;
     static constexpr int ROWS = WARPS * MT * 16;  // a row block
     static constexpr int CPR = 4 * NQ;                      // a row's chunks a unit
@@ -430,11 +432,12 @@ template <int WT, int NT, int MT, int NQ, int WARPS, int ST> struct qreg_cfg {
     static constexpr int PS = PB < 16 ? PB : 16;            // bytes a parameter copy
     static constexpr int W_Q = 16 * MT * CPR * 16, W_P = 16 * MT * PB;  // a warp's stage: values, parameters
     static constexpr int Q_BYTES = WARPS * W_Q;
-    static constexpr int STAGE = WARPS * (W_Q + W_P);
+    static constexpr int XU = NQ * qreg_shape<WT>::SP * NT * 32;  // xf's uint4s a unit
+    static constexpr int X_AT = WARPS * (W_Q + W_P);               // where a stage's x starts (XS)
+    static constexpr int STAGE = X_AT + (XS ? XU * 16 : 0);
     static constexpr int SMEM = ST * STAGE;
     static_assert(CPR >= 8 && (16 * MT * CPR) % 32 == 0 && PB % 8 == 0, "row copies: whole rows a warp");
     static constexpr int ACC = MT * NT * 4;  // a lane's sums
-    static constexpr int XU = NQ * qreg_shape<WT>::SP * NT * 32;  // xf's uint4s a unit
 };
 
 struct qreg_args {
@@ -449,9 +452,9 @@ struct qreg_args {
 
 // PRECOND: w and every row 16-byte aligned; xf from qreg_x_kernel with the same NT and NQ; iters = ceil(chunks /
 // (4 NQ)); gridDim.x <= n_rb * iters; gridDim.y blocks of 8 NT tokens.
-template <int WT, int NT, int MT, int NQ, int WARPS, int ST>
+template <int WT, int NT, int MT, int NQ, int WARPS, int ST, int XS>
 __global__ void __launch_bounds__(WARPS * 32) qreg_kernel(qreg_args a) {
-    using C = qreg_cfg<WT, NT, MT, NQ, WARPS, ST>;
+    using C = qreg_cfg<WT, NT, MT, NQ, WARPS, ST, XS>;
     constexpr int SP = qreg_shape<WT>::SP;
     extern __shared__ __align__(16) uint8_t sm[];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, c = lane & 3;
@@ -500,6 +503,11 @@ __global__ void __launch_bounds__(WARPS * 32) qreg_kernel(qreg_args a) {
             if (C::PS == 16) cp_async16(dst, src, bytes);
             else cp_async8(dst, src, bytes);
         }
+        if (XS) {  // the unit's x, contiguous in xf, by every thread of the CTA
+            uint4 *xs = (uint4 *)(sm + st * C::STAGE + C::X_AT);
+            const uint4 *src = xb - lane + i * C::XU;
+            for (int n = tid; n < C::XU; n += C::THREADS) cp_async16(xs + n, src + n, 16);
+        }
     };
 
     float acc[MT][NT][4];
@@ -514,11 +522,15 @@ __global__ void __launch_bounds__(WARPS * 32) qreg_kernel(qreg_args a) {
     // products, as the lane's weights are stages ahead (waiting on each load where it was used cost 44% of the cycles
     // between issues: bench/results/qgemm_reg); more tokens' would not fit the registers, and are loaded where used
     constexpr bool XPRE = NT <= 2;
-    auto xload = [&](int64_t i, int k, uint4 (*xv)[NT]) {
+    // the lane's uint4 n (k, wp, nt's: ((k SP + wp) NT + nt) 32) of unit i's x, in stage st where XS
+    auto xat = [&](int64_t i, int st, int n) {
+        return XS ? ((const uint4 *)(sm + st * C::STAGE + C::X_AT))[n + lane] : __ldg(xb + i * C::XU + n);
+    };
+    auto xload = [&](int64_t i, int st, int k, uint4 (*xv)[NT]) {
 #pragma unroll
         for (int wp = 0; wp < SP; wp++)
 #pragma unroll
-            for (int nt = 0; nt < NT; nt++) xv[wp][nt] = __ldg(xb + i * C::XU + ((k * SP + wp) * NT + nt) * 32);
+            for (int nt = 0; nt < NT; nt++) xv[wp][nt] = xat(i, st, ((k * SP + wp) * NT + nt) * 32);
     };
     // the widening's constants in registers (and_or, q8_pair_r)
     const uint32_t m_lo = reg_const<0x003C003Cu>(), m_hi = reg_const<0x03C003C0u>();
@@ -543,7 +555,7 @@ __global__ void __launch_bounds__(WARPS * 32) qreg_kernel(qreg_args a) {
             uint4 xv[NT];
 #pragma unroll
             for (int nt = 0; nt < NT; nt++)
-                xv[nt] = XPRE ? xc[wp][nt] : __ldg(xb + i * C::XU + ((k * SP + wp) * NT + nt) * 32);
+                xv[nt] = XPRE ? xc[wp][nt] : xat(i, st, ((k * SP + wp) * NT + nt) * 32);
 #pragma unroll
             for (int hh = 0; hh < 2; hh++) {
 #pragma unroll
@@ -635,24 +647,28 @@ __global__ void __launch_bounds__(WARPS * 32) qreg_kernel(qreg_args a) {
     zero();
     int64_t rb = u0 / a.iters, i = u0 - rb * a.iters;
     uint4 xa[XPRE ? SP : 1][NT], xn[XPRE ? SP : 1][NT];  // x of the chunk multiplied, and of the next (XPRE)
-    if (XPRE && u0 < u1) xload(i, 0, xa);
+    if (XPRE && !XS && u0 < u1) xload(i, 0, 0, xa);
     for (int64_t u = u0; u < u1; u++) {
         cp_async_wait<ST - 2>();
-        __syncwarp();  // the warp's copies of this unit seen by all its lanes, its reads of the last one done
+        // the warp's copies of this unit seen by all its lanes, its reads of the last one done; XS: every warp's
+        // copies of the unit's x, and every warp's reads of the stage refilled below
+        if (XS) __syncthreads();
+        else __syncwarp();
         const int st = (int)((u - u0) % ST);
         if (u + ST - 1 < u1) {
             load(li, (st + ST - 1) % ST);  // the stage the warp read last iteration
             if (++li == a.iters) li = 0, rows_of(++lrb);
         }
         cp_async_commit();
+        if (XPRE && XS) xload(i, st, 0, xa);  // XS: the unit's first chunk of x, landed by the barrier above
 #pragma unroll
         for (int k = 0; k < NQ; k++) {  // chunk k multiplied from xa (k even) or xn, the next one's x loaded into the other
             uint4(*cur)[NT] = k % 2 ? xn : xa, (*nxt)[NT] = k % 2 ? xa : xn;
-            if (XPRE && k + 1 < NQ) xload(i, k + 1, nxt);
-            else if (XPRE && u + 1 < u1) xload(i + 1 == a.iters ? 0 : i + 1, 0, nxt);
+            if (XPRE && k + 1 < NQ) xload(i, st, k + 1, nxt);
+            else if (XPRE && !XS && u + 1 < u1) xload(i + 1 == a.iters ? 0 : i + 1, 0, 0, nxt);
             compute(i, st, k, cur);
         }
-        if (XPRE && NQ % 2)  // the next unit's first chunk is in xn
+        if (XPRE && !XS && NQ % 2)  // the next unit's first chunk is in xn
 #pragma unroll
             for (int wp = 0; wp < SP; wp++)
 #pragma unroll
@@ -969,16 +985,25 @@ static int qgemm_launch(float *y, const qgemm_src &x, __half *xp, const void *w,
     return 0;
 }
 
-// The register kernel's shapes, (id, NT, MT, NQ, WARPS, ST): blocks of 8 NT tokens, MT tiles of 16 rows a warp, NQ
-// chunks a lane a row a unit, WARPS warps a CTA, ST stages. 13 and 15 leave L1 room for x, which every warp of a CTA
-// reads again (two CTAs of three stages of 512 inputs take 220 KB of shared memory, and L1 the rest: 16 tokens of x a
-// unit then miss it): 13 with two stages, 15 with 256 inputs a unit (bench/results/qgemm_reg, session 58).
-#define QREG_VARIANTS(X)  \
-    X(12, 1, 2, 4, 4, 3)  \
-    X(13, 2, 2, 4, 4, 2)  \
-    X(14, 4, 2, 4, 4, 3)  \
-    X(15, 4, 2, 2, 4, 3)  \
-    X(16, 8, 2, 2, 4, 3)
+// The register kernel's shapes, (id, NT, MT, NQ, WARPS, ST, XS): blocks of 8 NT tokens, MT tiles of 16 rows a warp,
+// NQ chunks a lane a row a unit, WARPS warps a CTA, ST stages, XS x staged in shared memory. 13 and 15 leave L1 room
+// for x, which every warp of a CTA reads again (two CTAs of three stages of 512 inputs take 220 KB of shared memory,
+// and L1 the rest: 16 tokens of x a unit then miss it): 13 with two stages, 15 with 256 inputs a unit
+// (bench/results/qgemm_reg, session 58). Branch qxs: 17-23 with x staged (22 and 23: eight warps of one tile each,
+// sharing a staged x twice as widely; q4's 22 takes 96 registers a thread, so two CTAs, 16 warps a multiprocessor).
+#define QREG_VARIANTS(X)     \
+    X(12, 1, 2, 4, 4, 3, 0)  \
+    X(13, 2, 2, 4, 4, 2, 0)  \
+    X(14, 4, 2, 4, 4, 3, 0)  \
+    X(15, 4, 2, 2, 4, 3, 0)  \
+    X(16, 8, 2, 2, 4, 3, 0)  \
+    X(17, 1, 2, 4, 4, 2, 1)  \
+    X(18, 2, 2, 4, 4, 2, 1)  \
+    X(19, 2, 2, 2, 4, 3, 1)  \
+    X(20, 4, 2, 2, 4, 3, 1)  \
+    X(21, 8, 2, 2, 4, 2, 1)  \
+    X(22, 1, 1, 4, 8, 2, 1)  \
+    X(23, 2, 1, 4, 8, 2, 1)
 
 #define QREG_TICKETS ((int64_t)1 << 16)  // a warp's rows of a row block of a token block (one ticket each)
 #define QREG_CTA_PART (2 * 128 * 4)      // the runs' sums' bytes a CTA a token, at most (2 slots, 128 rows, floats)
@@ -1000,11 +1025,11 @@ extern "C" size_t gpu_qgemm_scratch(int64_t T, int64_t n_in) {
     return x > reg ? x : reg;  // never less for more tokens: a reserve for T covers every pass of fewer
 }
 
-template <int WT, int NT, int MT, int NQ, int WARPS, int ST>
+template <int WT, int NT, int MT, int NQ, int WARPS, int ST, int XS>
 static int qreg_launch(const dj_gpu *g, float *y, const qgemm_src &x, void *scratch, const void *w, int64_t T,
                        int64_t n_in, int64_t n_out, cudaStream_t s, dj_err *e) {
-    using C = qreg_cfg<WT, NT, MT, NQ, WARPS, ST>;
-    auto kernel = qreg_kernel<WT, NT, MT, NQ, WARPS, ST>;
+    using C = qreg_cfg<WT, NT, MT, NQ, WARPS, ST, XS>;
+    auto kernel = qreg_kernel<WT, NT, MT, NQ, WARPS, ST, XS>;
     static std::atomic<unsigned> ready;
     static std::atomic<int> per_sm_of[32];  // CTAs a multiprocessor holds, by device (0: not asked yet)
     if (smem_optin((const void *)kernel, C::SMEM, ready, e)) return -1;
@@ -1144,11 +1169,11 @@ static int qgemm_run(dj_gpu *g, int variant, float *y, const qgemm_src &x, const
         if (!g->wgmma) return dj_fail(e, "gpu_qgemm: tile shape %d needs an sm_90 device", variant);            \
         return wtype == DJ_Q8 ? qgemm_wg_launch<DJ_Q8, BN, ST, KS, XB, MINB>(y, x, xp, w, T, n_in, n_out, s, e)  \
                               : qgemm_wg_launch<DJ_Q4, BN, ST, KS, XB, MINB>(y, x, xp, w, T, n_in, n_out, s, e);
-#define QREG_CASE(id, NT, MT, NQ, WARPS, ST)                                                                  \
-    case id:                                                                                                  \
-        return wtype == DJ_Q8                                                                                 \
-                   ? qreg_launch<DJ_Q8, NT, MT, NQ, WARPS, ST>(g, y, x, g->scratch, w, T, n_in, n_out, s, e)   \
-                   : qreg_launch<DJ_Q4, NT, MT, NQ, WARPS, ST>(g, y, x, g->scratch, w, T, n_in, n_out, s, e);
+#define QREG_CASE(id, NT, MT, NQ, WARPS, ST, XS)                                                               \
+    case id:                                                                                                   \
+        return wtype == DJ_Q8                                                                                  \
+                   ? qreg_launch<DJ_Q8, NT, MT, NQ, WARPS, ST, XS>(g, y, x, g->scratch, w, T, n_in, n_out, s, e) \
+                   : qreg_launch<DJ_Q4, NT, MT, NQ, WARPS, ST, XS>(g, y, x, g->scratch, w, T, n_in, n_out, s, e);
     switch (variant) {
         QGEMM_VARIANTS(QGEMM_CASE)
         QGEMM_WG_VARIANTS(QGEMM_WG_CASE)

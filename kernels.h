@@ -145,7 +145,7 @@ int gpu_qgemm_variant(dj_gpu *g, int variant, float *y, const float *x, const vo
 int gpu_swiglu_qgemm(dj_gpu *g, float *y, const float *gate, const float *up, int64_t ld, const void *w,
                      uint32_t wtype, int64_t T, int64_t n_in, int64_t n_out, cudaStream_t s, dj_err *e);
 size_t gpu_qgemm_scratch(int64_t T, int64_t n_in);  // bytes of scratch it needs: x in f16
-#define GPU_QGEMM_VARIANTS 24                          // tile shapes 0..23
+#define GPU_QGEMM_VARIANTS 20                          // tile shapes 0..19
 int gpu_qgemm_has(const dj_gpu *g, int variant);    // whether this device runs tile shape `variant`
 // out (rows, n_in) f16 = q8/q4 rows of W dequantized (scale * k rounded once), as the cuBLAS path does a chunk at a
 // time; blocks > 0 fixes the grid (blocks of 256 threads), 0 sizes it to the work.

@@ -57,8 +57,8 @@ static inline int grid_1d(int64_t n, int threads) {
 // every block of that one has called pdl_trigger (or exited). k must call pdl_wait, which returns when the kernel
 // before has finished and its writes are visible, before it touches memory that kernel reads or writes. A kernel
 // that triggers right after its own wait lets the next one's blocks take each multiprocessor as its blocks there
-// finish; the f16 GEMV lost by it (bench/results/pdl), so only the quantized GEMV, decode's rope and attention and
-// the tensor-parallel exchange take part.
+// finish; the f16 GEMV lost by it (bench/results/pdl), so only the quantized GEMV, decode's rope and attention,
+// the tensor-parallel exchange and the register kernel (qgemm.cu, behind its x layout) take part.
 __device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
 __device__ __forceinline__ void pdl_trigger() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
 template <typename... P, typename... A>

@@ -389,6 +389,7 @@ template <int WT, int NT, int NQ>
 __global__ void qreg_x_kernel(uint4 *xf, qgemm_src src, int64_t T, int64_t n_in, int64_t iters, int64_t n16,
                               unsigned *tickets, int64_t n_tickets) {
     using S = qreg_shape<WT>;
+    pdl_trigger();  // qreg_kernel's CTAs start, and copy their first weights, while x is laid out
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n_tickets; i += (int64_t)gridDim.x * blockDim.x)
         tickets[i] = 0;
     const int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -481,8 +482,14 @@ __global__ void __launch_bounds__(WARPS * 32) qreg_kernel(qreg_args a) {
             prow[j] = a.w + (row < a.n_out ? row : a.n_out - 1) * a.row_bytes;
         }
     };
-    // unit i into the warp's stage st: values (chunks past the row: zeros) and parameters (groups past the row: zeros)
-    auto load = [&](int64_t i, int st) {
+    auto load_x = [&](int64_t i, int st) {  // XS: unit i's x, contiguous in xf, by every thread of the CTA
+        uint4 *xs = (uint4 *)(sm + st * C::STAGE + C::X_AT);
+        const uint4 *src = xb - lane + i * C::XU;
+        for (int n = tid; n < C::XU; n += C::THREADS) cp_async16(xs + n, src + n, 16);
+    };
+    // unit i into the warp's stage st: values (chunks past the row: zeros) and parameters (groups past the row: zeros),
+    // and XS its x unless with_x is false
+    auto load = [&](int64_t i, int st, bool with_x = true) {
         uint8_t *q = sm + st * C::STAGE + warp * C::W_Q, *p = sm + st * C::STAGE + C::Q_BYTES + warp * C::W_P;
 #pragma unroll
         for (int j = 0; j < NVC; j++) {
@@ -503,11 +510,7 @@ __global__ void __launch_bounds__(WARPS * 32) qreg_kernel(qreg_args a) {
             if (C::PS == 16) cp_async16(dst, src, bytes);
             else cp_async8(dst, src, bytes);
         }
-        if (XS) {  // the unit's x, contiguous in xf, by every thread of the CTA
-            uint4 *xs = (uint4 *)(sm + st * C::STAGE + C::X_AT);
-            const uint4 *src = xb - lane + i * C::XU;
-            for (int n = tid; n < C::XU; n += C::THREADS) cp_async16(xs + n, src + n, 16);
-        }
+        if (XS && with_x) load_x(i, st);
     };
 
     float acc[MT][NT][4];
@@ -633,15 +636,24 @@ __global__ void __launch_bounds__(WARPS * 32) qreg_kernel(qreg_args a) {
         store(rb, sum);
     };
 
-    // ST - 1 units in flight ahead of the one multiplied
+    // ST - 1 units in flight ahead of the one multiplied. Their weights are copied before pdl_wait, while the kernel
+    // before (qreg_x_kernel, launched ahead of this one: programmatic dependent launch) lays x out; their x after it.
+    // The first commit group holds every one's weights, so a stage's weights are in a group no later than its x.
+    // (The layer of 8B q4 at 8 / 16 / 64 tokens 83.4 / 87.0 / 150.3 us against 90.9 / 95.6 / 155.1 without:
+    // bench/results/qgemm_reg/session59.)
     int64_t lrb = u0 / a.iters, li = u0 - lrb * a.iters;  // the next unit to load
+    const int64_t i0 = li;
     rows_of(lrb);
 #pragma unroll
-    for (int st = 0; st < ST - 1; st++) {
+    for (int st = 0; st < ST - 1; st++)
         if (u0 + st < u1) {
-            load(li, st);
+            load(li, st, false);
             if (++li == a.iters) li = 0, rows_of(++lrb);
         }
+    pdl_wait();
+#pragma unroll
+    for (int st = 0; st < ST - 1; st++) {
+        if (XS && u0 + st < u1) load_x((i0 + st) % a.iters, st);
         cp_async_commit();
     }
     zero();
@@ -986,24 +998,20 @@ static int qgemm_launch(float *y, const qgemm_src &x, __half *xp, const void *w,
 }
 
 // The register kernel's shapes, (id, NT, MT, NQ, WARPS, ST, XS): blocks of 8 NT tokens, MT tiles of 16 rows a warp,
-// NQ chunks a lane a row a unit, WARPS warps a CTA, ST stages, XS x staged in shared memory. 13 and 15 leave L1 room
-// for x, which every warp of a CTA reads again (two CTAs of three stages of 512 inputs take 220 KB of shared memory,
-// and L1 the rest: 16 tokens of x a unit then miss it): 13 with two stages, 15 with 256 inputs a unit
-// (bench/results/qgemm_reg, session 58). Branch qxs: 17-23 with x staged (22 and 23: eight warps of one tile each,
-// sharing a staged x twice as widely; q4's 22 takes 96 registers a thread, so two CTAs, 16 warps a multiprocessor).
+// NQ chunks a lane a row a unit, WARPS warps a CTA, ST stages, XS x staged in shared memory (read once a CTA, where
+// without it every warp reads it again through L1, which the rings leave at about 28 KB). 12 and 13 put eight warps
+// of one tile each on a staged x (q4's 12 takes 96 registers a thread: 16 warps a multiprocessor); 15 and 18 take
+// 256 inputs a unit. Each is the fastest of 12 shapes somewhere on the 8B matrices or their two-GPU halves at 4-64
+// tokens; the rest lost everywhere and left (bench/results/qgemm_reg/session59).
 #define QREG_VARIANTS(X)     \
-    X(12, 1, 2, 4, 4, 3, 0)  \
-    X(13, 2, 2, 4, 4, 2, 0)  \
+    X(12, 1, 1, 4, 8, 2, 1)  \
+    X(13, 2, 1, 4, 8, 2, 1)  \
     X(14, 4, 2, 4, 4, 3, 0)  \
     X(15, 4, 2, 2, 4, 3, 0)  \
     X(16, 8, 2, 2, 4, 3, 0)  \
-    X(17, 1, 2, 4, 4, 2, 1)  \
-    X(18, 2, 2, 4, 4, 2, 1)  \
-    X(19, 2, 2, 2, 4, 3, 1)  \
-    X(20, 4, 2, 2, 4, 3, 1)  \
-    X(21, 8, 2, 2, 4, 2, 1)  \
-    X(22, 1, 1, 4, 8, 2, 1)  \
-    X(23, 2, 1, 4, 8, 2, 1)
+    X(17, 2, 2, 4, 4, 2, 1)  \
+    X(18, 4, 2, 2, 4, 3, 1)  \
+    X(19, 8, 2, 2, 4, 2, 1)
 
 #define QREG_TICKETS ((int64_t)1 << 16)  // a warp's rows of a row block of a token block (one ticket each)
 #define QREG_CTA_PART (2 * 128 * 4)      // the runs' sums' bytes a CTA a token, at most (2 slots, 128 rows, floats)
@@ -1063,7 +1071,7 @@ static int qreg_launch(const dj_gpu *g, float *y, const qgemm_src &x, void *scra
         LAUNCH_CHECK("qreg_x", s);
         const qreg_args args = {y + t0 * n_out, xf, (const uint8_t *)w, Tc, n_out, chunks, groups, rb_bytes, iters,
                                 n_rb, (float *)(tickets + QREG_TICKETS), tickets};
-        kernel<<<dim3((unsigned)G, (unsigned)tb), C::THREADS, C::SMEM, s>>>(args);
+        CUDA_CHECK(pdl_launch(kernel, dim3((unsigned)G, (unsigned)tb), dim3(C::THREADS), C::SMEM, s, args));
         LAUNCH_CHECK("qreg", s);
     }
     return 0;
@@ -1076,12 +1084,13 @@ extern "C" int gpu_qgemm_ok(uint32_t wtype, const void *w, int64_t T, int64_t n_
 
 // The tile shape for T tokens, n_in inputs and n_out rows (bench/qgemm_bench.cu; bench/results/qgemm_reg, H200, the
 // Llama-3-8B layer's matrices and their halves as each of two GPUs holds them, one call: session58/qx_shapes_*.txt).
-// Up to 64 tokens the register kernel: 8 tokens a block up to 8; 16 up to 16 in two stages (the q4 layer at 16 tokens
-// 100.3 us against 105.3 for three stages; q8 the same or better on every matrix); 32 up to 32, in units of 256 inputs
-// for matrices of more than 2^24 weights (q4 gate|up at 32 tokens 46.9 against 53.6 us, down 32.6 against 37.6; the
-// 8B's wo and the halves of q|k|v and wo keep 512: 18.9 against 19.8); 64 up to 64 for matrices of more than 2^25
-// weights (gate|up 63.3 against 72.6), else 32 in units of 256 (the 8B's q|k|v 25.9 against 27.3, a half of down
-// 29.3 against 31.3).
+// Up to 64 tokens the register kernel, its fastest shape on the 8B matrices and their two-GPU halves (one H200 call,
+// bench/results/qgemm_reg/session59; "big": more than 2^24 weights). Up to 16 tokens eight warps of one tile on a
+// staged x, 8 or 16 tokens a block (the q4 layer at 8 tokens 90.2 us against 98.4 for the shapes before, at 16 96.7
+// against 101.0; q8 at 16 122.0 against 135.6). At 32: q4 in units of 256 inputs with x staged where big (gate|up 46.7
+// against 49.8), else 13 (the 8B's wo 18.4); q8 unstaged in units of 256 where big, else 17 (16 tokens a block, x
+// staged). At 64: q4 64 a block where big (gate|up 63.1), else 18 (wo 22.1 against 23.4); q8 64 a block staged where
+// big (gate|up 70.6 against 82.6), else 14.
 // Beyond 64 tokens on Hopper the wgmma shape of least estimated time: waves of CTAs (as many as multiprocessors; a
 // started wave costs 0.6 of a full one plus 0.4 times its fill, a single wave a whole one) times the stages a CTA runs
 // times a stage's cost: 1.4 for 256 tokens (twice the tokens of 128 for each widened weight), 1.7 split (a pass half as
@@ -1092,9 +1101,12 @@ extern "C" int gpu_qgemm_ok(uint32_t wtype, const void *w, int64_t T, int64_t n_
 static int qgemm_pick_cost(const dj_gpu *g, uint32_t wtype, int64_t T, int64_t n_in, int64_t n_out, double *cost) {
     const int64_t rows = (n_out + 127) / 128, stages = ((n_in + DJ_QGROUP - 1) / DJ_QGROUP + 1) / 2;
     *cost = 0;
-    if (T <= 64)  // the register kernel
-        return T <= 8 ? 12 : T <= 16 ? 13 : T <= 32 ? (n_in * n_out > (1 << 24) ? 15 : 14)
-                                                     : n_in * n_out > (1 << 25) ? 16 : 15;
+    if (T <= 64) {  // the register kernel
+        const bool big = n_in * n_out > (1 << 24);
+        if (T <= 16) return T <= 8 ? 12 : 13;
+        if (T <= 32) return wtype == DJ_Q4 ? (big ? 18 : 13) : big ? 15 : 17;
+        return wtype == DJ_Q4 ? (big ? 16 : 18) : big ? 19 : 14;
+    }
     if (!g->wgmma) return 0;
     static const struct {
         int variant, bn, ks;

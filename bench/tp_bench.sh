@@ -29,9 +29,9 @@ WORK=${BENCH_WORK:-/tmp/djinn_qbench}
 DATA=${DATA:-.shared}
 GPUS=${GPUS:-2}
 N_NEW=${N_NEW:-64}
-CONCURRENCY=${CONCURRENCY:-1 64}
+CONCURRENCY=${CONCURRENCY-1 64}
 PORT=${PORT:-18093}
-CASES=${CASES:-resident min_link min_share}
+CASES=${CASES-resident min_link min_share}
 has_case() { case " $CASES " in *" $1 "*) return 0 ;; esac; return 1; }
 mkdir -p "$OUT_DIR" "$WORK" || exit 1
 . bench/lib.sh

@@ -1086,7 +1086,7 @@ extern "C" int gpu_qgemm_ok(uint32_t wtype, const void *w, int64_t T, int64_t n_
 // Llama-3-8B layer's matrices and their halves as each of two GPUs holds them, one call: session58/qx_shapes_*.txt).
 // Up to 64 tokens the register kernel, its fastest shape on the 8B matrices and their two-GPU halves (one H200 call,
 // bench/results/qgemm_reg/session59; "big": more than 2^24 weights). Up to 16 tokens eight warps of one tile on a
-// staged x, 8 or 16 tokens a block (the q4 layer at 8 tokens 90.2 us against 98.4 for the shapes before, at 16 96.7
+// staged x, 8 or 16 tokens a block (the q4 layer at 8 tokens 91.0 us against 98.4 for the shapes before, at 16 96.7
 // against 101.0; q8 at 16 122.0 against 135.6). At 32: q4 in units of 256 inputs with x staged where big (gate|up 46.7
 // against 49.8), else 13 (the 8B's wo 18.4); q8 unstaged in units of 256 where big, else 17 (16 tokens a block, x
 // staged). At 64: q4 64 a block where big (gate|up 63.1), else 18 (wo 22.1 against 23.4); q8 64 a block staged where

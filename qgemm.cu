@@ -1082,9 +1082,7 @@ extern "C" int gpu_qgemm_ok(uint32_t wtype, const void *w, int64_t T, int64_t n_
            (n_out + 63) / 64 <= 65535 && (T + 15) / 16 <= INT32_MAX;
 }
 
-// The tile shape for T tokens, n_in inputs and n_out rows (bench/qgemm_bench.cu; bench/results/qgemm_reg, H200, the
-// Llama-3-8B layer's matrices and their halves as each of two GPUs holds them, one call: session58/qx_shapes_*.txt).
-// Up to 64 tokens the register kernel, its fastest shape on the 8B matrices and their two-GPU halves (one H200 call,
+// The tile shape for T tokens, n_in inputs and n_out rows (bench/qgemm_bench.cu). Up to 64 tokens the register kernel, its fastest shape on the 8B matrices and their two-GPU halves (one H200 call,
 // bench/results/qgemm_reg/session59; "big": more than 2^24 weights). Up to 16 tokens eight warps of one tile on a
 // staged x, 8 or 16 tokens a block (the q4 layer at 8 tokens 91.0 us against 98.4 for the shapes before, at 16 96.7
 // against 101.0; q8 at 16 122.0 against 135.6). At 32: q4 in units of 256 inputs with x staged where big (gate|up 46.7

@@ -37,7 +37,7 @@ mkdir -p "$OUT_DIR" "$WORK" || exit 1
 . bench/lib.sh
 trap stop_server EXIT
 
-build_bench "$WORK" build/bin/peer_ceilings || exit 1
+build_bench "$WORK" build/bin/peer_ceilings build/bin/repeat_layers || exit 1
 say "peer ceilings"
 build/bin/peer_ceilings "$OUT_DIR/peer.json" | tee "$OUT_DIR/peer.txt"
 bin=$WORK/spec_8b_q4.bin
@@ -110,16 +110,15 @@ make_70b2() {  # the 70B shape with two layers, the donor of both large cases
 if [ "${LARGE:-0}" = 1 ]; then
     make_70b2 || exit 1
     convert_once "$WORK/hf_70b2" "$WORK/donor_70b_q4.bin" q4 || exit 1
-    [ -f "$WORK/70b_q4.bin" ] || { make -j16 build/bin/repeat_layers > /dev/null &&
-        build/bin/repeat_layers "$WORK/donor_70b_q4.bin" "$WORK/70b_q4.bin" 80; } || exit 1
+    [ -f "$WORK/70b_q4.bin" ] || build/bin/repeat_layers "$WORK/donor_70b_q4.bin" "$WORK/70b_q4.bin" 80 || exit 1
     bin=$WORK/70b_q4.bin
     for n in 1 "$GPUS"; do N_NEW=16 run_case 70b "$n" --ring-gb 16; done
 fi
 if [ "${LARGE_F16:-0}" = 1 ]; then
     make_70b2 || exit 1
     convert_once "$WORK/hf_70b2" "$WORK/donor_70b_f16.bin" f16 || exit 1
-    [ -f "$WORK/70b_f16.bin" ] || { make -j16 build/bin/repeat_layers > /dev/null &&
-        build/bin/repeat_layers "$WORK/donor_70b_f16.bin" "$WORK/70b_f16.bin" 80 --sparse; } || exit 1
+    [ -f "$WORK/70b_f16.bin" ] || build/bin/repeat_layers "$WORK/donor_70b_f16.bin" "$WORK/70b_f16.bin" 80 --sparse ||
+        exit 1
     bin=$WORK/70b_f16.bin
     N_NEW=16 run_case 70b_f16 "$GPUS"
 fi

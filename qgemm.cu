@@ -162,9 +162,8 @@ static __device__ __forceinline__ uint32_t q8_pair(uint32_t u, uint32_t sel) {
 }
 
 // The register kernel's widening, one instruction where the compiler makes two: (a & m) | e with m and e immediates
-// takes two LOP3s (one immediate an instruction), and __byte_perm with a constant word and selector copied the word
-// into a register before every PRMT (ptxas, sm_90: 8.6 LOP3 a q4 mma where 4 do, and 4 register copies a q8 one).
-// The constants are set once by an asm the compiler cannot fold back into immediates.
+// takes two LOP3s (one immediate an instruction: ptxas, sm_90, 8.6 LOP3 a q4 mma where 4 do). The constants are set
+// once by an asm the compiler cannot fold back into immediates.
 template <uint32_t V> static __device__ __forceinline__ uint32_t reg_const() {
     uint32_t r;
     asm("mov.b32 %0, %1;" : "=r"(r) : "n"(V));
@@ -175,10 +174,13 @@ static __device__ __forceinline__ uint32_t and_or(uint32_t a, uint32_t m, uint32
     asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(d) : "r"(a), "r"(m), "r"(e));  // (a & m) | e
     return d;
 }
-// q8_pair with the constant word in a register: bytes sel of (u ^ 0x80808080, k64)
-template <uint32_t SEL> static __device__ __forceinline__ uint32_t q8_pair_r(uint32_t ux, uint32_t k64) {
+// q8_pair without PRMT: (a & m) ^ f with m = 0x00FF00FF, f = 0x64806480 (bytes 0 and 2 of a, their sign bits
+// flipped, under 0x64), a = u for pair A and u >> 8 for pair C. ptxas kept PRMT's constant word as an immediate and
+// copied the selector into a register before every one (4 copies a q8 mma; without them the q8 layer at 4-64 tokens
+// 1-2% faster, both rounds: bench/results/qgemm_reg/session60).
+static __device__ __forceinline__ uint32_t and_xor(uint32_t a, uint32_t m, uint32_t f) {
     uint32_t d;
-    asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(ux), "r"(k64), "n"(SEL));
+    asm("lop3.b32 %0, %1, %2, %3, 0x6A;" : "=r"(d) : "r"(a), "r"(m), "r"(f));  // (a & m) ^ f
     return d;
 }
 
@@ -535,9 +537,10 @@ __global__ void __launch_bounds__(WARPS * 32) qreg_kernel(qreg_args a) {
 #pragma unroll
             for (int nt = 0; nt < NT; nt++) xv[wp][nt] = xat(i, st, ((k * SP + wp) * NT + nt) * 32);
     };
-    // the widening's constants in registers (and_or, q8_pair_r)
+    // the widening's constants in registers (and_or, and_xor)
     const uint32_t m_lo = reg_const<0x003C003Cu>(), m_hi = reg_const<0x03C003C0u>();
-    const uint32_t e_lo = reg_const<0x5C005C00u>(), e_hi = reg_const<0x4C004C00u>(), k64 = reg_const<0x64646464u>();
+    const uint32_t e_lo = reg_const<0x5C005C00u>(), e_hi = reg_const<0x4C004C00u>();
+    const uint32_t m8 = reg_const<0x00FF00FFu>(), f8 = reg_const<0x64806480u>();
     // chunk k of unit i in stage st, its x in xc (XPRE) or loaded here
     auto compute = [&](int64_t i, int st, int k, const uint4 (*xc)[NT]) {
         const uint8_t *wq = sm + st * C::STAGE + warp * C::W_Q, *wp_ = sm + st * C::STAGE + C::Q_BYTES + warp * C::W_P;
@@ -576,12 +579,11 @@ __global__ void __launch_bounds__(WARPS * 32) qreg_kernel(qreg_args a) {
                         af[2] = q_widen2(and_or(u >> 6, m, e), sc[mt][0], o0);
                         af[3] = q_widen2(and_or(u8 >> 6, m, e), sc[mt][1], o1);
                     } else {  // step 2 wp + hh: word 2 wp + hh
-                        const uint32_t ug = u4_at(q[mt][0], 2 * wp + hh) ^ 0x80808080u;
-                        const uint32_t ug8 = u4_at(q[mt][1], 2 * wp + hh) ^ 0x80808080u;
-                        af[0] = q_widen2(q8_pair_r<0x4240>(ug, k64), sc[mt][0], off[mt][0]);
-                        af[1] = q_widen2(q8_pair_r<0x4240>(ug8, k64), sc[mt][1], off[mt][1]);
-                        af[2] = q_widen2(q8_pair_r<0x4341>(ug, k64), sc[mt][0], off[mt][0]);
-                        af[3] = q_widen2(q8_pair_r<0x4341>(ug8, k64), sc[mt][1], off[mt][1]);
+                        const uint32_t ug = u4_at(q[mt][0], 2 * wp + hh), ug8 = u4_at(q[mt][1], 2 * wp + hh);
+                        af[0] = q_widen2(and_xor(ug, m8, f8), sc[mt][0], off[mt][0]);
+                        af[1] = q_widen2(and_xor(ug8, m8, f8), sc[mt][1], off[mt][1]);
+                        af[2] = q_widen2(and_xor(ug >> 8, m8, f8), sc[mt][0], off[mt][0]);
+                        af[3] = q_widen2(and_xor(ug8 >> 8, m8, f8), sc[mt][1], off[mt][1]);
                     }
 #pragma unroll
                     for (int nt = 0; nt < NT; nt++) {

@@ -11,7 +11,7 @@
 //
 //   build/bin/qgemm_bench OUT.json [T ...]     (default T: 2 4 8 16 32 64 128 256 512 2048)
 // QGEMM_ONLY=8,11,12 (environment) times those tile shapes only (the others print as inf); QGEMM_MATRIX=8b:gate_up
-// that matrix only, QGEMM_MATRIX=8b that model's four.
+// that matrix only, QGEMM_MATRIX=8b that model's four; QGEMM_DTYPE=q4 (or q8) that dtype only.
 #include <math.h>
 #include <string.h>
 
@@ -87,7 +87,7 @@ int main(int argc, char **argv) {
     int first_row = 1, bad = 0;
     printf("%-4s %-8s %-3s %5s %10s %10s %10s %10s %10s %5s %8s %8s  variants (us)\n", "", "matrix", "dt", "T",
            "f16 us", "dequant us", "gemv us", "qgemm us", "matmul us", "var", "of f16", "TFLOP/s");
-    const char *only_matrix = getenv("QGEMM_MATRIX");
+    const char *only_matrix = getenv("QGEMM_MATRIX"), *only_dtype = getenv("QGEMM_DTYPE");
     for (const shape &sh : shapes) {
         char name[64];
         snprintf(name, sizeof name, "%s:%s", sh.model, sh.name);
@@ -110,6 +110,7 @@ int main(int argc, char **argv) {
             CK(cudaGetLastError());
         }
         for (uint32_t dt : {DJ_Q8, DJ_Q4}) {
+            if (only_dtype && strcmp(only_dtype, dj_dtype_name(dt))) continue;
             const size_t wbytes = (size_t)dj_matrix_bytes(dt, (uint64_t)n_out, (uint64_t)n_in);
             const std::vector<void *> w = weight_copies(wbytes, l2, s);
             const int copies = (int)w.size();

@@ -619,14 +619,21 @@ __global__ void __launch_bounds__(WARPS * 32) qreg_kernel(qreg_args a) {
         float *mine = a.part + (((runs + blockIdx.x) * 2 + slot_of(blockIdx.x, rb)) * WARPS + warp) * (C::ACC * 32);
 #pragma unroll
         for (int e = 0; e < C::ACC; e++) mine[e * 32 + lane] = (&acc[0][0][0])[e];
-        __threadfence();  // the sums are visible before the ticket is
+        // the ticket: lane 0's release-acquire add, after the warp's barrier (which orders its lanes' sums before
+        // it), releases the warp's sums and, for the last run, acquires every other run's. (With a __threadfence by
+        // every lane before a plain add and after it the 8B q4 layer took 0.4-3.7% longer at 4-32 tokens, the
+        // halves' up to 2.3%: bench/results/qgemm_reg/session60.)
         __syncwarp();
         unsigned t = 0;
-        if (lane == 0) t = atomicAdd(a.tickets + ((int64_t)blockIdx.y * a.n_rb + rb) * WARPS + warp, 1u);
+        if (lane == 0)
+            asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;"
+                         : "=r"(t)
+                         : "l"(a.tickets + ((int64_t)blockIdx.y * a.n_rb + rb) * WARPS + warp)
+                         : "memory");
         t = __shfl_sync(0xFFFFFFFFu, t, 0);
         const int64_t lo = ((first + 1) * G - 1) / U, hi = (last * G - 1) / U;  // the runs holding the block's ends
         if ((int64_t)t != hi - lo) return;
-        __threadfence();
+        __syncwarp();  // the lanes' reads below after lane 0's acquire
         float sum[C::ACC];
 #pragma unroll
         for (int e = 0; e < C::ACC; e++) sum[e] = 0.0f;
@@ -1063,6 +1070,11 @@ static int qreg_launch(const dj_gpu *g, float *y, const qgemm_src &x, void *scra
             G = fit < room ? fit : room;
             if (G > n_rb * iters) G = n_rb * iters;
             if (G < 1) G = 1;
+            // as few runs as keep the longest as long: every run then takes the same number of units, and fewer
+            // blocks are split between runs (the 8B's q|k|v at 16 tokens 17.8 -> 16.7 us, 384 units on 192 CTAs
+            // where 264 took them; the halves' down at 8 tokens 17.7 -> 16.7, 448 on 224: qgemm_reg/session60)
+            const int64_t longest = (n_rb * iters + G - 1) / G;
+            G = (n_rb * iters + longest - 1) / longest;
         }
         uint4 *xf = (uint4 *)scratch;
         unsigned *tickets = (unsigned *)((uint8_t *)scratch + qreg_x_bytes(Tc, n_in));

@@ -259,7 +259,7 @@ static int tk_qgemm_twice(tk_mm *m, int v, int64_t T, float *again) {
 
 // Every tile shape this device runs, q8 and q4, against the CPU on the same quantized weights: token counts below,
 // at and past a tile's width (16 to 256), rows a partial tile, groups a partial stage ({40, 130}: two groups, one
-// stage); the register kernel (12-15) cuts these small matrices' row blocks into a run a unit up to 64 tokens, and
+// stage); the register kernel (12-19) cuts these small matrices' row blocks into a run a unit up to 64 tokens, and
 // takes whole blocks past it. A second run of each must give the same bits (runs add into y in whichever order they
 // finish).
 Test(kernels, qgemm_tile_shapes) {

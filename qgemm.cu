@@ -1068,13 +1068,13 @@ static int qreg_launch(const dj_gpu *g, float *y, const qgemm_src &x, void *scra
             const int64_t fit = (int64_t)per_sm * g->n_sm / tb;
             const int64_t room = (int64_t)(qreg_part_bytes(Tc) / ((size_t)2 * C::ROWS * 8 * NT * 4)) / tb;
             G = fit < room ? fit : room;
-            if (G > n_rb * iters) G = n_rb * iters;
             if (G < 1) G = 1;
-            // as few runs as keep the longest as long: every run then takes the same number of units, and fewer
-            // blocks are split between runs (the 8B's q|k|v at 16 tokens 17.8 -> 16.7 us, 384 units on 192 CTAs
-            // where 264 took them; the halves' down at 8 tokens 17.7 -> 16.7, 448 on 224: qgemm_reg/session60)
-            const int64_t longest = (n_rb * iters + G - 1) / G;
-            G = (n_rb * iters + longest - 1) / longest;
+            // as few runs as keep the longest as long (never more runs than units): every run then takes the same
+            // number of units, and fewer blocks are split between runs (the 8B's q|k|v at 16 tokens 17.8 -> 16.7 us,
+            // 384 units on 192 CTAs where 264 took them; the halves' down at 8 tokens 17.7 -> 16.7, 448 on 224:
+            // qgemm_reg/session60)
+            const int64_t units = n_rb * iters, longest = (units + G - 1) / G;
+            G = (units + longest - 1) / longest;
         }
         uint4 *xf = (uint4 *)scratch;
         unsigned *tickets = (unsigned *)((uint8_t *)scratch + qreg_x_bytes(Tc, n_in));
@@ -1096,7 +1096,8 @@ extern "C" int gpu_qgemm_ok(uint32_t wtype, const void *w, int64_t T, int64_t n_
            (n_out + 63) / 64 <= 65535 && (T + 15) / 16 <= INT32_MAX;
 }
 
-// The tile shape for T tokens, n_in inputs and n_out rows (bench/qgemm_bench.cu). Up to 64 tokens the register kernel, its fastest shape on the 8B matrices and their two-GPU halves (one H200 call,
+// The tile shape for T tokens, n_in inputs and n_out rows (bench/qgemm_bench.cu). Up to 64 tokens the register
+// kernel, its fastest shape on the 8B matrices and their two-GPU halves (one H200 call,
 // bench/results/qgemm_reg/session59; "big": more than 2^24 weights). Up to 16 tokens eight warps of one tile on a
 // staged x, 8 or 16 tokens a block (the q4 layer at 8 tokens 91.0 us against 98.4 for the shapes before, at 16 96.7
 // against 101.0; q8 at 16 122.0 against 135.6). At 32: q4 in units of 256 inputs with x staged where big (gate|up 46.7

@@ -267,6 +267,15 @@ $(BUILD)/bin/qgemm_bench: $(BUILD)/bench/qgemm_bench.o $(KERNEL_OBJ) $(BUILD)/mo
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS)
 
+# ---- bench: decode attention for many rows (gpu_attention_decode_rows) against the D2D ceiling
+$(BUILD)/bench/attn_bench.o: bench/attn_bench.cu bench/bench_gpu.h kernels.h kvtype.h
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVFLAGS) -c $< -o $@
+
+$(BUILD)/bin/attn_bench: $(BUILD)/bench/attn_bench.o $(ENGINE_OBJ)
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS)
+
 # ---- bench: whether dequantizing the next matrix hides behind the GEMM of this one (two streams, cuBLASLt's SM target)
 $(BUILD)/bench/overlap_bench.o: bench/overlap_bench.cu bench/bench_gpu.h kernels.h model.h
 	@mkdir -p $(dir $@)

@@ -470,22 +470,40 @@ extern "C" int gpu_attention_prefill(dj_gpu *g, float *out, int64_t ldo, const f
 #ifndef DEC_DEEP_DIV
 #define DEC_DEEP_DIV 2
 #endif
+// Blocks a launch of many rows needs before a short context's splits shrink (dec_short_splits). Measured on an H200
+// (bench/results/attn_rows, the 8B's heads, f16 cache of 512 positions a slot, 64 rows at 96 / 256 / 480 keys):
+// every context in splits of 16-64 keys 53.7 / 72.0 / 76.4 us; from 512 blocks 26.3 / 44.9 / 76.7 with one chunk a
+// split, 24.2 / 34.0 / 50.9 with the chunks gathered (the choice); from 1024 blocks no better than 512.
+#ifndef DEC_ROW_BLOCKS
+#define DEC_ROW_BLOCKS 512
+#endif
 #define DEC_MAX_SPLITS 1024 // the most splits a row's kv head is given (dec_grid_splits: at most DEC_BLOCKS)
 
-// Keys a split takes at a context of n keys, with the grid's n_splits splits a kv head. A short context (up to
-// DEC_SPLITS chunks): the smallest of 16, 32 and 64 that needs at most DEC_SPLITS splits, so that it still spreads
-// over about 16 blocks a kv head while a longer one keeps 64 (fewer partials to write and combine); measured on an
-// H200 (bench/results/gemv_rows, q4 Llama-3-8B, decode ms/token): 16 keys a split at every context took a short
-// one's step from 2.21 to 1.98 ms but a 2000-token one's from 2.60 to 2.97. A deep context: whole chunks, as
-// few a split as spread it over every DEC_DEEP_DIV-th split of the grid (each split loops over its chunks).
-static __device__ __forceinline__ int dec_span(int n, int n_splits) {
+// Keys a split takes at a context of n keys, with the grid's n_splits splits a kv head and n_short the splits a short
+// context aims at (dec_short_splits). A short context (up to DEC_SPLITS chunks): the smallest of 16 and 32 that
+// needs at most n_short splits; else whole chunks, one a split where the GPU has room for DEC_SPLITS of them
+// (n_short = DEC_SPLITS), and as few a split as n_short splits take where the rows fill it. Measured on an H200 (one
+// row: bench/results/gemv_rows, q4 Llama-3-8B, decode ms/token: 16 keys a split at every context took a short one's
+// step from 2.21 to 1.98 ms but a 2000-token one's from 2.60 to 2.97; many rows: bench/results/attn_rows). A deep
+// context: whole chunks, as few a split as spread it over every DEC_DEEP_DIV-th split of the grid (each split loops
+// over its chunks).
+static __device__ __forceinline__ int dec_span(int n, int n_splits, int n_short) {
     if (n <= DEC_SPLITS * DEC_CHUNK) {
         for (int c = 16; c < DEC_CHUNK; c *= 2)
-            if ((n + c - 1) / c <= min(DEC_SPLITS, n_splits)) return c;
+            if ((n + c - 1) / c <= min(n_short, n_splits)) return c;
+        if (n_short < DEC_SPLITS) return DEC_CHUNK * ((n + DEC_CHUNK * n_short - 1) / (DEC_CHUNK * n_short));
         if ((n + DEC_CHUNK - 1) / DEC_CHUNK <= n_splits) return DEC_CHUNK;
     }
     const int deep = n_splits / DEC_DEEP_DIV > 0 ? n_splits / DEC_DEEP_DIV : 1;
     return DEC_CHUNK * ((n + DEC_CHUNK * deep - 1) / (DEC_CHUNK * deep));
+}
+
+// The splits a short context's kv head aims at (dec_span's n_short) in a launch with `pairs` blocks a split (rows x
+// kv heads x groups of query heads): DEC_SPLITS, fewer where the pairs alone come near DEC_ROW_BLOCKS blocks (1 from
+// 512 pairs on: 64 rows of the 8B's 8 kv heads).
+static int dec_short_splits(int64_t pairs) {
+    const int64_t want = (DEC_ROW_BLOCKS + pairs - 1) / pairs;
+    return want < DEC_SPLITS ? (int)want : DEC_SPLITS;
 }
 
 // Copies n bytes from global src to shared dst with every copy in flight at once (cp.async), in 16-byte pieces where
@@ -516,8 +534,8 @@ template <int KT>
 __global__ __launch_bounds__(DEC_THREADS) void attn_decode_split_kernel(float *part_o, float *part_ml, const float *q,
                                                                        int64_t ldq, gpu_kv_cache c, int n_heads,
                                                                        int group, int n_gz, int head_dim, int max_seq,
-                                                                       int n_splits, int stages, float scale,
-                                                                       gpu_kv_rows kv) {
+                                                                       int n_splits, int n_short, int stages,
+                                                                       float scale, gpu_kv_rows kv) {
     typedef typename kv_elem<KT>::T E;
     __shared__ float sc[DEC_G * DEC_CHUNK];      // scores, then probabilities (g, key)
     __shared__ float red[DEC_THREADS * DEC_G];   // P.V partials across key slices
@@ -533,7 +551,7 @@ __global__ __launch_bounds__(DEC_THREADS) void attn_decode_split_kernel(float *p
     const int64_t slot_off = kv.slot ? (int64_t)kv.slot[row] * kv.slot_stride : 0;  // elements
     q += row * ldq;
     part_o += (int64_t)row * n_heads * n_splits * head_dim, part_ml += (int64_t)row * n_heads * n_splits * 2;
-    const int span = dec_span(n, n_splits), k_begin = split * span;
+    const int span = dec_span(n, n_splits, n_short), k_begin = split * span;
     if (k_begin >= n) return;  // whole block: this split is beyond the context
     const int k_end = min(n, k_begin + span);
     const int h0 = kvh * group + g0;  // first query head of this block
@@ -713,7 +731,7 @@ template <int HD, int KT>
 __global__ __launch_bounds__(32 * TD_WARPS) void attn_decode_tc_kernel(float *part_o, float *part_ml, const float *q,
                                                                       int64_t ldq, gpu_kv_cache c, int n_heads,
                                                                       int group, int max_seq, int n_splits,
-                                                                      float scale, gpu_kv_rows kv) {
+                                                                      int n_short, float scale, gpu_kv_rows kv) {
     constexpr int LD = HD + 8, KS = HD / 16, ND = HD / 8;
     constexpr int PIECES = KT == DJ_KV_F16 ? HD / 8 : HD / 16;  // 16-byte pieces a stored row
     constexpr bool Q8 = KT == DJ_KV_Q8;
@@ -728,7 +746,7 @@ __global__ __launch_bounds__(32 * TD_WARPS) void attn_decode_tc_kernel(float *pa
     const int64_t slot_off = kv.slot ? (int64_t)kv.slot[row] * kv.slot_stride : 0;
     q += row * ldq;
     part_o += (int64_t)row * n_heads * n_splits * HD, part_ml += (int64_t)row * n_heads * n_splits * 2;
-    const int span = dec_span(n, n_splits), k_begin = split * span;
+    const int span = dec_span(n, n_splits, n_short), k_begin = split * span;
     if (k_begin >= n) return;
     const int k_end = min(n, k_begin + span);
     const int h0 = kvh * group;
@@ -911,7 +929,8 @@ __global__ __launch_bounds__(32 * TD_WARPS) void attn_decode_tc_kernel(float *pa
 // splits (threads over dims, reads coalesced).
 __global__ __launch_bounds__(DEC_THREADS) void attn_decode_combine_kernel(float *out, const float *part_o,
                                                                          const float *part_ml, int head_dim,
-                                                                         int max_seq, int n_splits, gpu_kv_rows kv) {
+                                                                         int max_seq, int n_splits, int n_short,
+                                                                         gpu_kv_rows kv) {
     __shared__ float w[DEC_MAX_SPLITS];
     __shared__ float red[DEC_THREADS / 32];
     const int h = blockIdx.x, row = blockIdx.y, n_heads = gridDim.x, tid = threadIdx.x;
@@ -920,7 +939,7 @@ __global__ __launch_bounds__(DEC_THREADS) void attn_decode_combine_kernel(float 
     const int n = min(kv.pos[row], max_seq - 1) + 1;
     out += (int64_t)row * n_heads * head_dim;
     part_o += (int64_t)row * n_heads * n_splits * head_dim, part_ml += (int64_t)row * n_heads * n_splits * 2;
-    const int span = dec_span(n, n_splits), ns = (n + span - 1) / span;
+    const int span = dec_span(n, n_splits, n_short), ns = (n + span - 1) / span;
     const float *mlh = part_ml + (int64_t)h * n_splits * 2;
     float m = -INFINITY;
     for (int s = tid; s < ns; s += DEC_THREADS) m = fmaxf(m, mlh[2 * s]);
@@ -982,6 +1001,7 @@ static int attn_decode_launch(dj_gpu *g, const char *fn, float *out, const float
     if (B < 1 || B * n_gz > 65535 || (B > 1 && ldq < n_heads * head_dim))
         return dj_fail(e, "%s: bad rows B=%lld ldq=%lld", fn, (long long)B, (long long)ldq);
     const int64_t ns = dec_grid_splits(B, n_kv_heads, n_gz, max_seq);
+    const int n_short = dec_short_splits(B * n_kv_heads * n_gz);
     if (scratch_need(g, gpu_attention_scratch(B, n_heads, n_kv_heads, head_dim, max_seq), s, e)) return -1;
     float *part_o = (float *)g->scratch, *part_ml = part_o + B * n_heads * ns * head_dim;
     dim3 grid((unsigned)ns, (unsigned)n_kv_heads, (unsigned)(B * n_gz));
@@ -992,8 +1012,8 @@ static int attn_decode_launch(dj_gpu *g, const char *fn, float *out, const float
 #define TD_LAUNCH(HDV, KT)                                                                                         \
     if (head_dim == HDV && c->type == KT)                                                                          \
         CUDA_CHECK(pdl_launch(attn_decode_tc_kernel<HDV, KT>, tgrid, dim3(32 * TD_WARPS), td_smem<HDV, KT>(), s,   \
-                              part_o, part_ml, q, ldq, *c, (int)n_heads, (int)group, (int)max_seq, (int)ns, scale,  \
-                              kv));
+                              part_o, part_ml, q, ldq, *c, (int)n_heads, (int)group, (int)max_seq, (int)ns, n_short, \
+                              scale, kv));
 #define TD_TYPES(HDV) TD_LAUNCH(HDV, DJ_KV_F16) TD_LAUNCH(HDV, DJ_KV_Q8)
         TD_HDS(TD_TYPES)
 #undef TD_TYPES
@@ -1004,13 +1024,14 @@ static int attn_decode_launch(dj_gpu *g, const char *fn, float *out, const float
 #define DEC_LAUNCH(KT)                                                                                             \
     CUDA_CHECK(pdl_launch(attn_decode_split_kernel<KT>, grid, dim3(DEC_THREADS),                                  \
                           stages * dec_smem((int)head_dim, KT), s, part_o, part_ml, q, ldq, *c, (int)n_heads,     \
-                          (int)group, (int)n_gz, (int)head_dim, (int)max_seq, (int)ns, stages, scale, kv))
+                          (int)group, (int)n_gz, (int)head_dim, (int)max_seq, (int)ns, n_short, stages, scale,   \
+                          kv))
     KV_SWITCH(c->type, DEC_LAUNCH)
 #undef DEC_LAUNCH
     LAUNCH_CHECK("attn_decode_split", s);
     }
     CUDA_CHECK(pdl_launch(attn_decode_combine_kernel, dim3((unsigned)n_heads, (unsigned)B), dim3(DEC_THREADS), 0, s,
-                          out, part_o, part_ml, (int)head_dim, (int)max_seq, (int)ns, kv));
+                          out, part_o, part_ml, (int)head_dim, (int)max_seq, (int)ns, n_short, kv));
     LAUNCH_CHECK("attn_decode_combine", s);
     return 0;
 }

@@ -300,9 +300,10 @@ int gpu_rope_kv_rows(dj_gpu *g, float *q, int64_t ldq, float *k, float *v, int64
 // Decode: one query per head at position pos = *d_pos over keys 0..pos, GQA (query head h reads kv head
 // h / (n_heads / n_kv_heads)), scale 1/sqrt(head_dim), f32 softmax. q, out (n_heads, head_dim).
 // Split across the KV length (flash-decoding): a short context in splits of 16, 32 or 64 keys (the smallest that
-// needs at most 16 splits a kv head), a deep one over every split of the grid (enough to fill the GPU with the
-// rows and heads at hand), each looping over its keys 64 at a time with an online softmax; the split chosen on the
-// device from pos, so a captured graph serves every pos. Then a combine pass. Needs gpu_attention_scratch() bytes.
+// needs at most 16 splits a kv head; where many rows fill the GPU, fewer, longer splits), a deep one over every
+// split of the grid (enough to fill the GPU with the rows and heads at hand), each looping over its keys 64 at a
+// time with an online softmax; the split chosen on the device from pos, so a captured graph serves every pos. Then a
+// combine pass. Needs gpu_attention_scratch() bytes.
 // PRECOND: head_dim even, <= 256; n_heads % n_kv_heads == 0.
 int gpu_attention_decode(dj_gpu *g, float *out, const float *q, const gpu_kv_cache *c, int64_t n_heads,
                          int64_t n_kv_heads, int64_t head_dim, int64_t max_seq, const int32_t *d_pos, cudaStream_t s,

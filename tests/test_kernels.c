@@ -1188,6 +1188,34 @@ Test(kernels, kv_types_stored_as_kvtype_says) {
     tk_end("kv_types_stored_as_kvtype_says");
 }
 
+// gpu_attention_decode_rows for B rows of a step, row b at position pos[b] of slot slot[b] (of n_slots, max_seq
+// positions each; 8 kv heads of 4 query heads, head_dim 128), against cpu_attention over each row's slot.
+static void tk_decode_rows_case(int kt, int32_t B, int32_t n_slots, const int32_t *slot, const int32_t *pos,
+                                int64_t max_seq, const char *name) {
+    dj_err e;
+    const int64_t n_kv = 8, group = 4, nh = n_kv * group, hd = 128, qd = nh * hd;
+    const int64_t cn = n_kv * max_seq * hd, all = n_slots * cn;
+    float *kc = malloc((size_t)all * 4), *vc = malloc((size_t)all * 4), *q = malloc((size_t)B * qd * 4);
+    float *ref = malloc((size_t)B * qd * 4), *got = malloc((size_t)B * qd * 4);
+    tk_fill(kc, all, 1.0f), tk_fill(vc, all, 1.0f), tk_fill(q, B * qd, 3.0f);
+    gpu_kv_cache kv = tk_kv_up(kt, kc, vc, all, hd);
+    float *dq = tk_up(q, (size_t)B * qd * 4), *dout = tk_dev((size_t)B * qd * 4);
+    int32_t *dpos = tk_up(pos, (size_t)B * sizeof *pos), *dslot = tk_up(slot, (size_t)B * sizeof *slot);
+    gpu_kv_rows rows = {dpos, dslot, cn};
+    tk_poison(dout, (size_t)B * qd * 4);
+    cr_assert_eq(gpu_attention_decode_rows(tk_g, dout, dq, qd, &kv, B, nh, n_kv, hd, max_seq, &rows, tk_s, &e), 0,
+                 "%s", e.msg);
+    tk_down(got, dout, (size_t)B * qd * 4);
+    for (int b = 0; b < B; b++) {
+        cpu_attention(ref + b * qd, q + b * qd, kc + slot[b] * cn, vc + slot[b] * cn, nh, n_kv, hd, pos[b], max_seq);
+        char what[128];
+        snprintf(what, sizeof what, "%s (%s, %d rows), row %d at %d", name, dj_kv_name(kt), B, b, pos[b]);
+        if (!tk_close(got + b * qd, ref + b * qd, qd, kt == DJ_KV_Q8 ? 2e-5 : 1e-5, what)) break;  // as decode's
+    }
+    tk_kv_free(&kv), gpu_free(dq), gpu_free(dout), gpu_free(dpos), gpu_free(dslot);
+    free(kc), free(vc), free(q), free(ref), free(got);
+}
+
 // Deep contexts, where a split loops over several chunks of keys with the online softmax (the grid's splits are
 // fewer than the context's chunks): one row with 8 kv heads (128 splits a head) at 9000 and 20000 keys, each type,
 // head_dims whose stages fit twice (128, 64: two key slices a thread block) and once (f32 at 256); and rows of a
@@ -1200,32 +1228,31 @@ Test(kernels, attention_decode_deep, .timeout = 600) {
         tk_decode_case_kt(kt, 2, 8, 64, 12000, 0);
     }
     tk_decode_case_kt(DJ_KV_F32, 2, 8, 256, 10000, 0);
-    dj_err e;
-    const int64_t n_kv = 8, group = 4, nh = n_kv * group, hd = 128, max_seq = 9000, qd = nh * hd;
-    const int64_t cn = n_kv * max_seq * hd, all = 3 * cn;
-    const int32_t B = 3, slot[3] = {2, 0, 1}, pos[3] = {8999, 100, 5000};
-    for (int kt = 0; kt < DJ_KV_TYPES; kt++) {
-        float *kc = malloc((size_t)all * 4), *vc = malloc((size_t)all * 4), *q = malloc((size_t)B * qd * 4);
-        float *ref = malloc((size_t)B * qd * 4), *got = malloc((size_t)B * qd * 4);
-        tk_fill(kc, all, 1.0f), tk_fill(vc, all, 1.0f), tk_fill(q, B * qd, 3.0f);
-        gpu_kv_cache kv = tk_kv_up(kt, kc, vc, all, hd);
-        float *dq = tk_up(q, (size_t)B * qd * 4), *dout = tk_dev((size_t)B * qd * 4);
-        int32_t *dpos = tk_up(pos, sizeof pos), *dslot = tk_up(slot, sizeof slot);
-        gpu_kv_rows rows = {dpos, dslot, cn};
-        tk_poison(dout, (size_t)B * qd * 4);
-        cr_assert_eq(gpu_attention_decode_rows(tk_g, dout, dq, qd, &kv, B, nh, n_kv, hd, max_seq, &rows, tk_s, &e), 0,
-                     "%s", e.msg);
-        tk_down(got, dout, (size_t)B * qd * 4);
-        for (int b = 0; b < B; b++)
-            cpu_attention(ref + b * qd, q + b * qd, kc + slot[b] * cn, vc + slot[b] * cn, nh, n_kv, hd, pos[b],
-                          max_seq);
-        char what[96];
-        snprintf(what, sizeof what, "deep decode rows (%s)", dj_kv_name(kt));
-        tk_close(got, ref, B * qd, kt == DJ_KV_Q8 ? 2e-5 : 1e-5, what);  // as tk_decode_case_kt says
-        tk_kv_free(&kv), gpu_free(dq), gpu_free(dout), gpu_free(dpos), gpu_free(dslot);
-        free(kc), free(vc), free(q), free(ref), free(got);
-    }
+    static const int32_t slot[3] = {2, 0, 1}, pos[3] = {8999, 100, 5000};
+    for (int kt = 0; kt < DJ_KV_TYPES; kt++) tk_decode_rows_case(kt, 3, 3, slot, pos, 9000, "deep decode rows");
     tk_end("attention_decode_deep");
+}
+
+// The rows of a server's step: 5, 16 and 64 rows at short depths in a cache of 512 positions a slot (the rows and
+// heads alone fill the GPU there, so a short context takes fewer, longer splits than one row's), every depth a split
+// boundary can fall on (16, 32 and 64 keys, either side), in slots out of order; each kv type, on the tensor-core
+// kernel and on the FMA kernel.
+Test(kernels, attention_decode_many_rows, .timeout = 600) {
+    tk_start("attention_decode_many_rows");
+    static const int32_t depths[] = {1,   2,   15,  16,  17,  31,  32,  33,  63,  64,  65,
+                                     96,  127, 128, 129, 200, 255, 256, 257, 384, 511, 512};
+    const int nd = (int)(sizeof depths / sizeof depths[0]);
+    int32_t slot[64], pos[64];
+    for (int b = 0; b < 64; b++) slot[b] = (b * 29 + 7) % 64, pos[b] = depths[(b * 7) % nd] - 1;
+    static const int32_t rows[] = {5, 16, 64};
+    for (int tc = 1; tc >= 0; tc--) {
+        gpu_set_tc_attn(tk_g, tc);
+        for (int kt = 0; kt < DJ_KV_TYPES; kt++)
+            for (int r = 0; r < 3; r++)
+                tk_decode_rows_case(kt, rows[r], 64, slot, pos, 512, tc ? "many rows, tensor cores" : "many rows, FMA");
+    }
+    gpu_set_tc_attn(tk_g, 1);
+    tk_end("attention_decode_many_rows");
 }
 
 // Decode and prefill (both kernels) over f16 and q8 caches against the CPU over what the caches' rows widen to: the

@@ -487,10 +487,10 @@ extern "C" int gpu_attention_prefill(dj_gpu *g, float *out, int64_t ldo, const f
 // step from 2.21 to 1.98 ms but a 2000-token one's from 2.60 to 2.97; many rows: bench/results/attn_rows). A deep
 // context: whole chunks, as few a split as spread it over every DEC_DEEP_DIV-th split of the grid (each split loops
 // over its chunks).
-static __device__ __forceinline__ int dec_span(int n, int n_splits, int n_short) {
+static __host__ __device__ __forceinline__ int dec_span(int n, int n_splits, int n_short) {
     if (n <= DEC_SPLITS * DEC_CHUNK) {
         for (int c = 16; c < DEC_CHUNK; c *= 2)
-            if ((n + c - 1) / c <= min(n_short, n_splits)) return c;
+            if ((n + c - 1) / c <= (n_short < n_splits ? n_short : n_splits)) return c;
         if (n_short < DEC_SPLITS) return DEC_CHUNK * ((n + DEC_CHUNK * n_short - 1) / (DEC_CHUNK * n_short));
         if ((n + DEC_CHUNK - 1) / DEC_CHUNK <= n_splits) return DEC_CHUNK;
     }
@@ -1034,6 +1034,15 @@ static int attn_decode_launch(dj_gpu *g, const char *fn, float *out, const float
                           out, part_o, part_ml, (int)head_dim, (int)max_seq, (int)ns, n_short, kv));
     LAUNCH_CHECK("attn_decode_combine", s);
     return 0;
+}
+
+extern "C" int gpu_attention_splits(int64_t B, int64_t n_heads, int64_t n_kv_heads, int64_t max_seq, int64_t pos,
+                                    int64_t *n_splits, int64_t *span) {
+    const int64_t group = n_heads / n_kv_heads, n_gz = (group + DEC_G - 1) / DEC_G;
+    const int64_t n = (pos < max_seq - 1 ? pos : max_seq - 1) + 1;  // as the kernels clamp it
+    *n_splits = dec_grid_splits(B, n_kv_heads, n_gz, max_seq);
+    *span = dec_span((int)n, (int)*n_splits, dec_short_splits(B * n_kv_heads * n_gz));
+    return (int)((n + *span - 1) / *span);
 }
 
 extern "C" int gpu_attention_decode(dj_gpu *g, float *out, const float *q, const gpu_kv_cache *c, int64_t n_heads,

@@ -308,6 +308,11 @@ int gpu_rope_kv_rows(dj_gpu *g, float *q, int64_t ldq, float *k, float *v, int64
 int gpu_attention_decode(dj_gpu *g, float *out, const float *q, const gpu_kv_cache *c, int64_t n_heads,
                          int64_t n_kv_heads, int64_t head_dim, int64_t max_seq, const int32_t *d_pos, cudaStream_t s,
                          dj_err *e);
+// The split a decode launch of B rows gives a row at position pos (the kernels work it out on the device from pos;
+// this is the same rule on the host, for tests): the grid's splits a kv head (*n_splits), the keys a split takes
+// (*span), and the splits that hold keys (returned). PRECOND: attn_check's shapes.
+int gpu_attention_splits(int64_t B, int64_t n_heads, int64_t n_kv_heads, int64_t max_seq, int64_t pos,
+                         int64_t *n_splits, int64_t *span);
 // gpu_attention_decode for B rows of a batched step, each over its own slot's keys 0..kv->pos[b] (gpu_kv_rows):
 // row b's query at q + b ldq, its output at out + b n_heads head_dim. Scratch: gpu_attention_scratch(B, ...).
 int gpu_attention_decode_rows(dj_gpu *g, float *out, const float *q, int64_t ldq, const gpu_kv_cache *c, int64_t B,

@@ -1233,6 +1233,56 @@ Test(kernels, attention_decode_deep, .timeout = 600) {
     tk_end("attention_decode_deep");
 }
 
+// The decode split plan (gpu_attention_splits: the rule the kernels follow on the device, on the host; no GPU needed)
+// over rows, kv heads, groups, slot sizes and depths: every key in exactly one split of the grid (span (ns - 1) < n <=
+// span ns, ns <= the grid's splits), the grid within the combine's DEC_MAX_SPLITS (1024) and within the scratch
+// gpu_attention_scratch sizes, spans of 16 or 32 keys or whole chunks of 64; then the rule's choices where they were
+// measured: one row (and up to 4 of 8 kv heads) as before the rows' rule, 64 rows of 8 kv heads in one split a short
+// context, deep contexts over half the grid.
+Test(kernels, attention_split_plan) {
+    static const int64_t rows[] = {1, 2, 3, 4, 5, 8, 16, 33, 64, 100, 256, 1000};
+    static const int64_t kvs[][2] = {{8, 32}, {8, 8}, {1, 1}, {2, 24}, {32, 32}, {4, 128}};  // (kv heads, heads)
+    static const int64_t seqs[] = {1, 17, 64, 100, 512, 1024, 1025, 8192, 32768};
+    long cases = 0;
+    for (size_t bi = 0; bi < sizeof rows / sizeof rows[0]; bi++)
+        for (size_t ki = 0; ki < sizeof kvs / sizeof kvs[0]; ki++)
+            for (size_t si = 0; si < sizeof seqs / sizeof seqs[0]; si++) {
+                const int64_t B = rows[bi], nkv = kvs[ki][0], nh = kvs[ki][1], ms = seqs[si];
+                for (int64_t pos = 0; pos < ms + 3; pos = pos < 1100 ? pos + 1 : pos * 5 / 4) {
+                    int64_t ns_grid, span;
+                    const int64_t ns = gpu_attention_splits(B, nh, nkv, ms, pos, &ns_grid, &span);
+                    const int64_t n = (pos < ms ? pos : ms - 1) + 1;
+                    cases++;
+                    cr_assert(span >= 1 && ns >= 1 && span * (ns - 1) < n && n <= span * ns && ns <= ns_grid &&
+                                  ns_grid <= 1024 && (span == 16 || span == 32 || span % 64 == 0),
+                              "B=%lld kv=%lld heads=%lld max_seq=%lld pos=%lld: %lld splits of %lld keys, grid %lld",
+                              (long long)B, (long long)nkv, (long long)nh, (long long)ms, (long long)pos,
+                              (long long)ns, (long long)span, (long long)ns_grid);
+                }
+                int64_t ns_grid, span;
+                gpu_attention_splits(B, nh, nkv, ms, 0, &ns_grid, &span);
+                cr_assert_geq(gpu_attention_scratch(B, nh, nkv, 128, ms), (size_t)(B * nh * ns_grid * 130 * 4),
+                              "B=%lld kv=%lld max_seq=%lld: the scratch holds the grid's partials", (long long)B,
+                              (long long)nkv, (long long)ms);
+            }
+    cr_expect_gt(cases, 100000, "the sweep ran");
+    // the choices: {B, kv heads, heads, max_seq, pos} -> {splits holding keys, span}
+    static const int64_t want[][7] = {
+        {1, 8, 32, 4096, 199, 13, 16},   {1, 8, 32, 4096, 299, 10, 32},  {1, 8, 32, 4096, 999, 16, 64},
+        {4, 8, 32, 4096, 199, 13, 16},   {1, 8, 32, 32768, 19999, 32, 640}, {64, 8, 32, 512, 95, 1, 128},
+        {64, 8, 32, 512, 479, 1, 512},   {16, 8, 32, 512, 95, 3, 32},    {16, 8, 32, 512, 479, 4, 128},
+        {64, 8, 32, 8192, 1999, 8, 256}, {5, 8, 32, 512, 511, 8, 64},
+    };
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
+        int64_t ns_grid, span;
+        const int64_t *w = want[i];
+        const int64_t ns = gpu_attention_splits(w[0], w[2], w[1], w[3], w[4], &ns_grid, &span);
+        cr_expect(ns == w[5] && span == w[6], "B=%lld kv=%lld max_seq=%lld pos=%lld: %lld splits of %lld keys, "
+                  "expected %lld of %lld", (long long)w[0], (long long)w[1], (long long)w[3], (long long)w[4],
+                  (long long)ns, (long long)span, (long long)w[5], (long long)w[6]);
+    }
+}
+
 // The rows of a server's step: 5, 16 and 64 rows at short depths in a cache of 512 positions a slot (the rows and
 // heads alone fill the GPU there, so a short context takes fewer, longer splits than one row's), every depth a split
 // boundary can fall on (16, 32 and 64 keys, either side), in slots out of order; each kv type, on the tensor-core

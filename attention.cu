@@ -976,6 +976,19 @@ static int64_t dec_grid_splits(int64_t B, int64_t n_kv_heads, int64_t n_gz, int6
     if (ns > chunks) ns = chunks;
     return ns < 1 ? 1 : ns;
 }
+// A decode launch's split plan, as attn_decode_launch makes it and gpu_attention_splits reports it: groups of query
+// heads a block (n_gz), the grid's splits a kv head (ns) and the splits a short context aims at (n_short).
+typedef struct {
+    int64_t group, n_gz, ns;
+    int n_short;
+} dec_plan;
+static dec_plan dec_plan_of(int64_t B, int64_t n_heads, int64_t n_kv_heads, int64_t max_seq) {
+    dec_plan p;
+    p.group = n_heads / n_kv_heads, p.n_gz = (p.group + DEC_G - 1) / DEC_G;
+    p.ns = dec_grid_splits(B, n_kv_heads, p.n_gz, max_seq);
+    p.n_short = dec_short_splits(B * n_kv_heads * p.n_gz);
+    return p;
+}
 static size_t dec_smem(int hd, int kv_type) {  // a stage: a chunk's K and V as stored
     return 2 * dj_kv_elem_bytes(kv_type) * DEC_CHUNK * (size_t)hd;
 }
@@ -997,11 +1010,12 @@ static int attn_decode_launch(dj_gpu *g, const char *fn, float *out, const float
                               int64_t n_kv_heads, int64_t head_dim, int64_t max_seq, gpu_kv_rows kv, cudaStream_t s,
                               dj_err *e) {
     if (attn_check(fn, n_heads, n_kv_heads, head_dim, max_seq, e)) return -1;
-    const int64_t group = n_heads / n_kv_heads, n_gz = (group + DEC_G - 1) / DEC_G;
+    const int64_t n_gz = (n_heads / n_kv_heads + DEC_G - 1) / DEC_G;
     if (B < 1 || B * n_gz > 65535 || (B > 1 && ldq < n_heads * head_dim))
         return dj_fail(e, "%s: bad rows B=%lld ldq=%lld", fn, (long long)B, (long long)ldq);
-    const int64_t ns = dec_grid_splits(B, n_kv_heads, n_gz, max_seq);
-    const int n_short = dec_short_splits(B * n_kv_heads * n_gz);
+    const dec_plan p = dec_plan_of(B, n_heads, n_kv_heads, max_seq);  // its n_gz the same
+    const int64_t group = p.group, ns = p.ns;
+    const int n_short = p.n_short;
     if (scratch_need(g, gpu_attention_scratch(B, n_heads, n_kv_heads, head_dim, max_seq), s, e)) return -1;
     float *part_o = (float *)g->scratch, *part_ml = part_o + B * n_heads * ns * head_dim;
     dim3 grid((unsigned)ns, (unsigned)n_kv_heads, (unsigned)(B * n_gz));
@@ -1038,10 +1052,10 @@ static int attn_decode_launch(dj_gpu *g, const char *fn, float *out, const float
 
 extern "C" int gpu_attention_splits(int64_t B, int64_t n_heads, int64_t n_kv_heads, int64_t max_seq, int64_t pos,
                                     int64_t *n_splits, int64_t *span) {
-    const int64_t group = n_heads / n_kv_heads, n_gz = (group + DEC_G - 1) / DEC_G;
+    const dec_plan p = dec_plan_of(B, n_heads, n_kv_heads, max_seq);
     const int64_t n = (pos < max_seq - 1 ? pos : max_seq - 1) + 1;  // as the kernels clamp it
-    *n_splits = dec_grid_splits(B, n_kv_heads, n_gz, max_seq);
-    *span = dec_span((int)n, (int)*n_splits, dec_short_splits(B * n_kv_heads * n_gz));
+    *n_splits = p.ns;
+    *span = dec_span((int)n, (int)p.ns, p.n_short);
     return (int)((n + *span - 1) / *span);
 }
 

@@ -60,9 +60,7 @@ int main(int argc, char **argv) {
     void *src, *dst;
     CK(cudaMalloc(&src, big));
     CK(cudaMalloc(&dst, big));
-    const double d2d_ms =
-        time_ms(s, 5, 11, [&](int) { CK(cudaMemcpyAsync(dst, src, big, cudaMemcpyDeviceToDevice, s)); });
-    const double d2d_gbs = 2.0 * big / (d2d_ms * 1e-3) / 1e9;
+    const double d2d_gbs = d2d_copy_gbs(s, dst, src, big);
     CK(cudaFree(src));
     CK(cudaFree(dst));
     size_t free_b, total_b;

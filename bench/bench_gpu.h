@@ -115,6 +115,14 @@ static double time_graph_ms(cudaStream_t s, int iters, int reps, F fn) {
     return ms / iters;
 }
 
+// The HBM ceiling every benchmark sets its figures beside: GB/s of a D2D copy of `bytes` from src to dst, read and
+// write both counted (the median of 11 groups of 5).
+static double d2d_copy_gbs(cudaStream_t s, void *dst, const void *src, size_t bytes) {
+    const double ms =
+        time_ms(s, 5, 11, [&](int) { CK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, s)); });
+    return 2.0 * bytes / (ms * 1e-3) / 1e9;
+}
+
 // Copies of a matrix of `bytes` (random f16 bit patterns of [-0.5, 0.5): finite weights for f16; as q8 or q4 a
 // group parameter may decode to an infinite scale, so these time, not compute), enough of them (at least 2) that
 // cycling through them misses an L2 of l2 bytes.

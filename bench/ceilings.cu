@@ -343,8 +343,7 @@ int main(int argc, char **argv) {
     CK(cudaMalloc(&dst, big));
     fill_kernel<float><<<4096, 256, 0, s>>>((float *)src, big / 4, 1);
     CK(cudaGetLastError());
-    double d2d_ms = time_ms(s, 5, 11, [&](int) { CK(cudaMemcpyAsync(dst, src, big, cudaMemcpyDeviceToDevice, s)); });
-    const double d2d_gbs = 2.0 * big / (d2d_ms * 1e-3) / 1e9;
+    const double d2d_gbs = d2d_copy_gbs(s, dst, src, big);
     CK(cudaFree(dst));
 
     // ---- PCIe: pinned H2D in 64 MiB chunks

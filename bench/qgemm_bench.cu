@@ -46,6 +46,13 @@ static double rel_l2(const float *a, const float *b, size_t n) {
     return sqrt(num / (den > 0 ? den : 1));
 }
 
+// Whether QGEMM_MATRIX (only; NULL: every matrix) names this matrix ("8b:gate_up") or its model ("8b").
+static bool picked(const shape &sh, const char *only) {
+    char name[64];
+    snprintf(name, sizeof name, "%s:%s", sh.model, sh.name);
+    return !only || !strcmp(only, name) || !strcmp(only, sh.model);
+}
+
 int main(int argc, char **argv) {
     if (argc < 2) {
         fprintf(stderr, "usage: qgemm_bench OUT.json [T ...]\n");
@@ -68,6 +75,15 @@ int main(int argc, char **argv) {
         timed_var[v] = true;
         p = *end == ',' ? end + 1 : end;
     }
+    const char *only_matrix = getenv("QGEMM_MATRIX"), *only_dtype = getenv("QGEMM_DTYPE");
+    if (only_dtype && strcmp(only_dtype, "q8") && strcmp(only_dtype, "q4")) {
+        fprintf(stderr, "qgemm_bench: QGEMM_DTYPE: %s is not q8 or q4\n", only_dtype);
+        return 2;
+    }
+    if (std::none_of(std::begin(shapes), std::end(shapes), [&](const shape &sh) { return picked(sh, only_matrix); })) {
+        fprintf(stderr, "qgemm_bench: QGEMM_MATRIX: no matrix or model named %s\n", only_matrix);
+        return 2;
+    }
     dj_gpu *g;
     cudaStream_t s;
     CKD(gpu_open(&g, 0, &e_));
@@ -87,11 +103,8 @@ int main(int argc, char **argv) {
     int first_row = 1, bad = 0;
     printf("%-4s %-8s %-3s %5s %10s %10s %10s %10s %10s %5s %8s %8s  variants (us)\n", "", "matrix", "dt", "T",
            "f16 us", "dequant us", "gemv us", "qgemm us", "matmul us", "var", "of f16", "TFLOP/s");
-    const char *only_matrix = getenv("QGEMM_MATRIX"), *only_dtype = getenv("QGEMM_DTYPE");
     for (const shape &sh : shapes) {
-        char name[64];
-        snprintf(name, sizeof name, "%s:%s", sh.model, sh.name);
-        if (only_matrix && strcmp(only_matrix, name) && strcmp(only_matrix, sh.model)) continue;
+        if (!picked(sh, only_matrix)) continue;
         const int64_t n_out = sh.n_out, n_in = sh.n_in;
         float *x, *y, *yref;
         CK(cudaMalloc(&x, (size_t)(Tmax * n_in) * 4));

@@ -237,6 +237,28 @@ static __device__ __forceinline__ unsigned long long block_scan_u64(unsigned lon
     return v;
 }
 
+// ---- RMSNorm of one row by a block, written once so that every kernel normalising rows with it (ops.cu's
+// rmsnorm_kernel, qgemm.cu's register-kernel x layout) gives the same floats
+// Threads for a row of n (the reduction's order depends on it: kernels sharing row_rms launch alike).
+static inline int norm_threads(int64_t n) { return n >= 4096 ? 1024 : n >= 1024 ? 512 : 128; }
+// The scale 1 / sqrt(mean(v^2) + eps) of the row v = x + delta (delta NULL: x), each thread summing its elements'
+// squares in stride order, then block_sum; v is stored to sum (NULL: not stored; it may be x). A thread reads back
+// only the elements it stored, so the caller needs no barrier before it. PRECOND: every thread of the block calls
+// it; blockDim.x = norm_threads(n).
+static __device__ __forceinline__ float row_rms(float *sum, const float *x, const float *delta, int64_t n, float eps) {
+    float ss = 0.0f;
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+        float v = x[i];
+        if (delta) v += delta[i];
+        if (sum) sum[i] = v;
+        ss = fmaf(v, v, ss);  // one rounding, whatever the compiler would contract
+    }
+    ss = block_sum(ss);
+    return 1.0f / sqrtf(ss / (float)n + eps);
+}
+// Element v of the row, normed with row_rms's scale and weighted by w: in this order, in every kernel.
+static __device__ __forceinline__ float rms_at(float v, float scale, float w) { return v * scale * w; }
+
 // ---- weight dtypes: element i of W (wtype WT) as a float, exactly (f16 and bf16 widen without rounding)
 template <int WT> static __device__ __forceinline__ float wload(const void *w, int64_t i);
 template <> __device__ __forceinline__ float wload<DJ_F32>(const void *w, int64_t i) { return ((const float *)w)[i]; }

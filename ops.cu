@@ -128,27 +128,15 @@ extern "C" int gpu_place_rows_after(float *dst, int64_t ld_dst, const float *src
 }
 
 // ---- RMSNorm, alone or after the residual add
-// One block per row. ADD: x += delta first (the residual add), then out = rmsnorm(x) * w.
+// One block per row (norm_threads). ADD: x += delta first (the residual add), then out = rmsnorm(x) * w.
 template <bool ADD>
 __global__ void rmsnorm_kernel(float *out, float *x, const float *delta, const float *w, int64_t n, float eps) {
     const int64_t off = (int64_t)blockIdx.x * n;
     float *xr = x + off;
-    float ss = 0.0f;
-    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
-        float v = xr[i];
-        if (ADD) {
-            v += delta[off + i];
-            xr[i] = v;
-        }
-        ss += v * v;
-    }
-    ss = block_sum(ss);
-    const float scale = 1.0f / sqrtf(ss / (float)n + eps);
+    const float scale = row_rms(ADD ? xr : NULL, xr, ADD ? delta + off : NULL, n, eps);
     // The same thread reads back what it wrote above, so no barrier is needed; out may alias x or delta.
-    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) out[off + i] = xr[i] * scale * w[i];
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) out[off + i] = rms_at(xr[i], scale, w[i]);
 }
-
-static int norm_threads(int64_t n) { return n >= 4096 ? 1024 : n >= 1024 ? 512 : 128; }
 
 extern "C" int gpu_rmsnorm(float *out, const float *x, const float *w, int64_t T, int64_t n, float eps,
                            cudaStream_t s, dj_err *e) {

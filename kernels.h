@@ -147,6 +147,17 @@ int gpu_swiglu_qgemm(dj_gpu *g, float *y, const float *gate, const float *up, in
 size_t gpu_qgemm_scratch(int64_t T, int64_t n_in);  // bytes of scratch it needs: x in f16
 #define GPU_QGEMM_VARIANTS 20                          // tile shapes 0..19
 int gpu_qgemm_has(const dj_gpu *g, int variant);    // whether this device runs tile shape `variant`
+// y (T, n_out) = W . (rmsnorm(x + delta) * nw) on the register kernel, for the passes of 2..64 tokens whose shape it
+// is (GPU_MM_QGEMM's for T): gpu_add_rmsnorm then gpu_qgemm_variant(-1) in one, the same bits, each row normed (as
+// rmsnorm_kernel does it) as it is laid out for the kernel, so no normed copy is written and read back; and xo (T,
+// n_in) = x + delta, the residual stream's next value, in a buffer that is not x; delta NULL: no add, xo = x. x,
+// delta (T, n_in), nw (n_in) f32. PRECOND-checked: gpu_qgemm_ok, T >= 2, the register kernel's shape for T, n_in <=
+// 16384, xo not x.
+int gpu_norm_qgemm(dj_gpu *g, float *y, const float *x, const float *delta, float *xo, const float *nw, float eps,
+                   const void *w, uint32_t wtype, int64_t T, int64_t n_in, int64_t n_out, cudaStream_t s, dj_err *e);
+// Whether gpu_matmul takes this product of T tokens (x aligned) on the register kernel, so that gpu_norm_qgemm can
+// take it with the norm before it: gpu_norm_qgemm's shapes, past the tokens the GEMV takes, where gpu_qgemm_wins.
+int gpu_norm_qgemm_ok(const dj_gpu *g, uint32_t wtype, const void *w, int64_t T, int64_t n_in, int64_t n_out);
 // out (rows, n_in) f16 = q8/q4 rows of W dequantized (scale * k rounded once), as the cuBLAS path does a chunk at a
 // time; blocks > 0 fixes the grid (blocks of 256 threads), 0 sizes it to the work.
 int gpu_dequant_f16(void *out, const void *w, uint32_t wtype, int64_t rows, int64_t n_in, int blocks,

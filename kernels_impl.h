@@ -116,6 +116,9 @@ int qgemm_setup(dj_gpu *g, dj_err *e);
 // qgemm.cu's estimate, for gpu_matmul's dispatch: how many tokens at the end of a pass of T (at most `most`) would
 // cost the tensor-core kernel a padded block of their own; 0 where none would.
 int qgemm_tail(const dj_gpu *g, int64_t T, int64_t n_in, int64_t n_out, int64_t most);
+// matmul.cu's dispatch, for gpu_norm_qgemm_ok: up to how many tokens of an aligned x gpu_matmul gives q8/q4 W (n_out,
+// n_in) to the persistent GEMV (0: none); past them it takes qgemm.cu's kernels where gpu_qgemm_wins.
+int64_t gemv_tokens(const dj_gpu *g, uint32_t wtype, const void *w, int64_t n_in, int64_t n_out);
 
 // The attention shapes the kernels support (attention.cu; gpu_rope_kv checks them too): n_heads a multiple
 // of n_kv_heads, head_dim even and <= 256. fn names the caller in the message.

@@ -974,6 +974,10 @@ static int64_t qp_most(const dj_gpu *g, uint32_t wtype, const void *w, const flo
     return qp_tokens(g, wtype, n_in, n_out);
 }
 
+int64_t gemv_tokens(const dj_gpu *g, uint32_t wtype, const void *w, int64_t n_in, int64_t n_out) {
+    return qp_most(g, wtype, w, NULL, n_in, n_in, n_out);
+}
+
 extern "C" int gpu_matmul_path(dj_gpu *g, int path, float *y, const float *x, const void *w, uint32_t wtype,
                                int64_t T, int64_t n_in, int64_t n_out, cudaStream_t s, dj_err *e) {
     if (!dj_row_bytes(wtype, 1)) return dj_fail(e, "gpu_matmul: unknown weight dtype %u", wtype);

@@ -414,6 +414,51 @@ __global__ void qreg_x_kernel(uint4 *xf, qgemm_src src, int64_t T, int64_t n_in,
     xf[idx] = make_uint4(f16x2(a[0], a[2]), f16x2(a[1], a[3]), f16x2(b[0], b[2]), f16x2(b[1], b[3]));
 }
 
+// The same xf for the rows rmsnorm(x + delta) * nw (gpu_norm_qgemm: the norm before q|k|v or gate|up inside the x
+// layout, so no normed row is written and read back), a block a token: the row's add and RMS as rmsnorm_kernel takes
+// them (row_rms at its block size: the same floats), x + delta (x where delta is NULL) stored to xo, the normed row
+// rounded to f16 in shared memory (zeros past n_in; each value rounded alone as f16x2 rounds it), then the token's
+// uint4s where qreg_x_kernel puts them: token 8 NT tb + 8 nt + g takes lanes 4 g .. 4 g + 3 of n8 tile nt in every
+// (unit, chunk, step pair) of token block tb. Blocks of tokens past T write zeros. The first n_tickets tickets are
+// zeroed on the way. PRECOND: blockDim.x = norm_threads(n_in); gridDim.x: T rounded up to whole blocks of 8 NT tokens;
+// dynamic shared memory: a token's iters 4 NQ IN inputs in f16; xo not x.
+template <int WT, int NT, int NQ>
+__global__ void qreg_norm_x_kernel(uint4 *xf, const float *x, const float *delta, float *xo, const float *nw,
+                                   float eps, int64_t T, int64_t n_in, int64_t iters, unsigned *tickets,
+                                   int64_t n_tickets) {
+    using S = qreg_shape<WT>;
+    extern __shared__ __align__(16) __half xn[];  // (iters 4 NQ IN) the token's normed inputs
+    pdl_trigger();  // qreg_kernel's CTAs start, and copy their first weights, while x is laid out
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n_tickets; i += (int64_t)gridDim.x * blockDim.x)
+        tickets[i] = 0;
+    const int64_t tok = blockIdx.x, padded = iters * 4 * NQ * S::IN;
+    if (tok < T) {  // the whole block alike, through row_rms's barriers
+        const int64_t off = tok * n_in;
+        const float scale = row_rms(xo + off, x + off, delta ? delta + off : NULL, n_in, eps);
+        for (int64_t i = threadIdx.x; i < padded; i += blockDim.x)
+            xn[i] = __float2half_rn(i < n_in ? rms_at(xo[off + i], scale, nw[i]) : 0.0f);
+        __syncthreads();
+    }
+    // uint4 j of the token: m = j / 4 = (i NQ + k) SP + w (unit i, chunk k, step pair w), c = j % 4 (lane 4 g + c)
+    const int64_t per_tok = iters * NQ * S::SP;
+    const int nt = (int)(tok / 8 % NT), g = (int)(tok % 8);
+    uint4 *dst = xf + (tok / (8 * NT) * per_tok * NT + nt) * 32 + 4 * g;
+    for (int64_t j = threadIdx.x; j < 4 * per_tok; j += blockDim.x) {
+        const int64_t m = j >> 2, ik = m / S::SP;
+        const int c = (int)(j & 3), w = (int)(m - ik * S::SP);
+        uint4 v = make_uint4(0, 0, 0, 0);
+        if (tok < T) {  // steps 2w and 2w + 1's four inputs each (a, b), from their first slot's on, as (a0, a2),
+                        // (a1, a3), (b0, b2), (b1, b3)
+            const __half *ch = xn + S::IN * (4 * ik + c);
+            const uint2 a = *(const uint2 *)(ch + qreg_step_first<WT>(2 * w)),
+                        b = *(const uint2 *)(ch + qreg_step_first<WT>(2 * w + 1));
+            v = make_uint4(__byte_perm(a.x, a.y, 0x5410), __byte_perm(a.x, a.y, 0x7632), __byte_perm(b.x, b.y, 0x5410),
+                           __byte_perm(b.x, b.y, 0x7632));
+        }
+        dst[m * NT * 32 + c] = v;
+    }
+}
+
 static __device__ __forceinline__ uint32_t u4_at(const uint4 &v, int k) {
     return k == 0 ? v.x : k == 1 ? v.y : k == 2 ? v.z : v.w;
 }
@@ -1042,9 +1087,52 @@ extern "C" size_t gpu_qgemm_scratch(int64_t T, int64_t n_in) {
     return x > reg ? x : reg;  // never less for more tokens: a reserve for T covers every pass of fewer
 }
 
-template <int WT, int NT, int MT, int NQ, int WARPS, int ST, int XS>
-static int qreg_launch(const dj_gpu *g, float *y, const qgemm_src &x, void *scratch, const void *w, int64_t T,
-                       int64_t n_in, int64_t n_out, cudaStream_t s, dj_err *e) {
+// Where a launch of the register kernel wants x laid out: the pass's tokens t0 .. t0 + T - 1 in tb blocks of 8 NT,
+// iters units a row block, n16 uint4s of xf, the first n_tickets tickets zeroed (both in scratch).
+struct qreg_x_at {
+    uint4 *xf;
+    unsigned *tickets;
+    int64_t t0, T, tb, iters, n16, n_tickets;
+};
+
+// x laid out by qreg_x_kernel from qgemm_src's rows (gpu_qgemm, gpu_swiglu_qgemm).
+template <int WT, int NT, int NQ> struct qreg_lay_src {
+    qgemm_src x;
+    int64_t n_in;
+    int operator()(const qreg_x_at &a, cudaStream_t s, dj_err *e) const {
+        const qgemm_src xc = {x.x + a.t0 * x.ld, x.up ? x.up + a.t0 * x.ld : NULL, x.ld};
+        qreg_x_kernel<WT, NT, NQ><<<(unsigned)((a.n16 + 255) / 256), 256, 0, s>>>(a.xf, xc, a.T, n_in, a.iters, a.n16,
+                                                                                a.tickets, a.n_tickets);
+        LAUNCH_CHECK("qreg_x", s);
+        return 0;
+    }
+};
+
+// x laid out by qreg_norm_x_kernel from the rows rmsnorm(x + delta) * nw, x + delta stored to xo (gpu_norm_qgemm).
+struct qreg_norm_in {
+    const float *x, *delta;  // (T, n_in); delta NULL: no add
+    float *xo;               // (T, n_in)
+    const float *nw;         // (n_in)
+    float eps;
+};
+template <int WT, int NT, int NQ> struct qreg_lay_norm {
+    qreg_norm_in in;
+    int64_t n_in;
+    int operator()(const qreg_x_at &a, cudaStream_t s, dj_err *e) const {
+        const int64_t off = a.t0 * n_in;
+        const size_t smem = (size_t)(a.iters * 4 * NQ * qreg_shape<WT>::IN) * sizeof(__half);
+        qreg_norm_x_kernel<WT, NT, NQ><<<(unsigned)(a.tb * 8 * NT), norm_threads(n_in), smem, s>>>(
+            a.xf, in.x + off, in.delta ? in.delta + off : NULL, in.xo + off, in.nw, in.eps, a.T, n_in, a.iters,
+            a.tickets, a.n_tickets);
+        LAUNCH_CHECK("qreg_norm_x", s);
+        return 0;
+    }
+};
+
+// x laid out by lay_x (qreg_lay_src, qreg_lay_norm: launches on s, PDL-triggering at their start), then the product.
+template <int WT, int NT, int MT, int NQ, int WARPS, int ST, int XS, class LAY>
+static int qreg_product(const dj_gpu *g, float *y, const LAY &lay_x, void *scratch, const void *w, int64_t T,
+                        int64_t n_in, int64_t n_out, cudaStream_t s, dj_err *e) {
     using C = qreg_cfg<WT, NT, MT, NQ, WARPS, ST, XS>;
     auto kernel = qreg_kernel<WT, NT, MT, NQ, WARPS, ST, XS>;
     static std::atomic<unsigned> ready;
@@ -1078,17 +1166,21 @@ static int qreg_launch(const dj_gpu *g, float *y, const qgemm_src &x, void *scra
         }
         uint4 *xf = (uint4 *)scratch;
         unsigned *tickets = (unsigned *)((uint8_t *)scratch + qreg_x_bytes(Tc, n_in));
-        const qgemm_src xc = {x.x + t0 * x.ld, x.up ? x.up + t0 * x.ld : NULL, x.ld};
         const int64_t n16 = tb * iters * C::XU, n_tickets = G == n_rb ? 0 : tb * n_rb * WARPS;
-        qreg_x_kernel<WT, NT, NQ><<<(unsigned)((n16 + 255) / 256), 256, 0, s>>>(xf, xc, Tc, n_in, iters, n16, tickets,
-                                                                              n_tickets);
-        LAUNCH_CHECK("qreg_x", s);
+        if (lay_x(qreg_x_at{xf, tickets, t0, Tc, tb, iters, n16, n_tickets}, s, e)) return -1;
         const qreg_args args = {y + t0 * n_out, xf, (const uint8_t *)w, Tc, n_out, chunks, groups, rb_bytes, iters,
                                 n_rb, (float *)(tickets + QREG_TICKETS), tickets};
         CUDA_CHECK(pdl_launch(kernel, dim3((unsigned)G, (unsigned)tb), dim3(C::THREADS), C::SMEM, s, args));
         LAUNCH_CHECK("qreg", s);
     }
     return 0;
+}
+
+template <int WT, int NT, int MT, int NQ, int WARPS, int ST, int XS>
+static int qreg_launch(const dj_gpu *g, float *y, const qgemm_src &x, void *scratch, const void *w, int64_t T,
+                       int64_t n_in, int64_t n_out, cudaStream_t s, dj_err *e) {
+    return qreg_product<WT, NT, MT, NQ, WARPS, ST, XS>(g, y, qreg_lay_src<WT, NT, NQ>{x, n_in}, scratch, w, T, n_in,
+                                                       n_out, s, e);
 }
 
 extern "C" int gpu_qgemm_ok(uint32_t wtype, const void *w, int64_t T, int64_t n_in, int64_t n_out) {
@@ -1221,6 +1313,53 @@ extern "C" int gpu_swiglu_qgemm(dj_gpu *g, float *y, const float *gate, const fl
     if (ld < n_in) return dj_fail(e, "gpu_swiglu_qgemm: rows %lld floats apart, fewer than n_in = %lld", (long long)ld,
                                   (long long)n_in);
     return qgemm_run(g, -1, y, qgemm_src{gate, up, ld}, w, wtype, T, n_in, n_out, s, e);
+}
+
+// ---- the norm before the product inside the register kernel's x layout (qreg_norm_x_kernel)
+// A token's normed row in f16 in the layout's shared memory: 32 KB at most, under the 48 KB a block has without
+// opting in (16384: Llama-3-405B's dim).
+#define QREG_NORM_MAX_IN 16384
+
+static bool qreg_variant(int variant) {
+#define QREG_IS(id, ...) || variant == id
+    return false QREG_VARIANTS(QREG_IS);
+#undef QREG_IS
+}
+
+// Whether gpu_norm_qgemm takes the pass: the product's shape for T (qgemm_pick) one of the register kernel's.
+static bool norm_qgemm_takes(const dj_gpu *g, uint32_t wtype, const void *w, int64_t T, int64_t n_in, int64_t n_out) {
+    return gpu_qgemm_ok(wtype, w, T, n_in, n_out) && T >= 2 && n_in <= QREG_NORM_MAX_IN &&
+           qreg_variant(qgemm_pick(g, wtype, T, n_in, n_out));
+}
+
+extern "C" int gpu_norm_qgemm_ok(const dj_gpu *g, uint32_t wtype, const void *w, int64_t T, int64_t n_in,
+                                 int64_t n_out) {
+    return norm_qgemm_takes(g, wtype, w, T, n_in, n_out) && T > gemv_tokens(g, wtype, w, n_in, n_out) &&
+           gpu_qgemm_wins(g, wtype, w, T, n_in, n_out);
+}
+
+extern "C" int gpu_norm_qgemm(dj_gpu *g, float *y, const float *x, const float *delta, float *xo, const float *nw,
+                              float eps, const void *w, uint32_t wtype, int64_t T, int64_t n_in, int64_t n_out,
+                              cudaStream_t s, dj_err *e) {
+    if (!norm_qgemm_takes(g, wtype, w, T, n_in, n_out))
+        return dj_fail(e, "gpu_norm_qgemm: not the register kernel's pass: weights of dtype %u at %p, T=%lld n_in=%lld "
+                          "(at most %d) n_out=%lld", wtype, w, (long long)T, (long long)n_in, QREG_NORM_MAX_IN,
+                       (long long)n_out);
+    if (xo == x || !xo) return dj_fail(e, "gpu_norm_qgemm: the residual's next buffer must not be x");
+    if (scratch_need(g, gpu_qgemm_scratch(T, n_in), s, e)) return -1;
+    const qreg_norm_in in = {x, delta, xo, nw, eps};
+#define QREG_NORM_CASE(id, NT, MT, NQ, WARPS, ST, XS)                                                              \
+    case id:                                                                                                       \
+        return wtype == DJ_Q8 ? qreg_product<DJ_Q8, NT, MT, NQ, WARPS, ST, XS>(                                    \
+                                    g, y, qreg_lay_norm<DJ_Q8, NT, NQ>{in, n_in}, g->scratch, w, T, n_in, n_out, s, e) \
+                              : qreg_product<DJ_Q4, NT, MT, NQ, WARPS, ST, XS>(                                    \
+                                    g, y, qreg_lay_norm<DJ_Q4, NT, NQ>{in, n_in}, g->scratch, w, T, n_in, n_out, s, e);
+    switch (qgemm_pick(g, wtype, T, n_in, n_out)) {
+        QREG_VARIANTS(QREG_NORM_CASE)
+    default:
+        return dj_fail(e, "gpu_norm_qgemm: no register shape for T=%lld", (long long)T);
+    }
+#undef QREG_NORM_CASE
 }
 
 // Whether this device runs the Hopper kernel: compute capability 9.0 exactly (sm_90a code runs nowhere else).

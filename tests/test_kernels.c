@@ -810,6 +810,93 @@ Test(kernels, norm_matmul) {
     tk_end("norm_matmul");
 }
 
+// The norm before q|k|v and gate|up inside the register kernel's x layout, 2..64 tokens (gpu_norm_qgemm): y and the
+// residual xo bit for bit those of gpu_add_rmsnorm (gpu_rmsnorm without delta) then the same product
+// (gpu_qgemm_variant, the shape picked for T), xo exactly x + delta (or x) as the host adds it, x left as it was, and
+// y within the f16 operands' 2e-3 of the CPU's add, rmsnorm and matmul. Token counts on both sides of the blocks of
+// 8 NT tokens (8, 16, 32 and 64 a block); n_in a partial group (208: 6.5 groups, x's zeros past it meeting the rest
+// of the last group's weights), whole groups not a multiple of 512 (1056), and the norm's three block sizes, 12288
+// with three elements a thread. Passes the kernel does not take, and xo == x, are refused by name.
+Test(kernels, norm_qgemm) {
+    tk_start("norm_qgemm");
+    static const int64_t Ts[] = {2, 3, 7, 8, 9, 16, 17, 31, 33, 64};
+    static const int64_t shapes[][2] = {{208, 77}, {1056, 392}, {4096, 512}, {12288, 160}};  // n_in, n_out
+    const int64_t Tmax = 64;
+    const float eps = 1e-5f;
+    dj_err e;
+    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++)
+        for (uint32_t wt = DJ_Q8; wt <= DJ_Q4; wt++) {
+            const int64_t n = shapes[si][0], n_out = shapes[si][1];
+            const size_t xb = (size_t)(Tmax * n) * 4, yb = (size_t)(Tmax * n_out) * 4;
+            tk_mm m = tk_mm_new(wt, n, n_out, Tmax);  // m.x: the rows of x; m.ref: the CPU's products
+            float *d = malloc(xb), *nw = malloc((size_t)n * 4), *h = malloc(xb), *want_res = malloc(xb);
+            float *res = malloc(xb), *res2 = malloc(xb), *xback = malloc(xb), *two = malloc(yb);
+            cr_assert(d && nw && h && want_res && res && res2 && xback && two);
+            float *dd = tk_dev(xb), *dn = tk_dev((size_t)n * 4), *dxa = tk_dev(xb), *dxb = tk_dev(xb);
+            float *dxo = tk_dev(xb), *dy2 = tk_dev(yb);
+            for (int add = 0; add < 2; add++) {
+                tk_fill(m.x, Tmax * n, 2.0f), tk_fill(d, Tmax * n, 1.0f), tk_fill(nw, n, 1.5f);
+                for (int64_t i = 0; i < Tmax * n; i++) want_res[i] = add ? m.x[i] + d[i] : m.x[i];
+                for (int64_t t = 0; t < Tmax; t++) cpu_rmsnorm(h + t * n, want_res + t * n, nw, n, eps);
+                cpu_matmul(m.ref, h, m.wh, wt, Tmax, n, n_out);
+                cr_assert_eq(gpu_h2d(dd, d, xb, &e), 0, "%s", e.msg);
+                cr_assert_eq(gpu_h2d(dn, nw, (size_t)n * 4, &e), 0, "%s", e.msg);
+                for (size_t ti = 0; ti < sizeof Ts / sizeof Ts[0]; ti++) {
+                    const int64_t T = Ts[ti];
+                    const size_t tx = (size_t)(T * n) * 4, ty = (size_t)(T * n_out) * 4;
+                    char what[128];
+                    snprintf(what, sizeof what, "norm_qgemm %s T=%lld n_in=%lld n_out=%lld add=%d", dj_dtype_name(wt),
+                             (long long)T, (long long)n, (long long)n_out, add);
+                    cr_assert_eq(gpu_h2d(m.dx, m.x, tx, &e), 0, "%s", e.msg);
+                    cr_assert_eq(gpu_h2d(dxa, m.x, tx, &e), 0, "%s", e.msg);
+                    // the two steps: the norm into dxb (dxa += delta), then the product on it
+                    tk_poison(dy2, ty);
+                    cr_assert_eq(add ? gpu_add_rmsnorm(dxa, dd, dxb, dn, T, n, eps, tk_s, &e)
+                                     : gpu_rmsnorm(dxb, dxa, dn, T, n, eps, tk_s, &e),
+                                 0, "%s: %s", what, e.msg);
+                    cr_assert_eq(gpu_qgemm_variant(tk_g, -1, dy2, dxb, m.dw, wt, T, n, n_out, tk_s, &e), 0, "%s: %s",
+                                 what, e.msg);
+                    tk_down(two, dy2, ty);
+                    tk_down(res2, dxa, tx);
+                    // in one
+                    tk_poison(m.dy, ty), tk_poison(dxo, tx);
+                    cr_assert_eq(gpu_norm_qgemm(tk_g, m.dy, m.dx, add ? dd : NULL, dxo, dn, eps, m.dw, wt, T, n, n_out,
+                                                tk_s, &e),
+                                 0, "%s: %s", what, e.msg);
+                    tk_down(m.got, m.dy, ty);
+                    tk_down(res, dxo, tx);
+                    tk_down(xback, m.dx, tx);
+                    cr_expect(!memcmp(m.got, two, ty), "%s: y differs from the norm then the product", what);
+                    cr_expect(!memcmp(res, res2, tx), "%s: the residual differs from gpu_add_rmsnorm's", what);
+                    cr_expect(!memcmp(res, want_res, tx), "%s: the residual is not x + delta", what);
+                    cr_expect(!memcmp(xback, m.x, tx), "%s: x was written", what);
+                    tk_close(m.got, m.ref, T * n_out, 2e-3, what);
+                }
+            }
+            if (si == 0) {  // refusals, and the passes gpu_matmul would give the register kernel
+                cr_expect_neq(gpu_norm_qgemm(tk_g, m.dy, m.dx, dd, m.dx, dn, eps, m.dw, wt, 8, n, n_out, tk_s, &e), 0);
+                cr_expect(strstr(e.msg, "must not be x"), "%s", e.msg);
+                static const int64_t bad_T[] = {1, 65};
+                for (int b = 0; b < 2; b++) {
+                    cr_expect_neq(gpu_norm_qgemm(tk_g, m.dy, m.dx, dd, dxo, dn, eps, m.dw, wt, bad_T[b], n, n_out, tk_s,
+                                                 &e),
+                                  0, "T=%lld taken", (long long)bad_T[b]);
+                    cr_expect(strstr(e.msg, "gpu_norm_qgemm"), "%s", e.msg);
+                    cr_expect(!gpu_norm_qgemm_ok(tk_g, wt, m.dw, bad_T[b], n, n_out));
+                }
+                cr_expect_neq(gpu_norm_qgemm(tk_g, m.dy, m.dx, dd, dxo, dn, eps, m.dw, DJ_F16, 8, n, n_out, tk_s, &e), 0);
+                cr_expect(!gpu_norm_qgemm_ok(tk_g, DJ_F16, m.dw, 8, n, n_out));
+                // 64 tokens are past the one-token GEMV's few: gpu_matmul takes the register kernel where it wins
+                cr_expect_eq(gpu_norm_qgemm_ok(tk_g, wt, m.dw, 64, n, n_out),
+                             gpu_qgemm_wins(tk_g, wt, m.dw, 64, n, n_out));
+            }
+            gpu_free(dd), gpu_free(dn), gpu_free(dxa), gpu_free(dxb), gpu_free(dxo), gpu_free(dy2);
+            free(d), free(nw), free(h), free(want_res), free(res), free(res2), free(xback), free(two);
+            tk_mm_free(&m);
+        }
+    tk_end("norm_qgemm");
+}
+
 // ---- RoPE
 Test(kernels, rope) {
     tk_start("rope");

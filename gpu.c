@@ -182,23 +182,46 @@ static int gate_up_matmul(dj_gpu_state *s, const gpu_unit *un, int64_t T, ffn_ro
     return layer_mm(s, un, k, r->gate, s->b.xb, T, e) || layer_mm(s, un, k + 1, r->up, s->b.xb, T, e) ? -1 : 0;
 }
 
-// One token with every row on the GPU, q|k|v and gate|up each one matmul: both norms of the layer (and the residual
-// adds) can run inside the quantized GEMV that follows them (gpu_norm_matmul). Both or neither: see norm_matmul.
-static int norms_fused(const dj_gpu_state *s, const gpu_unit *un, int64_t T) {
+// Where a layer's two norms (and the residual adds before them) run. With every row of the pass on the GPU and q|k|v
+// and gate|up each one matmul, inside the products after them: the GEMV for one token (gpu_norm_matmul), the register
+// kernel's x layout for 2..64 (gpu_norm_qgemm) where gpu_matmul would run both products on that kernel (the same
+// bits, without the norm's launch and its normed copy of x). Else apart, into d_xb before the matmuls. Both or
+// neither: see residual_swap.
+typedef enum {
+    NORMS_APART,    // gpu_add_rmsnorm into d_xb, then the matmuls
+    NORMS_IN_GEMV,  // one token
+    NORMS_IN_X,     // 2..64 tokens, on the register kernel
+} norm_form;
+
+static norm_form norms_where(const dj_gpu_state *s, const gpu_unit *un, int64_t T) {
     const dj_layer_layout *L = &s->m->info.layer;
     const gpu_bufs *b = &s->b;
     const uint8_t *w = un->w;
-    if (T != 1 || !s->fused_qkv || !s->fused_gate_up || un->host) return 0;
+    if (!s->fused_qkv || !s->fused_gate_up || un->host) return NORMS_APART;
     uintptr_t ptrs = (uintptr_t)(w + L->attn_norm) | (uintptr_t)(w + L->ffn_norm) | (uintptr_t)b->x |
                      (uintptr_t)b->xb | (uintptr_t)b->delta;
     const sp_mat *qkv = &s->mats.layer[0], *gu = &s->mats.layer[2];
-    return !(ptrs & 15) && gpu_fused_ok(qkv->dtype, w + qkv->off, qkv->n_in, qkv->n_out) &&
-           gpu_fused_ok(gu->dtype, w + gu->off, gu->n_in, gu->n_out);
+    if (ptrs & 15) return NORMS_APART;  // the GEMV's 16-byte loads; gpu_norm_qgemm_ok's aligned x
+    if (T == 1)
+        return gpu_fused_ok(qkv->dtype, w + qkv->off, qkv->n_in, qkv->n_out) &&
+                       gpu_fused_ok(gu->dtype, w + gu->off, gu->n_in, gu->n_out)
+                   ? NORMS_IN_GEMV
+                   : NORMS_APART;
+    return gpu_norm_qgemm_ok(s->g, qkv->dtype, w + qkv->off, T, qkv->n_in, qkv->n_out) &&
+                   gpu_norm_qgemm_ok(s->g, gu->dtype, w + gu->off, T, gu->n_in, gu->n_out)
+               ? NORMS_IN_X
+               : NORMS_APART;
 }
 
-// The fused norm and matmul k (norms_fused): x + delta (`add`), or x, is written to d_xb (the normed input never
-// exists on its own, so d_xb is free) and the two buffers swap: d_x is the residual stream again. Two swaps a
-// layer, so a step ends with the buffers where it began (the decode graph and upload_tokens rely on it).
+// After a fused norm wrote x + delta, or x, to d_xb (the normed input never exists on its own, so d_xb is free): the
+// two buffers swap, and d_x is the residual stream again. Two swaps a layer, so a step ends with the buffers where it
+// began (the decode graph and upload_tokens rely on it).
+static void residual_swap(gpu_bufs *b) {
+    float *t = b->x;
+    b->x = b->xb, b->xb = t;
+}
+
+// The norm fused into the one-token GEMV of matmul k (NORMS_IN_GEMV), x + delta (`add`) or x to d_xb, then the swap.
 // qkv NULL: gate|up, whose product goes on as silu(gate) * up into d_hb (gpu_norm_matmul_swiglu).
 static int norm_matmul(dj_gpu_state *s, const uint8_t *w, int k, const float *norm, int add, qkv_rows *qkv,
                        dj_err *e) {
@@ -212,40 +235,62 @@ static int norm_matmul(dj_gpu_state *s, const uint8_t *w, int k, const float *no
             : gpu_norm_matmul_swiglu(s->g, b->hb, b->x, delta, b->xb, norm, c->norm_eps, w + mt->off, mt->dtype,
                                      mt->n_in, mt->n_out, s->compute, e))
         return -1;
-    float *t = b->x;
-    b->x = b->xb, b->xb = t;
+    residual_swap(b);
+    return 0;
+}
+
+// The norm fused into the register kernel's x layout for matmul k's T rows into y (NORMS_IN_X: the fused layouts
+// q|k|v and gate|up), x + delta (`add`) or x to d_xb, then the swap.
+static int norm_qgemm(dj_gpu_state *s, const uint8_t *w, int k, const float *norm, int add, int64_t T, float *y,
+                      dj_err *e) {
+    const dj_config *c = &s->m->info.config;
+    const sp_mat *mt = &s->mats.layer[k];
+    gpu_bufs *b = &s->b;
+    if (gpu_norm_qgemm(s->g, y, b->x, add ? b->delta : NULL, b->xb, norm, c->norm_eps, w + mt->off, mt->dtype, T,
+                       mt->n_in, mt->n_out, s->compute, e))
+        return -1;
+    residual_swap(b);
     return 0;
 }
 
 // How a layer runs on its unit in this pass, decided before its kernels (plan_layer) from where its matrices run:
-// the norms inside the GEMVs after them, and the MLP block's form.
+// where the norms run, and the MLP block's form.
 typedef enum {
-    MLP_NORMS_FUSED,  // one token, all on the GPU: the norm inside the gate|up GEMV, silu(gate) * up out of it
-    MLP_GPU_DOWN,     // down all on the GPU: its q8/q4 products compute silu(gate) * up as they read it
-    MLP_SPLIT_DOWN,   // down split with the CPU: silu(gate) * up into d_hb first
-    MLP_CPU_CHAIN,    // the CPU has all of gate and up: one CPU job from x to its rows of down (share_ffn)
+    MLP_NORM_GEMV,   // one token, all on the GPU: the norm inside the gate|up GEMV, silu(gate) * up out of it
+    MLP_NORM_X,      // 2..64 tokens, all on the GPU: the norm inside gate|up's x layout, then as MLP_GPU_DOWN
+    MLP_GPU_DOWN,    // down all on the GPU: its q8/q4 products compute silu(gate) * up as they read it
+    MLP_SPLIT_DOWN,  // down split with the CPU: silu(gate) * up into d_hb first
+    MLP_CPU_CHAIN,   // the CPU has all of gate and up: one CPU job from x to its rows of down (share_ffn)
 } mlp_form;
 
 typedef struct {
-    int norms_fused;  // both norms inside the GEMVs after them (norms_fused, norm_matmul)
+    norm_form norms;  // where both norms run (norms_where)
     mlp_form mlp;
 } layer_plan;
 
 static layer_plan plan_layer(const dj_gpu_state *s, const gpu_unit *un, int64_t T) {
     const sp_mat *dn = &s->mats.layer[s->mats.n_layer - 1];
-    if (norms_fused(s, un, T)) return (layer_plan){1, MLP_NORMS_FUSED};
-    if (un->host && share_chain(&s->mats, un->share)) return (layer_plan){0, MLP_CPU_CHAIN};
-    if (!un->host || sp_gpu_rows(dn, un->share) == dn->n_out) return (layer_plan){0, MLP_GPU_DOWN};
-    return (layer_plan){0, MLP_SPLIT_DOWN};
+    const norm_form nf = norms_where(s, un, T);
+    if (nf == NORMS_IN_GEMV) return (layer_plan){nf, MLP_NORM_GEMV};
+    if (nf == NORMS_IN_X) return (layer_plan){nf, MLP_NORM_X};
+    if (un->host && share_chain(&s->mats, un->share)) return (layer_plan){nf, MLP_CPU_CHAIN};
+    if (!un->host || sp_gpu_rows(dn, un->share) == dn->n_out) return (layer_plan){nf, MLP_GPU_DOWN};
+    return (layer_plan){nf, MLP_SPLIT_DOWN};
 }
 
-// q|k|v = wq|wk|wv . rmsnorm(x), x += delta first where `pending`: the norm inside the GEMV, or before the matmuls.
+// q|k|v = wq|wk|wv . rmsnorm(x), x += delta first where `pending`: the norm inside the product, or before the
+// matmuls.
 static int norm_qkv(dj_gpu_state *s, const gpu_unit *un, const layer_plan *pl, int64_t T, const float *norm,
                     int pending, qkv_rows *qkv, dj_err *e) {
     const dj_config *c = &s->m->info.config;
     gpu_bufs *b = &s->b;
-    if (pl->norms_fused) {
+    if (pl->norms == NORMS_IN_GEMV) {
         STEP(QKV, norm_matmul(s, un->w, 0, norm, pending, qkv, e));
+        return 0;
+    }
+    if (pl->norms == NORMS_IN_X) {
+        *qkv = qkv_fused_rows(s);
+        STEP(QKV, norm_qgemm(s, un->w, 0, norm, pending, T, qkv->q, e));
         return 0;
     }
     STEP(NORM, pending ? gpu_add_rmsnorm(b->x, b->delta, b->xb, norm, T, c->dim, c->norm_eps, s->compute, e)
@@ -263,6 +308,14 @@ static int tp_sum(dj_gpu_state *s, int64_t T, dj_err *e) {
     return tp_allreduce(s->opts.tp, s->opts.tp_rank, s->b.delta, T * dim, s->compute, e);
 }
 
+// out = w_down . (silu(gate) * up), down all on the GPU (gpu_swiglu_matmul: its q8/q4 products compute silu(gate) *
+// up as they read it).
+static int swiglu_down(dj_gpu_state *s, const gpu_unit *un, const ffn_rows *ffn, float *out, int64_t T, dj_err *e) {
+    const sp_mat *dn = &s->mats.layer[s->mats.n_layer - 1];
+    return gpu_swiglu_matmul(s->g, out, s->b.hb, ffn->gate, ffn->up, ffn->ld, un->w + dn->off, dn->dtype, T, dn->n_in,
+                             dn->n_out, s->compute, e);
+}
+
 // delta = w_down . (silu(w_gate . n) * (w_up . n)), n = rmsnorm(x += delta), in the plan's form.
 static int mlp_block(dj_gpu_state *s, const gpu_unit *un, const layer_plan *pl, int64_t T, const float *norm,
                      dj_err *e) {
@@ -270,12 +323,17 @@ static int mlp_block(dj_gpu_state *s, const gpu_unit *un, const layer_plan *pl, 
     gpu_bufs *b = &s->b;
     cudaStream_t st = s->compute;
     const int k_down = s->mats.n_layer - 1;
-    const sp_mat *dn = &s->mats.layer[k_down];
     float *out = part_out(s);
     ffn_rows ffn;
-    if (pl->mlp == MLP_NORMS_FUSED) {
+    if (pl->mlp == MLP_NORM_GEMV) {
         STEP(GATE_UP, norm_matmul(s, un->w, 2, norm, 1, NULL, e));
         STEP(DOWN, layer_mm(s, un, k_down, out, b->hb, T, e));
+        return 0;
+    }
+    if (pl->mlp == MLP_NORM_X) {
+        ffn = ffn_fused_rows(s);
+        STEP(GATE_UP, norm_qgemm(s, un->w, 2, norm, 1, T, ffn.gate, e));
+        STEP(DOWN, swiglu_down(s, un, &ffn, out, T, e));
         return 0;
     }
     STEP(NORM, gpu_add_rmsnorm(b->x, b->delta, b->xb, norm, T, c->dim, c->norm_eps, st, e));
@@ -285,8 +343,7 @@ static int mlp_block(dj_gpu_state *s, const gpu_unit *un, const layer_plan *pl, 
     }
     STEP(GATE_UP, gate_up_matmul(s, un, T, &ffn, e));
     if (pl->mlp == MLP_GPU_DOWN) {
-        STEP(DOWN, gpu_swiglu_matmul(s->g, out, b->hb, ffn.gate, ffn.up, ffn.ld, un->w + dn->off, dn->dtype, T,
-                                     dn->n_in, dn->n_out, st, e));
+        STEP(DOWN, swiglu_down(s, un, &ffn, out, T, e));
         return 0;
     }
     STEP(SWIGLU, gpu_swiglu(b->hb, ffn.gate, ffn.up, T, c->hidden_dim, ffn.ld, st, e));

@@ -8,8 +8,8 @@
 // attention is per row, a row's keys stored the same way whichever pass wrote them), so the batched logits must
 // equal the lone ones bit for bit; a parked cache is a copy of the cache's bytes. GPU: a lone decode
 // step runs the GEMV (q8/q4: in integers, x quantized per group) and a batch the tensor-core matmul (x rounded to
-// f16), so rows agree to the kernels' accuracy: relative L2 per row 1e-4 in f32, 1e-2 in q4 (the GPU tests' own
-// tolerances against the CPU: test_gpu.c).
+// f16), so rows agree to the kernels' accuracy: relative L2 per row 1e-4 in f32, 1e-2 in q4 and q8 (the GPU tests'
+// own tolerances against the CPU: test_gpu.c).
 #include <criterion/criterion.h>
 #include <malloc.h>
 #include <math.h>
@@ -412,7 +412,9 @@ static void te_rows_pick(void) {
 }
 
 // Each case on each engine: the CPU's (bitwise) with each KV type, the GPU's in f32 resident, in q4 streamed with a
-// CPU share (its lone steps split with the CPU, its batches not), and in f16 resident.
+// CPU share (its lone steps split with the CPU, its batches not), in f16 resident, and in q4 (an f16 KV cache) and q8
+// resident (their passes of more rows than the GEMV takes, up to 64, with both norms inside the register kernel's x
+// layout: gpu_norm_qgemm; their lone steps with them inside the GEMV).
 #define TE_TEST(suite, setup, name, call)                                            \
     Test(suite, name) {                                                              \
         setup;                                                                       \
@@ -439,6 +441,7 @@ TE_CASES(engine_gpu_f32, te_gpu(DJ_F32, 0, 1e-4))
 TE_CASES(engine_gpu_q4_streamed, te_gpu(DJ_Q4, 1, 1e-2))
 TE_CASES(engine_gpu_f16, te_gpu(DJ_F16, 0, 2e-3))
 TE_CASES(engine_gpu_q4_kv_f16, te_gpu_kv(DJ_Q4, 0, 1e-2, DJ_KV_F16))
+TE_CASES(engine_gpu_q8, te_gpu(DJ_Q8, 0, 1e-2))
 // a q8 cache: a batch's k differs from a lone step's by the matmuls' rounding, and a row element that lands on the
 // other side of a q8 step moves by max|row| / 127: 1.7e-4 seen on the H200 with the FMA decode kernel, 1.05e-3 and
 // 3.6e-3 (two seeds) with the tensor-core one (its own rounding moves other elements across), so 1e-2, the q8

@@ -485,12 +485,19 @@ static void take_out(dj_gpu_state *s, const pass_desc *pd, float *logits, int64_
     else if (logits) memcpy(logits + (r0 - first) * vocab, s->b.h_logits, (size_t)(rows * vocab) * 4);
 }
 
-// All resident, a step of T decoding rows: the whole pass is one CUDA graph for its T (positions and KV slots are
-// read from d_pos and d_kv_slot, so every step of T rows replays the same graph); then the rows' logits come back,
-// or the tokens picked from them. One row's is captured on first use, T rows' at their second pass.
+// The graph a pass that graph_fits replays: one row's, a step of T decoding rows', or a run of T rows of one slot
+// wanting every row's logits (speculative verification).
+static cudaGraphExec_t *graph_of(dj_gpu_state *s, const pass_desc *pd) {
+    return pd->T == 1 ? &s->graph : pd->step ? &s->row_graph[pd->T] : &s->run_graph[pd->T];
+}
+
+// All resident, a pass of T rows as one CUDA graph for its T (positions, and a step's KV slots, are read from d_pos
+// and d_kv_slot, so every such pass of T rows replays the same graph; a run's slot is in its kernels' arguments: its
+// graph serves one slot); then the rows' logits come back, or the tokens picked from them. One row's is captured on
+// first use, T rows' at their second pass.
 static int graph_step(dj_gpu_state *s, const pass_desc *pd, dj_err *e) {
     const int64_t T = pd->T;
-    cudaGraphExec_t *graph = T == 1 ? &s->graph : &s->row_graph[T];
+    cudaGraphExec_t *graph = graph_of(s, pd);
     if (!*graph) {
         gpu_unit head;
         if (gpu_graph_begin(s->compute, e)) return -1;
@@ -502,14 +509,22 @@ static int graph_step(dj_gpu_state *s, const pass_desc *pd, dj_err *e) {
         gpu_stream_sync(s->compute, e))
         return -1;
     take_out(s, pd, pd->logits, 0, 0, T);
-    s->st.passes++;
+    s->st.passes++, s->st.graph_passes++;
     return 0;
 }
 
-// A pass runs as one CUDA graph where it can be captured whole: every unit resident, one row or a step whose rows
-// all decode (each attending alone) and all want their output, at most a chunk of the head's rows, and nothing
-// that asks for it kernel by kernel (--no-graph, profiling, a trace, a probe that reads rows back mid-pass). A step
-// of T rows goes kernel by kernel the first time (row_graph_seen).
+// Whether the T-row graph seen[] marks was asked for before (then 1), marking it (0: this pass goes kernel by kernel).
+static int seen_before(uint8_t *seen) {
+    if (*seen) return 1;
+    *seen = 1;
+    return 0;
+}
+
+// A pass runs as one CUDA graph where it can be captured whole: every unit resident, one row, or T rows (at most a
+// chunk of the head's) all wanting their output that are a step's decoding rows (each attending alone) or a run of
+// one slot (a verification pass), and nothing that asks for it kernel by kernel (--no-graph, profiling, a trace, a
+// probe that reads rows back mid-pass). T rows go kernel by kernel the first time (row_graph_seen, run_graph_seen;
+// a run's again on a slot other than its graph's).
 static int graph_fits(dj_gpu_state *s, const pass_desc *pd) {
     // (several GPUs: every one is asked for the same output, so each captures the same head: a split head's gather
     // in one GPU's graph and not in another's pass would wait for ever)
@@ -519,10 +534,13 @@ static int graph_fits(dj_gpu_state *s, const pass_desc *pd) {
     if (!all_resident || !wants_output || kernel_by_kernel) return 0;
     if (pd->T == 1) return 1;
     const int64_t T = pd->T;
-    if (!pd->step || pd->singles != T || pd->logit_first != 0 || pd->logit_end != T || T > GPU_LOGIT_ROWS) return 0;
-    if (s->row_graph_seen[T]) return 1;
-    s->row_graph_seen[T] = 1;
-    return 0;
+    if (pd->logit_first != 0 || pd->logit_end != T || T > GPU_LOGIT_ROWS) return 0;
+    if (pd->step) return pd->singles == T && seen_before(&s->row_graph_seen[T]);
+    if (s->run_graph_slot[T] != pd->kv_slot) {  // another slot's graph: dropped, this slot's seen afresh
+        if (s->run_graph[T]) gpu_graph_destroy(s->run_graph[T]), s->run_graph[T] = NULL;
+        s->run_graph_slot[T] = pd->kv_slot, s->run_graph_seen[T] = 0;
+    }
+    return seen_before(&s->run_graph_seen[T]);
 }
 
 // The head's rows [r0, r0 + rows) of the pass (the wanted rows from `first`): their logits into d_logits, and
@@ -596,8 +614,10 @@ static int gpu_pass(dj_gpu_state *s, const pass_desc *pd, dj_err *e) {
 
 void graphs_drop(dj_gpu_state *s) {
     if (s->graph) gpu_graph_destroy(s->graph), s->graph = NULL;
-    for (int t = 0; t <= GPU_LOGIT_ROWS; t++)
+    for (int t = 0; t <= GPU_LOGIT_ROWS; t++) {
         if (s->row_graph[t]) gpu_graph_destroy(s->row_graph[t]), s->row_graph[t] = NULL;
+        if (s->run_graph[t]) gpu_graph_destroy(s->run_graph[t]), s->run_graph[t] = NULL;
+    }
 }
 
 int kv_slot_ok(const dj_gpu_state *s, int32_t slot, dj_err *e) {

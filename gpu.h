@@ -60,6 +60,7 @@ typedef struct {
     double copy_ms;            // time the copy engine spent on them
     double wait_ms;            // time the compute stream waited for copies
     int64_t passes;
+    int64_t graph_passes;      // of them, replayed as a CUDA graph (all resident)
     int tc_attn;               // prefill attention runs on the tensor cores (head_dim allows, no fma_attn)
     int head_split;            // several GPUs: each computes its vocab rows of the head (tp_head_agree)
     uint64_t park_bytes, restore_bytes;  // KV bytes parked to host memory and restored, copies finished so far

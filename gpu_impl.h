@@ -276,6 +276,11 @@ struct dj_gpu_state {
     // kernel by kernel: each kernel's module and set-up loaded outside a capture)
     cudaGraphExec_t row_graph[GPU_LOGIT_ROWS + 1];
     uint8_t row_graph_seen[GPU_LOGIT_ROWS + 1];
+    // the all-resident pass of T rows of one slot wanting every row's logits (speculative verification), captured
+    // the same way, for the slot it was captured on (the slot's cache offset is in its kernels' arguments)
+    cudaGraphExec_t run_graph[GPU_LOGIT_ROWS + 1];
+    int32_t run_graph_slot[GPU_LOGIT_ROWS + 1];  // the slot run_graph[T] serves, or was last seen with
+    uint8_t run_graph_seen[GPU_LOGIT_ROWS + 1];
     dj_gpu_stats st;
     gpu_prof prof;
     gpu_probe pr;

@@ -341,6 +341,54 @@ Test(gpu_forward, pick_matches_host_sampler) {
     model_free(&m);
 }
 
+// Passes of T rows of one slot wanting every row's logits (a speculative verification), all resident: replayed as a
+// CUDA graph from their second time on, on the slot the graph was captured for (another slot's pass goes kernel by
+// kernel, then is captured for that slot), every row bitwise that of the same passes launch by launch (--no-graph),
+// at positions other than the capture's; q4, whose 5 rows take the register kernel.
+Test(gpu_forward, verification_passes_graphed) {
+    tc_rng_fresh("gpu_forward.verification_passes_graphed");
+    dj_model m;
+    load_stories(&m, DJ_Q4);
+    const int64_t V = m.info.config.vocab_size, n = 12;
+    int32_t ids[40];
+    make_ids(ids, 40, V);
+    dj_gpu_opts o[2] = {{.max_seq = 64, .quiet = 1, .ring_gb = 1.0, .n_slots = 2},
+                        {.max_seq = 64, .quiet = 1, .ring_gb = 1.0, .n_slots = 2, .no_graph = 1}};
+    dj_gpu_state *s[2];
+    dj_err e;
+    for (int k = 0; k < 2; k++) {
+        s[k] = gpu_state_new(&m, &o[k], &e);
+        cr_assert(s[k], "%s", e.msg);
+        for (int32_t slot = 0; slot < 2; slot++)
+            cr_assert_eq(gpu_forward(s[k], slot, ids, n, 0, NULL, 0, &e), 0, "%s", e.msg);
+    }
+    // {slot, position, rows, replayed}: seen first, then replayed at other positions; a slot change drops the graph
+    static const int passes[][4] = {{0, 12, 5, 0}, {0, 12, 5, 1}, {0, 14, 5, 1}, {1, 12, 5, 0}, {1, 13, 5, 1},
+                                    {1, 12, 5, 1}, {0, 12, 5, 0}, {0, 12, 3, 0}, {0, 12, 3, 1}, {0, 20, 3, 1}};
+    float *lg[2] = {malloc((size_t)(5 * V) * 4), malloc((size_t)(5 * V) * 4)};
+    cr_assert(lg[0] && lg[1]);
+    for (size_t i = 0; i < sizeof passes / sizeof passes[0]; i++) {
+        const int slot = passes[i][0], pos = passes[i][1], T = passes[i][2];
+        dj_gpu_stats before, after;
+        gpu_state_stats(s[0], &before);
+        for (int k = 0; k < 2; k++) {
+            for (int64_t j = 0; j < T * V; j++) lg[k][j] = NAN;
+            cr_assert_eq(gpu_forward(s[k], slot, ids + pos, T, pos, lg[k], 1, &e), 0, "%s", e.msg);
+        }
+        gpu_state_stats(s[0], &after);
+        cr_expect_eq(after.graph_passes - before.graph_passes, passes[i][3], "pass %zu (slot %d, %d rows at %d): %s",
+                     i, slot, T, pos, passes[i][3] ? "not replayed" : "replayed");
+        cr_expect(!memcmp(lg[0], lg[1], (size_t)(T * V) * 4), "pass %zu (slot %d, %d rows at %d): the graph's logits "
+                  "differ from launch by launch", i, slot, T, pos);
+    }
+    dj_gpu_stats st;
+    gpu_state_stats(s[1], &st);
+    cr_expect_eq(st.graph_passes, 0, "--no-graph replayed %lld passes", (long long)st.graph_passes);
+    free(lg[0]), free(lg[1]);
+    gpu_state_free(s[0]), gpu_state_free(s[1]);
+    model_free(&m);
+}
+
 // A prefill of n, nd decode steps, a second prefill of n2 (a prompt that continues the conversation) and 3 more
 // decode steps: every position's logits (n + nd + n2 + 3 rows).
 static float *run_turns(const dj_model *m, const dj_gpu_opts *o, const int32_t *ids, int64_t n, int64_t nd, int64_t n2,

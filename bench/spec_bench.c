@@ -60,8 +60,10 @@ int main(int argc, char **argv) {
     load(argv[2], &dm);
     load(argv[1], &tm);
     int64_t V = tm.info.config.vocab_size;
-    dj_gpu_opts dgo = {.max_seq = 1024, .warm_rows = 2, .quiet = 1};
-    dj_gpu_opts tgo = {.max_seq = 1024, .ring_gb = atof(argv[3]), .cpu_share = atof(argv[4]), .warm_rows = 2};
+    // the caches djinn opens (DJ_KV_DEFAULT; session 62's figures were taken on f32, these options' zero)
+    dj_gpu_opts dgo = {.max_seq = 1024, .warm_rows = 2, .quiet = 1, .kv_type = DJ_KV_DEFAULT};
+    dj_gpu_opts tgo = {.max_seq = 1024, .ring_gb = atof(argv[3]), .cpu_share = atof(argv[4]), .warm_rows = 2,
+                       .kv_type = DJ_KV_DEFAULT};
     if (engine_open(&dft, &dm, &dgo, 1, &e) || engine_open(&tgt, &tm, &tgo, 1, &e)) {
         fprintf(stderr, "spec_bench: %s\n", e.msg);
         return 1;

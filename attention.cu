@@ -1010,12 +1010,12 @@ static int attn_decode_launch(dj_gpu *g, const char *fn, float *out, const float
                               int64_t n_kv_heads, int64_t head_dim, int64_t max_seq, gpu_kv_rows kv, cudaStream_t s,
                               dj_err *e) {
     if (attn_check(fn, n_heads, n_kv_heads, head_dim, max_seq, e)) return -1;
-    const int64_t n_gz = (n_heads / n_kv_heads + DEC_G - 1) / DEC_G;
-    if (B < 1 || B * n_gz > 65535 || (B > 1 && ldq < n_heads * head_dim))
-        return dj_fail(e, "%s: bad rows B=%lld ldq=%lld", fn, (long long)B, (long long)ldq);
-    const dec_plan p = dec_plan_of(B, n_heads, n_kv_heads, max_seq);  // its n_gz the same
-    const int64_t group = p.group, ns = p.ns;
+    if (B < 1) return dj_fail(e, "%s: bad rows B=%lld ldq=%lld", fn, (long long)B, (long long)ldq);
+    const dec_plan p = dec_plan_of(B, n_heads, n_kv_heads, max_seq);  // (it divides by the rows)
+    const int64_t group = p.group, n_gz = p.n_gz, ns = p.ns;
     const int n_short = p.n_short;
+    if (B * n_gz > 65535 || (B > 1 && ldq < n_heads * head_dim))
+        return dj_fail(e, "%s: bad rows B=%lld ldq=%lld", fn, (long long)B, (long long)ldq);
     if (scratch_need(g, gpu_attention_scratch(B, n_heads, n_kv_heads, head_dim, max_seq), s, e)) return -1;
     float *part_o = (float *)g->scratch, *part_ml = part_o + B * n_heads * ns * head_dim;
     dim3 grid((unsigned)ns, (unsigned)n_kv_heads, (unsigned)(B * n_gz));

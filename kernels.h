@@ -201,16 +201,22 @@ int gpu_sum_parts(float *y, const float *const *parts, int n, int64_t len, cudaS
 #ifndef GPU_TP_XCHG_BLOCKS  // (a build may set it, in CEXTRA and NVEXTRA both, to time others: peer_ceilings)
 #define GPU_TP_XCHG_BLOCKS 128
 #endif
+// Up to a length (gpu_tp_exchange_ll) the partials go as words that carry their own flag instead: ll_out[k] GPU k's
+// inbox of 8-byte words for this GPU's, ll_in[k] this GPU's for GPU k's (zeroed before the first exchange).
 typedef struct {
     float *out[GPU_MAX_PARTS];
     unsigned long long *flag_out[GPU_MAX_PARTS];
     const float *in[GPU_MAX_PARTS];
     const unsigned long long *flag_in[GPU_MAX_PARTS];
+    unsigned long long *ll_out[GPU_MAX_PARTS];
+    const unsigned long long *ll_in[GPU_MAX_PARTS];
 } gpu_tp_xchg;
 int gpu_tp_exchange(float *y, const float *mine, int64_t len, const gpu_tp_xchg *x, int n, int rank,
                     unsigned long long *count, const volatile int *abort, volatile int *err, int clock_khz,
                     cudaStream_t s, dj_err *e);
 int gpu_tp_exchange_blocks(int64_t len);  // the blocks (slices) an exchange of len floats cuts, 1..GPU_TP_XCHG_BLOCKS
+int gpu_tp_exchange_ll(int64_t len);      // whether an exchange of len floats goes as flagged words
+int64_t gpu_tp_exchange_ll_max(void);     // the most floats an exchange sends as flagged words
 // The head split's gather on the device (ops.cu says how), GPU `rank` of n: this GPU's logits `mine` (rows, cols,
 // compact) placed at columns [c0, c0 + cols) of GPU 0's logits `dst` (rows, ld), in GPU 0's memory (by peer access
 // from the others). GPU 0 raises its flag_out[k] (GPU k's memory: GPU 0's readers of dst are done) and returns once

@@ -394,7 +394,12 @@ extern "C" int gpu_sum_parts(float *y, const float *const *parts, int n, int64_t
 #define TP_XCHG_SLICE 1024  // floats a block at least: one row of 4096 in 4 blocks
 #endif
 #define TP_XCHG_POLLS 4096
+#ifndef TP_LL_MAX  // (a build may set it in NVEXTRA to time the flag protocol at every length: bench/peer_ceilings)
+#define TP_LL_MAX (16 * 4096)  // floats an exchange sends as flagged words (tp_exchange_ll_kernel) at most
+#endif
 static long long tp_timeout_cycles(int clock_khz) { return (long long)(TP_XCHG_TIMEOUT_S * 1e3 * clock_khz); }
+extern "C" int64_t gpu_tp_exchange_ll_max(void) { return TP_LL_MAX; }
+extern "C" int gpu_tp_exchange_ll(int64_t len) { return len <= TP_LL_MAX; }
 extern "C" int gpu_tp_exchange_blocks(int64_t len) {
     const int64_t b = (len + TP_XCHG_SLICE - 1) / TP_XCHG_SLICE;
     return (int)(b < 1 ? 1 : b > GPU_TP_XCHG_BLOCKS ? GPU_TP_XCHG_BLOCKS : b);
@@ -450,13 +455,77 @@ __global__ void tp_exchange_kernel(float *y, const float *mine, int64_t len, gpu
     }
 }
 
+// The same all-reduce for up to TP_LL_MAX floats by words that carry their own flag (gpu_tp_xchg's ll pointers): each
+// value goes with the exchange's count in one 8-byte word (value bits low, the count's low 32 bits high), stored by
+// peer access as one access, so a word read with the count it waits for holds that exchange's value: no system fence,
+// no flag and no second round trip before the sum (the fences alone were about 2 of the 4.7 us of one row: bench/
+// results/tp_x2/session63). Each thread pushes its floats two words a store, then polls its own floats' words in
+// this GPU's inbox until each carries the count, and sums them in GPU order as the kernel above does. A word of an
+// older exchange in an inbox of the same parity carries another count (the inboxes are zeroed before the first
+// exchange and at a rejoin, and counts start at 1), so the poll waits for equality.
+__global__ void tp_exchange_ll_kernel(float *y, const float *mine, int64_t len, gpu_tp_xchg a, int n, int rank,
+                                      unsigned long long *count, const volatile int *abort, volatile int *err,
+                                      long long timeout_cycles) {
+    __shared__ unsigned gen;
+    pdl_wait();
+    pdl_trigger();
+    const int b = blockIdx.x;
+    if (threadIdx.x == 0) {
+        const unsigned long long c = count[b] + 1;
+        count[b] = c;
+        gen = (unsigned)c;
+    }
+    __syncthreads();
+    const unsigned long long tag = (unsigned long long)gen << 32;
+    const int64_t slice = ((len + gridDim.x - 1) / gridDim.x + 1) & ~(int64_t)1;  // whole pairs
+    const int64_t lo = b * slice, hi = lo + slice < len ? lo + slice : len;
+    for (int64_t i = lo + 2 * (int64_t)threadIdx.x; i < hi; i += 2 * TP_XCHG_THREADS) {
+        const bool two = i + 1 < hi;
+        const unsigned long long w0 = tag | __float_as_uint(mine[i]), w1 = tag | (two ? __float_as_uint(mine[i + 1]) : 0u);
+        for (int k = 0; k < n; k++)
+            if (k != rank) {
+                unsigned long long *d = a.ll_out[k] + i;
+                if (two && ((uintptr_t)d & 15) == 0) {
+                    asm volatile("st.volatile.global.v2.u64 [%0], {%1, %2};" ::"l"(d), "l"(w0), "l"(w1) : "memory");
+                } else {
+                    asm volatile("st.volatile.global.u64 [%0], %1;" ::"l"(d), "l"(w0) : "memory");
+                    if (two) asm volatile("st.volatile.global.u64 [%0], %1;" ::"l"(d + 1), "l"(w1) : "memory");
+                }
+            }
+    }
+    const long long t0 = clock64();
+    for (int64_t i = lo + threadIdx.x; i < hi; i += TP_XCHG_THREADS) {
+        float acc = 0.0f;
+        for (int k = 0; k < n; k++) {
+            float v;
+            if (k == rank) {
+                v = mine[i];
+            } else {
+                unsigned long long w;
+                for (unsigned polls = 1;; polls++) {
+                    asm volatile("ld.volatile.global.u64 %0, [%1];" : "=l"(w) : "l"(a.ll_in[k] + i) : "memory");
+                    if ((unsigned)(w >> 32) == gen) break;
+                    if (polls % TP_XCHG_POLLS == 0 && (*abort || clock64() - t0 > timeout_cycles)) {
+                        *err = 1;
+                        return;
+                    }
+                }
+                v = __uint_as_float((unsigned)w);
+            }
+            acc = k == 0 ? v : acc + v;
+        }
+        y[i] = acc;
+    }
+}
+
 extern "C" int gpu_tp_exchange(float *y, const float *mine, int64_t len, const gpu_tp_xchg *x, int n, int rank,
                                unsigned long long *count, const volatile int *abort, volatile int *err, int clock_khz,
                                cudaStream_t s, dj_err *e) {
     if (n < 1 || n > GPU_MAX_PARTS || rank < 0 || rank >= n || len < 0)
         return dj_fail(e, "gpu_tp_exchange: rank %d of %d, %lld floats", rank, n, (long long)len);
-    CUDA_CHECK(pdl_launch(tp_exchange_kernel, dim3((unsigned)gpu_tp_exchange_blocks(len)), dim3(TP_XCHG_THREADS), 0, s,
-                          y, mine, len, *x, n, rank, count, abort, err, tp_timeout_cycles(clock_khz)));
+    CUDA_CHECK(pdl_launch(gpu_tp_exchange_ll(len) ? tp_exchange_ll_kernel : tp_exchange_kernel,
+                          dim3((unsigned)gpu_tp_exchange_blocks(len)), dim3(TP_XCHG_THREADS), 0, s, y, mine, len, *x,
+                          n, rank, count, abort, err, tp_timeout_cycles(clock_khz)));
     LAUNCH_CHECK("tp_exchange", s);
     return 0;
 }

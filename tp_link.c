@@ -18,7 +18,10 @@ struct tp_link {
     // the inboxes the others push their partials into (inbox[r][p] + k * max_len: GPU k's), the flags they raise
     // there (flag[r] + k * GPU_TP_XCHG_BLOCKS) and its own counts of exchanges, a block each (gpu_tp_exchange); the
     // host-mapped words: abort (raised by tp_fail) and each GPU's err (its exchange gave up)
+    // (and the same inboxes as flagged words, 8 bytes a float, for the short exchanges: gpu_tp_exchange_ll)
     float *part[TP_MAX_GPUS][2], *inbox[TP_MAX_GPUS][2];
+    unsigned long long *ll[TP_MAX_GPUS][2];
+    int64_t ll_len;  // an inbox's words for one other GPU: max_len, at most gpu_tp_exchange_ll_max()
     int64_t max_len;
     int par[TP_MAX_GPUS];
     unsigned long long *count[TP_MAX_GPUS], *flag[TP_MAX_GPUS];
@@ -36,6 +39,9 @@ struct tp_link {
     int head_can[TP_MAX_GPUS], head_split;
     float *logits0;
 };
+
+// GPU r's inbox of flagged words (one parity): every other GPU's max_len words
+static size_t ll_bytes(const tp_link *l) { return (size_t)l->ll_len * (size_t)l->n * sizeof(unsigned long long); }
 
 // count[r] and flag[r]: the exchange's words, then the gather's as many (GPU_TP_XCHG_BLOCKS a GPU each)
 #define TP_WORDS (2 * GPU_TP_XCHG_BLOCKS)
@@ -67,7 +73,7 @@ void tp_link_free(tp_link *l) {
             gpu_set_device(l->devices[r], NULL);
             gpu_free(l->count[r]), gpu_free(l->flag[r]);
             for (int p = 0; p < 2; p++) {
-                gpu_free(l->part[r][p]), gpu_free(l->inbox[r][p]);
+                gpu_free(l->part[r][p]), gpu_free(l->inbox[r][p]), gpu_free(l->ll[r][p]);
                 if (l->ready[r][p]) gpu_event_destroy(l->ready[r][p]);
             }
         }
@@ -115,8 +121,11 @@ void tp_reset(tp_link *l) {
     if (l->err) memset(l->err, 0, (size_t)l->n * sizeof(int));
 }
 
+// (the flagged words too: counts restart at 1, and a word of the pass that failed could carry a count to come)
 int tp_rejoin(tp_link *l, int rank, dj_err *e) {
     if (l->shared) return 0;
+    for (int p = 0; p < 2; p++)
+        if (gpu_memset(l->ll[rank][p], 0, ll_bytes(l), NULL, e)) return -1;
     return gpu_memset(l->count[rank], 0, TP_WORDS * sizeof(unsigned long long), NULL, e) ||
            gpu_memset(l->flag[rank], 0, (size_t)l->n * TP_WORDS * sizeof(unsigned long long), NULL, e) ||
            gpu_device_sync(e);
@@ -133,11 +142,14 @@ void tp_pass_begin(tp_link *l, int rank) { l->par[rank] = 0; }
 int tp_link_join(tp_link *l, int rank, int64_t max_rows, int64_t dim, tp_range vocab_rows, dj_err *e) {
     const size_t part = (size_t)(max_rows * dim) * 4, words = TP_WORDS * sizeof(unsigned long long);
     l->max_len = max_rows * dim;  // (every GPU's the same)
+    l->ll_len = l->max_len < gpu_tp_exchange_ll_max() ? l->max_len : gpu_tp_exchange_ll_max();
     l->vocab[rank] = vocab_rows;
     for (int p = 0; p < 2; p++)
         if (gpu_malloc((void **)&l->part[rank][p], part, "tensor-parallel partial sums", e) ||
             (l->shared && gpu_event_create(&l->ready[rank][p], 0, e)) ||
-            (!l->shared && gpu_malloc((void **)&l->inbox[rank][p], part * l->n, "tensor-parallel partial sums", e)))
+            (!l->shared && (gpu_malloc((void **)&l->inbox[rank][p], part * l->n, "tensor-parallel partial sums", e) ||
+                            gpu_malloc((void **)&l->ll[rank][p], ll_bytes(l), "tensor-parallel partial sums", e) ||
+                            gpu_memset(l->ll[rank][p], 0, ll_bytes(l), NULL, e))))
             return -1;
     // the host-mapped words, GPU 0's to make (portable: every device maps them)
     if (rank == 0) {
@@ -190,6 +202,8 @@ int tp_allreduce(tp_link *l, int rank, float *out, int64_t n, cudaStream_t s, dj
         x.flag_out[k] = l->flag[k] + rank * GPU_TP_XCHG_BLOCKS;
         x.in[k] = l->inbox[rank][p] + k * l->max_len;
         x.flag_in[k] = l->flag[rank] + k * GPU_TP_XCHG_BLOCKS;
+        x.ll_out[k] = l->ll[k][p] + rank * l->ll_len;
+        x.ll_in[k] = l->ll[rank][p] + k * l->ll_len;
     }
     return gpu_tp_exchange(out, l->part[rank][p], n, &x, l->n, rank, l->count[rank], l->d_abort[rank], l->d_err[rank],
                            l->clock_khz[rank], s, e);

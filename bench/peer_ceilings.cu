@@ -88,6 +88,7 @@ static void exchange_us(pc_link *l, double *us) {
     const int64_t max_len = 64 * 4096;
     const size_t words = GPU_TP_XCHG_BLOCKS * sizeof(unsigned long long);
     float *mine[2], *inbox[2], *y[2];
+    unsigned long long *ll[2][2];  // the flagged words' inboxes, by parity as tp_link.c alternates them
     unsigned long long *count[2], *flag[2];
     int *words_h, *abort_d[2], *err_d[2];
     CK(cudaHostAlloc(&words_h, 3 * sizeof(int), cudaHostAllocPortable | cudaHostAllocMapped));
@@ -96,6 +97,10 @@ static void exchange_us(pc_link *l, double *us) {
         CK(cudaSetDevice(d));
         CK(cudaMalloc(&mine[d], max_len * 4));
         CK(cudaMalloc(&inbox[d], max_len * 4));
+        for (int p = 0; p < 2; p++) {
+            CK(cudaMalloc(&ll[d][p], max_len * 8));
+            CK(cudaMemset(ll[d][p], 0, max_len * 8));
+        }
         CK(cudaMalloc(&y[d], max_len * 4));
         CK(cudaMalloc(&count[d], words));
         CK(cudaMalloc(&flag[d], 2 * words));
@@ -121,8 +126,10 @@ static void exchange_us(pc_link *l, double *us) {
             CK(cudaSetDevice(d));
             cudaGraph_t gr;
             CK(cudaStreamBeginCapture(l[d].s, cudaStreamCaptureModeThreadLocal));
-            for (int i = 0; i < PC_XCHG; i++)
+            for (int i = 0; i < PC_XCHG; i++) {
+                x.ll_out[o] = ll[o][i & 1], x.ll_in[o] = ll[d][i & 1];
                 CKD(gpu_tp_exchange(y[d], mine[d], len, &x, 2, d, count[d], abort_d[d], err_d[d], khz[d], l[d].s, &e_));
+            }
             CK(cudaStreamEndCapture(l[d].s, &gr));
             CK(cudaGraphInstantiate(&g[d], gr, 0));
             CK(cudaGraphDestroy(gr));
@@ -160,6 +167,7 @@ static void exchange_us(pc_link *l, double *us) {
         CK(cudaSetDevice(d));
         CK(cudaFree(mine[d]));
         CK(cudaFree(inbox[d]));
+        for (int p = 0; p < 2; p++) CK(cudaFree(ll[d][p]));
         CK(cudaFree(y[d]));
         CK(cudaFree(count[d]));
         CK(cudaFree(flag[d]));

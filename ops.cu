@@ -493,6 +493,7 @@ __global__ void tp_exchange_ll_kernel(float *y, const float *mine, int64_t len, 
                 }
             }
     }
+    __syncthreads();  // every push read from mine before any sum is stored (y may be mine)
     const long long t0 = clock64();
     for (int64_t i = lo + threadIdx.x; i < hi; i += TP_XCHG_THREADS) {
         float acc = 0.0f;

@@ -82,7 +82,8 @@ static void links_at_once(pc_link *l, const int *use, int n, int rounds, double 
 }
 
 // The all-reduce on GPUs 0 and 1 as tp_link.c runs it (peer access enabled both ways), us each, for one row of 4096
-// floats and for 64: PC_XCHG exchanges captured in a graph on each GPU, both graphs launched, timed on GPU 0.
+// floats, for 64 and for 16 (us[0..2]): PC_XCHG exchanges captured in a graph on each GPU, both graphs launched,
+// timed on GPU 0; the flagged words' inboxes alternate by parity as tp_link.c's do.
 #define PC_XCHG 200
 static void exchange_us(pc_link *l, double *us) {
     const int64_t max_len = 64 * 4096;
@@ -113,8 +114,8 @@ static void exchange_us(pc_link *l, double *us) {
     }
     int khz[2];
     for (int d = 0; d < 2; d++) CK(cudaDeviceGetAttribute(&khz[d], cudaDevAttrClockRate, d));
-    const int64_t rows[2] = {1, 64};
-    for (int k = 0; k < 2; k++) {
+    const int64_t rows[3] = {1, 64, 16};
+    for (int k = 0; k < 3; k++) {
         const int64_t len = rows[k] * 4096;
         cudaGraphExec_t g[2];
         for (int d = 0; d < 2; d++) {
@@ -161,8 +162,8 @@ static void exchange_us(pc_link *l, double *us) {
         us[k] = 1e3 * best / PC_XCHG;
         for (int d = 0; d < 2; d++) CK(cudaGraphExecDestroy(g[d]));
     }
-    printf("the all-reduce on GPUs 0 and 1 (gpu_tp_exchange, in graphs): one row %.2f us, 64 rows %.2f us\n", us[0],
-           us[1]);
+    printf("the all-reduce on GPUs 0 and 1 (gpu_tp_exchange, in graphs): one row %.2f us, 64 rows %.2f us, 16 rows %.2f us "
+           "(flagged words to %lld floats)\n", us[0], us[1], us[2], (long long)gpu_tp_exchange_ll_max());
     for (int d = 0; d < 2; d++) {
         CK(cudaSetDevice(d));
         CK(cudaFree(mine[d]));
@@ -193,7 +194,7 @@ int main(int argc, char **argv) {
         memset(l[d].host, 1 + d, PC_CHUNK * PC_CHUNKS);
     }
     if (getenv("PC_EXCHANGE_ONLY")) {  // the all-reduce alone (peer access both ways between GPUs 0 and 1)
-        double us[2];
+        double us[3];
         for (int d = 0; d < 2 && n >= 2; d++) {
             CK(cudaSetDevice(d));
             CK(cudaDeviceEnablePeerAccess(1 - d, 0));
@@ -266,7 +267,7 @@ int main(int argc, char **argv) {
             printf("GPU %d <- %d: peer copy %.2f GB/s; the all-reduce's sum over both partials (peer reads): one row "
                    "%.2f us, 64 rows %.2f us\n", a, b, peer_gbs[a][b], sum_us[a][b][0], sum_us[a][b][1]);
         }
-    double xchg_us[2] = {0, 0};
+    double xchg_us[3] = {0, 0, 0};
     if (n >= 2 && peer_gbs[0][1] > 0 && peer_gbs[1][0] > 0) exchange_us(l, xchg_us);
     FILE *f = argc > 1 ? fopen(argv[1], "w") : NULL;
     if (argc > 1 && !f) {
@@ -289,7 +290,7 @@ int main(int argc, char **argv) {
                                    sum_us[a][b][0], sum_us[a][b][1]) < 0;
                     first = 0;
                 }
-        bad |= fprintf(f, "], \"exchange_1row_us\": %.3f, \"exchange_64rows_us\": %.3f}\n", xchg_us[0], xchg_us[1]) < 0;
+        bad |= fprintf(f, "], \"exchange_1row_us\": %.3f, \"exchange_64rows_us\": %.3f, \"exchange_16rows_us\": %.3f}\n", xchg_us[0], xchg_us[1], xchg_us[2]) < 0;
         if (bad || fclose(f)) {
             perror(argv[1]);
             return 1;

@@ -458,8 +458,9 @@ __global__ void tp_exchange_kernel(float *y, const float *mine, int64_t len, gpu
 // The same all-reduce for up to TP_LL_MAX floats by words that carry their own flag (gpu_tp_xchg's ll pointers): each
 // value goes with the exchange's count in one 8-byte word (value bits low, the count's low 32 bits high), stored by
 // peer access as one access, so a word read with the count it waits for holds that exchange's value: no system fence,
-// no flag and no second round trip before the sum (the fences alone were about 2 of the 4.7 us of one row: bench/
-// results/tp_x2/session63). Each thread pushes its floats two words a store, then polls its own floats' words in
+// no flag and no second round trip before the sum. On two H200 (NV18; bench/results/tp_x2/session63, in graphs):
+// one row 4.8 -> 3.3 us, 16 rows 5.8 -> 4.7; at 64 rows the words' twice the bytes lose (9.6 -> 9.9), hence the
+// limit. Each thread pushes its floats two words a store, then polls its own floats' words in
 // this GPU's inbox until each carries the count, and sums them in GPU order as the kernel above does. A word of an
 // older exchange in an inbox of the same parity carries another count (the inboxes are zeroed before the first
 // exchange and at a rejoin, and counts start at 1), so the poll waits for equality.

@@ -40,7 +40,7 @@ struct tp_link {
     float *logits0;
 };
 
-// GPU r's inbox of flagged words (one parity): every other GPU's max_len words
+// GPU r's inbox of flagged words (one parity): ll_len words for each GPU
 static size_t ll_bytes(const tp_link *l) { return (size_t)l->ll_len * (size_t)l->n * sizeof(unsigned long long); }
 
 // count[r] and flag[r]: the exchange's words, then the gather's as many (GPU_TP_XCHG_BLOCKS a GPU each)
@@ -175,9 +175,10 @@ int tp_link_join(tp_link *l, int rank, int64_t max_rows, int64_t dim, tp_range v
 float *tp_part(tp_link *l, int rank) { return l->part[rank][l->par[rank]]; }
 
 // The GPUs exchange their partials on the device (gpu_tp_exchange), so the host threads never wait for each other
-// within a pass and a pass can be one CUDA graph. GPU k pushes into GPU r's inbox of parity p again only two
-// all-reduces later, once its exchange between has seen r's flags for it, which r raises only after its sum of
-// inbox p (stream order): no GPU overwrites a partial another is still reading. A pass has an even number of
+// within a pass and a pass can be one CUDA graph. GPU k pushes into GPU r's inbox of parity p (floats, or flagged
+// words for a short exchange) again only two all-reduces later, once its exchange between has seen r's flags or
+// words for it, which r sends only after its sum of inbox p (stream order): no GPU overwrites a partial another is
+// still reading. A pass has an even number of
 // all-reduces and each starts at parity 0 (tp_pass_begin), so a captured pass's pointers are those of every replay.
 // Parts sharing a device meet on the host: each waits for every other's event, whose latest record the barrier
 // makes this all-reduce's, and sums the partials where they lie.

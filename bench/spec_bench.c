@@ -6,7 +6,7 @@
 //   spec_bench TARGET.bin DRAFT.bin RING_GB CPU_SHARE [T_MAX] [REPS]
 //
 // CPU_SHARE: dj_gpu_opts.cpu_share (-1: automatic, 0: the link alone). A pass's cost is timed around the call,
-// logits on the host included.
+// logits on the host included. SPEC_T_ONLY=T times that T alone.
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -80,9 +80,11 @@ int main(int argc, char **argv) {
            argv[1], argv[2], argv[3], argv[4], POS, reps);
     double step = time_pass(&tgt, tok + POS, 1, 0, logits, reps), dstep = time_pass(&dft, tok + POS, 1, 0, logits, reps);
     printf(" \"decode_step_ms\": %.4f, \"draft_step_ms\": %.4f,\n \"verify_ms\": [", step * 1e3, dstep * 1e3);
+    const char *only = getenv("SPEC_T_ONLY");  // that T alone (with DJINN_PROFILE=1: where its pass's time goes)
     for (int T = 1; T <= t_max; T++) {
+        if (only && atoi(only) != T) continue;
         double t = time_pass(&tgt, tok + POS, T, 1, logits, reps);
-        printf("%s%.4f", T > 1 ? ", " : "", t * 1e3);
+        printf("%s%.4f", T > 1 && !only ? ", " : "", t * 1e3);
         fprintf(stderr, "spec_bench: T = %d: %.2f ms\n", T, t * 1e3);
         fflush(stdout);
     }

@@ -33,7 +33,16 @@ template <int N> static __device__ __forceinline__ void cp_wait() { asm volatile
 // A sequential read: each warp 512 contiguous bytes a load, the grid striding over the bytes.
 __global__ void seq_read(const uint4 *w, size_t n16, unsigned *sink) {
     uint32_t acc = 0;
-    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n16; i += (size_t)gridDim.x * blockDim.x) {
+    const size_t step = (size_t)gridDim.x * blockDim.x;
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    for (; i + 3 * step < n16; i += 4 * step) {  // four loads in flight a thread
+        uint4 v[4];
+#pragma unroll
+        for (int k = 0; k < 4; k++) v[k] = __ldg(w + i + k * step);
+#pragma unroll
+        for (int k = 0; k < 4; k++) acc ^= v[k].x ^ v[k].y ^ v[k].z ^ v[k].w;
+    }
+    for (; i < n16; i += step) {
         const uint4 v = __ldg(w + i);
         acc ^= v.x ^ v.y ^ v.z ^ v.w;
     }
@@ -41,7 +50,16 @@ __global__ void seq_read(const uint4 *w, size_t n16, unsigned *sink) {
 }
 
 // The pattern: rows of rb bytes, UB bytes of each a unit (values only), WARPS warps of 16 rows a CTA, ST stages.
-template <int UB, int WARPS, int ST, int C>
+// d += a . b (m16n8k16, f16 in, f32 accumulate): H of them a unit, each on the last one's sums, as the register
+// kernel's products of a tile follow each other
+static __device__ __forceinline__ void mma16816(float *d, const uint32_t *a, const uint32_t *b) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+template <int UB, int WARPS, int ST, int C, int H = 0>
 __global__ void __launch_bounds__(WARPS * 32) tile_read(const uint8_t *w, int64_t n_rows, int64_t rb, int64_t units_per_row,
                                                         unsigned *sink) {
     extern __shared__ __align__(16) uint8_t sm[];
@@ -65,6 +83,7 @@ __global__ void __launch_bounds__(WARPS * 32) tile_read(const uint8_t *w, int64_
 #pragma unroll
     for (int k = 0; k < 8; k++) a[k] = (float)(lane + k);
     uint32_t acc = 0;
+    float d[4] = {0, 0, 0, 0};
 #pragma unroll
     for (int st = 0; st < ST - 1; st++) {
         if (u0 + st < u1) load(u0 + st, st);
@@ -81,12 +100,15 @@ __global__ void __launch_bounds__(WARPS * 32) tile_read(const uint8_t *w, int64_
         for (int k = 0; k < C / 8; k++)
 #pragma unroll
             for (int m = 0; m < 8; m++) asm volatile("fma.rn.f32 %0, %0, 0f3F7FFFFF, 0f3A000000;" : "+f"(a[m]));
+        const uint32_t fa[4] = {acc, acc + 1, acc + 2, acc + 3}, fb[2] = {acc ^ 5, acc ^ 7};
+#pragma unroll
+        for (int h = 0; h < H; h++) mma16816(d, fa, fb);
     }
     cp_wait<0>();
     float s = 0;
 #pragma unroll
     for (int k = 0; k < 8; k++) s += a[k];
-    if (acc == 0x12345678u || s == 1234.5f) *sink = acc;
+    if (acc == 0x12345678u || s + d[0] + d[1] + d[2] + d[3] == 1234.5f) *sink = acc;
 }
 
 static double time_us(cudaStream_t s, int reps, void (*launch)(cudaStream_t, int, void *), void *ctx) {
@@ -95,14 +117,14 @@ static double time_us(cudaStream_t s, int reps, void (*launch)(cudaStream_t, int
     CK(cudaEventCreate(&b));
     std::vector<double> t;
     launch(s, 0, ctx);
-    for (int r = 0; r < reps; r++) {
+    for (int r = 0; r < reps; r++) {  // groups of 10 launches back to back: the launch gaps mostly hidden
         CK(cudaEventRecord(a, s));
-        launch(s, r, ctx);
+        for (int k = 0; k < 10; k++) launch(s, 10 * r + k, ctx);
         CK(cudaEventRecord(b, s));
         CK(cudaEventSynchronize(b));
         float ms;
         CK(cudaEventElapsedTime(&ms, a, b));
-        t.push_back(ms * 1e3);
+        t.push_back(ms * 1e2);
     }
     std::sort(t.begin(), t.end());
     return t[t.size() / 2];
@@ -128,9 +150,9 @@ static void launch_tile(cudaStream_t s, int r, void *p) {
     c->k<<<c->grid, c->threads, c->smem, s>>>(c->w + (size_t)(r % c->copies) * c->bytes, c->rows, c->rb, c->upr, c->sink);
 }
 
-template <int UB, int WARPS, int ST, int C>
+template <int UB, int WARPS, int ST, int C, int H = 0>
 static void run(cudaStream_t s, ctx_t &c, double seq_us, int cap) {
-    auto k = tile_read<UB, WARPS, ST, C>;
+    auto k = tile_read<UB, WARPS, ST, C, H>;
     const int smem = WARPS * ST * 16 * UB;
     CK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     int per_sm = 0;
@@ -138,8 +160,8 @@ static void run(cudaStream_t s, ctx_t &c, double seq_us, int cap) {
     if (cap && per_sm > cap) per_sm = cap;
     c.k = k, c.threads = WARPS * 32, c.smem = smem, c.grid = per_sm * 132;
     const double us = time_us(s, 30, launch_tile, &c);
-    printf("UB %4d warps %d ST %d C %4d: %d CTAs a SM, %7.1f us, %6.0f GB/s, %.2f of the sequential read\n", UB, WARPS,
-           ST, C, per_sm, us, c.bytes / us / 1e3, seq_us / us);
+    printf("UB %4d warps %d ST %d C %4d H %2d: %d CTAs a SM, %7.1f us, %6.0f GB/s, %.2f of the sequential read\n", UB, WARPS,
+           ST, C, H, per_sm, us, c.bytes / us / 1e3, seq_us / us);
 }
 
 int main() {
@@ -158,22 +180,25 @@ int main() {
     const double seq_vals = seq * 2048.0 / 2304.0;
     c.upr = 2048 / 256;
     run<256, 8, 2, 0>(s, c, seq_vals, 0);
-    run<256, 8, 3, 0>(s, c, seq_vals, 0);
+    run<256, 8, 2, 0>(s, c, seq_vals, 2);
     run<256, 8, 4, 0>(s, c, seq_vals, 0);
     run<256, 8, 2, 600>(s, c, seq_vals, 0);
+    run<256, 8, 2, 600>(s, c, seq_vals, 2);
     run<256, 8, 3, 600>(s, c, seq_vals, 0);
-    run<256, 8, 4, 600>(s, c, seq_vals, 0);
-    run<256, 8, 2, 1200>(s, c, seq_vals, 0);
-    run<256, 8, 4, 1200>(s, c, seq_vals, 0);
+    run<256, 8, 2, 900>(s, c, seq_vals, 2);
+    run<256, 8, 2, 1200>(s, c, seq_vals, 2);
+    run<256, 8, 2, 300, 32>(s, c, seq_vals, 2);
+    run<256, 8, 2, 600, 32>(s, c, seq_vals, 2);
+    run<256, 8, 3, 600, 32>(s, c, seq_vals, 0);
+    run<256, 8, 2, 0, 32>(s, c, seq_vals, 2);
+    run<256, 8, 2, 0, 64>(s, c, seq_vals, 2);
     c.upr = 2048 / 512;
     run<512, 8, 2, 0>(s, c, seq_vals, 0);
-    run<512, 8, 3, 0>(s, c, seq_vals, 0);
     run<512, 8, 2, 1200>(s, c, seq_vals, 0);
-    run<512, 4, 3, 1200>(s, c, seq_vals, 0);
+    run<512, 4, 3, 1200, 64>(s, c, seq_vals, 0);
     c.upr = 2048 / 128;
-    run<128, 8, 2, 0>(s, c, seq_vals, 0);
     run<128, 8, 4, 0>(s, c, seq_vals, 0);
     run<128, 8, 4, 300>(s, c, seq_vals, 0);
-    run<128, 8, 8, 300>(s, c, seq_vals, 0);
+    run<128, 8, 4, 300, 16>(s, c, seq_vals, 0);
     return 0;
 }

@@ -267,6 +267,11 @@ $(BUILD)/bin/qgemm_bench: $(BUILD)/bench/qgemm_bench.o $(KERNEL_OBJ) $(BUILD)/mo
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS)
 
+# ---- bench: the register kernel's memory pattern alone, with stand-in work between its copies (self-contained)
+$(BUILD)/bin/qreg_read: bench/qreg_read.cu
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVFLAGS) $< -o $@
+
 # ---- bench: decode attention for many rows (gpu_attention_decode_rows) against the D2D ceiling
 $(BUILD)/bench/attn_bench.o: bench/attn_bench.cu bench/bench_gpu.h kernels.h kvtype.h
 	@mkdir -p $(dir $@)

@@ -4,7 +4,7 @@
 // and products, beside a plain sequential read of the same bytes. It asks whether the kernel's pattern and pipeline
 // can move its bytes at the rate a sequential read does, with and without work between the copies.
 //
-//   nvcc -O3 -std=c++17 -arch=sm_90 bench/qreg_read.cu -o qreg_read && ./qreg_read
+//   make build/bin/qreg_read && build/bin/qreg_read      (GPU machine only; results: bench/results/qgemm_reg/session63)
 #include <cuda_runtime.h>
 
 #include <stdint.h>

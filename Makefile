@@ -225,21 +225,12 @@ $(BUILD)/bin/bench_tokenizer: $(BUILD)/bench/bench_tokenizer.o $(BUILD)/tokenize
 	$(CC) $(LDFLAGS) $^ -o $@ -lm -lpthread
 
 # ---- bench: the hardware ceilings (HBM, PCIe, host memory, tensor cores) and the decode GEMV against them; GPU
-# machine only
+# machine only. (A bench/X.cu compiles by the rule for every .cu, its headers from the .d files.)
 CEILINGS_JSON ?= $(BUILD)/ceilings.json
 .PHONY: bench-ceilings
-$(BUILD)/bench/ceilings.o: bench/ceilings.cu bench/bench_gpu.h bench/host_read.h bench/host_matvec.h kernels.h kernels_impl.h util.h \
-                           model.h
-	@mkdir -p $(dir $@)
-	$(NVCC) $(NVFLAGS) -c $< -o $@
-
 $(BUILD)/bin/ceilings: $(BUILD)/bench/ceilings.o $(BUILD)/bench/host_read.o $(BUILD)/bench/host_matvec.o $(ENGINE_OBJ)
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) $^ -o $@ -lcublasLt $(LDLIBS)
-
-$(BUILD)/bench/qp_probe.o: bench/qp_probe.cu bench/bench_gpu.h kernels.h model.h
-	@mkdir -p $(dir $@)
-	$(NVCC) $(NVFLAGS) -c $< -o $@
 
 $(BUILD)/bin/qp_probe: $(BUILD)/bench/qp_probe.o $(ENGINE_OBJ)
 	@mkdir -p $(dir $@)
@@ -250,19 +241,11 @@ bench-ceilings: $(BUILD)/bin/ceilings
 
 # ---- bench: several GPUs' ceilings (each link, all links at once, the host's reads beside them, peer copies and
 # the all-reduce's sum); the two-GPU machine
-$(BUILD)/bench/peer_ceilings.o: bench/peer_ceilings.cu bench/bench_gpu.h bench/host_read.h kernels.h util.h
-	@mkdir -p $(dir $@)
-	$(NVCC) $(NVFLAGS) -c $< -o $@
-
 $(BUILD)/bin/peer_ceilings: $(BUILD)/bench/peer_ceilings.o $(BUILD)/bench/host_read.o $(ENGINE_OBJ)
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS)
 
 # ---- bench: the quantized product for T > 1, every qgemm.cu tile shape against dequantize + cuBLAS and f16 cuBLAS
-$(BUILD)/bench/qgemm_bench.o: bench/qgemm_bench.cu bench/bench_gpu.h kernels.h model.h
-	@mkdir -p $(dir $@)
-	$(NVCC) $(NVFLAGS) -c $< -o $@
-
 $(BUILD)/bin/qgemm_bench: $(BUILD)/bench/qgemm_bench.o $(KERNEL_OBJ) $(BUILD)/model.o $(BUILD)/util.o
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS)
@@ -273,19 +256,11 @@ $(BUILD)/bin/qreg_read: bench/qreg_read.cu
 	$(NVCC) $(NVFLAGS) $< -o $@
 
 # ---- bench: decode attention for many rows (gpu_attention_decode_rows) against the D2D ceiling
-$(BUILD)/bench/attn_bench.o: bench/attn_bench.cu bench/bench_gpu.h kernels.h kvtype.h
-	@mkdir -p $(dir $@)
-	$(NVCC) $(NVFLAGS) -c $< -o $@
-
 $(BUILD)/bin/attn_bench: $(BUILD)/bench/attn_bench.o $(ENGINE_OBJ)
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS)
 
 # ---- bench: whether dequantizing the next matrix hides behind the GEMM of this one (two streams, cuBLASLt's SM target)
-$(BUILD)/bench/overlap_bench.o: bench/overlap_bench.cu bench/bench_gpu.h kernels.h model.h
-	@mkdir -p $(dir $@)
-	$(NVCC) $(NVFLAGS) -c $< -o $@
-
 $(BUILD)/bin/overlap_bench: $(BUILD)/bench/overlap_bench.o $(KERNEL_OBJ) $(BUILD)/model.o $(BUILD)/util.o
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) $^ -o $@ -lcublasLt $(LDLIBS)

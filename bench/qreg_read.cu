@@ -1,15 +1,18 @@
 // bench/qreg_read.cu: the register kernel's memory side alone (qgemm.cu's qreg_kernel): the rows of a q4 matrix read
 // in its pattern (a warp's 16 rows, UB bytes of each a unit, by cp.async into a ring of ST stages of its own, stream-K
-// runs over row blocks x units as the kernel cuts them), with C dummy FMAs a lane a unit standing in for the widening
-// and products, beside a plain sequential read of the same bytes. It asks whether the kernel's pattern and pipeline
-// can move its bytes at the rate a sequential read does, with and without work between the copies.
+// runs over row blocks x units as the kernel cuts them), with C dummy FMAs and H chained mma a lane a unit standing
+// in for the widening and products, or (WD) the kernel's own widening and products on the staged bytes, beside a
+// plain sequential read of the same bytes. It asks whether the kernel's pattern and pipeline can move its bytes at
+// the rate a sequential read does, with and without work between the copies, and what the work itself costs.
 //
 //   make build/bin/qreg_read && build/bin/qreg_read      (GPU machine only; results: bench/results/qgemm_reg/session63)
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include <algorithm>
 #include <vector>
@@ -59,7 +62,31 @@ static __device__ __forceinline__ void mma16816(float *d, const uint32_t *a, con
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
 
-template <int UB, int WARPS, int ST, int C, int H = 0>
+// The register kernel's widening (qgemm.cu): (a & m) | e by one LOP3, then (v - off) * s as HSUB2 and HMUL2
+static __device__ __forceinline__ uint32_t and_or(uint32_t a, uint32_t m, uint32_t e) {
+    uint32_t d;
+    asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(d) : "r"(a), "r"(m), "r"(e));
+    return d;
+}
+static __device__ __forceinline__ uint32_t widen2(uint32_t pair, __half2 s, __half2 off) {
+    __half2 v;
+    memcpy(&v, &pair, 4);
+    v = __hmul2(__hsub2(v, off), s);
+    uint32_t o;
+    memcpy(&o, &v, 4);
+    return o;
+}
+template <uint32_t V> static __device__ __forceinline__ uint32_t reg_const() {
+    uint32_t r;
+    asm("mov.b32 %0, %1;" : "=r"(r) : "n"(V));
+    return r;
+}
+
+// WD > 0: in place of the stand-in work, the register kernel's own loop body on the staged bytes (q4, 16 rows x 256
+// bytes a unit, the rows swizzled as the kernel's stage: chunk ch of row r at slot ch ^ 4 (r & 1)): lane (g, c)
+// widens chunks 4k + c of rows g and g + 8 (k < 4) with each chunk's parameters worked out as the kernel's are, and
+// multiplies each k16 step with x fragments read from shared memory, into WD chains of sums.
+template <int UB, int WARPS, int ST, int C, int H = 0, int WD = 0>
 __global__ void __launch_bounds__(WARPS * 32) tile_read(const uint8_t *w, int64_t n_rows, int64_t rb, int64_t units_per_row,
                                                         unsigned *sink) {
     extern __shared__ __align__(16) uint8_t sm[];
@@ -76,14 +103,18 @@ __global__ void __launch_bounds__(WARPS * 32) tile_read(const uint8_t *w, int64_
         for (int j = 0; j < NV; j++) {
             int64_t row = row0 + r0 + j * (32 / CPR);
             row = row < n_rows ? row : n_rows - 1;
-            cp_async16(ring + st * W_Q + j * 512 + lane * 16, w + row * rb + i * UB + ch * 16);
+            const int r = r0 + j * (32 / CPR);
+            cp_async16(ring + st * W_Q + (r * CPR + (WD ? ch ^ (4 * (r & 1)) : ch)) * 16, w + row * rb + i * UB + ch * 16);
         }
     };
     float a[8];
 #pragma unroll
     for (int k = 0; k < 8; k++) a[k] = (float)(lane + k);
     uint32_t acc = 0;
-    float d[4] = {0, 0, 0, 0};
+    float d[4] = {0, 0, 0, 0}, dd[WD > 1 ? WD : 1][4] = {};
+    static_assert(WD == 0 || UB == 256, "the widening body on the 256-byte units of the kernel's shape 12");
+    const uint32_t m_lo = reg_const<0x003C003Cu>(), m_hi = reg_const<0x03C003C0u>();
+    const uint32_t e_lo = reg_const<0x5C005C00u>(), e_hi = reg_const<0x4C004C00u>();
 #pragma unroll
     for (int st = 0; st < ST - 1; st++) {
         if (u0 + st < u1) load(u0 + st, st);
@@ -103,11 +134,47 @@ __global__ void __launch_bounds__(WARPS * 32) tile_read(const uint8_t *w, int64_
         const uint32_t fa[4] = {acc, acc + 1, acc + 2, acc + 3}, fb[2] = {acc ^ 5, acc ^ 7};
 #pragma unroll
         for (int h = 0; h < H; h++) mma16816(d, fa, fb);
+        if constexpr (WD > 0) {
+            const int g = lane >> 2, c = lane & 3;
+            const uint8_t *base = ring + st * W_Q;
+#pragma unroll
+            for (int k = 0; k < CPR / 4; k++) {
+                const int chk = 4 * k + c;
+                const uint4 q0 = *(const uint4 *)(base + (g * CPR + (chk ^ (4 * (g & 1)))) * 16);
+                const uint4 q1 = *(const uint4 *)(base + ((g + 8) * CPR + (chk ^ (4 * (g & 1)))) * 16);
+                __half2 sc[2], off[2], off16[2];  // the chunk's parameters, from its bytes (a stand-in for its word)
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    const uint32_t pm = (h ? q1.w : q0.w) >> 16;
+                    sc[h] = __half2half2(__ushort_as_half((unsigned short)((pm & 0x3FFu) << 5)));
+                    off[h] = __half2half2(__ushort_as_half((unsigned short)(0x5C00u | (pm >> 10))));
+                    off16[h] = __half2half2(__ushort_as_half((unsigned short)(0x4C00u | (pm >> 10) << 4)));
+                }
+                const uint32_t uu[2][4] = {{q0.x, q0.y, q0.z, q0.w}, {q1.x, q1.y, q1.z, q1.w}};
+#pragma unroll
+                for (int wp = 0; wp < 4; wp++) {
+                    const uint4 xv = *(const uint4 *)(base + (((k * 4 + wp) * 32 + lane) & 255) * 16);  // x's loads
+#pragma unroll
+                    for (int hh = 0; hh < 2; hh++) {
+                        const uint32_t u = uu[0][wp], u8 = uu[1][wp], m = hh ? m_hi : m_lo, e = hh ? e_hi : e_lo;
+                        const __half2 o0 = hh ? off16[0] : off[0], o1 = hh ? off16[1] : off[1];
+                        uint32_t af[4];
+                        af[0] = widen2(and_or(u << 2, m, e), sc[0], o0);
+                        af[1] = widen2(and_or(u8 << 2, m, e), sc[1], o1);
+                        af[2] = widen2(and_or(u >> 6, m, e), sc[0], o0);
+                        af[3] = widen2(and_or(u8 >> 6, m, e), sc[1], o1);
+                        const uint32_t bf[2] = {hh ? xv.z : xv.x, hh ? xv.w : xv.y};
+                        mma16816(dd[(2 * wp + hh) % (WD > 1 ? WD : 1)], af, bf);
+                    }
+                }
+            }
+        }
     }
     cp_wait<0>();
     float s = 0;
 #pragma unroll
     for (int k = 0; k < 8; k++) s += a[k];
+    for (int k = 0; k < (WD > 1 ? WD : 1); k++) s += dd[k][0] + dd[k][1] + dd[k][2] + dd[k][3];
     if (acc == 0x12345678u || s + d[0] + d[1] + d[2] + d[3] == 1234.5f) *sink = acc;
 }
 
@@ -150,9 +217,9 @@ static void launch_tile(cudaStream_t s, int r, void *p) {
     c->k<<<c->grid, c->threads, c->smem, s>>>(c->w + (size_t)(r % c->copies) * c->bytes, c->rows, c->rb, c->upr, c->sink);
 }
 
-template <int UB, int WARPS, int ST, int C, int H = 0>
+template <int UB, int WARPS, int ST, int C, int H = 0, int WD = 0>
 static void run(cudaStream_t s, ctx_t &c, double seq_us, int cap) {
-    auto k = tile_read<UB, WARPS, ST, C, H>;
+    auto k = tile_read<UB, WARPS, ST, C, H, WD>;
     const int smem = WARPS * ST * 16 * UB;
     CK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     int per_sm = 0;
@@ -160,8 +227,8 @@ static void run(cudaStream_t s, ctx_t &c, double seq_us, int cap) {
     if (cap && per_sm > cap) per_sm = cap;
     c.k = k, c.threads = WARPS * 32, c.smem = smem, c.grid = per_sm * 132;
     const double us = time_us(s, 30, launch_tile, &c);
-    printf("UB %4d warps %d ST %d C %4d H %2d: %d CTAs a SM, %7.1f us, %6.0f GB/s, %.2f of the sequential read\n", UB, WARPS,
-           ST, C, H, per_sm, us, c.bytes / us / 1e3, seq_us / us);
+    printf("UB %4d warps %d ST %d C %4d H %2d WD %d: %d CTAs a SM, %7.1f us, %6.0f GB/s, %.2f of the sequential read\n", UB, WARPS,
+           ST, C, H, WD, per_sm, us, c.bytes / us / 1e3, seq_us / us);
 }
 
 int main() {
@@ -192,6 +259,9 @@ int main() {
     run<256, 8, 3, 600, 32>(s, c, seq_vals, 0);
     run<256, 8, 2, 0, 32>(s, c, seq_vals, 2);
     run<256, 8, 2, 0, 64>(s, c, seq_vals, 2);
+    run<256, 8, 2, 0, 0, 1>(s, c, seq_vals, 2);  // the kernel's body, one chain of sums (shape 12)
+    run<256, 8, 2, 0, 0, 2>(s, c, seq_vals, 2);  // two chains
+    run<256, 8, 3, 0, 0, 1>(s, c, seq_vals, 0);
     c.upr = 2048 / 512;
     run<512, 8, 2, 0>(s, c, seq_vals, 0);
     run<512, 8, 2, 1200>(s, c, seq_vals, 0);

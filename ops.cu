@@ -404,16 +404,20 @@ extern "C" int gpu_tp_exchange_blocks(int64_t len) {
     const int64_t b = (len + TP_XCHG_SLICE - 1) / TP_XCHG_SLICE;
     return (int)(b < 1 ? 1 : b > GPU_TP_XCHG_BLOCKS ? GPU_TP_XCHG_BLOCKS : b);
 }
-// Polls *f (this GPU's memory) until it reaches gen; 1 where it gave up (*abort raised, or the timeout) and set
-// *err. The abort word is host memory: read across PCIe once every TP_XCHG_POLLS polls of the local flag, not each.
+// Whether a poll of this GPU's memory, at its polls-th poll since t0, gives up: *abort raised or the timeout passed
+// (then *err is set). The abort word is host memory: read across PCIe once every TP_XCHG_POLLS polls, not each.
+__device__ __forceinline__ int tp_give_up(unsigned polls, long long t0, const volatile int *abort, volatile int *err,
+                                          long long timeout_cycles) {
+    if (polls % TP_XCHG_POLLS || !(*abort || clock64() - t0 > timeout_cycles)) return 0;
+    *err = 1;
+    return 1;
+}
+// Polls *f (this GPU's memory) until it reaches gen; 1 where it gave up (tp_give_up).
 __device__ __forceinline__ int tp_poll(const volatile unsigned long long *f, unsigned long long gen,
                                        const volatile int *abort, volatile int *err, long long timeout_cycles) {
     const long long t0 = clock64();
     for (unsigned polls = 1; *f < gen; polls++)
-        if (polls % TP_XCHG_POLLS == 0 && (*abort || clock64() - t0 > timeout_cycles)) {
-            *err = 1;
-            return 1;
-        }
+        if (tp_give_up(polls, t0, abort, err, timeout_cycles)) return 1;
     return 0;
 }
 __global__ void tp_exchange_kernel(float *y, const float *mine, int64_t len, gpu_tp_xchg a, int n, int rank,
@@ -482,7 +486,8 @@ __global__ void tp_exchange_ll_kernel(float *y, const float *mine, int64_t len, 
     const int64_t lo = b * slice, hi = lo + slice < len ? lo + slice : len;
     for (int64_t i = lo + 2 * (int64_t)threadIdx.x; i < hi; i += 2 * TP_XCHG_THREADS) {
         const bool two = i + 1 < hi;
-        const unsigned long long w0 = tag | __float_as_uint(mine[i]), w1 = tag | (two ? __float_as_uint(mine[i + 1]) : 0u);
+        const unsigned long long w0 = tag | __float_as_uint(mine[i]);
+        const unsigned long long w1 = tag | (two ? __float_as_uint(mine[i + 1]) : 0u);
         for (int k = 0; k < n; k++)
             if (k != rank) {
                 unsigned long long *d = a.ll_out[k] + i;
@@ -507,10 +512,7 @@ __global__ void tp_exchange_ll_kernel(float *y, const float *mine, int64_t len, 
                 for (unsigned polls = 1;; polls++) {
                     asm volatile("ld.volatile.global.u64 %0, [%1];" : "=l"(w) : "l"(a.ll_in[k] + i) : "memory");
                     if ((unsigned)(w >> 32) == gen) break;
-                    if (polls % TP_XCHG_POLLS == 0 && (*abort || clock64() - t0 > timeout_cycles)) {
-                        *err = 1;
-                        return;
-                    }
+                    if (tp_give_up(polls, t0, abort, err, timeout_cycles)) return;
                 }
                 v = __uint_as_float((unsigned)w);
             }

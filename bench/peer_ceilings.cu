@@ -162,8 +162,8 @@ static void exchange_us(pc_link *l, double *us) {
         us[k] = 1e3 * best / PC_XCHG;
         for (int d = 0; d < 2; d++) CK(cudaGraphExecDestroy(g[d]));
     }
-    printf("the all-reduce on GPUs 0 and 1 (gpu_tp_exchange, in graphs): one row %.2f us, 64 rows %.2f us, 16 rows %.2f us "
-           "(flagged words to %lld floats)\n", us[0], us[1], us[2], (long long)gpu_tp_exchange_ll_max());
+    printf("the all-reduce on GPUs 0 and 1 (gpu_tp_exchange, in graphs): one row %.2f us, 64 rows %.2f us, 16 rows "
+           "%.2f us (flagged words to %lld floats)\n", us[0], us[1], us[2], (long long)gpu_tp_exchange_ll_max());
     for (int d = 0; d < 2; d++) {
         CK(cudaSetDevice(d));
         CK(cudaFree(mine[d]));
@@ -290,7 +290,8 @@ int main(int argc, char **argv) {
                                    sum_us[a][b][0], sum_us[a][b][1]) < 0;
                     first = 0;
                 }
-        bad |= fprintf(f, "], \"exchange_1row_us\": %.3f, \"exchange_64rows_us\": %.3f, \"exchange_16rows_us\": %.3f}\n", xchg_us[0], xchg_us[1], xchg_us[2]) < 0;
+        bad |= fprintf(f, "], \"exchange_1row_us\": %.3f, \"exchange_64rows_us\": %.3f, \"exchange_16rows_us\": "
+                          "%.3f}\n", xchg_us[0], xchg_us[1], xchg_us[2]) < 0;
         if (bad || fclose(f)) {
             perror(argv[1]);
             return 1;

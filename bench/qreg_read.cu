@@ -17,6 +17,8 @@
 #include <algorithm>
 #include <vector>
 
+#include "../kernels_impl.h"
+
 #define CK(call)                                                                                    \
     do {                                                                                            \
         cudaError_t err_ = (call);                                                                  \
@@ -62,19 +64,11 @@ static __device__ __forceinline__ void mma16816(float *d, const uint32_t *a, con
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
 
-// The register kernel's widening (qgemm.cu): (a & m) | e by one LOP3, then (v - off) * s as HSUB2 and HMUL2
+// The register kernel's widening (qgemm.cu): (a & m) | e by one LOP3, then kernels_impl.h's q_widen2
 static __device__ __forceinline__ uint32_t and_or(uint32_t a, uint32_t m, uint32_t e) {
     uint32_t d;
     asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(d) : "r"(a), "r"(m), "r"(e));
     return d;
-}
-static __device__ __forceinline__ uint32_t widen2(uint32_t pair, __half2 s, __half2 off) {
-    __half2 v;
-    memcpy(&v, &pair, 4);
-    v = __hmul2(__hsub2(v, off), s);
-    uint32_t o;
-    memcpy(&o, &v, 4);
-    return o;
 }
 template <uint32_t V> static __device__ __forceinline__ uint32_t reg_const() {
     uint32_t r;
@@ -159,10 +153,10 @@ __global__ void __launch_bounds__(WARPS * 32) tile_read(const uint8_t *w, int64_
                         const uint32_t u = uu[0][wp], u8 = uu[1][wp], m = hh ? m_hi : m_lo, e = hh ? e_hi : e_lo;
                         const __half2 o0 = hh ? off16[0] : off[0], o1 = hh ? off16[1] : off[1];
                         uint32_t af[4];
-                        af[0] = widen2(and_or(u << 2, m, e), sc[0], o0);
-                        af[1] = widen2(and_or(u8 << 2, m, e), sc[1], o1);
-                        af[2] = widen2(and_or(u >> 6, m, e), sc[0], o0);
-                        af[3] = widen2(and_or(u8 >> 6, m, e), sc[1], o1);
+                        af[0] = q_widen2(and_or(u << 2, m, e), sc[0], o0);
+                        af[1] = q_widen2(and_or(u8 << 2, m, e), sc[1], o1);
+                        af[2] = q_widen2(and_or(u >> 6, m, e), sc[0], o0);
+                        af[3] = q_widen2(and_or(u8 >> 6, m, e), sc[1], o1);
                         const uint32_t bf[2] = {hh ? xv.z : xv.x, hh ? xv.w : xv.y};
                         mma16816(dd[(2 * wp + hh) % (WD > 1 ? WD : 1)], af, bf);
                     }

@@ -16,7 +16,7 @@
 #    -> OUT_DIR/profile.txt
 # 4. LARGE=1: Llama-3-70B's 80 layers in q4 (bench/repeat_layers from a two-layer donor) streamed through --ring-gb
 #    16 on each GPU, on 1 and $GPUS GPUs -> OUT_DIR/70b_g<N>.json; and at each one's smallest ring, link only
-#    (--cpu-share 0, 8 tokens) -> OUT_DIR/70b_min_g<N>.json
+#    (--cpu-share 0, 8 tokens) -> OUT_DIR/70b_min_g<N>.json; LARGE_CASES="70b_min" runs the second alone
 # 5. LARGE_F16=1: Llama-3-70B's 80 layers in f16, 141 GB, more than one GPU holds, all resident on $GPUS GPUs
 #    (bench/repeat_layers --sparse: the donor's two layers, then 78 of zeros, which cost the matmuls what real ones do;
 #    the disk holds 8 GB of it) -> OUT_DIR/70b_f16_g<GPUS>.json
@@ -113,8 +113,10 @@ if [ "${LARGE:-0}" = 1 ]; then
     convert_once "$WORK/hf_70b2" "$WORK/donor_70b_q4.bin" q4 || exit 1
     [ -f "$WORK/70b_q4.bin" ] || build/bin/repeat_layers "$WORK/donor_70b_q4.bin" "$WORK/70b_q4.bin" 80 || exit 1
     bin=$WORK/70b_q4.bin
-    for n in 1 "$GPUS"; do N_NEW=16 run_case 70b "$n" --ring-gb 16; done
+    large=" ${LARGE_CASES:-70b 70b_min} "
+    for n in 1 "$GPUS"; do [[ $large == *" 70b "* ]] && N_NEW=16 run_case 70b "$n" --ring-gb 16; done
     for n in 1 "$GPUS"; do  # the 70B layer shape at each one's smallest ring, link only (every layer streamed)
+        [[ $large == *" 70b_min "* ]] || break
         r=$(min_ring_n "$bin" "$n")
         N_NEW=8 run_case 70b_min "$n" --ring-gb "${r:?no minimum ring}"
     done

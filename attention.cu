@@ -1069,8 +1069,9 @@ extern "C" int gpu_attention_decode(dj_gpu *g, float *out, const float *q, const
 extern "C" int gpu_attention_decode_rows(dj_gpu *g, float *out, const float *q, int64_t ldq, const gpu_kv_cache *c,
                                          int64_t B, int64_t n_heads, int64_t n_kv_heads, int64_t head_dim,
                                          int64_t max_seq, const gpu_kv_rows *kv, cudaStream_t s, dj_err *e) {
-    if (!kv->pos || !kv->slot || kv->slot_stride < 0 || kv->slot_stride % head_dim)
-        return dj_fail(e, "gpu_attention_decode_rows: no positions or slots");
+    if (!kv->pos || kv->slot_stride < 0 || kv->slot_stride % head_dim)
+        return dj_fail(e, "gpu_attention_decode_rows: no positions, or slots %lld elements apart",
+                       (long long)kv->slot_stride);
     return attn_decode_launch(g, "gpu_attention_decode_rows", out, q, ldq, c, B, n_heads, n_kv_heads, head_dim,
                               max_seq, *kv, s, e);
 }

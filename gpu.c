@@ -149,7 +149,12 @@ static int rope_kv_write(dj_gpu_state *s, const pass_desc *pd, const qkv_rows *r
 }
 
 // Causal attention of the T queries over the cache into d_att (T, q_dim): a decode step's rows each over its own
-// slot, a prefill's over the pass's slot.
+// slot, a prefill's over the pass's slot. A pass of up to PASS_DECODE_ROWS rows (a speculative verification, a short
+// turn) takes the decode kernels, each row over its own keys, split over them: the prefill kernel gives a head one
+// block for up to 64 queries, 32 blocks on the 8B, and so took 1.7 ms of a 9-row verification pass at 256 positions
+// where a decode step's attention takes 0.37 (bench/results/spec_verify/session63). Each row reads its keys again:
+// at 9 rows and 4k positions about 150 MB a layer, which the decode kernels read near the bytes' rate.
+#define PASS_DECODE_ROWS 32
 static int attention(dj_gpu_state *s, const pass_desc *pd, const qkv_rows *r, const gpu_kv_cache *kc, dj_err *e) {
     const dj_config *c = &s->m->info.config;
     int64_t nh = c->n_heads, nkv = c->n_kv_heads, hd = c->head_dim, T = pd->T;
@@ -166,6 +171,11 @@ static int attention(dj_gpu_state *s, const pass_desc *pd, const qkv_rows *r, co
                 return -1;
         }
         return 0;
+    }
+    if (T <= PASS_DECODE_ROWS) {  // few rows: each over its own keys by the decode kernels, split over the keys
+        gpu_kv_rows kv = {s->b.pos, NULL, 0};
+        return gpu_attention_decode_rows(s->g, s->b.att, r->q, r->ldq, kc, T, nh, nkv, hd, s->max_seq, &kv, s->compute,
+                                         e);
     }
     return gpu_attention_prefill(s->g, s->b.att, nh * hd, r->q, r->ldq, kc, T, nh, nkv, hd, s->max_seq, s->b.pos,
                                  s->compute, e);
@@ -437,7 +447,7 @@ static int upload_tokens(dj_gpu_state *s, const pass_desc *pd, dj_err *e) {
     for (int64_t t = 0; t < T; t++)
         memcpy(b->h_x + (size_t)t * row_bytes, dj_embed_ptr(s->m) + (size_t)tokens[t] * row_bytes, row_bytes);
     void *dst = c->embed_type == DJ_F32 ? (void *)b->x : (void *)b->delta;
-    size_t np = pd->step ? (size_t)T : 1;
+    size_t np = (size_t)T;
     return gpu_h2d_async(dst, b->h_x, (size_t)T * row_bytes, s->compute, e) ||
                    gpu_h2d_async(b->pos, b->h_pos, np * 4, s->compute, e) ||
                    (pd->step && gpu_h2d_async(b->kv_slot, b->h_kv_slot, np * 4, s->compute, e))
@@ -651,7 +661,8 @@ static int forward(dj_gpu_state *s, int32_t slot, const int32_t *tokens, int64_t
         const pick_req *pick = last ? pk : NULL;  // the logits of every row, or of the last (picked, or none)
         pass_desc pd = {.tokens = tokens + t0, .T = n, .step = n == 1, .kv_slot = slot, .singles = 1, .logits = out,
                         .logit_first = all && !pick ? 0 : n - 1, .logit_end = n, .pick = pick};
-        s->b.h_pos[0] = (int32_t)(pos + t0), s->b.h_kv_slot[0] = slot;
+        for (int64_t t = 0; t < n; t++) s->b.h_pos[t] = (int32_t)(pos + t0 + t);
+        s->b.h_kv_slot[0] = slot;
         if (gpu_pass(s, &pd, e)) return -1;
     }
     return 0;
@@ -827,6 +838,8 @@ static gpu_sizes buffer_sizes(const dj_gpu_state *s) {
     uint64_t head = gpu_matmul_scratch(dj_lm_head_type(s->m), GPU_LOGIT_ROWS, (int64_t)dim);
     if (head > z.scratch) z.scratch = head;
     int64_t step = s->n_slots < s->max_batch ? s->n_slots : s->max_batch;  // rows of a step attending alone
+    const int64_t pass_rows = s->max_batch < PASS_DECODE_ROWS ? s->max_batch : PASS_DECODE_ROWS;  // (attention())
+    if (pass_rows > step) step = pass_rows;
     uint64_t att = gpu_attention_scratch(step, c->n_heads, c->n_kv_heads, (int64_t)hd, s->max_seq);
     if (att > z.scratch) z.scratch = att;
     z.act += share_device_bytes(s);

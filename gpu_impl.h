@@ -239,7 +239,7 @@ typedef struct {
     const int32_t *tokens;  // (T)
     int64_t T;              // rows, <= max_batch
     int step;               // each row at its own position of its own KV slot (b.pos[r], b.kv_slot[r]); else a
-                            // prefill: positions b.pos[0] + r of kv_slot
+                            // prefill: positions b.pos[r] = b.pos[0] + r of kv_slot
     int32_t kv_slot;        // a prefill's
     int64_t singles;        // a step: rows [0, singles) attend alone (decode kernel), then
     int64_t n_runs;         //   runs[0, n_runs) (prefill kernel)

@@ -150,10 +150,10 @@ static int rope_kv_write(dj_gpu_state *s, const pass_desc *pd, const qkv_rows *r
 
 // Causal attention of the T queries over the cache into d_att (T, q_dim): a decode step's rows each over its own
 // slot, a prefill's over the pass's slot. A pass of up to PASS_DECODE_ROWS rows (a speculative verification, a short
-// turn) takes the decode kernels, each row over its own keys, split over them: the prefill kernel gives a head one
-// block for up to 64 queries, 32 blocks on the 8B, and so took 1.7 ms of a 9-row verification pass at 256 positions
-// where a decode step's attention takes 0.37 (bench/results/spec_verify/session63). Each row reads its keys again:
-// at 9 rows and 4k positions about 150 MB a layer, which the decode kernels read near the bytes' rate.
+// turn), or a step's run of as many, takes the decode kernels, each row over its own keys, split over them. The
+// prefill kernel gives a head one block for up to 64 queries, 32 blocks on the 8B: a 9-row pass of the resident 8B q4
+// at 256 / 4000 positions took 4.98 / 25.4 ms with it, 3.94 / 5.0 with the decode kernels, though each row reads its
+// keys again (bench/results/spec_verify/session64).
 #define PASS_DECODE_ROWS 32
 static int attention(dj_gpu_state *s, const pass_desc *pd, const qkv_rows *r, const gpu_kv_cache *kc, dj_err *e) {
     const dj_config *c = &s->m->info.config;
@@ -165,6 +165,13 @@ static int attention(dj_gpu_state *s, const pass_desc *pd, const qkv_rows *r, co
             return -1;
         for (int64_t i = 0; i < pd->n_runs; i++) {
             const step_run *u = &pd->runs[i];
+            if (u->len <= PASS_DECODE_ROWS) {  // as a pass of its rows attends (the same kernels, the same sums)
+                gpu_kv_rows run = {kv.pos + u->r0, kv.slot + u->r0, kv.slot_stride};
+                if (gpu_attention_decode_rows(s->g, s->b.att + u->r0 * nh * hd, r->q + u->r0 * r->ldq, r->ldq, kc,
+                                              u->len, nh, nkv, hd, s->max_seq, &run, s->compute, e))
+                    return -1;
+                continue;
+            }
             const gpu_kv_cache slot = gpu_kv_at(*kc, (int64_t)u->kv_slot * s->slot_elems, hd);
             if (gpu_attention_prefill(s->g, s->b.att + u->r0 * nh * hd, nh * hd, r->q + u->r0 * r->ldq, r->ldq,
                                       &slot, u->len, nh, nkv, hd, s->max_seq, s->b.pos + u->r0, s->compute, e))

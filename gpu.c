@@ -151,10 +151,10 @@ static int rope_kv_write(dj_gpu_state *s, const pass_desc *pd, const qkv_rows *r
 // Causal attention of the T queries over the cache into d_att (T, q_dim): a decode step's rows each over its own
 // slot, a prefill's over the pass's slot. A pass of up to PASS_DECODE_ROWS rows (a speculative verification, a short
 // turn), or a step's run of as many, takes the decode kernels, each row over its own keys, split over them. The
-// prefill kernel gives a head one block for up to 64 queries, 32 blocks on the 8B: a 9-row pass of the resident 8B q4
-// at 256 / 4000 positions took 4.98 / 25.4 ms with it, 3.94 / 5.0 with the decode kernels, though each row reads its
-// keys again (bench/results/spec_verify/session64).
-#define PASS_DECODE_ROWS 32
+// prefill kernel gives a head one block for up to 64 queries, 32 blocks on the 8B: on the resident 8B q4 a 9-row pass
+// at 256 / 4000 positions took 4.98 / 25.4 ms with it, 3.9 / 4.9 with the decode kernels, though each row reads its
+// keys again; 64 rows 11.9 / 33.3 against 11.6 / 17.4 (bench/results/spec_verify/session64).
+#define PASS_DECODE_ROWS 64
 static int attention(dj_gpu_state *s, const pass_desc *pd, const qkv_rows *r, const gpu_kv_cache *kc, dj_err *e) {
     const dj_config *c = &s->m->info.config;
     int64_t nh = c->n_heads, nkv = c->n_kv_heads, hd = c->head_dim, T = pd->T;

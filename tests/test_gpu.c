@@ -103,17 +103,38 @@ static void make_ids(int32_t *ids, int64_t n, int64_t vocab) {
     for (int64_t i = 1; i < n; i++) ids[i] = (int32_t)tc_below((uint32_t)vocab);
 }
 
-// Prefill of 40 tokens, then 24 decode steps (fma: prefill attention on the FMA kernel, not the tensor cores),
+// Passes of lens[0], lens[1], ... tokens, one after the other from position 0, every row's logits (as run_gpu_stats).
+static float *run_gpu_passes(const dj_model *m, const dj_gpu_opts *o, const int32_t *ids, const int64_t *lens,
+                             int n_lens, dj_gpu_stats *st) {
+    int64_t V = m->info.config.vocab_size, n = 0;
+    for (int i = 0; i < n_lens; i++) n += lens[i];
+    float *lg = malloc((size_t)(n * V) * 4);
+    for (int64_t i = 0; i < n * V; i++) lg[i] = NAN;
+    dj_err e;
+    dj_gpu_state *s = gpu_state_new(m, o, &e);
+    cr_assert(s, "%s", e.msg);
+    for (int64_t i = 0, p = 0; i < n_lens; p += lens[i++])
+        cr_assert_eq(gpu_forward(s, 0, ids + p, lens[i], p, lg + p * V, 1, &e), 0, "%s", e.msg);
+    gpu_state_stats(s, st);
+    gpu_state_free(s);
+    for (int64_t i = 0; i < n * V; i++) cr_assert(!isnan(lg[i]), "logit %lld not written", (long long)i);
+    return lg;
+}
+
+// A prefill of 72 tokens (past the 64 rows that attend by the decode kernels: the prefill kernel; fma: its FMA form,
+// not the tensor cores), a pass of 9 rows (the decode kernels, as a speculative verification), then 15 decode steps,
 // against the CPU at every position.
 static void gpu_vs_cpu_kv(dj_model *mp, int fma, double tol, int kv) {
     dj_model m = *mp;
     int dtype = (int)m.info.config.wtype;
-    int64_t V = m.info.config.vocab_size, n = 40, nd = 24;
-    int32_t ids[64];
+    int64_t V = m.info.config.vocab_size, n = 72 + 9, nd = 15;
+    int64_t lens[2 + 15] = {72, 9};
+    for (int i = 2; i < 2 + 15; i++) lens[i] = 1;
+    int32_t ids[96];
     make_ids(ids, n + nd, V);
     dj_gpu_opts o = {.max_seq = 128, .quiet = 1, .fma_attn = fma, .kv_type = kv};
     dj_gpu_stats st;
-    float *g = run_gpu_stats(&m, &o, ids, n, nd, &st);
+    float *g = run_gpu_passes(&m, &o, ids, lens, 2 + 15, &st);
     // the path asked for must really be the one taken
     const int64_t hd = m.info.config.head_dim;
     cr_assert_eq(st.tc_attn, !fma && hd % 16 == 0, "%s: head_dim %lld: tensor-core prefill attention %d",

@@ -497,9 +497,11 @@ static void share_cases(const char *fixture, int dtype) {
             // Decode steps after the second prefill attend to its keys and values, which carry its rows' f16 and
             // f32 activations (1.1e-4 and 3.6e-4 seen on mha_untied f16 at share 0.5, other inputs): 1e-3 there;
             // q8 adds its x's int8 parts to that (8.6e-4 seen on mha_untied at share 0.5, a random seed): 2e-3.
+            // The second prefill's rows in q8 likewise: 2.17e-3 seen on mha_untied at share 0.5 (H200, 2026-11-30;
+            // the same seed replayed passed on main and on that code alike: the share's rows vary run to run): 3e-3.
             const int quant = dj_is_quant(m.info.config.wtype), late = t >= n + nd + n2;
             double r = tc_rel_l2(got + t * V, ref + t * V, V),
-                   tol = prefill ? 2e-3 : late ? (quant ? 2e-3 : 1e-3) : quant ? 5e-4 : 1e-5;
+                   tol = prefill ? (quant ? 3e-3 : 2e-3) : late ? (quant ? 2e-3 : 1e-3) : quant ? 5e-4 : 1e-5;
             cr_assert(r <= tol, "%s case %d (share %.2f, %s): position %lld (%s): rel L2 %.3e > %.0e", name, c,
                       oc.cpu_share, oc.stream_all ? "stream-all" : "minimum budget", (long long)t,
                       prefill ? "prefill" : "decode", r, tol);

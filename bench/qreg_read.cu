@@ -5,7 +5,7 @@
 // plain sequential read of the same bytes. It asks whether the kernel's pattern and pipeline can move its bytes at
 // the rate a sequential read does, with and without work between the copies, and what the work itself costs.
 //
-//   make build/bin/qreg_read && build/bin/qreg_read      (GPU machine only; results: bench/results/qgemm_reg/session63)
+//   make build/bin/qreg_read && build/bin/qreg_read   (GPU machine only; results: bench/results/qgemm_reg/session6[34])
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
@@ -79,7 +79,9 @@ template <uint32_t V> static __device__ __forceinline__ uint32_t reg_const() {
 // WD > 0: in place of the stand-in work, the register kernel's own loop body on the staged bytes (q4, 16 rows x 256
 // bytes a unit, the rows swizzled as the kernel's stage: chunk ch of row r at slot ch ^ 4 (r & 1)): lane (g, c)
 // widens chunks 4k + c of rows g and g + 8 (k < 4) with each chunk's parameters worked out as the kernel's are, and
-// multiplies each k16 step with x fragments read from shared memory, into WD chains of sums.
+// multiplies each k16 step with x fragments read from shared memory, into WD chains of sums. WD 3: two chains, each
+// pair widened by one HFMA2 (k s + (-(off s)), the product rounded: not the kernel's bits) in place of q_widen2's
+// HSUB2 and HMUL2, to bound what a widening of two operations a pair would move.
 template <int UB, int WARPS, int ST, int C, int H = 0, int WD = 0>
 __global__ void __launch_bounds__(WARPS * 32) tile_read(const uint8_t *w, int64_t n_rows, int64_t rb, int64_t units_per_row,
                                                         unsigned *sink) {
@@ -105,7 +107,8 @@ __global__ void __launch_bounds__(WARPS * 32) tile_read(const uint8_t *w, int64_
 #pragma unroll
     for (int k = 0; k < 8; k++) a[k] = (float)(lane + k);
     uint32_t acc = 0;
-    float d[4] = {0, 0, 0, 0}, dd[WD > 1 ? WD : 1][4] = {};
+    constexpr int CHAINS = WD == 3 ? 2 : WD > 1 ? WD : 1;
+    float d[4] = {0, 0, 0, 0}, dd[CHAINS][4] = {};
     static_assert(WD == 0 || UB == 256, "the widening body on the 256-byte units of the kernel's shape 12");
     const uint32_t m_lo = reg_const<0x003C003Cu>(), m_hi = reg_const<0x03C003C0u>();
     const uint32_t e_lo = reg_const<0x5C005C00u>(), e_hi = reg_const<0x4C004C00u>();
@@ -136,14 +139,28 @@ __global__ void __launch_bounds__(WARPS * 32) tile_read(const uint8_t *w, int64_
                 const int chk = 4 * k + c;
                 const uint4 q0 = *(const uint4 *)(base + (g * CPR + (chk ^ (4 * (g & 1)))) * 16);
                 const uint4 q1 = *(const uint4 *)(base + ((g + 8) * CPR + (chk ^ (4 * (g & 1)))) * 16);
-                __half2 sc[2], off[2], off16[2];  // the chunk's parameters, from its bytes (a stand-in for its word)
+                // the chunk's parameters, from its bytes (a stand-in for its word); c0, c16: -(off s) for WD 3
+                __half2 sc[2], off[2], off16[2], c0[2], c16[2];
 #pragma unroll
                 for (int h = 0; h < 2; h++) {
                     const uint32_t pm = (h ? q1.w : q0.w) >> 16;
                     sc[h] = __half2half2(__ushort_as_half((unsigned short)((pm & 0x3FFu) << 5)));
                     off[h] = __half2half2(__ushort_as_half((unsigned short)(0x5C00u | (pm >> 10))));
                     off16[h] = __half2half2(__ushort_as_half((unsigned short)(0x4C00u | (pm >> 10) << 4)));
+                    c0[h] = __hneg2(__hmul2(off[h], sc[h])), c16[h] = __hneg2(__hmul2(off16[h], sc[h]));
                 }
+                auto widen = [&](uint32_t pair, int h, int hh) {
+                    if constexpr (WD == 3) {
+                        __half2 v;
+                        memcpy(&v, &pair, 4);
+                        v = __hfma2(v, sc[h], hh ? c16[h] : c0[h]);
+                        uint32_t o;
+                        memcpy(&o, &v, 4);
+                        return o;
+                    } else {
+                        return q_widen2(pair, sc[h], hh ? off16[h] : off[h]);
+                    }
+                };
                 const uint32_t uu[2][4] = {{q0.x, q0.y, q0.z, q0.w}, {q1.x, q1.y, q1.z, q1.w}};
 #pragma unroll
                 for (int wp = 0; wp < 4; wp++) {
@@ -151,14 +168,13 @@ __global__ void __launch_bounds__(WARPS * 32) tile_read(const uint8_t *w, int64_
 #pragma unroll
                     for (int hh = 0; hh < 2; hh++) {
                         const uint32_t u = uu[0][wp], u8 = uu[1][wp], m = hh ? m_hi : m_lo, e = hh ? e_hi : e_lo;
-                        const __half2 o0 = hh ? off16[0] : off[0], o1 = hh ? off16[1] : off[1];
                         uint32_t af[4];
-                        af[0] = q_widen2(and_or(u << 2, m, e), sc[0], o0);
-                        af[1] = q_widen2(and_or(u8 << 2, m, e), sc[1], o1);
-                        af[2] = q_widen2(and_or(u >> 6, m, e), sc[0], o0);
-                        af[3] = q_widen2(and_or(u8 >> 6, m, e), sc[1], o1);
+                        af[0] = widen(and_or(u << 2, m, e), 0, hh);
+                        af[1] = widen(and_or(u8 << 2, m, e), 1, hh);
+                        af[2] = widen(and_or(u >> 6, m, e), 0, hh);
+                        af[3] = widen(and_or(u8 >> 6, m, e), 1, hh);
                         const uint32_t bf[2] = {hh ? xv.z : xv.x, hh ? xv.w : xv.y};
-                        mma16816(dd[(2 * wp + hh) % (WD > 1 ? WD : 1)], af, bf);
+                        mma16816(dd[(2 * wp + hh) % CHAINS], af, bf);
                     }
                 }
             }
@@ -168,7 +184,7 @@ __global__ void __launch_bounds__(WARPS * 32) tile_read(const uint8_t *w, int64_
     float s = 0;
 #pragma unroll
     for (int k = 0; k < 8; k++) s += a[k];
-    for (int k = 0; k < (WD > 1 ? WD : 1); k++) s += dd[k][0] + dd[k][1] + dd[k][2] + dd[k][3];
+    for (int k = 0; k < CHAINS; k++) s += dd[k][0] + dd[k][1] + dd[k][2] + dd[k][3];
     if (acc == 0x12345678u || s + d[0] + d[1] + d[2] + d[3] == 1234.5f) *sink = acc;
 }
 
@@ -256,6 +272,10 @@ int main() {
     run<256, 8, 2, 0, 0, 1>(s, c, seq_vals, 2);  // the kernel's body, one chain of sums (shape 12)
     run<256, 8, 2, 0, 0, 2>(s, c, seq_vals, 2);  // two chains
     run<256, 8, 3, 0, 0, 1>(s, c, seq_vals, 0);
+    run<256, 8, 2, 0, 0, 3>(s, c, seq_vals, 2);  // one HFMA2 a pair
+    run<256, 8, 2, 0, 0, 3>(s, c, seq_vals, 1);
+    run<256, 8, 2, 0, 0, 1>(s, c, seq_vals, 1);  // the body at one CTA a multiprocessor (shape 13's occupancy)
+    run<256, 8, 4, 0, 0, 1>(s, c, seq_vals, 1);
     c.upr = 2048 / 512;
     run<512, 8, 2, 0>(s, c, seq_vals, 0);
     run<512, 8, 2, 1200>(s, c, seq_vals, 0);

@@ -60,23 +60,31 @@ static void load_fixture_as(dj_model *m, const char *name, int dtype) {
 
 static void load_fixture(dj_model *m, const char *name) { load_fixture_as(m, name, -1); }
 
-// A pseudo-random prompt of n ids below vocab, then n_dec decode steps feeding fixed ids; all logits.
-// The logits of a prefill of n tokens, then n_dec decode steps; *st (when given): the engine's statistics.
-static float *run_gpu_stats(const dj_model *m, const dj_gpu_opts *o, const int32_t *ids, int64_t n, int64_t n_dec,
-                            dj_gpu_stats *st) {
-    int64_t V = m->info.config.vocab_size;
-    float *lg = malloc((size_t)((n + n_dec) * V) * 4);
-    for (int64_t i = 0; i < (n + n_dec) * V; i++) lg[i] = NAN;  // poison: every row must be written
+// Passes of ids from position 0, chunks[c] = {tokens a pass, passes} in order: every row's logits (poisoned first, so
+// every row must be written); *st (when given): the engine's statistics.
+static float *run_chunks(const dj_model *m, const dj_gpu_opts *o, const int32_t *ids, const int64_t (*chunks)[2],
+                         int n_chunks, dj_gpu_stats *st) {
+    int64_t V = m->info.config.vocab_size, rows = 0, pos = 0;
+    for (int c = 0; c < n_chunks; c++) rows += chunks[c][0] * chunks[c][1];
+    float *lg = malloc((size_t)(rows * V) * 4);
+    for (int64_t i = 0; i < rows * V; i++) lg[i] = NAN;
     dj_err e;
     dj_gpu_state *s = gpu_state_new(m, o, &e);
     cr_assert(s, "%s", e.msg);
-    cr_assert_eq(gpu_forward(s, 0, ids, n, 0, lg, 1, &e), 0, "%s", e.msg);
-    for (int64_t t = 0; t < n_dec; t++)
-        cr_assert_eq(gpu_forward(s, 0, ids + n + t, 1, n + t, lg + (n + t) * V, 0, &e), 0, "%s", e.msg);
+    for (int c = 0; c < n_chunks; c++)
+        for (int64_t k = 0; k < chunks[c][1]; k++, pos += chunks[c][0])
+            cr_assert_eq(gpu_forward(s, 0, ids + pos, chunks[c][0], pos, lg + pos * V, 1, &e), 0, "%s", e.msg);
     if (st) gpu_state_stats(s, st);
     gpu_state_free(s);
-    for (int64_t i = 0; i < (n + n_dec) * V; i++) cr_assert(!isnan(lg[i]), "logit %lld not written", (long long)i);
+    for (int64_t i = 0; i < rows * V; i++) cr_assert(!isnan(lg[i]), "logit %lld not written", (long long)i);
     return lg;
+}
+
+// The logits of a prefill of n tokens, then n_dec decode steps; *st (when given): the engine's statistics.
+static float *run_gpu_stats(const dj_model *m, const dj_gpu_opts *o, const int32_t *ids, int64_t n, int64_t n_dec,
+                            dj_gpu_stats *st) {
+    const int64_t chunks[][2] = {{n, 1}, {1, n_dec}};
+    return run_chunks(m, o, ids, chunks, 2, st);
 }
 
 static float *run_gpu(const dj_model *m, const dj_gpu_opts *o, const int32_t *ids, int64_t n, int64_t n_dec) {
@@ -103,24 +111,6 @@ static void make_ids(int32_t *ids, int64_t n, int64_t vocab) {
     for (int64_t i = 1; i < n; i++) ids[i] = (int32_t)tc_below((uint32_t)vocab);
 }
 
-// Passes of lens[0], lens[1], ... tokens, one after the other from position 0, every row's logits (as run_gpu_stats).
-static float *run_gpu_passes(const dj_model *m, const dj_gpu_opts *o, const int32_t *ids, const int64_t *lens,
-                             int n_lens, dj_gpu_stats *st) {
-    int64_t V = m->info.config.vocab_size, n = 0;
-    for (int i = 0; i < n_lens; i++) n += lens[i];
-    float *lg = malloc((size_t)(n * V) * 4);
-    for (int64_t i = 0; i < n * V; i++) lg[i] = NAN;
-    dj_err e;
-    dj_gpu_state *s = gpu_state_new(m, o, &e);
-    cr_assert(s, "%s", e.msg);
-    for (int64_t i = 0, p = 0; i < n_lens; p += lens[i++])
-        cr_assert_eq(gpu_forward(s, 0, ids + p, lens[i], p, lg + p * V, 1, &e), 0, "%s", e.msg);
-    gpu_state_stats(s, st);
-    gpu_state_free(s);
-    for (int64_t i = 0; i < n * V; i++) cr_assert(!isnan(lg[i]), "logit %lld not written", (long long)i);
-    return lg;
-}
-
 // A prefill of 72 tokens (past the 64 rows that attend by the decode kernels: the prefill kernel; fma: its FMA form,
 // not the tensor cores), a pass of 9 rows (the decode kernels, as a speculative verification), then 15 decode steps,
 // against the CPU at every position.
@@ -128,13 +118,12 @@ static void gpu_vs_cpu_kv(dj_model *mp, int fma, double tol, int kv) {
     dj_model m = *mp;
     int dtype = (int)m.info.config.wtype;
     int64_t V = m.info.config.vocab_size, n = 72 + 9, nd = 15;
-    int64_t lens[2 + 15] = {72, 9};
-    for (int i = 2; i < 2 + 15; i++) lens[i] = 1;
+    const int64_t chunks[][2] = {{72, 1}, {9, 1}, {1, nd}};
     int32_t ids[96];
     make_ids(ids, n + nd, V);
     dj_gpu_opts o = {.max_seq = 128, .quiet = 1, .fma_attn = fma, .kv_type = kv};
     dj_gpu_stats st;
-    float *g = run_gpu_passes(&m, &o, ids, lens, 2 + 15, &st);
+    float *g = run_chunks(&m, &o, ids, chunks, 3, &st);
     // the path asked for must really be the one taken
     const int64_t hd = m.info.config.head_dim;
     cr_assert_eq(st.tc_attn, !fma && hd % 16 == 0, "%s: head_dim %lld: tensor-core prefill attention %d",
@@ -414,20 +403,8 @@ Test(gpu_forward, verification_passes_graphed) {
 // decode steps: every position's logits (n + nd + n2 + 3 rows).
 static float *run_turns(const dj_model *m, const dj_gpu_opts *o, const int32_t *ids, int64_t n, int64_t nd, int64_t n2,
                         dj_gpu_stats *st) {
-    int64_t V = m->info.config.vocab_size, rows = n + nd + n2 + 3, pos = 0;
-    float *lg = malloc((size_t)(rows * V) * 4);
-    for (int64_t i = 0; i < rows * V; i++) lg[i] = NAN;
-    dj_err e;
-    dj_gpu_state *s = gpu_state_new(m, o, &e);
-    cr_assert(s, "%s", e.msg);
-    int64_t chunks[][2] = {{n, 1}, {1, nd}, {n2, 1}, {1, 3}};  // {tokens per pass, passes}
-    for (int c = 0; c < 4; c++)
-        for (int64_t k = 0; k < chunks[c][1]; k++, pos += chunks[c][0])
-            cr_assert_eq(gpu_forward(s, 0, ids + pos, chunks[c][0], pos, lg + pos * V, 1, &e), 0, "%s", e.msg);
-    if (st) gpu_state_stats(s, st);
-    gpu_state_free(s);
-    for (int64_t i = 0; i < rows * V; i++) cr_assert(!isnan(lg[i]), "logit %lld not written", (long long)i);
-    return lg;
+    const int64_t chunks[][2] = {{n, 1}, {1, nd}, {n2, 1}, {1, 3}};  // {tokens a pass, passes}
+    return run_chunks(m, o, ids, chunks, 4, st);
 }
 
 // The CPU share: in passes of up to SH_ROWS (64) rows the CPU computes that share of each streamed unit's matrices

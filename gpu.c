@@ -454,10 +454,9 @@ static int upload_tokens(dj_gpu_state *s, const pass_desc *pd, dj_err *e) {
     for (int64_t t = 0; t < T; t++)
         memcpy(b->h_x + (size_t)t * row_bytes, dj_embed_ptr(s->m) + (size_t)tokens[t] * row_bytes, row_bytes);
     void *dst = c->embed_type == DJ_F32 ? (void *)b->x : (void *)b->delta;
-    size_t np = (size_t)T;
     return gpu_h2d_async(dst, b->h_x, (size_t)T * row_bytes, s->compute, e) ||
-                   gpu_h2d_async(b->pos, b->h_pos, np * 4, s->compute, e) ||
-                   (pd->step && gpu_h2d_async(b->kv_slot, b->h_kv_slot, np * 4, s->compute, e))
+                   gpu_h2d_async(b->pos, b->h_pos, (size_t)T * 4, s->compute, e) ||
+                   (pd->step && gpu_h2d_async(b->kv_slot, b->h_kv_slot, (size_t)T * 4, s->compute, e))
                ? -1
                : 0;
 }

@@ -242,7 +242,7 @@ typedef struct {
                             // prefill: positions b.pos[r] = b.pos[0] + r of kv_slot
     int32_t kv_slot;        // a prefill's
     int64_t singles;        // a step: rows [0, singles) attend alone (decode kernel), then
-    int64_t n_runs;         //   runs[0, n_runs) (prefill kernel)
+    int64_t n_runs;         //   runs[0, n_runs) (each as a prefill of its rows: gpu.c's attention())
     const step_run *runs;
     float *logits;          // (logit_end - logit_first, vocab) of rows [logit_first, logit_end); NULL: none
     int64_t logit_first, logit_end;  // end <= first: no row wanted

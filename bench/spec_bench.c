@@ -16,7 +16,6 @@
 #include "../loader.h"
 #include "../util.h"
 
-
 static int cmp_d(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
     return x < y ? -1 : x > y;

@@ -33,7 +33,8 @@ N_NEW=${N_NEW:-64}
 CONCURRENCY=${CONCURRENCY-1 64}
 PORT=${PORT:-18093}
 CASES=${CASES-resident min_link min_share}
-has_case() { case " $CASES " in *" $1 "*) return 0 ;; esac; return 1; }
+in_list() { case " $2 " in *" $1 "*) return 0 ;; esac; return 1; }  # WORD LIST
+has_case() { in_list "$1" "$CASES"; }
 mkdir -p "$OUT_DIR" "$WORK" || exit 1
 . bench/lib.sh
 trap stop_server EXIT
@@ -113,10 +114,10 @@ if [ "${LARGE:-0}" = 1 ]; then
     convert_once "$WORK/hf_70b2" "$WORK/donor_70b_q4.bin" q4 || exit 1
     [ -f "$WORK/70b_q4.bin" ] || build/bin/repeat_layers "$WORK/donor_70b_q4.bin" "$WORK/70b_q4.bin" 80 || exit 1
     bin=$WORK/70b_q4.bin
-    large=" ${LARGE_CASES:-70b 70b_min} "
-    for n in 1 "$GPUS"; do [[ $large == *" 70b "* ]] && N_NEW=16 run_case 70b "$n" --ring-gb 16; done
+    large=${LARGE_CASES:-70b 70b_min}
+    for n in 1 "$GPUS"; do in_list 70b "$large" && N_NEW=16 run_case 70b "$n" --ring-gb 16; done
     for n in 1 "$GPUS"; do  # the 70B layer shape at each one's smallest ring, link only (every layer streamed)
-        [[ $large == *" 70b_min "* ]] || break
+        in_list 70b_min "$large" || break
         r=$(min_ring_n "$bin" "$n")
         N_NEW=8 run_case 70b_min "$n" --ring-gb "${r:?no minimum ring}"
     done

@@ -300,6 +300,27 @@ static __device__ __forceinline__ uint32_t q_widen2(uint32_t pair, __half2 s, __
     return o;
 }
 
+// The register kernel's widening, one instruction where the compiler makes two: (a & m) | e with m and e immediates
+// takes two LOP3s (one immediate an instruction: ptxas, sm_90, 8.6 LOP3 a q4 mma where 4 do). The constants are set
+// once by an asm the compiler cannot fold back into immediates.
+template <uint32_t V> static __device__ __forceinline__ uint32_t reg_const() {
+    uint32_t r;
+    asm("mov.b32 %0, %1;" : "=r"(r) : "n"(V));
+    return r;
+}
+static __device__ __forceinline__ uint32_t and_or(uint32_t a, uint32_t m, uint32_t e) {
+    uint32_t d;
+    asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(d) : "r"(a), "r"(m), "r"(e));  // (a & m) | e
+    return d;
+}
+// d (16x8 f32) += a (16x16 f16, row) . b (16x8 f16, col)
+static __device__ __forceinline__ void mma16816(float *d, const uint32_t *a, const uint32_t *b) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
 // Element i of a q8 or q4 row of n weights (model.h's layout), exactly scale * (k - z).
 template <int WT> static __device__ __forceinline__ float qload(const uint8_t *row, int64_t n, int64_t i) {
     constexpr int QB = q_group_bytes(WT);  // bytes of values per group

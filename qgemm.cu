@@ -141,13 +141,6 @@ static __device__ __forceinline__ void ldsm_x4(uint32_t *r, const void *p) {
 static __device__ __forceinline__ void ldsm_x2(uint32_t *r, const void *p) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];\n" : "=r"(r[0]), "=r"(r[1]) : "r"(smem_u32(p)));
 }
-// d (16x8 f32) += a (16x16 f16, row) . b (16x8 f16, col)
-static __device__ __forceinline__ void mma16816(float *d, const uint32_t *a, const uint32_t *b) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-                 "{%0,%1,%2,%3};\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-}
 
 // ---- widening: a pair of stored values (each in the low bits of a 16-bit half, as 1024 + v) to its weights with
 // kernels_impl.h's q_widen2, as the dequantizing path does (bitwise the same halves).
@@ -161,19 +154,6 @@ static __device__ __forceinline__ uint32_t q8_pair(uint32_t u, uint32_t sel) {
     return __byte_perm(u ^ 0x80808080u, 0x64646464u, sel);
 }
 
-// The register kernel's widening, one instruction where the compiler makes two: (a & m) | e with m and e immediates
-// takes two LOP3s (one immediate an instruction: ptxas, sm_90, 8.6 LOP3 a q4 mma where 4 do). The constants are set
-// once by an asm the compiler cannot fold back into immediates.
-template <uint32_t V> static __device__ __forceinline__ uint32_t reg_const() {
-    uint32_t r;
-    asm("mov.b32 %0, %1;" : "=r"(r) : "n"(V));
-    return r;
-}
-static __device__ __forceinline__ uint32_t and_or(uint32_t a, uint32_t m, uint32_t e) {
-    uint32_t d;
-    asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(d) : "r"(a), "r"(m), "r"(e));  // (a & m) | e
-    return d;
-}
 // q8_pair without PRMT: (a & m) ^ f with m = 0x00FF00FF, f = 0x64806480 (bytes 0 and 2 of a, their sign bits
 // flipped, under 0x64), a = u for pair A and u >> 8 for pair C. ptxas kept PRMT's constant word as an immediate and
 // copied the selector into a register before every one (4 copies a q8 mma; without them the q8 layer at 4-64 tokens

@@ -55,26 +55,8 @@ __global__ void seq_read(const uint4 *w, size_t n16, unsigned *sink) {
 }
 
 // The pattern: rows of rb bytes, UB bytes of each a unit (values only), WARPS warps of 16 rows a CTA, ST stages.
-// d += a . b (m16n8k16, f16 in, f32 accumulate): H of them a unit, each on the last one's sums, as the register
-// kernel's products of a tile follow each other
-static __device__ __forceinline__ void mma16816(float *d, const uint32_t *a, const uint32_t *b) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-                 "{%0,%1,%2,%3};\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-}
-
-// The register kernel's widening (qgemm.cu): (a & m) | e by one LOP3, then kernels_impl.h's q_widen2
-static __device__ __forceinline__ uint32_t and_or(uint32_t a, uint32_t m, uint32_t e) {
-    uint32_t d;
-    asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(d) : "r"(a), "r"(m), "r"(e));
-    return d;
-}
-template <uint32_t V> static __device__ __forceinline__ uint32_t reg_const() {
-    uint32_t r;
-    asm("mov.b32 %0, %1;" : "=r"(r) : "n"(V));
-    return r;
-}
+// H products a unit (kernels_impl.h's mma16816), each on the last one's sums, as the register kernel's products of a
+// tile follow each other; its widening by kernels_impl.h's and_or and q_widen2.
 
 // WD > 0: in place of the stand-in work, the register kernel's own loop body on the staged bytes (q4, 16 rows x 256
 // bytes a unit, the rows swizzled as the kernel's stage: chunk ch of row r at slot ch ^ 4 (r & 1)): lane (g, c)

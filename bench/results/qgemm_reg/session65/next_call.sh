@@ -5,7 +5,8 @@
 # gate|up at 2 tokens, where the pass takes 30 against 15.6 at one token). ptxas: 112-128 registers for NT 2-8 (one
 # variant spills 40 bytes); four rows a warp spill kilobytes. On the GPU machine, from a checkout of main with the patch
 # applied (git apply bench/results/qgemm_reg/session65/qpnr.patch):
-#   bash bench/results/qgemm_reg/session65/next_call.sh OUT_DIR   (then CRITERION=... as the .gpu scripts set it)
+#   CRITERION=DIR DJINN_DATA=SHARED bash bench/results/qgemm_reg/session65/next_call.sh OUT_DIR   (CRITERION: a
+# Criterion unpacked in DIR where the machine has none; DJINN_DATA: the shared folder)
 set -u
 out=${1:?out dir}; mkdir -p "$out"
 rm -rf /tmp/nr2 && cp -a . /tmp/nr2

@@ -389,25 +389,32 @@ static int write_tensor(writer *w, const want *x, uint32_t out, dj_err *e) {
     return 0;
 }
 
-// Every file the conversion reads: the output may be none of them.
-#define MAX_INPUTS 4096
+// Every file the conversion reads: the output may be none of them. The list grows with the shards: an input left
+// off it could be overwritten by the output.
 typedef struct {
-    char *path[MAX_INPUTS];
-    int n;
+    char **path;
+    int n, cap;
 } inputs;
 
-static void inputs_add(inputs *in, const char *dir, const char *name) {
-    if (in->n >= MAX_INPUTS) return;
+static int inputs_add(inputs *in, const char *dir, const char *name) {
+    if (in->n == in->cap) {
+        int cap = in->cap ? 2 * in->cap : 16;
+        char **p = realloc(in->path, (size_t)cap * sizeof *p);
+        if (!p) return -1;
+        in->path = p, in->cap = cap;
+    }
     char p[4200];
     if (name) snprintf(p, sizeof p, "%s/%s", dir, name);
     else snprintf(p, sizeof p, "%s", dir);
-    in->path[in->n] = strdup(p);
-    if (in->path[in->n]) in->n++;
+    if (!(in->path[in->n] = strdup(p))) return -1;
+    in->n++;
+    return 0;
 }
 
 static void inputs_free(inputs *in) {
     for (int i = 0; i < in->n; i++) free(in->path[i]);
-    in->n = 0;
+    free(in->path);
+    in->path = NULL, in->n = in->cap = 0;
 }
 
 // ---- the conversion
@@ -520,11 +527,15 @@ int convert_run(const convert_opts *o, dj_err *e) {
     if (model_write_header(&info, hdr, hb, e)) goto out;
     // The output may be none of the inputs; OUT.bin.tmp is this run's, locked, until renamed (fileio.h).
     path_join(path, sizeof path, o->hf_dir, "model.safetensors.index.json");
-    inputs_add(&in, path, NULL);
-    inputs_add(&in, o->hf_dir, "config.json"), inputs_add(&in, o->hf_dir, "generation_config.json");
     const char *td = o->tok_dir ? o->tok_dir : o->hf_dir;
-    inputs_add(&in, td, "tokenizer.json"), inputs_add(&in, td, "tokenizer_config.json");
-    for (int i = 0; i < w.n; i++) inputs_add(&in, w.shards[i].path, NULL);
+    int add_rc = inputs_add(&in, path, NULL) || inputs_add(&in, o->hf_dir, "config.json") ||
+                 inputs_add(&in, o->hf_dir, "generation_config.json") || inputs_add(&in, td, "tokenizer.json") ||
+                 inputs_add(&in, td, "tokenizer_config.json");
+    for (int i = 0; i < w.n && !add_rc; i++) add_rc = inputs_add(&in, w.shards[i].path, NULL);
+    if (add_rc) {
+        dj_fail(e, "out of memory");
+        goto out;
+    }
     if (out_open(&wr.out, o->out_path, "output", (const char *const *)in.path, in.n, e)) goto out;
     if (!o->quiet)
         fprintf(stderr, "convert: %u layers, dim %u, %u heads (%u kv, head_dim %u), ffn %u, vocab %u, %s%s -> %s, %.2f GB\n",

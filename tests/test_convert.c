@@ -1068,6 +1068,69 @@ Test(convert_big, input_truncated_during_conversion, .timeout = 120) {
     big_teardown(&b);
 }
 
+// More inputs than a fixed list would hold: stories260K's tensors in one shard and 4200 more shards of one ignored
+// rotary table each. The output named as the last shard is refused as the first is, and neither is touched.
+Test(convert, output_never_replaces_a_late_shard, .timeout = 120) {
+    need_stories();
+    enum { EXTRA = 4200 };
+    struct rlimit rl;
+    cr_assert_eq(getrlimit(RLIMIT_NOFILE, &rl), 0);
+    if (rl.rlim_max != RLIM_INFINITY && rl.rlim_max < EXTRA + 64)
+        cr_skip_test("the open-file limit (%llu) is below the %d shards this case opens", (unsigned long long)rl.rlim_max,
+                     EXTRA + 1);
+    const rlim_t soft = rl.rlim_cur;
+    rl.rlim_cur = rl.rlim_max;
+    cr_assert_eq(setrlimit(RLIMIT_NOFILE, &rl), 0);
+    char *hf = tc_tmpdir("conv"), p[4200];
+    link_stories(hf, "config.json"), link_stories(hf, "tokenizer.json");
+    source src;
+    source_open(&src);
+    size_t *all = malloc(src.st.n * sizeof *all);
+    cr_assert(all);
+    for (size_t i = 0; i < src.st.n; i++) all[i] = i;
+    snprintf(p, sizeof p, "%s/model-00000.safetensors", hf);
+    write_safetensors(p, &src.st, all, src.st.n);
+    size_t cap = (size_t)(EXTRA + src.st.n) * 96 + 256, len = 0;
+    char *idx = malloc(cap);
+    cr_assert(idx);
+    len += (size_t)snprintf(idx, cap, "{\"weight_map\":{");
+    for (size_t i = 0; i < src.st.n; i++)
+        len += (size_t)snprintf(idx + len, cap - len, "\"%s\":\"model-00000.safetensors\",", src.st.tensors[i].name);
+    for (int i = 1; i <= EXTRA; i++) {
+        char hdr[160], file[96];
+        const int hn = snprintf(hdr, sizeof hdr,
+                                "{\"r%d.rotary_emb.inv_freq\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}", i);
+        uint8_t buf[8 + 160 + 4] = {0};
+        const uint64_t h64 = (uint64_t)hn;
+        memcpy(buf, &h64, 8), memcpy(buf + 8, hdr, (size_t)hn);
+        snprintf(file, sizeof file, "model-%05d.safetensors", i);
+        snprintf(p, sizeof p, "%s/%s", hf, file);
+        tc_write(p, buf, 8 + (size_t)hn + 4);
+        len += (size_t)snprintf(idx + len, cap - len, "%s\"r%d.rotary_emb.inv_freq\":\"%s\"", i > 1 ? "," : "", i, file);
+    }
+    len += (size_t)snprintf(idx + len, cap - len, "}}");
+    cr_assert_lt(len, cap);
+    snprintf(p, sizeof p, "%s/model.safetensors.index.json", hf);
+    tc_write(p, idx, len);
+    dj_err e;
+    const int shards[2] = {1, EXTRA};
+    for (int k = 0; k < 2; k++) {
+        snprintf(p, sizeof p, "%s/model-%05d.safetensors", hf, shards[k]);
+        struct stat before, after;
+        cr_assert_eq(stat(p, &before), 0);
+        cr_expect_eq(run_convert(hf, p, -1, NULL, &e), -1, "converted onto shard %d of %d", shards[k], EXTRA + 1);
+        cr_expect(strstr(e.msg, "same file as"), "shard %d: %s", shards[k], e.msg);
+        cr_expect(stat(p, &after) == 0 && after.st_ino == before.st_ino && after.st_size == before.st_size,
+                  "shard %d was replaced", shards[k]);
+    }
+    rl.rlim_cur = soft;
+    setrlimit(RLIMIT_NOFILE, &rl);
+    source_close(&src);
+    free(all), free(idx);
+    tc_rm_rf(hf);
+    free(hf);
+}
+
 // ---- weights that are not numbers: refused by the tensor's name, in any source dtype
 Test(convert, non_finite_weights_refused_by_name) {
     need_stories();

@@ -46,6 +46,13 @@ static int parse_entry(const json_member *m, const uint8_t *data, uint64_t data_
     if (v->type != JSON_OBJECT) return dj_fail(e, TNAME "expected an object, found %s", name, json_type_name(v->type));
     memset(t, 0, sizeof *t);
     t->name = name;
+    // A field given twice is ambiguous (json_get would take the last; safetensors' own parser refuses it).
+    static const char *const fields[3] = {"dtype", "shape", "data_offsets"};
+    int seen[3] = {0};
+    for (size_t i = 0; i < v->u.obj.n; i++)
+        for (int k = 0; k < 3; k++)
+            if (!strcmp(v->u.obj.members[i].key, fields[k]) && seen[k]++)
+                return dj_fail(e, TNAME "\"%s\" appears twice", name, fields[k]);
 
     const json_value *dt = json_get(v, "dtype");
     if (!dt) return dj_fail(e, TNAME "missing \"dtype\"", name);

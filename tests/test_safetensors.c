@@ -320,6 +320,13 @@ Test(safetensors, duplicates) {
     // names that differ only after an escaped NUL cannot be told apart by C strings: refused
     tst_fails(tst_build("{\"a\\u0000x\": {\"dtype\": \"U8\", \"shape\": [1], \"data_offsets\": [0, 1]}}", 1), "NUL",
               NULL);
+    // a field given twice in one entry is ambiguous (which one counts?): refused, whichever it is
+    tst_one_fails("\"dtype\": \"F32\", \"dtype\": \"F16\", \"shape\": [1], \"data_offsets\": [0, 4]", 4,
+                  "\"dtype\" appears twice");
+    tst_one_fails("\"dtype\": \"F32\", \"shape\": [2], \"shape\": [1], \"data_offsets\": [0, 4]", 4,
+                  "\"shape\" appears twice");
+    tst_one_fails("\"dtype\": \"F32\", \"shape\": [1], \"data_offsets\": [4, 8], \"data_offsets\": [0, 4]", 8,
+                  "\"data_offsets\" appears twice");
     // "__metadata__" spelled differently is an ordinary (bad) tensor entry
     tst_fails(tst_build("{\"__metadata_\": {\"format\": \"pt\"}}", 0), "tensor '__metadata_'", "dtype");
 }

@@ -110,7 +110,7 @@ static int weights_open(const char *dir, weights *w, dj_err *e) {
     for (size_t i = 0; i < map->u.obj.n; i++) {
         const char *file = json_str(&map->u.obj.members[i].value);
         if (!file || strchr(file, '/') || !strcmp(file, "..") || !*file) {
-            dj_fail(e, "%s: weight_map entry \"%s\" must name a file in the same folder", path,
+            dj_fail(e, "%s: weight_map entry \"%.120s\" must name a file in the same folder", path,
                     map->u.obj.members[i].key);
             goto out;
         }
@@ -128,7 +128,7 @@ static int weights_open(const char *dir, weights *w, dj_err *e) {
         path_join(full, sizeof full, dir, json_str(&map->u.obj.members[i].value));
         for (int k = 0; k < w->n; k++)
             if (!strcmp(w->shards[k].path, full) && !st_find(&w->shards[k].st, map->u.obj.members[i].key)) {
-                dj_fail(e, "%s: tensor '%s' is not in %s", path, map->u.obj.members[i].key, full);
+                dj_fail(e, "%s: tensor '%.120s' is not in %s", path, map->u.obj.members[i].key, full);
                 goto out;
             }
     }
@@ -145,7 +145,7 @@ static int find_tensor(const weights *w, const char *name, const st_tensor **out
     for (int k = 0; k < w->n; k++) {
         const st_tensor *t = st_find(&w->shards[k].st, name);
         if (t && *out)
-            return dj_fail(e, "tensor '%s' appears in two shards: %s and %s", name, w->shards[first].path,
+            return dj_fail(e, "tensor '%.120s' appears in two shards: %s and %s", name, w->shards[first].path,
                            w->shards[k].path);
         if (t) *out = t, first = k, *in = &w->shards[k];
     }
@@ -478,7 +478,7 @@ int convert_run(const convert_opts *o, dj_err *e) {
             int known = ignorable(name) || (c.tied && !strcmp(name, "lm_head.weight"));
             for (size_t j = 0; j < nw && !known; j++) known = !strcmp(ws[j].name, name);
             if (!known) {
-                dj_fail(e, "unexpected tensor '%s': %s", name,
+                dj_fail(e, "unexpected tensor '%.120s': %s", name,
                         strstr(name, "bias") ? "biases are not supported" : "not part of a Llama checkpoint");
                 goto out;
             }

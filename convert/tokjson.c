@@ -67,6 +67,16 @@ static const char *type_of(const json_value *v) {  // the "type" of a component,
     return s ? s : "";
 }
 static int is_null(const json_value *v) { return !v || v->type == JSON_NULL; }
+// An optional boolean field: *out = dflt when absent or null; any other type is refused by name (HF's Rust loader
+// refuses it, Python reads it as truthiness), never taken as absent.
+static int opt_bool(const json_value *obj, const char *key, const char *where, int dflt, int *out, dj_err *e) {
+    const json_value *v = json_get(obj, key);
+    *out = dflt;
+    if (is_null(v)) return 0;
+    if (json_bool(v, out))
+        return dj_fail(e, "%s: \"%s\" must be true or false, not a %s", where, key, json_type_name(v->type));
+    return 0;
+}
 
 // ---- GPT-2 byte-level mapping: bytes 33..126, 161..172, 174..255 are their own code points, the other 68 bytes
 // are U+0100.. in byte order. Returns the byte of code point cp, or -1.
@@ -108,18 +118,21 @@ static size_t bytelevel_bytes(const char *s, size_t n, uint8_t *out, int *mapped
 static int check_model(tj *t, const json_value *model, dj_err *e) {
     const char *type = json_str(json_get(model, "type"));
     if (!type) type = "BPE";  // older files omit it
-    if (strcmp(type, "BPE") != 0) return dj_fail(e, "tokenizer.json: model type %s is not supported (only BPE)", type);
+    if (strcmp(type, "BPE") != 0) return dj_fail(e, "tokenizer.json: model type %.60s is not supported (only BPE)", type);
     double drop;
     if (!is_null(json_get(model, "dropout")) && !(json_num(json_get(model, "dropout"), &drop) == 0 && drop == 0))
         return dj_fail(e, "tokenizer.json: BPE dropout is not supported");
     const char *pre = json_str(json_get(model, "continuing_subword_prefix"));
     const char *suf = json_str(json_get(model, "end_of_word_suffix"));
-    if (pre && *pre) return dj_fail(e, "tokenizer.json: BPE continuing_subword_prefix \"%s\" is not supported", pre);
-    if (suf && *suf) return dj_fail(e, "tokenizer.json: BPE end_of_word_suffix \"%s\" is not supported", suf);
-    int v = 0;
-    if (json_bool(json_get(model, "byte_fallback"), &v) == 0 && v) t->flags |= TOK_F_BYTE_FALLBACK;
-    if (json_bool(json_get(model, "fuse_unk"), &v) == 0 && v) t->flags |= TOK_F_FUSE_UNK;
-    if (json_bool(json_get(model, "ignore_merges"), &v) == 0 && v) t->flags |= TOK_F_IGNORE_MERGES;
+    if (pre && *pre) return dj_fail(e, "tokenizer.json: BPE continuing_subword_prefix \"%.120s\" is not supported", pre);
+    if (suf && *suf) return dj_fail(e, "tokenizer.json: BPE end_of_word_suffix \"%.120s\" is not supported", suf);
+    static const char *const keys[3] = {"byte_fallback", "fuse_unk", "ignore_merges"};
+    static const uint32_t flags[3] = {TOK_F_BYTE_FALLBACK, TOK_F_FUSE_UNK, TOK_F_IGNORE_MERGES};
+    for (int i = 0; i < 3; i++) {
+        int v;
+        if (opt_bool(model, keys[i], "tokenizer.json: model", 0, &v, e)) return -1;
+        if (v) t->flags |= flags[i];
+    }
     return 0;
 }
 
@@ -134,13 +147,13 @@ static int check_normalizer_one(tj *t, const json_value *n, dj_err *e) {
         t->flags |= TOK_F_NORM_REPLACE;
         return 0;
     }
-    return dj_fail(e, "tokenizer.json: normalizer %s is not supported (only Prepend(\"▁\") and Replace(\" \", \"▁\"))",
+    return dj_fail(e, "tokenizer.json: normalizer %.60s is not supported (only Prepend(\"▁\") and Replace(\" \", \"▁\"))",
                    *type ? type : "(untyped)");
 }
 static int check_normalizer(tj *t, const json_value *n, dj_err *e) {
     if (is_null(n)) return 0;
     if (t->type == TOK_TYPE_BYTELEVEL)
-        return dj_fail(e, "tokenizer.json: a normalizer (%s) with a ByteLevel decoder is not supported", type_of(n));
+        return dj_fail(e, "tokenizer.json: a normalizer (%.60s) with a ByteLevel decoder is not supported", type_of(n));
     if (strcmp(type_of(n), "Sequence") != 0) return check_normalizer_one(t, n, e);
     const json_value *list = json_get(n, "normalizers");
     if (!list || list->type != JSON_ARRAY) return dj_fail(e, "tokenizer.json: normalizer Sequence without a list");
@@ -159,11 +172,12 @@ static int check_metaspace(tj *t, const json_value *p, dj_err *e) {
         if (strcmp(scheme, "always") == 0) t->prepend_scheme = TOK_PREPEND_ALWAYS;
         else if (strcmp(scheme, "first") == 0) t->prepend_scheme = TOK_PREPEND_FIRST;
         else if (strcmp(scheme, "never") == 0) t->prepend_scheme = TOK_PREPEND_NEVER;
-        else return dj_fail(e, "tokenizer.json: Metaspace prepend_scheme \"%s\" is not supported", scheme);
+        else return dj_fail(e, "tokenizer.json: Metaspace prepend_scheme \"%.120s\" is not supported", scheme);
     } else {  // older files: add_prefix_space
-        t->prepend_scheme = json_bool(json_get(p, "add_prefix_space"), &v) == 0 && !v ? TOK_PREPEND_NEVER : TOK_PREPEND_ALWAYS;
+        if (opt_bool(p, "add_prefix_space", "tokenizer.json: Metaspace", 1, &v, e)) return -1;
+        t->prepend_scheme = v ? TOK_PREPEND_ALWAYS : TOK_PREPEND_NEVER;
     }
-    if (json_bool(json_get(p, "split"), &v) != 0) v = 1;  // HF's default
+    if (opt_bool(p, "split", "tokenizer.json: Metaspace", 1, &v, e)) return -1;  // HF's default: true
     if (v) t->flags |= TOK_F_METASPACE_SPLIT;
     return 0;
 }
@@ -175,24 +189,27 @@ static int check_pretokenizer(tj *t, const json_value *p, dj_err *e) {
     const char *type = type_of(p);
     if (t->type == TOK_TYPE_SPM) {
         if (strcmp(type, "Metaspace") == 0) return check_metaspace(t, p, e);
-        return dj_fail(e, "tokenizer.json: pre-tokenizer %s is not supported with this decoder (only Metaspace)", type);
+        return dj_fail(e, "tokenizer.json: pre-tokenizer %.60s is not supported with this decoder (only Metaspace)", type);
     }
     // byte-level: exactly Sequence[Split(Llama 3 regex, Isolated), ByteLevel(no prefix space, no regex)]
     const json_value *list = json_get(p, "pretokenizers");
     if (strcmp(type, "Sequence") != 0 || !list || list->type != JSON_ARRAY || list->u.arr.n != 2)
-        return dj_fail(e, "tokenizer.json: pre-tokenizer %s is not supported (only Split(Llama 3 regex) + ByteLevel)", type);
+        return dj_fail(e, "tokenizer.json: pre-tokenizer %.60s is not supported (only Split(Llama 3 regex) + ByteLevel)", type);
     const json_value *split = &list->u.arr.items[0], *bl = &list->u.arr.items[1];
     const json_value *re = json_get(json_get(split, "pattern"), "Regex");
     int v;
     if (strcmp(type_of(split), "Split") != 0 || !is_str(re, LLAMA3_REGEX))
-        return dj_fail(e, "tokenizer.json: pre-tokenizer %s is not supported (only Split with the Llama 3 regex)", type_of(split));
-    if (!is_str(json_get(split, "behavior"), "Isolated") || (json_bool(json_get(split, "invert"), &v) == 0 && v))
+        return dj_fail(e, "tokenizer.json: pre-tokenizer %.60s is not supported (only Split with the Llama 3 regex)", type_of(split));
+    if (opt_bool(split, "invert", "tokenizer.json: Split", 0, &v, e)) return -1;
+    if (!is_str(json_get(split, "behavior"), "Isolated") || v)
         return dj_fail(e, "tokenizer.json: Split behavior other than Isolated (or invert) is not supported");
     if (strcmp(type_of(bl), "ByteLevel") != 0)
-        return dj_fail(e, "tokenizer.json: pre-tokenizer %s after Split is not supported (only ByteLevel)", type_of(bl));
-    if (json_bool(json_get(bl, "add_prefix_space"), &v) == 0 && v)
+        return dj_fail(e, "tokenizer.json: pre-tokenizer %.60s after Split is not supported (only ByteLevel)", type_of(bl));
+    if (opt_bool(bl, "add_prefix_space", "tokenizer.json: ByteLevel", 0, &v, e)) return -1;
+    if (v)
         return dj_fail(e, "tokenizer.json: ByteLevel add_prefix_space: true is not supported");
-    if (json_bool(json_get(bl, "use_regex"), &v) == 0 && v)
+    if (opt_bool(bl, "use_regex", "tokenizer.json: ByteLevel", 0, &v, e)) return -1;
+    if (v)
         return dj_fail(e, "tokenizer.json: ByteLevel use_regex: true (the GPT-2 regex) is not supported");
     t->pretok = TOK_PRE_LLAMA3;
     return 0;
@@ -208,22 +225,22 @@ static int check_decoder(tj *t, const json_value *d, dj_err *e) {
     t->type = TOK_TYPE_SPM;
     const json_value *list = json_get(d, "decoders");
     if (strcmp(type, "Sequence") != 0 || !list || list->type != JSON_ARRAY || list->u.arr.n < 3 || list->u.arr.n > 4)
-        return dj_fail(e, "tokenizer.json: decoder %s is not supported (only ByteLevel, or Replace+ByteFallback+Fuse+Strip)",
+        return dj_fail(e, "tokenizer.json: decoder %.60s is not supported (only ByteLevel, or Replace+ByteFallback+Fuse+Strip)",
                        is_null(d) ? "null" : type);
     const json_value *it = list->u.arr.items;
     if (strcmp(type_of(&it[0]), "Replace") != 0 || !is_str(json_get(json_get(&it[0], "pattern"), "String"), SPACE_MARK) ||
         !is_str(json_get(&it[0], "content"), " "))
-        return dj_fail(e, "tokenizer.json: decoder step 1 %s is not supported (only Replace(\"▁\", \" \"))", type_of(&it[0]));
+        return dj_fail(e, "tokenizer.json: decoder step 1 %.60s is not supported (only Replace(\"▁\", \" \"))", type_of(&it[0]));
     if (strcmp(type_of(&it[1]), "ByteFallback") != 0)
-        return dj_fail(e, "tokenizer.json: decoder step 2 %s is not supported (only ByteFallback)", type_of(&it[1]));
+        return dj_fail(e, "tokenizer.json: decoder step 2 %.60s is not supported (only ByteFallback)", type_of(&it[1]));
     if (strcmp(type_of(&it[2]), "Fuse") != 0)
-        return dj_fail(e, "tokenizer.json: decoder step 3 %s is not supported (only Fuse)", type_of(&it[2]));
+        return dj_fail(e, "tokenizer.json: decoder step 3 %.60s is not supported (only Fuse)", type_of(&it[2]));
     if (list->u.arr.n == 4) {
         int64_t start, stop;
         if (strcmp(type_of(&it[3]), "Strip") != 0 || !is_str(json_get(&it[3], "content"), " ") ||
             json_int(json_get(&it[3], "start"), &start) || json_int(json_get(&it[3], "stop"), &stop) || start < 0 ||
             start > 64 || stop != 0)
-            return dj_fail(e, "tokenizer.json: decoder step 4 %s is not supported (only Strip(\" \", start, 0))", type_of(&it[3]));
+            return dj_fail(e, "tokenizer.json: decoder step 4 %.60s is not supported (only Strip(\" \", start, 0))", type_of(&it[3]));
         t->strip_start = (uint32_t)start;
     }
     return 0;
@@ -235,7 +252,7 @@ static int template_token(const json_value *specials, const json_value *item, in
     const json_value *ids = json_get(json_get(specials, name ? name : ""), "ids");
     int64_t v;
     if (!name || !ids || ids->type != JSON_ARRAY || ids->u.arr.n != 1 || json_int(&ids->u.arr.items[0], &v) || v < 0 || v > INT32_MAX)
-        return dj_fail(e, "tokenizer.json: TemplateProcessing special token %s is not one id", name ? name : "(unnamed)");
+        return dj_fail(e, "tokenizer.json: TemplateProcessing special token %.60s is not one id", name ? name : "(unnamed)");
     *id = (int32_t)v;
     return 0;
 }
@@ -251,7 +268,7 @@ static int check_postprocessor(tj *t, const json_value *p, dj_err *e) {
         return 0;
     }
     if (strcmp(type, "TemplateProcessing") != 0)
-        return dj_fail(e, "tokenizer.json: post-processor %s is not supported (only TemplateProcessing, ByteLevel)", type);
+        return dj_fail(e, "tokenizer.json: post-processor %.60s is not supported (only TemplateProcessing, ByteLevel)", type);
     const json_value *single = json_get(p, "single"), *specials = json_get(p, "special_tokens");
     if (!single || single->type != JSON_ARRAY) return dj_fail(e, "tokenizer.json: TemplateProcessing without \"single\"");
     size_t a = SIZE_MAX;  // the position of the sequence
@@ -279,7 +296,7 @@ static int read_vocab(tj *t, const json_value *model, const json_value *added, d
     int64_t max_id = -1, id;
     for (size_t i = 0; i < vocab->u.obj.n; i++) {
         if (json_int(&vocab->u.obj.members[i].value, &id) || id < 0 || id >= (1 << 30))
-            return dj_fail(e, "tokenizer.json: vocab entry \"%s\" has a bad id", vocab->u.obj.members[i].key);
+            return dj_fail(e, "tokenizer.json: vocab entry \"%.120s\" has a bad id", vocab->u.obj.members[i].key);
         if (id > max_id) max_id = id;
     }
     for (size_t i = 0; added && i < added->u.arr.n; i++) {
@@ -306,7 +323,7 @@ static int read_vocab(tj *t, const json_value *model, const json_value *added, d
         const json_member *m = &vocab->u.obj.members[i];
         json_int(&m->value, &id);
         if (t->str[id]) return dj_fail(e, "tokenizer.json: id %lld is given to two vocab entries", (long long)id);
-        if (tj_model_id(t, m->key, m->key_len) >= 0) return dj_fail(e, "tokenizer.json: vocab entry \"%s\" appears twice", m->key);
+        if (tj_model_id(t, m->key, m->key_len) >= 0) return dj_fail(e, "tokenizer.json: vocab entry \"%.120s\" appears twice", m->key);
         t->str[id] = m->key, t->len[id] = m->key_len, t->attr[id] = TOK_A_EXISTS | TOK_A_MODEL;
         uint64_t h = tj_hash(m->key, m->key_len) & t->mask;
         while (t->h[h] >= 0) h = (h + 1) & t->mask;
@@ -321,21 +338,22 @@ static int read_vocab(tj *t, const json_value *model, const json_value *added, d
         static const char *const unsupported[] = {"single_word", "lstrip", "rstrip", "normalized"};
         for (int k = 0; k < 4; k++) {
             int v;
-            if (json_bool(json_get(a, unsupported[k]), &v) == 0 && v)
-                return dj_fail(e, "tokenizer.json: added token \"%s\" has %s: true, which is not supported", c->u.str.s,
+            if (opt_bool(a, unsupported[k], "tokenizer.json: added token", 0, &v, e)) return -1;
+            if (v)
+                return dj_fail(e, "tokenizer.json: added token \"%.120s\" has %s: true, which is not supported", c->u.str.s,
                                unsupported[k]);
         }
         if ((t->attr[id] & TOK_A_MODEL) && (t->len[id] != c->u.str.len || memcmp(t->str[id], c->u.str.s, c->u.str.len)))
-            return dj_fail(e, "tokenizer.json: added token \"%s\" has id %lld, which the vocab names \"%s\"", c->u.str.s,
+            return dj_fail(e, "tokenizer.json: added token \"%.120s\" has id %lld, which the vocab names \"%.120s\"", c->u.str.s,
                            (long long)id, t->str[id]);
-        int special = 0;
-        json_bool(json_get(a, "special"), &special);
+        int special;
+        if (opt_bool(a, "special", "tokenizer.json: added token", 0, &special, e)) return -1;
         t->str[id] = c->u.str.s, t->len[id] = c->u.str.len;
         t->attr[id] |= TOK_A_EXISTS | TOK_A_ADDED | (special ? TOK_A_SPECIAL : 0);
     }
     const char *unk = json_str(json_get(model, "unk_token"));
     t->unk_id = unk ? tj_model_id(t, unk, strlen(unk)) : -1;
-    if (unk && t->unk_id < 0) return dj_fail(e, "tokenizer.json: unk_token \"%s\" is not in the vocab", unk);
+    if (unk && t->unk_id < 0) return dj_fail(e, "tokenizer.json: unk_token \"%.120s\" is not in the vocab", unk);
     return 0;
 }
 
@@ -356,7 +374,7 @@ static int read_merges(tj *t, const json_value *model, dj_err *e) {
         if (m->type == JSON_STRING) {  // "left right"
             const char *sp = memchr(m->u.str.s, ' ', m->u.str.len);
             if (!sp || memchr(sp + 1, ' ', m->u.str.len - (size_t)(sp + 1 - m->u.str.s))) {
-                rc = dj_fail(e, "tokenizer.json: merge %zu \"%s\" is not two tokens", i, m->u.str.s);
+                rc = dj_fail(e, "tokenizer.json: merge %zu \"%.120s\" is not two tokens", i, m->u.str.s);
                 break;
             }
             a = m->u.str.s, la = (size_t)(sp - a), b = sp + 1, lb = m->u.str.len - la - 1;
@@ -378,7 +396,7 @@ static int read_merges(tj *t, const json_value *model, dj_err *e) {
         int32_t ia = tj_model_id(t, a, la), ib = tj_model_id(t, b, lb), im = tj_model_id(t, buf, la + lb);
         if (ia < 0 || ib < 0 || im < 0) {
             buf[la + lb] = 0;
-            rc = dj_fail(e, "tokenizer.json: merge %zu: \"%s\" (or one of its halves) is not in the vocab", i, buf);
+            rc = dj_fail(e, "tokenizer.json: merge %zu: \"%.120s\" (or one of its halves) is not in the vocab", i, buf);
             break;
         }
         uint32_t *o = t->merges + 3 * t->n_merges++;
@@ -426,7 +444,7 @@ static int read_configs(tj *t, const json_doc *tc, const json_doc *gc, const jso
     const char *eos = token_name(json_get(tcr, "eos_token"));
     if (eos) {
         int32_t id = tj_token_id(t, eos);
-        if (id < 0) return dj_fail(e, "tokenizer_config.json: eos_token \"%s\" is not in the vocabulary", eos);
+        if (id < 0) return dj_fail(e, "tokenizer_config.json: eos_token \"%.120s\" is not in the vocabulary", eos);
         if (add_eos(t, id, "tokenizer_config.json", e)) return -1;
     }
     if (t->bos_id < 0) {  // the post-processor adds none; still report the model's BOS
@@ -437,12 +455,14 @@ static int read_configs(tj *t, const json_doc *tc, const json_doc *gc, const jso
     }
     // transformers' Llama tokenizers rebuild the post-processor from add_bos_token/add_eos_token; follow explicit values
     int add_bos;
-    if (json_bool(json_get(tcr, "add_bos_token"), &add_bos) == 0) {
+    if (opt_bool(tcr, "add_bos_token", "tokenizer_config.json", -1, &add_bos, e)) return -1;
+    if (add_bos >= 0) {
         if (add_bos && t->bos_id < 0) return dj_fail(e, "tokenizer_config.json: add_bos_token is true but there is no bos token");
         t->flags = add_bos ? t->flags | TOK_F_ADD_BOS : t->flags & ~(uint32_t)TOK_F_ADD_BOS;
     }
     int add_eos;
-    if (json_bool(json_get(tcr, "add_eos_token"), &add_eos) == 0) {
+    if (opt_bool(tcr, "add_eos_token", "tokenizer_config.json", -1, &add_eos, e)) return -1;
+    if (add_eos >= 0) {
         if (add_eos && t->eos_append_id < 0) t->eos_append_id = eos ? tj_token_id(t, eos) : -1;
         if (add_eos && t->eos_append_id < 0) return dj_fail(e, "tokenizer_config.json: add_eos_token is true but there is no eos token");
         t->flags = add_eos ? t->flags | TOK_F_ADD_EOS : t->flags & ~(uint32_t)TOK_F_ADD_EOS;

@@ -360,6 +360,18 @@ Test(tokjson, refuses_by_name) {
     tt_expect_refused("\"dropout\": null", "\"dropout\": 0.1", "dropout");
     // one id near 2^26 in a 512-token vocabulary: refused before anything is sized by it
     tt_expect_refused("\"<unk>\": 0", "\"<unk>\": 67108000", "dense");
+    // a flag that is not true, false or null is refused by name, not taken as absent (HF's loader refuses it too):
+    // "true" as a string must not slip past the refusal of lstrip: true, nor "yes" turn byte fallback off
+    tt_expect_refused("\"lstrip\": false", "\"lstrip\": \"true\"", "\"lstrip\" must be true or false");
+    tt_expect_refused("\"byte_fallback\": true", "\"byte_fallback\": \"yes\"", "\"byte_fallback\" must be true or false");
+    tt_expect_refused("\"fuse_unk\": true", "\"fuse_unk\": 1", "\"fuse_unk\" must be true or false");
+    // a long name from the file is cut in the message, so the reason stays on its 512-byte line
+    char longkey[700];
+    memset(longkey, 'a', 600);
+    snprintf(longkey + 600, sizeof longkey - 600, "\": -1, \"<unk>\": 0");
+    char to[720];
+    snprintf(to, sizeof to, "\"%s", longkey);
+    tt_expect_refused("\"<unk>\": 0", to, "has a bad id");
 }
 
 // More eos ids than the section holds: named, not an internal error at load. Llama 3's vocabulary has room for them.
@@ -409,6 +421,10 @@ Test(tokjson, side_configs) {
     free(blob);
     const char *bad = "{\"eos_token_id\": \"x\"}";
     cr_expect_eq(tokjson_build(s, n, NULL, 0, bad, strlen(bad), NULL, 0, &blob, &bn, &e), -1);
+    // add_bos_token as a string ("false" is true to Python, absent to a lax reader): refused by name
+    const char *bos_str = "{\"add_bos_token\": \"false\"}";
+    cr_expect_eq(tokjson_build(s, n, bos_str, strlen(bos_str), NULL, 0, NULL, 0, &blob, &bn, &e), -1);
+    cr_expect(strstr(e.msg, "add_bos_token") && strstr(e.msg, "true or false"), "%s", e.msg);
     free(s);
 }
 

@@ -100,7 +100,9 @@ int http_parse_head(const char *buf, size_t n, size_t max_body, http_req *r, int
             if (strcasestr(v, "close")) r->keep_alive = 0;
             else if (strcasestr(v, "keep-alive")) r->keep_alive = 1;
         } else if (nl == 6 && !strncasecmp(p, "expect", nl)) {
-            if (!header_value(colon + 1, eol, v, sizeof v) && !strcasecmp(v, "100-continue")) r->expect_continue = 1;
+            // HTTP/1.0 has no 1xx responses: its expectation is ignored (RFC 9110, 10.1.1)
+            if (r->minor >= 1 && !header_value(colon + 1, eol, v, sizeof v) && !strcasecmp(v, "100-continue"))
+                r->expect_continue = 1;
         } else if (nl == 13 && !strncasecmp(p, "authorization", nl)) {
             if (header_value(colon + 1, eol, r->authorization, sizeof r->authorization))
                 return refuse(status, why, 431, "an Authorization header over 511 bytes");

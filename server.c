@@ -576,12 +576,13 @@ static int check_head(srv *s, srv_conn *c, const http_req *h) {
         int park;
         want = session_path(p, name, sizeof name, &park) ? m : park ? "POST" : "DELETE", c->route = ROUTE_SESSION;
     }
-    c->keep_alive = h->keep_alive;
     c->tenant = c->route == ROUTE_HEALTH ? 0 : tenant_of(s, h);
+    const int refused = !want || c->tenant < 0 || strcmp(m, want);
+    c->keep_alive = h->keep_alive && !refused;  // a refusal closes the connection (its body unread): it says so
     if (!want) send_error(s, c, 404, NULL, "no such endpoint: %s %s", m, p);
     else if (c->tenant < 0) send_error(s, c, 401, NULL, "a valid API key is required: 'Authorization: Bearer KEY'");
     else if (strcmp(m, want)) send_error(s, c, 405, NULL, "%s %s: use %s", m, p, want);
-    return !want || c->tenant < 0 || strcmp(m, want) ? -1 : 0;
+    return refused ? -1 : 0;
 }
 
 // /health's answer: {"status": status}.
@@ -797,7 +798,10 @@ static int conn_write(srv_conn *c, double now) {
     if (rc || c->out.n || c->req) return rc;
     if (c->eof && !c->more && !c->draining) return -1;  // all that was asked is answered
     if (!c->closing) return 0;
-    if (!c->draining) return -1;
+    if (!c->draining) {  // the response is out and the connection closes: a close() with bytes of the client's still
+        if (c->eof) return -1;  // unread would reset it, destroying the response's tail in flight: they are read and
+        c->draining = 1;        // dropped first, as after a refusal (at most SRV_DRAIN_S)
+    }
     if (!c->t_drain) shutdown(c->fd, SHUT_WR), c->t_drain = now;  // the response is out: the client sees its end
     return c->eof ? -1 : 0;
 }

@@ -931,6 +931,60 @@ Test(server, connections_limit_and_keep_alive) {
     ts_teardown(&t);
 }
 
+// How answers end. A refusal (404, 405) closes its connection, its body unread, so it says "Connection: close"
+// rather than promising keep-alive. A streamed answer's tail survives a client that sends more while it streams
+// (bytes the server never reads, which a bare close() would answer with a reset that destroys the tail in flight).
+// An HTTP/1.0 client's "Expect: 100-continue" is ignored: 1.0 has no 1xx answers.
+Test(server, answers_end_as_they_say) {
+    ts_env t;
+    ts_setup(&t);
+    ts_srv s;
+    ts_start_slow(&s, &t, NULL);
+    const char *refused[] = {"GET /no/such/path HTTP/1.1\r\nHost: t\r\n\r\n",
+                             "GET /v1/completions HTTP/1.1\r\nHost: t\r\n\r\n"};
+    const int status[] = {404, 405};
+    for (int i = 0; i < 2; i++) {
+        ts_resp r = ts_raw(s.port, refused[i], strlen(refused[i]));
+        cr_expect_eq(r.status, status[i], "%s", r.raw);
+        cr_expect(strstr(r.raw, "Connection: close") && !strstr(r.raw, "keep-alive"), "a refusal that closes: %s", r.raw);
+        free(r.raw);
+    }
+    for (int k = 0; k < 5; k++) {
+        int fd = ts_open_completion(s.port, ts_prompts[k % 4], 48, 1);
+        cr_assert(fd >= 0);
+        char first[4096];
+        ssize_t got = recv(fd, first, sizeof first - 1, 0);  // the stream is under way (2 ms a token)
+        cr_assert(got > 0, "no first chunk");
+        first[got] = 0;
+        const char more[] = "GET /health HTTP/1.1\r\nHost: t\r\n\r\n";
+        ts_send(fd, more, sizeof more - 1);
+        usleep(500000);  // the stream ends (48 tokens, 2 ms each) with its tail still unread here
+        char *rest = ts_read_all(fd, NULL);
+        cr_expect(strstr(rest, "data: [DONE]") || strstr(first, "data: [DONE]"), "stream %d lost its end: %s%s", k,
+                  first, rest);
+        free(rest);
+        close(fd);
+    }
+    char *body = ts_completion_body("Once upon a time", 4, "\"temperature\":0");
+    char head[256];
+    int n = snprintf(head, sizeof head, "POST /v1/completions HTTP/1.0\r\nExpect: 100-continue\r\nContent-Length: %zu\r\n\r\n",
+                     strlen(body));
+    int fd = ts_connect(s.port);
+    cr_assert(fd >= 0);
+    ts_send(fd, head, (size_t)n);
+    struct pollfd pf = {fd, POLLIN, 0};
+    cr_expect_eq(poll(&pf, 1, 300), 0, "an HTTP/1.0 client's head was answered before its body");  // no 100 Continue
+    ts_send(fd, body, strlen(body));
+    ts_resp r = {0};
+    r.raw = ts_read_all(fd, NULL);
+    close(fd);
+    ts_resp_parse(&r);
+    cr_expect(!strstr(r.raw, " 100 Continue") && r.status == 200, "HTTP/1.0 with Expect: %s", r.raw);
+    free(r.raw), free(body);
+    ts_stop(&s);
+    ts_teardown(&t);
+}
+
 // --timeout 1: a client that sends half a request head and stalls gets 408 and is closed; one that asks for a
 // stream and never reads does not hold anyone else up; one that pipelines requests and reads none of the answers
 // (more of them than both sockets' buffers hold: Linux grows a send buffer to 4 MB at most) is closed once its
@@ -1987,7 +2041,15 @@ Test(server, out_of_descriptors) {
     cr_assert_eq(ts_metric(&s, "connections_shed_total"), 0);
     int idle = ts_connect(s.port);  // an idle client's connection: taken before the limit, kept after it
     ts_await_metric(&s, "connections", 2);
-    struct rlimit low = {(rlim_t)ts_lowest_free_fd(s.pid), 128}, back = {128, 128};
+    // the answered connections close once their clients' ends are read (a closing connection drains first): the
+    // lowest free descriptor settles (the same for 200 ms) before the limit is set to it
+    int lowest = ts_lowest_free_fd(s.pid), same = 0;
+    for (double t0 = dj_now(); same < 10 && dj_now() - t0 < TS_WAIT_S; usleep(20000)) {
+        const int now = ts_lowest_free_fd(s.pid);
+        same = now == lowest ? same + 1 : 0, lowest = now;
+    }
+    cr_assert_eq(same, 10, "the server's descriptors did not settle");
+    struct rlimit low = {(rlim_t)lowest, 128}, back = {128, 128};
     cr_assert(!prlimit(s.pid, RLIMIT_NOFILE, &low, NULL), "prlimit: %s", strerror(errno));
     int fd = ts_connect(s.port);
     cr_assert(fd >= 0);

@@ -47,7 +47,7 @@
 #define SRV_REJECT_MAX 32                // connections over --max-conns answered 503 at once; more are closed
 #define SRV_READ_TURN ((size_t)1 << 20)  // bytes read from one connection in one turn
 #define SRV_REQS_TURN 32                 // requests answered on one connection in one turn; the rest wait a turn
-#define SRV_DRAIN_S 2.0                  // after a refusal, the client's unread bytes are read for this long
+#define SRV_DRAIN_S 2.0                  // a closing connection reads (and drops) the client's bytes this long at most
 #define SRV_FDS_OWN 64                   // descriptors the server needs besides its connections'
 #define SRV_DEFAULT_BUFFER_MB 256
 #define SRV_DEFAULT_CTX 8192  // the default context's cap: room for many slots where a model's is 128k

@@ -1070,7 +1070,7 @@ Test(convert_big, input_truncated_during_conversion, .timeout = 120) {
 
 // More inputs than a fixed list would hold: stories260K's tensors in one shard and 4200 more shards of one ignored
 // rotary table each. The output named as the last shard is refused as the first is, and neither is touched.
-Test(convert, output_never_replaces_a_late_shard, .timeout = 120) {
+Test(convert, output_never_replaces_a_late_shard) {
     need_stories();
     enum { EXTRA = 4200 };
     struct rlimit rl;

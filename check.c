@@ -110,8 +110,9 @@ void check_logits(const dj_ref *r, const float *logits, FILE *out, dj_check *c) 
         dj_row_cmp rc = compare_row(ref, got, r->vocab);
         fprintf(out, "%5u %7d %12.4e %12.4e %5s %12.4e\n", t, r->ids[t], rc.max_abs, rc.rel_l2, rc.top1 ? "yes" : "NO",
                 rc.kl);
-        if (!(rc.max_abs <= c->worst_abs)) c->worst_abs = rc.max_abs;
-        if (!(rc.rel_l2 <= c->worst_rel)) c->worst_rel = rc.rel_l2, c->worst_pos = t;
+        // a NaN row is the worst there is and stays the worst (x <= NaN is false: a later row must not replace it)
+        if (!isnan(c->worst_abs) && !(rc.max_abs <= c->worst_abs)) c->worst_abs = rc.max_abs;
+        if (!isnan(c->worst_rel) && !(rc.rel_l2 <= c->worst_rel)) c->worst_rel = rc.rel_l2, c->worst_pos = t;
         sum_kl += rc.kl;
         c->max_kl = fmax(c->max_kl, rc.kl);
         c->agree += rc.top1;

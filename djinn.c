@@ -342,7 +342,8 @@ static int parse_value(const char *a, const char *v, dj_opts *o) {
         if (!parse_i64(v, &n) && n >= 2 && a[1] == 't')
             return usage_error("-t %s: -t is the temperature in Djinn (as in llama2.c); threads are --threads, a "
                                "temperature this high is --temp", v);
-        if (parse_f64(v, &d) || d < 0) return usage_error("-t needs a temperature >= 0, not '%s'", v);
+        if (parse_f64(v, &d) || d < 0 || d >= 1e30)  // the sampler's bound
+            return usage_error("-t needs a temperature from 0 up to (not including) 1e30, not '%s'", v);
         o->smp.temp = d;
     } else if (!strcmp(a, "-m")) {
         if (o->model_path) return usage_error("a second model '%s'", v);
@@ -360,14 +361,16 @@ static int parse_value(const char *a, const char *v, dj_opts *o) {
         if (parse_f64(v, &d) || d < 0 || d > 1) return usage_error("--min-p needs a value in [0, 1], not '%s'", v);
         o->smp.min_p = d;
     } else if (!strcmp(a, "--repeat-penalty")) {
-        if (parse_f64(v, &d) || d <= 0) return usage_error("--repeat-penalty needs a positive factor, not '%s'", v);
+        if (parse_f64(v, &d) || d < 1e-30 || d >= 1e30)  // the sampler's float: a factor it can divide by, finite
+            return usage_error("--repeat-penalty needs a factor from 1e-30 up to (not including) 1e30, not '%s'", v);
         o->smp.repeat_penalty = d;
     } else if (!strcmp(a, "--repeat-last-n")) {
         if (parse_i64(v, &n) || n < 0 || n > (1 << 24))
             return usage_error("--repeat-last-n needs a count from 0 to 16777216, not '%s'", v);
         o->smp.repeat_last_n = n;
     } else if (!strcmp(a, "--presence-penalty") || !strcmp(a, "--frequency-penalty")) {
-        if (parse_f64(v, &d)) return usage_error("%s needs a number", a);
+        if (parse_f64(v, &d) || fabs(d) > 1e30)  // times a count of up to 2^24, still a finite float
+            return usage_error("%s needs a number from -1e30 to 1e30", a);
         if (a[2] == 'p') o->smp.presence_penalty = d;
         else o->smp.frequency_penalty = d;
     } else if (!strcmp(a, "-s")) {
@@ -670,6 +673,10 @@ static int run_perplexity(const dj_model *m, const dj_tokenizer *tok, const dj_o
         goto out;
     if (n_ids < 2) {
         dj_fail(e, "%s holds %zu tokens: nothing to score", o->ppl_path, n_ids);
+        goto out;
+    }
+    if (ctx < 2) {  // a window scores every token after its first: one of 1 token scores none
+        dj_fail(e, "--perplexity needs a context of at least 2 tokens, not -c %lld", (long long)ctx);
         goto out;
     }
     int64_t win = (int64_t)n_ids < ctx ? (int64_t)n_ids : ctx;
@@ -1220,6 +1227,11 @@ static int run_chat(const dj_model *m, const dj_tokenizer *tok, const dj_opts *o
         free(turn), turn = NULL;
         if (chat_turn_ids(tok, kind, o->system, line, g.turns == 0, g.end_tok, &turn, &nt, e)) goto out;
         if (g.pos + (int64_t)nt >= g.ctx) {
+            if (!g.turns) {  // not a conversation that filled the context: one that can never start
+                dj_fail(e, "--chat: the first turn is %zu tokens in the template (with --system), the context of %"
+                           PRId64 " tokens (-c) leaves no room to answer it", nt, g.ctx);
+                goto out;
+            }
             chat_context_full(&g);
             break;
         }

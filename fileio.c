@@ -68,8 +68,12 @@ static int read_all(const char *path, const char *what, size_t max, int optional
     if (fd < 0) return -1;
     int rc = -1;
     if ((uint64_t)st.st_size > max) {
-        dj_fail(e, "%s %s is %lld bytes, more than the %zu MB such a file may have", what, path,
-                (long long)st.st_size, max >> 20);
+        if (max >> 20)
+            dj_fail(e, "%s %s is %lld bytes, more than the %zu MB such a file may have", what, path,
+                    (long long)st.st_size, max >> 20);
+        else  // a limit under 1 MB (a steering vector's): in bytes, not "0 MB"
+            dj_fail(e, "%s %s is %lld bytes, more than the %zu bytes such a file may have", what, path,
+                    (long long)st.st_size, max);
         goto out;
     }
     size_t size = (size_t)st.st_size;

@@ -126,6 +126,10 @@ int probe_add_vector(dj_probe *p, uint32_t layer, const float *v, double scale, 
         for (uint32_t i = 0; i < p->dim; i++) p->vec[layer][i] = -0.0f;
     }
     float *d = p->vec[layer];
+    for (uint32_t i = 0; i < p->dim; i++)  // first: a vector times its scale (plus the layer's others) must stay finite
+        if (!isfinite(d[i] + (float)((double)v[i] * scale)))
+            return dj_fail(e, "--steer: layer %u's vector times its scale %g overflows a float at element %u", layer,
+                           scale, i);
     for (uint32_t i = 0; i < p->dim; i++) {
         float s = d[i] + (float)((double)v[i] * scale);
         d[i] = s == 0.0f ? -0.0f : s;  // see probe_vector: zeros leave the stream as it is

@@ -642,6 +642,11 @@ Test(cli, chat_conversation) {
     snprintf(stats, sizeof stats, "%s/chat_stats.json", c.dir);
     tcli_expect_fail(&c, (char *[]){d, model, "--chat", "--stats-json", stats, NULL}, 2, "--stats-json");
     tcli_expect_fail(&c, (char *[]){d, model, "--system", "x", NULL}, 2, "--system is --chat's");
+    // a first turn that cannot fit the context is an error (it exited 0, nothing answered), as in plain generation
+    tcli_stdin = in1;
+    tcli_expect_fail(&c, (char *[]){d, model, "--chat", "-c", "8", "--system", "Be brief.", "--cpu", NULL}, 1,
+                     "the first turn is");
+    tcli_stdin = NULL;
     tcli_teardown(&c);
 }
 
@@ -942,6 +947,16 @@ Test(cli, bad_flags_give_usage) {
     tcli_expect_fail(&c, (char *[]){d, m, "--threads", "257", NULL}, 2, "--threads");
     tcli_expect_fail(&c, (char *[]){d, m, "--threads", "four", NULL}, 2, "--threads");
     tcli_expect_fail(&c, (char *[]){d, m, "--kv-type", "q4", NULL}, 2, "--kv-type");
+    // values that parse but overflow the sampler's floats later (it then blamed the model's arithmetic): refused here
+    tcli_expect_fail(&c, (char *[]){d, m, "-t", "1e308", NULL}, 2, "-t needs a temperature");
+    tcli_expect_fail(&c, (char *[]){d, m, "--repeat-penalty", "1e-300", NULL}, 2, "--repeat-penalty");
+    tcli_expect_fail(&c, (char *[]){d, m, "--presence-penalty", "-1e39", NULL}, 2, "--presence-penalty");
+    tcli_expect_fail(&c, (char *[]){d, m, "--frequency-penalty", "-2e38", NULL}, 2, "--frequency-penalty");
+    // --perplexity over windows of one token scores nothing: refused, not "perplexity -nan over 0 tokens"
+    char ppl_text[600];
+    snprintf(ppl_text, sizeof ppl_text, "%s/ppl.txt", c.dir);
+    tc_write(ppl_text, "Once upon a time there was a cat.", 33);
+    tcli_expect_fail(&c, (char *[]){d, m, "--perplexity", ppl_text, "-c", "1", NULL}, 1, "at least 2 tokens");
     // --help lists every option on stdout
     cr_assert_eq(tcli_run(&c, (char *[]){d, "--help", NULL}), 0);
     char *out = tcli_stdout(&c, NULL);
@@ -1506,6 +1521,16 @@ Test(cli, probe_refusals) {
     tcli_expect_fail(&c, TCLI_ARGV(m, "-n", "2", "--cpu", "--steer", s2), 1, "absent.bin");
     tcli_expect_fail(&c, TCLI_ARGV(m, "-n", "2", "--cpu", "--steer", s1, "--dump-act", "0", shortv), 1, "--dump-act");
     tcli_expect_fail(&c, TCLI_ARGV(m, "--tokenize", "--dump-act", "0", act), 2, "not with --tokenize");
+    // a vector whose scale overflows a float: refused before any text (it failed after the prompt, blaming the
+    // model's arithmetic); a file far past a vector's size says its limit in bytes, not "0 MB"
+    char onesv[600], bigv[600], s3[700], s4[700];
+    snprintf(onesv, sizeof onesv, "%s/ones.bin", c.dir), snprintf(bigv, sizeof bigv, "%s/big.bin", c.dir);
+    float ones[64], big[2048] = {0};
+    for (int i = 0; i < 64; i++) ones[i] = 1.0f;
+    tc_write(onesv, ones, sizeof ones), tc_write(bigv, big, sizeof big);
+    snprintf(s3, sizeof s3, "1:%s:1e300", onesv), snprintf(s4, sizeof s4, "1:%s", bigv);
+    tcli_expect_fail(&c, TCLI_ARGV(m, "-n", "2", "--cpu", "--steer", s3), 1, "overflows a float");
+    tcli_expect_fail(&c, TCLI_ARGV(m, "-n", "2", "--cpu", "--steer", s4), 1, "bytes such a file may have");
     struct stat st;
     cr_assert(stat(act, &st) && !stat(shortv, &st) && st.st_size == 8, "a refused run left or replaced a file");
     tcli_teardown(&c);

@@ -127,22 +127,11 @@ Test(check, every_position_and_the_worst) {
     fclose(out);
     cr_assert_eq(lines, 1 + N + 1, "%d lines", lines);
     cr_assert_eq(overall, 1);
-}
-
-// A NaN row anywhere is the worst row, and stays it: a later row must not replace it (x <= NaN is false, so a
-// plain "worse than" test let the next row overwrite it and the check passed).
-Test(check, a_nan_row_is_never_forgotten) {
-    enum { N = 4, V = 5 };
-    float ref[N * V], got[N * V];
-    tc_rng_seed(12);
-    tc_fill(ref, N * V, -2, 2);
-    memcpy(got, ref, sizeof ref);
-    got[1 * V + 2] = NAN;
-    int32_t ids[N] = {1, 2, 3, 4};
-    dj_ref r = {N, 1, V, ids, ref};
-    FILE *out = tmpfile();
+    // a NaN row stays the worst: the row after it must not replace it (x <= NaN is false, so a plain "worse than"
+    // test let it, and --check passed over NaN logits)
+    got[1 * V + 3] = NAN;
+    out = tmpfile();
     cr_assert(out);
-    dj_check c;
     check_logits(&r, got, out, &c);
     fclose(out);
     cr_assert(isnan(c.worst_rel) && isnan(c.worst_abs) && c.worst_pos == 1, "worst rel %g abs %g at %lld", c.worst_rel,

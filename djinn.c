@@ -668,9 +668,12 @@ static int run_perplexity(const dj_model *m, const dj_tokenizer *tok, const dj_o
     float *logits = NULL;
     dj_engine eng = {0};
     int rc = EXIT_ERR;
-    if (in_read_all(o->ppl_path, "text", 64u << 20, &text, &n_text, e) ||
-        tok_encode(tok, text, n_text, 1, &ids, &n_ids, e))
+    if (in_read_all(o->ppl_path, "text", 64u << 20, &text, &n_text, e)) goto out;
+    if (memchr(text, 0, n_text)) {  // as -f's prompt: a NUL byte is not text
+        dj_fail(e, "%s holds a NUL byte: --perplexity scores a text", o->ppl_path);
         goto out;
+    }
+    if (tok_encode(tok, text, n_text, 1, &ids, &n_ids, e)) goto out;
     if (n_ids < 2) {
         dj_fail(e, "%s holds %zu tokens: nothing to score", o->ppl_path, n_ids);
         goto out;

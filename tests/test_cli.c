@@ -957,6 +957,8 @@ Test(cli, bad_flags_give_usage) {
     snprintf(ppl_text, sizeof ppl_text, "%s/ppl.txt", c.dir);
     tc_write(ppl_text, "Once upon a time there was a cat.", 33);
     tcli_expect_fail(&c, (char *[]){d, m, "--perplexity", ppl_text, "-c", "1", NULL}, 1, "at least 2 tokens");
+    tc_write(ppl_text, "Once upon\0 a time", 17);  // a NUL byte is not text, as -f's prompt says too
+    tcli_expect_fail(&c, (char *[]){d, m, "--perplexity", ppl_text, NULL}, 1, "holds a NUL byte");
     // --help lists every option on stdout
     cr_assert_eq(tcli_run(&c, (char *[]){d, "--help", NULL}), 0);
     char *out = tcli_stdout(&c, NULL);

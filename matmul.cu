@@ -692,12 +692,16 @@ extern "C" int gpu_qgemv_rows_a_warp(const dj_gpu *g, uint32_t wtype, int64_t n_
     return qp_rows_a_warp(g, wtype, n_out);
 }
 
+// Several tokens a block take two rows a warp for every dtype and size: each lane reads every token's record from
+// shared memory once for both rows, where with one row it read 2.5 bytes of records a weight a token (q4), which
+// bound the pass (H200, 8B q4, one row -> two: q|k|v at 2 / 4 tokens 8.9 -> 7.8 / 15.0 -> 13.2 us, gate|up 30.1 ->
+// 21.0 at 2, down 19.1 -> 15.9 at 2; q8 alike: bench/results/gemv_rows/session66).
 template <int WT, int MODE, int NT>
 static int qp_launch_nt(dj_gpu *g, float *y, const qx_in &in, const uint8_t *w, int64_t T, int64_t n_in,
                         int64_t n_out, cudaStream_t s, dj_err *e) {
     if constexpr (NT == 1)
-        if (qp_rows_a_warp(g, WT, n_out) == 2) return qp_launch_nr<WT, MODE, NT, 2>(g, y, in, w, T, n_in, n_out, s, e);
-    return qp_launch_nr<WT, MODE, NT, 1>(g, y, in, w, T, n_in, n_out, s, e);
+        if (qp_rows_a_warp(g, WT, n_out) == 1) return qp_launch_nr<WT, MODE, NT, 1>(g, y, in, w, T, n_in, n_out, s, e);
+    return qp_launch_nr<WT, MODE, NT, 2>(g, y, in, w, T, n_in, n_out, s, e);
 }
 
 // The most tokens a block of the persistent kernel stages for x of n_in (their records side by side in shared
@@ -1089,11 +1093,11 @@ template <int WT, int MODE> static int qp_setup_one(dj_gpu *g, int sms, dj_err *
         CUDA_CHECK(cudaFuncSetAttribute(gemv_quant_persist_kernel<WT, MODE, 1, 2, true>,
                                         cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     if constexpr (MODE != QX_NORM) {  // several tokens a block: as many records as the device's shared memory holds
-        CUDA_CHECK(cudaFuncSetAttribute(gemv_quant_persist_kernel<WT, MODE, 2, 1>,
+        CUDA_CHECK(cudaFuncSetAttribute(gemv_quant_persist_kernel<WT, MODE, 2, 2>,
                                         cudaFuncAttributeMaxDynamicSharedMemorySize, g->tc_optin));
-        CUDA_CHECK(cudaFuncSetAttribute(gemv_quant_persist_kernel<WT, MODE, 4, 1>,
+        CUDA_CHECK(cudaFuncSetAttribute(gemv_quant_persist_kernel<WT, MODE, 4, 2>,
                                         cudaFuncAttributeMaxDynamicSharedMemorySize, g->tc_optin));
-        CUDA_CHECK(cudaFuncSetAttribute(gemv_quant_persist_kernel<WT, MODE, QP_MAX_NT, 1>,
+        CUDA_CHECK(cudaFuncSetAttribute(gemv_quant_persist_kernel<WT, MODE, QP_MAX_NT, 2>,
                                         cudaFuncAttributeMaxDynamicSharedMemorySize, g->tc_optin));
     }
     int per_sm = 0;

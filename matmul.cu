@@ -960,12 +960,16 @@ extern "C" size_t gpu_matmul_scratch(uint32_t wtype, int64_t T, int64_t n_in) {
 // Up to how many tokens a pass over q8/q4 W (n_out, n_in) goes to the persistent GEMV, which reads W once for the
 // tokens a block holds (qp_fit), past which qgemm.cu's register kernel is faster. The GEMV's cost grows with the
 // tokens, about W's read time each; the register kernel's is nearly flat, a fixed cost plus W's bytes: the larger
-// W, the fewer tokens the GEMV wins. On the H200 (bench/results/qgemm_reg, Llama-3-8B, q4 and q8 alike) the GEMV
-// still wins at 4 tokens on q|k|v and wo (25M and 17M weights: 0.79x, 0.73x the register kernel's time), at 3 but not
-// 4 on down (59M: 0.92x, then 1.16x), at 2 but not 3 on gate|up (117M: 0.79x, then 1.13x). So: 4 tokens up to 32M
-// weights, 3 up to 64M, 2 beyond. Never so many that W is read more than twice.
+// W, the fewer tokens the GEMV wins. Measured on the H200 with two rows a warp (bench/results/gemv_rows/session66,
+// the GEMV's time over the register kernel's, q4 / q8, on the matrices of Llama-3-8B, of it split over two GPUs,
+// Llama-2-13B and Llama-3-70B): at 5 tokens 0.75 / 0.72 (8.4M weights), 0.84 / 0.89 (12.6M), 0.85 / 0.90 (16.8M),
+// then 1.17 / 1.21 (25.2M); at 4 0.91 / 0.98 (25.2M), 0.93 / 0.96 (29.4M), but 1.14 / 1.21 on 13B's wo (26.2M); at 3
+// 0.90 / 0.91 and 1.00 / 1.03 (58.7M, two shapes), 0.97 / 0.94 (67.1M); at 2 0.55 - 0.92 everywhere up to 470M but
+// 13B's down in q8 (1.04). So: 5 tokens up to 20M weights, 4 up to 32M, 3 up to 64M, 2 beyond. Never so many that
+// W is read more than twice.
 static int64_t qp_tokens(const dj_gpu *g, uint32_t wtype, int64_t n_in, int64_t n_out) {
-    const int64_t weights = n_in * n_out, most = weights <= (32 << 20) ? 4 : weights <= (64 << 20) ? 3 : 2;
+    const int64_t weights = n_in * n_out;
+    const int64_t most = weights <= (20 << 20) ? 5 : weights <= (32 << 20) ? 4 : weights <= (64 << 20) ? 3 : 2;
     const int64_t twice = 2 * (int64_t)qp_fit(g, wtype, n_in);
     return most < twice ? most : twice;
 }

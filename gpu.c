@@ -200,15 +200,22 @@ static int gate_up_matmul(dj_gpu_state *s, const gpu_unit *un, int64_t T, ffn_ro
 }
 
 // Where a layer's two norms (and the residual adds before them) run. With every row of the pass on the GPU and q|k|v
-// and gate|up each one matmul, inside the products after them: the GEMV for one token (gpu_norm_matmul), the register
-// kernel's x layout for 2..64 (gpu_norm_qgemm) where gpu_matmul would run both products on that kernel (the same
-// bits, without the norm's launch and its normed copy of x). Else apart, into d_xb before the matmuls. Both or
-// neither: see residual_swap.
+// and gate|up each one matmul, inside the products after them, where each is taken by a kernel that norms its input
+// as it stages it: the GEMV for one token (gpu_norm_matmul, gate|up's silu(gate) * up out of it too), and for 2..64
+// the product's kernel as gpu_matmul picks it: the GEMV for the few tokens it takes (gpu_norm_matmul), the register
+// kernel's x layout past them (gpu_norm_qgemm; the same bits as the norm then the product). No norm's launch, no
+// normed copy of x. Else apart, into d_xb before the matmuls. Both or neither: see residual_swap.
 typedef enum {
     NORMS_APART,    // gpu_add_rmsnorm into d_xb, then the matmuls
     NORMS_IN_GEMV,  // one token
-    NORMS_IN_X,     // 2..64 tokens, on the register kernel
+    NORMS_IN_X,     // 2..64 tokens: the GEMV's or the register kernel's staging of x (norm_rows)
 } norm_form;
+
+// Whether the product of matrix mt's T rows (2..64) takes the norm inside it (NORMS_IN_X).
+static int norm_fits_rows(const dj_gpu_state *s, const sp_mat *mt, const uint8_t *w, int64_t T) {
+    return gpu_norm_matmul_takes(s->g, mt->dtype, w + mt->off, T, mt->n_in, mt->n_out) ||
+           gpu_norm_qgemm_ok(s->g, mt->dtype, w + mt->off, T, mt->n_in, mt->n_out);
+}
 
 static norm_form norms_where(const dj_gpu_state *s, const gpu_unit *un, int64_t T) {
     const dj_layer_layout *L = &s->m->info.layer;
@@ -224,10 +231,7 @@ static norm_form norms_where(const dj_gpu_state *s, const gpu_unit *un, int64_t 
                        gpu_fused_ok(gu->dtype, w + gu->off, gu->n_in, gu->n_out)
                    ? NORMS_IN_GEMV
                    : NORMS_APART;
-    return gpu_norm_qgemm_ok(s->g, qkv->dtype, w + qkv->off, T, qkv->n_in, qkv->n_out) &&
-                   gpu_norm_qgemm_ok(s->g, gu->dtype, w + gu->off, T, gu->n_in, gu->n_out)
-               ? NORMS_IN_X
-               : NORMS_APART;
+    return norm_fits_rows(s, qkv, w, T) && norm_fits_rows(s, gu, w, T) ? NORMS_IN_X : NORMS_APART;
 }
 
 // After a fused norm wrote x + delta, or x, to d_xb (the normed input never exists on its own, so d_xb is free): the
@@ -247,8 +251,8 @@ static int norm_matmul(dj_gpu_state *s, const uint8_t *w, int k, const float *no
     gpu_bufs *b = &s->b;
     const float *delta = add ? b->delta : NULL;
     if (qkv) *qkv = qkv_fused_rows(s);
-    if (qkv ? gpu_norm_matmul(s->g, qkv->q, b->x, delta, b->xb, norm, c->norm_eps, w + mt->off, mt->dtype, mt->n_in,
-                              mt->n_out, s->compute, e)
+    if (qkv ? gpu_norm_matmul(s->g, qkv->q, b->x, delta, b->xb, norm, c->norm_eps, w + mt->off, mt->dtype, 1,
+                              mt->n_in, mt->n_out, s->compute, e)
             : gpu_norm_matmul_swiglu(s->g, b->hb, b->x, delta, b->xb, norm, c->norm_eps, w + mt->off, mt->dtype,
                                      mt->n_in, mt->n_out, s->compute, e))
         return -1;
@@ -256,15 +260,21 @@ static int norm_matmul(dj_gpu_state *s, const uint8_t *w, int k, const float *no
     return 0;
 }
 
-// The norm fused into the register kernel's x layout for matmul k's T rows into y (NORMS_IN_X: the fused layouts
-// q|k|v and gate|up), x + delta (`add`) or x to d_xb, then the swap.
-static int norm_qgemm(dj_gpu_state *s, const uint8_t *w, int k, const float *norm, int add, int64_t T, float *y,
-                      dj_err *e) {
+// The norm fused into the staging of x for matmul k's T rows into y (NORMS_IN_X: the fused layouts q|k|v and
+// gate|up), on the GEMV or the register kernel as gpu_matmul would pick, x + delta (`add`) or x to d_xb, then the
+// swap.
+static int norm_rows(dj_gpu_state *s, const uint8_t *w, int k, const float *norm, int add, int64_t T, float *y,
+                     dj_err *e) {
     const dj_config *c = &s->m->info.config;
     const sp_mat *mt = &s->mats.layer[k];
     gpu_bufs *b = &s->b;
-    if (gpu_norm_qgemm(s->g, y, b->x, add ? b->delta : NULL, b->xb, norm, c->norm_eps, w + mt->off, mt->dtype, T,
-                       mt->n_in, mt->n_out, s->compute, e))
+    const float *delta = add ? b->delta : NULL;
+    const void *wm = w + mt->off;
+    if (gpu_norm_matmul_takes(s->g, mt->dtype, wm, T, mt->n_in, mt->n_out)
+            ? gpu_norm_matmul(s->g, y, b->x, delta, b->xb, norm, c->norm_eps, wm, mt->dtype, T, mt->n_in, mt->n_out,
+                              s->compute, e)
+            : gpu_norm_qgemm(s->g, y, b->x, delta, b->xb, norm, c->norm_eps, wm, mt->dtype, T, mt->n_in, mt->n_out,
+                             s->compute, e))
         return -1;
     residual_swap(b);
     return 0;
@@ -274,7 +284,7 @@ static int norm_qgemm(dj_gpu_state *s, const uint8_t *w, int k, const float *nor
 // where the norms run, and the MLP block's form.
 typedef enum {
     MLP_NORM_GEMV,   // one token, all on the GPU: the norm inside the gate|up GEMV, silu(gate) * up out of it
-    MLP_NORM_X,      // 2..64 tokens, all on the GPU: the norm inside gate|up's x layout, then as MLP_GPU_DOWN
+    MLP_NORM_X,      // 2..64 tokens, all on the GPU: the norm inside gate|up's staging of x, then as MLP_GPU_DOWN
     MLP_GPU_DOWN,    // down all on the GPU: its q8/q4 products compute silu(gate) * up as they read it
     MLP_SPLIT_DOWN,  // down split with the CPU: silu(gate) * up into d_hb first
     MLP_CPU_CHAIN,   // the CPU has all of gate and up: one CPU job from x to its rows of down (share_ffn)
@@ -307,7 +317,7 @@ static int norm_qkv(dj_gpu_state *s, const gpu_unit *un, const layer_plan *pl, i
     }
     if (pl->norms == NORMS_IN_X) {
         *qkv = qkv_fused_rows(s);
-        STEP(QKV, norm_qgemm(s, un->w, 0, norm, pending, T, qkv->q, e));
+        STEP(QKV, norm_rows(s, un->w, 0, norm, pending, T, qkv->q, e));
         return 0;
     }
     STEP(NORM, pending ? gpu_add_rmsnorm(b->x, b->delta, b->xb, norm, T, c->dim, c->norm_eps, s->compute, e)
@@ -349,7 +359,7 @@ static int mlp_block(dj_gpu_state *s, const gpu_unit *un, const layer_plan *pl, 
     }
     if (pl->mlp == MLP_NORM_X) {
         ffn = ffn_fused_rows(s);
-        STEP(GATE_UP, norm_qgemm(s, un->w, 2, norm, 1, T, ffn.gate, e));
+        STEP(GATE_UP, norm_rows(s, un->w, 2, norm, 1, T, ffn.gate, e));
         STEP(DOWN, swiglu_down(s, un, &ffn, out, T, e));
         return 0;
     }

@@ -259,11 +259,15 @@ int gpu_norm_matmul_swiglu(dj_gpu *g, float *h, const float *x, const float *del
 // Rows of W (n_out rows of wtype) a warp of the persistent GEMV takes at a time for one token on this device: 1 or 2
 // (tests reach both with it).
 int gpu_qgemv_rows_a_warp(const dj_gpu *g, uint32_t wtype, int64_t n_out);
-// y (n_out) = W . (rmsnorm(x + delta) * nw) for one token (gpu_add_rmsnorm and gpu_matmul in one kernel), and xo =
-// x + delta, the residual stream's next value, in a buffer that is not x; delta NULL: no add, xo = x.
-// PRECOND-checked: gpu_fused_ok, and x, delta, xo, nw 16-byte aligned.
+// y (T, n_out) = W . (rmsnorm(x + delta) * nw) on the persistent GEMV (gpu_add_rmsnorm and its gpu_matmul in one
+// kernel: each row normed as it is staged, W read once for the tokens a block holds), and xo = x + delta, the
+// residual stream's next value, in a buffer that is not x; delta NULL: no add, xo = x. x, delta, xo (T, n_in).
+// PRECOND-checked: gpu_fused_ok, x, delta, xo, nw 16-byte aligned, 1 <= T <= 65535.
 int gpu_norm_matmul(dj_gpu *g, float *y, const float *x, const float *delta, float *xo, const float *nw, float eps,
-                    const void *w, uint32_t wtype, int64_t n_in, int64_t n_out, cudaStream_t s, dj_err *e);
+                    const void *w, uint32_t wtype, int64_t T, int64_t n_in, int64_t n_out, cudaStream_t s, dj_err *e);
+// Whether gpu_matmul gives this product of T tokens (x aligned) to the persistent GEMV, so that gpu_norm_matmul can
+// take it with the norm before it.
+int gpu_norm_matmul_takes(const dj_gpu *g, uint32_t wtype, const void *w, int64_t T, int64_t n_in, int64_t n_out);
 
 // ---- RoPE: x rows (T rows `ld` floats apart, each n_heads * head_dim), rotated in place for positions
 // *d_pos + t, HF rotate-half pairs (i, i + head_dim/2), angle = (float)pos * inv_freq[i] in f32 (cpu_rope).

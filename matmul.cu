@@ -319,9 +319,9 @@ __device__ __forceinline__ uint32_t pack_i8x4(int a, int b, int c, int d) {
 
 // What the persistent kernel multiplies W with, for row t of its input: x itself (QX_PLAIN), silu(x) * b (QX_SWIGLU:
 // the down projection with gpu_swiglu fused, as gpu_swiglu computes it) or rmsnorm(x + b) * nw (QX_NORM: the
-// residual add and the norm before q|k|v and gate|up fused, as gpu_add_rmsnorm computes them; b NULL: no add; block
-// 0 writes x + b, or x, to xo, the residual stream's next buffer, which must not alias x; one token only). Rows of x
-// and b are ld floats apart.
+// residual add and the norm before q|k|v and gate|up fused, as gpu_add_rmsnorm computes them; b NULL: no add; the
+// blocks of column 0 write x + b, or x, to xo, the residual stream's next buffer, which must not alias x). Rows of x,
+// b and xo are ld floats apart.
 enum { QX_PLAIN, QX_SWIGLU, QX_NORM };
 struct qx_in {
     const float *x, *b, *nw;
@@ -331,9 +331,10 @@ struct qx_in {
 };
 
 // The values i0 .. i0 + 3 of the input (row xr, b's row br), the norm's scale applied.
+// xo: the row of in.xo this block writes x + b to (QX_NORM), NULL for none.
 template <int MODE>
 __device__ __forceinline__ void qx_load4(const qx_in &in, const float *xr, const float *br, int64_t i0, float scale,
-                                         bool write_res, float *v) {
+                                         float *xo, float *v) {
     const float4 f = __ldg((const float4 *)(xr + i0));
     v[0] = f.x, v[1] = f.y, v[2] = f.z, v[3] = f.w;
     if (MODE == QX_SWIGLU) {
@@ -346,7 +347,7 @@ __device__ __forceinline__ void qx_load4(const qx_in &in, const float *xr, const
             const float4 d = __ldg((const float4 *)(br + i0));
             v[0] += d.x, v[1] += d.y, v[2] += d.z, v[3] += d.w;
         }
-        if (write_res) *(float4 *)(in.xo + i0) = make_float4(v[0], v[1], v[2], v[3]);
+        if (xo) *(float4 *)(xo + i0) = make_float4(v[0], v[1], v[2], v[3]);
         const float4 w = __ldg((const float4 *)(in.nw + i0));
         v[0] = v[0] * scale * w.x, v[1] = v[1] * scale * w.y, v[2] = v[2] * scale * w.z, v[3] = v[3] * scale * w.w;
     }
@@ -424,7 +425,7 @@ template <int WT, int MODE>
 __device__ __forceinline__ void stage_xq(uint8_t *rec, const qx_in &in, int64_t t, int64_t n_in) {
     const float *xr = in.x + t * in.ld, *br = in.b ? in.b + t * in.ld : NULL;
     const float scale = qx_scale<MODE>(in, xr, br, n_in);
-    const bool write_res = MODE == QX_NORM && blockIdx.x == 0;
+    float *xo = MODE == QX_NORM && blockIdx.x == 0 ? in.xo + t * in.ld : NULL;
     const int lane = threadIdx.x & 31;
     const int64_t nq = n_in / 8;
     for (int64_t i0 = threadIdx.x - lane; i0 < nq; i0 += blockDim.x) {
@@ -432,20 +433,23 @@ __device__ __forceinline__ void stage_xq(uint8_t *rec, const qx_in &in, int64_t 
         const bool on = i < nq;
         float v[8] = {0, 0, 0, 0, 0, 0, 0, 0};
         if (on) {
-            qx_load4<MODE>(in, xr, br, 8 * i, scale, write_res, v);
-            qx_load4<MODE>(in, xr, br, 8 * i + 4, scale, write_res, v + 4);
+            qx_load4<MODE>(in, xr, br, 8 * i, scale, xo, v);
+            qx_load4<MODE>(in, xr, br, 8 * i + 4, scale, xo, v + 4);
         }
         quant_eight<WT>(rec, i >> 2, lane & 3, on, v);
     }
 }
 
-// QX_NORM's staging in one pass over x and b where each thread holds at most QN_EIGHTS eights of the row (n_in <=
-// 8 QN_EIGHTS blockDim.x): x + b loaded once into registers (and written to xo by block 0), the sum of squares
+// QX_NORM's staging of row t in one pass over x and b where each thread holds at most QN_EIGHTS eights of the row
+// (n_in <= 8 QN_EIGHTS blockDim.x): x + b loaded once into registers (and written to xo by column 0), the sum of squares
 // reduced over the block, then the eights scaled and quantized from registers, where stage_xq reads x and b twice
 // (an L2 round trip more before the block's first product). nwv: the thread's norm weights, loaded before the wait
 // on the kernel before (they are the model's). The same values as stage_xq's but for the sum of squares' order.
 template <int WT>
-__device__ __forceinline__ void stage_xq_norm(uint8_t *rec, const qx_in &in, int64_t n_in, const float4 (*nwv)[2]) {
+__device__ __forceinline__ void stage_xq_norm(uint8_t *rec, const qx_in &in, int64_t t, int64_t n_in,
+                                              const float4 (*nwv)[2]) {
+    const float *xr = in.x + t * in.ld, *br = in.b ? in.b + t * in.ld : NULL;
+    float *xo = blockIdx.x == 0 ? in.xo + t * in.ld : NULL;
     const int lane = threadIdx.x & 31;
     const int64_t nq = n_in / 8, base = threadIdx.x - lane;
     float v[QN_EIGHTS][8], ss = 0.0f;
@@ -458,12 +462,12 @@ __device__ __forceinline__ void stage_xq_norm(uint8_t *rec, const qx_in &in, int
 #pragma unroll
         for (int hlf = 0; hlf < 2; hlf++) {
             const int64_t i0 = 8 * i + 4 * hlf;
-            float4 f = __ldg((const float4 *)(in.x + i0));
-            if (in.b) {
-                const float4 d = __ldg((const float4 *)(in.b + i0));
+            float4 f = __ldg((const float4 *)(xr + i0));
+            if (br) {
+                const float4 d = __ldg((const float4 *)(br + i0));
                 f.x += d.x, f.y += d.y, f.z += d.z, f.w += d.w;
             }
-            if (blockIdx.x == 0) *(float4 *)(in.xo + i0) = f;
+            if (xo) *(float4 *)(xo + i0) = f;
             v[k][4 * hlf] = f.x, v[k][4 * hlf + 1] = f.y, v[k][4 * hlf + 2] = f.z, v[k][4 * hlf + 3] = f.w;
         }
 #pragma unroll
@@ -564,7 +568,6 @@ template <int WT, int MODE, int NT, int NR, bool SWO = false>
 __global__ __launch_bounds__(QP_WARPS * 32) void gemv_quant_persist_kernel(float *y, const qx_in in, const uint8_t *w,
                                                                           int64_t T, int64_t n_in, int64_t n_out,
                                                                           int64_t row_bytes) {
-    static_assert(NT == 1 || MODE != QX_NORM, "the fused norm writes one token's residual");
     static_assert(!SWO || (NT == 1 && NR == 2), "silu(gate) * up pairs a gate row and its up row in one warp");
     constexpr int RB = qr_bytes(WT), U = QP_UNROLL;
     extern __shared__ uint4 rec4[];
@@ -595,9 +598,9 @@ __global__ __launch_bounds__(QP_WARPS * 32) void gemv_quant_persist_kernel(float
     pdl_wait();
     QP_STAMP(1);
     pdl_trigger();
-    if (norm1) stage_xq_norm<WT>((uint8_t *)rec4, in, n_in, nwv);
-    else
-        for (int j = 0; j < nt; j++) stage_xq<WT, MODE>((uint8_t *)rec4 + j * tb, in, t0 + j, n_in);
+    for (int j = 0; j < nt; j++)
+        if (norm1) stage_xq_norm<WT>((uint8_t *)rec4 + j * tb, in, t0 + j, n_in, nwv);
+        else stage_xq<WT, MODE>((uint8_t *)rec4 + j * tb, in, t0 + j, n_in);
     __syncthreads();
     QP_STAMP(2);
     float acc[NT][NR];
@@ -713,26 +716,22 @@ static int qp_fit(const dj_gpu *g, uint32_t wt, int64_t n_in) {
 }
 
 // Each block takes the fewest of 1, 2, 4, 8 tokens that hold T, or as many as its shared memory holds (qp_fit; the
-// blocks of the further tokens read W again); the fused norm one.
+// blocks of the further tokens read W again).
 template <int WT, int MODE>
 static int qp_launch(dj_gpu *g, float *y, const qx_in &in, const uint8_t *w, int64_t T, int64_t n_in, int64_t n_out,
                      cudaStream_t s, dj_err *e) {
-    if constexpr (MODE == QX_NORM) {
+    const int fit = qp_fit(g, WT, n_in);
+    int nt = 1;
+    while (nt < T && nt < fit) nt *= 2;
+    switch (nt) {
+    case 1:
         return qp_launch_nt<WT, MODE, 1>(g, y, in, w, T, n_in, n_out, s, e);
-    } else {
-        const int fit = qp_fit(g, WT, n_in);
-        int nt = 1;
-        while (nt < T && nt < fit) nt *= 2;
-        switch (nt) {
-        case 1:
-            return qp_launch_nt<WT, MODE, 1>(g, y, in, w, T, n_in, n_out, s, e);
-        case 2:
-            return qp_launch_nt<WT, MODE, 2>(g, y, in, w, T, n_in, n_out, s, e);
-        case 4:
-            return qp_launch_nt<WT, MODE, 4>(g, y, in, w, T, n_in, n_out, s, e);
-        default:
-            return qp_launch_nt<WT, MODE, QP_MAX_NT>(g, y, in, w, T, n_in, n_out, s, e);
-        }
+    case 2:
+        return qp_launch_nt<WT, MODE, 2>(g, y, in, w, T, n_in, n_out, s, e);
+    case 4:
+        return qp_launch_nt<WT, MODE, 4>(g, y, in, w, T, n_in, n_out, s, e);
+    default:
+        return qp_launch_nt<WT, MODE, QP_MAX_NT>(g, y, in, w, T, n_in, n_out, s, e);
     }
 }
 
@@ -1067,10 +1066,16 @@ static int norm_matmul_check(const char *fn, const float *x, const float *delta,
 }
 
 extern "C" int gpu_norm_matmul(dj_gpu *g, float *y, const float *x, const float *delta, float *xo, const float *nw,
-                               float eps, const void *w, uint32_t wtype, int64_t n_in, int64_t n_out, cudaStream_t s,
-                               dj_err *e) {
+                               float eps, const void *w, uint32_t wtype, int64_t T, int64_t n_in, int64_t n_out,
+                               cudaStream_t s, dj_err *e) {
     if (norm_matmul_check("gpu_norm_matmul", x, delta, xo, nw, w, wtype, n_in, n_out, e)) return -1;
-    return qp_launch_any<QX_NORM>(g, y, qx_in{x, delta, nw, xo, eps, n_in}, w, wtype, 1, n_in, n_out, s, e);
+    if (T < 1 || T > 65535) return dj_fail(e, "gpu_norm_matmul: T = %lld tokens (1 to 65535)", (long long)T);
+    return qp_launch_any<QX_NORM>(g, y, qx_in{x, delta, nw, xo, eps, n_in}, w, wtype, T, n_in, n_out, s, e);
+}
+
+extern "C" int gpu_norm_matmul_takes(const dj_gpu *g, uint32_t wtype, const void *w, int64_t T, int64_t n_in,
+                                     int64_t n_out) {
+    return T >= 1 && T <= gemv_tokens(g, wtype, w, n_in, n_out);
 }
 
 extern "C" int gpu_norm_matmul_swiglu(dj_gpu *g, float *h, const float *x, const float *delta, float *xo,
@@ -1096,14 +1101,13 @@ template <int WT, int MODE> static int qp_setup_one(dj_gpu *g, int sms, dj_err *
     if constexpr (MODE == QX_NORM)
         CUDA_CHECK(cudaFuncSetAttribute(gemv_quant_persist_kernel<WT, MODE, 1, 2, true>,
                                         cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-    if constexpr (MODE != QX_NORM) {  // several tokens a block: as many records as the device's shared memory holds
-        CUDA_CHECK(cudaFuncSetAttribute(gemv_quant_persist_kernel<WT, MODE, 2, 2>,
-                                        cudaFuncAttributeMaxDynamicSharedMemorySize, g->tc_optin));
-        CUDA_CHECK(cudaFuncSetAttribute(gemv_quant_persist_kernel<WT, MODE, 4, 2>,
-                                        cudaFuncAttributeMaxDynamicSharedMemorySize, g->tc_optin));
-        CUDA_CHECK(cudaFuncSetAttribute(gemv_quant_persist_kernel<WT, MODE, QP_MAX_NT, 2>,
-                                        cudaFuncAttributeMaxDynamicSharedMemorySize, g->tc_optin));
-    }
+    // several tokens a block: as many records as the device's shared memory holds
+    CUDA_CHECK(cudaFuncSetAttribute(gemv_quant_persist_kernel<WT, MODE, 2, 2>,
+                                    cudaFuncAttributeMaxDynamicSharedMemorySize, g->tc_optin));
+    CUDA_CHECK(cudaFuncSetAttribute(gemv_quant_persist_kernel<WT, MODE, 4, 2>,
+                                    cudaFuncAttributeMaxDynamicSharedMemorySize, g->tc_optin));
+    CUDA_CHECK(cudaFuncSetAttribute(gemv_quant_persist_kernel<WT, MODE, QP_MAX_NT, 2>,
+                                    cudaFuncAttributeMaxDynamicSharedMemorySize, g->tc_optin));
     int per_sm = 0;
     CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, gemv_quant_persist_kernel<WT, MODE, 1, 1>,
                                                              QP_WARPS * 32, (size_t)smem));

@@ -112,18 +112,19 @@ static void make_ids(int32_t *ids, int64_t n, int64_t vocab) {
 }
 
 // A prefill of 72 tokens (past the 64 rows that attend by the decode kernels: the prefill kernel; fma: its FMA form,
-// not the tensor cores), a pass of 9 rows (the decode kernels, as a speculative verification), then 15 decode steps,
-// against the CPU at every position.
+// not the tensor cores), passes of 9 and 3 rows (the decode kernels, as speculative verifications; q8 and q4: the
+// register kernel's products and the GEMV's, each with the norms inside), then 15 decode steps, against the CPU at
+// every position.
 static void gpu_vs_cpu_kv(dj_model *mp, int fma, double tol, int kv) {
     dj_model m = *mp;
     int dtype = (int)m.info.config.wtype;
-    int64_t V = m.info.config.vocab_size, n = 72 + 9, nd = 15;
-    const int64_t chunks[][2] = {{72, 1}, {9, 1}, {1, nd}};
-    int32_t ids[96];
+    int64_t V = m.info.config.vocab_size, n = 72 + 9 + 3, nd = 15;
+    const int64_t chunks[][2] = {{72, 1}, {9, 1}, {3, 1}, {1, nd}};
+    int32_t ids[100];
     make_ids(ids, n + nd, V);
     dj_gpu_opts o = {.max_seq = 128, .quiet = 1, .fma_attn = fma, .kv_type = kv};
     dj_gpu_stats st;
-    float *g = run_chunks(&m, &o, ids, chunks, 3, &st);
+    float *g = run_chunks(&m, &o, ids, chunks, 4, &st);
     // the path asked for must really be the one taken
     const int64_t hd = m.info.config.head_dim;
     cr_assert_eq(st.tc_attn, !fma && hd % 16 == 0, "%s: head_dim %lld: tensor-core prefill attention %d",
@@ -354,7 +355,7 @@ Test(gpu_forward, pick_matches_host_sampler) {
 // Passes of T rows of one slot wanting every row's logits (a speculative verification), all resident: replayed as a
 // CUDA graph from their second time on, on the slot the graph was captured for (another slot's pass goes kernel by
 // kernel, then is captured for that slot), every row bitwise that of the same passes launch by launch (--no-graph),
-// at positions other than the capture's; q4, whose 5 rows take the register kernel.
+// at positions other than the capture's; q4, whose 6 rows take the register kernel and 3 the GEMV.
 Test(gpu_forward, verification_passes_graphed) {
     tc_rng_fresh("gpu_forward.verification_passes_graphed");
     dj_model m;
@@ -373,9 +374,9 @@ Test(gpu_forward, verification_passes_graphed) {
             cr_assert_eq(gpu_forward(s[k], slot, ids, n, 0, NULL, 0, &e), 0, "%s", e.msg);
     }
     // {slot, position, rows, replayed}: seen first, then replayed at other positions; a slot change drops the graph
-    static const int passes[][4] = {{0, 12, 5, 0}, {0, 12, 5, 1}, {0, 14, 5, 1}, {1, 12, 5, 0}, {1, 13, 5, 1},
-                                    {1, 12, 5, 1}, {0, 12, 5, 0}, {0, 12, 3, 0}, {0, 12, 3, 1}, {0, 20, 3, 1}};
-    float *lg[2] = {malloc((size_t)(5 * V) * 4), malloc((size_t)(5 * V) * 4)};
+    static const int passes[][4] = {{0, 12, 6, 0}, {0, 12, 6, 1}, {0, 14, 6, 1}, {1, 12, 6, 0}, {1, 13, 6, 1},
+                                    {1, 12, 6, 1}, {0, 12, 6, 0}, {0, 12, 3, 0}, {0, 12, 3, 1}, {0, 20, 3, 1}};
+    float *lg[2] = {malloc((size_t)(6 * V) * 4), malloc((size_t)(6 * V) * 4)};
     cr_assert(lg[0] && lg[1]);
     for (size_t i = 0; i < sizeof passes / sizeof passes[0]; i++) {
         const int slot = passes[i][0], pos = passes[i][1], T = passes[i][2];

@@ -342,7 +342,7 @@ static void tk_rows_case(uint32_t wt, int64_t n_out) {
             for (int64_t i = 0; i < n; i++) h[i] = x[i] + d[i];
             cpu_rmsnorm(h, h, nw, n, 1e-5f);
             cpu_matmul(ref, h, wh, wt, 1, n, n_out);
-            rc = gpu_norm_matmul(tk_g, dy, dx, dd, dxo, dn, 1e-5f, dw, wt, n, n_out, tk_s, &e);
+            rc = gpu_norm_matmul(tk_g, dy, dx, dd, dxo, dn, 1e-5f, dw, wt, 1, n, n_out, tk_s, &e);
         }
         cr_assert_eq(rc, 0, "%s", e.msg);
         tk_down(got, dy, (size_t)n_out * 4);
@@ -396,7 +396,7 @@ Test(kernels, norm_matmul_swiglu) {
                         cr_assert_eq(gpu_norm_matmul_swiglu(tk_g, dh, dx, add ? dd : NULL, dxo, dn, 1e-5f, dw, wt, n, n_out,
                                                             tk_s, &e), 0, "%s", e.msg);
                     else
-                        cr_assert(!gpu_norm_matmul(tk_g, dgu, dx, add ? dd : NULL, dxo, dn, 1e-5f, dw, wt, n, n_out, tk_s, &e) &&
+                        cr_assert(!gpu_norm_matmul(tk_g, dgu, dx, add ? dd : NULL, dxo, dn, 1e-5f, dw, wt, 1, n, n_out, tk_s, &e) &&
                                       !gpu_swiglu(dh, dgu, dgu + hid, 1, hid, n_out, tk_s, &e),
                                   "%s", e.msg);
                     tk_down(h[fused], dh, (size_t)hid * 4), tk_down(res[fused], dxo, (size_t)n * 4);
@@ -760,52 +760,69 @@ Test(kernels, swiglu_qgemm) {
     tk_end("swiglu_qgemm");
 }
 
-// The norm before q|k|v and gate|up fused into the quantized GEMV: y against the CPU's add, rmsnorm and matmul, the
-// residual written to xo exactly (x + delta in f32, or x); weights it cannot take and xo == x are refused by name.
+// The norm before q|k|v and gate|up fused into the quantized GEMV, for 1 to 9 tokens (a block of 1, 2 and 8 tokens,
+// and 9: a second block of tokens reading W again): y against the CPU's add, rmsnorm and matmul row by row, the
+// residual written to xo exactly (x + delta in f32, or x) for every row, x left as it was; weights it cannot take,
+// xo == x and a bad T are refused by name.
 Test(kernels, norm_matmul) {
     tk_start("norm_matmul");
     // n_in (dim), n_out; 8448: past the 8192 the one-pass staging holds (two eights a thread of 512), so two passes
     static const int64_t shapes[][2] = {{64, 40}, {4096, 300}, {8192, 96}, {8448, 40}};
+    static const int64_t Ts[] = {1, 2, 5, 9};
+    const int64_t Tmax = 9;
     dj_err e;
     for (size_t si = 0; si < 4; si++)
         for (uint32_t wt = DJ_Q8; wt <= DJ_Q4; wt++)
             for (int add = 0; add < 2; add++) {
                 const int64_t n = shapes[si][0], n_out = shapes[si][1];
-                float *x = malloc((size_t)n * 4), *d = malloc((size_t)n * 4), *nw = malloc((size_t)n * 4);
-                float *h = malloc((size_t)n * 4), *wf = malloc((size_t)(n * n_out) * 4);
-                float *ref = malloc((size_t)n_out * 4), *got = malloc((size_t)n_out * 4), *res = malloc((size_t)n * 4);
+                const size_t xb = (size_t)(Tmax * n) * 4, yb = (size_t)(Tmax * n_out) * 4;
+                float *x = malloc(xb), *d = malloc(xb), *nw = malloc((size_t)n * 4), *h = malloc(xb);
+                float *wf = malloc((size_t)(n * n_out) * 4), *ref = malloc(yb), *got = malloc(yb), *res = malloc(xb);
+                float *want_res = malloc(xb), *xback = malloc(xb);
                 void *wh = malloc((size_t)dj_matrix_bytes(wt, (uint64_t)n_out, (uint64_t)n));
-                tk_fill(x, n, 2.0f), tk_fill(d, n, 1.0f), tk_fill(nw, n, 1.5f);
+                cr_assert(x && d && nw && h && wf && ref && got && res && want_res && xback && wh);
+                tk_fill(x, Tmax * n, 2.0f), tk_fill(d, Tmax * n, 1.0f), tk_fill(nw, n, 1.5f);
                 tk_fill(wf, n * n_out, 1.0f / sqrtf((float)n));
                 tk_store_matrix(wh, wf, n_out, n, wt);
-                for (int64_t i = 0; i < n; i++) h[i] = add ? x[i] + d[i] : x[i];
-                float *want_res = malloc((size_t)n * 4);
-                memcpy(want_res, h, (size_t)n * 4);
-                cpu_rmsnorm(h, h, nw, n, 1e-5f);
-                cpu_matmul(ref, h, wh, wt, 1, n, n_out);
-                float *dx = tk_up(x, (size_t)n * 4), *dd = tk_up(d, (size_t)n * 4), *dn = tk_up(nw, (size_t)n * 4);
-                float *dxo = tk_dev((size_t)n * 4), *dy = tk_dev((size_t)n_out * 4);
+                for (int64_t i = 0; i < Tmax * n; i++) want_res[i] = add ? x[i] + d[i] : x[i];
+                for (int64_t t = 0; t < Tmax; t++) cpu_rmsnorm(h + t * n, want_res + t * n, nw, n, 1e-5f);
+                cpu_matmul(ref, h, wh, wt, Tmax, n, n_out);
+                float *dx = tk_up(x, xb), *dd = tk_up(d, xb), *dn = tk_up(nw, (size_t)n * 4);
+                float *dxo = tk_dev(xb), *dy = tk_dev(yb);
                 void *dw = tk_up(wh, (size_t)dj_matrix_bytes(wt, (uint64_t)n_out, (uint64_t)n));
-                tk_poison(dy, (size_t)n_out * 4), tk_poison(dxo, (size_t)n * 4);
                 cr_assert(gpu_fused_ok(wt, dw, n, n_out));
-                cr_assert_eq(gpu_norm_matmul(tk_g, dy, dx, add ? dd : NULL, dxo, dn, 1e-5f, dw, wt, n, n_out, tk_s, &e), 0,
-                             "%s", e.msg);
-                tk_down(got, dy, (size_t)n_out * 4);
-                tk_down(res, dxo, (size_t)n * 4);
-                char what[96];
-                snprintf(what, sizeof what, "norm_matmul %s n_in=%lld n_out=%lld add=%d", dj_dtype_name(wt),
-                         (long long)n, (long long)n_out, add);
-                tk_close(got, ref, n_out, 1e-4, what);
-                cr_expect_eq(memcmp(res, want_res, (size_t)n * 4), 0, "%s: the residual differs", what);
+                for (size_t ti = 0; ti < sizeof Ts / sizeof Ts[0]; ti++) {
+                    const int64_t T = Ts[ti];
+                    tk_poison(dy, yb), tk_poison(dxo, xb);
+                    cr_assert_eq(gpu_norm_matmul(tk_g, dy, dx, add ? dd : NULL, dxo, dn, 1e-5f, dw, wt, T, n, n_out,
+                                                 tk_s, &e),
+                                 0, "%s", e.msg);
+                    tk_down(got, dy, (size_t)(T * n_out) * 4);
+                    tk_down(res, dxo, (size_t)(T * n) * 4);
+                    tk_down(xback, dx, (size_t)(T * n) * 4);
+                    char what[112];
+                    snprintf(what, sizeof what, "norm_matmul %s T=%lld n_in=%lld n_out=%lld add=%d", dj_dtype_name(wt),
+                             (long long)T, (long long)n, (long long)n_out, add);
+                    tk_close(got, ref, T * n_out, 1e-4, what);
+                    cr_expect_eq(memcmp(res, want_res, (size_t)(T * n) * 4), 0, "%s: the residual differs", what);
+                    cr_expect_eq(memcmp(xback, x, (size_t)(T * n) * 4), 0, "%s: x was written", what);
+                }
                 if (si == 0 && add) {  // refusals
-                    cr_expect_neq(gpu_norm_matmul(tk_g, dy, dx, dd, dx, dn, 1e-5f, dw, wt, n, n_out, tk_s, &e), 0);
+                    cr_expect_neq(gpu_norm_matmul(tk_g, dy, dx, dd, dx, dn, 1e-5f, dw, wt, 1, n, n_out, tk_s, &e), 0);
                     cr_expect(strstr(e.msg, "must not be x"), "%s", e.msg);
                     cr_expect(!gpu_fused_ok(DJ_F16, dw, n, n_out) && !gpu_fused_ok(wt, dw, 48, n_out));
-                    cr_expect_neq(gpu_norm_matmul(tk_g, dy, dx, dd, dxo, dn, 1e-5f, dw, DJ_F16, n, n_out, tk_s, &e), 0);
+                    cr_expect_neq(gpu_norm_matmul(tk_g, dy, dx, dd, dxo, dn, 1e-5f, dw, DJ_F16, 1, n, n_out, tk_s, &e), 0);
                     cr_expect(strstr(e.msg, "gpu_norm_matmul"), "%s", e.msg);
+                    cr_expect_neq(gpu_norm_matmul(tk_g, dy, dx, dd, dxo, dn, 1e-5f, dw, wt, 0, n, n_out, tk_s, &e), 0);
+                    cr_expect(strstr(e.msg, "T = 0"), "%s", e.msg);
+                    // the GEMV's few tokens (2 at least for any W it takes), not past them, not where it cannot
+                    cr_expect(gpu_norm_matmul_takes(tk_g, wt, dw, 2, n, n_out));
+                    cr_expect(!gpu_norm_matmul_takes(tk_g, wt, dw, 9, n, n_out));
+                    cr_expect(!gpu_norm_matmul_takes(tk_g, DJ_F16, dw, 2, n, n_out));
                 }
                 gpu_free(dx), gpu_free(dd), gpu_free(dn), gpu_free(dxo), gpu_free(dy), gpu_free(dw);
                 free(x), free(d), free(nw), free(h), free(wf), free(ref), free(got), free(res), free(wh), free(want_res);
+                free(xback);
             }
     tk_end("norm_matmul");
 }

@@ -707,11 +707,15 @@ static int qp_launch_nt(dj_gpu *g, float *y, const qx_in &in, const uint8_t *w, 
     return qp_launch_nr<WT, MODE, NT, 2>(g, y, in, w, T, n_in, n_out, s, e);
 }
 
+// Shared memory the persistent kernel declares itself (QX_NORM's block_sum: 128 bytes), kept out of what the records
+// of several tokens may take (qp_setup_one checks it).
+#define QP_STATIC_SMEM 1024
+
 // The most tokens a block of the persistent kernel stages for x of n_in (their records side by side in shared
 // memory, qp_smem each): 1, 2, 4 or QP_MAX_NT.
 static int qp_fit(const dj_gpu *g, uint32_t wt, int64_t n_in) {
     int nt = 1;
-    while (nt < QP_MAX_NT && (size_t)(2 * nt) * qp_smem(wt, n_in) <= (size_t)g->tc_optin) nt *= 2;
+    while (nt < QP_MAX_NT && (size_t)(2 * nt) * qp_smem(wt, n_in) <= (size_t)(g->tc_optin - QP_STATIC_SMEM)) nt *= 2;
     return nt;
 }
 
@@ -1101,13 +1105,19 @@ template <int WT, int MODE> static int qp_setup_one(dj_gpu *g, int sms, dj_err *
     if constexpr (MODE == QX_NORM)
         CUDA_CHECK(cudaFuncSetAttribute(gemv_quant_persist_kernel<WT, MODE, 1, 2, true>,
                                         cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-    // several tokens a block: as many records as the device's shared memory holds
-    CUDA_CHECK(cudaFuncSetAttribute(gemv_quant_persist_kernel<WT, MODE, 2, 2>,
-                                    cudaFuncAttributeMaxDynamicSharedMemorySize, g->tc_optin));
-    CUDA_CHECK(cudaFuncSetAttribute(gemv_quant_persist_kernel<WT, MODE, 4, 2>,
-                                    cudaFuncAttributeMaxDynamicSharedMemorySize, g->tc_optin));
-    CUDA_CHECK(cudaFuncSetAttribute(gemv_quant_persist_kernel<WT, MODE, QP_MAX_NT, 2>,
-                                    cudaFuncAttributeMaxDynamicSharedMemorySize, g->tc_optin));
+    // several tokens a block: as many records as the device's shared memory holds beside the kernel's own
+    const void *several[] = {(const void *)gemv_quant_persist_kernel<WT, MODE, 2, 2>,
+                             (const void *)gemv_quant_persist_kernel<WT, MODE, 4, 2>,
+                             (const void *)gemv_quant_persist_kernel<WT, MODE, QP_MAX_NT, 2>};
+    for (int i = 0; i < 3; i++) {
+        cudaFuncAttributes fa;
+        CUDA_CHECK(cudaFuncGetAttributes(&fa, several[i]));
+        if (fa.sharedSizeBytes > QP_STATIC_SMEM)
+            return dj_fail(e, "cuda: the quantized GEMV declares %zu bytes of shared memory, more than the %d kept for it",
+                           fa.sharedSizeBytes, QP_STATIC_SMEM);
+        CUDA_CHECK(cudaFuncSetAttribute(several[i], cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        g->tc_optin - QP_STATIC_SMEM));
+    }
     int per_sm = 0;
     CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, gemv_quant_persist_kernel<WT, MODE, 1, 1>,
                                                              QP_WARPS * 32, (size_t)smem));

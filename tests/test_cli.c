@@ -1241,6 +1241,97 @@ Test(cli, stdout_write_error_fails) {
     tcli_teardown(&c);
 }
 
+// Starts argv with stdin from fd `in`, stdout to fd `out`, stderr to the context's file, and SIGPIPE at its default
+// action, as a shell leaves it (this runner may ignore it, and a child would inherit that).
+static pid_t tcli_spawn(tcli_ctx *c, char *const argv[], int in, int out) {
+    pid_t pid = fork();
+    cr_assert_geq(pid, 0, "fork failed");
+    if (pid == 0) {
+        int e = open(c->err, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        if (e < 0) _exit(126);
+        dup2(in, 0), dup2(out, 1), dup2(e, 2);
+        signal(SIGPIPE, SIG_DFL);
+        execv(argv[0], argv);
+        _exit(127);
+    }
+    return pid;
+}
+
+// The status of pid once it ends (killed after 20 s: a hang).
+static int tcli_wait(pid_t pid) {
+    int st;
+    for (int i = 0; i < 2000; i++, usleep(10000))
+        if (waitpid(pid, &st, WNOHANG) == pid) return st;
+    kill(pid, SIGKILL), waitpid(pid, &st, 0);
+    cr_assert_fail("djinn hung: killed after 20 s");
+    return st;
+}
+
+// The files of the run's outputs (o.*) left in the folder, in one string ("" when none).
+static void tcli_outputs_left(tcli_ctx *c, char *left, size_t n) {
+    left[0] = 0;
+    DIR *d = opendir(c->dir);
+    for (struct dirent *de; (de = readdir(d));)
+        if (!strncmp(de->d_name, "o.", 2)) snprintf(left + strlen(left), n - strlen(left), " %s", de->d_name);
+    closedir(d);
+}
+
+// A reader gone (djinn ... | head -c1) is a failed write to stdout like any other: one line, exit 1, no output file
+// left, not a silent death by SIGPIPE (exit 141 in a shell).
+Test(cli, closed_pipe_on_stdout_fails) {
+    tcli_ctx c;
+    tcli_setup(&c);
+    char ses[600], st[600], left[2000];
+    snprintf(ses, sizeof ses, "%s/o.ses", c.dir), snprintf(st, sizeof st, "%s/o.json", c.dir);
+    int p[2], in = open("/dev/null", O_RDONLY);
+    cr_assert(!pipe(p) && in >= 0);
+    close(p[0]);  // no reader from the start: djinn's first write meets EPIPE
+    pid_t pid = tcli_spawn(&c, (char *[]){tcli_djinn_path, c.model, "-p", "Once upon a time", "-n", "20", "-t", "0",
+                                         "--cpu", "--save-session", ses, "--stats-json", st, NULL}, in, p[1]);
+    close(p[1]), close(in);
+    int s = tcli_wait(pid);
+    char *err = tcli_stderr(&c);
+    cr_assert(WIFEXITED(s) && WEXITSTATUS(s) == 1, "status %#x (killed by signal %d): %s", s,
+              WIFSIGNALED(s) ? WTERMSIG(s) : 0, err);
+    cr_assert(strstr(err, "djinn: cannot write to stdout: Broken pipe\n"), "%s", err);
+    tcli_outputs_left(&c, left, sizeof left);
+    cr_assert_str_eq(left, "", "a failed run left its outputs");
+    free(err);
+    tcli_teardown(&c);
+}
+
+// SIGTERM, SIGHUP or a second Ctrl-C kill the run at once; it first removes the PATH.tmp of every output it had
+// created (as the converter does), then dies of that signal. The run waits on its prompt from stdin, every output
+// open.
+Test(cli, killed_run_leaves_no_tmp) {
+    tcli_ctx c;
+    tcli_setup(&c);
+    char ses[600], lg[600], st[600], act[600], tmp[700], left[2000];
+    snprintf(ses, sizeof ses, "%s/o.ses", c.dir), snprintf(lg, sizeof lg, "%s/o.logits", c.dir);
+    snprintf(st, sizeof st, "%s/o.json", c.dir), snprintf(act, sizeof act, "%s/o.act", c.dir);
+    snprintf(tmp, sizeof tmp, "%s.tmp", act);  // the last one opened
+    const int sigs[][2] = {{SIGTERM, 0}, {SIGHUP, 0}, {SIGINT, SIGINT}};
+    for (int k = 0; k < 3; k++) {
+        int p[2], out = open(c.out, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        cr_assert(!pipe(p) && out >= 0);
+        pid_t pid = tcli_spawn(&c, (char *[]){tcli_djinn_path, c.model, "-f", "-", "-n", "3", "--cpu", "--save-session",
+                                             ses, "--logits", lg, "--stats-json", st, "--dump-act", "all", act,
+                                             NULL}, p[0], out);
+        close(p[0]), close(out);
+        for (int i = 0; i < 1000 && access(tmp, F_OK); i++) usleep(10000);
+        cr_assert(!access(tmp, F_OK), "signal %d: %s never appeared: %s", sigs[k][0], tmp, tcli_stderr(&c));
+        kill(pid, sigs[k][0]);
+        if (sigs[k][1]) usleep(200000), kill(pid, sigs[k][1]);  // the first Ctrl-C waits for the prompt: the second kills
+        int s = tcli_wait(pid);
+        close(p[1]);
+        cr_assert(WIFSIGNALED(s) && WTERMSIG(s) == sigs[k][0], "signal %d: status %#x: %s", sigs[k][0], s,
+                  tcli_stderr(&c));
+        tcli_outputs_left(&c, left, sizeof left);
+        cr_assert_str_eq(left, "", "killed by signal %d: left behind", sigs[k][0]);
+    }
+    tcli_teardown(&c);
+}
+
 // --logits and --stats-json never replace an input or each other, never write into a special file, and a run that
 // fails leaves neither behind.
 Test(cli, outputs_never_replace_inputs) {

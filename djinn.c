@@ -452,6 +452,11 @@ static int check_args(const dj_opts *o) {
         return usage_error("%s", "--logits and --stats-json record a generation: not with --check, --perplexity or "
                                  "--tokenize");
     if (o->check_path && o->ppl_path) return usage_error("%s", "--check and --perplexity are two runs");
+    if ((o->check_path || o->ppl_path) && (o->prompt[0] || o->prompt_file || o->tokenize))
+        return usage_error("%s", "--check and --perplexity read their own tokens (the reference's, the text's): not "
+                                 "with -p, -f or --tokenize");
+    if (o->tol >= 0 && !o->check_path) return usage_error("%s", "--tol is --check's");
+    if (o->chat_template && !o->chat) return usage_error("%s", "--chat-template is --chat's (and djinn serve's)");
     if (o->spec_given && !o->draft_path) return usage_error("%s", "--draft-max and --draft-p-min need --draft");
     if (o->trace_steps && !o->trace_path) return usage_error("%s", "--trace-steps needs --trace");
     if (o->trace_path && (o->force_cpu || o->check_path || o->ppl_path || o->tokenize))

@@ -959,6 +959,13 @@ Test(cli, bad_flags_give_usage) {
     tcli_expect_fail(&c, (char *[]){d, m, "--perplexity", ppl_text, "-c", "1", NULL}, 1, "at least 2 tokens");
     tc_write(ppl_text, "Once upon\0 a time", 17);  // a NUL byte is not text, as -f's prompt says too
     tcli_expect_fail(&c, (char *[]){d, m, "--perplexity", ppl_text, NULL}, 1, "holds a NUL byte");
+    // a flag the run would ignore is refused by name: --tol is --check's, --chat-template --chat's, and --check and
+    // --perplexity read their own tokens
+    tcli_expect_fail(&c, (char *[]){d, m, "-p", "x", "--tol", "5", NULL}, 2, "--tol is --check's");
+    tcli_expect_fail(&c, (char *[]){d, m, "-p", "x", "--chat-template", "llama2", NULL}, 2, "--chat-template is --chat's");
+    tcli_expect_fail(&c, (char *[]){d, m, "--check", ppl_text, "-p", "x", NULL}, 2, "not with -p, -f or --tokenize");
+    tcli_expect_fail(&c, (char *[]){d, m, "--perplexity", ppl_text, "-f", ppl_text, NULL}, 2, "not with -p, -f");
+    tcli_expect_fail(&c, (char *[]){d, m, "--check", ppl_text, "--tokenize", NULL}, 2, "not with -p, -f or --tokenize");
     // --help lists every option on stdout
     cr_assert_eq(tcli_run(&c, (char *[]){d, "--help", NULL}), 0);
     char *out = tcli_stdout(&c, NULL);

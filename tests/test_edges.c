@@ -410,7 +410,11 @@ Test(edges, djinn_flag_values_at_their_limits) {
         {{"--threads", "256"}, 0},        {{"--threads", "257"}, 1},
         {{"--ring-gb", "1e-9"}, 0},
         {{"--cpu-share", "0.95"}, 0},     {{"--cpu-share", "0.951"}, 1},
-        {{"--tol", "0"}, 0},              {{"--tol", "-0.5"}, 1},
+        {{"--check", "r", "--tol", "0"}, 0}, {{"--check", "r", "--tol", "-0.5"}, 1},
+        {{"--tol", "0"}, 1},              // --check's
+        {{"--chat-template", "llama2"}, 1},  // --chat's
+        {{"--check", "r", "-p", "x"}, 1}, {{"--perplexity", "t", "-f", "p"}, 1},  // their own tokens
+        {{"--check", "r", "--tokenize"}, 1},
         {{"--stop", ""}, 1},
         {{"--system", "x"}, 1},           // --chat's
         {{"--check", "a", "--perplexity", "b"}, 1},

@@ -138,5 +138,12 @@ int chat_choose(const char *choice, const char *model, chat_kind *k, dj_err *e) 
     if (in_read_all(choice, "--chat-template", (size_t)1 << 20, &text, &n, e)) return -1;
     *k = chat_recognise(text);
     free(text);
+    // the file given, not the model's template, is what fails
+    if (*k == CHAT_NONE)
+        return dj_fail(e, "--chat-template %s is empty: give a file holding a Jinja chat_template, or llama2 or "
+                          "llama3", choice);
+    if (*k == CHAT_UNKNOWN)
+        return dj_fail(e, "--chat-template %s is neither Llama 2's template ([INST], <<SYS>>) nor Llama 3's "
+                          "(<|start_header_id|>): give llama2 or llama3", choice);
     return 0;
 }

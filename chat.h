@@ -19,8 +19,8 @@ typedef enum { CHAT_NONE, CHAT_LLAMA2, CHAT_LLAMA3, CHAT_UNKNOWN } chat_kind;
 // Which template `tmpl` is: CHAT_NONE for "", CHAT_UNKNOWN for one that is neither Llama 2's nor Llama 3's.
 chat_kind chat_recognise(const char *tmpl);
 // --chat-template's value: "llama2", "llama3", or a file holding a Jinja template (recognised as above); `model` is the
-// template model.bin holds, taken when choice is NULL. CHAT_NONE/CHAT_UNKNOWN as chat_recognise; -1 with e set when
-// the file cannot be read.
+// template model.bin holds, taken when choice is NULL (CHAT_NONE/CHAT_UNKNOWN as chat_recognise); -1 with e set when
+// the file cannot be read, or is empty or not recognised.
 int chat_choose(const char *choice, const char *model, chat_kind *k, dj_err *e);
 const char *chat_kind_name(chat_kind k);
 

@@ -171,6 +171,18 @@ Test(flags, chat_template_for_a_model_without_one) {
     const char *last = strstr(e, "djinn: cannot open --chat-template /nonexistent/template.jinja");
     cr_assert(rc == 1 && last && strchr(last, '\n') == e + strlen(e) - 1, "exit %d: %s", rc, e);  // the last line
     free(e);
+    // a file that is empty or holds a template neither Llama 2's nor 3's: the file is named, not the model blamed
+    char tpl[500], want[600];
+    snprintf(tpl, sizeof tpl, "%s/template.jinja", t.dir);
+    argv[9] = tpl;
+    for (int k = 0; k < 2; k++) {
+        tc_write(tpl, "hello {{ messages }}", k ? 20 : 0);
+        snprintf(want, sizeof want, "djinn: --chat-template %s is %s", tpl, k ? "neither Llama 2's" : "empty");
+        rc = tc_run(argv, in, t.out, 0, t.err, 120);
+        e = tc_must_read(t.err, NULL);
+        cr_assert(rc == 1 && strstr(e, want) && !strstr(e, "the model's"), "exit %d: %s", rc, e);
+        free(e);
+    }
     tc_rm_rf(t.dir);
 }
 

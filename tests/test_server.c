@@ -1736,6 +1736,10 @@ Test(server, usage_errors) {
     for (size_t i = 0; i < sizeof flags / sizeof *flags; i++)
         cr_assert(strstr(help, flags[i]), "%s: %s", flags[i], help);
     free(help);
+    char tpl[500], tpl_msg[600];  // an empty --chat-template: refused by name once the model is read, not served
+    snprintf(tpl, sizeof tpl, "%s/empty.jinja", t.dir);
+    snprintf(tpl_msg, sizeof tpl_msg, "--chat-template %s is empty", tpl);
+    tc_write(tpl, "", 0);
     struct {
         const char *a[6];
         int code, flag;  // flag: a bad flag, refused before the model is read: one line sending to --help
@@ -1758,6 +1762,7 @@ Test(server, usage_errors) {
         {{"--api-key-file", "/nonexistent/keys", NULL}, 2, 1, "/nonexistent/keys"},
         {{"--api-key-file", NULL}, 2, 1, "option '--api-key-file' needs a value"},
         {{"--buffer-mb", "0", NULL}, 2, 1, "--buffer-mb wants a number"},
+        {{"--port", "0", "--chat-template", tpl, NULL}, 2, 0, tpl_msg},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         char *argv[12] = {ts_djinn, "serve", t.model, "--cpu"};

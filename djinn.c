@@ -1349,15 +1349,16 @@ int main(int argc, char **argv) {
     if (argc > 1 && !strcmp(argv[1], "serve")) return serve_main(argc - 1, argv + 1);
     dj_opts o;
     int prc = parse_args(argc, argv, &o);
-    if (prc == -1) {
-        usage(stdout);
-        return 0;
-    }
-    if (prc == -2) {
-        printf("djinn %s (model.bin version %u, as ./convert/convert writes it; versions %u to %u read but version "
-               "2's q8 and q4; weights f32, f16, bf16, q8, q4)\n", DJINN_VERSION, DJ_VERSION, DJ_VERSION_MIN,
-               DJ_VERSION);
-        return fflush(stdout) || ferror(stdout) ? EXIT_ERR : 0;
+    if (prc == -1 || prc == -2) {  // --help, --version: a failed write is said, as every other stdout's
+        if (prc == -1) usage(stdout);
+        else
+            printf("djinn %s (model.bin version %u, as ./convert/convert writes it; versions %u to %u read but version "
+                   "2's q8 and q4; weights f32, f16, bf16, q8, q4)\n", DJINN_VERSION, DJ_VERSION, DJ_VERSION_MIN,
+                   DJ_VERSION);
+        dj_err we;
+        if (!stdout_ok(&we)) return 0;
+        fprintf(stderr, "djinn: %s\n", we.msg);
+        return EXIT_ERR;
     }
     if (prc) return prc;
     if (o.threads) cpu_set_threads((int)o.threads);

@@ -1043,6 +1043,10 @@ int serve_main(int argc, char **argv) {
     int prc = srv_parse(argc, argv, &s.o);
     if (prc) {
         keys_free(&s.o.keys);
+        if (prc < 0 && (fflush(stdout) || ferror(stdout))) {  // --help's text not written (a full disk, a closed stdout)
+            fprintf(stderr, "djinn serve: cannot write to stdout: %s\n", strerror(errno));
+            return 1;
+        }
         return prc < 0 ? 0 : prc;
     }
     srv_opts *o = &s.o;

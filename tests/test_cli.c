@@ -1245,6 +1245,16 @@ Test(cli, stdout_write_error_fails) {
     char *err = tcli_stderr(&c);
     cr_assert(rc == 1 && strstr(err, "cannot write to stdout"), "--check on a full stdout: exit %d: %s", rc, err);
     free(err);
+    // --help and --version too (--help's exit 0, --version's silent exit 1)
+    char *const info[][3] = {{d, "--help", NULL}, {d, "--version", NULL}, {d, "serve", "--help"}};
+    for (int i = 0; i < 3; i++) {
+        char *argv[] = {info[i][0], info[i][1], info[i][2], NULL};
+        rc = tcli_run_to(&c, argv, "/dev/full", 0);
+        err = tcli_stderr(&c);
+        cr_assert(rc == 1 && strstr(err, "cannot write to stdout: No space left"), "%s %s on a full stdout: exit %d: %s",
+                  info[i][1], info[i][2] ? info[i][2] : "", rc, err);
+        free(err);
+    }
     tcli_teardown(&c);
 }
 

@@ -507,6 +507,15 @@ int json_bool(const json_value *v, int *out) {
 
 const char *json_str(const json_value *v) { return v && v->type == JSON_STRING ? v->u.str.s : NULL; }
 
+int json_opt_bool(const json_value *obj, const char *key, const char *where, int dflt, int *out, dj_err *e) {
+    const json_value *v = json_get(obj, key);
+    *out = dflt;
+    if (!v || v->type == JSON_NULL) return 0;
+    if (json_bool(v, out))
+        return dj_fail(e, "%s: \"%.120s\" must be true or false, not a %s", where, key, json_type_name(v->type));
+    return 0;
+}
+
 const char *json_type_name(json_type t) {
     switch (t) {
     case JSON_NULL: return "null";

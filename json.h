@@ -61,5 +61,9 @@ int json_num(const json_value *v, double *out);  // integer or real
 int json_bool(const json_value *v, int *out);
 const char *json_str(const json_value *v);        // NULL unless a string
 const char *json_type_name(json_type t);          // "null", "bool", "number", "string", "array", "object"
+// An optional flag: *out = obj's key as a bool, dflt where it is absent or null; 0, or -1 with "WHERE: \"KEY\" must
+// be true or false, not a TYPE" in e where it holds anything else (read as absent, a "true" string or a 1 would
+// turn the flag off unnoticed).
+int json_opt_bool(const json_value *obj, const char *key, const char *where, int dflt, int *out, dj_err *e);
 
 #endif

@@ -30,13 +30,6 @@ static int get_f32(const json_value *obj, const char *key, double dflt, float *o
     return 0;
 }
 
-static int get_bool(const json_value *root, const char *key, int dflt, int *out, dj_err *e) {
-    const json_value *v = json_get(root, key);
-    *out = dflt;
-    if (v && v->type != JSON_NULL && json_bool(v, out)) return dj_fail(e, "config.json: \"%s\" must be true or false", key);
-    return 0;
-}
-
 // ---- rope: theta and scaling from rope_parameters (transformers 5) and/or rope_theta + rope_scaling (classic)
 // One block (rope_parameters or rope_scaling) -> c's rope_type and llama3 fields. A block must say its type:
 // without "rope_type"/"type" it is taken as default RoPE only when it holds nothing else than rope_theta, since
@@ -166,8 +159,9 @@ int hf_config_parse(const char *text, size_t n, dj_config *c, dj_err *e) {
         goto out;
     }
     int attn_bias, mlp_bias, tied;
-    if (get_bool(root, "attention_bias", 0, &attn_bias, e) || get_bool(root, "mlp_bias", 0, &mlp_bias, e) ||
-        get_bool(root, "tie_word_embeddings", 0, &tied, e))
+    if (json_opt_bool(root, "attention_bias", "config.json", 0, &attn_bias, e) ||
+        json_opt_bool(root, "mlp_bias", "config.json", 0, &mlp_bias, e) ||
+        json_opt_bool(root, "tie_word_embeddings", "config.json", 0, &tied, e))
         goto out;
     if (attn_bias || mlp_bias) {
         dj_fail(e, "config.json: %s biases are not supported", attn_bias ? "attention" : "MLP");

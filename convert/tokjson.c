@@ -67,16 +67,6 @@ static const char *type_of(const json_value *v) {  // the "type" of a component,
     return s ? s : "";
 }
 static int is_null(const json_value *v) { return !v || v->type == JSON_NULL; }
-// An optional boolean field: *out = dflt when absent or null; any other type is refused by name (HF's Rust loader
-// refuses it, Python reads it as truthiness), never taken as absent.
-static int opt_bool(const json_value *obj, const char *key, const char *where, int dflt, int *out, dj_err *e) {
-    const json_value *v = json_get(obj, key);
-    *out = dflt;
-    if (is_null(v)) return 0;
-    if (json_bool(v, out))
-        return dj_fail(e, "%s: \"%s\" must be true or false, not a %s", where, key, json_type_name(v->type));
-    return 0;
-}
 
 // ---- GPT-2 byte-level mapping: bytes 33..126, 161..172, 174..255 are their own code points, the other 68 bytes
 // are U+0100.. in byte order. Returns the byte of code point cp, or -1.
@@ -130,7 +120,7 @@ static int check_model(tj *t, const json_value *model, dj_err *e) {
     static const uint32_t flags[3] = {TOK_F_BYTE_FALLBACK, TOK_F_FUSE_UNK, TOK_F_IGNORE_MERGES};
     for (int i = 0; i < 3; i++) {
         int v;
-        if (opt_bool(model, keys[i], "tokenizer.json: model", 0, &v, e)) return -1;
+        if (json_opt_bool(model, keys[i], "tokenizer.json: model", 0, &v, e)) return -1;
         if (v) t->flags |= flags[i];
     }
     return 0;
@@ -174,10 +164,10 @@ static int check_metaspace(tj *t, const json_value *p, dj_err *e) {
         else if (strcmp(scheme, "never") == 0) t->prepend_scheme = TOK_PREPEND_NEVER;
         else return dj_fail(e, "tokenizer.json: Metaspace prepend_scheme \"%.120s\" is not supported", scheme);
     } else {  // older files: add_prefix_space
-        if (opt_bool(p, "add_prefix_space", "tokenizer.json: Metaspace", 1, &v, e)) return -1;
+        if (json_opt_bool(p, "add_prefix_space", "tokenizer.json: Metaspace", 1, &v, e)) return -1;
         t->prepend_scheme = v ? TOK_PREPEND_ALWAYS : TOK_PREPEND_NEVER;
     }
-    if (opt_bool(p, "split", "tokenizer.json: Metaspace", 1, &v, e)) return -1;  // HF's default: true
+    if (json_opt_bool(p, "split", "tokenizer.json: Metaspace", 1, &v, e)) return -1;  // HF's default: true
     if (v) t->flags |= TOK_F_METASPACE_SPLIT;
     return 0;
 }
@@ -200,15 +190,15 @@ static int check_pretokenizer(tj *t, const json_value *p, dj_err *e) {
     int v;
     if (strcmp(type_of(split), "Split") != 0 || !is_str(re, LLAMA3_REGEX))
         return dj_fail(e, "tokenizer.json: pre-tokenizer %.60s is not supported (only Split with the Llama 3 regex)", type_of(split));
-    if (opt_bool(split, "invert", "tokenizer.json: Split", 0, &v, e)) return -1;
+    if (json_opt_bool(split, "invert", "tokenizer.json: Split", 0, &v, e)) return -1;
     if (!is_str(json_get(split, "behavior"), "Isolated") || v)
         return dj_fail(e, "tokenizer.json: Split behavior other than Isolated (or invert) is not supported");
     if (strcmp(type_of(bl), "ByteLevel") != 0)
         return dj_fail(e, "tokenizer.json: pre-tokenizer %.60s after Split is not supported (only ByteLevel)", type_of(bl));
-    if (opt_bool(bl, "add_prefix_space", "tokenizer.json: ByteLevel", 0, &v, e)) return -1;
+    if (json_opt_bool(bl, "add_prefix_space", "tokenizer.json: ByteLevel", 0, &v, e)) return -1;
     if (v)
         return dj_fail(e, "tokenizer.json: ByteLevel add_prefix_space: true is not supported");
-    if (opt_bool(bl, "use_regex", "tokenizer.json: ByteLevel", 0, &v, e)) return -1;
+    if (json_opt_bool(bl, "use_regex", "tokenizer.json: ByteLevel", 0, &v, e)) return -1;
     if (v)
         return dj_fail(e, "tokenizer.json: ByteLevel use_regex: true (the GPT-2 regex) is not supported");
     t->pretok = TOK_PRE_LLAMA3;
@@ -338,7 +328,7 @@ static int read_vocab(tj *t, const json_value *model, const json_value *added, d
         static const char *const unsupported[] = {"single_word", "lstrip", "rstrip", "normalized"};
         for (int k = 0; k < 4; k++) {
             int v;
-            if (opt_bool(a, unsupported[k], "tokenizer.json: added token", 0, &v, e)) return -1;
+            if (json_opt_bool(a, unsupported[k], "tokenizer.json: added token", 0, &v, e)) return -1;
             if (v)
                 return dj_fail(e, "tokenizer.json: added token \"%.120s\" has %s: true, which is not supported", c->u.str.s,
                                unsupported[k]);
@@ -347,7 +337,7 @@ static int read_vocab(tj *t, const json_value *model, const json_value *added, d
             return dj_fail(e, "tokenizer.json: added token \"%.120s\" has id %lld, which the vocab names \"%.120s\"", c->u.str.s,
                            (long long)id, t->str[id]);
         int special;
-        if (opt_bool(a, "special", "tokenizer.json: added token", 0, &special, e)) return -1;
+        if (json_opt_bool(a, "special", "tokenizer.json: added token", 0, &special, e)) return -1;
         t->str[id] = c->u.str.s, t->len[id] = c->u.str.len;
         t->attr[id] |= TOK_A_EXISTS | TOK_A_ADDED | (special ? TOK_A_SPECIAL : 0);
     }
@@ -455,13 +445,13 @@ static int read_configs(tj *t, const json_doc *tc, const json_doc *gc, const jso
     }
     // transformers' Llama tokenizers rebuild the post-processor from add_bos_token/add_eos_token; follow explicit values
     int add_bos;
-    if (opt_bool(tcr, "add_bos_token", "tokenizer_config.json", -1, &add_bos, e)) return -1;
+    if (json_opt_bool(tcr, "add_bos_token", "tokenizer_config.json", -1, &add_bos, e)) return -1;
     if (add_bos >= 0) {
         if (add_bos && t->bos_id < 0) return dj_fail(e, "tokenizer_config.json: add_bos_token is true but there is no bos token");
         t->flags = add_bos ? t->flags | TOK_F_ADD_BOS : t->flags & ~(uint32_t)TOK_F_ADD_BOS;
     }
     int add_eos;
-    if (opt_bool(tcr, "add_eos_token", "tokenizer_config.json", -1, &add_eos, e)) return -1;
+    if (json_opt_bool(tcr, "add_eos_token", "tokenizer_config.json", -1, &add_eos, e)) return -1;
     if (add_eos >= 0) {
         if (add_eos && t->eos_append_id < 0) t->eos_append_id = eos ? tj_token_id(t, eos) : -1;
         if (add_eos && t->eos_append_id < 0) return dj_fail(e, "tokenizer_config.json: add_eos_token is true but there is no eos token");

@@ -70,6 +70,9 @@ static const cfg_case cases[] = {
     // refused
     {"attention bias", ", \"attention_bias\": true", .error = "attention biases are not supported"},
     {"MLP bias", ", \"mlp_bias\": true", .error = "MLP biases are not supported"},
+    {"tied as a string", ", \"tie_word_embeddings\": \"true\"",
+     .error = "\"tie_word_embeddings\" must be true or false, not a string"},
+    {"bias as a number", ", \"attention_bias\": 0", .error = "\"attention_bias\" must be true or false, not a number"},
     {"other architecture", "", .arch = "\"architectures\": [\"MistralForCausalLM\"], \"model_type\": \"llama\"",
      .error = "architecture \"MistralForCausalLM\""},
     {"architecture / model_type mismatch", "",

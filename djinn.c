@@ -354,8 +354,9 @@ static int parse_value(const char *a, const char *v, dj_opts *o) {
         if (!parse_i64(v, &n) && n >= 2 && a[1] == 't')
             return usage_error("-t %s: -t is the temperature in Djinn (as in llama2.c); threads are --threads, a "
                                "temperature this high is --temp", v);
-        if (parse_f64(v, &d) || d < 0 || d >= 1e30)  // the sampler's bound
-            return usage_error("-t needs a temperature from 0 up to (not including) 1e30, not '%s'", v);
+        if (parse_f64(v, &d) || d < 0 || d >= DJ_SAMPLING_MAX)
+            return usage_error("-t needs a temperature from 0 up to (not including) " DJ_TEXT(DJ_SAMPLING_MAX) ", not '%s'",
+                               v);
         o->smp.temp = d;
     } else if (!strcmp(a, "-m")) {
         if (o->model_path) return usage_error("a second model '%s'", v);
@@ -373,16 +374,17 @@ static int parse_value(const char *a, const char *v, dj_opts *o) {
         if (parse_f64(v, &d) || d < 0 || d > 1) return usage_error("--min-p needs a value in [0, 1], not '%s'", v);
         o->smp.min_p = d;
     } else if (!strcmp(a, "--repeat-penalty")) {
-        if (parse_f64(v, &d) || d < 1e-30 || d >= 1e30)  // the sampler's float: a factor it can divide by, finite
-            return usage_error("--repeat-penalty needs a factor from 1e-30 up to (not including) 1e30, not '%s'", v);
+        if (parse_f64(v, &d) || d < DJ_SAMPLING_MIN || d >= DJ_SAMPLING_MAX)
+            return usage_error("--repeat-penalty needs a factor from " DJ_TEXT(DJ_SAMPLING_MIN) " up to (not including) "
+                               DJ_TEXT(DJ_SAMPLING_MAX) ", not '%s'", v);
         o->smp.repeat_penalty = d;
     } else if (!strcmp(a, "--repeat-last-n")) {
         if (parse_i64(v, &n) || n < 0 || n > (1 << 24))
             return usage_error("--repeat-last-n needs a count from 0 to 16777216, not '%s'", v);
         o->smp.repeat_last_n = n;
     } else if (!strcmp(a, "--presence-penalty") || !strcmp(a, "--frequency-penalty")) {
-        if (parse_f64(v, &d) || fabs(d) > 1e30)  // times a count of up to 2^24, still a finite float
-            return usage_error("%s needs a number from -1e30 to 1e30", a);
+        if (parse_f64(v, &d) || fabs(d) > DJ_SAMPLING_MAX)
+            return usage_error("%s needs a number from -" DJ_TEXT(DJ_SAMPLING_MAX) " to " DJ_TEXT(DJ_SAMPLING_MAX), a);
         if (a[2] == 'p') o->smp.presence_penalty = d;
         else o->smp.frequency_penalty = d;
     } else if (!strcmp(a, "-s")) {

@@ -1306,22 +1306,25 @@ static bool qreg_variant(int variant) {
 #undef QREG_IS
 }
 
-// Whether gpu_norm_qgemm takes the pass: the product's shape for T (qgemm_pick) one of the register kernel's.
-static bool norm_qgemm_takes(const dj_gpu *g, uint32_t wtype, const void *w, int64_t T, int64_t n_in, int64_t n_out) {
-    return gpu_qgemm_ok(wtype, w, T, n_in, n_out) && T >= 2 && n_in <= QREG_NORM_MAX_IN &&
-           qreg_variant(qgemm_pick(g, wtype, T, n_in, n_out));
+// The register kernel's shape gpu_norm_qgemm runs the pass on (the product's for T, qgemm_pick), -1 where the pass
+// is not that kernel's.
+static int norm_qgemm_shape(const dj_gpu *g, uint32_t wtype, const void *w, int64_t T, int64_t n_in, int64_t n_out) {
+    if (!gpu_qgemm_ok(wtype, w, T, n_in, n_out) || T < 2 || n_in > QREG_NORM_MAX_IN) return -1;
+    const int variant = qgemm_pick(g, wtype, T, n_in, n_out);
+    return qreg_variant(variant) ? variant : -1;
 }
 
 extern "C" int gpu_norm_qgemm_ok(const dj_gpu *g, uint32_t wtype, const void *w, int64_t T, int64_t n_in,
                                  int64_t n_out) {
-    return norm_qgemm_takes(g, wtype, w, T, n_in, n_out) && T > gemv_tokens(g, wtype, w, n_in, n_out) &&
+    return norm_qgemm_shape(g, wtype, w, T, n_in, n_out) >= 0 && T > gemv_tokens(g, wtype, w, n_in, n_out) &&
            gpu_qgemm_wins(g, wtype, w, T, n_in, n_out);
 }
 
 extern "C" int gpu_norm_qgemm(dj_gpu *g, float *y, const float *x, const float *delta, float *xo, const float *nw,
                               float eps, const void *w, uint32_t wtype, int64_t T, int64_t n_in, int64_t n_out,
                               cudaStream_t s, dj_err *e) {
-    if (!norm_qgemm_takes(g, wtype, w, T, n_in, n_out))
+    const int variant = norm_qgemm_shape(g, wtype, w, T, n_in, n_out);
+    if (variant < 0)
         return dj_fail(e, "gpu_norm_qgemm: not the register kernel's pass: weights of dtype %u at %p, T=%lld n_in=%lld "
                           "(at most %d) n_out=%lld", wtype, w, (long long)T, (long long)n_in, QREG_NORM_MAX_IN,
                        (long long)n_out);
@@ -1334,7 +1337,7 @@ extern "C" int gpu_norm_qgemm(dj_gpu *g, float *y, const float *x, const float *
                                     g, y, qreg_lay_norm<DJ_Q8, NT, NQ>{in, n_in}, g->scratch, w, T, n_in, n_out, s, e) \
                               : qreg_product<DJ_Q4, NT, MT, NQ, WARPS, ST, XS>(                                    \
                                     g, y, qreg_lay_norm<DJ_Q4, NT, NQ>{in, n_in}, g->scratch, w, T, n_in, n_out, s, e);
-    switch (qgemm_pick(g, wtype, T, n_in, n_out)) {
+    switch (variant) {
         QREG_VARIANTS(QREG_NORM_CASE)
     default:
         return dj_fail(e, "gpu_norm_qgemm: no register shape for T=%lld", (long long)T);

@@ -62,8 +62,9 @@ static int penalties_on(const dj_sampling *p) {
 
 dj_sampler *sampler_new_with(int64_t vocab, const dj_sampling *p, uint64_t seed, dj_err *e) {
     if (!(p->temp >= 0) || !(p->top_p >= 0 && p->top_p <= 1) || !(p->min_p >= 0 && p->min_p <= 1) || p->top_k < 0 ||
-        !(p->repeat_penalty > 0) || !isfinite(p->presence_penalty) || !isfinite(p->frequency_penalty) ||
-        p->repeat_last_n < 0 || p->repeat_last_n > (1 << 24) || !(p->temp < 1e30) || !(p->repeat_penalty < 1e30) ||
+        !(p->repeat_penalty >= DJ_SAMPLING_MIN && p->repeat_penalty < DJ_SAMPLING_MAX) ||
+        !(fabs(p->presence_penalty) <= DJ_SAMPLING_MAX) || !(fabs(p->frequency_penalty) <= DJ_SAMPLING_MAX) ||
+        p->repeat_last_n < 0 || p->repeat_last_n > (1 << 24) || !(p->temp < DJ_SAMPLING_MAX) ||
         vocab < 1 || vocab > INT32_MAX) {
         dj_fail(e, "sampler: settings out of range");
         return NULL;

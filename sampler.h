@@ -36,6 +36,13 @@ typedef struct {
     int64_t repeat_last_n;
 } dj_sampling;
 #define DJ_SAMPLING_DEFAULT ((dj_sampling){.temp = 1.0, .top_p = 0.9, .repeat_penalty = 1.0, .repeat_last_n = 64})
+// The ranges sampler_new_with takes, where the settings are floats the picks can use: temp from 0 and the repeat
+// penalty from DJ_SAMPLING_MIN (a factor it can divide by), both below DJ_SAMPLING_MAX; the additive penalties within
+// +-DJ_SAMPLING_MAX (times a count of up to 2^24, still a finite float); repeat_last_n 0 .. 2^24.
+#define DJ_SAMPLING_MIN 1e-30
+#define DJ_SAMPLING_MAX 1e30
+#define DJ_TEXT_(x) #x
+#define DJ_TEXT(x) DJ_TEXT_(x)  // a bound as its text, for messages: DJ_TEXT(DJ_SAMPLING_MAX) is "1e30"
 
 // The exact rule, over logits z (n), in float arithmetic as written:
 //   penalties  each i with c = counts[i] > 0 (its occurrences in the window): z_i / r if z_i > 0 else z_i * r

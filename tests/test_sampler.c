@@ -479,16 +479,21 @@ Test(sampler, settings_at_their_limits) {
     TS_LIMIT(top_k, -1, 0);
     TS_LIMIT(top_k, INT64_MAX, 1);
     TS_LIMIT(repeat_penalty, 1e-30, 1);
+    TS_LIMIT(repeat_penalty, 1e-31, 0);  // as a float a denormal, or zero, to divide by
     TS_LIMIT(repeat_penalty, 0, 0);
     TS_LIMIT(repeat_penalty, -1, 0);
     TS_LIMIT(repeat_penalty, 9.9e29, 1);
     TS_LIMIT(repeat_penalty, 1e30, 0);
     TS_LIMIT(repeat_penalty, NAN, 0);
-    TS_LIMIT(presence_penalty, -DBL_MAX, 1);
+    TS_LIMIT(presence_penalty, -1e30, 1);
+    TS_LIMIT(presence_penalty, -1.01e30, 0);
+    TS_LIMIT(presence_penalty, -DBL_MAX, 0);  // as a float, -inf
     TS_LIMIT(presence_penalty, INFINITY, 0);
     TS_LIMIT(presence_penalty, -INFINITY, 0);
     TS_LIMIT(presence_penalty, NAN, 0);
-    TS_LIMIT(frequency_penalty, DBL_MAX, 1);
+    TS_LIMIT(frequency_penalty, 1e30, 1);
+    TS_LIMIT(frequency_penalty, 1.01e30, 0);
+    TS_LIMIT(frequency_penalty, DBL_MAX, 0);
     TS_LIMIT(frequency_penalty, INFINITY, 0);
     TS_LIMIT(frequency_penalty, -INFINITY, 0);
     TS_LIMIT(frequency_penalty, NAN, 0);

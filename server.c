@@ -50,6 +50,7 @@
 #define SRV_DRAIN_S 2.0                  // a closing connection reads (and drops) the client's bytes this long at most
 #define SRV_FDS_OWN 64                   // descriptors the server needs besides its connections'
 #define SRV_DEFAULT_BUFFER_MB 256
+#define SRV_DEFAULT_CLIENT_SHARE 0.25
 #define SRV_DEFAULT_CTX 8192  // the default context's cap: room for many slots where a model's is 128k
 #define SRV_DEFAULT_PAUSED 16
 
@@ -65,6 +66,7 @@ typedef struct {
     dj_keys keys;            // none: every client one tenant, no key asked
     int port, force_cpu, threads, quiet, stream_all, kv_type;
     double ring_gb, kv_gb, park_gb, timeout_s, cpu_share, buffer_mb;  // kv_gb 0, park_gb < 0: from the memory
+    double client_share;     // of --max-conns and --buffer-mb, what one client address may hold
     int64_t ctx, prefill_chunk;
     int32_t parallel, sessions, max_conns, breakpoints;
     int n_gpus, gpus[TP_MAX_GPUS];  // --gpus (0: one GPU, device 0)
@@ -95,6 +97,9 @@ static void srv_usage(FILE *f) {
             "  --max-conns N        open connections (256; lowered to what the descriptor limit allows); more get 503\n"
             "  --buffer-mb N        memory for all connections' requests being read, in MB (%d); past it nothing\n"
             "                       more is read (a request waits, up to --timeout) and new connections get 503\n"
+            "  --client-share F     what one client address may hold of --max-conns and --buffer-mb (%g): past its\n"
+            "                       connections 503, past its bytes its connections are not read (its request\n"
+            "                       waits, up to --timeout); 1 behind a reverse proxy (every client its address)\n"
             "  --timeout S          seconds a request may take to arrive, an idle connection stays open and a\n"
             "                       client may leave output unread (60)\n"
             "  --ring-gb G          GPU memory for weights, in GB (as djinn's; per GPU)\n"
@@ -112,7 +117,7 @@ static void srv_usage(FILE *f) {
             "  POST /v1/sessions/NAME/park, DELETE /v1/sessions/NAME; request fields beyond OpenAI's: session, park,\n"
             "  break_after_layer, resume (README: Serving)\n",
             SRV_DEFAULT_CTX, dj_kv_name(DJ_KV_DEFAULT), KV_SLOTS_MAX, KV_PARALLEL_MAX, SRV_DEFAULT_PAUSED,
-            SRV_DEFAULT_BUFFER_MB, SRV_REQS_TURN);
+            SRV_DEFAULT_BUFFER_MB, SRV_DEFAULT_CLIENT_SHARE, SRV_REQS_TURN);
 }
 
 static int srv_bad_usage(const char *what, const char *arg) {
@@ -150,10 +155,20 @@ static int srv_num(const char *flag, const char *v, double lo, double hi, int in
     return 0;
 }
 
+// A share in (0, 1], or a usage error naming the flag (none held is no share).
+static int srv_share(const char *flag, const char *v, double *out) {
+    int rc = srv_num(flag, v, 0, 1, 0, out);
+    if (rc || *out > 0) return rc;
+    char what[160];
+    snprintf(what, sizeof what, "%s wants a number above 0, not", flag);
+    return srv_bad_usage(what, v);
+}
+
 static int srv_parse(int argc, char **argv, srv_opts *o) {
     *o = (srv_opts){.host = "127.0.0.1", .port = 8080, .park_gb = -1, .timeout_s = 60, .prefill_chunk = 256,
                     .sessions = 256, .max_conns = 256, .cpu_share = -1, .breakpoints = SRV_DEFAULT_PAUSED,
-                    .buffer_mb = SRV_DEFAULT_BUFFER_MB, .kv_type = DJ_KV_DEFAULT};
+                    .buffer_mb = SRV_DEFAULT_BUFFER_MB, .client_share = SRV_DEFAULT_CLIENT_SHARE,
+                    .kv_type = DJ_KV_DEFAULT};
     for (int i = 1; i < argc; i++) {
         const char *a = srv_canonical(argv[i]);
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
@@ -195,6 +210,7 @@ static int srv_parse(int argc, char **argv, srv_opts *o) {
         else if (!strcmp(a, "--kv-gb")) rc = srv_num(a, v, 1e-9, 1e6, 0, &d), o->kv_gb = d;
         else if (!strcmp(a, "--park-gb")) rc = srv_num(a, v, 0, 1e6, 0, &d), o->park_gb = d;
         else if (!strcmp(a, "--buffer-mb")) rc = srv_num(a, v, 1, 1 << 20, 0, &d), o->buffer_mb = d;
+        else if (!strcmp(a, "--client-share")) rc = srv_share(a, v, &o->client_share);
         else if (!strcmp(a, "--kv-type"))
             rc = v && (o->kv_type = dj_kv_parse(v)) < 0 ? srv_bad_usage("--kv-type wants " DJ_KV_NAMES ", not", v) : 0;
         else if (!strcmp(a, "--cpu-share") && v && !strcmp(v, "auto")) o->cpu_share = -1;
@@ -236,9 +252,18 @@ typedef struct {
     double t_drain;
     int keep_alive;          // the current request's
     int sent_continue;       // "100 Continue" sent for the request being read
-    int rejected;            // over --max-conns: not counted
+    int rejected;            // refused at once (503): not counted
+    int32_t client;          // its client's slot in srv.clients (-1: rejected, counted nowhere)
     srv_req *req;            // its completion under way (reading pauses until it ends)
 } srv_conn;
+
+// One client address and what its connections hold (the rejected ones aside), bounded by --client-share.
+typedef struct {
+    unsigned char addr[16];  // IPv6; IPv4 as ::ffff:a.b.c.d; all zero: a unix socket or an unknown family
+    int32_t conns;           // its connections (0: the slot is free)
+    int32_t at;              // its place in srv.client_order
+    size_t held;             // the bytes of requests its connections hold (the sum of their srv_conn.held)
+} srv_client;
 
 // A completion request: its connection and job, and what its response has sent.
 struct srv_req {
@@ -264,6 +289,11 @@ typedef struct {
     srv_conn **conns;
     int32_t n_conns, n_rejecting;
     size_t held, held_max;   // bytes buffered for all connections (srv_conn.held), and the bound (--buffer-mb)
+    srv_client *clients;     // (max_conns) slots: a connection keeps its client's index while it lives
+    int32_t *client_order;   // (max_conns) a permutation of the slots: the first n_clients are in use, the rest free
+    int32_t n_clients;
+    int32_t client_conns_max;  // the connections one client may hold (--client-share of --max-conns, rounded up)
+    size_t client_held_max;    // the bytes one client's connections may hold (--client-share of --buffer-mb)
     int spare_fd;            // kept open to be given up when accept runs out of descriptors (-1: none)
     _Atomic int load_state;  // the loading thread's: 0 while it loads, 1 ready, -1 failed (-2: a usage error)
     dj_err load_err;         //   and why it failed
@@ -616,7 +646,47 @@ static void handle_request(srv *s, srv_conn *c, const http_req *h, const char *b
 // connection: reading pauses past SRV_OUT_PAUSE, the connection goes past SRV_OUT_MAX.
 static void conn_count(srv *s, srv_conn *c) {
     s->held = s->held - c->held + c->in.n;
+    if (c->client >= 0) s->clients[c->client].held = s->clients[c->client].held - c->held + c->in.n;
     c->held = c->in.n;
+}
+
+// ---- clients: the connections and bytes one peer address holds
+// The peer's address as a client's key: IPv4 in its IPv4-mapped IPv6 form (::ffff:a.b.c.d, the same client either
+// way); a unix socket or an unknown family all zero, one key for all of them.
+static void client_key(const struct sockaddr_storage *a, socklen_t len, unsigned char key[16]) {
+    memset(key, 0, 16);
+    if (a->ss_family == AF_INET && len >= sizeof(struct sockaddr_in)) {
+        key[10] = key[11] = 0xff;
+        memcpy(key + 12, &((const struct sockaddr_in *)a)->sin_addr, 4);
+    } else if (a->ss_family == AF_INET6 && len >= sizeof(struct sockaddr_in6)) {
+        memcpy(key, &((const struct sockaddr_in6 *)a)->sin6_addr, 16);
+    }
+}
+
+// The slot of the client with this key, or -1 when none of its connections is open: O(clients).
+static int32_t client_find(const srv *s, const unsigned char key[16]) {
+    for (int32_t i = 0; i < s->n_clients; i++)
+        if (!memcmp(s->clients[s->client_order[i]].addr, key, 16)) return s->client_order[i];
+    return -1;
+}
+
+// A connection of the client in slot k (-1: a new client, given a free slot) is counted. Its slot.
+static int32_t client_join(srv *s, int32_t k, const unsigned char key[16]) {
+    if (k < 0) {  // a free slot is there: the accepted connections, hence their clients, are at most max_conns
+        k = s->client_order[s->n_clients++];
+        memcpy(s->clients[k].addr, key, 16), s->clients[k].held = 0;
+    }
+    s->clients[k].conns++;
+    return k;
+}
+
+// A connection of the client in slot k closed (its bytes already uncounted): its last frees the slot, in O(1).
+static void client_leave(srv *s, int32_t k) {
+    srv_client *cl = &s->clients[k];
+    if (--cl->conns) return;
+    int32_t last = s->client_order[--s->n_clients];  // the last slot in use takes k's place in the order
+    s->client_order[cl->at] = last, s->clients[last].at = cl->at;
+    s->client_order[s->n_clients] = k, cl->at = s->n_clients;
 }
 
 static void conn_close(srv *s, int32_t i) {
@@ -629,6 +699,7 @@ static void conn_close(srv *s, int32_t i) {
     close(c->fd);
     buf_free(&c->in), buf_free(&c->out);
     conn_count(s, c);
+    if (c->client >= 0) client_leave(s, c->client);
     free(c);
     s->conns[i] = s->conns[--s->n_conns];
 }
@@ -653,12 +724,14 @@ static int shed_one(srv *s) {
     return fd >= 0 ? 0 : -1;
 }
 
-// Connections past --max-conns, or while the buffered bytes are past --buffer-mb, get 503 at once (at most
-// SRV_REJECT_MAX of them at a time; more are closed). 0, or -1 when descriptors ran out and none could be shed: the
-// listening socket then waits a turn.
+// Connections past --max-conns, past their address's --client-share of it, or while the buffered bytes are past
+// --buffer-mb, get 503 at once (at most SRV_REJECT_MAX of them at a time; more are closed). 0, or -1 when
+// descriptors ran out and none could be shed: the listening socket then waits a turn.
 static int accept_all(srv *s) {
     for (;;) {
-        int fd = accept4(s->lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        struct sockaddr_storage peer;
+        socklen_t peer_len = sizeof peer;
+        int fd = accept4(s->lfd, (struct sockaddr *)&peer, &peer_len, SOCK_NONBLOCK | SOCK_CLOEXEC);
         if (fd < 0 && (errno == EMFILE || errno == ENFILE)) {
             if (shed_one(s)) return -1;
             continue;
@@ -666,20 +739,29 @@ static int accept_all(srv *s) {
         if (fd < 0) return 0;  // EAGAIN, or a connection that went away before it was taken
         int one = 1;
         setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-        int full = s->held >= s->held_max, over = full || s->n_conns - s->n_rejecting >= s->o.max_conns;
+        unsigned char key[16];
+        client_key(&peer, peer_len, key);
+        int32_t k = client_find(s, key);
+        int full = s->held >= s->held_max, taken = s->n_conns - s->n_rejecting >= s->o.max_conns;
+        int crowded = k >= 0 && s->clients[k].conns >= s->client_conns_max, over = full || taken || crowded;
         srv_conn *c = !over || s->n_rejecting < SRV_REJECT_MAX ? calloc(1, sizeof *c) : NULL;
         if (!c) {
             close(fd);
             continue;
         }
-        c->fd = fd, c->t_read = c->t_wrote = c->t_flushed = dj_now(), c->need_input = 1;
+        c->fd = fd, c->t_read = c->t_wrote = c->t_flushed = dj_now(), c->need_input = 1, c->client = -1;
         s->conns[s->n_conns++] = c;
-        if (over) {
+        if (!over) c->client = client_join(s, k, key);
+        else {
             c->rejected = 1, s->n_rejecting++;
             refuse_and_drain(c);
+            char msg[200];
+            snprintf(msg, sizeof msg, "%s: try again later",
+                     full ? "the server holds as much of its clients' data as it may"
+                     : taken ? "too many connections"
+                           : "too many connections from this address (--client-share)");
             dj_buf b = {0};
-            api_error_json(&b, 503, NULL, full ? "the server holds as much of its clients' data as it may: try "
-                                                 "again later" : "too many connections: try again later");
+            api_error_json(&b, 503, NULL, msg);
             send_json(c, 503, &b);
             buf_free(&b);
             s->errors++;
@@ -688,11 +770,13 @@ static int accept_all(srv *s) {
 }
 
 // Whether the connection is to be read now: its next request needs bytes (nothing else waits on it, its unsent
-// output is small, the server's buffers have room), or it is being drained.
+// output is small, the server's buffers and its client's share of them have room), or it is being drained. Only a
+// rejected connection has no client, and it drains.
 static int conn_wants_input(const srv *s, const srv_conn *c) {
     if (c->eof) return 0;
     if (c->draining) return 1;
-    return c->need_input && !c->req && !c->closing && c->out.n <= SRV_OUT_PAUSE && s->held < s->held_max;
+    return c->need_input && !c->req && !c->closing && c->out.n <= SRV_OUT_PAUSE && s->held < s->held_max &&
+           s->clients[c->client].held < s->client_held_max;
 }
 
 static void conn_parse(srv *s, srv_conn *c, double now);
@@ -1051,6 +1135,7 @@ int serve_main(int argc, char **argv) {
     }
     srv_opts *o = &s.o;
     s.held_max = (size_t)(o->buffer_mb * 1e6);
+    s.client_held_max = (size_t)ceil(o->client_share * (double)s.held_max);
     if (o->threads) cpu_set_threads(o->threads);
     signal(SIGPIPE, SIG_IGN);
     signal(SIGINT, srv_on_signal);
@@ -1066,10 +1151,16 @@ int serve_main(int argc, char **argv) {
         goto out;
     }
     if (srv_fd_limit(o, &e)) goto out;
-    if (!(s.conns = calloc((size_t)o->max_conns + SRV_REJECT_MAX, sizeof *s.conns))) {
+    // of --max-conns as lowered to the descriptor limit; 0.1 x 30 is 3.0000000000000004 in doubles: 3, not 4
+    s.client_conns_max = (int32_t)ceil(o->client_share * o->max_conns - 1e-9);
+    s.clients = calloc((size_t)o->max_conns, sizeof *s.clients);
+    s.client_order = calloc((size_t)o->max_conns, sizeof *s.client_order);
+    if (!(s.conns = calloc((size_t)o->max_conns + SRV_REJECT_MAX, sizeof *s.conns)) || !s.clients ||
+        !s.client_order) {
         dj_fail(&e, "out of memory");
         goto out;
     }
+    for (int32_t i = 0; i < o->max_conns; i++) s.client_order[i] = i, s.clients[i].at = i;
     // the port first (a port in use is said before a long load), then the model while /health answers "loading"
     if (srv_listen(&s, &e)) goto out;
     if ((s.spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC)) < 0) {
@@ -1103,7 +1194,7 @@ out:
     if (loader) pthread_join(tid, NULL);
     if (rc && e.msg[0]) fprintf(stderr, "djinn serve: %s\n", e.msg);
     while (s.n_conns) conn_close(&s, s.n_conns - 1);
-    free(s.conns);
+    free(s.conns), free(s.clients), free(s.client_order);
     bt_free(s.bt);
     if (s.lfd >= 0) close(s.lfd);
     if (s.spare_fd >= 0) close(s.spare_fd);

@@ -209,9 +209,10 @@ def main():
         want[p] = out[len(p):].rstrip("\n")
     err_path = os.path.join(work, "serve.err")
     env = dict(os.environ, ASAN_OPTIONS="detect_leaks=1:quarantine_size_mb=16")
-    with open(err_path, "w") as err:
+    with open(err_path, "w") as err:  # every client is 127.0.0.1: one address, as behind a proxy (--client-share 1)
         proc = subprocess.Popen([djinn, "serve", model, "--cpu", "--port", "0", "--threads", "2", "--timeout", "2",
-                                 "--max-conns", "48", "--api-key", KEY, "-q"], stderr=err, env=env)
+                                 "--max-conns", "48", "--client-share", "1", "--api-key", KEY, "-q"], stderr=err,
+                                env=env)
     port = None
     for _ in range(300):
         m = re.search(r"listening on http://127.0.0.1:(\d+)", open(err_path).read())

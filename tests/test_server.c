@@ -105,16 +105,21 @@ static void ts_teardown(ts_env *t) {
 // it is retried.
 
 // rcvbuf > 0: the socket's receive buffer, set before connecting (so the window the server sees is that small).
-// -1 when it cannot connect.
-static int ts_connect_rcvbuf(int port, int rcvbuf) {
+// src: the loopback address the client connects from (NULL: 127.0.0.1), another client to the server. -1 when it
+// cannot connect.
+static int ts_connect_src(int port, int rcvbuf, const char *src) {
     int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (fd < 0) return -1;
     if (rcvbuf > 0) setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &rcvbuf, sizeof rcvbuf);
     struct timeval tv = {(time_t)TS_WAIT_S, 0};
     setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
     setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)}, from = {.sin_family = AF_INET};
     inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
+    if (src && (inet_pton(AF_INET, src, &from.sin_addr) != 1 || bind(fd, (struct sockaddr *)&from, sizeof from))) {
+        close(fd);
+        return -1;
+    }
     if (connect(fd, (struct sockaddr *)&a, sizeof a)) {
         close(fd);
         return -1;
@@ -122,7 +127,8 @@ static int ts_connect_rcvbuf(int port, int rcvbuf) {
     return fd;
 }
 
-static int ts_connect(int port) { return ts_connect_rcvbuf(port, 0); }
+static int ts_connect_rcvbuf(int port, int rcvbuf) { return ts_connect_src(port, rcvbuf, NULL); }
+static int ts_connect(int port) { return ts_connect_src(port, 0, NULL); }
 
 // 0, or -1 with errno.
 static int ts_send_all(int fd, const char *s, size_t n) {
@@ -181,10 +187,12 @@ static void ts_resp_parse(ts_resp *r) {
     r->body = end ? end + 4 : r->raw + strlen(r->raw);
 }
 
-// One request on a connection of its own (Connection: close); `headers` extra lines, each ending "\r\n".
-static ts_resp ts_http(int port, const char *method, const char *path, const char *headers, const char *body) {
-    int fd = ts_connect(port);
-    cr_assert(fd >= 0, "cannot connect to port %d", port);
+// One request on a connection of its own (Connection: close) from loopback address src (NULL: 127.0.0.1);
+// `headers` extra lines, each ending "\r\n".
+static ts_resp ts_http_src(const char *src, int port, const char *method, const char *path, const char *headers,
+                           const char *body) {
+    int fd = ts_connect_src(port, 0, src);
+    cr_assert(fd >= 0, "cannot connect to port %d from %s: %s", port, src ? src : "127.0.0.1", strerror(errno));
     char head[2048];
     int k = snprintf(head, sizeof head, "%s %s HTTP/1.1\r\nHost: t\r\nConnection: close\r\n%sContent-Length: %zu\r\n\r\n",
                      method, path, headers ? headers : "", body ? strlen(body) : 0);
@@ -195,6 +203,10 @@ static ts_resp ts_http(int port, const char *method, const char *path, const cha
     close(fd);
     ts_resp_parse(&r);
     return r;
+}
+
+static ts_resp ts_http(int port, const char *method, const char *path, const char *headers, const char *body) {
+    return ts_http_src(NULL, port, method, path, headers, body);
 }
 
 static ts_resp ts_post(int port, const char *path, const char *body) { return ts_http(port, "POST", path, NULL, body); }
@@ -889,13 +901,25 @@ Test(server, api_key) {
     ts_teardown(&t);
 }
 
+// A connection closed gives its place back: the server notices at its next turn, and /health is then answered 200.
+static void ts_served_again(int port) {
+    ts_resp r = {0};
+    for (double t0 = dj_now(); dj_now() - t0 < TS_WAIT_S; usleep(5000)) {
+        r = ts_http(port, "GET", "/health", NULL, NULL);
+        if (r.status == 200) break;
+        free(r.raw), r.raw = NULL;
+    }
+    cr_assert(r.raw, "a freed place was not available again");
+    free(r.raw);
+}
+
 // --max-conns 3: a fourth connection gets 503 and is closed; when one of the three leaves, a new one is served.
 // Requests pipelined on a kept-alive connection are answered in order.
 Test(server, connections_limit_and_keep_alive) {
     ts_env t;
     ts_setup(&t);
     ts_srv s;
-    ts_start(&s, &t, t.model, (const char *[]){"--max-conns", "3", NULL});
+    ts_start(&s, &t, t.model, (const char *[]){"--max-conns", "3", "--client-share", "1", NULL});
     int fd[3];
     const char health2[] = "GET /health HTTP/1.1\r\nHost: t\r\n\r\nGET /v1/models HTTP/1.1\r\nHost: t\r\n\r\n";
     for (int i = 0; i < 3; i++) {  // three kept-alive connections, each answered twice (so accepted and counted)
@@ -917,15 +941,7 @@ Test(server, connections_limit_and_keep_alive) {
     ts_expect_error(&r, 503, "too many connections", NULL);
     free(r.raw);
     close(fd[0]);
-    double t0 = dj_now();  // the server notices the close at its next turn
-    do {
-        r = ts_http(s.port, "GET", "/health", NULL, NULL);
-        if (r.status == 200) break;
-        free(r.raw);
-        usleep(5000);
-    } while (dj_now() - t0 < TS_WAIT_S);
-    cr_assert_eq(r.status, 200, "a freed connection was not available again: %s", r.raw);
-    free(r.raw);
+    ts_served_again(s.port);
     close(fd[1]), close(fd[2]);
     ts_stop(&s);
     ts_teardown(&t);
@@ -1732,7 +1748,7 @@ Test(server, usage_errors) {
     char *help = tc_must_read(out, NULL);
     const char *flags[] = {"--host",     "--port",     "--api-key", "--api-key-file", "--buffer-mb",
                            "--parallel", "--kv-gb",    "--park-gb", "--sessions",     "--prefill-chunk",
-                           "--max-conns", "--timeout", "/v1/sessions/NAME/park", "--kv-type"};
+                           "--max-conns", "--timeout", "/v1/sessions/NAME/park", "--kv-type", "--client-share"};
     for (size_t i = 0; i < sizeof flags / sizeof *flags; i++)
         cr_assert(strstr(help, flags[i]), "%s: %s", flags[i], help);
     free(help);
@@ -1762,6 +1778,11 @@ Test(server, usage_errors) {
         {{"--api-key-file", "/nonexistent/keys", NULL}, 2, 1, "/nonexistent/keys"},
         {{"--api-key-file", NULL}, 2, 1, "option '--api-key-file' needs a value"},
         {{"--buffer-mb", "0", NULL}, 2, 1, "--buffer-mb wants a number"},
+        {{"--client-share", "0", NULL}, 2, 1, "--client-share wants a number above 0, not '0'"},
+        {{"--client-share", "1.5", NULL}, 2, 1, "--client-share wants a number from 0 to 1"},
+        {{"--client-share", "nan", NULL}, 2, 1, "--client-share wants a number from 0 to 1"},
+        {{"--client-share", "x", NULL}, 2, 1, "--client-share wants a number from 0 to 1"},
+        {{"--client-share", NULL}, 2, 1, "option '--client-share' needs a value"},
         {{"--port", "0", "--chat-template", tpl, NULL}, 2, 0, tpl_msg},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
@@ -1964,7 +1985,8 @@ Test(server, refused_from_the_head_and_bounded_in_all) {
     ts_env t;
     ts_setup(&t);
     ts_srv s;
-    ts_start(&s, &t, t.model, (const char *[]){"--api-key", "k", "--buffer-mb", "2", "--timeout", "20", NULL});
+    ts_start(&s, &t, t.model,
+             (const char *[]){"--api-key", "k", "--buffer-mb", "2", "--timeout", "20", "--client-share", "1", NULL});
     static const struct {
         const char *head;
         int status;
@@ -2012,6 +2034,90 @@ Test(server, refused_from_the_head_and_bounded_in_all) {
     }
     cr_assert(r.raw, "the server did not serve again once the holders left");
     free(r.raw);
+    ts_stop(&s);
+    ts_teardown(&t);
+}
+
+// One kept-alive GET /health on fd, answered 200 (the connection is then accepted and counted).
+static void ts_health_kept(int fd) {
+    const char req[] = "GET /health HTTP/1.1\r\nHost: t\r\n\r\n";
+    ts_send(fd, req, sizeof req - 1);
+    char buf[1024] = {0};
+    for (size_t n = 0; !strstr(buf, "{\"status\":\"ok\"}") && n < sizeof buf - 1;) {
+        ssize_t got = recv(fd, buf + n, sizeof buf - 1 - n, 0);
+        cr_assert(got > 0, "no answer to a kept-alive /health: %s", buf);
+        n += (size_t)got;
+    }
+    cr_assert(!strncmp(buf, "HTTP/1.1 200", 12), "%s", buf);
+}
+
+// --client-share: one address holds at most its share of --max-conns (a quarter of 8: 2, closing ones counted), so
+// that it cannot take every place. Its third connection gets 503 naming the bound, while another address
+// (127.0.0.2) is served; once one of its connections closes, it is served again.
+Test(server, one_address_holds_its_share_of_connections) {
+    ts_env t;
+    ts_setup(&t);
+    ts_srv s;
+    ts_start(&s, &t, t.model, (const char *[]){"--max-conns", "8", "--client-share", "0.25", NULL});
+    int fd[2];
+    for (int i = 0; i < 2; i++) {
+        fd[i] = ts_connect(s.port);
+        cr_assert(fd[i] >= 0);
+        ts_health_kept(fd[i]);
+    }
+    ts_resp r = ts_http(s.port, "GET", "/health", NULL, NULL);
+    ts_expect_error(&r, 503, "too many connections from this address (--client-share)", NULL);
+    cr_assert(strstr(r.raw, "Connection: close"), "%s", r.raw);
+    free(r.raw);
+    r = ts_http_src("127.0.0.2", s.port, "GET", "/health", NULL, NULL);
+    cr_assert_eq(r.status, 200, "another address was not served: %s", r.raw);
+    free(r.raw);
+    char *body = ts_completion_body("Once upon a time", 4, NULL);
+    r = ts_http_src("127.0.0.2", s.port, "POST", "/v1/completions", NULL, body);
+    cr_assert_eq(r.status, 200, "another address's completion: %s", r.raw);
+    free(r.raw), free(body);
+    r = ts_http_src("127.0.0.2", s.port, "GET", "/metrics", NULL, NULL);  // the refusal counted in the errors
+    cr_assert(r.status == 200 && strstr(r.body, "\ndjinn_errors_total 1\n"), "%s", r.raw);
+    free(r.raw);
+    close(fd[0]);
+    ts_served_again(s.port);
+    close(fd[1]);
+    ts_stop(&s);
+    ts_teardown(&t);
+}
+
+// --client-share of --buffer-mb: one address sending a large body and holding it unfinished is read up to its share
+// (half of 1 MB) and no further, so the server's buffer keeps room: another address's request is answered at once
+// (before: the holder filled all of --buffer-mb and every new connection got 503 until --timeout).
+Test(server, one_address_holds_its_share_of_the_buffer) {
+    ts_env t;
+    ts_setup(&t);
+    ts_srv s;
+    ts_start(&s, &t, t.model, (const char *[]){"--buffer-mb", "1", "--client-share", "0.5", "--timeout", "20", NULL});
+    const char head[] = "POST /v1/completions HTTP/1.1\r\nHost: t\r\nContent-Length: 4000000\r\n\r\n";
+    const size_t part = 1500000;
+    char *fill = malloc(part);
+    memset(fill, ' ', part);
+    int hold = ts_connect(s.port);
+    cr_assert(hold >= 0);
+    ts_send(hold, head, sizeof head - 1);
+    ts_send(hold, fill, part);  // the sockets' buffers take what the server does not read
+    free(fill);
+    double held = 0;  // the holder's share read, seen from the other address
+    for (double t0 = dj_now(); held < 500000 && dj_now() - t0 < TS_WAIT_S; usleep(10000)) {
+        ts_resp r = ts_http_src("127.0.0.2", s.port, "GET", "/metrics", NULL, NULL);
+        cr_assert_eq(r.status, 200, "another address's /metrics: %s", r.raw);
+        const char *at = strstr(r.body, "\ndjinn_buffered_bytes ");
+        cr_assert(at, "%s", r.body);
+        held = atof(at + strlen("\ndjinn_buffered_bytes "));
+        free(r.raw);
+    }
+    cr_assert(held >= 500000 && held < 1000000, "the holder's bytes read: %g (its share: 500000 and a read)", held);
+    char *body = ts_completion_body("Once upon a time", 4, NULL);
+    ts_resp r = ts_http_src("127.0.0.2", s.port, "POST", "/v1/completions", NULL, body);
+    cr_assert_eq(r.status, 200, "another address's completion beside the holder: %s", r.raw);
+    free(r.raw), free(body);
+    close(hold);
     ts_stop(&s);
     ts_teardown(&t);
 }

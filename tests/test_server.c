@@ -2081,6 +2081,13 @@ Test(server, one_address_holds_its_share_of_connections) {
     free(r.raw);
     close(fd[0]);
     ts_served_again(s.port);
+    for (int i = 3; i < 3 + 2 * 8; i++) {  // more addresses, one after another, than --max-conns: slots are freed
+        char src[32];
+        snprintf(src, sizeof src, "127.0.0.%d", i);
+        r = ts_http_src(src, s.port, "GET", "/health", NULL, NULL);
+        cr_assert_eq(r.status, 200, "%s: %s", src, r.raw);
+        free(r.raw);
+    }
     close(fd[1]);
     ts_stop(&s);
     ts_teardown(&t);

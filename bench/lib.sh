@@ -2,8 +2,9 @@
 
 say() { echo "== $* ($(date +%T))"; }
 
-# start_server LOG ARGS...: `djinn serve $bin --port $PORT -q ARGS` in the background (stderr into LOG, its pid in
-# SRV_PID), waiting until /health answers (the model loads and page-locks first); stop_server ends it.
+# start_server LOG ARGS...: `djinn serve $bin --port $PORT -q --client-share 1 ARGS` in the background (stderr into
+# LOG, its pid in SRV_PID; every benchmark client is one loopback address, as behind a proxy), waiting until /health
+# answers (the model loads and page-locks first); stop_server ends it.
 SRV_PID=
 stop_server() {
     [ -n "$SRV_PID" ] && kill "$SRV_PID" 2> /dev/null && wait "$SRV_PID" 2> /dev/null
@@ -12,7 +13,7 @@ stop_server() {
 start_server() {
     local log=$1
     shift
-    ./djinn serve "$bin" --port $PORT -q "$@" 2> "$log" &
+    ./djinn serve "$bin" --port $PORT -q --client-share 1 "$@" 2> "$log" &
     SRV_PID=$!
     for _ in $(seq 600); do
         curl -sf "http://127.0.0.1:$PORT/health" > /dev/null 2>&1 && return 0

@@ -52,26 +52,45 @@ static void number_field(api_check *k, const json_value *obj, const char *name, 
         *out = v->u.number.num;
 }
 
+// An integer, written as one or as a whole number (Python's json writes 42.0 for a float 42): exact up to 2^53.
 static void int_field(api_check *k, const json_value *obj, const char *name, int64_t lo, int64_t hi, int64_t *out) {
     const json_value *v = field(k, obj, name, JSON_NUMBER);
     if (!v) return;
-    if (!v->u.number.is_int || v->u.number.i < lo || v->u.number.i > hi)
+    double x = v->u.number.num;
+    int whole = v->u.number.is_int || (x == floor(x) && fabs(x) <= 9007199254740992.0);
+    int64_t i = v->u.number.is_int ? v->u.number.i : whole ? (int64_t)x : 0;
+    if (!whole || i < lo || i > hi)
         refuse(k, 400, name, "'%s' must be an integer within [%" PRId64 ", %" PRId64 "]", name, lo, hi);
-    else *out = v->u.number.i;
+    else *out = i;
+}
+
+// The answer's limit, by the first of its names sent (null is not sent): OpenAI's max_completion_tokens (the newer
+// name), max_tokens, llama.cpp's n_predict (-1: none); either endpoint. The names after it are not read.
+static void limit_field(api_check *k, const json_value *root, int64_t *out) {
+    static const char *const names[] = {"max_completion_tokens", "max_tokens", "n_predict"};
+    for (size_t i = 0; i < sizeof names / sizeof *names; i++) {
+        const json_value *v = json_get(root, names[i]);
+        if (!v || v->type == JSON_NULL) continue;
+        int n_predict = !strcmp(names[i], "n_predict");
+        int64_t lim = 0;
+        int_field(k, root, names[i], n_predict ? -1 : 1, INT32_MAX, &lim);
+        if (!k->failed && !lim) refuse(k, 400, names[i], "'n_predict' must be -1 (no limit) or at least 1");
+        if (!k->failed) *out = lim;
+        return;
+    }
 }
 
 // Features the server does not have are refused by name rather than ignored: a client would get something else
 // than it asked for.
 static void unsupported(api_check *k, const json_value *root) {
-    static const char *const off[] = {"echo", "logprobs"};  // false is fine
+    static const char *const off[] = {"echo", "logprobs", "top_logprobs"};  // false or 0 is fine
     for (size_t i = 0; i < sizeof off / sizeof *off; i++) {
         const json_value *v = json_get(root, off[i]);
         if (v && v->type != JSON_NULL && !(v->type == JSON_BOOL && !v->u.boolean) &&
             !(v->type == JSON_NUMBER && v->u.number.num == 0))
             refuse(k, 400, off[i], "'%s' is not supported", off[i]);
     }
-    static const char *const absent[] = {"suffix",        "tools",       "functions",
-                                         "function_call", "tool_choice", "top_logprobs"};
+    static const char *const absent[] = {"suffix", "tools", "functions", "function_call", "tool_choice"};
     for (size_t i = 0; i < sizeof absent / sizeof *absent; i++) {
         const json_value *v = json_get(root, absent[i]);
         if (v && v->type != JSON_NULL && !(v->type == JSON_ARRAY && !v->u.arr.n))
@@ -79,9 +98,13 @@ static void unsupported(api_check *k, const json_value *root) {
     }
     const json_value *lb = field(k, root, "logit_bias", JSON_OBJECT);
     if (lb && lb->u.obj.n) refuse(k, 400, "logit_bias", "'logit_bias' is not supported");
-    int64_t one = 1;
-    int_field(k, root, "n", 1, 1, &one);
-    int_field(k, root, "best_of", 1, 1, &one);
+    static const char *const one_choice[] = {"n", "best_of"};  // one choice a request: more are refused, not dropped
+    for (size_t i = 0; i < 2; i++) {
+        const json_value *v = field(k, root, one_choice[i], JSON_NUMBER);
+        if (v && !(v->u.number.num == 1))
+            refuse(k, 400, one_choice[i], "'%s' must be 1: a request answers with one choice (send several requests "
+                                             "for more)", one_choice[i]);
+    }
     const json_value *rf = field(k, root, "response_format", JSON_OBJECT);
     const char *rt = rf ? json_str(json_get(rf, "type")) : NULL;
     if (rf && (!rt || strcmp(rt, "text")))
@@ -100,7 +123,9 @@ static char *message_text(api_check *k, const json_value *msg, size_t i) {
             const char *type = json_str(json_get(part, "type"));
             const json_value *text = json_get(part, "text");
             if (!type || strcmp(type, "text") || !text || text->type != JSON_STRING)
-                refuse(k, 400, "messages", "messages[%zu].content[%zu]: only text parts are supported", i, j);
+                refuse(k, 400, "messages", "messages[%zu].content[%zu]: %s%.32s%s: only text parts "
+                       "({\"type\": \"text\", \"text\": \"...\"}) are supported (no images, audio or files)", i, j,
+                       type ? "a part of type '" : "a part without a type", type ? type : "", type ? "'" : "");
             else
                 buf_add(&b, text->u.str.s, text->u.str.len);
         }
@@ -243,8 +268,7 @@ int api_parse(const api_model *m, const char *body, size_t n, int chat, uint64_t
     r->max_tokens = chat ? -1 : 16;
     field(&k, root, "model", JSON_STRING);  // any name: there is one model
     unsupported(&k, root);
-    int_field(&k, root, chat && json_get(root, "max_completion_tokens") ? "max_completion_tokens" : "max_tokens", 1,
-              INT32_MAX, &r->max_tokens);
+    limit_field(&k, root, &r->max_tokens);
     int64_t top_k = 0, last_n = sp.repeat_last_n, seed = 0;
     number_field(&k, root, "temperature", 0, 1e6, &sp.temp);
     number_field(&k, root, "top_p", 0, 1, &sp.top_p);

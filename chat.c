@@ -88,7 +88,8 @@ int chat_prompt_ids(const dj_tokenizer *tok, chat_kind k, const char *const *rol
     if (k != CHAT_LLAMA2 && k != CHAT_LLAMA3) return dj_fail(e, "the model has no chat template it knows");
     size_t i = 0;
     const char *system = NULL;
-    if (n && !strcmp(roles[0], "system")) system = contents[0], i = 1;
+    // OpenAI's "developer" is the system message under its newer name
+    if (n && (!strcmp(roles[0], "system") || !strcmp(roles[0], "developer"))) system = contents[0], i = 1;
     if (i == n) return dj_fail(e, "messages: no user message");
     int32_t *all = NULL;
     size_t m = 0;
@@ -96,8 +97,8 @@ int chat_prompt_ids(const dj_tokenizer *tok, chat_kind k, const char *const *rol
         int user = (j - i) % 2 == 0;
         if (strcmp(roles[j], user ? "user" : "assistant")) {
             free(all);
-            return dj_fail(e, "messages[%zu]: role '%s' where '%s' belongs (after an optional system message, user "
-                              "and assistant alternate, ending with user)", j, roles[j], user ? "user" : "assistant");
+            return dj_fail(e, "messages[%zu]: role '%s' where '%s' belongs (after an optional system or developer "
+                              "message, user and assistant alternate, ending with user)", j, roles[j], user ? "user" : "assistant");
         }
         int32_t *t = NULL;
         size_t nt = 0;

@@ -337,7 +337,7 @@ Test(api, breakpoints_and_resumes) {
 
 // ---- features the server lacks, refused by name; their "off" values taken
 Test(api, unsupported_features) {
-    static const char *const ok[] = {", \"echo\": false", ", \"echo\": 0", ", \"logprobs\": null", ", \"logprobs\": false",
+    static const char *const ok[] = {", \"echo\": false", ", \"echo\": 0", ", \"logprobs\": null", ", \"logprobs\": false", ", \"top_logprobs\": 0",
                                      ", \"suffix\": null", ", \"tools\": []", ", \"logit_bias\": {}",
                                      ", \"response_format\": {\"type\": \"text\"}", ", \"model\": \"anything\"",
                                      ", \"stream\": true, \"stream_options\": {\"include_usage\": true}"};
@@ -373,4 +373,105 @@ Test(api, unsupported_features) {
     ta_refused_body(1, "{\"messages\": []}", 400, "messages");
     ta_m.chat = CHAT_NONE;
     ta_refused_body(1, "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}]}", 400, "messages");
+}
+
+// ---- the answer's limit under each name a client sends: OpenAI's max_completion_tokens and max_tokens, llama.cpp's
+// n_predict; the first sent (not null) is the limit on either endpoint, never silently the default
+Test(api, answer_limit_names) {
+    static const struct {
+        int chat;
+        const char *fields;
+        int64_t want;
+    } t[] = {
+        {1, "\"max_tokens\": 5, \"max_completion_tokens\": null", 5},  // a null newer name is not sent
+        {1, "\"max_completion_tokens\": 3, \"max_tokens\": 9", 3},
+        {0, "\"max_completion_tokens\": 3", 3},                          // on /v1/completions too
+        {0, "\"max_completion_tokens\": null, \"max_tokens\": 4", 4},
+        {0, "\"n_predict\": 7", 7},
+        {0, "\"n_predict\": -1", -1},                                    // llama.cpp's "no limit"
+        {1, "\"n_predict\": 2", 2},
+        {0, "\"max_tokens\": 6, \"n_predict\": 9", 6},
+        {0, "\"n_predict\": null", 16},
+    };
+    const char *msgs = "\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}]";
+    for (size_t k = 0; k < sizeof t / sizeof *t; k++) {
+        api_req r;
+        api_error e;
+        int rc = t[k].chat ? ta_parse(1, &r, &e, "{%s, %s}", msgs, t[k].fields)
+                           : ta_parse(0, &r, &e, "{\"prompt\": \"Once\", %s}", t[k].fields);
+        cr_assert_eq(rc, 0, "%s: %s", t[k].fields, e.msg);
+        cr_assert_eq(r.max_tokens, t[k].want, "%s: limit %lld, want %lld", t[k].fields, (long long)r.max_tokens,
+                     (long long)t[k].want);
+        api_req_free(&r);
+    }
+    ta_refused(", \"n_predict\": 0", "n_predict");
+    ta_refused(", \"n_predict\": -2", "n_predict");
+    ta_refused(", \"n_predict\": 1.5", "n_predict");
+    ta_refused(", \"max_completion_tokens\": 0", "max_completion_tokens");
+    ta_refused(", \"max_completion_tokens\": null, \"max_tokens\": 0", "max_tokens");
+}
+
+// ---- OpenAI's "developer" message is the system message: the same prompt ids
+Test(api, developer_is_system) {
+    api_req a, b;
+    api_error e;
+    const char *fmt = "{\"messages\": [{\"role\": \"%s\", \"content\": \"Be brief.\"}, {\"role\": \"user\", \"content\": "
+                      "\"hi\"}]}";
+    cr_assert_eq(ta_parse(1, &a, &e, fmt, "system"), 0, "%s", e.msg);
+    cr_assert_eq(ta_parse(1, &b, &e, fmt, "developer"), 0, "%s", e.msg);
+    cr_assert(a.n_ids == b.n_ids && !memcmp(a.ids, b.ids, a.n_ids * sizeof *a.ids), "%zu ids, system's %zu", b.n_ids,
+              a.n_ids);
+    api_req_free(&a), api_req_free(&b);
+    // only first, as the system message
+    ta_refused_body(1, "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}, {\"role\": \"developer\", "
+                       "\"content\": \"x\"}]}", 400, "messages");
+}
+
+// ---- a message's content: a string, or text parts joined; any other part refused, saying its type
+Test(api, content_parts) {
+    api_req a, b;
+    api_error e;
+    cr_assert_eq(ta_parse(1, &a, &e, "{\"messages\": [{\"role\": \"user\", \"content\": \"Once upon a time\"}]}"), 0,
+                 "%s", e.msg);
+    cr_assert_eq(ta_parse(1, &b, &e, "{\"messages\": [{\"role\": \"user\", \"content\": [{\"type\": \"text\", \"text\": "
+                                     "\"Once upon\"}, {\"type\": \"text\", \"text\": \" a time\"}]}]}"), 0, "%s", e.msg);
+    cr_assert(a.n_ids == b.n_ids && !memcmp(a.ids, b.ids, a.n_ids * sizeof *a.ids), "parts: %zu ids, the string %zu",
+              b.n_ids, a.n_ids);
+    api_req_free(&a), api_req_free(&b);
+    cr_assert_eq(ta_parse(1, &a, &e, "{\"messages\": [{\"role\": \"user\", \"content\": [{\"type\": \"text\", \"text\": "
+                                     "\"hi\"}, {\"type\": \"image_url\", \"image_url\": {\"url\": \"data:x\"}}]}]}"), -1);
+    cr_assert(e.status == 400 && e.param && !strcmp(e.param, "messages") && strstr(e.msg, "content[1]") &&
+              strstr(e.msg, "'image_url'"), "%d %s", e.status, e.msg);
+    cr_assert_eq(ta_parse(1, &a, &e, "{\"messages\": [{\"role\": \"user\", \"content\": [{\"text\": \"hi\"}]}]}"), -1);
+    cr_assert(e.status == 400 && strstr(e.msg, "without a type"), "%s", e.msg);
+}
+
+// ---- n and best_of: one choice a request; more are refused by name, never answered with one
+Test(api, one_choice) {
+    static const char *const bad[] = {"2", "3", "0", "1.5", "-1"};
+    static const char *const names[] = {"n", "best_of"};
+    for (size_t i = 0; i < 2; i++)
+        for (size_t k = 0; k < sizeof bad / sizeof *bad; k++) {
+            api_req r;
+            api_error e;
+            cr_assert_eq(ta_parse(0, &r, &e, "{\"prompt\": \"Once\", \"%s\": %s}", names[i], bad[k]), -1);
+            cr_assert(e.status == 400 && e.param && !strcmp(e.param, names[i]) && strstr(e.msg, "one choice"),
+                      "%s %s: %s", names[i], bad[k], e.msg);
+        }
+    TA_OK(", \"n\": 1, \"best_of\": 1");
+}
+
+// ---- integers written as whole floats (Python's json.dumps(42.0) is "42.0"): the same integer; a fraction refused
+Test(api, whole_numbers_written_as_floats) {
+    api_req a, b;
+    api_error e;
+    cr_assert_eq(ta_parse(0, &a, &e, "{\"prompt\": \"Once\", \"max_tokens\": 5.0, \"seed\": 42.0, \"top_k\": 4e1, "
+                                     "\"n\": 1.0}"), 0, "%s", e.msg);
+    cr_assert_eq(a.max_tokens, 5);
+    cr_assert_eq(ta_parse(0, &b, &e, "{\"prompt\": \"Once\", \"seed\": 42, \"top_k\": 40}"), 0, "%s", e.msg);
+    cr_assert_eq(sampler_rng_state(a.smp), sampler_rng_state(b.smp), "seed 42.0 is not seed 42");
+    api_req_free(&a), api_req_free(&b);
+    ta_refused(", \"max_tokens\": 5.5", "max_tokens");
+    ta_refused(", \"seed\": 1e300", "seed");
+    ta_refused(", \"n\": 2.0", "n");
 }

@@ -817,7 +817,7 @@ Test(server, bad_requests_get_their_status) {
         {C, "{\"prompt\": \"x\", \"temperature\": -1}", 400, "'temperature' must be within", "temperature"},
         {C, "{\"prompt\": \"x\", \"stream\": 1}", 400, "'stream' must be a bool", "stream"},
         {C, "{\"prompt\": \"x\", \"stop\": [\"a\", \"b\", \"c\", \"d\", \"e\"]}", 400, "up to 4", "stop"},
-        {C, "{\"prompt\": \"x\", \"n\": 2}", 400, "'n' must be an integer within [1, 1]", "n"},
+        {C, "{\"prompt\": \"x\", \"n\": 2}", 400, "'n' must be 1: a request answers with one choice", "n"},
         {C, "{\"prompt\": \"x\", \"echo\": true}", 400, "'echo' is not supported", "echo"},
         {C, "{\"prompt\": \"x\", \"park\": true}", 400, "'park' needs a session", "park"},
         {C, "{\"prompt\": \"x\\u0000y\"}", 400, "NUL", "prompt"},

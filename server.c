@@ -228,7 +228,7 @@ static int srv_parse(int argc, char **argv, srv_opts *o) {
 typedef struct srv_req srv_req;
 
 // What a request asks for, known from its head.
-typedef enum { ROUTE_HEALTH, ROUTE_METRICS, ROUTE_MODELS, ROUTE_COMPLETION, ROUTE_CHAT, ROUTE_SESSION } srv_route;
+typedef enum { ROUTE_HEALTH, ROUTE_METRICS, ROUTE_MODELS, ROUTE_MODEL, ROUTE_COMPLETION, ROUTE_CHAT, ROUTE_SESSION } srv_route;
 
 typedef struct {
     int fd;
@@ -447,12 +447,18 @@ static void start_completion(srv *s, srv_conn *c, const char *body, size_t len, 
 }
 
 // ---- the other endpoints
-static void send_models(srv *s, srv_conn *c) {
+// GET /v1/models (one: NULL) lists the model; GET /v1/models/ID (one: ID) is its object, or 404 for another ID.
+static void send_models(srv *s, srv_conn *c, const char *one) {
+    if (one && strcmp(one, s->model_name)) {
+        send_error(s, c, 404, "model", "no model '%.256s' here: this server has '%s' (GET /v1/models)", one,
+                   s->model_name);
+        return;
+    }
     dj_buf b = {0};
-    buf_str(&b, "{\"object\":\"list\",\"data\":[{\"id\":");
+    buf_str(&b, one ? "{\"id\":" : "{\"object\":\"list\",\"data\":[{\"id\":");
     buf_json_str(&b, s->model_name, strlen(s->model_name));
-    buf_fmt(&b, ",\"object\":\"model\",\"created\":%lld,\"owned_by\":\"djinn\",\"context_length\":%" PRId64 "}]}\n",
-            (long long)s->t_start, s->am.ctx);
+    buf_fmt(&b, ",\"object\":\"model\",\"created\":%lld,\"owned_by\":\"djinn\",\"context_length\":%" PRId64 "}%s\n",
+            (long long)s->t_start, s->am.ctx, one ? "" : "]}");
     send_json(c, 200, &b);
     buf_free(&b);
 }
@@ -601,6 +607,7 @@ static int check_head(srv *s, srv_conn *c, const http_req *h) {
     const char *want = NULL;
     for (size_t i = 0; i < sizeof routes / sizeof *routes; i++)
         if (!strcmp(p, routes[i].path)) want = routes[i].method, c->route = routes[i].route;
+    if (!want && !strncmp(p, "/v1/models/", 11) && p[11]) want = "GET", c->route = ROUTE_MODEL;
     if (!want && !strncmp(p, "/v1/sessions/", 13)) {  // as session_request reads it: a malformed one is its 400
         char name[API_SESSION_MAX + 1];
         int park;
@@ -635,7 +642,8 @@ static void handle_request(srv *s, srv_conn *c, const http_req *h, const char *b
     case ROUTE_CHAT: start_completion(s, c, body, h->content_length, c->route == ROUTE_CHAT); break;
     case ROUTE_SESSION: session_request(s, c, h); break;
     case ROUTE_METRICS: send_metrics(s, c); break;
-    case ROUTE_MODELS: send_models(s, c); break;
+    case ROUTE_MODELS: send_models(s, c, NULL); break;
+    case ROUTE_MODEL: send_models(s, c, h->path + 11); break;
     case ROUTE_HEALTH: send_health(c, 200, "ok"); break;
     }
 }

@@ -2341,3 +2341,42 @@ Test(server, port_first_then_the_model) {
     ts_stop(&s);
     ts_teardown(&t);
 }
+
+// ---- what OpenAI's clients send beyond the basics: each honored, never silently dropped. The answer's limit under
+// its newer name on both endpoints (and llama.cpp's n_predict), a developer message, text parts, GET /v1/models/ID.
+Test(server, what_clients_send) {
+    ts_env t;
+    ts_setup(&t);
+    ts_srv s;
+    ts_start(&s, &t, t.chat, NULL);
+    static const struct {
+        const char *path, *body;
+    } limited[] = {
+        {"/v1/completions", "{\"prompt\": \"Once upon a time\", \"temperature\": 0, \"max_completion_tokens\": 5}"},
+        {"/v1/completions", "{\"prompt\": \"Once upon a time\", \"temperature\": 0, \"n_predict\": 5}"},
+        {"/v1/chat/completions", "{\"messages\": [{\"role\": \"developer\", \"content\": \"Be brief.\"}, {\"role\": "
+                                 "\"user\", \"content\": [{\"type\": \"text\", \"text\": \"Tell me\"}, {\"type\": "
+                                 "\"text\", \"text\": \" a story\"}]}], \"temperature\": 0, \"max_tokens\": 5, "
+                                 "\"max_completion_tokens\": null, \"metadata\": {\"a\": \"b\"}, \"store\": false}"},
+    };
+    for (size_t i = 0; i < sizeof limited / sizeof *limited; i++) {
+        ts_resp r = ts_post(s.port, limited[i].path, limited[i].body);
+        cr_assert_eq(r.status, 200, "%s: %s", limited[i].body, r.raw);
+        cr_assert(strstr(r.body, "\"completion_tokens\":5,") && strstr(r.body, "\"finish_reason\":\"length\""),
+                  "%s: not limited to 5 tokens: %s", limited[i].body, r.body);
+        free(r.raw);
+    }
+    ts_resp r = ts_http(s.port, "GET", "/v1/models/chat.bin", NULL, NULL);
+    cr_assert_eq(r.status, 200, "%s", r.raw);
+    const char *model = "{\"id\":\"chat.bin\",\"object\":\"model\",";  // the object itself, not a list
+    cr_assert(!strncmp(r.body, model, strlen(model)), "%s", r.body);
+    free(r.raw);
+    r = ts_http(s.port, "GET", "/v1/models/gpt-4o", NULL, NULL);
+    ts_expect_error(&r, 404, "no model 'gpt-4o'", "model");
+    free(r.raw);
+    r = ts_http(s.port, "POST", "/v1/models/chat.bin", NULL, "{}");
+    ts_expect_error(&r, 405, "use GET", NULL);
+    free(r.raw);
+    ts_stop(&s);
+    ts_teardown(&t);
+}

@@ -228,7 +228,9 @@ static int srv_parse(int argc, char **argv, srv_opts *o) {
 typedef struct srv_req srv_req;
 
 // What a request asks for, known from its head.
-typedef enum { ROUTE_HEALTH, ROUTE_METRICS, ROUTE_MODELS, ROUTE_MODEL, ROUTE_COMPLETION, ROUTE_CHAT, ROUTE_SESSION } srv_route;
+typedef enum {
+    ROUTE_HEALTH, ROUTE_METRICS, ROUTE_MODELS, ROUTE_MODEL, ROUTE_COMPLETION, ROUTE_CHAT, ROUTE_SESSION
+} srv_route;
 
 typedef struct {
     int fd;

@@ -98,7 +98,8 @@ int chat_prompt_ids(const dj_tokenizer *tok, chat_kind k, const char *const *rol
         if (strcmp(roles[j], user ? "user" : "assistant")) {
             free(all);
             return dj_fail(e, "messages[%zu]: role '%s' where '%s' belongs (after an optional system or developer "
-                              "message, user and assistant alternate, ending with user)", j, roles[j], user ? "user" : "assistant");
+                              "message, user and assistant alternate, ending with user)",
+                           j, roles[j], user ? "user" : "assistant");
         }
         int32_t *t = NULL;
         size_t nt = 0;

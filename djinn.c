@@ -355,8 +355,8 @@ static int parse_value(const char *a, const char *v, dj_opts *o) {
             return usage_error("-t %s: -t is the temperature in Djinn (as in llama2.c); threads are --threads, a "
                                "temperature this high is --temp", v);
         if (parse_f64(v, &d) || d < 0 || d >= DJ_SAMPLING_MAX)
-            return usage_error("-t needs a temperature from 0 up to (not including) " DJ_TEXT(DJ_SAMPLING_MAX) ", not '%s'",
-                               v);
+            return usage_error("-t needs a temperature from 0 up to (not including) " DJ_TEXT(DJ_SAMPLING_MAX)
+                               ", not '%s'", v);
         o->smp.temp = d;
     } else if (!strcmp(a, "-m")) {
         if (o->model_path) return usage_error("a second model '%s'", v);
@@ -375,8 +375,8 @@ static int parse_value(const char *a, const char *v, dj_opts *o) {
         o->smp.min_p = d;
     } else if (!strcmp(a, "--repeat-penalty")) {
         if (parse_f64(v, &d) || d < DJ_SAMPLING_MIN || d >= DJ_SAMPLING_MAX)
-            return usage_error("--repeat-penalty needs a factor from " DJ_TEXT(DJ_SAMPLING_MIN) " up to (not including) "
-                               DJ_TEXT(DJ_SAMPLING_MAX) ", not '%s'", v);
+            return usage_error("--repeat-penalty needs a factor from " DJ_TEXT(DJ_SAMPLING_MIN)
+                               " up to (not including) " DJ_TEXT(DJ_SAMPLING_MAX) ", not '%s'", v);
         o->smp.repeat_penalty = d;
     } else if (!strcmp(a, "--repeat-last-n")) {
         if (parse_i64(v, &n) || n < 0 || n > (1 << 24))

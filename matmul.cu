@@ -441,10 +441,10 @@ __device__ __forceinline__ void stage_xq(uint8_t *rec, const qx_in &in, int64_t 
 }
 
 // QX_NORM's staging of row t in one pass over x and b where each thread holds at most QN_EIGHTS eights of the row
-// (n_in <= 8 QN_EIGHTS blockDim.x): x + b loaded once into registers (and written to xo by column 0), the sum of squares
-// reduced over the block, then the eights scaled and quantized from registers, where stage_xq reads x and b twice
-// (an L2 round trip more before the block's first product). nwv: the thread's norm weights, loaded before the wait
-// on the kernel before (they are the model's). The same values as stage_xq's but for the sum of squares' order.
+// (n_in <= 8 QN_EIGHTS blockDim.x): x + b loaded once into registers (and written to xo by column 0), the sum of
+// squares reduced over the block, then the eights scaled and quantized from registers, where stage_xq reads x and b
+// twice (an L2 round trip more before the block's first product). nwv: the thread's norm weights, loaded before the
+// wait on the kernel before (they are the model's). The same values as stage_xq's but for the sum of squares' order.
 template <int WT>
 __device__ __forceinline__ void stage_xq_norm(uint8_t *rec, const qx_in &in, int64_t t, int64_t n_in,
                                               const float4 (*nwv)[2]) {
@@ -1113,8 +1113,8 @@ template <int WT, int MODE> static int qp_setup_one(dj_gpu *g, int sms, dj_err *
         cudaFuncAttributes fa;
         CUDA_CHECK(cudaFuncGetAttributes(&fa, several[i]));
         if (fa.sharedSizeBytes > QP_STATIC_SMEM)
-            return dj_fail(e, "cuda: the quantized GEMV declares %zu bytes of shared memory, more than the %d kept for it",
-                           fa.sharedSizeBytes, QP_STATIC_SMEM);
+            return dj_fail(e, "cuda: the quantized GEMV declares %zu bytes of shared memory, more than the %d kept "
+                              "for it", fa.sharedSizeBytes, QP_STATIC_SMEM);
         CUDA_CHECK(cudaFuncSetAttribute(several[i], cudaFuncAttributeMaxDynamicSharedMemorySize,
                                         g->tc_optin - QP_STATIC_SMEM));
     }

@@ -82,10 +82,57 @@ int chat_turn_ids(const dj_tokenizer *tok, chat_kind k, const char *system, cons
     return 0;
 }
 
+// Llama 3's template renders the messages in any order of roles, each under its header with its text stripped, BOS
+// first and the assistant's header last: two user messages in a row, or a system message after the first, are
+// text it writes as HF's template does (Llama 2's template refuses them, and so does chat_prompt_ids there).
+// OpenAI's "developer" is rendered as "system", the one name Llama 3 has for it; a system message of nothing but
+// spaces is left out, as chat_turn_ids leaves it out. The last message must be the user's.
+static int llama3_prompt_ids(const dj_tokenizer *tok, const char *const *roles, const char *const *contents, size_t n,
+                             int32_t **ids, size_t *n_ids, dj_err *e) {
+    static const char *const known[] = {"system", "developer", "user", "assistant"};
+    if (!n || strcmp(roles[n - 1], "user")) return dj_fail(e, "messages: the last message is not the user's");
+    dj_buf b = {0};
+    for (size_t j = 0; j < n; j++) {
+        size_t r = 0;
+        while (r < 4 && strcmp(roles[j], known[r])) r++;
+        if (r == 4) {
+            free(b.p);
+            return dj_fail(e, "messages[%zu]: role '%.32s' is not one of system, developer, user and assistant", j,
+                           roles[j]);
+        }
+        if (r < 2 && !contents[j][strspn(contents[j], " \t\n\r\f\v")]) continue;
+        buf_str(&b, "<|start_header_id|>"), buf_str(&b, r < 2 ? "system" : known[r]);
+        buf_str(&b, "<|end_header_id|>\n\n"), add_stripped(&b, contents[j]), buf_str(&b, "<|eot_id|>");
+    }
+    buf_str(&b, "<|start_header_id|>assistant<|end_header_id|>\n\n");
+    if (b.oom) {
+        free(b.p);
+        return dj_fail(e, "out of memory");
+    }
+    int32_t *t = NULL;
+    size_t nt = 0;
+    int rc = tok_encode(tok, b.p, b.n, 0, &t, &nt, e);
+    free(b.p);
+    if (rc) return -1;
+    const int32_t bos = tok_bos(tok);
+    int32_t *out = malloc((nt + 1) * sizeof *out);
+    if (!out) {
+        free(t);
+        return dj_fail(e, "out of memory");
+    }
+    size_t m = 0;
+    if (bos >= 0) out[m++] = bos;
+    memcpy(out + m, t, nt * sizeof *t);
+    free(t);
+    *ids = out, *n_ids = m + nt;
+    return 0;
+}
+
 int chat_prompt_ids(const dj_tokenizer *tok, chat_kind k, const char *const *roles, const char *const *contents,
                     size_t n, int32_t **ids, size_t *n_ids, dj_err *e) {
     *ids = NULL, *n_ids = 0;
     if (k != CHAT_LLAMA2 && k != CHAT_LLAMA3) return dj_fail(e, "the model has no chat template it knows");
+    if (k == CHAT_LLAMA3) return llama3_prompt_ids(tok, roles, contents, n, ids, n_ids, e);
     size_t i = 0;
     const char *system = NULL;
     // OpenAI's "developer" is the system message under its newer name

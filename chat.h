@@ -30,9 +30,10 @@ const char *chat_kind_name(chat_kind k);
 int chat_turn_ids(const dj_tokenizer *tok, chat_kind k, const char *system, const char *user, int first,
                   int32_t prev_end, int32_t **ids, size_t *n, dj_err *e);
 
-// A whole conversation as the prompt of the next answer (the API's messages): an optional system message first,
-// then user and assistant alternating, ending with a user message; an earlier answer is encoded as the model would
-// have written it and closed by the next turn. *ids malloc'd.
+// A whole conversation as the prompt of the next answer (the API's messages), ending with a user message; "developer"
+// is the system message. Llama 2: an optional system message first, then user and assistant alternating (as its
+// template demands); Llama 3: system, user and assistant messages in any order (as its template writes them). An
+// earlier answer is encoded as the model would have written it and closed by the next turn. *ids malloc'd.
 int chat_prompt_ids(const dj_tokenizer *tok, chat_kind k, const char *const *roles, const char *const *contents,
                     size_t n, int32_t **ids, size_t *n_ids, dj_err *e);
 

@@ -422,7 +422,7 @@ Test(api, developer_is_system) {
     cr_assert(a.n_ids == b.n_ids && !memcmp(a.ids, b.ids, a.n_ids * sizeof *a.ids), "%zu ids, system's %zu", b.n_ids,
               a.n_ids);
     api_req_free(&a), api_req_free(&b);
-    // only first, as the system message
+    // Llama 2's template: only first, as the system message (Llama 3's takes it anywhere: tokenizer/chat_templates)
     ta_refused_body(1, "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}, {\"role\": \"developer\", "
                        "\"content\": \"x\"}]}", 400, "messages");
 }

@@ -581,6 +581,58 @@ static dj_tokenizer *tt_load_chat(const char *base, const char *chat) {
     return t;
 }
 
+// Whole conversations (chat_prompt_ids) against the text HF's templates write for them, tokenized: Llama 3 any order
+// of roles (two user messages in a row, a system message later, "developer" as "system", a system message of spaces
+// left out as chat_turn_ids leaves it), the last the user's; Llama 2 alternating only.
+typedef struct {
+    const char *roles[5], *contents[5];
+    size_t n;
+    const char *text;  // Llama 3's template text after BOS; NULL: refused, the error holding `why`
+    const char *why;
+} tt_conv;
+
+static void tt_conversations(const dj_tokenizer *l3, const dj_tokenizer *l2) {
+#define H(r) "<|start_header_id|>" r "<|end_header_id|>\n\n"
+    static const tt_conv cases[] = {
+        {{"system", "user", "assistant", "user"}, {"Be brief.", " Hi ", "Hello.", "More"}, 4,
+         H("system") "Be brief.<|eot_id|>" H("user") "Hi<|eot_id|>" H("assistant") "Hello.<|eot_id|>" H("user")
+             "More<|eot_id|>" H("assistant"), NULL},
+        {{"system", "user", "user"}, {"Be brief.", "One", "Two"}, 3,
+         H("system") "Be brief.<|eot_id|>" H("user") "One<|eot_id|>" H("user") "Two<|eot_id|>" H("assistant"), NULL},
+        {{"user", "developer", "assistant", "assistant", "user"}, {"A", "Rule", "B", "C", "D"}, 5,
+         H("user") "A<|eot_id|>" H("system") "Rule<|eot_id|>" H("assistant") "B<|eot_id|>" H("assistant")
+             "C<|eot_id|>" H("user") "D<|eot_id|>" H("assistant"), NULL},
+        {{"system", "user"}, {" \n ", "Hi"}, 2, H("user") "Hi<|eot_id|>" H("assistant"), NULL},
+        {{"user", "assistant"}, {"Hi", "Hello."}, 2, NULL, "the last message is not the user's"},
+        {{"tool", "user"}, {"{}", "Hi"}, 2, NULL, "role 'tool'"},
+        {{0}, {0}, 0, NULL, "the last message is not the user's"},
+    };
+#undef H
+    dj_err e;
+    for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+        const tt_conv *v = &cases[c];
+        int32_t *ids = NULL, *want = NULL;
+        size_t n = 0, nw = 0;
+        int rc = chat_prompt_ids(l3, CHAT_LLAMA3, v->roles, v->contents, v->n, &ids, &n, &e);
+        if (!v->text) {
+            cr_assert(rc != 0 && strstr(e.msg, v->why), "conversation %zu taken, or refused without '%s': %s", c,
+                      v->why, rc ? e.msg : "");
+            continue;
+        }
+        cr_assert_eq(rc, 0, "conversation %zu: %s", c, e.msg);
+        cr_assert_eq(tok_encode(l3, v->text, strlen(v->text), 0, &want, &nw, &e), 0, "%s", e.msg);
+        cr_assert(n == nw + 1 && ids[0] == tok_bos(l3) && !memcmp(ids + 1, want, nw * sizeof *ids),
+                  "conversation %zu: %zu ids against BOS and %zu", c, n, nw);
+        free(ids), free(want);
+    }
+    // Llama 2's template demands alternation: two user messages in a row are refused
+    const char *roles[] = {"system", "user", "user"}, *contents[] = {"Be brief.", "One", "Two"};
+    int32_t *ids = NULL;
+    size_t n = 0;
+    cr_assert_neq(chat_prompt_ids(l2, CHAT_LLAMA2, roles, contents, 3, &ids, &n, &e), 0);
+    cr_assert(strstr(e.msg, "alternate"), "%s", e.msg);
+}
+
 Test(tokenizer, chat_templates) {
     dj_tokenizer *l3 = tt_load_chat("llama3", "llama3-instruct"), *l2 = tt_load_chat("llama2", "llama2-chat");
     cr_assert_eq(chat_recognise(tok_chat_template(l3)), CHAT_LLAMA3, "%.200s", tok_chat_template(l3));
@@ -624,6 +676,7 @@ Test(tokenizer, chat_templates) {
     cr_assert(bos_at > 0 && tok_is_eos(l2, ids[bos_at - 1]), "a cut answer's </s>, then the new turn's BOS");
     free(ids);
     cr_assert_neq(chat_turn_ids(l2, CHAT_UNKNOWN, NULL, "x", 1, -1, &ids, &n, &e), 0);
+    tt_conversations(l3, l2);
     tok_free(l2), tok_free(l3);
 }
 

@@ -27,6 +27,14 @@ static void add_stripped(dj_buf *b, const char *s) {
     buf_add(b, s, (size_t)(end - s));
 }
 
+// b's text tokenized, its special tokens read as such, into *t (malloc'd); b freed either way.
+static int encode_buf(const dj_tokenizer *tok, dj_buf *b, int32_t **t, size_t *nt, dj_err *e) {
+    *t = NULL, *nt = 0;
+    int rc = b->oom ? dj_fail(e, "out of memory") : tok_encode(tok, b->p ? b->p : "", b->n, 0, t, nt, e);
+    free(b->p);
+    return rc ? -1 : 0;
+}
+
 int chat_turn_ids(const dj_tokenizer *tok, chat_kind k, const char *system, const char *user, int first,
                   int32_t prev_end, int32_t **ids, size_t *n, dj_err *e) {
     *ids = NULL, *n = 0;
@@ -47,15 +55,9 @@ int chat_turn_ids(const dj_tokenizer *tok, chat_kind k, const char *system, cons
         add_stripped(&b, user);
         buf_str(&b, "<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n");
     }
-    if (b.oom) {
-        free(b.p);
-        return dj_fail(e, "out of memory");
-    }
-    int32_t *t = NULL;
-    size_t nt = 0;
-    int rc = tok_encode(tok, b.p, b.n, 0, &t, &nt, e);
-    free(b.p);
-    if (rc) return -1;
+    int32_t *t;
+    size_t nt;
+    if (encode_buf(tok, &b, &t, &nt, e)) return -1;
     // Llama 2 opens every user turn with BOS (after the closing " </s>" of the answer before); Llama 3 the first.
     int32_t bos = tok_bos(tok);
     int with_bos = bos >= 0 && (k == CHAT_LLAMA2 || first);
@@ -105,26 +107,17 @@ static int llama3_prompt_ids(const dj_tokenizer *tok, const char *const *roles, 
         buf_str(&b, "<|end_header_id|>\n\n"), add_stripped(&b, contents[j]), buf_str(&b, "<|eot_id|>");
     }
     buf_str(&b, "<|start_header_id|>assistant<|end_header_id|>\n\n");
-    if (b.oom) {
-        free(b.p);
-        return dj_fail(e, "out of memory");
-    }
-    int32_t *t = NULL;
-    size_t nt = 0;
-    int rc = tok_encode(tok, b.p, b.n, 0, &t, &nt, e);
-    free(b.p);
-    if (rc) return -1;
+    int32_t *t;
+    size_t nt;
+    if (encode_buf(tok, &b, &t, &nt, e)) return -1;
     const int32_t bos = tok_bos(tok);
-    int32_t *out = malloc((nt + 1) * sizeof *out);
+    int32_t *out = bos >= 0 ? realloc(t, (nt + 1) * sizeof *t) : t;
     if (!out) {
         free(t);
         return dj_fail(e, "out of memory");
     }
-    size_t m = 0;
-    if (bos >= 0) out[m++] = bos;
-    memcpy(out + m, t, nt * sizeof *t);
-    free(t);
-    *ids = out, *n_ids = m + nt;
+    if (bos >= 0) memmove(out + 1, out, nt * sizeof *out), out[0] = bos, nt++;
+    *ids = out, *n_ids = nt;
     return 0;
 }
 
@@ -157,8 +150,7 @@ int chat_prompt_ids(const dj_tokenizer *tok, chat_kind k, const char *const *rol
             dj_buf b = {0};
             if (k == CHAT_LLAMA2) buf_str(&b, " ");
             add_stripped(&b, contents[j]);
-            rc = b.oom ? dj_fail(e, "out of memory") : tok_encode(tok, b.p ? b.p : "", b.n, 0, &t, &nt, e);
-            free(b.p);
+            rc = encode_buf(tok, &b, &t, &nt, e);
         }
         int32_t *grown = rc ? NULL : realloc(all, (m + nt + 1) * sizeof *all);
         if (!grown) {

@@ -92,7 +92,6 @@ int chat_turn_ids(const dj_tokenizer *tok, chat_kind k, const char *system, cons
 static int llama3_prompt_ids(const dj_tokenizer *tok, const char *const *roles, const char *const *contents, size_t n,
                              int32_t **ids, size_t *n_ids, dj_err *e) {
     static const char *const known[] = {"system", "developer", "user", "assistant"};
-    if (!n || strcmp(roles[n - 1], "user")) return dj_fail(e, "messages: the last message is not the user's");
     dj_buf b = {0};
     for (size_t j = 0; j < n; j++) {
         size_t r = 0;
@@ -105,6 +104,10 @@ static int llama3_prompt_ids(const dj_tokenizer *tok, const char *const *roles, 
         if (r < 2 && !contents[j][strspn(contents[j], " \t\n\r\f\v")]) continue;
         buf_str(&b, "<|start_header_id|>"), buf_str(&b, r < 2 ? "system" : known[r]);
         buf_str(&b, "<|end_header_id|>\n\n"), add_stripped(&b, contents[j]), buf_str(&b, "<|eot_id|>");
+    }
+    if (!n || strcmp(roles[n - 1], "user")) {
+        free(b.p);
+        return dj_fail(e, "messages: the last message is not the user's");
     }
     buf_str(&b, "<|start_header_id|>assistant<|end_header_id|>\n\n");
     int32_t *t;

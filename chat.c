@@ -20,12 +20,23 @@ const char *chat_kind_name(chat_kind k) {
                                                                                                        : "unknown";
 }
 
+static const char BLANKS[] = " \t\n\r\f\v";  // what the templates' strip removes
+
 static void add_stripped(dj_buf *b, const char *s) {
     const char *end = s + strlen(s);
-    while (s < end && strchr(" \t\n\r\f\v", *s)) s++;
-    while (end > s && strchr(" \t\n\r\f\v", end[-1])) end--;
+    while (s < end && strchr(BLANKS, *s)) s++;
+    while (end > s && strchr(BLANKS, end[-1])) end--;
     buf_add(b, s, (size_t)(end - s));
 }
+
+static int is_blank(const char *s) { return !s[strspn(s, BLANKS)]; }
+
+// One message of Llama 3's template: its role's header, its text stripped, <|eot_id|>.
+static void add_llama3_message(dj_buf *b, const char *role, const char *text) {
+    buf_str(b, "<|start_header_id|>"), buf_str(b, role), buf_str(b, "<|end_header_id|>\n\n");
+    add_stripped(b, text), buf_str(b, "<|eot_id|>");
+}
+#define LLAMA3_ANSWER "<|start_header_id|>assistant<|end_header_id|>\n\n"  // the header the answer follows
 
 // b's text tokenized, its special tokens read as such, into *t (malloc'd); b freed either way.
 static int encode_buf(const dj_tokenizer *tok, dj_buf *b, int32_t **t, size_t *nt, dj_err *e) {
@@ -41,7 +52,7 @@ int chat_turn_ids(const dj_tokenizer *tok, chat_kind k, const char *system, cons
     if (k != CHAT_LLAMA2 && k != CHAT_LLAMA3) return dj_fail(e, "chat: no template to build a turn with");
     dj_buf b = {0};
     int close = !first && prev_end < 0;  // the template's end text, for an answer cut short
-    int sys = first && system && system[strspn(system, " \t\n\r\f\v")];
+    int sys = first && system && !is_blank(system);
     if (k == CHAT_LLAMA2) {
         if (close) buf_str(&b, " </s>");
         buf_str(&b, "[INST] ");
@@ -50,10 +61,9 @@ int chat_turn_ids(const dj_tokenizer *tok, chat_kind k, const char *system, cons
         buf_str(&b, " [/INST]");
     } else {
         if (close) buf_str(&b, "<|eot_id|>");
-        if (sys) buf_str(&b, "<|start_header_id|>system<|end_header_id|>\n\n"), add_stripped(&b, system), buf_str(&b, "<|eot_id|>");
-        buf_str(&b, "<|start_header_id|>user<|end_header_id|>\n\n");
-        add_stripped(&b, user);
-        buf_str(&b, "<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n");
+        if (sys) add_llama3_message(&b, "system", system);
+        add_llama3_message(&b, "user", user);
+        buf_str(&b, LLAMA3_ANSWER);
     }
     int32_t *t;
     size_t nt;
@@ -101,15 +111,14 @@ static int llama3_prompt_ids(const dj_tokenizer *tok, const char *const *roles, 
             return dj_fail(e, "messages[%zu]: role '%.32s' is not one of system, developer, user and assistant", j,
                            roles[j]);
         }
-        if (r < 2 && !contents[j][strspn(contents[j], " \t\n\r\f\v")]) continue;
-        buf_str(&b, "<|start_header_id|>"), buf_str(&b, r < 2 ? "system" : known[r]);
-        buf_str(&b, "<|end_header_id|>\n\n"), add_stripped(&b, contents[j]), buf_str(&b, "<|eot_id|>");
+        if (r < 2 && is_blank(contents[j])) continue;
+        add_llama3_message(&b, r < 2 ? "system" : known[r], contents[j]);
     }
     if (!n || strcmp(roles[n - 1], "user")) {
         free(b.p);
         return dj_fail(e, "messages: the last message is not the user's");
     }
-    buf_str(&b, "<|start_header_id|>assistant<|end_header_id|>\n\n");
+    buf_str(&b, LLAMA3_ANSWER);
     int32_t *t;
     size_t nt;
     if (encode_buf(tok, &b, &t, &nt, e)) return -1;
@@ -124,11 +133,10 @@ static int llama3_prompt_ids(const dj_tokenizer *tok, const char *const *roles, 
     return 0;
 }
 
-int chat_prompt_ids(const dj_tokenizer *tok, chat_kind k, const char *const *roles, const char *const *contents,
-                    size_t n, int32_t **ids, size_t *n_ids, dj_err *e) {
-    *ids = NULL, *n_ids = 0;
-    if (k != CHAT_LLAMA2 && k != CHAT_LLAMA3) return dj_fail(e, "the model has no chat template it knows");
-    if (k == CHAT_LLAMA3) return llama3_prompt_ids(tok, roles, contents, n, ids, n_ids, e);
+// Llama 2's template: an optional system message first, then user and assistant alternating, ending with user (its
+// template refuses anything else); each user turn as chat_turn_ids builds it, each answer closed by the next turn.
+static int llama2_prompt_ids(const dj_tokenizer *tok, const char *const *roles, const char *const *contents, size_t n,
+                             int32_t **ids, size_t *n_ids, dj_err *e) {
     size_t i = 0;
     const char *system = NULL;
     // OpenAI's "developer" is the system message under its newer name
@@ -148,10 +156,10 @@ int chat_prompt_ids(const dj_tokenizer *tok, chat_kind k, const char *const *rol
         size_t nt = 0;
         int rc;
         if (user) {
-            rc = chat_turn_ids(tok, k, system, contents[j], j == i, -1, &t, &nt, e);
+            rc = chat_turn_ids(tok, CHAT_LLAMA2, system, contents[j], j == i, -1, &t, &nt, e);
         } else {  // an earlier answer as the model would have written it: its end comes with the next turn
             dj_buf b = {0};
-            if (k == CHAT_LLAMA2) buf_str(&b, " ");
+            buf_str(&b, " ");
             add_stripped(&b, contents[j]);
             rc = encode_buf(tok, &b, &t, &nt, e);
         }
@@ -171,6 +179,14 @@ int chat_prompt_ids(const dj_tokenizer *tok, chat_kind k, const char *const *rol
     }
     *ids = all, *n_ids = m;
     return 0;
+}
+
+int chat_prompt_ids(const dj_tokenizer *tok, chat_kind k, const char *const *roles, const char *const *contents,
+                    size_t n, int32_t **ids, size_t *n_ids, dj_err *e) {
+    *ids = NULL, *n_ids = 0;
+    if (k == CHAT_LLAMA3) return llama3_prompt_ids(tok, roles, contents, n, ids, n_ids, e);
+    if (k == CHAT_LLAMA2) return llama2_prompt_ids(tok, roles, contents, n, ids, n_ids, e);
+    return dj_fail(e, "the model has no chat template it knows");
 }
 
 int chat_choose(const char *choice, const char *model, chat_kind *k, dj_err *e) {

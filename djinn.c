@@ -609,14 +609,9 @@ static void close_draft(dj_draft *d) {
 
 // ---- output helpers
 // stdout carries the text: a write that fails (a full disk, a closed file) ends the run with an error.
-static int stdout_ok(dj_err *e) {
-    if (fflush(stdout) || ferror(stdout)) return dj_fail(e, "cannot write to stdout: %s", strerror(errno));
-    return 0;
-}
-
 static int emit(const char *text, size_t len, dj_err *e) {
     if (len && fwrite(text, 1, len, stdout) != len) return dj_fail(e, "cannot write to stdout: %s", strerror(errno));
-    return stdout_ok(e);
+    return stdout_flush(e);
 }
 
 // The run's output files (fileio.h: checked and created before loading, renamed into place when complete).
@@ -667,7 +662,7 @@ static int run_check(const dj_model *m, const dj_opts *o, dj_err *e) {
     int pass = v <= tol;  // false for NaN too
     printf("check %s: %s %.4e %s tolerance %.1e (%s weights, %s engine)\n", pass ? "PASSED" : "FAILED", what, v,
            pass ? "<=" : ">", tol, dj_dtype_name(c->wtype), eng.name);
-    if (stdout_ok(e)) goto out;
+    if (stdout_flush(e)) goto out;
     rc = pass ? 0 : EXIT_CHECK;
 out:
     engine_close(&eng);
@@ -728,7 +723,7 @@ static int run_perplexity(const dj_model *m, const dj_tokenizer *tok, const dj_o
             (long long)scored, (long long)windows, (long long)ctx, dj_now() - t0, eng.name);
     printf("perplexity %.4f over %lld tokens (mean negative log-likelihood %.6f nats)\n", exp(nll / (double)scored),
            (long long)scored, nll / (double)scored);
-    rc = stdout_ok(e) ? EXIT_ERR : interrupted ? EXIT_INTERRUPTED : 0;
+    rc = stdout_flush(e) ? EXIT_ERR : interrupted ? EXIT_INTERRUPTED : 0;
 out:
     engine_close(&eng);
     free(logits), free(ids), free(text);
@@ -1107,7 +1102,7 @@ static int run_generate(const dj_model *m, const dj_tokenizer *tok, const dj_opt
         for (size_t i = 0; i < g.n_prompt; i++) printf("%s%d", i ? " " : "", g.ids[i]);
         printf("\n");
         free(g.ids);
-        return stdout_ok(e) ? EXIT_ERR : 0;
+        return stdout_flush(e) ? EXIT_ERR : 0;
     }
     g.ctx = o->ctx;
     int rc = gen_open(&g, e);
@@ -1358,7 +1353,7 @@ int main(int argc, char **argv) {
                    "2's q8 and q4; weights f32, f16, bf16, q8, q4)\n", DJINN_VERSION, DJ_VERSION, DJ_VERSION_MIN,
                    DJ_VERSION);
         dj_err we;
-        if (!stdout_ok(&we)) return 0;
+        if (!stdout_flush(&we)) return 0;
         fprintf(stderr, "djinn: %s\n", we.msg);
         return EXIT_ERR;
     }

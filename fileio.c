@@ -276,3 +276,8 @@ void out_abort(dj_out *o) {
     free(o->path), free(o->tmp);
     o->path = o->tmp = NULL;
 }
+
+int stdout_flush(dj_err *e) {
+    if (fflush(stdout) || ferror(stdout)) return dj_fail(e, "cannot write to stdout: %s", strerror(errno));
+    return 0;
+}

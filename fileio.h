@@ -55,4 +55,7 @@ int out_commit(dj_out *o, int sync, dj_err *e);
 // Closes and removes PATH.tmp (while it is this writer's); safe on a closed or zeroed dj_out.
 void out_abort(dj_out *o);
 
+// stdout flushed: 0, or -1 with "cannot write to stdout: REASON" (a full disk, a closed file, a reader gone) in e.
+int stdout_flush(dj_err *e);
+
 #endif

@@ -31,6 +31,7 @@
 #include "buf.h"
 #include "chat.h"
 #include "engine.h"
+#include "fileio.h"
 #include "gpu_host.h"
 #include "http.h"
 #include "keys.h"
@@ -1137,8 +1138,9 @@ int serve_main(int argc, char **argv) {
     int prc = srv_parse(argc, argv, &s.o);
     if (prc) {
         keys_free(&s.o.keys);
-        if (prc < 0 && (fflush(stdout) || ferror(stdout))) {  // --help's text not written (a full disk, a closed stdout)
-            fprintf(stderr, "djinn serve: cannot write to stdout: %s\n", strerror(errno));
+        dj_err we;
+        if (prc < 0 && stdout_flush(&we)) {  // --help's text not written (a full disk, a closed stdout)
+            fprintf(stderr, "djinn serve: %s\n", we.msg);
             return 1;
         }
         return prc < 0 ? 0 : prc;

@@ -295,6 +295,7 @@ int api_parse(const api_model *m, const char *body, size_t n, int chat, uint64_t
             refuse(&k, 400, name, "'%s' must be 1 to %d bytes, without NUL", name, API_SESSION_MAX);
         else if (!(r->session = strdup(sess->u.str.s)))
             refuse(&k, 500, NULL, "out of memory");
+        r->by_user = name[0] == 'u';
     }
     if (r->park && !r->session) refuse(&k, 400, "park", "'park' needs a session ('session' or 'user')");
     int64_t layer = -1;

@@ -27,6 +27,7 @@ typedef struct {
     int chat, stream, include_usage;
     int park;             // "park": true: the session's cache is parked when the answer ends
     char *session;        // "session", else "user"; NULL: none
+    int by_user;          // the session was named by "user" (OpenAI's end-user id): a hint (bt_job.by_user)
     int32_t *ids;         // the prompt
     size_t n_ids;
     int64_t max_tokens;   // -1: until an end token or the context's end

@@ -360,6 +360,9 @@ static int take_paused(bt_sched *s, bt_job *j, const char *session, dj_err *e) {
     return 0;
 }
 
+// Whether job j takes its session only as a hint (bt_job.by_user): a plain request that named it by "user".
+static int session_hint(const bt_job *j) { return j->by_user && !j->park_after && !j->brk && !j->resume; }
+
 int bt_submit(bt_sched *s, bt_job *j, const char *session, dj_err *e) {
     int status = 0;
     j->state = JOB_QUEUED, j->slot = -1, j->sess = NULL, j->next_queued = NULL, j->n_gen = 0, j->n_reused = 0;
@@ -367,10 +370,15 @@ int bt_submit(bt_sched *s, bt_job *j, const char *session, dj_err *e) {
     if (j->resume) {
         if ((status = take_paused(s, j, session, e))) return status;
     } else if ((session || j->brk) && !(j->sess = session_get(s, j->tenant, session, &status, e))) {
-        return status;
+        if (!session_hint(j)) return status;
+        status = 0;  // every session busy: the hint is dropped
     } else if (j->sess && j->sess->paused) {
-        return dj_fail(e, "session '%s' is paused at breakpoint brk-%llu: resume it, or delete the session",
-                       session_name(j->sess), (unsigned long long)j->sess->paused), 409;
+        if (!session_hint(j))
+            return dj_fail(e, "session '%s' is paused at breakpoint brk-%llu: resume it, or delete the session",
+                           session_name(j->sess), (unsigned long long)j->sess->paused), 409;
+        j->sess = NULL;
+    } else if (j->sess && j->sess->jobs && session_hint(j)) {
+        j->sess = NULL;  // it would wait for the session's earlier jobs
     }
     if (j->sess) j->sess->jobs++;
     if (s->q_tail) s->q_tail->next_queued = j;
@@ -460,7 +468,8 @@ static int tap_job(bt_sched *s, bt_job *j, dj_err *e) {
 }
 
 // Queued jobs join while fewer than `parallel` run and a slot can be had, first come first served; a job whose
-// session runs an earlier one waits for it. A resume starts at its paused positions, the cache before them kept.
+// session runs an earlier one waits for it (one by_user took its session only if it had none: bt_submit). A resume
+// starts at its paused positions, the cache before them kept.
 static void admit(bt_sched *s) {
     dj_err e = {{0}};
     for (bt_job **q = &s->q_head, *prev = NULL; *q && s->n_active < s->o.parallel;) {

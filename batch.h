@@ -63,6 +63,10 @@ struct bt_job {
     char *stops[BT_STOPS];
     int n_stops;
     int park_after;      // park the session's cache as soon as the answer ends (its client waits on a tool)
+    int by_user;         // the session was named by OpenAI's "user" (which clients send on every request, as an
+                         //   end user's id): its cache serves the job only while the session is free; where it has
+                         //   a job under way or is paused, this one runs without it rather than wait or be refused
+                         //   (park, a breakpoint and a resume need their session: for them it is one as "session")
     int kind;            // the owner's kind of request (its endpoint): a paused state resumes through its own
     int brk;             // a breakpoint after `layer`: ends with finish "breakpoint" and rows filled
     uint32_t layer;      //   (a resume's: its paused state's, set by bt_submit)
@@ -94,11 +98,11 @@ bt_sched *bt_new(dj_engine *eng, const dj_tokenizer *tok, const dj_config *c, co
                  dj_err *e);
 void bt_free(bt_sched *s);  // jobs still there end without callbacks
 // Queues a job under a session name (NULL: none) of its tenant's; a session's jobs run one after the other, in
-// order. 0; or an
-// HTTP status with e set: 503 when every remembered session has a job or is paused; 409 when the session is paused
-// (and j no resume of it); a resume: 404 (no such id), 410 (resumed already, dropped, its session deleted or its
-// cache lost), 400 (another session, endpoint or prompt, rows of another shape). On an error the caller keeps the
-// job.
+// order (a job by_user runs without its session instead of waiting). 0; or an HTTP status with e set: 503 when
+// every remembered session has a job or is paused; 409 when the session is paused (and j no resume of it; neither
+// for a job by_user, which runs without it); a resume: 404 (no such id), 410 (resumed already, dropped, its session
+// deleted or its cache lost), 400 (another session, endpoint or prompt, rows of another shape). On an error the
+// caller keeps the job.
 int bt_submit(bt_sched *s, bt_job *j, const char *session, dj_err *e);
 // The owner left: no more callbacks; the job ends at the next step (a session keeps what its cache holds).
 void bt_detach(bt_sched *s, bt_job *j);

@@ -262,6 +262,10 @@ Test(api, session_name) {
     api_error e;
     cr_assert_eq(ta_parse(0, &r, &e, "{\"prompt\": \"Once\", \"session\": \"a\", \"user\": \"b\"}"), 0, "%s", e.msg);
     cr_assert_str_eq(r.session, "a", "session before user");
+    cr_assert_eq(r.by_user, 0, "the session named by 'session' is no hint");
+    api_req_free(&r);
+    cr_assert_eq(ta_parse(0, &r, &e, "{\"prompt\": \"Once\", \"user\": \"b\"}"), 0, "%s", e.msg);
+    cr_assert(!strcmp(r.session, "b") && r.by_user, "'user' names a session as a hint");
     api_req_free(&r);
     // park needs a session, by either name
     ta_refused(", \"park\": true", "park");

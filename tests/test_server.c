@@ -1058,6 +1058,60 @@ static char *ts_turn(const ts_srv *s, const char *session, const char *prompt, i
     return text;
 }
 
+// A completion request with the JSON fields `more` on a connection of its own, which closes after the answer.
+static int ts_open_body(int port, const char *prompt, int n, const char *more) {
+    int fd = ts_connect(port);
+    char *body = ts_completion_body(prompt, n, more);
+    char head[256];
+    int k = snprintf(head, sizeof head, "POST /v1/completions HTTP/1.1\r\nHost: t\r\nConnection: close\r\n"
+                     "Content-Length: %zu\r\n\r\n", strlen(body));
+    cr_assert(fd >= 0 && !ts_send_all(fd, head, (size_t)k) && !ts_send_all(fd, body, strlen(body)), "cannot send");
+    free(body);
+    return fd;
+}
+
+// OpenAI's clients send "user" (an end user's id) on every request, side by side: it names a session whose cache a
+// request uses while the session is free, but a second request of the same user runs at once without it, where
+// requests naming a "session" run one after the other. Each turn takes 10 ms (DJINN_TEST_STEP_US): 300 tokens keep
+// the first answer under way for 3 s.
+Test(server, user_requests_run_side_by_side) {
+    ts_env t;
+    ts_setup(&t);
+    ts_srv s;
+    ts_start_slow_us(&s, &t, NULL, "10000");
+    const char *who[] = {"\"temperature\":0,\"user\":\"dana\"", "\"temperature\":0,\"session\":\"erin\""};
+    for (int k = 0; k < 2; k++) {
+        int a = ts_open_body(s.port, "Once upon a time", 300, who[k]);
+        ts_await_metric(&s, "requests_active", 1);
+        int b = ts_open_body(s.port, "The little dog", 300, who[k]);
+        if (k == 0) {
+            ts_await_metric(&s, "requests_active", 2);
+        } else {
+            ts_await_metric(&s, "requests_queued", 1);
+            cr_assert_eq(ts_metric(&s, "requests_active"), 1, "a session's second request ran beside its first");
+        }
+        ts_abort(a), ts_abort(b);
+        ts_await_metric(&s, "requests_active", 0);
+        ts_await_metric(&s, "requests_queued", 0);
+    }
+    // the session a user names keeps its cache for the user's next turn (the first request above kept it)
+    char more[200];
+    snprintf(more, sizeof more, "\"temperature\":0,\"user\":\"fay\"");
+    char *body = ts_completion_body("Once upon a time", 20, more);
+    ts_resp r = ts_post(s.port, "/v1/completions", body);
+    char *first = ts_text(&r, 0, 0, NULL, 0);
+    free(body), free(r.raw);
+    char prompt2[1024];
+    snprintf(prompt2, sizeof prompt2, "Once upon a time%s The end. Then", first);
+    body = ts_completion_body(prompt2, 10, more);
+    r = ts_post(s.port, "/v1/completions", body);
+    const char *c = strstr(r.body, "\"cached_tokens\":");
+    cr_assert(r.status == 200 && c && atoll(c + 16) > 10, "the user's second turn found no cache: %s", r.raw);
+    free(body), free(r.raw), free(first);
+    ts_stop(&s);
+    ts_teardown(&t);
+}
+
 // Three sessions of two turns on a server with two KV slots (--kv-gb for two slots of 512 positions) and one with
 // plenty: the second turns' texts are the same, and the same as a request without a session (every token
 // prefilled). On the small one, the third session's first turn parks the least recently used session's cache
@@ -1594,10 +1648,15 @@ Test(server, breakpoint_refusals) {
     // a paused session: an ordinary request refused, then the session deleted
     snprintf(body, sizeof body, "{%s,\"session\":\"carol\",\"break_after_layer\":0}", P);
     b = ts_break(&s, C, body);
-    snprintf(body, sizeof body, "{%s,\"user\":\"carol\"}", P);
+    snprintf(body, sizeof body, "{%s,\"session\":\"carol\"}", P);
     r = ts_post(s.port, C, body);
     ts_expect_error(&r, 409, "session 'carol' is paused at breakpoint", "session");
     free(r.raw);
+    snprintf(body, sizeof body, "{%s,\"user\":\"carol\"}", P);  // OpenAI's end-user id: served without the session
+    r = ts_post(s.port, C, body);
+    cr_assert_eq(r.status, 200, "%s", r.raw);
+    free(r.raw);
+    cr_assert_eq(ts_metric(&s, "breakpoints_paused"), 1, "the request by 'user' touched the paused session");
     r = ts_http(s.port, "DELETE", "/v1/sessions/carol", NULL, NULL);
     cr_assert_eq(r.status, 200, "%s", r.raw);
     free(r.raw);

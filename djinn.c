@@ -47,22 +47,10 @@ _Static_assert(KV_MEM_SHARE == 4, "the default context's line and --help say 'a 
 // a chat turn's prefill and every decode step finish their pass. A second Ctrl-C kills at once.
 static volatile sig_atomic_t interrupted;
 static volatile sig_atomic_t cuttable, cut;  // a phase the engine may cut short runs; the engines' flag
-// The output files' PATH.tmp while this run owns them (fileio.h's `owned`): a signal that kills the run (SIGTERM,
-// SIGHUP, a second Ctrl-C) removes them first, as the converter does, so that a killed run leaves no half-written file.
-enum { N_TMP = 4 };
-static char kill_tmp[N_TMP][4200];  // "": none (or a path too long to keep: left to fileio's takeover)
-static volatile sig_atomic_t kill_owned[N_TMP];
-static void on_kill(int sig) {
-    for (int k = 0; k < N_TMP; k++)
-        if (kill_owned[k] && kill_tmp[k][0]) unlink(kill_tmp[k]);
-    signal(sig, SIG_DFL);
-    raise(sig);
-}
-
 static void on_sigint(int sig) {
     interrupted = 1, dj_load_cancel = 1;  // a load stops within a chunk
     cut = cuttable;
-    signal(sig, on_kill);  // a second Ctrl-C kills at once
+    signal(sig, out_kill_handler);  // a second Ctrl-C kills at once, removing the outputs' PATH.tmp as SIGTERM does
 }
 
 // Enters (1) or leaves (0) a phase the engine may cut short; one entered after a Ctrl-C is cut at once.
@@ -1361,26 +1349,15 @@ int main(int argc, char **argv) {
     if (o.threads) cpu_set_threads((int)o.threads);
 
     signal(SIGINT, on_sigint);
-    signal(SIGTERM, on_kill), signal(SIGHUP, on_kill);
+    out_kill_arm();  // a killed run leaves no half-written output (fileio.h)
     signal(SIGPIPE, SIG_IGN);  // a reader gone (djinn ... | head): a failed write, said, and the outputs removed
     dj_err e = {{0}};
     dj_model m = {0};
-    dj_outputs out = {{.fd = -1, .owned = &kill_owned[0]}, {.fd = -1, .owned = &kill_owned[1]},
-                      {.fd = -1, .owned = &kill_owned[2]}, {.fd = -1, .owned = &kill_owned[3]}};
+    dj_outputs out = {{.fd = -1}, {.fd = -1}, {.fd = -1}, {.fd = -1}};
     dj_tokenizer *tok = NULL;
     int rc = EXIT_ERR;
     char *prompt_text = NULL;
-    {
-        sigset_t all, old;  // held until kill_tmp names every tmp this run owns: on_kill then finds each
-        sigfillset(&all);
-        sigprocmask(SIG_BLOCK, &all, &old);
-        int orc = open_outputs(&o, &out, &e);
-        dj_out *outs[N_TMP] = {&out.logits, &out.stats, &out.dump, &out.session};
-        for (int k = 0; k < N_TMP; k++)
-            if (outs[k]->tmp && strlen(outs[k]->tmp) < sizeof kill_tmp[k]) strcpy(kill_tmp[k], outs[k]->tmp);
-        sigprocmask(SIG_SETMASK, &old, NULL);
-        if (orc) goto done;
-    }
+    if (open_outputs(&o, &out, &e)) goto done;
     if (o.prompt_file) {  // before the model's load: a missing file costs nothing
         if (read_prompt(o.prompt_file, &prompt_text, &o.prompt_len, &e)) goto done;
         o.prompt = prompt_text;

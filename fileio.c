@@ -4,6 +4,8 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <libgen.h>
+#include <limits.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -184,7 +186,15 @@ static int open_tmp(dj_out *o, dj_err *e) {
     return dj_fail(e, "%s keeps changing under this process: is another one writing %s?", o->tmp, o->path);
 }
 
-// The signals whose handler may remove o->tmp are held while the file and its `owned` flag change together.
+// ---- the table a kill reads
+// A slot is written only while the signals are held in the writing thread; `owned` goes up after its name is
+// complete, so a handler that sees it set reads a whole name.
+static struct {
+    char tmp[PATH_MAX];  // every name open() accepted fits: it refuses one of PATH_MAX bytes or more
+    volatile sig_atomic_t owned;
+} kill_table[OUT_KILL_SLOTS];
+
+// The signals whose handler may remove o->tmp are held while the file and its slot change together.
 static void hold(sigset_t *old) {
     sigset_t s;
     sigemptyset(&s);
@@ -192,10 +202,39 @@ static void hold(sigset_t *old) {
     sigprocmask(SIG_BLOCK, &s, old);
 }
 
+// A free slot naming tmp (created by open_tmp, so it fits), or -1: none free (fileio.h says what a kill then leaves).
+static int kill_claim(const char *tmp) {
+    size_t n = strlen(tmp);
+    for (int k = 0; k < OUT_KILL_SLOTS; k++)
+        if (!kill_table[k].owned) {
+            memcpy(kill_table[k].tmp, tmp, n + 1);
+            atomic_thread_fence(memory_order_release);  // a handler on another thread must not see the flag first
+            kill_table[k].owned = 1;
+            return k;
+        }
+    return -1;
+}
+
+static void kill_release(dj_out *o) {
+    if (o->kill_slot >= 0) kill_table[o->kill_slot].owned = 0;
+    o->kill_slot = -1;
+}
+
+void out_kill_handler(int sig) {
+    for (int k = 0; k < OUT_KILL_SLOTS; k++)
+        if (kill_table[k].owned) unlink(kill_table[k].tmp);
+    signal(sig, SIG_DFL);
+    raise(sig);
+}
+
+void out_kill_arm(void) {
+    signal(SIGTERM, out_kill_handler);
+    signal(SIGHUP, out_kill_handler);
+}
+
 int out_open(dj_out *o, const char *path, const char *what, const char *const *others, int n_others, dj_err *e) {
-    volatile sig_atomic_t *owned = o->owned;
     memset(o, 0, sizeof *o);
-    o->fd = -1, o->what = what, o->owned = owned;
+    o->fd = -1, o->what = what, o->kill_slot = -1;
     if (out_check(path, what, others, n_others, e)) return -1;
     o->path = strdup(path);
     o->tmp = malloc(strlen(path) + 5);
@@ -212,7 +251,7 @@ int out_open(dj_out *o, const char *path, const char *what, const char *const *o
     sigset_t old;
     hold(&old);
     int rc = open_tmp(o, e);
-    if (!rc && o->owned) *o->owned = 1;
+    if (!rc) o->kill_slot = kill_claim(o->tmp);
     sigprocmask(SIG_SETMASK, &old, NULL);
     if (rc) out_abort(o);
     return rc;
@@ -252,7 +291,7 @@ int out_commit(dj_out *o, int sync, dj_err *e) {
     hold(&old);
     int rc = 0;
     if (rename(o->tmp, o->path)) rc = dj_fail(e, "cannot rename %s to %s: %s", o->tmp, o->path, strerror(errno));
-    else if (o->owned) *o->owned = 0;
+    else kill_release(o);
     sigprocmask(SIG_SETMASK, &old, NULL);
     if (rc) return -1;
     int fd = o->fd;
@@ -268,7 +307,7 @@ void out_abort(dj_out *o) {
         sigset_t old;
         hold(&old);
         unlink(o->tmp);  // still locked: it is ours
-        if (o->owned) *o->owned = 0;
+        kill_release(o);
         sigprocmask(SIG_SETMASK, &old, NULL);
         close(o->fd);
         o->fd = -1;

@@ -6,6 +6,8 @@
 //            complete. A PATH.tmp whose writer died (any signal, a crash: the lock dies with the process) is taken
 //            over; one whose writer is alive is refused, so two writers never share one output. PATH itself must
 //            be absent or a regular file, and never one of the run's inputs.
+//   kills    while PATH.tmp is this process's (from out_open to out_commit or out_abort) its name is kept in a table
+//            that out_kill_handler reads, so that a run killed by a signal removes its half-written outputs first.
 #ifndef DJINN_FILEIO_H
 #define DJINN_FILEIO_H
 
@@ -41,9 +43,10 @@ typedef struct {
     int fd;              // -1: closed
     char *path, *tmp;    // malloc'd
     const char *what;
-    volatile sig_atomic_t *owned;  // optional: set to 1 while tmp exists and is this run's (a signal handler may remove it)
+    int kill_slot;       // its place in out_kill_handler's table; -1: none
 } dj_out;
-// out_check, then PATH.tmp created (or taken over from a dead writer) and locked, empty.
+// out_check, then PATH.tmp created (or taken over from a dead writer) and locked, empty, and its name kept for
+// out_kill_handler until out_commit or out_abort.
 int out_open(dj_out *o, const char *path, const char *what, const char *const *others, int n_others, dj_err *e);
 int out_write(dj_out *o, const void *p, size_t n, dj_err *e);
 // n bytes at offset off of PATH.tmp, leaving the descriptor's position alone (threads may write their parts side by
@@ -54,6 +57,17 @@ int out_seek(dj_out *o, uint64_t off, dj_err *e);
 int out_commit(dj_out *o, int sync, dj_err *e);
 // Closes and removes PATH.tmp (while it is this writer's); safe on a closed or zeroed dj_out.
 void out_abort(dj_out *o);
+
+// ---- outputs of a killed run
+// The table holds OUT_KILL_SLOTS names at once, more than the five outputs djinn can write in one run (the
+// converter writes one). A PATH.tmp that finds no free slot is not kept: a kill leaves it, and the next run writing
+// PATH takes it over (its lock died with this process).
+enum { OUT_KILL_SLOTS = 8 };
+// Removes every PATH.tmp this process holds open, then dies of sig (its default action). Async-signal-safe.
+void out_kill_handler(int sig);
+// out_kill_handler for SIGTERM and SIGHUP; a program that handles SIGINT itself installs it there when it wants a
+// Ctrl-C to kill. The handler may only be installed for these three: fileio holds them while a name changes.
+void out_kill_arm(void);
 
 // stdout flushed: 0, or -1 with "cannot write to stdout: REASON" (a full disk, a closed file, a reader gone) in e.
 int stdout_flush(dj_err *e);

@@ -431,7 +431,7 @@ int convert_run(const convert_opts *o, dj_err *e) {
     uint8_t *blob = NULL, *hdr = NULL;
     size_t blob_size = 0;
     dj_model_info info = {0};
-    writer wr = {.out = {.fd = -1, .owned = o->tmp_made}};
+    writer wr = {.out = {.fd = -1}};
     inputs in = {0};
     int rc = -1;
 

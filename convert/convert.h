@@ -2,8 +2,6 @@
 #ifndef DJINN_CONVERT_H
 #define DJINN_CONVERT_H
 
-#include <signal.h>
-
 #include "../model.h"
 #include "../util.h"
 
@@ -15,8 +13,6 @@ typedef struct {
                            // F16. q8 and q4 quantize the layers' matrices, the embeddings and the lm_head go to q8
     double *report;        // when given (DJ_N_TENSOR_KINDS values): each kind's quantization error, relative RMS
     int quiet;             // no progress on stderr
-    volatile sig_atomic_t *tmp_made;  // set to 1 while out_path.tmp exists because this run created it (a signal
-                                      // handler removes it only then); NULL: not wanted
 } convert_opts;
 
 int convert_run(const convert_opts *o, dj_err *e);

@@ -3,8 +3,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
+#include "../fileio.h"
 #include "../model.h"
 #include "convert.h"
 
@@ -38,18 +38,8 @@ static void usage(FILE *f) {
             bits_per_weight(DJ_Q8), bits_per_weight(DJ_Q4), DJ_QGROUP, DJ_VERSION);
 }
 
-static char tmp_path[4200];
-static volatile sig_atomic_t tmp_made;  // set by convert_run while tmp_path is this run's own file
-
-// Ctrl-C / kill: remove the partial output (only if this run created it), then die of the same signal.
-static void on_signal(int sig) {
-    if (tmp_made) unlink(tmp_path);
-    signal(sig, SIG_DFL);
-    raise(sig);
-}
-
 int main(int argc, char **argv) {
-    convert_opts o = {.dtype = -1, .tmp_made = &tmp_made};
+    convert_opts o = {.dtype = -1};
     const char *pos[2] = {0};
     int npos = 0;
     for (int i = 1; i < argc; i++) {
@@ -92,10 +82,9 @@ int main(int argc, char **argv) {
         return 2;
     }
     o.hf_dir = pos[0], o.out_path = pos[1];
-    snprintf(tmp_path, sizeof tmp_path, "%s.tmp", o.out_path);
-    signal(SIGINT, on_signal);
-    signal(SIGTERM, on_signal);
-    signal(SIGHUP, on_signal);
+    // Ctrl-C and kill: the partial output removed (only while this run holds it), then death by the same signal
+    out_kill_arm();
+    signal(SIGINT, out_kill_handler);
     signal(SIGXFSZ, SIG_IGN);  // a file-size limit: let write() fail with EFBIG so the cleanup runs
     signal(SIGPIPE, SIG_IGN);  // a closed stderr: the conversion goes on, its messages are lost
     dj_err e;

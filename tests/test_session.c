@@ -47,7 +47,7 @@ static void ts_setup(ts_ctx *c) {
     cr_assert_geq(next, 0);
     dj_session s = {.ids = (int32_t *)ts_ids, .n_tokens = TS_N, .n_prompt = TS_N, .n_kv = TS_N, .next = next,
                     .rng = sampler_rng_state(smp), .smp = DJ_SAMPLING_DEFAULT, .ctx = TS_CTX};
-    dj_out out = {0};  // out_open keeps the caller's `owned` (none here)
+    dj_out out = {0};
     cr_assert_eq(out_open(&out, c->path, "--save-session", NULL, 0, &e), 0, "%s", e.msg);
     cr_assert_eq(session_save(&out, &c->m, &eng, 0, &s, &e), 0, "%s", e.msg);
     free(logits), sampler_free(smp), engine_close(&eng);

@@ -1016,6 +1016,25 @@ Test(convert_big, write_error_after_progress, .timeout = 120) {
     big_teardown(&b);
 }
 
+// Killed while it writes (SIGTERM, SIGHUP, Ctrl-C): the conversion dies of that signal and leaves neither OUT.bin
+// nor OUT.bin.tmp (fileio's kill table names the tmp it holds).
+Test(convert_big, killed_leaves_no_tmp, .timeout = 120) {
+    big_ckpt b;
+    big_setup(&b);
+    const int sigs[] = {SIGTERM, SIGHUP, SIGINT};
+    for (int k = 0; k < 3; k++) {
+        char err[1 << 16];
+        int fd;
+        pid_t pid = spawn_convert(b.dir, b.out, 1, -1, 0, &fd);
+        wait_writing(pid, b.tmp);
+        kill(pid, sigs[k]);
+        int rc = finish_child(pid, fd, err, sizeof err);
+        cr_assert_eq(rc, 128 + sigs[k], "signal %d: exit %d: %s", sigs[k], rc, err);
+        cr_assert(!exists(b.out) && !exists(b.tmp), "killed by signal %d: output left behind", sigs[k]);
+    }
+    big_teardown(&b);
+}
+
 // A write error in the output's last rows, those of a q8 lm_head: only the threads writing them see it, as no write
 // follows (the lm_head ends the file), so a lost error would leave a short model renamed into place.
 Test(convert_big, write_error_in_the_last_rows, .timeout = 120) {

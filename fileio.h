@@ -11,7 +11,6 @@
 #ifndef DJINN_FILEIO_H
 #define DJINN_FILEIO_H
 
-#include <signal.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <sys/stat.h>

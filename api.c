@@ -324,10 +324,12 @@ int api_parse(const api_model *m, const char *body, size_t n, int chat, uint64_t
     const json_value *pv = json_get(root, chat ? "messages" : "prompt");
     if (!k.failed && !(r->resume && (!pv || pv->type == JSON_NULL)))  // a resume's prompt is optional
         prompt_ids(&k, m, root, r);
-    if (!k.failed && (int64_t)r->n_ids >= m->ctx)
+    if (!k.failed && (int64_t)r->n_ids >= m->ctx) {
         refuse(&k, 400, chat ? "messages" : "prompt",
                "the prompt is %zu tokens: the context holds %" PRId64 ", with room for at least one new token",
                r->n_ids, m->ctx);
+        err->code = "context_length_exceeded";  // OpenAI's: clients that shorten the conversation look for it
+    }
     sp.top_k = top_k, sp.repeat_last_n = last_n;
     if (!k.failed && !(r->smp = sampler_new_with(m->vocab, &sp, sv ? (uint64_t)seed : fresh_seed, &e)))
         refuse(&k, 400, NULL, "%s", e.msg);
@@ -406,14 +408,16 @@ void api_response(dj_buf *b, const api_resp *r, const char *text, size_t n, cons
     buf_str(b, "}\n");
 }
 
-void api_error_json(dj_buf *b, int status, const char *param, const char *msg) {
+void api_error_json(dj_buf *b, int status, const char *param, const char *code, const char *msg) {
     const char *type = status == 401   ? "authentication_error"
                        : status >= 500 ? "server_error"
                                        : "invalid_request_error";
+    if (!code && status == 401) code = "invalid_api_key";
     buf_str(b, "{\"error\":{\"message\":");
     buf_json_str(b, msg, strlen(msg));
     buf_fmt(b, ",\"type\":\"%s\",\"param\":", type);
     if (param) buf_json_str(b, param, strlen(param));
     else buf_str(b, "null");
-    buf_str(b, ",\"code\":null}}\n");
+    if (code) buf_fmt(b, ",\"code\":\"%s\"}}\n", code);
+    else buf_str(b, ",\"code\":null}}\n");
 }

@@ -44,6 +44,7 @@ typedef struct {
 typedef struct {
     int status;           // 400, or 500 (out of memory, a tokenizer failure)
     const char *param;    // the field at fault, or NULL
+    const char *code;     // OpenAI's code for it where one applies (clients act on it), else NULL
     char msg[512];
 } api_error;
 
@@ -82,7 +83,8 @@ typedef struct {
 // The whole response of a request that did not stream; brk (else NULL): a breakpoint's, with its "breakpoint".
 void api_response(dj_buf *b, const api_resp *r, const char *text, size_t n, const char *finish, const api_brk *brk,
                   const api_usage *u);
-// OpenAI's error shape: {"error": {"message", "type", "param", "code"}}.
-void api_error_json(dj_buf *b, int status, const char *param, const char *msg);
+// OpenAI's error shape: {"error": {"message", "type", "param", "code"}}; code NULL: OpenAI's for the status where it
+// has one ("invalid_api_key" for 401), else null.
+void api_error_json(dj_buf *b, int status, const char *param, const char *code, const char *msg);
 
 #endif

@@ -324,17 +324,20 @@ static void send_json(srv_conn *c, int status, const dj_buf *body) {
 
 static void send_error(srv *s, srv_conn *c, int status, const char *param, const char *fmt, ...)
     __attribute__((format(printf, 5, 6)));
+static void send_error_code(srv *s, srv_conn *c, int status, const char *param, const char *code, const char *msg) {
+    dj_buf b = {0};
+    api_error_json(&b, status, param, code, msg);
+    send_json(c, status, &b);
+    buf_free(&b);
+    s->errors++;
+}
 static void send_error(srv *s, srv_conn *c, int status, const char *param, const char *fmt, ...) {
     char msg[600];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
-    dj_buf b = {0};
-    api_error_json(&b, status, param, msg);
-    send_json(c, status, &b);
-    buf_free(&b);
-    s->errors++;
+    send_error_code(s, c, status, param, NULL, msg);
 }
 
 // ---- completions: the scheduler's callbacks write the response
@@ -370,7 +373,7 @@ static void on_ended(void *owner, bt_job *j, const char *finish, const char *err
         fprintf(stderr, "djinn serve: %s: %s\n", r->resp.id, err);
         if (r->started) {  // the stream began: an error event ends it
             dj_buf b = {0};
-            api_error_json(&b, 500, NULL, err);
+            api_error_json(&b, 500, NULL, NULL, err);
             buf_str(&c->out, "data: ");
             buf_add(&c->out, b.p, b.n - 1);
             buf_str(&c->out, "\n\n");
@@ -410,7 +413,7 @@ static void start_completion(srv *s, srv_conn *c, const char *body, size_t len, 
     z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
     z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
     if (api_parse(&s->am, body, len, chat, (z ^ (z >> 31)) >> 1, &q, &err)) {
-        send_error(s, c, err.status, err.param, "%s", err.msg);
+        send_error_code(s, c, err.status, err.param, err.code, err.msg);
         return;
     }
     srv_req *r = calloc(1, sizeof *r);
@@ -772,7 +775,7 @@ static int accept_all(srv *s) {
                      : taken ? "too many connections"
                            : "too many connections from this address (--client-share)");
             dj_buf b = {0};
-            api_error_json(&b, 503, NULL, msg);
+            api_error_json(&b, 503, NULL, NULL, msg);
             send_json(c, 503, &b);
             buf_free(&b);
             s->errors++;

@@ -114,6 +114,22 @@ Test(api, prompt_against_the_context) {
     ta_m.ctx = (int64_t)nc;
     cr_assert_eq(ta_parse(1, &r, &e, "{\"messages\": [{\"role\": \"user\", \"content\": \"%s\"}]}", text), -1);
     cr_assert(e.status == 400 && e.param && !strcmp(e.param, "messages"), "%d %s", e.status, e.msg);
+    cr_assert(e.code && !strcmp(e.code, "context_length_exceeded"), "OpenAI's code: %s", e.code ? e.code : "null");
+    // another refusal has no code; the JSON writes the code, or null, and 401's own
+    cr_assert_eq(ta_parse(0, &r, &e, "{\"prompt\": \"x\", \"n\": 2}"), -1);
+    cr_assert_null(e.code, "%s", e.code);
+    dj_buf b = {0};
+    api_error_json(&b, 400, "prompt", "context_length_exceeded", "the prompt is long");
+    api_error_json(&b, 400, NULL, NULL, "no");
+    api_error_json(&b, 401, NULL, NULL, "key");
+    cr_assert(!b.oom && b.p, "out of memory");
+    cr_assert_str_eq(b.p, "{\"error\":{\"message\":\"the prompt is long\",\"type\":\"invalid_request_error\","
+                          "\"param\":\"prompt\",\"code\":\"context_length_exceeded\"}}\n"
+                          "{\"error\":{\"message\":\"no\",\"type\":\"invalid_request_error\",\"param\":null,"
+                          "\"code\":null}}\n"
+                          "{\"error\":{\"message\":\"key\",\"type\":\"authentication_error\",\"param\":null,"
+                          "\"code\":\"invalid_api_key\"}}\n");
+    buf_free(&b);
 }
 
 // A prompt that writes the BOS token's text gets one BOS, as `djinn -p` gives it: the same ids as without it.

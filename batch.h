@@ -100,9 +100,8 @@ void bt_free(bt_sched *s);  // jobs still there end without callbacks
 // Queues a job under a session name (NULL: none) of its tenant's; a session's jobs run one after the other, in
 // order (a job by_user runs without its session instead of waiting, or of a 503 or 409 below). 0; or an HTTP status
 // with e set: 503 when every remembered session has a job or is paused; 409 when the session is paused (and j no
-// resume of it); a resume: 404 (no such id), 410 (resumed already, dropped, its session
-// deleted or its cache lost), 400 (another session, endpoint or prompt, rows of another shape). On an error the
-// caller keeps the job.
+// resume of it); a resume: 404 (no such id), 410 (resumed already, dropped, its session deleted or its cache lost),
+// 400 (another session, endpoint or prompt, rows of another shape). On an error the caller keeps the job.
 int bt_submit(bt_sched *s, bt_job *j, const char *session, dj_err *e);
 // The owner left: no more callbacks; the job ends at the next step (a session keeps what its cache holds).
 void bt_detach(bt_sched *s, bt_job *j);

@@ -208,13 +208,44 @@ static void resume_field(api_check *k, const api_model *m, const json_value *rs,
 
 // The prompt's ids: a completion's text (BOS added as the command line adds it) or the chat's messages in the
 // model's template.
+// A prompt of token ids (OpenAI's other form of it, which evaluation harnesses send): taken as they are, no BOS added.
+static void prompt_token_ids(api_check *k, const api_model *m, const json_value *p, api_req *r) {
+    const size_t n = p->u.arr.n;
+    if (!n) {
+        refuse(k, 400, "prompt", "'prompt' as token ids must hold at least one");
+        return;
+    }
+    if (!(r->ids = malloc(n * sizeof *r->ids))) {
+        refuse(k, 500, NULL, "out of memory");
+        return;
+    }
+    for (size_t i = 0; i < n; i++) {
+        double x;
+        if (json_num(&p->u.arr.items[i], &x) || x != floor(x) || x < 0 || x >= (double)m->vocab) {
+            refuse(k, 400, "prompt", "prompt[%zu] must be a token id, an integer from 0 to %" PRId64, i, m->vocab - 1);
+            return;
+        }
+        r->ids[i] = (int32_t)x;
+    }
+    r->n_ids = n;
+}
+
 static void prompt_ids(api_check *k, const api_model *m, const json_value *root, api_req *r) {
     dj_err e = {{0}};
     if (!r->chat) {
         const json_value *p = json_get(root, "prompt");
-        if (p && p->type == JSON_ARRAY && p->u.arr.n == 1) p = &p->u.arr.items[0];
+        if (p && p->type == JSON_ARRAY && p->u.arr.n == 1 && p->u.arr.items[0].type != JSON_NUMBER)
+            p = &p->u.arr.items[0];  // an array of one prompt, text or token ids
+        if (p && p->type == JSON_ARRAY && p->u.arr.n > 1 && p->u.arr.items[0].type != JSON_NUMBER) {
+            refuse(k, 400, "prompt", "'prompt' holds %zu prompts: a request answers one", p->u.arr.n);
+            return;
+        }
+        if (p && p->type == JSON_ARRAY) {
+            prompt_token_ids(k, m, p, r);
+            return;
+        }
         if (!p || p->type != JSON_STRING)
-            refuse(k, 400, "prompt", "'prompt' must be a string (or an array of one string)");
+            refuse(k, 400, "prompt", "'prompt' must be a string or an array of token ids (or an array of one of them)");
         else if (memchr(p->u.str.s, 0, p->u.str.len))
             refuse(k, 400, "prompt", "'prompt' holds a NUL character");
         else if (tok_encode(m->tok, p->u.str.s, p->u.str.len, 1, &r->ids, &r->n_ids, &e))

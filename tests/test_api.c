@@ -132,6 +132,55 @@ Test(api, prompt_against_the_context) {
     buf_free(&b);
 }
 
+// A prompt of token ids (OpenAI's other form, which evaluation harnesses send) is taken as it is: no BOS added, the
+// ids of the vocabulary only, one prompt; it answers as its text does where the ids are the text's.
+Test(api, token_id_prompts) {
+    api_req r;
+    api_error e;
+    cr_assert_eq(ta_parse(0, &r, &e, "{\"prompt\": [5, 0, 17.0]}"), 0, "%s", e.msg);
+    cr_assert(r.n_ids == 3 && r.ids[0] == 5 && r.ids[1] == 0 && r.ids[2] == 17, "%zu ids", r.n_ids);
+    api_req_free(&r);
+    cr_assert_eq(ta_parse(0, &r, &e, "{\"prompt\": [[9, 8]]}"), 0, "%s", e.msg);
+    cr_assert(r.n_ids == 2 && r.ids[0] == 9 && r.ids[1] == 8, "%zu ids", r.n_ids);
+    api_req_free(&r);
+    cr_assert_eq(ta_parse(0, &r, &e, "{\"prompt\": [7]}"), 0, "%s", e.msg);  // one id, not an array of one prompt
+    cr_assert(r.n_ids == 1 && r.ids[0] == 7, "%zu ids", r.n_ids);
+    api_req_free(&r);
+    // the text's ids give the same request as the text
+    const char *text = "Once upon a time";
+    int32_t *ids;
+    size_t n;
+    dj_err de;
+    cr_assert_eq(tok_encode(ta_tok, text, strlen(text), 1, &ids, &n, &de), 0, "%s", de.msg);
+    char body[4096];
+    size_t at = (size_t)snprintf(body, sizeof body, "{\"prompt\": [");
+    for (size_t i = 0; i < n; i++) at += (size_t)snprintf(body + at, sizeof body - at, "%s%d", i ? ", " : "", ids[i]);
+    snprintf(body + at, sizeof body - at, "]}");
+    cr_assert_eq(ta_parse(0, &r, &e, "%s", body), 0, "%s", e.msg);
+    cr_assert(r.n_ids == n && !memcmp(r.ids, ids, n * sizeof *ids), "the ids as sent");
+    api_req_free(&r);
+    free(ids);
+    char big[64];
+    snprintf(big, sizeof big, "[%lld]", (long long)ta_m.vocab);
+    const char *bad[] = {"[]", "[[]]", "[-1]", "[1.5]", big, "[1, \"a\"]", "[1, [2]]", "[true]", "[[1], [2]]",
+                         "[\"a\", \"b\"]", "[[\"a\"]]", "{}"};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        char f[128];
+        snprintf(f, sizeof f, "{\"prompt\": %s}", bad[i]);
+        ta_refused_body(0, f, 400, "prompt");
+    }
+    // several prompts: refused as such (a request answers one)
+    cr_assert_eq(ta_parse(0, &r, &e, "{\"prompt\": [[1], [2]]}"), -1);
+    cr_assert(strstr(e.msg, "holds 2 prompts"), "%s", e.msg);
+    cr_assert_eq(ta_parse(0, &r, &e, "{\"prompt\": [\"a\", \"b\", \"c\"]}"), -1);
+    cr_assert(strstr(e.msg, "holds 3 prompts"), "%s", e.msg);
+    // as long as the context allows, as a text prompt
+    at = (size_t)snprintf(body, sizeof body, "{\"prompt\": [");
+    for (int i = 0; i < 64; i++) at += (size_t)snprintf(body + at, sizeof body - at, "%s1", i ? ", " : "");
+    snprintf(body + at, sizeof body - at, "]}");
+    ta_refused_body(0, body, 400, "prompt");
+}
+
 // A prompt that writes the BOS token's text gets one BOS, as `djinn -p` gives it: the same ids as without it.
 Test(api, one_bos_for_a_prompt_that_writes_it) {
     api_req a, b;

@@ -31,6 +31,7 @@
 #include "../http.h"
 #include "../json.h"
 #include "../kvtype.h"
+#include "../tokenizer.h"
 #include "../util.h"
 #include "common.h"
 
@@ -470,6 +471,34 @@ static int ts_open_completion(int port, const char *prompt, int n, int stream) {
 static const char *const ts_prompts[] = {"Once upon a time", "The little dog", "Tom and Lily went to", "One day, a cat",
                                          "She was very happy because", "The sun was", "Ben had a big red ball",
                                          "In the park", "Mom said", "The bird flew"};
+
+// A prompt of token ids (as evaluation harnesses send it) answers as its text does: the ids of the text, BOS first.
+Test(server, token_id_prompt_answers_as_its_text) {
+    ts_env t;
+    ts_setup(&t);
+    dj_tokenizer *tok = tc_load_tokenizer("models/stories260K");
+    ts_srv s;
+    ts_start(&s, &t, t.model, NULL);
+    int32_t *ids;
+    size_t n;
+    dj_err e;
+    cr_assert_eq(tok_encode(tok, ts_prompts[2], strlen(ts_prompts[2]), 1, &ids, &n, &e), 0, "%s", e.msg);
+    char body[2048];
+    size_t at = (size_t)snprintf(body, sizeof body, "{\"prompt\": [");
+    for (size_t i = 0; i < n; i++) at += (size_t)snprintf(body + at, sizeof body - at, "%s%d", i ? "," : "", ids[i]);
+    snprintf(body + at, sizeof body - at, "], \"max_tokens\": 20, \"temperature\": 0}");
+    ts_resp r = ts_post(s.port, "/v1/completions", body);
+    char *got = ts_text(&r, 0, 0, NULL, 0);
+    char *want = ts_complete(&s, ts_prompts[2], 20, "\"temperature\":0", 0, NULL);
+    cr_assert_str_eq(got, want, "token ids against their text");
+    char usage[64];
+    snprintf(usage, sizeof usage, "\"prompt_tokens\":%zu", n);
+    cr_assert(strstr(r.body, usage), "%s", r.body);
+    free(got), free(want), free(r.raw), free(ids);
+    tok_free(tok);
+    ts_stop(&s);
+    ts_teardown(&t);
+}
 
 Test(server, completions_equal_the_command_line) {
     ts_env t;

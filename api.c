@@ -206,8 +206,6 @@ static void resume_field(api_check *k, const api_model *m, const json_value *rs,
         }
 }
 
-// The prompt's ids: a completion's text (BOS added as the command line adds it) or the chat's messages in the
-// model's template.
 // A prompt of token ids (OpenAI's other form of it, which evaluation harnesses send): taken as they are, no BOS added.
 static void prompt_token_ids(api_check *k, const api_model *m, const json_value *p, api_req *r) {
     const size_t n = p->u.arr.n;
@@ -230,6 +228,8 @@ static void prompt_token_ids(api_check *k, const api_model *m, const json_value 
     r->n_ids = n;
 }
 
+// The prompt's ids: a completion's text (BOS added as the command line adds it) or token ids, or the chat's messages
+// in the model's template.
 static void prompt_ids(api_check *k, const api_model *m, const json_value *root, api_req *r) {
     dj_err e = {{0}};
     if (!r->chat) {

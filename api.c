@@ -52,14 +52,22 @@ static void number_field(api_check *k, const json_value *obj, const char *name, 
         *out = v->u.number.num;
 }
 
-// An integer, written as one or as a whole number (Python's json writes 42.0 for a float 42): exact up to 2^53.
+// v as an integer, written as one or as a whole number (Python's json writes 42.0 for a float 42): exact up to 2^53.
+// 0, or -1 (not a number, or not whole).
+static int whole_number(const json_value *v, int64_t *out) {
+    if (v->type != JSON_NUMBER) return -1;
+    const double x = v->u.number.num;
+    if (v->u.number.is_int) *out = v->u.number.i;
+    else if (x == floor(x) && fabs(x) <= 9007199254740992.0) *out = (int64_t)x;
+    else return -1;
+    return 0;
+}
+
 static void int_field(api_check *k, const json_value *obj, const char *name, int64_t lo, int64_t hi, int64_t *out) {
     const json_value *v = field(k, obj, name, JSON_NUMBER);
+    int64_t i;
     if (!v) return;
-    double x = v->u.number.num;
-    int whole = v->u.number.is_int || (x == floor(x) && fabs(x) <= 9007199254740992.0);
-    int64_t i = v->u.number.is_int ? v->u.number.i : whole ? (int64_t)x : 0;
-    if (!whole || i < lo || i > hi)
+    if (whole_number(v, &i) || i < lo || i > hi)
         refuse(k, 400, name, "'%s' must be an integer within [%" PRId64 ", %" PRId64 "]", name, lo, hi);
     else *out = i;
 }
@@ -218,12 +226,12 @@ static void prompt_token_ids(api_check *k, const api_model *m, const json_value 
         return;
     }
     for (size_t i = 0; i < n; i++) {
-        double x;
-        if (json_num(&p->u.arr.items[i], &x) || x != floor(x) || x < 0 || x >= (double)m->vocab) {
+        int64_t id;
+        if (whole_number(&p->u.arr.items[i], &id) || id < 0 || id >= m->vocab) {
             refuse(k, 400, "prompt", "prompt[%zu] must be a token id, an integer from 0 to %" PRId64, i, m->vocab - 1);
             return;
         }
-        r->ids[i] = (int32_t)x;
+        r->ids[i] = (int32_t)id;
     }
     r->n_ids = n;
 }
@@ -234,11 +242,12 @@ static void prompt_ids(api_check *k, const api_model *m, const json_value *root,
     dj_err e = {{0}};
     if (!r->chat) {
         const json_value *p = json_get(root, "prompt");
-        if (p && p->type == JSON_ARRAY && p->u.arr.n == 1 && p->u.arr.items[0].type != JSON_NUMBER)
-            p = &p->u.arr.items[0];  // an array of one prompt, text or token ids
-        if (p && p->type == JSON_ARRAY && p->u.arr.n > 1 && p->u.arr.items[0].type != JSON_NUMBER) {
-            refuse(k, 400, "prompt", "'prompt' holds %zu prompts: a request answers one", p->u.arr.n);
-            return;
+        if (p && p->type == JSON_ARRAY && p->u.arr.n && p->u.arr.items[0].type != JSON_NUMBER) {  // of prompts
+            if (p->u.arr.n > 1) {
+                refuse(k, 400, "prompt", "'prompt' holds %zu prompts: a request answers one", p->u.arr.n);
+                return;
+            }
+            p = &p->u.arr.items[0];  // one: text or token ids
         }
         if (p && p->type == JSON_ARRAY) {
             prompt_token_ids(k, m, p, r);

@@ -454,17 +454,22 @@ static char *ts_complete(const ts_srv *s, const char *prompt, int n, const char 
     return text;
 }
 
-// A greedy completion request sent on a connection of its own, which closes after the answer; the socket, or -1
-// (no assertion: client threads call it).
-static int ts_open_completion(int port, const char *prompt, int n, int stream) {
+// A completion request with the JSON fields `more` sent on a connection of its own, which closes after the answer;
+// the socket, or -1 (no assertion: client threads call it).
+static int ts_send_completion(int port, const char *prompt, int n, const char *more) {
     int fd = ts_connect(port);
-    char *body = ts_completion_body(prompt, n, stream ? "\"temperature\":0,\"stream\":true" : "\"temperature\":0");
+    char *body = ts_completion_body(prompt, n, more);
     char head[256];
     int k = snprintf(head, sizeof head, "POST /v1/completions HTTP/1.1\r\nHost: t\r\nConnection: close\r\n"
                      "Content-Length: %zu\r\n\r\n", strlen(body));
     if (fd >= 0 && (ts_send_all(fd, head, (size_t)k) || ts_send_all(fd, body, strlen(body)))) close(fd), fd = -1;
     free(body);
     return fd;
+}
+
+// A greedy one.
+static int ts_open_completion(int port, const char *prompt, int n, int stream) {
+    return ts_send_completion(port, prompt, n, stream ? "\"temperature\":0,\"stream\":true" : "\"temperature\":0");
 }
 
 // ---- answers equal the command line's
@@ -1097,18 +1102,6 @@ static char *ts_turn(const ts_srv *s, const char *session, const char *prompt, i
     return text;
 }
 
-// A completion request with the JSON fields `more` on a connection of its own, which closes after the answer.
-static int ts_open_body(int port, const char *prompt, int n, const char *more) {
-    int fd = ts_connect(port);
-    char *body = ts_completion_body(prompt, n, more);
-    char head[256];
-    int k = snprintf(head, sizeof head, "POST /v1/completions HTTP/1.1\r\nHost: t\r\nConnection: close\r\n"
-                     "Content-Length: %zu\r\n\r\n", strlen(body));
-    cr_assert(fd >= 0 && !ts_send_all(fd, head, (size_t)k) && !ts_send_all(fd, body, strlen(body)), "cannot send");
-    free(body);
-    return fd;
-}
-
 // OpenAI's clients send "user" (an end user's id) on every request, side by side: it names a session whose cache a
 // request uses while the session is free, but a second request of the same user runs at once without it, where
 // requests naming a "session" run one after the other. Each turn takes 10 ms (DJINN_TEST_STEP_US): 300 tokens keep
@@ -1120,9 +1113,11 @@ Test(server, user_requests_run_side_by_side) {
     ts_start_slow_us(&s, &t, NULL, "10000");
     const char *who[] = {"\"temperature\":0,\"user\":\"dana\"", "\"temperature\":0,\"session\":\"erin\""};
     for (int k = 0; k < 2; k++) {
-        int a = ts_open_body(s.port, "Once upon a time", 300, who[k]);
+        int a = ts_send_completion(s.port, "Once upon a time", 300, who[k]);
+        cr_assert(a >= 0, "cannot send a request");
         ts_await_metric(&s, "requests_active", 1);
-        int b = ts_open_body(s.port, "The little dog", 300, who[k]);
+        int b = ts_send_completion(s.port, "The little dog", 300, who[k]);
+        cr_assert(b >= 0, "cannot send a request");
         if (k == 0) {
             ts_await_metric(&s, "requests_active", 2);
         } else {

@@ -506,6 +506,22 @@ static int dec_short_splits(int64_t pairs) {
     return want < DEC_SPLITS ? (int)want : DEC_SPLITS;
 }
 
+// The keys of row `row` that a decode launch copies before pdl_wait: those below the first key the pass writes in
+// its slot (gpu_kv_rows.fresh). Reading them early is safe because of how the pass is launched: its positions,
+// slots and fresh keys were uploaded before its first kernel, the kernel before a decode attention (rope_kv, the KV
+// write, or a combine) passes its own pdl_wait before it lets this one launch, so every kernel before that one has
+// finished, and only that one's writes (the queries, the pass's new keys and values) may be missing.
+static __device__ __forceinline__ int dec_older(const gpu_kv_rows &kv, int row) {
+    return min(kv.fresh ? kv.fresh[row] : kv.slot ? 0 : kv.pos[0], kv.pos[row]);  // (its own key is the pass's)
+}
+
+extern "C" void gpu_kv_fresh(int32_t *fresh, const int32_t *slot, const int32_t *pos, int64_t n, int32_t *first) {
+    for (int64_t i = 0; i < n; i++) first[slot[i]] = INT32_MAX;
+    for (int64_t i = 0; i < n; i++)
+        if (pos[i] < first[slot[i]]) first[slot[i]] = pos[i];
+    for (int64_t i = 0; i < n; i++) fresh[i] = first[slot[i]];
+}
+
 // Copies n bytes from global src to shared dst with every copy in flight at once (cp.async), in 16-byte pieces where
 // both are 16-byte aligned and n a multiple of 16, else 4-byte, else byte by byte (plain loads). The caller commits.
 static __device__ __forceinline__ void stage_bytes(void *dst, const void *src, int n) {
@@ -545,33 +561,43 @@ __global__ __launch_bounds__(DEC_THREADS) void attn_decode_split_kernel(float *p
     extern __shared__ __align__(16) unsigned char dec_kv[];  // per stage: keys, then values (2, DEC_CHUNK, hd)
     const int split = blockIdx.x, kvh = blockIdx.y, row = blockIdx.z / n_gz, g0 = (blockIdx.z - row * n_gz) * DEC_G;
     const int ng = min(DEC_G, group - g0), hd = head_dim;
-    pdl_wait();
-    pdl_trigger();
+    // before pdl_wait (dec_older): the row's keys, the split's, and the first chunk's older keys in flight
     const int n = min(kv.pos[row], max_seq - 1) + 1;  // keys 0..pos
     const int64_t slot_off = kv.slot ? (int64_t)kv.slot[row] * kv.slot_stride : 0;  // elements
     q += row * ldq;
     part_o += (int64_t)row * n_heads * n_splits * head_dim, part_ml += (int64_t)row * n_heads * n_splits * 2;
     const int span = dec_span(n, n_splits, n_short), k_begin = split * span;
-    if (k_begin >= n) return;  // whole block: this split is beyond the context
+    if (k_begin >= n) return;  // whole block: this split is beyond the context (its slot free for the others)
     const int k_end = min(n, k_begin + span);
     const int h0 = kvh * group + g0;  // first query head of this block
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int64_t row0 = slot_off / hd + (int64_t)kvh * max_seq;  // the kv head's first cache row
     const int stage_elems = 2 * DEC_CHUNK * hd;
 
-    // Chunk k0's keys and values (rows contiguous in the cache) and q8's scales into stage st: every copy in
-    // flight at once (cp.async), one memory round trip where loads inside the loops would be one per step.
-    auto stage = [&](int st, int k0) {
-        const int nk = min(DEC_CHUNK, k_end - k0);
-        E *Ks = (E *)dec_kv + st * stage_elems;
-        stage_bytes(Ks, (const E *)c.k + (row0 + k0) * hd, nk * hd * (int)sizeof(E));
-        stage_bytes(Ks + DEC_CHUNK * hd, (const E *)c.v + (row0 + k0) * hd, nk * hd * (int)sizeof(E));
-        __pipeline_commit();  // one group a stage
+    // Rows [ja, jb) of chunk k0's keys and values (rows contiguous in the cache) and q8's scales into stage st:
+    // every copy in flight at once (cp.async), one memory round trip where loads inside the loops would be one per
+    // step. A stage is one group, committed with its last rows.
+    auto stage_rows = [&](int st, int k0, int ja, int jb) {
+        jb = min(jb, k_end - k0);
+        if (ja >= jb) return;
+        E *Ks = (E *)dec_kv + st * stage_elems + ja * hd;
+        const int64_t r = row0 + k0 + ja;
+        stage_bytes(Ks, (const E *)c.k + r * hd, (jb - ja) * hd * (int)sizeof(E));
+        stage_bytes(Ks + DEC_CHUNK * hd, (const E *)c.v + r * hd, (jb - ja) * hd * (int)sizeof(E));
         if (KT == DJ_KV_Q8)
-            for (int j = tid; j < nk; j += DEC_THREADS)
+            for (int j = ja + tid; j < jb; j += DEC_THREADS)
                 kvs[st][j] = c.ks[row0 + k0 + j], kvs[st][DEC_CHUNK + j] = c.vs[row0 + k0 + j];
     };
-    stage(0, k_begin);
+    auto stage = [&](int st, int k0) {
+        stage_rows(st, k0, 0, DEC_CHUNK);
+        __pipeline_commit();
+    };
+    const int early = min(DEC_CHUNK, max(0, dec_older(kv, row) - k_begin));  // the first chunk's rows before the wait
+    stage_rows(0, k_begin, 0, early);
+    pdl_wait();
+    pdl_trigger();
+    stage_rows(0, k_begin, early, DEC_CHUNK);
+    __pipeline_commit();
 
     // q in registers: lane holds dims lane + 32 i of each head
     float qr[DEC_G][HD_MAX / 32];
@@ -740,8 +766,7 @@ __global__ __launch_bounds__(32 * TD_WARPS) void attn_decode_tc_kernel(float *pa
     float *rsc = (float *)(raw + TD_STAGES * 2 * DEC_CHUNK * HD);  // q8: per stage key scales (64), value scales
     const int split = blockIdx.x, kvh = blockIdx.y, row = blockIdx.z;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, cq = lane & 3;
-    pdl_wait();
-    pdl_trigger();
+    // before pdl_wait (dec_older): the row's keys, the split's, and the first chunk's older keys in flight
     const int n = min(kv.pos[row], max_seq - 1) + 1;
     const int64_t slot_off = kv.slot ? (int64_t)kv.slot[row] * kv.slot_stride : 0;
     q += row * ldq;
@@ -754,16 +779,17 @@ __global__ __launch_bounds__(32 * TD_WARPS) void attn_decode_tc_kernel(float *pa
     const int64_t row0 = slot_off / HD + (int64_t)kvh * max_seq;  // the kv head's first cache row
     const E *kb = (const E *)c.k + row0 * HD, *vb = (const E *)c.v + row0 * HD;
 
-    // Chunk k0 into stage st: its rows' 16-byte pieces in flight at once (q8: and their scales); rows past the
-    // split's end zeroed (their probabilities are 0, and 0 times a stale NaN would not be).
-    auto stage = [&](int st, int k0) {
+    // Rows [ja, jb) of chunk k0 into stage st: their 16-byte pieces in flight at once (q8: and their scales); rows
+    // past the split's end zeroed (their probabilities are 0, and 0 times a stale NaN would not be). A stage is one
+    // group, committed with its last rows.
+    auto stage_rows = [&](int st, int k0, int ja, int jb) {
         const int nk = min(DEC_CHUNK, k_end - k0);
         constexpr int RL = Q8 ? HD : LD;  // a staged row's elements
         E *Ks = Q8 ? (E *)(raw + st * 2 * DEC_CHUNK * HD) : (E *)(td_sm + st * 2 * DEC_CHUNK * LD);
         E *Vs = Ks + DEC_CHUNK * RL;
         constexpr int PE = 16 / sizeof(E);  // elements a piece
-        for (int i = tid; i < DEC_CHUNK * PIECES; i += 32 * TD_WARPS) {
-            const int j = i / PIECES, p = (i - j * PIECES) * PE;
+        for (int i = tid; i < (jb - ja) * PIECES; i += 32 * TD_WARPS) {
+            const int j = ja + i / PIECES, p = (i % PIECES) * PE;
             if (j < nk) {
                 __pipeline_memcpy_async(Ks + j * RL + p, kb + (int64_t)(k0 + j) * HD + p, 16);
                 __pipeline_memcpy_async(Vs + j * RL + p, vb + (int64_t)(k0 + j) * HD + p, 16);
@@ -773,13 +799,21 @@ __global__ __launch_bounds__(32 * TD_WARPS) void attn_decode_tc_kernel(float *pa
             }
         }
         if (Q8)
-            for (int j = tid; j < DEC_CHUNK; j += 32 * TD_WARPS) {
+            for (int j = ja + tid; j < jb; j += 32 * TD_WARPS) {
                 float *sk = rsc + st * 2 * DEC_CHUNK;
                 sk[j] = j < nk ? c.ks[row0 + k0 + j] : 0.0f, sk[DEC_CHUNK + j] = j < nk ? c.vs[row0 + k0 + j] : 0.0f;
             }
+    };
+    auto stage = [&](int st, int k0) {
+        stage_rows(st, k0, 0, DEC_CHUNK);
         __pipeline_commit();
     };
-    stage(0, k_begin);
+    const int early = min(DEC_CHUNK, max(0, dec_older(kv, row) - k_begin));  // the first chunk's rows before the wait
+    stage_rows(0, k_begin, 0, early);
+    pdl_wait();
+    pdl_trigger();
+    stage_rows(0, k_begin, early, DEC_CHUNK);
+    __pipeline_commit();
 
     // Q fragments (rows g and g + 8: query heads h0 + g, h0 + g + 8 where < group), scaled, split: k-step s covers
     // dims 16s..16s+15.
@@ -1063,7 +1097,7 @@ extern "C" int gpu_attention_decode(dj_gpu *g, float *out, const float *q, const
                                     int64_t n_kv_heads, int64_t head_dim, int64_t max_seq, const int32_t *d_pos,
                                     cudaStream_t s, dj_err *e) {
     return attn_decode_launch(g, "gpu_attention_decode", out, q, 0, c, 1, n_heads, n_kv_heads, head_dim, max_seq,
-                              gpu_kv_rows{d_pos, NULL, 0}, s, e);
+                              gpu_kv_rows{d_pos, NULL, 0, NULL}, s, e);
 }
 
 extern "C" int gpu_attention_decode_rows(dj_gpu *g, float *out, const float *q, int64_t ldq, const gpu_kv_cache *c,

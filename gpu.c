@@ -120,9 +120,10 @@ static int qkv_matmul(dj_gpu_state *s, const gpu_unit *un, int64_t T, qkv_rows *
                : 0;
 }
 
-// The rows of a step pass: each at its own position in its own KV slot.
-static gpu_kv_rows step_kv_rows(const dj_gpu_state *s) {
-    return (gpu_kv_rows){s->b.pos, s->b.kv_slot, s->slot_elems};
+// The T rows of a step pass: each at its own position in its own KV slot, the first key the pass writes there after
+// the slots (upload_tokens).
+static gpu_kv_rows step_kv_rows(const dj_gpu_state *s, int64_t T) {
+    return (gpu_kv_rows){s->b.pos, s->b.kv_slot, s->slot_elems, s->b.kv_slot + T};
 }
 
 // RoPE on q and k, and k, v into the cache: one launch for a decode step's rows (each in its slot) or where each
@@ -135,7 +136,7 @@ static int rope_kv_write(dj_gpu_state *s, const pass_desc *pd, const qkv_rows *r
     int64_t nh = c->n_heads, nkv = c->n_kv_heads, hd = c->head_dim, T = pd->T;
     cudaStream_t st = s->compute;
     if (pd->step) {
-        gpu_kv_rows kv = step_kv_rows(s);
+        gpu_kv_rows kv = step_kv_rows(s, T);
         return gpu_rope_kv_rows(s->g, r->q, r->ldq, r->k, r->v, r->ldkv, T, kc, nh, nkv, hd, s->max_seq,
                                 b->inv_freq, &kv, st, e);
     }
@@ -159,14 +160,14 @@ static int attention(dj_gpu_state *s, const pass_desc *pd, const qkv_rows *r, co
     const dj_config *c = &s->m->info.config;
     int64_t nh = c->n_heads, nkv = c->n_kv_heads, hd = c->head_dim, T = pd->T;
     if (pd->step) {  // the single rows in one launch, then each run of a prompt over its own slot
-        gpu_kv_rows kv = step_kv_rows(s);
+        gpu_kv_rows kv = step_kv_rows(s, T);
         if (pd->singles && gpu_attention_decode_rows(s->g, s->b.att, r->q, r->ldq, kc, pd->singles, nh, nkv, hd,
                                                      s->max_seq, &kv, s->compute, e))
             return -1;
         for (int64_t i = 0; i < pd->n_runs; i++) {
             const step_run *u = &pd->runs[i];
             if (u->len <= PASS_DECODE_ROWS) {  // as a pass of its rows attends (the same kernels, the same sums)
-                gpu_kv_rows run = {kv.pos + u->r0, kv.slot + u->r0, kv.slot_stride};
+                gpu_kv_rows run = {kv.pos + u->r0, kv.slot + u->r0, kv.slot_stride, kv.fresh + u->r0};
                 if (gpu_attention_decode_rows(s->g, s->b.att + u->r0 * nh * hd, r->q + u->r0 * r->ldq, r->ldq, kc,
                                               u->len, nh, nkv, hd, s->max_seq, &run, s->compute, e))
                     return -1;
@@ -180,7 +181,7 @@ static int attention(dj_gpu_state *s, const pass_desc *pd, const qkv_rows *r, co
         return 0;
     }
     if (T <= PASS_DECODE_ROWS) {  // few rows: each over its own keys by the decode kernels, split over the keys
-        gpu_kv_rows kv = {s->b.pos, NULL, 0};
+        gpu_kv_rows kv = {s->b.pos, NULL, 0, NULL};
         return gpu_attention_decode_rows(s->g, s->b.att, r->q, r->ldq, kc, T, nh, nkv, hd, s->max_seq, &kv, s->compute,
                                          e);
     }
@@ -452,8 +453,8 @@ static int head_logits(dj_gpu_state *s, int64_t T, int64_t r0, int64_t rows, con
     return gpu_matmul(s->g, s->b.logits, x, lm, dj_lm_head_type(s->m), rows, c->dim, c->vocab_size, s->compute, e);
 }
 
-// The embedding rows of the pass's tokens and its positions (h_pos, and a decode step's h_kv_slot, filled by the
-// caller), uploaded on the compute stream. The rows are gathered on the host as stored (a copy per row) and land
+// The embedding rows of the pass's tokens and its positions (h_pos, and a decode step's h_kv_slot with the first
+// keys it writes after its T slots: step_fresh; filled by the caller), uploaded on the compute stream. The rows are gathered on the host as stored (a copy per row) and land
 // in d_x for f32, else in d_delta (free at the start of a pass), which gpu_body widens into d_x.
 static int upload_tokens(dj_gpu_state *s, const pass_desc *pd, dj_err *e) {
     const dj_config *c = &s->m->info.config;
@@ -466,7 +467,7 @@ static int upload_tokens(dj_gpu_state *s, const pass_desc *pd, dj_err *e) {
     void *dst = c->embed_type == DJ_F32 ? (void *)b->x : (void *)b->delta;
     return gpu_h2d_async(dst, b->h_x, (size_t)T * row_bytes, s->compute, e) ||
                    gpu_h2d_async(b->pos, b->h_pos, (size_t)T * 4, s->compute, e) ||
-                   (pd->step && gpu_h2d_async(b->kv_slot, b->h_kv_slot, (size_t)T * 4, s->compute, e))
+                   (pd->step && gpu_h2d_async(b->kv_slot, b->h_kv_slot, (size_t)T * 8, s->compute, e))
                ? -1
                : 0;
 }
@@ -613,6 +614,12 @@ static int pass_end(dj_gpu_state *s, int64_t T, int streams, dj_err *e) {
     return 0;
 }
 
+// A step of T rows staged in h_pos and h_kv_slot: after the slots, each row's first key the pass writes in its slot
+// (gpu_kv_rows.fresh: the decode attention copies the keys below it early).
+static void step_fresh(dj_gpu_state *s, int64_t T) {
+    gpu_kv_fresh(s->b.h_kv_slot + T, s->b.h_kv_slot, s->b.h_pos, T, s->slot_first);
+}
+
 // One pass over pd->T <= max_batch tokens, whose positions and KV slots the caller staged in h_pos and h_kv_slot.
 static int pass_run(dj_gpu_state *s, const pass_desc *pd, dj_err *e) {
     if (trace_pass_begin(s->tr, pd->T, s->sc.issued, e)) return -1;
@@ -679,6 +686,7 @@ static int forward(dj_gpu_state *s, int32_t slot, const int32_t *tokens, int64_t
                         .logit_first = all && !pick ? 0 : n - 1, .logit_end = n, .pick = pick};
         for (int64_t t = 0; t < n; t++) s->b.h_pos[t] = (int32_t)(pos + t0 + t);
         s->b.h_kv_slot[0] = slot;
+        step_fresh(s, 1);
         if (gpu_pass(s, &pd, e)) return -1;
     }
     return 0;
@@ -722,6 +730,7 @@ static int step_pass(dj_gpu_state *s, int64_t a, int64_t b, const int32_t *slots
     }
 #undef PLACE
     pd.T = n;
+    step_fresh(s, n);
     return gpu_pass(s, &pd, e);
 }
 
@@ -943,7 +952,7 @@ static int alloc_buffers(dj_gpu_state *s, const gpu_sizes *z, dj_err *e) {
         gpu_malloc((void **)&b->logits, GPU_LOGIT_ROWS * vocab * 4, "logits", e) ||
         (s->opts.tp && gpu_malloc((void **)&b->head_part, GPU_LOGIT_ROWS * head_part_rows(s) * 4, "logits", e)) ||
         gpu_malloc((void **)&b->pos, mb * 4, "positions", e) ||
-        gpu_malloc((void **)&b->kv_slot, mb * 4, "KV slots", e) ||
+        gpu_malloc((void **)&b->kv_slot, mb * 8, "KV slots", e) ||
         gpu_reserve(s->g, z->scratch, e) ||
         gpu_malloc((void **)&b->pick, GPU_LOGIT_ROWS * sizeof *b->pick, "sampling", e) ||
         gpu_malloc((void **)&b->counts, vocab * 4, "sampling", e) ||
@@ -954,11 +963,12 @@ static int alloc_buffers(dj_gpu_state *s, const gpu_sizes *z, dj_err *e) {
         gpu_host_alloc((void **)&b->h_x, mb * dim * 4, "embedding staging", e) ||
         gpu_host_alloc((void **)&b->h_logits, GPU_LOGIT_ROWS * vocab * 4, "logits staging", e) ||
         gpu_host_alloc((void **)&b->h_pos, mb * 4, "position staging", e) ||
-        gpu_host_alloc((void **)&b->h_kv_slot, mb * 4, "position staging", e))
+        gpu_host_alloc((void **)&b->h_kv_slot, mb * 8, "position staging", e))
         return -1;
     s->runs = malloc(mb * sizeof *s->runs), s->step_tok = malloc(mb * 4), s->step_wanted = malloc(mb);
-    s->slot_began = malloc((size_t)s->n_slots * 4);
-    if (!s->runs || !s->step_tok || !s->step_wanted || !s->slot_began) return dj_fail(e, "out of memory");
+    s->slot_began = malloc((size_t)s->n_slots * 4), s->slot_first = malloc((size_t)s->n_slots * 4);
+    if (!s->runs || !s->step_tok || !s->step_wanted || !s->slot_began || !s->slot_first)
+        return dj_fail(e, "out of memory");
     float *inv = malloc((size_t)hd / 2 * 4);
     if (!inv) return dj_fail(e, "out of memory");
     cpu_rope_freqs(c, inv);
@@ -1101,7 +1111,7 @@ void gpu_state_free(dj_gpu_state *s) {
                    b->pick_scratch};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) gpu_free(dev[i]);
     gpu_host_free(b->h_x), gpu_host_free(b->h_logits), gpu_host_free(b->h_pos), gpu_host_free(b->h_kv_slot);
-    free(s->runs), free(s->step_tok), free(s->step_wanted), free(s->slot_began);
+    free(s->runs), free(s->step_tok), free(s->step_wanted), free(s->slot_began), free(s->slot_first);
     gpu_host_free(b->h_pick), gpu_host_free(b->h_next);
     if (s->compute) gpu_stream_destroy(s->compute);
     if (s->copy) gpu_stream_destroy(s->copy);

@@ -83,14 +83,14 @@ typedef struct {
                             // options' kv_type (q8: with their scales)
     float *inv_freq;        // (head_dim/2)
     int32_t *pos;           // (max_batch) a prefill's first position; a step's position of each row
-    int32_t *kv_slot;       // (max_batch) a step's KV slot of each row
+    int32_t *kv_slot;       // (2 max_batch) a step's KV slot of each row, then the first key the pass writes there
     dj_pick_args *pick;     // (GPU_LOGIT_ROWS) the draws' arguments (gpu_pick)
     int32_t *counts;        // (vocab) one sampler's window counts, kept in step by the arguments
     int32_t *next;          // (GPU_LOGIT_ROWS) the tokens picked
     void *pick_scratch;     // gpu_pick_scratch(GPU_LOGIT_ROWS)
     uint8_t *h_x;           // pinned (max_batch, dim) f32 bytes: gathered embedding rows as stored
     float *h_logits;        // pinned (GPU_LOGIT_ROWS, vocab)
-    int32_t *h_pos, *h_kv_slot;  // pinned (max_batch) each
+    int32_t *h_pos, *h_kv_slot;  // pinned (max_batch), (2 max_batch)
     dj_pick_args *h_pick;   // pinned (GPU_LOGIT_ROWS)
     int32_t *h_next;        // pinned (GPU_LOGIT_ROWS)
     const int32_t *counts_of;  // the host counts d_counts copies (a new sampler's are uploaded whole)
@@ -262,7 +262,7 @@ struct dj_gpu_state {
     // host scratch of gpu_step_rows: a step pass's runs, tokens in the pass's order, the wanted rows; whether a run
     // of each KV slot has begun
     step_run *runs;                // (max_batch)
-    int32_t *step_tok, *slot_began;  // (max_batch), (n_slots)
+    int32_t *step_tok, *slot_began, *slot_first;  // (max_batch), (n_slots), (n_slots)
     uint8_t *step_wanted;          // (max_batch)
     gpu_parking *park;
     gpu_bufs b;

@@ -308,11 +308,18 @@ int gpu_rope_kv(dj_gpu *g, float *qkv, int64_t ld, int64_t T, const gpu_kv_cache
                 cudaStream_t s, dj_err *e);
 // The rows of a batched decode step (device memory): row b is at position pos[b] of KV slot slot[b], whose caches
 // start slot[b] * slot_stride elements after the ones given (slots one after the other, each (n_kv_heads, max_seq,
-// head_dim) of a layer at the same offset).
+// head_dim) of a layer at the same offset). fresh[b]: the first key of row b's slot that the pass writes (the least
+// position of the pass's rows in that slot, whichever launch attends them); the decode attention copies the keys
+// below it before it waits for the kernel before it (rope_kv). NULL: pos[0] where slot is NULL (the rows are one
+// sequence's, from pos[0] on), else none.
 typedef struct {
     const int32_t *pos, *slot;
     int64_t slot_stride;
+    const int32_t *fresh;
 } gpu_kv_rows;
+// fresh (n) for rows at positions pos (n) of KV slots slot (n) of a pass: for each row, the least position of the
+// rows in its slot. first: scratch of one word a slot, every slot below the largest seen.
+void gpu_kv_fresh(int32_t *fresh, const int32_t *slot, const int32_t *pos, int64_t n, int32_t *first);
 // gpu_rope_kv for B rows each at its own position and slot: row b's q heads at q + b ldq, its k and v heads at
 // k + b ldkv and v + b ldkv (the fused [q | k | v] rows, or separate q, k, v blocks). B <= 65535.
 int gpu_rope_kv_rows(dj_gpu *g, float *q, int64_t ldq, float *k, float *v, int64_t ldkv, int64_t B,

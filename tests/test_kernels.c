@@ -1183,7 +1183,7 @@ Test(kernels, decode_rows) {
             float *drows = tk_up(rows, (size_t)n * 4), *dinv = tk_up(inv, sizeof inv);
             float *dout = tk_dev((size_t)B * qd * 4);
             int32_t *dpos = tk_up(pos, sizeof pos), *dslot = tk_up(slot, sizeof slot);
-            gpu_kv_rows kv = {dpos, dslot, cn};
+            gpu_kv_rows kv = {dpos, dslot, cn, dpos};  // each row's own key its slot's first new one
             float *gq = drows, *gkr = drows + (k - rows), *gvr = drows + (v - rows);
             cr_assert_eq(gpu_rope_kv_rows(tk_g, gq, ldq, gkr, gvr, ldkv, B, &cache, nh, n_kv, hd, max_seq, dinv, &kv,
                                           tk_s, &e),
@@ -1293,9 +1293,10 @@ Test(kernels, kv_types_stored_as_kvtype_says) {
 }
 
 // gpu_attention_decode_rows for B rows of a step, row b at position pos[b] of slot slot[b] (of n_slots, max_seq
-// positions each; 8 kv heads of 4 query heads, head_dim 128), against cpu_attention over each row's slot.
+// positions each; 8 kv heads of 4 query heads, head_dim 128), its keys below fresh[b] copied before the kernel's
+// wait (fresh NULL: none), against cpu_attention over each row's slot.
 static void tk_decode_rows_case(int kt, int32_t B, int32_t n_slots, const int32_t *slot, const int32_t *pos,
-                                int64_t max_seq, const char *name) {
+                                const int32_t *fresh, int64_t max_seq, const char *name) {
     dj_err e;
     const int64_t n_kv = 8, group = 4, nh = n_kv * group, hd = 128, qd = nh * hd;
     const int64_t cn = n_kv * max_seq * hd, all = n_slots * cn;
@@ -1305,7 +1306,8 @@ static void tk_decode_rows_case(int kt, int32_t B, int32_t n_slots, const int32_
     gpu_kv_cache kv = tk_kv_up(kt, kc, vc, all, hd);
     float *dq = tk_up(q, (size_t)B * qd * 4), *dout = tk_dev((size_t)B * qd * 4);
     int32_t *dpos = tk_up(pos, (size_t)B * sizeof *pos), *dslot = tk_up(slot, (size_t)B * sizeof *slot);
-    gpu_kv_rows rows = {dpos, dslot, cn};
+    int32_t *dfresh = fresh ? tk_up(fresh, (size_t)B * sizeof *fresh) : NULL;
+    gpu_kv_rows rows = {dpos, dslot, cn, dfresh};
     tk_poison(dout, (size_t)B * qd * 4);
     cr_assert_eq(gpu_attention_decode_rows(tk_g, dout, dq, qd, &kv, B, nh, n_kv, hd, max_seq, &rows, tk_s, &e), 0,
                  "%s", e.msg);
@@ -1316,7 +1318,7 @@ static void tk_decode_rows_case(int kt, int32_t B, int32_t n_slots, const int32_
         snprintf(what, sizeof what, "%s (%s, %d rows), row %d at %d", name, dj_kv_name(kt), B, b, pos[b]);
         if (!tk_close(got + b * qd, ref + b * qd, qd, kt == DJ_KV_Q8 ? 2e-5 : 1e-5, what)) break;  // as decode's
     }
-    tk_kv_free(&kv), gpu_free(dq), gpu_free(dout), gpu_free(dpos), gpu_free(dslot);
+    tk_kv_free(&kv), gpu_free(dq), gpu_free(dout), gpu_free(dpos), gpu_free(dslot), gpu_free(dfresh);
     free(kc), free(vc), free(q), free(ref), free(got);
 }
 
@@ -1333,8 +1335,24 @@ Test(kernels, attention_decode_deep, .timeout = 600) {
     }
     tk_decode_case_kt(DJ_KV_F32, 2, 8, 256, 10000, 0);
     static const int32_t slot[3] = {2, 0, 1}, pos[3] = {8999, 100, 5000};
-    for (int kt = 0; kt < DJ_KV_TYPES; kt++) tk_decode_rows_case(kt, 3, 3, slot, pos, 9000, "deep decode rows");
+    for (int kt = 0; kt < DJ_KV_TYPES; kt++) tk_decode_rows_case(kt, 3, 3, slot, pos, NULL, 9000, "deep decode rows");
     tk_end("attention_decode_deep");
+}
+
+// Each row's first key its pass writes in its slot (gpu_kv_fresh; no GPU needed): the least position of the pass's
+// rows in that slot, wherever they stand (a wanted row placed before its run's rows, slots out of order), alone where
+// a slot has one row.
+Test(kernels, kv_fresh_keys) {
+    static const int32_t slot[8] = {3, 1, 3, 3, 0, 1, 5, 3}, pos[8] = {10, 40, 7, 8, 0, 39, 300, 9};
+    static const int32_t want[8] = {7, 39, 7, 7, 0, 39, 300, 7};
+    int32_t fresh[8], first[6];
+    for (int i = 0; i < 6; i++) first[i] = -5;  // stale scratch
+    gpu_kv_fresh(fresh, slot, pos, 8, first);
+    for (int i = 0; i < 8; i++)
+        cr_assert_eq(fresh[i], want[i], "row %d (slot %d at %d): first new key %d, want %d", i, slot[i], pos[i],
+                     fresh[i], want[i]);
+    gpu_kv_fresh(fresh, slot + 6, pos + 6, 1, first);
+    cr_assert_eq(fresh[0], 300, "one row: its own position");
 }
 
 // The decode split plan (gpu_attention_splits: the rule the kernels follow on the device, on the host; no GPU needed)
@@ -1389,21 +1407,26 @@ Test(kernels, attention_split_plan) {
 
 // The rows of a server's step: 5, 16 and 64 rows at short depths in a cache of 512 positions a slot (the rows and
 // heads alone fill the GPU there, so a short context takes fewer, longer splits than one row's), every depth a split
-// boundary can fall on (16, 32 and 64 keys, either side), in slots out of order; each kv type, on the tensor-core
-// kernel and on the FMA kernel.
+// boundary can fall on (16, 32 and 64 keys, either side), in slots out of order, the keys copied before the kernels'
+// wait ending anywhere in a chunk (none, some, all but the row's own); each kv type, on the tensor-core kernel and on
+// the FMA kernel.
 Test(kernels, attention_decode_many_rows, .timeout = 600) {
     tk_start("attention_decode_many_rows");
     static const int32_t depths[] = {1,   2,   15,  16,  17,  31,  32,  33,  63,  64,  65,
                                      96,  127, 128, 129, 200, 255, 256, 257, 384, 511, 512};
     const int nd = (int)(sizeof depths / sizeof depths[0]);
-    int32_t slot[64], pos[64];
-    for (int b = 0; b < 64; b++) slot[b] = (b * 29 + 7) % 64, pos[b] = depths[(b * 7) % nd] - 1;
+    int32_t slot[64], pos[64], fresh[64];
+    for (int b = 0; b < 64; b++) {
+        slot[b] = (b * 29 + 7) % 64, pos[b] = depths[(b * 7) % nd] - 1;
+        fresh[b] = pos[b] - (b * 13) % 80 > 0 ? pos[b] - (b * 13) % 80 : 0;
+    }
     static const int32_t rows[] = {5, 16, 64};
     for (int tc = 1; tc >= 0; tc--) {
         gpu_set_tc_attn(tk_g, tc);
         for (int kt = 0; kt < DJ_KV_TYPES; kt++)
             for (int r = 0; r < 3; r++)
-                tk_decode_rows_case(kt, rows[r], 64, slot, pos, 512, tc ? "many rows, tensor cores" : "many rows, FMA");
+                tk_decode_rows_case(kt, rows[r], 64, slot, pos, fresh, 512,
+                                    tc ? "many rows, tensor cores" : "many rows, FMA");
     }
     gpu_set_tc_attn(tk_g, 1);
     tk_end("attention_decode_many_rows");

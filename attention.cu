@@ -511,6 +511,9 @@ static int dec_short_splits(int64_t pairs) {
 // slots and fresh keys were uploaded before its first kernel, the kernel before a decode attention (rope_kv, the KV
 // write, or a combine) passes its own pdl_wait before it lets this one launch, so every kernel before that one has
 // finished, and only that one's writes (the queries, the pass's new keys and values) may be missing.
+static __device__ __forceinline__ int dec_keys(const gpu_kv_rows &kv, int row, int max_seq) {  // keys 0..pos
+    return min(kv.pos[row], max_seq - 1) + 1;
+}
 static __device__ __forceinline__ int dec_older(const gpu_kv_rows &kv, int row) {
     return min(kv.fresh ? kv.fresh[row] : kv.slot ? 0 : kv.pos[0], kv.pos[row]);  // (its own key is the pass's)
 }
@@ -751,29 +754,35 @@ __device__ __forceinline__ void mma_f16(float c[4], const uint32_t a[4], uint32_
     mma16816<true>(c, a, b0, b1);
 }
 
-// PRECOND: HD % 16 == 0; group <= 8; blockDim.x == 32 TD_WARPS; td_smem<HD>() bytes of dynamic shared memory; the
-// cache f16 with 16-byte aligned rows.
+// Rows of one slot (a pass, a prompt's run) go rg a block (blockIdx.z: rows rg z ..): the A operand's 16 rows are
+// rg rows' group query heads (row r0 + i / group, head h0 + i % group), which read the same keys, each masked past
+// its own position; the split is the one the block's deepest row takes (dec_span), as the combine works it out.
+// PRECOND: HD % 16 == 0; group <= 8; rg group <= 16, rg = 1 unless the B rows are in one slot; blockDim.x ==
+// 32 TD_WARPS; td_smem<HD>() bytes of dynamic shared memory; the cache f16 with 16-byte aligned rows.
 template <int HD, int KT>
 __global__ __launch_bounds__(32 * TD_WARPS) void attn_decode_tc_kernel(float *part_o, float *part_ml, const float *q,
                                                                       int64_t ldq, gpu_kv_cache c, int n_heads,
                                                                       int group, int max_seq, int n_splits,
-                                                                      int n_short, float scale, gpu_kv_rows kv) {
+                                                                      int n_short, int rg, int B, float scale,
+                                                                      gpu_kv_rows kv) {
     constexpr int LD = HD + 8, KS = HD / 16, ND = HD / 8;
     constexpr int PIECES = KT == DJ_KV_F16 ? HD / 8 : HD / 16;  // 16-byte pieces a stored row
     constexpr bool Q8 = KT == DJ_KV_Q8;
     extern __shared__ __align__(16) __half td_sm[];  // f16: per stage keys (64, LD), then values; q8: td_smem
     int8_t *raw = (int8_t *)(td_sm + 2 * DEC_CHUNK * LD);          // q8: per stage keys (64, HD), then values
     float *rsc = (float *)(raw + TD_STAGES * 2 * DEC_CHUNK * HD);  // q8: per stage key scales (64), value scales
-    const int split = blockIdx.x, kvh = blockIdx.y, row = blockIdx.z;
+    const int split = blockIdx.x, kvh = blockIdx.y, r0 = blockIdx.z * rg, nr = min(rg, B - r0);
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, cq = lane & 3;
-    // before pdl_wait (dec_older): the row's keys, the split's, and the first chunk's older keys in flight
-    const int n = min(kv.pos[row], max_seq - 1) + 1;
-    const int64_t slot_off = kv.slot ? (int64_t)kv.slot[row] * kv.slot_stride : 0;
-    q += row * ldq;
-    part_o += (int64_t)row * n_heads * n_splits * HD, part_ml += (int64_t)row * n_heads * n_splits * 2;
+    // before pdl_wait (dec_older): the rows' keys, the split's, and the first chunk's older keys in flight
+    int n = 0, older = INT32_MAX;  // the block's deepest row's keys; the keys before any of its rows' new ones
+    for (int r = r0; r < r0 + nr; r++) n = max(n, dec_keys(kv, r, max_seq)), older = min(older, dec_older(kv, r));
+    // the lane's A rows g and g + 8: row r0 + ra, query head h0 + ha (rows past the block's: none)
+    const int ra = g / group, ha = g - ra * group, rb = (g + 8) / group, hb = g + 8 - rb * group;
+    const int na = ra < nr ? dec_keys(kv, r0 + ra, max_seq) : 0, nb = rb < nr ? dec_keys(kv, r0 + rb, max_seq) : 0;
+    const int64_t slot_off = kv.slot ? (int64_t)kv.slot[r0] * kv.slot_stride : 0;
     const int span = dec_span(n, n_splits, n_short), k_begin = split * span;
     if (k_begin >= n) return;
-    const int k_end = min(n, k_begin + span);
+    const int k_end = min(n, k_begin + span), ea = min(k_end, na), eb = min(k_end, nb);  // each A row's end
     const int h0 = kvh * group;
     typedef typename kv_elem<KT>::T E;
     const int64_t row0 = slot_off / HD + (int64_t)kvh * max_seq;  // the kv head's first cache row
@@ -808,18 +817,17 @@ __global__ __launch_bounds__(32 * TD_WARPS) void attn_decode_tc_kernel(float *pa
         stage_rows(st, k0, 0, DEC_CHUNK);
         __pipeline_commit();
     };
-    const int early = min(DEC_CHUNK, max(0, dec_older(kv, row) - k_begin));  // the first chunk's rows before the wait
+    const int early = min(DEC_CHUNK, max(0, older - k_begin));  // the first chunk's rows before the wait
     stage_rows(0, k_begin, 0, early);
     pdl_wait();
     pdl_trigger();
     stage_rows(0, k_begin, early, DEC_CHUNK);
     __pipeline_commit();
 
-    // Q fragments (rows g and g + 8: query heads h0 + g, h0 + g + 8 where < group), scaled, split: k-step s covers
-    // dims 16s..16s+15.
+    // Q fragments (A rows g and g + 8), scaled, split: k-step s covers dims 16s..16s+15.
     uint32_t qh[KS][4], ql[KS][4];
-    q_frags<KS, true>(qh, ql, g < group ? q + (int64_t)(h0 + g) * HD : NULL,
-                      g + 8 < group ? q + (int64_t)(h0 + g + 8) * HD : NULL, scale, cq);
+    q_frags<KS, true>(qh, ql, ra < nr ? q + (r0 + ra) * ldq + (int64_t)(h0 + ha) * HD : NULL,
+                      rb < nr ? q + (r0 + rb) * ldq + (int64_t)(h0 + hb) * HD : NULL, scale, cq);
     float o[ND][4];
 #pragma unroll
     for (int i = 0; i < ND; i++) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
@@ -870,8 +878,10 @@ __global__ __launch_bounds__(32 * TD_WARPS) void attn_decode_tc_kernel(float *pa
                 const float s0 = ksc[8 * t + 2 * cq], s1 = ksc[8 * t + 2 * cq + 1];
                 sc[t][0] *= s0, sc[t][2] *= s0, sc[t][1] *= s1, sc[t][3] *= s1;
             }
-            if (key >= k_end) sc[t][0] = sc[t][2] = -INFINITY;
-            if (key + 1 >= k_end) sc[t][1] = sc[t][3] = -INFINITY;
+            if (key >= ea) sc[t][0] = -INFINITY;
+            if (key + 1 >= ea) sc[t][1] = -INFINITY;
+            if (key >= eb) sc[t][2] = -INFINITY;
+            if (key + 1 >= eb) sc[t][3] = -INFINITY;
             mta = fmaxf(mta, fmaxf(sc[t][0], sc[t][1]));
             mtb = fmaxf(mtb, fmaxf(sc[t][2], sc[t][3]));
         }
@@ -938,18 +948,19 @@ __global__ __launch_bounds__(32 * TD_WARPS) void attn_decode_tc_kernel(float *pa
         ml_w[2 * g] = ma, ml_w[2 * g + 1] = la, ml_w[2 * (g + 8)] = mb, ml_w[2 * (g + 8) + 1] = lb;
     }
     __syncthreads();
-    for (int i = tid; i < group * HD; i += 32 * TD_WARPS) {
-        const int r = i / HD, d = i - r * HD;
+    for (int i = tid; i < nr * group * HD; i += 32 * TD_WARPS) {
+        const int r = i / HD, d = i - r * HD;  // A row r: row r0 + r / group, query head h0 + r % group
         float m = -INFINITY;
 #pragma unroll
         for (int w = 0; w < TD_WARPS; w++) m = fmaxf(m, wml[w * 32 + 2 * r]);
         float l = 0.0f, acc = 0.0f;
+        if (m != -INFINITY)  // (a row whose keys all lie before this split: its partial is never read)
 #pragma unroll
-        for (int w = 0; w < TD_WARPS; w++) {
-            const float f = expf(wml[w * 32 + 2 * r] - m);  // a warp without keys: exp(-inf) = 0
-            l += wml[w * 32 + 2 * r + 1] * f, acc += wo[(w * 16 + r) * HD + d] * f;
-        }
-        const int64_t base = (int64_t)(h0 + r) * n_splits + split;
+            for (int w = 0; w < TD_WARPS; w++) {
+                const float f = expf(wml[w * 32 + 2 * r] - m);  // a warp without keys: exp(-inf) = 0
+                l += wml[w * 32 + 2 * r + 1] * f, acc += wo[(w * 16 + r) * HD + d] * f;
+            }
+        const int64_t base = ((int64_t)(r0 + r / group) * n_heads + h0 + r % group) * n_splits + split;
         part_o[base * HD + d] = acc;
         if (d == 0) part_ml[2 * base] = m, part_ml[2 * base + 1] = l;
     }
@@ -960,20 +971,23 @@ __global__ __launch_bounds__(32 * TD_WARPS) void attn_decode_tc_kernel(float *pa
 
 // out (rows, n_heads, head_dim) from the partials of the splits that hold keys 0..pos. One block per (query head,
 // row): the splits' weights exp(m_s - m) in shared memory (threads over splits), then each dim summed over the
-// splits (threads over dims, reads coalesced).
+// splits (threads over dims, reads coalesced). The split is the one the deepest row of the row's block of rg took.
 __global__ __launch_bounds__(DEC_THREADS) void attn_decode_combine_kernel(float *out, const float *part_o,
                                                                          const float *part_ml, int head_dim,
                                                                          int max_seq, int n_splits, int n_short,
-                                                                         gpu_kv_rows kv) {
+                                                                         int rg, gpu_kv_rows kv) {
     __shared__ float w[DEC_MAX_SPLITS];
     __shared__ float red[DEC_THREADS / 32];
     const int h = blockIdx.x, row = blockIdx.y, n_heads = gridDim.x, tid = threadIdx.x;
+    const int g0 = row / rg * rg, g1 = min((int)gridDim.y, g0 + rg);
+    int deepest = 0;
+    for (int r = g0; r < g1; r++) deepest = max(deepest, dec_keys(kv, r, max_seq));
     pdl_wait();
     pdl_trigger();
-    const int n = min(kv.pos[row], max_seq - 1) + 1;
+    const int n = dec_keys(kv, row, max_seq);
     out += (int64_t)row * n_heads * head_dim;
     part_o += (int64_t)row * n_heads * n_splits * head_dim, part_ml += (int64_t)row * n_heads * n_splits * 2;
-    const int span = dec_span(n, n_splits, n_short), ns = (n + span - 1) / span;
+    const int span = dec_span(deepest, n_splits, n_short), ns = (n + span - 1) / span;
     const float *mlh = part_ml + (int64_t)h * n_splits * 2;
     float m = -INFINITY;
     for (int s = tid; s < ns; s += DEC_THREADS) m = fmaxf(m, mlh[2 * s]);
@@ -1027,13 +1041,21 @@ static size_t dec_smem(int hd, int kv_type) {  // a stage: a chunk's K and V as 
     return 2 * dj_kv_elem_bytes(kv_type) * DEC_CHUNK * (size_t)hd;
 }
 
+// Rows of one slot a tensor-core block takes (the A operand's 16 rows over the kv head's query heads); 1 where the
+// kernel takes none (group > DEC_G: the FMA kernel).
+static int64_t dec_rows_a_block(int64_t group) { return group <= DEC_G ? 16 / group : 1; }
+
 extern "C" size_t gpu_attention_scratch(int64_t rows, int64_t n_heads, int64_t n_kv_heads, int64_t head_dim,
                                         int64_t max_seq) {
-    // any launch of up to `rows` rows: the largest rows * splits over them (not monotone in the rows, by a little)
-    const int64_t group = n_kv_heads > 0 ? n_heads / n_kv_heads : 1, n_gz = (group + DEC_G - 1) / DEC_G;
+    // any launch of up to `rows` rows, a block each or dec_rows_a_block together: the largest rows * splits over
+    // them (not monotone in the rows, by a little)
+    const int64_t kvh = n_kv_heads > 0 ? n_kv_heads : 1, group = n_heads / kvh, n_gz = (group + DEC_G - 1) / DEC_G;
+    const int64_t rg = dec_rows_a_block(group);
     int64_t most = 0;
     for (int64_t B = 1; B <= rows; B++) {
-        const int64_t u = B * dec_grid_splits(B, n_kv_heads > 0 ? n_kv_heads : 1, n_gz, max_seq);
+        const int64_t a = dec_grid_splits(B, kvh, n_gz, max_seq), b = dec_grid_splits((B + rg - 1) / rg, kvh, n_gz,
+                                                                                      max_seq);
+        const int64_t u = B * (a > b ? a : b);
         if (u > most) most = u;
     }
     return (size_t)most * (size_t)n_heads * (size_t)(head_dim + 2) * sizeof(float);
@@ -1045,8 +1067,13 @@ static int attn_decode_launch(dj_gpu *g, const char *fn, float *out, const float
                               dj_err *e) {
     if (attn_check(fn, n_heads, n_kv_heads, head_dim, max_seq, e)) return -1;
     if (B < 1) return dj_fail(e, "%s: bad rows B=%lld ldq=%lld", fn, (long long)B, (long long)ldq);
-    const dec_plan p = dec_plan_of(B, n_heads, n_kv_heads, max_seq);  // (it divides by the rows)
-    const int64_t group = p.group, n_gz = p.n_gz, ns = p.ns;
+    const int64_t group = n_heads / n_kv_heads;
+    const bool tc = (c->type == DJ_KV_F16 || c->type == DJ_KV_Q8) && g->tc_attn && group <= DEC_G &&
+                    !((uintptr_t)c->k & 15) && !((uintptr_t)c->v & 15) && (head_dim == 64 || head_dim == 128);
+    // the tensor-core kernel takes rows of one slot rg a block; the plan is a launch of that many blocks' rows
+    const int64_t rg = tc && (!kv.slot || kv.one_slot) ? dec_rows_a_block(group) : 1, blocks = (B + rg - 1) / rg;
+    const dec_plan p = dec_plan_of(blocks, n_heads, n_kv_heads, max_seq);  // (it divides by the rows)
+    const int64_t n_gz = p.n_gz, ns = p.ns;
     const int n_short = p.n_short;
     if (B * n_gz > 65535 || (B > 1 && ldq < n_heads * head_dim))
         return dj_fail(e, "%s: bad rows B=%lld ldq=%lld", fn, (long long)B, (long long)ldq);
@@ -1054,14 +1081,13 @@ static int attn_decode_launch(dj_gpu *g, const char *fn, float *out, const float
     float *part_o = (float *)g->scratch, *part_ml = part_o + B * n_heads * ns * head_dim;
     dim3 grid((unsigned)ns, (unsigned)n_kv_heads, (unsigned)(B * n_gz));
     const float scale = 1.0f / sqrtf((float)head_dim);
-    if ((c->type == DJ_KV_F16 || c->type == DJ_KV_Q8) && g->tc_attn && group <= DEC_G && !((uintptr_t)c->k & 15) &&
-        !((uintptr_t)c->v & 15) && (head_dim == 64 || head_dim == 128)) {
-        dim3 tgrid((unsigned)ns, (unsigned)n_kv_heads, (unsigned)B);
+    if (tc) {
+        dim3 tgrid((unsigned)ns, (unsigned)n_kv_heads, (unsigned)blocks);
 #define TD_LAUNCH(HDV, KT)                                                                                         \
     if (head_dim == HDV && c->type == KT)                                                                          \
         CUDA_CHECK(pdl_launch(attn_decode_tc_kernel<HDV, KT>, tgrid, dim3(32 * TD_WARPS), td_smem<HDV, KT>(), s,   \
                               part_o, part_ml, q, ldq, *c, (int)n_heads, (int)group, (int)max_seq, (int)ns, n_short, \
-                              scale, kv));
+                              (int)rg, (int)B, scale, kv));
 #define TD_TYPES(HDV) TD_LAUNCH(HDV, DJ_KV_F16) TD_LAUNCH(HDV, DJ_KV_Q8)
         TD_HDS(TD_TYPES)
 #undef TD_TYPES
@@ -1079,7 +1105,7 @@ static int attn_decode_launch(dj_gpu *g, const char *fn, float *out, const float
     LAUNCH_CHECK("attn_decode_split", s);
     }
     CUDA_CHECK(pdl_launch(attn_decode_combine_kernel, dim3((unsigned)n_heads, (unsigned)B), dim3(DEC_THREADS), 0, s,
-                          out, part_o, part_ml, (int)head_dim, (int)max_seq, (int)ns, n_short, kv));
+                          out, part_o, part_ml, (int)head_dim, (int)max_seq, (int)ns, n_short, (int)rg, kv));
     LAUNCH_CHECK("attn_decode_combine", s);
     return 0;
 }
@@ -1097,7 +1123,7 @@ extern "C" int gpu_attention_decode(dj_gpu *g, float *out, const float *q, const
                                     int64_t n_kv_heads, int64_t head_dim, int64_t max_seq, const int32_t *d_pos,
                                     cudaStream_t s, dj_err *e) {
     return attn_decode_launch(g, "gpu_attention_decode", out, q, 0, c, 1, n_heads, n_kv_heads, head_dim, max_seq,
-                              gpu_kv_rows{d_pos, NULL, 0, NULL}, s, e);
+                              gpu_kv_rows{d_pos, NULL, 0, NULL, 0}, s, e);
 }
 
 extern "C" int gpu_attention_decode_rows(dj_gpu *g, float *out, const float *q, int64_t ldq, const gpu_kv_cache *c,

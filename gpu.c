@@ -123,7 +123,7 @@ static int qkv_matmul(dj_gpu_state *s, const gpu_unit *un, int64_t T, qkv_rows *
 // The T rows of a step pass: each at its own position in its own KV slot, the first key the pass writes there after
 // the slots (upload_tokens).
 static gpu_kv_rows step_kv_rows(const dj_gpu_state *s, int64_t T) {
-    return (gpu_kv_rows){s->b.pos, s->b.kv_slot, s->slot_elems, s->b.kv_slot + T};
+    return (gpu_kv_rows){s->b.pos, s->b.kv_slot, s->slot_elems, s->b.kv_slot + T, 0};
 }
 
 // RoPE on q and k, and k, v into the cache: one launch for a decode step's rows (each in its slot) or where each
@@ -167,7 +167,7 @@ static int attention(dj_gpu_state *s, const pass_desc *pd, const qkv_rows *r, co
         for (int64_t i = 0; i < pd->n_runs; i++) {
             const step_run *u = &pd->runs[i];
             if (u->len <= PASS_DECODE_ROWS) {  // as a pass of its rows attends (the same kernels, the same sums)
-                gpu_kv_rows run = {kv.pos + u->r0, kv.slot + u->r0, kv.slot_stride, kv.fresh + u->r0};
+                gpu_kv_rows run = {kv.pos + u->r0, kv.slot + u->r0, kv.slot_stride, kv.fresh + u->r0, 1};
                 if (gpu_attention_decode_rows(s->g, s->b.att + u->r0 * nh * hd, r->q + u->r0 * r->ldq, r->ldq, kc,
                                               u->len, nh, nkv, hd, s->max_seq, &run, s->compute, e))
                     return -1;
@@ -181,7 +181,7 @@ static int attention(dj_gpu_state *s, const pass_desc *pd, const qkv_rows *r, co
         return 0;
     }
     if (T <= PASS_DECODE_ROWS) {  // few rows: each over its own keys by the decode kernels, split over the keys
-        gpu_kv_rows kv = {s->b.pos, NULL, 0, NULL};
+        gpu_kv_rows kv = {s->b.pos, NULL, 0, NULL, 0};
         return gpu_attention_decode_rows(s->g, s->b.att, r->q, r->ldq, kc, T, nh, nkv, hd, s->max_seq, &kv, s->compute,
                                          e);
     }

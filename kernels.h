@@ -311,11 +311,13 @@ int gpu_rope_kv(dj_gpu *g, float *qkv, int64_t ld, int64_t T, const gpu_kv_cache
 // head_dim) of a layer at the same offset). fresh[b]: the first key of row b's slot that the pass writes (the least
 // position of the pass's rows in that slot, whichever launch attends them); the decode attention copies the keys
 // below it before it waits for the kernel before it (rope_kv). NULL: pos[0] where slot is NULL (the rows are one
-// sequence's, from pos[0] on), else none.
+// sequence's, from pos[0] on), else none. one_slot: every row is in slot[0] (a prompt's run; slot NULL says it too),
+// so the decode attention may take several rows a block over the same keys.
 typedef struct {
     const int32_t *pos, *slot;
     int64_t slot_stride;
     const int32_t *fresh;
+    int one_slot;
 } gpu_kv_rows;
 // fresh (n) for rows at positions pos (n) of KV slots slot (n) of a pass: for each row, the least position of the
 // rows in its slot. first: scratch of one word a slot, every slot below the largest seen.

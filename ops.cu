@@ -314,7 +314,7 @@ extern "C" int gpu_rope_kv(dj_gpu *g, float *qkv, int64_t ld, int64_t T, const g
     if (T == 0) return 0;
     float *k = qkv + n_heads * head_dim, *v = k + n_kv_heads * head_dim;
     return rope_kv_launch(qkv, ld, k, v, ld, T, c, n_heads, n_kv_heads, head_dim, max_seq, inv_freq, d_pos,
-                          gpu_kv_rows{NULL, NULL, 0, NULL}, s, e);
+                          gpu_kv_rows{NULL, NULL, 0, NULL, 0}, s, e);
 }
 
 extern "C" int gpu_rope_kv_rows(dj_gpu *g, float *q, int64_t ldq, float *k, float *v, int64_t ldkv, int64_t B,

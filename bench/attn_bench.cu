@@ -116,7 +116,7 @@ int main(int argc, char **argv) {
             CK(cudaMemcpy(slot, hslot.data(), layers * B * sizeof(int32_t), cudaMemcpyHostToDevice));
             CKD(gpu_reserve(g, gpu_attention_scratch(B, n_heads, n_kv, hd, ctx), &e_));
             const double ms = time_graph_ms(s, (int)layers, 21, [&](int l) {
-                gpu_kv_rows kv = {pos, slot + l * B, n_kv * ctx * hd, pos};  // each row alone in its slot
+                gpu_kv_rows kv = {pos, slot + l * B, n_kv * ctx * hd, pos, 0};  // each row alone in its slot
                 CKD(gpu_attention_decode_rows(g, out, q, n_heads * hd, &c, B, n_heads, n_kv, hd, ctx, &kv, s, &e_));
             });
             const double gbs = read_b / (ms * 1e-3) / 1e9;

@@ -1183,7 +1183,7 @@ Test(kernels, decode_rows) {
             float *drows = tk_up(rows, (size_t)n * 4), *dinv = tk_up(inv, sizeof inv);
             float *dout = tk_dev((size_t)B * qd * 4);
             int32_t *dpos = tk_up(pos, sizeof pos), *dslot = tk_up(slot, sizeof slot);
-            gpu_kv_rows kv = {dpos, dslot, cn, dpos};  // each row's own key its slot's first new one
+            gpu_kv_rows kv = {dpos, dslot, cn, dpos, 0};  // each row's own key its slot's first new one
             float *gq = drows, *gkr = drows + (k - rows), *gvr = drows + (v - rows);
             cr_assert_eq(gpu_rope_kv_rows(tk_g, gq, ldq, gkr, gvr, ldkv, B, &cache, nh, n_kv, hd, max_seq, dinv, &kv,
                                           tk_s, &e),
@@ -1307,7 +1307,7 @@ static void tk_decode_rows_case(int kt, int32_t B, int32_t n_slots, const int32_
     float *dq = tk_up(q, (size_t)B * qd * 4), *dout = tk_dev((size_t)B * qd * 4);
     int32_t *dpos = tk_up(pos, (size_t)B * sizeof *pos), *dslot = tk_up(slot, (size_t)B * sizeof *slot);
     int32_t *dfresh = fresh ? tk_up(fresh, (size_t)B * sizeof *fresh) : NULL;
-    gpu_kv_rows rows = {dpos, dslot, cn, dfresh};
+    gpu_kv_rows rows = {dpos, dslot, cn, dfresh, 0};
     tk_poison(dout, (size_t)B * qd * 4);
     cr_assert_eq(gpu_attention_decode_rows(tk_g, dout, dq, qd, &kv, B, nh, n_kv, hd, max_seq, &rows, tk_s, &e), 0,
                  "%s", e.msg);
@@ -1337,6 +1337,70 @@ Test(kernels, attention_decode_deep, .timeout = 600) {
     static const int32_t slot[3] = {2, 0, 1}, pos[3] = {8999, 100, 5000};
     for (int kt = 0; kt < DJ_KV_TYPES; kt++) tk_decode_rows_case(kt, 3, 3, slot, pos, NULL, 9000, "deep decode rows");
     tk_end("attention_decode_deep");
+}
+
+// gpu_attention_decode_rows for B rows of one slot, as a pass or a prompt's run attends (the tensor-core kernel takes
+// several a block over the same keys, each masked past its own position): row b at pos[b] of n_kv kv heads of `group`
+// query heads, head_dim hd, against cpu_attention over the slot; slotted: the rows in slot 1 of 3 by their slots
+// (one_slot), else the cache given (slot NULL). The cache past the deepest row NaN, so no read goes past it.
+static void tk_pass_rows_case(int kt, int64_t group, int64_t n_kv, int64_t hd, int32_t B, const int32_t *pos,
+                              int64_t max_seq, int slotted) {
+    dj_err e;
+    const int64_t nh = n_kv * group, qd = nh * hd, cn = n_kv * max_seq * hd, n_slots = slotted ? 3 : 1;
+    int32_t deepest = 0, *slot = malloc((size_t)B * sizeof *slot);
+    for (int b = 0; b < B; b++) deepest = pos[b] > deepest ? pos[b] : deepest, slot[b] = 1;
+    float *kc = malloc((size_t)(n_slots * cn) * 4), *vc = malloc((size_t)(n_slots * cn) * 4);
+    float *q = malloc((size_t)B * qd * 4), *ref = malloc((size_t)B * qd * 4), *got = malloc((size_t)B * qd * 4);
+    for (int64_t sl = 0; sl < n_slots; sl++)
+        tk_cache(kc + sl * cn, n_kv, max_seq, hd, deepest), tk_cache(vc + sl * cn, n_kv, max_seq, hd, deepest);
+    tk_fill(q, B * qd, 3.0f);
+    gpu_kv_cache kv = tk_kv_up(kt, kc, vc, n_slots * cn, hd);
+    float *dq = tk_up(q, (size_t)B * qd * 4), *dout = tk_dev((size_t)B * qd * 4);
+    int32_t *dpos = tk_up(pos, (size_t)B * sizeof *pos), *dslot = slotted ? tk_up(slot, (size_t)B * sizeof *slot) : NULL;
+    gpu_kv_rows rows = {dpos, dslot, slotted ? cn : 0, NULL, slotted};
+    tk_poison(dout, (size_t)B * qd * 4);
+    char what[160];
+    snprintf(what, sizeof what, "pass rows (%s, group %lld, head_dim %lld, %d rows from %d%s)", dj_kv_name(kt),
+             (long long)group, (long long)hd, B, pos[0], slotted ? ", by slots" : "");
+    cr_assert_eq(gpu_attention_decode_rows(tk_g, dout, dq, qd, &kv, B, nh, n_kv, hd, max_seq, &rows, tk_s, &e), 0,
+                 "%s: %s", what, e.msg);
+    tk_down(got, dout, (size_t)B * qd * 4);
+    const int64_t off = slotted ? cn : 0;
+    for (int b = 0; b < B; b++) {
+        cpu_attention(ref + b * qd, q + b * qd, kc + off, vc + off, nh, n_kv, hd, pos[b], max_seq);
+        char row[200];
+        snprintf(row, sizeof row, "%s, row %d at %d", what, b, pos[b]);
+        if (!tk_close(got + b * qd, ref + b * qd, qd, kt == DJ_KV_Q8 ? 2e-5 : 1e-5, row)) break;
+    }
+    tk_kv_free(&kv), gpu_free(dq), gpu_free(dout), gpu_free(dpos), gpu_free(dslot);
+    free(kc), free(vc), free(q), free(ref), free(got), free(slot);
+}
+
+// The rows of a verification pass or a prompt's run (gpu_attention_decode_rows over one slot) at consecutive
+// positions: 1 to 64 rows, from the context's start, across split and chunk boundaries and deep, for groups of 1-8
+// query heads (1 to 16 rows a tensor-core block), head_dims 64 and 128, every KV type (f32 on the FMA kernel, a row a
+// block); by slots as a step's run; and rows of one slot out of order.
+Test(kernels, attention_decode_pass_rows, .timeout = 600) {
+    tk_start("attention_decode_pass_rows");
+    static const int32_t cases[][2] = {{1, 0}, {2, 14}, {4, 63}, {5, 250}, {9, 1000}, {17, 47}, {64, 300}};
+    static const int64_t groups[] = {1, 2, 4, 8}, hds[] = {64, 128};
+    int32_t pos[64];
+    for (int kt = 0; kt < DJ_KV_TYPES; kt++)
+        for (int gi = 0; gi < 4; gi++)
+            for (int hi = 0; hi < 2; hi++)
+                for (int ci = 0; ci < 7; ci++) {
+                    for (int b = 0; b < cases[ci][0]; b++) pos[b] = cases[ci][1] + b;
+                    tk_pass_rows_case(kt, groups[gi], 2, hds[hi], cases[ci][0], pos, 1100, 0);
+                }
+    for (int kt = 0; kt < DJ_KV_TYPES; kt++) {
+        for (int b = 0; b < 64; b++) pos[b] = 100 + b;
+        tk_pass_rows_case(kt, 4, 8, 128, 9, pos, 512, 1);
+        tk_pass_rows_case(kt, 4, 8, 128, 64, pos, 512, 1);
+        static const int32_t shuffled[6] = {300, 5, 77, 150, 0, 299};
+        tk_pass_rows_case(kt, 4, 8, 128, 6, shuffled, 512, 0);
+        tk_pass_rows_case(kt, 2, 4, 64, 6, shuffled, 512, 1);
+    }
+    tk_end("attention_decode_pass_rows");
 }
 
 // Each row's first key its pass writes in its slot (gpu_kv_fresh; no GPU needed): the least position of the pass's
@@ -1386,6 +1450,12 @@ Test(kernels, attention_split_plan) {
                 cr_assert_geq(gpu_attention_scratch(B, nh, nkv, 128, ms), (size_t)(B * nh * ns_grid * 130 * 4),
                               "B=%lld kv=%lld max_seq=%lld: the scratch holds the grid's partials", (long long)B,
                               (long long)nkv, (long long)ms);
+                // rows of one slot, 16 / group a tensor-core block: the plan of that many blocks' rows
+                const int64_t rg = nh / nkv <= 8 ? 16 / (nh / nkv) : 1;
+                gpu_attention_splits((B + rg - 1) / rg, nh, nkv, ms, 0, &ns_grid, &span);
+                cr_assert_geq(gpu_attention_scratch(B, nh, nkv, 128, ms), (size_t)(B * nh * ns_grid * 130 * 4),
+                              "B=%lld kv=%lld max_seq=%lld, %lld rows a block: the scratch holds the grid's partials",
+                              (long long)B, (long long)nkv, (long long)ms, (long long)rg);
             }
     cr_expect_gt(cases, 100000, "the sweep ran");
     // the choices: {B, kv heads, heads, max_seq, pos} -> {splits holding keys, span}

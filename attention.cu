@@ -1071,8 +1071,16 @@ static int attn_decode_launch(dj_gpu *g, const char *fn, float *out, const float
     const bool tc = (c->type == DJ_KV_F16 || c->type == DJ_KV_Q8) && g->tc_attn && group <= DEC_G &&
                     !((uintptr_t)c->k & 15) && !((uintptr_t)c->v & 15) && (head_dim == 64 || head_dim == 128);
     // the tensor-core kernel takes rows of one slot rg a block; the plan is a launch of that many blocks' rows
+#ifndef EXP_NO_GROUP
     const int64_t rg = tc && (!kv.slot || kv.one_slot) ? dec_rows_a_block(group) : 1, blocks = (B + rg - 1) / rg;
+#else
+    const int64_t rg = 1, blocks = B;
+#endif
+#ifndef EXP_PLAN_ROWS
     const dec_plan p = dec_plan_of(blocks, n_heads, n_kv_heads, max_seq);  // (it divides by the rows)
+#else
+    const dec_plan p = dec_plan_of(B, n_heads, n_kv_heads, max_seq);
+#endif
     const int64_t n_gz = p.n_gz, ns = p.ns;
     const int n_short = p.n_short;
     if (B * n_gz > 65535 || (B > 1 && ldq < n_heads * head_dim))

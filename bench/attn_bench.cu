@@ -6,7 +6,9 @@
 //
 //   build/bin/attn_bench OUT.json
 // ATTN_ROWS (default "1 4 16 64"), ATTN_DEPTHS (keys a row attends to; default "96 256 480"), ATTN_CTX (a slot's
-// positions, the server's -c; default 512, raised to a depth that needs more), ATTN_KV (f16, q8 or f32; default f16).
+// positions, the server's -c; default 512, raised to a depth that needs more), ATTN_KV (f16, q8 or f32; default f16),
+// ATTN_ONE_SLOT=1 (the rows one sequence's, at the positions before the depth, in one slot: a verification pass, a
+// prompt's run; the bytes are that slot's keys and values once).
 #include <string.h>
 
 #include "bench_gpu.h"
@@ -43,6 +45,7 @@ int main(int argc, char **argv) {
     const int64_t ctx0 = env_list("ATTN_CTX", "512")[0];
     const char *kvname = getenv("ATTN_KV") ? getenv("ATTN_KV") : "f16";
     const int kt = dj_kv_parse(kvname);
+    const bool one = getenv("ATTN_ONE_SLOT") && atoi(getenv("ATTN_ONE_SLOT")) == 1;
     if (kt < 0) {
         fprintf(stderr, "attn_bench: ATTN_KV: %s is not one of " DJ_KV_NAMES "\n", kvname);
         return 2;
@@ -75,7 +78,9 @@ int main(int argc, char **argv) {
         for (int64_t depth : depths) {
             const int64_t ctx = depth > ctx0 ? (depth + 63) / 64 * 64 : ctx0;
             const size_t row_b = dj_kv_row_bytes(kt, hd);  // a position of a kv head, as stored
-            const size_t slot_b = 2 * (size_t)n_kv * ctx * row_b, read_b = (size_t)B * depth * 2 * n_kv * row_b;
+            if (one && B > depth) continue;
+            const size_t slot_b = 2 * (size_t)n_kv * ctx * row_b;
+            const size_t read_b = (size_t)(one ? 1 : B) * depth * 2 * n_kv * row_b;
             int64_t layers = std::max<int64_t>(2, (int64_t)(4 * (size_t)prop.l2CacheSize / read_b) + 1);
             layers = std::min<int64_t>(layers, 1024);
             if ((size_t)layers * B * slot_b > free_b / 2) layers = (int64_t)(free_b / 2 / (B * slot_b));
@@ -109,14 +114,16 @@ int main(int argc, char **argv) {
             fill_kernel<float><<<256, 256, 0, s>>>(q, B * n_heads * hd, 5);
             CK(cudaGetLastError());
             std::vector<int32_t> hpos(B, (int32_t)(depth - 1)), hslot(layers * B);
-            for (int64_t i = 0; i < layers * B; i++) hslot[i] = (int32_t)i;
+            for (int64_t i = 0; i < layers * B; i++) hslot[i] = (int32_t)(one ? i / B * B : i);
+            if (one)
+                for (int64_t b = 0; b < B; b++) hpos[b] = (int32_t)(depth - B + b);
             CK(cudaMalloc(&pos, B * sizeof(int32_t)));
             CK(cudaMalloc(&slot, layers * B * sizeof(int32_t)));
             CK(cudaMemcpy(pos, hpos.data(), B * sizeof(int32_t), cudaMemcpyHostToDevice));
             CK(cudaMemcpy(slot, hslot.data(), layers * B * sizeof(int32_t), cudaMemcpyHostToDevice));
             CKD(gpu_reserve(g, gpu_attention_scratch(B, n_heads, n_kv, hd, ctx), &e_));
             const double ms = time_graph_ms(s, (int)layers, 21, [&](int l) {
-                gpu_kv_rows kv = {pos, slot + l * B, n_kv * ctx * hd, pos, 0};  // each row alone in its slot
+                gpu_kv_rows kv = {pos, slot + l * B, n_kv * ctx * hd, one ? NULL : pos, one};  // (one: no fresh)
                 CKD(gpu_attention_decode_rows(g, out, q, n_heads * hd, &c, B, n_heads, n_kv, hd, ctx, &kv, s, &e_));
             });
             const double gbs = read_b / (ms * 1e-3) / 1e9;

@@ -774,11 +774,14 @@ __global__ __launch_bounds__(32 * TD_WARPS) void attn_decode_tc_kernel(float *pa
     const int split = blockIdx.x, kvh = blockIdx.y, r0 = blockIdx.z * rg, nr = min(rg, B - r0);
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, cq = lane & 3;
     // before pdl_wait (dec_older): the rows' keys, the split's, and the first chunk's older keys in flight
-    int n = 0, older = INT32_MAX;  // the block's deepest row's keys; the keys before any of its rows' new ones
-    for (int r = r0; r < r0 + nr; r++) n = max(n, dec_keys(kv, r, max_seq)), older = min(older, dec_older(kv, r));
+    // lane i < nr reads row r0 + i's keys (every load in flight at once); the block's deepest row's, and the keys
+    // before any of its rows' new ones, across the warp
+    const int mine = lane < nr ? dec_keys(kv, r0 + lane, max_seq) : 0;
+    const int n = __reduce_max_sync(0xFFFFFFFFu, mine);
+    const int older = __reduce_min_sync(0xFFFFFFFFu, lane < nr ? dec_older(kv, r0 + lane) : INT32_MAX);
     // the lane's A rows g and g + 8: row r0 + ra, query head h0 + ha (rows past the block's: none)
     const int ra = g / group, ha = g - ra * group, rb = (g + 8) / group, hb = g + 8 - rb * group;
-    const int na = ra < nr ? dec_keys(kv, r0 + ra, max_seq) : 0, nb = rb < nr ? dec_keys(kv, r0 + rb, max_seq) : 0;
+    const int na = __shfl_sync(0xFFFFFFFFu, mine, ra & 31), nb = __shfl_sync(0xFFFFFFFFu, mine, rb & 31);
     const int64_t slot_off = kv.slot ? (int64_t)kv.slot[r0] * kv.slot_stride : 0;
     const int span = dec_span(n, n_splits, n_short), k_begin = split * span;
     if (k_begin >= n) return;
@@ -980,8 +983,8 @@ __global__ __launch_bounds__(DEC_THREADS) void attn_decode_combine_kernel(float 
     __shared__ float red[DEC_THREADS / 32];
     const int h = blockIdx.x, row = blockIdx.y, n_heads = gridDim.x, tid = threadIdx.x;
     const int g0 = row / rg * rg, g1 = min((int)gridDim.y, g0 + rg);
-    int deepest = 0;
-    for (int r = g0; r < g1; r++) deepest = max(deepest, dec_keys(kv, r, max_seq));
+    const int lane = tid & 31;
+    const int deepest = __reduce_max_sync(0xFFFFFFFFu, g0 + lane < g1 ? dec_keys(kv, g0 + lane, max_seq) : 0);
     pdl_wait();
     pdl_trigger();
     const int n = dec_keys(kv, row, max_seq);
@@ -1047,15 +1050,11 @@ static int64_t dec_rows_a_block(int64_t group) { return group <= DEC_G ? 16 / gr
 
 extern "C" size_t gpu_attention_scratch(int64_t rows, int64_t n_heads, int64_t n_kv_heads, int64_t head_dim,
                                         int64_t max_seq) {
-    // any launch of up to `rows` rows, a block each or dec_rows_a_block together: the largest rows * splits over
-    // them (not monotone in the rows, by a little)
-    const int64_t kvh = n_kv_heads > 0 ? n_kv_heads : 1, group = n_heads / kvh, n_gz = (group + DEC_G - 1) / DEC_G;
-    const int64_t rg = dec_rows_a_block(group);
+    // any launch of up to `rows` rows: the largest rows * splits over them (not monotone in the rows, by a little)
+    const int64_t group = n_kv_heads > 0 ? n_heads / n_kv_heads : 1, n_gz = (group + DEC_G - 1) / DEC_G;
     int64_t most = 0;
     for (int64_t B = 1; B <= rows; B++) {
-        const int64_t a = dec_grid_splits(B, kvh, n_gz, max_seq), b = dec_grid_splits((B + rg - 1) / rg, kvh, n_gz,
-                                                                                      max_seq);
-        const int64_t u = B * (a > b ? a : b);
+        const int64_t u = B * dec_grid_splits(B, n_kv_heads > 0 ? n_kv_heads : 1, n_gz, max_seq);
         if (u > most) most = u;
     }
     return (size_t)most * (size_t)n_heads * (size_t)(head_dim + 2) * sizeof(float);
@@ -1070,17 +1069,14 @@ static int attn_decode_launch(dj_gpu *g, const char *fn, float *out, const float
     const int64_t group = n_heads / n_kv_heads;
     const bool tc = (c->type == DJ_KV_F16 || c->type == DJ_KV_Q8) && g->tc_attn && group <= DEC_G &&
                     !((uintptr_t)c->k & 15) && !((uintptr_t)c->v & 15) && (head_dim == 64 || head_dim == 128);
-    // the tensor-core kernel takes rows of one slot rg a block; the plan is a launch of that many blocks' rows
+    // the tensor-core kernel takes rows of one slot rg a block, each over the splits of the plan of B rows (that of
+    // the blocks, more splits of fewer keys, was slower from 9 rows on: bench/results/attn_rows/session68)
 #ifndef EXP_NO_GROUP
     const int64_t rg = tc && (!kv.slot || kv.one_slot) ? dec_rows_a_block(group) : 1, blocks = (B + rg - 1) / rg;
 #else
     const int64_t rg = 1, blocks = B;
 #endif
-#ifndef EXP_PLAN_ROWS
-    const dec_plan p = dec_plan_of(blocks, n_heads, n_kv_heads, max_seq);  // (it divides by the rows)
-#else
-    const dec_plan p = dec_plan_of(B, n_heads, n_kv_heads, max_seq);
-#endif
+    const dec_plan p = dec_plan_of(B, n_heads, n_kv_heads, max_seq);  // (it divides by the rows)
     const int64_t n_gz = p.n_gz, ns = p.ns;
     const int n_short = p.n_short;
     if (B * n_gz > 65535 || (B > 1 && ldq < n_heads * head_dim))

@@ -1450,12 +1450,6 @@ Test(kernels, attention_split_plan) {
                 cr_assert_geq(gpu_attention_scratch(B, nh, nkv, 128, ms), (size_t)(B * nh * ns_grid * 130 * 4),
                               "B=%lld kv=%lld max_seq=%lld: the scratch holds the grid's partials", (long long)B,
                               (long long)nkv, (long long)ms);
-                // rows of one slot, 16 / group a tensor-core block: the plan of that many blocks' rows
-                const int64_t rg = nh / nkv <= 8 ? 16 / (nh / nkv) : 1;
-                gpu_attention_splits((B + rg - 1) / rg, nh, nkv, ms, 0, &ns_grid, &span);
-                cr_assert_geq(gpu_attention_scratch(B, nh, nkv, 128, ms), (size_t)(B * nh * ns_grid * 130 * 4),
-                              "B=%lld kv=%lld max_seq=%lld, %lld rows a block: the scratch holds the grid's partials",
-                              (long long)B, (long long)nkv, (long long)ms, (long long)rg);
             }
     cr_expect_gt(cases, 100000, "the sweep ran");
     // the choices: {B, kv heads, heads, max_seq, pos} -> {splits holding keys, span}

@@ -773,9 +773,10 @@ __global__ __launch_bounds__(32 * TD_WARPS) void attn_decode_tc_kernel(float *pa
     float *rsc = (float *)(raw + TD_STAGES * 2 * DEC_CHUNK * HD);  // q8: per stage key scales (64), value scales
     const int split = blockIdx.x, kvh = blockIdx.y, r0 = blockIdx.z * rg, nr = min(rg, B - r0);
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, cq = lane & 3;
-    // before pdl_wait (dec_older): the rows' keys, the split's, and the first chunk's older keys in flight
-    // lane i < nr reads row r0 + i's keys (every load in flight at once); the block's deepest row's, and the keys
-    // before any of its rows' new ones, across the warp
+    // before pdl_wait (dec_older): the rows' keys, the split's, and the first chunk's older keys in flight. Lane
+    // i < nr reads row r0 + i's keys (every load in flight at once); the block's deepest row's, and the keys before
+    // any of its rows' new ones, across the warp (a row at a time, the block's first wait took 1.3 us longer at 9
+    // rows: bench/results/attn_rows/session68)
     const int mine = lane < nr ? dec_keys(kv, r0 + lane, max_seq) : 0;
     const int n = __reduce_max_sync(0xFFFFFFFFu, mine);
     const int older = __reduce_min_sync(0xFFFFFFFFu, lane < nr ? dec_older(kv, r0 + lane) : INT32_MAX);
@@ -1071,11 +1072,7 @@ static int attn_decode_launch(dj_gpu *g, const char *fn, float *out, const float
                     !((uintptr_t)c->k & 15) && !((uintptr_t)c->v & 15) && (head_dim == 64 || head_dim == 128);
     // the tensor-core kernel takes rows of one slot rg a block, each over the splits of the plan of B rows (that of
     // the blocks, more splits of fewer keys, was slower from 9 rows on: bench/results/attn_rows/session68)
-#ifndef EXP_NO_GROUP
     const int64_t rg = tc && (!kv.slot || kv.one_slot) ? dec_rows_a_block(group) : 1, blocks = (B + rg - 1) / rg;
-#else
-    const int64_t rg = 1, blocks = B;
-#endif
     const dec_plan p = dec_plan_of(B, n_heads, n_kv_heads, max_seq);  // (it divides by the rows)
     const int64_t n_gz = p.n_gz, ns = p.ns;
     const int n_short = p.n_short;

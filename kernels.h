@@ -345,7 +345,8 @@ int gpu_attention_splits(int64_t B, int64_t n_heads, int64_t n_kv_heads, int64_t
                          int64_t *n_splits, int64_t *span);
 // gpu_attention_decode for B rows of a batched step, each over its own slot's keys 0..kv->pos[b] (gpu_kv_rows; slot
 // NULL: every row over c itself, as a pass of a few rows of one slot): row b's query at q + b ldq, its output at
-// out + b n_heads head_dim. Scratch: gpu_attention_scratch(B, ...).
+// out + b n_heads head_dim. Rows of one slot (slot NULL, or one_slot) on the tensor cores go 16 / group a block,
+// the query heads of all of them one operand over keys read once. Scratch: gpu_attention_scratch(B, ...).
 int gpu_attention_decode_rows(dj_gpu *g, float *out, const float *q, int64_t ldq, const gpu_kv_cache *c, int64_t B,
                               int64_t n_heads, int64_t n_kv_heads, int64_t head_dim, int64_t max_seq,
                               const gpu_kv_rows *kv, cudaStream_t s, dj_err *e);

@@ -163,12 +163,14 @@ Test(gpu_forward, matches_cpu_bf16) { gpu_vs_cpu(DJ_BF16, 1e-2); }
 
 // Each KV type on both engines: the caches hold rows by the same rule (kvtype.h), so the engines differ by what the
 // f32 paths differ by, plus the rare row element whose k lands on the other side of a rounding step (f16: an ulp;
-// q8: a step of max|row| / 127) from the f32 paths' own differences (prefill on both attention kernels).
+// q8: a step of max|row| / 127) from the f32 paths' own differences (prefill on both attention kernels). Those
+// flips make a heavy tail over the prompts: at f16, 24 fresh seeds' worst 1e-5 to 9.1e-4, seed 1803808977399097
+// 1.13e-3 (bench/results/attn_rows/session68), so 3e-3; a wrong attention is off by far more.
 Test(gpu_forward, matches_cpu_at_each_kv_type) {
     tc_rng_fresh("gpu_forward.matches_cpu_at_each_kv_type");
     dj_model m;
     load_stories(&m, DJ_F32);
-    static const double tol[DJ_KV_TYPES] = {1e-4, 1e-3, 1e-2};
+    static const double tol[DJ_KV_TYPES] = {1e-4, 3e-3, 1e-2};
     for (int kv = DJ_KV_F16; kv < DJ_KV_TYPES; kv++)
         for (int fma = 0; fma < 2; fma++) gpu_vs_cpu_kv(&m, fma, tol[kv], kv);
     model_free(&m);

@@ -454,8 +454,9 @@ static int head_logits(dj_gpu_state *s, int64_t T, int64_t r0, int64_t rows, con
 }
 
 // The embedding rows of the pass's tokens and its positions (h_pos, and a decode step's h_kv_slot with the first
-// keys it writes after its T slots: step_fresh; filled by the caller), uploaded on the compute stream. The rows are gathered on the host as stored (a copy per row) and land
-// in d_x for f32, else in d_delta (free at the start of a pass), which gpu_body widens into d_x.
+// keys it writes after its T slots: step_fresh; filled by the caller), uploaded on the compute stream. The rows are
+// gathered on the host as stored (a copy per row) and land in d_x for f32, else in d_delta (free at the start of a
+// pass), which gpu_body widens into d_x.
 static int upload_tokens(dj_gpu_state *s, const pass_desc *pd, dj_err *e) {
     const dj_config *c = &s->m->info.config;
     gpu_bufs *b = &s->b;

@@ -260,7 +260,7 @@ struct dj_gpu_state {
     int32_t n_slots;               // KV slots, slot_elems elements apart in b.kv
     int64_t slot_elems;
     // host scratch of gpu_step_rows: a step pass's runs, tokens in the pass's order, the wanted rows; whether a run
-    // of each KV slot has begun
+    // of each KV slot has begun; each slot's first position in the pass (step_fresh)
     step_run *runs;                // (max_batch)
     int32_t *step_tok, *slot_began, *slot_first;  // (max_batch), (n_slots), (n_slots)
     uint8_t *step_wanted;          // (max_batch)

@@ -1,12 +1,15 @@
 #!/usr/bin/env python3
 """soak.py: `djinn serve` under a bounded mix of clients, well-behaved and not, on loopback (make soak; CI runs it
 against the sanitized build). Well-behaved clients ask for greedy completions, streamed and not, and must get the
-command line's text, each within BOUND_S; beside them clients pipeline hundreds of requests, trickle a head byte by
-byte, stop reading, leave mid-stream, reset, send half a body and go, and knock without the key. After a warm-up
+command line's text, each within BOUND_S; one holds two-turn conversations in sessions (named by `session` or by
+`user`, parked between the turns or not, deleted after or left to the LRU), its second turn the command line's text
+for the whole conversation; beside them clients pipeline hundreds of requests, trickle a head byte by byte, stop
+reading, leave mid-stream, reset, send half a body and go, knock without the key, and open sessions by the dozen. After a warm-up
 round and after the measured rounds, with every client gone, the server's memory (VmRSS) is read: the second may
 exceed the first by at most GROWTH_MB. The server then stops on SIGTERM with exit 0 (under ASan: no leak).
 
 usage: soak.py DJINN CONVERT MODEL_DIR WORKDIR [SECONDS]"""
+import json
 import os
 import random
 import re
@@ -21,6 +24,11 @@ BOUND_S = 20.0      # a well-behaved request is answered within this (a sanitize
 GROWTH_MB = 48.0    # the memory the measured rounds may add to the warm-up's (allocator caches, ASan's quarantine)
 KEY = "soak-key"
 PROMPTS = ["Once upon a time", "The little dog", "Tom and Lily went to", "One day, a cat", "The sun was"]
+THEN = " The end. Then"  # a session's second turn: the first turn's prompt and answer, then this
+SESSIONS = 64        # the server's --sessions: what the session spammers fill, the LRU making room
+# The KV cache small (-c 128, --kv-gb 0.01: about 125 slots): a new session takes the least recently used free slot,
+# keeping the others' cached prefixes, so the sessions' churn writes every slot in turn and VmRSS grows to the whole
+# cache (a quarter of host memory by default on the CPU) without any leak; a small cache bounds that under GROWTH_MB.
 
 
 def fail(msg):
@@ -54,23 +62,39 @@ def completion_req(prompt, n, stream, key=KEY, close=True):
     return head.encode() + body
 
 
+def request(method, path, fields=None, key=KEY):
+    """A request with a JSON body of `fields` (escaped as JSON: prompts hold quotes and newlines), closing."""
+    body = json.dumps(fields).encode() if fields is not None else b""
+    head = "%s %s HTTP/1.1\r\nHost: s\r\nAuthorization: Bearer %s\r\nConnection: close\r\nContent-Length: %d\r\n\r\n" % (
+        method, path, key, len(body))
+    return head.encode() + body
+
+
 def text_of(raw, stream):
     if not raw.startswith(b"HTTP/1.1 200"):
         return None
     body = raw.split(b"\r\n\r\n", 1)[1].decode("utf-8", "replace")
     if not stream:
-        m = re.search(r'"text":"((?:[^"\\]|\\.)*)"', body)
-        return m and bytes(m.group(1), "utf-8").decode("unicode_escape")
+        try:
+            return json.loads(body)["choices"][0]["text"]
+        except (ValueError, KeyError, IndexError):
+            return None
     if not body.rstrip().endswith("data: [DONE]"):
         return None
-    return "".join(bytes(t, "utf-8").decode("unicode_escape")
-                   for t in re.findall(r'"text":"((?:[^"\\]|\\.)*)"', body))
+    out = ""
+    for line in body.split("\n"):
+        if line.startswith("data: {"):
+            try:
+                out += json.loads(line[6:])["choices"][0]["text"]
+            except (ValueError, KeyError, IndexError):
+                return None
+    return out
 
 
 class Soak:
-    def __init__(self, port, want):
-        self.port, self.want = port, want
-        self.errors, self.good, self.worst = [], 0, 0.0
+    def __init__(self, port, want, want2):
+        self.port, self.want, self.want2 = port, want, want2
+        self.errors, self.good, self.worst, self.conversations = [], 0, 0.0, 0
         self.lock = threading.Lock()
 
     def err(self, msg):
@@ -99,6 +123,51 @@ class Soak:
             with self.lock:
                 self.good += 1
                 self.worst = max(self.worst, dt)
+
+    def ask(self, fields, stream):
+        """One request of the well-behaved: its text (None if it failed) and its time."""
+        t0 = time.time()
+        try:
+            s = connect(self.port)
+            s.sendall(request("POST", "/v1/completions", dict(fields, temperature=0, stream=stream)))
+            raw = read_all(s)
+            s.close()
+        except OSError as e:
+            self.err("a well-behaved request failed: %s" % e)
+            return None, 0.0
+        return text_of(raw, stream) if raw.startswith(b"HTTP/1.1 200") else ("<%r>" % raw[:200]), time.time() - t0
+
+    # ---- conversations: the second turn's text is the whole conversation's, whatever the cache did
+    def session_client(self, rng, tid, until):
+        n = 0
+        while time.time() < until:
+            p, n = rng.choice(PROMPTS), n + 1
+            name, by = "conv-%d-%d" % (tid, n), rng.choice(["session", "user"])
+            turns = [(p, self.want[p], rng.random() < 0.3), (p + self.want[p] + THEN, self.want2[p], False)]
+            for prompt, want, park in turns:
+                fields = {"prompt": prompt, "max_tokens": 30, by: name}
+                if park:
+                    fields["park"] = True
+                got, dt = self.ask(fields, rng.random() < 0.5)
+                if got != want:
+                    self.err("conversation %s (%s, park %s): %r, want %r" % (name, by, park, got, want))
+                elif dt > BOUND_S:
+                    self.err("conversation %s answered after %.1f s" % (name, dt))
+                with self.lock:
+                    self.good += 1
+                    self.worst = max(self.worst, dt)
+            with self.lock:
+                self.conversations += 1
+            if rng.random() < 0.5:  # else left to the LRU
+                try:
+                    s = connect(self.port)
+                    s.sendall(request("DELETE", "/v1/sessions/" + name))
+                    raw = read_all(s)
+                    s.close()
+                    if not raw.startswith(b"HTTP/1.1 200") and not raw.startswith(b"HTTP/1.1 404"):
+                        self.err("deleting %s: %r" % (name, raw[:200]))  # (404: the LRU took it first)
+                except OSError as e:
+                    self.err("deleting %s failed: %s" % (name, e))
 
     # ---- the others: each act checked only for not hurting the well-behaved
     def pipeliner(self, rng):
@@ -151,9 +220,22 @@ class Soak:
         if not raw.startswith(b"HTTP/1.1 401"):
             self.err("a client without the key got %r" % raw[:60])
 
+    def session_spammer(self, rng):
+        """A dozen sessions of fresh names, some parked, one token each: more than --sessions over a round."""
+        for _ in range(12):
+            fields = {"prompt": rng.choice(PROMPTS), "max_tokens": 1,
+                      rng.choice(["session", "user"]): "spam-%016x" % rng.getrandbits(64)}
+            if rng.random() < 0.5:
+                fields["park"] = True
+            s = connect(self.port)
+            s.sendall(request("POST", "/v1/completions", fields))
+            read_all(s)
+            s.close()
+
     def hostile(self, seed, until):
         rng = random.Random(seed)
-        acts = [self.pipeliner, self.trickler, self.deaf, self.leaver, self.half_body, self.keyless]
+        acts = [self.pipeliner, self.trickler, self.deaf, self.leaver, self.half_body, self.keyless,
+                self.session_spammer]
         while time.time() < until:
             try:
                 rng.choice(acts)(rng)
@@ -163,6 +245,7 @@ class Soak:
     def round(self, seconds, seed):
         until = time.time() + seconds
         threads = [threading.Thread(target=self.good_client, args=(random.Random(seed + i), until)) for i in range(3)]
+        threads += [threading.Thread(target=self.session_client, args=(random.Random(seed + 50), seed, until))]
         threads += [threading.Thread(target=self.hostile, args=(seed + 100 + i, until)) for i in range(5)]
         for t in threads:
             t.start()
@@ -202,16 +285,21 @@ def main():
     os.makedirs(work, exist_ok=True)
     model = os.path.join(work, "soak.bin")
     subprocess.run([convert, model_dir, model, "--dtype", "f32", "-q"], check=True)
-    want = {}
+    want, want2 = {}, {}
     for p in PROMPTS:
         out = subprocess.run([djinn, model, "-p", p, "-n", "30", "-t", "0", "--cpu"], check=True,
                              capture_output=True).stdout.decode()
         want[p] = out[len(p):].rstrip("\n")
+        whole = p + want[p] + THEN
+        out = subprocess.run([djinn, model, "-p", whole, "-n", "30", "-t", "0", "--cpu"], check=True,
+                             capture_output=True).stdout.decode()
+        want2[p] = out[len(whole):].rstrip("\n")
     err_path = os.path.join(work, "serve.err")
     env = dict(os.environ, ASAN_OPTIONS="detect_leaks=1:quarantine_size_mb=16")
     with open(err_path, "w") as err:  # every client is 127.0.0.1: one address, as behind a proxy (--client-share 1)
         proc = subprocess.Popen([djinn, "serve", model, "--cpu", "--port", "0", "--threads", "2", "--timeout", "2",
-                                 "--max-conns", "48", "--client-share", "1", "--api-key", KEY, "-q"], stderr=err,
+                                 "--max-conns", "48", "--client-share", "1", "--api-key", KEY, "--sessions",
+                                 str(SESSIONS), "-c", "128", "--kv-gb", "0.01", "-q"], stderr=err,
                                 env=env)
     port = None
     for _ in range(300):
@@ -235,12 +323,13 @@ def main():
         time.sleep(0.1)
     else:
         fail("the server did not finish loading")
-    soak = Soak(port, want)
+    soak = Soak(port, want, want2)
     try:
         soak.round(seconds / 3, 1)
         rss0 = settle(port, proc)
         soak.round(seconds * 2 / 3, 2)
         rss1 = settle(port, proc)
+        parks, restores = metric(port, "parks_total"), metric(port, "restores_total")
     finally:
         proc.send_signal(signal.SIGTERM)
         try:
@@ -251,12 +340,16 @@ def main():
     log = open(err_path).read()
     for e in soak.errors[:10]:
         print("soak: " + e, file=sys.stderr)
-    print("soak: %d well-behaved requests, the slowest %.2f s; VmRSS %.1f MB after the warm-up, %.1f MB after the "
-          "rounds; exit %s" % (soak.good, soak.worst, rss0, rss1, rc), file=sys.stderr)
+    print("soak: %d well-behaved requests (%d conversations), the slowest %.2f s; %s caches parked, %s restored; VmRSS "
+          "%.1f MB after the warm-up, %.1f MB after the rounds; exit %s"
+          % (soak.good, soak.conversations, soak.worst, parks, restores, rss0, rss1, rc), file=sys.stderr)
     if soak.errors:
         fail("%d well-behaved requests went wrong" % len(soak.errors))
     if soak.good < 10:
         fail("only %d well-behaved requests were answered" % soak.good)
+    if soak.conversations < 2 or not parks or not restores:
+        fail("the sessions went untested: %d conversations, %s parks, %s restores" % (soak.conversations, parks,
+                                                                                       restores))
     if rss1 - rss0 > GROWTH_MB:
         fail("memory grew by %.1f MB over the rounds" % (rss1 - rss0))
     if rc != 0 or "Sanitizer" in log:

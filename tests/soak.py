@@ -27,8 +27,8 @@ PROMPTS = ["Once upon a time", "The little dog", "Tom and Lily went to", "One da
 THEN = " The end. Then"  # a session's second turn: the first turn's prompt and answer, then this
 SESSIONS = 64        # the server's --sessions: what the session spammers fill, the LRU making room
 # The KV cache small (-c 128, --kv-gb 0.01: about 125 slots): a new session takes the least recently used free slot,
-# keeping the others' cached prefixes, so the sessions' churn writes every slot in turn and VmRSS grows to the whole
-# cache (a quarter of host memory by default on the CPU) without any leak; a small cache bounds that under GROWTH_MB.
+# one never used first (batch.c's take_slot), so the sessions' churn writes every slot in turn and VmRSS grows to the
+# whole cache (a quarter of host memory by default on the CPU) without any leak; a small cache bounds that.
 
 
 def fail(msg):

@@ -54,20 +54,25 @@ def read_all(s):
     return out
 
 
-def completion_req(prompt, n, stream, key=KEY, close=True):
-    body = ('{"prompt": "%s", "max_tokens": %d, "temperature": 0, "stream": %s}'
-            % (prompt, n, "true" if stream else "false")).encode()
-    head = "POST /v1/completions HTTP/1.1\r\nHost: s\r\nAuthorization: Bearer %s\r\n%sContent-Length: %d\r\n\r\n" % (
-        key, "Connection: close\r\n" if close else "", len(body))
-    return head.encode() + body
-
-
 def request(method, path, fields=None, key=KEY):
     """A request with a JSON body of `fields` (escaped as JSON: prompts hold quotes and newlines), closing."""
     body = json.dumps(fields).encode() if fields is not None else b""
     head = "%s %s HTTP/1.1\r\nHost: s\r\nAuthorization: Bearer %s\r\nConnection: close\r\nContent-Length: %d\r\n\r\n" % (
         method, path, key, len(body))
     return head.encode() + body
+
+
+def completion_req(prompt, n, stream):
+    return request("POST", "/v1/completions", {"prompt": prompt, "max_tokens": n, "temperature": 0, "stream": stream})
+
+
+def exchange(port, req):
+    """req sent on a connection of its own; the whole answer (OSError where the connection fails)."""
+    s = connect(port)
+    s.sendall(req)
+    raw = read_all(s)
+    s.close()
+    return raw
 
 
 def text_of(raw, stream):
@@ -102,40 +107,29 @@ class Soak:
             self.errors.append(msg)
 
     # ---- the well-behaved: each answer right, and in time
-    def good_client(self, rng, until):
-        while time.time() < until:
-            p, stream = rng.choice(PROMPTS), rng.random() < 0.5
-            t0 = time.time()
-            try:
-                s = connect(self.port)
-                s.sendall(completion_req(p, 30, stream))
-                raw = read_all(s)
-                s.close()
-            except OSError as e:
-                self.err("a well-behaved request failed: %s" % e)
-                continue
-            dt = time.time() - t0
-            got = text_of(raw, stream)
-            if got != self.want[p]:
-                self.err("%r (stream %s): %r, want %r: %r" % (p, stream, got, self.want[p], raw[:300]))
-            elif dt > BOUND_S:
-                self.err("%r answered after %.1f s" % (p, dt))
-            with self.lock:
-                self.good += 1
-                self.worst = max(self.worst, dt)
-
-    def ask(self, fields, stream):
-        """One request of the well-behaved: its text (None if it failed) and its time."""
+    def ask(self, what, fields, stream, want):
+        """A greedy completion of `fields`, which must answer `want` within BOUND_S; whether it came."""
         t0 = time.time()
         try:
-            s = connect(self.port)
-            s.sendall(request("POST", "/v1/completions", dict(fields, temperature=0, stream=stream)))
-            raw = read_all(s)
-            s.close()
+            raw = exchange(self.port, request("POST", "/v1/completions", dict(fields, temperature=0, stream=stream)))
         except OSError as e:
             self.err("a well-behaved request failed: %s" % e)
-            return None, 0.0
-        return text_of(raw, stream) if raw.startswith(b"HTTP/1.1 200") else ("<%r>" % raw[:200]), time.time() - t0
+            return False
+        dt = time.time() - t0
+        got = text_of(raw, stream)
+        if got != want:
+            self.err("%s (stream %s): %r, want %r: %r" % (what, stream, got, want, raw[:300]))
+        elif dt > BOUND_S:
+            self.err("%s answered after %.1f s" % (what, dt))
+        with self.lock:
+            self.good += 1
+            self.worst = max(self.worst, dt)
+        return True
+
+    def good_client(self, rng, until):
+        while time.time() < until:
+            p = rng.choice(PROMPTS)
+            self.ask(repr(p), {"prompt": p, "max_tokens": 30}, rng.random() < 0.5, self.want[p])
 
     # ---- conversations: the second turn's text is the whole conversation's, whatever the cache did
     def session_client(self, rng, tid, until):
@@ -148,22 +142,13 @@ class Soak:
                 fields = {"prompt": prompt, "max_tokens": 30, by: name}
                 if park:
                     fields["park"] = True
-                got, dt = self.ask(fields, rng.random() < 0.5)
-                if got != want:
-                    self.err("conversation %s (%s, park %s): %r, want %r" % (name, by, park, got, want))
-                elif dt > BOUND_S:
-                    self.err("conversation %s answered after %.1f s" % (name, dt))
-                with self.lock:
-                    self.good += 1
-                    self.worst = max(self.worst, dt)
+                if not self.ask("conversation %s (%s, park %s)" % (name, by, park), fields, rng.random() < 0.5, want):
+                    break
             with self.lock:
                 self.conversations += 1
             if rng.random() < 0.5:  # else left to the LRU
                 try:
-                    s = connect(self.port)
-                    s.sendall(request("DELETE", "/v1/sessions/" + name))
-                    raw = read_all(s)
-                    s.close()
+                    raw = exchange(self.port, request("DELETE", "/v1/sessions/" + name))
                     if not raw.startswith(b"HTTP/1.1 200") and not raw.startswith(b"HTTP/1.1 404"):
                         self.err("deleting %s: %r" % (name, raw[:200]))  # (404: the LRU took it first)
                 except OSError as e:
@@ -227,10 +212,7 @@ class Soak:
                       rng.choice(["session", "user"]): "spam-%016x" % rng.getrandbits(64)}
             if rng.random() < 0.5:
                 fields["park"] = True
-            s = connect(self.port)
-            s.sendall(request("POST", "/v1/completions", fields))
-            read_all(s)
-            s.close()
+            exchange(self.port, request("POST", "/v1/completions", fields))
 
     def hostile(self, seed, until):
         rng = random.Random(seed)

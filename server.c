@@ -774,11 +774,7 @@ static int accept_all(srv *s) {
                      full ? "the server holds as much of its clients' data as it may"
                      : taken ? "too many connections"
                            : "too many connections from this address (--client-share)");
-            dj_buf b = {0};
-            api_error_json(&b, 503, NULL, NULL, msg);
-            send_json(c, 503, &b);
-            buf_free(&b);
-            s->errors++;
+            send_error_code(s, c, 503, NULL, NULL, msg);
         }
     }
 }

@@ -565,7 +565,7 @@ __global__ __launch_bounds__(DEC_THREADS) void attn_decode_split_kernel(float *p
     const int split = blockIdx.x, kvh = blockIdx.y, row = blockIdx.z / n_gz, g0 = (blockIdx.z - row * n_gz) * DEC_G;
     const int ng = min(DEC_G, group - g0), hd = head_dim;
     // before pdl_wait (dec_older): the row's keys, the split's, and the first chunk's older keys in flight
-    const int n = min(kv.pos[row], max_seq - 1) + 1;  // keys 0..pos
+    const int n = dec_keys(kv, row, max_seq);
     const int64_t slot_off = kv.slot ? (int64_t)kv.slot[row] * kv.slot_stride : 0;  // elements
     q += row * ldq;
     part_o += (int64_t)row * n_heads * n_splits * head_dim, part_ml += (int64_t)row * n_heads * n_splits * 2;
@@ -1067,15 +1067,14 @@ static int attn_decode_launch(dj_gpu *g, const char *fn, float *out, const float
                               dj_err *e) {
     if (attn_check(fn, n_heads, n_kv_heads, head_dim, max_seq, e)) return -1;
     if (B < 1) return dj_fail(e, "%s: bad rows B=%lld ldq=%lld", fn, (long long)B, (long long)ldq);
-    const int64_t group = n_heads / n_kv_heads;
+    const dec_plan p = dec_plan_of(B, n_heads, n_kv_heads, max_seq);  // (it divides by the rows)
+    const int64_t group = p.group, n_gz = p.n_gz, ns = p.ns;
+    const int n_short = p.n_short;
     const bool tc = (c->type == DJ_KV_F16 || c->type == DJ_KV_Q8) && g->tc_attn && group <= DEC_G &&
                     !((uintptr_t)c->k & 15) && !((uintptr_t)c->v & 15) && (head_dim == 64 || head_dim == 128);
     // the tensor-core kernel takes rows of one slot rg a block, each over the splits of the plan of B rows (that of
     // the blocks, more splits of fewer keys, was slower from 9 rows on: bench/results/attn_rows/session68)
     const int64_t rg = tc && (!kv.slot || kv.one_slot) ? dec_rows_a_block(group) : 1, blocks = (B + rg - 1) / rg;
-    const dec_plan p = dec_plan_of(B, n_heads, n_kv_heads, max_seq);  // (it divides by the rows)
-    const int64_t n_gz = p.n_gz, ns = p.ns;
-    const int n_short = p.n_short;
     if (B * n_gz > 65535 || (B > 1 && ldq < n_heads * head_dim))
         return dj_fail(e, "%s: bad rows B=%lld ldq=%lld", fn, (long long)B, (long long)ldq);
     if (scratch_need(g, gpu_attention_scratch(B, n_heads, n_kv_heads, head_dim, max_seq), s, e)) return -1;

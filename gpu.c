@@ -687,7 +687,7 @@ static int forward(dj_gpu_state *s, int32_t slot, const int32_t *tokens, int64_t
                         .logit_first = all && !pick ? 0 : n - 1, .logit_end = n, .pick = pick};
         for (int64_t t = 0; t < n; t++) s->b.h_pos[t] = (int32_t)(pos + t0 + t);
         s->b.h_kv_slot[0] = slot;
-        step_fresh(s, 1);
+        if (pd.step) step_fresh(s, 1);
         if (gpu_pass(s, &pd, e)) return -1;
     }
     return 0;

@@ -1129,8 +1129,7 @@ Test(server, user_requests_run_side_by_side) {
         ts_await_metric(&s, "requests_queued", 0);
     }
     // the session a user names keeps its cache for the user's next turn (the first request above kept it)
-    char more[200];
-    snprintf(more, sizeof more, "\"temperature\":0,\"user\":\"fay\"");
+    const char *more = "\"temperature\":0,\"user\":\"fay\"";
     char *body = ts_completion_body("Once upon a time", 20, more);
     ts_resp r = ts_post(s.port, "/v1/completions", body);
     char *first = ts_text(&r, 0, 0, NULL, 0);

@@ -470,40 +470,58 @@ extern "C" int gpu_attention_prefill(dj_gpu *g, float *out, int64_t ldo, const f
 #ifndef DEC_DEEP_DIV
 #define DEC_DEEP_DIV 2
 #endif
-// Blocks a launch of many rows needs before a short context's splits shrink (dec_short_splits). Measured on an H200
-// (bench/results/attn_rows, the 8B's heads, f16 cache of 512 positions a slot, 64 rows at 96 / 256 / 480 keys):
-// every context in splits of 16-64 keys 53.7 / 72.0 / 76.4 us; from 512 blocks 26.3 / 44.9 / 76.7 with one chunk a
-// split, 24.2 / 34.0 / 50.9 with the chunks gathered (the choice); from 1024 blocks no better than 512.
+// Blocks a launch of many rows (each in its own blocks) aims at before a short context's splits shrink
+// (dec_aim_of), and the most keys a split of such a launch takes while it has fewer than DEC_BLOCKS blocks. Measured
+// on an H200 (bench/results/attn_rows, the 8B's heads, f16 cache; 64 rows at 96 / 256 / 480 keys): every context in
+// splits of 16-64 keys 53.7 / 72.0 / 76.4 us; from 512 blocks 26.3 / 44.9 / 76.7 with one chunk a split, 24.2 /
+// 34.0 / 50.9 with the chunks gathered. Session 69 (4-32 rows of their own slots at 96-1000 keys, aims of 128 / 192
+// / 256 / 512 blocks): from 192, 9 rows at 96 / 256 / 480 keys 14.1 / 19.0 / 20.3 -> 9.2 / 11.0 / 13.4 us, 16 rows
+// at 256 18.4 -> 15.9 (fewer, longer splits: about half a wave of blocks); but one split of 1000 keys for each of
+// 32 rows took 63.1 where two took 57.2, and 16 rows' 1000 keys in 4 splits 34.0, in 2 35.2: longer contexts want
+// splits of at most DEC_ROW_SPAN keys up to DEC_BLOCKS blocks.
 #ifndef DEC_ROW_BLOCKS
-#define DEC_ROW_BLOCKS 512
+#define DEC_ROW_BLOCKS 192
+#endif
+#ifndef DEC_ROW_SPAN
+#define DEC_ROW_SPAN 256
 #endif
 #define DEC_MAX_SPLITS 1024 // the most splits a row's kv head is given (dec_grid_splits: at most DEC_BLOCKS)
 
-// Keys a split takes at a context of n keys, with the grid's n_splits splits a kv head and n_short the splits a short
-// context aims at (dec_short_splits). A short context (up to DEC_SPLITS chunks): the smallest of 16 and 32 that
-// needs at most n_short splits; else whole chunks, one a split where the GPU has room for DEC_SPLITS of them
-// (n_short = DEC_SPLITS), and as few a split as n_short splits take where the rows fill it. Measured on an H200 (one
-// row: bench/results/gemv_rows, q4 Llama-3-8B, decode ms/token: 16 keys a split at every context took a short one's
-// step from 2.21 to 1.98 ms but a 2000-token one's from 2.60 to 2.97; many rows: bench/results/attn_rows). A deep
+// The splits a short context's kv head aims at in a launch (dec_aim_of): n_short, and up to n_fill where a split
+// would pass DEC_ROW_SPAN keys.
+typedef struct {
+    int n_short, n_fill;
+} dec_aim;
+
+// Keys a split takes at a context of n keys, with the grid's n_splits splits a kv head. A short context (up to
+// DEC_SPLITS chunks): the smallest of 16 and 32 that needs at most a.n_short splits; else whole chunks, one a split
+// where the GPU has room for DEC_SPLITS of them (n_short = DEC_SPLITS), and where the rows fill it as few a split as
+// n_short splits take, or as DEC_ROW_SPAN keys a split take up to n_fill splits. Measured on an H200 (one row:
+// bench/results/gemv_rows, q4 Llama-3-8B, decode ms/token: 16 keys a split at every context took a short one's step
+// from 2.21 to 1.98 ms but a 2000-token one's from 2.60 to 2.97; many rows: bench/results/attn_rows). A deep
 // context: whole chunks, as few a split as spread it over every DEC_DEEP_DIV-th split of the grid (each split loops
 // over its chunks).
-static __host__ __device__ __forceinline__ int dec_span(int n, int n_splits, int n_short) {
+static __host__ __device__ __forceinline__ int dec_span(int n, int n_splits, dec_aim a) {
     if (n <= DEC_SPLITS * DEC_CHUNK) {
         for (int c = 16; c < DEC_CHUNK; c *= 2)
-            if ((n + c - 1) / c <= (n_short < n_splits ? n_short : n_splits)) return c;
-        if (n_short < DEC_SPLITS) return DEC_CHUNK * ((n + DEC_CHUNK * n_short - 1) / (DEC_CHUNK * n_short));
+            if ((n + c - 1) / c <= (a.n_short < n_splits ? a.n_short : n_splits)) return c;
+        if (a.n_short < DEC_SPLITS) {
+            const int by_span = (n + DEC_ROW_SPAN - 1) / DEC_ROW_SPAN, ns = by_span < a.n_fill ? by_span : a.n_fill;
+            const int splits = ns > a.n_short ? ns : a.n_short;
+            return DEC_CHUNK * ((n + DEC_CHUNK * splits - 1) / (DEC_CHUNK * splits));
+        }
         if ((n + DEC_CHUNK - 1) / DEC_CHUNK <= n_splits) return DEC_CHUNK;
     }
     const int deep = n_splits / DEC_DEEP_DIV > 0 ? n_splits / DEC_DEEP_DIV : 1;
     return DEC_CHUNK * ((n + DEC_CHUNK * deep - 1) / (DEC_CHUNK * deep));
 }
 
-// The splits a short context's kv head aims at (dec_span's n_short) in a launch with `pairs` blocks a split (rows x
-// kv heads x groups of query heads): DEC_SPLITS, fewer where the pairs alone come near DEC_ROW_BLOCKS blocks (1 from
-// 512 pairs on: 64 rows of the 8B's 8 kv heads).
-static int dec_short_splits(int64_t pairs) {
-    const int64_t want = (DEC_ROW_BLOCKS + pairs - 1) / pairs;
-    return want < DEC_SPLITS ? (int)want : DEC_SPLITS;
+// A launch's aim (dec_span) with `pairs` blocks a split (rows, or blocks of rows, x kv heads x groups of query
+// heads): DEC_SPLITS, fewer where the pairs alone come near `blocks` (DEC_ROW_BLOCKS for rows each in blocks of its
+// own: 1 from 192 pairs on, 24 rows of the 8B's 8 kv heads); n_fill the same of DEC_BLOCKS.
+static dec_aim dec_aim_of(int64_t pairs, int64_t blocks) {
+    const int64_t want = (blocks + pairs - 1) / pairs, fill = (DEC_BLOCKS + pairs - 1) / pairs;
+    return dec_aim{want < DEC_SPLITS ? (int)want : DEC_SPLITS, fill < DEC_SPLITS ? (int)fill : DEC_SPLITS};
 }
 
 // The keys of row `row` that a decode launch copies before pdl_wait: those below the first key the pass writes in
@@ -553,7 +571,7 @@ template <int KT>
 __global__ __launch_bounds__(DEC_THREADS) void attn_decode_split_kernel(float *part_o, float *part_ml, const float *q,
                                                                        int64_t ldq, gpu_kv_cache c, int n_heads,
                                                                        int group, int n_gz, int head_dim, int max_seq,
-                                                                       int n_splits, int n_short, int stages,
+                                                                       int n_splits, dec_aim aim, int stages,
                                                                        float scale, gpu_kv_rows kv) {
     typedef typename kv_elem<KT>::T E;
     __shared__ float sc[DEC_G * DEC_CHUNK];      // scores, then probabilities (g, key)
@@ -569,7 +587,7 @@ __global__ __launch_bounds__(DEC_THREADS) void attn_decode_split_kernel(float *p
     const int64_t slot_off = kv.slot ? (int64_t)kv.slot[row] * kv.slot_stride : 0;  // elements
     q += row * ldq;
     part_o += (int64_t)row * n_heads * n_splits * head_dim, part_ml += (int64_t)row * n_heads * n_splits * 2;
-    const int span = dec_span(n, n_splits, n_short), k_begin = split * span;
+    const int span = dec_span(n, n_splits, aim), k_begin = split * span;
     if (k_begin >= n) return;  // whole block: this split is beyond the context (its slot free for the others)
     const int k_end = min(n, k_begin + span);
     const int h0 = kvh * group + g0;  // first query head of this block
@@ -763,7 +781,7 @@ template <int HD, int KT>
 __global__ __launch_bounds__(32 * TD_WARPS) void attn_decode_tc_kernel(float *part_o, float *part_ml, const float *q,
                                                                       int64_t ldq, gpu_kv_cache c, int n_heads,
                                                                       int group, int max_seq, int n_splits,
-                                                                      int n_short, int rg, int B, float scale,
+                                                                      dec_aim aim, int rg, int B, float scale,
                                                                       gpu_kv_rows kv) {
     constexpr int LD = HD + 8, KS = HD / 16, ND = HD / 8;
     constexpr int PIECES = KT == DJ_KV_F16 ? HD / 8 : HD / 16;  // 16-byte pieces a stored row
@@ -784,7 +802,7 @@ __global__ __launch_bounds__(32 * TD_WARPS) void attn_decode_tc_kernel(float *pa
     const int ra = g / group, ha = g - ra * group, rb = (g + 8) / group, hb = g + 8 - rb * group;
     const int na = __shfl_sync(0xFFFFFFFFu, mine, ra & 31), nb = __shfl_sync(0xFFFFFFFFu, mine, rb & 31);
     const int64_t slot_off = kv.slot ? (int64_t)kv.slot[r0] * kv.slot_stride : 0;
-    const int span = dec_span(n, n_splits, n_short), k_begin = split * span;
+    const int span = dec_span(n, n_splits, aim), k_begin = split * span;
     if (k_begin >= n) return;
     const int k_end = min(n, k_begin + span), ea = min(k_end, na), eb = min(k_end, nb);  // each A row's end
     const int h0 = kvh * group;
@@ -978,7 +996,7 @@ __global__ __launch_bounds__(32 * TD_WARPS) void attn_decode_tc_kernel(float *pa
 // splits (threads over dims, reads coalesced). The split is the one the deepest row of the row's block of rg took.
 __global__ __launch_bounds__(DEC_THREADS) void attn_decode_combine_kernel(float *out, const float *part_o,
                                                                          const float *part_ml, int head_dim,
-                                                                         int max_seq, int n_splits, int n_short,
+                                                                         int max_seq, int n_splits, dec_aim aim,
                                                                          int rg, gpu_kv_rows kv) {
     __shared__ float w[DEC_MAX_SPLITS];
     __shared__ float red[DEC_THREADS / 32];
@@ -991,7 +1009,7 @@ __global__ __launch_bounds__(DEC_THREADS) void attn_decode_combine_kernel(float 
     const int n = dec_keys(kv, row, max_seq);
     out += (int64_t)row * n_heads * head_dim;
     part_o += (int64_t)row * n_heads * n_splits * head_dim, part_ml += (int64_t)row * n_heads * n_splits * 2;
-    const int span = dec_span(deepest, n_splits, n_short), ns = (n + span - 1) / span;
+    const int span = dec_span(deepest, n_splits, aim), ns = (n + span - 1) / span;
     const float *mlh = part_ml + (int64_t)h * n_splits * 2;
     float m = -INFINITY;
     for (int s = tid; s < ns; s += DEC_THREADS) m = fmaxf(m, mlh[2 * s]);
@@ -1029,16 +1047,20 @@ static int64_t dec_grid_splits(int64_t B, int64_t n_kv_heads, int64_t n_gz, int6
     return ns < 1 ? 1 : ns;
 }
 // A decode launch's split plan, as attn_decode_launch makes it and gpu_attention_splits reports it: groups of query
-// heads a block (n_gz), the grid's splits a kv head (ns) and the splits a short context aims at (n_short).
+// heads a block (n_gz), the grid's splits a kv head (ns) and the splits a short context aims at (aim), for B rows
+// rg a block (rows of one slot on the tensor-core kernel, dec_rows_a_block; else 1).
 typedef struct {
     int64_t group, n_gz, ns;
-    int n_short;
+    dec_aim aim;
 } dec_plan;
-static dec_plan dec_plan_of(int64_t B, int64_t n_heads, int64_t n_kv_heads, int64_t max_seq) {
+static dec_plan dec_plan_of(int64_t B, int64_t n_heads, int64_t n_kv_heads, int64_t max_seq, int64_t rg) {
     dec_plan p;
     p.group = n_heads / n_kv_heads, p.n_gz = (p.group + DEC_G - 1) / DEC_G;
     p.ns = dec_grid_splits(B, n_kv_heads, p.n_gz, max_seq);
-    p.n_short = dec_short_splits(B * n_kv_heads * p.n_gz);
+    // rows rg a block make rg times fewer blocks: they aim as B rows did at DEC_BLOCKS (the aim of the blocks, more
+    // splits of fewer keys, was slower from 9 rows on, session 68; that of DEC_ROW_BLOCKS too, session 69: 2 / 9 rows
+    // at 1000 keys 9.9 / 15.8 -> 11.3 / 17.2 us, bench/results/attn_rows)
+    p.aim = dec_aim_of(B * n_kv_heads * p.n_gz, rg > 1 ? DEC_BLOCKS : DEC_ROW_BLOCKS);
     return p;
 }
 static size_t dec_smem(int hd, int kv_type) {  // a stage: a chunk's K and V as stored
@@ -1067,14 +1089,13 @@ static int attn_decode_launch(dj_gpu *g, const char *fn, float *out, const float
                               dj_err *e) {
     if (attn_check(fn, n_heads, n_kv_heads, head_dim, max_seq, e)) return -1;
     if (B < 1) return dj_fail(e, "%s: bad rows B=%lld ldq=%lld", fn, (long long)B, (long long)ldq);
-    const dec_plan p = dec_plan_of(B, n_heads, n_kv_heads, max_seq);  // (it divides by the rows)
-    const int64_t group = p.group, n_gz = p.n_gz, ns = p.ns;
-    const int n_short = p.n_short;
-    const bool tc = (c->type == DJ_KV_F16 || c->type == DJ_KV_Q8) && g->tc_attn && group <= DEC_G &&
+    const bool tc = (c->type == DJ_KV_F16 || c->type == DJ_KV_Q8) && g->tc_attn && n_heads / n_kv_heads <= DEC_G &&
                     !((uintptr_t)c->k & 15) && !((uintptr_t)c->v & 15) && (head_dim == 64 || head_dim == 128);
-    // the tensor-core kernel takes rows of one slot rg a block, each over the splits of the plan of B rows (that of
-    // the blocks, more splits of fewer keys, was slower from 9 rows on: bench/results/attn_rows/session68)
-    const int64_t rg = tc && (!kv.slot || kv.one_slot) ? dec_rows_a_block(group) : 1, blocks = (B + rg - 1) / rg;
+    // the tensor-core kernel takes rows of one slot rg a block, each over the splits of the plan (dec_plan_of)
+    const int64_t rg = tc && (!kv.slot || kv.one_slot) ? dec_rows_a_block(n_heads / n_kv_heads) : 1;
+    const dec_plan p = dec_plan_of(B, n_heads, n_kv_heads, max_seq, rg);  // (it divides by the rows)
+    const int64_t group = p.group, n_gz = p.n_gz, ns = p.ns, blocks = (B + rg - 1) / rg;
+    const dec_aim aim = p.aim;
     if (B * n_gz > 65535 || (B > 1 && ldq < n_heads * head_dim))
         return dj_fail(e, "%s: bad rows B=%lld ldq=%lld", fn, (long long)B, (long long)ldq);
     if (scratch_need(g, gpu_attention_scratch(B, n_heads, n_kv_heads, head_dim, max_seq), s, e)) return -1;
@@ -1086,7 +1107,7 @@ static int attn_decode_launch(dj_gpu *g, const char *fn, float *out, const float
 #define TD_LAUNCH(HDV, KT)                                                                                         \
     if (head_dim == HDV && c->type == KT)                                                                          \
         CUDA_CHECK(pdl_launch(attn_decode_tc_kernel<HDV, KT>, tgrid, dim3(32 * TD_WARPS), td_smem<HDV, KT>(), s,   \
-                              part_o, part_ml, q, ldq, *c, (int)n_heads, (int)group, (int)max_seq, (int)ns, n_short, \
+                              part_o, part_ml, q, ldq, *c, (int)n_heads, (int)group, (int)max_seq, (int)ns, aim, \
                               (int)rg, (int)B, scale, kv));
 #define TD_TYPES(HDV) TD_LAUNCH(HDV, DJ_KV_F16) TD_LAUNCH(HDV, DJ_KV_Q8)
         TD_HDS(TD_TYPES)
@@ -1098,24 +1119,24 @@ static int attn_decode_launch(dj_gpu *g, const char *fn, float *out, const float
 #define DEC_LAUNCH(KT)                                                                                             \
     CUDA_CHECK(pdl_launch(attn_decode_split_kernel<KT>, grid, dim3(DEC_THREADS),                                  \
                           stages * dec_smem((int)head_dim, KT), s, part_o, part_ml, q, ldq, *c, (int)n_heads,     \
-                          (int)group, (int)n_gz, (int)head_dim, (int)max_seq, (int)ns, n_short, stages, scale,   \
+                          (int)group, (int)n_gz, (int)head_dim, (int)max_seq, (int)ns, aim, stages, scale,   \
                           kv))
     KV_SWITCH(c->type, DEC_LAUNCH)
 #undef DEC_LAUNCH
     LAUNCH_CHECK("attn_decode_split", s);
     }
     CUDA_CHECK(pdl_launch(attn_decode_combine_kernel, dim3((unsigned)n_heads, (unsigned)B), dim3(DEC_THREADS), 0, s,
-                          out, part_o, part_ml, (int)head_dim, (int)max_seq, (int)ns, n_short, (int)rg, kv));
+                          out, part_o, part_ml, (int)head_dim, (int)max_seq, (int)ns, aim, (int)rg, kv));
     LAUNCH_CHECK("attn_decode_combine", s);
     return 0;
 }
 
 extern "C" int gpu_attention_splits(int64_t B, int64_t n_heads, int64_t n_kv_heads, int64_t max_seq, int64_t pos,
                                     int64_t *n_splits, int64_t *span) {
-    const dec_plan p = dec_plan_of(B, n_heads, n_kv_heads, max_seq);
+    const dec_plan p = dec_plan_of(B, n_heads, n_kv_heads, max_seq, 1);
     const int64_t n = (pos < max_seq - 1 ? pos : max_seq - 1) + 1;  // as the kernels clamp it
     *n_splits = p.ns;
-    *span = dec_span((int)n, (int)p.ns, p.n_short);
+    *span = dec_span((int)n, (int)p.ns, p.aim);
     return (int)((n + *span - 1) / *span);
 }
 

@@ -340,8 +340,9 @@ int gpu_attention_decode(dj_gpu *g, float *out, const float *q, const gpu_kv_cac
                          dj_err *e);
 // The split a decode launch of B rows gives a row at position pos (the kernels work it out on the device from pos;
 // this is the same rule on the host, for tests): the grid's splits a kv head (*n_splits), the keys a split takes
-// (*span), and the splits that hold keys (returned). Rows of one slot that share a block all take the split of the
-// block's deepest row. PRECOND: attn_check's shapes.
+// (*span), and the splits that hold keys (returned), for rows each in blocks of their own. Rows of one slot that
+// share a block (the tensor-core kernel's) aim at more splits, and all take the split of the block's deepest row.
+// PRECOND: attn_check's shapes.
 int gpu_attention_splits(int64_t B, int64_t n_heads, int64_t n_kv_heads, int64_t max_seq, int64_t pos,
                          int64_t *n_splits, int64_t *span);
 // gpu_attention_decode for B rows of a batched step, each over its own slot's keys 0..kv->pos[b] (gpu_kv_rows; slot

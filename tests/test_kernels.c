@@ -1423,8 +1423,8 @@ Test(kernels, kv_fresh_keys) {
 // over rows, kv heads, groups, slot sizes and depths: every key in exactly one split of the grid (span (ns - 1) < n <=
 // span ns, ns <= the grid's splits), the grid within the combine's DEC_MAX_SPLITS (1024) and within the scratch
 // gpu_attention_scratch sizes, spans of 16 or 32 keys or whole chunks of 64; then the rule's choices where they were
-// measured: one row (and up to 4 of 8 kv heads) as before the rows' rule, 64 rows of 8 kv heads in one split a short
-// context, deep contexts over half the grid.
+// measured: one row as before the rows' rule, fewer, longer splits from two rows (of 8 kv heads), 64 rows of 8
+// kv heads in one split a short context, splits of 256 keys up to 512 blocks, deep contexts over half the grid.
 Test(kernels, attention_split_plan) {
     static const int64_t rows[] = {1, 2, 3, 4, 5, 8, 16, 33, 64, 100, 256, 1000};
     static const int64_t kvs[][2] = {{8, 32}, {8, 8}, {1, 1}, {2, 24}, {32, 32}, {4, 128}};  // (kv heads, heads)
@@ -1455,9 +1455,10 @@ Test(kernels, attention_split_plan) {
     // the choices: {B, kv heads, heads, max_seq, pos} -> {splits holding keys, span}
     static const int64_t want[][7] = {
         {1, 8, 32, 4096, 199, 13, 16},   {1, 8, 32, 4096, 299, 10, 32},  {1, 8, 32, 4096, 999, 16, 64},
-        {4, 8, 32, 4096, 199, 13, 16},   {1, 8, 32, 32768, 19999, 32, 640}, {64, 8, 32, 512, 95, 1, 128},
-        {64, 8, 32, 512, 479, 1, 512},   {16, 8, 32, 512, 95, 3, 32},    {16, 8, 32, 512, 479, 4, 128},
-        {64, 8, 32, 8192, 1999, 8, 256}, {5, 8, 32, 512, 511, 8, 64},
+        {2, 8, 32, 4096, 199, 7, 32},    {1, 8, 32, 32768, 19999, 32, 640}, {64, 8, 32, 512, 95, 1, 128},
+        {64, 8, 32, 512, 479, 1, 512},   {16, 8, 32, 512, 95, 2, 64},    {16, 8, 32, 512, 479, 2, 256},
+        {64, 8, 32, 8192, 1999, 8, 256}, {5, 8, 32, 512, 511, 4, 128},   {4, 8, 32, 4096, 199, 4, 64},
+        {32, 8, 32, 2048, 999, 2, 512},  {16, 8, 32, 2048, 999, 4, 256},
     };
     for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
         int64_t ns_grid, span;

@@ -470,21 +470,14 @@ extern "C" int gpu_attention_prefill(dj_gpu *g, float *out, int64_t ldo, const f
 #ifndef DEC_DEEP_DIV
 #define DEC_DEEP_DIV 2
 #endif
-// Blocks a launch of many rows (each in its own blocks) aims at before a short context's splits shrink
-// (dec_aim_of), and the most keys a split of such a launch takes while it has fewer than DEC_BLOCKS blocks. Measured
-// on an H200 (bench/results/attn_rows, the 8B's heads, f16 cache; 64 rows at 96 / 256 / 480 keys): every context in
-// splits of 16-64 keys 53.7 / 72.0 / 76.4 us; from 512 blocks 26.3 / 44.9 / 76.7 with one chunk a split, 24.2 /
-// 34.0 / 50.9 with the chunks gathered. Session 69 (4-32 rows of their own slots at 96-1000 keys, aims of 128 / 192
-// / 256 / 512 blocks): from 192, 9 rows at 96 / 256 / 480 keys 14.1 / 19.0 / 20.3 -> 9.2 / 11.0 / 13.4 us, 16 rows
-// at 256 18.4 -> 15.9 (fewer, longer splits: about half a wave of blocks); but one split of 1000 keys for each of
-// 32 rows took 63.1 where two took 57.2, and 16 rows' 1000 keys in 4 splits 34.0, in 2 35.2: longer contexts want
-// splits of at most DEC_ROW_SPAN keys up to DEC_BLOCKS blocks.
+// Blocks a launch of rows each in blocks of their own aims at before a short context's splits shrink (dec_aim_of):
+// about half a wave, fewer and longer splits, since at a short depth a split's fixed cost outweighs its keys; and
+// the most keys such a split takes while the launch has fewer than DEC_BLOCKS blocks, since one long split a row
+// leaves the GPU idle (bench/results/attn_rows, session 69).
 #ifndef DEC_ROW_BLOCKS
 #define DEC_ROW_BLOCKS 192
 #endif
-#ifndef DEC_ROW_SPAN
 #define DEC_ROW_SPAN 256
-#endif
 #define DEC_MAX_SPLITS 1024 // the most splits a row's kv head is given (dec_grid_splits: at most DEC_BLOCKS)
 
 // The splits a short context's kv head aims at in a launch (dec_aim_of): n_short, and up to n_fill where a split
@@ -1057,9 +1050,7 @@ static dec_plan dec_plan_of(int64_t B, int64_t n_heads, int64_t n_kv_heads, int6
     dec_plan p;
     p.group = n_heads / n_kv_heads, p.n_gz = (p.group + DEC_G - 1) / DEC_G;
     p.ns = dec_grid_splits(B, n_kv_heads, p.n_gz, max_seq);
-    // rows rg a block make rg times fewer blocks: they aim as B rows did at DEC_BLOCKS (the aim of the blocks, more
-    // splits of fewer keys, was slower from 9 rows on, session 68; that of DEC_ROW_BLOCKS too, session 69: 2 / 9 rows
-    // at 1000 keys 9.9 / 15.8 -> 11.3 / 17.2 us, bench/results/attn_rows)
+    // rows rg a block make rg times fewer blocks: they aim as B rows did (bench/results/attn_rows/session69)
     p.aim = dec_aim_of(B * n_kv_heads * p.n_gz, rg > 1 ? DEC_BLOCKS : DEC_ROW_BLOCKS);
     return p;
 }

@@ -1098,7 +1098,7 @@ static int attn_decode_launch(dj_gpu *g, const char *fn, float *out, const float
 #define TD_LAUNCH(HDV, KT)                                                                                         \
     if (head_dim == HDV && c->type == KT)                                                                          \
         CUDA_CHECK(pdl_launch(attn_decode_tc_kernel<HDV, KT>, tgrid, dim3(32 * TD_WARPS), td_smem<HDV, KT>(), s,   \
-                              part_o, part_ml, q, ldq, *c, (int)n_heads, (int)group, (int)max_seq, (int)ns, aim, \
+                              part_o, part_ml, q, ldq, *c, (int)n_heads, (int)group, (int)max_seq, (int)ns, aim,   \
                               (int)rg, (int)B, scale, kv));
 #define TD_TYPES(HDV) TD_LAUNCH(HDV, DJ_KV_F16) TD_LAUNCH(HDV, DJ_KV_Q8)
         TD_HDS(TD_TYPES)
@@ -1110,7 +1110,7 @@ static int attn_decode_launch(dj_gpu *g, const char *fn, float *out, const float
 #define DEC_LAUNCH(KT)                                                                                             \
     CUDA_CHECK(pdl_launch(attn_decode_split_kernel<KT>, grid, dim3(DEC_THREADS),                                  \
                           stages * dec_smem((int)head_dim, KT), s, part_o, part_ml, q, ldq, *c, (int)n_heads,     \
-                          (int)group, (int)n_gz, (int)head_dim, (int)max_seq, (int)ns, aim, stages, scale,   \
+                          (int)group, (int)n_gz, (int)head_dim, (int)max_seq, (int)ns, aim, stages, scale,        \
                           kv))
     KV_SWITCH(c->type, DEC_LAUNCH)
 #undef DEC_LAUNCH

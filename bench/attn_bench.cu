@@ -8,7 +8,9 @@
 // ATTN_ROWS (default "1 4 16 64"), ATTN_DEPTHS (keys a row attends to; default "96 256 480"), ATTN_CTX (a slot's
 // positions, the server's -c; default 512, raised to a depth that needs more), ATTN_KV (f16, q8 or f32; default f16),
 // ATTN_ONE_SLOT=1 (the rows one sequence's, at the positions before the depth, in one slot: a verification pass, a
-// prompt's run; the bytes are that slot's keys and values once).
+// prompt's run; the bytes are that slot's keys and values once). Each row's keys before the first one its pass
+// writes are copied before the kernels' wait, as in a pass (gpu_kv_rows.fresh; until session 69 the one-slot runs
+// copied none early).
 #include <string.h>
 
 #include "bench_gpu.h"
@@ -108,7 +110,7 @@ int main(int argc, char **argv) {
                 fill_kernel<float><<<4096, 256, 0, s>>>(c.vs, elems / hd, 4);
             }
             float *q, *out;
-            int32_t *pos, *slot;
+            int32_t *pos, *slot, *fresh;
             CK(cudaMalloc(&q, B * n_heads * hd * sizeof(float)));
             CK(cudaMalloc(&out, B * n_heads * hd * sizeof(float)));
             fill_kernel<float><<<256, 256, 0, s>>>(q, B * n_heads * hd, 5);
@@ -117,13 +119,17 @@ int main(int argc, char **argv) {
             for (int64_t i = 0; i < layers * B; i++) hslot[i] = (int32_t)(one ? i / B * B : i);
             if (one)
                 for (int64_t b = 0; b < B; b++) hpos[b] = (int32_t)(depth - B + b);
+            // the first key the pass writes in each row's slot (gpu_kv_fresh): the row's own, or the run's first
+            const std::vector<int32_t> hfresh(B, one ? hpos[0] : (int32_t)(depth - 1));
             CK(cudaMalloc(&pos, B * sizeof(int32_t)));
+            CK(cudaMalloc(&fresh, B * sizeof(int32_t)));
+            CK(cudaMemcpy(fresh, hfresh.data(), B * sizeof(int32_t), cudaMemcpyHostToDevice));
             CK(cudaMalloc(&slot, layers * B * sizeof(int32_t)));
             CK(cudaMemcpy(pos, hpos.data(), B * sizeof(int32_t), cudaMemcpyHostToDevice));
             CK(cudaMemcpy(slot, hslot.data(), layers * B * sizeof(int32_t), cudaMemcpyHostToDevice));
             CKD(gpu_reserve(g, gpu_attention_scratch(B, n_heads, n_kv, hd, ctx), &e_));
             const double ms = time_graph_ms(s, (int)layers, 21, [&](int l) {
-                gpu_kv_rows kv = {pos, slot + l * B, n_kv * ctx * hd, one ? NULL : pos, one};  // (one: no fresh)
+                gpu_kv_rows kv = {pos, slot + l * B, n_kv * ctx * hd, fresh, one};
                 CKD(gpu_attention_decode_rows(g, out, q, n_heads * hd, &c, B, n_heads, n_kv, hd, ctx, &kv, s, &e_));
             });
             const double gbs = read_b / (ms * 1e-3) / 1e9;
@@ -142,6 +148,7 @@ int main(int argc, char **argv) {
             CK(cudaFree(out));
             CK(cudaFree(pos));
             CK(cudaFree(slot));
+            CK(cudaFree(fresh));
         }
     fprintf(jf, "\n]}\n");
     if (fclose(jf) != 0) {

@@ -1041,14 +1041,14 @@ static int64_t dec_grid_splits(int64_t B, int64_t n_kv_heads, int64_t n_gz, int6
 }
 // A decode launch's split plan, as attn_decode_launch makes it and gpu_attention_splits reports it: groups of query
 // heads a block (n_gz), the grid's splits a kv head (ns) and the splits a short context aims at (aim), for B rows
-// rg a block (rows of one slot on the tensor-core kernel, dec_rows_a_block; else 1).
+// rg a block (rows of one slot on the tensor-core kernel, dec_rows_a_block; else 1) and `group` query heads a kv head.
 typedef struct {
-    int64_t group, n_gz, ns;
+    int64_t n_gz, ns;
     dec_aim aim;
 } dec_plan;
-static dec_plan dec_plan_of(int64_t B, int64_t n_heads, int64_t n_kv_heads, int64_t max_seq, int64_t rg) {
+static dec_plan dec_plan_of(int64_t B, int64_t group, int64_t n_kv_heads, int64_t max_seq, int64_t rg) {
     dec_plan p;
-    p.group = n_heads / n_kv_heads, p.n_gz = (p.group + DEC_G - 1) / DEC_G;
+    p.n_gz = (group + DEC_G - 1) / DEC_G;
     p.ns = dec_grid_splits(B, n_kv_heads, p.n_gz, max_seq);
     // rows rg a block make rg times fewer blocks: they aim as B rows did (bench/results/attn_rows/session69)
     p.aim = dec_aim_of(B * n_kv_heads * p.n_gz, rg > 1 ? DEC_BLOCKS : DEC_ROW_BLOCKS);
@@ -1080,12 +1080,13 @@ static int attn_decode_launch(dj_gpu *g, const char *fn, float *out, const float
                               dj_err *e) {
     if (attn_check(fn, n_heads, n_kv_heads, head_dim, max_seq, e)) return -1;
     if (B < 1) return dj_fail(e, "%s: bad rows B=%lld ldq=%lld", fn, (long long)B, (long long)ldq);
-    const bool tc = (c->type == DJ_KV_F16 || c->type == DJ_KV_Q8) && g->tc_attn && n_heads / n_kv_heads <= DEC_G &&
+    const int64_t group = n_heads / n_kv_heads;
+    const bool tc = (c->type == DJ_KV_F16 || c->type == DJ_KV_Q8) && g->tc_attn && group <= DEC_G &&
                     !((uintptr_t)c->k & 15) && !((uintptr_t)c->v & 15) && (head_dim == 64 || head_dim == 128);
     // the tensor-core kernel takes rows of one slot rg a block, each over the splits of the plan (dec_plan_of)
-    const int64_t rg = tc && (!kv.slot || kv.one_slot) ? dec_rows_a_block(n_heads / n_kv_heads) : 1;
-    const dec_plan p = dec_plan_of(B, n_heads, n_kv_heads, max_seq, rg);  // (it divides by the rows)
-    const int64_t group = p.group, n_gz = p.n_gz, ns = p.ns, blocks = (B + rg - 1) / rg;
+    const int64_t rg = tc && (!kv.slot || kv.one_slot) ? dec_rows_a_block(group) : 1;
+    const dec_plan p = dec_plan_of(B, group, n_kv_heads, max_seq, rg);  // (it divides by the rows)
+    const int64_t n_gz = p.n_gz, ns = p.ns, blocks = (B + rg - 1) / rg;
     const dec_aim aim = p.aim;
     if (B * n_gz > 65535 || (B > 1 && ldq < n_heads * head_dim))
         return dj_fail(e, "%s: bad rows B=%lld ldq=%lld", fn, (long long)B, (long long)ldq);
@@ -1124,7 +1125,7 @@ static int attn_decode_launch(dj_gpu *g, const char *fn, float *out, const float
 
 extern "C" int gpu_attention_splits(int64_t B, int64_t n_heads, int64_t n_kv_heads, int64_t max_seq, int64_t pos,
                                     int64_t *n_splits, int64_t *span) {
-    const dec_plan p = dec_plan_of(B, n_heads, n_kv_heads, max_seq, 1);
+    const dec_plan p = dec_plan_of(B, n_heads / n_kv_heads, n_kv_heads, max_seq, 1);
     const int64_t n = (pos < max_seq - 1 ? pos : max_seq - 1) + 1;  // as the kernels clamp it
     *n_splits = p.ns;
     *span = dec_span((int)n, (int)p.ns, p.aim);

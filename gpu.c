@@ -156,37 +156,40 @@ static int rope_kv_write(dj_gpu_state *s, const pass_desc *pd, const qkv_rows *r
 // at 256 / 4000 positions took 4.98 / 25.4 ms with it, 3.9 / 4.9 with the decode kernels, though each row reads its
 // keys again; 64 rows 11.9 / 33.3 against 11.6 / 17.4 (bench/results/spec_verify/session64).
 #define PASS_DECODE_ROWS 64
+
+// Rows [r0, r0 + len) of the pass, all of one slot (its cache slot_off elements into kc's), attending over their
+// keys: by the decode kernels (kv: the rows' positions, and slots where kc is the whole cache) up to
+// PASS_DECODE_ROWS rows, else by the prefill kernel over the slot's cache.
+static int slot_rows_attention(dj_gpu_state *s, const qkv_rows *r, const gpu_kv_cache *kc, int64_t slot_off,
+                               const gpu_kv_rows *kv, int64_t r0, int64_t len, dj_err *e) {
+    const dj_config *c = &s->m->info.config;
+    const int64_t nh = c->n_heads, nkv = c->n_kv_heads, hd = c->head_dim;
+    float *att = s->b.att + r0 * nh * hd;
+    const float *q = r->q + r0 * r->ldq;
+    if (len <= PASS_DECODE_ROWS)
+        return gpu_attention_decode_rows(s->g, att, q, r->ldq, kc, len, nh, nkv, hd, s->max_seq, kv, s->compute, e);
+    const gpu_kv_cache slot = gpu_kv_at(*kc, slot_off, hd);
+    return gpu_attention_prefill(s->g, att, nh * hd, q, r->ldq, &slot, len, nh, nkv, hd, s->max_seq, s->b.pos + r0,
+                                 s->compute, e);
+}
+
 static int attention(dj_gpu_state *s, const pass_desc *pd, const qkv_rows *r, const gpu_kv_cache *kc, dj_err *e) {
     const dj_config *c = &s->m->info.config;
-    int64_t nh = c->n_heads, nkv = c->n_kv_heads, hd = c->head_dim, T = pd->T;
-    if (pd->step) {  // the single rows in one launch, then each run of a prompt over its own slot
-        gpu_kv_rows kv = step_kv_rows(s, T);
-        if (pd->singles && gpu_attention_decode_rows(s->g, s->b.att, r->q, r->ldq, kc, pd->singles, nh, nkv, hd,
-                                                     s->max_seq, &kv, s->compute, e))
-            return -1;
-        for (int64_t i = 0; i < pd->n_runs; i++) {
-            const step_run *u = &pd->runs[i];
-            if (u->len <= PASS_DECODE_ROWS) {  // as a pass of its rows attends (the same kernels, the same sums)
-                gpu_kv_rows run = {kv.pos + u->r0, kv.slot + u->r0, kv.slot_stride, kv.fresh + u->r0, 1};
-                if (gpu_attention_decode_rows(s->g, s->b.att + u->r0 * nh * hd, r->q + u->r0 * r->ldq, r->ldq, kc,
-                                              u->len, nh, nkv, hd, s->max_seq, &run, s->compute, e))
-                    return -1;
-                continue;
-            }
-            const gpu_kv_cache slot = gpu_kv_at(*kc, (int64_t)u->kv_slot * s->slot_elems, hd);
-            if (gpu_attention_prefill(s->g, s->b.att + u->r0 * nh * hd, nh * hd, r->q + u->r0 * r->ldq, r->ldq,
-                                      &slot, u->len, nh, nkv, hd, s->max_seq, s->b.pos + u->r0, s->compute, e))
-                return -1;
-        }
-        return 0;
-    }
-    if (T <= PASS_DECODE_ROWS) {  // few rows: each over its own keys by the decode kernels, split over the keys
+    if (!pd->step) {  // one slot's rows: the pass's own cache
         gpu_kv_rows kv = {s->b.pos, NULL, 0, NULL, 0};
-        return gpu_attention_decode_rows(s->g, s->b.att, r->q, r->ldq, kc, T, nh, nkv, hd, s->max_seq, &kv, s->compute,
-                                         e);
+        return slot_rows_attention(s, r, kc, 0, &kv, 0, pd->T, e);
     }
-    return gpu_attention_prefill(s->g, s->b.att, nh * hd, r->q, r->ldq, kc, T, nh, nkv, hd, s->max_seq, s->b.pos,
-                                 s->compute, e);
+    // a step: the single rows in one launch, each over its own slot, then each run of a prompt over its slot
+    gpu_kv_rows kv = step_kv_rows(s, pd->T);
+    if (pd->singles && gpu_attention_decode_rows(s->g, s->b.att, r->q, r->ldq, kc, pd->singles, c->n_heads,
+                                                 c->n_kv_heads, c->head_dim, s->max_seq, &kv, s->compute, e))
+        return -1;
+    for (int64_t i = 0; i < pd->n_runs; i++) {
+        const step_run *u = &pd->runs[i];
+        const gpu_kv_rows run = {kv.pos + u->r0, kv.slot + u->r0, kv.slot_stride, kv.fresh + u->r0, 1};
+        if (slot_rows_attention(s, r, kc, (int64_t)u->kv_slot * s->slot_elems, &run, u->r0, u->len, e)) return -1;
+    }
+    return 0;
 }
 
 static int gate_up_matmul(dj_gpu_state *s, const gpu_unit *un, int64_t T, ffn_rows *r, dj_err *e) {
@@ -214,8 +217,7 @@ typedef enum {
 
 // Whether the product of matrix mt's T rows (2..64) takes the norm inside it (NORMS_IN_X).
 static int norm_fits_rows(const dj_gpu_state *s, const sp_mat *mt, const uint8_t *w, int64_t T) {
-    return gpu_norm_matmul_takes(s->g, mt->dtype, w + mt->off, T, mt->n_in, mt->n_out) ||
-           gpu_norm_qgemm_ok(s->g, mt->dtype, w + mt->off, T, mt->n_in, mt->n_out);
+    return gpu_norm_rows_ok(s->g, mt->dtype, w + mt->off, T, mt->n_in, mt->n_out);
 }
 
 static norm_form norms_where(const dj_gpu_state *s, const gpu_unit *un, int64_t T) {
@@ -270,12 +272,8 @@ static int norm_rows(dj_gpu_state *s, const uint8_t *w, int k, const float *norm
     const sp_mat *mt = &s->mats.layer[k];
     gpu_bufs *b = &s->b;
     const float *delta = add ? b->delta : NULL;
-    const void *wm = w + mt->off;
-    if (gpu_norm_matmul_takes(s->g, mt->dtype, wm, T, mt->n_in, mt->n_out)
-            ? gpu_norm_matmul(s->g, y, b->x, delta, b->xb, norm, c->norm_eps, wm, mt->dtype, T, mt->n_in, mt->n_out,
-                              s->compute, e)
-            : gpu_norm_qgemm(s->g, y, b->x, delta, b->xb, norm, c->norm_eps, wm, mt->dtype, T, mt->n_in, mt->n_out,
-                             s->compute, e))
+    if (gpu_norm_rows(s->g, y, b->x, delta, b->xb, norm, c->norm_eps, w + mt->off, mt->dtype, T, mt->n_in,
+                      mt->n_out, s->compute, e))
         return -1;
     residual_swap(b);
     return 0;

@@ -268,6 +268,12 @@ int gpu_norm_matmul(dj_gpu *g, float *y, const float *x, const float *delta, flo
 // Whether gpu_matmul gives this product of T tokens (x aligned) to the persistent GEMV, so that gpu_norm_matmul can
 // take it with the norm before it.
 int gpu_norm_matmul_takes(const dj_gpu *g, uint32_t wtype, const void *w, int64_t T, int64_t n_in, int64_t n_out);
+// y (T, n_out) = W . (rmsnorm(x + delta) * nw) and xo = x + delta for 2..64 tokens, on the kernel gpu_matmul gives
+// the product: gpu_norm_matmul where gpu_norm_matmul_takes it, else gpu_norm_qgemm; gpu_norm_rows_ok: whether one of
+// them takes it. PRECOND-checked: the one it calls.
+int gpu_norm_rows(dj_gpu *g, float *y, const float *x, const float *delta, float *xo, const float *nw, float eps,
+                  const void *w, uint32_t wtype, int64_t T, int64_t n_in, int64_t n_out, cudaStream_t s, dj_err *e);
+int gpu_norm_rows_ok(const dj_gpu *g, uint32_t wtype, const void *w, int64_t T, int64_t n_in, int64_t n_out);
 
 // ---- RoPE: x rows (T rows `ld` floats apart, each n_heads * head_dim), rotated in place for positions
 // *d_pos + t, HF rotate-half pairs (i, i + head_dim/2), angle = (float)pos * inv_freq[i] in f32 (cpu_rope).

@@ -1082,6 +1082,19 @@ extern "C" int gpu_norm_matmul_takes(const dj_gpu *g, uint32_t wtype, const void
     return T >= 1 && T <= gemv_tokens(g, wtype, w, n_in, n_out);
 }
 
+extern "C" int gpu_norm_rows_ok(const dj_gpu *g, uint32_t wtype, const void *w, int64_t T, int64_t n_in,
+                                int64_t n_out) {
+    return gpu_norm_matmul_takes(g, wtype, w, T, n_in, n_out) || gpu_norm_qgemm_ok(g, wtype, w, T, n_in, n_out);
+}
+
+extern "C" int gpu_norm_rows(dj_gpu *g, float *y, const float *x, const float *delta, float *xo, const float *nw,
+                             float eps, const void *w, uint32_t wtype, int64_t T, int64_t n_in, int64_t n_out,
+                             cudaStream_t s, dj_err *e) {
+    return gpu_norm_matmul_takes(g, wtype, w, T, n_in, n_out)
+               ? gpu_norm_matmul(g, y, x, delta, xo, nw, eps, w, wtype, T, n_in, n_out, s, e)
+               : gpu_norm_qgemm(g, y, x, delta, xo, nw, eps, w, wtype, T, n_in, n_out, s, e);
+}
+
 extern "C" int gpu_norm_matmul_swiglu(dj_gpu *g, float *h, const float *x, const float *delta, float *xo,
                                       const float *nw, float eps, const void *w, uint32_t wtype, int64_t n_in,
                                       int64_t n_out, cudaStream_t s, dj_err *e) {

@@ -1156,11 +1156,29 @@ static int qreg_product(const dj_gpu *g, float *y, const LAY &lay_x, void *scrat
     return 0;
 }
 
-template <int WT, int NT, int MT, int NQ, int WARPS, int ST, int XS>
-static int qreg_launch(const dj_gpu *g, float *y, const qgemm_src &x, void *scratch, const void *w, int64_t T,
-                       int64_t n_in, int64_t n_out, cudaStream_t s, dj_err *e) {
-    return qreg_product<WT, NT, MT, NQ, WARPS, ST, XS>(g, y, qreg_lay_src<WT, NT, NQ>{x, n_in}, scratch, w, T, n_in,
-                                                       n_out, s, e);
+static bool qreg_variant(int variant) {
+#define QREG_IS(id, ...) || variant == id
+    return false QREG_VARIANTS(QREG_IS);
+#undef QREG_IS
+}
+
+// Register shape `variant`'s product of x laid out by LAY<wtype, NT, NQ>{in, n_in} (qreg_lay_src from x's rows,
+// qreg_lay_norm from the rows it norms). PRECOND: the scratch reserved (gpu_qgemm_scratch).
+template <template <int, int, int> class LAY, class IN>
+static int qreg_run(dj_gpu *g, const char *fn, int variant, float *y, const IN &in, const void *w, uint32_t wtype,
+                    int64_t T, int64_t n_in, int64_t n_out, cudaStream_t s, dj_err *e) {
+#define QREG_CASE(id, NT, MT, NQ, WARPS, ST, XS)                                                                   \
+    case id:                                                                                                       \
+        return wtype == DJ_Q8 ? qreg_product<DJ_Q8, NT, MT, NQ, WARPS, ST, XS>(                                    \
+                                    g, y, LAY<DJ_Q8, NT, NQ>{in, n_in}, g->scratch, w, T, n_in, n_out, s, e)       \
+                              : qreg_product<DJ_Q4, NT, MT, NQ, WARPS, ST, XS>(                                    \
+                                    g, y, LAY<DJ_Q4, NT, NQ>{in, n_in}, g->scratch, w, T, n_in, n_out, s, e);
+    switch (variant) {
+        QREG_VARIANTS(QREG_CASE)
+    default:
+        return dj_fail(e, "%s: no register shape %d for T=%lld", fn, variant, (long long)T);
+    }
+#undef QREG_CASE
 }
 
 extern "C" int gpu_qgemm_ok(uint32_t wtype, const void *w, int64_t T, int64_t n_in, int64_t n_out) {
@@ -1266,21 +1284,16 @@ static int qgemm_run(dj_gpu *g, int variant, float *y, const qgemm_src &x, const
         if (!g->wgmma) return dj_fail(e, "gpu_qgemm: tile shape %d needs an sm_90 device", variant);            \
         return wtype == DJ_Q8 ? qgemm_wg_launch<DJ_Q8, BN, ST, KS, XB, MINB>(y, x, xp, w, T, n_in, n_out, s, e)  \
                               : qgemm_wg_launch<DJ_Q4, BN, ST, KS, XB, MINB>(y, x, xp, w, T, n_in, n_out, s, e);
-#define QREG_CASE(id, NT, MT, NQ, WARPS, ST, XS)                                                               \
-    case id:                                                                                                   \
-        return wtype == DJ_Q8                                                                                  \
-                   ? qreg_launch<DJ_Q8, NT, MT, NQ, WARPS, ST, XS>(g, y, x, g->scratch, w, T, n_in, n_out, s, e) \
-                   : qreg_launch<DJ_Q4, NT, MT, NQ, WARPS, ST, XS>(g, y, x, g->scratch, w, T, n_in, n_out, s, e);
+    if (qreg_variant(variant))
+        return qreg_run<qreg_lay_src>(g, "gpu_qgemm", variant, y, x, w, wtype, T, n_in, n_out, s, e);
     switch (variant) {
         QGEMM_VARIANTS(QGEMM_CASE)
         QGEMM_WG_VARIANTS(QGEMM_WG_CASE)
-        QREG_VARIANTS(QREG_CASE)
     default:
         return dj_fail(e, "gpu_qgemm: no tile shape %d", variant);
     }
 #undef QGEMM_CASE
 #undef QGEMM_WG_CASE
-#undef QREG_CASE
 }
 
 extern "C" int gpu_qgemm_variant(dj_gpu *g, int variant, float *y, const float *x, const void *w, uint32_t wtype,
@@ -1299,12 +1312,6 @@ extern "C" int gpu_swiglu_qgemm(dj_gpu *g, float *y, const float *gate, const fl
 // A token's normed row in f16 in the layout's shared memory: 32 KB at most, under the 48 KB a block has without
 // opting in (16384: Llama-3-405B's dim).
 #define QREG_NORM_MAX_IN 16384
-
-static bool qreg_variant(int variant) {
-#define QREG_IS(id, ...) || variant == id
-    return false QREG_VARIANTS(QREG_IS);
-#undef QREG_IS
-}
 
 // The register kernel's shape gpu_norm_qgemm runs the pass on (the product's for T, qgemm_pick), -1 where the pass
 // is not that kernel's.
@@ -1331,18 +1338,7 @@ extern "C" int gpu_norm_qgemm(dj_gpu *g, float *y, const float *x, const float *
     if (xo == x || !xo) return dj_fail(e, "gpu_norm_qgemm: the residual's next buffer must not be x");
     if (scratch_need(g, gpu_qgemm_scratch(T, n_in), s, e)) return -1;
     const qreg_norm_in in = {x, delta, xo, nw, eps};
-#define QREG_NORM_CASE(id, NT, MT, NQ, WARPS, ST, XS)                                                              \
-    case id:                                                                                                       \
-        return wtype == DJ_Q8 ? qreg_product<DJ_Q8, NT, MT, NQ, WARPS, ST, XS>(                                    \
-                                    g, y, qreg_lay_norm<DJ_Q8, NT, NQ>{in, n_in}, g->scratch, w, T, n_in, n_out, s, e) \
-                              : qreg_product<DJ_Q4, NT, MT, NQ, WARPS, ST, XS>(                                    \
-                                    g, y, qreg_lay_norm<DJ_Q4, NT, NQ>{in, n_in}, g->scratch, w, T, n_in, n_out, s, e);
-    switch (variant) {
-        QREG_VARIANTS(QREG_NORM_CASE)
-    default:
-        return dj_fail(e, "gpu_norm_qgemm: no register shape for T=%lld", (long long)T);
-    }
-#undef QREG_NORM_CASE
+    return qreg_run<qreg_lay_norm>(g, "gpu_norm_qgemm", variant, y, in, w, wtype, T, n_in, n_out, s, e);
 }
 
 // Whether this device runs the Hopper kernel: compute capability 9.0 exactly (sm_90a code runs nowhere else).

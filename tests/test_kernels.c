@@ -1292,31 +1292,44 @@ Test(kernels, kv_types_stored_as_kvtype_says) {
     tk_end("kv_types_stored_as_kvtype_says");
 }
 
-// gpu_attention_decode_rows for B rows of a step, row b at position pos[b] of slot slot[b] (of n_slots, max_seq
-// positions each; 8 kv heads of 4 query heads, head_dim 128), its keys below fresh[b] copied before the kernel's
-// wait (fresh NULL: none), against cpu_attention over each row's slot.
-static void tk_decode_rows_case(int kt, int32_t B, int32_t n_slots, const int32_t *slot, const int32_t *pos,
-                                const int32_t *fresh, int64_t max_seq, const char *name) {
+// gpu_attention_decode_rows for B rows, row b at pos[b] in slot slot[b] of n_slots, max_seq positions each (slot
+// NULL: one sequence's rows in the cache given), n_kv kv heads of `group` query heads, head_dim hd; one_slot: the
+// rows all of one slot, given by their slots (a step's run; the tensor-core kernel takes several a block over the
+// same keys, each masked past its own position); fresh (NULL: none) each row's first key its pass writes, the keys
+// below it copied before the kernels' wait. Each slot's cache past its deepest row NaN, so no read goes past it;
+// against cpu_attention over each row's slot.
+static void tk_attn_rows_case(int kt, int64_t group, int64_t n_kv, int64_t hd, int32_t B, const int32_t *slot,
+                              int32_t n_slots, const int32_t *pos, const int32_t *fresh, int one_slot, int64_t max_seq,
+                              const char *name) {
     dj_err e;
-    const int64_t n_kv = 8, group = 4, nh = n_kv * group, hd = 128, qd = nh * hd;
-    const int64_t cn = n_kv * max_seq * hd, all = n_slots * cn;
+    const int64_t nh = n_kv * group, qd = nh * hd, cn = n_kv * max_seq * hd, all = n_slots * cn;
     float *kc = malloc((size_t)all * 4), *vc = malloc((size_t)all * 4), *q = malloc((size_t)B * qd * 4);
     float *ref = malloc((size_t)B * qd * 4), *got = malloc((size_t)B * qd * 4);
-    tk_fill(kc, all, 1.0f), tk_fill(vc, all, 1.0f), tk_fill(q, B * qd, 3.0f);
+    for (int32_t sl = 0; sl < n_slots; sl++) {
+        int32_t deepest = -1;
+        for (int b = 0; b < B; b++)
+            if ((slot ? slot[b] : 0) == sl && pos[b] > deepest) deepest = pos[b];
+        tk_cache(kc + sl * cn, n_kv, max_seq, hd, deepest), tk_cache(vc + sl * cn, n_kv, max_seq, hd, deepest);
+    }
+    tk_fill(q, B * qd, 3.0f);
     gpu_kv_cache kv = tk_kv_up(kt, kc, vc, all, hd);
     float *dq = tk_up(q, (size_t)B * qd * 4), *dout = tk_dev((size_t)B * qd * 4);
-    int32_t *dpos = tk_up(pos, (size_t)B * sizeof *pos), *dslot = tk_up(slot, (size_t)B * sizeof *slot);
+    int32_t *dpos = tk_up(pos, (size_t)B * sizeof *pos), *dslot = slot ? tk_up(slot, (size_t)B * sizeof *slot) : NULL;
     int32_t *dfresh = fresh ? tk_up(fresh, (size_t)B * sizeof *fresh) : NULL;
-    gpu_kv_rows rows = {dpos, dslot, cn, dfresh, 0};
+    gpu_kv_rows rows = {dpos, dslot, slot ? cn : 0, dfresh, one_slot};
     tk_poison(dout, (size_t)B * qd * 4);
+    char what[200];
+    snprintf(what, sizeof what, "%s (%s, group %lld, head_dim %lld, %d rows)", name, dj_kv_name(kt), (long long)group,
+             (long long)hd, B);
     cr_assert_eq(gpu_attention_decode_rows(tk_g, dout, dq, qd, &kv, B, nh, n_kv, hd, max_seq, &rows, tk_s, &e), 0,
-                 "%s", e.msg);
+                 "%s: %s", what, e.msg);
     tk_down(got, dout, (size_t)B * qd * 4);
     for (int b = 0; b < B; b++) {
-        cpu_attention(ref + b * qd, q + b * qd, kc + slot[b] * cn, vc + slot[b] * cn, nh, n_kv, hd, pos[b], max_seq);
-        char what[128];
-        snprintf(what, sizeof what, "%s (%s, %d rows), row %d at %d", name, dj_kv_name(kt), B, b, pos[b]);
-        if (!tk_close(got + b * qd, ref + b * qd, qd, kt == DJ_KV_Q8 ? 2e-5 : 1e-5, what)) break;  // as decode's
+        const int64_t off = (slot ? slot[b] : 0) * cn;
+        cpu_attention(ref + b * qd, q + b * qd, kc + off, vc + off, nh, n_kv, hd, pos[b], max_seq);
+        char row[260];
+        snprintf(row, sizeof row, "%s, row %d at %d", what, b, pos[b]);
+        if (!tk_close(got + b * qd, ref + b * qd, qd, kt == DJ_KV_Q8 ? 2e-5 : 1e-5, row)) break;  // as decode's
     }
     tk_kv_free(&kv), gpu_free(dq), gpu_free(dout), gpu_free(dpos), gpu_free(dslot), gpu_free(dfresh);
     free(kc), free(vc), free(q), free(ref), free(got);
@@ -1335,70 +1348,37 @@ Test(kernels, attention_decode_deep, .timeout = 600) {
     }
     tk_decode_case_kt(DJ_KV_F32, 2, 8, 256, 10000, 0);
     static const int32_t slot[3] = {2, 0, 1}, pos[3] = {8999, 100, 5000};
-    for (int kt = 0; kt < DJ_KV_TYPES; kt++) tk_decode_rows_case(kt, 3, 3, slot, pos, NULL, 9000, "deep decode rows");
+    for (int kt = 0; kt < DJ_KV_TYPES; kt++)
+        tk_attn_rows_case(kt, 4, 8, 128, 3, slot, 3, pos, NULL, 0, 9000, "deep decode rows");
     tk_end("attention_decode_deep");
-}
-
-// gpu_attention_decode_rows for B rows of one slot, as a pass or a prompt's run attends (the tensor-core kernel takes
-// several a block over the same keys, each masked past its own position): row b at pos[b] of n_kv kv heads of `group`
-// query heads, head_dim hd, against cpu_attention over the slot; slotted: the rows in slot 1 of 3 by their slots
-// (one_slot), else the cache given (slot NULL). The cache past the deepest row NaN, so no read goes past it.
-static void tk_pass_rows_case(int kt, int64_t group, int64_t n_kv, int64_t hd, int32_t B, const int32_t *pos,
-                              int64_t max_seq, int slotted) {
-    dj_err e;
-    const int64_t nh = n_kv * group, qd = nh * hd, cn = n_kv * max_seq * hd, n_slots = slotted ? 3 : 1;
-    int32_t deepest = 0, *slot = malloc((size_t)B * sizeof *slot);
-    for (int b = 0; b < B; b++) deepest = pos[b] > deepest ? pos[b] : deepest, slot[b] = 1;
-    float *kc = malloc((size_t)(n_slots * cn) * 4), *vc = malloc((size_t)(n_slots * cn) * 4);
-    float *q = malloc((size_t)B * qd * 4), *ref = malloc((size_t)B * qd * 4), *got = malloc((size_t)B * qd * 4);
-    for (int64_t sl = 0; sl < n_slots; sl++)
-        tk_cache(kc + sl * cn, n_kv, max_seq, hd, deepest), tk_cache(vc + sl * cn, n_kv, max_seq, hd, deepest);
-    tk_fill(q, B * qd, 3.0f);
-    gpu_kv_cache kv = tk_kv_up(kt, kc, vc, n_slots * cn, hd);
-    float *dq = tk_up(q, (size_t)B * qd * 4), *dout = tk_dev((size_t)B * qd * 4);
-    int32_t *dpos = tk_up(pos, (size_t)B * sizeof *pos), *dslot = slotted ? tk_up(slot, (size_t)B * sizeof *slot) : NULL;
-    gpu_kv_rows rows = {dpos, dslot, slotted ? cn : 0, NULL, slotted};
-    tk_poison(dout, (size_t)B * qd * 4);
-    char what[160];
-    snprintf(what, sizeof what, "pass rows (%s, group %lld, head_dim %lld, %d rows from %d%s)", dj_kv_name(kt),
-             (long long)group, (long long)hd, B, pos[0], slotted ? ", by slots" : "");
-    cr_assert_eq(gpu_attention_decode_rows(tk_g, dout, dq, qd, &kv, B, nh, n_kv, hd, max_seq, &rows, tk_s, &e), 0,
-                 "%s: %s", what, e.msg);
-    tk_down(got, dout, (size_t)B * qd * 4);
-    const int64_t off = slotted ? cn : 0;
-    for (int b = 0; b < B; b++) {
-        cpu_attention(ref + b * qd, q + b * qd, kc + off, vc + off, nh, n_kv, hd, pos[b], max_seq);
-        char row[200];
-        snprintf(row, sizeof row, "%s, row %d at %d", what, b, pos[b]);
-        if (!tk_close(got + b * qd, ref + b * qd, qd, kt == DJ_KV_Q8 ? 2e-5 : 1e-5, row)) break;
-    }
-    tk_kv_free(&kv), gpu_free(dq), gpu_free(dout), gpu_free(dpos), gpu_free(dslot);
-    free(kc), free(vc), free(q), free(ref), free(got), free(slot);
 }
 
 // The rows of a verification pass or a prompt's run (gpu_attention_decode_rows over one slot) at consecutive
 // positions: 1 to 64 rows, from the context's start, across split and chunk boundaries and deep, for groups of 1-8
 // query heads (1 to 16 rows a tensor-core block), head_dims 64 and 128, every KV type (f32 on the FMA kernel, a row a
-// block); by slots as a step's run; and rows of one slot out of order.
+// block); by slots as a step's run, its keys before the run's first copied early as step_fresh has them; and rows of
+// one slot out of order.
 Test(kernels, attention_decode_pass_rows, .timeout = 600) {
     tk_start("attention_decode_pass_rows");
     static const int32_t cases[][2] = {{1, 0}, {2, 14}, {4, 63}, {5, 250}, {9, 1000}, {17, 47}, {64, 300}};
     static const int64_t groups[] = {1, 2, 4, 8}, hds[] = {64, 128};
-    int32_t pos[64];
+    int32_t pos[64], ones[64], first[64];
+    for (int b = 0; b < 64; b++) ones[b] = 1;
     for (int kt = 0; kt < DJ_KV_TYPES; kt++)
         for (int gi = 0; gi < 4; gi++)
             for (int hi = 0; hi < 2; hi++)
                 for (int ci = 0; ci < 7; ci++) {
                     for (int b = 0; b < cases[ci][0]; b++) pos[b] = cases[ci][1] + b;
-                    tk_pass_rows_case(kt, groups[gi], 2, hds[hi], cases[ci][0], pos, 1100, 0);
+                    tk_attn_rows_case(kt, groups[gi], 2, hds[hi], cases[ci][0], NULL, 1, pos, NULL, 0, 1100,
+                                      "pass rows");
                 }
-    for (int kt = 0; kt < DJ_KV_TYPES; kt++) {
-        for (int b = 0; b < 64; b++) pos[b] = 100 + b;
-        tk_pass_rows_case(kt, 4, 8, 128, 9, pos, 512, 1);
-        tk_pass_rows_case(kt, 4, 8, 128, 64, pos, 512, 1);
-        static const int32_t shuffled[6] = {300, 5, 77, 150, 0, 299};
-        tk_pass_rows_case(kt, 4, 8, 128, 6, shuffled, 512, 0);
-        tk_pass_rows_case(kt, 2, 4, 64, 6, shuffled, 512, 1);
+    for (int kt = 0; kt < DJ_KV_TYPES; kt++) {  // by slots (slot 1 of 3), each row's first fresh key the run's first
+        for (int b = 0; b < 64; b++) pos[b] = 100 + b, first[b] = 100;
+        tk_attn_rows_case(kt, 4, 8, 128, 9, ones, 3, pos, first, 1, 512, "a run's rows by slots");
+        tk_attn_rows_case(kt, 4, 8, 128, 64, ones, 3, pos, first, 1, 512, "a run's rows by slots");
+        static const int32_t shuffled[6] = {300, 5, 77, 150, 0, 299}, none[6] = {0, 0, 0, 0, 0, 0};
+        tk_attn_rows_case(kt, 4, 8, 128, 6, NULL, 1, shuffled, NULL, 0, 512, "pass rows out of order");
+        tk_attn_rows_case(kt, 2, 4, 64, 6, ones, 3, shuffled, none, 1, 512, "a run's rows out of order by slots");
     }
     tk_end("attention_decode_pass_rows");
 }
@@ -1490,8 +1470,8 @@ Test(kernels, attention_decode_many_rows, .timeout = 600) {
         gpu_set_tc_attn(tk_g, tc);
         for (int kt = 0; kt < DJ_KV_TYPES; kt++)
             for (int r = 0; r < 3; r++)
-                tk_decode_rows_case(kt, rows[r], 64, slot, pos, fresh, 512,
-                                    tc ? "many rows, tensor cores" : "many rows, FMA");
+                tk_attn_rows_case(kt, 4, 8, 128, rows[r], slot, 64, pos, fresh, 0, 512,
+                                  tc ? "many rows, tensor cores" : "many rows, FMA");
     }
     gpu_set_tc_attn(tk_g, 1);
     tk_end("attention_decode_many_rows");

@@ -511,7 +511,7 @@ static void take_out(dj_gpu_state *s, const pass_desc *pd, float *logits, int64_
     else if (logits) memcpy(logits + (r0 - first) * vocab, s->b.h_logits, (size_t)(rows * vocab) * 4);
 }
 
-// The graph a pass that graph_fits replays: one row's, a step of T decoding rows', or a run of T rows of one slot
+// The graph a pass that graph_now replays: one row's, a step of T decoding rows', or a run of T rows of one slot
 // wanting every row's logits (speculative verification).
 static cudaGraphExec_t *graph_of(dj_gpu_state *s, const pass_desc *pd) {
     return pd->T == 1 ? &s->graph : pd->step ? &s->row_graph[pd->T] : &s->run_graph[pd->T];
@@ -546,22 +546,31 @@ static int seen_before(uint8_t *seen) {
     return 0;
 }
 
-// A pass runs as one CUDA graph where it can be captured whole: every unit resident, one row, or T rows (at most a
+// Whether a pass can run as one CUDA graph, captured whole: every unit resident, one row, or T rows (at most a
 // chunk of the head's) all wanting their output that are a step's decoding rows (each attending alone) or a run of
 // one slot (a verification pass), and nothing that asks for it kernel by kernel (--no-graph, profiling, a trace, a
-// probe that reads rows back mid-pass). T rows go kernel by kernel the first time (row_graph_seen, run_graph_seen;
-// a run's again on a slot other than its graph's).
-static int graph_fits(dj_gpu_state *s, const pass_desc *pd) {
+// probe that reads rows back mid-pass). Changes nothing.
+static int graph_capturable(const dj_gpu_state *s, const pass_desc *pd) {
     // (several GPUs: every one is asked for the same output, so each captures the same head: a split head's gather
     // in one GPU's graph and not in another's pass would wait for ever)
     const int all_resident = !s->sc.plan->n_streamed, wants_output = pd->logits || pd->pick;
     const int kernel_by_kernel = s->opts.no_graph || s->prof.on || s->tr || !gpu_probe_graphable(s) ||
                                  (s->opts.tp && !tp_graphable(s->opts.tp));
     if (!all_resident || !wants_output || kernel_by_kernel) return 0;
-    if (pd->T == 1) return 1;
     const int64_t T = pd->T;
+    if (T == 1) return 1;
     if (pd->logit_first != 0 || pd->logit_end != T || T > GPU_LOGIT_ROWS) return 0;
-    if (pd->step) return pd->singles == T && seen_before(&s->row_graph_seen[T]);
+    return !pd->step || pd->singles == T;
+}
+
+// Whether a pass that graph_capturable allows runs as its graph now, noting it: one row's always; T rows' from their
+// second such pass on (the first goes kernel by kernel: row_graph_seen, run_graph_seen), a run's on its graph's slot
+// (a run on another slot drops that graph and is seen afresh).
+static int graph_now(dj_gpu_state *s, const pass_desc *pd) {
+    if (!graph_capturable(s, pd)) return 0;
+    const int64_t T = pd->T;
+    if (T == 1) return 1;
+    if (pd->step) return seen_before(&s->row_graph_seen[T]);
     if (s->run_graph_slot[T] != pd->kv_slot) {  // another slot's graph: dropped, this slot's seen afresh
         if (s->run_graph[T]) gpu_graph_destroy(s->run_graph[T]), s->run_graph[T] = NULL;
         s->run_graph_slot[T] = pd->kv_slot, s->run_graph_seen[T] = 0;
@@ -626,7 +635,7 @@ static int pass_run(dj_gpu_state *s, const pass_desc *pd, dj_err *e) {
     share_pass_begin(&s->sh);
     if (s->opts.tp) tp_pass_begin(s->opts.tp, s->opts.tp_rank);
     if (upload_tokens(s, pd, e)) return -1;
-    if (graph_fits(s, pd)) return graph_step(s, pd, e);
+    if (graph_now(s, pd)) return graph_step(s, pd, e);
     gpu_unit head;
     const int streams = s->sc.plan->n_streamed > 0;  // the pass's time outside its streamed units is measured
     if ((streams && gpu_event_record(s->sc.p0, s->compute, e)) || gpu_body(s, pd, &head, e) ||

@@ -281,6 +281,11 @@ $(BUILD)/bin/depth_bench: $(BUILD)/bench/depth_bench.o $(ENGINE_OBJ)
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS)
 
+# ---- bench: a server's decode turn of N slots without the server (its ncu profile: STEP_PROFILE=1); GPU machine only
+$(BUILD)/bin/step_bench: $(BUILD)/bench/step_bench.o $(ENGINE_OBJ)
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS)
+
 # ---- fuzz: libFuzzer targets (clang, ASan+UBSan) for every parser of untrusted bytes; sources in tests/fuzz/.
 # `make fuzz` builds them into $(FUZZ_BUILD)/bin; `make fuzz-run FUZZ_SECONDS=600` (add -j2 for two at once)
 # runs each on a scratch copy of its committed corpus tests/fuzz/corpus/<target>/, merges the inputs that

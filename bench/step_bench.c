@@ -4,7 +4,8 @@
 // turns at each depth. The cache's contents do not change the work (attention reads positions 0..DEPTH whatever
 // they hold), so no prefill fills them first. JSON on stdout: each depth's ms a turn and tokens/s.
 // STEP_PROFILE=1: after the timed turns, one more between cudaProfilerStart and cudaProfilerStop, so that
-// `ncu --profile-from-start off` sees one turn's kernels alone.
+// `ncu --profile-from-start off` sees one turn's kernels alone. STEP_NO_GRAPH=1: every kernel launched on its own
+// (djinn --no-graph), as ncu profiles them best.
 //
 //   step_bench MODEL.bin CTX ROWS DEPTH[,DEPTH...] [REPS] [KV_TYPE]
 #include <stdio.h>
@@ -53,7 +54,8 @@ int main(int argc, char **argv) {
     dj_err e;
     if (model_load(argv[1], &lo, &m, &e)) die(argv[1], &e);
     const int64_t V = m.info.config.vocab_size;
-    dj_gpu_opts go = {.max_seq = ctx, .kv_type = kt, .quiet = 1};
+    const char *ng = getenv("STEP_NO_GRAPH");
+    dj_gpu_opts go = {.max_seq = ctx, .kv_type = kt, .quiet = 1, .no_graph = ng && *ng == '1'};
     dj_engine eng;
     if (engine_open(&eng, &m, &go, (int32_t)rows, &e)) die("engine", &e);
     if (!eng.step_rows_pick) die("engine", &(dj_err){.msg = "no step_rows_pick"});

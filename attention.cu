@@ -551,7 +551,7 @@ static __device__ __forceinline__ void stage_bytes(void *dst, const void *src, i
     }
 }
 
-// One block per (split, kv head, row and group of <= 8 query heads: blockIdx.z = row * n_gz + group chunk). Row
+// One block per (row and group of <= 8 query heads: blockIdx.x = row * n_gz + group chunk, kv head, split). Row
 // b's query at q + b ldq, its position kv.pos[b], its caches kv.slot[b] * kv.slot_stride elements on (kv.slot
 // NULL: the caches given). The split's keys go through shared memory a chunk of 64 at a time, as stored (KT, widened
 // where read), the next chunk's copies in flight while this one is used when `stages` is 2; per chunk: scores, an
@@ -573,7 +573,7 @@ __global__ __launch_bounds__(DEC_THREADS) void attn_decode_split_kernel(float *p
     __shared__ float alpha[DEC_G];               // each head's rescale of what is summed so far, this chunk
     __shared__ float kvs[2][2 * DEC_CHUNK];      // q8: a stage's key scales, then its value scales
     extern __shared__ __align__(16) unsigned char dec_kv[];  // per stage: keys, then values (2, DEC_CHUNK, hd)
-    const int split = blockIdx.x, kvh = blockIdx.y, row = blockIdx.z / n_gz, g0 = (blockIdx.z - row * n_gz) * DEC_G;
+    const int split = blockIdx.z, kvh = blockIdx.y, row = blockIdx.x / n_gz, g0 = (blockIdx.x - row * n_gz) * DEC_G;
     const int ng = min(DEC_G, group - g0), hd = head_dim;
     // before pdl_wait (dec_older): the row's keys, the split's, and the first chunk's older keys in flight
     const int n = dec_keys(kv, row, max_seq);
@@ -765,7 +765,7 @@ __device__ __forceinline__ void mma_f16(float c[4], const uint32_t a[4], uint32_
     mma16816<true>(c, a, b0, b1);
 }
 
-// Rows of one slot (a pass, a prompt's run) go rg a block (blockIdx.z: rows rg z ..): the A operand's 16 rows are
+// Rows of one slot (a pass, a prompt's run) go rg a block (blockIdx.x: rows rg x ..): the A operand's 16 rows are
 // rg rows' group query heads (row r0 + i / group, head h0 + i % group), which read the same keys, each masked past
 // its own position; the split is the one the block's deepest row takes (dec_span), as the combine works it out.
 // PRECOND: HD % 16 == 0; group <= 8; rg group <= 16, rg = 1 unless the B rows are in one slot; blockDim.x ==
@@ -782,7 +782,7 @@ __global__ __launch_bounds__(32 * TD_WARPS) void attn_decode_tc_kernel(float *pa
     extern __shared__ __align__(16) __half td_sm[];  // f16: per stage keys (64, LD), then values; q8: td_smem
     int8_t *raw = (int8_t *)(td_sm + 2 * DEC_CHUNK * LD);          // q8: per stage keys (64, HD), then values
     float *rsc = (float *)(raw + TD_STAGES * 2 * DEC_CHUNK * HD);  // q8: per stage key scales (64), value scales
-    const int split = blockIdx.x, kvh = blockIdx.y, r0 = blockIdx.z * rg, nr = min(rg, B - r0);
+    const int split = blockIdx.z, kvh = blockIdx.y, r0 = blockIdx.x * rg, nr = min(rg, B - r0);
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, cq = lane & 3;
     // before pdl_wait (dec_older): the rows' keys, the split's, and the first chunk's older keys in flight. Lane
     // i < nr reads row r0 + i's keys (every load in flight at once); the block's deepest row's, and the keys before
@@ -1092,10 +1092,13 @@ static int attn_decode_launch(dj_gpu *g, const char *fn, float *out, const float
         return dj_fail(e, "%s: bad rows B=%lld ldq=%lld", fn, (long long)B, (long long)ldq);
     if (scratch_need(g, gpu_attention_scratch(B, n_heads, n_kv_heads, head_dim, max_seq), s, e)) return -1;
     float *part_o = (float *)g->scratch, *part_ml = part_o + B * n_heads * ns * head_dim;
-    dim3 grid((unsigned)ns, (unsigned)n_kv_heads, (unsigned)(B * n_gz));
+    // splits slowest: the grid holds the splits of the longest context the slots allow (a graph serves every
+    // position), and a shorter context's blocks past its own splits return at once; dispatched last, they hold no
+    // multiprocessor ahead of a working block
+    dim3 grid((unsigned)(B * n_gz), (unsigned)n_kv_heads, (unsigned)ns);
     const float scale = 1.0f / sqrtf((float)head_dim);
     if (tc) {
-        dim3 tgrid((unsigned)ns, (unsigned)n_kv_heads, (unsigned)blocks);
+        dim3 tgrid((unsigned)blocks, (unsigned)n_kv_heads, (unsigned)ns);
 #define TD_LAUNCH(HDV, KT)                                                                                         \
     if (head_dim == HDV && c->type == KT)                                                                          \
         CUDA_CHECK(pdl_launch(attn_decode_tc_kernel<HDV, KT>, tgrid, dim3(32 * TD_WARPS), td_smem<HDV, KT>(), s,   \

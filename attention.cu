@@ -455,7 +455,7 @@ extern "C" int gpu_attention_prefill(dj_gpu *g, float *out, int64_t ldo, const f
 #ifndef DEC_SPLITS
 #define DEC_SPLITS 16   // splits a kv head aims at in a short context (dec_span)
 #endif
-#define DEC_G 8         // query heads of one kv head handled per block (more: blockIdx.z)
+#define DEC_G 8         // query heads of one kv head handled per block (more: blockIdx.x)
 #define DEC_THREADS 128
 // Split blocks a launch aims at: about four a multiprocessor (132 on an H200). A deep context uses only every
 // DEC_DEEP_DIV-th of them (dec_span), each looping over more keys. Measured there (bench/results/kv_depth, 8B q4

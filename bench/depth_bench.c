@@ -13,11 +13,7 @@
 #include "../engine.h"
 #include "../loader.h"
 #include "../util.h"
-
-static int cmp_d(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
+#include "sort_times.h"
 
 static void die(const char *what, const dj_err *e) {
     fprintf(stderr, "depth_bench: %s: %s\n", what, e ? e->msg : "");
@@ -73,7 +69,7 @@ int main(int argc, char **argv) {
                 if (eng.forward(eng.ctx, 0, &tok, 1, depths[i], logits, 0, &e)) die("step", &e);
                 if (r >= 2) t[r - 2] = dj_now() - t0;
             }
-            qsort(t, (size_t)reps, sizeof *t, cmp_d);
+            sort_times(t, reps);
             const double bytes = (double)st.resident_bytes + (double)(depths[i] + 1) * (double)pos_bytes;
             printf("%s{\"depth\": %lld, \"ms\": %.4f, \"bytes\": %.0f}", i ? ", " : "", (long long)depths[i],
                    t[reps / 2] * 1e3, bytes);

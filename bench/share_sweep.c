@@ -25,6 +25,7 @@
 #include "../gpu.h"
 #include "../loader.h"
 #include "../util.h"
+#include "sort_times.h"
 
 #define POS 64     // the passes start here (a short context in the KV cache)
 #define WARM 1     // untimed passes of T rows before each engine's timed ones in a round (the copies issued ahead
@@ -33,14 +34,9 @@
 #define WARM_FIRST 3  // untimed passes of each engine before the first round of a T
 #define MAX_LIST 32
 
-static int cmp_d(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
 // The median of v's n values (sorted in place).
 static double median(double *v, int n) {
-    qsort(v, (size_t)n, sizeof v[0], cmp_d);
+    sort_times(v, n);
     return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
@@ -149,7 +145,7 @@ int main(int argc, char **argv) {
             }
         for (int si = 0; si < nS; si++) {
             int n = reps * TIMED;
-            qsort(t[si], (size_t)n, sizeof t[si][0], cmp_d);
+            sort_times(t[si], n);
             med[si] = t[si][n / 2];
             printf("%s\n  {\"share\": %g, \"T\": %lld, \"share_used\": %.4f, \"ms\": %.3f, \"ms_min\": %.3f, "
                    "\"ms_max\": %.3f, \"cpu_gb_s\": %.2f, \"cpu_ms_per_pass\": %.2f, \"wait_ms_per_pass\": %.2f, "

@@ -15,11 +15,7 @@
 #include "../engine.h"
 #include "../loader.h"
 #include "../util.h"
-
-static int cmp_d(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
+#include "sort_times.h"
 
 // The median time of reps calls of forward(T rows at pos); all: every row's logits.
 static double time_pass(dj_engine *eng, const int32_t *tok, int64_t T, int64_t pos, int all, float *logits, int reps) {
@@ -33,7 +29,7 @@ static double time_pass(dj_engine *eng, const int32_t *tok, int64_t T, int64_t p
         }
         t[r] = dj_now() - t0;
     }
-    qsort(t, (size_t)reps, sizeof *t, cmp_d);
+    sort_times(t, reps);
     return t[reps / 2];
 }
 

@@ -19,11 +19,7 @@
 #include "../loader.h"
 #include "../sampler.h"
 #include "../util.h"
-
-static int cmp_d(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
+#include "sort_times.h"
 
 static void die(const char *what, const dj_err *e) {
     fprintf(stderr, "step_bench: %s: %s\n", what, e ? e->msg : "");
@@ -79,7 +75,7 @@ int main(int argc, char **argv) {
             if (eng.step_rows_pick(eng.ctx, rows, slots, pos, tok, rows, want, args, next, &e)) die("turn", &e);
             if (k >= 3) t[k - 3] = dj_now() - t0;
         }
-        qsort(t, (size_t)reps, sizeof *t, cmp_d);
+        sort_times(t, reps);
         printf("%s{\"depth\": %lld, \"ms\": %.4f, \"tok_s\": %.1f}", i ? ", " : "", (long long)depths[i],
                t[reps / 2] * 1e3, (double)rows / t[reps / 2]);
         fprintf(stderr, "step_bench: %lld rows at depth %lld: %.3f ms\n", (long long)rows, (long long)depths[i],

@@ -491,9 +491,8 @@ typedef struct {
 // where the GPU has room for DEC_SPLITS of them (n_short = DEC_SPLITS), and where the rows fill it as few a split as
 // n_short splits take, or as DEC_ROW_SPAN keys a split take up to n_fill splits. Measured on an H200 (one row:
 // bench/results/gemv_rows, where 16 keys a split at every context sped a short context's step and slowed a
-// 2000-token one's; many rows: bench/results/attn_rows). A deep
-// context: whole chunks, as few a split as spread it over every DEC_DEEP_DIV-th split of the grid (each split loops
-// over its chunks).
+// 2000-token one's; many rows: bench/results/attn_rows). A deep context: whole chunks, as few a split as spread it
+// over every DEC_DEEP_DIV-th split of the grid (each split loops over its chunks).
 static __host__ __device__ __forceinline__ int dec_span(int n, int n_splits, dec_aim a) {
     if (n <= DEC_SPLITS * DEC_CHUNK) {
         for (int c = 16; c < DEC_CHUNK; c *= 2)

@@ -242,25 +242,60 @@ static __device__ __forceinline__ unsigned long long block_scan_u64(unsigned lon
 
 // ---- RMSNorm of one row by a block, written once so that every kernel normalising rows with it (ops.cu's
 // rmsnorm_kernel, qgemm.cu's register-kernel x layout) gives the same floats
-// Threads for a row of n (the reduction's order depends on it: kernels sharing row_rms launch alike).
+// Threads for a row of n (the reduction's order depends on it: kernels sharing row_norm launch alike).
 static inline int norm_threads(int64_t n) { return n >= 4096 ? 1024 : n >= 1024 ? 512 : 128; }
-// The scale 1 / sqrt(mean(v^2) + eps) of the row v = x + delta (delta NULL: x), each thread summing its elements'
-// squares in stride order, then block_sum; v is stored to sum (NULL: not stored; it may be x). A thread reads back
-// only the elements it stored, so the caller needs no barrier before it. PRECOND: every thread of the block calls
-// it; blockDim.x = norm_threads(n).
-static __device__ __forceinline__ float row_rms(float *sum, const float *x, const float *delta, int64_t n, float eps) {
+// Element v of the row, normed with the row's scale and weighted by w: in this order, in every kernel.
+static __device__ __forceinline__ float rms_at(float v, float scale, float w) { return v * scale * w; }
+
+// Elements of a row a thread holds in registers while norming it (row_norm): rows of up to NORM_HELD
+// norm_threads(n), 8192 floats, are read once.
+#define NORM_HELD 8
+// The row v = x + delta (delta NULL: x) normed, its RMS scale 1 / sqrt(mean(v^2) + eps), weighted by w: put(i,
+// rms_at(v_i, scale, w_i)) for each of the thread's elements i (threadIdx.x + k blockDim.x); v also stored to sum
+// (NULL: not stored; it may be x). Each thread sums its elements' squares in stride order, then block_sum. Where the
+// row fits NORM_HELD a thread, every load (x, delta, w) is issued before the first store, so the row costs one
+// memory round trip (a loop of a load, then a store to what may alias the next load, waited for each element in turn:
+// bench/results/step_turn/session71); a longer row is read again from sum (or x) after the sum. PRECOND: every
+// thread of the block calls it; blockDim.x = norm_threads(n); delta NULL where sum is NULL.
+template <typename Put>
+static __device__ __forceinline__ void row_norm(float *sum, const float *x, const float *delta, const float *w,
+                                                int64_t n, float eps, Put put) {
+    const int64_t bd = blockDim.x;
     float ss = 0.0f;
-    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+    if (n <= NORM_HELD * bd) {
+        float v[NORM_HELD], wv[NORM_HELD];
+#pragma unroll
+        for (int k = 0; k < NORM_HELD; k++) {
+            const int64_t i = threadIdx.x + k * bd;
+            v[k] = i < n ? x[i] : 0.0f, wv[k] = i < n ? w[i] : 0.0f;
+            if (delta && i < n) v[k] += delta[i];
+        }
+#pragma unroll
+        for (int k = 0; k < NORM_HELD; k++) {
+            const int64_t i = threadIdx.x + k * bd;
+            if (i >= n) break;
+            if (sum) sum[i] = v[k];
+            ss = fmaf(v[k], v[k], ss);  // one rounding, whatever the compiler would contract
+        }
+        const float scale = 1.0f / sqrtf(block_sum(ss) / (float)n + eps);
+#pragma unroll
+        for (int k = 0; k < NORM_HELD; k++) {
+            const int64_t i = threadIdx.x + k * bd;
+            if (i >= n) break;
+            put(i, rms_at(v[k], scale, wv[k]));
+        }
+        return;
+    }
+    for (int64_t i = threadIdx.x; i < n; i += bd) {
         float v = x[i];
         if (delta) v += delta[i];
         if (sum) sum[i] = v;
-        ss = fmaf(v, v, ss);  // one rounding, whatever the compiler would contract
+        ss = fmaf(v, v, ss);
     }
-    ss = block_sum(ss);
-    return 1.0f / sqrtf(ss / (float)n + eps);
+    const float scale = 1.0f / sqrtf(block_sum(ss) / (float)n + eps);
+    // a thread reads back only the elements it stored: no barrier
+    for (int64_t i = threadIdx.x; i < n; i += bd) put(i, rms_at(sum ? sum[i] : x[i], scale, w[i]));
 }
-// Element v of the row, normed with row_rms's scale and weighted by w: in this order, in every kernel.
-static __device__ __forceinline__ float rms_at(float v, float scale, float w) { return v * scale * w; }
 
 // ---- weight dtypes: element i of W (wtype WT) as a float, exactly (f16 and bf16 widen without rounding)
 template <int WT> static __device__ __forceinline__ float wload(const void *w, int64_t i);

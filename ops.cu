@@ -133,9 +133,8 @@ template <bool ADD>
 __global__ void rmsnorm_kernel(float *out, float *x, const float *delta, const float *w, int64_t n, float eps) {
     const int64_t off = (int64_t)blockIdx.x * n;
     float *xr = x + off;
-    const float scale = row_rms(ADD ? xr : NULL, xr, ADD ? delta + off : NULL, n, eps);
-    // The same thread reads back what it wrote above, so no barrier is needed; out may alias x or delta.
-    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) out[off + i] = rms_at(xr[i], scale, w[i]);
+    // out may alias x or delta: a thread writes only its own elements, after reading them
+    row_norm(ADD ? xr : NULL, xr, ADD ? delta + off : NULL, w, n, eps, [&](int64_t i, float y) { out[off + i] = y; });
 }
 
 extern "C" int gpu_rmsnorm(float *out, const float *x, const float *w, int64_t T, int64_t n, float eps,

@@ -396,7 +396,7 @@ __global__ void qreg_x_kernel(uint4 *xf, qgemm_src src, int64_t T, int64_t n_in,
 
 // The same xf for the rows rmsnorm(x + delta) * nw (gpu_norm_qgemm: the norm before q|k|v or gate|up inside the x
 // layout, so no normed row is written and read back), a block a token: the row's add and RMS as rmsnorm_kernel takes
-// them (row_rms at its block size: the same floats), x + delta (x where delta is NULL) stored to xo, the normed row
+// them (row_norm at its block size: the same floats), x + delta (x where delta is NULL) stored to xo, the normed row
 // rounded to f16 in shared memory (zeros past n_in; each value rounded alone as f16x2 rounds it), then the token's
 // uint4s where qreg_x_kernel puts them: token 8 NT tb + 8 nt + g takes lanes 4 g .. 4 g + 3 of n8 tile nt in every
 // (unit, chunk, step pair) of token block tb. Blocks of tokens past T write zeros. The first n_tickets tickets are
@@ -412,11 +412,11 @@ __global__ void qreg_norm_x_kernel(uint4 *xf, const float *x, const float *delta
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n_tickets; i += (int64_t)gridDim.x * blockDim.x)
         tickets[i] = 0;
     const int64_t tok = blockIdx.x, padded = iters * 4 * NQ * S::IN;
-    if (tok < T) {  // the whole block alike, through row_rms's barriers
+    if (tok < T) {  // the whole block alike, through row_norm's barriers
         const int64_t off = tok * n_in;
-        const float scale = row_rms(xo + off, x + off, delta ? delta + off : NULL, n_in, eps);
-        for (int64_t i = threadIdx.x; i < padded; i += blockDim.x)
-            xn[i] = __float2half_rn(i < n_in ? rms_at(xo[off + i], scale, nw[i]) : 0.0f);
+        row_norm(xo + off, x + off, delta ? delta + off : NULL, nw, n_in, eps,
+                 [&](int64_t i, float y) { xn[i] = __float2half_rn(y); });
+        for (int64_t i = n_in + threadIdx.x; i < padded; i += blockDim.x) xn[i] = __float2half_rn(0.0f);
         __syncthreads();
     }
     // uint4 j of the token: m = j / 4 = (i NQ + k) SP + w (unit i, chunk k, step pair w), c = j % 4 (lane 4 g + c)

@@ -748,6 +748,11 @@ __global__ __launch_bounds__(DEC_THREADS) void attn_decode_split_kernel(float *p
 // cp.async into rows padded by 8 halves (fragment loads in distinct banks), two stages in flight.
 #define TD_WARPS 4
 #define TD_STAGES 2
+// Blocks a multiprocessor holds (attn_decode_tc_kernel's MINB) in launches of at least DEC_BLOCKS (row block, kv
+// head) pairs: three, registers capped for them (shared memory holds three): 2.4% on a 64-row q4 turn, where a
+// 16-row one lost 1% and one row at 8000 keys 10% (bench/results/step_turn/session71). Other launches: MINB 0, as
+// many as the registers the kernel takes allow (two at head_dim 128).
+#define TD_MANY_MINB 3
 
 // f16: TD_STAGES stages of f16 key and value tiles (rows padded by 8). q8: one pair of f16 tiles the staged int8 rows
 // are widened into, then TD_STAGES stages of the int8 rows and of their scales.
@@ -769,12 +774,13 @@ __device__ __forceinline__ void mma_f16(float c[4], const uint32_t a[4], uint32_
 // its own position; the split is the one the block's deepest row takes (dec_span), as the combine works it out.
 // PRECOND: HD % 16 == 0; group <= 8; rg group <= 16, rg = 1 unless the B rows are in one slot; blockDim.x ==
 // 32 TD_WARPS; td_smem<HD>() bytes of dynamic shared memory; the cache f16 with 16-byte aligned rows.
-template <int HD, int KT>
-__global__ __launch_bounds__(32 * TD_WARPS) void attn_decode_tc_kernel(float *part_o, float *part_ml, const float *q,
-                                                                      int64_t ldq, gpu_kv_cache c, int n_heads,
-                                                                      int group, int max_seq, int n_splits,
-                                                                      dec_aim aim, int rg, int B, float scale,
-                                                                      gpu_kv_rows kv) {
+template <int HD, int KT, int MINB>
+__global__ __launch_bounds__(32 * TD_WARPS, MINB) void attn_decode_tc_kernel(float *part_o, float *part_ml,
+                                                                            const float *q, int64_t ldq,
+                                                                            gpu_kv_cache c, int n_heads, int group,
+                                                                            int max_seq, int n_splits, dec_aim aim,
+                                                                            int rg, int B, float scale,
+                                                                            gpu_kv_rows kv) {
     constexpr int LD = HD + 8, KS = HD / 16, ND = HD / 8;
     constexpr int PIECES = KT == DJ_KV_F16 ? HD / 8 : HD / 16;  // 16-byte pieces a stored row
     constexpr bool Q8 = KT == DJ_KV_Q8;
@@ -1098,12 +1104,15 @@ static int attn_decode_launch(dj_gpu *g, const char *fn, float *out, const float
     const float scale = 1.0f / sqrtf((float)head_dim);
     if (tc) {
         dim3 tgrid((unsigned)blocks, (unsigned)n_kv_heads, (unsigned)ns);
-#define TD_LAUNCH(HDV, KT)                                                                                         \
-    if (head_dim == HDV && c->type == KT)                                                                          \
-        CUDA_CHECK(pdl_launch(attn_decode_tc_kernel<HDV, KT>, tgrid, dim3(32 * TD_WARPS), td_smem<HDV, KT>(), s,   \
-                              part_o, part_ml, q, ldq, *c, (int)n_heads, (int)group, (int)max_seq, (int)ns, aim,   \
+        const bool many = blocks * n_kv_heads >= DEC_BLOCKS;
+#define TD_LAUNCH(HDV, KT, MINB)                                                                                   \
+    if (head_dim == HDV && c->type == KT && many == (MINB == TD_MANY_MINB))                                        \
+        CUDA_CHECK(pdl_launch(attn_decode_tc_kernel<HDV, KT, MINB>, tgrid, dim3(32 * TD_WARPS), td_smem<HDV, KT>(), \
+                              s, part_o, part_ml, q, ldq, *c, (int)n_heads, (int)group, (int)max_seq, (int)ns, aim, \
                               (int)rg, (int)B, scale, kv));
-#define TD_TYPES(HDV) TD_LAUNCH(HDV, DJ_KV_F16) TD_LAUNCH(HDV, DJ_KV_Q8)
+#define TD_TYPES(HDV)                                                                                              \
+    TD_LAUNCH(HDV, DJ_KV_F16, 0) TD_LAUNCH(HDV, DJ_KV_Q8, 0) TD_LAUNCH(HDV, DJ_KV_F16, TD_MANY_MINB)              \
+    TD_LAUNCH(HDV, DJ_KV_Q8, TD_MANY_MINB)
         TD_HDS(TD_TYPES)
 #undef TD_TYPES
 #undef TD_LAUNCH
@@ -1216,12 +1225,14 @@ int tc_setup(dj_gpu *g, dj_err *e) {
     }
     TC_HDS(TC_SET)
 #undef TC_SET
+#define TD_SET1(HDV, KT, MINB)                                                                                    \
+    CUDA_CHECK(cudaFuncSetAttribute(attn_decode_tc_kernel<HDV, KT, MINB>, cudaFuncAttributeMaxDynamicSharedMemorySize, \
+                                    (int)td_smem<HDV, KT>()));
 #define TD_SET(HDV)                                                                                               \
-    CUDA_CHECK(cudaFuncSetAttribute(attn_decode_tc_kernel<HDV, DJ_KV_F16>,                                        \
-                                    cudaFuncAttributeMaxDynamicSharedMemorySize, (int)td_smem<HDV, DJ_KV_F16>()));  \
-    CUDA_CHECK(cudaFuncSetAttribute(attn_decode_tc_kernel<HDV, DJ_KV_Q8>,                                         \
-                                    cudaFuncAttributeMaxDynamicSharedMemorySize, (int)td_smem<HDV, DJ_KV_Q8>()));
+    TD_SET1(HDV, DJ_KV_F16, 0) TD_SET1(HDV, DJ_KV_Q8, 0) TD_SET1(HDV, DJ_KV_F16, TD_MANY_MINB)                    \
+    TD_SET1(HDV, DJ_KV_Q8, TD_MANY_MINB)
     TD_HDS(TD_SET)
 #undef TD_SET
+#undef TD_SET1
     return 0;
 }

@@ -179,17 +179,22 @@ Test(gpu_forward, matches_cpu_at_each_kv_type) {
 Test(gpu_forward, matches_cpu_q8) { gpu_vs_cpu(DJ_Q8, 5e-3); }
 Test(gpu_forward, matches_cpu_q4) { gpu_vs_cpu(DJ_Q4, 5e-3); }
 
-// 1e-2: the prefill rounds x and the widened weights to f16 (scale * k takes up to 19 bits, so each weight rounds
-// once where an f16 one does not), and tied_gqa's random weights amplify the difference about ninefold (its f16
-// run reaches 4e-3 of the 5e-3 below); q8 runs of it reached 6.5e-3.
+// The prefill rounds x and the widened weights to f16 (scale * k takes up to 19 bits, so each weight rounds once where
+// an f16 one does not), and tied_gqa's random weights amplify the difference about ninefold. Over 30 fresh prompts
+// (H200, bench/results/step_turn/session72) the worst position of a run: tied_gqa q8 median 4.4e-3, max 8.8e-3, q4
+// 3.3e-3 / 5.5e-3; the two others at most 5.6e-3. tied_gqa's q8 tail is heavy: seed 1803504277769590 reached
+// 1.87e-2 at prefill position 57 (on the code of 2026-11-29 and after), so it is held to 3e-2, the others to 1e-2; a
+// wrong kernel is off by O(1).
 Test(gpu_forward, quantized_fixtures_match_cpu) {
     tc_rng_fresh("gpu_forward.quantized_fixtures_match_cpu");
     static const char *fixtures[] = {"tied_gqa_f16", "mha_untied_f16", "llama3_gqa_bf16"};
+    static const double tol[] = {3e-2, 1e-2, 1e-2};
     for (int i = 0; i < 3; i++)
         for (int dt = DJ_Q8; dt <= DJ_Q4; dt++) {
             dj_model m;
             load_fixture_as(&m, fixtures[i], dt);
-            gpu_vs_cpu_opts(&m, 0, 1e-2);
+            fprintf(stderr, "%s as %s:\n", fixtures[i], dj_dtype_name((uint32_t)dt));
+            gpu_vs_cpu_opts(&m, 0, tol[i]);
             model_free(&m);
         }
 }

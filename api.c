@@ -325,6 +325,8 @@ int api_parse(const api_model *m, const char *body, size_t n, int chat, uint64_t
     const json_value *so = field(&k, root, "stream_options", JSON_OBJECT);
     v = so ? field(&k, so, "include_usage", JSON_BOOL) : NULL;
     r->include_usage = v && v->u.boolean;
+    v = field(&k, root, "ignore_eos", JSON_BOOL);
+    r->ignore_eos = v && v->u.boolean;
     v = field(&k, root, "park", JSON_BOOL);
     r->park = v && v->u.boolean;
     const json_value *sess = field(&k, root, "session", JSON_STRING);

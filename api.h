@@ -31,6 +31,7 @@ typedef struct {
     int32_t *ids;         // the prompt
     size_t n_ids;
     int64_t max_tokens;   // -1: until an end token or the context's end
+    int ignore_eos;       // "ignore_eos": true (llama.cpp's, vLLM's): an end token neither ends the answer nor adds text
     dj_sampler *smp;      // seeded with "seed", or a fresh seed
     char *stops[BT_STOPS];
     int n_stops;

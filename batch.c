@@ -589,7 +589,7 @@ static const char *take_token(bt_sched *s, bt_job *j, const char **err, dj_err *
     const char *finish = NULL;
     int hit = -1;
     if (tok_is_eos(s->tok, t)) {
-        finish = "stop";
+        if (!j->ignore_eos) finish = "stop";
     } else {
         size_t len;
         const char *piece = tok_stream_push(j->ts, t, &len);

@@ -59,6 +59,8 @@ struct bt_job {
     int32_t *ids;        // the prompt (n_ids >= 1)
     size_t n_ids;
     int64_t max_tokens;  // < 0: until an end token or the context's end
+    int ignore_eos;      // an end token does not end the answer (it adds no text): max_tokens, a stop string or the
+                         //   context does
     dj_sampler *smp;
     char *stops[BT_STOPS];
     int n_stops;

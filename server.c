@@ -427,9 +427,10 @@ static void start_completion(srv *s, srv_conn *c, const char *body, size_t len, 
         send_error(s, c, 500, NULL, "out of memory");
         return;
     }
-    *j = (bt_job){.ids = q.ids, .n_ids = q.n_ids, .max_tokens = q.max_tokens, .smp = q.smp, .n_stops = q.n_stops,
-                  .park_after = q.park, .by_user = q.by_user, .kind = chat, .brk = q.brk, .layer = q.layer,
-                  .resume = q.resume, .rows = q.rows, .n_rows = q.n_rows, .tenant = c->tenant, .owner = r, .ts = ts};
+    *j = (bt_job){.ids = q.ids, .n_ids = q.n_ids, .max_tokens = q.max_tokens, .ignore_eos = q.ignore_eos,
+                  .smp = q.smp, .n_stops = q.n_stops, .park_after = q.park, .by_user = q.by_user, .kind = chat,
+                  .brk = q.brk, .layer = q.layer, .resume = q.resume, .rows = q.rows, .n_rows = q.n_rows,
+                  .tenant = c->tenant, .owner = r, .ts = ts};
     memcpy(j->stops, q.stops, sizeof j->stops);
     r->c = c, r->job = j, r->stream = q.stream, r->include_usage = q.include_usage;
     r->t0 = dj_now();

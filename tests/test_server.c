@@ -1045,6 +1045,56 @@ Test(server, answers_end_as_they_say) {
     ts_teardown(&t);
 }
 
+// "ignore_eos": true (llama.cpp's, vLLM's): an end token neither ends the answer nor adds text. stories260K converted
+// with "." as its end token ends a greedy story at its first sentence; with ignore_eos the same request runs to its
+// max_tokens, its text the first answer's and more, no "." in it, streamed or not. Any other value than a boolean is
+// refused by name.
+Test(server, ignore_eos_runs_to_the_limit) {
+    ts_env t;
+    ts_setup(&t);
+    char tokdir[400], path[1200], src[1100], model[600], out[600], err[600];
+    snprintf(tokdir, sizeof tokdir, "%s/dot_tok", t.dir);
+    mkdir(tokdir, 0755);
+    tc_data_path(src, sizeof src, "models/stories260K");
+    snprintf(path, sizeof path, "%s/tokenizer.json", src);
+    size_t n;
+    char *json = tc_must_read(path, &n);
+    snprintf(path, sizeof path, "%s/tokenizer.json", tokdir);
+    tc_write(path, json, n);
+    free(json);
+    const char *cfg = "{\"add_bos_token\": true, \"add_eos_token\": false, \"bos_token\": \"<s>\", \"eos_token\": \".\"}";
+    snprintf(path, sizeof path, "%s/tokenizer_config.json", tokdir);
+    tc_write(path, cfg, strlen(cfg));
+    snprintf(model, sizeof model, "%s/dot.bin", t.dir);
+    snprintf(out, sizeof out, "%s/convert.out", t.dir);
+    snprintf(err, sizeof err, "%s/convert.err", t.dir);
+    cr_assert_eq(ts_run((char *[]){ts_convert, src, model, "--dtype", "f32", "--tokenizer", tokdir, "-q", NULL}, NULL,
+                        out, err), 0, "convert (\".\" as the end token) failed");
+    ts_srv s;
+    ts_start(&s, &t, model, NULL);
+    char finish[16];
+    char *plain = ts_complete(&s, "Once upon a time", 60, "\"temperature\":0", 0, finish);
+    cr_assert_str_eq(finish, "stop", "no end token in 60 greedy tokens: '%s'", plain);
+    for (int stream = 0; stream < 2; stream++) {
+        char *all = ts_complete(&s, "Once upon a time", 60, "\"temperature\":0,\"ignore_eos\":true", stream, finish);
+        cr_assert_str_eq(finish, "length", "stream %d: '%s'", stream, all);
+        cr_assert(!strncmp(all, plain, strlen(plain)) && strlen(all) > strlen(plain) && !strchr(all, '.'),
+                  "stream %d: '%s' after '%s'", stream, all, plain);
+        free(all);
+    }
+    char *body = ts_completion_body("Once upon a time", 60, "\"temperature\":0,\"ignore_eos\":true");
+    ts_resp r = ts_post(s.port, "/v1/completions", body);
+    cr_assert(r.status == 200 && strstr(r.body, "\"completion_tokens\":60,"), "%s", r.raw);
+    free(r.raw), free(body);
+    body = ts_completion_body("Once upon a time", 60, "\"ignore_eos\":\"yes\"");
+    r = ts_post(s.port, "/v1/completions", body);
+    ts_expect_error(&r, 400, "'ignore_eos' must be a bool", "ignore_eos");
+    free(r.raw), free(body), free(plain);
+    ts_stop(&s);
+    tc_rm_rf(tokdir);
+    ts_teardown(&t);
+}
+
 // --timeout 1: a client that sends half a request head and stalls gets 408 and is closed; one that asks for a
 // stream and never reads does not hold anyone else up; one that pipelines requests and reads none of the answers
 // (more of them than both sockets' buffers hold: Linux grows a send buffer to 4 MB at most) is closed once its

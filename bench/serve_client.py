@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """bench/serve_client.py: load for `djinn serve` (standard library only), driven by bench/serve_bench.sh.
 
-  serve_client.py load   PORT N MAX_TOKENS OUT.json   N concurrent greedy completions at once: total tokens/s
+  serve_client.py load   PORT N MAX_TOKENS OUT.json   N concurrent greedy completions of MAX_TOKENS at once
+        (ignore_eos: no end token cuts one short): total tokens/s
   serve_client.py agents PORT N TURNS ANSWER WAIT_S OUT.json
         N agents, each a session of TURNS chat turns: an answer of ANSWER tokens (greedy), then WAIT_S seconds away
         (a tool call) and a new user message of about 100 tokens; every agent parks its session while it waits.
@@ -64,8 +65,10 @@ def load(port, n, max_tokens, out):
     def one(i):
         t0 = time.time()
         try:
+            # ignore_eos: every answer max_tokens long, so both dtypes' runs do the same work (the random weights'
+            # greedy answers end at an end token in some requests of one dtype and not the other's)
             r = post(port, "/v1/completions", {"prompt": f"Story number {i}: once upon a time", "max_tokens": max_tokens,
-                                               "temperature": 0})
+                                               "temperature": 0, "ignore_eos": True})
             res[i] = (t0, time.time(), r["usage"]["completion_tokens"])
         except Exception as ex:  # reported, not hidden
             errs.append(str(ex))

@@ -338,6 +338,14 @@ Test(api, session_name) {
     TA_OK(", \"park\": true, \"user\": \"u\"");
     TA_OK(", \"park\": true, \"session\": \"s\"");
     ta_refused(", \"park\": 1", "park");
+    // ignore_eos: a boolean, read as sent
+    cr_assert_eq(ta_parse(0, &r, &e, "{\"prompt\": \"Once\", \"ignore_eos\": true}"), 0, "%s", e.msg);
+    cr_assert_eq(r.ignore_eos, 1);
+    api_req_free(&r);
+    cr_assert_eq(ta_parse(0, &r, &e, "{\"prompt\": \"Once\", \"ignore_eos\": false}"), 0, "%s", e.msg);
+    cr_assert_eq(r.ignore_eos, 0);
+    api_req_free(&r);
+    ta_refused(", \"ignore_eos\": 1", "ignore_eos");
 }
 
 // ---- breakpoints and resumes: each refusal alone

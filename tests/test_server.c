@@ -57,6 +57,28 @@ static int ts_run(char *const argv[], const char *in, const char *out, const cha
     return tc_run(argv, in ? in : "/dev/null", out, 0, err, 120);
 }
 
+// stories260K converted into t->dir as `name` with stories260K's tokenizer.json and tokenizer_config.json `cfg`
+// (in t->dir/<name>_tok, left for ts_teardown); its path into `model`.
+static void ts_convert_with_config(const ts_env *t, const char *name, const char *cfg, char *model, size_t cap) {
+    char src[1100], out[400], err[400], tokdir[400], path[1200];
+    tc_data_path(src, sizeof src, "models/stories260K");
+    snprintf(out, sizeof out, "%s/convert.out", t->dir);
+    snprintf(err, sizeof err, "%s/convert.err", t->dir);
+    snprintf(tokdir, sizeof tokdir, "%s/%s_tok", t->dir, name);
+    mkdir(tokdir, 0755);
+    snprintf(path, sizeof path, "%s/tokenizer.json", src);
+    size_t n;
+    char *json = tc_must_read(path, &n);
+    snprintf(path, sizeof path, "%s/tokenizer.json", tokdir);
+    tc_write(path, json, n);
+    free(json);
+    snprintf(path, sizeof path, "%s/tokenizer_config.json", tokdir);
+    tc_write(path, cfg, strlen(cfg));
+    snprintf(model, cap, "%s/%s.bin", t->dir, name);
+    cr_assert_eq(ts_run((char *[]){ts_convert, src, model, "--dtype", "f32", "--tokenizer", tokdir, "-q", NULL}, NULL,
+                        out, err), 0, "convert (%s) failed", name);
+}
+
 // stories260K converted twice into a fresh folder: as it is, and with a Llama 2 chat template (as test_cli's).
 static void ts_setup(ts_env *t) {
     memset(t, 0, sizeof *t);
@@ -69,34 +91,25 @@ static void ts_setup(ts_env *t) {
     char *d = tc_tmpdir("server");
     snprintf(t->dir, sizeof t->dir, "%s", d);
     free(d);
-    char out[400], err[400], tokdir[400], path[500], tj[1200];
+    char out[400], err[400];
     snprintf(out, sizeof out, "%s/convert.out", t->dir);
     snprintf(err, sizeof err, "%s/convert.err", t->dir);
     snprintf(t->model, sizeof t->model, "%s/stories.bin", t->dir);
     cr_assert_eq(ts_run((char *[]){ts_convert, src, t->model, "--dtype", "f32", "-q", NULL}, NULL, out, err), 0,
                  "convert failed");
-    snprintf(tokdir, sizeof tokdir, "%s/chat_tok", t->dir);
-    mkdir(tokdir, 0755);
-    snprintf(tj, sizeof tj, "%s/tokenizer.json", src);
-    size_t n;
-    char *json = tc_must_read(tj, &n);
-    snprintf(path, sizeof path, "%s/tokenizer.json", tokdir);
-    tc_write(path, json, n);
-    free(json);
     const char *cfg = "{\"add_bos_token\": true, \"add_eos_token\": false, \"bos_token\": \"<s>\", \"eos_token\": "
                       "\"</s>\", \"chat_template\": \"{% for m in messages %}{{ bos_token + '[INST] ' + m['content'] + "
                       "' [/INST]' }}<<SYS>>{% endfor %}\"}";
-    snprintf(path, sizeof path, "%s/tokenizer_config.json", tokdir);
-    tc_write(path, cfg, strlen(cfg));
-    snprintf(t->chat, sizeof t->chat, "%s/chat.bin", t->dir);
-    cr_assert_eq(ts_run((char *[]){ts_convert, src, t->chat, "--dtype", "f32", "--tokenizer", tokdir, "-q", NULL},
-                        NULL, out, err), 0, "convert (chat) failed");
+    ts_convert_with_config(t, "chat", cfg, t->chat, sizeof t->chat);
 }
 
 static void ts_teardown(ts_env *t) {
     char cmd[600];
-    snprintf(cmd, sizeof cmd, "%s/chat_tok", t->dir);
-    tc_rm_rf(cmd);
+    static const char *const toks[] = {"chat_tok", "dot_tok"};  // ts_convert_with_config's folders
+    for (size_t i = 0; i < sizeof toks / sizeof *toks; i++) {
+        snprintf(cmd, sizeof cmd, "%s/%s", t->dir, toks[i]);
+        tc_rm_rf(cmd);
+    }
     tc_rm_rf(t->dir);
 }
 
@@ -1052,24 +1065,9 @@ Test(server, answers_end_as_they_say) {
 Test(server, ignore_eos_runs_to_the_limit) {
     ts_env t;
     ts_setup(&t);
-    char tokdir[400], path[1200], src[1100], model[600], out[600], err[600];
-    snprintf(tokdir, sizeof tokdir, "%s/dot_tok", t.dir);
-    mkdir(tokdir, 0755);
-    tc_data_path(src, sizeof src, "models/stories260K");
-    snprintf(path, sizeof path, "%s/tokenizer.json", src);
-    size_t n;
-    char *json = tc_must_read(path, &n);
-    snprintf(path, sizeof path, "%s/tokenizer.json", tokdir);
-    tc_write(path, json, n);
-    free(json);
-    const char *cfg = "{\"add_bos_token\": true, \"add_eos_token\": false, \"bos_token\": \"<s>\", \"eos_token\": \".\"}";
-    snprintf(path, sizeof path, "%s/tokenizer_config.json", tokdir);
-    tc_write(path, cfg, strlen(cfg));
-    snprintf(model, sizeof model, "%s/dot.bin", t.dir);
-    snprintf(out, sizeof out, "%s/convert.out", t.dir);
-    snprintf(err, sizeof err, "%s/convert.err", t.dir);
-    cr_assert_eq(ts_run((char *[]){ts_convert, src, model, "--dtype", "f32", "--tokenizer", tokdir, "-q", NULL}, NULL,
-                        out, err), 0, "convert (\".\" as the end token) failed");
+    char model[600];
+    ts_convert_with_config(&t, "dot", "{\"add_bos_token\": true, \"add_eos_token\": false, \"bos_token\": \"<s>\", "
+                           "\"eos_token\": \".\"}", model, sizeof model);
     ts_srv s;
     ts_start(&s, &t, model, NULL);
     char finish[16];
@@ -1091,7 +1089,6 @@ Test(server, ignore_eos_runs_to_the_limit) {
     ts_expect_error(&r, 400, "'ignore_eos' must be a bool", "ignore_eos");
     free(r.raw), free(body), free(plain);
     ts_stop(&s);
-    tc_rm_rf(tokdir);
     ts_teardown(&t);
 }
 

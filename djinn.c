@@ -88,6 +88,7 @@ typedef struct {
     size_t prompt_len;
     const char *prompt_file;  // -f PATH, "-": stdin
     int64_t n_new;       // new tokens (-n -1: INT64_MAX, until the context is full or an end token)
+    int ignore_eos;      // --ignore-eos: an end token does not end the generation
     dj_sampling smp;     // -t, --top-p, --top-k, --min-p, the penalties
     uint64_t seed;
     int seed_given;
@@ -194,6 +195,8 @@ static void usage(FILE *f) {
             "                   -c tokens, scored\n"
             "  --stop STR       end the generation where the generated text contains STR, which is not printed\n"
             "                   (repeatable, up to 16)\n"
+            "  --ignore-eos     go on past the model's end tokens (they print nothing): -n, --stop or the context\n"
+            "                   ends the generation (llama.cpp's flag; benchmarks of a fixed length use it)\n"
             "  --chat           an interactive conversation in the model's own chat template (Llama 2 or 3): a\n"
             "                   line on stdin is a turn; each answer is -n tokens at most; Ctrl-C stops the\n"
             "                   answer, Ctrl-D (end of input) ends the conversation\n"
@@ -291,6 +294,7 @@ static int parse_flag(const char *a, dj_opts *o) {
     if (!strcmp(a, "--no-graph")) { o->gpu.no_graph = 1; return 1; }
     if (!strcmp(a, "--fma-attn")) { o->gpu.fma_attn = 1; return 1; }
     if (!strcmp(a, "--no-pin")) { o->no_pin = 1; return 1; }
+    if (!strcmp(a, "--ignore-eos")) { o->ignore_eos = 1; return 1; }
     return 0;
 }
 
@@ -438,6 +442,9 @@ static int check_args(const dj_opts *o) {
         return usage_error("%s", "--chat reads its turns from stdin: not with -p, -f, --tokenize, --check, --perplexity, "
                                  "--logits, --stats-json or --stop");
     if (o->system && !o->chat) return usage_error("%s", "--system is --chat's");
+    if (o->ignore_eos && (o->chat || o->check_path || o->ppl_path || o->tokenize))
+        return usage_error("%s", "--ignore-eos is a generation's: not with --chat (an answer ends at its end token), "
+                                 "--check, --perplexity or --tokenize");
     if ((o->check_path || o->tokenize || o->ppl_path) && (o->logits_path || o->stats_path))
         return usage_error("%s", "--logits and --stats-json record a generation: not with --check, --perplexity or "
                                  "--tokenize");
@@ -954,11 +961,13 @@ static int gen_decode(gen_run *g, dj_err *e) {
         sampler_accept(g->smp, next);
         g->ids[g->n++] = next;
         g->n_gen++;
-        const char *s = tok_stream_push(g->stream, next, &len);
+        const int end = tok_is_eos(g->tok, next), eos = end && !o->ignore_eos;
+        const char *s = "";  // an end token passed over (--ignore-eos) adds no text
+        len = 0;
+        if (!(end && o->ignore_eos)) s = tok_stream_push(g->stream, next, &len);
         if (o->n_stops ? (g->hit = held_feed(&g->held, s, len, o->stops, o->n_stops, emit_to_stdout, NULL, e)) == -2
                        : emit(s, len, e))
             return -1;
-        int eos = tok_is_eos(g->tok, next);
         int more = g->n_gen < o->n_new && !eos && g->hit < 0;
         if (g->want_rows) {  // position n-1 < ctx: always fits
             if (g->eng.forward(g->eng.ctx, 0, &next, 1, g->n - 1, g->logits, 0, e) ||

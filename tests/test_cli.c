@@ -101,7 +101,7 @@ static void tcli_teardown(tcli_ctx *c) {
         while ((ent = readdir(d)))
             if (strcmp(ent->d_name, ".") && strcmp(ent->d_name, "..")) {
                 snprintf(p, sizeof p, "%s/%s", c->dir, ent->d_name);
-                unlink(p);
+                if (unlink(p)) tc_rm_rf(p);  // a folder of files (tcli_tok_model's)
             }
         closedir(d);
     }
@@ -565,11 +565,11 @@ Test(cli, stop_strings) {
 }
 
 // ---- --chat
-// stories260K with a Llama 2 chat template in its tokenizer_config.json (the template is recognised by its
-// markers), converted into c->dir/chat.bin; `tmpl` NULL: a template of no known kind.
-static void tcli_chat_model(tcli_ctx *c, const char *tmpl, char *out, size_t n) {
+// stories260K with its tokenizer.json and tokenizer_config.json `cfg` (written into c->dir/<name>_tok), converted
+// into c->dir/<name>.bin, its path into out.
+static void tcli_tok_model(tcli_ctx *c, const char *name, const char *cfg, char *out, size_t n) {
     char dir[600], path[700], src[1100];
-    snprintf(dir, sizeof dir, "%s/chat_tok", c->dir);
+    snprintf(dir, sizeof dir, "%s/%s_tok", c->dir, name);
     mkdir(dir, 0755);
     snprintf(src, sizeof src, "%s/models/stories260K/tokenizer.json", c->data);
     size_t len;
@@ -577,16 +577,22 @@ static void tcli_chat_model(tcli_ctx *c, const char *tmpl, char *out, size_t n) 
     snprintf(path, sizeof path, "%s/tokenizer.json", dir);
     tc_write(path, tj, len);
     free(tj);
-    char cfg[2048];
-    int k = snprintf(cfg, sizeof cfg, "{\"add_bos_token\": true, \"add_eos_token\": false, \"bos_token\": \"<s>\", "
-                     "\"eos_token\": \"</s>\", \"chat_template\": \"%s\"}",
-                     tmpl ? tmpl : "{% for m in messages %}<|user|>{{ m['content'] }}{% endfor %}");
     snprintf(path, sizeof path, "%s/tokenizer_config.json", dir);
-    tc_write(path, cfg, (size_t)k);
-    snprintf(out, n, "%s/chat%s.bin", c->dir, tmpl ? "" : "_unknown");
+    tc_write(path, cfg, strlen(cfg));
+    snprintf(out, n, "%s/%s.bin", c->dir, name);
     snprintf(src, sizeof src, "%s/models/stories260K", c->data);
     cr_assert_eq(tcli_run(c, (char *[]){tcli_convert_path, src, out, "--dtype", "f32", "--tokenizer", dir, "-q", NULL}),
                  0, "convert: %s", tcli_stderr(c));
+}
+
+// stories260K with a Llama 2 chat template in its tokenizer_config.json (the template is recognised by its
+// markers), converted into c->dir/chat.bin; `tmpl` NULL: a template of no known kind (chat_unknown.bin).
+static void tcli_chat_model(tcli_ctx *c, const char *tmpl, char *out, size_t n) {
+    char cfg[2048];
+    snprintf(cfg, sizeof cfg, "{\"add_bos_token\": true, \"add_eos_token\": false, \"bos_token\": \"<s>\", "
+             "\"eos_token\": \"</s>\", \"chat_template\": \"%s\"}",
+             tmpl ? tmpl : "{% for m in messages %}<|user|>{{ m['content'] }}{% endfor %}");
+    tcli_tok_model(c, tmpl ? "chat" : "chat_unknown", cfg, out, n);
 }
 
 #define TCLI_LLAMA2_TMPL "{% for m in messages %}{{ bos_token + '[INST] ' + m['content'] + ' [/INST]' }}<<SYS>>{% endfor %}"
@@ -905,6 +911,30 @@ Test(cli, stops_at_end_of_sequence) {
         if (r[i] > r[best]) best = i;
     cr_assert_eq(best, 2, "row 22 picks %d, not eos", best);
     free(rows), free(upto), free(out), free(err);
+    tcli_teardown(&c);
+}
+
+// --ignore-eos (llama.cpp's): the same greedy run goes past that eos to -n, printing nothing for it, so its text
+// begins with the 18 tokens' and goes on; a run that does not generate (--chat, --check, --perplexity, --tokenize)
+// refuses the flag.
+Test(cli, ignore_eos_goes_past_the_end_token) {
+    tcli_ctx c;
+    tcli_setup(&c);
+    char model[600];
+    tcli_convert_fixture(&c, "mha_untied_f16", model, sizeof model);
+    char *d = tcli_djinn_path, *p = "She was happy.";
+    char *upto = tcli_text(&c, (char *[]){d, model, "-p", p, "-n", "18", "-t", "0", "--cpu", NULL});
+    char *all = tcli_text(&c, (char *[]){d, model, "-p", p, "-n", "30", "-t", "0", "--cpu", "--ignore-eos", NULL});
+    char *err = tcli_stderr(&c);
+    cr_assert(!strstr(err, "end-of-sequence") && strstr(err, "djinn: decode 29 tokens"), "%s", err);
+    size_t k = strlen(upto);
+    if (k && upto[k - 1] == '\n') k--;  // the run's closing newline
+    cr_assert(!strncmp(all, upto, k) && strlen(all) > strlen(upto) && !strstr(all, "</s>"), "'%s' after '%s'", all,
+              upto);
+    tcli_expect_fail(&c, (char *[]){d, model, "--chat", "--ignore-eos", NULL}, 2, "--ignore-eos is a generation's");
+    tcli_expect_fail(&c, (char *[]){d, model, "--tokenize", "-p", p, "--ignore-eos", NULL}, 2,
+                     "--ignore-eos is a generation's");
+    free(upto), free(all), free(err);
     tcli_teardown(&c);
 }
 

@@ -198,7 +198,7 @@ int main(int argc, char **argv) {
     static const struct { uint8_t sel; const char *body; } bodies[] = {
         {8, "{\"model\": \"m\", \"prompt\": \"Once upon a time\", \"max_tokens\": 20, \"temperature\": 0.7, "
             "\"top_p\": 0.9, \"top_k\": 40, \"min_p\": 0.05, \"seed\": -3, \"stop\": [\"\\n\", \"The end\"], "
-            "\"stream\": true, \"stream_options\": {\"include_usage\": true}, \"echo\": false}"},
+            "\"stream\": true, \"stream_options\": {\"include_usage\": true}, \"echo\": false, \"ignore_eos\": true}"},
         {9, "{\"messages\": [{\"role\": \"system\", \"content\": \"Be brief.\"}, {\"role\": \"user\", "
             "\"content\": [{\"type\": \"text\", \"text\": \"Hi \\u00e9\"}]}, {\"role\": \"assistant\", "
             "\"content\": \"Hello\"}, {\"role\": \"user\", \"content\": \"More\"}], \"max_completion_tokens\": 5, "

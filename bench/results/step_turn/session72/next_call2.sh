@@ -1,8 +1,8 @@
 # written at stop 72: exp/combfold (combfold.patch: the combine folded into the tensor-core decode kernel in launches
-# of 512 (row block, kv head) pairs or more, at most 16 splits a kv head) against main: its GPU tests (attention, decode, gpu_forward, the GPU server
-# tests: graph replays reuse the tickets), attn_bench (1 / 16 / 64 rows at 96-480 keys, 1 and 16 rows at 8000 keys
-# of 8192: 16 rows fold there, one row does not), step_bench q4 / f16 16 rows and q4 64 (two rounds).
-# Put the patch at .gpu/cf.patch; main's tree is the carried one.
+# of 512 (row block, kv head) pairs or more with at most 16 splits a kv head) against main: its GPU tests
+# (attention, decode, gpu_forward, the GPU server tests: graph replays reuse the tickets), attn_bench (1 / 16 / 64
+# rows at 96-480 keys; 1 and 16 rows at 8000 keys of 8192, neither folded), step_bench q4 / f16 16 rows and q4 64
+# (two rounds): the 64-row turn is where it should show. Put the patch at .gpu/cf.patch; main's tree is carried.
 source .gpu/common.sh
 body() {
 stamp start

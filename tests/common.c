@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -223,6 +224,25 @@ int tc_run(char *const argv[], const char *in, const char *out, int append, cons
     cr_assert(WIFEXITED(st), "%s killed by signal %d", argv[0], WIFSIGNALED(st) ? WTERMSIG(st) : 0);
     cr_assert_neq(WEXITSTATUS(st), 127, "cannot exec %s", argv[0]);
     return WEXITSTATUS(st);
+}
+
+int tc_convert_with_config(const char *convert, const char *dir, const char *name, const char *cfg, char *model,
+                           size_t cap, const char *out, const char *err) {
+    char src[4096], tokdir[4096], path[4200];
+    tc_data_path(src, sizeof src, "models/stories260K");
+    snprintf(tokdir, sizeof tokdir, "%s/%s_tok", dir, name);
+    mkdir(tokdir, 0755);
+    snprintf(path, sizeof path, "%s/tokenizer.json", src);
+    size_t n;
+    char *json = tc_must_read(path, &n);
+    snprintf(path, sizeof path, "%s/tokenizer.json", tokdir);
+    tc_write(path, json, n);
+    free(json);
+    snprintf(path, sizeof path, "%s/tokenizer_config.json", tokdir);
+    tc_write(path, cfg, strlen(cfg));
+    snprintf(model, cap, "%s/%s.bin", dir, name);
+    return tc_run((char *[]){(char *)convert, src, model, "--dtype", "f32", "--tokenizer", tokdir, "-q", NULL},
+                  "/dev/null", out, 0, err, 120);
 }
 
 dj_tokenizer *tc_load_tokenizer(const char *rel) {

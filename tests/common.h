@@ -52,6 +52,11 @@ void tc_rm_rf(const char *dir);
 // status. A run still going after `seconds` is killed (SIGALRM); one killed by a signal, or that cannot be started,
 // fails the test.
 int tc_run(char *const argv[], const char *in, const char *out, int append, const char *err, unsigned seconds);
+// $DJINN_DATA's stories260K with its tokenizer.json and tokenizer_config.json `cfg` (both written into
+// dir/<name>_tok) converted to f32 by `convert` into dir/<name>.bin (its path into model, cap bytes), the
+// converter's stdout and stderr into out and err; returns its exit status.
+int tc_convert_with_config(const char *convert, const char *dir, const char *name, const char *cfg, char *model,
+                           size_t cap, const char *out, const char *err);
 
 // ---- this process's threads
 // The threads named `name` (/proc/self/task/*/comm); *awake (when given): how many of them are not asleep (their

@@ -565,24 +565,11 @@ Test(cli, stop_strings) {
 }
 
 // ---- --chat
-// stories260K with its tokenizer.json and tokenizer_config.json `cfg` (written into c->dir/<name>_tok), converted
+// stories260K with tokenizer_config.json `cfg` (tc_convert_with_config, its folder c->dir/<name>_tok), converted
 // into c->dir/<name>.bin, its path into out.
 static void tcli_tok_model(tcli_ctx *c, const char *name, const char *cfg, char *out, size_t n) {
-    char dir[600], path[700], src[1100];
-    snprintf(dir, sizeof dir, "%s/%s_tok", c->dir, name);
-    mkdir(dir, 0755);
-    snprintf(src, sizeof src, "%s/models/stories260K/tokenizer.json", c->data);
-    size_t len;
-    char *tj = tc_read(src, &len);
-    snprintf(path, sizeof path, "%s/tokenizer.json", dir);
-    tc_write(path, tj, len);
-    free(tj);
-    snprintf(path, sizeof path, "%s/tokenizer_config.json", dir);
-    tc_write(path, cfg, strlen(cfg));
-    snprintf(out, n, "%s/%s.bin", c->dir, name);
-    snprintf(src, sizeof src, "%s/models/stories260K", c->data);
-    cr_assert_eq(tcli_run(c, (char *[]){tcli_convert_path, src, out, "--dtype", "f32", "--tokenizer", dir, "-q", NULL}),
-                 0, "convert: %s", tcli_stderr(c));
+    cr_assert_eq(tc_convert_with_config(tcli_convert_path, c->dir, name, cfg, out, n, c->out, c->err), 0, "convert: %s",
+                 tcli_stderr(c));
 }
 
 // stories260K with a Llama 2 chat template in its tokenizer_config.json (the template is recognised by its

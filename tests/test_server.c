@@ -57,26 +57,14 @@ static int ts_run(char *const argv[], const char *in, const char *out, const cha
     return tc_run(argv, in ? in : "/dev/null", out, 0, err, 120);
 }
 
-// stories260K converted into t->dir as `name` with stories260K's tokenizer.json and tokenizer_config.json `cfg`
-// (in t->dir/<name>_tok, left for ts_teardown); its path into `model`.
+// stories260K converted into t->dir as `name` with tokenizer_config.json `cfg` (tc_convert_with_config; its folder
+// in t->dir/<name>_tok, left for ts_teardown); its path into `model`.
 static void ts_convert_with_config(const ts_env *t, const char *name, const char *cfg, char *model, size_t cap) {
-    char src[1100], out[400], err[400], tokdir[400], path[1200];
-    tc_data_path(src, sizeof src, "models/stories260K");
+    char out[400], err[400];
     snprintf(out, sizeof out, "%s/convert.out", t->dir);
     snprintf(err, sizeof err, "%s/convert.err", t->dir);
-    snprintf(tokdir, sizeof tokdir, "%s/%s_tok", t->dir, name);
-    mkdir(tokdir, 0755);
-    snprintf(path, sizeof path, "%s/tokenizer.json", src);
-    size_t n;
-    char *json = tc_must_read(path, &n);
-    snprintf(path, sizeof path, "%s/tokenizer.json", tokdir);
-    tc_write(path, json, n);
-    free(json);
-    snprintf(path, sizeof path, "%s/tokenizer_config.json", tokdir);
-    tc_write(path, cfg, strlen(cfg));
-    snprintf(model, cap, "%s/%s.bin", t->dir, name);
-    cr_assert_eq(ts_run((char *[]){ts_convert, src, model, "--dtype", "f32", "--tokenizer", tokdir, "-q", NULL}, NULL,
-                        out, err), 0, "convert (%s) failed", name);
+    cr_assert_eq(tc_convert_with_config(ts_convert, t->dir, name, cfg, model, cap, out, err), 0, "convert (%s) failed",
+                 name);
 }
 
 // stories260K converted twice into a fresh folder: as it is, and with a Llama 2 chat template (as test_cli's).

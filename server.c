@@ -116,7 +116,8 @@ static void srv_usage(FILE *f) {
             "  output 16 MB (reading pauses past 1 MB)\n"
             "endpoints: POST /v1/completions, POST /v1/chat/completions, GET /v1/models, GET /health, GET /metrics,\n"
             "  POST /v1/sessions/NAME/park, DELETE /v1/sessions/NAME; request fields beyond OpenAI's: session, park,\n"
-            "  break_after_layer, resume (README: Serving)\n",
+            "  break_after_layer, resume, and llama.cpp's top_k, min_p, repeat_penalty, repeat_last_n, n_predict,\n"
+            "  ignore_eos (docs/serving.md)\n",
             SRV_DEFAULT_CTX, dj_kv_name(DJ_KV_DEFAULT), KV_SLOTS_MAX, KV_PARALLEL_MAX, SRV_DEFAULT_PAUSED,
             SRV_DEFAULT_BUFFER_MB, SRV_DEFAULT_CLIENT_SHARE, SRV_REQS_TURN);
 }

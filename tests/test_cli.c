@@ -990,7 +990,8 @@ Test(cli, bad_flags_give_usage) {
                           "--tol", "--tokenize", "--stream-all", "--sync-copy", "--no-graph", "--no-pin",
                           "--stats-json", "--fma-attn", "--cpu-share", "--threads", "-f", "--version", "--stop",
                           "--top-k", "--min-p", "--repeat-penalty", "--repeat-last-n", "--presence-penalty",
-                          "--frequency-penalty", "--chat", "--system", "--trace", "--trace-steps", "--kv-type"};
+                          "--frequency-penalty", "--chat", "--system", "--trace", "--trace-steps", "--kv-type",
+                          "--ignore-eos"};
     for (size_t i = 0; i < sizeof opts / sizeof *opts; i++) cr_assert(strstr(out, opts[i]), "--help lacks %s", opts[i]);
     char kv_help[100];
     snprintf(kv_help, sizeof kv_help, "--kv-type T      the KV cache's elements: f32|f16|q8 (default %s;",

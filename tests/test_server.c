@@ -1875,7 +1875,8 @@ Test(server, usage_errors) {
     char *help = tc_must_read(out, NULL);
     const char *flags[] = {"--host",     "--port",     "--api-key", "--api-key-file", "--buffer-mb",
                            "--parallel", "--kv-gb",    "--park-gb", "--sessions",     "--prefill-chunk",
-                           "--max-conns", "--timeout", "/v1/sessions/NAME/park", "--kv-type", "--client-share"};
+                           "--max-conns", "--timeout", "/v1/sessions/NAME/park", "--kv-type", "--client-share",
+                           "ignore_eos"};
     for (size_t i = 0; i < sizeof flags / sizeof *flags; i++)
         cr_assert(strstr(help, flags[i]), "%s: %s", flags[i], help);
     free(help);

@@ -1474,6 +1474,9 @@ Test(kernels, attention_decode_many_rows, .timeout = 600) {
                                   tc ? "many rows, tensor cores" : "many rows, FMA");
     }
     gpu_set_tc_attn(tk_g, 1);
+    // head_dim 64 at 64 rows x 8 kv heads: the tensor-core kernel's three-blocks build of that head_dim (TD_MANY_MINB)
+    for (int kt = DJ_KV_F16; kt < DJ_KV_TYPES; kt++)
+        tk_attn_rows_case(kt, 4, 8, 64, 64, slot, 64, pos, fresh, 0, 512, "many rows, tensor cores");
     tk_end("attention_decode_many_rows");
 }
 

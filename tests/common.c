@@ -95,7 +95,7 @@ void tc_rm_rf(const char *dir) {
     while ((de = readdir(dp))) {
         if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, "..")) continue;
         snprintf(p, sizeof p, "%s/%s", dir, de->d_name);
-        unlink(p);
+        if (unlink(p)) tc_rm_rf(p);  // a folder: its files first
     }
     closedir(dp);
     rmdir(dir);

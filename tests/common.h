@@ -42,7 +42,7 @@ char *tc_read(const char *path, size_t *n);
 char *tc_must_read(const char *path, size_t *n);
 // Writes the bytes, or fails the test.
 void tc_write(const char *path, const void *data, size_t n);
-// A fresh folder /tmp/djinn_<tag>_XXXXXX (malloc'd path); tc_rm_rf removes it and the files in it.
+// A fresh folder /tmp/djinn_<tag>_XXXXXX (malloc'd path); tc_rm_rf removes it and everything in it.
 char *tc_tmpdir(const char *tag);
 void tc_rm_rf(const char *dir);
 

@@ -93,19 +93,7 @@ static void tcli_setup(tcli_ctx *c) {
 }
 
 static void tcli_teardown(tcli_ctx *c) {
-    if (!c->dir[0]) return;
-    DIR *d = opendir(c->dir);
-    if (d) {
-        struct dirent *ent;
-        char p[800];
-        while ((ent = readdir(d)))
-            if (strcmp(ent->d_name, ".") && strcmp(ent->d_name, "..")) {
-                snprintf(p, sizeof p, "%s/%s", c->dir, ent->d_name);
-                if (unlink(p)) tc_rm_rf(p);  // a folder of files (tcli_tok_model's)
-            }
-        closedir(d);
-    }
-    rmdir(c->dir);
+    if (c->dir[0]) tc_rm_rf(c->dir);
 }
 
 // Skips when $DJINN_TESTS does not say where tests/ (fixtures/, ref/) is.

@@ -58,7 +58,7 @@ static int ts_run(char *const argv[], const char *in, const char *out, const cha
 }
 
 // stories260K converted into t->dir as `name` with tokenizer_config.json `cfg` (tc_convert_with_config; its folder
-// in t->dir/<name>_tok, left for ts_teardown); its path into `model`.
+// in t->dir/<name>_tok); its path into `model`.
 static void ts_convert_with_config(const ts_env *t, const char *name, const char *cfg, char *model, size_t cap) {
     char out[400], err[400];
     snprintf(out, sizeof out, "%s/convert.out", t->dir);
@@ -92,12 +92,6 @@ static void ts_setup(ts_env *t) {
 }
 
 static void ts_teardown(ts_env *t) {
-    char cmd[600];
-    static const char *const toks[] = {"chat_tok", "dot_tok"};  // ts_convert_with_config's folders
-    for (size_t i = 0; i < sizeof toks / sizeof *toks; i++) {
-        snprintf(cmd, sizeof cmd, "%s/%s", t->dir, toks[i]);
-        tc_rm_rf(cmd);
-    }
     tc_rm_rf(t->dir);
 }
 

@@ -1,22 +1,24 @@
-# written at stop 73 for the next session: exp/wgsk2 (sk2.patch: stream-K Hopper shape 20 picked by its estimate,
-# shape 8 at six stages in q4) against main. Its tests (the tile shapes, stream-K runs, matmul, swiglu_qgemm,
-# gpu_forward), then every Hopper shape on the 8B's matrices at 65-2048 tokens and the 70B's at 128 / 512 / 2048 in q4 and q8 (does the
-# picker's estimate, fitted on the 8B q4 only, pick the fastest elsewhere?), then the 512-token prefill main / branch
-# beside f16 (three rounds) and the whole suite on the branch. Put sk2.patch at .gpu/sk2.patch; main's tree carried.
+# written at stop 73 for the next session: exp/normxt (normxt.patch: exp/wgsk2's stream-K Hopper shape 20 picked by
+# its estimate and shape 8 at six stages in q4, then the prefill's norms inside the Hopper kernel's x layout) against
+# main. Its tests (the tile shapes, stream-K runs, matmul, swiglu_qgemm, norm_qgemm), then every Hopper shape on the
+# 8B's matrices at 65-2048 tokens and the 70B's at 128 / 512 / 2048 in q4 and q8 (does the picker's estimate, fitted
+# on the 8B q4 only, pick the fastest elsewhere?), then the 512-token prefill main / branch beside f16 (three rounds;
+# DJINN_PROFILE once each), then the kernels and gpu_forward suites on the branch. Put normxt.patch at .gpu/nx.patch;
+# main's tree carried.
 source .gpu/common.sh
 body() {
 stamp start
-unpack m; unpack sk2
+unpack m; unpack nx
 W=/tmp/djinn_qbench; mkdir -p $W
 (cd /tmp/m && source bench/lib.sh && WORK=$W DATA=/tmp/shared && make_hf 8b $W/hf_8b $W/make.log) > $R/make.txt 2>&1 &
-for n in m sk2; do (cd /tmp/$n && make -j8 CRITERION=.crit DATA=/tmp/shared all build/run_tests build/bin/qgemm_bench build/bin/repeat_layers > $R/build_$n.log 2>&1; echo rc=$? >> $R/build_$n.log) & done
+for n in m nx; do (cd /tmp/$n && make -j8 CRITERION=.crit DATA=/tmp/shared all build/run_tests build/bin/qgemm_bench build/bin/repeat_layers > $R/build_$n.log 2>&1; echo rc=$? >> $R/build_$n.log) & done
 wait; tail -qn1 $R/build_*.log
 stamp built
 (cd /tmp/m && source bench/lib.sh && WORK=$W DATA=/tmp/shared && convert_once $W/hf_8b $W/q4.bin q4 && convert_once $W/hf_8b $W/f16.bin f16) >> $R/make.txt 2>&1 &
 MP=$!
-tests /tmp/sk2 $R/tests_sk2.txt 'kernels/qgemm*' 'kernels/matmul*' 'kernels/swiglu_qgemm'
+tests /tmp/nx $R/tests_nx.txt 'kernels/qgemm*' 'kernels/matmul*' 'kernels/swiglu_qgemm' 'kernels/norm_qgemm'
 stamp tests
-cd /tmp/sk2
+cd /tmp/nx
 for dt in q4 q8; do
   QGEMM_ONLY=8,9,10,11,20 QGEMM_MATRIX=8b QGEMM_DTYPE=$dt timeout 100 build/bin/qgemm_bench $R/qg8_$dt.json 65 128 192 256 384 512 768 1024 1536 2048 > $R/qg_$dt.txt 2>&1
   QGEMM_ONLY=8,9,10,11,20 QGEMM_MATRIX=70b QGEMM_DTYPE=$dt timeout 100 build/bin/qgemm_bench $R/qg70_$dt.json 128 512 2048 >> $R/qg_$dt.txt 2>&1
@@ -29,10 +31,11 @@ LONG=$(printf 'the %.0s' $(seq 511)); LONG=${LONG% }
 for r in 1 2 3; do
   (cd /tmp/m && timeout 60 ./djinn $W/f16.bin -t 0 -c 1024 -p "$LONG" -n 4 2>&1 >/dev/null | grep "prefill " | sed "s/^/r$r m f16 /" | tee -a $R/prefill.txt)
   (cd /tmp/m && timeout 60 ./djinn $W/q4.bin -t 0 -c 1024 -p "$LONG" -n 4 2>&1 >/dev/null | grep "prefill " | sed "s/^/r$r m q4 /" | tee -a $R/prefill.txt)
-  (cd /tmp/sk2 && timeout 60 ./djinn $W/q4.bin -t 0 -c 1024 -p "$LONG" -n 4 2>&1 >/dev/null | grep "prefill " | sed "s/^/r$r sk2 q4 /" | tee -a $R/prefill.txt)
+  (cd /tmp/nx && timeout 60 ./djinn $W/q4.bin -t 0 -c 1024 -p "$LONG" -n 4 2>&1 >/dev/null | grep "prefill " | sed "s/^/r$r nx q4 /" | tee -a $R/prefill.txt)
 done
+for n in m nx; do (cd /tmp/$n && DJINN_PROFILE=1 timeout 60 ./djinn $W/q4.bin -t 0 -c 1024 -p "$LONG" -n 4 2>&1 >/dev/null | grep "profile (prefill" | sed "s/^/$n /" | tee -a $R/prefill.txt); done
 stamp prefill
-tests /tmp/sk2 $R/suite_sk2.txt 'gpu_forward/*' 'kernels/*'
+tests /tmp/nx $R/suite_nx.txt 'gpu_forward/*' 'kernels/*'
 stamp suite
 }
 export -f body stamp unpack tests build

@@ -100,10 +100,13 @@ __global__ void qgemm_x_kernel(__half *xp, qgemm_src src, int64_t T, int64_t n_i
 // BN 128-byte rows (a token's 64 permuted inputs), 16-byte chunk c of token t at c ^ (t % 8), contiguous, so one
 // bulk copy moves a stage's x. xt (ceil(T / BN) BN, KT 64) f16 in that order (KT = ceil(kp / 64)); tokens past T
 // and inputs past n_in are zeros. bn = 1 << lbn; rows: T rounded up to whole blocks. Threads: x over the KT 4 runs of
-// 16, y (strided) over the rows.
+// 16, y (strided) over the rows. The first n_tickets tickets (the stream-K kernel's, which runs next) are zeroed on
+// the way.
 __global__ void qgemm_xt_kernel(__half *xt, qgemm_src src, int64_t T, int64_t rows, int64_t n_in, int64_t KT,
-                                int lbn) {
+                                int lbn, unsigned *tickets, int n_tickets) {
     const int64_t r = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (blockIdx.y == 0)
+        for (int64_t i = r; i < n_tickets; i += (int64_t)gridDim.x * blockDim.x) tickets[i] = 0;
     if (r >= KT * 4) return;
     const int64_t kt = r >> 2;
     const int h = (int)(r & 3);
@@ -807,162 +810,254 @@ template <int KS> static __device__ __forceinline__ void put(float *p, float v) 
     else atomicAdd(p, v);
 }
 
-template <int WT, int BN, int ST> struct qgemm_wg_cfg {
+// ST_MAX stages, or as many as fit a multiprocessor's 227 KB (q4's six at 256 tokens are five in q8).
+template <int WT, int BN, int ST_MAX> struct qgemm_wg_cfg {
     static constexpr int THREADS = 256, BM = 128;
     static constexpr int QB = q_group_bytes(WT), CH = 2 * QB / 16;
     static constexpr int X_BYTES = BN * 128, Q_BYTES = CH * BM * 16, S_BYTES = BM * 4;
     static constexpr int STAGE = (X_BYTES + Q_BYTES + S_BYTES + 1023) / 1024 * 1024;
+    static constexpr int ST = (227 * 1024 - 1024) / STAGE < ST_MAX ? (227 * 1024 - 1024) / STAGE : ST_MAX;
     static constexpr int SMEM = STAGE * ST + 1024;
     static_assert((BN == 128 || BN == 256) && ST >= 3 && SMEM <= 227 * 1024,
                   "m64n128 or m64n256 products, loads two stages behind");
 };
 
-// PRECOND: as qgemm_kernel.
-template <int WT, int BN, int ST, int KS, bool XB, int MINB>
+// A stream-K CTA's sums of a tile it shares (SK): two slots a CTA (the tile its run starts in, the tile it ends
+// in), each a CTA's 256 threads' accumulators, thread-minor.
+template <int BN> struct wg_part {
+    static constexpr int64_t FLOATS = (int64_t)(BN / 128) * 64 * 256;
+};
+#define QGEMM_SK_CTAS 264  // stream-K CTAs at most (two a multiprocessor on 132): their sums' slots in scratch
+
+// PRECOND: as qgemm_kernel. SK: stream-K over the device, gridDim.x CTAs (as many as run at once), each a run of
+// the line of (tile, stage) units, tiles in order (row block major, token block minor); a tile cut between runs
+// is summed by the run that finishes it last, in run order (the same bits whichever finishes first), its ticket
+// tickets[the first run's CTA] (zeroed by qgemm_xt_kernel); part: the runs' sums (wg_part). Else one tile a CTA
+// (blockIdx.x tokens, blockIdx.y rows, blockIdx.z the part of KS).
+template <int WT, int BN, int ST_MAX, int KS, bool XB, int MINB, bool SK>
 __global__ void __launch_bounds__(256, MINB)
     qgemm_wg_kernel(float *__restrict__ y, const __half *__restrict__ xp, const uint8_t *__restrict__ w, int64_t T,
-                    int64_t n_out, int64_t groups, int64_t row_bytes) {
+                    int64_t n_out, int64_t groups, int64_t row_bytes, unsigned *tickets, float *part) {
 #if defined(QGEMM_WGMMA)
-    using C = qgemm_wg_cfg<WT, BN, ST>;
+    using C = qgemm_wg_cfg<WT, BN, ST_MAX>;
+    constexpr int ST = C::ST;
     __shared__ uint64_t xbar[ST];  // XB: a stage's x arrived (one bulk copy from qgemm_xt_kernel's layout)
+    __shared__ unsigned last_run;                // SK: this CTA's run is the last of its tile's to finish
+    __shared__ int run_slot[SK ? QGEMM_SK_CTAS : 1];  // SK: the slots of a tile's runs' sums, in run order
     constexpr int BM = C::BM, NB = BN / 128, TH = C::THREADS;
     constexpr int NQ = C::CH * BM / TH, NX = BN * 8 / TH, NS = (BM + TH - 1) / TH;  // copies a thread a stage
     static_assert(C::CH * BM % TH == 0 && BN * 8 % TH == 0 && (BM % TH == 0 || BM < TH), "whole copies a thread");
+    static_assert(!SK || (KS == 1 && XB), "stream-K: whole tiles' inputs, x by bulk copy");
     extern __shared__ uint8_t sm_raw[];
     uint8_t *sm = (uint8_t *)(((uintptr_t)sm_raw + 1023) & ~(uintptr_t)1023);
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int64_t m0 = (int64_t)blockIdx.y * BM, n0 = (int64_t)blockIdx.x * BN;
     const int64_t kp = groups * DJ_QGROUP, so = groups * C::QB;
-    // this CTA's stages: part blockIdx.z of KS (the parts' sums are added into y, which starts at zero)
-    const int KT_ALL = (int)((groups + 1) / 2), KPER = (KT_ALL + KS - 1) / KS, K0 = (int)blockIdx.z * KPER;
-    const int KT = K0 + KPER < KT_ALL ? KPER : KT_ALL - K0;  // stages kt = K0 .. K0 + KT - 1
-
-    // weights: chunk wc of rows wr0 + j TH / CH; the half of the stage (group) that chunk falls in
-    const int wc = tid % C::CH, wr0 = tid / C::CH, whalf = wc / (C::CH / 2);
-    const uint8_t *wsrc[NQ];
-    bool wok[NQ];
-#pragma unroll
-    for (int j = 0; j < NQ; j++) {
-        const int64_t row = m0 + wr0 + j * (TH / C::CH);
-        wok[j] = row < n_out;
-        wsrc[j] = w + (wok[j] ? row : 0) * row_bytes + wc * 16;
+    const int KT_ALL = (int)((groups + 1) / 2);
+    const int64_t n_tb = (T + BN - 1) / BN;
+    // this CTA's units [u, u_end): SK its run; else its tile's stages, part blockIdx.z of KS (the parts' sums are
+    // added into y, which starts at zero)
+    // (PRECOND for SK: units times CTAs below 2^31, no more CTAs than units)
+    const unsigned U = SK ? (unsigned)(n_tb * ((n_out + BM - 1) / BM) * KT_ALL) : 1u, G = gridDim.x;
+    // (held in shared memory: registers are short in the loop, where these are read once a tile)
+    __shared__ int run[3];  // the next unit, the run's end, its first unit
+    if (tid == 0) {
+        if (SK) {
+            run[0] = run[2] = (int)(blockIdx.x * U / G), run[1] = (int)((blockIdx.x + 1) * U / G);
+        } else {
+            const int KPER = (KT_ALL + KS - 1) / KS, K0 = (int)blockIdx.z * KPER;
+            run[0] = run[2] = (int)(((int64_t)blockIdx.y * n_tb + blockIdx.x) * KT_ALL + K0);
+            run[1] = run[0] + (K0 + KPER < KT_ALL ? KPER : KT_ALL - K0);
+        }
     }
-    const int wdst = C::X_BYTES + (wc * BM + wr0) * 16;  // + j (TH / CH) 16
-    // scales: rows tid + j TH
-    const uint8_t *ssrc[NS];
-    bool sok[NS];
-#pragma unroll
-    for (int j = 0; j < NS; j++) {
-        const int64_t row = m0 + tid + j * TH;
-        sok[j] = tid + j * TH < BM && row < n_out;
-        ssrc[j] = w + (sok[j] ? row : 0) * row_bytes + so;
-    }
-    const int sdst = C::X_BYTES + C::Q_BYTES + tid * 4;  // + j TH 4
-    // x without XB: chunk xc of tokens xt0 + j TH / 8 (the swizzle depends on t % 8, the same for every j)
-    const int xc = tid & 7, xt0 = tid >> 3;
-    const __half *xsrc = xp + (n0 + xt0) * kp + xc * 8;
-    const int64_t xstep = (int64_t)(TH / 8) * kp;
-    const int xdst = (xt0 * 8 + (xc ^ (xt0 & 7))) * 16;  // + j (TH / 8) 128
-    int nx = 0;  // how many of the thread's tokens exist
-#pragma unroll
-    for (int j = 0; j < NX; j++) nx += n0 + xt0 + j * (TH / 8) < T;
     if (XB) {
         if (tid == 0) {
             for (int s = 0; s < ST; s++) mbar_init(&xbar[s], 1);
             asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
         }
-        __syncthreads();
     }
+    __syncthreads();
+    int gs = 0;  // stages this CTA has run: the slot and the mbarrier phase of the next (they go on across tiles)
+    for (;;) {
+        const int u = run[0], u_end = run[1];
+        if (u >= u_end) break;
+        const int tile = u / KT_ALL, K0 = u - tile * KT_ALL;
+        const int KT = u_end - u < KT_ALL - K0 ? u_end - u : KT_ALL - K0;  // stages K0 .. K0 + KT - 1
+        const int64_t m0 = (int64_t)(tile / n_tb) * BM, tb = tile % n_tb, n0 = tb * BN;
 
-    auto load = [&](int st, int i) {  // the CTA's i-th stage
-        uint8_t *base = sm + st * C::STAGE;
-        const int kt = K0 + i;
+        // weights: chunk wc of rows wr0 + j TH / CH; the half of the stage (group) that chunk falls in
+        const int wc = tid % C::CH, wr0 = tid / C::CH, whalf = wc / (C::CH / 2);
+        const uint8_t *wsrc[NQ];
+        bool wok[NQ];
 #pragma unroll
         for (int j = 0; j < NQ; j++) {
-            const bool ok = wok[j] && 2 * kt + whalf < groups;
-            cp_async16(base + wdst + j * (TH / C::CH) * 16, ok ? wsrc[j] + (int64_t)kt * 2 * C::QB : w, ok ? 16 : 0);
+            const int64_t row = m0 + wr0 + j * (TH / C::CH);
+            wok[j] = row < n_out;
+            wsrc[j] = w + (wok[j] ? row : 0) * row_bytes + wc * 16;
         }
-        const int sbytes = 2 * kt + 1 < groups ? 4 : 2;
+        const int wdst = C::X_BYTES + (wc * BM + wr0) * 16;  // + j (TH / CH) 16
+        // scales: rows tid + j TH
+        const uint8_t *ssrc[NS];
+        bool sok[NS];
 #pragma unroll
-        for (int j = 0; j < NS; j++)
-            if (tid + j * TH < BM)
-                cp_async4(base + sdst + j * TH * 4, sok[j] ? ssrc[j] + 4 * (int64_t)kt : w, sok[j] ? sbytes : 0);
-        if (XB) {
-            if (tid == 0) bulk_copy(base, xp + ((int64_t)blockIdx.x * KT_ALL + kt) * BN * 64, BN * 128, &xbar[st]);
-            return;
+        for (int j = 0; j < NS; j++) {
+            const int64_t row = m0 + tid + j * TH;
+            sok[j] = tid + j * TH < BM && row < n_out;
+            ssrc[j] = w + (sok[j] ? row : 0) * row_bytes + so;
         }
-        const bool kok = (int64_t)kt * 64 + xc * 8 < kp;
+        const int sdst = C::X_BYTES + C::Q_BYTES + tid * 4;  // + j TH 4
+        // x without XB: chunk xc of tokens xt0 + j TH / 8 (the swizzle depends on t % 8, the same for every j)
+        const int xc = tid & 7, xt0 = tid >> 3;
+        const __half *xsrc = xp + (n0 + xt0) * kp + xc * 8;
+        const int64_t xstep = (int64_t)(TH / 8) * kp;
+        const int xdst = (xt0 * 8 + (xc ^ (xt0 & 7))) * 16;  // + j (TH / 8) 128
+        int nx = 0;  // how many of the thread's tokens exist
 #pragma unroll
-        for (int j = 0; j < NX; j++) {
-            const bool ok = kok && j < nx;
-            cp_async16(base + xdst + j * (TH / 8) * 128, ok ? xsrc + j * xstep + (int64_t)kt * 64 : xp, ok ? 16 : 0);
-        }
-    };
+        for (int j = 0; j < NX; j++) nx += n0 + xt0 + j * (TH / 8) < T;
 
-    float acc[NB][64];  // BN 256: one 64x256 tile, n8 block j in acc[j / 16] + 4 (j % 16)
+        auto load = [&](int i) {  // the tile's i-th stage of this run, into slot (gs + i) % ST
+            const int st = (gs + i) % ST;
+            uint8_t *base = sm + st * C::STAGE;
+            const int kt = K0 + i;
 #pragma unroll
-    for (int nb = 0; nb < NB; nb++)
+            for (int j = 0; j < NQ; j++) {
+                const bool ok = wok[j] && 2 * kt + whalf < groups;
+                cp_async16(base + wdst + j * (TH / C::CH) * 16, ok ? wsrc[j] + (int64_t)kt * 2 * C::QB : w,
+                           ok ? 16 : 0);
+            }
+            const int sbytes = 2 * kt + 1 < groups ? 4 : 2;
 #pragma unroll
-        for (int i = 0; i < 64; i++) acc[nb][i] = 0.0f;
+            for (int j = 0; j < NS; j++)
+                if (tid + j * TH < BM)
+                    cp_async4(base + sdst + j * TH * 4, sok[j] ? ssrc[j] + 4 * (int64_t)kt : w, sok[j] ? sbytes : 0);
+            if (XB) {
+                if (tid == 0) bulk_copy(base, xp + (tb * KT_ALL + kt) * BN * 64, BN * 128, &xbar[st]);
+                return;
+            }
+            const bool kok = (int64_t)kt * 64 + xc * 8 < kp;
+#pragma unroll
+            for (int j = 0; j < NX; j++) {
+                const bool ok = kok && j < nx;
+                cp_async16(base + xdst + j * (TH / 8) * 128, ok ? xsrc + j * xstep + (int64_t)kt * 64 : xp,
+                           ok ? 16 : 0);
+            }
+        };
+
+        float acc[NB][64];  // BN 256: one 64x256 tile, n8 block j in acc[j / 16] + 4 (j % 16)
+#pragma unroll
+        for (int nb = 0; nb < NB; nb++)
+#pragma unroll
+            for (int i = 0; i < 64; i++) acc[nb][i] = 0.0f;
 
 #pragma unroll
-    for (int st = 0; st < ST - 2; st++) {
-        if (st < KT) load(st, st);
-        cp_async_commit();
-    }
-    const int g = lane >> 2, rb = warp * 16;  // this warp's 16 rows of the CTA's 128
-    uint32_t a[2][4][4];  // two stages' fragments: one in the products in flight, one being widened
-    auto step = [&](int i, uint32_t (*af)[4]) {  // the CTA's i-th stage
-        cp_async_wait<ST - 3>();
-        if (XB) mbar_wait(&xbar[i % ST], (uint32_t)((i / ST) & 1));
-        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // cp.async's writes, seen by wgmma
+        for (int st = 0; st < ST - 2; st++) {
+            if (st < KT) load(st);
+            cp_async_commit();
+        }
+        const int g = lane >> 2, rb = warp * 16;  // this warp's 16 rows of the CTA's 128
+        uint32_t a[2][4][4];  // two stages' fragments: one in the products in flight, one being widened
+        auto step = [&](int i, uint32_t (*af)[4]) {  // the tile's i-th stage of this run
+            const int st = (gs + i) % ST;
+            cp_async_wait<ST - 3>();
+            if (XB) mbar_wait(&xbar[st], (uint32_t)(((gs + i) / ST) & 1));
+            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // cp.async's writes, seen by wgmma
+            __syncthreads();
+            if (i + ST - 2 < KT) load(i + ST - 2);  // the stage of i - 2: its products are done
+            cp_async_commit();
+            const uint8_t *xs = sm + st * C::STAGE, *q = xs + C::X_BYTES, *sc = q + C::Q_BYTES;
+            widen_frags<WT, BM>(af, q, sc, rb, lane);
+            wg_fence();
+#pragma unroll
+            for (int nb = 0; nb < NB; nb++) wg_pin(acc[nb]);
+#pragma unroll
+            for (int ks = 0; ks < 4; ks++) {
+                if (NB == 2) wgmma_256(acc[0], af[ks], wg_desc(xs + ks * 32));  // one product: half the instructions
+                else wgmma_128(acc[0], af[ks], wg_desc(xs + ks * 32));
+            }
+            wg_commit();
+            wg_wait<1>();
+#pragma unroll
+            for (int nb = 0; nb < NB; nb++) wg_pin(acc[nb]);
+        };
+        int i = 0;
+        for (; i + 1 < KT; i += 2) {
+            step(i, a[0]);
+            step(i + 1, a[1]);
+        }
+        if (i < KT) step(i, a[0]);
+        wg_wait<0>();
+#pragma unroll
+        for (int nb = 0; nb < NB; nb++) wg_pin(acc[nb]);
+        cp_async_wait<0>();
+        gs += KT;
+
+        bool out = true;  // this CTA writes the tile's y: its only run, or the last of its runs to finish
+        if (SK && KT < KT_ALL) {
+            // the runs holding the tile's first and last units, and the slot each keeps this tile's sums in
+            const unsigned t0 = (unsigned)tile * KT_ALL, lo = ((t0 + 1) * G - 1) / U, hi = ((t0 + KT_ALL) * G - 1) / U;
+            auto slot = [&](unsigned r) { return r * U / G >= t0 ? 0 : 1; };  // the run's first tile, or its last
+            float *mine = part + ((int64_t)blockIdx.x * 2 + (u == run[2] ? 0 : 1)) * wg_part<BN>::FLOATS;
+#pragma unroll
+            for (int nb = 0; nb < NB; nb++)
+#pragma unroll
+                for (int e = 0; e < 64; e++) __stcg(mine + (nb * 64 + e) * TH + tid, acc[nb][e]);
+            __syncthreads();  // every thread's sums before thread 0's release
+            if (tid == 0) {
+                unsigned t;
+                asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;" : "=r"(t) : "l"(tickets + lo) : "memory");
+                last_run = t == hi - lo;
+            }
+            __syncthreads();  // thread 0's acquire before every thread's reads
+            if (last_run) {  // the tile's sums: each of this thread's from the runs' slots in run order, into y
+                for (unsigned r = lo + tid; r <= hi; r += TH) run_slot[r - lo] = (int)(r * 2 + slot(r));
+                __syncthreads();
+                const int n_runs = (int)(hi - lo + 1);
+#pragma unroll 1
+                for (int i0 = 0; i0 < NB * 64; i0 += 16) {  // 16 sums at a time (acc is dead here)
+                    float v[16];
+#pragma unroll 1
+                    for (int k = 0; k < n_runs; k++) {
+                        const float *src = part + (int64_t)run_slot[k] * wg_part<BN>::FLOATS + i0 * TH + tid;
+#pragma unroll
+                        for (int ii = 0; ii < 16; ii++) {
+                            const float p = __ldcg(src + ii * TH);
+                            v[ii] = k == 0 ? p : v[ii] + p;
+                        }
+                    }
+#pragma unroll
+                    for (int ii = 0; ii < 16; ii++) {
+                        const int i = i0 + ii, j = (i % 64) / 4, d = i % 4;
+                        const int64_t tok = n0 + (i / 64) * 128 + j * 8 + 2 * (lane & 3) + (d & 1);
+                        const int64_t row = m0 + rb + g + (d >> 1) * 8;
+                        if (row < n_out && tok < T) y[tok * n_out + row] = v[ii];
+                    }
+                }
+            }
+            out = false;
+        }
+        if (out) {
+            // accumulator i of n8 block j: (row g, tokens 8j + 2c, + 1) for i % 4 < 2, row g + 8 for the others
+            const int c2 = 2 * (lane & 3);
+            const int64_t row = m0 + rb + g;
+#pragma unroll
+            for (int nb = 0; nb < NB; nb++)
+#pragma unroll
+                for (int j = 0; j < 16; j++) {
+                    const int64_t tok = n0 + nb * 128 + j * 8 + c2;
+                    const float *d = acc[nb] + 4 * j;
+                    if (row < n_out) {
+                        if (tok < T) put<KS>(y + tok * n_out + row, d[0]);
+                        if (tok + 1 < T) put<KS>(y + (tok + 1) * n_out + row, d[1]);
+                    }
+                    if (row + 8 < n_out) {
+                        if (tok < T) put<KS>(y + tok * n_out + row + 8, d[2]);
+                        if (tok + 1 < T) put<KS>(y + (tok + 1) * n_out + row + 8, d[3]);
+                    }
+                }
+        }
+        __syncthreads();  // every warp's products of this tile done before the next tile's loads reuse the slots
+        if (tid == 0) run[0] = u + KT;
         __syncthreads();
-        if (i + ST - 2 < KT) load((i + ST - 2) % ST, i + ST - 2);  // the stage of i - 2: its products are done
-        cp_async_commit();
-        const uint8_t *xs = sm + (i % ST) * C::STAGE, *q = xs + C::X_BYTES, *sc = q + C::Q_BYTES;
-        widen_frags<WT, BM>(af, q, sc, rb, lane);
-        wg_fence();
-#pragma unroll
-        for (int nb = 0; nb < NB; nb++) wg_pin(acc[nb]);
-#pragma unroll
-        for (int ks = 0; ks < 4; ks++) {
-            if (NB == 2) wgmma_256(acc[0], af[ks], wg_desc(xs + ks * 32));  // one product: half the instructions
-            else wgmma_128(acc[0], af[ks], wg_desc(xs + ks * 32));
-        }
-        wg_commit();
-        wg_wait<1>();
-#pragma unroll
-        for (int nb = 0; nb < NB; nb++) wg_pin(acc[nb]);
-    };
-    int i = 0;
-    for (; i + 1 < KT; i += 2) {
-        step(i, a[0]);
-        step(i + 1, a[1]);
     }
-    if (i < KT) step(i, a[0]);
-    wg_wait<0>();
-#pragma unroll
-    for (int nb = 0; nb < NB; nb++) wg_pin(acc[nb]);
-    cp_async_wait<0>();
-
-    // accumulator i of n8 block j: (row g, tokens 8j + 2c, + 1) for i % 4 < 2, row g + 8 for the others
-    const int c2 = 2 * (lane & 3);
-    const int64_t row = m0 + rb + g;
-#pragma unroll
-    for (int nb = 0; nb < NB; nb++)
-#pragma unroll
-        for (int j = 0; j < 16; j++) {
-            const int64_t tok = n0 + nb * 128 + j * 8 + c2;
-            const float *d = acc[nb] + 4 * j;
-            if (row < n_out) {
-                if (tok < T) put<KS>(y + tok * n_out + row, d[0]);
-                if (tok + 1 < T) put<KS>(y + (tok + 1) * n_out + row, d[1]);
-            }
-            if (row + 8 < n_out) {
-                if (tok < T) put<KS>(y + tok * n_out + row + 8, d[2]);
-                if (tok + 1 < T) put<KS>(y + (tok + 1) * n_out + row + 8, d[3]);
-            }
-        }
 #endif
 }
 
@@ -978,40 +1073,66 @@ __global__ void __launch_bounds__(256, MINB)
     X(6, 128, 16, 8, 1, 4)       \
     X(7, 64, 64, 2, 2, 4)
 
-// The Hopper kernel's shapes: (id, BN, ST, KS, XB, MINB). Measured against each other on the H100
-// (bench/results/qgemm): x by bulk copy (XB) gained 1-5% with 256 tokens whole and up to 20% on q4 with 128, lost
-// 2-7% with 256 split; two CTAs a multiprocessor (MINB, 128 tokens, 126 registers) gained up to 20% on q4.
-#define QGEMM_WG_VARIANTS(X)      \
-    X(8, 256, 5, 1, true, 1)      \
-    X(9, 256, 4, 2, false, 1)     \
-    X(10, 128, 4, 2, true, 2)     \
-    X(11, 128, 4, 1, true, 2)
+// The Hopper kernel's shapes: (id, BN, ST, KS, XB, MINB, SK); ST at most (qgemm_wg_cfg: as many as fit). Measured
+// against each other on the H100 (bench/results/qgemm): x by bulk copy (XB) gained 1-5% with 256 tokens whole and up
+// to 20% on q4 with 128, lost 2-7% with 256 split; two CTAs a multiprocessor (MINB, 128 tokens, 126 registers)
+// gained up to 20% on q4. On the H200 six stages (q4; q8's five fit) took 2-5% off five at 256-2048 tokens on every
+// 8B matrix (bench/results/step_turn/session73, call 5).
+#define QGEMM_WG_VARIANTS(X)                \
+    X(8, 256, 6, 1, true, 1, false)         \
+    X(9, 256, 4, 2, false, 1, false)        \
+    X(10, 128, 4, 2, true, 2, false)        \
+    X(11, 128, 4, 1, true, 2, false)
+// Stream-K (SK), after the register kernel's shapes: session 73's calls 6-8 (qgemm_wg_kernel says how it runs).
+#define QGEMM_WG_SK_VARIANTS(X) X(20, 256, 6, 1, true, 1, true)
 
 #define QGEMM_FEW_T 64  // the most tokens the register kernel splits a row block's inputs for
 
+// The Hopper kernel's scratch: x in f16 (T rounded up to whole blocks of 256 tokens), then for stream-K the tickets
+// and the runs' sums (wg_part: QGEMM_SK_CTAS CTAs of 128 tokens, or half as many of 256).
+static size_t wg_x_bytes(int64_t T, int64_t n_in) {
+    return (size_t)(T + 255) / 256 * 256 * (size_t)((n_in + 63) / 64 * 64) * 2;
+}
+#define QGEMM_SK_TICKET_BYTES 2048
+#define QGEMM_SK_PART_BYTES ((size_t)QGEMM_SK_CTAS * 2 * 64 * 256 * 4)
+static_assert(QGEMM_SK_CTAS * 4 <= QGEMM_SK_TICKET_BYTES, "a ticket a CTA");
+static unsigned *wg_tickets(__half *xp, int64_t T, int64_t n_in) { return (unsigned *)((uint8_t *)xp + wg_x_bytes(T, n_in)); }
+static float *wg_parts(unsigned *tickets) { return (float *)((uint8_t *)tickets + QGEMM_SK_TICKET_BYTES); }
+
 // xp = x in f16 for the kernels: qgemm_x_kernel's layout (bn 0), or qgemm_xt_kernel's in blocks of bn tokens.
-static int qgemm_x(__half *xp, const qgemm_src &x, int64_t T, int64_t n_in, int bn, cudaStream_t s, dj_err *e) {
+// With bn, the first n_tickets of tickets are zeroed too.
+static int qgemm_x(__half *xp, const qgemm_src &x, int64_t T, int64_t n_in, int bn, cudaStream_t s, dj_err *e,
+                   unsigned *tickets = NULL, int n_tickets = 0) {
     const int64_t kp = (n_in + DJ_QGROUP - 1) / DJ_QGROUP * DJ_QGROUP;
     const int64_t KT = (kp + 63) / 64, runs = bn ? KT * 4 : kp / 16, rows = bn ? (T + bn - 1) / bn * bn : T;
     const dim3 grid((unsigned)((runs + 63) / 64), (unsigned)(rows < 65535 ? rows : 65535));
-    if (bn) qgemm_xt_kernel<<<grid, 64, 0, s>>>(xp, x, T, rows, n_in, KT, __builtin_ctz((unsigned)bn));  // 128, 256
+    if (bn)  // 128, 256
+        qgemm_xt_kernel<<<grid, 64, 0, s>>>(xp, x, T, rows, n_in, KT, __builtin_ctz((unsigned)bn), tickets, n_tickets);
     else qgemm_x_kernel<<<grid, 64, 0, s>>>(xp, x, T, n_in, kp);
     LAUNCH_CHECK("qgemm_x", s);
     return 0;
 }
 
-template <int WT, int BN, int ST, int KS, bool XB, int MINB>
+template <int WT, int BN, int ST, int KS, bool XB, int MINB, bool SK>
 static int qgemm_wg_launch(float *y, const qgemm_src &x, __half *xp, const void *w, int64_t T, int64_t n_in,
-                           int64_t n_out, cudaStream_t s, dj_err *e) {
+                           int64_t n_out, int n_sm, cudaStream_t s, dj_err *e) {
     using C = qgemm_wg_cfg<WT, BN, ST>;
-    if (qgemm_x(xp, x, T, n_in, XB ? BN : 0, s, e)) return -1;
-    static std::atomic<unsigned> ready;
-    if (smem_optin((const void *)qgemm_wg_kernel<WT, BN, ST, KS, XB, MINB>, C::SMEM, ready, e)) return -1;
     const int64_t groups = (n_in + DJ_QGROUP - 1) / DJ_QGROUP, rb = (int64_t)dj_row_bytes(WT, (uint64_t)n_in);
-    const dim3 grid((unsigned)((T + BN - 1) / BN), (unsigned)((n_out + C::BM - 1) / C::BM), KS);
+    const int64_t tiles = (T + BN - 1) / BN * ((n_out + C::BM - 1) / C::BM), units = tiles * ((groups + 1) / 2);
+    // stream-K: as many CTAs as run at once, within the sums' slots, none without a unit
+    int64_t G = (int64_t)n_sm * MINB, most = QGEMM_SK_CTAS * 128 / BN;
+    G = G < most ? G : most;
+    G = G < units ? G : units;
+    if (SK && units * G >= ((int64_t)1 << 31)) G = (((int64_t)1 << 31) - 1) / units;  // the kernel's unit arithmetic
+    if (SK && G < 1) return dj_fail(e, "gpu_qgemm: %lld units of work are too many for stream-K", (long long)units);
+    unsigned *tickets = SK ? wg_tickets(xp, T, n_in) : NULL;
+    if (qgemm_x(xp, x, T, n_in, XB ? BN : 0, s, e, tickets, SK ? (int)G : 0)) return -1;
+    static std::atomic<unsigned> ready;
+    if (smem_optin((const void *)qgemm_wg_kernel<WT, BN, ST, KS, XB, MINB, SK>, C::SMEM, ready, e)) return -1;
+    const dim3 grid = SK ? dim3((unsigned)G) : dim3((unsigned)((T + BN - 1) / BN), (unsigned)((n_out + C::BM - 1) / C::BM), KS);
     if (KS > 1) CUDA_CHECK(cudaMemsetAsync(y, 0, (size_t)T * (size_t)n_out * sizeof(float), s));
-    qgemm_wg_kernel<WT, BN, ST, KS, XB, MINB><<<grid, C::THREADS, C::SMEM, s>>>(y, xp, (const uint8_t *)w, T, n_out,
-                                                                              groups, rb);
+    qgemm_wg_kernel<WT, BN, ST, KS, XB, MINB, SK><<<grid, C::THREADS, C::SMEM, s>>>(
+        y, xp, (const uint8_t *)w, T, n_out, groups, rb, tickets, SK ? wg_parts(tickets) : NULL);
     LAUNCH_CHECK("qgemm_wg", s);
     return 0;
 }
@@ -1062,7 +1183,7 @@ static size_t qreg_part_bytes(int64_t T) { return (size_t)(3 * 132) * QREG_CTA_P
 // x in f16, T rounded up to whole blocks of 256 tokens; or the register kernel's x, its tickets and its runs' sums
 // (at most QGEMM_FEW_T tokens' worth), where they take more.
 extern "C" size_t gpu_qgemm_scratch(int64_t T, int64_t n_in) {
-    const size_t x = (size_t)(T + 255) / 256 * 256 * (size_t)((n_in + 63) / 64 * 64) * 2;
+    const size_t x = wg_x_bytes(T, n_in) + (T > QGEMM_FEW_T ? QGEMM_SK_TICKET_BYTES + QGEMM_SK_PART_BYTES : 0);
     const size_t reg = qreg_x_bytes(T, n_in) + QREG_TICKETS * 4 + qreg_part_bytes(T < QGEMM_FEW_T ? T : QGEMM_FEW_T);
     return x > reg ? x : reg;  // never less for more tokens: a reserve for T covers every pass of fewer
 }
@@ -1224,6 +1345,14 @@ static int qgemm_pick_cost(const dj_gpu *g, uint32_t wtype, int64_t T, int64_t n
         const double t = waves * (double)((stages + shapes[i].ks - 1) / shapes[i].ks) * shapes[i].stage_cost;
         if (i == 0 || t < best_t) best = shapes[i].variant, best_t = t;
     }
+    // Stream-K (shape 20): each multiprocessor an equal run of the (tile, stage) units, no wave left part-full, at
+    // shape 8's 1.4 a stage plus 19 stages' worth (a run's starts, its cut tiles' sums). Fitted to the H200 on the 8B's
+    // q4 matrices at 128-2048 tokens (bench/results/step_turn/session73, call 8): it is picked where it took 0.89-1.01x
+    // the time of the shape picked before (gate|up at 512 225.3 against 239.9 us, down at 128 81.1 against 92.0, q|k|v
+    // at 1024 116.0 against 126.8) and nowhere it took more.
+    const double units = (double)((T + 255) / 256 * rows * stages), G = fmin((double)g->n_sm, units);
+    const double t_sk = 1.4 * (units / G + 19.0);
+    if (t_sk < best_t) best = 20, best_t = t_sk;
     *cost = best_t;
     return best;
 }
@@ -1260,11 +1389,14 @@ extern "C" int gpu_qgemm_wins(const dj_gpu *g, uint32_t wtype, const void *w, in
 extern "C" int gpu_qgemm_has(const dj_gpu *g, int variant) {
 #define QGEMM_COUNT(...) +1
     static_assert(0 QGEMM_VARIANTS(QGEMM_COUNT) QGEMM_WG_VARIANTS(QGEMM_COUNT) QREG_VARIANTS(QGEMM_COUNT) ==
-                      GPU_QGEMM_VARIANTS,
+                      GPU_QGEMM_REG_END,
+                  "kernels.h's GPU_QGEMM_REG_END: the register kernel's shapes end there");
+    static_assert(GPU_QGEMM_REG_END QGEMM_WG_SK_VARIANTS(QGEMM_COUNT) == GPU_QGEMM_VARIANTS,
                   "kernels.h's GPU_QGEMM_VARIANTS counts the tile shapes");
     const int n_mma = 0 QGEMM_VARIANTS(QGEMM_COUNT), n_wg = 0 QGEMM_WG_VARIANTS(QGEMM_COUNT);
 #undef QGEMM_COUNT
-    return variant >= 0 && variant < GPU_QGEMM_VARIANTS && (variant < n_mma || variant >= n_mma + n_wg || g->wgmma);
+    const bool hopper = (variant >= n_mma && variant < n_mma + n_wg) || variant >= GPU_QGEMM_REG_END;
+    return variant >= 0 && variant < GPU_QGEMM_VARIANTS && (!hopper || g->wgmma);
 }
 
 static int qgemm_run(dj_gpu *g, int variant, float *y, const qgemm_src &x, const void *w, uint32_t wtype, int64_t T,
@@ -1273,22 +1405,28 @@ static int qgemm_run(dj_gpu *g, int variant, float *y, const qgemm_src &x, const
         return dj_fail(e, "gpu_qgemm: unsupported: weights of dtype %u at %p, T=%lld n_in=%lld n_out=%lld", wtype, w,
                        (long long)T, (long long)n_in, (long long)n_out);
     if (variant < 0) variant = qgemm_pick(g, wtype, T, n_in, n_out);
-    if (scratch_need(g, gpu_qgemm_scratch(T, n_in), s, e)) return -1;
+#define QGEMM_WG_SK(id, BN, ST, KS, XB, MINB, SK) || (variant == id && SK)
+    const bool sk = false QGEMM_WG_SK_VARIANTS(QGEMM_WG_SK);  // a tile shape for any T: its scratch whatever T is
+#undef QGEMM_WG_SK
+    size_t need = gpu_qgemm_scratch(T, n_in), sk_need = wg_x_bytes(T, n_in) + QGEMM_SK_TICKET_BYTES + QGEMM_SK_PART_BYTES;
+    if (scratch_need(g, sk && sk_need > need ? sk_need : need, s, e)) return -1;
     __half *xp = (__half *)g->scratch;
 #define QGEMM_CASE(id, BM, BN, WM, WN, ST)                                                                       \
     case id:                                                                                                    \
         return wtype == DJ_Q8 ? qgemm_launch<DJ_Q8, BM, BN, WM, WN, ST>(y, x, xp, w, T, n_in, n_out, s, e)          \
                               : qgemm_launch<DJ_Q4, BM, BN, WM, WN, ST>(y, x, xp, w, T, n_in, n_out, s, e);
-#define QGEMM_WG_CASE(id, BN, ST, KS, XB, MINB)                                                               \
+#define QGEMM_WG_CASE(id, BN, ST, KS, XB, MINB, SK)                                                           \
     case id:                                                                                                    \
         if (!g->wgmma) return dj_fail(e, "gpu_qgemm: tile shape %d needs an sm_90 device", variant);            \
-        return wtype == DJ_Q8 ? qgemm_wg_launch<DJ_Q8, BN, ST, KS, XB, MINB>(y, x, xp, w, T, n_in, n_out, s, e)  \
-                              : qgemm_wg_launch<DJ_Q4, BN, ST, KS, XB, MINB>(y, x, xp, w, T, n_in, n_out, s, e);
+        return wtype == DJ_Q8                                                                                   \
+                   ? qgemm_wg_launch<DJ_Q8, BN, ST, KS, XB, MINB, SK>(y, x, xp, w, T, n_in, n_out, g->n_sm, s, e) \
+                   : qgemm_wg_launch<DJ_Q4, BN, ST, KS, XB, MINB, SK>(y, x, xp, w, T, n_in, n_out, g->n_sm, s, e);
     if (qreg_variant(variant))
         return qreg_run<qreg_lay_src>(g, "gpu_qgemm", variant, y, x, w, wtype, T, n_in, n_out, s, e);
     switch (variant) {
         QGEMM_VARIANTS(QGEMM_CASE)
         QGEMM_WG_VARIANTS(QGEMM_WG_CASE)
+        QGEMM_WG_SK_VARIANTS(QGEMM_WG_CASE)
     default:
         return dj_fail(e, "gpu_qgemm: no tile shape %d", variant);
     }

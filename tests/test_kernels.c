@@ -303,13 +303,39 @@ Test(kernels, qgemm_register_runs) {
         for (size_t ti = 0; ti < sizeof Ts / sizeof Ts[0]; ti++) {
             const int64_t T = Ts[ti];
             tk_mm_input(&m, T);
-            for (int v = 12; v < GPU_QGEMM_VARIANTS; v++) ran += tk_qgemm_twice(&m, v, T, again);
+            for (int v = 12; v < GPU_QGEMM_REG_END; v++) ran += tk_qgemm_twice(&m, v, T, again);
         }
         free(again);
         tk_mm_free(&m);
     }
-    cr_expect_eq(ran, 2 * 5 * (GPU_QGEMM_VARIANTS - 12), "every register tile shape ran");
+    cr_expect_eq(ran, 2 * 5 * (GPU_QGEMM_REG_END - 12), "every register tile shape ran");
     tk_end("qgemm_register_runs");
+}
+
+// The Hopper kernel's stream-K shape (GPU_QGEMM_REG_END onwards) on lines of units long enough that runs cut tiles at
+// both ends: 2048 x 8192 at 300 tokens (32 tiles of 128 stages, four or five runs each, runs crossing tiles), and
+// 8448 x 128 at 1280 tokens (330 tiles of 2 stages: runs of about five units hold whole tiles between cut ones); each
+// twice, the same bits (the last run to finish sums the runs in run order). Skipped, saying so, where the device has
+// no wgmma.
+Test(kernels, qgemm_stream_k_runs, .timeout = 600) {
+    tk_start("qgemm_stream_k_runs");
+    if (!gpu_qgemm_has(tk_g, GPU_QGEMM_REG_END))
+        cr_skip_test("the stream-K tile shape needs an sm_90 device (wgmma)");
+    static const int64_t cases[][3] = {{8192, 2048, 300}, {128, 8448, 1280}};  // n_in, n_out, T
+    int ran = 0;
+    for (uint32_t wt = DJ_Q8; wt <= DJ_Q4; wt++)
+        for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
+            const int64_t n_in = cases[ci][0], n_out = cases[ci][1], T = cases[ci][2];
+            tk_mm m = tk_mm_new(wt, n_in, n_out, T);
+            float *again = malloc((size_t)(T * n_out) * 4);
+            cr_assert(again);
+            tk_mm_input(&m, T);
+            for (int v = GPU_QGEMM_REG_END; v < GPU_QGEMM_VARIANTS; v++) ran += tk_qgemm_twice(&m, v, T, again);
+            free(again);
+            tk_mm_free(&m);
+        }
+    cr_expect_eq(ran, 2 * 2 * (GPU_QGEMM_VARIANTS - GPU_QGEMM_REG_END), "every stream-K tile shape ran");
+    tk_end("qgemm_stream_k_runs");
 }
 
 // The one-token persistent GEMV with one and with two rows of W a warp (gpu_qgemv_rows_a_warp on this device), in its

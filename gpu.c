@@ -205,17 +205,18 @@ static int gate_up_matmul(dj_gpu_state *s, const gpu_unit *un, int64_t T, ffn_ro
 
 // Where a layer's two norms (and the residual adds before them) run. With every row of the pass on the GPU and q|k|v
 // and gate|up each one matmul, inside the products after them, where each is taken by a kernel that norms its input
-// as it stages it: the GEMV for one token (gpu_norm_matmul, gate|up's silu(gate) * up out of it too), and for 2..64
+// as it stages it: the GEMV for one token (gpu_norm_matmul, gate|up's silu(gate) * up out of it too), and for more
 // the product's kernel as gpu_matmul picks it: the GEMV for the few tokens it takes (gpu_norm_matmul), the register
-// kernel's x layout past them (gpu_norm_qgemm; the same bits as the norm then the product). No norm's launch, no
-// normed copy of x. Else apart, into d_xb before the matmuls. Both or neither: see residual_swap.
+// kernel's x layout past them up to 64, the Hopper kernel's beyond (gpu_norm_qgemm; the same bits as the norm then
+// the product). No norm's launch, no normed copy of x. Else apart, into d_xb before the matmuls. Both or neither: see
+// residual_swap.
 typedef enum {
     NORMS_APART,    // gpu_add_rmsnorm into d_xb, then the matmuls
     NORMS_IN_GEMV,  // one token
-    NORMS_IN_X,     // 2..64 tokens: the GEMV's or the register kernel's staging of x (norm_rows)
+    NORMS_IN_X,     // 2 tokens or more: the GEMV's, the register or the Hopper kernel's staging of x (norm_rows)
 } norm_form;
 
-// Whether the product of matrix mt's T rows (2..64) takes the norm inside it (NORMS_IN_X).
+// Whether the product of matrix mt's T rows (2 or more) takes the norm inside it (NORMS_IN_X).
 static int norm_fits_rows(const dj_gpu_state *s, const sp_mat *mt, const uint8_t *w, int64_t T) {
     return gpu_norm_rows_ok(s->g, mt->dtype, w + mt->off, T, mt->n_in, mt->n_out);
 }
@@ -283,7 +284,7 @@ static int norm_rows(dj_gpu_state *s, const uint8_t *w, int k, const float *norm
 // where the norms run, and the MLP block's form.
 typedef enum {
     MLP_NORM_GEMV,   // one token, all on the GPU: the norm inside the gate|up GEMV, silu(gate) * up out of it
-    MLP_NORM_X,      // 2..64 tokens, all on the GPU: the norm inside gate|up's staging of x, then as MLP_GPU_DOWN
+    MLP_NORM_X,      // 2 tokens or more, all on the GPU: the norm inside gate|up's staging of x, then as MLP_GPU_DOWN
     MLP_GPU_DOWN,    // down all on the GPU: its q8/q4 products compute silu(gate) * up as they read it
     MLP_SPLIT_DOWN,  // down split with the CPU: silu(gate) * up into d_hb first
     MLP_CPU_CHAIN,   // the CPU has all of gate and up: one CPU job from x to its rows of down (share_ffn)

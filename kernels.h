@@ -148,12 +148,12 @@ size_t gpu_qgemm_scratch(int64_t T, int64_t n_in);  // bytes of scratch it needs
 #define GPU_QGEMM_VARIANTS 21                          // tile shapes 0..20
 #define GPU_QGEMM_REG_END 20                           // the register kernel's: 12..19
 int gpu_qgemm_has(const dj_gpu *g, int variant);    // whether this device runs tile shape `variant`
-// y (T, n_out) = W . (rmsnorm(x + delta) * nw) on the register kernel, for the passes of 2..64 tokens whose shape it
-// is (GPU_MM_QGEMM's for T): gpu_add_rmsnorm then gpu_qgemm_variant(-1) in one, the same bits, each row normed (as
-// rmsnorm_kernel does it) as it is laid out for the kernel, so no normed copy is written and read back; and xo (T,
-// n_in) = x + delta, the residual stream's next value, in a buffer that is not x; delta NULL: no add, xo = x. x,
-// delta (T, n_in), nw (n_in) f32. PRECOND-checked: gpu_qgemm_ok, T >= 2, the register kernel's shape for T, n_in <=
-// 16384, xo not x.
+// y (T, n_out) = W . (rmsnorm(x + delta) * nw) on the register kernel (2..64 tokens) or past 64 on the Hopper kernel,
+// for the passes whose shape is theirs (GPU_MM_QGEMM's for T): gpu_add_rmsnorm then gpu_qgemm_variant(-1) in one, the
+// same bits, each row normed (as rmsnorm_kernel does it) as it is laid out for the kernel, so no normed copy is
+// written and read back; and xo (T, n_in) = x + delta, the residual stream's next value, in a buffer that is not x;
+// delta NULL: no add, xo = x. x, delta (T, n_in), nw (n_in) f32. PRECOND-checked: gpu_qgemm_ok, T >= 2, the register
+// or the Hopper kernel's shape for T, n_in <= 16384, xo not x.
 int gpu_norm_qgemm(dj_gpu *g, float *y, const float *x, const float *delta, float *xo, const float *nw, float eps,
                    const void *w, uint32_t wtype, int64_t T, int64_t n_in, int64_t n_out, cudaStream_t s, dj_err *e);
 // Whether gpu_matmul takes this product of T tokens (x aligned) on the register kernel, so that gpu_norm_qgemm can
@@ -269,7 +269,7 @@ int gpu_norm_matmul(dj_gpu *g, float *y, const float *x, const float *delta, flo
 // Whether gpu_matmul gives this product of T tokens (x aligned) to the persistent GEMV, so that gpu_norm_matmul can
 // take it with the norm before it.
 int gpu_norm_matmul_takes(const dj_gpu *g, uint32_t wtype, const void *w, int64_t T, int64_t n_in, int64_t n_out);
-// y (T, n_out) = W . (rmsnorm(x + delta) * nw) and xo = x + delta for 2..64 tokens, on the kernel gpu_matmul gives
+// y (T, n_out) = W . (rmsnorm(x + delta) * nw) and xo = x + delta for T >= 2 tokens, on the kernel gpu_matmul gives
 // the product: gpu_norm_matmul where gpu_norm_matmul_takes it, else gpu_norm_qgemm; gpu_norm_rows_ok: whether one of
 // them takes it. PRECOND-checked: the one it calls.
 int gpu_norm_rows(dj_gpu *g, float *y, const float *x, const float *delta, float *xo, const float *nw, float eps,

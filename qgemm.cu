@@ -167,6 +167,48 @@ static __device__ __forceinline__ uint32_t and_xor(uint32_t a, uint32_t m, uint3
     return d;
 }
 
+// The rows rmsnorm(x + delta) * nw in qgemm_x_kernel's layout (lbn 0: xp (T, kp)) or qgemm_xt_kernel's (blocks of
+// 1 << lbn tokens, KT stages), for the Hopper kernel past QGEMM_FEW_T tokens (gpu_norm_qgemm), a block a row of the
+// layout: the row's add and RMS as rmsnorm_kernel takes them (row_norm at its block size: the same floats), x + delta
+// (x where delta is NULL) stored to xo, the normed row rounded to f16 in shared memory (each value alone, as f16x2
+// rounds it; zeros past n_in), then its runs of 16 inputs where the layout puts them. Rows past T (a block's padding)
+// are zeros. The first n_tickets tickets are zeroed on the way. PRECOND: blockDim.x = norm_threads(n_in); gridDim.x
+// the layout's rows (T, or T rounded up to whole blocks); dynamic shared memory: 16 runs halves (runs = 4 KT with lbn,
+// kp / 16 without); xo not x.
+__global__ void qgemm_norm_x_kernel(__half *xp, const float *x, const float *delta, float *xo, const float *nw,
+                                    float eps, int64_t T, int64_t n_in, int64_t kp, int64_t KT, int lbn,
+                                    unsigned *tickets, int n_tickets) {
+    extern __shared__ __align__(16) __half xn[];  // (16 runs) the row's normed inputs
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n_tickets; i += (int64_t)gridDim.x * blockDim.x)
+        tickets[i] = 0;
+    const int64_t tok = blockIdx.x, runs = lbn ? 4 * KT : kp / 16;
+    if (tok < T) {  // the whole block alike, through row_norm's barriers
+        const int64_t off = tok * n_in;
+        row_norm(xo + off, x + off, delta ? delta + off : NULL, nw, n_in, eps,
+                 [&](int64_t i, float y) { xn[i] = __float2half_rn(y); });
+        for (int64_t i = n_in + threadIdx.x; i < 16 * runs; i += blockDim.x) xn[i] = __float2half_rn(0.0f);
+        __syncthreads();
+    }
+    for (int64_t r = threadIdx.x; r < runs; r += blockDim.x) {
+        uint4 even = make_uint4(0, 0, 0, 0), odd = even;  // x16_halves' two runs of 8: the even inputs, the odd
+        if (tok < T) {
+            const uint4 a = *(const uint4 *)(xn + 16 * r), b = *(const uint4 *)(xn + 16 * r + 8);
+            even = make_uint4(__byte_perm(a.x, a.y, 0x5410), __byte_perm(a.z, a.w, 0x5410), __byte_perm(b.x, b.y, 0x5410),
+                              __byte_perm(b.z, b.w, 0x5410));
+            odd = make_uint4(__byte_perm(a.x, a.y, 0x7632), __byte_perm(a.z, a.w, 0x7632), __byte_perm(b.x, b.y, 0x7632),
+                             __byte_perm(b.z, b.w, 0x7632));
+        }
+        if (lbn) {  // as qgemm_xt_kernel: run r is stage r / 4's quarter r % 4, chunks swizzled by the token
+            const int t = (int)(tok & ((1 << lbn) - 1)), h = (int)(r & 3);
+            uint4 *stage = (uint4 *)(xp + (((tok >> lbn) * KT + (r >> 2)) << lbn) * 64 + (int64_t)t * 64);
+            stage[(2 * h) ^ (t & 7)] = even, stage[(2 * h + 1) ^ (t & 7)] = odd;
+        } else {
+            uint4 *dst = (uint4 *)(xp + tok * kp + 16 * r);
+            dst[0] = even, dst[1] = odd;
+        }
+    }
+}
+
 // The A fragments of a stage's four k16 steps (a[step][4], m16n8k16's layout in the x permutation qgemm_x_kernel
 // makes) for the 16 rows from rb of a stage, widened to f16 from its values q and scales sc in shared memory.
 template <int WT, int BM>
@@ -1113,8 +1155,37 @@ static int qgemm_x(__half *xp, const qgemm_src &x, int64_t T, int64_t n_in, int 
     return 0;
 }
 
-template <int WT, int BN, int ST, int KS, bool XB, int MINB, bool SK>
-static int qgemm_wg_launch(float *y, const qgemm_src &x, __half *xp, const void *w, int64_t T, int64_t n_in,
+// x laid out for the Hopper kernel from x's rows (wg_lay_src) or from the rows it norms (wg_lay_norm): bn tokens a
+// block (0: qgemm_x_kernel's layout), the first n_tickets tickets zeroed.
+struct wg_lay_src {
+    qgemm_src x;
+    int operator()(__half *xp, int64_t T, int64_t n_in, int bn, unsigned *tickets, int n_tickets, cudaStream_t s,
+                   dj_err *e) const {
+        return qgemm_x(xp, x, T, n_in, bn, s, e, tickets, n_tickets);
+    }
+};
+struct qreg_norm_in {
+    const float *x, *delta;  // (T, n_in); delta NULL: no add
+    float *xo;               // (T, n_in)
+    const float *nw;         // (n_in)
+    float eps;
+};
+struct wg_lay_norm {
+    qreg_norm_in in;
+    int operator()(__half *xp, int64_t T, int64_t n_in, int bn, unsigned *tickets, int n_tickets, cudaStream_t s,
+                   dj_err *e) const {
+        const int64_t kp = (n_in + DJ_QGROUP - 1) / DJ_QGROUP * DJ_QGROUP, KT = (kp + 63) / 64;
+        const int64_t rows = bn ? (T + bn - 1) / bn * bn : T, runs = bn ? 4 * KT : kp / 16;
+        qgemm_norm_x_kernel<<<(unsigned)rows, norm_threads(n_in), (size_t)(16 * runs) * sizeof(__half), s>>>(
+            xp, in.x, in.delta, in.xo, in.nw, in.eps, T, n_in, kp, KT, bn ? __builtin_ctz((unsigned)bn) : 0, tickets,
+            n_tickets);
+        LAUNCH_CHECK("qgemm_norm_x", s);
+        return 0;
+    }
+};
+
+template <int WT, int BN, int ST, int KS, bool XB, int MINB, bool SK, class LAY>
+static int qgemm_wg_launch(float *y, const LAY &lay, __half *xp, const void *w, int64_t T, int64_t n_in,
                            int64_t n_out, int n_sm, cudaStream_t s, dj_err *e) {
     using C = qgemm_wg_cfg<WT, BN, ST>;
     const int64_t groups = (n_in + DJ_QGROUP - 1) / DJ_QGROUP, rb = (int64_t)dj_row_bytes(WT, (uint64_t)n_in);
@@ -1126,7 +1197,7 @@ static int qgemm_wg_launch(float *y, const qgemm_src &x, __half *xp, const void 
     if (SK && units * G >= ((int64_t)1 << 31)) G = (((int64_t)1 << 31) - 1) / units;  // the kernel's unit arithmetic
     if (SK && G < 1) return dj_fail(e, "gpu_qgemm: %lld units of work are too many for stream-K", (long long)units);
     unsigned *tickets = SK ? wg_tickets(xp, T, n_in) : NULL;
-    if (qgemm_x(xp, x, T, n_in, XB ? BN : 0, s, e, tickets, SK ? (int)G : 0)) return -1;
+    if (lay(xp, T, n_in, XB ? BN : 0, tickets, SK ? (int)G : 0, s, e)) return -1;
     static std::atomic<unsigned> ready;
     if (smem_optin((const void *)qgemm_wg_kernel<WT, BN, ST, KS, XB, MINB, SK>, C::SMEM, ready, e)) return -1;
     const dim3 grid = SK ? dim3((unsigned)G) : dim3((unsigned)((T + BN - 1) / BN), (unsigned)((n_out + C::BM - 1) / C::BM), KS);
@@ -1210,12 +1281,6 @@ template <int WT, int NT, int NQ> struct qreg_lay_src {
 };
 
 // x laid out by qreg_norm_x_kernel from the rows rmsnorm(x + delta) * nw, x + delta stored to xo (gpu_norm_qgemm).
-struct qreg_norm_in {
-    const float *x, *delta;  // (T, n_in); delta NULL: no add
-    float *xo;               // (T, n_in)
-    const float *nw;         // (n_in)
-    float eps;
-};
 template <int WT, int NT, int NQ> struct qreg_lay_norm {
     qreg_norm_in in;
     int64_t n_in;
@@ -1399,39 +1464,66 @@ extern "C" int gpu_qgemm_has(const dj_gpu *g, int variant) {
     return variant >= 0 && variant < GPU_QGEMM_VARIANTS && (!hopper || g->wgmma);
 }
 
+// Whether tile shape `variant` is the Hopper kernel's.
+static bool wg_variant(int variant) {
+#define QGEMM_WG_IS(id, ...) || variant == id
+    return false QGEMM_WG_VARIANTS(QGEMM_WG_IS) QGEMM_WG_SK_VARIANTS(QGEMM_WG_IS);
+#undef QGEMM_WG_IS
+}
+
+// The scratch tile shape `variant` needs for T tokens: gpu_qgemm_scratch's, and stream-K's sums for its shapes (which
+// take any T when asked for by name).
+static int qgemm_reserve(dj_gpu *g, int variant, int64_t T, int64_t n_in, cudaStream_t s, dj_err *e) {
+#define QGEMM_WG_SK(id, BN, ST, KS, XB, MINB, SK) || (variant == id && SK)
+    const bool sk = false QGEMM_WG_SK_VARIANTS(QGEMM_WG_SK);
+#undef QGEMM_WG_SK
+    const size_t need = gpu_qgemm_scratch(T, n_in),
+                 sk_need = wg_x_bytes(T, n_in) + QGEMM_SK_TICKET_BYTES + QGEMM_SK_PART_BYTES;
+    return scratch_need(g, sk && sk_need > need ? sk_need : need, s, e);
+}
+
+// The Hopper kernel's shape `variant` on x laid out by lay (wg_lay_src, wg_lay_norm). PRECOND: the scratch reserved
+// (qgemm_reserve).
+template <class LAY>
+static int wg_run(dj_gpu *g, int variant, float *y, const LAY &lay, const void *w, uint32_t wtype, int64_t T,
+                  int64_t n_in, int64_t n_out, cudaStream_t s, dj_err *e) {
+    __half *xp = (__half *)g->scratch;
+    if (!g->wgmma) return dj_fail(e, "gpu_qgemm: tile shape %d needs an sm_90 device", variant);
+#define QGEMM_WG_CASE(id, BN, ST, KS, XB, MINB, SK)                                                            \
+    case id:                                                                                                     \
+        return wtype == DJ_Q8                                                                                    \
+                   ? qgemm_wg_launch<DJ_Q8, BN, ST, KS, XB, MINB, SK>(y, lay, xp, w, T, n_in, n_out, g->n_sm, s, e) \
+                   : qgemm_wg_launch<DJ_Q4, BN, ST, KS, XB, MINB, SK>(y, lay, xp, w, T, n_in, n_out, g->n_sm, s, e);
+    switch (variant) {
+        QGEMM_WG_VARIANTS(QGEMM_WG_CASE)
+        QGEMM_WG_SK_VARIANTS(QGEMM_WG_CASE)
+    default:
+        return dj_fail(e, "gpu_qgemm: no Hopper tile shape %d", variant);
+    }
+#undef QGEMM_WG_CASE
+}
+
 static int qgemm_run(dj_gpu *g, int variant, float *y, const qgemm_src &x, const void *w, uint32_t wtype, int64_t T,
                      int64_t n_in, int64_t n_out, cudaStream_t s, dj_err *e) {
     if (!gpu_qgemm_ok(wtype, w, T, n_in, n_out))
         return dj_fail(e, "gpu_qgemm: unsupported: weights of dtype %u at %p, T=%lld n_in=%lld n_out=%lld", wtype, w,
                        (long long)T, (long long)n_in, (long long)n_out);
     if (variant < 0) variant = qgemm_pick(g, wtype, T, n_in, n_out);
-#define QGEMM_WG_SK(id, BN, ST, KS, XB, MINB, SK) || (variant == id && SK)
-    const bool sk = false QGEMM_WG_SK_VARIANTS(QGEMM_WG_SK);  // a tile shape for any T: its scratch whatever T is
-#undef QGEMM_WG_SK
-    size_t need = gpu_qgemm_scratch(T, n_in), sk_need = wg_x_bytes(T, n_in) + QGEMM_SK_TICKET_BYTES + QGEMM_SK_PART_BYTES;
-    if (scratch_need(g, sk && sk_need > need ? sk_need : need, s, e)) return -1;
+    if (qgemm_reserve(g, variant, T, n_in, s, e)) return -1;
     __half *xp = (__half *)g->scratch;
 #define QGEMM_CASE(id, BM, BN, WM, WN, ST)                                                                       \
     case id:                                                                                                    \
         return wtype == DJ_Q8 ? qgemm_launch<DJ_Q8, BM, BN, WM, WN, ST>(y, x, xp, w, T, n_in, n_out, s, e)          \
                               : qgemm_launch<DJ_Q4, BM, BN, WM, WN, ST>(y, x, xp, w, T, n_in, n_out, s, e);
-#define QGEMM_WG_CASE(id, BN, ST, KS, XB, MINB, SK)                                                           \
-    case id:                                                                                                    \
-        if (!g->wgmma) return dj_fail(e, "gpu_qgemm: tile shape %d needs an sm_90 device", variant);            \
-        return wtype == DJ_Q8                                                                                   \
-                   ? qgemm_wg_launch<DJ_Q8, BN, ST, KS, XB, MINB, SK>(y, x, xp, w, T, n_in, n_out, g->n_sm, s, e) \
-                   : qgemm_wg_launch<DJ_Q4, BN, ST, KS, XB, MINB, SK>(y, x, xp, w, T, n_in, n_out, g->n_sm, s, e);
     if (qreg_variant(variant))
         return qreg_run<qreg_lay_src>(g, "gpu_qgemm", variant, y, x, w, wtype, T, n_in, n_out, s, e);
+    if (wg_variant(variant)) return wg_run(g, variant, y, wg_lay_src{x}, w, wtype, T, n_in, n_out, s, e);
     switch (variant) {
         QGEMM_VARIANTS(QGEMM_CASE)
-        QGEMM_WG_VARIANTS(QGEMM_WG_CASE)
-        QGEMM_WG_SK_VARIANTS(QGEMM_WG_CASE)
     default:
         return dj_fail(e, "gpu_qgemm: no tile shape %d", variant);
     }
 #undef QGEMM_CASE
-#undef QGEMM_WG_CASE
 }
 
 extern "C" int gpu_qgemm_variant(dj_gpu *g, int variant, float *y, const float *x, const void *w, uint32_t wtype,
@@ -1451,12 +1543,12 @@ extern "C" int gpu_swiglu_qgemm(dj_gpu *g, float *y, const float *gate, const fl
 // opting in (16384: Llama-3-405B's dim).
 #define QREG_NORM_MAX_IN 16384
 
-// The register kernel's shape gpu_norm_qgemm runs the pass on (the product's for T, qgemm_pick), -1 where the pass
-// is not that kernel's.
+// The shape gpu_norm_qgemm runs the pass on (the product's for T, qgemm_pick): the register kernel's, or past
+// QGEMM_FEW_T tokens the Hopper kernel's; -1 where the pass is neither's.
 static int norm_qgemm_shape(const dj_gpu *g, uint32_t wtype, const void *w, int64_t T, int64_t n_in, int64_t n_out) {
     if (!gpu_qgemm_ok(wtype, w, T, n_in, n_out) || T < 2 || n_in > QREG_NORM_MAX_IN) return -1;
     const int variant = qgemm_pick(g, wtype, T, n_in, n_out);
-    return qreg_variant(variant) ? variant : -1;
+    return qreg_variant(variant) || (T > QGEMM_FEW_T && wg_variant(variant)) ? variant : -1;
 }
 
 extern "C" int gpu_norm_qgemm_ok(const dj_gpu *g, uint32_t wtype, const void *w, int64_t T, int64_t n_in,
@@ -1470,12 +1562,13 @@ extern "C" int gpu_norm_qgemm(dj_gpu *g, float *y, const float *x, const float *
                               cudaStream_t s, dj_err *e) {
     const int variant = norm_qgemm_shape(g, wtype, w, T, n_in, n_out);
     if (variant < 0)
-        return dj_fail(e, "gpu_norm_qgemm: not the register kernel's pass: weights of dtype %u at %p, T=%lld n_in=%lld "
-                          "(at most %d) n_out=%lld", wtype, w, (long long)T, (long long)n_in, QREG_NORM_MAX_IN,
-                       (long long)n_out);
+        return dj_fail(e, "gpu_norm_qgemm: not a pass of the register or the Hopper kernel: weights of dtype %u at %p, "
+                          "T=%lld n_in=%lld (at most %d) n_out=%lld", wtype, w, (long long)T, (long long)n_in,
+                       QREG_NORM_MAX_IN, (long long)n_out);
     if (xo == x || !xo) return dj_fail(e, "gpu_norm_qgemm: the residual's next buffer must not be x");
-    if (scratch_need(g, gpu_qgemm_scratch(T, n_in), s, e)) return -1;
+    if (qgemm_reserve(g, variant, T, n_in, s, e)) return -1;
     const qreg_norm_in in = {x, delta, xo, nw, eps};
+    if (wg_variant(variant)) return wg_run(g, variant, y, wg_lay_norm{in}, w, wtype, T, n_in, n_out, s, e);
     return qreg_run<qreg_lay_norm>(g, "gpu_norm_qgemm", variant, y, in, w, wtype, T, n_in, n_out, s, e);
 }
 

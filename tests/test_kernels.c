@@ -853,18 +853,20 @@ Test(kernels, norm_matmul) {
     tk_end("norm_matmul");
 }
 
-// The norm before q|k|v and gate|up inside the register kernel's x layout, 2..64 tokens (gpu_norm_qgemm): y and the
-// residual xo bit for bit those of gpu_add_rmsnorm (gpu_rmsnorm without delta) then the same product
-// (gpu_qgemm_variant, the shape picked for T), xo exactly x + delta (or x) as the host adds it, x left as it was, and
-// y within the f16 operands' 2e-3 of the CPU's add, rmsnorm and matmul. Token counts on both sides of the blocks of
-// 8 NT tokens (8, 16, 32 and 64 a block); n_in a partial group (208: 6.5 groups, x's zeros past it meeting the rest
-// of the last group's weights), whole groups not a multiple of 512 (1056), and the norm's three block sizes, 12288
-// with three elements a thread. Passes the kernel does not take, and xo == x, are refused by name.
+// The norm before q|k|v and gate|up inside the register kernel's x layout, 2..64 tokens, and the Hopper kernel's past
+// them (gpu_norm_qgemm): y and the residual xo bit for bit those of gpu_add_rmsnorm (gpu_rmsnorm without delta) then
+// the same product (gpu_qgemm_variant, the shape picked for T), xo exactly x + delta (or x) as the host adds it, x
+// left as it was, and y within the f16 operands' 2e-3 of the CPU's add, rmsnorm and matmul. Token counts on both
+// sides of the blocks of 8 NT tokens (8, 16, 32 and 64 a block) and of the Hopper kernel's 128 and 256 (65 to 513,
+// on a device that has it); n_in a partial group (208: 6.5 groups, x's zeros past it meeting the rest of the last
+// group's weights), whole groups not a multiple of 512 (1056), and the norm's three block sizes, 12288 with three
+// elements a thread. Passes the kernels do not take, and xo == x, are refused by name.
 Test(kernels, norm_qgemm) {
     tk_start("norm_qgemm");
-    static const int64_t Ts[] = {2, 3, 7, 8, 9, 16, 17, 31, 33, 64};
+    static const int64_t Ts[] = {2, 3, 7, 8, 9, 16, 17, 31, 33, 64, 65, 130, 300, 513};
     static const int64_t shapes[][2] = {{208, 77}, {1056, 392}, {4096, 512}, {12288, 160}};  // n_in, n_out
-    const int64_t Tmax = 64;
+    const int64_t Tmax = 513;
+    const int hopper = gpu_qgemm_has(tk_g, 8);
     const float eps = 1e-5f;
     dj_err e;
     for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++)
@@ -886,6 +888,7 @@ Test(kernels, norm_qgemm) {
                 cr_assert_eq(gpu_h2d(dn, nw, (size_t)n * 4, &e), 0, "%s", e.msg);
                 for (size_t ti = 0; ti < sizeof Ts / sizeof Ts[0]; ti++) {
                     const int64_t T = Ts[ti];
+                    if (T > 64 && !hopper) continue;  // the mma.sync kernel past 64 tokens: refused below
                     const size_t tx = (size_t)(T * n) * 4, ty = (size_t)(T * n_out) * 4;
                     char what[128];
                     snprintf(what, sizeof what, "norm_qgemm %s T=%lld n_in=%lld n_out=%lld add=%d", dj_dtype_name(wt),
@@ -919,14 +922,16 @@ Test(kernels, norm_qgemm) {
             if (si == 0) {  // refusals, and the passes gpu_matmul would give the register kernel
                 cr_expect_neq(gpu_norm_qgemm(tk_g, m.dy, m.dx, dd, m.dx, dn, eps, m.dw, wt, 8, n, n_out, tk_s, &e), 0);
                 cr_expect(strstr(e.msg, "must not be x"), "%s", e.msg);
-                static const int64_t bad_T[] = {1, 65};
-                for (int b = 0; b < 2; b++) {
+                static const int64_t bad_T[] = {1, 65};  // 65: the mma.sync kernel's where there is no Hopper one
+                for (int b = 0; b < 2 - hopper; b++) {
                     cr_expect_neq(gpu_norm_qgemm(tk_g, m.dy, m.dx, dd, dxo, dn, eps, m.dw, wt, bad_T[b], n, n_out, tk_s,
                                                  &e),
                                   0, "T=%lld taken", (long long)bad_T[b]);
                     cr_expect(strstr(e.msg, "gpu_norm_qgemm"), "%s", e.msg);
                     cr_expect(!gpu_norm_qgemm_ok(tk_g, wt, m.dw, bad_T[b], n, n_out));
                 }
+                // past what the Hopper kernel wins (q8 1024 tokens, q4 2048), gpu_matmul dequantizes for cuBLAS
+                cr_expect(!gpu_norm_qgemm_ok(tk_g, wt, m.dw, 4096, n, n_out));
                 cr_expect_neq(gpu_norm_qgemm(tk_g, m.dy, m.dx, dd, dxo, dn, eps, m.dw, DJ_F16, 8, n, n_out, tk_s, &e), 0);
                 cr_expect(!gpu_norm_qgemm_ok(tk_g, DJ_F16, m.dw, 8, n, n_out));
                 // 64 tokens are past the one-token GEMV's few: gpu_matmul takes the register kernel where it wins

@@ -86,6 +86,7 @@ struct dj_gpu {
     int qp_blocks;          // the persistent quantized GEMV's grid: QP_BPS blocks per SM where the device holds them
     int wgmma;              // qgemm.cu's Hopper kernel runs here (compute capability 9.0)
     int n_sm;               // multiprocessors (qgemm.cu's dispatch)
+    int l2_bytes;           // the L2 cache (qgemm.cu's dispatch)
     int loaded;             // 0 once a module of ours could not be loaded whole (gpu_kernels_loaded)
     int (*hold)(void *, dj_err *);  // gpu_set_hold's: called before anything that may block the host on the GPU
     void *hold_ctx;

@@ -1103,6 +1103,262 @@ __global__ void __launch_bounds__(256, MINB)
 #endif
 }
 
+// ---- the Hopper kernel, warp-specialized (WS): one warpgroup widens, two multiply
+// Nsight Compute on the kernel above (gate|up q4 at 512 tokens, bench/results/step_turn/session73) found its tensor
+// pipe busy 66% of the SMs' active cycles, its warps (two a scheduler) stalled most on the widening's dependencies
+// and the stage's ldmatrix, between products each warp must feed itself. Here warpgroup 0 (the producer) reads the
+// weights straight into registers, D stages ahead, widens them into an f16 A tile in shared memory laid out as x is
+// (each 128-row K-major, 128-byte swizzle, the inputs in qgemm_x_kernel's order within every 16) and moves x by one
+// bulk copy a stage; warpgroups 1 and 2 (the consumers) only wait for a stage and multiply it (wgmma with both
+// operands in shared memory, 64 rows each), releasing the slot when their products are done. A stage: full[slot]
+// (the producer's 128 threads and x's bytes), empty[slot] (the consumers' 8 warps). On the H200 it takes 0.93-1.0x
+// the time of shape 8 in q4 at 128-2048 tokens, 0.98-1.05x in q8 (bench/results/step_turn/session74): the tensor
+// pipe's share grew less than the widening's removal promised; the picker takes it for q4.
+template <int WT, int BN, int ST> struct qgemm_ws_cfg {
+    static constexpr int THREADS = 384, BM = 128, D = 4;  // D: the producer's stages of weights in flight
+    static constexpr int QB = q_group_bytes(WT), QW = 2 * QB / 16;  // a row's 16-byte words a stage
+    static constexpr int X_BYTES = BN * 128, A_BYTES = BM * 128;
+    static constexpr int STAGE = X_BYTES + A_BYTES;  // both multiples of 1024
+    static constexpr int SMEM = STAGE * ST + 1024;
+    static_assert(BN == 256 && ST >= 2 && SMEM <= 227 * 1024, "m64n256 products");
+};
+
+#if defined(QGEMM_WGMMA)
+// d (64x256 f32, this thread's 128) += a (64x16 f16, shared memory, descriptor) . b (16x256 f16, descriptor)
+static __device__ __forceinline__ void wgmma_256_ss(float *d, uint64_t a, uint64_t b) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n256k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, %128, %129, p, 1, 1, 0, 0;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]), "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+                 : "l"(a), "l"(b), "r"(1));
+}
+static __device__ __forceinline__ void mbar_arrive(uint64_t *b) {
+    asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.shared::cta.b64 st, [%0];\n}\n" ::"r"(smem_u32(b)) : "memory");
+}
+#endif
+
+// A producer thread's weights of one stage, row m0 + tid: the two groups' values (q4: a uint4 each; q8: two) and
+// their two 16-bit parameters; zeros past the row's last group and past n_out.
+template <int WT> struct ws_regs {
+    uint4 q[2 * q_group_bytes(WT) / 16];
+    uint32_t sc;
+};
+
+#if defined(QGEMM_WGMMA)
+static __device__ __forceinline__ void ws_consumers_sync() {  // the consumers' 256 threads (named barrier 1)
+    asm volatile("bar.sync 1, 256;\n" ::: "memory");
+}
+#endif
+
+// PRECOND: as qgemm_kernel; x in qgemm_xt_kernel's layout of BN-token blocks. SK: stream-K as qgemm_wg_kernel's
+// (gridDim.x CTAs, each a run of the line of (tile, stage) units; a cut tile summed by its last run to finish, in run
+// order; tickets and part as there, the consumers' 256 threads' sums in a slot). Else one tile a CTA: blockIdx.x
+// tokens, blockIdx.y rows. Producer and consumers walk the same run; the stage counter i (slot i % ST, phase
+// (i / ST) & 1) goes on across the run's tiles.
+template <int WT, int BN, int ST, bool SK>
+__global__ void __launch_bounds__(384, 1)
+    qgemm_ws_kernel(float *__restrict__ y, const __half *__restrict__ xp, const uint8_t *__restrict__ w, int64_t T,
+                    int64_t n_out, int64_t groups, int64_t row_bytes, unsigned *tickets, float *part) {
+#if defined(QGEMM_WGMMA)
+    using C = qgemm_ws_cfg<WT, BN, ST>;
+    constexpr int BM = C::BM, D = C::D, QW = C::QW;
+    __shared__ uint64_t full[ST], empty[ST];
+    __shared__ unsigned last_run;                     // SK: this CTA's run is the last of its tile's to finish
+    __shared__ int run_slot[SK ? QGEMM_SK_CTAS : 1];  // SK: the slots of a tile's runs' sums, in run order
+    extern __shared__ uint8_t sm_raw[];
+    uint8_t *sm = (uint8_t *)(((uintptr_t)sm_raw + 1023) & ~(uintptr_t)1023);
+    const int tid = threadIdx.x, wg = tid >> 7, lane = tid & 31;
+    const int KT_ALL = (int)((groups + 1) / 2);
+    const int64_t n_tb = (T + BN - 1) / BN;
+    // this CTA's units [u0, u1) (PRECOND for SK: units times CTAs below 2^31, no more CTAs than units)
+    const unsigned U = SK ? (unsigned)(n_tb * ((n_out + BM - 1) / BM) * KT_ALL) : 1u, G = gridDim.x;
+    const unsigned u0 = SK ? blockIdx.x * U / G : (unsigned)(((int64_t)blockIdx.y * n_tb + blockIdx.x) * KT_ALL);
+    const unsigned u1 = SK ? (blockIdx.x + 1) * U / G : u0 + (unsigned)KT_ALL;
+    if (tid == 0) {
+        for (int s = 0; s < ST; s++) mbar_init(&full[s], BM + 1), mbar_init(&empty[s], 8);
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+
+    // The producer's warpgroup gives registers to the consumers' (q4 104 + 2 x 200 a thread, q8 120 + 2 x 192: 3 x
+    // 168, the launch's): the consumers hold a 64 x 256 tile's 128 sums a thread across the run's tiles (at 168, SK's
+    // spilled 1 KB), the producer D stages of weights. Whole tiles without it took 0.98-1.06x the time, median 1.02x
+    // (bench/results/step_turn/session74, call 3).
+    constexpr int PREG = WT == DJ_Q4 ? 104 : 120, CREG = (3 * 168 - PREG) / 2;
+    static_assert(CREG % 8 == 0 && PREG + 2 * CREG <= 3 * 168, "setmaxnreg: multiples of 8 within the launch's");
+    if (wg == 0) {  // the producer: thread tid widens row tid of each stage's tile
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(PREG) : "memory");
+        // a unit's place, stepped one unit at a time (no division a stage)
+        struct cursor {
+            unsigned unit, kt, tb, rb;  // the unit; its stage, token block and row block
+        };
+        const unsigned NTB = (unsigned)n_tb;
+        auto at = [&](unsigned unit) {
+            const unsigned tile = unit / (unsigned)KT_ALL;
+            return cursor{unit, unit - tile * (unsigned)KT_ALL, tile % NTB, tile / NTB};
+        };
+        auto step = [&](cursor &c) {
+            c.unit++;
+            if (++c.kt == (unsigned)KT_ALL) {
+                c.kt = 0;
+                if (++c.tb == NTB) c.tb = 0, c.rb++;
+            }
+        };
+        cursor fc = at(u0), sc = fc;  // the next unit to fetch, the next stage to fill
+        auto fetch = [&](ws_regs<WT> &r) {  // fc's weights into r (zeros past the run), fc on
+            const int kt = (int)fc.kt;
+            const int64_t row = (int64_t)fc.rb * BM + tid;
+            const bool rok = fc.unit < u1 && row < n_out, g1 = rok && 2 * kt + 1 < groups;
+            const uint8_t *wq = w + (rok ? row : 0) * row_bytes + (int64_t)kt * 2 * C::QB;
+            const uint8_t *wsc = w + (rok ? row : 0) * row_bytes + groups * C::QB + 4 * (int64_t)kt;
+#pragma unroll
+            for (int j = 0; j < QW; j++) {
+                const bool ok = j < QW / 2 ? rok : g1;
+                r.q[j] = ok ? __ldg((const uint4 *)wq + j) : make_uint4(0, 0, 0, 0);
+            }
+            r.sc = g1 ? __ldg((const uint32_t *)wsc) : rok ? (uint32_t)__ldg((const unsigned short *)wsc) : 0u;
+            step(fc);
+        };
+        // row tid's 128 bytes of slot st's A tile: 16-byte chunk c (inputs 8c .. 8c + 7 in x's order) at c ^ (tid % 8)
+        auto widen = [&](const ws_regs<WT> &r, uint8_t *a) {
+            uint4 *dst = (uint4 *)(a + (tid >> 3) * 1024 + (tid & 7) * 128);
+#pragma unroll
+            for (int gi = 0; gi < 2; gi++) {
+                __half2 sg, ng;
+                q_widen_params<WT>((r.sc >> (16 * gi)) & 0xFFFFu, &sg, &ng);
+#pragma unroll
+                for (int b = 0; b < 2; b++) {  // the group's 16-blocks: even inputs, then odd (chunks 4 gi + 2 b, + 1)
+                    uint32_t ev[4], od[4];
+#pragma unroll
+                    for (int k = 0; k < 4; k++) {
+                        if (WT == DJ_Q4) {  // words of the group's 16 bytes; block b: the low (0) or high (1) nibbles
+                            const uint32_t u = (&r.q[gi].x)[k];
+                            ev[k] = q_widen2(q4_pair(u, 4 * b), sg, ng), od[k] = q_widen2(q4_pair(u, 4 * b + 8), sg, ng);
+                        } else {  // block b: the group's bytes 16 b .. 16 b + 15
+                            const uint32_t u = (&r.q[2 * gi + b].x)[k];
+                            ev[k] = q_widen2(q8_pair(u, 0x4240), sg, ng), od[k] = q_widen2(q8_pair(u, 0x4341), sg, ng);
+                        }
+                    }
+                    const int c = 4 * gi + 2 * b;
+                    dst[c ^ (tid & 7)] = make_uint4(ev[0], ev[1], ev[2], ev[3]);
+                    dst[(c + 1) ^ (tid & 7)] = make_uint4(od[0], od[1], od[2], od[3]);
+                }
+            }
+        };
+        ws_regs<WT> r[D];
+#pragma unroll
+        for (int d = 0; d < D; d++) fetch(r[d]);
+        auto stage = [&](int i, ws_regs<WT> &rr) {  // the run's i-th stage (sc), sc on
+            const int st = i % ST;
+            if (i >= ST) mbar_wait(&empty[st], (uint32_t)((i / ST - 1) & 1));  // the consumers are done with it
+            uint8_t *base = sm + st * C::STAGE;
+            if (tid == 0)
+                bulk_copy(base, xp + ((int64_t)sc.tb * KT_ALL + sc.kt) * BN * 64, BN * 128, &full[st]);
+            step(sc);
+            widen(rr, base + C::X_BYTES);
+            fetch(rr);
+            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // the widened tile, seen by wgmma
+            mbar_arrive(&full[st]);
+        };
+        const int n = (int)(u1 - u0);
+        int i = 0;
+        for (; i + D <= n; i += D)
+#pragma unroll
+            for (int d = 0; d < D; d++) stage(i + d, r[d]);
+#pragma unroll
+        for (int d = 0; d < D; d++)
+            if (i + d < n) stage(i + d, r[d]);
+        return;
+    }
+
+    // the consumers: warpgroup wg's 64 rows of each tile
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(CREG) : "memory");
+    const int cw = tid / 32 - 4, ctid = tid - 128;  // this warp's 16 rows: cw 16 .. cw 16 + 15 of the CTA's 128
+    const int g = lane >> 2, c2 = 2 * (lane & 3);
+    float acc[128];
+    int i = 0;  // the run's stages consumed
+    for (unsigned u = u0; u < u1;) {
+        const unsigned tile = u / (unsigned)KT_ALL;
+        const int K0 = (int)(u - tile * (unsigned)KT_ALL);
+        const int KT = (int)(u1 - u) < KT_ALL - K0 ? (int)(u1 - u) : KT_ALL - K0;  // stages K0 .. K0 + KT - 1
+        const int64_t m0 = (int64_t)(tile / n_tb) * BM, n0 = (int64_t)(tile % n_tb) * BN;
+#pragma unroll
+        for (int k = 0; k < 128; k++) acc[k] = 0.0f;
+        for (int k = 0; k < KT; k++, i++) {
+            const int st = i % ST;
+            mbar_wait(&full[st], (uint32_t)((i / ST) & 1));
+            const uint8_t *xs = sm + st * C::STAGE, *as = xs + C::X_BYTES + (wg - 1) * 64 * 128;
+            wg_fence();
+            wg_pin(acc), wg_pin(acc + 64);
+#pragma unroll
+            for (int ks = 0; ks < 4; ks++) wgmma_256_ss(acc, wg_desc(as + ks * 32), wg_desc(xs + ks * 32));
+            wg_commit();
+            wg_wait<1>();  // the stage before's products are done: its slot goes back to the producer
+            wg_pin(acc), wg_pin(acc + 64);
+            if (k > 0 && lane == 0) mbar_arrive(&empty[(i - 1) % ST]);
+        }
+        wg_wait<0>();
+        wg_pin(acc), wg_pin(acc + 64);
+        if (lane == 0) mbar_arrive(&empty[(i - 1) % ST]);  // the tile's last stage
+        const int64_t row = m0 + cw * 16 + g;
+        if (SK && KT < KT_ALL) {
+            // the runs holding the tile's first and last units, and the slot each keeps this tile's sums in
+            const unsigned t0 = tile * (unsigned)KT_ALL, lo = ((t0 + 1) * G - 1) / U, hi = ((t0 + KT_ALL) * G - 1) / U;
+            auto slot = [&](unsigned r) { return r * U / G >= t0 ? 0 : 1; };  // the run's first tile, or its last
+            float *mine = part + ((int64_t)blockIdx.x * 2 + (u == u0 ? 0 : 1)) * wg_part<BN>::FLOATS;
+#pragma unroll
+            for (int k = 0; k < 128; k++) __stcg(mine + k * 256 + ctid, acc[k]);
+            ws_consumers_sync();  // every consumer's sums before the release
+            if (ctid == 0) {
+                unsigned t;
+                asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;" : "=r"(t) : "l"(tickets + lo) : "memory");
+                last_run = t == hi - lo;
+            }
+            ws_consumers_sync();  // the acquire before every consumer's reads
+            if (last_run) {  // the tile's sums: each of this thread's from the runs' slots in run order, into y
+                for (unsigned r = lo + ctid; r <= hi; r += 256) run_slot[r - lo] = (int)(r * 2 + slot(r));
+                ws_consumers_sync();
+                const int n_runs = (int)(hi - lo + 1);
+#pragma unroll 1
+                for (int k0 = 0; k0 < 128; k0 += 16) {  // 16 sums at a time (acc is dead here)
+                    float v[16];
+#pragma unroll 1
+                    for (int q = 0; q < n_runs; q++) {
+                        const float *src = part + (int64_t)run_slot[q] * wg_part<BN>::FLOATS + k0 * 256 + ctid;
+#pragma unroll
+                        for (int kk = 0; kk < 16; kk++) {
+                            const float p = __ldcg(src + kk * 256);
+                            v[kk] = q == 0 ? p : v[kk] + p;
+                        }
+                    }
+#pragma unroll
+                    for (int kk = 0; kk < 16; kk++) {
+                        const int k = k0 + kk, d = k % 4;
+                        const int64_t tok = n0 + (k / 4) * 8 + c2 + (d & 1), r = row + (d >> 1) * 8;
+                        if (r < n_out && tok < T) y[tok * n_out + r] = v[kk];
+                    }
+                }
+            }
+        } else {
+            // accumulator k of n8 block j = k / 4: (row g, tokens 8j + 2c, + 1) for k % 4 < 2, row g + 8 for the others
+#pragma unroll
+            for (int j = 0; j < 32; j++) {
+                const int64_t tok = n0 + j * 8 + c2;
+                const float *d = acc + 4 * j;
+                if (row < n_out) {
+                    if (tok < T) y[tok * n_out + row] = d[0];
+                    if (tok + 1 < T) y[(tok + 1) * n_out + row] = d[1];
+                }
+                if (row + 8 < n_out) {
+                    if (tok < T) y[tok * n_out + row + 8] = d[2];
+                    if (tok + 1 < T) y[(tok + 1) * n_out + row + 8] = d[3];
+                }
+            }
+        }
+        u += KT;
+    }
+#endif
+}
+
 // ---- launch
 // The tile shapes measured (bench/qgemm_bench.cu); gpu_qgemm picks among them by T.
 #define QGEMM_VARIANTS(X)        \
@@ -1127,6 +1383,8 @@ __global__ void __launch_bounds__(256, MINB)
     X(11, 128, 4, 1, true, 2, false)
 // Stream-K (SK), after the register kernel's shapes: session 73's calls 6-8 (qgemm_wg_kernel says how it runs).
 #define QGEMM_WG_SK_VARIANTS(X) X(20, 256, 6, 1, true, 1, true)
+// Warp-specialized (qgemm_ws_kernel): (id, BN, ST, SK): whole tiles, stream-K.
+#define QGEMM_WG_WS_VARIANTS(X) X(21, 256, 4, false) X(22, 256, 4, true)
 
 #define QGEMM_FEW_T 64  // the most tokens the register kernel splits a row block's inputs for
 
@@ -1205,6 +1463,30 @@ static int qgemm_wg_launch(float *y, const LAY &lay, __half *xp, const void *w, 
     qgemm_wg_kernel<WT, BN, ST, KS, XB, MINB, SK><<<grid, C::THREADS, C::SMEM, s>>>(
         y, xp, (const uint8_t *)w, T, n_out, groups, rb, tickets, SK ? wg_parts(tickets) : NULL);
     LAUNCH_CHECK("qgemm_wg", s);
+    return 0;
+}
+
+template <int WT, int BN, int ST, bool SK, class LAY>
+static int qgemm_ws_launch(float *y, const LAY &lay, __half *xp, const void *w, int64_t T, int64_t n_in, int64_t n_out,
+                           int n_sm, cudaStream_t s, dj_err *e) {
+    using C = qgemm_ws_cfg<WT, BN, ST>;
+    const int64_t groups = (n_in + DJ_QGROUP - 1) / DJ_QGROUP, rb = (int64_t)dj_row_bytes(WT, (uint64_t)n_in);
+    const int64_t tiles = (T + BN - 1) / BN * ((n_out + C::BM - 1) / C::BM), units = tiles * ((groups + 1) / 2);
+    // stream-K: a CTA a multiprocessor, within the sums' slots, none without a unit
+    int64_t G = n_sm < QGEMM_SK_CTAS * 128 / BN ? n_sm : QGEMM_SK_CTAS * 128 / BN;
+    G = G < units ? G : units;
+    if (SK && units * G >= ((int64_t)1 << 31)) G = (((int64_t)1 << 31) - 1) / units;  // the kernel's unit arithmetic
+    if (SK && G < 1) return dj_fail(e, "gpu_qgemm: %lld units of work are too many for stream-K", (long long)units);
+    if (!SK && units >= ((int64_t)1 << 31))  // the kernel's unit arithmetic
+        return dj_fail(e, "gpu_qgemm: %lld units of work are too many for the warp-specialized kernel", (long long)units);
+    unsigned *tickets = SK ? wg_tickets(xp, T, n_in) : NULL;
+    if (lay(xp, T, n_in, BN, tickets, SK ? (int)G : 0, s, e)) return -1;
+    static std::atomic<unsigned> ready;
+    if (smem_optin((const void *)qgemm_ws_kernel<WT, BN, ST, SK>, C::SMEM, ready, e)) return -1;
+    const dim3 grid = SK ? dim3((unsigned)G) : dim3((unsigned)((T + BN - 1) / BN), (unsigned)((n_out + C::BM - 1) / C::BM));
+    qgemm_ws_kernel<WT, BN, ST, SK><<<grid, C::THREADS, C::SMEM, s>>>(y, xp, (const uint8_t *)w, T, n_out, groups, rb,
+                                                                     tickets, SK ? wg_parts(tickets) : NULL);
+    LAUNCH_CHECK("qgemm_ws", s);
     return 0;
 }
 
@@ -1401,23 +1683,30 @@ static int qgemm_pick_cost(const dj_gpu *g, uint32_t wtype, int64_t T, int64_t n
         int variant, bn, ks;
         double stage_cost;
     } shapes[] = {{8, 256, 1, 1.4}, {9, 256, 2, 1.7}, {10, 128, 2, 1.1}, {11, 128, 1, 1.0}};
+    // q4: the warp-specialized kernel (21, 22) in place of shape 8 (20), at 1.35 a stage: 0.93-1.0x its time on the
+    // 8B's and 70B's q4 matrices at 128-2048 tokens (bench/results/step_turn/session74, call 3); in q8 mixed, 0.98-1.05x
+    const bool ws = wtype == DJ_Q4;
     int best = 11;
     double best_t = 0;
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
         const double ctas = (double)((T + shapes[i].bn - 1) / shapes[i].bn * rows * shapes[i].ks);
         const double w = ctas / (double)g->n_sm, full = ceil(w);
         const double waves = fmax(1.0, full - 0.4 * (full - w));
-        const double t = waves * (double)((stages + shapes[i].ks - 1) / shapes[i].ks) * shapes[i].stage_cost;
-        if (i == 0 || t < best_t) best = shapes[i].variant, best_t = t;
+        const double cost = shapes[i].variant == 8 && ws ? 1.35 : shapes[i].stage_cost;
+        const double t = waves * (double)((stages + shapes[i].ks - 1) / shapes[i].ks) * cost;
+        if (i == 0 || t < best_t) best = shapes[i].variant == 8 && ws ? 21 : shapes[i].variant, best_t = t;
     }
-    // Stream-K (shape 20): each multiprocessor an equal run of the (tile, stage) units, no wave left part-full, at
-    // shape 8's 1.4 a stage plus 19 stages' worth (a run's starts, its cut tiles' sums). Fitted to the H200 on the 8B's
-    // q4 matrices at 128-2048 tokens (bench/results/step_turn/session73, call 8): it is picked where it took 0.89-1.01x
-    // the time of the shape picked before (gate|up at 512 225.3 against 239.9 us, down at 128 81.1 against 92.0, q|k|v
-    // at 1024 116.0 against 126.8) and nowhere it took more.
+    // Stream-K (shape 20, 22): each multiprocessor an equal run of the (tile, stage) units, no wave left part-full, at
+    // shape 8's (21's) cost a stage plus 19 stages' worth (a run's starts, its cut tiles' sums). Its CTAs stand at
+    // unrelated stages, so x is read again for every tile: where x takes more than half the L2 those reads go to
+    // memory, charged 5% (70B gate|up and down at 2048 tokens: 1.07-1.14x the whole tiles' time; the 8B's down at 1536,
+    // 44 MB of x, still 0.85x, its whole tiles 1.45 waves). Fitted to the H200 (bench/results/step_turn/session73 call
+    // 8, session74 calls 1 and 3): over the 8B's (and 70B's) matrices at 128-2048 tokens, q4 and q8, the shapes picked
+    // take 1.001x the time of the fastest on average, 1.06x at worst (70B down at 128 tokens).
     const double units = (double)((T + 255) / 256 * rows * stages), G = fmin((double)g->n_sm, units);
-    const double t_sk = 1.4 * (units / G + 19.0);
-    if (t_sk < best_t) best = 20, best_t = t_sk;
+    const bool x_spills = (double)((T + 255) / 256 * 256) * (double)n_in * 2 > 0.5 * (double)g->l2_bytes;
+    const double t_sk = (ws ? 1.35 : 1.4) * (units / G + 19.0) * (x_spills ? 1.05 : 1.0);
+    if (t_sk < best_t) best = ws ? 22 : 20, best_t = t_sk;
     *cost = best_t;
     return best;
 }
@@ -1456,7 +1745,8 @@ extern "C" int gpu_qgemm_has(const dj_gpu *g, int variant) {
     static_assert(0 QGEMM_VARIANTS(QGEMM_COUNT) QGEMM_WG_VARIANTS(QGEMM_COUNT) QREG_VARIANTS(QGEMM_COUNT) ==
                       GPU_QGEMM_REG_END,
                   "kernels.h's GPU_QGEMM_REG_END: the register kernel's shapes end there");
-    static_assert(GPU_QGEMM_REG_END QGEMM_WG_SK_VARIANTS(QGEMM_COUNT) == GPU_QGEMM_VARIANTS,
+    static_assert(GPU_QGEMM_REG_END QGEMM_WG_SK_VARIANTS(QGEMM_COUNT) QGEMM_WG_WS_VARIANTS(QGEMM_COUNT) ==
+                      GPU_QGEMM_VARIANTS,
                   "kernels.h's GPU_QGEMM_VARIANTS counts the tile shapes");
     const int n_mma = 0 QGEMM_VARIANTS(QGEMM_COUNT), n_wg = 0 QGEMM_WG_VARIANTS(QGEMM_COUNT);
 #undef QGEMM_COUNT
@@ -1467,7 +1757,7 @@ extern "C" int gpu_qgemm_has(const dj_gpu *g, int variant) {
 // Whether tile shape `variant` is the Hopper kernel's.
 static bool wg_variant(int variant) {
 #define QGEMM_WG_IS(id, ...) || variant == id
-    return false QGEMM_WG_VARIANTS(QGEMM_WG_IS) QGEMM_WG_SK_VARIANTS(QGEMM_WG_IS);
+    return false QGEMM_WG_VARIANTS(QGEMM_WG_IS) QGEMM_WG_SK_VARIANTS(QGEMM_WG_IS) QGEMM_WG_WS_VARIANTS(QGEMM_WG_IS);
 #undef QGEMM_WG_IS
 }
 
@@ -1475,8 +1765,10 @@ static bool wg_variant(int variant) {
 // take any T when asked for by name).
 static int qgemm_reserve(dj_gpu *g, int variant, int64_t T, int64_t n_in, cudaStream_t s, dj_err *e) {
 #define QGEMM_WG_SK(id, BN, ST, KS, XB, MINB, SK) || (variant == id && SK)
-    const bool sk = false QGEMM_WG_SK_VARIANTS(QGEMM_WG_SK);
+#define QGEMM_WS_SK(id, BN, ST, SK) || (variant == id && SK)
+    const bool sk = false QGEMM_WG_SK_VARIANTS(QGEMM_WG_SK) QGEMM_WG_WS_VARIANTS(QGEMM_WS_SK);
 #undef QGEMM_WG_SK
+#undef QGEMM_WS_SK
     const size_t need = gpu_qgemm_scratch(T, n_in),
                  sk_need = wg_x_bytes(T, n_in) + QGEMM_SK_TICKET_BYTES + QGEMM_SK_PART_BYTES;
     return scratch_need(g, sk && sk_need > need ? sk_need : need, s, e);
@@ -1494,13 +1786,19 @@ static int wg_run(dj_gpu *g, int variant, float *y, const LAY &lay, const void *
         return wtype == DJ_Q8                                                                                    \
                    ? qgemm_wg_launch<DJ_Q8, BN, ST, KS, XB, MINB, SK>(y, lay, xp, w, T, n_in, n_out, g->n_sm, s, e) \
                    : qgemm_wg_launch<DJ_Q4, BN, ST, KS, XB, MINB, SK>(y, lay, xp, w, T, n_in, n_out, g->n_sm, s, e);
+#define QGEMM_WS_CASE(id, BN, ST, SK)                                                                            \
+    case id:                                                                                                     \
+        return wtype == DJ_Q8 ? qgemm_ws_launch<DJ_Q8, BN, ST, SK>(y, lay, xp, w, T, n_in, n_out, g->n_sm, s, e)  \
+                              : qgemm_ws_launch<DJ_Q4, BN, ST, SK>(y, lay, xp, w, T, n_in, n_out, g->n_sm, s, e);
     switch (variant) {
         QGEMM_WG_VARIANTS(QGEMM_WG_CASE)
         QGEMM_WG_SK_VARIANTS(QGEMM_WG_CASE)
+        QGEMM_WG_WS_VARIANTS(QGEMM_WS_CASE)
     default:
         return dj_fail(e, "gpu_qgemm: no Hopper tile shape %d", variant);
     }
 #undef QGEMM_WG_CASE
+#undef QGEMM_WS_CASE
 }
 
 static int qgemm_run(dj_gpu *g, int variant, float *y, const qgemm_src &x, const void *w, uint32_t wtype, int64_t T,
@@ -1579,5 +1877,6 @@ int qgemm_setup(dj_gpu *g, dj_err *e) {
     CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, g->device));
     g->wgmma = major == 9 && minor == 0;
     CUDA_CHECK(cudaDeviceGetAttribute(&g->n_sm, cudaDevAttrMultiProcessorCount, g->device));
+    CUDA_CHECK(cudaDeviceGetAttribute(&g->l2_bytes, cudaDevAttrL2CacheSize, g->device));
     return load_module_of(g, (const void *)qgemm_x_kernel, e);
 }

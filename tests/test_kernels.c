@@ -312,15 +312,15 @@ Test(kernels, qgemm_register_runs) {
     tk_end("qgemm_register_runs");
 }
 
-// The Hopper kernel's stream-K shape (GPU_QGEMM_REG_END onwards) on lines of units long enough that runs cut tiles at
-// both ends: 2048 x 8192 at 300 tokens (32 tiles of 128 stages, four or five runs each, runs crossing tiles), and
-// 8448 x 128 at 1280 tokens (330 tiles of 2 stages: runs of about five units hold whole tiles between cut ones); each
-// twice, the same bits (the last run to finish sums the runs in run order). Skipped, saying so, where the device has
-// no wgmma.
+// The Hopper kernels' shapes after the register kernel's (GPU_QGEMM_REG_END onwards: stream-K; warp-specialized, whole
+// tiles and stream-K) on lines of units long enough that runs cut tiles at both ends: 2048 x 8192 at 300 tokens (32
+// tiles of 128 stages, four or five runs each, runs crossing tiles), and 8448 x 128 at 1280 tokens (330 tiles of 2
+// stages: runs of about five units hold whole tiles between cut ones); each twice, the same bits (the last run to
+// finish sums the runs in run order). Skipped, saying so, where the device has no wgmma.
 Test(kernels, qgemm_stream_k_runs, .timeout = 600) {
     tk_start("qgemm_stream_k_runs");
     if (!gpu_qgemm_has(tk_g, GPU_QGEMM_REG_END))
-        cr_skip_test("the stream-K tile shape needs an sm_90 device (wgmma)");
+        cr_skip_test("these tile shapes need an sm_90 device (wgmma)");
     static const int64_t cases[][3] = {{8192, 2048, 300}, {128, 8448, 1280}};  // n_in, n_out, T
     int ran = 0;
     for (uint32_t wt = DJ_Q8; wt <= DJ_Q4; wt++)
@@ -334,7 +334,7 @@ Test(kernels, qgemm_stream_k_runs, .timeout = 600) {
             free(again);
             tk_mm_free(&m);
         }
-    cr_expect_eq(ran, 2 * 2 * (GPU_QGEMM_VARIANTS - GPU_QGEMM_REG_END), "every stream-K tile shape ran");
+    cr_expect_eq(ran, 2 * 2 * (GPU_QGEMM_VARIANTS - GPU_QGEMM_REG_END), "every tile shape past the register kernel's ran");
     tk_end("qgemm_stream_k_runs");
 }
 

@@ -165,12 +165,14 @@ Test(gpu_forward, matches_cpu_bf16) { gpu_vs_cpu(DJ_BF16, 1e-2); }
 // f32 paths differ by, plus the rare row element whose k lands on the other side of a rounding step (f16: an ulp;
 // q8: a step of max|row| / 127) from the f32 paths' own differences (prefill on both attention kernels). Those
 // flips make a heavy tail over the prompts: at f16, 24 fresh seeds' worst 1e-5 to 9.1e-4, seed 1803808977399097
-// 1.13e-3 (bench/results/attn_rows/session68), so 3e-3; a wrong attention is off by far more.
+// 1.13e-3 (bench/results/attn_rows/session68), so 3e-3; at q8, 40 fresh seeds' worst 3.3e-7 to 1.18e-3, seed
+// 1803984614745467 1.18e-2 at position 36 (H200, on the code of 2026-12-01 and before: bench/results/step_turn/
+// session74), so 3e-2. A wrong attention is off by far more.
 Test(gpu_forward, matches_cpu_at_each_kv_type) {
     tc_rng_fresh("gpu_forward.matches_cpu_at_each_kv_type");
     dj_model m;
     load_stories(&m, DJ_F32);
-    static const double tol[DJ_KV_TYPES] = {1e-4, 3e-3, 1e-2};
+    static const double tol[DJ_KV_TYPES] = {1e-4, 3e-3, 3e-2};
     for (int kv = DJ_KV_F16; kv < DJ_KV_TYPES; kv++)
         for (int fma = 0; fma < 2; fma++) gpu_vs_cpu_kv(&m, fma, tol[kv], kv);
     model_free(&m);

@@ -1339,20 +1339,9 @@ __global__ void __launch_bounds__(384, 1)
                 }
             }
         } else {
-            // accumulator k of n8 block j = k / 4: (row g, tokens 8j + 2c, + 1) for k % 4 < 2, row g + 8 for the others
+            // accumulators 4j .. 4j + 3: n8 block j's (row g, tokens 8j + 2c, + 1), then row g + 8's
 #pragma unroll
-            for (int j = 0; j < 32; j++) {
-                const int64_t tok = n0 + j * 8 + c2;
-                const float *d = acc + 4 * j;
-                if (row < n_out) {
-                    if (tok < T) y[tok * n_out + row] = d[0];
-                    if (tok + 1 < T) y[(tok + 1) * n_out + row] = d[1];
-                }
-                if (row + 8 < n_out) {
-                    if (tok < T) y[tok * n_out + row + 8] = d[2];
-                    if (tok + 1 < T) y[(tok + 1) * n_out + row + 8] = d[3];
-                }
-            }
+            for (int j = 0; j < 32; j++) store_frag(y, T, n_out, row, n0 + j * 8 + c2, acc + 4 * j);
         }
         u += KT;
     }

@@ -145,7 +145,7 @@ int gpu_qgemm_variant(dj_gpu *g, int variant, float *y, const float *x, const vo
 int gpu_swiglu_qgemm(dj_gpu *g, float *y, const float *gate, const float *up, int64_t ld, const void *w,
                      uint32_t wtype, int64_t T, int64_t n_in, int64_t n_out, cudaStream_t s, dj_err *e);
 size_t gpu_qgemm_scratch(int64_t T, int64_t n_in);  // bytes of scratch it needs: x in f16
-#define GPU_QGEMM_VARIANTS 23                          // tile shapes 0..22
+#define GPU_QGEMM_VARIANTS 24                          // tile shapes 0..23
 #define GPU_QGEMM_REG_END 20                           // the register kernel's: 12..19
 int gpu_qgemm_has(const dj_gpu *g, int variant);    // whether this device runs tile shape `variant`
 // y (T, n_out) = W . (rmsnorm(x + delta) * nw) on the register kernel (2..64 tokens) or past 64 on the Hopper kernel,

@@ -1370,8 +1370,11 @@ __global__ void __launch_bounds__(384, 1)
     X(9, 256, 4, 2, false, 1, false)        \
     X(10, 128, 4, 2, true, 2, false)        \
     X(11, 128, 4, 1, true, 2, false)
-// Stream-K (SK), after the register kernel's shapes: session 73's calls 6-8 (qgemm_wg_kernel says how it runs).
-#define QGEMM_WG_SK_VARIANTS(X) X(20, 256, 6, 1, true, 1, true)
+// Stream-K (SK), after the register kernel's shapes: session 73's calls 6-8 (qgemm_wg_kernel says how it runs); 23:
+// 128-token tiles (one block up to 128 tokens), one CTA a multiprocessor. Two a multiprocessor (four stages) won on
+// gate|up and the 70B's down by 8-15% and lost elsewhere; with it the picks at 65-128 tokens took 1.01x the fastest's
+// time where they take 1.02x without: left out (bench/results/step_turn/session74, call 6).
+#define QGEMM_WG_SK_VARIANTS(X) X(20, 256, 6, 1, true, 1, true) X(23, 128, 6, 1, true, 1, true)
 // Warp-specialized (qgemm_ws_kernel): (id, BN, ST, SK): whole tiles, stream-K.
 #define QGEMM_WG_WS_VARIANTS(X) X(21, 256, 4, false) X(22, 256, 4, true)
 
@@ -1696,6 +1699,13 @@ static int qgemm_pick_cost(const dj_gpu *g, uint32_t wtype, int64_t T, int64_t n
     const bool x_spills = (double)((T + 255) / 256 * 256) * (double)n_in * 2 > 0.5 * (double)g->l2_bytes;
     const double t_sk = (ws ? 1.35 : 1.4) * (units / G + 19.0) * (x_spills ? 1.05 : 1.0);
     if (t_sk < best_t) best = ws ? 22 : 20, best_t = t_sk;
+    // Up to 128 tokens stream-K over 128-token tiles (shape 23) at 1.1 a stage plus 5: on the 8B's and 70B's matrices
+    // at 65-128 tokens (session 74, call 6) the shapes picked took 1.17x the fastest's time on average, 1.38x at
+    // worst (wo 128: 39.8 us against 30.8); with 23, 1.02x and 1.13x (70B wo, on shape 10).
+    if (T <= 128) {
+        const double units128 = (double)(rows * stages), t_sk128 = 1.1 * (units128 / fmin((double)g->n_sm, units128) + 5.0);
+        if (t_sk128 < best_t) best = 23, best_t = t_sk128;
+    }
     *cost = best_t;
     return best;
 }

@@ -1111,9 +1111,8 @@ __global__ void __launch_bounds__(256, MINB)
 // (each 128-row K-major, 128-byte swizzle, the inputs in qgemm_x_kernel's order within every 16) and moves x by one
 // bulk copy a stage; warpgroups 1 and 2 (the consumers) only wait for a stage and multiply it (wgmma with both
 // operands in shared memory, 64 rows each), releasing the slot when their products are done. A stage: full[slot]
-// (the producer's 128 threads and x's bytes), empty[slot] (the consumers' 8 warps). On the H200 it takes 0.93-1.0x
-// the time of shape 8 in q4 at 128-2048 tokens, 0.98-1.05x in q8 (bench/results/step_turn/session74): the tensor
-// pipe's share grew less than the widening's removal promised; the picker takes it for q4.
+// (the producer's 128 threads and x's bytes), empty[slot] (the consumers' 8 warps). It gained less than the
+// widening's share of the other kernel's time promised, and only in q4 (bench/results/step_turn/session74).
 template <int WT, int BN, int ST> struct qgemm_ws_cfg {
     static constexpr int THREADS = 384, BM = 128, D = 4;  // D: the producer's stages of weights in flight
     static constexpr int QB = q_group_bytes(WT), QW = 2 * QB / 16;  // a row's 16-byte words a stage
@@ -1181,8 +1180,7 @@ __global__ void __launch_bounds__(384, 1)
 
     // The producer's warpgroup gives registers to the consumers' (q4 104 + 2 x 200 a thread, q8 120 + 2 x 192: 3 x
     // 168, the launch's): the consumers hold a 64 x 256 tile's 128 sums a thread across the run's tiles (at 168, SK's
-    // spilled 1 KB), the producer D stages of weights. Whole tiles without it took 0.98-1.06x the time, median 1.02x
-    // (bench/results/step_turn/session74, call 3).
+    // spilled 1 KB), the producer D stages of weights (without it, slower: bench/results/step_turn/session74 call 3).
     constexpr int PREG = WT == DJ_Q4 ? 104 : 120, CREG = (3 * 168 - PREG) / 2;
     static_assert(CREG % 8 == 0 && PREG + 2 * CREG <= 3 * 168, "setmaxnreg: multiples of 8 within the launch's");
     if (wg == 0) {  // the producer: thread tid widens row tid of each stage's tile
@@ -1371,9 +1369,8 @@ __global__ void __launch_bounds__(384, 1)
     X(10, 128, 4, 2, true, 2, false)        \
     X(11, 128, 4, 1, true, 2, false)
 // Stream-K (SK), after the register kernel's shapes: session 73's calls 6-8 (qgemm_wg_kernel says how it runs); 23:
-// 128-token tiles (one block up to 128 tokens), one CTA a multiprocessor. Two a multiprocessor (four stages) won on
-// gate|up and the 70B's down by 8-15% and lost elsewhere; with it the picks at 65-128 tokens took 1.01x the fastest's
-// time where they take 1.02x without: left out (bench/results/step_turn/session74, call 6).
+// 128-token tiles (one block up to 128 tokens), one CTA a multiprocessor (two, of four stages, gained the picks too
+// little to keep: bench/results/step_turn/session74, call 6).
 #define QGEMM_WG_SK_VARIANTS(X) X(20, 256, 6, 1, true, 1, true) X(23, 128, 6, 1, true, 1, true)
 // Warp-specialized (qgemm_ws_kernel): (id, BN, ST, SK): whole tiles, stream-K.
 #define QGEMM_WG_WS_VARIANTS(X) X(21, 256, 4, false) X(22, 256, 4, true)
@@ -1675,8 +1672,8 @@ static int qgemm_pick_cost(const dj_gpu *g, uint32_t wtype, int64_t T, int64_t n
         int variant, bn, ks;
         double stage_cost;
     } shapes[] = {{8, 256, 1, 1.4}, {9, 256, 2, 1.7}, {10, 128, 2, 1.1}, {11, 128, 1, 1.0}};
-    // q4: the warp-specialized kernel (21, 22) in place of shape 8 (20), at 1.35 a stage: 0.93-1.0x its time on the
-    // 8B's and 70B's q4 matrices at 128-2048 tokens (bench/results/step_turn/session74, call 3); in q8 mixed, 0.98-1.05x
+    // q4: the warp-specialized kernel (21, 22) in place of shape 8 (20), at 1.35 a stage; in q8 it does not win
+    // (bench/results/step_turn/session74)
     const bool ws = wtype == DJ_Q4;
     int best = 11;
     double best_t = 0;
@@ -1691,17 +1688,13 @@ static int qgemm_pick_cost(const dj_gpu *g, uint32_t wtype, int64_t T, int64_t n
     // Stream-K (shape 20, 22): each multiprocessor an equal run of the (tile, stage) units, no wave left part-full, at
     // shape 8's (21's) cost a stage plus 19 stages' worth (a run's starts, its cut tiles' sums). Its CTAs stand at
     // unrelated stages, so x is read again for every tile: where x takes more than half the L2 those reads go to
-    // memory, charged 5% (70B gate|up and down at 2048 tokens: 1.07-1.14x the whole tiles' time; the 8B's down at 1536,
-    // 44 MB of x, still 0.85x, its whole tiles 1.45 waves). Fitted to the H200 (bench/results/step_turn/session73 call
-    // 8, session74 calls 1 and 3): over the 8B's (and 70B's) matrices at 128-2048 tokens, q4 and q8, the shapes picked
-    // take 1.001x the time of the fastest on average, 1.06x at worst (70B down at 128 tokens).
+    // memory, charged 5%. Fitted on the H200 (bench/results/step_turn/session73 call 8, session74 calls 1 and 3).
     const double units = (double)((T + 255) / 256 * rows * stages), G = fmin((double)g->n_sm, units);
     const bool x_spills = (double)((T + 255) / 256 * 256) * (double)n_in * 2 > 0.5 * (double)g->l2_bytes;
     const double t_sk = (ws ? 1.35 : 1.4) * (units / G + 19.0) * (x_spills ? 1.05 : 1.0);
     if (t_sk < best_t) best = ws ? 22 : 20, best_t = t_sk;
-    // Up to 128 tokens stream-K over 128-token tiles (shape 23) at 1.1 a stage plus 5: on the 8B's and 70B's matrices
-    // at 65-128 tokens (session 74, call 6) the shapes picked took 1.17x the fastest's time on average, 1.38x at
-    // worst (wo 128: 39.8 us against 30.8); with 23, 1.02x and 1.13x (70B wo, on shape 10).
+    // Up to 128 tokens (one token block: the row blocks alone may leave multiprocessors idle) stream-K over 128-token
+    // tiles (shape 23) at 1.1 a stage plus 5 (session74, call 6).
     if (T <= 128) {
         const double units128 = (double)(rows * stages), t_sk128 = 1.1 * (units128 / fmin((double)g->n_sm, units128) + 5.0);
         if (t_sk128 < best_t) best = 23, best_t = t_sk128;

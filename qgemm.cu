@@ -86,13 +86,31 @@ static __device__ __forceinline__ void x16_halves(uint4 *even, uint4 *odd, const
     *odd = make_uint4(f16x2(v[1], v[3]), f16x2(v[5], v[7]), f16x2(v[9], v[11]), f16x2(v[13], v[15]));
 }
 
+// Where run r (inputs 16 r .. 16 r + 15) of token tok goes, its even inputs' 16 bytes and its odd inputs': XT
+// qgemm_xt_kernel's layout (below: blocks of 1 << lbn tokens, KT stages of four runs, chunks swizzled by the token),
+// else qgemm_x_kernel's (xp (T, kp)).
+struct x_run_dst {
+    uint4 *even, *odd;
+};
+template <bool XT>
+static __device__ __forceinline__ x_run_dst x_run_at(__half *xp, int64_t tok, int64_t r, int64_t kp, int64_t KT,
+                                                     int lbn) {
+    if (!XT) {
+        uint4 *dst = (uint4 *)(xp + tok * kp + 16 * r);
+        return {dst, dst + 1};
+    }
+    const int t = (int)(tok & ((1 << lbn) - 1)), h = (int)(r & 3);
+    uint4 *stage = (uint4 *)(xp + (((tok >> lbn) * KT + (r >> 2)) << lbn) * 64 + (int64_t)t * 64);
+    return {stage + ((2 * h) ^ (t & 7)), stage + ((2 * h + 1) ^ (t & 7))};
+}
+
 // xp (T, kp) f16. Threads: x over the kp / 16 runs of 16 inputs, y (strided) over the tokens.
 __global__ void qgemm_x_kernel(__half *xp, qgemm_src src, int64_t T, int64_t n_in, int64_t kp) {
     const int64_t r = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (r >= kp / 16) return;
     for (int64_t t = blockIdx.y; t < T; t += gridDim.y) {
-        uint4 *dst = (uint4 *)(xp + t * kp + 16 * r);
-        x16_halves(dst, dst + 1, src, t, 16 * r, n_in);
+        const x_run_dst d = x_run_at<false>(xp, t, r, kp, 0, 0);
+        x16_halves(d.even, d.odd, src, t, 16 * r, n_in);
     }
 }
 
@@ -108,13 +126,9 @@ __global__ void qgemm_xt_kernel(__half *xt, qgemm_src src, int64_t T, int64_t ro
     if (blockIdx.y == 0)
         for (int64_t i = r; i < n_tickets; i += (int64_t)gridDim.x * blockDim.x) tickets[i] = 0;
     if (r >= KT * 4) return;
-    const int64_t kt = r >> 2;
-    const int h = (int)(r & 3);
     for (int64_t tok = blockIdx.y; tok < rows; tok += gridDim.y) {
-        const int t = (int)(tok & ((1 << lbn) - 1));
-        __half *stage = xt + (((tok >> lbn) * KT + kt) << lbn) * 64 + (int64_t)t * 64;
-        x16_halves((uint4 *)stage + ((2 * h) ^ (t & 7)), (uint4 *)stage + ((2 * h + 1) ^ (t & 7)), src,
-                   tok < T ? tok : -1, 16 * r, n_in);
+        const x_run_dst d = x_run_at<true>(xt, tok, r, 0, KT, lbn);
+        x16_halves(d.even, d.odd, src, tok < T ? tok : -1, 16 * r, n_in);
     }
 }
 
@@ -198,14 +212,8 @@ __global__ void qgemm_norm_x_kernel(__half *xp, const float *x, const float *del
             odd = make_uint4(__byte_perm(a.x, a.y, 0x7632), __byte_perm(a.z, a.w, 0x7632), __byte_perm(b.x, b.y, 0x7632),
                              __byte_perm(b.z, b.w, 0x7632));
         }
-        if (lbn) {  // as qgemm_xt_kernel: run r is stage r / 4's quarter r % 4, chunks swizzled by the token
-            const int t = (int)(tok & ((1 << lbn) - 1)), h = (int)(r & 3);
-            uint4 *stage = (uint4 *)(xp + (((tok >> lbn) * KT + (r >> 2)) << lbn) * 64 + (int64_t)t * 64);
-            stage[(2 * h) ^ (t & 7)] = even, stage[(2 * h + 1) ^ (t & 7)] = odd;
-        } else {
-            uint4 *dst = (uint4 *)(xp + tok * kp + 16 * r);
-            dst[0] = even, dst[1] = odd;
-        }
+        const x_run_dst d = lbn ? x_run_at<true>(xp, tok, r, kp, KT, lbn) : x_run_at<false>(xp, tok, r, kp, KT, lbn);
+        *d.even = even, *d.odd = odd;
     }
 }
 
@@ -864,17 +872,65 @@ template <int WT, int BN, int ST_MAX> struct qgemm_wg_cfg {
                   "m64n128 or m64n256 products, loads two stages behind");
 };
 
-// A stream-K CTA's sums of a tile it shares (SK): two slots a CTA (the tile its run starts in, the tile it ends
-// in), each a CTA's 256 threads' accumulators, thread-minor.
-template <int BN> struct wg_part {
-    static constexpr int64_t FLOATS = (int64_t)(BN / 128) * 64 * 256;
-};
 #define QGEMM_SK_CTAS 264  // stream-K CTAs at most (two a multiprocessor on 132): their sums' slots in scratch
+
+#if defined(QGEMM_WGMMA)
+// A stream-K run's share of a tile cut between runs (qgemm_wg_kernel, qgemm_ws_kernel): the 256 threads that hold
+// the tile's sums (ACC a thread; th 0..255) store them to one of the CTA's two slots in part (slot 0: the tile its
+// run starts in, else 1; thread-minor), and the run that finishes the tile last, by the tile's ticket
+// (tickets[its first run's CTA]), sums the runs' slots in run order into y: the same bits whichever finishes first.
+// sync: the 256 threads' barrier; last_run, run_slot (QGEMM_SK_CTAS): shared memory; row: this thread's row g of its
+// warp's 16 in the tile, n0 the tile's first token, c2 = 2 (lane % 4).
+template <int ACC, class SYNC>
+static __device__ __forceinline__ void sk_tile_sums(float *__restrict__ y, const float *acc, float *part,
+                                                    unsigned *tickets, unsigned *last_run, int *run_slot, int th,
+                                                    unsigned tile, unsigned KT_ALL, unsigned U, unsigned G, bool first,
+                                                    int64_t row, int64_t n0, int c2, int64_t T, int64_t n_out,
+                                                    SYNC sync) {
+    // the runs holding the tile's first and last units, and the slot each keeps this tile's sums in
+    const unsigned t0 = tile * KT_ALL, lo = ((t0 + 1) * G - 1) / U, hi = ((t0 + KT_ALL) * G - 1) / U;
+    auto slot = [&](unsigned r) { return r * U / G >= t0 ? 0 : 1; };  // the run's first tile, or its last
+    float *mine = part + ((int64_t)blockIdx.x * 2 + (first ? 0 : 1)) * (int64_t)(256 * ACC);
+#pragma unroll
+    for (int k = 0; k < ACC; k++) __stcg(mine + k * 256 + th, acc[k]);
+    sync();  // every thread's sums before thread 0's release
+    if (th == 0) {
+        unsigned t;
+        asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;" : "=r"(t) : "l"(tickets + lo) : "memory");
+        *last_run = t == hi - lo;
+    }
+    sync();  // thread 0's acquire before every thread's reads
+    if (!*last_run) return;
+    for (unsigned r = lo + th; r <= hi; r += 256) run_slot[r - lo] = (int)(r * 2 + slot(r));
+    sync();
+    const int n_runs = (int)(hi - lo + 1);
+#pragma unroll 1
+    for (int k0 = 0; k0 < ACC; k0 += 16) {  // 16 sums at a time (acc is dead here)
+        float v[16];
+#pragma unroll 1
+        for (int q = 0; q < n_runs; q++) {
+            const float *src = part + (int64_t)run_slot[q] * (256 * ACC) + k0 * 256 + th;
+#pragma unroll
+            for (int kk = 0; kk < 16; kk++) {
+                const float p = __ldcg(src + kk * 256);
+                v[kk] = q == 0 ? p : v[kk] + p;
+            }
+        }
+        // accumulator k: n8 block k / 4's (row g, tokens 8 (k / 4) + 2c, + 1) for k % 4 < 2, row g + 8 for the others
+#pragma unroll
+        for (int kk = 0; kk < 16; kk++) {
+            const int k = k0 + kk, d = k % 4;
+            const int64_t tok = n0 + (k / 4) * 8 + c2 + (d & 1), r = row + (d >> 1) * 8;
+            if (r < n_out && tok < T) y[tok * n_out + r] = v[kk];
+        }
+    }
+}
+#endif
 
 // PRECOND: as qgemm_kernel. SK: stream-K over the device, gridDim.x CTAs (as many as run at once), each a run of
 // the line of (tile, stage) units, tiles in order (row block major, token block minor); a tile cut between runs
 // is summed by the run that finishes it last, in run order (the same bits whichever finishes first), its ticket
-// tickets[the first run's CTA] (zeroed by qgemm_xt_kernel); part: the runs' sums (wg_part). Else one tile a CTA
+// tickets[the first run's CTA] (zeroed by qgemm_xt_kernel); part: the runs' sums (sk_tile_sums). Else one tile a CTA
 // (blockIdx.x tokens, blockIdx.y rows, blockIdx.z the part of KS).
 template <int WT, int BN, int ST_MAX, int KS, bool XB, int MINB, bool SK>
 __global__ void __launch_bounds__(256, MINB)
@@ -1032,51 +1088,12 @@ __global__ void __launch_bounds__(256, MINB)
         cp_async_wait<0>();
         gs += KT;
 
-        bool out = true;  // this CTA writes the tile's y: its only run, or the last of its runs to finish
-        if (SK && KT < KT_ALL) {
-            // the runs holding the tile's first and last units, and the slot each keeps this tile's sums in
-            const unsigned t0 = (unsigned)tile * KT_ALL, lo = ((t0 + 1) * G - 1) / U, hi = ((t0 + KT_ALL) * G - 1) / U;
-            auto slot = [&](unsigned r) { return r * U / G >= t0 ? 0 : 1; };  // the run's first tile, or its last
-            float *mine = part + ((int64_t)blockIdx.x * 2 + (u == run[2] ? 0 : 1)) * wg_part<BN>::FLOATS;
-#pragma unroll
-            for (int nb = 0; nb < NB; nb++)
-#pragma unroll
-                for (int e = 0; e < 64; e++) __stcg(mine + (nb * 64 + e) * TH + tid, acc[nb][e]);
-            __syncthreads();  // every thread's sums before thread 0's release
-            if (tid == 0) {
-                unsigned t;
-                asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;" : "=r"(t) : "l"(tickets + lo) : "memory");
-                last_run = t == hi - lo;
-            }
-            __syncthreads();  // thread 0's acquire before every thread's reads
-            if (last_run) {  // the tile's sums: each of this thread's from the runs' slots in run order, into y
-                for (unsigned r = lo + tid; r <= hi; r += TH) run_slot[r - lo] = (int)(r * 2 + slot(r));
-                __syncthreads();
-                const int n_runs = (int)(hi - lo + 1);
-#pragma unroll 1
-                for (int i0 = 0; i0 < NB * 64; i0 += 16) {  // 16 sums at a time (acc is dead here)
-                    float v[16];
-#pragma unroll 1
-                    for (int k = 0; k < n_runs; k++) {
-                        const float *src = part + (int64_t)run_slot[k] * wg_part<BN>::FLOATS + i0 * TH + tid;
-#pragma unroll
-                        for (int ii = 0; ii < 16; ii++) {
-                            const float p = __ldcg(src + ii * TH);
-                            v[ii] = k == 0 ? p : v[ii] + p;
-                        }
-                    }
-#pragma unroll
-                    for (int ii = 0; ii < 16; ii++) {
-                        const int i = i0 + ii, j = (i % 64) / 4, d = i % 4;
-                        const int64_t tok = n0 + (i / 64) * 128 + j * 8 + 2 * (lane & 3) + (d & 1);
-                        const int64_t row = m0 + rb + g + (d >> 1) * 8;
-                        if (row < n_out && tok < T) y[tok * n_out + row] = v[ii];
-                    }
-                }
-            }
-            out = false;
-        }
-        if (out) {
+        if (SK && KT < KT_ALL) {  // a cut tile: y from the last of its runs to finish
+            static_assert(TH == 256, "the stream-K sums of 256 threads");
+            sk_tile_sums<NB * 64>(y, acc[0], part, tickets, &last_run, run_slot, tid, (unsigned)tile, (unsigned)KT_ALL,
+                                  U, G, u == run[2], m0 + rb + g, n0, 2 * (lane & 3), T, n_out,
+                                  [] { __syncthreads(); });
+        } else {
             // accumulator i of n8 block j: (row g, tokens 8j + 2c, + 1) for i % 4 < 2, row g + 8 for the others
             const int c2 = 2 * (lane & 3);
             const int64_t row = m0 + rb + g;
@@ -1298,44 +1315,9 @@ __global__ void __launch_bounds__(384, 1)
         wg_pin(acc), wg_pin(acc + 64);
         if (lane == 0) mbar_arrive(&empty[(i - 1) % ST]);  // the tile's last stage
         const int64_t row = m0 + cw * 16 + g;
-        if (SK && KT < KT_ALL) {
-            // the runs holding the tile's first and last units, and the slot each keeps this tile's sums in
-            const unsigned t0 = tile * (unsigned)KT_ALL, lo = ((t0 + 1) * G - 1) / U, hi = ((t0 + KT_ALL) * G - 1) / U;
-            auto slot = [&](unsigned r) { return r * U / G >= t0 ? 0 : 1; };  // the run's first tile, or its last
-            float *mine = part + ((int64_t)blockIdx.x * 2 + (u == u0 ? 0 : 1)) * wg_part<BN>::FLOATS;
-#pragma unroll
-            for (int k = 0; k < 128; k++) __stcg(mine + k * 256 + ctid, acc[k]);
-            ws_consumers_sync();  // every consumer's sums before the release
-            if (ctid == 0) {
-                unsigned t;
-                asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;" : "=r"(t) : "l"(tickets + lo) : "memory");
-                last_run = t == hi - lo;
-            }
-            ws_consumers_sync();  // the acquire before every consumer's reads
-            if (last_run) {  // the tile's sums: each of this thread's from the runs' slots in run order, into y
-                for (unsigned r = lo + ctid; r <= hi; r += 256) run_slot[r - lo] = (int)(r * 2 + slot(r));
-                ws_consumers_sync();
-                const int n_runs = (int)(hi - lo + 1);
-#pragma unroll 1
-                for (int k0 = 0; k0 < 128; k0 += 16) {  // 16 sums at a time (acc is dead here)
-                    float v[16];
-#pragma unroll 1
-                    for (int q = 0; q < n_runs; q++) {
-                        const float *src = part + (int64_t)run_slot[q] * wg_part<BN>::FLOATS + k0 * 256 + ctid;
-#pragma unroll
-                        for (int kk = 0; kk < 16; kk++) {
-                            const float p = __ldcg(src + kk * 256);
-                            v[kk] = q == 0 ? p : v[kk] + p;
-                        }
-                    }
-#pragma unroll
-                    for (int kk = 0; kk < 16; kk++) {
-                        const int k = k0 + kk, d = k % 4;
-                        const int64_t tok = n0 + (k / 4) * 8 + c2 + (d & 1), r = row + (d >> 1) * 8;
-                        if (r < n_out && tok < T) y[tok * n_out + r] = v[kk];
-                    }
-                }
-            }
+        if (SK && KT < KT_ALL) {  // a cut tile: y from the last of its runs to finish (the consumers' 256 threads)
+            sk_tile_sums<128>(y, acc, part, tickets, &last_run, run_slot, ctid, tile, (unsigned)KT_ALL, U, G, u == u0,
+                              row, n0, c2, T, n_out, [] { ws_consumers_sync(); });
         } else {
             // accumulators 4j .. 4j + 3: n8 block j's (row g, tokens 8j + 2c, + 1), then row g + 8's
 #pragma unroll
@@ -1378,7 +1360,8 @@ __global__ void __launch_bounds__(384, 1)
 #define QGEMM_FEW_T 64  // the most tokens the register kernel splits a row block's inputs for
 
 // The Hopper kernel's scratch: x in f16 (T rounded up to whole blocks of 256 tokens), then for stream-K the tickets
-// and the runs' sums (wg_part: QGEMM_SK_CTAS CTAs of 128 tokens, or half as many of 256).
+// and the runs' sums (sk_tile_sums: two slots of 256 threads x 64 a CTA of 128 tokens, QGEMM_SK_CTAS of them, or
+// half as many of 256).
 static size_t wg_x_bytes(int64_t T, int64_t n_in) {
     return (size_t)(T + 255) / 256 * 256 * (size_t)((n_in + 63) / 64 * 64) * 2;
 }
@@ -1431,18 +1414,24 @@ struct wg_lay_norm {
     }
 };
 
+// Stream-K's CTAs for a line of `units` (tile, stage) units: `most` (as many as run at once, within the sums'
+// slots), none without a unit, units times CTAs below 2^31 (the kernels' unit arithmetic); 0, e set, where none fit.
+static int64_t sk_ctas(int64_t units, int64_t most, dj_err *e) {
+    int64_t G = most < units ? most : units;
+    if (units * G >= ((int64_t)1 << 31)) G = (((int64_t)1 << 31) - 1) / units;
+    if (G < 1) dj_fail(e, "gpu_qgemm: %lld units of work are too many for stream-K", (long long)units);
+    return G < 1 ? 0 : G;
+}
+
 template <int WT, int BN, int ST, int KS, bool XB, int MINB, bool SK, class LAY>
 static int qgemm_wg_launch(float *y, const LAY &lay, __half *xp, const void *w, int64_t T, int64_t n_in,
                            int64_t n_out, int n_sm, cudaStream_t s, dj_err *e) {
     using C = qgemm_wg_cfg<WT, BN, ST>;
     const int64_t groups = (n_in + DJ_QGROUP - 1) / DJ_QGROUP, rb = (int64_t)dj_row_bytes(WT, (uint64_t)n_in);
     const int64_t tiles = (T + BN - 1) / BN * ((n_out + C::BM - 1) / C::BM), units = tiles * ((groups + 1) / 2);
-    // stream-K: as many CTAs as run at once, within the sums' slots, none without a unit
-    int64_t G = (int64_t)n_sm * MINB, most = QGEMM_SK_CTAS * 128 / BN;
-    G = G < most ? G : most;
-    G = G < units ? G : units;
-    if (SK && units * G >= ((int64_t)1 << 31)) G = (((int64_t)1 << 31) - 1) / units;  // the kernel's unit arithmetic
-    if (SK && G < 1) return dj_fail(e, "gpu_qgemm: %lld units of work are too many for stream-K", (long long)units);
+    const int64_t running = (int64_t)n_sm * MINB, slots = QGEMM_SK_CTAS * 128 / BN;  // CTAs at once; sums' slots
+    const int64_t G = SK ? sk_ctas(units, running < slots ? running : slots, e) : 0;
+    if (SK && !G) return -1;
     unsigned *tickets = SK ? wg_tickets(xp, T, n_in) : NULL;
     if (lay(xp, T, n_in, XB ? BN : 0, tickets, SK ? (int)G : 0, s, e)) return -1;
     static std::atomic<unsigned> ready;
@@ -1461,11 +1450,9 @@ static int qgemm_ws_launch(float *y, const LAY &lay, __half *xp, const void *w, 
     using C = qgemm_ws_cfg<WT, BN, ST>;
     const int64_t groups = (n_in + DJ_QGROUP - 1) / DJ_QGROUP, rb = (int64_t)dj_row_bytes(WT, (uint64_t)n_in);
     const int64_t tiles = (T + BN - 1) / BN * ((n_out + C::BM - 1) / C::BM), units = tiles * ((groups + 1) / 2);
-    // stream-K: a CTA a multiprocessor, within the sums' slots, none without a unit
-    int64_t G = n_sm < QGEMM_SK_CTAS * 128 / BN ? n_sm : QGEMM_SK_CTAS * 128 / BN;
-    G = G < units ? G : units;
-    if (SK && units * G >= ((int64_t)1 << 31)) G = (((int64_t)1 << 31) - 1) / units;  // the kernel's unit arithmetic
-    if (SK && G < 1) return dj_fail(e, "gpu_qgemm: %lld units of work are too many for stream-K", (long long)units);
+    const int64_t slots = QGEMM_SK_CTAS * 128 / BN;  // a CTA a multiprocessor, within the sums' slots
+    const int64_t G = SK ? sk_ctas(units, n_sm < slots ? n_sm : slots, e) : 0;
+    if (SK && !G) return -1;
     if (!SK && units >= ((int64_t)1 << 31))  // the kernel's unit arithmetic
         return dj_fail(e, "gpu_qgemm: %lld units of work are too many for the warp-specialized kernel", (long long)units);
     unsigned *tickets = SK ? wg_tickets(xp, T, n_in) : NULL;
@@ -1681,9 +1668,10 @@ static int qgemm_pick_cost(const dj_gpu *g, uint32_t wtype, int64_t T, int64_t n
         const double ctas = (double)((T + shapes[i].bn - 1) / shapes[i].bn * rows * shapes[i].ks);
         const double w = ctas / (double)g->n_sm, full = ceil(w);
         const double waves = fmax(1.0, full - 0.4 * (full - w));
-        const double cost = shapes[i].variant == 8 && ws ? 1.35 : shapes[i].stage_cost;
-        const double t = waves * (double)((stages + shapes[i].ks - 1) / shapes[i].ks) * cost;
-        if (i == 0 || t < best_t) best = shapes[i].variant == 8 && ws ? 21 : shapes[i].variant, best_t = t;
+        const int v = shapes[i].variant == 8 && ws ? 21 : shapes[i].variant;
+        const double stage_cost = v == 21 ? 1.35 : shapes[i].stage_cost;
+        const double t = waves * (double)((stages + shapes[i].ks - 1) / shapes[i].ks) * stage_cost;
+        if (i == 0 || t < best_t) best = v, best_t = t;
     }
     // Stream-K (shape 20, 22): each multiprocessor an equal run of the (tile, stage) units, no wave left part-full, at
     // shape 8's (21's) cost a stage plus 19 stages' worth (a run's starts, its cut tiles' sums). Its CTAs stand at

@@ -286,9 +286,10 @@ Test(gpu_forward, kv_types_near_the_f32_cache) {
     make_ids(ids, n + nd, V);
     dj_gpu_opts o = {.max_seq = 128, .quiet = 1};
     float *ref = run_gpu(&m, &o, ids, n, nd);
-    // measured on the H200 (stories260K, head_dim 8): f16 6.7e-4; q8 1.6e-2 to 6.5e-2 over 16 seeds (the worst of 100
-    // positions of random ids). A wrong scale or a slot misread is O(1).
-    static const double tol[DJ_KV_TYPES] = {0, 2e-3, 1e-1};
+    // measured on the H200 (stories260K, head_dim 8): f16 6.7e-4, up to 2.12e-3 (seed 1801702392839478: the
+    // rounding's tail); q8 1.6e-2 to 6.5e-2 over 16 seeds (the worst of 100 positions of random ids). A wrong scale
+    // or a slot misread is O(1).
+    static const double tol[DJ_KV_TYPES] = {0, 5e-3, 1e-1};
     for (int kt = DJ_KV_F16; kt < DJ_KV_TYPES; kt++) {
         o.kv_type = kt;
         float *got = run_gpu(&m, &o, ids, n, nd);

@@ -1,4 +1,4 @@
-// bench/bench_gpu.h: what the CUDA benchmarks share (ceilings.cu, qgemm_bench.cu): error checks that end the run
+// bench/bench_gpu.h: what the CUDA benchmarks share (ceilings.cu, qgemm_bench.cu, ...): error checks that end the run
 // with the call's name, fills of pseudo-random values, and timing with CUDA events, plain or inside a graph.
 #ifndef DJINN_BENCH_GPU_H
 #define DJINN_BENCH_GPU_H
@@ -9,6 +9,7 @@
 #include <cublas_v2.h>
 
 #include <algorithm>
+#include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -42,6 +43,23 @@
             exit(1);                                                                                      \
         }                                                                                                 \
     } while (0)
+
+// A matrix of a model's layer, (n_out, n_in), by the model's and the matrix's names.
+struct shape {
+    const char *model, *name;
+    int64_t n_out, n_in;
+};
+
+// ||a - b|| / ||b|| over n values; infinite where a holds a NaN or an infinity.
+static double rel_l2(const float *a, const float *b, size_t n) {
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (!isfinite(a[i])) return INFINITY;
+        double d = (double)a[i] - b[i];
+        num += d * d, den += (double)b[i] * b[i];
+    }
+    return sqrt(num / (den > 0 ? den : 1));
+}
 
 // Device 0 opened for a benchmark named `tool`, with a non-blocking stream and the device's properties; the run ends
 // with one line where there is no GPU.
@@ -143,5 +161,21 @@ static std::vector<void *> weight_copies(size_t bytes, size_t l2, cudaStream_t s
     }
     return w;
 }
+
+// A product's operands for up to Tmax tokens: x (Tmax, n_in) of pseudo-random values, y and yref (Tmax, n_out) on
+// the device, and host room for both outputs.
+struct bench_mm {
+    float *x, *y, *yref;
+    std::vector<float> hy, href;
+    bench_mm(int64_t Tmax, int64_t n_in, int64_t n_out, cudaStream_t s)
+        : hy((size_t)(Tmax * n_out)), href((size_t)(Tmax * n_out)) {
+        CK(cudaMalloc(&x, (size_t)(Tmax * n_in) * 4));
+        CK(cudaMalloc(&y, (size_t)(Tmax * n_out) * 4));
+        CK(cudaMalloc(&yref, (size_t)(Tmax * n_out) * 4));
+        fill_kernel<float><<<4096, 256, 0, s>>>(x, (size_t)(Tmax * n_in), 8);
+        CK(cudaGetLastError());
+    }
+    ~bench_mm() { cudaFree(x), cudaFree(y), cudaFree(yref); }
+};
 
 #endif

@@ -14,10 +14,6 @@ extern "C" {
 #include "../model.h"
 }
 
-struct shape {
-    const char *model, *name;
-    int64_t n_out, n_in;
-};
 static const shape shapes[] = {
     {"8b", "qkv", 6144, 4096},  {"8b", "wo", 4096, 4096},         {"8b", "gate_up", 28672, 4096},
     {"8b", "down", 4096, 14336}, {"70b", "gate_up", 57344, 8192}, {"70b", "down", 8192, 28672},

@@ -22,10 +22,6 @@ extern "C" {
 
 #define NVAR GPU_QGEMM_VARIANTS
 
-struct shape {
-    const char *model, *name;
-    int64_t n_out, n_in;
-};
 static const shape shapes[] = {
     {"8b", "qkv", 6144, 4096},      {"8b", "wo", 4096, 4096},       {"8b", "gate_up", 28672, 4096},
     {"8b", "down", 4096, 14336},    {"13b", "qkv", 15360, 5120},    {"13b", "wo", 5120, 5120},
@@ -35,16 +31,6 @@ static const shape shapes[] = {
     {"8b_tp2", "qkv", 3072, 4096},  {"8b_tp2", "wo", 4096, 2048},   {"8b_tp2", "gate_up", 14336, 4096},
     {"8b_tp2", "down", 4096, 7168},
 };
-
-static double rel_l2(const float *a, const float *b, size_t n) {
-    double num = 0, den = 0;
-    for (size_t i = 0; i < n; i++) {
-        if (!isfinite(a[i])) return INFINITY;
-        double d = (double)a[i] - b[i];
-        num += d * d, den += (double)b[i] * b[i];
-    }
-    return sqrt(num / (den > 0 ? den : 1));
-}
 
 // Whether QGEMM_MATRIX (only; NULL: every matrix) names this matrix ("8b:gate_up") or its model ("8b").
 static bool picked(const shape &sh, const char *only) {
@@ -106,13 +92,9 @@ int main(int argc, char **argv) {
     for (const shape &sh : shapes) {
         if (!picked(sh, only_matrix)) continue;
         const int64_t n_out = sh.n_out, n_in = sh.n_in;
-        float *x, *y, *yref;
-        CK(cudaMalloc(&x, (size_t)(Tmax * n_in) * 4));
-        CK(cudaMalloc(&y, (size_t)(Tmax * n_out) * 4));
-        CK(cudaMalloc(&yref, (size_t)(Tmax * n_out) * 4));
-        fill_kernel<float><<<4096, 256, 0, s>>>(x, (size_t)(Tmax * n_in), 8);
-        CK(cudaGetLastError());
-        std::vector<float> hy((size_t)(Tmax * n_out)), href((size_t)(Tmax * n_out));
+        bench_mm io(Tmax, n_in, n_out, s);
+        float *x = io.x, *y = io.y, *yref = io.yref;
+        std::vector<float> &hy = io.hy, &href = io.href;
         // f16 weights of the shape: the product q8 and q4 are held to
         const size_t fbytes = (size_t)dj_matrix_bytes(DJ_F16, (uint64_t)n_out, (uint64_t)n_in);
         const int fcopies = (int)std::max<size_t>(2, 4 * l2 / fbytes + 1);
@@ -204,9 +186,6 @@ int main(int argc, char **argv) {
             for (void *p : w) CK(cudaFree(p));
         }
         for (void *p : fw) CK(cudaFree(p));
-        CK(cudaFree(x));
-        CK(cudaFree(y));
-        CK(cudaFree(yref));
     }
     fprintf(f, "\n]}\n");
     if (fclose(f)) {

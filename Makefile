@@ -250,6 +250,11 @@ $(BUILD)/bin/qgemm_bench: $(BUILD)/bench/qgemm_bench.o $(KERNEL_OBJ) $(BUILD)/mo
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS)
 
+# ---- bench: f16 and bf16 products of 2-32 tokens, dense_rows.cu's kernel against cuBLAS
+$(BUILD)/bin/drow_bench: $(BUILD)/bench/drow_bench.o $(KERNEL_OBJ) $(BUILD)/model.o $(BUILD)/util.o
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS)
+
 # ---- bench: the register kernel's memory pattern alone, with stand-in work between its copies (self-contained)
 $(BUILD)/bin/qreg_read: bench/qreg_read.cu
 	@mkdir -p $(dir $@)

@@ -85,8 +85,8 @@ extern "C" int gpu_open(dj_gpu **out, int device, dj_err *e) {
             break;
         }
         g->loaded = 1;
-        if (attention_setup(g, e) || tc_setup(g, e) || matmul_setup(g, e) || qgemm_setup(g, e) || ops_setup(g, e) ||
-            sample_setup(g, e))
+        if (attention_setup(g, e) || tc_setup(g, e) || matmul_setup(g, e) || qgemm_setup(g, e) || drow_setup(g, e) ||
+            ops_setup(g, e) || sample_setup(g, e))
             break;
         rc = 0;
     } while (0);
@@ -103,6 +103,7 @@ extern "C" void gpu_close(dj_gpu *g) {
     if (g->blas) cublasDestroy(g->blas);
     gpu_free(g->workspace);
     gpu_free(g->scratch);
+    gpu_free(g->drow_tickets);
     free(g);
 }
 

@@ -123,10 +123,18 @@ void gpu_graph_destroy(cudaGraphExec_t exec);
 // x rounded to f16 and fp32 accumulation; no f16 copy of W. GPU_MM_AUTO takes it where gpu_qgemm_wins, except for
 // passes of a few tokens, which the GEMV takes (one read of W), and the few tokens past the kernel's last whole
 // block of a longer pass, which the GEMV takes too where the kernel would pad a block for them.
-enum gpu_mm_path { GPU_MM_AUTO = 0, GPU_MM_GEMV = 1, GPU_MM_CUBLAS = 2, GPU_MM_QGEMM = 3 };
+// GPU_MM_ROWS (dense_rows.cu), f16 and bf16 only, 2 to 16 tokens with n_in a multiple of 8: x rounded as the cuBLAS
+// path rounds it, each weight read once into the mma's registers (bf16: multiplied with x's hi and lo parts alike,
+// where cuBLAS reads W twice); GPU_MM_AUTO takes it for bf16 passes of those tokens.
+enum gpu_mm_path { GPU_MM_AUTO = 0, GPU_MM_GEMV = 1, GPU_MM_CUBLAS = 2, GPU_MM_QGEMM = 3, GPU_MM_ROWS = 4 };
 int gpu_matmul(dj_gpu *g, float *y, const float *x, const void *w, uint32_t wtype, int64_t T, int64_t n_in,
                int64_t n_out, cudaStream_t s, dj_err *e);
 int gpu_matmul_path(dj_gpu *g, int path, float *y, const float *x, const void *w, uint32_t wtype, int64_t T,
+                    int64_t n_in, int64_t n_out, cudaStream_t s, dj_err *e);
+
+// GPU_MM_ROWS with its inputs cut in `slices` slices summed in order (0: chosen by the shape, as gpu_matmul does):
+// for the tests and bench/drow_bench.cu.
+int gpu_matmul_rows(dj_gpu *g, int slices, float *y, const float *x, const void *w, uint32_t wtype, int64_t T,
                     int64_t n_in, int64_t n_out, cudaStream_t s, dj_err *e);
 
 // Whether GPU_MM_QGEMM takes this product: q8/q4 W 16-byte aligned (model.bin's rows always are).

@@ -87,6 +87,7 @@ struct dj_gpu {
     int wgmma;              // qgemm.cu's Hopper kernel runs here (compute capability 9.0)
     int n_sm;               // multiprocessors (qgemm.cu's dispatch)
     int l2_bytes;           // the L2 cache (qgemm.cu's dispatch)
+    unsigned *drow_tickets;  // dense_rows.cu's tickets, zero between its launches
     int loaded;             // 0 once a module of ours could not be loaded whole (gpu_kernels_loaded)
     int (*hold)(void *, dj_err *);  // gpu_set_hold's: called before anything that may block the host on the GPU
     void *hold_ctx;
@@ -120,6 +121,18 @@ int qgemm_tail(const dj_gpu *g, int64_t T, int64_t n_in, int64_t n_out, int64_t 
 // matmul.cu's dispatch, for gpu_norm_qgemm_ok: up to how many tokens of an aligned x gpu_matmul gives q8/q4 W (n_out,
 // n_in) to the persistent GEMV (0: none); past them it takes qgemm.cu's kernels where gpu_qgemm_wins.
 int64_t gemv_tokens(const dj_gpu *g, uint32_t wtype, const void *w, int64_t n_in, int64_t n_out);
+
+// dense_rows.cu: f16 and bf16 products of 2 to DROW_MAX_T tokens, W read once (matmul.cu's GPU_MM_ROWS).
+#define DROW_MAX_T 16
+int drow_setup(dj_gpu *g, dj_err *e);  // its tickets (zeroed) and kernels
+// Whether it takes the product: f16 or bf16 W 16-byte aligned, 2 <= T <= DROW_MAX_T, n_in a multiple of 8.
+int drow_takes(uint32_t wtype, const void *w, int64_t T, int64_t n_in, int64_t n_out);
+// Scratch its slices' sums take for a pass of T tokens (never less for more tokens).
+size_t drow_part_bytes(int64_t T);
+// y = x . W^T with x already in W's dtype (xb; bf16: xlo its low parts, as the cuBLAS path's operands), in `slices`
+// slices of the inputs (0: chosen by the shape), their sums in part (drow_part_bytes(T)).
+int drow_launch(dj_gpu *g, int64_t slices, float *y, const void *xb, const void *xlo, void *part, const void *w,
+                uint32_t wtype, int64_t T, int64_t n_in, int64_t n_out, cudaStream_t s, dj_err *e);
 
 // The attention shapes the kernels support (attention.cu; gpu_rope_kv checks them too): n_heads a multiple
 // of n_kv_heads, head_dim even and <= 256. fn names the caller in the message.

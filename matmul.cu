@@ -950,6 +950,18 @@ static int matmul_cublas(dj_gpu *g, float *y, const float *x, const void *w, uin
     return 0;
 }
 
+// GPU_MM_ROWS: x rounded into scratch as blas_operand rounds it, the slices' sums after it.
+extern "C" int gpu_matmul_rows(dj_gpu *g, int slices, float *y, const float *x, const void *w, uint32_t wtype,
+                               int64_t T, int64_t n_in, int64_t n_out, cudaStream_t s, dj_err *e) {
+    if (!drow_takes(wtype, w, T, n_in, n_out))
+        return dj_fail(e, "gpu_matmul_rows: not for dtype %s, T = %lld, n_in = %lld or unaligned weights",
+                       dj_dtype_name(wtype), (long long)T, (long long)n_in);
+    const void *xb, *xlo;
+    if (blas_operand(g, &xb, &xlo, x, wtype, T, n_in, s, e)) return -1;
+    const size_t at = ((size_t)T * (size_t)n_in * (wtype == DJ_BF16 ? 4 : 2) + 255) / 256 * 256;
+    return drow_launch(g, slices, y, xb, xlo, (char *)g->scratch + at, w, wtype, T, n_in, n_out, s, e);
+}
+
 // ---- dispatch
 extern "C" size_t gpu_matmul_scratch(uint32_t wtype, int64_t T, int64_t n_in) {
     if (dj_is_quant(wtype)) {  // x in f16, then a chunk of dequantized rows; or x alone (gpu_qgemm)
@@ -957,7 +969,9 @@ extern "C" size_t gpu_matmul_scratch(uint32_t wtype, int64_t T, int64_t n_in) {
         size_t qg = gpu_qgemm_scratch(T, n_in);
         return dq > qg ? dq : qg;
     }
-    return wtype == DJ_F32 ? 0 : (size_t)T * (size_t)n_in * (wtype == DJ_BF16 ? 4 : 2);
+    if (wtype == DJ_F32) return 0;
+    const size_t xb = (size_t)T * (size_t)n_in * (wtype == DJ_BF16 ? 4 : 2);
+    return T > 1 ? (xb + 255) / 256 * 256 + drow_part_bytes(T) : xb;  // x, then GPU_MM_ROWS's sums
 }
 
 // Up to how many tokens a pass over q8/q4 W (n_out, n_in) goes to the persistent GEMV, which reads W once for the
@@ -1000,6 +1014,8 @@ extern "C" int gpu_matmul_path(dj_gpu *g, int path, float *y, const float *x, co
         const int64_t most = qp_most(g, wtype, w, x, n_in, n_in, n_out);
         if (T == 1 || T <= most) {
             path = GPU_MM_GEMV;
+        } else if (wtype == DJ_BF16 && drow_takes(wtype, w, T, n_in, n_out)) {
+            path = GPU_MM_ROWS;  // f16 stays on cuBLAS: as fast or faster there (bench/drow_bench.cu)
         } else if (gpu_qgemm_wins(g, wtype, w, T, n_in, n_out)) {
             // the tokens past the tensor-core kernel's last whole block on the GEMV, where that saves a padded block
             const int64_t r = qgemm_tail(g, T, n_in, n_out, most);
@@ -1023,6 +1039,8 @@ extern "C" int gpu_matmul_path(dj_gpu *g, int path, float *y, const float *x, co
         return matmul_cublas(g, y, x, w, wtype, T, n_in, n_out, s, e);
     case GPU_MM_QGEMM:
         return gpu_qgemm_variant(g, -1, y, x, w, wtype, T, n_in, n_out, s, e);
+    case GPU_MM_ROWS:
+        return gpu_matmul_rows(g, 0, y, x, w, wtype, T, n_in, n_out, s, e);
     default:
         return dj_fail(e, "gpu_matmul: unknown path %d", path);
     }

@@ -312,6 +312,64 @@ Test(kernels, qgemm_register_runs) {
     tk_end("qgemm_register_runs");
 }
 
+// dense_rows.cu (GPU_MM_ROWS), f16 and bf16, every T from 2 to 16 on an odd shape with a partial last k-block (n_in
+// 200: six blocks of 32 and one of 8; n_out 301: a part row block), and on 4096 x 1000 at 2, 9 and 16 tokens in 1,
+// 3, 7 and 16 slices (the shape's own choice too): against the CPU (x rounded as the cuBLAS path rounds it: f16 2e-3,
+// bf16 hi + lo 1e-4), then again, the same bits (the last slice to finish sums them in slice order). What it does not
+// take (f32 W, 1 or 17 tokens, n_in not a multiple of 8, more slices than k-blocks) is refused by name.
+Test(kernels, matmul_rows) {
+    tk_start("matmul_rows");
+    dj_err e;
+    int ran = 0;
+    for (uint32_t wt = DJ_F16; wt <= DJ_BF16; wt++) {
+        const double tol = wt == DJ_F16 ? 2e-3 : 1e-4;
+        static const int64_t shapes[][2] = {{200, 301}, {4096, 1000}};
+        for (size_t si = 0; si < 2; si++) {
+            const int64_t n_in = shapes[si][0], n_out = shapes[si][1];
+            tk_mm m = tk_mm_new(wt, n_in, n_out, 17);
+            float *again = malloc((size_t)(16 * n_out) * 4);
+            cr_assert(again);
+            for (int64_t T = 2; T <= 16; T++) {
+                if (si == 1 && T != 2 && T != 9 && T != 16) continue;
+                tk_mm_input(&m, T);
+                static const int splits[] = {0, 1, 3, 7, 16};
+                for (size_t k = 0; k < (si == 0 ? 2 : 5); k++) {
+                    char what[160];
+                    snprintf(what, sizeof what, "matmul_rows %s T=%lld n_in=%lld n_out=%lld slices %d",
+                             dj_dtype_name(wt), (long long)T, (long long)n_in, (long long)n_out, splits[k]);
+                    tk_poison(m.dy, (size_t)(T * n_out) * 4);
+                    int rc = gpu_matmul_rows(tk_g, splits[k], m.dy, m.dx, m.dw, wt, T, n_in, n_out, tk_s, &e);
+                    cr_expect_eq(rc, 0, "%s: %s", what, e.msg);
+                    if (rc) continue;
+                    tk_down(m.got, m.dy, (size_t)(T * n_out) * 4);
+                    tk_close(m.got, m.ref, T * n_out, tol, what);
+                    tk_poison(m.dy, (size_t)(T * n_out) * 4);
+                    rc = gpu_matmul_rows(tk_g, splits[k], m.dy, m.dx, m.dw, wt, T, n_in, n_out, tk_s, &e);
+                    cr_expect_eq(rc, 0, "%s, again: %s", what, e.msg);
+                    if (rc) continue;
+                    tk_down(again, m.dy, (size_t)(T * n_out) * 4);
+                    cr_expect(!memcmp(again, m.got, (size_t)(T * n_out) * 4), "%s: a second run differs", what);
+                    ran++;
+                }
+            }
+            if (si == 0) {  // refusals: by name, nothing launched
+                cr_expect_neq(gpu_matmul_rows(tk_g, 0, m.dy, m.dx, m.dw, wt, 1, n_in, n_out, tk_s, &e), 0);
+                cr_expect(strstr(e.msg, "gpu_matmul_rows"), "T = 1 refused by name: %s", e.msg);
+                cr_expect_neq(gpu_matmul_rows(tk_g, 0, m.dy, m.dx, m.dw, wt, 17, n_in, n_out, tk_s, &e), 0);
+                cr_expect_neq(gpu_matmul_rows(tk_g, 0, m.dy, m.dx, m.dw, wt, 4, 196, n_out, tk_s, &e), 0);
+                cr_expect(strstr(e.msg, "n_in = 196"), "n_in = 196 refused by name: %s", e.msg);
+                cr_expect_neq(gpu_matmul_rows(tk_g, 0, m.dy, m.dx, m.dw, DJ_F32, 4, n_in, n_out, tk_s, &e), 0);
+                cr_expect_neq(gpu_matmul_rows(tk_g, 8, m.dy, m.dx, m.dw, wt, 4, n_in, n_out, tk_s, &e), 0);
+                cr_expect(strstr(e.msg, "8 slices"), "8 slices of 7 k-blocks refused by name: %s", e.msg);
+            }
+            free(again);
+            tk_mm_free(&m);
+        }
+    }
+    cr_expect_eq(ran, 2 * (15 * 2 + 3 * 5), "every case ran");
+    tk_end("matmul_rows");
+}
+
 // The Hopper kernels' shapes after the register kernel's (GPU_QGEMM_REG_END onwards: stream-K; warp-specialized, whole
 // tiles and stream-K) on lines of units long enough that runs cut tiles at both ends: 2048 x 8192 at 300 tokens (32
 // tiles of 128 stages, four or five runs each, runs crossing tiles), and 8448 x 128 at 1280 tokens (330 tiles of 2

@@ -186,6 +186,27 @@ static void tk_mm_free(tk_mm *m) {
     free(m->wf), free(m->x), free(m->wh), free(m->ref), free(m->got);
 }
 
+// gpu_matmul_scratch, host arithmetic only (no GPU): never less for more tokens, so the scratch reserved for a pass
+// of T rows (the engine reserves once, before capturing its graphs) covers every pass of fewer, whatever path each
+// takes; and at least x's copy in the weight dtype.
+Test(kernels, matmul_scratch_never_less_for_more_tokens) {
+    static const int64_t n_ins[] = {8, 200, 4096, 14336, 28672};
+    for (uint32_t wt = DJ_F32; wt <= DJ_Q4; wt++)
+        for (size_t i = 0; i < sizeof n_ins / sizeof n_ins[0]; i++) {
+            const int64_t n_in = n_ins[i];
+            size_t last = 0;
+            for (int64_t T = 1; T <= 4096; T++) {
+                const size_t b = gpu_matmul_scratch(wt, T, n_in);
+                cr_assert_geq(b, last, "%s n_in=%lld: %zu bytes at T=%lld, fewer than %zu at T=%lld", dj_dtype_name(wt),
+                              (long long)n_in, b, (long long)T, last, (long long)(T - 1));
+                if (wt != DJ_F32)
+                    cr_assert_geq(b, (size_t)(T * n_in * 2), "%s n_in=%lld T=%lld: less than x in f16",
+                                  dj_dtype_name(wt), (long long)n_in, (long long)T);
+                last = b;
+            }
+        }
+}
+
 Test(kernels, matmul) {
     tk_start("matmul");
     static const int64_t Ts[] = {1, 2, 3, 7, 64, 300};

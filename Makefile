@@ -250,7 +250,7 @@ $(BUILD)/bin/qgemm_bench: $(BUILD)/bench/qgemm_bench.o $(KERNEL_OBJ) $(BUILD)/mo
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS)
 
-# ---- bench: f16 and bf16 products of 2-32 tokens, dense_rows.cu's kernel against cuBLAS
+# ---- bench: f16 and bf16 products of 2-16 tokens, dense_rows.cu's kernel against cuBLAS
 $(BUILD)/bin/drow_bench: $(BUILD)/bench/drow_bench.o $(KERNEL_OBJ) $(BUILD)/model.o $(BUILD)/util.o
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS)

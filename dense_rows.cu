@@ -33,12 +33,10 @@ struct drow_args {
     unsigned *tickets;         // (row blocks, DROW_WARPS), zero
 };
 
+// m16n8k16 in W's dtype (kernels_impl.h's mma16816 for f16)
 template <int WT> static __device__ __forceinline__ void mma_w(float *d, const uint32_t *a, const uint32_t *b) {
     if (WT == DJ_F16)
-        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-                     "{%0,%1,%2,%3};\n"
-                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+        mma16816(d, a, b);
     else
         asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
                      "{%0,%1,%2,%3};\n"
@@ -133,18 +131,7 @@ __global__ void __launch_bounds__(DROW_WARPS * 32, 2) drow_kernel(drow_args a) {
     // the sums: rows r0 + g (acc[.][0..1]) and r0 + g + 8 ([2..3]), tokens 8 nt + 2c and + 1
     auto store = [&](const float *v) {
 #pragma unroll
-        for (int nt = 0; nt < NT; nt++) {
-            const int64_t row = r0 + g, tok = 8 * nt + 2 * c;
-            const float *d = v + 4 * nt;
-            if (row < a.n_out) {
-                if (tok < a.T) a.y[tok * a.n_out + row] = d[0];
-                if (tok + 1 < a.T) a.y[(tok + 1) * a.n_out + row] = d[1];
-            }
-            if (row + 8 < a.n_out) {
-                if (tok < a.T) a.y[tok * a.n_out + row + 8] = d[2];
-                if (tok + 1 < a.T) a.y[(tok + 1) * a.n_out + row + 8] = d[3];
-            }
-        }
+        for (int nt = 0; nt < NT; nt++) store_frag(a.y, a.T, a.n_out, r0 + g, 8 * nt + 2 * c, v + 4 * nt);
     };
     const float *mine = &acc[0][0];
     if (a.S == 1) {
@@ -159,16 +146,9 @@ __global__ void __launch_bounds__(DROW_WARPS * 32, 2) drow_kernel(drow_args a) {
 #pragma unroll
         for (int i = 0; i < ACC; i++) part[(sl - 1) * slice_stride + i * 32] = mine[i];
     }
-    // the ticket: lane 0's release-acquire add, after the warp's barrier (which orders its lanes' stores before
-    // it), releases the warp's sums and, for the last slice, acquires every other's (as qgemm.cu's register kernel)
-    __syncwarp();
+    // the ticket releases the warp's sums and, for the last slice, acquires every other's
     unsigned *ticket = a.tickets + rb * DROW_WARPS + warp;
-    unsigned t = 0;
-    if (lane == 0)
-        asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;" : "=r"(t) : "l"(ticket) : "memory");
-    t = __shfl_sync(0xFFFFFFFFu, t, 0);
-    if ((int64_t)t != a.S - 1) return;
-    __syncwarp();  // the lanes' reads below after lane 0's acquire
+    if ((int64_t)warp_ticket(ticket) != a.S - 1) return;
     float sum[ACC];
     if (sl == 0) {
 #pragma unroll
@@ -222,10 +202,7 @@ static int drow_go(const drow_args &a, int64_t rbs, cudaStream_t s, dj_err *e) {
 }
 
 int drow_launch(dj_gpu *g, int64_t S, float *y, const void *xb, const void *xlo, void *part, const void *w,
-                           uint32_t wtype, int64_t T, int64_t n_in, int64_t n_out, cudaStream_t s, dj_err *e) {
-    if (!drow_takes(wtype, w, T, n_in, n_out))
-        return dj_fail(e, "drow: not for dtype %u, T = %lld, n_in = %lld, n_out = %lld or unaligned weights", wtype,
-                       (long long)T, (long long)n_in, (long long)n_out);
+                uint32_t wtype, int64_t T, int64_t n_in, int64_t n_out, cudaStream_t s, dj_err *e) {
     const int64_t rbs = (n_out + DROW_ROWS - 1) / DROW_ROWS, kblocks = (n_in + 31) / 32;
     if (S <= 0) S = drow_slices(g, n_in, n_out);
     if (S > kblocks || (S > 1 && ((S - 1) * rbs > DROW_PART_CTAS || rbs * DROW_WARPS > DROW_TICKETS)) ||

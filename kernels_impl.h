@@ -130,7 +130,8 @@ int drow_takes(uint32_t wtype, const void *w, int64_t T, int64_t n_in, int64_t n
 // Scratch its slices' sums take for a pass of T tokens (never less for more tokens).
 size_t drow_part_bytes(int64_t T);
 // y = x . W^T with x already in W's dtype (xb; bf16: xlo its low parts, as the cuBLAS path's operands), in `slices`
-// slices of the inputs (0: chosen by the shape), their sums in part (drow_part_bytes(T)).
+// slices of the inputs (0: chosen by the shape; a count the shape cannot take is refused), their sums in part
+// (drow_part_bytes(T)). PRECOND: drow_takes (gpu_matmul_rows checks it).
 int drow_launch(dj_gpu *g, int64_t slices, float *y, const void *xb, const void *xlo, void *part, const void *w,
                 uint32_t wtype, int64_t T, int64_t n_in, int64_t n_out, cudaStream_t s, dj_err *e);
 
@@ -368,6 +369,40 @@ static __device__ __forceinline__ void mma16816(float *d, const uint32_t *a, con
                  "{%0,%1,%2,%3};\n"
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+// An m16n8 tile's sums held by a lane into y (T, n_out): d[0], d[1] at (row, tokens tok, tok + 1), d[2], d[3] at
+// row + 8 (row = the tile's first + lane / 4, tok = its first + 2 (lane % 4)); nothing past T or n_out.
+static __device__ __forceinline__ void store_frag(float *y, int64_t T, int64_t n_out, int64_t row, int64_t tok,
+                                                  const float *d) {
+    if (row < n_out) {
+        if (tok < T) y[tok * n_out + row] = d[0];
+        if (tok + 1 < T) y[(tok + 1) * n_out + row] = d[1];
+    }
+    if (row + 8 < n_out) {
+        if (tok < T) y[tok * n_out + row + 8] = d[2];
+        if (tok + 1 < T) y[(tok + 1) * n_out + row + 8] = d[3];
+    }
+}
+
+// A ticket's release-acquire add at GPU scope: releases what this thread (and what a barrier ordered before it) has
+// written, acquires what every earlier taker released; the ticket's value before the add.
+static __device__ __forceinline__ unsigned ticket_add(unsigned *ticket) {
+    unsigned t;
+    asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;" : "=r"(t) : "l"(ticket) : "memory");
+    return t;
+}
+// The same for a warp's sums: lane 0 takes the ticket after the warp's barrier (which orders its lanes' stores before
+// it), every lane gets its value, and a second barrier orders the lanes' reads after lane 0's acquire. (With a
+// __threadfence by every lane before a plain add and after it the 8B q4 layer took 0.4-3.7% longer at 4-32 tokens,
+// the halves' up to 2.3%: bench/results/qgemm_reg/session60.)
+static __device__ __forceinline__ unsigned warp_ticket(unsigned *ticket) {
+    __syncwarp();
+    unsigned t = 0;
+    if ((threadIdx.x & 31) == 0) t = ticket_add(ticket);
+    t = __shfl_sync(0xFFFFFFFFu, t, 0);
+    __syncwarp();
+    return t;
 }
 
 // Element i of a q8 or q4 row of n weights (model.h's layout), exactly scale * (k - z).

@@ -950,6 +950,15 @@ static int matmul_cublas(dj_gpu *g, float *y, const float *x, const void *w, uin
     return 0;
 }
 
+// f16 and bf16 W: bytes of x's copy in W's dtype (blas_operand's; bf16: hi then lo), and where GPU_MM_ROWS's sums
+// start after it in scratch (256-byte aligned).
+static size_t x_copy_bytes(uint32_t wtype, int64_t T, int64_t n_in) {
+    return (size_t)T * (size_t)n_in * (wtype == DJ_BF16 ? 4 : 2);
+}
+static size_t rows_part_at(uint32_t wtype, int64_t T, int64_t n_in) {
+    return (x_copy_bytes(wtype, T, n_in) + 255) / 256 * 256;
+}
+
 // GPU_MM_ROWS: x rounded into scratch as blas_operand rounds it, the slices' sums after it.
 extern "C" int gpu_matmul_rows(dj_gpu *g, int slices, float *y, const float *x, const void *w, uint32_t wtype,
                                int64_t T, int64_t n_in, int64_t n_out, cudaStream_t s, dj_err *e) {
@@ -958,8 +967,8 @@ extern "C" int gpu_matmul_rows(dj_gpu *g, int slices, float *y, const float *x, 
                        dj_dtype_name(wtype), (long long)T, (long long)n_in);
     const void *xb, *xlo;
     if (blas_operand(g, &xb, &xlo, x, wtype, T, n_in, s, e)) return -1;
-    const size_t at = ((size_t)T * (size_t)n_in * (wtype == DJ_BF16 ? 4 : 2) + 255) / 256 * 256;
-    return drow_launch(g, slices, y, xb, xlo, (char *)g->scratch + at, w, wtype, T, n_in, n_out, s, e);
+    return drow_launch(g, slices, y, xb, xlo, (char *)g->scratch + rows_part_at(wtype, T, n_in), w, wtype, T, n_in,
+                       n_out, s, e);
 }
 
 // ---- dispatch
@@ -970,8 +979,7 @@ extern "C" size_t gpu_matmul_scratch(uint32_t wtype, int64_t T, int64_t n_in) {
         return dq > qg ? dq : qg;
     }
     if (wtype == DJ_F32) return 0;
-    const size_t xb = (size_t)T * (size_t)n_in * (wtype == DJ_BF16 ? 4 : 2);
-    return T > 1 ? (xb + 255) / 256 * 256 + drow_part_bytes(T) : xb;  // x, then GPU_MM_ROWS's sums
+    return T > 1 ? rows_part_at(wtype, T, n_in) + drow_part_bytes(T) : x_copy_bytes(wtype, T, n_in);
 }
 
 // Up to how many tokens a pass over q8/q4 W (n_out, n_in) goes to the persistent GEMV, which reads W once for the

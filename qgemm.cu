@@ -290,20 +290,6 @@ template <int WT, int BM, int BN, int WM, int WN, int ST> struct qgemm_cfg {
     static_assert(NT % 2 == 0 || NT == 1, "B fragments two n8 tiles at a time, or one");
 };
 
-// An m16n8 tile's sums held by a lane into y (T, n_out): d[0], d[1] at (row, tokens tok, tok + 1), d[2], d[3] at
-// row + 8 (row = the tile's first + lane / 4, tok = its first + 2 (lane % 4)); nothing past T or n_out.
-static __device__ __forceinline__ void store_frag(float *y, int64_t T, int64_t n_out, int64_t row, int64_t tok,
-                                                  const float *d) {
-    if (row < n_out) {
-        if (tok < T) y[tok * n_out + row] = d[0];
-        if (tok + 1 < T) y[(tok + 1) * n_out + row] = d[1];
-    }
-    if (row + 8 < n_out) {
-        if (tok < T) y[tok * n_out + row + 8] = d[2];
-        if (tok + 1 < T) y[(tok + 1) * n_out + row + 8] = d[3];
-    }
-}
-
 // PRECOND: w and every row (row_bytes apart) 16-byte aligned; xp from qgemm_x_kernel (kp = 32 * groups).
 template <int WT, int BM, int BN, int WM, int WN, int ST>
 __global__ void __launch_bounds__(WM *WN * 32)
@@ -697,21 +683,10 @@ __global__ void __launch_bounds__(WARPS * 32) qreg_kernel(qreg_args a) {
         float *mine = a.part + (((runs + blockIdx.x) * 2 + slot_of(blockIdx.x, rb)) * WARPS + warp) * (C::ACC * 32);
 #pragma unroll
         for (int e = 0; e < C::ACC; e++) mine[e * 32 + lane] = (&acc[0][0][0])[e];
-        // the ticket: lane 0's release-acquire add, after the warp's barrier (which orders its lanes' sums before
-        // it), releases the warp's sums and, for the last run, acquires every other run's. (With a __threadfence by
-        // every lane before a plain add and after it the 8B q4 layer took 0.4-3.7% longer at 4-32 tokens, the
-        // halves' up to 2.3%: bench/results/qgemm_reg/session60.)
-        __syncwarp();
-        unsigned t = 0;
-        if (lane == 0)
-            asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;"
-                         : "=r"(t)
-                         : "l"(a.tickets + ((int64_t)blockIdx.y * a.n_rb + rb) * WARPS + warp)
-                         : "memory");
-        t = __shfl_sync(0xFFFFFFFFu, t, 0);
+        // the ticket releases the warp's sums and, for the last run, acquires every other run's
+        const unsigned t = warp_ticket(a.tickets + ((int64_t)blockIdx.y * a.n_rb + rb) * WARPS + warp);
         const int64_t lo = ((first + 1) * G - 1) / U, hi = (last * G - 1) / U;  // the runs holding the block's ends
         if ((int64_t)t != hi - lo) return;
-        __syncwarp();  // the lanes' reads below after lane 0's acquire
         float sum[C::ACC];
 #pragma unroll
         for (int e = 0; e < C::ACC; e++) sum[e] = 0.0f;
@@ -895,9 +870,7 @@ static __device__ __forceinline__ void sk_tile_sums(float *__restrict__ y, const
     for (int k = 0; k < ACC; k++) __stcg(mine + k * 256 + th, acc[k]);
     sync();  // every thread's sums before thread 0's release
     if (th == 0) {
-        unsigned t;
-        asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;" : "=r"(t) : "l"(tickets + lo) : "memory");
-        *last_run = t == hi - lo;
+        *last_run = ticket_add(tickets + lo) == hi - lo;
     }
     sync();  // thread 0's acquire before every thread's reads
     if (!*last_run) return;
